@@ -1,0 +1,109 @@
+/** TypeBox schema of `config.yaml`: LiteLLM's proxy config format with `svc_params`. */
+import { type Static, Type as T } from "@sinclair/typebox";
+
+const HttpUrl = T.String({ pattern: "^https?://", description: "an http(s) URL" });
+const NonNegative = T.Number({ minimum: 0 });
+const PositiveInt = T.Integer({ minimum: 1 });
+
+export const SvcParamsSchema = T.Object(
+  {
+    model: T.String({ pattern: "^[^/\\s]+/\\S+$", description: "<provider>/<model>" }),
+    api_base: T.Optional(HttpUrl),
+    api_key: T.Optional(T.String()),
+    api_version: T.Optional(T.String()),
+    rpm: T.Optional(PositiveInt),
+    tpm: T.Optional(PositiveInt),
+    timeout: T.Optional(T.Number({ exclusiveMinimum: 0 })),
+    stream_timeout: T.Optional(T.Number({ exclusiveMinimum: 0 })),
+    weight: T.Optional(NonNegative),
+    input_cost_per_token: T.Optional(NonNegative),
+    output_cost_per_token: T.Optional(NonNegative),
+    headers: T.Optional(T.Record(T.String(), T.String())),
+    mock_response: T.Optional(T.String()),
+  },
+  { additionalProperties: true },
+);
+
+export const ModelInfoSchema = T.Object(
+  {
+    id: T.Optional(T.String({ minLength: 1 })),
+    mode: T.Optional(T.String()),
+    base_model: T.Optional(T.String()),
+    input_cost_per_token: T.Optional(NonNegative),
+    output_cost_per_token: T.Optional(NonNegative),
+    access_groups: T.Optional(T.Array(T.String())),
+  },
+  { additionalProperties: true },
+);
+
+export const ModelEntrySchema = T.Object(
+  {
+    model_name: T.String({ minLength: 1 }),
+    svc_params: SvcParamsSchema,
+    model_info: T.Optional(ModelInfoSchema),
+  },
+  { additionalProperties: false },
+);
+
+export const PluginEntrySchema = T.Object(
+  {
+    path: T.String({ minLength: 1, description: "file path of the plugin module, relative to config.yaml" }),
+    config: T.Optional(T.Record(T.String(), T.Unknown())),
+  },
+  { additionalProperties: false },
+);
+
+export const RouterSettingsSchema = T.Object(
+  {
+    routing_strategy: T.Optional(
+      T.Union([
+        T.Literal("simple-shuffle"),
+        T.Literal("least-busy"),
+        T.Literal("latency-based-routing"),
+        T.Literal("usage-based-routing"),
+        T.Literal("usage-based-routing-v2"),
+        T.Literal("cost-based-routing"),
+      ]),
+    ),
+    num_retries: T.Optional(T.Integer({ minimum: 0 })),
+    timeout: T.Optional(T.Number({ exclusiveMinimum: 0 })),
+  },
+  { additionalProperties: true },
+);
+
+export const SvcSettingsSchema = T.Object(
+  {
+    drop_params: T.Optional(T.Boolean()),
+    num_retries: T.Optional(T.Integer({ minimum: 0 })),
+    request_timeout: T.Optional(T.Number({ exclusiveMinimum: 0 })),
+    callbacks: T.Optional(T.Array(T.String())),
+    success_callback: T.Optional(T.Array(T.String())),
+    failure_callback: T.Optional(T.Array(T.String())),
+  },
+  { additionalProperties: true },
+);
+
+export const GeneralSettingsSchema = T.Object(
+  {
+    master_key: T.Optional(T.String({ pattern: "^sk-", description: "a key starting with sk-" })),
+    database_url: T.Optional(T.String({ pattern: "^postgres(ql)?://", description: "a postgres:// URL" })),
+    redis_url: T.Optional(T.String({ pattern: "^rediss?://", description: "a redis:// URL" })),
+    max_request_size_mb: T.Optional(T.Number({ exclusiveMinimum: 0 })),
+  },
+  { additionalProperties: true },
+);
+
+export const ConfigSchema = T.Object(
+  {
+    model_list: T.Array(ModelEntrySchema, { default: [] }),
+    router_settings: T.Optional(RouterSettingsSchema),
+    svc_settings: T.Optional(SvcSettingsSchema),
+    general_settings: T.Optional(GeneralSettingsSchema),
+    plugins: T.Optional(T.Array(PluginEntrySchema)),
+    environment_variables: T.Optional(T.Record(T.String(), T.String())),
+  },
+  { additionalProperties: false },
+);
+
+export type GatewayConfig = Static<typeof ConfigSchema>;
+export type ModelEntry = Static<typeof ModelEntrySchema>;

@@ -1,0 +1,227 @@
+/**
+ * The plugin API: the only module a plugin (built-in or third-party) imports.
+ * Nothing here depends on Elysia, so plugins survive framework upgrades and hot swaps.
+ */
+import type { Static, TSchema } from "@sinclair/typebox";
+import type { ChatRequest, CompletionRequest, EmbeddingsRequest, WireJson } from "./wire.ts";
+
+export type { ChatRequest, CompletionRequest, EmbeddingsRequest, WireJson } from "./wire.ts";
+
+export type Endpoint = "chat" | "completions" | "embeddings";
+
+export interface WireRequest {
+  chat: ChatRequest;
+  completions: CompletionRequest;
+  embeddings: EmbeddingsRequest;
+}
+
+export interface Usage {
+  promptTokens: number;
+  completionTokens: number;
+  cachedPromptTokens?: number;
+  reasoningTokens?: number;
+}
+
+/** One `model_list` entry after config resolution: what an adapter needs to reach its upstream. */
+export interface Deployment {
+  /** Deployment id (`model_info.id`, or a stable hash of the entry). */
+  id: string;
+  /** Public model group name (`model_name`). */
+  modelName: string;
+  /** Provider id, the part of `svc_params.model` before the first `/`. */
+  provider: string;
+  /** Upstream model id, the part of `svc_params.model` after the first `/`. */
+  upstreamModel: string;
+  apiBase?: string;
+  apiKey?: string;
+  apiVersion?: string;
+  /** Seconds. */
+  timeout?: number;
+  headers?: Record<string, string>;
+  /** Every other `svc_params` field, for adapters with provider-specific options. */
+  options: Record<string, unknown>;
+}
+
+export interface HttpCall {
+  url: string;
+  method?: "POST" | "GET";
+  headers: Record<string, string>;
+  body?: string;
+}
+
+/** An error the gateway answers with, in the spec's envelope. */
+export interface ErrorInfo {
+  status: number;
+  type: string;
+  message: string;
+  param?: string | null;
+}
+
+/** A stream part produced by an adapter: the OpenAI chunk to send, or usage learned from upstream. */
+export type StreamPart =
+  | { type: "chunk"; chunk: WireJson }
+  | { type: "usage"; usage: Usage }
+  | { type: "error"; error: ErrorInfo };
+
+export interface StreamTransform<E extends Endpoint, S> {
+  /** Upstream framing; the core parses it. */
+  framing: "sse" | "ndjson";
+  init(req: WireRequest[E]): S;
+  /** One upstream event's data → parts to emit. */
+  event(data: string, state: S): StreamPart[];
+  /** Best usage estimate when the stream ends without upstream usage (cut or cancelled). */
+  estimate(state: S): Usage;
+}
+
+/** Pure transforms for one endpoint: no I/O. The core owns fetch, timeouts, abort and framing. */
+export interface EndpointAdapter<E extends Endpoint, S = unknown> {
+  request(req: WireRequest[E], deployment: Deployment): HttpCall;
+  response(body: unknown): { body: WireJson; usage: Usage };
+  stream?: StreamTransform<E, S>;
+}
+
+export interface ProviderAdapter {
+  /** Provider ids this adapter serves (`openai`, `groq`, …). */
+  ids: readonly string[];
+  endpoints: { [E in Endpoint]?: EndpointAdapter<E, unknown> };
+  /**
+   * Called once per deployment when a config is loaded: fills provider defaults (base URL, key
+   * from the environment). Returns an error message when the deployment cannot work.
+   */
+  resolve?(deployment: Deployment): Deployment | string;
+  /** Maps an upstream error body to the message shown to the client. */
+  errorMessage?(status: number, body: string): string;
+  /**
+   * Replaces the network for this provider: receives the built call and answers as the upstream
+   * would. Used by in-process providers such as `mock`.
+   */
+  transport?(call: HttpCall, signal: AbortSignal): Promise<Response>;
+}
+
+export type Role = "proxy_admin" | "proxy_admin_viewer" | "internal_user" | "internal_user_viewer";
+
+/** Who is calling, as established by an auth plugin. */
+export interface Principal {
+  /** sha256 hex of the key, or `master` for the master key. */
+  keyHash: string;
+  role: Role;
+  keyAlias?: string;
+  userId?: string;
+  teamId?: string;
+  orgId?: string;
+  metadata: Record<string, unknown>;
+}
+
+export interface AuthRequest {
+  /** The bearer credential from `Authorization` or `x-svc-api-key`, if any. */
+  credential: string | undefined;
+  path: string;
+  headers: Headers;
+}
+
+/** `null` means "not mine"; the next auth plugin is asked. A denial stops the request. */
+export interface AuthResolver {
+  resolve(req: AuthRequest): Promise<Principal | Denied | null> | Principal | Denied | null;
+}
+
+export interface Denied {
+  ok: false;
+  error: ErrorInfo;
+  retryAfterSeconds?: number;
+}
+
+export interface Lease {
+  ok: true;
+  settle(actual: Usage): void;
+}
+
+export interface CallIntent {
+  principal: Principal;
+  endpoint: Endpoint;
+  modelGroup: string;
+  estimatedPromptTokens: number;
+  maxOutputTokens: number | undefined;
+}
+
+/** All configured rate limiters must grant. */
+export interface RateLimiter {
+  acquire(intent: CallIntent): Promise<Lease | Denied> | Lease | Denied;
+}
+
+/** All configured budget checkers must grant. */
+export interface BudgetChecker {
+  reserve(intent: CallIntent): Promise<Lease | Denied> | Lease | Denied;
+}
+
+export type CallStatus = "success" | "failure" | "cancelled";
+
+/** One finished model call, handed to spend recorders and logging callbacks off the response path. */
+export interface CallRecord {
+  id: string;
+  endpoint: Endpoint;
+  principal: Principal;
+  modelGroup: string;
+  provider: string;
+  deploymentId: string;
+  upstreamModel: string;
+  stream: boolean;
+  status: CallStatus;
+  usage: Usage;
+  startedAt: number;
+  firstByteAt?: number;
+  endedAt: number;
+  error?: ErrorInfo;
+}
+
+export interface SpendRecorder {
+  record(call: CallRecord): void;
+  flush(): Promise<void>;
+}
+
+export interface LoggingCallback {
+  log(call: CallRecord): void | Promise<void>;
+  flush?(): Promise<void>;
+}
+
+export interface Hooks {
+  providers?: ProviderAdapter[];
+  auth?: AuthResolver;
+  rateLimiter?: RateLimiter;
+  budget?: BudgetChecker;
+  spend?: SpendRecorder;
+  /** Named callbacks; enabled by name in `svc_settings.callbacks` (or success/failure lists). */
+  callbacks?: Record<string, LoggingCallback>;
+  dispose?(): Promise<void> | void;
+}
+
+export interface Logger {
+  info(msg: string, fields?: Record<string, unknown>): void;
+  warn(msg: string, fields?: Record<string, unknown>): void;
+  error(msg: string, fields?: Record<string, unknown>): void;
+}
+
+/** What the host hands every plugin at setup. */
+export interface PluginContext {
+  log: Logger;
+  /** The resolved gateway settings a plugin may need. */
+  settings: { masterKey: string | undefined };
+}
+
+export interface PluginDef<S extends TSchema = TSchema> {
+  name: string;
+  version?: string;
+  config: S;
+  setup(config: Static<S>, ctx: PluginContext): Hooks | Promise<Hooks>;
+}
+
+/** Rejects hook names that are not part of `Hooks` (a typo such as `callbackz` is a type error). */
+type NoExtra<H, T> = H & { [K in Exclude<keyof H, keyof T>]: never };
+
+export function definePlugin<S extends TSchema, H extends Hooks>(plugin: {
+  name: string;
+  version?: string;
+  config: S;
+  setup(config: Static<S>, ctx: PluginContext): NoExtra<H, Hooks> | Promise<NoExtra<H, Hooks>>;
+}): PluginDef<S> {
+  return plugin as PluginDef<S>;
+}

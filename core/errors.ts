@@ -1,0 +1,44 @@
+import type { ErrorInfo } from "./contract.ts";
+
+/** OpenAI-style `type` for each status the gateway answers with. */
+const TYPE_BY_STATUS: Record<number, string> = {
+  400: "invalid_request_error",
+  401: "authentication_error",
+  403: "permission_error",
+  404: "not_found_error",
+  408: "timeout_error",
+  413: "invalid_request_error",
+  422: "validation_error",
+  429: "rate_limit_error",
+  500: "internal_server_error",
+  503: "api_connection_error",
+};
+
+export function errorInfo(status: number, message: string, type?: string, param?: string | null): ErrorInfo {
+  return { status, message, type: type ?? TYPE_BY_STATUS[status] ?? "api_error", param: param ?? null };
+}
+
+/** Thrown anywhere on the request path; the HTTP layer turns it into the spec's envelope. */
+export class GatewayError extends Error {
+  readonly info: ErrorInfo;
+  readonly headers: Record<string, string>;
+  constructor(info: ErrorInfo, headers: Record<string, string> = {}) {
+    super(info.message);
+    this.info = info;
+    this.headers = headers;
+  }
+  static of(status: number, message: string, type?: string, param?: string | null): GatewayError {
+    return new GatewayError(errorInfo(status, message, type, param));
+  }
+}
+
+export function errorBody(info: ErrorInfo): { error: { message: string; type: string; param: string | null; code: string } } {
+  return { error: { message: info.message, type: info.type, param: info.param ?? null, code: String(info.status) } };
+}
+
+export function errorResponse(info: ErrorInfo, headers: Record<string, string> = {}): Response {
+  return new Response(JSON.stringify(errorBody(info)), {
+    status: info.status,
+    headers: { "content-type": "application/json", ...headers },
+  });
+}

@@ -1,0 +1,72 @@
+/** The Elysia app: maps HTTP onto the framework-free pipeline and answers every error in the spec's envelope. */
+import { Elysia } from "elysia";
+import type { Endpoint, Logger, WireRequest } from "../contract.ts";
+import { GatewayError, errorInfo, errorResponse } from "../errors.ts";
+import type { Live } from "../live.ts";
+import { modelCall } from "../pipeline/call.ts";
+import { authenticate } from "./auth.ts";
+import { healthRoutes, type Probes } from "./routes/health.ts";
+import { modelRoutes } from "./routes/models.ts";
+import { readBody, validate } from "./validate.ts";
+
+export interface AppDeps {
+  live: Live;
+  log: Logger;
+  probes: Probes;
+}
+
+/** The path forms the spec lists for each model-call endpoint. */
+const CALL_PATHS: Record<Endpoint, string> = { chat: "chat/completions", completions: "completions", embeddings: "embeddings" };
+
+export function createApp(deps: AppDeps) {
+  const { live, log } = deps;
+
+  async function handleCall(endpoint: Endpoint, request: Request, pathModel: string | undefined): Promise<Response> {
+    const pin = live.pin();
+    try {
+      const principal = await authenticate(pin.snapshot, request.headers, new URL(request.url).pathname);
+      const body = await readBody(request);
+      if (pathModel) body.model = pathModel;
+      else if (body.model === undefined && endpoint === "completions") {
+        const queryModel = new URL(request.url).searchParams.get("model");
+        if (queryModel) body.model = queryModel;
+      }
+      if (endpoint === "embeddings") body.input ??= [];
+      const req = validate[endpoint](body) as WireRequest[typeof endpoint];
+      return await modelCall(endpoint, req, {
+        snapshot: pin.snapshot,
+        principal,
+        clientSignal: request.signal,
+        callId: crypto.randomUUID(),
+        log,
+        release: pin.release,
+      });
+    } catch (err) {
+      pin.release();
+      throw err;
+    }
+  }
+
+  const app = new Elysia()
+    .onError(({ code, error }) => {
+      if (error instanceof GatewayError) return errorResponse(error.info, error.headers);
+      if (code === "NOT_FOUND") return errorResponse(errorInfo(404, "Not found: no such route. Model calls live under /v1 (e.g. POST /v1/chat/completions).", "not_found_error"));
+      if (code === "PARSE") return errorResponse(errorInfo(400, "Request body could not be parsed.", "invalid_request_error"));
+      log.error("unhandled error", { error: error instanceof Error ? (error.stack ?? error.message) : String(error) });
+      return errorResponse(errorInfo(500, "Internal server error. The gateway logged the details.", "internal_server_error"));
+    })
+    .use(healthRoutes(deps))
+    .use(modelRoutes(deps));
+
+  for (const endpoint of Object.keys(CALL_PATHS) as Endpoint[]) {
+    const suffix = CALL_PATHS[endpoint];
+    const handler = ({ request }: { request: Request }) => handleCall(endpoint, request, undefined);
+    const withModel = ({ request, params }: { request: Request; params: { model: string } }) => handleCall(endpoint, request, decodeURIComponent(params.model));
+    app
+      .post(`/${suffix}`, handler, { parse: "none" })
+      .post(`/v1/${suffix}`, handler, { parse: "none" })
+      .post(`/openai/deployments/:model/${suffix}`, withModel, { parse: "none" })
+      .post(`/engines/:model/${suffix}`, withModel, { parse: "none" });
+  }
+  return app;
+}

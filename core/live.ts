@@ -1,0 +1,124 @@
+/**
+ * The live registry: the current snapshot, reloads (file watch and SIGHUP) serialized through one
+ * promise chain, and disposal of a retired snapshot once its last pinned request has finished.
+ */
+import { type FSWatcher, watch } from "chokidar";
+import type { Logger } from "./contract.ts";
+import { readConfig } from "./config/load.ts";
+import { buildSnapshot, type Snapshot, SnapshotError } from "./snapshot.ts";
+
+export type ReloadResult = { ok: true; version: number; changed: boolean } | { ok: false; errors: string[] };
+
+export interface Pin {
+  snapshot: Snapshot;
+  release(): void;
+}
+
+export class Live {
+  private snap: Snapshot;
+  private text: string;
+  private readonly pins = new Map<Snapshot, number>();
+  private readonly retired = new Set<Snapshot>();
+  private chain: Promise<unknown> = Promise.resolve();
+  private watcher: FSWatcher | undefined;
+  private debounce: ReturnType<typeof setTimeout> | undefined;
+
+  private constructor(
+    readonly configPath: string,
+    private readonly log: Logger,
+    first: Snapshot,
+    text: string,
+  ) {
+    this.snap = first;
+    this.text = text;
+  }
+
+  /** Loads the first config; throws SnapshotError listing every problem when it is invalid. */
+  static async start(configPath: string, log: Logger): Promise<Live> {
+    const result = await readConfig(configPath);
+    if (!result.ok) throw new SnapshotError(result.errors);
+    for (const w of result.warnings) log.warn(`config: ${w}`);
+    const snap = await buildSnapshot(result.config, configPath, 1, log);
+    return new Live(configPath, log, snap, result.text);
+  }
+
+  get current(): Snapshot {
+    return this.snap;
+  }
+
+  /** Pins the current snapshot for the life of a request or stream. */
+  pin(): Pin {
+    const snapshot = this.snap;
+    this.pins.set(snapshot, (this.pins.get(snapshot) ?? 0) + 1);
+    let released = false;
+    return {
+      snapshot,
+      release: () => {
+        if (released) return;
+        released = true;
+        const left = (this.pins.get(snapshot) ?? 1) - 1;
+        if (left > 0) this.pins.set(snapshot, left);
+        else {
+          this.pins.delete(snapshot);
+          if (this.retired.has(snapshot)) void this.dispose(snapshot);
+        }
+      },
+    };
+  }
+
+  /** Rebuilds from the file; an invalid file leaves the current snapshot serving. */
+  reload(reason: string, force = false): Promise<ReloadResult> {
+    const run = this.chain.then(() => this.doReload(reason, force));
+    this.chain = run.catch(() => undefined);
+    return run;
+  }
+
+  private async doReload(reason: string, force: boolean): Promise<ReloadResult> {
+    const result = await readConfig(this.configPath);
+    if (!result.ok) {
+      this.log.error("config reload rejected; the previous config keeps serving", { reason, errors: result.errors });
+      return { ok: false, errors: result.errors };
+    }
+    if (!force && result.text === this.text) return { ok: true, version: this.snap.version, changed: false };
+    for (const w of result.warnings) this.log.warn(`config: ${w}`);
+    let next: Snapshot;
+    try {
+      next = await buildSnapshot(result.config, this.configPath, this.snap.version + 1, this.log);
+    } catch (err) {
+      const errors = err instanceof SnapshotError ? err.errors : [String(err)];
+      this.log.error("config reload rejected; the previous config keeps serving", { reason, errors });
+      return { ok: false, errors };
+    }
+    const old = this.snap;
+    this.snap = next;
+    this.text = result.text;
+    this.retired.add(old);
+    if (!this.pins.has(old)) void this.dispose(old);
+    this.log.info("config reloaded", { reason, version: next.version, models: next.models.entries.length });
+    return { ok: true, version: next.version, changed: true };
+  }
+
+  private async dispose(s: Snapshot): Promise<void> {
+    this.retired.delete(s);
+    const results = await Promise.allSettled(s.plugins.map((p) => p.hooks.dispose?.()));
+    for (const r of results) if (r.status === "rejected") this.log.warn("plugin dispose failed", { error: String(r.reason) });
+  }
+
+  /** Watches the config file (edits in place and atomic renames). */
+  watch(): void {
+    this.watcher = watch(this.configPath, { ignoreInitial: true, awaitWriteFinish: { stabilityThreshold: 50, pollInterval: 10 } });
+    const trigger = () => {
+      clearTimeout(this.debounce);
+      this.debounce = setTimeout(() => void this.reload("file changed"), 50);
+    };
+    this.watcher.on("add", trigger).on("change", trigger);
+  }
+
+  async close(): Promise<void> {
+    clearTimeout(this.debounce);
+    await this.watcher?.close();
+    await this.chain;
+    await this.dispose(this.snap);
+    for (const s of [...this.retired]) await this.dispose(s);
+  }
+}

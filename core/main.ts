@@ -1,0 +1,85 @@
+/** Entry point: flags and environment → config → store → Redis → HTTP server; SIGHUP reloads, SIGTERM drains. */
+import pkg from "../package.json" with { type: "json" };
+import { parseRunOptions, USAGE } from "./cli.ts";
+import { createApp } from "./http/app.ts";
+import { connectRedis, type RedisHandle } from "./kv/redis.ts";
+import { Live } from "./live.ts";
+import { createLogger } from "./log.ts";
+import { SnapshotError } from "./snapshot.ts";
+import { openStore } from "./store/db.ts";
+
+const log = createLogger("gateway");
+
+function fatal(message: string, errors?: string[]): never {
+  console.error(`gateway: ${message}`);
+  for (const e of errors ?? []) console.error(`  ${e}`);
+  process.exit(1);
+}
+
+function warnNoMasterKey(): void {
+  const bar = "!".repeat(78);
+  console.error(
+    `${bar}\n!! NO MASTER KEY IS SET: every call will be refused with 401.\n!! Set one before starting, e.g.  SVC_MASTER_KEY=sk-$(openssl rand -hex 16)\n!! or put  general_settings.master_key: os.environ/SVC_MASTER_KEY  in config.yaml.\n${bar}`,
+  );
+}
+
+async function main(): Promise<void> {
+  let opts: ReturnType<typeof parseRunOptions>;
+  try {
+    opts = parseRunOptions(process.argv.slice(2), process.env);
+  } catch (err) {
+    fatal(`${err instanceof Error ? err.message : String(err)}\n${USAGE}`);
+  }
+
+  let live: Live;
+  try {
+    live = await Live.start(opts.configPath, log);
+  } catch (err) {
+    if (err instanceof SnapshotError) fatal(`refusing to start: ${opts.configPath} is invalid`, err.errors);
+    throw err;
+  }
+  const general = live.current.config.general_settings ?? {};
+  if (!live.current.settings.masterKey) warnNoMasterKey();
+
+  const databaseUrl = opts.databaseUrl ?? general.database_url;
+  const store = await openStore({ databaseUrl, dataDir: opts.dataDir, log: { info: (m) => log.info(m), warn: (m) => log.warn(m) } }).catch((err: unknown) =>
+    fatal(`cannot open the store: ${err instanceof Error ? err.message : String(err)}`),
+  );
+  const redisUrl = opts.redisUrl ?? general.redis_url;
+  const redis: RedisHandle | undefined = redisUrl ? connectRedis(redisUrl, log) : undefined;
+
+  const app = createApp({ live, log, probes: { store: store.ping, redis: async () => redis?.ping(), version: pkg.version } });
+  const server = Bun.serve({ port: opts.port, hostname: opts.host, fetch: app.fetch, idleTimeout: 255, maxRequestBodySize: 64 * 1024 * 1024 });
+  live.watch();
+  log.info(`listening on http://${server.hostname}:${server.port}`, {
+    config: opts.configPath,
+    models: live.current.models.entries.length,
+    store: store.kind === "pglite" ? `embedded (${opts.dataDir})` : "postgresql",
+    redis: redis ? "configured" : "off",
+  });
+
+  process.on("SIGHUP", () => void live.reload("SIGHUP", true));
+  let stopping = false;
+  const shutdown = async (signal: string) => {
+    if (stopping) return;
+    stopping = true;
+    log.info(`${signal}: draining in-flight requests`, { timeoutSeconds: opts.drainSeconds });
+    const drained = server.stop(false).then(() => true);
+    const timedOut = new Promise<false>((r) => setTimeout(() => r(false), opts.drainSeconds * 1000));
+    if (!(await Promise.race([drained, timedOut]))) {
+      log.warn("drain timeout reached; closing remaining connections");
+      await server.stop(true);
+    }
+    const snap = live.current;
+    await Promise.allSettled([...snap.spend.map((s) => s.flush()), ...[...snap.successCallbacks, ...snap.failureCallbacks].map((c) => c.flush?.())]);
+    await live.close();
+    await redis?.close();
+    await store.close();
+    log.info("stopped");
+    process.exit(0);
+  };
+  process.on("SIGTERM", () => void shutdown("SIGTERM"));
+  process.on("SIGINT", () => void shutdown("SIGINT"));
+}
+
+await main();

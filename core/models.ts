@@ -1,0 +1,91 @@
+/** The model table of one snapshot: model groups by name, and wildcard entries such as `openai/*`. */
+import { createHash } from "node:crypto";
+import type { Deployment } from "./contract.ts";
+import type { ModelEntry } from "./config/schema.ts";
+
+export interface WildcardRoute {
+  /** The `model_name` pattern, e.g. `openai/*` or `*`. */
+  pattern: string;
+  prefix: string;
+  suffix: string;
+  deployments: Deployment[];
+}
+
+/** Stable id of a config entry without `model_info.id`: a hash of its name and parameters. */
+export function deploymentId(entry: ModelEntry): string {
+  const params = Object.fromEntries(Object.entries(entry.svc_params).sort(([a], [b]) => a.localeCompare(b)));
+  return createHash("sha256").update(JSON.stringify([entry.model_name, params])).digest("hex");
+}
+
+export function toDeployment(entry: ModelEntry): Deployment {
+  const { model, api_base, api_key, api_version, timeout, headers } = entry.svc_params;
+  const slash = model.indexOf("/");
+  return {
+    id: entry.model_info?.id ?? deploymentId(entry),
+    modelName: entry.model_name,
+    provider: model.slice(0, slash),
+    upstreamModel: model.slice(slash + 1),
+    apiBase: api_base,
+    apiKey: api_key,
+    apiVersion: api_version,
+    timeout,
+    headers,
+    options: entry.svc_params,
+  };
+}
+
+const WILDCARD_CACHE_LIMIT = 1000;
+
+export class ModelTable {
+  readonly groups: ReadonlyMap<string, readonly Deployment[]>;
+  readonly wildcards: readonly WildcardRoute[];
+  readonly entries: readonly { entry: ModelEntry; deployment: Deployment }[];
+  /** Deployments made for wildcard matches, so a hot model name allocates once per snapshot. */
+  private readonly wildcardHits = new Map<string, readonly Deployment[]>();
+
+  constructor(entries: { entry: ModelEntry; deployment: Deployment }[]) {
+    this.entries = entries;
+    const groups = new Map<string, Deployment[]>();
+    const wildcards = new Map<string, WildcardRoute>();
+    for (const { deployment: d } of entries) {
+      const star = d.modelName.indexOf("*");
+      if (star < 0) {
+        const list = groups.get(d.modelName) ?? [];
+        list.push(d);
+        groups.set(d.modelName, list);
+        continue;
+      }
+      const route = wildcards.get(d.modelName) ?? {
+        pattern: d.modelName,
+        prefix: d.modelName.slice(0, star),
+        suffix: d.modelName.slice(star + 1),
+        deployments: [],
+      };
+      route.deployments.push(d);
+      wildcards.set(d.modelName, route);
+    }
+    this.groups = groups;
+    // Most specific pattern first: `openai/*` wins over `*`.
+    this.wildcards = [...wildcards.values()].sort((a, b) => b.prefix.length + b.suffix.length - (a.prefix.length + a.suffix.length));
+  }
+
+  /** The deployments serving a requested model name, or undefined when nothing matches. */
+  resolve(name: string): readonly Deployment[] | undefined {
+    const group = this.groups.get(name);
+    if (group) return group;
+    const hit = this.wildcardHits.get(name);
+    if (hit) return hit;
+    for (const w of this.wildcards) {
+      if (name.length < w.prefix.length + w.suffix.length || !name.startsWith(w.prefix) || !name.endsWith(w.suffix)) continue;
+      const matched = name.slice(w.prefix.length, name.length - w.suffix.length);
+      const list = w.deployments.map((d) => ({ ...d, modelName: name, upstreamModel: d.upstreamModel.replace("*", matched) }));
+      if (this.wildcardHits.size < WILDCARD_CACHE_LIMIT) this.wildcardHits.set(name, list);
+      return list;
+    }
+    return undefined;
+  }
+
+  findById(id: string): { entry: ModelEntry; deployment: Deployment } | undefined {
+    return this.entries.find((e) => e.deployment.id === id);
+  }
+}

@@ -1,0 +1,82 @@
+/** The one place the gateway reaches an upstream: fetch with timeout and abort, errors mapped to the spec. */
+import type { Deployment, HttpCall, ProviderAdapter } from "../contract.ts";
+import { GatewayError, errorInfo } from "../errors.ts";
+
+/** Why an upstream call was aborted: the client left, or the deadline passed. */
+export class Deadline {
+  readonly controller = new AbortController();
+  private timer: ReturnType<typeof setTimeout> | undefined;
+  timedOut = false;
+  private readonly onClientAbort = () => this.controller.abort(new DOMException("client disconnected", "AbortError"));
+
+  constructor(
+    private readonly client: AbortSignal,
+    readonly seconds: number,
+  ) {
+    if (client.aborted) this.onClientAbort();
+    else client.addEventListener("abort", this.onClientAbort, { once: true });
+    this.arm();
+  }
+
+  get signal(): AbortSignal {
+    return this.controller.signal;
+  }
+
+  /** (Re)starts the countdown: whole call for JSON responses, idle gap between chunks for streams. */
+  arm(): void {
+    clearTimeout(this.timer);
+    this.timer = setTimeout(() => {
+      this.timedOut = true;
+      this.controller.abort(new DOMException("upstream timed out", "TimeoutError"));
+    }, this.seconds * 1000);
+  }
+
+  clear(): void {
+    clearTimeout(this.timer);
+    this.client.removeEventListener("abort", this.onClientAbort);
+  }
+
+  get clientGone(): boolean {
+    return this.client.aborted;
+  }
+}
+
+/** Upstream HTTP status → the status the gateway answers with. */
+export function mapUpstreamStatus(status: number): number {
+  if (status === 502 || status === 503 || status === 504) return 503;
+  if (status >= 500) return 500;
+  if ([400, 401, 403, 404, 408, 413, 422, 429].includes(status)) return status;
+  return status >= 400 && status < 500 ? 400 : 500;
+}
+
+export function timeoutError(d: Deployment, seconds: number): GatewayError {
+  return new GatewayError(errorInfo(408, `Request timed out: ${d.provider} did not answer for model ${d.modelName} within ${seconds}s`, "timeout_error"));
+}
+
+function connectionError(d: Deployment, err: unknown): GatewayError {
+  const code = err instanceof Error && "code" in err ? String((err as { code: unknown }).code) : err instanceof Error ? err.message : String(err);
+  return new GatewayError(errorInfo(503, `APIConnectionError: could not connect to ${d.provider} for model ${d.modelName} (${code})`, "api_connection_error"));
+}
+
+export async function send(adapter: ProviderAdapter, d: Deployment, call: HttpCall, deadline: Deadline): Promise<Response> {
+  try {
+    if (adapter.transport) return await adapter.transport(call, deadline.signal);
+    return await fetch(call.url, { method: call.method ?? "POST", headers: call.headers, body: call.body, signal: deadline.signal });
+  } catch (err) {
+    if (deadline.timedOut) throw timeoutError(d, deadline.seconds);
+    if (deadline.clientGone) throw err;
+    throw connectionError(d, err);
+  }
+}
+
+/** A non-2xx upstream answer → the spec's error, keeping the provider's message and retry-after. */
+export async function upstreamError(adapter: ProviderAdapter, d: Deployment, res: Response): Promise<GatewayError> {
+  const text = await res.text().catch(() => "");
+  const status = mapUpstreamStatus(res.status);
+  const detail = adapter.errorMessage ? adapter.errorMessage(res.status, text) : text.slice(0, 500);
+  const headers: Record<string, string> = {};
+  const retryAfter = res.headers.get("retry-after");
+  if (retryAfter) headers["retry-after"] = retryAfter;
+  const info = errorInfo(status, `${d.provider} returned ${res.status} for model ${d.modelName}: ${detail}`);
+  return new GatewayError(info, headers);
+}

@@ -1,0 +1,148 @@
+// Opens the gateway's store: embedded PGlite by default, PostgreSQL when a URL is given.
+// Both sides share one schema, one migration set and one Db type. Bun-only (Bun.file, file imports).
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+import { PGlite } from "@electric-sql/pglite";
+import initdbWasm from "@electric-sql/pglite/initdb.wasm" with { type: "file" };
+import pgliteData from "@electric-sql/pglite/pglite.data" with { type: "file" };
+// PGlite locates these through `new URL(..., import.meta.url)`, which the bundler does not
+// follow, so a compiled binary would miss them. Imported as files they get embedded.
+import pgliteWasm from "@electric-sql/pglite/pglite.wasm" with { type: "file" };
+import { sql } from "drizzle-orm";
+import type { PgDatabase, PgQueryResultHKT } from "drizzle-orm/pg-core";
+import { drizzle as drizzlePglite } from "drizzle-orm/pglite";
+import { drizzle as drizzlePostgres } from "drizzle-orm/postgres-js";
+import postgres from "postgres";
+import { acquireLock } from "./lock.ts";
+import { runMigrations } from "./migrate.ts";
+import * as schema from "./schema.ts";
+import { rows } from "./sql.ts";
+
+export type Db = PgDatabase<PgQueryResultHKT, typeof schema>;
+
+export interface StoreLog {
+  info(m: string): void;
+  warn(m: string): void;
+}
+
+export interface Store {
+  db: Db;
+  kind: "pglite" | "postgres";
+  /** `select version()`; never throws. */
+  ping(): Promise<{ ok: boolean; detail: string }>;
+  /** Idempotent. */
+  close(): Promise<void>;
+}
+
+export interface OpenStoreOptions {
+  /** postgres:// URL; when unset the embedded PGlite in `<dataDir>/pg` is used. */
+  databaseUrl?: string;
+  dataDir: string;
+  log?: StoreLog;
+}
+
+// Key of the session advisory lock that serializes migrations across gateway instances sharing
+// one PostgreSQL ("gateway" in ASCII). Fixed forever: instances of different versions must agree.
+const MIGRATION_LOCK_KEY = "29104508263162233";
+
+export async function openStore(opts: OpenStoreOptions): Promise<Store> {
+  return opts.databaseUrl ? openPostgres(opts.databaseUrl, opts.log) : openPglite(opts.dataDir, opts.log);
+}
+
+function pinger(db: Db): Store["ping"] {
+  return async () => {
+    try {
+      const [row] = await rows<{ version: string }>(db, sql`select version() as version`);
+      return { ok: true, detail: row?.version ?? "unknown version" };
+    } catch (e) {
+      return { ok: false, detail: e instanceof Error ? e.message : String(e) };
+    }
+  };
+}
+
+function once(fn: () => Promise<void>): () => Promise<void> {
+  let done: Promise<void> | undefined;
+  return () => {
+    done ??= fn();
+    return done;
+  };
+}
+
+async function openPglite(dataDir: string, log?: StoreLog): Promise<Store> {
+  mkdirSync(dataDir, { recursive: true });
+  const release = await acquireLock(join(dataDir, "gateway.lock"), dataDir);
+  let pg: PGlite | undefined;
+  try {
+    const pgDir = join(dataDir, "pg");
+    const started = performance.now();
+    pg = await PGlite.create(pgDir, {
+      pgliteWasmModule: await WebAssembly.compile(await Bun.file(pgliteWasm).arrayBuffer()),
+      initdbWasmModule: await WebAssembly.compile(await Bun.file(initdbWasm).arrayBuffer()),
+      fsBundle: Bun.file(pgliteData),
+    });
+    const db: Db = drizzlePglite({ client: pg, schema });
+    // One process holds the lockfile, so nothing else can be migrating this directory.
+    await runMigrations(db);
+    log?.info(`store: embedded PGlite at ${pgDir} ready in ${Math.round(performance.now() - started)} ms`);
+    const client = pg;
+    return {
+      db,
+      kind: "pglite",
+      ping: pinger(db),
+      close: once(async () => {
+        try {
+          await client.close();
+        } finally {
+          release();
+        }
+      }),
+    };
+  } catch (e) {
+    await pg?.close().catch(() => {});
+    release();
+    throw e;
+  }
+}
+
+async function openPostgres(url: string, log?: StoreLog): Promise<Store> {
+  // drizzle's migrator issues `CREATE SCHEMA IF NOT EXISTS`, whose NOTICE would otherwise be
+  // printed to stdout on every start.
+  const client = postgres(url, { max: 10, onnotice: () => {} });
+  try {
+    const db: Db = drizzlePostgres({ client, schema });
+    // drizzle's migrate reads the last applied migration outside its transaction and takes no
+    // lock, so replicas starting together would apply the same migration twice. A session lock
+    // on a reserved connection serializes them; the migration itself may use any pool connection.
+    const reserved = await client.reserve();
+    try {
+      await reserved.unsafe(`select pg_advisory_lock(${MIGRATION_LOCK_KEY})`);
+      try {
+        await runMigrations(db);
+      } finally {
+        await reserved.unsafe(`select pg_advisory_unlock(${MIGRATION_LOCK_KEY})`);
+      }
+    } finally {
+      reserved.release();
+    }
+    log?.info(`store: PostgreSQL at ${redact(url)}`);
+    return {
+      db,
+      kind: "postgres",
+      ping: pinger(db),
+      close: once(() => client.end({ timeout: 5 })),
+    };
+  } catch (e) {
+    await client.end({ timeout: 1 }).catch(() => {});
+    throw e;
+  }
+}
+
+/** host:port/db only; the URL may carry a password. */
+function redact(url: string): string {
+  try {
+    const u = new URL(url);
+    return `${u.host}${u.pathname}`;
+  } catch {
+    return "(unparseable url)";
+  }
+}

@@ -1,0 +1,125 @@
+/**
+ * The OpenAI wire format the gateway speaks to clients: request schemas (validated on every call)
+ * and the loose JSON type of responses and chunks.
+ */
+import { type Static, Type as T } from "@sinclair/typebox";
+
+/** A JSON object as sent on the wire. */
+export type WireJson = Record<string, unknown>;
+
+const Nullable = <S extends Parameters<typeof T.Union>[0][number]>(s: S) => T.Union([s, T.Null()]);
+
+const ContentPart = T.Object({ type: T.String() }, { additionalProperties: true });
+
+export const ChatMessageSchema = T.Object(
+  {
+    role: T.Union([
+      T.Literal("system"),
+      T.Literal("developer"),
+      T.Literal("user"),
+      T.Literal("assistant"),
+      T.Literal("tool"),
+      T.Literal("function"),
+    ]),
+    content: T.Optional(Nullable(T.Union([T.String(), T.Array(ContentPart)]))),
+    name: T.Optional(T.String()),
+    tool_calls: T.Optional(T.Array(T.Record(T.String(), T.Unknown()))),
+    tool_call_id: T.Optional(T.String()),
+  },
+  { additionalProperties: true },
+);
+
+const StringOrStrings = T.Union([T.String(), T.Array(T.String())]);
+
+/** Gateway-level fields accepted on every model call and never forwarded upstream. */
+export const GatewayOnlyFields = [
+  "guardrails",
+  "caching",
+  "num_retries",
+  "context_window_fallback_dict",
+  "fallbacks",
+  "metadata",
+  "mock_response",
+  "drop_params",
+] as const;
+
+export const ChatRequestSchema = T.Object(
+  {
+    model: T.String({ minLength: 1 }),
+    messages: T.Array(ChatMessageSchema, { minItems: 1 }),
+    frequency_penalty: T.Optional(Nullable(T.Number({ minimum: -2, maximum: 2 }))),
+    presence_penalty: T.Optional(Nullable(T.Number({ minimum: -2, maximum: 2 }))),
+    logit_bias: T.Optional(Nullable(T.Record(T.String(), T.Number()))),
+    logprobs: T.Optional(Nullable(T.Boolean())),
+    top_logprobs: T.Optional(Nullable(T.Integer({ minimum: 0 }))),
+    max_tokens: T.Optional(Nullable(T.Integer({ minimum: 1 }))),
+    max_completion_tokens: T.Optional(Nullable(T.Integer({ minimum: 1 }))),
+    n: T.Optional(Nullable(T.Integer({ minimum: 1 }))),
+    response_format: T.Optional(Nullable(T.Record(T.String(), T.Unknown()))),
+    seed: T.Optional(Nullable(T.Integer())),
+    service_tier: T.Optional(Nullable(T.String())),
+    stop: T.Optional(Nullable(StringOrStrings)),
+    stream_options: T.Optional(Nullable(T.Record(T.String(), T.Unknown()))),
+    temperature: T.Optional(Nullable(T.Number({ minimum: 0, maximum: 2 }))),
+    top_p: T.Optional(Nullable(T.Number({ minimum: 0, maximum: 1 }))),
+    tools: T.Optional(Nullable(T.Array(T.Record(T.String(), T.Unknown())))),
+    tool_choice: T.Optional(Nullable(T.Union([T.String(), T.Record(T.String(), T.Unknown())]))),
+    parallel_tool_calls: T.Optional(Nullable(T.Boolean())),
+    function_call: T.Optional(Nullable(T.Union([T.String(), T.Record(T.String(), T.Unknown())]))),
+    functions: T.Optional(Nullable(T.Array(T.Record(T.String(), T.Unknown())))),
+    user: T.Optional(Nullable(T.String())),
+    stream: T.Optional(Nullable(T.Boolean())),
+    metadata: T.Optional(Nullable(T.Record(T.String(), T.Unknown()))),
+    guardrails: T.Optional(Nullable(T.Array(T.String()))),
+    caching: T.Optional(Nullable(T.Boolean())),
+    num_retries: T.Optional(Nullable(T.Integer({ minimum: 0 }))),
+    context_window_fallback_dict: T.Optional(Nullable(T.Record(T.String(), T.String()))),
+    fallbacks: T.Optional(Nullable(T.Array(T.Unknown()))),
+    mock_response: T.Optional(Nullable(T.String())),
+  },
+  { additionalProperties: true },
+);
+export type ChatRequest = Static<typeof ChatRequestSchema>;
+
+export const CompletionRequestSchema = T.Object(
+  {
+    model: T.String({ minLength: 1 }),
+    prompt: T.Union([T.String(), T.Array(T.String()), T.Array(T.Integer()), T.Array(T.Array(T.Integer()))]),
+    max_tokens: T.Optional(Nullable(T.Integer({ minimum: 1 }))),
+    temperature: T.Optional(Nullable(T.Number({ minimum: 0, maximum: 2 }))),
+    top_p: T.Optional(Nullable(T.Number({ minimum: 0, maximum: 1 }))),
+    frequency_penalty: T.Optional(Nullable(T.Number({ minimum: -2, maximum: 2 }))),
+    presence_penalty: T.Optional(Nullable(T.Number({ minimum: -2, maximum: 2 }))),
+    n: T.Optional(Nullable(T.Integer({ minimum: 1 }))),
+    stop: T.Optional(Nullable(StringOrStrings)),
+    stream: T.Optional(Nullable(T.Boolean())),
+    stream_options: T.Optional(Nullable(T.Record(T.String(), T.Unknown()))),
+    user: T.Optional(Nullable(T.String())),
+    metadata: T.Optional(Nullable(T.Record(T.String(), T.Unknown()))),
+  },
+  { additionalProperties: true },
+);
+export type CompletionRequest = Static<typeof CompletionRequestSchema>;
+
+export const EmbeddingsRequestSchema = T.Object(
+  {
+    model: T.String({ minLength: 1 }),
+    input: T.Optional(T.Union([T.String(), T.Array(T.String()), T.Array(T.Integer()), T.Array(T.Array(T.Integer()))])),
+    encoding_format: T.Optional(Nullable(T.Union([T.Literal("float"), T.Literal("base64")]))),
+    dimensions: T.Optional(Nullable(T.Integer({ minimum: 1 }))),
+    timeout: T.Optional(Nullable(T.Integer({ minimum: 1 }))),
+    caching: T.Optional(Nullable(T.Boolean())),
+    api_base: T.Optional(Nullable(T.String())),
+    api_version: T.Optional(Nullable(T.String())),
+    api_key: T.Optional(Nullable(T.String())),
+    api_type: T.Optional(Nullable(T.String())),
+    user: T.Optional(Nullable(T.String())),
+    custom_llm_provider: T.Optional(Nullable(T.Union([T.String(), T.Record(T.String(), T.Unknown())]))),
+    svc_call_id: T.Optional(Nullable(T.String())),
+    svc_logging_obj: T.Optional(Nullable(T.Record(T.String(), T.Unknown()))),
+    logger_fn: T.Optional(Nullable(T.String())),
+    metadata: T.Optional(Nullable(T.Record(T.String(), T.Unknown()))),
+  },
+  { additionalProperties: true },
+);
+export type EmbeddingsRequest = Static<typeof EmbeddingsRequestSchema>;

@@ -1,0 +1,132 @@
+/**
+ * The built-in `mock/<model>` provider's answers: deterministic OpenAI-format responses with
+ * realistic usage, produced in-process so the example config works with no network.
+ */
+import type { WireJson } from "../../core/contract.ts";
+import { estimateTokens } from "../openai-compatible/adapter.ts";
+
+const encoder = new TextEncoder();
+
+function lastUserText(messages: unknown): string {
+  if (!Array.isArray(messages)) return "";
+  for (let i = messages.length - 1; i >= 0; i--) {
+    const m = messages[i] as WireJson;
+    if (m.role !== "user") continue;
+    if (typeof m.content === "string") return m.content;
+    if (Array.isArray(m.content)) {
+      return m.content.map((p) => (typeof (p as WireJson).text === "string" ? (p as WireJson).text : "")).join(" ");
+    }
+  }
+  return "";
+}
+
+/** The reply's words: a fixed text, or an echo of the prompt, cut at max_tokens (one word per token). */
+function replyWords(body: WireJson, prompt: string, fixed: string | undefined): { words: string[]; truncated: boolean } {
+  const text = fixed ?? `This is a mock response to: ${prompt.slice(0, 200)}`;
+  const all = text.split(/(?<= )/);
+  const max = typeof body.max_tokens === "number" ? body.max_tokens : Number.POSITIVE_INFINITY;
+  return { words: all.slice(0, max), truncated: all.length > max };
+}
+
+function json(body: WireJson): Response {
+  return new Response(JSON.stringify(body), { headers: { "content-type": "application/json" } });
+}
+
+function sse(events: WireJson[]): Response {
+  const text = `${events.map((e) => `data: ${JSON.stringify(e)}\n\n`).join("")}data: [DONE]\n\n`;
+  return new Response(encoder.encode(text), { headers: { "content-type": "text/event-stream" } });
+}
+
+function usage(prompt: number, completion: number): WireJson {
+  return { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion };
+}
+
+let counter = 0;
+const nextId = (prefix: string) => `${prefix}-mock${(++counter).toString(36).padStart(8, "0")}`;
+const now = () => Math.floor(Date.now() / 1000);
+
+function chat(body: WireJson, fixed: string | undefined): Response {
+  const promptTokens = estimateTokens((body.messages as WireJson[]).map((m) => m.content)) + 3 * (body.messages as unknown[]).length;
+  const { words, truncated } = replyWords(body, lastUserText(body.messages), fixed);
+  const finish = truncated ? "length" : "stop";
+  const id = nextId("chatcmpl");
+  const created = now();
+  if (!body.stream) {
+    return json({
+      id,
+      object: "chat.completion",
+      created,
+      model: body.model,
+      choices: [{ index: 0, message: { role: "assistant", content: words.join("") }, logprobs: null, finish_reason: finish }],
+      usage: usage(promptTokens, words.length),
+    });
+  }
+  const base = { id, object: "chat.completion.chunk", created, model: body.model };
+  const chunk = (delta: WireJson, finish_reason: string | null): WireJson => ({
+    ...base,
+    choices: [{ index: 0, delta, logprobs: null, finish_reason }],
+  });
+  const events = [chunk({ role: "assistant", content: "" }, null), ...words.map((w) => chunk({ content: w }, null)), chunk({}, finish)];
+  const opts = body.stream_options as WireJson | undefined;
+  if (opts?.include_usage) events.push({ ...base, choices: [], usage: usage(promptTokens, words.length) });
+  return sse(events);
+}
+
+function completion(body: WireJson, fixed: string | undefined): Response {
+  const prompt = Array.isArray(body.prompt) ? body.prompt.join(" ") : String(body.prompt ?? "");
+  const promptTokens = estimateTokens(prompt);
+  const { words, truncated } = replyWords(body, prompt, fixed);
+  const finish = truncated ? "length" : "stop";
+  const base = { id: nextId("cmpl"), object: "text_completion", created: now(), model: body.model };
+  if (!body.stream) {
+    return json({
+      ...base,
+      choices: [{ text: words.join(""), index: 0, logprobs: null, finish_reason: finish }],
+      usage: usage(promptTokens, words.length),
+    });
+  }
+  const events: WireJson[] = words.map((w, i) => ({
+    ...base,
+    choices: [{ text: w, index: 0, logprobs: null, finish_reason: i === words.length - 1 ? finish : null }],
+  }));
+  const opts = body.stream_options as WireJson | undefined;
+  if (opts?.include_usage) events.push({ ...base, choices: [], usage: usage(promptTokens, words.length) });
+  return sse(events);
+}
+
+/** A unit vector derived from the text, so equal inputs embed equally. */
+function vector(text: string, dims: number): number[] {
+  const v = Array.from({ length: dims }, (_, i) => {
+    let h = 2166136261 ^ i;
+    for (let j = 0; j < text.length; j++) h = Math.imul(h ^ text.charCodeAt(j), 16777619);
+    return ((h >>> 0) / 0xffffffff) * 2 - 1;
+  });
+  const norm = Math.hypot(...v) || 1;
+  return v.map((x) => x / norm);
+}
+
+function base64(v: number[]): string {
+  return Buffer.from(new Float32Array(v).buffer).toString("base64");
+}
+
+function embeddings(body: WireJson): Response {
+  const inputs = Array.isArray(body.input) ? body.input.map(String) : [String(body.input ?? "")];
+  const dims = typeof body.dimensions === "number" ? body.dimensions : 8;
+  const asBase64 = body.encoding_format === "base64";
+  const data = inputs.map((text, index) => {
+    const v = vector(text, dims);
+    return { object: "embedding", index, embedding: asBase64 ? base64(v) : v };
+  });
+  const tokens = inputs.reduce((n, t) => n + estimateTokens(t), 0);
+  return json({ object: "list", data, model: body.model, usage: { prompt_tokens: tokens, total_tokens: tokens } });
+}
+
+export function respond(path: string, body: WireJson, fixedReply: string | undefined): Response {
+  if (path.endsWith("/chat/completions")) return chat(body, fixedReply);
+  if (path.endsWith("/completions")) return completion(body, fixedReply);
+  if (path.endsWith("/embeddings")) return embeddings(body);
+  return new Response(JSON.stringify({ error: { message: `mock: unknown path ${path}`, type: "invalid_request_error" } }), {
+    status: 404,
+    headers: { "content-type": "application/json" },
+  });
+}

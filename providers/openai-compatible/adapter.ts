@@ -1,0 +1,157 @@
+/**
+ * One adapter for every OpenAI-shaped provider: the request is the client's body minus the
+ * gateway's own fields, the response and chunks are already in the client's format.
+ */
+import type {
+  ChatRequest,
+  CompletionRequest,
+  Deployment,
+  EndpointAdapter,
+  HttpCall,
+  ProviderAdapter,
+  StreamPart,
+  Usage,
+  WireJson,
+} from "../../core/contract.ts";
+import { GatewayOnlyFields } from "../../core/wire.ts";
+import type { OpenAICompatibleProvider } from "./table.ts";
+import { usageFromOpenAI } from "./usage.ts";
+
+const GATEWAY_ONLY = new Set<string>(GatewayOnlyFields);
+
+function upstreamBody(req: object, d: Deployment, extra?: WireJson): string {
+  const body: WireJson = {};
+  for (const [k, v] of Object.entries(req)) if (!GATEWAY_ONLY.has(k)) body[k] = v;
+  body.model = d.upstreamModel;
+  return JSON.stringify(extra ? Object.assign(body, extra) : body);
+}
+
+function call(d: Deployment, path: string, body: string): HttpCall {
+  const headers: Record<string, string> = { "content-type": "application/json", ...d.headers };
+  if (d.apiKey) headers.authorization = `Bearer ${d.apiKey}`;
+  return { url: `${d.apiBase}${path}`, method: "POST", headers, body };
+}
+
+function asObject(body: unknown): WireJson {
+  if (body === null || typeof body !== "object" || Array.isArray(body)) throw new Error("expected a JSON object");
+  return body as WireJson;
+}
+
+interface StreamState {
+  /** Whether the client asked for the usage chunk; the gateway always asks upstream for it. */
+  clientWantsUsage: boolean;
+  chunks: number;
+  promptEstimate: number;
+}
+
+function wantsUsage(req: { stream_options?: Record<string, unknown> | null }): boolean {
+  return req.stream_options?.include_usage === true;
+}
+
+/** Streaming for chat and legacy completions: same framing, same usage chunk. */
+function openAIStream<E extends "chat" | "completions">(
+  promptEstimate: (req: E extends "chat" ? ChatRequest : CompletionRequest) => number,
+) {
+  return {
+    framing: "sse" as const,
+    init: (req: E extends "chat" ? ChatRequest : CompletionRequest): StreamState => ({
+      clientWantsUsage: wantsUsage(req),
+      chunks: 0,
+      promptEstimate: promptEstimate(req),
+    }),
+    event(data: string, s: StreamState): StreamPart[] {
+      if (data === "[DONE]") return [];
+      const chunk = asObject(JSON.parse(data));
+      const parts: StreamPart[] = [];
+      if (chunk.error) {
+        const e = asObject(chunk.error);
+        return [{ type: "error", error: { status: 500, type: "api_error", message: String(e.message ?? "upstream error") } }];
+      }
+      if (chunk.usage) parts.push({ type: "usage", usage: usageFromOpenAI(chunk.usage) });
+      if (!s.clientWantsUsage) {
+        const choices = chunk.choices;
+        if (Array.isArray(choices) && choices.length === 0) return parts;
+        delete chunk.usage;
+      }
+      s.chunks++;
+      parts.push({ type: "chunk", chunk });
+      return parts;
+    },
+    // OpenAI sends about one token per content chunk, so the chunk count is a fair estimate.
+    estimate: (s: StreamState): Usage => ({ promptTokens: s.promptEstimate, completionTokens: s.chunks }),
+  };
+}
+
+function textLength(v: unknown): number {
+  if (typeof v === "string") return v.length;
+  if (Array.isArray(v)) return v.reduce((n: number, x) => n + textLength(x), 0);
+  if (v !== null && typeof v === "object") return textLength((v as WireJson).text ?? (v as WireJson).content);
+  return 0;
+}
+
+/** Rough prompt size (4 characters per token) for cut or cancelled streams that never reported usage. */
+export function estimateTokens(v: unknown): number {
+  return Math.ceil(textLength(v) / 4);
+}
+
+export function openAIChat(): EndpointAdapter<"chat", StreamState> {
+  return {
+    request: (req, d) => call(d, "/chat/completions", upstreamBody(req, d, req.stream ? { stream_options: { ...req.stream_options, include_usage: true } } : undefined)),
+    response: (body) => {
+      const b = asObject(body);
+      return { body: b, usage: usageFromOpenAI(b.usage) };
+    },
+    stream: openAIStream<"chat">((req) => estimateTokens(req.messages.map((m) => m.content))),
+  };
+}
+
+export function openAICompletions(): EndpointAdapter<"completions", StreamState> {
+  return {
+    request: (req, d) => call(d, "/completions", upstreamBody(req, d, req.stream ? { stream_options: { ...req.stream_options, include_usage: true } } : undefined)),
+    response: (body) => {
+      const b = asObject(body);
+      return { body: b, usage: usageFromOpenAI(b.usage) };
+    },
+    stream: openAIStream<"completions">((req) => estimateTokens(req.prompt)),
+  };
+}
+
+export function openAIEmbeddings(): EndpointAdapter<"embeddings"> {
+  return {
+    request: (req, d) => call(d, "/embeddings", upstreamBody(req, d)),
+    response: (body) => {
+      const b = asObject(body);
+      return { body: b, usage: usageFromOpenAI(b.usage) };
+    },
+  };
+}
+
+/** OpenAI's error body `{error: {message}}` → its message. */
+export function openAIErrorMessage(_status: number, body: string): string {
+  try {
+    const parsed = JSON.parse(body) as { error?: { message?: unknown } | string; message?: unknown };
+    if (typeof parsed.error === "string") return parsed.error;
+    if (typeof parsed.error?.message === "string") return parsed.error.message;
+    if (typeof parsed.message === "string") return parsed.message;
+  } catch {
+    // not JSON: fall through to the raw text
+  }
+  return body.slice(0, 500);
+}
+
+/** The adapter for a set of table rows. */
+export function openAICompatibleAdapter(rows: readonly OpenAICompatibleProvider[]): ProviderAdapter {
+  const byId = new Map(rows.map((r) => [r.id, r]));
+  return {
+    ids: rows.map((r) => r.id),
+    endpoints: { chat: openAIChat(), completions: openAICompletions(), embeddings: openAIEmbeddings() },
+    errorMessage: openAIErrorMessage,
+    resolve(d) {
+      const row = byId.get(d.provider);
+      const apiBase = (d.apiBase ?? row?.apiBase)?.replace(/\/+$/, "");
+      if (!apiBase) return `provider ${d.provider} needs svc_params.api_base`;
+      const apiKey = d.apiKey ?? (row?.apiKeyEnv ? process.env[row.apiKeyEnv] : undefined);
+      return { ...d, apiBase, apiKey };
+    },
+  };
+}

@@ -1,0 +1,54 @@
+/**
+ * Every provider that speaks OpenAI's wire format, as data: default base URL and the environment
+ * variable that holds its key. `apiBase: undefined` means the operator must set `api_base`.
+ */
+export interface OpenAICompatibleProvider {
+  id: string;
+  apiBase: string | undefined;
+  apiKeyEnv: string | undefined;
+}
+
+const p = (id: string, apiBase: string | undefined, apiKeyEnv: string | undefined): OpenAICompatibleProvider => ({
+  id,
+  apiBase,
+  apiKeyEnv,
+});
+
+export const OPENAI_COMPATIBLE_PROVIDERS: readonly OpenAICompatibleProvider[] = [
+  p("openai", "https://api.openai.com/v1", "OPENAI_API_KEY"),
+  p("groq", "https://api.groq.com/openai/v1", "GROQ_API_KEY"),
+  p("mistral", "https://api.mistral.ai/v1", "MISTRAL_API_KEY"),
+  p("codestral", "https://codestral.mistral.ai/v1", "CODESTRAL_API_KEY"),
+  p("deepseek", "https://api.deepseek.com/v1", "DEEPSEEK_API_KEY"),
+  p("together_ai", "https://api.together.xyz/v1", "TOGETHERAI_API_KEY"),
+  p("fireworks_ai", "https://api.fireworks.ai/inference/v1", "FIREWORKS_AI_API_KEY"),
+  p("openrouter", "https://openrouter.ai/api/v1", "OPENROUTER_API_KEY"),
+  p("xai", "https://api.x.ai/v1", "XAI_API_KEY"),
+  p("perplexity", "https://api.perplexity.ai", "PERPLEXITYAI_API_KEY"),
+  p("deepinfra", "https://api.deepinfra.com/v1/openai", "DEEPINFRA_API_KEY"),
+  p("cerebras", "https://api.cerebras.ai/v1", "CEREBRAS_API_KEY"),
+  p("sambanova", "https://api.sambanova.ai/v1", "SAMBANOVA_API_KEY"),
+  p("nvidia_nim", "https://integrate.api.nvidia.com/v1", "NVIDIA_NIM_API_KEY"),
+  p("github", "https://models.inference.ai.azure.com", "GITHUB_API_KEY"),
+  p("nebius", "https://api.studio.nebius.ai/v1", "NEBIUS_API_KEY"),
+  p("novita", "https://api.novita.ai/v3/openai", "NOVITA_API_KEY"),
+  p("hyperbolic", "https://api.hyperbolic.xyz/v1", "HYPERBOLIC_API_KEY"),
+  p("moonshot", "https://api.moonshot.ai/v1", "MOONSHOT_API_KEY"),
+  p("dashscope", "https://dashscope-intl.aliyuncs.com/compatible-mode/v1", "DASHSCOPE_API_KEY"),
+  p("volcengine", "https://ark.cn-beijing.volces.com/api/v3", "VOLCENGINE_API_KEY"),
+  p("lambda_ai", "https://api.lambda.ai/v1", "LAMBDA_API_KEY"),
+  p("featherless_ai", "https://api.featherless.ai/v1", "FEATHERLESS_AI_API_KEY"),
+  p("friendliai", "https://api.friendli.ai/serverless/v1", "FRIENDLI_TOKEN"),
+  p("nscale", "https://inference.api.nscale.com/v1", "NSCALE_API_KEY"),
+  p("ai21", "https://api.ai21.com/studio/v1", "AI21_API_KEY"),
+  p("huggingface", "https://router.huggingface.co/v1", "HF_TOKEN"),
+  p("meta_llama", "https://api.llama.com/compat/v1", "LLAMA_API_KEY"),
+  p("vercel_ai_gateway", "https://ai-gateway.vercel.sh/v1", "VERCEL_AI_GATEWAY_API_KEY"),
+  p("lm_studio", "http://localhost:1234/v1", "LM_STUDIO_API_KEY"),
+  p("llamafile", "http://localhost:8080/v1", undefined),
+  p("hosted_vllm", undefined, "HOSTED_VLLM_API_KEY"),
+  p("databricks", undefined, "DATABRICKS_API_KEY"),
+  p("cloudflare", undefined, "CLOUDFLARE_API_KEY"),
+  p("openai_like", undefined, undefined),
+  p("custom_openai", undefined, undefined),
+];
