@@ -1,0 +1,68 @@
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import OpenAI from "openai";
+import { MASTER_KEY, startTestGateway, type TestGateway } from "../harness/gateway.ts";
+
+let gw: TestGateway;
+let client: OpenAI;
+
+beforeAll(async () => {
+  gw = await startTestGateway({
+    model_list: [
+      { model_name: "chat-mock", svc_params: { model: "mock/chat" }, model_info: { id: "mock-chat-1" } },
+      { model_name: "fixed-mock", svc_params: { model: "mock/fixed", mock_response: "Fixed answer." } },
+      { model_name: "embed-mock", svc_params: { model: "mock/embed" }, model_info: { mode: "embedding" } },
+    ],
+    general_settings: { master_key: MASTER_KEY },
+  });
+  client = new OpenAI({ baseURL: gw.baseURL, apiKey: MASTER_KEY, maxRetries: 0 });
+});
+afterAll(() => gw.stop());
+
+describe("built-in mock provider (works with no network)", () => {
+  test("chat answers deterministically with usage and the deployment id header", async () => {
+    const { data, response } = await client.chat.completions
+      .create({ model: "chat-mock", messages: [{ role: "user", content: "ping pong" }] })
+      .withResponse();
+    expect(data.choices[0]?.message.content).toBe("This is a mock response to: ping pong");
+    expect(data.usage?.completion_tokens).toBe(8);
+    expect(data.usage?.total_tokens).toBe((data.usage?.prompt_tokens ?? 0) + 8);
+    expect(response.headers.get("x-svc-model-id")).toBe("mock-chat-1");
+  });
+
+  test("svc_params.mock_response fixes the reply; max_tokens truncates with finish_reason length", async () => {
+    const fixed = await client.chat.completions.create({ model: "fixed-mock", messages: [{ role: "user", content: "x" }] });
+    expect(fixed.choices[0]?.message.content).toBe("Fixed answer.");
+    const cut = await client.chat.completions.create({ model: "chat-mock", max_tokens: 2, messages: [{ role: "user", content: "x" }] });
+    expect(cut.choices[0]?.finish_reason).toBe("length");
+    expect(cut.usage?.completion_tokens).toBe(2);
+  });
+
+  test("streaming yields incremental chunks and a usage chunk when asked", async () => {
+    const stream = await client.chat.completions.create({
+      model: "chat-mock",
+      stream: true,
+      stream_options: { include_usage: true },
+      messages: [{ role: "user", content: "stream me" }],
+    });
+    let text = "";
+    let chunks = 0;
+    let usage: OpenAI.CompletionUsage | null | undefined;
+    for await (const chunk of stream) {
+      chunks++;
+      text += chunk.choices[0]?.delta.content ?? "";
+      if (chunk.usage) usage = chunk.usage;
+    }
+    expect(text).toBe("This is a mock response to: stream me");
+    expect(chunks).toBeGreaterThan(5);
+    expect(usage?.completion_tokens).toBe(8);
+  });
+
+  test("embeddings are deterministic and decoded by the SDK", async () => {
+    const a = await client.embeddings.create({ model: "embed-mock", input: ["same", "other"] });
+    const b = await client.embeddings.create({ model: "embed-mock", input: "same" });
+    expect(a.data).toHaveLength(2);
+    expect(a.data[0]?.embedding).toHaveLength(8);
+    expect(b.data[0]?.embedding[0]).toBeCloseTo(a.data[0]!.embedding[0]!, 6);
+    expect(a.data[1]?.embedding[0]).not.toBeCloseTo(a.data[0]!.embedding[0]!, 6);
+  });
+});

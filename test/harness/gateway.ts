@@ -1,0 +1,150 @@
+/**
+ * Test gateways. `startTestGateway` runs the real app in-process on a random port (fast, most
+ * tests); `spawnGateway` runs `core/main.ts` as its own process (signals, store, run interface).
+ */
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join, resolve } from "node:path";
+import { stringify } from "yaml";
+import type { Logger } from "../../core/contract.ts";
+import { createApp } from "../../core/http/app.ts";
+import { Live } from "../../core/live.ts";
+
+export const MASTER_KEY = "sk-test-master-key";
+export const ROOT = resolve(import.meta.dir, "../..");
+
+export type ConfigInput = string | Record<string, unknown>;
+
+export function configText(config: ConfigInput): string {
+  return typeof config === "string" ? config : stringify(config);
+}
+
+export function tempDir(prefix = "gw-test-"): string {
+  return mkdtempSync(join(tmpdir(), prefix));
+}
+
+/** Log lines captured for assertions instead of printed. */
+export function memoryLogger(): Logger & { lines: { level: string; msg: string; fields?: Record<string, unknown> }[] } {
+  const lines: { level: string; msg: string; fields?: Record<string, unknown> }[] = [];
+  return {
+    lines,
+    info: (msg, fields) => lines.push({ level: "info", msg, fields }),
+    warn: (msg, fields) => lines.push({ level: "warn", msg, fields }),
+    error: (msg, fields) => lines.push({ level: "error", msg, fields }),
+  };
+}
+
+export interface TestGateway {
+  url: string;
+  /** `${url}/v1`, the base URL for the openai SDK. */
+  baseURL: string;
+  live: Live;
+  dir: string;
+  configPath: string;
+  log: ReturnType<typeof memoryLogger>;
+  /** Rewrites config.yaml (the file watch may pick it up; call `live.reload` to apply at once). */
+  writeConfig(config: ConfigInput): void;
+  stop(): Promise<void>;
+}
+
+export async function startTestGateway(config: ConfigInput, opts: { watch?: boolean } = {}): Promise<TestGateway> {
+  const dir = tempDir();
+  const configPath = join(dir, "config.yaml");
+  writeFileSync(configPath, configText(config));
+  const log = memoryLogger();
+  const live = await Live.start(configPath, log);
+  const app = createApp({
+    live,
+    log,
+    probes: { store: async () => ({ ok: true, detail: "in-process test" }), redis: async () => undefined, version: "test" },
+  });
+  const server = Bun.serve({ port: 0, hostname: "127.0.0.1", fetch: app.fetch, idleTimeout: 60 });
+  if (opts.watch) live.watch();
+  const url = `http://127.0.0.1:${server.port}`;
+  return {
+    url,
+    baseURL: `${url}/v1`,
+    live,
+    dir,
+    configPath,
+    log,
+    writeConfig: (c) => writeFileSync(configPath, configText(c)),
+    async stop() {
+      await server.stop(true);
+      await live.close();
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+export interface SpawnedGateway {
+  url: string;
+  baseURL: string;
+  proc: ReturnType<typeof Bun.spawn>;
+  dir: string;
+  configPath: string;
+  /** Everything the process printed so far (stdout and stderr). */
+  output(): string;
+  /** Resolves with the exit code. */
+  exited: Promise<number>;
+  stop(signal?: NodeJS.Signals): Promise<number>;
+}
+
+/** Runs the gateway as a process: `bun core/main.ts` (or `cmd` such as a compiled binary). */
+export async function spawnGateway(
+  config: ConfigInput,
+  opts: { env?: Record<string, string | undefined>; args?: string[]; cmd?: string[]; dir?: string; waitForListen?: boolean } = {},
+): Promise<SpawnedGateway> {
+  const dir = opts.dir ?? tempDir();
+  const configPath = join(dir, "config.yaml");
+  writeFileSync(configPath, configText(config));
+  const cmd = opts.cmd ?? [process.execPath, join(ROOT, "core/main.ts")];
+  const env: Record<string, string> = {};
+  for (const [k, v] of Object.entries({ ...process.env, SVC_MASTER_KEY: MASTER_KEY, ...opts.env })) if (v !== undefined) env[k] = v;
+  const proc = Bun.spawn([...cmd, "--config", configPath, "--port", "0", "--host", "127.0.0.1", "--data-dir", join(dir, "data"), ...(opts.args ?? [])], {
+    cwd: dir,
+    env,
+    stdout: "pipe",
+    stderr: "pipe",
+  });
+  let out = "";
+  let onOutput: (() => void) | undefined;
+  const pump = async (stream: ReadableStream<Uint8Array>) => {
+    const decoder = new TextDecoder();
+    for await (const chunk of stream) {
+      out += decoder.decode(chunk, { stream: true });
+      onOutput?.();
+    }
+  };
+  void pump(proc.stdout as ReadableStream<Uint8Array>);
+  void pump(proc.stderr as ReadableStream<Uint8Array>);
+  const exited = proc.exited;
+  let url = "";
+  if (opts.waitForListen !== false) {
+    url = await new Promise<string>((resolveUrl, reject) => {
+      const check = () => {
+        const m = /listening on (http:\/\/[^"\s]+)/.exec(out);
+        if (m) resolveUrl(m[1]!.replace("0.0.0.0", "127.0.0.1"));
+      };
+      onOutput = check;
+      check();
+      void exited.then((code) => reject(new Error(`gateway exited with ${code} before listening:\n${out}`)));
+      setTimeout(() => reject(new Error(`gateway did not start within 60s:\n${out}`)), 60_000);
+    });
+  }
+  return {
+    url,
+    baseURL: `${url}/v1`,
+    proc,
+    dir,
+    configPath,
+    output: () => out,
+    exited,
+    async stop(signal: NodeJS.Signals = "SIGTERM") {
+      if (proc.exitCode === null) proc.kill(signal);
+      const code = await exited;
+      if (!opts.dir) rmSync(dir, { recursive: true, force: true });
+      return code;
+    },
+  };
+}

@@ -1,0 +1,37 @@
+/**
+ * Runs the whole suite with `bun test` and ends with the line CI reads: `N passed, N failed`,
+ * counted from the run's JUnit report (bun's own summary format is not what CI parses).
+ */
+import { existsSync, mkdirSync, readFileSync, rmSync } from "node:fs";
+import { join, resolve } from "node:path";
+
+const root = resolve(import.meta.dir, "..");
+const reportDir = join(root, ".test-tmp");
+const report = join(reportDir, "junit.xml");
+mkdirSync(reportDir, { recursive: true });
+rmSync(report, { force: true });
+
+const proc = Bun.spawn([process.execPath, "test", "--reporter=junit", `--reporter-outfile=${report}`, ...process.argv.slice(2)], {
+  cwd: root,
+  stdout: "inherit",
+  stderr: "inherit",
+  env: { ...process.env, FORCE_COLOR: "0" },
+});
+const code = await proc.exited;
+
+let passed = 0;
+let failed = 0;
+let skipped = 0;
+if (existsSync(report)) {
+  const xml = readFileSync(report, "utf8");
+  for (const m of xml.matchAll(/<testcase\b[^>]*?(\/>|>([\s\S]*?)<\/testcase>)/g)) {
+    const inner = m[2] ?? "";
+    if (/<(failure|error)\b/.test(inner)) failed++;
+    else if (/<skipped\b/.test(inner)) skipped++;
+    else passed++;
+  }
+}
+// A crash before any report (or a non-zero exit with no failing case) must not read as green.
+if (code !== 0 && failed === 0) failed = 1;
+console.log(`${passed} passed, ${failed} failed${skipped ? `, ${skipped} skipped` : ""}`);
+process.exit(code === 0 && failed === 0 ? 0 : 1);
