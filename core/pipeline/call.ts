@@ -35,6 +35,7 @@ function maxOutput(body: WireRequest[Endpoint]): number | undefined {
 
 async function acquireLeases(snapshot: Snapshot, intent: CallIntent): Promise<Lease[]> {
   const granted: Lease[] = [];
+  if (snapshot.rateLimiters.length === 0 && snapshot.budgets.length === 0) return granted;
   for (const gate of [...snapshot.rateLimiters.map((r) => () => r.acquire(intent)), ...snapshot.budgets.map((b) => () => b.reserve(intent))]) {
     const result = await gate();
     if (!result.ok) {
@@ -107,7 +108,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
       const transform = ep.stream as StreamTransform<"chat" | "completions", unknown>;
       return streamResponse({ res, deployment: d, transform, request: body as WireRequest["chat" | "completions"], deadline, headers: responseHeaders(d, ctx.callId), finish });
     }
-    const json = await readJson(res, d, deadline);
+    const { text, json } = await readJson(res, d, deadline);
     deadline.clear();
     let mapped: { body: unknown; usage: Usage };
     try {
@@ -116,7 +117,9 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
       throw GatewayError.of(500, `${d.provider} returned an unexpected response for model ${d.modelName}: ${err instanceof Error ? err.message : String(err)}`);
     }
     finish("success", mapped.usage, undefined, Date.now());
-    return new Response(JSON.stringify(mapped.body), { headers: { "content-type": "application/json", ...responseHeaders(d, ctx.callId) } });
+    // An adapter that hands the upstream body back unchanged lets the original bytes through.
+    const out = mapped.body === json ? text : JSON.stringify(mapped.body);
+    return new Response(out, { headers: { "content-type": "application/json", ...responseHeaders(d, ctx.callId) } });
   } catch (err) {
     deadline.clear();
     const info = err instanceof GatewayError ? err.info : errorInfo(500, err instanceof Error ? err.message : String(err));
@@ -129,7 +132,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
   }
 }
 
-async function readJson(res: Response, d: Deployment, deadline: Deadline): Promise<unknown> {
+async function readJson(res: Response, d: Deployment, deadline: Deadline): Promise<{ text: string; json: unknown }> {
   let text: string;
   try {
     text = await res.text();
@@ -138,7 +141,7 @@ async function readJson(res: Response, d: Deployment, deadline: Deadline): Promi
     throw err;
   }
   try {
-    return JSON.parse(text);
+    return { text, json: JSON.parse(text) };
   } catch {
     throw GatewayError.of(500, `${d.provider} returned invalid JSON for model ${d.modelName}`, "internal_server_error");
   }
