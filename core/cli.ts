@@ -37,13 +37,15 @@ export function parseRunOptions(argv: string[], env: NodeJS.ProcessEnv): RunOpti
     console.log(USAGE);
     process.exit(0);
   }
-  const port = Number(values.port ?? env.PORT ?? 4000);
-  if (!Number.isInteger(port) || port < 0 || port > 65535) throw new Error(`invalid port: ${values.port ?? env.PORT}`);
-  const drain = Number(env.SVC_DRAIN_TIMEOUT ?? 30);
+  // An empty variable counts as unset. Digits only: Number() would also take "", "1e3" or "0x10".
+  const rawPort = values.port ?? (env.PORT || "4000");
+  const port = Number(rawPort);
+  if (!/^\d{1,5}$/.test(rawPort) || port > 65535) throw new Error(`invalid port "${rawPort}": expected an integer from 0 to 65535`);
+  const drain = Number(env.SVC_DRAIN_TIMEOUT || 30);
   return {
     configPath: values.config ?? "./config.yaml",
     port,
-    host: values.host ?? env.HOST ?? "0.0.0.0",
+    host: values.host || env.HOST || "0.0.0.0",
     dataDir: values["data-dir"] ?? "./.data",
     databaseUrl: env.DATABASE_URL || undefined,
     redisUrl: env.REDIS_URL || undefined,

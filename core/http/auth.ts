@@ -17,6 +17,7 @@ export const NO_MASTER_KEY =
 
 export async function authenticate(snapshot: Snapshot, headers: Headers, path: string): Promise<Principal> {
   const credential = credentialOf(headers);
+  if (!snapshot.settings.masterKey && snapshot.auth.length === 0) throw GatewayError.of(401, NO_MASTER_KEY, "authentication_error");
   if (!credential) {
     throw GatewayError.of(401, "Authentication Error: no API key passed in. Send it as 'Authorization: Bearer <key>' or 'x-svc-api-key: <key>'.", "authentication_error");
   }
@@ -26,7 +27,6 @@ export async function authenticate(snapshot: Snapshot, headers: Headers, path: s
     if ("ok" in result) throw new GatewayError(result.error);
     return result;
   }
-  if (!snapshot.settings.masterKey && snapshot.auth.length === 0) throw GatewayError.of(401, NO_MASTER_KEY, "authentication_error");
   throw GatewayError.of(401, "Authentication Error: invalid API key.", "authentication_error", null);
 }
 

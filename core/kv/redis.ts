@@ -28,14 +28,28 @@ export function connectRedis(url: string, log: Logger): RedisHandle {
   return {
     client,
     async ping() {
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      let onReady: (() => void) | undefined;
       try {
-        const pong = await Promise.race([
-          client.ping(),
-          new Promise<never>((_, reject) => setTimeout(() => reject(new Error(`no answer within ${PING_TIMEOUT_MS} ms`)), PING_TIMEOUT_MS)),
-        ]);
+        const timeout = new Promise<never>((_, reject) => {
+          timer = setTimeout(() => reject(new Error(`no answer within ${PING_TIMEOUT_MS} ms (${client.status})`)), PING_TIMEOUT_MS);
+        });
+        // Right after start (or during a reconnect) the client is still connecting, and with no
+        // offline queue a command would fail at once: wait for the connection within the budget.
+        if (client.status !== "ready") {
+          const ready = new Promise<void>((resolve) => {
+            onReady = resolve;
+            client.once("ready", resolve);
+          });
+          await Promise.race([ready, timeout]);
+        }
+        const pong = await Promise.race([client.ping(), timeout]);
         return { ok: pong === "PONG", detail: pong };
       } catch (err) {
         return { ok: false, detail: err instanceof Error ? err.message : String(err) };
+      } finally {
+        clearTimeout(timer);
+        if (onReady) client.off("ready", onReady);
       }
     },
     async close() {

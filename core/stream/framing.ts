@@ -9,6 +9,8 @@ class LineSplitter {
   private pendingCR = false;
 
   push(text: string, onLine: (line: string) => void): void {
+    // An empty chunk must not drop a pending CR: its LF may still come in the next one.
+    if (text === "") return;
     let buf = this.rest + text;
     this.rest = "";
     if (this.pendingCR) {

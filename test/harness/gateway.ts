@@ -116,9 +116,12 @@ export async function spawnGateway(
       onOutput?.();
     }
   };
-  void pump(proc.stdout as ReadableStream<Uint8Array>);
-  void pump(proc.stderr as ReadableStream<Uint8Array>);
-  const exited = proc.exited;
+  const pumped = Promise.all([pump(proc.stdout as ReadableStream<Uint8Array>), pump(proc.stderr as ReadableStream<Uint8Array>)]);
+  // Resolves once the process has exited and everything it printed has been read.
+  const exited = proc.exited.then(async (code) => {
+    await pumped;
+    return code;
+  });
   let url = "";
   if (opts.waitForListen !== false) {
     url = await new Promise<string>((resolveUrl, reject) => {

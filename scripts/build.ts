@@ -1,0 +1,46 @@
+/**
+ * Builds the single binary: `bun scripts/build.ts [--outfile PATH]` (default dist/gateway).
+ *
+ * It is `bun build --compile --minify --sourcemap core/main.ts`: the Bun runtime, every module,
+ * PGlite's wasm and data files (imported as files in core/store/db.ts) and the migrations
+ * (core/store/migrations/index.ts) end up in one executable that runs from an empty folder.
+ * The source map is embedded in the binary, so the sidecar `.map` the bundler also writes is removed.
+ */
+import { rmSync, statSync } from "node:fs";
+import { resolve } from "node:path";
+import { parseArgs } from "node:util";
+
+export const ROOT = resolve(import.meta.dir, "..");
+export const DEFAULT_OUTFILE = resolve(ROOT, "dist/gateway");
+
+export interface BuildResult {
+  outfile: string;
+  bytes: number;
+  ms: number;
+}
+
+/** Compiles core/main.ts into `outfile`; throws with the bundler's output when it fails. */
+export async function buildBinary(outfile: string = DEFAULT_OUTFILE): Promise<BuildResult> {
+  const out = resolve(outfile);
+  const started = performance.now();
+  const proc = Bun.spawn([process.execPath, "build", "--compile", "--minify", "--sourcemap", "core/main.ts", "--outfile", out], {
+    cwd: ROOT,
+    stdout: "pipe",
+    stderr: "pipe",
+  });
+  const [stdout, stderr, code] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited]);
+  if (code !== 0) throw new Error(`bun build --compile failed (exit ${code}):\n${stdout}${stderr}`);
+  rmSync(`${out}.map`, { force: true });
+  return { outfile: out, bytes: statSync(out).size, ms: Math.round(performance.now() - started) };
+}
+
+if (import.meta.main) {
+  try {
+    const { values } = parseArgs({ args: process.argv.slice(2), options: { outfile: { type: "string" } }, strict: true });
+    const r = await buildBinary(values.outfile);
+    console.log(`built ${r.outfile} (${(r.bytes / 1024 / 1024).toFixed(1)} MB) in ${r.ms} ms`);
+  } catch (err) {
+    console.error(err instanceof Error ? err.message : String(err));
+    process.exit(1);
+  }
+}

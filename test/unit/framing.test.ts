@@ -1,0 +1,218 @@
+// The upstream stream parsers (SSE and NDJSON) fed input split at awkward places, and the
+// OpenAI-compatible stream transform that turns each event into parts.
+import { describe, expect, test } from "bun:test";
+import type { ChatRequest, CompletionRequest } from "../../core/contract.ts";
+import { ndjsonEvents, sseEvents } from "../../core/stream/framing.ts";
+import { openAIChat, openAICompletions } from "../../providers/openai-compatible/adapter.ts";
+
+/** Runs text chunks, exactly as given, through a framing transform and collects the events. */
+async function run(framing: TransformStream<string, string>, chunks: string[]): Promise<string[]> {
+  const source = new ReadableStream<string>({
+    start(c) {
+      for (const chunk of chunks) c.enqueue(chunk);
+      c.close();
+    },
+  });
+  const events: string[] = [];
+  for await (const event of source.pipeThrough(framing)) events.push(event);
+  return events;
+}
+
+/** Bytes split into pieces of `size`, decoded the way the pipeline does it (TextDecoderStream). */
+async function runBytes(framing: TransformStream<string, string>, text: string, size: number): Promise<string[]> {
+  const bytes = new TextEncoder().encode(text);
+  const source = new ReadableStream<BufferSource>({
+    start(c) {
+      for (let i = 0; i < bytes.length; i += size) c.enqueue(bytes.slice(i, i + size));
+      c.close();
+    },
+  });
+  const events: string[] = [];
+  for await (const event of source.pipeThrough(new TextDecoderStream()).pipeThrough(framing)) events.push(event);
+  return events;
+}
+
+/** Every way of cutting `text` in two. */
+const splits = (text: string) => Array.from({ length: text.length + 1 }, (_, i) => [text.slice(0, i), text.slice(i)]);
+
+const OPENAI_STREAM =
+  'data: {"id":"c1","choices":[{"index":0,"delta":{"content":"Grüße 👋"}}]}\n\n' +
+  ": keep-alive\n\n" +
+  'data: {"id":"c1","choices":[{"index":0,"delta":{"content":" world"}}]}\n\n' +
+  "data: [DONE]\n\n";
+
+const OPENAI_EVENTS = [
+  '{"id":"c1","choices":[{"index":0,"delta":{"content":"Grüße 👋"}}]}',
+  '{"id":"c1","choices":[{"index":0,"delta":{"content":" world"}}]}',
+  "[DONE]",
+];
+
+describe("sseEvents", () => {
+  test("whole input", async () => {
+    expect(await run(sseEvents(), [OPENAI_STREAM])).toEqual(OPENAI_EVENTS);
+  });
+
+  test("split at every character position (mid-JSON, mid-field name, mid-separator)", async () => {
+    for (const parts of splits(OPENAI_STREAM)) expect(await run(sseEvents(), parts)).toEqual(OPENAI_EVENTS);
+  });
+
+  test("one character per chunk", async () => {
+    expect(await run(sseEvents(), [...OPENAI_STREAM])).toEqual(OPENAI_EVENTS);
+  });
+
+  test("byte-split input, multi-byte characters cut in the middle, through TextDecoderStream", async () => {
+    for (const size of [1, 2, 3, 5, 7]) expect(await runBytes(sseEvents(), OPENAI_STREAM, size)).toEqual(OPENAI_EVENTS);
+  });
+
+  test("CRLF line ends, with the CR at the end of one chunk and the LF at the start of the next", async () => {
+    // Were the split CRLF read as two line ends, the blank line would end the event after "a".
+    expect(await run(sseEvents(), ["data: a\r", "\ndata: b\r\n\r\n"])).toEqual(["a\nb"]);
+    expect(await run(sseEvents(), ["data: a\r\n\r", "\ndata: b\r\n\r\n"])).toEqual(["a", "b"]);
+    const crlf = OPENAI_STREAM.replaceAll("\n", "\r\n");
+    for (const parts of splits(crlf)) expect(await run(sseEvents(), parts)).toEqual(OPENAI_EVENTS);
+  });
+
+  test("a split CR followed by another CR is a blank line", async () => {
+    expect(await run(sseEvents(), ["data: a\r", "\rdata: b\r\r"])).toEqual(["a", "b"]);
+  });
+
+  test("CR-only line ends", async () => {
+    expect(await run(sseEvents(), ["data: x\rdata: y\r\rdata: z\r\r"])).toEqual(["x\ny", "z"]);
+    const cr = OPENAI_STREAM.replaceAll("\n", "\r");
+    for (const parts of splits(cr)) expect(await run(sseEvents(), parts)).toEqual(OPENAI_EVENTS);
+  });
+
+  test("multi-line data is joined with \\n", async () => {
+    expect(await run(sseEvents(), ['data: {"a":\ndata: 1}\n\n'])).toEqual(['{"a":\n1}']);
+    expect(await run(sseEvents(), ["data: one\ndata:two\ndata\n\n"])).toEqual(["one\ntwo\n"]);
+  });
+
+  test("only one leading space is stripped from the value", async () => {
+    expect(await run(sseEvents(), ["data:  two spaces\n\n"])).toEqual([" two spaces"]);
+  });
+
+  test("comments and other fields are ignored; blank lines alone emit nothing", async () => {
+    const text = ": keep-alive\n\nevent: message\nid: 7\nretry: 100\ndata: payload\n\n\n\n: bye\n";
+    expect(await run(sseEvents(), [text])).toEqual(["payload"]);
+    expect(await run(sseEvents(), [...text])).toEqual(["payload"]);
+  });
+
+  test("an event without a trailing blank line at EOF is flushed", async () => {
+    expect(await run(sseEvents(), ["data: first\n\ndata: last"])).toEqual(["first", "last"]);
+    expect(await run(sseEvents(), ["data: first\n\ndata: last\n"])).toEqual(["first", "last"]);
+    expect(await run(sseEvents(), ["data: first\n\ndata: la", "st\r"])).toEqual(["first", "last"]);
+  });
+
+  test("empty chunks between a CR and its LF do not break the pair", async () => {
+    expect(await run(sseEvents(), ["data: a\r", "", "\ndata: b\n\n"])).toEqual(["a\nb"]);
+  });
+});
+
+describe("ndjsonEvents", () => {
+  const NDJSON = '{"a":1}\n{"b":"ü 👋"}\r\n\n{"c":3}';
+  const LINES = ['{"a":1}', '{"b":"ü 👋"}', '{"c":3}'];
+
+  test("lines split across chunks, blank lines skipped, last line without newline flushed", async () => {
+    expect(await run(ndjsonEvents(), ['{"a":1}\n{"b"', ':"ü 👋"}\r', '\n\n{"c":3}'])).toEqual(LINES);
+    for (const parts of splits(NDJSON)) expect(await run(ndjsonEvents(), parts)).toEqual(LINES);
+  });
+
+  test("byte-split input", async () => {
+    for (const size of [1, 2, 3]) expect(await runBytes(ndjsonEvents(), NDJSON, size)).toEqual(LINES);
+  });
+});
+
+describe("OpenAI-compatible stream transform", () => {
+  const chat = openAIChat().stream!;
+  const request = (extra: Partial<ChatRequest> = {}): ChatRequest => ({
+    model: "m",
+    messages: [{ role: "user", content: "hello there" }],
+    stream: true,
+    ...extra,
+  });
+  const usageChunk = JSON.stringify({
+    id: "c1",
+    object: "chat.completion.chunk",
+    choices: [],
+    usage: { prompt_tokens: 3, completion_tokens: 5, total_tokens: 8, completion_tokens_details: { reasoning_tokens: 2 } },
+  });
+  const contentChunk = JSON.stringify({ id: "c1", object: "chat.completion.chunk", choices: [{ index: 0, delta: { content: "hi" } }], usage: null });
+
+  test("framing is SSE", () => {
+    expect(chat.framing).toBe("sse");
+  });
+
+  test("client did not ask for usage: the usage-only chunk is dropped and reported as usage; usage: null is stripped", () => {
+    const s = chat.init(request());
+    expect(chat.event(contentChunk, s)).toEqual([
+      { type: "chunk", chunk: { id: "c1", object: "chat.completion.chunk", choices: [{ index: 0, delta: { content: "hi" } }] } },
+    ]);
+    expect(chat.event(usageChunk, s)).toEqual([{ type: "usage", usage: { promptTokens: 3, completionTokens: 5, reasoningTokens: 2 } }]);
+    expect(chat.event("[DONE]", s)).toEqual([]);
+  });
+
+  test("client asked for usage: the usage chunk is kept as a chunk and also reported", () => {
+    const s = chat.init(request({ stream_options: { include_usage: true } }));
+    const parts = chat.event(usageChunk, s);
+    expect(parts).toEqual([
+      { type: "usage", usage: { promptTokens: 3, completionTokens: 5, reasoningTokens: 2 } },
+      { type: "chunk", chunk: JSON.parse(usageChunk) },
+    ]);
+    expect(chat.event(contentChunk, s)).toEqual([{ type: "chunk", chunk: JSON.parse(contentChunk) }]);
+  });
+
+  test("an upstream error event becomes an error part", () => {
+    const s = chat.init(request());
+    const parts = chat.event(JSON.stringify({ error: { message: "upstream exploded", type: "server_error" } }), s);
+    expect(parts).toHaveLength(1);
+    expect(parts[0]?.type).toBe("error");
+    if (parts[0]?.type !== "error") throw new Error("unreachable");
+    expect(parts[0].error.message).toBe("upstream exploded");
+    expect(parts[0].error.status).toBe(500);
+  });
+
+  test("invalid JSON throws (the pipeline turns it into an error event)", () => {
+    expect(() => chat.event('{"id":', chat.init(request()))).toThrow();
+  });
+
+  test("estimate: prompt from the messages, completion from the chunk count", () => {
+    const s = chat.init(request());
+    chat.event(contentChunk, s);
+    chat.event(contentChunk, s);
+    expect(chat.estimate(s)).toEqual({ promptTokens: Math.ceil("hello there".length / 4), completionTokens: 2 });
+  });
+
+  test("legacy completions share the behaviour", () => {
+    const completions = openAICompletions().stream!;
+    const req: CompletionRequest = { model: "m", prompt: "abc", stream: true };
+    const s = completions.init(req);
+    const legacyUsage = JSON.stringify({ id: "x", object: "text_completion", choices: [], usage: { prompt_tokens: 1, completion_tokens: 2 } });
+    expect(completions.event(legacyUsage, s)).toEqual([{ type: "usage", usage: { promptTokens: 1, completionTokens: 2 } }]);
+  });
+});
+
+describe("OpenAI-compatible request", () => {
+  test("streaming requests always ask upstream for usage, keeping the client's other stream_options", () => {
+    const d = {
+      id: "d",
+      modelName: "public",
+      provider: "openai",
+      upstreamModel: "gpt-4o-mini",
+      apiBase: "http://up/v1",
+      apiKey: "sk-up",
+      options: { model: "openai/gpt-4o-mini" },
+    };
+    const call = openAIChat().request(
+      { model: "public", messages: [{ role: "user", content: "x" }], stream: true, stream_options: { other: 1 }, fallbacks: ["y"] },
+      d,
+    );
+    expect(call.url).toBe("http://up/v1/chat/completions");
+    expect(call.headers.authorization).toBe("Bearer sk-up");
+    expect(JSON.parse(call.body as string)).toEqual({
+      model: "gpt-4o-mini",
+      messages: [{ role: "user", content: "x" }],
+      stream: true,
+      stream_options: { other: 1, include_usage: true },
+    });
+  });
+});
