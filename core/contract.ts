@@ -214,14 +214,18 @@ export interface PluginDef<S extends TSchema = TSchema> {
   setup(config: Static<S>, ctx: PluginContext): Hooks | Promise<Hooks>;
 }
 
-/** Rejects hook names that are not part of `Hooks` (a typo such as `callbackz` is a type error). */
-type NoExtra<H, T> = H & { [K in Exclude<keyof H, keyof T>]: never };
+/**
+ * Rejects hook names that are not part of `Hooks` (a typo such as `callbackz` is a type error
+ * naming the key). `H` is left unconstrained on purpose: with `H extends Hooks` a returned object
+ * with an unknown key fails the constraint, `H` falls back to `Hooks`, and the typo goes unnoticed.
+ */
+type ExactHooks<H> = H & Hooks & { [K in Exclude<keyof H, keyof Hooks>]: `${K & string} is not a plugin hook` };
 
-export function definePlugin<S extends TSchema, H extends Hooks>(plugin: {
+export function definePlugin<S extends TSchema, H>(plugin: {
   name: string;
   version?: string;
   config: S;
-  setup(config: Static<S>, ctx: PluginContext): NoExtra<H, Hooks> | Promise<NoExtra<H, Hooks>>;
+  setup(config: Static<S>, ctx: PluginContext): ExactHooks<H> | Promise<ExactHooks<H>>;
 }): PluginDef<S> {
   return plugin as PluginDef<S>;
 }

@@ -51,13 +51,6 @@ async function main(): Promise<void> {
   const app = createApp({ live, log, probes: { store: store.ping, redis: async () => redis?.ping(), version: pkg.version } });
   const server = Bun.serve({ port: opts.port, hostname: opts.host, fetch: app.fetch, idleTimeout: 255, maxRequestBodySize: 64 * 1024 * 1024 });
   live.watch();
-  log.info(`listening on http://${server.hostname}:${server.port}`, {
-    config: opts.configPath,
-    models: live.current.models.entries.length,
-    store: store.kind === "pglite" ? `embedded (${opts.dataDir})` : "postgresql",
-    redis: redis ? "configured" : "off",
-  });
-
   process.on("SIGHUP", () => void live.reload("SIGHUP", true));
   let stopping = false;
   const shutdown = async (signal: string) => {
@@ -80,6 +73,14 @@ async function main(): Promise<void> {
   };
   process.on("SIGTERM", () => void shutdown("SIGTERM"));
   process.on("SIGINT", () => void shutdown("SIGINT"));
+  // Announced only once the signal handlers are in place: a supervisor (or test) that signals as
+  // soon as it reads this line must not hit the default action, which kills the process.
+  log.info(`listening on http://${server.hostname}:${server.port}`, {
+    config: opts.configPath,
+    models: live.current.models.entries.length,
+    store: store.kind === "pglite" ? `embedded (${opts.dataDir})` : "postgresql",
+    redis: redis ? "configured" : "off",
+  });
 }
 
 await main();

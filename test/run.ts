@@ -11,7 +11,7 @@ const report = join(reportDir, "junit.xml");
 mkdirSync(reportDir, { recursive: true });
 rmSync(report, { force: true });
 
-const proc = Bun.spawn([process.execPath, "test", "--reporter=junit", `--reporter-outfile=${report}`, ...process.argv.slice(2)], {
+const proc = Bun.spawn([process.execPath, "test", "--timeout=30000", "--reporter=junit", `--reporter-outfile=${report}`, ...process.argv.slice(2)], {
   cwd: root,
   stdout: "inherit",
   stderr: "inherit",

@@ -1,0 +1,237 @@
+/**
+ * config.yaml validation as an operator meets it: every problem listed at once, each with the
+ * JSON-pointer path of the offending field, from the parser, from the snapshot builder (providers,
+ * callbacks, ids) and from a gateway process that refuses to start.
+ */
+import { afterAll, describe, expect, test } from "bun:test";
+import { rmSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { stringify } from "yaml";
+import { parseConfig } from "../core/config/load.ts";
+import { Live } from "../core/live.ts";
+import { SnapshotError } from "../core/snapshot.ts";
+import { type ConfigInput, configText, memoryLogger, spawnGateway, tempDir } from "./harness/gateway.ts";
+
+const dirs: string[] = [];
+afterAll(() => {
+  for (const d of dirs) rmSync(d, { recursive: true, force: true });
+});
+
+/** Loads a config file through the same path the gateway uses at start (parse + snapshot build). */
+async function start(config: ConfigInput): Promise<{ errors: string[] } | { live: Live; log: ReturnType<typeof memoryLogger> }> {
+  const dir = tempDir("gw-config-");
+  dirs.push(dir);
+  const path = join(dir, "config.yaml");
+  writeFileSync(path, configText(config));
+  const log = memoryLogger();
+  try {
+    return { live: await Live.start(path, log), log };
+  } catch (err) {
+    if (err instanceof SnapshotError) return { errors: err.errors };
+    throw err;
+  }
+}
+
+async function startErrors(config: ConfigInput): Promise<string[]> {
+  const r = await start(config);
+  if ("live" in r) {
+    await r.live.close();
+    throw new Error("expected the config to be rejected, but it loaded");
+  }
+  return r.errors;
+}
+
+async function startOk(config: ConfigInput): Promise<{ live: Live; log: ReturnType<typeof memoryLogger> }> {
+  const r = await start(config);
+  if ("errors" in r) throw new Error(`expected the config to load, got:\n${r.errors.join("\n")}`);
+  return r;
+}
+
+function parseErrors(text: string): string[] {
+  const r = parseConfig(text);
+  if (r.ok) throw new Error("expected parseConfig to reject the text");
+  return r.errors;
+}
+
+/** The JSON-pointer path each error line starts with. */
+const pathsOf = (errors: string[]) => new Set(errors.map((e) => e.slice(0, e.indexOf(": "))));
+
+/** Three unrelated mistakes in one file. */
+const THREE_ERRORS = {
+  model_list: [
+    { model_name: "a", svc_params: { model: "mock/a", timeout: "fast" } },
+    { svc_params: { model: "mock/b" } },
+    { model_name: "c", svc_params: { model: "openai/c", api_base: "ftp://example.com" } },
+  ],
+};
+const THREE_PATHS = ["/model_list/0/svc_params/timeout", "/model_list/1/model_name", "/model_list/2/svc_params/api_base"];
+
+describe("schema errors", () => {
+  test("a file with three mistakes lists all three, each with its JSON-pointer path, and nothing else", () => {
+    const errors = parseErrors(stringify(THREE_ERRORS));
+    expect([...pathsOf(errors)].sort()).toEqual(THREE_PATHS);
+    expect(errors).toContain("/model_list/0/svc_params/timeout: Expected number");
+    expect(errors).toContain("/model_list/1/model_name: Expected required property");
+    expect(errors).toContain("/model_list/2/svc_params/api_base: Expected string to match '^https?://' (expected an http(s) URL)");
+  });
+
+  test("the snapshot builder (gateway start) reports the same three paths", async () => {
+    const errors = await startErrors(THREE_ERRORS);
+    expect([...pathsOf(errors)].sort()).toEqual(THREE_PATHS);
+  });
+
+  test("LiteLLM's litellm_params / litellm_settings get a hint to use svc_params / svc_settings", () => {
+    const errors = parseErrors(
+      stringify({ model_list: [{ model_name: "a", litellm_params: { model: "openai/gpt-4o" } }], litellm_settings: { drop_params: true } }),
+    );
+    expect(errors).toContain("/model_list/0/litellm_params: Unexpected property (use svc_params)");
+    expect(errors).toContain("/litellm_settings: Unexpected property (use svc_settings)");
+    expect(errors).toContain("/model_list/0/svc_params: Expected required property");
+  });
+
+  test("general_settings.master_key must start with sk-", () => {
+    const errors = parseErrors(stringify({ general_settings: { master_key: "letmein" } }));
+    expect(errors).toEqual(["/general_settings/master_key: Expected string to match '^sk-' (expected a key starting with sk-)"]);
+    expect(parseConfig(stringify({ general_settings: { master_key: "sk-letmein" } })).ok).toBe(true);
+  });
+
+  test("a YAML syntax error is reported with its line, not thrown", async () => {
+    const text = "model_list:\n  - model_name: a\n    svc_params: { model: mock/a\n";
+    const errors = parseErrors(text);
+    expect(errors).toHaveLength(1);
+    expect(errors[0]).toStartWith("YAML syntax error:");
+    expect(errors[0]).toMatch(/line \d+, column \d+/);
+    expect(await startErrors(text)).toEqual(errors);
+  });
+
+  test("a document that is not a mapping is rejected at /", () => {
+    expect(parseErrors("- just\n- a list\n")).toEqual(["/: the config must be a YAML mapping"]);
+  });
+});
+
+describe("errors found when the registry is built", () => {
+  test("unknown provider names the model field and the provider", async () => {
+    const errors = await startErrors({ model_list: [{ model_name: "x", svc_params: { model: "foo/bar" } }] });
+    expect(errors).toHaveLength(1);
+    expect(errors[0]).toStartWith("/model_list/0/svc_params/model: unknown provider 'foo'");
+    expect(errors[0]).toContain("mock");
+  });
+
+  test("a duplicate model_info.id names the second entry and the first one", async () => {
+    const errors = await startErrors({
+      model_list: [
+        { model_name: "a", svc_params: { model: "mock/a" }, model_info: { id: "same-id" } },
+        { model_name: "b", svc_params: { model: "mock/b" }, model_info: { id: "other" } },
+        { model_name: "c", svc_params: { model: "mock/c" }, model_info: { id: "same-id" } },
+      ],
+    });
+    expect(errors).toEqual(["/model_list/2/model_info/id: 'same-id' is already used by /model_list/0"]);
+  });
+
+  test("hosted_vllm without api_base is rejected with the path; with api_base it loads", async () => {
+    const errors = await startErrors({ model_list: [{ model_name: "v", svc_params: { model: "hosted_vllm/llama" } }] });
+    expect(errors).toEqual(["/model_list/0/svc_params: provider hosted_vllm needs svc_params.api_base"]);
+
+    const { live } = await startOk({ model_list: [{ model_name: "v", svc_params: { model: "hosted_vllm/llama", api_base: "http://127.0.0.1:9/v1/" } }] });
+    try {
+      expect(live.current.models.resolve("v")?.[0]?.apiBase).toBe("http://127.0.0.1:9/v1");
+    } finally {
+      await live.close();
+    }
+  });
+
+  test("an unknown callback name is rejected with its list index, in every callback list", async () => {
+    const errors = await startErrors({
+      model_list: [],
+      svc_settings: { callbacks: ["nope"], success_callback: [], failure_callback: ["also-nope"] },
+    });
+    expect(errors).toHaveLength(2);
+    expect(errors[0]).toStartWith("/svc_settings/callbacks/0: no plugin provides a callback named 'nope'");
+    expect(errors[1]).toStartWith("/svc_settings/failure_callback/0: no plugin provides a callback named 'also-nope'");
+  });
+
+  test("registry errors of different kinds in one file are all listed together", async () => {
+    const errors = await startErrors({
+      model_list: [
+        { model_name: "x", svc_params: { model: "foo/bar" } },
+        { model_name: "v", svc_params: { model: "hosted_vllm/llama" } },
+        { model_name: "a", svc_params: { model: "mock/a" }, model_info: { id: "dup" } },
+        { model_name: "b", svc_params: { model: "mock/b" }, model_info: { id: "dup" } },
+      ],
+      svc_settings: { success_callback: ["ghost"] },
+    });
+    expect([...pathsOf(errors)]).toEqual([
+      "/model_list/0/svc_params/model",
+      "/model_list/1/svc_params",
+      "/model_list/3/model_info/id",
+      "/svc_settings/success_callback/0",
+    ]);
+  });
+});
+
+describe("os.environ/NAME", () => {
+  const SET = "GW_CONFIG_TEST_SET_VAR";
+  const UNSET = "GW_CONFIG_TEST_UNSET_VAR";
+  afterAll(() => {
+    delete process.env[SET];
+    delete process.env[UNSET];
+  });
+
+  test("a set variable is substituted into the field", async () => {
+    process.env[SET] = "from the environment";
+    delete process.env[UNSET];
+    const r = parseConfig(stringify({ model_list: [{ model_name: "m", svc_params: { model: "mock/m", mock_response: `os.environ/${SET}` } }] }));
+    if (!r.ok) throw new Error(r.errors.join("\n"));
+    expect(r.config.model_list[0]?.svc_params.mock_response).toBe("from the environment");
+    expect(r.warnings).toEqual([]);
+  });
+
+  test("an unset variable is a warning naming the path and variable, and the gateway still starts", async () => {
+    delete process.env[UNSET];
+    const config = { model_list: [{ model_name: "m", svc_params: { model: "openai/gpt-4o", api_key: `os.environ/${UNSET}` } }] };
+    const r = parseConfig(stringify(config));
+    if (!r.ok) throw new Error(r.errors.join("\n"));
+    expect(r.warnings).toEqual([`/model_list/0/svc_params/api_key: environment variable ${UNSET} is not set`]);
+    expect(r.config.model_list[0]?.svc_params.api_key).toBeUndefined();
+
+    const { live, log } = await startOk(config);
+    try {
+      expect(live.current.models.resolve("m")).toHaveLength(1);
+      const warning = log.lines.find((l) => l.level === "warn" && l.msg.includes(UNSET));
+      expect(warning?.msg).toContain("/model_list/0/svc_params/api_key");
+    } finally {
+      await live.close();
+    }
+  });
+
+  test("environment_variables in the file provide values for os.environ/ references", () => {
+    delete process.env[UNSET];
+    try {
+      const r = parseConfig(
+        stringify({
+          environment_variables: { [UNSET]: "sk-from-file" },
+          general_settings: { master_key: `os.environ/${UNSET}` },
+        }),
+      );
+      if (!r.ok) throw new Error(r.errors.join("\n"));
+      expect(r.config.general_settings?.master_key).toBe("sk-from-file");
+    } finally {
+      delete process.env[UNSET];
+    }
+  });
+});
+
+describe("gateway process with an invalid config", () => {
+  test("refuses to start, exits non-zero and prints every error with its path", async () => {
+    const gw = await spawnGateway(THREE_ERRORS, { waitForListen: false });
+    const code = await gw.exited;
+    // Output pipes may drain a moment after the exit.
+    for (let i = 0; i < 40 && !THREE_PATHS.every((p) => gw.output().includes(p)); i++) await Bun.sleep(50);
+    const out = gw.output();
+    await gw.stop();
+    expect(code).not.toBe(0);
+    expect(out).toContain("refusing to start");
+    for (const p of THREE_PATHS) expect(out).toContain(`${p}: `);
+    expect(out).not.toContain("listening on");
+  });
+});

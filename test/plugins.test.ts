@@ -1,0 +1,197 @@
+/**
+ * Third-party plugins loaded by path from config.yaml: a provider and logging callbacks that work
+ * end to end through the OpenAI SDK, the factory form for the compiled binary, and load errors
+ * (plugin config validated against the plugin's own schema, missing file, provider id clash).
+ */
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join, relative, resolve } from "node:path";
+import OpenAI from "openai";
+import { Live } from "../core/live.ts";
+import { SnapshotError } from "../core/snapshot.ts";
+import { type SinkEntry, sink } from "./fixtures/plugins/echo.ts";
+import { type ConfigInput, configText, MASTER_KEY, memoryLogger, startTestGateway, type TestGateway, tempDir } from "./harness/gateway.ts";
+
+const FIXTURES = resolve(import.meta.dir, "fixtures/plugins");
+const ECHO = join(FIXTURES, "echo.ts");
+const FACTORY = join(FIXTURES, "factory-greet.ts");
+const SINK = "plugins-test";
+
+/**
+ * Plugin paths in config.yaml are relative to the config file. Test gateways keep config.yaml in
+ * a fresh folder directly under the OS temp dir, so a path relative to any such folder works.
+ */
+const fromTempConfig = (abs: string) => relative(join(tmpdir(), "gw-test-anything"), abs);
+
+let gw: TestGateway;
+let client: OpenAI;
+
+beforeAll(async () => {
+  gw = await startTestGateway({
+    model_list: [
+      { model_name: "echo-chat", svc_params: { model: "echo/parrot" }, model_info: { id: "echo-dep-1" } },
+      { model_name: "echo-broken", svc_params: { model: "echo/fail" }, model_info: { id: "echo-dep-fail" } },
+      { model_name: "greeter", svc_params: { model: "greet/any" } },
+    ],
+    plugins: [
+      { path: fromTempConfig(ECHO), config: { sink: SINK } },
+      { path: fromTempConfig(FACTORY), config: { greeting: "hello from a factory plugin" } },
+    ],
+    svc_settings: { callbacks: ["echo-all"], success_callback: ["echo-success"], failure_callback: ["echo-failure"] },
+    general_settings: { master_key: MASTER_KEY },
+  });
+  client = new OpenAI({ baseURL: gw.baseURL, apiKey: MASTER_KEY, maxRetries: 0 });
+});
+afterAll(() => gw.stop());
+
+/** Callbacks run off the response path: wait until `n` records for the call have arrived. */
+async function recordsFor(callId: string, n: number): Promise<SinkEntry[]> {
+  const deadline = Date.now() + 3000;
+  for (;;) {
+    const got = sink(SINK).filter((e) => e.record.id === callId);
+    if (got.length >= n || Date.now() > deadline) {
+      await Bun.sleep(30); // let any extra (wrong) deliveries land too
+      return sink(SINK).filter((e) => e.record.id === callId);
+    }
+    await Bun.sleep(10);
+  }
+}
+
+describe("third-party plugin loaded from a path relative to config.yaml", () => {
+  test("the plugin paths in the config really are relative", () => {
+    expect(gw.live.current.config.plugins?.map((p) => p.path.startsWith(".."))).toEqual([true, true]);
+  });
+
+  test("its provider answers a chat call through the SDK, listed in /v1/models", async () => {
+    const { data, response } = await client.chat.completions
+      .create({ model: "echo-chat", messages: [{ role: "user", content: "hello plugin world" }] })
+      .withResponse();
+    expect(data.choices[0]?.message.content).toBe("echo: hello plugin world");
+    expect(data.usage).toMatchObject({ prompt_tokens: 3, completion_tokens: 4, total_tokens: 7 });
+    expect(response.headers.get("x-svc-model-id")).toBe("echo-dep-1");
+
+    const models = await client.models.list();
+    const owners = Object.fromEntries(models.data.map((m) => [m.id, m.owned_by]));
+    expect(owners).toEqual({ "echo-chat": "echo", "echo-broken": "echo", greeter: "greet" });
+  });
+
+  test("a successful call reaches the success callbacks with a complete CallRecord, not the failure one", async () => {
+    const { response } = await client.chat.completions
+      .create({ model: "echo-chat", messages: [{ role: "user", content: "count these four words" }] })
+      .withResponse();
+    const callId = response.headers.get("x-svc-call-id")!;
+    expect(callId).toBeTruthy();
+
+    const got = await recordsFor(callId, 2);
+    expect(got.map((e) => e.via).sort()).toEqual(["echo-all", "echo-success"]);
+    const record = got[0]!.record;
+    expect(record).toMatchObject({
+      id: callId,
+      endpoint: "chat",
+      status: "success",
+      modelGroup: "echo-chat",
+      provider: "echo",
+      deploymentId: "echo-dep-1",
+      upstreamModel: "parrot",
+      stream: false,
+      usage: { promptTokens: 4, completionTokens: 5 },
+    });
+    expect(record.principal.role).toBe("proxy_admin");
+    expect(record.error).toBeUndefined();
+    expect(record.endedAt).toBeGreaterThanOrEqual(record.startedAt);
+  });
+
+  test("an upstream 500 from the plugin's provider reaches the failure callbacks with the error", async () => {
+    let caught: unknown;
+    try {
+      await client.chat.completions.create({ model: "echo-broken", messages: [{ role: "user", content: "boom" }] });
+    } catch (err) {
+      caught = err;
+    }
+    expect(caught).toBeInstanceOf(OpenAI.APIError);
+    const err = caught as InstanceType<typeof OpenAI.APIError>;
+    expect(err.status).toBe(500);
+    expect(err.message).toContain("echo upstream exploded");
+    const callId = err.headers?.get("x-svc-call-id");
+    expect(callId).toBeTruthy();
+
+    const got = await recordsFor(callId!, 2);
+    expect(got.map((e) => e.via).sort()).toEqual(["echo-all", "echo-failure"]);
+    const record = got[0]!.record;
+    expect(record).toMatchObject({ status: "failure", modelGroup: "echo-broken", provider: "echo", deploymentId: "echo-dep-fail" });
+    expect(record.error?.status).toBe(500);
+    expect(record.error?.message).toContain("echo upstream exploded");
+  });
+
+  test("a plugin default-exported as a factory (host) => host.definePlugin(...) works", async () => {
+    const res = await client.chat.completions.create({ model: "greeter", messages: [{ role: "user", content: "hi" }] });
+    expect(res.choices[0]?.message.content).toBe("hello from a factory plugin");
+  });
+});
+
+describe("plugin load errors", () => {
+  const dirs: string[] = [];
+  afterAll(() => {
+    for (const d of dirs) rmSync(d, { recursive: true, force: true });
+  });
+
+  /** Starts from a config file in a fresh folder and returns the load errors. */
+  async function loadErrors(config: (dir: string) => ConfigInput): Promise<string[]> {
+    const dir = tempDir("gw-plugins-");
+    dirs.push(dir);
+    const path = join(dir, "config.yaml");
+    writeFileSync(path, configText(config(dir)));
+    try {
+      const live = await Live.start(path, memoryLogger());
+      await live.close();
+    } catch (err) {
+      if (err instanceof SnapshotError) return err.errors;
+      throw err;
+    }
+    throw new Error("expected the config to be rejected, but it loaded");
+  }
+
+  test("plugin config is validated against the plugin's own schema; every bad field is named by path", async () => {
+    const errors = await loadErrors((dir) => ({
+      plugins: [
+        { path: relative(dir, ECHO), config: { prefix: 42 } },
+        { path: relative(dir, FACTORY), config: { greeting: "" } },
+      ],
+    }));
+    expect(errors.join("\n")).toContain("/plugins/0/config/sink: Expected required property");
+    expect(errors.join("\n")).toContain("/plugins/0/config/prefix: Expected string");
+    expect(errors.join("\n")).toContain("/plugins/1/config/greeting: Expected string length greater or equal to 1");
+    expect(errors.join("\n")).toContain("plugin echo-test");
+  });
+
+  test("a plugin file that does not exist is named at /plugins/N/path", async () => {
+    const errors = await loadErrors((dir) => ({
+      plugins: [
+        { path: relative(dir, ECHO), config: { sink: SINK } },
+        { path: "./no-such-plugin.ts" },
+      ],
+    }));
+    expect(errors).toHaveLength(1);
+    expect(errors[0]).toStartWith("/plugins/1/path: plugin file not found:");
+    expect(errors[0]).toContain("no-such-plugin.ts");
+  });
+
+  test("a module that does not default-export a plugin is rejected at its path", async () => {
+    const errors = await loadErrors((dir) => ({ plugins: [{ path: relative(dir, join(FIXTURES, "not-a-plugin.ts")) }] }));
+    expect(errors).toHaveLength(1);
+    expect(errors[0]).toStartWith("/plugins/0/path:");
+    expect(errors[0]).toContain("does not default-export a plugin");
+  });
+
+  test("a plugin registering an existing provider id (openai) is a load error", async () => {
+    const errors = await loadErrors((dir) => ({ plugins: [{ path: relative(dir, join(FIXTURES, "dup-openai.ts")) }] }));
+    expect(errors).toEqual(["plugin dup-openai: provider 'openai' is already registered by plugin builtin-providers"]);
+  });
+
+  test("a model using a plugin's provider without loading the plugin is an unknown provider", async () => {
+    const errors = await loadErrors(() => ({ model_list: [{ model_name: "e", svc_params: { model: "echo/parrot" } }] }));
+    expect(errors).toHaveLength(1);
+    expect(errors[0]).toStartWith("/model_list/0/svc_params/model: unknown provider 'echo'");
+  });
+});
