@@ -27,3 +27,4 @@ export const proxyModels = pgTable(
   // Routing looks deployments up by the public model name.
   (t) => [index("proxy_models_model_name_idx").on(t.modelName)],
 );
+export * from "./tables/identity.ts";
