@@ -4,13 +4,20 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { sql } from "drizzle-orm";
+import { getTableName, isTable, sql } from "drizzle-orm";
 import postgres from "postgres";
 import { type OpenStoreOptions, openStore, type Store } from "../core/store/db.ts";
 import { getMeta, setMeta } from "../core/store/meta.ts";
 import { MIGRATIONS_SCHEMA, MIGRATIONS_TABLE } from "../core/store/migrate.ts";
 import { migrations } from "../core/store/migrations/index.ts";
+import * as schema from "../core/store/schema.ts";
 import { rows } from "../core/store/sql.ts";
+
+/** Every table the drizzle schema declares: the migrations must create exactly these. */
+const schemaTables = Object.values(schema)
+  .filter(isTable)
+  .map((t) => getTableName(t))
+  .sort();
 
 // PGlite's first boot runs initdb (~5 s, much more on a loaded machine).
 const SLOW = 60_000;
@@ -42,7 +49,8 @@ function sharedSuite(open: () => Promise<Store>) {
       store.db,
       sql`select table_name from information_schema.tables where table_schema = 'public' order by table_name`,
     );
-    expect(tables.map((t) => t.table_name)).toEqual(["gateway_meta", "proxy_models"]);
+    expect(tables.map((t) => t.table_name)).toEqual(schemaTables);
+    expect(schemaTables).toContain("virtual_keys");
   });
 
   test("reopening re-runs migrations as a no-op", async () => {
