@@ -3,7 +3,10 @@
  * Nothing here depends on Elysia, so plugins survive framework upgrades and hot swaps.
  */
 import type { Static, TSchema } from "@sinclair/typebox";
+import type { BudgetRow, KeyRow, OrgRow, TeamRow, UserRow } from "./identity/records.ts";
 import type { ChatRequest, CompletionRequest, EmbeddingsRequest, WireJson } from "./wire.ts";
+
+export type { BudgetRow, KeyRow, OrgRow, TeamRow, UserRow } from "./identity/records.ts";
 
 export type { ChatRequest, CompletionRequest, EmbeddingsRequest, WireJson } from "./wire.ts";
 
@@ -102,7 +105,7 @@ export type Role = "proxy_admin" | "proxy_admin_viewer" | "internal_user" | "int
 
 /** Who is calling, as established by an auth plugin. */
 export interface Principal {
-  /** sha256 hex of the key, or `master` for the master key. */
+  /** sha256 hex of the key (the master key's too). */
   keyHash: string;
   role: Role;
   keyAlias?: string;
@@ -110,6 +113,32 @@ export interface Principal {
   teamId?: string;
   orgId?: string;
   metadata: Record<string, unknown>;
+  /** Which models and routes this caller may use; absent means unrestricted (the master key). */
+  access?: AccessRules;
+  /** The stored records behind a virtual key, for limit and budget plugins. */
+  key?: KeyRow;
+  team?: TeamRow;
+  org?: OrgRow;
+  user?: UserRow;
+}
+
+export type AccessLevelName = "key" | "team" | "org" | "user";
+
+/** One level's model list: empty `models` and `accessGroupIds` mean "no restriction at this level". */
+export interface AccessLevel {
+  level: AccessLevelName;
+  models: readonly string[];
+  accessGroupIds: readonly string[];
+}
+
+export interface AccessRules {
+  /** Every level must allow the model. */
+  levels: readonly AccessLevel[];
+  /** Requested model name → model group actually called (key aliases over team and org ones). */
+  aliases: Readonly<Record<string, string>>;
+  /** Exact paths or `prefix/*` patterns; empty means every route. */
+  allowedRoutes: readonly string[];
+  allowedPassthroughRoutes: readonly string[];
 }
 
 export interface AuthRequest {
@@ -205,6 +234,22 @@ export interface PluginContext {
   log: Logger;
   /** The resolved gateway settings a plugin may need. */
   settings: { masterKey: string | undefined };
+  /** The in-process mirror of keys, teams, orgs and users; absent when the gateway runs without a store. */
+  identity?: IdentityView;
+}
+
+/** Read access to the identity mirror (no database round trip). */
+export interface IdentityView {
+  /** The live key for a sha256 token, following a rotated key to its successor during its grace period. */
+  lookupKey(token: string, now?: number): KeyRow | undefined;
+  readonly teams: ReadonlyMap<string, TeamRow>;
+  readonly orgs: ReadonlyMap<string, OrgRow>;
+  readonly users: ReadonlyMap<string, UserRow>;
+  readonly budgets: ReadonlyMap<string, BudgetRow>;
+  /** Changes whenever any identity data changes. */
+  readonly generation: number;
+  /** Marks a key as used now (written in batches). */
+  touch(token: string): void;
 }
 
 export interface PluginDef<S extends TSchema = TSchema> {

@@ -5,6 +5,7 @@
 import { type FSWatcher, watch } from "chokidar";
 import type { Logger } from "./contract.ts";
 import { readConfig } from "./config/load.ts";
+import type { HostServices } from "./services.ts";
 import { buildSnapshot, type Snapshot, SnapshotError } from "./snapshot.ts";
 
 export type ReloadResult = { ok: true; version: number; changed: boolean } | { ok: false; errors: string[] };
@@ -26,20 +27,25 @@ export class Live {
   private constructor(
     readonly configPath: string,
     private readonly log: Logger,
+    private readonly services: HostServices,
     first: Snapshot,
     text: string,
   ) {
     this.snap = first;
     this.text = text;
+    // Stored models changed (here or on another instance): rebuild with the same config.
+    services.identity?.onChange((c) => {
+      if (c.kind === "models" || c.kind === "all") void this.reload("stored models changed", true);
+    });
   }
 
   /** Loads the first config; throws SnapshotError listing every problem when it is invalid. */
-  static async start(configPath: string, log: Logger): Promise<Live> {
+  static async start(configPath: string, log: Logger, services: HostServices = {}): Promise<Live> {
     const result = await readConfig(configPath);
     if (!result.ok) throw new SnapshotError(result.errors);
     for (const w of result.warnings) log.warn(`config: ${w}`);
-    const snap = await buildSnapshot(result.config, configPath, 1, log);
-    return new Live(configPath, log, snap, result.text);
+    const snap = await buildSnapshot(result.config, configPath, 1, log, services);
+    return new Live(configPath, log, services, snap, result.text);
   }
 
   get current(): Snapshot {
@@ -83,7 +89,7 @@ export class Live {
     for (const w of result.warnings) this.log.warn(`config: ${w}`);
     let next: Snapshot;
     try {
-      next = await buildSnapshot(result.config, this.configPath, this.snap.version + 1, this.log);
+      next = await buildSnapshot(result.config, this.configPath, this.snap.version + 1, this.log, this.services);
     } catch (err) {
       const errors = err instanceof SnapshotError ? err.errors : [String(err)];
       this.log.error("config reload rejected; the previous config keeps serving", { reason, errors });

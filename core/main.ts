@@ -2,11 +2,9 @@
 import pkg from "../package.json" with { type: "json" };
 import { parseRunOptions, USAGE } from "./cli.ts";
 import { createApp } from "./http/app.ts";
-import { connectRedis, type RedisHandle } from "./kv/redis.ts";
-import { Live } from "./live.ts";
+import { type Host, startHost } from "./host.ts";
 import { createLogger } from "./log.ts";
 import { SnapshotError } from "./snapshot.ts";
-import { openStore } from "./store/db.ts";
 
 const log = createLogger("gateway");
 
@@ -31,24 +29,17 @@ async function main(): Promise<void> {
     fatal(`${err instanceof Error ? err.message : String(err)}\n${USAGE}`);
   }
 
-  let live: Live;
+  let host: Host;
   try {
-    live = await Live.start(opts.configPath, log);
+    host = await startHost({ configPath: opts.configPath, dataDir: opts.dataDir, databaseUrl: opts.databaseUrl, redisUrl: opts.redisUrl, log });
   } catch (err) {
     if (err instanceof SnapshotError) fatal(`refusing to start: ${opts.configPath} is invalid`, err.errors);
-    throw err;
+    fatal(`cannot start: ${err instanceof Error ? err.message : String(err)}`);
   }
-  const general = live.current.config.general_settings ?? {};
+  const { live, store, redis } = host;
   if (!live.current.settings.masterKey) warnNoMasterKey();
 
-  const databaseUrl = opts.databaseUrl ?? general.database_url;
-  const store = await openStore({ databaseUrl, dataDir: opts.dataDir, log: { info: (m) => log.info(m), warn: (m) => log.warn(m) } }).catch((err: unknown) =>
-    fatal(`cannot open the store: ${err instanceof Error ? err.message : String(err)}`),
-  );
-  const redisUrl = opts.redisUrl ?? general.redis_url;
-  const redis: RedisHandle | undefined = redisUrl ? connectRedis(redisUrl, log) : undefined;
-
-  const app = createApp({ live, log, probes: { store: store.ping, redis: async () => redis?.ping(), version: pkg.version } });
+  const app = createApp({ live, log, services: host.services, probes: { store: store.ping, redis: async () => redis?.ping(), version: pkg.version } });
   const server = Bun.serve({ port: opts.port, hostname: opts.host, fetch: app.fetch, idleTimeout: 255, maxRequestBodySize: 64 * 1024 * 1024 });
   live.watch();
   process.on("SIGHUP", () => void live.reload("SIGHUP", true));
@@ -65,9 +56,7 @@ async function main(): Promise<void> {
     }
     const snap = live.current;
     await Promise.allSettled([...snap.spend.map((s) => s.flush()), ...[...snap.successCallbacks, ...snap.failureCallbacks].map((c) => c.flush?.())]);
-    await live.close();
-    await redis?.close();
-    await store.close();
+    await host.close();
     log.info("stopped");
     process.exit(0);
   };

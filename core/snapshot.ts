@@ -12,9 +12,12 @@ import type {
   RateLimiter,
   SpendRecorder,
 } from "./contract.ts";
+import type { AccessGroupLookup } from "./access.ts";
 import type { GatewayConfig, ModelEntry } from "./config/schema.ts";
+import type { IdentityCache } from "./identity/cache.ts";
 import { ModelTable, toDeployment } from "./models.ts";
 import { BUILTIN_PLUGINS, type LoadedPlugin, importPlugin, setupPlugin } from "./plugins.ts";
+import type { HostServices } from "./services.ts";
 
 export interface Settings {
   masterKey: string | undefined;
@@ -29,6 +32,7 @@ export interface Snapshot {
   readonly config: GatewayConfig;
   readonly settings: Settings;
   readonly models: ModelTable;
+  readonly accessGroups: AccessGroupLookup;
   readonly providers: ReadonlyMap<string, ProviderAdapter>;
   readonly auth: readonly AuthResolver[];
   readonly rateLimiters: readonly RateLimiter[];
@@ -55,8 +59,8 @@ export function resolveSettings(config: GatewayConfig): Settings {
   };
 }
 
-async function loadPlugins(config: GatewayConfig, configPath: string, settings: Settings, log: Logger): Promise<LoadedPlugin[]> {
-  const ctx = { log, settings: { masterKey: settings.masterKey } };
+async function loadPlugins(config: GatewayConfig, configPath: string, settings: Settings, log: Logger, services: HostServices): Promise<LoadedPlugin[]> {
+  const ctx = { log, settings: { masterKey: settings.masterKey }, identity: services.identity };
   const errors: string[] = [];
   const loaded: LoadedPlugin[] = [];
   for (const plugin of BUILTIN_PLUGINS) loaded.push(await setupPlugin(plugin, {}, ctx, `/builtin/${plugin.name}`));
@@ -90,27 +94,57 @@ function collectProviders(plugins: LoadedPlugin[], errors: string[]): Map<string
   return providers;
 }
 
-function buildModels(list: ModelEntry[], providers: Map<string, ProviderAdapter>, errors: string[]): ModelTable {
-  const seen = new Map<string, number>();
+/** A config entry → its resolved deployment, or the reason it cannot serve. */
+function resolveEntry(entry: ModelEntry, providers: Map<string, ProviderAdapter>): Deployment | { field: string; message: string } {
+  const base = toDeployment(entry);
+  const adapter = providers.get(base.provider);
+  if (!adapter) return { field: "svc_params/model", message: `unknown provider '${base.provider}' (known: ${[...providers.keys()].sort().join(", ")})` };
+  const resolved = adapter.resolve ? adapter.resolve(base) : base;
+  return typeof resolved === "string" ? { field: "svc_params", message: resolved } : resolved;
+}
+
+function buildModels(list: ModelEntry[], providers: Map<string, ProviderAdapter>, errors: string[], dbModels: ModelEntry[], log: Logger): ModelTable {
+  const seen = new Map<string, string>();
   const entries: { entry: ModelEntry; deployment: Deployment }[] = [];
   for (const [i, entry] of list.entries()) {
-    const base = toDeployment(entry);
-    const adapter = providers.get(base.provider);
-    if (!adapter) {
-      errors.push(`/model_list/${i}/svc_params/model: unknown provider '${base.provider}' (known: ${[...providers.keys()].sort().join(", ")})`);
+    const d = resolveEntry(entry, providers);
+    if ("message" in d) {
+      errors.push(`/model_list/${i}/${d.field}: ${d.message}`);
       continue;
     }
-    const resolved = adapter.resolve ? adapter.resolve(base) : base;
-    if (typeof resolved === "string") {
-      errors.push(`/model_list/${i}/svc_params: ${resolved}`);
+    const dup = seen.get(d.id);
+    if (dup !== undefined) errors.push(`/model_list/${i}/model_info/id: '${d.id}' is already used by ${dup}`);
+    seen.set(d.id, `/model_list/${i}`);
+    entries.push({ entry, deployment: d });
+  }
+  // A stored model that cannot load (its provider plugin was removed, its id now clashes with the
+  // config) must not stop the config from loading: it is skipped with a warning.
+  for (const entry of dbModels) {
+    const d = resolveEntry(entry, providers);
+    if ("message" in d || seen.has(d.id)) {
+      log.warn("stored model skipped", { model_id: entry.model_info?.id, problem: "message" in d ? d.message : `id already used by ${seen.get(d.id)}` });
       continue;
     }
-    const dup = seen.get(resolved.id);
-    if (dup !== undefined) errors.push(`/model_list/${i}/model_info/id: '${resolved.id}' is already used by /model_list/${dup}`);
-    seen.set(resolved.id, i);
-    entries.push({ entry, deployment: resolved });
+    seen.set(d.id, `stored model ${d.id}`);
+    entries.push({ entry, deployment: d });
   }
   return new ModelTable(entries);
+}
+
+/** Config groups (`model_info.access_groups` on deployments) first, then stored groups. */
+function accessGroupLookup(models: ModelTable, identity: IdentityCache | undefined): AccessGroupLookup {
+  const fromConfig = new Map<string, string[]>();
+  for (const { entry } of models.entries) {
+    for (const group of entry.model_info?.access_groups ?? []) {
+      const list = fromConfig.get(group) ?? [];
+      if (!list.includes(entry.model_name)) list.push(entry.model_name);
+      fromConfig.set(group, list);
+    }
+  }
+  return {
+    byName: (name) => fromConfig.get(name) ?? identity?.accessGroupByName(name)?.modelNames,
+    byId: (id) => identity?.accessGroups.get(id)?.modelNames,
+  };
 }
 
 function pickCallbacks(names: string[], where: string, named: Map<string, LoggingCallback>, errors: string[]): LoggingCallback[] {
@@ -123,12 +157,13 @@ function pickCallbacks(names: string[], where: string, named: Map<string, Loggin
   return out;
 }
 
-export async function buildSnapshot(config: GatewayConfig, configPath: string, version: number, log: Logger): Promise<Snapshot> {
+export async function buildSnapshot(config: GatewayConfig, configPath: string, version: number, log: Logger, services: HostServices = {}): Promise<Snapshot> {
   const settings = resolveSettings(config);
-  const plugins = await loadPlugins(config, configPath, settings, log);
+  const plugins = await loadPlugins(config, configPath, settings, log, services);
   const errors: string[] = [];
   const providers = collectProviders(plugins, errors);
-  const models = buildModels(config.model_list, providers, errors);
+  const dbModels = (await services.loadDbModels?.()) ?? [];
+  const models = buildModels(config.model_list, providers, errors, dbModels, log);
 
   const named = new Map<string, LoggingCallback>();
   for (const p of plugins) for (const [name, cb] of Object.entries(p.hooks.callbacks ?? {})) named.set(name, cb);
@@ -148,6 +183,7 @@ export async function buildSnapshot(config: GatewayConfig, configPath: string, v
     config,
     settings,
     models,
+    accessGroups: accessGroupLookup(models, services.identity),
     providers,
     auth: hooks.flatMap((h) => (h.auth ? [h.auth] : [])),
     rateLimiters: hooks.flatMap((h) => (h.rateLimiter ? [h.rateLimiter] : [])),

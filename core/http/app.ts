@@ -3,6 +3,8 @@ import { Elysia } from "elysia";
 import type { Endpoint, Logger, WireRequest } from "../contract.ts";
 import { GatewayError, errorInfo, errorResponse } from "../errors.ts";
 import type { Live } from "../live.ts";
+import type { HostServices } from "../services.ts";
+import { adminRoutes } from "./admin/index.ts";
 import { modelCall } from "../pipeline/call.ts";
 import { authenticate } from "./auth.ts";
 import { healthRoutes, type Probes } from "./routes/health.ts";
@@ -13,6 +15,7 @@ export interface AppDeps {
   live: Live;
   log: Logger;
   probes: Probes;
+  services: HostServices;
 }
 
 /** The path forms the spec lists for each model-call endpoint. */
@@ -56,7 +59,8 @@ export function createApp(deps: AppDeps) {
       return errorResponse(errorInfo(500, "Internal server error. The gateway logged the details.", "internal_server_error"));
     })
     .use(healthRoutes(deps))
-    .use(modelRoutes(deps));
+    .use(modelRoutes(deps))
+    .use(adminRoutes(deps));
 
   for (const endpoint of Object.keys(CALL_PATHS) as Endpoint[]) {
     const suffix = CALL_PATHS[endpoint];

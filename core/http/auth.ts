@@ -1,5 +1,6 @@
 /** Authentication on every non-public route: the credential from the request, resolved by the auth plugins in order. */
 import type { Principal } from "../contract.ts";
+import { authorizeRoute } from "../access.ts";
 import { GatewayError } from "../errors.ts";
 import type { Snapshot } from "../snapshot.ts";
 
@@ -13,26 +14,34 @@ export function credentialOf(headers: Headers): string | undefined {
 }
 
 export const NO_MASTER_KEY =
-  "No master key is configured, so this gateway accepts no credentials. Set the environment variable SVC_MASTER_KEY (or general_settings.master_key in config.yaml) to a key starting with sk- and restart or reload.";
+  "No master key is configured, so management calls are refused and only existing virtual keys are accepted. Set the environment variable SVC_MASTER_KEY (or general_settings.master_key in config.yaml) to a key starting with sk- and restart or reload.";
 
 export async function authenticate(snapshot: Snapshot, headers: Headers, path: string): Promise<Principal> {
   const credential = credentialOf(headers);
-  if (!snapshot.settings.masterKey && snapshot.auth.length === 0) throw GatewayError.of(401, NO_MASTER_KEY, "authentication_error");
+  const noMaster = !snapshot.settings.masterKey;
   if (!credential) {
+    if (noMaster) throw GatewayError.of(401, NO_MASTER_KEY, "authentication_error");
     throw GatewayError.of(401, "Authentication Error: no API key passed in. Send it as 'Authorization: Bearer <key>' or 'x-svc-api-key: <key>'.", "authentication_error");
   }
   for (const resolver of snapshot.auth) {
     const result = await resolver.resolve({ credential, path, headers });
     if (result === null) continue;
     if ("ok" in result) throw new GatewayError(result.error);
+    authorizeRoute(result, path);
     return result;
   }
+  if (noMaster) throw GatewayError.of(401, NO_MASTER_KEY, "authentication_error");
   throw GatewayError.of(401, "Authentication Error: invalid API key.", "authentication_error", null);
 }
 
-/** Management routes: proxy admins only. */
+/** Management routes are refused outright while no master key is configured. */
+export function requireMasterKeyConfigured(snapshot: Snapshot): void {
+  if (!snapshot.settings.masterKey) throw GatewayError.of(401, NO_MASTER_KEY, "authentication_error");
+}
+
+/** Proxy admins (and admin viewers) only. */
 export function requireAdmin(snapshot: Snapshot, principal: Principal): void {
-  if (!snapshot.settings.masterKey && principal.role !== "proxy_admin") throw GatewayError.of(401, NO_MASTER_KEY, "authentication_error");
+  requireMasterKeyConfigured(snapshot);
   if (principal.role !== "proxy_admin" && principal.role !== "proxy_admin_viewer") {
     throw GatewayError.of(403, "Only a proxy admin may call this endpoint.", "permission_error");
   }

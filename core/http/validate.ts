@@ -5,7 +5,7 @@ import { type ValueError, Value } from "@sinclair/typebox/value";
 import { GatewayError } from "../errors.ts";
 import { ChatRequestSchema, CompletionRequestSchema, EmbeddingsRequestSchema } from "../wire.ts";
 
-function checker<S extends TSchema>(schema: S) {
+export function checker<S extends TSchema>(schema: S) {
   const compiled = TypeCompiler.Compile(schema);
   return (value: unknown) => {
     if (compiled.Check(value)) return value;

@@ -3,6 +3,7 @@
  * upstream call → fetch → map the response or stream back → record the call.
  */
 import type { CallIntent, CallRecord, CallStatus, Deployment, Endpoint, EndpointAdapter, ErrorInfo, Lease, Logger, Principal, StreamTransform, Usage, WireRequest } from "../contract.ts";
+import { authorizeModel } from "../access.ts";
 import { GatewayError, errorInfo } from "../errors.ts";
 import type { Snapshot } from "../snapshot.ts";
 import { dispatchRecord, settleAll } from "./record.ts";
@@ -54,12 +55,13 @@ export function responseHeaders(d: Deployment, callId: string): Record<string, s
 }
 
 export async function modelCall<E extends Endpoint>(endpoint: E, body: WireRequest[E], ctx: CallContext): Promise<Response> {
-  const deployments = ctx.snapshot.models.resolve(body.model);
+  const group = authorizeModel(ctx.principal, body.model, ctx.snapshot.accessGroups);
+  const deployments = ctx.snapshot.models.resolve(group);
   if (!deployments || deployments.length === 0) {
     throw GatewayError.of(400, `Invalid model name passed in model=${body.model}. Call \`/v1/models\` to view available models for your key.`, "invalid_request_error", "model");
   }
   const d = pick(deployments);
-  const intent: CallIntent = { principal: ctx.principal, endpoint, modelGroup: body.model, estimatedPromptTokens: 0, maxOutputTokens: maxOutput(body) };
+  const intent: CallIntent = { principal: ctx.principal, endpoint, modelGroup: group, estimatedPromptTokens: 0, maxOutputTokens: maxOutput(body) };
   const leases = await acquireLeases(ctx.snapshot, intent);
   return callDeployment(endpoint, body, d, ctx, leases);
 }
@@ -83,7 +85,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
       id: ctx.callId,
       endpoint,
       principal: ctx.principal,
-      modelGroup: body.model,
+      modelGroup: d.modelName,
       provider: d.provider,
       deploymentId: d.id,
       upstreamModel: d.upstreamModel,

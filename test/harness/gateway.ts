@@ -7,8 +7,11 @@ import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { stringify } from "yaml";
 import type { Logger } from "../../core/contract.ts";
+import postgres from "postgres";
+import { type Host, startHost } from "../../core/host.ts";
 import { createApp } from "../../core/http/app.ts";
 import { Live } from "../../core/live.ts";
+import type { HostServices } from "../../core/services.ts";
 
 export const MASTER_KEY = "sk-test-master-key";
 export const ROOT = resolve(import.meta.dir, "../..");
@@ -39,6 +42,8 @@ export interface TestGateway {
   /** `${url}/v1`, the base URL for the openai SDK. */
   baseURL: string;
   live: Live;
+  /** Present when started with a store. */
+  host?: Host;
   dir: string;
   configPath: string;
   log: ReturnType<typeof memoryLogger>;
@@ -47,16 +52,40 @@ export interface TestGateway {
   stop(): Promise<void>;
 }
 
-export async function startTestGateway(config: ConfigInput, opts: { watch?: boolean } = {}): Promise<TestGateway> {
+export interface TestGatewayOptions {
+  watch?: boolean;
+  /**
+   * Run with a real store (and the identity cache, management API): embedded PGlite in a temp
+   * folder, or PostgreSQL at `databaseUrl` (see `freshDatabase`).
+   */
+  store?: { databaseUrl?: string; redisUrl?: string };
+}
+
+export async function startTestGateway(config: ConfigInput, opts: TestGatewayOptions = {}): Promise<TestGateway> {
   const dir = tempDir();
   const configPath = join(dir, "config.yaml");
   writeFileSync(configPath, configText(config));
   const log = memoryLogger();
-  const live = await Live.start(configPath, log);
+  let host: Host | undefined;
+  let live: Live;
+  let services: HostServices = {};
+  if (opts.store) {
+    host = await startHost({ configPath, dataDir: join(dir, "data"), databaseUrl: opts.store.databaseUrl, redisUrl: opts.store.redisUrl, log });
+    live = host.live;
+    services = host.services;
+  } else {
+    live = await Live.start(configPath, log);
+  }
+  const store = host?.store;
   const app = createApp({
     live,
     log,
-    probes: { store: async () => ({ ok: true, detail: "in-process test" }), redis: async () => undefined, version: "test" },
+    services,
+    probes: {
+      store: async () => (store ? store.ping() : { ok: true, detail: "in-process test" }),
+      redis: async () => host?.redis?.ping(),
+      version: "test",
+    },
   });
   const server = Bun.serve({ port: 0, hostname: "127.0.0.1", fetch: app.fetch, idleTimeout: 60 });
   if (opts.watch) live.watch();
@@ -65,14 +94,35 @@ export async function startTestGateway(config: ConfigInput, opts: { watch?: bool
     url,
     baseURL: `${url}/v1`,
     live,
+    host,
     dir,
     configPath,
     log,
     writeConfig: (c) => writeFileSync(configPath, configText(c)),
     async stop() {
       await server.stop(true);
-      await live.close();
+      if (host) await host.close();
+      else await live.close();
       rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+/** A new, empty PostgreSQL database on the local server; `drop()` removes it. */
+export async function freshDatabase(prefix = "gw_test"): Promise<{ url: string; drop(): Promise<void> }> {
+  const server = process.env.TEST_DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/postgres";
+  const name = `${prefix}_${process.pid}_${Math.random().toString(36).slice(2, 10)}`;
+  const admin = postgres(server, { max: 1, onnotice: () => {} });
+  await admin.unsafe(`create database "${name}"`);
+  await admin.end();
+  const url = new URL(server);
+  url.pathname = `/${name}`;
+  return {
+    url: url.toString(),
+    async drop() {
+      const a = postgres(server, { max: 1, onnotice: () => {} });
+      await a.unsafe(`drop database if exists "${name}" with (force)`);
+      await a.end();
     },
   };
 }

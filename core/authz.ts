@@ -1,0 +1,106 @@
+/**
+ * Who may do what on the management API (the spec's two levels). The master key and
+ * `proxy_admin` users act on everything; `proxy_admin_viewer` reads everything; a key whose user
+ * is an `admin` member of a team (a Team Management Key) manages that team's objects only; a
+ * `user` member only what the team's `team_member_permissions` allow. Ownership is checked on
+ * every object; an object outside the caller's reach is a 403 whether or not it exists.
+ */
+import type { Principal } from "./contract.ts";
+import { GatewayError } from "./errors.ts";
+import type { IdentityCache } from "./identity/cache.ts";
+import type { TeamRole } from "./identity/records.ts";
+
+/** Routes a `user`-role team member may call when the team sets no permissions. */
+export const DEFAULT_TEAM_MEMBER_PERMISSIONS = ["/key/info", "/key/health"] as const;
+
+/** Routes a team may grant its `user` members. */
+export const TEAM_MEMBER_PERMISSION_CHOICES = [
+  "/key/generate",
+  "/key/update",
+  "/key/delete",
+  "/key/info",
+  "/key/health",
+  "/key/list",
+  "/key/regenerate",
+  "/key/{key_id}/regenerate",
+  "/key/block",
+  "/key/unblock",
+  "/key/{key_id}/reset_spend",
+] as const;
+
+export class Caller {
+  constructor(
+    readonly principal: Principal,
+    private readonly identity: IdentityCache | undefined,
+    /** Who acted, for the audit trail: the `svc-changed-by` header, else the caller's user or key. */
+    readonly changedBy: string,
+  ) {}
+
+  get isMaster(): boolean {
+    return this.principal.key === undefined && this.principal.role === "proxy_admin";
+  }
+  get isAdmin(): boolean {
+    return this.principal.role === "proxy_admin";
+  }
+  get canReadAll(): boolean {
+    return this.isAdmin || this.principal.role === "proxy_admin_viewer";
+  }
+  get isViewer(): boolean {
+    return this.principal.role === "proxy_admin_viewer" || this.principal.role === "internal_user_viewer";
+  }
+  get userId(): string | undefined {
+    return this.principal.userId;
+  }
+  get keyHash(): string {
+    return this.principal.keyHash;
+  }
+
+  teamRole(teamId: string | null | undefined): TeamRole | undefined {
+    if (!teamId || !this.userId) return undefined;
+    return this.identity?.teamMembers.get(teamId)?.get(this.userId);
+  }
+
+  /** Teams this caller administers. */
+  adminTeams(): string[] {
+    if (!this.userId) return [];
+    return [...(this.identity?.userTeams.get(this.userId) ?? [])].filter(([, r]) => r === "admin").map(([t]) => t);
+  }
+
+  isTeamAdmin(teamId: string | null | undefined): boolean {
+    return this.isAdmin || this.teamRole(teamId) === "admin";
+  }
+
+  /** May call `route` on objects of `teamId`: proxy admin, team admin, or a member the team lets. */
+  mayOnTeam(teamId: string | null | undefined, route: string): boolean {
+    if (this.isTeamAdmin(teamId)) return true;
+    if (this.teamRole(teamId) !== "user" || this.isViewer) return false;
+    const team = teamId ? this.identity?.teams.get(teamId) : undefined;
+    const allowed: readonly string[] = team && team.teamMemberPermissions.length > 0 ? team.teamMemberPermissions : DEFAULT_TEAM_MEMBER_PERMISSIONS;
+    return allowed.includes(route);
+  }
+
+  requireAdmin(): void {
+    if (!this.isAdmin) throw forbidden("Only a proxy admin may call this endpoint.");
+  }
+
+  requireReadAll(): void {
+    if (!this.canReadAll) throw forbidden("Only a proxy admin (or admin viewer) may call this endpoint.");
+  }
+
+  /** Writes: never for viewers. */
+  requireWriter(): void {
+    if (this.isViewer) throw forbidden("This key has a read-only role.");
+  }
+}
+
+export function forbidden(message: string): GatewayError {
+  return GatewayError.of(403, message, "permission_error");
+}
+
+export function notFound(message: string, param?: string): GatewayError {
+  return GatewayError.of(404, message, "not_found_error", param ?? null);
+}
+
+export function badRequest(message: string, param?: string): GatewayError {
+  return GatewayError.of(400, message, "invalid_request_error", param ?? null);
+}

@@ -1,0 +1,113 @@
+/**
+ * The frame of every management route: authenticate, resolve the caller's rights, validate the
+ * body (422 naming the field), give access to the store and the identity cache, and write the
+ * audit trail. Routes hold only their own rules.
+ */
+import { randomUUID } from "node:crypto";
+import type { TSchema } from "@sinclair/typebox";
+import { Caller } from "../../authz.ts";
+import type { Logger } from "../../contract.ts";
+import { GatewayError } from "../../errors.ts";
+import type { IdentityCache } from "../../identity/cache.ts";
+import type { IdentityChange } from "../../identity/records.ts";
+import type { Live } from "../../live.ts";
+import { SECRET_PARAM } from "../../secrets.ts";
+import type { HostServices } from "../../services.ts";
+import type { Snapshot } from "../../snapshot.ts";
+import type { Db } from "../../store/db.ts";
+import { auditLog } from "../../store/schema.ts";
+import { authenticate, requireMasterKeyConfigured } from "../auth.ts";
+import { checker, readBody } from "../validate.ts";
+
+export interface AdminDeps {
+  live: Live;
+  log: Logger;
+  services: HostServices;
+}
+
+export interface AuditEntry {
+  action: "created" | "updated" | "deleted" | "blocked" | "unblocked" | "rotated" | "spend_reset";
+  table: string;
+  objectId: string;
+  before?: unknown;
+  after?: unknown;
+}
+
+export interface AdminCtx {
+  caller: Caller;
+  request: Request;
+  url: URL;
+  snapshot: Snapshot;
+  db: Db;
+  identity: IdentityCache;
+  log: Logger;
+  /** The JSON body, checked against `schema` (422 naming the first bad field). */
+  body<S extends TSchema>(schema: S): Promise<S["static"]>;
+  query(name: string): string | undefined;
+  /** Applies identity changes here and on every other instance. */
+  changed(...changes: IdentityChange[]): Promise<void>;
+  audit(entry: AuditEntry): Promise<void>;
+}
+
+const checkers = new WeakMap<TSchema, (v: unknown) => unknown>();
+
+/** Secrets never reach the audit trail: plaintext keys and credential fields are replaced. */
+export function redactSecrets(value: unknown, field = ""): unknown {
+  if (typeof value === "string") {
+    if (value.startsWith("sk-") && value.length > 12) return `${value.slice(0, 5)}…[redacted]`;
+    return SECRET_PARAM.test(field) && field !== "token" ? "[redacted]" : value;
+  }
+  if (Array.isArray(value)) return value.map((v) => redactSecrets(v, field));
+  if (value instanceof Date) return value.toISOString();
+  if (value !== null && typeof value === "object") {
+    return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, redactSecrets(v, k)]));
+  }
+  return value;
+}
+
+export function adminRoute<R>(deps: AdminDeps, handler: (ctx: AdminCtx) => Promise<R>) {
+  return async ({ request }: { request: Request }): Promise<R> => {
+    const { store, identity, bus } = deps.services;
+    const snapshot = deps.live.current;
+    const url = new URL(request.url);
+    requireMasterKeyConfigured(snapshot);
+    const principal = await authenticate(snapshot, request.headers, url.pathname);
+    if (!store || !identity || !bus) throw GatewayError.of(503, "The management API needs the store, which is not open.", "api_connection_error");
+    const changedBy = request.headers.get("svc-changed-by") ?? principal.userId ?? (principal.key ? `key:${principal.keyHash.slice(0, 12)}` : "proxy_admin");
+    const caller = new Caller(principal, identity, changedBy);
+    let parsed: Record<string, unknown> | undefined;
+    const ctx: AdminCtx = {
+      caller,
+      request,
+      url,
+      snapshot,
+      db: store.db,
+      identity,
+      log: deps.log,
+      async body(schema) {
+        parsed ??= await readBody(request);
+        let check = checkers.get(schema);
+        if (!check) {
+          check = checker(schema);
+          checkers.set(schema, check);
+        }
+        return check(parsed) as never;
+      },
+      query: (name) => url.searchParams.get(name) ?? undefined,
+      changed: (...changes) => bus.publish(...changes),
+      async audit(e) {
+        await store.db.insert(auditLog).values({
+          id: randomUUID(),
+          changedBy: caller.changedBy,
+          changedByApiKey: principal.keyHash,
+          action: e.action,
+          tableName: e.table,
+          objectId: e.objectId,
+          beforeValue: e.before === undefined ? null : redactSecrets(e.before),
+          updatedValues: e.after === undefined ? null : redactSecrets(e.after),
+        });
+      },
+    };
+    return handler(ctx);
+  };
+}

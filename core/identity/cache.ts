@@ -1,0 +1,171 @@
+/**
+ * The in-process mirror of the identity tables: the request path reads only this (no database
+ * round trip). Filled at start; every admin write reloads the rows it touched, here at once and
+ * on other instances through the change bus.
+ */
+import { and, eq, isNull } from "drizzle-orm";
+import type { IdentityView } from "../contract.ts";
+import type { Db } from "../store/db.ts";
+import { accessGroups, budgets, orgMembers, organizations, rotatedKeys, teamMembers, teams, users, virtualKeys } from "../store/schema.ts";
+import type { AccessGroupRow, BudgetRow, IdentityChange, KeyRow, OrgRow, RotatedKeyRow, TeamRole, TeamRow, UserRow } from "./records.ts";
+
+export class IdentityCache implements IdentityView {
+  readonly keys = new Map<string, KeyRow>();
+  readonly rotated = new Map<string, RotatedKeyRow>();
+  readonly teams = new Map<string, TeamRow>();
+  readonly orgs = new Map<string, OrgRow>();
+  readonly users = new Map<string, UserRow>();
+  readonly budgets = new Map<string, BudgetRow>();
+  readonly accessGroups = new Map<string, AccessGroupRow>();
+  /** teamId → userId → role */
+  readonly teamMembers = new Map<string, Map<string, TeamRole>>();
+  /** userId → teamId → role */
+  readonly userTeams = new Map<string, Map<string, TeamRole>>();
+  /** orgId → userId → role */
+  readonly orgMembers = new Map<string, Map<string, string>>();
+  /** userId → orgId → role */
+  readonly userOrgs = new Map<string, Map<string, string>>();
+  /** Bumped on every change, so derived caches (principals) know to rebuild. */
+  generation = 0;
+  /** Keys used since the last `last_active` write (written in batches off the request path). */
+  readonly touched = new Set<string>();
+  private readonly listeners = new Set<(c: IdentityChange) => void>();
+
+  constructor(private readonly db: Db) {}
+
+  async loadAll(): Promise<void> {
+    const [k, r, t, o, u, b, g, tm, om] = await Promise.all([
+      this.db.select().from(virtualKeys).where(isNull(virtualKeys.deletedAt)),
+      this.db.select().from(rotatedKeys),
+      this.db.select().from(teams).where(isNull(teams.deletedAt)),
+      this.db.select().from(organizations),
+      this.db.select().from(users),
+      this.db.select().from(budgets),
+      this.db.select().from(accessGroups),
+      this.db.select().from(teamMembers),
+      this.db.select().from(orgMembers),
+    ]);
+    this.clear();
+    for (const row of k) this.keys.set(row.token, row);
+    for (const row of r) this.rotated.set(row.token, row);
+    for (const row of t) this.teams.set(row.teamId, row);
+    for (const row of o) this.orgs.set(row.organizationId, row);
+    for (const row of u) this.users.set(row.userId, row);
+    for (const row of b) this.budgets.set(row.budgetId, row);
+    for (const row of g) this.accessGroups.set(row.accessGroupId, row);
+    for (const row of tm) this.setTeamMember(row.teamId, row.userId, row.role as TeamRole);
+    for (const row of om) this.setOrgMember(row.organizationId, row.userId, row.userRole);
+    this.generation++;
+  }
+
+  private clear(): void {
+    for (const m of [this.keys, this.rotated, this.teams, this.orgs, this.users, this.budgets, this.accessGroups, this.teamMembers, this.userTeams, this.orgMembers, this.userOrgs]) m.clear();
+  }
+
+  private setTeamMember(teamId: string, userId: string, role: TeamRole): void {
+    if (!this.teamMembers.has(teamId)) this.teamMembers.set(teamId, new Map());
+    if (!this.userTeams.has(userId)) this.userTeams.set(userId, new Map());
+    this.teamMembers.get(teamId)!.set(userId, role);
+    this.userTeams.get(userId)!.set(teamId, role);
+  }
+
+  private setOrgMember(orgId: string, userId: string, role: string): void {
+    if (!this.orgMembers.has(orgId)) this.orgMembers.set(orgId, new Map());
+    if (!this.userOrgs.has(userId)) this.userOrgs.set(userId, new Map());
+    this.orgMembers.get(orgId)!.set(userId, role);
+    this.userOrgs.get(userId)!.set(orgId, role);
+  }
+
+  touch(token: string): void {
+    this.touched.add(token);
+  }
+
+  onChange(listener: (c: IdentityChange) => void): () => void {
+    this.listeners.add(listener);
+    return () => this.listeners.delete(listener);
+  }
+
+  /** Reloads what a change touched from the store. */
+  async apply(change: IdentityChange): Promise<void> {
+    const db = this.db;
+    switch (change.kind) {
+      case "all":
+        await this.loadAll();
+        break;
+      case "key": {
+        const [row] = await db.select().from(virtualKeys).where(and(eq(virtualKeys.token, change.token), isNull(virtualKeys.deletedAt)));
+        if (row) this.keys.set(row.token, row);
+        else this.keys.delete(change.token);
+        break;
+      }
+      case "rotated_key": {
+        const [row] = await db.select().from(rotatedKeys).where(eq(rotatedKeys.token, change.token));
+        if (row) this.rotated.set(row.token, row);
+        else this.rotated.delete(change.token);
+        break;
+      }
+      case "team": {
+        const [row] = await db.select().from(teams).where(and(eq(teams.teamId, change.teamId), isNull(teams.deletedAt)));
+        if (row) this.teams.set(row.teamId, row);
+        else this.teams.delete(change.teamId);
+        break;
+      }
+      case "org": {
+        const [row] = await db.select().from(organizations).where(eq(organizations.organizationId, change.orgId));
+        if (row) this.orgs.set(row.organizationId, row);
+        else this.orgs.delete(change.orgId);
+        break;
+      }
+      case "user": {
+        const [row] = await db.select().from(users).where(eq(users.userId, change.userId));
+        if (row) this.users.set(row.userId, row);
+        else this.users.delete(change.userId);
+        break;
+      }
+      case "budget": {
+        const [row] = await db.select().from(budgets).where(eq(budgets.budgetId, change.budgetId));
+        if (row) this.budgets.set(row.budgetId, row);
+        else this.budgets.delete(change.budgetId);
+        break;
+      }
+      case "access_group": {
+        const [row] = await db.select().from(accessGroups).where(eq(accessGroups.accessGroupId, change.accessGroupId));
+        if (row) this.accessGroups.set(row.accessGroupId, row);
+        else this.accessGroups.delete(change.accessGroupId);
+        break;
+      }
+      case "team_members": {
+        const rows = await db.select().from(teamMembers).where(eq(teamMembers.teamId, change.teamId));
+        for (const userId of this.teamMembers.get(change.teamId)?.keys() ?? []) this.userTeams.get(userId)?.delete(change.teamId);
+        this.teamMembers.delete(change.teamId);
+        for (const row of rows) this.setTeamMember(row.teamId, row.userId, row.role as TeamRole);
+        break;
+      }
+      case "org_members": {
+        const rows = await db.select().from(orgMembers).where(eq(orgMembers.organizationId, change.orgId));
+        for (const userId of this.orgMembers.get(change.orgId)?.keys() ?? []) this.userOrgs.get(userId)?.delete(change.orgId);
+        this.orgMembers.delete(change.orgId);
+        for (const row of rows) this.setOrgMember(row.organizationId, row.userId, row.userRole);
+        break;
+      }
+      case "models":
+        break;
+    }
+    this.generation++;
+    for (const l of this.listeners) l(change);
+  }
+
+  /** The live key row for a token, following a rotated key to its successor while its grace lasts. */
+  lookupKey(token: string, now = Date.now()): KeyRow | undefined {
+    const key = this.keys.get(token);
+    if (key) return key;
+    const old = this.rotated.get(token);
+    if (old && old.revokeAt.getTime() > now) return this.keys.get(old.activeToken);
+    return undefined;
+  }
+
+  accessGroupByName(name: string): AccessGroupRow | undefined {
+    for (const g of this.accessGroups.values()) if (g.accessGroupName === name) return g;
+    return undefined;
+  }
+}

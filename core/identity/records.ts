@@ -1,0 +1,28 @@
+/** Row types of the identity tables, as the cache and the management API see them. */
+import type { accessGroups, budgets, orgMembers, organizations, rotatedKeys, teamMembers, teams, users, virtualKeys } from "../store/schema.ts";
+
+export type KeyRow = typeof virtualKeys.$inferSelect;
+export type TeamRow = typeof teams.$inferSelect;
+export type OrgRow = typeof organizations.$inferSelect;
+export type UserRow = typeof users.$inferSelect;
+export type BudgetRow = typeof budgets.$inferSelect;
+export type AccessGroupRow = typeof accessGroups.$inferSelect;
+export type TeamMemberRow = typeof teamMembers.$inferSelect;
+export type OrgMemberRow = typeof orgMembers.$inferSelect;
+export type RotatedKeyRow = typeof rotatedKeys.$inferSelect;
+
+export type TeamRole = "admin" | "user";
+
+/** What changed, so every instance reloads exactly that from the store. */
+export type IdentityChange =
+  | { kind: "key"; token: string }
+  | { kind: "team"; teamId: string }
+  | { kind: "org"; orgId: string }
+  | { kind: "user"; userId: string }
+  | { kind: "budget"; budgetId: string }
+  | { kind: "access_group"; accessGroupId: string }
+  | { kind: "team_members"; teamId: string }
+  | { kind: "org_members"; orgId: string }
+  | { kind: "rotated_key"; token: string }
+  | { kind: "models" }
+  | { kind: "all" };

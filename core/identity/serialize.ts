@@ -1,0 +1,40 @@
+/**
+ * Rows ↔ API objects. The API speaks the spec's snake_case field names, which are the column
+ * names; money (exact `numeric` in the store) is a JSON number; times are ISO 8601 strings.
+ */
+import { getTableColumns, type Table } from "drizzle-orm";
+
+const MONEY = new Set(["spend", "max_budget", "soft_budget", "temp_budget_increase"]);
+
+function snake(prop: string): string {
+  return prop.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`);
+}
+
+/** A row (camelCase properties) as the API returns it. */
+export function toApi(row: Record<string, unknown>): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const [prop, value] of Object.entries(row)) {
+    const name = snake(prop);
+    if (value instanceof Date) out[name] = value.toISOString();
+    else if (MONEY.has(name) && typeof value === "string") out[name] = Number(value);
+    else out[name] = value;
+  }
+  return out;
+}
+
+/**
+ * The table's fields present in an API body, as row properties. `null` is kept (it clears the
+ * field); fields the body does not mention are left out, so an update touches only what it names.
+ */
+export function fromApi(table: Table, body: Record<string, unknown>, fields?: ReadonlySet<string>): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const [prop, column] of Object.entries(getTableColumns(table))) {
+    if (!(column.name in body) || (fields && !fields.has(column.name))) continue;
+    const value = body[column.name];
+    if (value === undefined) continue;
+    if (value !== null && column.columnType === "PgNumeric") out[prop] = String(value);
+    else if (value !== null && column.columnType === "PgTimestamp" && typeof value === "string") out[prop] = new Date(value);
+    else out[prop] = value;
+  }
+  return out;
+}

@@ -1,0 +1,37 @@
+/**
+ * Provider credentials stored in the database are encrypted at rest with AES-256-GCM. The key is
+ * derived from SVC_SALT_KEY (or, failing that, the master key): changing it makes stored
+ * credentials unreadable, so set SVC_SALT_KEY once and keep it.
+ */
+import { createCipheriv, createDecipheriv, createHash, randomBytes } from "node:crypto";
+
+const PREFIX = "enc:v1:";
+/** svc_params fields holding credentials: encrypted in the store, never returned by the API. */
+export const SECRET_PARAM = /(^|_)(api_key|key|secret|token|password|credentials?)$|^aws_|_credentials$/i;
+
+export function secretKey(saltKey: string | undefined, masterKey: string | undefined): Buffer | undefined {
+  const source = saltKey || masterKey;
+  return source ? createHash("sha256").update(`svc-gateway:${source}`).digest() : undefined;
+}
+
+export function encrypt(plain: string, key: Buffer): string {
+  const iv = randomBytes(12);
+  const cipher = createCipheriv("aes-256-gcm", key, iv);
+  const body = Buffer.concat([cipher.update(plain, "utf8"), cipher.final()]);
+  return PREFIX + Buffer.concat([iv, cipher.getAuthTag(), body]).toString("base64");
+}
+
+export function decrypt(stored: string, key: Buffer): string {
+  if (!stored.startsWith(PREFIX)) return stored;
+  const raw = Buffer.from(stored.slice(PREFIX.length), "base64");
+  const decipher = createDecipheriv("aes-256-gcm", key, raw.subarray(0, 12));
+  decipher.setAuthTag(raw.subarray(12, 28));
+  return Buffer.concat([decipher.update(raw.subarray(28)), decipher.final()]).toString("utf8");
+}
+
+/** Encrypts (or decrypts) every credential field of a svc_params object; other fields unchanged. */
+export function mapSecrets(params: Record<string, unknown>, fn: (v: string) => string): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(params)) out[k] = typeof v === "string" && SECRET_PARAM.test(k) ? fn(v) : v;
+  return out;
+}

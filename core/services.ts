@@ -1,0 +1,13 @@
+/** Long-lived services the host hands to snapshots, plugins and routes (all optional: tests run without a store). */
+import type { ModelEntry } from "./config/schema.ts";
+import type { ChangeBus } from "./identity/bus.ts";
+import type { IdentityCache } from "./identity/cache.ts";
+import type { Store } from "./store/db.ts";
+
+export interface HostServices {
+  store?: Store;
+  identity?: IdentityCache;
+  bus?: ChangeBus;
+  /** Model deployments stored through `/model/new`, merged after the config's own. */
+  loadDbModels?(): Promise<ModelEntry[]>;
+}

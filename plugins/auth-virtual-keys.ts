@@ -1,0 +1,93 @@
+/**
+ * Virtual keys (`sk-…`): the sha256 of the presented key is looked up in the in-process identity
+ * cache; blocked, expired and blocked-team/org keys are refused with 401. The resulting principal
+ * (with its access rules) is cached per key until the identity data changes.
+ */
+import { createHash } from "node:crypto";
+import { Type } from "@sinclair/typebox";
+import { type AccessLevel, type Denied, definePlugin, type Hooks, type IdentityView, type KeyRow, type Principal, type Role } from "../core/contract.ts";
+import { errorInfo } from "../core/errors.ts";
+
+const ROLES = new Set<Role>(["proxy_admin", "proxy_admin_viewer", "internal_user", "internal_user_viewer"]);
+
+function deny(message: string, type = "authentication_error"): Denied {
+  return { ok: false, error: errorInfo(401, message, type) };
+}
+
+function stringMap(v: unknown): Record<string, string> {
+  const out: Record<string, string> = {};
+  if (v && typeof v === "object") for (const [k, x] of Object.entries(v)) if (typeof x === "string") out[k] = x;
+  return out;
+}
+
+function principalOf(identity: IdentityView, key: KeyRow): Principal | Denied {
+  if (key.blocked) return deny("Authentication Error: this key is blocked. A proxy admin can unblock it with /key/unblock.");
+  const team = key.teamId ? identity.teams.get(key.teamId) : undefined;
+  if (key.teamId && !team) return deny(`Authentication Error: the key's team ${key.teamId} no longer exists.`);
+  if (team?.blocked) return deny(`Authentication Error: team ${team.teamId} is blocked. A proxy admin can unblock it with /team/unblock.`);
+  const orgId = key.organizationId ?? team?.organizationId ?? undefined;
+  const org = orgId ? identity.orgs.get(orgId) : undefined;
+  if (org?.blocked) return deny(`Authentication Error: organization ${org.organizationId} is blocked.`);
+  const user = key.userId ? identity.users.get(key.userId) : undefined;
+  const role = user && ROLES.has(user.userRole as Role) ? (user.userRole as Role) : "internal_user";
+
+  const levels: AccessLevel[] = [{ level: "key", models: key.models, accessGroupIds: key.accessGroupIds }];
+  if (team) levels.push({ level: "team", models: team.models, accessGroupIds: team.accessGroupIds });
+  else if (user) levels.push({ level: "user", models: user.models, accessGroupIds: [] });
+  if (org) levels.push({ level: "org", models: org.models, accessGroupIds: [] });
+  return {
+    keyHash: key.token,
+    role,
+    keyAlias: key.keyAlias ?? undefined,
+    userId: key.userId ?? undefined,
+    teamId: key.teamId ?? undefined,
+    orgId,
+    metadata: key.metadata,
+    access: {
+      levels,
+      aliases: { ...stringMap(org?.modelAliases), ...stringMap(team?.modelAliases), ...stringMap(key.aliases) },
+      allowedRoutes: key.allowedRoutes,
+      allowedPassthroughRoutes: key.allowedPassthroughRoutes,
+    },
+    key,
+    team,
+    org,
+    user,
+  };
+}
+
+export default definePlugin({
+  name: "auth-virtual-keys",
+  config: Type.Object({}),
+  setup(_cfg, ctx): Hooks {
+    const identity = ctx.identity;
+    if (!identity) return {};
+    let generation = -1;
+    const principals = new Map<string, Principal | Denied>();
+    return {
+      auth: {
+        resolve({ credential }) {
+          if (!credential?.startsWith("sk-")) return null;
+          const token = createHash("sha256").update(credential).digest("hex");
+          const key = identity.lookupKey(token);
+          if (!key) return null;
+          if (key.expires && key.expires.getTime() <= Date.now()) {
+            return deny(`Authentication Error: expired key. Key expiry time ${key.expires.toISOString()}, current time ${new Date().toISOString()}.`, "expired_key");
+          }
+          if (generation !== identity.generation) {
+            principals.clear();
+            generation = identity.generation;
+          }
+          let p = principals.get(key.token);
+          if (!p) {
+            p = principalOf(identity, key);
+            principals.set(key.token, p);
+          }
+          if ("ok" in p) return p;
+          identity.touch(key.token);
+          return p;
+        },
+      },
+    };
+  },
+});
