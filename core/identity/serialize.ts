@@ -4,7 +4,7 @@
  */
 import { getTableColumns, type Table } from "drizzle-orm";
 
-const MONEY = new Set(["spend", "max_budget", "soft_budget", "temp_budget_increase"]);
+const MONEY = new Set(["spend", "max_budget", "soft_budget", "temp_budget_increase", "max_budget_in_team", "max_budget_in_organization"]);
 
 function snake(prop: string): string {
   return prop.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`);
