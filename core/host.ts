@@ -9,11 +9,12 @@ import { ChangeBus } from "./identity/bus.ts";
 import { IdentityCache } from "./identity/cache.ts";
 import { loadDbModels } from "./identity/db-models.ts";
 import { LastActiveWriter } from "./identity/last-active.ts";
+import { KeyRotator } from "./identity/rotation.ts";
 import { connectRedis, type RedisHandle } from "./kv/redis.ts";
 import { Live } from "./live.ts";
 import { secretKey } from "./secrets.ts";
 import type { HostServices } from "./services.ts";
-import { resolveSettings, SnapshotError } from "./snapshot.ts";
+import { SnapshotError } from "./snapshot.ts";
 import { openStore, type Store } from "./store/db.ts";
 
 export interface HostOptions {
@@ -37,7 +38,6 @@ export async function startHost(opts: HostOptions): Promise<Host> {
   const first = await readConfig(opts.configPath);
   if (!first.ok) throw new SnapshotError(first.errors);
   const general = first.config.general_settings ?? {};
-  const settings = resolveSettings(first.config);
 
   const store = await openStore({
     databaseUrl: opts.databaseUrl ?? general.database_url,
@@ -53,9 +53,16 @@ export async function startHost(opts: HostOptions): Promise<Host> {
     await bus.start();
     const lastActive = new LastActiveWriter(store.db, identity, opts.log);
     lastActive.start();
-    const key = secretKey(process.env.SVC_SALT_KEY, settings.masterKey);
-    const services: HostServices = { store, identity, bus, loadDbModels: () => loadDbModels(store.db, key) };
+    const services: HostServices = {
+      store,
+      identity,
+      bus,
+      loadDbModels: (s) => loadDbModels(store.db, secretKey(process.env.SVC_SALT_KEY, s.masterKey)),
+    };
     const live = await Live.start(opts.configPath, opts.log, services);
+    // Started last, so a failed start leaves no timer on a closed store.
+    const rotator = new KeyRotator(store.db, bus, opts.log);
+    rotator.start();
     return {
       live,
       store,
@@ -63,6 +70,7 @@ export async function startHost(opts: HostOptions): Promise<Host> {
       services,
       async close() {
         await live.close();
+        await rotator.stop();
         await lastActive.stop();
         await bus.stop();
         await redis?.close();

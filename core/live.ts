@@ -23,6 +23,8 @@ export class Live {
   private chain: Promise<unknown> = Promise.resolve();
   private watcher: FSWatcher | undefined;
   private debounce: ReturnType<typeof setTimeout> | undefined;
+  /** The rebuild started by the latest stored-model change, so a model write can return once it serves. */
+  private modelsReload: Promise<ReloadResult> | undefined;
 
   private constructor(
     readonly configPath: string,
@@ -35,8 +37,15 @@ export class Live {
     this.text = text;
     // Stored models changed (here or on another instance): rebuild with the same config.
     services.identity?.onChange((c) => {
-      if (c.kind === "models" || c.kind === "all") void this.reload("stored models changed", true);
+      if (c.kind !== "models" && c.kind !== "all") return;
+      const run = this.reload("stored models changed", true);
+      run.catch(() => undefined);
+      this.modelsReload = run;
     });
+  }
+
+  get storedModelsReload(): Promise<ReloadResult> | undefined {
+    return this.modelsReload;
   }
 
   /** Loads the first config; throws SnapshotError listing every problem when it is invalid. */

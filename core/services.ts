@@ -8,6 +8,9 @@ export interface HostServices {
   store?: Store;
   identity?: IdentityCache;
   bus?: ChangeBus;
-  /** Model deployments stored through `/model/new`, merged after the config's own. */
-  loadDbModels?(): Promise<ModelEntry[]>;
+  /**
+   * Model deployments stored through `/model/new`, merged after the config's own. Takes the
+   * settings of the config being loaded: the decryption key follows its master key.
+   */
+  loadDbModels?(settings: { masterKey: string | undefined }): Promise<ModelEntry[]>;
 }

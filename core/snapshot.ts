@@ -162,7 +162,7 @@ export async function buildSnapshot(config: GatewayConfig, configPath: string, v
   const plugins = await loadPlugins(config, configPath, settings, log, services);
   const errors: string[] = [];
   const providers = collectProviders(plugins, errors);
-  const dbModels = (await services.loadDbModels?.()) ?? [];
+  const dbModels = (await services.loadDbModels?.(settings)) ?? [];
   const models = buildModels(config.model_list, providers, errors, dbModels, log);
 
   const named = new Map<string, LoggingCallback>();

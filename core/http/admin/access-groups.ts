@@ -1,6 +1,198 @@
+/**
+ * Access groups (`/access_group/*`, `/v1/access_group/{id}`): named sets of model groups that keys
+ * and teams reference by name (in `models`) or by id (`access_group_ids`). Stored groups live in
+ * `access_groups`; groups declared on deployments (`model_info.access_groups`, usually in
+ * config.yaml) are listed and readable too, but only changing those deployments changes them.
+ * The gateway reads groups through the identity cache, so a write takes effect on the next
+ * request without rebuilding the registry. Deleting a group leaves the references to it in place:
+ * they then grant nothing (access fails closed). Reads: admins and viewers; writes: proxy admins.
+ */
+import { randomUUID } from "node:crypto";
+import { Type as T } from "@sinclair/typebox";
+import { eq } from "drizzle-orm";
 import { Elysia } from "elysia";
-import type { AdminDeps } from "./context.ts";
+import { badRequest, notFound } from "../../authz.ts";
+import { GatewayError } from "../../errors.ts";
+import type { AccessGroupRow } from "../../identity/records.ts";
+import type { Snapshot } from "../../snapshot.ts";
+import { accessGroups } from "../../store/schema.ts";
+import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 
-export function accessGroupRoutes(_deps: AdminDeps) {
-  return new Elysia();
+const ModelNames = T.Array(T.String({ minLength: 1 }));
+const NewBody = T.Object({ access_group: T.String({ minLength: 1 }), model_names: ModelNames, description: T.Optional(T.String()) }, { additionalProperties: true });
+const UpdateBody = T.Object({ model_names: ModelNames, description: T.Optional(T.String()) }, { additionalProperties: true });
+
+/** Groups declared on deployments (`model_info.access_groups`, mostly in config.yaml), name → model names. */
+function deploymentGroups(s: Snapshot): Map<string, string[]> {
+  const out = new Map<string, string[]>();
+  for (const { entry } of s.models.entries) {
+    for (const group of entry.model_info?.access_groups ?? []) {
+      const list = out.get(group) ?? [];
+      if (!list.includes(entry.model_name)) list.push(entry.model_name);
+      out.set(group, list);
+    }
+  }
+  return out;
+}
+
+function deploymentCount(s: Snapshot, names: readonly string[]): number {
+  const wanted = new Set(names);
+  return s.models.entries.filter((e) => wanted.has(e.entry.model_name)).length;
+}
+
+function groupObject(s: Snapshot, row: AccessGroupRow): Record<string, unknown> {
+  return {
+    access_group: row.accessGroupName,
+    access_group_id: row.accessGroupId,
+    model_names: row.modelNames,
+    deployment_count: deploymentCount(s, row.modelNames),
+    description: row.description,
+    source: "db",
+    created_at: row.createdAt.toISOString(),
+    updated_at: row.updatedAt.toISOString(),
+    created_by: row.createdBy,
+    updated_by: row.updatedBy,
+  };
+}
+
+function deploymentGroupObject(s: Snapshot, name: string, models: string[]): Record<string, unknown> {
+  return { access_group: name, access_group_id: null, model_names: models, deployment_count: deploymentCount(s, models), source: "deployments" };
+}
+
+/** Every name must be a model group served now (config or stored; wildcard routes by pattern). */
+function requireModels(s: Snapshot, names: readonly string[]): void {
+  if (names.length === 0) throw badRequest("model_names must list at least one model group.", "model_names");
+  const unknown = names.filter((n) => !s.models.groups.has(n) && !s.models.wildcards.some((w) => w.pattern === n));
+  if (unknown.length > 0) throw badRequest(`Unknown model group(s): ${unknown.join(", ")}. Call /model/info to list models.`, "model_names");
+}
+
+function isUniqueViolation(err: unknown): boolean {
+  for (let e: unknown = err; e && typeof e === "object"; e = (e as { cause?: unknown }).cause) {
+    if ((e as { code?: unknown }).code === "23505") return true;
+  }
+  return false;
+}
+
+/** Store failures are 500s that say so (the detail goes to the log, not the client). */
+async function storeWrite<R>(ctx: AdminCtx, what: string, write: () => Promise<R>, onUnique?: () => GatewayError): Promise<R> {
+  try {
+    return await write();
+  } catch (err) {
+    if (onUnique && isUniqueViolation(err)) throw onUnique();
+    ctx.log.error("access group write failed", { what, error: err instanceof Error ? err.message : String(err) });
+    throw GatewayError.of(500, `Database error while trying to ${what}; see the gateway log.`, "internal_server_error");
+  }
+}
+
+const duplicate = (name: string) => badRequest(`Access group '${name}' already exists.`, "access_group");
+
+async function createGroup(ctx: AdminCtx) {
+  ctx.caller.requireAdmin();
+  const body = await ctx.body(NewBody);
+  const name = body.access_group;
+  requireModels(ctx.snapshot, body.model_names);
+  if (deploymentGroups(ctx.snapshot).has(name) || ctx.identity.accessGroupByName(name)) throw duplicate(name);
+  const who = ctx.caller.changedBy;
+  const id = randomUUID();
+  const [row] = await storeWrite(
+    ctx,
+    "create the access group",
+    () =>
+      ctx.db
+        .insert(accessGroups)
+        .values({ accessGroupId: id, accessGroupName: name, modelNames: [...new Set(body.model_names)], description: body.description ?? null, createdBy: who, updatedBy: who })
+        .returning(),
+    () => duplicate(name),
+  );
+  await ctx.changed({ kind: "access_group", accessGroupId: id });
+  await ctx.audit({ action: "created", table: "access_groups", objectId: id, after: row });
+  const out = groupObject(ctx.snapshot, row!);
+  return { ...out, models_updated: out.deployment_count };
+}
+
+function listGroups(ctx: AdminCtx) {
+  ctx.caller.requireReadAll();
+  const s = ctx.snapshot;
+  const stored = [...ctx.identity.accessGroups.values()].sort((a, b) => a.accessGroupName.localeCompare(b.accessGroupName));
+  const declared = [...deploymentGroups(s)].sort(([a], [b]) => a.localeCompare(b));
+  return {
+    access_groups: [...declared.map(([name, models]) => deploymentGroupObject(s, name, models)), ...stored.map((row) => groupObject(s, row))],
+  };
+}
+
+type Lookup = { by: "name" | "id"; value: string };
+
+/** The stored group, from the store (the cache may lag another instance's write by milliseconds). */
+async function findStored(ctx: AdminCtx, at: Lookup): Promise<AccessGroupRow | undefined> {
+  const where = at.by === "name" ? eq(accessGroups.accessGroupName, at.value) : eq(accessGroups.accessGroupId, at.value);
+  const [row] = await ctx.db.select().from(accessGroups).where(where);
+  return row;
+}
+
+function missing(at: Lookup): GatewayError {
+  return notFound(`Access group ${at.by === "name" ? `'${at.value}'` : `with id '${at.value}'`} not found.`, at.by === "name" ? "access_group" : "access_group_id");
+}
+
+/** A stored group to change; a group declared by deployments is a 400, anything else a 404. */
+async function requireWritable(ctx: AdminCtx, at: Lookup): Promise<AccessGroupRow> {
+  const row = await findStored(ctx, at);
+  if (row) return row;
+  if (at.by === "name" && deploymentGroups(ctx.snapshot).has(at.value)) throw badRequest(`Access group '${at.value}' is declared by deployments (model_info.access_groups, e.g. in config.yaml); change those models instead.`, "access_group");
+  throw missing(at);
+}
+
+async function groupInfo(ctx: AdminCtx, at: Lookup) {
+  ctx.caller.requireReadAll();
+  const row = await findStored(ctx, at);
+  if (row) return groupObject(ctx.snapshot, row);
+  const models = at.by === "name" ? deploymentGroups(ctx.snapshot).get(at.value) : undefined;
+  if (models) return deploymentGroupObject(ctx.snapshot, at.value, models);
+  throw missing(at);
+}
+
+async function updateGroup(ctx: AdminCtx, at: Lookup) {
+  ctx.caller.requireAdmin();
+  const body = await ctx.body(UpdateBody);
+  const before = await requireWritable(ctx, at);
+  requireModels(ctx.snapshot, body.model_names);
+  const patch = { modelNames: [...new Set(body.model_names)], updatedAt: new Date(), updatedBy: ctx.caller.changedBy, ...(body.description === undefined ? {} : { description: body.description }) };
+  const [row] = await storeWrite(ctx, "update the access group", () => ctx.db.update(accessGroups).set(patch).where(eq(accessGroups.accessGroupId, before.accessGroupId)).returning());
+  if (!row) throw missing(at);
+  await ctx.changed({ kind: "access_group", accessGroupId: row.accessGroupId });
+  await ctx.audit({ action: "updated", table: "access_groups", objectId: row.accessGroupId, before, after: row });
+  const out = groupObject(ctx.snapshot, row);
+  return { ...out, models_updated: out.deployment_count };
+}
+
+async function deleteGroup(ctx: AdminCtx, at: Lookup) {
+  ctx.caller.requireAdmin();
+  const before = await requireWritable(ctx, at);
+  await storeWrite(ctx, "delete the access group", () => ctx.db.delete(accessGroups).where(eq(accessGroups.accessGroupId, before.accessGroupId)));
+  await ctx.changed({ kind: "access_group", accessGroupId: before.accessGroupId });
+  await ctx.audit({ action: "deleted", table: "access_groups", objectId: before.accessGroupId, before });
+  return {
+    access_group: before.accessGroupName,
+    access_group_id: before.accessGroupId,
+    models_updated: deploymentCount(ctx.snapshot, before.modelNames),
+    message: `Access group '${before.accessGroupName}' deleted successfully`,
+  };
+}
+
+type Params = { params: Record<string, string>; request: Request };
+
+export function accessGroupRoutes(deps: AdminDeps) {
+  const noParse = { parse: "none" } as const;
+  const byName = (p: Params): Lookup => ({ by: "name", value: p.params.access_group ?? "" });
+  const byId = (p: Params): Lookup => ({ by: "id", value: p.params.access_group_id ?? "" });
+  const with_ = (at: (p: Params) => Lookup, h: (ctx: AdminCtx, at: Lookup) => Promise<unknown>) => (p: Params) =>
+    adminRoute(deps, (ctx) => h(ctx, at(p)))({ request: p.request });
+  return new Elysia()
+    .post("/access_group/new", adminRoute(deps, createGroup), noParse)
+    .get("/access_group/list", adminRoute(deps, async (ctx) => listGroups(ctx)))
+    .get("/access_group/:access_group/info", with_(byName, groupInfo))
+    .put("/access_group/:access_group/update", with_(byName, updateGroup), noParse)
+    .delete("/access_group/:access_group/delete", with_(byName, deleteGroup), noParse)
+    .get("/v1/access_group/:access_group_id", with_(byId, groupInfo))
+    .put("/v1/access_group/:access_group_id", with_(byId, updateGroup), noParse)
+    .delete("/v1/access_group/:access_group_id", with_(byId, deleteGroup), noParse);
 }

@@ -1,6 +1,197 @@
+/**
+ * Model deployments stored in the database (`/model/new|update|delete`, `PATCH /model/{id}/update`).
+ * They are checked like config entries (same schema, provider must exist), their credentials are
+ * encrypted before they reach the store and never returned, and a write returns only once the
+ * rebuilt registry serves it (other instances rebuild when the change reaches them). Models from
+ * config.yaml are read-only here. Proxy admins only.
+ */
+import { randomUUID } from "node:crypto";
+import { Type as T } from "@sinclair/typebox";
+import { eq } from "drizzle-orm";
 import { Elysia } from "elysia";
-import type { AdminDeps } from "./context.ts";
+import { badRequest, notFound } from "../../authz.ts";
+import { type ModelEntry, ModelEntrySchema } from "../../config/schema.ts";
+import { GatewayError } from "../../errors.ts";
+import { toDeployment } from "../../models.ts";
+import { decrypt, encrypt, mapSecrets, SECRET_PARAM, secretKey } from "../../secrets.ts";
+import type { Snapshot } from "../../snapshot.ts";
+import { proxyModels } from "../../store/schema.ts";
+import { checker } from "../validate.ts";
+import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 
-export function modelAdminRoutes(_deps: AdminDeps) {
-  return new Elysia();
+type ModelRow = typeof proxyModels.$inferSelect;
+
+const DeleteBody = T.Object({ id: T.String({ minLength: 1 }) }, { additionalProperties: true });
+const PatchBody = T.Object(
+  {
+    model_name: T.Optional(T.String({ minLength: 1 })),
+    svc_params: T.Optional(T.Record(T.String(), T.Unknown())),
+    model_info: T.Optional(T.Record(T.String(), T.Unknown())),
+  },
+  { additionalProperties: true },
+);
+const checkEntry = checker(ModelEntrySchema);
+
+/** Fields never returned: credentials, and headers (which often carry them). */
+function publicParams(params: Record<string, unknown>): Record<string, unknown> {
+  return Object.fromEntries(Object.entries(params).filter(([k]) => !SECRET_PARAM.test(k) && k !== "headers"));
+}
+
+function modelObject(row: ModelRow): Record<string, unknown> {
+  return {
+    model_id: row.modelId,
+    model_name: row.modelName,
+    svc_params: publicParams(row.svcParams as Record<string, unknown>),
+    model_info: { ...(row.modelInfo as Record<string, unknown>), id: row.modelId, db_model: true },
+    created_at: row.createdAt?.toISOString() ?? null,
+    updated_at: row.updatedAt?.toISOString() ?? null,
+    created_by: row.createdBy,
+    updated_by: row.updatedBy,
+  };
+}
+
+function cryptoKey(ctx: AdminCtx): Buffer {
+  const key = secretKey(process.env.SVC_SALT_KEY, ctx.snapshot.settings.masterKey);
+  if (!key) throw GatewayError.of(500, "No key to encrypt model credentials with: set SVC_SALT_KEY or a master key.", "internal_server_error");
+  return key;
+}
+
+/** The provider must be loaded and accept the deployment, as for a config entry. */
+function requireDeployable(snapshot: Snapshot, entry: ModelEntry): void {
+  const d = toDeployment(entry);
+  const adapter = snapshot.providers.get(d.provider);
+  if (!adapter) {
+    throw badRequest(`Unknown provider '${d.provider}' in svc_params.model (known: ${[...snapshot.providers.keys()].sort().join(", ")}).`, "svc_params.model");
+  }
+  const resolved = adapter.resolve ? adapter.resolve(d) : d;
+  if (typeof resolved === "string") throw badRequest(`svc_params: ${resolved}`, "svc_params");
+}
+
+/** What goes into `model_info`: the id has its own column and `db_model` is derived. */
+function storedInfo(info: Record<string, unknown> | undefined): Record<string, unknown> {
+  const { id: _id, db_model: _db, ...rest } = info ?? {};
+  return rest;
+}
+
+async function findRow(ctx: AdminCtx, id: string): Promise<ModelRow | undefined> {
+  const [row] = await ctx.db.select().from(proxyModels).where(eq(proxyModels.modelId, id));
+  return row;
+}
+
+/** The stored row for `id`; a config model is a 400 (edit the file), anything else a 404. */
+async function requireStored(ctx: AdminCtx, id: string): Promise<ModelRow> {
+  const row = await findRow(ctx, id);
+  if (row) return row;
+  if (ctx.snapshot.models.findById(id)) throw badRequest(`Model '${id}' is defined in config.yaml; edit the file to change it.`, "id");
+  throw notFound(`Model '${id}' not found.`, "id");
+}
+
+/** Publishes the change and waits until this instance's registry reflects it. */
+async function applied(ctx: AdminCtx, deps: AdminDeps, live: (s: Snapshot) => boolean): Promise<void> {
+  await ctx.changed({ kind: "models" });
+  const result = await deps.live.storedModelsReload;
+  if (result && !result.ok) {
+    throw GatewayError.of(500, `The model change was saved, but the registry could not be rebuilt: ${result.errors.join("; ")}`, "internal_server_error");
+  }
+  if (!live(deps.live.current)) throw GatewayError.of(500, "The model change was saved, but the registry did not take it up; see the gateway log.", "internal_server_error");
+}
+
+/** Encrypts credentials and writes the row (insert or full replace). */
+function rowValues(ctx: AdminCtx, entry: ModelEntry) {
+  const key = cryptoKey(ctx);
+  return {
+    modelName: entry.model_name,
+    svcParams: mapSecrets(entry.svc_params, (v) => encrypt(v, key)),
+    modelInfo: storedInfo(entry.model_info),
+    updatedAt: new Date(),
+    updatedBy: ctx.caller.changedBy,
+  };
+}
+
+const servesAs = (id: string, name: string) => (s: Snapshot) => s.models.findById(id)?.entry.model_name === name;
+
+async function createModel(ctx: AdminCtx, deps: AdminDeps) {
+  ctx.caller.requireAdmin();
+  const entry = await ctx.body(ModelEntrySchema);
+  requireDeployable(ctx.snapshot, entry);
+  const id = entry.model_info?.id ?? randomUUID();
+  if (ctx.snapshot.models.findById(id) || (await findRow(ctx, id))) throw badRequest(`A model with id '${id}' already exists.`, "model_info.id");
+  const [row] = await ctx.db
+    .insert(proxyModels)
+    .values({ ...rowValues(ctx, entry), modelId: id, createdBy: ctx.caller.changedBy })
+    .onConflictDoNothing()
+    .returning();
+  if (!row) throw badRequest(`A model with id '${id}' already exists.`, "model_info.id");
+  await ctx.audit({ action: "created", table: "proxy_models", objectId: id, after: modelObject(row) });
+  await applied(ctx, deps, servesAs(id, row.modelName));
+  return modelObject(row);
+}
+
+async function replaceModel(ctx: AdminCtx, deps: AdminDeps) {
+  ctx.caller.requireAdmin();
+  const entry = await ctx.body(ModelEntrySchema);
+  const id = entry.model_info?.id;
+  if (!id) throw GatewayError.of(422, "Invalid request: model_info.id: required to name the model to update", "validation_error", "model_info.id");
+  const before = await requireStored(ctx, id);
+  requireDeployable(ctx.snapshot, entry);
+  return writeUpdate(ctx, deps, before, entry);
+}
+
+async function writeUpdate(ctx: AdminCtx, deps: AdminDeps, before: ModelRow, entry: ModelEntry) {
+  const id = before.modelId;
+  const [row] = await ctx.db.update(proxyModels).set(rowValues(ctx, entry)).where(eq(proxyModels.modelId, id)).returning();
+  if (!row) throw notFound(`Model '${id}' not found.`, "id");
+  await ctx.audit({ action: "updated", table: "proxy_models", objectId: id, before: modelObject(before), after: modelObject(row) });
+  await applied(ctx, deps, servesAs(id, row.modelName));
+  return modelObject(row);
+}
+
+/** `patch` merged over `base`; a null value removes the field. */
+function merge(base: Record<string, unknown>, patch: Record<string, unknown> | undefined): Record<string, unknown> {
+  const out = { ...base };
+  for (const [k, v] of Object.entries(patch ?? {})) {
+    if (v === null) delete out[k];
+    else out[k] = v;
+  }
+  return out;
+}
+
+async function patchModel(ctx: AdminCtx, deps: AdminDeps, id: string) {
+  ctx.caller.requireAdmin();
+  const body = await ctx.body(PatchBody);
+  const before = await requireStored(ctx, id);
+  if (body.model_info?.id !== undefined && body.model_info.id !== id) throw badRequest("model_info.id cannot change; it is the model's identity.", "model_info.id");
+  const key = cryptoKey(ctx);
+  let stored: Record<string, unknown>;
+  try {
+    stored = mapSecrets(before.svcParams as Record<string, unknown>, (v) => decrypt(v, key));
+  } catch {
+    throw GatewayError.of(500, "The stored credentials of this model cannot be decrypted (was SVC_SALT_KEY or the master key changed?). Replace them with /model/update.", "internal_server_error");
+  }
+  const merged = checkEntry({
+    model_name: body.model_name ?? before.modelName,
+    svc_params: merge(stored, body.svc_params),
+    model_info: storedInfo(merge(before.modelInfo as Record<string, unknown>, body.model_info)),
+  }) as ModelEntry;
+  requireDeployable(ctx.snapshot, merged);
+  return writeUpdate(ctx, deps, before, merged);
+}
+
+async function deleteModel(ctx: AdminCtx, deps: AdminDeps) {
+  ctx.caller.requireAdmin();
+  const { id } = await ctx.body(DeleteBody);
+  const before = await requireStored(ctx, id);
+  await ctx.db.delete(proxyModels).where(eq(proxyModels.modelId, id));
+  await ctx.audit({ action: "deleted", table: "proxy_models", objectId: id, before: modelObject(before) });
+  await applied(ctx, deps, (s) => !s.models.findById(id));
+  return { message: `Model: ${id} deleted successfully` };
+}
+
+export function modelAdminRoutes(deps: AdminDeps) {
+  const noParse = { parse: "none" } as const;
+  return new Elysia()
+    .post("/model/new", adminRoute(deps, (ctx) => createModel(ctx, deps)), noParse)
+    .post("/model/update", adminRoute(deps, (ctx) => replaceModel(ctx, deps)), noParse)
+    .post("/model/delete", adminRoute(deps, (ctx) => deleteModel(ctx, deps)), noParse)
+    .patch("/model/:model_id/update", ({ request, params }) => adminRoute(deps, (ctx) => patchModel(ctx, deps, params.model_id))({ request }), noParse);
 }

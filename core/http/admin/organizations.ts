@@ -1,6 +1,429 @@
+/**
+ * Organizations (`/organization/*`): the top of the identity tree. An org's limits live on its row
+ * and in its budget (created from the limit fields when no `budget_id` is given, and kept in step
+ * by updates, as LiteLLM does); `blocked` stops every key of the org on the next request (the auth
+ * plugin reads the cached org). Writes are proxy-admin only; reads are for admins and viewers, and
+ * an `org_admin` member may read its own org. Deleting an org that still has teams or keys is
+ * refused (400) rather than orphaning them.
+ */
+import { randomUUID } from "node:crypto";
+import { type Static, type TSchema, Type as T } from "@sinclair/typebox";
+import { and, eq, ilike, inArray, isNull, type SQL } from "drizzle-orm";
 import { Elysia } from "elysia";
-import type { AdminDeps } from "./context.ts";
+import { badRequest, forbidden, notFound } from "../../authz.ts";
+import { GatewayError } from "../../errors.ts";
+import { endsAt, DURATION_HINT } from "../../identity/duration.ts";
+import { modelsOutsideOrg } from "../../identity/org-rules.ts";
+import type { BudgetRow, OrgMemberRow, OrgRow, UserRow } from "../../identity/records.ts";
+import { fromApi, toApi } from "../../identity/serialize.ts";
+import { budgets, orgMembers, organizations, teams, users, virtualKeys } from "../../store/schema.ts";
+import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 
-export function organizationRoutes(_deps: AdminDeps) {
-  return new Elysia();
+const nullable = <S extends TSchema>(s: S) => T.Union([s, T.Null()]);
+const Money = nullable(T.Number({ minimum: 0 }));
+const Count = nullable(T.Integer({ minimum: 0 }));
+const Json = T.Record(T.String(), T.Unknown());
+const IntMap = nullable(T.Record(T.String(), T.Integer({ minimum: 0 })));
+
+/** Fields an org create or update may set (all optional here). */
+const orgFields = {
+  organization_alias: T.String({ minLength: 1 }),
+  models: nullable(T.Array(T.String())),
+  budget_id: nullable(T.String({ minLength: 1 })),
+  max_budget: Money,
+  soft_budget: Money,
+  tpm_limit: Count,
+  rpm_limit: Count,
+  max_parallel_requests: Count,
+  budget_duration: nullable(T.String()),
+  model_max_budget: nullable(Json),
+  model_rpm_limit: IntMap,
+  model_tpm_limit: IntMap,
+  metadata: nullable(Json),
+  tags: nullable(T.Array(T.String())),
+  model_aliases: nullable(T.Record(T.String(), T.String())),
+  object_permission: nullable(Json),
+  blocked: nullable(T.Boolean()),
+};
+const optionalFields = T.Partial(T.Object(orgFields)).properties;
+
+const NewOrgBody = T.Object({ ...optionalFields, organization_alias: orgFields.organization_alias, organization_id: T.Optional(T.String({ minLength: 1 })) }, { additionalProperties: true });
+const UpdateOrgBody = T.Object({ ...optionalFields, organization_id: T.String({ minLength: 1 }) }, { additionalProperties: true });
+const DeleteOrgBody = T.Object({ organization_ids: T.Array(T.String({ minLength: 1 }), { minItems: 1 }) }, { additionalProperties: true });
+const InfoBody = T.Object({ organization_id: T.String({ minLength: 1 }) }, { additionalProperties: true });
+
+const OrgRole = T.Union([T.Literal("org_admin"), T.Literal("internal_user"), T.Literal("internal_user_viewer")]);
+const Member = T.Object({ role: OrgRole, user_id: T.Optional(T.String({ minLength: 1 })), user_email: T.Optional(T.String({ minLength: 1 })) }, { additionalProperties: true });
+type MemberInput = Static<typeof Member>;
+const MemberAddBody = T.Object(
+  { organization_id: T.String({ minLength: 1 }), member: T.Union([Member, T.Array(Member, { minItems: 1 })]), max_budget_in_organization: T.Optional(Money) },
+  { additionalProperties: true },
+);
+const MemberRef = {
+  organization_id: T.String({ minLength: 1 }),
+  user_id: T.Optional(T.String({ minLength: 1 })),
+  user_email: T.Optional(T.String({ minLength: 1 })),
+};
+const MemberUpdateBody = T.Object({ ...MemberRef, role: T.Optional(OrgRole), max_budget_in_organization: T.Optional(Money) }, { additionalProperties: true });
+const MemberDeleteBody = T.Object(MemberRef, { additionalProperties: true });
+
+/** Org columns the API may write (spend, reset times and audit columns are the gateway's). */
+const ORG_COLUMNS = new Set<string>(Object.keys(orgFields));
+/** The limit fields that make up the org's budget. */
+const BUDGET_COLUMNS = new Set(["max_budget", "soft_budget", "tpm_limit", "rpm_limit", "max_parallel_requests", "budget_duration", "model_max_budget"]);
+/** Columns that cannot be null: an explicit null resets them to their empty value. */
+const EMPTY: Record<string, unknown> = { models: [], tags: [], metadata: {}, modelAliases: {}, blocked: false };
+
+function withEmptyDefaults(props: Record<string, unknown>): Record<string, unknown> {
+  for (const [k, empty] of Object.entries(EMPTY)) if (k in props && props[k] === null) props[k] = empty;
+  return props;
+}
+
+function isUniqueViolation(err: unknown): boolean {
+  for (let e: unknown = err; e && typeof e === "object"; e = (e as { cause?: unknown }).cause) {
+    if ((e as { code?: unknown }).code === "23505") return true;
+  }
+  return false;
+}
+
+/** A `budget_duration` must parse; its reset time starts now. */
+function resetAt(body: { budget_duration?: string | null }): { budgetResetAt?: Date | null } {
+  if (body.budget_duration === undefined) return {};
+  if (body.budget_duration === null) return { budgetResetAt: null };
+  const at = endsAt(body.budget_duration);
+  if (at === undefined) throw badRequest(`budget_duration '${body.budget_duration}' is not ${DURATION_HINT}.`, "budget_duration");
+  return { budgetResetAt: at };
+}
+
+function orgRole(ctx: AdminCtx, orgId: string): string | undefined {
+  return ctx.caller.userId ? ctx.identity.orgMembers.get(orgId)?.get(ctx.caller.userId) : undefined;
+}
+
+/** Readers: admins and viewers everywhere, an org's own `org_admin` members for that org. */
+function requireOrgReader(ctx: AdminCtx, orgId: string): void {
+  if (ctx.caller.canReadAll || orgRole(ctx, orgId) === "org_admin") return;
+  throw forbidden("Only a proxy admin (or the organization's admin) may read this organization.");
+}
+
+async function loadOrg(ctx: AdminCtx, orgId: string): Promise<OrgRow> {
+  const [org] = await ctx.db.select().from(organizations).where(eq(organizations.organizationId, orgId));
+  if (!org) throw notFound(`Organization '${orgId}' not found.`, "organization_id");
+  return org;
+}
+
+async function loadBudget(ctx: AdminCtx, budgetId: string | null): Promise<BudgetRow | undefined> {
+  if (!budgetId) return undefined;
+  const [row] = await ctx.db.select().from(budgets).where(eq(budgets.budgetId, budgetId));
+  return row;
+}
+
+async function requireBudget(ctx: AdminCtx, budgetId: string): Promise<void> {
+  if (!(await loadBudget(ctx, budgetId))) throw badRequest(`Budget '${budgetId}' does not exist; create it with /budget/new or leave budget_id out.`, "budget_id");
+}
+
+function orgObject(org: OrgRow, budget: BudgetRow | undefined): Record<string, unknown> {
+  return { ...toApi(org), budget: budget ? toApi(budget) : null };
+}
+
+/** Orgs with their budget, members (with e-mail) and live teams, in two queries per kind. */
+async function expandOrgs(ctx: AdminCtx, orgs: OrgRow[]): Promise<Record<string, unknown>[]> {
+  if (orgs.length === 0) return [];
+  const ids = orgs.map((o) => o.organizationId);
+  const budgetIds = orgs.flatMap((o) => (o.budgetId ? [o.budgetId] : []));
+  const [budgetRows, memberRows, teamRows] = await Promise.all([
+    budgetIds.length ? ctx.db.select().from(budgets).where(inArray(budgets.budgetId, budgetIds)) : Promise.resolve([]),
+    ctx.db
+      .select({ member: orgMembers, userEmail: users.userEmail })
+      .from(orgMembers)
+      .leftJoin(users, eq(users.userId, orgMembers.userId))
+      .where(inArray(orgMembers.organizationId, ids)),
+    ctx.db.select().from(teams).where(and(inArray(teams.organizationId, ids), isNull(teams.deletedAt))),
+  ]);
+  const budgetById = new Map(budgetRows.map((b) => [b.budgetId, b]));
+  return orgs.map((org) => ({
+    ...orgObject(org, org.budgetId ? budgetById.get(org.budgetId) : undefined),
+    members: memberRows.filter((m) => m.member.organizationId === org.organizationId).map((m) => ({ ...toApi(m.member), user_email: m.userEmail })),
+    teams: teamRows.filter((t) => t.organizationId === org.organizationId).map((t) => toApi(t)),
+  }));
+}
+
+async function createOrg(ctx: AdminCtx) {
+  ctx.caller.requireAdmin();
+  const body = await ctx.body(NewOrgBody);
+  const orgId = body.organization_id ?? randomUUID();
+  const reset = resetAt(body);
+  const [existing] = await ctx.db.select({ id: organizations.organizationId }).from(organizations).where(eq(organizations.organizationId, orgId));
+  if (existing) throw badRequest(`Organization '${orgId}' already exists.`, "organization_id");
+  if (body.budget_id) await requireBudget(ctx, body.budget_id);
+  const who = ctx.caller.changedBy;
+  const budgetId = body.budget_id ?? randomUUID();
+  const orgProps = withEmptyDefaults(fromApi(organizations, body, ORG_COLUMNS));
+  const { org, budget } = await ctx.db
+    .transaction(async (tx) => {
+      let budget: BudgetRow | undefined;
+      if (!body.budget_id) {
+        [budget] = await tx
+          .insert(budgets)
+          .values({ ...fromApi(budgets, body, BUDGET_COLUMNS), ...reset, budgetId, createdBy: who, updatedBy: who })
+          .returning();
+      }
+      const [org] = await tx
+        .insert(organizations)
+        .values({ ...orgProps, ...reset, organizationId: orgId, organizationAlias: body.organization_alias, budgetId, createdBy: who, updatedBy: who })
+        .returning();
+      return { org: org!, budget };
+    })
+    .catch((err: unknown) => {
+      if (isUniqueViolation(err)) throw badRequest(`Organization '${orgId}' already exists.`, "organization_id");
+      throw err;
+    });
+  if (budget) await ctx.changed({ kind: "budget", budgetId });
+  await ctx.changed({ kind: "org", orgId });
+  await ctx.audit({ action: "created", table: "organizations", objectId: orgId, after: org });
+  return orgObject(org, budget ?? (await loadBudget(ctx, budgetId)));
+}
+
+/** Teams of the org whose models the org would no longer allow with `models`. */
+function teamsOutside(ctx: AdminCtx, orgId: string, models: string[]): string[] {
+  const bad: string[] = [];
+  for (const team of ctx.identity.teams.values()) {
+    if (team.organizationId !== orgId) continue;
+    const outside = modelsOutsideOrg({ models }, team.models, ctx.snapshot.accessGroups);
+    if (outside.length > 0) bad.push(`${team.teamId} (${outside.join(", ")})`);
+  }
+  return bad;
+}
+
+async function updateOrg(ctx: AdminCtx) {
+  ctx.caller.requireAdmin();
+  const body = await ctx.body(UpdateOrgBody);
+  const orgId = body.organization_id;
+  const before = await loadOrg(ctx, orgId);
+  const reset = resetAt(body);
+  if (body.budget_id) await requireBudget(ctx, body.budget_id);
+  const patch = withEmptyDefaults(fromApi(organizations, body, ORG_COLUMNS));
+  if (Array.isArray(patch.models)) {
+    const bad = teamsOutside(ctx, orgId, patch.models as string[]);
+    if (bad.length > 0) throw badRequest(`The organization's models would no longer cover its teams' models: ${bad.join("; ")}. Update those teams first.`, "models");
+  }
+  const who = ctx.caller.changedBy;
+  const budgetPatch = fromApi(budgets, body, BUDGET_COLUMNS);
+  // The org's limits live in its budget too: keep it in step unless this call moves the org to another budget.
+  const mirrorBudget = body.budget_id === undefined && before.budgetId !== null && Object.keys(budgetPatch).length > 0;
+  const after = await ctx.db.transaction(async (tx) => {
+    if (mirrorBudget) {
+      await tx
+        .update(budgets)
+        .set({ ...budgetPatch, ...reset, updatedAt: new Date(), updatedBy: who })
+        .where(eq(budgets.budgetId, before.budgetId!));
+    }
+    const [row] = await tx
+      .update(organizations)
+      .set({ ...patch, ...reset, updatedAt: new Date(), updatedBy: who })
+      .where(eq(organizations.organizationId, orgId))
+      .returning();
+    return row!;
+  });
+  if (mirrorBudget) await ctx.changed({ kind: "budget", budgetId: before.budgetId! });
+  await ctx.changed({ kind: "org", orgId });
+  const action = body.blocked === true && !before.blocked ? "blocked" : body.blocked === false && before.blocked ? "unblocked" : "updated";
+  await ctx.audit({ action, table: "organizations", objectId: orgId, before, after });
+  return orgObject(after, await loadBudget(ctx, after.budgetId));
+}
+
+async function deleteOrgs(ctx: AdminCtx) {
+  ctx.caller.requireAdmin();
+  const { organization_ids: ids } = await ctx.body(DeleteOrgBody);
+  const unique = [...new Set(ids)];
+  const found = await ctx.db.select().from(organizations).where(inArray(organizations.organizationId, unique));
+  const missing = unique.filter((id) => !found.some((o) => o.organizationId === id));
+  if (missing.length > 0) throw notFound(`Organization(s) not found: ${missing.join(", ")}.`, "organization_ids");
+  const [liveTeams, liveKeys] = await Promise.all([
+    ctx.db.select({ id: teams.teamId, org: teams.organizationId }).from(teams).where(and(inArray(teams.organizationId, unique), isNull(teams.deletedAt))),
+    ctx.db.select({ org: virtualKeys.organizationId }).from(virtualKeys).where(and(inArray(virtualKeys.organizationId, unique), isNull(virtualKeys.deletedAt))),
+  ]);
+  if (liveTeams.length > 0 || liveKeys.length > 0) {
+    const teamList = liveTeams.map((t) => `${t.id} (org ${t.org})`).join(", ");
+    throw badRequest(
+      `Cannot delete an organization that still has teams or keys${teamList ? `; teams: ${teamList}` : ""}${liveKeys.length ? `; ${liveKeys.length} key(s)` : ""}. Delete or move them first.`,
+      "organization_ids",
+    );
+  }
+  const expanded = await expandOrgs(ctx, found);
+  const detachedUsers = await ctx.db.transaction(async (tx) => {
+    await tx.delete(orgMembers).where(inArray(orgMembers.organizationId, unique));
+    const detached = await tx
+      .update(users)
+      .set({ organizationId: null, updatedAt: new Date(), updatedBy: ctx.caller.changedBy })
+      .where(inArray(users.organizationId, unique))
+      .returning({ userId: users.userId });
+    await tx.delete(organizations).where(inArray(organizations.organizationId, unique));
+    return detached;
+  });
+  for (const orgId of unique) await ctx.changed({ kind: "org", orgId }, { kind: "org_members", orgId });
+  for (const u of detachedUsers) await ctx.changed({ kind: "user", userId: u.userId });
+  for (const org of found) await ctx.audit({ action: "deleted", table: "organizations", objectId: org.organizationId, before: org });
+  return expanded;
+}
+
+async function orgInfo(ctx: AdminCtx, orgId: string) {
+  requireOrgReader(ctx, orgId);
+  const [org] = await expandOrgs(ctx, [await loadOrg(ctx, orgId)]);
+  return org!;
+}
+
+/** `%` and `_` in a search are literal characters, not patterns. */
+function likeEscape(text: string): string {
+  return text.replace(/[\\%_]/g, (c) => `\\${c}`);
+}
+
+async function listOrgs(ctx: AdminCtx) {
+  const filters: SQL[] = [];
+  if (!ctx.caller.canReadAll) {
+    const own = ctx.caller.userId ? [...(ctx.identity.userOrgs.get(ctx.caller.userId) ?? [])].filter(([, r]) => r === "org_admin").map(([o]) => o) : [];
+    if (own.length === 0) throw forbidden("Only a proxy admin (or an organization admin) may list organizations.");
+    filters.push(inArray(organizations.organizationId, own));
+  }
+  const orgId = ctx.query("org_id");
+  const alias = ctx.query("org_alias");
+  if (orgId) filters.push(eq(organizations.organizationId, orgId));
+  if (alias) filters.push(ilike(organizations.organizationAlias, `%${likeEscape(alias)}%`));
+  const rows = await ctx.db
+    .select()
+    .from(organizations)
+    .where(filters.length ? and(...filters) : undefined)
+    .orderBy(organizations.createdAt);
+  return expandOrgs(ctx, rows);
+}
+
+/** The user a member entry names: by id (created when missing) or by e-mail (created when unknown). */
+interface MemberUser {
+  user: UserRow | undefined;
+  isNew: boolean;
+  userId: string;
+  email?: string;
+}
+
+async function resolveMemberUser(ctx: AdminCtx, m: { user_id?: string; user_email?: string }, create: boolean): Promise<MemberUser> {
+  if (!m.user_id && !m.user_email) throw badRequest("A member needs user_id or user_email.", "member");
+  const where = m.user_id ? eq(users.userId, m.user_id) : eq(users.userEmail, m.user_email!);
+  const [user] = await ctx.db.select().from(users).where(where).limit(1);
+  if (user) return { user, isNew: false, userId: user.userId };
+  if (!create) throw notFound(`User '${m.user_id ?? m.user_email}' not found.`, m.user_id ? "user_id" : "user_email");
+  return { user: undefined, isNew: true, userId: m.user_id ?? randomUUID(), email: m.user_email };
+}
+
+async function addMembers(ctx: AdminCtx) {
+  ctx.caller.requireAdmin();
+  const body = await ctx.body(MemberAddBody);
+  const orgId = body.organization_id;
+  await loadOrg(ctx, orgId);
+  const list: MemberInput[] = Array.isArray(body.member) ? body.member : [body.member];
+  const resolved: (MemberUser & { role: MemberInput["role"] })[] = [];
+  for (const m of list) {
+    const r = await resolveMemberUser(ctx, m, true);
+    if (resolved.some((x) => x.userId === r.userId)) throw badRequest(`User '${r.userId}' is listed twice.`, "member");
+    resolved.push({ ...r, role: m.role });
+  }
+  const already = await ctx.db
+    .select({ userId: orgMembers.userId })
+    .from(orgMembers)
+    .where(and(eq(orgMembers.organizationId, orgId), inArray(orgMembers.userId, resolved.map((r) => r.userId))));
+  if (already.length > 0) throw badRequest(`Already a member of organization '${orgId}': ${already.map((a) => a.userId).join(", ")}; use /organization/member_update.`, "member");
+  const who = ctx.caller.changedBy;
+  const budget = body.max_budget_in_organization;
+  const { newUsers, memberships } = await ctx.db.transaction(async (tx) => {
+    const newUsers: UserRow[] = [];
+    const memberships: OrgMemberRow[] = [];
+    for (const r of resolved) {
+      if (r.isNew) {
+        const userRole = r.role === "internal_user_viewer" ? "internal_user_viewer" : "internal_user";
+        const [u] = await tx.insert(users).values({ userId: r.userId, userEmail: r.email, userRole, organizationId: orgId, createdBy: who, updatedBy: who }).returning();
+        newUsers.push(u!);
+      }
+      const [row] = await tx
+        .insert(orgMembers)
+        .values({ organizationId: orgId, userId: r.userId, userRole: r.role, maxBudgetInOrganization: budget === undefined || budget === null ? null : String(budget) })
+        .returning();
+      memberships.push(row!);
+    }
+    return { newUsers, memberships };
+  });
+  for (const u of newUsers) await ctx.changed({ kind: "user", userId: u.userId });
+  await ctx.changed({ kind: "org_members", orgId });
+  for (const m of memberships) await ctx.audit({ action: "created", table: "org_members", objectId: `${orgId}:${m.userId}`, after: m });
+  const updatedUsers = [...newUsers, ...resolved.flatMap((r) => (r.user ? [r.user] : []))];
+  return {
+    organization_id: orgId,
+    updated_users: updatedUsers.map((u) => toApi(u)),
+    updated_organization_memberships: memberships.map((m) => toApi(m)),
+  };
+}
+
+async function membership(ctx: AdminCtx, orgId: string, userId: string): Promise<OrgMemberRow> {
+  const [row] = await ctx.db
+    .select()
+    .from(orgMembers)
+    .where(and(eq(orgMembers.organizationId, orgId), eq(orgMembers.userId, userId)));
+  if (!row) throw notFound(`User '${userId}' is not a member of organization '${orgId}'.`, "user_id");
+  return row;
+}
+
+async function updateMember(ctx: AdminCtx) {
+  ctx.caller.requireAdmin();
+  const body = await ctx.body(MemberUpdateBody);
+  const orgId = body.organization_id;
+  await loadOrg(ctx, orgId);
+  const { userId } = await resolveMemberUser(ctx, body, false);
+  const before = await membership(ctx, orgId, userId);
+  const patch: Partial<OrgMemberRow> = { updatedAt: new Date() };
+  if (body.role !== undefined) patch.userRole = body.role;
+  if (body.max_budget_in_organization !== undefined) patch.maxBudgetInOrganization = body.max_budget_in_organization === null ? null : String(body.max_budget_in_organization);
+  const [after] = await ctx.db
+    .update(orgMembers)
+    .set(patch)
+    .where(and(eq(orgMembers.organizationId, orgId), eq(orgMembers.userId, userId)))
+    .returning();
+  await ctx.changed({ kind: "org_members", orgId });
+  await ctx.audit({ action: "updated", table: "org_members", objectId: `${orgId}:${userId}`, before, after });
+  return toApi(after!);
+}
+
+async function deleteMember(ctx: AdminCtx) {
+  ctx.caller.requireAdmin();
+  const body = await ctx.body(MemberDeleteBody);
+  const orgId = body.organization_id;
+  await loadOrg(ctx, orgId);
+  const { userId } = await resolveMemberUser(ctx, body, false);
+  const before = await membership(ctx, orgId, userId);
+  await ctx.db.delete(orgMembers).where(and(eq(orgMembers.organizationId, orgId), eq(orgMembers.userId, userId)));
+  await ctx.changed({ kind: "org_members", orgId });
+  await ctx.audit({ action: "deleted", table: "org_members", objectId: `${orgId}:${userId}`, before });
+  return { organization_id: orgId, user_id: userId, deleted: toApi(before) };
+}
+
+export function organizationRoutes(deps: AdminDeps) {
+  const route = <R>(h: (ctx: AdminCtx) => Promise<R>) => adminRoute(deps, h);
+  const noParse = { parse: "none" } as const;
+  return new Elysia()
+    .post("/organization/new", route(createOrg), noParse)
+    .patch("/organization/update", route(updateOrg), noParse)
+    .delete("/organization/delete", route(deleteOrgs), noParse)
+    .get(
+      "/organization/info",
+      route(async (ctx) => {
+        const orgId = ctx.query("organization_id");
+        if (!orgId) throw GatewayError.of(422, "Invalid request: organization_id: query parameter is required", "validation_error", "organization_id");
+        return orgInfo(ctx, orgId);
+      }),
+    )
+    .post(
+      "/organization/info",
+      route(async (ctx) => orgInfo(ctx, (await ctx.body(InfoBody)).organization_id)),
+      noParse,
+    )
+    .get("/organization/list", route(listOrgs))
+    .post("/organization/member_add", route(addMembers), noParse)
+    .patch("/organization/member_update", route(updateMember), noParse)
+    .delete("/organization/member_delete", route(deleteMember), noParse);
 }

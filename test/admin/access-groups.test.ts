@@ -1,0 +1,217 @@
+// Access groups through the management API, on the embedded store and on PostgreSQL: create, list
+// (with deployment counts), info, update and delete by name and by id with the spec's 400/404/500
+// rules; keys that name a group (in `models` or `access_group_ids`) reach exactly its models on the
+// gateway, and follow its updates and deletion at the next request.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { createHash } from "node:crypto";
+import { eq, sql } from "drizzle-orm";
+import OpenAI, { AuthenticationError } from "openai";
+import { accessGroups, auditLog, users, virtualKeys } from "../../core/store/schema.ts";
+import { freshDatabase, MASTER_KEY, startTestGateway, type TestGateway } from "../harness/gateway.ts";
+
+const CONFIG = {
+  model_list: [
+    { model_name: "chat-mock", svc_params: { model: "mock/chat" }, model_info: { id: "chat-a" } },
+    { model_name: "chat-mock", svc_params: { model: "mock/chat" }, model_info: { id: "chat-b" } },
+    { model_name: "fixed-mock", svc_params: { model: "mock/fixed", mock_response: "Fixed." }, model_info: { id: "fixed-a", access_groups: ["cfg-group"] } },
+    { model_name: "other-mock", svc_params: { model: "mock/other", mock_response: "Other." }, model_info: { id: "other-a" } },
+  ],
+  general_settings: { master_key: MASTER_KEY },
+};
+
+type Json = Record<string, unknown> & { error?: { message: string; type: string; code: string; param: string | null } };
+type Group = { access_group: string; access_group_id: string | null; model_names: string[]; deployment_count: number; source: string };
+
+for (const backend of ["pglite", "postgres"] as const) {
+  describe(`access groups (${backend})`, () => {
+    let gw: TestGateway;
+    let drop: (() => Promise<void>) | undefined;
+
+    beforeAll(async () => {
+      let databaseUrl: string | undefined;
+      if (backend === "postgres") {
+        const db = await freshDatabase("gw_groups");
+        databaseUrl = db.url;
+        drop = db.drop;
+      }
+      gw = await startTestGateway(CONFIG, { store: { databaseUrl } });
+    });
+    afterAll(async () => {
+      await gw.stop();
+      await drop?.();
+    });
+
+    const db = () => gw.host!.store.db;
+
+    async function call(method: string, path: string, body?: unknown, key = MASTER_KEY): Promise<{ status: number; body: Json }> {
+      const res = await fetch(gw.url + path, {
+        method,
+        headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+        body: body === undefined ? undefined : JSON.stringify(body),
+      });
+      return { status: res.status, body: (await res.json()) as Json };
+    }
+
+    async function makeKey(fields: { models?: string[]; accessGroupIds?: string[]; userId?: string }): Promise<string> {
+      const key = `sk-test-${crypto.randomUUID()}`;
+      const token = createHash("sha256").update(key).digest("hex");
+      await db()
+        .insert(virtualKeys)
+        .values({ token, keyName: `sk-...${key.slice(-4)}`, ...fields });
+      await gw.host!.services.bus!.publish({ kind: "key", token });
+      return key;
+    }
+
+    const chat = (key: string, model: string) =>
+      new OpenAI({ baseURL: gw.baseURL, apiKey: key, maxRetries: 0 }).chat.completions.create({ model, messages: [{ role: "user", content: "hi" }] });
+
+    async function denied(key: string, model: string): Promise<AuthenticationError> {
+      const err = await chat(key, model).catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(AuthenticationError);
+      return err as AuthenticationError;
+    }
+
+    test("/access_group/new stores the group; list and info show models and deployment counts", async () => {
+      const res = await call("POST", "/access_group/new", { access_group: "beta", model_names: ["chat-mock"], description: "beta testers" });
+      expect(res.status).toBe(200);
+      expect(res.body).toMatchObject({ access_group: "beta", model_names: ["chat-mock"], deployment_count: 2, models_updated: 2, description: "beta testers" });
+      const id = res.body.access_group_id as string;
+      expect(id).toMatch(/^[0-9a-f-]{36}$/);
+      const [row] = await db().select().from(accessGroups).where(eq(accessGroups.accessGroupId, id));
+      expect(row).toMatchObject({ accessGroupName: "beta", modelNames: ["chat-mock"] });
+
+      const list = await call("GET", "/access_group/list");
+      expect(list.status).toBe(200);
+      const groups = list.body.access_groups as Group[];
+      expect(groups.find((g) => g.access_group === "beta")).toMatchObject({ access_group_id: id, model_names: ["chat-mock"], deployment_count: 2, source: "db" });
+      // Groups declared on config deployments are listed too (read-only).
+      expect(groups.find((g) => g.access_group === "cfg-group")).toMatchObject({ access_group_id: null, model_names: ["fixed-mock"], deployment_count: 1, source: "deployments" });
+
+      const info = await call("GET", "/access_group/beta/info");
+      expect(info.status).toBe(200);
+      expect(info.body).toMatchObject({ access_group: "beta", access_group_id: id, model_names: ["chat-mock"], deployment_count: 2 });
+      const byId = await call("GET", `/v1/access_group/${id}`);
+      expect(byId.status).toBe(200);
+      expect(byId.body).toEqual(info.body);
+      expect((await call("GET", "/access_group/cfg-group/info")).body).toMatchObject({ model_names: ["fixed-mock"], source: "deployments" });
+
+      const [audit] = await db().select().from(auditLog).where(eq(auditLog.objectId, id));
+      expect(audit).toMatchObject({ action: "created", tableName: "access_groups" });
+    });
+
+    test("/access_group/new errors: unknown or no models → 400, duplicate name → 400, bad body → 422", async () => {
+      const unknown = await call("POST", "/access_group/new", { access_group: "g1", model_names: ["chat-mock", "gpt-9"] });
+      expect(unknown.status).toBe(400);
+      expect(unknown.body.error?.message).toContain("gpt-9");
+      expect(unknown.body.error?.message).not.toContain("chat-mock,");
+      expect((await call("POST", "/access_group/new", { access_group: "g1", model_names: [] })).status).toBe(400);
+      const dup = await call("POST", "/access_group/new", { access_group: "beta", model_names: ["fixed-mock"] });
+      expect(dup.status).toBe(400);
+      expect(dup.body.error?.message).toContain("already exists");
+      expect((await call("POST", "/access_group/new", { access_group: "cfg-group", model_names: ["chat-mock"] })).status).toBe(400);
+      const noName = await call("POST", "/access_group/new", { model_names: ["chat-mock"] });
+      expect(noName.status).toBe(422);
+      expect(noName.body.error?.param).toBe("access_group");
+      expect((await call("POST", "/access_group/new", { access_group: "g1", model_names: "chat-mock" })).status).toBe(422);
+      expect(await db().select().from(accessGroups).where(eq(accessGroups.accessGroupName, "g1"))).toEqual([]);
+    });
+
+    test("info/update/delete of a missing group → 404; a config group cannot be changed here (400)", async () => {
+      expect((await call("GET", "/access_group/nope/info")).status).toBe(404);
+      expect((await call("PUT", "/access_group/nope/update", { model_names: ["chat-mock"] })).status).toBe(404);
+      expect((await call("DELETE", "/access_group/nope/delete")).status).toBe(404);
+      const missingId = crypto.randomUUID();
+      expect((await call("GET", `/v1/access_group/${missingId}`)).status).toBe(404);
+      expect((await call("PUT", `/v1/access_group/${missingId}`, { model_names: ["chat-mock"] })).status).toBe(404);
+      expect((await call("DELETE", `/v1/access_group/${missingId}`)).status).toBe(404);
+      expect((await call("PUT", "/access_group/cfg-group/update", { model_names: ["chat-mock"] })).status).toBe(400);
+      expect((await call("DELETE", "/access_group/cfg-group/delete")).status).toBe(400);
+    });
+
+    test("a key naming a group reaches exactly its models, and follows updates and deletion at the next request", async () => {
+      const created = await call("POST", "/access_group/new", { access_group: "team-models", model_names: ["chat-mock"] });
+      const id = created.body.access_group_id as string;
+      const byName = await makeKey({ models: ["team-models"] });
+      const byId = await makeKey({ accessGroupIds: [id] });
+      for (const key of [byName, byId]) {
+        expect((await chat(key, "chat-mock")).choices[0]?.message.content).toContain("mock response");
+        const err = await denied(key, "fixed-mock");
+        expect(err.status).toBe(401);
+        expect((err.error as { type?: string }).type).toBe("key_model_access_denied");
+      }
+
+      const upd = await call("PUT", "/access_group/team-models/update", { model_names: ["fixed-mock", "other-mock"] });
+      expect(upd.status).toBe(200);
+      expect(upd.body).toMatchObject({ access_group: "team-models", access_group_id: id, model_names: ["fixed-mock", "other-mock"], deployment_count: 2 });
+      for (const key of [byName, byId]) {
+        expect((await chat(key, "fixed-mock")).choices[0]?.message.content).toBe("Fixed.");
+        expect((await chat(key, "other-mock")).choices[0]?.message.content).toBe("Other.");
+        await denied(key, "chat-mock");
+      }
+
+      const badUpd = await call("PUT", "/access_group/team-models/update", { model_names: ["gpt-9"] });
+      expect(badUpd.status).toBe(400);
+      expect((await call("PUT", "/access_group/team-models/update", { model_names: [] })).status).toBe(400);
+      expect((await call("PUT", "/access_group/team-models/update", {})).status).toBe(422);
+      expect((await call("GET", "/access_group/team-models/info")).body.model_names).toEqual(["fixed-mock", "other-mock"]);
+
+      const byIdUpd = await call("PUT", `/v1/access_group/${id}`, { model_names: ["other-mock"] });
+      expect(byIdUpd.status).toBe(200);
+      await denied(byName, "fixed-mock");
+      expect((await chat(byName, "other-mock")).choices).toHaveLength(1);
+
+      const del = await call("DELETE", "/access_group/team-models/delete");
+      expect(del.status).toBe(200);
+      expect(del.body).toMatchObject({ access_group: "team-models", access_group_id: id });
+      // References left behind grant nothing.
+      for (const key of [byName, byId]) {
+        await denied(key, "other-mock");
+        await denied(key, "chat-mock");
+      }
+      expect((await call("GET", "/access_group/team-models/info")).status).toBe(404);
+      expect((await call("DELETE", "/access_group/team-models/delete")).status).toBe(404);
+      const trail = await db().select().from(auditLog).where(eq(auditLog.objectId, id));
+      expect(trail.map((r) => r.action).sort()).toEqual(["created", "deleted", "updated", "updated"]);
+    });
+
+    test("DELETE /v1/access_group/{id} deletes by id", async () => {
+      const created = await call("POST", "/access_group/new", { access_group: "by-id", model_names: ["other-mock"] });
+      const id = created.body.access_group_id as string;
+      const del = await call("DELETE", `/v1/access_group/${id}`);
+      expect(del.status).toBe(200);
+      expect(del.body.access_group).toBe("by-id");
+      expect((await call("GET", `/v1/access_group/${id}`)).status).toBe(404);
+      expect(gw.host!.services.identity!.accessGroups.has(id)).toBe(false);
+    });
+
+    test("writes are proxy-admin only; a viewer may read; a plain key may not", async () => {
+      await db().insert(users).values({ userId: `viewer-${backend}`, userRole: "proxy_admin_viewer" });
+      await gw.host!.services.bus!.publish({ kind: "user", userId: `viewer-${backend}` });
+      const viewer = await makeKey({ userId: `viewer-${backend}` });
+      const plain = await makeKey({});
+      for (const key of [viewer, plain]) {
+        expect((await call("POST", "/access_group/new", { access_group: "evil", model_names: ["chat-mock"] }, key)).status).toBe(403);
+        expect((await call("PUT", "/access_group/beta/update", { model_names: ["fixed-mock"] }, key)).status).toBe(403);
+        expect((await call("DELETE", "/access_group/beta/delete", undefined, key)).status).toBe(403);
+      }
+      expect((await call("GET", "/access_group/list", undefined, viewer)).status).toBe(200);
+      expect((await call("GET", "/access_group/beta/info", undefined, viewer)).status).toBe(200);
+      expect((await call("GET", "/access_group/list", undefined, plain)).status).toBe(403);
+      expect((await call("GET", "/access_group/beta/info", undefined, plain)).status).toBe(403);
+      expect((await call("GET", "/access_group/list", undefined, "sk-nope")).status).toBe(401);
+      expect((await call("GET", "/access_group/beta/info")).body.model_names).toEqual(["chat-mock"]);
+    });
+
+    test("a database failure on create is a 500 that says so", async () => {
+      await db().execute(sql`alter table access_groups rename to access_groups_away`);
+      try {
+        const res = await call("POST", "/access_group/new", { access_group: "doomed", model_names: ["chat-mock"] });
+        expect(res.status).toBe(500);
+        expect(res.body.error?.message).toContain("Database error");
+      } finally {
+        await db().execute(sql`alter table access_groups_away rename to access_groups`);
+      }
+      expect((await call("POST", "/access_group/new", { access_group: "doomed", model_names: ["chat-mock"] })).status).toBe(200);
+    });
+  });
+}

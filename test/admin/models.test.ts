@@ -1,0 +1,274 @@
+// Model deployments stored through the management API, on the embedded store and on PostgreSQL:
+// a new model serves through the openai SDK as soon as /model/new returns, updates (full and
+// partial) change what it answers, deletion makes it unknown, credentials are encrypted at rest
+// and never shown (responses, audit trail, logs), config models are read-only, only proxy admins
+// write, and (PostgreSQL + Redis) a second instance picks the change up without a restart.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { createHash } from "node:crypto";
+import { eq } from "drizzle-orm";
+import OpenAI, { BadRequestError } from "openai";
+import { decrypt, secretKey } from "../../core/secrets.ts";
+import { auditLog, proxyModels, users, virtualKeys } from "../../core/store/schema.ts";
+import { freshDatabase, MASTER_KEY, startTestGateway, type TestGateway } from "../harness/gateway.ts";
+
+const REDIS_URL = "redis://127.0.0.1:6379";
+const CONFIG = {
+  model_list: [{ model_name: "chat-mock", svc_params: { model: "mock/chat" }, model_info: { id: "cfg-chat" } }],
+  general_settings: { master_key: MASTER_KEY },
+};
+const SECRET = "sk-upstream-very-secret-0123456789";
+
+type Json = Record<string, unknown> & { error?: { message: string; type: string; code: string; param: string | null } };
+
+for (const backend of ["pglite", "postgres"] as const) {
+  describe(`stored models (${backend})`, () => {
+    let gw: TestGateway;
+    let databaseUrl: string | undefined;
+    let drop: (() => Promise<void>) | undefined;
+    let client: OpenAI;
+    /** Distinct per backend: the postgres gateways share Redis with other test processes. */
+    const name = (n: string) => `${n}-${backend}`;
+
+    beforeAll(async () => {
+      if (backend === "postgres") {
+        const db = await freshDatabase("gw_models");
+        databaseUrl = db.url;
+        drop = db.drop;
+      }
+      gw = await startTestGateway(CONFIG, { store: { databaseUrl, redisUrl: backend === "postgres" ? REDIS_URL : undefined } });
+      client = new OpenAI({ baseURL: gw.baseURL, apiKey: MASTER_KEY, maxRetries: 0 });
+    });
+    afterAll(async () => {
+      await gw.stop();
+      await drop?.();
+    });
+
+    const db = () => gw.host!.store.db;
+
+    async function call(method: string, path: string, body?: unknown, key = MASTER_KEY): Promise<{ status: number; body: Json; text: string }> {
+      const res = await fetch(gw.url + path, {
+        method,
+        headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+        body: body === undefined ? undefined : JSON.stringify(body),
+      });
+      const text = await res.text();
+      return { status: res.status, body: JSON.parse(text) as Json, text };
+    }
+
+    const answer = async (model: string, c = client) => (await c.chat.completions.create({ model, messages: [{ role: "user", content: "hi" }] })).choices[0]?.message.content;
+
+    async function storedRows(): Promise<string> {
+      return JSON.stringify(await db().select().from(proxyModels));
+    }
+
+    test("/model/new: callable through the SDK at once, listed, shown as a db model, credentials never returned", async () => {
+      const res = await call("POST", "/model/new", {
+        model_name: name("db-mock"),
+        svc_params: { model: "mock/fixed", mock_response: "first answer", api_key: SECRET, aws_secret_access_key: SECRET },
+        model_info: { id: name("db-1"), mode: "chat" },
+      });
+      expect(res.status).toBe(200);
+      expect(res.body).toMatchObject({
+        model_id: name("db-1"),
+        model_name: name("db-mock"),
+        svc_params: { model: "mock/fixed", mock_response: "first answer" },
+        model_info: { id: name("db-1"), db_model: true, mode: "chat" },
+      });
+      expect(res.text).not.toContain(SECRET);
+      expect(res.text).not.toContain("enc:v1:");
+      expect(res.body.svc_params).not.toHaveProperty("api_key");
+
+      expect(await answer(name("db-mock"))).toBe("first answer");
+      const listed = await client.models.list();
+      expect(listed.data.map((m) => m.id)).toContain(name("db-mock"));
+      const info = await call("GET", `/model/info?svc_model_id=${name("db-1")}`);
+      expect(info.status).toBe(200);
+      expect((info.body.data as { model_info: Record<string, unknown> }[])[0]?.model_info).toMatchObject({ id: name("db-1"), db_model: true });
+      expect(info.text).not.toContain(SECRET);
+      const cfg = await call("GET", "/model/info?svc_model_id=cfg-chat");
+      expect((cfg.body.data as { model_info: Record<string, unknown> }[])[0]?.model_info.db_model).toBe(false);
+
+      // At rest: encrypted, decryptable with the gateway's key, never in clear.
+      const rows = await storedRows();
+      expect(rows).not.toContain(SECRET);
+      const [row] = await db().select().from(proxyModels).where(eq(proxyModels.modelId, name("db-1")));
+      const params = row!.svcParams as Record<string, string>;
+      expect(params.api_key).toStartWith("enc:v1:");
+      expect(params.aws_secret_access_key).toStartWith("enc:v1:");
+      expect(decrypt(params.api_key!, secretKey(process.env.SVC_SALT_KEY, MASTER_KEY)!)).toBe(SECRET);
+      expect(row!.createdBy).toBeString();
+    });
+
+    test("/model/new without an id gets a uuid; 400 for duplicate ids and unknown providers, 422 for bad bodies", async () => {
+      const res = await call("POST", "/model/new", { model_name: name("no-id"), svc_params: { model: "mock/chat" } });
+      expect(res.status).toBe(200);
+      expect(res.body.model_id).toMatch(/^[0-9a-f-]{36}$/);
+      expect(await answer(name("no-id"))).toContain("mock response");
+
+      const dupConfig = await call("POST", "/model/new", { model_name: "x", svc_params: { model: "mock/chat" }, model_info: { id: "cfg-chat" } });
+      expect(dupConfig.status).toBe(400);
+      expect(dupConfig.body.error?.message).toContain("already exists");
+      const dupDb = await call("POST", "/model/new", { model_name: "x", svc_params: { model: "mock/chat" }, model_info: { id: res.body.model_id } });
+      expect(dupDb.status).toBe(400);
+
+      const provider = await call("POST", "/model/new", { model_name: "x", svc_params: { model: "nosuchprovider/m" } });
+      expect(provider.status).toBe(400);
+      expect(provider.body.error?.message).toContain("nosuchprovider");
+
+      const noParams = await call("POST", "/model/new", { model_name: "x" });
+      expect(noParams.status).toBe(422);
+      expect(noParams.body.error?.param).toBe("svc_params");
+      const badModel = await call("POST", "/model/new", { model_name: "x", svc_params: { model: "no-slash" } });
+      expect(badModel.status).toBe(422);
+      expect(badModel.body.error?.param).toBe("svc_params.model");
+      const badBase = await call("POST", "/model/new", { model_name: "x", svc_params: { model: "mock/chat", api_base: "ftp://x" } });
+      expect(badBase.status).toBe(422);
+      const nothingStored = await db().select().from(proxyModels).where(eq(proxyModels.modelName, "x"));
+      expect(nothingStored).toEqual([]);
+    });
+
+    test("/model/update replaces the whole deployment; PATCH changes only the given fields", async () => {
+      await call("POST", "/model/new", {
+        model_name: name("upd"),
+        svc_params: { model: "mock/fixed", mock_response: "v1", api_key: SECRET, weight: 2 },
+        model_info: { id: name("upd-1"), mode: "chat", base_model: "gpt-x" },
+      });
+      expect(await answer(name("upd"))).toBe("v1");
+
+      // PATCH: only mock_response changes; the key, weight, name and model_info stay.
+      const patched = await call("PATCH", `/model/${name("upd-1")}/update`, { svc_params: { mock_response: "v2" } });
+      expect(patched.status).toBe(200);
+      expect(patched.body).toMatchObject({ model_name: name("upd"), svc_params: { model: "mock/fixed", mock_response: "v2", weight: 2 }, model_info: { mode: "chat", base_model: "gpt-x" } });
+      expect(patched.text).not.toContain(SECRET);
+      expect(await answer(name("upd"))).toBe("v2");
+      const [afterPatch] = await db().select().from(proxyModels).where(eq(proxyModels.modelId, name("upd-1")));
+      const kept = (afterPatch!.svcParams as Record<string, string>).api_key!;
+      expect(kept).toStartWith("enc:v1:");
+      expect(decrypt(kept, secretKey(process.env.SVC_SALT_KEY, MASTER_KEY)!)).toBe(SECRET);
+
+      // PATCH: a null removes a field; a new name moves the model.
+      const renamed = await call("PATCH", `/model/${name("upd-1")}/update`, { model_name: name("upd-renamed"), svc_params: { weight: null }, model_info: { base_model: null } });
+      expect(renamed.status).toBe(200);
+      expect(renamed.body.svc_params).not.toHaveProperty("weight");
+      expect(renamed.body.model_info).not.toHaveProperty("base_model");
+      expect(await answer(name("upd-renamed"))).toBe("v2");
+      const gone = await answer(name("upd")).catch((e: unknown) => e);
+      expect(gone).toBeInstanceOf(BadRequestError);
+
+      // Full replace: what is not given is gone (the api_key too).
+      const replaced = await call("POST", "/model/update", { model_name: name("upd"), svc_params: { model: "mock/fixed", mock_response: "v3" }, model_info: { id: name("upd-1") } });
+      expect(replaced.status).toBe(200);
+      expect(replaced.body).toMatchObject({ model_name: name("upd"), svc_params: { model: "mock/fixed", mock_response: "v3" }, model_info: { id: name("upd-1"), db_model: true } });
+      expect(replaced.body.model_info).not.toHaveProperty("mode");
+      expect(await answer(name("upd"))).toBe("v3");
+      const [afterReplace] = await db().select().from(proxyModels).where(eq(proxyModels.modelId, name("upd-1")));
+      expect(afterReplace!.svcParams).not.toHaveProperty("api_key");
+
+      // Errors.
+      expect((await call("POST", "/model/update", { model_name: "m", svc_params: { model: "mock/chat" }, model_info: { id: "nope" } })).status).toBe(404);
+      const cfg = await call("POST", "/model/update", { model_name: "m", svc_params: { model: "mock/chat" }, model_info: { id: "cfg-chat" } });
+      expect(cfg.status).toBe(400);
+      expect(cfg.body.error?.message).toContain("config.yaml");
+      expect((await call("POST", "/model/update", { model_name: "m", svc_params: { model: "mock/chat" } })).status).toBe(422);
+      expect((await call("PATCH", "/model/nope/update", { svc_params: { mock_response: "x" } })).status).toBe(404);
+      expect((await call("PATCH", "/model/cfg-chat/update", { svc_params: { mock_response: "x" } })).status).toBe(400);
+      const badPatch = await call("PATCH", `/model/${name("upd-1")}/update`, { svc_params: { model: "bad" } });
+      expect(badPatch.status).toBe(422);
+      expect(await answer(name("upd"))).toBe("v3");
+      expect((await call("PATCH", `/model/${name("upd-1")}/update`, { model_info: { id: "other" } })).status).toBe(400);
+    });
+
+    test("/model/delete: the model becomes unknown (400 Invalid model name); config models and unknown ids refused", async () => {
+      await call("POST", "/model/new", { model_name: name("del"), svc_params: { model: "mock/chat", api_key: SECRET }, model_info: { id: name("del-1") } });
+      expect(await answer(name("del"))).toContain("mock response");
+      const res = await call("POST", "/model/delete", { id: name("del-1") });
+      expect(res.status).toBe(200);
+      expect(res.body).toEqual({ message: `Model: ${name("del-1")} deleted successfully` });
+      const err = await answer(name("del")).catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(BadRequestError);
+      expect((err as BadRequestError).message).toContain("Invalid model name");
+      expect((await client.models.list()).data.map((m) => m.id)).not.toContain(name("del"));
+      expect(await db().select().from(proxyModels).where(eq(proxyModels.modelId, name("del-1")))).toEqual([]);
+
+      expect((await call("POST", "/model/delete", { id: name("del-1") })).status).toBe(404);
+      const cfg = await call("POST", "/model/delete", { id: "cfg-chat" });
+      expect(cfg.status).toBe(400);
+      expect(cfg.body.error?.message).toBe("Model 'cfg-chat' is defined in config.yaml; edit the file to change it.");
+      expect(await answer("chat-mock")).toContain("mock response");
+      expect((await call("POST", "/model/delete", {})).status).toBe(422);
+    });
+
+    test("only proxy admins write models", async () => {
+      const key = `sk-test-${crypto.randomUUID()}`;
+      const token = createHash("sha256").update(key).digest("hex");
+      await db().insert(users).values({ userId: name("viewer"), userRole: "proxy_admin_viewer" });
+      await db().insert(virtualKeys).values({ token, keyName: "sk-...view", userId: name("viewer") });
+      await gw.host!.services.bus!.publish({ kind: "user", userId: name("viewer") }, { kind: "key", token });
+      const plainKey = `sk-test-${crypto.randomUUID()}`;
+      const plainToken = createHash("sha256").update(plainKey).digest("hex");
+      await db().insert(virtualKeys).values({ token: plainToken, keyName: "sk-...lain" });
+      await gw.host!.services.bus!.publish({ kind: "key", token: plainToken });
+      for (const k of [key, plainKey]) {
+        expect((await call("POST", "/model/new", { model_name: "evil", svc_params: { model: "mock/chat" } }, k)).status).toBe(403);
+        expect((await call("POST", "/model/update", { model_name: "evil", svc_params: { model: "mock/chat" }, model_info: { id: name("db-1") } }, k)).status).toBe(403);
+        expect((await call("PATCH", `/model/${name("db-1")}/update`, { svc_params: { mock_response: "pwned" } }, k)).status).toBe(403);
+        expect((await call("POST", "/model/delete", { id: name("db-1") }, k)).status).toBe(403);
+      }
+      expect((await call("POST", "/model/delete", { id: name("db-1") }, "sk-wrong")).status).toBe(401);
+      expect(await answer(name("db-mock"))).toBe("first answer");
+    });
+
+    test("every model write is audited with credentials redacted; no secret in the logs", async () => {
+      const trail = await db().select().from(auditLog).where(eq(auditLog.tableName, "proxy_models"));
+      const byObject = (id: string) => trail.filter((r) => r.objectId === id).map((r) => r.action);
+      expect(byObject(name("db-1"))).toEqual(["created"]);
+      expect(byObject(name("upd-1")).sort()).toEqual(["created", "updated", "updated", "updated"]);
+      expect(byObject(name("del-1")).sort()).toEqual(["created", "deleted"]);
+      expect(JSON.stringify(trail)).not.toContain(SECRET);
+      expect(JSON.stringify(gw.log.lines)).not.toContain(SECRET);
+      expect(await storedRows()).not.toContain(SECRET);
+    });
+
+    if (backend === "postgres") {
+      test("a model added on one instance serves on another (same PostgreSQL and Redis) within a second", async () => {
+        const other = await startTestGateway(CONFIG, { store: { databaseUrl, redisUrl: REDIS_URL } });
+        const otherClient = new OpenAI({ baseURL: other.baseURL, apiKey: MASTER_KEY, maxRetries: 0 });
+        /** Polls instance B until `model` answers `want`; returns how long it took. */
+        async function seenOnB(model: string, want: string, limitMs: number): Promise<number> {
+          const started = Date.now();
+          let got: string | null | undefined;
+          while (Date.now() - started < limitMs) {
+            got = await answer(model, otherClient).catch(() => undefined);
+            if (got === want) return Date.now() - started;
+            await Bun.sleep(20);
+          }
+          throw new Error(`instance B answered ${JSON.stringify(got)} for ${model} after ${limitMs} ms, expected ${JSON.stringify(want)}`);
+        }
+        try {
+          // Stored before it started: loaded at start.
+          expect(await answer(name("db-mock"), otherClient)).toBe("first answer");
+          // B subscribes to the change bus in the background: a first change (generous limit) shows it listens.
+          await call("POST", "/model/new", { model_name: name("warmup"), svc_params: { model: "mock/fixed", mock_response: "warm" }, model_info: { id: name("warmup-1") } });
+          await seenOnB(name("warmup"), "warm", 10_000);
+
+          const created = await call("POST", "/model/new", { model_name: name("multi"), svc_params: { model: "mock/fixed", mock_response: "from A" }, model_info: { id: name("multi-1") } });
+          expect(created.status).toBe(200);
+          expect(await seenOnB(name("multi"), "from A", 1000)).toBeLessThan(1000);
+          await call("PATCH", `/model/${name("multi-1")}/update`, { svc_params: { mock_response: "changed on A" } });
+          expect(await seenOnB(name("multi"), "changed on A", 1000)).toBeLessThan(1000);
+          await call("POST", "/model/delete", { id: name("multi-1") });
+          const deletedAt = Date.now();
+          let err: unknown;
+          while (Date.now() - deletedAt < 1000) {
+            err = await answer(name("multi"), otherClient).catch((e: unknown) => e);
+            if (err instanceof BadRequestError) break;
+            await Bun.sleep(20);
+          }
+          expect(err).toBeInstanceOf(BadRequestError);
+        } finally {
+          await other.stop();
+        }
+      });
+    }
+  });
+}
