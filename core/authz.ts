@@ -55,15 +55,21 @@ export class Caller {
     return this.principal.keyHash;
   }
 
+  /**
+   * The caller's role in a team. A key issued inside a team speaks for that team only, even when
+   * its user also belongs to others: a Team Management Key administers its own team and nothing else.
+   */
   teamRole(teamId: string | null | undefined): TeamRole | undefined {
     if (!teamId || !this.userId) return undefined;
+    const keyTeam = this.principal.key?.teamId;
+    if (keyTeam && keyTeam !== teamId) return undefined;
     return this.identity?.teamMembers.get(teamId)?.get(this.userId);
   }
 
   /** Teams this caller administers. */
   adminTeams(): string[] {
     if (!this.userId) return [];
-    return [...(this.identity?.userTeams.get(this.userId) ?? [])].filter(([, r]) => r === "admin").map(([t]) => t);
+    return [...(this.identity?.userTeams.get(this.userId) ?? [])].filter(([t, r]) => r === "admin" && this.teamRole(t) === "admin").map(([t]) => t);
   }
 
   isTeamAdmin(teamId: string | null | undefined): boolean {

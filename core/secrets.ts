@@ -35,3 +35,17 @@ export function mapSecrets(params: Record<string, unknown>, fn: (v: string) => s
   for (const [k, v] of Object.entries(params)) out[k] = typeof v === "string" && SECRET_PARAM.test(k) ? fn(v) : v;
   return out;
 }
+
+/** Secrets never reach the audit trail or a response: plaintext keys and credential fields are replaced. */
+export function redactSecrets(value: unknown, field = ""): unknown {
+  if (typeof value === "string") {
+    if (value.startsWith("sk-") && value.length > 12) return `${value.slice(0, 5)}…[redacted]`;
+    return SECRET_PARAM.test(field) && field !== "token" ? "[redacted]" : value;
+  }
+  if (Array.isArray(value)) return value.map((v) => redactSecrets(v, field));
+  if (value instanceof Date) return value.toISOString();
+  if (value !== null && typeof value === "object") {
+    return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, redactSecrets(v, k)]));
+  }
+  return value;
+}

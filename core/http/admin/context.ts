@@ -11,7 +11,7 @@ import { GatewayError } from "../../errors.ts";
 import type { IdentityCache } from "../../identity/cache.ts";
 import type { IdentityChange } from "../../identity/records.ts";
 import type { Live } from "../../live.ts";
-import { SECRET_PARAM } from "../../secrets.ts";
+import { redactSecrets } from "../../secrets.ts";
 import type { HostServices } from "../../services.ts";
 import type { Snapshot } from "../../snapshot.ts";
 import type { Db } from "../../store/db.ts";
@@ -50,20 +50,6 @@ export interface AdminCtx {
 }
 
 const checkers = new WeakMap<TSchema, (v: unknown) => unknown>();
-
-/** Secrets never reach the audit trail: plaintext keys and credential fields are replaced. */
-export function redactSecrets(value: unknown, field = ""): unknown {
-  if (typeof value === "string") {
-    if (value.startsWith("sk-") && value.length > 12) return `${value.slice(0, 5)}…[redacted]`;
-    return SECRET_PARAM.test(field) && field !== "token" ? "[redacted]" : value;
-  }
-  if (Array.isArray(value)) return value.map((v) => redactSecrets(v, field));
-  if (value instanceof Date) return value.toISOString();
-  if (value !== null && typeof value === "object") {
-    return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, redactSecrets(v, k)]));
-  }
-  return value;
-}
 
 export function adminRoute<R>(deps: AdminDeps, handler: (ctx: AdminCtx) => Promise<R>) {
   return async ({ request }: { request: Request }): Promise<R> => {

@@ -1,6 +1,332 @@
+/**
+ * Users: `/user/new`, `/user/info`, `/user/update`, `/user/delete`, `/user/list`.
+ *
+ * Only proxy admins create and delete users and set roles or limits (LiteLLM let an internal user
+ * create a `proxy_admin`, PR #19116); anyone else may read and rename only their own user.
+ */
+import { randomUUID } from "node:crypto";
+import { Type as T } from "@sinclair/typebox";
+import { and, asc, count, desc, eq, ilike, inArray, isNull, type SQL } from "drizzle-orm";
 import { Elysia } from "elysia";
-import type { AdminDeps } from "./context.ts";
+import { badRequest, forbidden, notFound } from "../../authz.ts";
+import { clearNulls, containing, LimitFields, MoneyField, Nullable, resetAt } from "../../identity/fields.ts";
+import { type Exec, findUserByEmail, membersByTeam, teamApi, userApi } from "../../identity/members.ts";
+import { choice, list, pageOf, paged } from "../../identity/paging.ts";
+import type { UserRow } from "../../identity/records.ts";
+import { fromApi, toApi } from "../../identity/serialize.ts";
+import { organizations, orgMembers, teamMembers, teams, users, virtualKeys } from "../../store/schema.ts";
+import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
+import { generateKey } from "./keys.ts";
 
-export function userRoutes(_deps: AdminDeps) {
-  return new Elysia();
+const USER_ROLES = ["proxy_admin", "proxy_admin_viewer", "internal_user", "internal_user_viewer"] as const;
+const UserRole = T.Union(USER_ROLES.map((r) => T.Literal(r)));
+const TeamRole = T.Union([T.Literal("admin"), T.Literal("user")]);
+
+const UserFields = {
+  user_email: T.Optional(Nullable(T.String())),
+  user_alias: T.Optional(Nullable(T.String())),
+  user_role: T.Optional(UserRole),
+  organization_id: T.Optional(Nullable(T.String())),
+  spend: T.Optional(T.Number({ minimum: 0 })),
+  ...LimitFields,
+};
+
+const TeamEntry = T.Union([
+  T.String({ minLength: 1 }),
+  T.Object({ team_id: T.String({ minLength: 1 }), user_role: T.Optional(TeamRole), role: T.Optional(TeamRole), max_budget_in_team: T.Optional(MoneyField) }),
+]);
+
+const NewUserBody = T.Object({
+  user_id: T.Optional(T.String({ minLength: 1 })),
+  ...UserFields,
+  teams: T.Optional(Nullable(T.Array(TeamEntry))),
+  auto_create_key: T.Optional(T.Boolean()),
+  // Fields of the key created with the user.
+  key_alias: T.Optional(Nullable(T.String())),
+  duration: T.Optional(Nullable(T.String())),
+  team_id: T.Optional(Nullable(T.String())),
+});
+
+const UpdateUserBody = T.Object({ user_id: T.Optional(T.String({ minLength: 1 })), ...UserFields });
+const DeleteUsersBody = T.Object({ user_ids: T.Array(T.String({ minLength: 1 }), { minItems: 1 }) });
+
+/** Columns `/user/new` and `/user/update` write from a body. */
+const USER_COLUMNS = new Set([
+  "user_email",
+  "user_alias",
+  "user_role",
+  "organization_id",
+  "spend",
+  "max_budget",
+  "soft_budget",
+  "budget_duration",
+  "model_max_budget",
+  "tpm_limit",
+  "rpm_limit",
+  "max_parallel_requests",
+  "model_tpm_limit",
+  "model_rpm_limit",
+  "metadata",
+  "models",
+]);
+/** What a user may change on itself; everything else (role, limits, models, spend) needs a proxy admin. */
+const SELF_COLUMNS = new Set(["user_email", "user_alias"]);
+/** Null on these clears to empty rather than to null (the columns hold no null). */
+const EMPTY = { models: [], metadata: {} };
+
+const USER_SORT = { user_id: users.userId, user_email: users.userEmail, created_at: users.createdAt, spend: users.spend } as const;
+
+async function teamIdsOf(db: Exec, userIds: readonly string[]): Promise<Map<string, string[]>> {
+  const out = new Map<string, string[]>(userIds.map((id) => [id, []]));
+  if (userIds.length === 0) return out;
+  const rows = await db
+    .select({ userId: teamMembers.userId, teamId: teamMembers.teamId })
+    .from(teamMembers)
+    .where(inArray(teamMembers.userId, [...userIds]))
+    .orderBy(teamMembers.createdAt);
+  for (const r of rows) out.get(r.userId)?.push(r.teamId);
+  return out;
+}
+
+async function requireUniqueEmail(db: Exec, email: string | null | undefined, exceptUserId?: string): Promise<void> {
+  if (!email) return;
+  const other = await findUserByEmail(db, email);
+  if (other && other.userId !== exceptUserId) throw badRequest(`A user with user_email ${email} already exists (user_id ${other.userId}).`, "user_email");
+}
+
+async function requireOrg(db: Exec, orgId: string | null | undefined): Promise<void> {
+  if (!orgId) return;
+  const [org] = await db.select({ id: organizations.organizationId }).from(organizations).where(eq(organizations.organizationId, orgId));
+  if (!org) throw badRequest(`Organization ${orgId} does not exist.`, "organization_id");
+}
+
+type TeamEntryValue = (typeof TeamEntry)["static"];
+
+function normalizeTeams(entries: readonly TeamEntryValue[] | null | undefined): { teamId: string; role: "admin" | "user"; maxBudgetInTeam: string | null }[] {
+  const out = new Map<string, { teamId: string; role: "admin" | "user"; maxBudgetInTeam: string | null }>();
+  for (const e of entries ?? []) {
+    if (typeof e === "string") out.set(e, { teamId: e, role: "user", maxBudgetInTeam: null });
+    else {
+      const budget = e.max_budget_in_team;
+      out.set(e.team_id, { teamId: e.team_id, role: e.user_role ?? e.role ?? "user", maxBudgetInTeam: budget === undefined || budget === null ? null : String(budget) });
+    }
+  }
+  return [...out.values()];
+}
+
+async function newUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
+  ctx.caller.requireAdmin();
+  const body = await ctx.body(NewUserBody);
+  const raw = body as Record<string, unknown>;
+  const userId = body.user_id ?? randomUUID();
+  const memberships = normalizeTeams(body.teams);
+  // The user's key goes to team_id: the user joins that team too, as LiteLLM does.
+  if (body.team_id && !memberships.some((m) => m.teamId === body.team_id)) memberships.push({ teamId: body.team_id, role: "user", maxBudgetInTeam: null });
+  const by = ctx.caller.changedBy;
+
+  const [existing] = await ctx.db.select({ id: users.userId }).from(users).where(eq(users.userId, userId));
+  if (existing) throw badRequest(`User ${userId} already exists.`, "user_id");
+  await requireUniqueEmail(ctx.db, body.user_email);
+  await requireOrg(ctx.db, body.organization_id);
+  const budgetResetAt = resetAt(body.budget_duration);
+  if (memberships.length > 0) {
+    const ids = memberships.map((m) => m.teamId);
+    const found = await ctx.db
+      .select({ id: teams.teamId })
+      .from(teams)
+      .where(and(inArray(teams.teamId, ids), isNull(teams.deletedAt)));
+    const missing = ids.filter((id) => !found.some((f) => f.id === id));
+    if (missing.length > 0) throw badRequest(`Team(s) ${missing.join(", ")} do not exist.`, "teams");
+  }
+
+  const row = {
+    ...clearNulls(fromApi(users, raw, USER_COLUMNS), EMPTY),
+    userId,
+    budgetResetAt: budgetResetAt ?? null,
+    createdBy: by,
+    updatedBy: by,
+  } as typeof users.$inferInsert;
+  const user = await ctx.db.transaction(async (tx) => {
+    const [created] = await tx.insert(users).values(row).returning();
+    if (memberships.length > 0) await tx.insert(teamMembers).values(memberships.map((m) => ({ ...m, userId })));
+    return created!;
+  });
+  await ctx.changed({ kind: "user", userId }, ...memberships.map((m) => ({ kind: "team_members" as const, teamId: m.teamId })));
+
+  let keyFields: Record<string, unknown> = { key: null, token: null, key_name: null, expires: null };
+  if (body.auto_create_key !== false) {
+    const keyBody: Record<string, unknown> = { user_id: userId };
+    for (const f of ["key_alias", "duration", "team_id"] as const) if (body[f] !== undefined) keyBody[f] = body[f];
+    try {
+      keyFields = await generateKey(ctx, keyBody);
+    } catch (err) {
+      // No half-created user: without its key the call failed as a whole.
+      await ctx.db.transaction(async (tx) => {
+        await tx.delete(teamMembers).where(eq(teamMembers.userId, userId));
+        await tx.delete(users).where(eq(users.userId, userId));
+      });
+      await ctx.changed({ kind: "user", userId }, ...memberships.map((m) => ({ kind: "team_members" as const, teamId: m.teamId })));
+      throw err;
+    }
+  }
+  const out = userApi(user, memberships.map((m) => m.teamId));
+  await ctx.audit({ action: "created", table: "users", objectId: userId, after: { ...out, team_memberships: memberships } });
+  return { ...keyFields, ...out };
+}
+
+/** The user a non-admin may see or touch: only its own. Checked before existence, so nothing leaks. */
+function requireSelfOrReadAll(ctx: AdminCtx, userId: string): void {
+  if (ctx.caller.canReadAll || ctx.caller.userId === userId) return;
+  throw forbidden("You may only view your own user. Viewing other users needs a proxy admin (or admin viewer) key.");
+}
+
+async function userInfo(ctx: AdminCtx): Promise<Record<string, unknown>> {
+  const userId = ctx.query("user_id") ?? ctx.caller.userId;
+  if (!userId) throw badRequest("user_id is required: this key has no user of its own.", "user_id");
+  requireSelfOrReadAll(ctx, userId);
+  const [user] = await ctx.db.select().from(users).where(eq(users.userId, userId));
+  if (!user) throw notFound(`User ${userId} not found.`, "user_id");
+  const keys = await ctx.db
+    .select()
+    .from(virtualKeys)
+    .where(and(eq(virtualKeys.userId, userId), isNull(virtualKeys.deletedAt)))
+    .orderBy(virtualKeys.createdAt);
+  const teamIds = (await teamIdsOf(ctx.db, [userId])).get(userId) ?? [];
+  const teamRows = teamIds.length
+    ? await ctx.db
+        .select()
+        .from(teams)
+        .where(and(inArray(teams.teamId, teamIds), isNull(teams.deletedAt)))
+    : [];
+  const members = await membersByTeam(
+    ctx.db,
+    teamRows.map((t) => t.teamId),
+  );
+  return {
+    user_id: userId,
+    user_info: userApi(user, teamIds),
+    keys: keys.map((k) => toApi(k)),
+    teams: teamRows.map((t) => teamApi(t, members.get(t.teamId) ?? [])),
+  };
+}
+
+async function updateUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
+  ctx.caller.requireWriter();
+  const body = await ctx.body(UpdateUserBody);
+  const raw = body as Record<string, unknown>;
+  const caller = ctx.caller;
+  let target: UserRow | undefined;
+  // Without user_id, user_email names the user; with it, user_email is a new address.
+  const byEmail = !body.user_id;
+  if (byEmail) {
+    if (!body.user_email) throw badRequest("Name the user with user_id or user_email.", "user_id");
+    target = await findUserByEmail(ctx.db, body.user_email);
+    if (!caller.isAdmin && target?.userId !== caller.userId) throw forbidden("You may only update your own user.");
+  } else {
+    if (!caller.isAdmin && body.user_id !== caller.userId) throw forbidden("You may only update your own user.");
+    [target] = await ctx.db.select().from(users).where(eq(users.userId, body.user_id!));
+  }
+  if (!target) throw notFound(`User ${body.user_id ?? body.user_email} not found.`, "user_id");
+
+  const fields = new Set(USER_COLUMNS);
+  if (byEmail) fields.delete("user_email");
+  const props = clearNulls(fromApi(users, raw, fields), EMPTY);
+  if (!caller.isAdmin) {
+    const privileged = Object.keys(raw).filter((f) => fields.has(f) && !SELF_COLUMNS.has(f));
+    if (privileged.length > 0) throw forbidden(`Only a proxy admin may change ${privileged.join(", ")}.`);
+  }
+  if (!byEmail && "user_email" in raw) await requireUniqueEmail(ctx.db, body.user_email, target.userId);
+  if ("organization_id" in raw) await requireOrg(ctx.db, body.organization_id);
+  const reset = resetAt(body.budget_duration);
+  if (reset !== undefined) props.budgetResetAt = reset;
+
+  const [updated] = await ctx.db
+    .update(users)
+    .set({ ...props, updatedAt: new Date(), updatedBy: caller.changedBy })
+    .where(eq(users.userId, target.userId))
+    .returning();
+  await ctx.changed({ kind: "user", userId: target.userId });
+  const teamIds = (await teamIdsOf(ctx.db, [target.userId])).get(target.userId) ?? [];
+  const out = userApi(updated!, teamIds);
+  await ctx.audit({ action: "updated", table: "users", objectId: target.userId, before: userApi(target, teamIds), after: out });
+  return { user_id: target.userId, data: out };
+}
+
+async function deleteUsers(ctx: AdminCtx): Promise<Record<string, unknown>> {
+  ctx.caller.requireAdmin();
+  const { user_ids } = await ctx.body(DeleteUsersBody);
+  const ids = [...new Set(user_ids)];
+  const found = await ctx.db.select().from(users).where(inArray(users.userId, ids));
+  const missing = ids.filter((id) => !found.some((u) => u.userId === id));
+  if (missing.length > 0) throw notFound(`User(s) ${missing.join(", ")} not found; nothing was deleted.`, "user_ids");
+  const teamIds = await teamIdsOf(ctx.db, ids);
+  const now = new Date();
+  const by = ctx.caller.changedBy;
+  const { keys, teamsTouched, orgsTouched } = await ctx.db.transaction(async (tx) => {
+    const keys = await tx
+      .update(virtualKeys)
+      .set({ deletedAt: now, deletedBy: by, updatedAt: now, updatedBy: by })
+      .where(and(inArray(virtualKeys.userId, ids), isNull(virtualKeys.deletedAt)))
+      .returning();
+    const tm = await tx.delete(teamMembers).where(inArray(teamMembers.userId, ids)).returning({ teamId: teamMembers.teamId });
+    const om = await tx.delete(orgMembers).where(inArray(orgMembers.userId, ids)).returning({ orgId: orgMembers.organizationId });
+    await tx.delete(users).where(inArray(users.userId, ids));
+    return { keys, teamsTouched: new Set(tm.map((r) => r.teamId)), orgsTouched: new Set(om.map((r) => r.orgId)) };
+  });
+  await ctx.changed(
+    ...keys.map((k) => ({ kind: "key" as const, token: k.token })),
+    ...ids.map((userId) => ({ kind: "user" as const, userId })),
+    ...[...teamsTouched].map((teamId) => ({ kind: "team_members" as const, teamId })),
+    ...[...orgsTouched].map((orgId) => ({ kind: "org_members" as const, orgId })),
+  );
+  for (const k of keys) await ctx.audit({ action: "deleted", table: "virtual_keys", objectId: k.token, before: toApi({ ...k, deletedAt: null, deletedBy: null }) });
+  for (const u of found) await ctx.audit({ action: "deleted", table: "users", objectId: u.userId, before: userApi(u, teamIds.get(u.userId) ?? []) });
+  return { deleted_users: ids, deleted_keys: keys.map((k) => k.token) };
+}
+
+async function listUsers(ctx: AdminCtx): Promise<Record<string, unknown>> {
+  ctx.caller.requireReadAll();
+  const p = pageOf(ctx.query, 25, 100);
+  const sortBy = choice(ctx.query, "sort_by", Object.keys(USER_SORT) as (keyof typeof USER_SORT)[], "created_at");
+  const order = choice(ctx.query, "sort_order", ["asc", "desc"] as const, "asc");
+  const filters: SQL[] = [];
+  const ids = list(ctx.query, "user_ids");
+  if (ids?.length) filters.push(inArray(users.userId, ids));
+  const role = ctx.query("role") ?? ctx.query("user_role");
+  if (role) filters.push(eq(users.userRole, role));
+  const email = ctx.query("user_email");
+  if (email) filters.push(ilike(users.userEmail, containing(email)));
+  const team = ctx.query("team") ?? ctx.query("team_id");
+  if (team) filters.push(inArray(users.userId, ctx.db.select({ id: teamMembers.userId }).from(teamMembers).where(eq(teamMembers.teamId, team))));
+  const where = filters.length ? and(...filters) : undefined;
+  const dir = order === "desc" ? desc : asc;
+  const [rows, [total]] = await Promise.all([
+    ctx.db
+      .select()
+      .from(users)
+      .where(where)
+      .orderBy(dir(USER_SORT[sortBy]), asc(users.userId))
+      .limit(p.pageSize)
+      .offset(p.offset),
+    ctx.db.select({ n: count() }).from(users).where(where),
+  ]);
+  const teamIds = await teamIdsOf(
+    ctx.db,
+    rows.map((u) => u.userId),
+  );
+  const { items, ...rest } = paged(
+    rows.map((u) => userApi(u, teamIds.get(u.userId) ?? [])),
+    Number(total?.n ?? 0),
+    p,
+  );
+  return { users: items, ...rest };
+}
+
+export function userRoutes(deps: AdminDeps) {
+  return new Elysia()
+    .post("/user/new", adminRoute(deps, newUser))
+    .get("/user/info", adminRoute(deps, userInfo))
+    .post("/user/update", adminRoute(deps, updateUser))
+    .post("/user/delete", adminRoute(deps, deleteUsers))
+    .get("/user/list", adminRoute(deps, listUsers));
 }

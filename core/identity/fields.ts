@@ -1,0 +1,57 @@
+/**
+ * Body pieces the user and team management routes share: the budget and rate-limit fields with
+ * their wire types, the budget period check, and how an explicit `null` clears a column that
+ * cannot hold null.
+ */
+import { type TSchema, Type as T } from "@sinclair/typebox";
+import { badRequest } from "../authz.ts";
+import { DURATION_HINT, endsAt } from "./duration.ts";
+
+export const Nullable = <S extends TSchema>(s: S) => T.Union([s, T.Null()]);
+const Money = Nullable(T.Number({ minimum: 0 }));
+const Count = Nullable(T.Integer({ minimum: 0 }));
+
+/** Limit fields of users and teams (the spec's virtual key table names them the same way). */
+export const LimitFields = {
+  max_budget: T.Optional(Money),
+  soft_budget: T.Optional(Money),
+  budget_duration: T.Optional(Nullable(T.String())),
+  model_max_budget: T.Optional(Nullable(T.Record(T.String(), T.Unknown()))),
+  tpm_limit: T.Optional(Count),
+  rpm_limit: T.Optional(Count),
+  max_parallel_requests: T.Optional(Count),
+  model_tpm_limit: T.Optional(Nullable(T.Record(T.String(), T.Integer({ minimum: 0 })))),
+  model_rpm_limit: T.Optional(Nullable(T.Record(T.String(), T.Integer({ minimum: 0 })))),
+  metadata: T.Optional(Nullable(T.Record(T.String(), T.Unknown()))),
+  models: T.Optional(Nullable(T.Array(T.String()))),
+};
+
+export const MoneyField = Money;
+export const CountField = Count;
+
+/**
+ * `budget_reset_at` for a budget period given in a body: a 400 naming the field when the text is
+ * not a period, null when the period is cleared (or `-1`).
+ */
+export function resetAt(period: string | null | undefined, field = "budget_duration"): Date | null | undefined {
+  if (period === undefined) return undefined;
+  if (period === null) return null;
+  const at = endsAt(period);
+  if (at === undefined) throw badRequest(`${field} must be ${DURATION_HINT}; got ${JSON.stringify(period)}.`, field);
+  return at;
+}
+
+/**
+ * Row props from `fromApi` with `null` on a column that cannot be null replaced by that column's
+ * empty value (a list becomes `[]`, an object `{}`): "clear" means empty for them.
+ */
+export function clearNulls(props: Record<string, unknown>, empties: Record<string, unknown>): Record<string, unknown> {
+  const out: Record<string, unknown> = { ...props };
+  for (const [prop, empty] of Object.entries(empties)) if (prop in out && out[prop] === null) out[prop] = empty;
+  return out;
+}
+
+/** A `LIKE` pattern matching `text` anywhere, with the pattern characters in it taken literally. */
+export function containing(text: string): string {
+  return `%${text.replace(/[\\%_]/g, (c) => `\\${c}`)}%`;
+}

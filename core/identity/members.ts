@@ -1,0 +1,114 @@
+/**
+ * Users and team memberships as the user and team management routes share them: finding a user
+ * by id or e-mail (creating one when a team admits someone new), the members of teams with their
+ * roles, and the API shapes of team and user rows.
+ */
+import { randomUUID } from "node:crypto";
+import { and, eq, inArray, sql } from "drizzle-orm";
+import { badRequest } from "../authz.ts";
+import { redactSecrets } from "../secrets.ts";
+import type { Db } from "../store/db.ts";
+import { teamMembers, users } from "../store/schema.ts";
+import type { TeamMemberRow, TeamRow, UserRow } from "./records.ts";
+import { toApi } from "./serialize.ts";
+
+/** The database or a transaction on it: every helper here works inside either. */
+export type Exec = Db | Parameters<Parameters<Db["transaction"]>[0]>[0];
+
+export interface MemberRef {
+  user_id?: string | null;
+  user_email?: string | null;
+}
+
+export interface MemberWithRole {
+  user_id: string;
+  user_email: string | null;
+  role: string;
+}
+
+/** E-mail addresses match whatever their case: `Ann@x.org` and `ann@x.org` are one user. */
+export async function findUserByEmail(db: Exec, email: string): Promise<UserRow | undefined> {
+  const [row] = await db
+    .select()
+    .from(users)
+    .where(sql`lower(${users.userEmail}) = lower(${email})`)
+    .limit(1);
+  return row;
+}
+
+export async function findUser(db: Exec, ref: MemberRef): Promise<UserRow | undefined> {
+  if (ref.user_id) {
+    const [row] = await db.select().from(users).where(eq(users.userId, ref.user_id));
+    return row;
+  }
+  return ref.user_email ? findUserByEmail(db, ref.user_email) : undefined;
+}
+
+/**
+ * The user a member reference names, created (role `internal_user`, nothing else) when missing:
+ * admitting someone to a team must never mint a more privileged user.
+ */
+export async function ensureUser(db: Exec, ref: MemberRef, by: string): Promise<{ user: UserRow; created: boolean }> {
+  const found = await findUser(db, ref);
+  if (found) return { user: found, created: false };
+  if (ref.user_id && ref.user_email) {
+    // The id is new but the address may already belong to someone else: one address, one user.
+    const other = await findUserByEmail(db, ref.user_email);
+    if (other) throw badRequest(`user_email ${ref.user_email} belongs to user ${other.userId}, not ${ref.user_id}.`, "user_email");
+  }
+  const [user] = await db
+    .insert(users)
+    .values({ userId: ref.user_id ?? randomUUID(), userEmail: ref.user_email ?? null, userRole: "internal_user", createdBy: by, updatedBy: by })
+    .returning();
+  return { user: user!, created: true };
+}
+
+/** Members of each team with their role and e-mail, in the order they joined. */
+export async function membersByTeam(db: Exec, teamIds: readonly string[]): Promise<Map<string, MemberWithRole[]>> {
+  const out = new Map<string, MemberWithRole[]>(teamIds.map((id) => [id, []]));
+  if (teamIds.length === 0) return out;
+  const rows = await db
+    .select({ teamId: teamMembers.teamId, userId: teamMembers.userId, role: teamMembers.role, userEmail: users.userEmail })
+    .from(teamMembers)
+    .leftJoin(users, eq(users.userId, teamMembers.userId))
+    .where(inArray(teamMembers.teamId, [...teamIds]))
+    .orderBy(teamMembers.createdAt, teamMembers.userId);
+  for (const r of rows) out.get(r.teamId)?.push({ user_id: r.userId, user_email: r.userEmail ?? null, role: r.role });
+  return out;
+}
+
+export async function membership(db: Exec, teamId: string, userId: string): Promise<TeamMemberRow | undefined> {
+  const [row] = await db
+    .select()
+    .from(teamMembers)
+    .where(and(eq(teamMembers.teamId, teamId), eq(teamMembers.userId, userId)));
+  return row;
+}
+
+/** Member defaults a team keeps in `member_settings`, also shown at the top level as LiteLLM does. */
+export const MEMBER_SETTING_FIELDS = [
+  "team_member_budget",
+  "team_member_budget_duration",
+  "team_member_rpm_limit",
+  "team_member_tpm_limit",
+  "team_member_key_duration",
+] as const;
+
+/** A team as the API returns it: the row, its member defaults, its members (callback secrets redacted). */
+export function teamApi(row: TeamRow, members: readonly MemberWithRole[]): Record<string, unknown> {
+  const out = toApi(row);
+  const settings = row.memberSettings;
+  for (const f of MEMBER_SETTING_FIELDS) out[f] = settings[f] ?? null;
+  out.callback_settings = row.callbackSettings ? redactSecrets(row.callbackSettings) : null;
+  out.members_with_roles = members;
+  return out;
+}
+
+export function membershipApi(row: TeamMemberRow): Record<string, unknown> {
+  return toApi(row);
+}
+
+/** A user as the API returns it, with the ids of the teams it belongs to. */
+export function userApi(row: UserRow, teams: readonly string[]): Record<string, unknown> {
+  return { ...toApi(row), teams };
+}
