@@ -1,6 +1,691 @@
+/**
+ * Virtual key management. Who may act on a key: proxy admins on all; a key's own user on it
+ * (read, update, delete); a team admin on the team's keys; a team `user` member on the team's
+ * keys for the routes `team_member_permissions` grants; viewers read only. A key outside the
+ * caller's reach is a 403 whether or not it exists. The plaintext key is returned by
+ * generate/regenerate only and is stored nowhere; every other response names keys by hash.
+ */
+import { randomUUID } from "node:crypto";
+import { Type as T, type TSchema } from "@sinclair/typebox";
+import { and, asc, desc, eq, ilike, inArray, isNotNull, isNull, or, type SQL, sql } from "drizzle-orm";
 import { Elysia } from "elysia";
-import type { AdminDeps } from "./context.ts";
+import { badRequest, type Caller, forbidden, notFound } from "../../authz.ts";
+import { GatewayError } from "../../errors.ts";
+import { hashKey, isPlainKey, KEY_PREFIX, keyName, newKeyValue, tokenOf } from "../../identity/keys.ts";
+import {
+  BulkUpdateSchema,
+  expiresOf,
+  GenerateKeySchema,
+  type KeyBody,
+  keyFieldsOf,
+  periodMs,
+  RegenerateKeySchema,
+  UpdateKeySchema,
+} from "../../identity/key-fields.ts";
+import type { IdentityChange, KeyRow, TeamRow } from "../../identity/records.ts";
+import { toApi } from "../../identity/serialize.ts";
+import { rotateKey } from "../../identity/rotation.ts";
+import type { Db } from "../../store/db.ts";
+import { rotatedKeys, users, virtualKeys } from "../../store/schema.ts";
+import { checker } from "../validate.ts";
+import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 
-export function keyRoutes(_deps: AdminDeps) {
-  return new Elysia();
+const TABLE = "virtual_keys";
+const BULK_MAX = 500;
+const EVERYTHING = new Set(["*", "all-proxy-models"]);
+
+const KeyOnly = T.Object({ key: T.String({ minLength: 1 }) }, { additionalProperties: true });
+const DeleteSchema = T.Object(
+  { keys: T.Optional(T.Array(T.String())), key_aliases: T.Optional(T.Array(T.String())), key: T.Optional(T.String()) },
+  { additionalProperties: true },
+);
+const ResetSpendSchema = T.Object({ reset_to: T.Optional(T.Number({ minimum: 0 })) }, { additionalProperties: true });
+const AnyObject = T.Object({}, { additionalProperties: true });
+
+const checkers = new WeakMap<TSchema, (v: unknown) => unknown>();
+function check<S extends TSchema>(schema: S, value: unknown): S["static"] {
+  let c = checkers.get(schema);
+  if (!c) {
+    c = checker(schema);
+    checkers.set(schema, c);
+  }
+  return c(value) as S["static"];
+}
+
+/** Permission names (as in `team_member_permissions`) of the key routes. */
+type KeyRoute =
+  | "/key/info"
+  | "/key/list"
+  | "/key/update"
+  | "/key/delete"
+  | "/key/block"
+  | "/key/unblock"
+  | "/key/regenerate"
+  | "/key/{key_id}/regenerate"
+  | "/key/{key_id}/reset_spend";
+
+/** What a key's own user may do with it without being a team admin. */
+const OWNER_ROUTES = new Set<KeyRoute>(["/key/info", "/key/list", "/key/update", "/key/delete"]);
+
+function mayActOn(caller: Caller, row: KeyRow, route: KeyRoute): boolean {
+  if (caller.isAdmin) return true;
+  const read = route === "/key/info" || route === "/key/list";
+  if (read && (caller.canReadAll || caller.keyHash === row.token)) return true;
+  if (!read && caller.isViewer) return false;
+  if (caller.userId !== undefined && row.userId === caller.userId && OWNER_ROUTES.has(route)) return true;
+  return caller.mayOnTeam(row.teamId, route);
+}
+
+function isUniqueViolation(err: unknown): boolean {
+  for (let e: unknown = err; e && typeof e === "object"; e = (e as { cause?: unknown }).cause) {
+    if ((e as { code?: unknown }).code === "23505") return true;
+  }
+  return false;
+}
+
+const aliasTaken = (alias: string) => badRequest(`Key alias "${alias}" is already used by another key. Aliases are unique; choose another.`, "key_alias");
+
+async function liveKey(db: Db, token: string): Promise<KeyRow | undefined> {
+  const [row] = await db
+    .select()
+    .from(virtualKeys)
+    .where(and(eq(virtualKeys.token, token), isNull(virtualKeys.deletedAt)));
+  return row;
+}
+
+/** The live key a caller names (plain or hashed), if the caller may `route` it; else 403 (404 for those who may see everything). */
+async function keyInReach(ctx: AdminCtx, keyOrHash: string, route: KeyRoute | KeyRoute[]): Promise<KeyRow> {
+  const routes = Array.isArray(route) ? route : [route];
+  const row = await liveKey(ctx.db, tokenOf(keyOrHash));
+  if (row && routes.some((r) => mayActOn(ctx.caller, row, r))) return row;
+  const seesAll = ctx.caller.isAdmin || (routes[0] === "/key/info" && ctx.caller.canReadAll);
+  if (!row && seesAll) throw notFound("Key not found: no live key has this value or hash.", "key");
+  throw forbidden(`You may not call ${routes[0]} on this key: it is neither yours nor a key of a team you administer.`);
+}
+
+/** The identifier of a key for responses: hashes and aliases as passed, plaintext replaced by its hash. */
+function safeId(keyOrHash: string): string {
+  return isPlainKey(keyOrHash) ? tokenOf(keyOrHash) : keyOrHash;
+}
+
+async function assertAliasFree(db: Db, alias: string | null | undefined, exceptToken?: string): Promise<void> {
+  if (!alias) return;
+  const [row] = await db
+    .select({ token: virtualKeys.token })
+    .from(virtualKeys)
+    .where(and(eq(virtualKeys.keyAlias, alias), isNull(virtualKeys.deletedAt)));
+  if (row && row.token !== exceptToken) throw aliasTaken(alias);
+}
+
+/** A caller-chosen key value: `sk-…`, not the master key, and not used before (live, deleted or rotated). */
+async function assertNewKeyValue(ctx: AdminCtx, value: string, field: string): Promise<string> {
+  if (!value.startsWith(KEY_PREFIX) || value.length <= KEY_PREFIX.length) throw badRequest(`${field} must start with "${KEY_PREFIX}".`, field);
+  // Clients send keys trimmed, so a value with spaces could never authenticate.
+  if (/\s/.test(value)) throw badRequest(`${field} must not contain whitespace.`, field);
+  const token = hashKey(value);
+  const [existing] = await ctx.db.select({ token: virtualKeys.token }).from(virtualKeys).where(eq(virtualKeys.token, token));
+  const [rotated] = await ctx.db.select({ token: rotatedKeys.token }).from(rotatedKeys).where(eq(rotatedKeys.token, token));
+  if (existing || rotated || value === ctx.snapshot.settings.masterKey) {
+    throw badRequest(`This ${field} already exists. Choose another value, or omit it to get a random key.`, field);
+  }
+  return token;
+}
+
+/** Team-level model names the key may list: the team's models, wildcards and access groups. */
+function outsideTeamModels(ctx: AdminCtx, models: readonly string[], team: TeamRow): string[] {
+  if (team.models.length === 0 && team.accessGroupIds.length === 0) return [];
+  if (team.models.some((m) => EVERYTHING.has(m))) return [];
+  const allowed = [...team.models];
+  for (const name of team.models) allowed.push(...(ctx.identity.accessGroupByName(name)?.modelNames ?? []));
+  for (const id of team.accessGroupIds) allowed.push(...(ctx.identity.accessGroups.get(id)?.modelNames ?? []));
+  return models.filter((m) => m !== "all-team-models" && !allowed.some((a) => a === m || (a.endsWith("*") && m.startsWith(a.slice(0, -1)))));
+}
+
+function teamOrFail(ctx: AdminCtx, teamId: string): TeamRow {
+  const team = ctx.identity.teams.get(teamId);
+  if (team) return team;
+  // Only admins learn that a team does not exist; others were already refused for not administering it.
+  if (ctx.caller.isAdmin) throw badRequest(`Team ${teamId} does not exist.`, "team_id");
+  throw forbidden(`You are not an admin of team ${teamId}.`);
+}
+
+/** Referenced organization and budget must exist (callers who may name them are told plainly). */
+function checkReferences(ctx: AdminCtx, fields: Record<string, unknown>): void {
+  const org = fields.organizationId;
+  if (typeof org === "string" && !ctx.identity.orgs.has(org)) throw badRequest(`Organization ${org} does not exist.`, "organization_id");
+  const budget = fields.budgetId;
+  if (typeof budget === "string" && !ctx.identity.budgets.has(budget)) throw badRequest(`Budget ${budget} does not exist.`, "budget_id");
+}
+
+function checkTeamModels(ctx: AdminCtx, models: readonly string[], team: TeamRow | undefined): void {
+  if (!team) return;
+  const outside = outsideTeamModels(ctx, models, team);
+  if (outside.length > 0) {
+    throw badRequest(`Model not in team's models: ${outside.join(", ")}. Team ${team.teamId} may only use ${JSON.stringify(team.models)}.`, "models");
+  }
+}
+
+/** The period fields' derived timestamps: budget reset, rotation, temporary budget. */
+function derivedTimes(fields: Record<string, unknown>, merged: Partial<KeyRow>, touched: KeyBody, now: number): void {
+  if ("budget_duration" in touched) {
+    const d = touched.budget_duration;
+    fields.budgetResetAt = typeof d === "string" ? new Date(now + periodMs(d, "budget_duration")) : null;
+  }
+  if ("auto_rotate" in touched || "rotation_interval" in touched) {
+    if (merged.autoRotate) {
+      if (!merged.rotationInterval) throw badRequest("auto_rotate needs rotation_interval (such as 30d or 90d).", "rotation_interval");
+      fields.keyRotationAt = new Date(now + periodMs(merged.rotationInterval, "rotation_interval"));
+    } else {
+      if (merged.rotationInterval) periodMs(merged.rotationInterval, "rotation_interval");
+      fields.keyRotationAt = null;
+    }
+  }
+  if (merged.tempBudgetIncrease != null && merged.tempBudgetExpiry == null) {
+    throw badRequest("temp_budget_increase needs temp_budget_expiry.", "temp_budget_expiry");
+  }
+}
+
+/** `project_id` has no column: it lives in `metadata.project_id`. */
+function withProjectId(fields: Record<string, unknown>, body: KeyBody, current: Record<string, unknown>): void {
+  if (!("project_id" in body) || body.project_id === undefined) return;
+  const metadata = { ...((fields.metadata as Record<string, unknown> | undefined) ?? current) };
+  if (body.project_id === null) delete metadata.project_id;
+  else metadata.project_id = body.project_id;
+  fields.metadata = metadata;
+}
+
+/** Creates the user row a key names when it does not exist yet (as LiteLLM does). */
+async function ensureUser(ctx: AdminCtx, userId: string | null | undefined): Promise<IdentityChange[]> {
+  if (!userId || ctx.identity.users.has(userId)) return [];
+  const inserted = await ctx.db
+    .insert(users)
+    .values({ userId, userRole: "internal_user", createdBy: ctx.caller.changedBy, updatedBy: ctx.caller.changedBy })
+    .onConflictDoNothing()
+    .returning();
+  if (inserted[0]) await ctx.audit({ action: "created", table: "users", objectId: userId, after: toApi(inserted[0]) });
+  return [{ kind: "user", userId }];
+}
+
+/** Who the new key may belong to: non-admins generate for themselves, or (team admins) for members of their team. */
+function authorizeGenerate(ctx: AdminCtx, body: KeyBody, serviceAccount: boolean): { userId: string | null; team: TeamRow | undefined } {
+  const caller = ctx.caller;
+  caller.requireWriter();
+  const teamId = typeof body.team_id === "string" ? body.team_id : undefined;
+  if (serviceAccount) {
+    caller.requireAdmin();
+    if (!teamId) throw badRequest("team_id is required for service account keys: a service account key belongs to a team, not a user.", "team_id");
+    return { userId: null, team: teamOrFail(ctx, teamId) };
+  }
+  const requested = typeof body.user_id === "string" ? body.user_id : undefined;
+  if (caller.isAdmin) return { userId: requested ?? null, team: teamId ? teamOrFail(ctx, teamId) : undefined };
+  if (!caller.userId) throw forbidden("This key has no user, so it may only generate keys for a team it administers; it administers none.");
+  let team: TeamRow | undefined;
+  if (teamId) {
+    if (!caller.mayOnTeam(teamId, "/key/generate")) throw forbidden(`You may not generate keys for team ${teamId}: you are not its admin and its members are not allowed to.`);
+    team = teamOrFail(ctx, teamId);
+  }
+  const userId = requested ?? caller.userId;
+  if (userId !== caller.userId) {
+    const member = team && caller.isTeamAdmin(team.teamId) && ctx.identity.teamMembers.get(team.teamId)?.has(userId);
+    if (!member) throw forbidden(`You may only generate keys for yourself (user_id ${caller.userId})${team ? " or members of a team you administer" : ""}.`);
+  }
+  if (typeof body.organization_id === "string" && body.organization_id !== team?.organizationId) {
+    throw forbidden("Only a proxy admin may attach a key to an organization other than its team's.");
+  }
+  if (!team) {
+    const user = ctx.identity.users.get(userId);
+    const models = Array.isArray(body.models) ? (body.models as string[]) : [];
+    const userModels = user?.models ?? [];
+    const outside = userModels.length === 0 || userModels.some((m) => EVERYTHING.has(m)) ? [] : models.filter((m) => !userModels.includes(m));
+    if (outside.length > 0) throw badRequest(`Model not in your allowed models: ${outside.join(", ")}.`, "models");
+  }
+  return { userId, team };
+}
+
+/**
+ * `/key/generate` (and, with `serviceAccount`, `/key/service-account/generate`): validates the
+ * body, checks who may create the key, inserts it, and returns the creation response, the only
+ * place the plaintext `key` ever appears.
+ */
+export async function generateKey(ctx: AdminCtx, body: Record<string, unknown>, opts: { serviceAccount?: boolean } = {}): Promise<Record<string, unknown>> {
+  const input = check(GenerateKeySchema, body) as KeyBody;
+  const serviceAccount = opts.serviceAccount === true;
+  const { userId, team } = authorizeGenerate(ctx, input, serviceAccount);
+  const now = Date.now();
+  const fields = keyFieldsOf(input);
+  const models = (fields.models as string[] | null | undefined) ?? [];
+  checkTeamModels(ctx, models, team);
+  checkReferences(ctx, fields);
+  const plaintext = typeof input.key === "string" ? input.key : newKeyValue();
+  const token = typeof input.key === "string" ? await assertNewKeyValue(ctx, input.key, "key") : hashKey(plaintext);
+  const alias = typeof input.key_alias === "string" ? input.key_alias : undefined;
+  await assertAliasFree(ctx.db, alias);
+
+  const merged = { autoRotate: false, rotationInterval: null, ...fields } as Partial<KeyRow>;
+  derivedTimes(fields, merged, input, now);
+  withProjectId(fields, input, {});
+  let serviceAccountId: string | null = null;
+  if (serviceAccount) {
+    serviceAccountId = alias ?? `sa-${randomUUID()}`;
+    fields.metadata = { ...((fields.metadata as Record<string, unknown> | undefined) ?? {}), service_account_id: serviceAccountId };
+  }
+  const expires = expiresOf(input, now) ?? null;
+  const changes = await ensureUser(ctx, userId);
+
+  let row: KeyRow | undefined;
+  try {
+    [row] = await ctx.db
+      .insert(virtualKeys)
+      .values({
+        ...fields,
+        token,
+        keyName: keyName(plaintext),
+        userId,
+        teamId: team?.teamId ?? null,
+        serviceAccountId,
+        expires,
+        createdBy: ctx.caller.changedBy,
+        updatedBy: ctx.caller.changedBy,
+      } as typeof virtualKeys.$inferInsert)
+      .returning();
+  } catch (err) {
+    if (isUniqueViolation(err)) throw alias ? aliasTaken(alias) : badRequest("This key already exists.", "key");
+    throw err;
+  }
+  if (!row) throw GatewayError.of(500, "The key was not stored.", "internal_server_error");
+  await ctx.changed(...changes, { kind: "key", token });
+  const created = toApi(row);
+  await ctx.audit({ action: "created", table: TABLE, objectId: token, after: created });
+  return { ...created, key: plaintext, token_id: token, duration: input.duration ?? null };
+}
+
+/**
+ * The row values an update sets, after the ownership rules: only proxy admins reassign users or
+ * organizations; a team admin may move a key between teams they administer and give it to a
+ * member; spend and the blocked flag belong to proxy and team admins (else a blocked key's owner
+ * could unblock it through /key/update).
+ */
+async function updateFields(ctx: AdminCtx, row: KeyRow, body: KeyBody): Promise<{ fields: Record<string, unknown>; changes: IdentityChange[] }> {
+  const caller = ctx.caller;
+  const now = Date.now();
+  const fields = keyFieldsOf(body);
+  const teamChanged = "teamId" in fields && fields.teamId !== row.teamId;
+  const userChanged = "userId" in fields && fields.userId !== row.userId;
+  const teamId = teamChanged ? (fields.teamId as string | null) : row.teamId;
+  if (!caller.isAdmin) {
+    // Leaving a team would shed the team's model and budget limits: only its admin may let a key go.
+    if (teamChanged && row.teamId !== null && !caller.isTeamAdmin(row.teamId)) throw forbidden(`Only an admin of team ${row.teamId} may move a key out of it.`);
+    if (teamChanged && teamId && !caller.isTeamAdmin(teamId)) throw forbidden(`You may not move a key to team ${teamId}: you are not its admin.`);
+    if (userChanged) {
+      const to = fields.userId as string | null;
+      const teamAdmin = teamId !== null && caller.isTeamAdmin(teamId) && (row.teamId === null || caller.isTeamAdmin(row.teamId));
+      if (!teamAdmin || (to !== null && !ctx.identity.teamMembers.get(teamId)?.has(to))) {
+        throw forbidden("Only a proxy admin may give a key to another user (a team admin: to a member of the key's team).");
+      }
+    }
+    if ("organizationId" in fields && fields.organizationId !== row.organizationId) throw forbidden("Only a proxy admin may change a key's organization.");
+    const spendChanged = "spend" in fields && Number(fields.spend) !== Number(row.spend);
+    const blockChanged = "blocked" in fields && fields.blocked !== row.blocked;
+    if ((spendChanged || blockChanged) && !caller.isTeamAdmin(row.teamId)) {
+      throw forbidden("Only a proxy admin or an admin of the key's team may change its spend or blocked state.");
+    }
+  }
+  const team = teamId ? (teamChanged ? teamOrFail(ctx, teamId) : ctx.identity.teams.get(teamId)) : undefined;
+  if (teamChanged || "models" in fields) checkTeamModels(ctx, (fields.models as string[] | undefined) ?? row.models, team);
+  checkReferences(ctx, {
+    organizationId: fields.organizationId !== row.organizationId ? fields.organizationId : undefined,
+    budgetId: fields.budgetId !== row.budgetId ? fields.budgetId : undefined,
+  });
+  if ("keyAlias" in fields) await assertAliasFree(ctx.db, fields.keyAlias as string | null, row.token);
+  derivedTimes(fields, { ...row, ...fields } as Partial<KeyRow>, body, now);
+  withProjectId(fields, body, row.metadata);
+  const expires = expiresOf(body, now);
+  if (expires !== undefined) fields.expires = expires;
+  fields.updatedBy = caller.changedBy;
+  fields.updatedAt = new Date(now);
+  const changes = userChanged ? await ensureUser(ctx, fields.userId as string | null) : [];
+  return { fields, changes };
+}
+
+async function updateKey(ctx: AdminCtx, row: KeyRow, body: KeyBody): Promise<KeyRow> {
+  const { fields, changes } = await updateFields(ctx, row, body);
+  let updated: KeyRow | undefined;
+  try {
+    [updated] = await ctx.db.update(virtualKeys).set(fields).where(eq(virtualKeys.token, row.token)).returning();
+  } catch (err) {
+    if (isUniqueViolation(err)) throw aliasTaken(String(fields.keyAlias));
+    throw err;
+  }
+  if (!updated) throw notFound("Key not found: it was deleted meanwhile.", "key");
+  await ctx.changed(...changes, { kind: "key", token: row.token });
+  await ctx.audit({ action: "updated", table: TABLE, objectId: row.token, before: toApi(row), after: toApi(updated) });
+  return updated;
+}
+
+/** A JSON body that may be absent (path-form routes): absent means `{}`. */
+async function optionalBody<S extends TSchema>(ctx: AdminCtx, schema: S): Promise<S["static"]> {
+  const text = await ctx.request.clone().text();
+  if (text.trim() === "") return check(schema, {});
+  return ctx.body(schema);
+}
+
+/** The `{key}` segment of `/key/{key}/<action>`. */
+function pathKey(ctx: AdminCtx): string {
+  const parts = ctx.url.pathname.split("/");
+  return decodeURIComponent(parts[2] ?? "");
+}
+
+async function blockKey(ctx: AdminCtx, blocked: boolean): Promise<Record<string, unknown>> {
+  const { key } = await ctx.body(KeyOnly);
+  ctx.caller.requireWriter();
+  const row = await keyInReach(ctx, key, blocked ? "/key/block" : "/key/unblock");
+  const [updated] = await ctx.db
+    .update(virtualKeys)
+    .set({ blocked, updatedBy: ctx.caller.changedBy, updatedAt: new Date() })
+    .where(eq(virtualKeys.token, row.token))
+    .returning();
+  if (!updated) throw notFound("Key not found: it was deleted meanwhile.", "key");
+  await ctx.changed({ kind: "key", token: row.token });
+  await ctx.audit({ action: blocked ? "blocked" : "unblocked", table: TABLE, objectId: row.token, before: toApi(row), after: toApi(updated) });
+  return toApi(updated);
+}
+
+function graceMs(input: string | null | undefined): number {
+  const text = input ?? process.env.SVC_KEY_ROTATION_GRACE_PERIOD;
+  if (!text) return 0;
+  return periodMs(text, input ? "grace_period" : "SVC_KEY_ROTATION_GRACE_PERIOD", true);
+}
+
+/** `/key/regenerate` and `/key/{key}/regenerate`: same row, new token; the response carries the new plaintext once. */
+async function regenerateKey(ctx: AdminCtx, keyFromPath: string | undefined): Promise<Record<string, unknown>> {
+  const input = (await optionalBody(ctx, RegenerateKeySchema)) as KeyBody;
+  ctx.caller.requireWriter();
+  if (typeof input.new_master_key === "string") {
+    throw badRequest("The master key is not rotated through this endpoint: set SVC_MASTER_KEY to the new value and restart or reload.", "new_master_key");
+  }
+  const named = keyFromPath ?? (typeof input.key === "string" ? input.key : undefined);
+  if (!named) throw badRequest("key is required: the key to regenerate, plain or hashed.", "key");
+  const row = await keyInReach(ctx, named, ["/key/regenerate", "/key/{key_id}/regenerate"]);
+  const { key: _k, new_key: _n, new_master_key: _m, grace_period: _g, ...changesOnly } = input;
+  const { fields, changes } = await updateFields(ctx, row, changesOnly);
+  const plaintext = typeof input.new_key === "string" ? input.new_key : newKeyValue();
+  const newToken = typeof input.new_key === "string" ? await assertNewKeyValue(ctx, input.new_key, "new_key") : hashKey(plaintext);
+  const grace = graceMs(input.grace_period as string | null | undefined);
+  let done: Awaited<ReturnType<typeof rotateKey>>;
+  try {
+    done = await rotateKey(ctx.db, { oldToken: row.token, newToken, newKeyName: keyName(plaintext), graceMs: grace, set: fields });
+  } catch (err) {
+    if (isUniqueViolation(err)) throw badRequest("The key alias or new key value is already in use.", "new_key");
+    throw err;
+  }
+  if (!done) throw notFound("Key not found: it was deleted or rotated meanwhile.", "key");
+  await ctx.changed(...changes, ...done.changes);
+  const after = toApi(done.row);
+  await ctx.audit({ action: "rotated", table: TABLE, objectId: newToken, before: toApi(row), after: { ...after, previous_token: row.token, grace_period_ms: grace } });
+  return { ...after, key: plaintext, token_id: newToken };
+}
+
+async function deleteKeys(ctx: AdminCtx): Promise<{ deleted_keys: string[] }> {
+  const input = await ctx.body(DeleteSchema);
+  ctx.caller.requireWriter();
+  const named = [...(input.keys ?? []), ...(typeof input.key === "string" ? [input.key] : [])];
+  const aliases = input.key_aliases ?? [];
+  if (named.length === 0 && aliases.length === 0) throw badRequest("Name the keys to delete in keys (plain or hashed) or key_aliases.", "keys");
+  // Every key is checked before any is deleted: one refusal deletes nothing.
+  const rows = new Map<string, KeyRow>();
+  for (const k of named) {
+    const row = await keyInReach(ctx, k, "/key/delete");
+    rows.set(row.token, row);
+  }
+  for (const alias of aliases) {
+    const [row] = await ctx.db
+      .select()
+      .from(virtualKeys)
+      .where(and(eq(virtualKeys.keyAlias, alias), isNull(virtualKeys.deletedAt)));
+    if (row && mayActOn(ctx.caller, row, "/key/delete")) rows.set(row.token, row);
+    else if (!row && ctx.caller.isAdmin) throw notFound(`No live key has the alias "${alias}".`, "key_aliases");
+    else throw forbidden(`You may not delete the key with alias "${alias}": it is neither yours nor a key of a team you administer.`);
+  }
+  const tokens = [...rows.keys()];
+  const now = new Date();
+  const changes: IdentityChange[] = tokens.map((token) => ({ kind: "key", token }));
+  await ctx.db.transaction(async (tx) => {
+    await tx
+      .update(virtualKeys)
+      .set({ deletedAt: now, deletedBy: ctx.caller.changedBy, updatedAt: now, updatedBy: ctx.caller.changedBy })
+      .where(inArray(virtualKeys.token, tokens));
+    // Old hashes of a rotated key still in their grace period die with it.
+    const dropped = await tx.delete(rotatedKeys).where(inArray(rotatedKeys.activeToken, tokens)).returning({ token: rotatedKeys.token });
+    for (const d of dropped) changes.push({ kind: "rotated_key", token: d.token });
+  });
+  await ctx.changed(...changes);
+  for (const row of rows.values()) {
+    await ctx.audit({ action: "deleted", table: TABLE, objectId: row.token, before: toApi(row), after: { deleted_at: now.toISOString(), deleted_by: ctx.caller.changedBy } });
+  }
+  return { deleted_keys: [...named.map(safeId), ...aliases] };
+}
+
+async function resetSpend(ctx: AdminCtx): Promise<Record<string, unknown>> {
+  const input = await optionalBody(ctx, ResetSpendSchema);
+  ctx.caller.requireWriter();
+  const row = await keyInReach(ctx, pathKey(ctx), "/key/{key_id}/reset_spend");
+  const previous = Number(row.spend);
+  const to = input.reset_to ?? 0;
+  if (to > previous) throw badRequest(`reset_to (${to}) must be between 0 and the current spend (${previous}).`, "reset_to");
+  const [updated] = await ctx.db
+    .update(virtualKeys)
+    .set({ spend: String(to), updatedBy: ctx.caller.changedBy, updatedAt: new Date() })
+    .where(eq(virtualKeys.token, row.token))
+    .returning();
+  if (!updated) throw notFound("Key not found: it was deleted meanwhile.", "key");
+  await ctx.changed({ kind: "key", token: row.token });
+  await ctx.audit({ action: "spend_reset", table: TABLE, objectId: row.token, before: { spend: previous }, after: { spend: to } });
+  const out = toApi(updated);
+  return { key_hash: row.token, spend: out.spend, previous_spend: previous, max_budget: out.max_budget ?? null, budget_reset_at: out.budget_reset_at ?? null };
+}
+
+async function bulkUpdate(ctx: AdminCtx): Promise<Record<string, unknown>> {
+  ctx.caller.requireAdmin();
+  const { keys } = await ctx.body(BulkUpdateSchema);
+  if (keys.length === 0) throw badRequest("keys is empty: list at least one {key, …} to update.", "keys");
+  if (keys.length > BULK_MAX) throw badRequest(`At most ${BULK_MAX} keys per bulk update; got ${keys.length}.`, "keys");
+  const successful: Record<string, unknown>[] = [];
+  const failed: { key_info: Record<string, unknown>; failed_reason: string }[] = [];
+  for (const item of keys) {
+    try {
+      const row = await keyInReach(ctx, item.key, "/key/update");
+      successful.push(toApi(await updateKey(ctx, row, item as KeyBody)));
+    } catch (err) {
+      const reason = err instanceof GatewayError ? err.message : "internal error (logged)";
+      if (!(err instanceof GatewayError)) ctx.log.error("bulk key update item failed", { error: String(err) });
+      failed.push({ key_info: { ...item, key: safeId(item.key) }, failed_reason: reason });
+    }
+  }
+  return { total_requested: keys.length, successful_updates: successful, failed_updates: failed };
+}
+
+function invalidQuery(name: string, message: string): GatewayError {
+  return GatewayError.of(422, `Invalid request: ${name}: ${message}`, "validation_error", name);
+}
+
+function intQuery(ctx: AdminCtx, name: string, fallback: number, max: number): number {
+  const raw = ctx.query(name);
+  if (raw === undefined || raw === "") return fallback;
+  const n = Number(raw);
+  if (!Number.isInteger(n) || n < 1 || n > max) throw invalidQuery(name, `Expected an integer from 1 to ${max}`);
+  return n;
+}
+
+function boolQuery(ctx: AdminCtx, name: string): boolean {
+  const raw = ctx.query(name)?.toLowerCase();
+  if (raw === undefined || raw === "" || raw === "false" || raw === "0") return false;
+  if (raw === "true" || raw === "1") return true;
+  throw invalidQuery(name, "Expected true or false");
+}
+
+const SORTABLE = {
+  created_at: virtualKeys.createdAt,
+  updated_at: virtualKeys.updatedAt,
+  spend: virtualKeys.spend,
+  max_budget: virtualKeys.maxBudget,
+  user_id: virtualKeys.userId,
+  team_id: virtualKeys.teamId,
+  organization_id: virtualKeys.organizationId,
+  key_alias: virtualKeys.keyAlias,
+  key_name: virtualKeys.keyName,
+  expires: virtualKeys.expires,
+  last_active: virtualKeys.lastActive,
+  rotation_count: virtualKeys.rotationCount,
+  token: virtualKeys.token,
+} as const;
+
+function sortOf(ctx: AdminCtx): SQL[] {
+  const by = ctx.query("sort_by") ?? "created_at";
+  const order = (ctx.query("sort_order") ?? "desc").toLowerCase();
+  const column = SORTABLE[by as keyof typeof SORTABLE];
+  if (!column) throw badRequest(`sort_by must be one of ${Object.keys(SORTABLE).join(", ")}.`, "sort_by");
+  if (order !== "asc" && order !== "desc") throw badRequest("sort_order must be asc or desc.", "sort_order");
+  const dir = order === "asc" ? asc : desc;
+  return [dir(column), asc(virtualKeys.token)];
+}
+
+/**
+ * Which keys a caller who cannot read everything may list: their own (or, for a key without a
+ * user, itself); with `include_team_keys` also those of teams they may list keys of; with
+ * `include_created_by_keys` those they created. Asking for another user's or team's keys outside
+ * that reach is a 403.
+ */
+function visibility(ctx: AdminCtx, teamFilter: string | undefined, userFilter: string | undefined): SQL {
+  const caller = ctx.caller;
+  const listTeams = [...(caller.userId ? (ctx.identity.userTeams.get(caller.userId)?.keys() ?? []) : [])].filter((t) => caller.mayOnTeam(t, "/key/list"));
+  if (teamFilter && !listTeams.includes(teamFilter)) throw forbidden(`You may not list the keys of team ${teamFilter}: you are not its admin.`);
+  const teams = teamFilter ? [teamFilter] : boolQuery(ctx, "include_team_keys") ? listTeams : [];
+  if (userFilter && userFilter !== caller.userId && teams.length === 0) throw forbidden("You may only list your own keys (and, as a team admin, your teams' keys).");
+  const own = caller.userId ? eq(virtualKeys.userId, caller.userId) : eq(virtualKeys.token, caller.keyHash);
+  const reach: SQL[] = [own];
+  if (teams.length > 0) reach.push(inArray(virtualKeys.teamId, teams));
+  if (boolQuery(ctx, "include_created_by_keys") && caller.userId) reach.push(eq(virtualKeys.createdBy, caller.userId));
+  return or(...reach)!;
+}
+
+async function listKeys(ctx: AdminCtx): Promise<Record<string, unknown>> {
+  const page = intQuery(ctx, "page", 1, Number.MAX_SAFE_INTEGER);
+  const size = intQuery(ctx, "size", 10, 100);
+  const status = ctx.query("status");
+  if (status !== undefined && status !== "deleted" && status !== "active") throw badRequest("status must be deleted or active.", "status");
+  const where: SQL[] = [status === "deleted" ? isNotNull(virtualKeys.deletedAt) : isNull(virtualKeys.deletedAt)];
+  const exact = { user_id: virtualKeys.userId, team_id: virtualKeys.teamId, organization_id: virtualKeys.organizationId, key_alias: virtualKeys.keyAlias };
+  for (const [name, column] of Object.entries(exact)) {
+    const v = ctx.query(name);
+    if (v) where.push(eq(column, v));
+  }
+  const keyHash = ctx.query("key_hash");
+  if (keyHash) where.push(eq(virtualKeys.token, tokenOf(keyHash)));
+  const project = ctx.query("project_id");
+  if (project) where.push(sql`${virtualKeys.metadata}->>'project_id' = ${project}`);
+  const group = ctx.query("access_group_id");
+  if (group) where.push(sql`${group} = any(${virtualKeys.accessGroupIds})`);
+  if (!ctx.caller.canReadAll) where.push(visibility(ctx, ctx.query("team_id"), ctx.query("user_id")));
+  const order = sortOf(ctx);
+  const expandUser = (ctx.query("expand") ?? "").split(",").includes("user");
+  const full = boolQuery(ctx, "return_full_object") || expandUser;
+
+  const filter = and(...where);
+  const [{ count } = { count: 0 }] = await ctx.db.select({ count: sql<number>`count(*)::int` }).from(virtualKeys).where(filter);
+  const rows = await ctx.db
+    .select()
+    .from(virtualKeys)
+    .where(filter)
+    .orderBy(...order)
+    .limit(size)
+    .offset((page - 1) * size);
+  let keys: unknown[] = rows.map((r) => (full ? toApi(r) : r.token));
+  if (expandUser) {
+    const ids = [...new Set(rows.map((r) => r.userId).filter((u): u is string => u !== null))];
+    const found = ids.length > 0 ? await ctx.db.select().from(users).where(inArray(users.userId, ids)) : [];
+    const byId = new Map(found.map((u) => [u.userId, toApi(u)]));
+    keys = rows.map((r) => ({ ...toApi(r), user: r.userId ? (byId.get(r.userId) ?? null) : null }));
+  }
+  return { keys, total_count: Number(count), current_page: page, total_pages: Math.ceil(Number(count) / size) };
+}
+
+/** LIKE metacharacters in a search term match themselves. */
+function likeEscape(s: string): string {
+  return s.replace(/[\\%_]/g, (c) => `\\${c}`);
+}
+
+async function listAliases(ctx: AdminCtx): Promise<Record<string, unknown>> {
+  ctx.caller.requireReadAll();
+  const page = intQuery(ctx, "page", 1, Number.MAX_SAFE_INTEGER);
+  const size = intQuery(ctx, "size", 50, 100);
+  const search = ctx.query("search");
+  const where = and(isNull(virtualKeys.deletedAt), isNotNull(virtualKeys.keyAlias), search ? ilike(virtualKeys.keyAlias, `%${likeEscape(search)}%`) : undefined);
+  const [{ count } = { count: 0 }] = await ctx.db
+    .select({ count: sql<number>`count(distinct ${virtualKeys.keyAlias})::int` })
+    .from(virtualKeys)
+    .where(where);
+  const rows = await ctx.db
+    .selectDistinct({ alias: virtualKeys.keyAlias })
+    .from(virtualKeys)
+    .where(where)
+    .orderBy(asc(virtualKeys.keyAlias))
+    .limit(size)
+    .offset((page - 1) * size);
+  return { aliases: rows.map((r) => r.alias), total_count: Number(count), current_page: page, total_pages: Math.ceil(Number(count) / size) };
+}
+
+async function keyInfo(ctx: AdminCtx): Promise<Record<string, unknown>> {
+  const named = ctx.query("key") ?? (ctx.caller.principal.key ? ctx.caller.keyHash : undefined);
+  if (!named) throw badRequest("key is required: the master key is not a stored key, so name the key to inspect (plain or hashed).", "key");
+  const row = await keyInReach(ctx, named, "/key/info");
+  return { key: row.token, info: toApi(row) };
+}
+
+/**
+ * Key-level logging: this gateway sends no logs to callbacks a key lists in `metadata.logging`,
+ * so a key that lists some is reported unhealthy, with the reason, rather than pretending.
+ */
+function keyHealth(ctx: AdminCtx): Record<string, unknown> {
+  const logging = ctx.caller.principal.key?.metadata?.logging;
+  const entries = Array.isArray(logging) ? logging : logging ? [logging] : [];
+  if (entries.length === 0) return { key: "healthy", logging_callbacks: null };
+  const names = entries.map((e) => (e && typeof e === "object" && "callback_name" in e ? String(e.callback_name) : String(e)));
+  return {
+    key: "unhealthy",
+    logging_callbacks: {
+      callbacks: names,
+      status: "unhealthy",
+      details: "This gateway does not deliver logs to key-level callbacks (metadata.logging); no test log was sent and these callbacks receive nothing. Use team logging callbacks instead.",
+    },
+  };
+}
+
+export function keyRoutes(deps: AdminDeps) {
+  const route = <R>(handler: (ctx: AdminCtx) => Promise<R>) => adminRoute(deps, handler);
+  const raw = { parse: "none" } as const;
+  return new Elysia()
+    .post("/key/generate", route(async (ctx) => generateKey(ctx, await ctx.body(AnyObject))), raw)
+    .post("/key/service-account/generate", route(async (ctx) => generateKey(ctx, await ctx.body(AnyObject), { serviceAccount: true })), raw)
+    .get("/key/info", route(keyInfo))
+    .get("/key/list", route(listKeys))
+    .get("/key/aliases", route(listAliases))
+    .post(
+      "/key/update",
+      route(async (ctx) => {
+        const body = (await ctx.body(UpdateKeySchema)) as KeyBody & { key: string };
+        ctx.caller.requireWriter();
+        const row = await keyInReach(ctx, body.key, "/key/update");
+        const updated = await updateKey(ctx, row, body);
+        return { ...toApi(updated), key: updated.token };
+      }),
+      raw,
+    )
+    .post("/key/bulk_update", route(bulkUpdate), raw)
+    .post("/key/delete", route(deleteKeys), raw)
+    .post("/key/block", route((ctx) => blockKey(ctx, true)), raw)
+    .post("/key/unblock", route((ctx) => blockKey(ctx, false)), raw)
+    .post("/key/regenerate", route((ctx) => regenerateKey(ctx, undefined)), raw)
+    .post("/key/:key/regenerate", route((ctx) => regenerateKey(ctx, pathKey(ctx))), raw)
+    .post("/key/:key/reset_spend", route(resetSpend), raw)
+    .post("/key/health", route(async (ctx) => keyHealth(ctx)), raw);
 }

@@ -1,0 +1,142 @@
+/**
+ * Key rotation: one row keeps its spend, limits and configuration and gets a new token. The old
+ * hash is revoked at once, or kept in `rotated_keys` until its grace period ends.
+ *
+ * The background job rotates keys with `auto_rotate` whose `key_rotation_at` has passed, every
+ * ~10 s on each instance (a key is rotated once: the update is conditional on the old token).
+ * Nobody receives the new plaintext of an automatically rotated key: it is generated, hashed and
+ * dropped, so the old value stops working and the owner must `/key/regenerate` to get a usable
+ * one. The job logs the alias and the new hash, never a plaintext.
+ */
+import { randomUUID } from "node:crypto";
+import { and, eq, isNull, lte, sql } from "drizzle-orm";
+import type { Logger } from "../contract.ts";
+import type { Db } from "../store/db.ts";
+import { auditLog, rotatedKeys, virtualKeys } from "../store/schema.ts";
+import type { ChangeBus } from "./bus.ts";
+import { parseDuration } from "./duration.ts";
+import { hashKey, keyName, newKeyValue } from "./keys.ts";
+import type { IdentityChange, KeyRow } from "./records.ts";
+import { toApi } from "./serialize.ts";
+
+export interface Rotation {
+  /** The old row's token. */
+  oldToken: string;
+  newToken: string;
+  newKeyName: string;
+  /** 0 revokes the old hash at once. */
+  graceMs: number;
+  /** Other fields to write with the rotation (a regenerate's updates, `updated_by`). */
+  set?: Partial<typeof virtualKeys.$inferInsert>;
+  now?: number;
+}
+
+/**
+ * Moves a live key to its new token. Returns the new row and the identity changes to publish
+ * (new key first, so the key is never missing from a cache), or undefined when the old token is
+ * no longer live (deleted, or rotated meanwhile by someone else).
+ */
+export async function rotateKey(db: Db, r: Rotation): Promise<{ row: KeyRow; changes: IdentityChange[] } | undefined> {
+  const now = r.now ?? Date.now();
+  return db.transaction(async (tx) => {
+    const [current] = await tx
+      .select()
+      .from(virtualKeys)
+      .where(and(eq(virtualKeys.token, r.oldToken), isNull(virtualKeys.deletedAt)));
+    if (!current) return undefined;
+    const merged = { ...current, ...r.set };
+    const interval = merged.autoRotate && merged.rotationInterval ? parseDuration(merged.rotationInterval) : undefined;
+    const [row] = await tx
+      .update(virtualKeys)
+      .set({
+        ...r.set,
+        token: r.newToken,
+        keyName: r.newKeyName,
+        rotationCount: sql`${virtualKeys.rotationCount} + 1`,
+        lastRotationAt: new Date(now),
+        keyRotationAt: interval ? new Date(now + interval) : (merged.keyRotationAt ?? null),
+        updatedAt: new Date(now),
+      })
+      .where(and(eq(virtualKeys.token, r.oldToken), isNull(virtualKeys.deletedAt)))
+      .returning();
+    if (!row) return undefined;
+    const changes: IdentityChange[] = [{ kind: "key", token: r.newToken }];
+    // Older hashes still in their grace period now lead to the new token.
+    const moved = await tx.update(rotatedKeys).set({ activeToken: r.newToken }).where(eq(rotatedKeys.activeToken, r.oldToken)).returning({ token: rotatedKeys.token });
+    for (const m of moved) changes.push({ kind: "rotated_key", token: m.token });
+    if (r.graceMs > 0) {
+      await tx.insert(rotatedKeys).values({ token: r.oldToken, activeToken: r.newToken, revokeAt: new Date(now + r.graceMs) });
+      changes.push({ kind: "rotated_key", token: r.oldToken });
+    }
+    changes.push({ kind: "key", token: r.oldToken });
+    return { row, changes };
+  });
+}
+
+const CHECK_INTERVAL_MS = 10_000;
+const SYSTEM_ACTOR = "system:auto-rotate";
+
+/** Rotates every due key once and drops rotated hashes whose grace has ended; returns how many keys it rotated. */
+export async function rotateDueKeys(db: Db, bus: ChangeBus, log: Logger, now = Date.now()): Promise<number> {
+  const due = await db
+    .select()
+    .from(virtualKeys)
+    .where(and(eq(virtualKeys.autoRotate, true), lte(virtualKeys.keyRotationAt, new Date(now)), isNull(virtualKeys.deletedAt)));
+  let rotated = 0;
+  for (const old of due) {
+    const fresh = newKeyValue();
+    const newToken = hashKey(fresh);
+    const done = await rotateKey(db, { oldToken: old.token, newToken, newKeyName: keyName(fresh), graceMs: 0, set: { updatedBy: SYSTEM_ACTOR }, now });
+    if (!done) continue;
+    rotated++;
+    await db.insert(auditLog).values({
+      id: randomUUID(),
+      changedBy: SYSTEM_ACTOR,
+      action: "rotated",
+      tableName: "virtual_keys",
+      objectId: newToken,
+      beforeValue: toApi(old),
+      updatedValues: toApi(done.row),
+    });
+    await bus.publish(...done.changes);
+    log.info("key rotated automatically; its new value was not kept: regenerate it to get a usable key", {
+      key_alias: old.keyAlias,
+      old_token: old.token,
+      new_token: newToken,
+      rotation_count: done.row.rotationCount,
+    });
+  }
+  const expired = await db.delete(rotatedKeys).where(lte(rotatedKeys.revokeAt, new Date(now))).returning({ token: rotatedKeys.token });
+  if (expired.length > 0) await bus.publish(...expired.map((e): IdentityChange => ({ kind: "rotated_key", token: e.token })));
+  return rotated;
+}
+
+/** Runs `rotateDueKeys` every ~10 s until stopped. */
+export class KeyRotator {
+  private timer: ReturnType<typeof setInterval> | undefined;
+  private running: Promise<unknown> | undefined;
+
+  constructor(
+    private readonly db: Db,
+    private readonly bus: ChangeBus,
+    private readonly log: Logger,
+    private readonly intervalMs = CHECK_INTERVAL_MS,
+  ) {}
+
+  start(): void {
+    this.timer = setInterval(() => {
+      if (this.running) return;
+      this.running = rotateDueKeys(this.db, this.bus, this.log)
+        .catch((err) => this.log.warn("automatic key rotation failed; will retry", { error: String(err) }))
+        .finally(() => {
+          this.running = undefined;
+        });
+    }, this.intervalMs);
+    this.timer.unref?.();
+  }
+
+  async stop(): Promise<void> {
+    clearInterval(this.timer);
+    await this.running;
+  }
+}
