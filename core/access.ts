@@ -1,7 +1,8 @@
 /**
- * Model and route access for a principal: every level (key, team, org, user) must allow the model;
- * a list may name models, wildcards (`openai/*`), access groups, or everything (`*`,
- * `all-proxy-models`). An empty list does not restrict its level.
+ * Model and route access for a principal: every level (key, team or user, org) must allow the
+ * model; a list may name models, wildcards (`openai/*`), access groups, or everything (`*`,
+ * `all-proxy-models`). An empty list does not restrict its level (a key with no models inherits its
+ * team's, a team with none may use every model); `all-team-models` on a key means the same.
  */
 import type { AccessLevel, AccessLevelName, AccessRules, Principal } from "./contract.ts";
 import { GatewayError } from "./errors.ts";
@@ -16,21 +17,51 @@ const EVERYTHING = new Set(["*", "all-proxy-models"]);
 /** Names that mean "inherit the next level" rather than restrict. */
 const INHERIT = new Set(["all-team-models"]);
 
-function matchesEntry(entry: string, model: string): boolean {
+/** `entry` names `model` exactly, is a catch-all, or is a pattern with one `*` (`openai/*`, `claude-*-latest`). */
+export function matchesEntry(entry: string, model: string): boolean {
   if (entry === model || EVERYTHING.has(entry)) return true;
-  return entry.endsWith("*") && model.startsWith(entry.slice(0, -1));
+  const star = entry.indexOf("*");
+  if (star < 0) return false;
+  const prefix = entry.slice(0, star);
+  const suffix = entry.slice(star + 1);
+  return model.length >= prefix.length + suffix.length && model.startsWith(prefix) && model.endsWith(suffix);
+}
+
+/** Whether `level` restricts nothing. */
+export function unrestricted(level: AccessLevel): boolean {
+  if (level.models.some((m) => INHERIT.has(m))) return true;
+  return level.models.length === 0 && level.accessGroupIds.length === 0;
 }
 
 function levelAllows(level: AccessLevel, model: string, groups: AccessGroupLookup): boolean {
-  const entries = level.models.filter((m) => !INHERIT.has(m));
-  if (entries.length === 0 && level.accessGroupIds.length === 0) return true;
-  for (const entry of entries) {
+  if (unrestricted(level)) return true;
+  for (const entry of level.models) {
     if (matchesEntry(entry, model)) return true;
-    const group = groups.byName(entry);
-    if (group?.some((m) => matchesEntry(m, model))) return true;
+    if (groups.byName(entry)?.some((m) => matchesEntry(m, model))) return true;
   }
   for (const id of level.accessGroupIds) if (groups.byId(id)?.some((m) => matchesEntry(m, model))) return true;
   return false;
+}
+
+/** How far up an alias is trusted: an alias set on a level speaks for that level and those below it. */
+const RANK: Record<AccessLevelName, number> = { key: 0, user: 1, team: 1, org: 2 };
+
+/**
+ * A level passes when it allows the model actually called, or when it allows the requested alias
+ * and the alias was set at that level or above. So a key alias (set by a team admin) cannot reach a
+ * model its team or org does not allow, while an org alias listed by name in a team's models works.
+ */
+function passes(level: AccessLevel, requested: string, target: string, aliasFrom: AccessLevelName | undefined, groups: AccessGroupLookup): boolean {
+  if (levelAllows(level, target, groups)) return true;
+  if (target === requested || aliasFrom === undefined) return false;
+  return RANK[aliasFrom] >= RANK[level.level] && levelAllows(level, requested, groups);
+}
+
+function aliasOf(rules: AccessRules, requested: string): { target: string; from: AccessLevelName | undefined } {
+  const target = rules.aliases[requested];
+  if (target === undefined) return { target: requested, from: undefined };
+  // Without a recorded source the alias is trusted only by the key level (the safe default).
+  return { target, from: rules.aliasSources?.[requested] ?? "key" };
 }
 
 const DENIAL_TYPE: Record<AccessLevelName, string> = {
@@ -40,17 +71,23 @@ const DENIAL_TYPE: Record<AccessLevelName, string> = {
   user: "user_model_access_denied",
 };
 
+/** The names a level allows, for the denial message: its list, with its access groups' models. */
+function allowedNames(level: AccessLevel, groups: AccessGroupLookup): string[] {
+  const names = [...level.models];
+  for (const id of level.accessGroupIds) names.push(...(groups.byId(id) ?? [`access_group:${id}`]));
+  return [...new Set(names)];
+}
+
 /** The model group to call for `requested` (after aliases), or a 401 naming the level that denied it. */
 export function authorizeModel(principal: Principal, requested: string, groups: AccessGroupLookup): string {
   const rules = principal.access;
   if (!rules) return requested;
-  const target = rules.aliases[requested] ?? requested;
+  const { target, from } = aliasOf(rules, requested);
   for (const level of rules.levels) {
-    if (levelAllows(level, target, groups) || (target !== requested && levelAllows(level, requested, groups))) continue;
-    const allowed = [...level.models, ...level.accessGroupIds.map((id) => `access_group:${id}`)];
+    if (passes(level, requested, target, from, groups)) continue;
     throw GatewayError.of(
       401,
-      `${level.level} not allowed to access model. This ${level.level} can only access models=${JSON.stringify(allowed)}. Tried to access ${requested}`,
+      `${level.level} not allowed to access model. This ${level.level} can only access models=${JSON.stringify(allowedNames(level, groups))}. Tried to access ${requested}`,
       DENIAL_TYPE[level.level],
       "model",
     );
@@ -61,16 +98,30 @@ export function authorizeModel(principal: Principal, requested: string, groups: 
 /** Whether the principal may use `model` (for listing models). */
 export function mayUseModel(rules: AccessRules | undefined, model: string, groups: AccessGroupLookup): boolean {
   if (!rules) return true;
-  const target = rules.aliases[model] ?? model;
-  return rules.levels.every((l) => levelAllows(l, target, groups) || levelAllows(l, model, groups));
+  const { target, from } = aliasOf(rules, model);
+  return rules.levels.every((l) => passes(l, model, target, from, groups));
+}
+
+/**
+ * Named route groups usable in `allowed_routes` (LiteLLM's names): model calls, and everything
+ * else (management).
+ */
+const LLM_API_ROUTE = /^\/(v1\/)?(chat\/completions|completions|embeddings|models(\/.*)?|model\/info)$|^\/(openai\/deployments|engines)\//;
+
+/** A model-call route is served with and without `/v1`, so a pattern naming either form matches both. */
+function forms(path: string): string[] {
+  if (!LLM_API_ROUTE.test(path)) return [path];
+  return path.startsWith("/v1/") ? [path, path.slice(3)] : [path, `/v1${path}`];
 }
 
 function routeMatches(pattern: string, path: string): boolean {
-  if (pattern.endsWith("/*")) return path === pattern.slice(0, -2) || path.startsWith(pattern.slice(0, -1));
-  return pattern === path;
+  if (pattern === "llm_api_routes") return LLM_API_ROUTE.test(path);
+  if (pattern === "management_routes") return !LLM_API_ROUTE.test(path);
+  const prefix = pattern.endsWith("/*") ? pattern.slice(0, -1) : undefined;
+  return forms(path).some((p) => (prefix === undefined ? p === pattern : p === prefix.slice(0, -1) || p.startsWith(prefix)));
 }
 
-/** `allowed_routes` on a key: exact paths or `prefix/*`; empty allows every route. */
+/** `allowed_routes` on a key: exact paths, `prefix/*`, or a named group; empty allows every route. */
 export function authorizeRoute(principal: Principal, path: string): void {
   const routes = principal.access?.allowedRoutes;
   if (!routes || routes.length === 0 || routes.some((r) => routeMatches(r, path))) return;

@@ -63,6 +63,8 @@ export interface ErrorInfo {
 /** A stream part produced by an adapter: the OpenAI chunk to send, or usage learned from upstream. */
 export type StreamPart =
   | { type: "chunk"; chunk: WireJson }
+  /** A chunk already serialized as JSON text, sent as is (no re-serialization on the hot path). */
+  | { type: "data"; data: string }
   | { type: "usage"; usage: Usage }
   | { type: "error"; error: ErrorInfo };
 
@@ -136,6 +138,8 @@ export interface AccessRules {
   levels: readonly AccessLevel[];
   /** Requested model name → model group actually called (key aliases over team and org ones). */
   aliases: Readonly<Record<string, string>>;
+  /** Which level set each alias (a level trusts only aliases set at or above it); absent means `key`. */
+  aliasSources?: Readonly<Record<string, AccessLevelName>>;
   /** Exact paths or `prefix/*` patterns; empty means every route. */
   allowedRoutes: readonly string[];
   allowedPassthroughRoutes: readonly string[];

@@ -5,7 +5,19 @@
  */
 import { createHash } from "node:crypto";
 import { Type } from "@sinclair/typebox";
-import { type AccessLevel, type Denied, definePlugin, type Hooks, type IdentityView, type KeyRow, type Principal, type Role } from "../core/contract.ts";
+import {
+  type AccessLevel,
+  type AccessLevelName,
+  type Denied,
+  definePlugin,
+  type Hooks,
+  type IdentityView,
+  type KeyRow,
+  type OrgRow,
+  type Principal,
+  type Role,
+  type TeamRow,
+} from "../core/contract.ts";
 import { errorInfo } from "../core/errors.ts";
 
 const ROLES = new Set<Role>(["proxy_admin", "proxy_admin_viewer", "internal_user", "internal_user_viewer"]);
@@ -20,38 +32,61 @@ function stringMap(v: unknown): Record<string, string> {
   return out;
 }
 
+/** Aliases of the key, its team and its org, the most specific winning, with where each came from. */
+function aliasesOf(key: KeyRow, team: TeamRow | undefined, orgs: readonly OrgRow[]) {
+  const aliases: Record<string, string> = {};
+  const aliasSources: Record<string, AccessLevelName> = {};
+  const add = (from: AccessLevelName, map: unknown) => {
+    for (const [name, target] of Object.entries(stringMap(map))) {
+      aliases[name] = target;
+      aliasSources[name] = from;
+    }
+  };
+  for (const org of orgs) add("org", org.modelAliases);
+  add("team", team?.modelAliases);
+  add("key", key.aliases);
+  return { aliases, aliasSources };
+}
+
 function principalOf(identity: IdentityView, key: KeyRow): Principal | Denied {
   if (key.blocked) return deny("Authentication Error: this key is blocked. A proxy admin can unblock it with /key/unblock.");
   const team = key.teamId ? identity.teams.get(key.teamId) : undefined;
   if (key.teamId && !team) return deny(`Authentication Error: the key's team ${key.teamId} no longer exists.`);
   if (team?.blocked) return deny(`Authentication Error: team ${team.teamId} is blocked. A proxy admin can unblock it with /team/unblock.`);
-  const orgId = key.organizationId ?? team?.organizationId ?? undefined;
-  const org = orgId ? identity.orgs.get(orgId) : undefined;
-  if (org?.blocked) return deny(`Authentication Error: organization ${org.organizationId} is blocked.`);
+  // The key's own org and its team's org both bind it (they normally agree).
+  const orgIds = [...new Set([key.organizationId, team?.organizationId].filter((id): id is string => !!id))];
+  const orgs: OrgRow[] = [];
+  for (const id of orgIds) {
+    const org = identity.orgs.get(id);
+    if (!org) return deny(`Authentication Error: the key's organization ${id} no longer exists.`);
+    if (org.blocked) return deny(`Authentication Error: organization ${id} is blocked. A proxy admin can unblock it with /organization/update.`);
+    orgs.push(org);
+  }
   const user = key.userId ? identity.users.get(key.userId) : undefined;
   const role = user && ROLES.has(user.userRole as Role) ? (user.userRole as Role) : "internal_user";
 
   const levels: AccessLevel[] = [{ level: "key", models: key.models, accessGroupIds: key.accessGroupIds }];
   if (team) levels.push({ level: "team", models: team.models, accessGroupIds: team.accessGroupIds });
+  // A personal key (no team) is bound by its user's models; a team key by its team's.
   else if (user) levels.push({ level: "user", models: user.models, accessGroupIds: [] });
-  if (org) levels.push({ level: "org", models: org.models, accessGroupIds: [] });
+  for (const org of orgs) levels.push({ level: "org", models: org.models, accessGroupIds: [] });
   return {
     keyHash: key.token,
     role,
     keyAlias: key.keyAlias ?? undefined,
     userId: key.userId ?? undefined,
     teamId: key.teamId ?? undefined,
-    orgId,
+    orgId: orgIds[0],
     metadata: key.metadata,
     access: {
       levels,
-      aliases: { ...stringMap(org?.modelAliases), ...stringMap(team?.modelAliases), ...stringMap(key.aliases) },
+      ...aliasesOf(key, team, orgs),
       allowedRoutes: key.allowedRoutes,
       allowedPassthroughRoutes: key.allowedPassthroughRoutes,
     },
     key,
     team,
-    org,
+    org: orgs[0],
     user,
   };
 }

@@ -1,7 +1,7 @@
 /**
  * Spreads identity changes: applied to this instance's cache before the admin call returns, and
  * published on Redis (when configured) so every other instance reloads the same rows within
- * milliseconds.
+ * milliseconds. Without Redis, other instances sharing the database do not hear of changes.
  */
 import type Redis from "ioredis";
 import type { Logger } from "../contract.ts";
@@ -9,10 +9,15 @@ import type { IdentityCache } from "./cache.ts";
 import type { IdentityChange } from "./records.ts";
 
 const CHANNEL = "svc:identity-changes";
+/** Unpublished changes kept while Redis is unreachable; beyond this, one full reload is sent instead. */
+const MAX_PENDING = 1000;
 
 export class ChangeBus {
   private readonly instanceId = crypto.randomUUID();
   private subscriber: Redis | undefined;
+  /** Changes made here that could not be published yet (Redis down); sent when it is back. */
+  private pending: IdentityChange[] = [];
+  private subscribedOnce: Promise<void> = Promise.resolve();
 
   constructor(
     private readonly cache: IdentityCache,
@@ -20,21 +25,49 @@ export class ChangeBus {
     private readonly redis?: Redis,
   ) {}
 
-  /** Subscribes to other instances' changes. A lost connection reloads everything on reconnect. */
+  /**
+   * Subscribes to other instances' changes. Every (re)connection resubscribes first and then reloads
+   * everything, because messages published while we were away (or before the first subscription)
+   * are gone; doing it in that order leaves no window in which a change could be missed.
+   */
   async start(): Promise<void> {
     if (!this.redis) return;
-    const sub = this.redis.duplicate({ enableOfflineQueue: true, maxRetriesPerRequest: null });
+    const sub = this.redis.duplicate({ enableOfflineQueue: true, maxRetriesPerRequest: null, lazyConnect: true });
     this.subscriber = sub;
-    sub.on("error", () => undefined);
-    let connectedBefore = false;
+    // A first connection made at once can only have missed the changes of the last few
+    // milliseconds (identity rows reloaded quietly); after an outage stored models may have
+    // changed too, so the full reload also rebuilds the model registry.
+    let outage = false;
+    sub.on("error", () => {
+      outage = true;
+    });
+    let first: (() => void) | undefined;
+    this.subscribedOnce = new Promise<void>((resolve) => {
+      first = resolve;
+    });
     sub.on("ready", () => {
-      // Messages published while we were away are gone: resynchronise from the store.
-      if (connectedBefore) void this.cache.apply({ kind: "all" }).catch((err) => this.log.error("identity resync failed", { error: String(err) }));
-      connectedBefore = true;
+      const full = outage;
+      outage = true;
+      void this.resync(sub, full).finally(() => first?.());
     });
     sub.on("message", (_channel: string, message: string) => void this.receive(message));
+    this.redis.on("ready", () => void this.flushPending());
     // Not awaited: with Redis down the subscription completes when it comes back.
-    void sub.subscribe(CHANNEL).catch((err) => this.log.warn("identity change subscription failed", { error: String(err) }));
+    sub.connect().catch((err) => this.log.warn("identity change subscriber could not connect yet; retrying", { error: String(err) }));
+  }
+
+  /** Resolves once the first subscription (and its resync) has completed; for tests and start-up checks. */
+  subscribed(): Promise<void> {
+    return this.subscribedOnce;
+  }
+
+  private async resync(sub: Redis, full: boolean): Promise<void> {
+    try {
+      await sub.subscribe(CHANNEL);
+      await (full ? this.cache.apply({ kind: "all" }) : this.cache.refresh());
+    } catch (err) {
+      this.log.error("identity resync failed", { error: String(err) });
+    }
   }
 
   private async receive(message: string): Promise<void> {
@@ -51,11 +84,26 @@ export class ChangeBus {
   async publish(...changes: IdentityChange[]): Promise<void> {
     for (const change of changes) await this.cache.apply(change);
     if (!this.redis) return;
+    await this.send(changes);
+  }
+
+  private async send(changes: IdentityChange[]): Promise<void> {
+    if (!this.redis) return;
     try {
       await this.redis.publish(CHANNEL, JSON.stringify({ origin: this.instanceId, changes }));
     } catch (err) {
-      this.log.warn("could not publish identity change to other instances", { error: String(err) });
+      // The other instances would otherwise keep serving the old rows until their own reconnect.
+      this.pending.push(...changes);
+      if (this.pending.length > MAX_PENDING) this.pending = [{ kind: "all" }];
+      this.log.warn("could not publish identity change to other instances; will send it when Redis is back", { error: String(err) });
     }
+  }
+
+  private async flushPending(): Promise<void> {
+    if (this.pending.length === 0) return;
+    const changes = this.pending;
+    this.pending = [];
+    await this.send(changes);
   }
 
   async stop(): Promise<void> {

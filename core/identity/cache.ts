@@ -17,6 +17,8 @@ export class IdentityCache implements IdentityView {
   readonly users = new Map<string, UserRow>();
   readonly budgets = new Map<string, BudgetRow>();
   readonly accessGroups = new Map<string, AccessGroupRow>();
+  /** accessGroupName → row (the hot path looks groups up by name). */
+  private readonly accessGroupNames = new Map<string, AccessGroupRow>();
   /** teamId → userId → role */
   readonly teamMembers = new Map<string, Map<string, TeamRole>>();
   /** userId → teamId → role */
@@ -30,6 +32,11 @@ export class IdentityCache implements IdentityView {
   /** Keys used since the last `last_active` write (written in batches off the request path). */
   readonly touched = new Set<string>();
   private readonly listeners = new Set<(c: IdentityChange) => void>();
+  /**
+   * Changes are applied one at a time: two reloads of the same row racing could otherwise land
+   * out of order (the older read last), and a full reload could overwrite a newer single-row one.
+   */
+  private queue: Promise<void> = Promise.resolve();
 
   constructor(private readonly db: Db) {}
 
@@ -52,14 +59,27 @@ export class IdentityCache implements IdentityView {
     for (const row of o) this.orgs.set(row.organizationId, row);
     for (const row of u) this.users.set(row.userId, row);
     for (const row of b) this.budgets.set(row.budgetId, row);
-    for (const row of g) this.accessGroups.set(row.accessGroupId, row);
+    for (const row of g) this.setAccessGroup(row);
     for (const row of tm) this.setTeamMember(row.teamId, row.userId, row.role as TeamRole);
     for (const row of om) this.setOrgMember(row.organizationId, row.userId, row.userRole);
     this.generation++;
   }
 
   private clear(): void {
-    for (const m of [this.keys, this.rotated, this.teams, this.orgs, this.users, this.budgets, this.accessGroups, this.teamMembers, this.userTeams, this.orgMembers, this.userOrgs]) m.clear();
+    for (const m of [this.keys, this.rotated, this.teams, this.orgs, this.users, this.budgets, this.accessGroups, this.accessGroupNames, this.teamMembers, this.userTeams, this.orgMembers, this.userOrgs]) m.clear();
+  }
+
+  private setAccessGroup(row: AccessGroupRow): void {
+    const old = this.accessGroups.get(row.accessGroupId);
+    if (old) this.accessGroupNames.delete(old.accessGroupName);
+    this.accessGroups.set(row.accessGroupId, row);
+    this.accessGroupNames.set(row.accessGroupName, row);
+  }
+
+  private deleteAccessGroup(id: string): void {
+    const old = this.accessGroups.get(id);
+    if (old) this.accessGroupNames.delete(old.accessGroupName);
+    this.accessGroups.delete(id);
   }
 
   private setTeamMember(teamId: string, userId: string, role: TeamRole): void {
@@ -85,8 +105,21 @@ export class IdentityCache implements IdentityView {
     return () => this.listeners.delete(listener);
   }
 
-  /** Reloads what a change touched from the store. */
-  async apply(change: IdentityChange): Promise<void> {
+  /** Reloads what a change touched from the store (queued behind earlier changes). */
+  apply(change: IdentityChange): Promise<void> {
+    const run = this.queue.then(() => this.reload(change));
+    this.queue = run.catch(() => undefined);
+    return run;
+  }
+
+  /** Reloads every identity row (queued like `apply`), without notifying listeners. */
+  refresh(): Promise<void> {
+    const run = this.queue.then(() => this.loadAll());
+    this.queue = run.catch(() => undefined);
+    return run;
+  }
+
+  private async reload(change: IdentityChange): Promise<void> {
     const db = this.db;
     switch (change.kind) {
       case "all":
@@ -130,8 +163,8 @@ export class IdentityCache implements IdentityView {
       }
       case "access_group": {
         const [row] = await db.select().from(accessGroups).where(eq(accessGroups.accessGroupId, change.accessGroupId));
-        if (row) this.accessGroups.set(row.accessGroupId, row);
-        else this.accessGroups.delete(change.accessGroupId);
+        if (row) this.setAccessGroup(row);
+        else this.deleteAccessGroup(change.accessGroupId);
         break;
       }
       case "team_members": {
@@ -165,7 +198,6 @@ export class IdentityCache implements IdentityView {
   }
 
   accessGroupByName(name: string): AccessGroupRow | undefined {
-    for (const g of this.accessGroups.values()) if (g.accessGroupName === name) return g;
-    return undefined;
+    return this.accessGroupNames.get(name);
   }
 }

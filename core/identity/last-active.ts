@@ -1,4 +1,4 @@
-/** Writes `last_active` of used keys in one batch every few seconds, off the request path. */
+/** Writes `last_active` of used keys in batches every few seconds (at most once a minute per key), off the request path. */
 import { inArray } from "drizzle-orm";
 import type { Logger } from "../contract.ts";
 import type { Db } from "../store/db.ts";
@@ -6,6 +6,16 @@ import { virtualKeys } from "../store/schema.ts";
 import type { IdentityCache } from "./cache.ts";
 
 const INTERVAL_MS = 5000;
+/**
+ * `last_active` is a coarse "last used": a key written less than this long ago is not rewritten.
+ * With thousands of busy keys, rewriting every key every 5 s would cost the embedded store
+ * hundreds of milliseconds per flush, on the request thread.
+ */
+const RESOLUTION_MS = 60_000;
+/** Rows per UPDATE; the flush yields between chunks so requests are never held for long. */
+const CHUNK = 250;
+
+const yieldToRequests = () => new Promise<void>((resolve) => setImmediate(resolve));
 
 export class LastActiveWriter {
   private timer: ReturnType<typeof setInterval> | undefined;
@@ -23,19 +33,28 @@ export class LastActiveWriter {
 
   async flush(): Promise<void> {
     if (this.cache.touched.size === 0) return;
-    const tokens = [...this.cache.touched];
-    this.cache.touched.clear();
     const now = new Date();
-    try {
-      await this.db.update(virtualKeys).set({ lastActive: now }).where(inArray(virtualKeys.token, tokens));
-      // The cached rows carry it too, so /key/info agrees without a reload.
-      for (const t of tokens) {
-        const row = this.cache.keys.get(t);
-        if (row) row.lastActive = now;
+    const tokens: string[] = [];
+    for (const t of this.cache.touched) {
+      const last = this.cache.keys.get(t)?.lastActive;
+      if (!last || now.getTime() - last.getTime() >= RESOLUTION_MS) tokens.push(t);
+    }
+    this.cache.touched.clear();
+    for (let i = 0; i < tokens.length; i += CHUNK) {
+      const chunk = tokens.slice(i, i + CHUNK);
+      try {
+        await this.db.update(virtualKeys).set({ lastActive: now }).where(inArray(virtualKeys.token, chunk));
+        // The cached rows carry it too, so /key/info agrees without a reload.
+        for (const t of chunk) {
+          const row = this.cache.keys.get(t);
+          if (row) row.lastActive = now;
+        }
+      } catch (err) {
+        for (const t of tokens.slice(i)) this.cache.touched.add(t);
+        this.log.warn("last_active write failed; will retry", { error: String(err) });
+        return;
       }
-    } catch (err) {
-      for (const t of tokens) this.cache.touched.add(t);
-      this.log.warn("last_active write failed; will retry", { error: String(err) });
+      if (i + CHUNK < tokens.length) await yieldToRequests();
     }
   }
 

@@ -1,28 +1,47 @@
-/** Model discovery: `/models`, `/models/{id}` and `/model/info` (upstream address and credentials never shown). */
+/**
+ * Model discovery: `/models`, `/models/{id}` and `/model/info`. Every answer is cut to what the
+ * caller may use (the same rules as a model call), and upstream addresses and credentials are never
+ * shown.
+ */
 import { Elysia } from "elysia";
-import type { Deployment } from "../../contract.ts";
+import { mayUseModel, unrestricted } from "../../access.ts";
+import { Caller, forbidden, notFound } from "../../authz.ts";
+import type { AccessLevel, AccessLevelName, AccessRules, Deployment, Principal } from "../../contract.ts";
 import type { ModelEntry } from "../../config/schema.ts";
 import { GatewayError } from "../../errors.ts";
+import type { IdentityCache } from "../../identity/cache.ts";
+import { SECRET_PARAM } from "../../secrets.ts";
 import type { Snapshot } from "../../snapshot.ts";
 import type { AppDeps } from "../app.ts";
 import { authenticate } from "../auth.ts";
 
-/** svc_params fields that could reveal where the upstream is or how to log in to it. */
-const HIDDEN_PARAM = /(api_base|base_url|key|secret|token|password|credential|headers|auth)/i;
+/** svc_params fields that say where the upstream is (credentials are `SECRET_PARAM`). */
+const ADDRESS_PARAM = /^(api_base|base_url|headers|extra_headers)$|(^|_)(url|endpoint)$/i;
 
-function publicParams(params: Record<string, unknown>): Record<string, unknown> {
-  return Object.fromEntries(Object.entries(params).filter(([k]) => !HIDDEN_PARAM.test(k)));
+/** A credential holds text (or a structure); a numeric field such as `input_cost_per_token` is not one. */
+function hidden(key: string, value: unknown): boolean {
+  if (ADDRESS_PARAM.test(key)) return true;
+  return SECRET_PARAM.test(key) && typeof value !== "number" && typeof value !== "boolean";
 }
 
-function modelObject(id: string, created: number, d: Deployment) {
-  return { id, object: "model", created, owned_by: d.provider };
+function publicParams(params: Record<string, unknown>): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(params)) {
+    if (hidden(k, v)) continue;
+    out[k] = v !== null && typeof v === "object" && !Array.isArray(v) ? publicParams(v as Record<string, unknown>) : v;
+  }
+  return out;
+}
+
+function modelObject(id: string, created: number, ownedBy: string) {
+  return { id, object: "model", created, owned_by: ownedBy };
 }
 
 function modelInfo(entry: ModelEntry, d: Deployment) {
   return {
     model_name: entry.model_name,
     svc_params: publicParams(entry.svc_params),
-    model_info: { ...entry.model_info, id: d.id, db_model: false },
+    model_info: { ...entry.model_info, id: d.id, db_model: (entry.model_info as Record<string, unknown> | undefined)?.db_model === true },
   };
 }
 
@@ -30,37 +49,186 @@ function truthy(v: string | null): boolean {
   return v === "true" || v === "1";
 }
 
-function listModels(s: Snapshot, url: URL) {
-  const data = [...s.models.groups].map(([name, ds]) => modelObject(name, s.loadedAt, ds[0]!));
-  if (truthy(url.searchParams.get("return_wildcard_routes"))) {
-    for (const w of s.models.wildcards) data.push(modelObject(w.pattern, s.loadedAt, w.deployments[0]!));
+const FALLBACK_TYPES = { general: "fallbacks", context_window: "context_window_fallbacks", content_policy: "content_policy_fallbacks" } as const;
+type FallbackType = keyof typeof FALLBACK_TYPES;
+
+/** `router_settings.<kind>_fallbacks: [{model: [fallback, …]}, …]` → fallbacks of `model`. */
+function fallbacksOf(s: Snapshot, type: FallbackType, model: string): string[] {
+  const list = (s.config.router_settings as Record<string, unknown> | undefined)?.[FALLBACK_TYPES[type]];
+  if (!Array.isArray(list)) return [];
+  for (const item of list) {
+    const to = item && typeof item === "object" ? (item as Record<string, unknown>)[model] : undefined;
+    if (Array.isArray(to)) return to.filter((x): x is string => typeof x === "string");
+  }
+  return [];
+}
+
+/**
+ * Access groups a caller holds: those its levels name (in `models` or `access_group_ids`); every
+ * group (config `model_info.access_groups` and stored) when no level restricts it.
+ */
+function heldAccessGroups(s: Snapshot, rules: AccessRules | undefined, identity: IdentityCache | undefined): string[] {
+  const names = new Set<string>();
+  const restricted = rules?.levels.filter((l) => !unrestricted(l)) ?? [];
+  if (restricted.length === 0) {
+    for (const { entry } of s.models.entries) for (const g of entry.model_info?.access_groups ?? []) names.add(g);
+    for (const g of identity?.accessGroups.values() ?? []) names.add(g.accessGroupName);
+    return [...names];
+  }
+  for (const level of restricted) {
+    for (const m of level.models) if (s.accessGroups.byName(m)) names.add(m);
+    for (const id of level.accessGroupIds) {
+      const name = identity?.accessGroups.get(id)?.accessGroupName;
+      if (name) names.add(name);
+    }
+  }
+  return [...names];
+}
+
+/** Access rules of a team as such (for `?team_id=`): its own list and its org's, with their aliases. */
+function teamRules(identity: IdentityCache, teamId: string): AccessRules | undefined {
+  const team = identity.teams.get(teamId);
+  if (!team) return undefined;
+  const levels: AccessLevel[] = [{ level: "team", models: team.models, accessGroupIds: team.accessGroupIds }];
+  const aliases: Record<string, string> = {};
+  const aliasSources: Record<string, AccessLevelName> = {};
+  const org = team.organizationId ? identity.orgs.get(team.organizationId) : undefined;
+  const addAliases = (from: AccessLevelName, map: Record<string, unknown>) => {
+    for (const [k, v] of Object.entries(map)) {
+      if (typeof v !== "string") continue;
+      aliases[k] = v;
+      aliasSources[k] = from;
+    }
+  };
+  if (org) {
+    levels.push({ level: "org", models: org.models, accessGroupIds: [] });
+    addAliases("org", org.modelAliases);
+  }
+  addAliases("team", team.modelAliases);
+  return { levels, aliases, aliasSources, allowedRoutes: [], allowedPassthroughRoutes: [] };
+}
+
+/** Proxy admins (and viewers), team admins and org admins: who `scope=expand` widens to every model. */
+function mayExpand(caller: Caller, identity: IdentityCache | undefined): boolean {
+  if (caller.canReadAll || caller.adminTeams().length > 0) return true;
+  const orgs = caller.userId ? identity?.userOrgs.get(caller.userId) : undefined;
+  return [...(orgs?.values() ?? [])].some((role) => role === "org_admin");
+}
+
+/** The rules `/models` lists by: the caller's own, a team's (`team_id`), or none (`scope=expand`). */
+function listingRules(principal: Principal, url: URL, identity: IdentityCache | undefined): AccessRules | undefined {
+  const caller = new Caller(principal, identity, "");
+  const scope = url.searchParams.get("scope");
+  if (scope !== null && scope !== "expand") {
+    throw GatewayError.of(400, `Invalid scope '${scope}': the only accepted value is 'expand'.`, "invalid_request_error", "scope");
+  }
+  const teamId = url.searchParams.get("team_id");
+  if (teamId) {
+    const member = caller.teamRole(teamId) !== undefined || principal.teamId === teamId;
+    // Outside the team it is a 403 whether or not the team exists.
+    if (!caller.canReadAll && !member) throw forbidden(`You are not a member of team '${teamId}', so you may not list its models.`);
+    const rules = identity ? teamRules(identity, teamId) : undefined;
+    if (!rules) throw notFound(`Team '${teamId}' does not exist.`, "team_id");
+    return rules;
+  }
+  if (scope === "expand" && mayExpand(caller, identity)) return undefined;
+  return principal.access;
+}
+
+/** Concrete model names named in the rules (levels, their groups, aliases) that the table can serve. */
+function namedModels(s: Snapshot, rules: AccessRules): string[] {
+  const names = new Set<string>();
+  const add = (m: string) => {
+    if (!m.includes("*") && s.models.resolve(m)) names.add(m);
+  };
+  for (const level of rules.levels) {
+    for (const m of level.models) {
+      add(m);
+      for (const g of s.accessGroups.byName(m) ?? []) add(g);
+    }
+    for (const id of level.accessGroupIds) for (const g of s.accessGroups.byId(id) ?? []) add(g);
+  }
+  return [...names];
+}
+
+function ownerOf(s: Snapshot, rules: AccessRules | undefined, name: string): string | undefined {
+  const target = rules?.aliases[name] ?? name;
+  return s.models.resolve(target)?.[0]?.provider;
+}
+
+function listModels(s: Snapshot, url: URL, rules: AccessRules | undefined, identity: IdentityCache | undefined) {
+  const fallbackParam = url.searchParams.get("fallback_type");
+  if (fallbackParam !== null && !(fallbackParam in FALLBACK_TYPES)) {
+    throw GatewayError.of(400, `Invalid fallback_type '${fallbackParam}': use one of ${Object.keys(FALLBACK_TYPES).join(", ")}.`, "invalid_request_error", "fallback_type");
+  }
+  const may = (name: string) => mayUseModel(rules, name, s.accessGroups);
+  const models = new Map<string, string>();
+  const add = (name: string) => {
+    const owner = ownerOf(s, rules, name);
+    if (owner && !models.has(name) && may(name)) models.set(name, owner);
+  };
+  if (!truthy(url.searchParams.get("only_model_access_groups"))) {
+    for (const name of s.models.groups.keys()) add(name);
+    if (truthy(url.searchParams.get("return_wildcard_routes"))) {
+      for (const w of s.models.wildcards) if (may(w.pattern)) models.set(w.pattern, w.deployments[0]!.provider);
+    }
+    if (rules) {
+      for (const name of namedModels(s, rules)) add(name);
+      for (const alias of Object.keys(rules.aliases)) add(alias);
+    }
+  }
+  const data: ({ id: string; object: string; created: number; owned_by: string } & { metadata?: { fallbacks: string[] } })[] = [];
+  const withMetadata = truthy(url.searchParams.get("include_metadata"));
+  const fallbackType = (fallbackParam ?? "general") as FallbackType;
+  for (const [id, owner] of models) {
+    const m = modelObject(id, s.loadedAt, owner);
+    data.push(withMetadata ? { ...m, metadata: { fallbacks: fallbacksOf(s, fallbackType, id) } } : m);
+  }
+  if (truthy(url.searchParams.get("include_model_access_groups")) || truthy(url.searchParams.get("only_model_access_groups"))) {
+    // A held group is listed when the caller may use every model in it (no level above forbids part).
+    for (const group of heldAccessGroups(s, rules, identity)) {
+      const members = s.accessGroups.byName(group) ?? [];
+      if (members.length > 0 && members.every(may) && !models.has(group)) data.push(modelObject(group, s.loadedAt, "access_group"));
+    }
   }
   return { object: "list", data };
 }
 
-export function modelRoutes({ live }: AppDeps) {
+/** Proxy admins and admin viewers see every deployment in `/model/info`; others what they may use. */
+function seesAll(principal: Principal): boolean {
+  return principal.access === undefined || principal.role === "proxy_admin" || principal.role === "proxy_admin_viewer";
+}
+
+export function modelRoutes({ live, services }: AppDeps) {
   const guard = async (request: Request) => {
     const s = live.current;
-    await authenticate(s, request.headers, new URL(request.url).pathname);
-    return s;
+    const principal = await authenticate(s, request.headers, new URL(request.url).pathname);
+    return { s, principal };
   };
-  const list = async ({ request }: { request: Request }) => listModels(await guard(request), new URL(request.url));
+  const list = async ({ request }: { request: Request }) => {
+    const { s, principal } = await guard(request);
+    const url = new URL(request.url);
+    return listModels(s, url, listingRules(principal, url, services.identity), services.identity);
+  };
   const one = async ({ request, params }: { request: Request; params: Record<string, string> }) => {
-    const s = await guard(request);
+    const { s, principal } = await guard(request);
     const id = decodeURIComponent(params["*"] ?? "");
-    const ds = s.models.resolve(id);
-    if (!ds?.[0]) throw GatewayError.of(404, `Model '${id}' does not exist or is not available to this key. Call /v1/models to list models.`, "not_found_error", "model");
-    return modelObject(id, s.loadedAt, ds[0]);
+    const owner = ownerOf(s, principal.access, id);
+    if (!owner || !mayUseModel(principal.access, id, s.accessGroups)) {
+      throw GatewayError.of(404, `Model '${id}' does not exist or is not available to this key. Call /v1/models to list models.`, "not_found_error", "model");
+    }
+    return modelObject(id, s.loadedAt, owner);
   };
   const info = async ({ request }: { request: Request }) => {
-    const s = await guard(request);
+    const { s, principal } = await guard(request);
+    const visible = (e: { entry: ModelEntry }) => seesAll(principal) || mayUseModel(principal.access, e.entry.model_name, s.accessGroups);
     const id = new URL(request.url).searchParams.get("svc_model_id");
     if (id) {
       const found = s.models.findById(id);
-      if (!found) throw GatewayError.of(404, `No model deployment with id '${id}'.`, "not_found_error", "svc_model_id");
+      if (!found || !visible(found)) throw GatewayError.of(404, `No model deployment with id '${id}'.`, "not_found_error", "svc_model_id");
       return { data: [modelInfo(found.entry, found.deployment)] };
     }
-    return { data: s.models.entries.map((e) => modelInfo(e.entry, e.deployment)) };
+    return { data: s.models.entries.filter(visible).map((e) => modelInfo(e.entry, e.deployment)) };
   };
   return new Elysia()
     .get("/models", list)

@@ -1,0 +1,283 @@
+// Two gateway instances on one PostgreSQL database and one Redis: identity changes made through
+// instance A (store write + change bus, as the management API does) are honoured by instance B
+// within a second, and B catches up after losing Redis for a while. B reaches Redis through a
+// TCP relay the test can cut, so "Redis unavailable to B" is exact, not a race with reconnects.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { createHash, randomUUID } from "node:crypto";
+import { connect, createServer, type Server, type Socket } from "node:net";
+import { eq } from "drizzle-orm";
+import Redis from "ioredis";
+import type { IdentityChange } from "../core/identity/records.ts";
+import { teams, virtualKeys } from "../core/store/schema.ts";
+import { freshDatabase, MASTER_KEY, startTestGateway, type TestGateway } from "./harness/gateway.ts";
+
+const REDIS_URL = "redis://127.0.0.1:6379";
+const CONFIG = {
+  model_list: [{ model_name: "gpt-a", svc_params: { model: "mock/gpt-a" } }],
+  general_settings: { master_key: MASTER_KEY },
+};
+const POLL_MS = 50;
+const LIMIT_MS = 1000;
+
+const sha256 = (s: string) => createHash("sha256").update(s).digest("hex");
+
+async function redisReachable(): Promise<boolean> {
+  const probe = new Redis(REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null, enableOfflineQueue: false });
+  probe.on("error", () => undefined);
+  try {
+    await probe.connect();
+    return (await probe.ping()) === "PONG";
+  } catch {
+    return false;
+  } finally {
+    probe.disconnect();
+  }
+}
+
+/** A TCP relay to Redis that can be cut (open connections dropped, new ones refused) and restored. */
+class RedisRelay {
+  private readonly sockets = new Set<Socket>();
+  private down = false;
+  private constructor(private readonly server: Server) {}
+
+  static async start(target: { host: string; port: number }): Promise<RedisRelay> {
+    let relay: RedisRelay | undefined;
+    const server = createServer((client) => {
+      if (!relay || relay.down) {
+        client.destroy();
+        return;
+      }
+      const upstream = connect(target.port, target.host);
+      for (const s of [client, upstream]) {
+        relay.sockets.add(s);
+        s.on("error", () => undefined);
+        s.on("close", () => {
+          relay?.sockets.delete(s);
+          client.destroy();
+          upstream.destroy();
+        });
+      }
+      client.pipe(upstream);
+      upstream.pipe(client);
+    });
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    relay = new RedisRelay(server);
+    return relay;
+  }
+
+  get url(): string {
+    const addr = this.server.address();
+    if (!addr || typeof addr === "string") throw new Error("relay not listening");
+    return `redis://127.0.0.1:${addr.port}`;
+  }
+
+  cut(): void {
+    this.down = true;
+    for (const s of this.sockets) s.destroy();
+  }
+
+  restore(): void {
+    this.down = false;
+  }
+
+  async close(): Promise<void> {
+    this.cut();
+    await new Promise<void>((resolve) => this.server.close(() => resolve()));
+  }
+}
+
+async function chatStatus(gw: TestGateway, key: string): Promise<number> {
+  const res = await fetch(`${gw.baseURL}/chat/completions`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+    body: JSON.stringify({ model: "gpt-a", messages: [{ role: "user", content: "hi" }], max_tokens: 1 }),
+  });
+  await res.arrayBuffer();
+  return res.status;
+}
+
+/** Polls `gw` every 50 ms until the key gets `status`; returns the time it took since `since`. */
+async function until(gw: TestGateway, key: string, status: number, since: number, timeoutMs = 5000): Promise<number> {
+  for (;;) {
+    const got = await chatStatus(gw, key);
+    const elapsed = performance.now() - since;
+    if (got === status) return elapsed;
+    if (elapsed > timeoutMs) throw new Error(`still ${got} (want ${status}) after ${Math.round(elapsed)} ms`);
+    await Bun.sleep(POLL_MS);
+  }
+}
+
+const redisUp = await redisReachable();
+
+describe.skipIf(!redisUp)("two instances, one PostgreSQL, one Redis", () => {
+  let a: TestGateway;
+  let b: TestGateway;
+  let relay: RedisRelay;
+  let drop: () => Promise<void>;
+  const timings: Record<string, number> = {};
+
+  beforeAll(async () => {
+    const db = await freshDatabase("gw_multi");
+    drop = db.drop;
+    relay = await RedisRelay.start({ host: "127.0.0.1", port: 6379 });
+    a = await startTestGateway(CONFIG, { store: { databaseUrl: db.url, redisUrl: REDIS_URL } });
+    b = await startTestGateway(CONFIG, { store: { databaseUrl: db.url, redisUrl: relay.url } });
+    await Promise.all([a.host!.services.bus!.subscribed(), b.host!.services.bus!.subscribed()]);
+  });
+
+  afterAll(async () => {
+    await a?.stop();
+    await b?.stop();
+    await relay?.close();
+    await drop?.();
+    console.log(`propagation A → B (ms): ${JSON.stringify(timings)}`);
+  });
+
+  const dbOf = () => a.host!.store.db;
+  const publishA = (...c: IdentityChange[]) => a.host!.services.bus!.publish(...c);
+
+  async function newKey(fields: Partial<typeof virtualKeys.$inferInsert> = {}): Promise<string> {
+    const plain = `sk-${randomUUID().replaceAll("-", "")}`;
+    await dbOf()
+      .insert(virtualKeys)
+      .values({ token: sha256(plain), keyName: "sk-...test", ...fields });
+    return plain;
+  }
+
+  test("a key created through A works on B within a second", async () => {
+    const key = await newKey();
+    // B has no reason to look at the database for an unknown key: it only knows what it is told.
+    expect(await chatStatus(b, key)).toBe(401);
+    const t0 = performance.now();
+    await publishA({ kind: "key", token: sha256(key) });
+    expect(await chatStatus(a, key)).toBe(200);
+    timings.created = await until(b, key, 200, t0);
+    expect(timings.created).toBeLessThan(LIMIT_MS);
+  });
+
+  test("a key blocked, unblocked, then deleted through A is refused / accepted by B within a second", async () => {
+    const key = await newKey();
+    await publishA({ kind: "key", token: sha256(key) });
+    await until(b, key, 200, performance.now());
+
+    await dbOf().update(virtualKeys).set({ blocked: true }).where(eq(virtualKeys.token, sha256(key)));
+    let t0 = performance.now();
+    await publishA({ kind: "key", token: sha256(key) });
+    expect(await chatStatus(a, key)).toBe(401);
+    timings.blocked = await until(b, key, 401, t0);
+    expect(timings.blocked).toBeLessThan(LIMIT_MS);
+
+    await dbOf().update(virtualKeys).set({ blocked: false }).where(eq(virtualKeys.token, sha256(key)));
+    t0 = performance.now();
+    await publishA({ kind: "key", token: sha256(key) });
+    timings.unblocked = await until(b, key, 200, t0);
+    expect(timings.unblocked).toBeLessThan(LIMIT_MS);
+
+    await dbOf().update(virtualKeys).set({ deletedAt: new Date() }).where(eq(virtualKeys.token, sha256(key)));
+    t0 = performance.now();
+    await publishA({ kind: "key", token: sha256(key) });
+    timings.deleted = await until(b, key, 401, t0);
+    expect(timings.deleted).toBeLessThan(LIMIT_MS);
+  });
+
+  test("a team blocked through A stops its keys on B within a second", async () => {
+    const teamId = `team-${randomUUID().slice(0, 8)}`;
+    await dbOf().insert(teams).values({ teamId });
+    await publishA({ kind: "team", teamId });
+    const key = await newKey({ teamId });
+    await publishA({ kind: "key", token: sha256(key) });
+    await until(b, key, 200, performance.now());
+
+    await dbOf().update(teams).set({ blocked: true }).where(eq(teams.teamId, teamId));
+    const t0 = performance.now();
+    await publishA({ kind: "team", teamId });
+    timings.teamBlocked = await until(b, key, 401, t0);
+    expect(timings.teamBlocked).toBeLessThan(LIMIT_MS);
+  });
+
+  test("through A's management API: generate, block, unblock, team block, delete are honoured by B within a second", async () => {
+    const admin = async (path: string, body: Record<string, unknown>) => {
+      const res = await fetch(`${a.url}${path}`, { method: "POST", headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" }, body: JSON.stringify(body) });
+      expect(res.status).toBe(200);
+      return (await res.json()) as Record<string, unknown>;
+    };
+    const team = await admin("/team/new", { team_alias: `multi-${randomUUID().slice(0, 6)}` });
+    const teamId = team.team_id as string;
+    let t0 = performance.now();
+    const key = (await admin("/key/generate", { team_id: teamId })).key as string;
+    timings.apiGenerated = await until(b, key, 200, t0);
+    expect(timings.apiGenerated).toBeLessThan(LIMIT_MS);
+
+    const steps: [string, string, Record<string, unknown>, number][] = [
+      ["apiBlocked", "/key/block", { key }, 401],
+      ["apiUnblocked", "/key/unblock", { key }, 200],
+      ["apiTeamBlocked", "/team/block", { team_id: teamId }, 401],
+      ["apiTeamUnblocked", "/team/unblock", { team_id: teamId }, 200],
+      ["apiDeleted", "/key/delete", { keys: [key] }, 401],
+    ];
+    for (const [name, path, body, status] of steps) {
+      t0 = performance.now();
+      await admin(path, body);
+      timings[name] = await until(b, key, status, t0);
+      expect(timings[name]).toBeLessThan(LIMIT_MS);
+    }
+  });
+
+  test("B resynchronises after losing Redis: a change made while it was cut off is honoured after reconnect", async () => {
+    const key = await newKey();
+    await publishA({ kind: "key", token: sha256(key) });
+    await until(b, key, 200, performance.now());
+
+    relay.cut();
+    await dbOf().update(virtualKeys).set({ blocked: true }).where(eq(virtualKeys.token, sha256(key)));
+    await publishA({ kind: "key", token: sha256(key) });
+    expect(await chatStatus(a, key)).toBe(401);
+    // The message is lost for B: it keeps serving what it knew while cut off.
+    await Bun.sleep(300);
+    expect(await chatStatus(b, key)).toBe(200);
+
+    const t0 = performance.now();
+    relay.restore();
+    // Reconnect back-off is at most 2 s; then B resubscribes and reloads everything.
+    timings.afterReconnect = await until(b, key, 401, t0, 6000);
+    expect(timings.afterReconnect).toBeLessThan(4000);
+  });
+
+  test("after Redis drops every subscriber (CLIENT KILL TYPE pubsub), changes still reach B", async () => {
+    const key = await newKey();
+    await publishA({ kind: "key", token: sha256(key) });
+    await until(b, key, 200, performance.now());
+    const admin = new Redis(REDIS_URL);
+    try {
+      expect(Number(await admin.call("CLIENT", "KILL", "TYPE", "pubsub"))).toBeGreaterThanOrEqual(2);
+    } finally {
+      admin.disconnect();
+    }
+    // Made at once, while the subscribers are reconnecting: the message or the resync carries it.
+    await dbOf().update(virtualKeys).set({ blocked: true }).where(eq(virtualKeys.token, sha256(key)));
+    const t0 = performance.now();
+    await publishA({ kind: "key", token: sha256(key) });
+    timings.afterClientKill = await until(b, key, 401, t0, 6000);
+    expect(timings.afterClientKill).toBeLessThan(3000);
+  });
+
+  test("a change made through B while its Redis is down reaches A once Redis is back", async () => {
+    const key = await newKey();
+    await publishA({ kind: "key", token: sha256(key) });
+    await until(b, key, 200, performance.now());
+    await until(a, key, 200, performance.now());
+
+    relay.cut();
+    await Bun.sleep(100);
+    await dbOf().update(virtualKeys).set({ blocked: true }).where(eq(virtualKeys.token, sha256(key)));
+    await b.host!.services.bus!.publish({ kind: "key", token: sha256(key) });
+    expect(await chatStatus(b, key)).toBe(401);
+    // A was never disconnected, so only B's late publish can tell it.
+    expect(await chatStatus(a, key)).toBe(200);
+
+    const t0 = performance.now();
+    relay.restore();
+    timings.lateDelivery = await until(a, key, 401, t0, 6000);
+    expect(timings.lateDelivery).toBeLessThan(4000);
+  });
+});
