@@ -21,13 +21,21 @@ export interface AppDeps {
 /** The path forms the spec lists for each model-call endpoint. */
 const CALL_PATHS: Record<Endpoint, string> = { chat: "chat/completions", completions: "completions", embeddings: "embeddings" };
 
+/** The path of a request URL without building a URL object (this runs on every call). */
+function pathOf(url: string): string {
+  const start = url.indexOf("/", url.indexOf("//") + 2);
+  if (start < 0) return "/";
+  const q = url.indexOf("?", start);
+  return q < 0 ? url.slice(start) : url.slice(start, q);
+}
+
 export function createApp(deps: AppDeps) {
   const { live, log } = deps;
 
   async function handleCall(endpoint: Endpoint, request: Request, pathModel: string | undefined): Promise<Response> {
     const pin = live.pin();
     try {
-      const principal = await authenticate(pin.snapshot, request.headers, new URL(request.url).pathname);
+      const principal = await authenticate(pin.snapshot, request.headers, pathOf(request.url));
       const body = await readBody(request);
       if (pathModel) body.model = pathModel;
       else if (body.model === undefined && endpoint === "completions") {

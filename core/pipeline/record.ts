@@ -1,23 +1,41 @@
-/** Hands a finished call to spend recorders and logging callbacks, off the response path. */
+/**
+ * Hands finished calls to spend recorders and logging callbacks, off the response path: records
+ * are queued and delivered in one batch per event-loop turn (one scheduled task, not one per call).
+ */
 import type { CallRecord, Lease, Logger, Usage } from "../contract.ts";
 import type { Snapshot } from "../snapshot.ts";
 
+const queue: { snapshot: Snapshot; record: CallRecord; log: Logger }[] = [];
+let scheduled = false;
+
+function deliver(snapshot: Snapshot, record: CallRecord, log: Logger): void {
+  for (const s of snapshot.spend) {
+    try {
+      s.record(record);
+    } catch (err) {
+      log.error("spend recorder failed", { error: String(err), call: record.id });
+    }
+  }
+  const callbacks = record.status === "success" ? snapshot.successCallbacks : snapshot.failureCallbacks;
+  for (const cb of callbacks) {
+    Promise.resolve()
+      .then(() => cb.log(record))
+      .catch((err) => log.error("logging callback failed", { error: String(err), call: record.id }));
+  }
+}
+
+function drain(): void {
+  scheduled = false;
+  for (const item of queue.splice(0)) deliver(item.snapshot, item.record, item.log);
+}
+
 export function dispatchRecord(snapshot: Snapshot, record: CallRecord, log: Logger): void {
-  setTimeout(() => {
-    for (const s of snapshot.spend) {
-      try {
-        s.record(record);
-      } catch (err) {
-        log.error("spend recorder failed", { error: String(err), call: record.id });
-      }
-    }
-    const callbacks = record.status === "success" ? snapshot.successCallbacks : snapshot.failureCallbacks;
-    for (const cb of callbacks) {
-      Promise.resolve()
-        .then(() => cb.log(record))
-        .catch((err) => log.error("logging callback failed", { error: String(err), call: record.id }));
-    }
-  }, 0);
+  if (snapshot.spend.length === 0 && snapshot.successCallbacks.length === 0 && snapshot.failureCallbacks.length === 0) return;
+  queue.push({ snapshot, record, log });
+  if (!scheduled) {
+    scheduled = true;
+    setImmediate(drain);
+  }
 }
 
 export function settleAll(leases: readonly Lease[], usage: Usage): void {

@@ -1,15 +1,17 @@
 /**
- * Proxies an upstream stream to the client as OpenAI SSE through a pull-based chain: the client's
- * pace drives upstream reads (backpressure), a client that leaves aborts the upstream call, and
- * usage is known at the end (or estimated on cancel) before the call is recorded.
+ * Proxies an upstream stream to the client as OpenAI SSE. Pull-based: each client pull reads one
+ * upstream chunk, so the client's pace drives upstream reads (backpressure); a client that leaves
+ * aborts the upstream call; usage is known at the end (or estimated on cancel) before the call is
+ * recorded. Framing is parsed synchronously in the pull (no stream-per-stage chain), and every
+ * event of one upstream read goes out in one write.
  */
 import type { CallStatus, Deployment, ErrorInfo, StreamTransform, Usage, WireRequest } from "../contract.ts";
 import { errorBody, errorInfo } from "../errors.ts";
-import { ndjsonEvents, sseEvents } from "../stream/framing.ts";
+import { type EventParser, NdjsonParser, SseParser } from "../stream/framing.ts";
 import type { Deadline } from "./upstream.ts";
 
 const encoder = new TextEncoder();
-const DONE = encoder.encode("data: [DONE]\n\n");
+const DONE = "data: [DONE]\n\n";
 
 export interface StreamArgs {
   res: Response;
@@ -21,26 +23,55 @@ export interface StreamArgs {
   finish(status: CallStatus, usage: Usage, error?: ErrorInfo, firstByteAt?: number): void;
 }
 
+/** An error in the stream, ending it: the client gets it as one last SSE event. */
+class StreamFailure {
+  constructor(readonly error: ErrorInfo) {}
+}
+
 export function streamResponse(a: StreamArgs): Response {
   const { transform, deadline, deployment: d } = a;
   const state = transform.init(a.request as never);
-  const events = a.res.body!.pipeThrough(new TextDecoderStream()).pipeThrough(transform.framing === "sse" ? sseEvents() : ndjsonEvents());
-  const reader = events.getReader();
+  const reader = a.res.body!.getReader();
+  const decoder = new TextDecoder();
+  const parser: EventParser = transform.framing === "sse" ? new SseParser() : new NdjsonParser();
   let usage: Usage | undefined;
   let firstByteAt: number | undefined;
+  let out = "";
+  let failure: StreamFailure | undefined;
+
+  const onEvent = (data: string) => {
+    if (failure) return;
+    let parts: ReturnType<typeof transform.event>;
+    try {
+      parts = transform.event(data, state);
+    } catch {
+      failure = new StreamFailure(errorInfo(500, `${d.provider} sent an unreadable stream event for model ${d.modelName}`));
+      return;
+    }
+    for (const part of parts) {
+      if (part.type === "data") out += `data: ${part.data}\n\n`;
+      else if (part.type === "chunk") out += `data: ${JSON.stringify(part.chunk)}\n\n`;
+      else if (part.type === "usage") usage = part.usage;
+      else {
+        failure = new StreamFailure(part.error);
+        return;
+      }
+    }
+  };
   const end = (status: CallStatus, error?: ErrorInfo) => {
     deadline.clear();
     a.finish(status, usage ?? transform.estimate(state), error, firstByteAt);
   };
   const fail = (c: ReadableStreamDefaultController<Uint8Array>, error: ErrorInfo) => {
-    c.enqueue(encoder.encode(`data: ${JSON.stringify(errorBody(error))}\n\n`));
+    c.enqueue(encoder.encode(`${out}data: ${JSON.stringify(errorBody(error))}\n\n`));
+    out = "";
     c.close();
     void reader.cancel().catch(() => undefined);
     end("failure", error);
   };
   deadline.arm();
 
-  const out = new ReadableStream<Uint8Array>(
+  const body = new ReadableStream<Uint8Array>(
     {
       async pull(c) {
         // Read until something can be sent, so every pull makes progress for the client.
@@ -56,28 +87,23 @@ export function streamResponse(a: StreamArgs): Response {
             return fail(c, errorInfo(deadline.timedOut ? 408 : 503, msg));
           }
           if (next.done) {
-            c.enqueue(DONE);
+            parser.push(decoder.decode(), onEvent);
+            parser.end(onEvent);
+            if (failure) return fail(c, failure.error);
+            c.enqueue(encoder.encode(out + DONE));
+            out = "";
             c.close();
             return end("success");
           }
           deadline.arm();
           firstByteAt ??= Date.now();
-          let parts: ReturnType<typeof transform.event>;
-          try {
-            parts = transform.event(next.value, state);
-          } catch {
-            return fail(c, errorInfo(500, `${d.provider} sent an unreadable stream event for model ${d.modelName}`));
+          parser.push(decoder.decode(next.value, { stream: true }), onEvent);
+          if (failure) return fail(c, failure.error);
+          if (out) {
+            c.enqueue(encoder.encode(out));
+            out = "";
+            return;
           }
-          let sent = false;
-          for (const part of parts) {
-            if (part.type === "usage") usage = part.usage;
-            else if (part.type === "error") return fail(c, part.error);
-            else {
-              c.enqueue(encoder.encode(`data: ${JSON.stringify(part.chunk)}\n\n`));
-              sent = true;
-            }
-          }
-          if (sent) return;
         }
       },
       cancel(reason) {
@@ -88,7 +114,7 @@ export function streamResponse(a: StreamArgs): Response {
     },
     { highWaterMark: 0 },
   );
-  return new Response(out, {
+  return new Response(body, {
     headers: { "content-type": "text/event-stream", "cache-control": "no-cache", connection: "keep-alive", ...a.headers },
   });
 }

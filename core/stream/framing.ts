@@ -37,45 +37,70 @@ class LineSplitter {
   }
 }
 
-export function sseEvents(): TransformStream<string, string> {
-  const lines = new LineSplitter();
-  let data: string[] = [];
-  const onLine = (c: TransformStreamDefaultController<string>) => (line: string) => {
+/** A synchronous event parser: text in, event data strings out. */
+export interface EventParser {
+  push(text: string, onEvent: (data: string) => void): void;
+  end(onEvent: (data: string) => void): void;
+}
+
+export class SseParser implements EventParser {
+  private readonly lines = new LineSplitter();
+  private data: string[] = [];
+  private onEvent: (data: string) => void = () => {};
+  private readonly onLine = (line: string) => {
     if (line === "") {
-      if (data.length > 0) c.enqueue(data.join("\n"));
-      data = [];
+      if (this.data.length > 0) this.onEvent(this.data.join("\n"));
+      this.data = [];
       return;
     }
-    if (line.startsWith(":")) return;
+    if (line.charCodeAt(0) === 58 /* ':' comment */) return;
     const colon = line.indexOf(":");
     const field = colon < 0 ? line : line.slice(0, colon);
     if (field !== "data") return;
     let value = colon < 0 ? "" : line.slice(colon + 1);
-    if (value.startsWith(" ")) value = value.slice(1);
-    data.push(value);
+    if (value.charCodeAt(0) === 32) value = value.slice(1);
+    this.data.push(value);
   };
+
+  push(text: string, onEvent: (data: string) => void): void {
+    this.onEvent = onEvent;
+    this.lines.push(text, this.onLine);
+  }
+
+  end(onEvent: (data: string) => void): void {
+    this.onEvent = onEvent;
+    this.lines.end(this.onLine);
+    if (this.data.length > 0) onEvent(this.data.join("\n"));
+    this.data = [];
+  }
+}
+
+export class NdjsonParser implements EventParser {
+  private readonly lines = new LineSplitter();
+
+  push(text: string, onEvent: (data: string) => void): void {
+    this.lines.push(text, (line) => {
+      if (line.trim() !== "") onEvent(line);
+    });
+  }
+
+  end(onEvent: (data: string) => void): void {
+    this.lines.end((line) => {
+      if (line.trim() !== "") onEvent(line);
+    });
+  }
+}
+
+function asTransform(parser: EventParser): TransformStream<string, string> {
   return new TransformStream({
     transform(text, c) {
-      lines.push(text, onLine(c));
+      parser.push(text, (e) => c.enqueue(e));
     },
     flush(c) {
-      lines.end(onLine(c));
-      if (data.length > 0) c.enqueue(data.join("\n"));
+      parser.end((e) => c.enqueue(e));
     },
   });
 }
 
-export function ndjsonEvents(): TransformStream<string, string> {
-  const lines = new LineSplitter();
-  const onLine = (c: TransformStreamDefaultController<string>) => (line: string) => {
-    if (line.trim() !== "") c.enqueue(line);
-  };
-  return new TransformStream({
-    transform(text, c) {
-      lines.push(text, onLine(c));
-    },
-    flush(c) {
-      lines.end(onLine(c));
-    },
-  });
-}
+export const sseEvents = (): TransformStream<string, string> => asTransform(new SseParser());
+export const ndjsonEvents = (): TransformStream<string, string> => asTransform(new NdjsonParser());

@@ -48,7 +48,11 @@ function wantsUsage(req: { stream_options?: Record<string, unknown> | null }): b
   return req.stream_options?.include_usage === true;
 }
 
-/** Streaming for chat and legacy completions: same framing, same usage chunk. */
+/**
+ * Streaming for chat and legacy completions: same framing, same usage chunk. Chunks pass through as
+ * the upstream wrote them; only the usage the gateway asked for on the client's behalf is removed.
+ * Text surgery is safe here: inside JSON strings quotes are escaped, so `"usage":` can only be a key.
+ */
 function openAIStream<E extends "chat" | "completions">(
   promptEstimate: (req: E extends "chat" ? ChatRequest : CompletionRequest) => number,
 ) {
@@ -61,25 +65,42 @@ function openAIStream<E extends "chat" | "completions">(
     }),
     event(data: string, s: StreamState): StreamPart[] {
       if (data === "[DONE]") return [];
-      const chunk = asObject(JSON.parse(data));
-      const parts: StreamPart[] = [];
-      if (chunk.error) {
-        const e = asObject(chunk.error);
+      if (data.startsWith('{"error"')) {
+        const e = asObject(asObject(JSON.parse(data)).error);
         return [{ type: "error", error: { status: 500, type: "api_error", message: String(e.message ?? "upstream error") } }];
       }
-      if (chunk.usage) parts.push({ type: "usage", usage: usageFromOpenAI(chunk.usage) });
-      if (!s.clientWantsUsage) {
-        const choices = chunk.choices;
-        if (Array.isArray(choices) && choices.length === 0) return parts;
-        delete chunk.usage;
+      const parts: StreamPart[] = [];
+      if (data.includes('"usage":{')) {
+        const chunk = asObject(JSON.parse(data));
+        parts.push({ type: "usage", usage: usageFromOpenAI(chunk.usage) });
+        if (!s.clientWantsUsage) {
+          if (Array.isArray(chunk.choices) && chunk.choices.length === 0) return parts;
+          delete chunk.usage;
+          s.chunks++;
+          parts.push({ type: "chunk", chunk });
+          return parts;
+        }
+      } else if (data.charCodeAt(0) !== 123 /* { */ || data.charCodeAt(data.length - 1) !== 125 /* } */) {
+        // A cheap guard instead of a full parse per chunk: truncated or non-object events stop the stream.
+        throw new Error("stream event is not a JSON object");
       }
       s.chunks++;
-      parts.push({ type: "chunk", chunk });
+      parts.push({ type: "data", data: s.clientWantsUsage ? data : stripNullUsage(data) });
       return parts;
     },
     // OpenAI sends about one token per content chunk, so the chunk count is a fair estimate.
     estimate: (s: StreamState): Usage => ({ promptTokens: s.promptEstimate, completionTokens: s.chunks }),
   };
+}
+
+/** Removes the `"usage":null` member OpenAI adds to every chunk once usage was requested. */
+function stripNullUsage(data: string): string {
+  const at = data.lastIndexOf('"usage":null');
+  if (at < 0) return data;
+  const before = data.charCodeAt(at - 1) === 44 /* ',' */ ? at - 1 : at;
+  let after = at + '"usage":null'.length;
+  if (before === at && data.charCodeAt(after) === 44) after++;
+  return data.slice(0, before) + data.slice(after);
 }
 
 function textLength(v: unknown): number {

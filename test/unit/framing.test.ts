@@ -1,7 +1,7 @@
 // The upstream stream parsers (SSE and NDJSON) fed input split at awkward places, and the
 // OpenAI-compatible stream transform that turns each event into parts.
 import { describe, expect, test } from "bun:test";
-import type { ChatRequest, CompletionRequest } from "../../core/contract.ts";
+import type { ChatRequest, CompletionRequest, StreamPart } from "../../core/contract.ts";
 import { ndjsonEvents, sseEvents } from "../../core/stream/framing.ts";
 import { openAIChat, openAICompletions } from "../../providers/openai-compatible/adapter.ts";
 
@@ -138,13 +138,17 @@ describe("OpenAI-compatible stream transform", () => {
   });
   const contentChunk = JSON.stringify({ id: "c1", object: "chat.completion.chunk", choices: [{ index: 0, delta: { content: "hi" } }], usage: null });
 
+  /** What the client receives for each part: chunks as parsed JSON, whatever their representation. */
+  const sent = (parts: StreamPart[]) =>
+    parts.map((p) => (p.type === "data" ? { type: "chunk", chunk: JSON.parse(p.data) } : p.type === "chunk" ? { type: "chunk", chunk: p.chunk } : p));
+
   test("framing is SSE", () => {
     expect(chat.framing).toBe("sse");
   });
 
   test("client did not ask for usage: the usage-only chunk is dropped and reported as usage; usage: null is stripped", () => {
     const s = chat.init(request());
-    expect(chat.event(contentChunk, s)).toEqual([
+    expect(sent(chat.event(contentChunk, s))).toEqual([
       { type: "chunk", chunk: { id: "c1", object: "chat.completion.chunk", choices: [{ index: 0, delta: { content: "hi" } }] } },
     ]);
     expect(chat.event(usageChunk, s)).toEqual([{ type: "usage", usage: { promptTokens: 3, completionTokens: 5, reasoningTokens: 2 } }]);
@@ -154,11 +158,11 @@ describe("OpenAI-compatible stream transform", () => {
   test("client asked for usage: the usage chunk is kept as a chunk and also reported", () => {
     const s = chat.init(request({ stream_options: { include_usage: true } }));
     const parts = chat.event(usageChunk, s);
-    expect(parts).toEqual([
+    expect(sent(parts)).toEqual([
       { type: "usage", usage: { promptTokens: 3, completionTokens: 5, reasoningTokens: 2 } },
       { type: "chunk", chunk: JSON.parse(usageChunk) },
     ]);
-    expect(chat.event(contentChunk, s)).toEqual([{ type: "chunk", chunk: JSON.parse(contentChunk) }]);
+    expect(sent(chat.event(contentChunk, s))).toEqual([{ type: "chunk", chunk: JSON.parse(contentChunk) }]);
   });
 
   test("an upstream error event becomes an error part", () => {
