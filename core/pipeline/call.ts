@@ -121,7 +121,9 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     finish("success", mapped.usage, undefined, Date.now());
     // An adapter that hands the upstream body back unchanged lets the original bytes through.
     const out = mapped.body === json ? text : JSON.stringify(mapped.body);
-    return new Response(out, { headers: { "content-type": "application/json", ...responseHeaders(d, ctx.callId) } });
+    return new Response(out, {
+      headers: { "content-type": "application/json", "x-svc-model-id": d.id, "x-svc-call-id": ctx.callId, "x-svc-model-group": d.modelName },
+    });
   } catch (err) {
     deadline.clear();
     const info = err instanceof GatewayError ? err.info : errorInfo(500, err instanceof Error ? err.message : String(err));

@@ -69,7 +69,7 @@ export function streamResponse(a: StreamArgs): Response {
     void reader.cancel().catch(() => undefined);
     end("failure", error);
   };
-  deadline.arm();
+  deadline.clear();
 
   const body = new ReadableStream<Uint8Array>(
     {
@@ -77,8 +77,11 @@ export function streamResponse(a: StreamArgs): Response {
         // Read until something can be sent, so every pull makes progress for the client.
         for (;;) {
           let next: Awaited<ReturnType<typeof reader.read>>;
+          // The idle deadline runs only while waiting on the upstream, never on a slow client.
+          deadline.arm();
           try {
             next = await reader.read();
+            deadline.clear();
           } catch {
             if (deadline.clientGone) return;
             const msg = deadline.timedOut
@@ -95,7 +98,6 @@ export function streamResponse(a: StreamArgs): Response {
             c.close();
             return end("success");
           }
-          deadline.arm();
           firstByteAt ??= Date.now();
           parser.push(decoder.decode(next.value, { stream: true }), onEvent);
           if (failure) return fail(c, failure.error);
