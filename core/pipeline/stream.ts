@@ -10,7 +10,6 @@ import { errorBody, errorInfo } from "../errors.ts";
 import { type EventParser, NdjsonParser, SseParser } from "../stream/framing.ts";
 import type { Deadline } from "./upstream.ts";
 
-const encoder = new TextEncoder();
 const DONE = "data: [DONE]\n\n";
 
 export interface StreamArgs {
@@ -62,60 +61,78 @@ export function streamResponse(a: StreamArgs): Response {
     deadline.clear();
     a.finish(status, usage ?? transform.estimate(state), error, firstByteAt);
   };
-  const fail = (c: ReadableStreamDefaultController<Uint8Array>, error: ErrorInfo) => {
-    c.enqueue(encoder.encode(`${out}data: ${JSON.stringify(errorBody(error))}\n\n`));
-    out = "";
-    c.close();
-    void reader.cancel().catch(() => undefined);
-    end("failure", error);
+  let ended = false;
+  const stop = (reason?: unknown) => {
+    if (ended) return;
+    ended = true;
+    deadline.controller.abort(reason);
+    void reader.cancel(reason).catch(() => undefined);
+    end("cancelled");
   };
   deadline.clear();
 
-  const body = new ReadableStream<Uint8Array>(
-    {
-      async pull(c) {
-        // Read until something can be sent, so every pull makes progress for the client.
-        for (;;) {
-          let next: Awaited<ReturnType<typeof reader.read>>;
-          // The idle deadline runs only while waiting on the upstream, never on a slow client.
-          deadline.arm();
-          try {
-            next = await reader.read();
-            deadline.clear();
-          } catch {
-            if (deadline.clientGone) return;
-            const msg = deadline.timedOut
-              ? `stream from ${d.provider} for model ${d.modelName} stalled for more than ${deadline.seconds}s`
-              : `stream from ${d.provider} for model ${d.modelName} ended unexpectedly`;
-            return fail(c, errorInfo(deadline.timedOut ? 408 : 503, msg));
-          }
-          if (next.done) {
-            parser.push(decoder.decode(), onEvent);
-            parser.end(onEvent);
-            if (failure) return fail(c, failure.error);
-            c.enqueue(encoder.encode(out + DONE));
-            out = "";
-            c.close();
-            return end("success");
-          }
-          firstByteAt ??= Date.now();
-          parser.push(decoder.decode(next.value, { stream: true }), onEvent);
-          if (failure) return fail(c, failure.error);
-          if (out) {
-            c.enqueue(encoder.encode(out));
-            out = "";
-            return;
-          }
+  // Bun's "direct" stream: one pull drives the whole response, writing strings straight to the
+  // socket. Far cheaper per stream than a queued ReadableStream, with the same backpressure
+  // (an awaited write) and the same cancel signal (write returns 0, or cancel is called).
+  const source: Bun.DirectUnderlyingSource<Uint8Array> = {
+    type: "direct",
+    async pull(c) {
+      /** Sends `text`; false once the client has gone. */
+      const send = async (text: string): Promise<boolean> => {
+        const written = c.write(text);
+        const n = typeof written === "number" ? written : await written;
+        if (n === 0 && text.length > 0) return false;
+        const flushed = c.flush();
+        if (typeof flushed !== "number") await flushed;
+        return true;
+      };
+      const finishWith = async (error: ErrorInfo) => {
+        await send(`${out}data: ${JSON.stringify(errorBody(error))}\n\n`);
+        out = "";
+        c.close();
+        void reader.cancel().catch(() => undefined);
+        ended = true;
+        end("failure", error);
+      };
+      for (;;) {
+        let next: Awaited<ReturnType<typeof reader.read>>;
+        // The idle deadline runs only while waiting on the upstream, never on a slow client.
+        deadline.arm();
+        try {
+          next = await reader.read();
+          deadline.clear();
+        } catch {
+          deadline.clear();
+          if (ended || deadline.clientGone) return stop();
+          const msg = deadline.timedOut
+            ? `stream from ${d.provider} for model ${d.modelName} stalled for more than ${deadline.seconds}s`
+            : `stream from ${d.provider} for model ${d.modelName} ended unexpectedly`;
+          return finishWith(errorInfo(deadline.timedOut ? 408 : 503, msg));
         }
-      },
-      cancel(reason) {
-        deadline.controller.abort(reason);
-        void reader.cancel(reason).catch(() => undefined);
-        end("cancelled");
-      },
+        if (ended) return;
+        if (next.done) {
+          parser.push(decoder.decode(), onEvent);
+          parser.end(onEvent);
+          if (failure) return finishWith(failure.error);
+          await send(out + DONE);
+          c.close();
+          ended = true;
+          return end("success");
+        }
+        firstByteAt ??= Date.now();
+        parser.push(decoder.decode(next.value, { stream: true }), onEvent);
+        if (failure) return finishWith(failure.error);
+        if (out) {
+          const text = out;
+          out = "";
+          if (!(await send(text))) return stop("client disconnected");
+        }
+      }
     },
-    { highWaterMark: 0 },
-  );
+    cancel: (reason) => stop(reason),
+  };
+  // The DOM lib's ReadableStream overloads hide Bun's direct-source one.
+  const body = new ReadableStream(source as unknown as UnderlyingDefaultSource<Uint8Array>);
   return new Response(body, {
     headers: { "content-type": "text/event-stream", "cache-control": "no-cache", connection: "keep-alive", ...a.headers },
   });
