@@ -131,11 +131,11 @@ const BATCH = 500;
  * µs per call of `fn(i)`, measured in batches of 500 calls, master and virtual interleaved batch by
  * batch so drift (GC, JIT, other load) hits both alike.
  */
-async function interleaved(master: (i: number) => Promise<unknown>, virtual: (i: number) => Promise<unknown>, iterations: number): Promise<MicroResult> {
+async function interleaved(master: (i: number) => unknown, virtual: (i: number) => unknown, iterations: number): Promise<MicroResult> {
   const m: number[] = [];
   const v: number[] = [];
   let i = 0;
-  const batch = async (fn: (i: number) => Promise<unknown>, into: number[]) => {
+  const batch = async (fn: (i: number) => unknown, into: number[]) => {
     const t0 = Bun.nanoseconds();
     for (let j = 0; j < BATCH; j++) await fn(i++);
     into.push((Bun.nanoseconds() - t0) / 1000 / BATCH);

@@ -37,6 +37,9 @@ async function main(): Promise<void> {
     fatal(`cannot start: ${err instanceof Error ? err.message : String(err)}`);
   }
   const { live, store, redis } = host;
+  // Opening the embedded store leaves a large, short-lived heap behind; collect it now rather than
+  // in the first requests' GC pauses.
+  Bun.gc(true);
   if (!live.current.settings.masterKey) warnNoMasterKey();
 
   const app = createApp({ live, log, services: host.services, probes: { store: store.ping, redis: async () => redis?.ping(), version: pkg.version } });

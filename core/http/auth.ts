@@ -1,5 +1,5 @@
 /** Authentication on every non-public route: the credential from the request, resolved by the auth plugins in order. */
-import type { Principal } from "../contract.ts";
+import type { AuthRequest, Denied, Principal } from "../contract.ts";
 import { authorizeRoute } from "../access.ts";
 import { GatewayError } from "../errors.ts";
 import type { Snapshot } from "../snapshot.ts";
@@ -16,20 +16,38 @@ export function credentialOf(headers: Headers): string | undefined {
 export const NO_MASTER_KEY =
   "No master key is configured, so management calls are refused and only existing virtual keys are accepted. Set the environment variable SVC_MASTER_KEY (or general_settings.master_key in config.yaml) to a key starting with sk- and restart or reload.";
 
-export async function authenticate(snapshot: Snapshot, headers: Headers, path: string): Promise<Principal> {
+/** Resolves the caller; synchronous when every auth hook answers synchronously (the hot path). */
+export function authenticate(snapshot: Snapshot, headers: Headers, path: string): Principal | Promise<Principal> {
   const credential = credentialOf(headers);
   const noMaster = !snapshot.settings.masterKey;
   if (!credential) {
     if (noMaster) throw GatewayError.of(401, NO_MASTER_KEY, "authentication_error");
     throw GatewayError.of(401, "Authentication Error: no API key passed in. Send it as 'Authorization: Bearer <key>' or 'x-svc-api-key: <key>'.", "authentication_error");
   }
-  for (const resolver of snapshot.auth) {
-    const result = await resolver.resolve({ credential, path, headers });
-    if (result === null) continue;
-    if ("ok" in result) throw new GatewayError(result.error);
-    authorizeRoute(result, path);
-    return result;
+  const req = { credential, path, headers };
+  for (let i = 0; i < snapshot.auth.length; i++) {
+    const result = snapshot.auth[i]!.resolve(req);
+    if (result instanceof Promise) return result.then((r) => (r === null ? resolveFrom(snapshot, req, i + 1) : accept(r, path)));
+    if (result !== null) return accept(result, path);
   }
+  return refuse(noMaster);
+}
+
+function accept(result: Principal | Denied, path: string): Principal {
+  if ("ok" in result) throw new GatewayError(result.error);
+  authorizeRoute(result, path);
+  return result;
+}
+
+async function resolveFrom(snapshot: Snapshot, req: AuthRequest, from: number): Promise<Principal> {
+  for (let i = from; i < snapshot.auth.length; i++) {
+    const result = await snapshot.auth[i]!.resolve(req);
+    if (result !== null) return accept(result, req.path);
+  }
+  return refuse(!snapshot.settings.masterKey);
+}
+
+function refuse(noMaster: boolean): never {
   if (noMaster) throw GatewayError.of(401, NO_MASTER_KEY, "authentication_error");
   throw GatewayError.of(401, "Authentication Error: invalid API key.", "authentication_error", null);
 }

@@ -36,7 +36,6 @@ function maxOutput(body: WireRequest[Endpoint]): number | undefined {
 
 async function acquireLeases(snapshot: Snapshot, intent: CallIntent): Promise<Lease[]> {
   const granted: Lease[] = [];
-  if (snapshot.rateLimiters.length === 0 && snapshot.budgets.length === 0) return granted;
   for (const gate of [...snapshot.rateLimiters.map((r) => () => r.acquire(intent)), ...snapshot.budgets.map((b) => () => b.reserve(intent))]) {
     const result = await gate();
     if (!result.ok) {
@@ -54,16 +53,16 @@ export function responseHeaders(d: Deployment, callId: string): Record<string, s
   return { "x-svc-model-id": d.id, "x-svc-call-id": callId, "x-svc-model-group": d.modelName };
 }
 
-export async function modelCall<E extends Endpoint>(endpoint: E, body: WireRequest[E], ctx: CallContext): Promise<Response> {
+export function modelCall<E extends Endpoint>(endpoint: E, body: WireRequest[E], ctx: CallContext): Promise<Response> {
   const group = authorizeModel(ctx.principal, body.model, ctx.snapshot.accessGroups);
   const deployments = ctx.snapshot.models.resolve(group);
   if (!deployments || deployments.length === 0) {
     throw GatewayError.of(400, `Invalid model name passed in model=${body.model}. Call \`/v1/models\` to view available models for your key.`, "invalid_request_error", "model");
   }
   const d = pick(deployments);
+  if (ctx.snapshot.rateLimiters.length === 0 && ctx.snapshot.budgets.length === 0) return callDeployment(endpoint, body, d, ctx);
   const intent: CallIntent = { principal: ctx.principal, endpoint, modelGroup: group, estimatedPromptTokens: 0, maxOutputTokens: maxOutput(body) };
-  const leases = await acquireLeases(ctx.snapshot, intent);
-  return callDeployment(endpoint, body, d, ctx, leases);
+  return acquireLeases(ctx.snapshot, intent).then((leases) => callDeployment(endpoint, body, d, ctx, leases));
 }
 
 /** Calls one chosen deployment; `leases` are settled with the real usage when the call ends. */
