@@ -58,7 +58,7 @@ export function createApp(deps: AppDeps) {
     }
   }
 
-  const app = new Elysia()
+  const app = new Elysia({ precompile: true })
     .onError(({ code, error }) => {
       if (error instanceof GatewayError) return errorResponse(error.info, error.headers);
       if (code === "NOT_FOUND") return errorResponse(errorInfo(404, "Not found: no such route. Model calls live under /v1 (e.g. POST /v1/chat/completions).", "not_found_error"));

@@ -89,7 +89,6 @@ export function streamResponse(a: StreamArgs): Response {
       const finishWith = async (error: ErrorInfo) => {
         await send(`${out}data: ${JSON.stringify(errorBody(error))}\n\n`);
         out = "";
-        c.close();
         void reader.cancel().catch(() => undefined);
         ended = true;
         end("failure", error);
@@ -114,8 +113,8 @@ export function streamResponse(a: StreamArgs): Response {
           parser.push(decoder.decode(), onEvent);
           parser.end(onEvent);
           if (failure) return finishWith(failure.error);
+          // Returning from pull ends a direct stream; Bun finishes the response natively.
           await send(out + DONE);
-          c.close();
           ended = true;
           return end("success");
         }

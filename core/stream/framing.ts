@@ -8,6 +8,11 @@ class LineSplitter {
   private rest = "";
   private pendingCR = false;
 
+  /** Whether a partial line (or a CR awaiting its LF) is held from an earlier chunk. */
+  get pending(): boolean {
+    return this.rest !== "" || this.pendingCR;
+  }
+
   push(text: string, onLine: (line: string) => void): void {
     // An empty chunk must not drop a pending CR: its LF may still come in the next one.
     if (text === "") return;
@@ -64,7 +69,21 @@ export class SseParser implements EventParser {
 
   push(text: string, onEvent: (data: string) => void): void {
     this.onEvent = onEvent;
-    this.lines.push(text, this.onLine);
+    if (this.data.length > 0 || this.lines.pending || text.indexOf("\r") >= 0) {
+      this.lines.push(text, this.onLine);
+      return;
+    }
+    // Fast path for the common shape (`data: …\n\n` events, LF only): native indexOf instead of a
+    // character loop. Anything else (other fields, multi-line data) goes through the full parser.
+    let start = 0;
+    for (;;) {
+      const end = text.indexOf("\n\n", start);
+      if (end < 0) break;
+      if (text.startsWith("data: ", start) && text.indexOf("\n", start) === end) onEvent(text.slice(start + 6, end));
+      else this.lines.push(text.slice(start, end + 2), this.onLine);
+      start = end + 2;
+    }
+    if (start < text.length) this.lines.push(start === 0 ? text : text.slice(start), this.onLine);
   }
 
   end(onEvent: (data: string) => void): void {
