@@ -13,9 +13,10 @@ export interface AccessGroupLookup {
   byId(id: string): readonly string[] | undefined;
 }
 
-const EVERYTHING = new Set(["*", "all-proxy-models"]);
+/** Model-list entries that grant every model. */
+export const EVERYTHING: ReadonlySet<string> = new Set(["*", "all-proxy-models"]);
 /** Names that mean "inherit the next level" rather than restrict. */
-const INHERIT = new Set(["all-team-models"]);
+export const INHERIT: ReadonlySet<string> = new Set(["all-team-models"]);
 
 /** `entry` names `model` exactly, is a catch-all, or is a pattern with one `*` (`openai/*`, `claude-*-latest`). */
 export function matchesEntry(entry: string, model: string): boolean {

@@ -26,6 +26,20 @@ export const LimitFields = {
   models: T.Optional(Nullable(T.Array(T.String()))),
 };
 
+/** The budget and rate-limit columns keys, users and teams share (their names are the API's). */
+export const LIMIT_COLUMNS = [
+  "spend",
+  "max_budget",
+  "soft_budget",
+  "budget_duration",
+  "model_max_budget",
+  "tpm_limit",
+  "rpm_limit",
+  "max_parallel_requests",
+  "model_tpm_limit",
+  "model_rpm_limit",
+] as const;
+
 export const MoneyField = Money;
 export const CountField = Count;
 

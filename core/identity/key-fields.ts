@@ -8,6 +8,7 @@ import { getTableColumns } from "drizzle-orm";
 import { badRequest } from "../authz.ts";
 import { virtualKeys } from "../store/schema.ts";
 import { DURATION_HINT, endsAt, parseDuration } from "./duration.ts";
+import { LIMIT_COLUMNS } from "./fields.ts";
 import { fromApi } from "./serialize.ts";
 
 const Opt = <S extends TSchema>(s: S) => T.Optional(T.Union([s, T.Null()]));
@@ -96,16 +97,7 @@ const WRITABLE = new Set([
   "tags",
   "prompts",
   "enforced_params",
-  "spend",
-  "max_budget",
-  "soft_budget",
-  "budget_duration",
-  "model_max_budget",
-  "tpm_limit",
-  "rpm_limit",
-  "max_parallel_requests",
-  "model_tpm_limit",
-  "model_rpm_limit",
+  ...LIMIT_COLUMNS,
   "tpm_limit_type",
   "rpm_limit_type",
   "metadata",

@@ -3,21 +3,8 @@
  * only name models the org itself allows. Used by the organization routes (an org's models must
  * keep covering its teams) and by the team routes (a team's models must fit its org).
  */
-import type { AccessGroupLookup } from "../access.ts";
+import { type AccessGroupLookup, EVERYTHING, INHERIT, matchesEntry as entryCovers } from "../access.ts";
 import type { OrgRow } from "./records.ts";
-
-/** Entries that grant every model. */
-const EVERYTHING = new Set(["*", "all-proxy-models"]);
-/** Entries that do not name models themselves but defer to the next level. */
-const INHERIT = new Set(["all-team-models"]);
-
-/** Whether one org entry covers `model` (a model name, or a narrower wildcard such as `openai/gpt-*`). */
-function entryCovers(entry: string, model: string): boolean {
-  if (entry === model || EVERYTHING.has(entry)) return true;
-  if (!entry.endsWith("*")) return false;
-  const prefix = entry.slice(0, -1);
-  return model.startsWith(prefix);
-}
 
 function orgCovers(orgModels: readonly string[], model: string, groups: AccessGroupLookup | undefined): boolean {
   for (const entry of orgModels) {

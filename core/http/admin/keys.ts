@@ -9,6 +9,7 @@ import { randomUUID } from "node:crypto";
 import { Type as T, type TSchema } from "@sinclair/typebox";
 import { and, asc, desc, eq, ilike, inArray, isNotNull, isNull, or, type SQL, sql } from "drizzle-orm";
 import { Elysia } from "elysia";
+import { EVERYTHING, INHERIT, matchesEntry } from "../../access.ts";
 import { badRequest, type Caller, forbidden, notFound } from "../../authz.ts";
 import { GatewayError } from "../../errors.ts";
 import { hashKey, isPlainKey, KEY_PREFIX, keyName, newKeyValue, tokenOf } from "../../identity/keys.ts";
@@ -32,7 +33,6 @@ import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 
 const TABLE = "virtual_keys";
 const BULK_MAX = 500;
-const EVERYTHING = new Set(["*", "all-proxy-models"]);
 
 const KeyOnly = T.Object({ key: T.String({ minLength: 1 }) }, { additionalProperties: true });
 const DeleteSchema = T.Object(
@@ -138,7 +138,7 @@ function outsideTeamModels(ctx: AdminCtx, models: readonly string[], team: TeamR
   const allowed = [...team.models];
   for (const name of team.models) allowed.push(...(ctx.identity.accessGroupByName(name)?.modelNames ?? []));
   for (const id of team.accessGroupIds) allowed.push(...(ctx.identity.accessGroups.get(id)?.modelNames ?? []));
-  return models.filter((m) => m !== "all-team-models" && !allowed.some((a) => a === m || (a.endsWith("*") && m.startsWith(a.slice(0, -1)))));
+  return models.filter((m) => !INHERIT.has(m) && !allowed.some((a) => matchesEntry(a, m)));
 }
 
 function teamOrFail(ctx: AdminCtx, teamId: string): TeamRow {

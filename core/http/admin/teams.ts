@@ -14,7 +14,7 @@ import { Elysia } from "elysia";
 import { badRequest, DEFAULT_TEAM_MEMBER_PERMISSIONS, forbidden, notFound, TEAM_MEMBER_PERMISSION_CHOICES } from "../../authz.ts";
 import { GatewayError } from "../../errors.ts";
 import { DURATION_HINT, parseDuration } from "../../identity/duration.ts";
-import { clearNulls, CountField, containing, LimitFields, MoneyField, Nullable, resetAt } from "../../identity/fields.ts";
+import { clearNulls, CountField, containing, LIMIT_COLUMNS, LimitFields, MoneyField, Nullable, resetAt } from "../../identity/fields.ts";
 import {
   ensureUser,
   type Exec,
@@ -117,16 +117,7 @@ const TEAM_COLUMNS = new Set([
   "team_alias",
   "organization_id",
   "budget_id",
-  "spend",
-  "max_budget",
-  "soft_budget",
-  "budget_duration",
-  "model_max_budget",
-  "tpm_limit",
-  "rpm_limit",
-  "max_parallel_requests",
-  "model_tpm_limit",
-  "model_rpm_limit",
+  ...LIMIT_COLUMNS,
   "metadata",
   "models",
   "blocked",

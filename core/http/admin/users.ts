@@ -9,7 +9,7 @@ import { Type as T } from "@sinclair/typebox";
 import { and, asc, count, desc, eq, ilike, inArray, isNull, type SQL } from "drizzle-orm";
 import { Elysia } from "elysia";
 import { badRequest, forbidden, notFound } from "../../authz.ts";
-import { clearNulls, containing, LimitFields, MoneyField, Nullable, resetAt } from "../../identity/fields.ts";
+import { clearNulls, containing, LIMIT_COLUMNS, LimitFields, MoneyField, Nullable, resetAt } from "../../identity/fields.ts";
 import { type Exec, findUserByEmail, membersByTeam, teamApi, userApi } from "../../identity/members.ts";
 import { choice, list, pageOf, paged } from "../../identity/paging.ts";
 import type { UserRow } from "../../identity/records.ts";
@@ -56,16 +56,7 @@ const USER_COLUMNS = new Set([
   "user_alias",
   "user_role",
   "organization_id",
-  "spend",
-  "max_budget",
-  "soft_budget",
-  "budget_duration",
-  "model_max_budget",
-  "tpm_limit",
-  "rpm_limit",
-  "max_parallel_requests",
-  "model_tpm_limit",
-  "model_rpm_limit",
+  ...LIMIT_COLUMNS,
   "metadata",
   "models",
 ]);
