@@ -11,7 +11,7 @@ import OpenAI, { APIError, AuthenticationError, PermissionDeniedError } from "op
 import type { IdentityChange } from "../core/identity/records.ts";
 import type { Db } from "../core/store/db.ts";
 import { accessGroups, organizations, orgMembers, teamMembers, teams, users, virtualKeys } from "../core/store/schema.ts";
-import { freshDatabase, MASTER_KEY, startTestGateway, type TestGateway } from "./harness/gateway.ts";
+import { BACKENDS, MASTER_KEY, startBackendGateway, type TestGateway } from "./harness/gateway.ts";
 
 const UPSTREAM_SECRET = "sk-upstream-very-secret-42";
 const UPSTREAM_BASE = "https://secret-upstream.example.com/v1";
@@ -163,26 +163,18 @@ async function countQueries(db: Db, fn: () => Promise<void>): Promise<string[]> 
   return seen;
 }
 
-for (const backend of ["pglite", "postgres"] as const) {
+for (const backend of BACKENDS) {
   describe(`model access (${backend})`, () => {
     let gw: TestGateway;
-    let dropDb: (() => Promise<void>) | undefined;
     let f: ReturnType<typeof fixtures>;
 
     beforeAll(async () => {
-      let databaseUrl: string | undefined;
-      if (backend === "postgres") {
-        const fresh = await freshDatabase("gw_access");
-        databaseUrl = fresh.url;
-        dropDb = fresh.drop;
-      }
-      gw = await startTestGateway(CONFIG, { store: { databaseUrl } });
+      gw = await startBackendGateway(backend, CONFIG, { dbPrefix: "gw_access" });
       f = fixtures(gw);
     });
 
     afterAll(async () => {
       await gw?.stop();
-      await dropDb?.();
     });
 
     test("key models: listed models work, others are a 401 naming the key level and its models", async () => {

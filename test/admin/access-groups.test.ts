@@ -7,7 +7,7 @@ import { createHash } from "node:crypto";
 import { eq, sql } from "drizzle-orm";
 import OpenAI, { AuthenticationError } from "openai";
 import { accessGroups, auditLog, users, virtualKeys } from "../../core/store/schema.ts";
-import { freshDatabase, MASTER_KEY, startTestGateway, type TestGateway } from "../harness/gateway.ts";
+import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 
 const CONFIG = {
   model_list: [
@@ -22,35 +22,18 @@ const CONFIG = {
 type Json = Record<string, unknown> & { error?: { message: string; type: string; code: string; param: string | null } };
 type Group = { access_group: string; access_group_id: string | null; model_names: string[]; deployment_count: number; source: string };
 
-for (const backend of ["pglite", "postgres"] as const) {
+for (const backend of BACKENDS) {
   describe(`access groups (${backend})`, () => {
     let gw: TestGateway;
-    let drop: (() => Promise<void>) | undefined;
 
     beforeAll(async () => {
-      let databaseUrl: string | undefined;
-      if (backend === "postgres") {
-        const db = await freshDatabase("gw_groups");
-        databaseUrl = db.url;
-        drop = db.drop;
-      }
-      gw = await startTestGateway(CONFIG, { store: { databaseUrl } });
+      gw = await startBackendGateway(backend, CONFIG, { dbPrefix: "gw_groups" });
     });
-    afterAll(async () => {
-      await gw.stop();
-      await drop?.();
-    });
+    afterAll(() => gw.stop());
 
     const db = () => gw.host!.store.db;
 
-    async function call(method: string, path: string, body?: unknown, key = MASTER_KEY): Promise<{ status: number; body: Json }> {
-      const res = await fetch(gw.url + path, {
-        method,
-        headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
-        body: body === undefined ? undefined : JSON.stringify(body),
-      });
-      return { status: res.status, body: (await res.json()) as Json };
-    }
+    const call = (method: string, path: string, body?: unknown, key = MASTER_KEY) => requestJson<Json>(gw, method, path, { body, key });
 
     async function makeKey(fields: { models?: string[]; accessGroupIds?: string[]; userId?: string }): Promise<string> {
       const key = `sk-test-${crypto.randomUUID()}`;

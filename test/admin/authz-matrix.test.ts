@@ -19,7 +19,7 @@ import { adminRoutes } from "../../core/http/admin/index.ts";
 import type { Db } from "../../core/store/db.ts";
 import { accessGroups, auditLog, organizations, orgMembers, proxyModels, teamMembers, teams, users, virtualKeys } from "../../core/store/schema.ts";
 import { type FixtureGroup, type FixtureKey, type FixtureModel, Fixtures, type MarkerScope, sha256, uniq } from "../fixtures/authz-world.ts";
-import { freshDatabase, MASTER_KEY, startTestGateway, type TestGateway } from "../harness/gateway.ts";
+import { BACKENDS, MASTER_KEY, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 
 const ROLES = ["master", "proxyAdmin", "viewer", "teamAdminOwn", "teamAdminOther", "member", "plain"] as const;
 const REFUSED = ["blocked", "deleted", "expired", "unknown", "hashed", "none"] as const;
@@ -915,24 +915,16 @@ test("the matrix names every management endpoint, and only those", () => {
   expect(Object.keys(ENDPOINTS).sort()).toEqual(Object.keys(MATRIX).sort());
 });
 
-for (const backend of ["pglite", "postgres"] as const) {
+for (const backend of BACKENDS) {
   describe(`authorization matrix (${backend})`, () => {
     let gw: TestGateway;
     let matrix: Matrix;
-    let dropDb: (() => Promise<void>) | undefined;
 
     beforeAll(async () => {
-      if (backend === "postgres") {
-        const db = await freshDatabase();
-        dropDb = db.drop;
-        gw = await startTestGateway(CONFIG, { store: { databaseUrl: db.url } });
-      } else gw = await startTestGateway(CONFIG, { store: {} });
+      gw = await startBackendGateway(backend, CONFIG);
       matrix = await Matrix.start(gw);
     }, 60_000);
-    afterAll(async () => {
-      await gw?.stop();
-      await dropDb?.();
-    });
+    afterAll(() => gw?.stop());
 
     for (const endpoint of Object.keys(MATRIX)) {
       test(endpoint, async () => {

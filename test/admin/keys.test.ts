@@ -10,7 +10,7 @@ import { sql } from "drizzle-orm";
 import { rotateDueKeys } from "../../core/identity/rotation.ts";
 import type { Db } from "../../core/store/db.ts";
 import { teamMembers, teams, users } from "../../core/store/schema.ts";
-import { freshDatabase, MASTER_KEY, startTestGateway, type TestGateway } from "../harness/gateway.ts";
+import { BACKENDS, MASTER_KEY, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 
 const CONFIG = {
   model_list: [{ model_name: "chat-mock", svc_params: { model: "mock/chat" } }],
@@ -64,10 +64,9 @@ interface R {
   error: { message: string; type: string; param: string | null; code: string };
 }
 
-for (const backend of ["pglite", "postgres"] as const) {
+for (const backend of BACKENDS) {
   describe(`virtual key management (${backend})`, () => {
     let gw: TestGateway;
-    let dropDb: (() => Promise<void>) | undefined;
     /** Every plaintext key issued by this suite, to check none is stored or echoed. */
     const issued: string[] = [];
     /** Management keys of each kind of caller. */
@@ -102,13 +101,7 @@ for (const backend of ["pglite", "postgres"] as const) {
     const db = (): Db => gw.host!.store.db;
 
     beforeAll(async () => {
-      let databaseUrl: string | undefined;
-      if (backend === "postgres") {
-        const fresh = await freshDatabase("gw_keys");
-        databaseUrl = fresh.url;
-        dropDb = fresh.drop;
-      }
-      gw = await startTestGateway(CONFIG, { store: { databaseUrl } });
+      gw = await startBackendGateway(backend, CONFIG, { dbPrefix: "gw_keys" });
       await db()
         .insert(users)
         .values([
@@ -155,7 +148,6 @@ for (const backend of ["pglite", "postgres"] as const) {
 
     afterAll(async () => {
       await gw?.stop();
-      await dropDb?.();
     });
 
     describe("/key/generate", () => {

@@ -6,7 +6,7 @@ import { createHash } from "node:crypto";
 import { eq } from "drizzle-orm";
 import OpenAI, { AuthenticationError } from "openai";
 import { auditLog, budgets, orgMembers, organizations, teams, users, virtualKeys } from "../../core/store/schema.ts";
-import { freshDatabase, MASTER_KEY, startTestGateway, type TestGateway } from "../harness/gateway.ts";
+import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 
 const CONFIG = {
   model_list: [
@@ -18,35 +18,18 @@ const CONFIG = {
 
 type Json = Record<string, unknown> & { error?: { message: string; type: string; code: string; param: string | null } };
 
-for (const backend of ["pglite", "postgres"] as const) {
+for (const backend of BACKENDS) {
   describe(`organizations (${backend})`, () => {
     let gw: TestGateway;
-    let drop: (() => Promise<void>) | undefined;
 
     beforeAll(async () => {
-      let databaseUrl: string | undefined;
-      if (backend === "postgres") {
-        const db = await freshDatabase("gw_orgs");
-        databaseUrl = db.url;
-        drop = db.drop;
-      }
-      gw = await startTestGateway(CONFIG, { store: { databaseUrl } });
+      gw = await startBackendGateway(backend, CONFIG, { dbPrefix: "gw_orgs" });
     });
-    afterAll(async () => {
-      await gw.stop();
-      await drop?.();
-    });
+    afterAll(() => gw.stop());
 
     const db = () => gw.host!.store.db;
 
-    async function call(method: string, path: string, body?: unknown, key = MASTER_KEY, headers: Record<string, string> = {}): Promise<{ status: number; body: Json }> {
-      const res = await fetch(gw.url + path, {
-        method,
-        headers: { authorization: `Bearer ${key}`, "content-type": "application/json", ...headers },
-        body: body === undefined ? undefined : JSON.stringify(body),
-      });
-      return { status: res.status, body: (await res.json()) as Json };
-    }
+    const call = (method: string, path: string, body?: unknown, key = MASTER_KEY, headers: Record<string, string> = {}) => requestJson<Json>(gw, method, path, { body, key, headers });
 
     /** A virtual key row inserted directly (the keys API is another module's), live at once. */
     async function makeKey(fields: { teamId?: string; organizationId?: string; userId?: string }): Promise<string> {

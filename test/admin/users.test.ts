@@ -7,7 +7,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { createHash, randomUUID } from "node:crypto";
 import OpenAI, { APIError } from "openai";
-import { freshDatabase, MASTER_KEY, startTestGateway, type TestGateway } from "../harness/gateway.ts";
+import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 
 const CONFIG = {
   model_list: [
@@ -71,31 +71,17 @@ interface AuditRow {
 const sha256 = (s: string) => createHash("sha256").update(s).digest("hex");
 const uid = (p: string) => `${p}-${randomUUID().slice(0, 8)}`;
 
-for (const backend of ["pglite", "postgres"] as const) {
+for (const backend of BACKENDS) {
   describe(`user management (${backend})`, () => {
     let gw: TestGateway;
-    let dropDb: (() => Promise<void>) | undefined;
 
     beforeAll(async () => {
-      if (backend === "postgres") {
-        const db = await freshDatabase();
-        dropDb = db.drop;
-        gw = await startTestGateway(CONFIG, { store: { databaseUrl: db.url } });
-      } else gw = await startTestGateway(CONFIG, { store: {} });
+      gw = await startBackendGateway(backend, CONFIG);
     }, 30_000);
-    afterAll(async () => {
-      await gw.stop();
-      await dropDb?.();
-    });
+    afterAll(() => gw.stop());
 
-    async function call<T = Json>(method: string, path: string, opts: { key?: string; body?: unknown; headers?: Record<string, string> } = {}): Promise<Reply<T>> {
-      const res = await fetch(`${gw.url}${path}`, {
-        method,
-        headers: { authorization: `Bearer ${opts.key ?? MASTER_KEY}`, "content-type": "application/json", ...opts.headers },
-        body: opts.body === undefined ? undefined : JSON.stringify(opts.body),
-      });
-      return { status: res.status, body: (await res.json()) as T };
-    }
+    const call = <T = Json>(method: string, path: string, opts: { key?: string; body?: unknown; headers?: Record<string, string> } = {}): Promise<Reply<T>> =>
+      requestJson<T>(gw, method, path, opts);
     const post = <T = Json>(path: string, body: unknown, key?: string, headers?: Record<string, string>) => call<T>("POST", path, { body, key, headers });
     const get = <T = Json>(path: string, key?: string) => call<T>("GET", path, { key });
 

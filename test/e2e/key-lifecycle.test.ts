@@ -7,7 +7,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { createHash } from "node:crypto";
 import { sql } from "drizzle-orm";
 import OpenAI, { APIError, AuthenticationError } from "openai";
-import { freshDatabase, MASTER_KEY, startTestGateway, type TestGateway } from "../harness/gateway.ts";
+import { BACKENDS, MASTER_KEY, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 
 const CONFIG = {
   model_list: [{ model_name: "chat-mock", svc_params: { model: "mock/chat" } }],
@@ -26,10 +26,9 @@ interface KeyResponse {
   blocked: boolean;
 }
 
-for (const backend of ["pglite", "postgres"] as const) {
+for (const backend of BACKENDS) {
   describe(`key lifecycle through the openai SDK (${backend})`, () => {
     let gw: TestGateway;
-    let dropDb: (() => Promise<void>) | undefined;
     /** Plaintext keys issued, and every management response (creation responses flagged). */
     const issued: string[] = [];
     const responses: { path: string; text: string; created?: string }[] = [];
@@ -67,18 +66,11 @@ for (const backend of ["pglite", "postgres"] as const) {
     }
 
     beforeAll(async () => {
-      let databaseUrl: string | undefined;
-      if (backend === "postgres") {
-        const fresh = await freshDatabase("gw_keylife");
-        databaseUrl = fresh.url;
-        dropDb = fresh.drop;
-      }
-      gw = await startTestGateway(CONFIG, { store: { databaseUrl } });
+      gw = await startBackendGateway(backend, CONFIG, { dbPrefix: "gw_keylife" });
     }, 60_000);
 
     afterAll(async () => {
       await gw?.stop();
-      await dropDb?.();
     });
 
     test("generate → call → block → unblock → regenerate (grace, then none) → delete", async () => {

@@ -201,3 +201,51 @@ export async function spawnGateway(
     },
   };
 }
+
+/** The stores every store-backed suite runs on. */
+export const BACKENDS = ["pglite", "postgres"] as const;
+export type Backend = (typeof BACKENDS)[number];
+
+/**
+ * A gateway with a real store: embedded PGlite in a temp folder, or a fresh PostgreSQL database
+ * that `stop()` drops again.
+ */
+export async function startBackendGateway(backend: Backend, config: ConfigInput, opts: { redisUrl?: string; dbPrefix?: string } = {}): Promise<TestGateway & { databaseUrl?: string }> {
+  const db = backend === "postgres" ? await freshDatabase(opts.dbPrefix) : undefined;
+  try {
+    const gw = await startTestGateway(config, { store: { databaseUrl: db?.url, redisUrl: opts.redisUrl } });
+    const stop = gw.stop;
+    return Object.assign(gw, {
+      databaseUrl: db?.url,
+      async stop() {
+        await stop();
+        await db?.drop();
+      },
+    });
+  } catch (err) {
+    await db?.drop();
+    throw err;
+  }
+}
+
+export interface JsonReply<T> {
+  status: number;
+  body: T;
+  text: string;
+}
+
+/** A JSON request to the gateway with a key (the master key by default). */
+export async function requestJson<T = Record<string, unknown>>(
+  gw: { url: string },
+  method: string,
+  path: string,
+  opts: { key?: string; body?: unknown; headers?: Record<string, string> } = {},
+): Promise<JsonReply<T>> {
+  const res = await fetch(`${gw.url}${path}`, {
+    method,
+    headers: { authorization: `Bearer ${opts.key ?? MASTER_KEY}`, "content-type": "application/json", ...opts.headers },
+    body: opts.body === undefined ? undefined : JSON.stringify(opts.body),
+  });
+  const text = await res.text();
+  return { status: res.status, body: (text ? JSON.parse(text) : null) as T, text };
+}
