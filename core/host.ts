@@ -49,7 +49,7 @@ export async function startHost(opts: HostOptions): Promise<Host> {
   try {
     const identity = new IdentityCache(store.db);
     await identity.loadAll();
-    const bus = new ChangeBus(identity, opts.log, redis?.client);
+    const bus = new ChangeBus(identity, opts.log, redis?.client, store.notifications);
     await bus.start();
     const lastActive = new LastActiveWriter(store.db, identity, opts.log);
     lastActive.start();

@@ -281,3 +281,58 @@ describe.skipIf(!redisUp)("two instances, one PostgreSQL, one Redis", () => {
     expect(timings.lateDelivery).toBeLessThan(4000);
   });
 });
+
+describe("two instances, one PostgreSQL, no Redis (LISTEN/NOTIFY)", () => {
+  let a: TestGateway;
+  let b: TestGateway;
+  let drop: () => Promise<void>;
+
+  beforeAll(async () => {
+    const db = await freshDatabase("gw_notify");
+    drop = db.drop;
+    a = await startTestGateway(CONFIG, { store: { databaseUrl: db.url } });
+    b = await startTestGateway(CONFIG, { store: { databaseUrl: db.url } });
+    await Promise.all([a.host!.services.bus!.subscribed(), b.host!.services.bus!.subscribed()]);
+  });
+
+  afterAll(async () => {
+    await a?.stop();
+    await b?.stop();
+    await drop?.();
+  });
+
+  const admin = async (gw: TestGateway, path: string, body: Record<string, unknown>) => {
+    const res = await fetch(gw.url + path, {
+      method: "POST",
+      headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+      body: JSON.stringify(body),
+    });
+    expect(res.status).toBe(200);
+    return (await res.json()) as Record<string, unknown>;
+  };
+
+  test("a key generated, then blocked through A's API is honoured by B within a second", async () => {
+    let t0 = performance.now();
+    const { key } = (await admin(a, "/key/generate", {})) as { key: string };
+    expect(await until(b, key, 200, t0)).toBeLessThan(LIMIT_MS);
+    t0 = performance.now();
+    await admin(a, "/key/block", { key });
+    expect(await until(b, key, 401, t0)).toBeLessThan(LIMIT_MS);
+  });
+
+  test("a model stored through A is served by B within a second", async () => {
+    const t0 = performance.now();
+    await admin(a, "/model/new", { model_name: "stored-on-a", svc_params: { model: "mock/stored" } });
+    for (;;) {
+      const res = await fetch(`${b.baseURL}/chat/completions`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+        body: JSON.stringify({ model: "stored-on-a", messages: [{ role: "user", content: "hi" }] }),
+      });
+      await res.arrayBuffer();
+      if (res.status === 200) break;
+      expect(performance.now() - t0).toBeLessThan(LIMIT_MS);
+      await Bun.sleep(POLL_MS);
+    }
+  });
+});

@@ -1,14 +1,19 @@
 /**
  * Spreads identity changes: applied to this instance's cache before the admin call returns, and
  * published on Redis (when configured) so every other instance reloads the same rows within
- * milliseconds. Without Redis, other instances sharing the database do not hear of changes.
+ * milliseconds. Without Redis, instances sharing one PostgreSQL use its LISTEN/NOTIFY instead.
  */
 import type Redis from "ioredis";
 import type { Logger } from "../contract.ts";
+import type { Notifications } from "../store/db.ts";
 import type { IdentityCache } from "./cache.ts";
 import type { IdentityChange } from "./records.ts";
 
 const CHANNEL = "svc:identity-changes";
+/** PostgreSQL channel names are identifiers. */
+const PG_CHANNEL = "svc_identity_changes";
+/** NOTIFY payloads are limited to 8000 bytes; a larger batch is sent as "reload everything". */
+const PG_PAYLOAD_MAX = 7900;
 /** Unpublished changes kept while Redis is unreachable; beyond this, one full reload is sent instead. */
 const MAX_PENDING = 1000;
 
@@ -23,6 +28,7 @@ export class ChangeBus {
     private readonly cache: IdentityCache,
     private readonly log: Logger,
     private readonly redis?: Redis,
+    private readonly pg?: Notifications,
   ) {}
 
   /**
@@ -31,7 +37,7 @@ export class ChangeBus {
    * are gone; doing it in that order leaves no window in which a change could be missed.
    */
   async start(): Promise<void> {
-    if (!this.redis) return;
+    if (!this.redis) return this.startPg();
     const sub = this.redis.duplicate({ enableOfflineQueue: true, maxRetriesPerRequest: null, lazyConnect: true });
     this.subscriber = sub;
     // A first connection made at once can only have missed the changes of the last few
@@ -54,6 +60,24 @@ export class ChangeBus {
     this.redis.on("ready", () => void this.flushPending());
     // Not awaited: with Redis down the subscription completes when it comes back.
     sub.connect().catch((err) => this.log.warn("identity change subscriber could not connect yet; retrying", { error: String(err) }));
+  }
+
+  /** LISTEN on the shared PostgreSQL; each re-listen after a lost connection reloads everything. */
+  private async startPg(): Promise<void> {
+    const pg = this.pg;
+    if (!pg) return;
+    let listenedBefore = false;
+    this.subscribedOnce = pg
+      .listen(
+        PG_CHANNEL,
+        (payload) => void this.receive(payload),
+        () => {
+          if (listenedBefore) void this.cache.apply({ kind: "all" }).catch((err) => this.log.error("identity resync failed", { error: String(err) }));
+          listenedBefore = true;
+        },
+      )
+      .catch((err) => this.log.warn("identity change listener could not start", { error: String(err) }));
+    await this.subscribedOnce;
   }
 
   /** Resolves once the first subscription (and its resync) has completed; for tests and start-up checks. */
@@ -83,12 +107,11 @@ export class ChangeBus {
   /** Applies changes locally, then tells the other instances. */
   async publish(...changes: IdentityChange[]): Promise<void> {
     for (const change of changes) await this.cache.apply(change);
-    if (!this.redis) return;
     await this.send(changes);
   }
 
   private async send(changes: IdentityChange[]): Promise<void> {
-    if (!this.redis) return;
+    if (!this.redis) return this.sendPg(changes);
     try {
       await this.redis.publish(CHANNEL, JSON.stringify({ origin: this.instanceId, changes }));
     } catch (err) {
@@ -96,6 +119,17 @@ export class ChangeBus {
       this.pending.push(...changes);
       if (this.pending.length > MAX_PENDING) this.pending = [{ kind: "all" }];
       this.log.warn("could not publish identity change to other instances; will send it when Redis is back", { error: String(err) });
+    }
+  }
+
+  private async sendPg(changes: IdentityChange[]): Promise<void> {
+    if (!this.pg) return;
+    let payload = JSON.stringify({ origin: this.instanceId, changes });
+    if (payload.length > PG_PAYLOAD_MAX) payload = JSON.stringify({ origin: this.instanceId, changes: [{ kind: "all" }] });
+    try {
+      await this.pg.notify(PG_CHANNEL, payload);
+    } catch (err) {
+      this.log.warn("could not notify other instances of an identity change", { error: String(err) });
     }
   }
 

@@ -32,6 +32,14 @@ export interface Store {
   ping(): Promise<{ ok: boolean; detail: string }>;
   /** Idempotent. */
   close(): Promise<void>;
+  /** PostgreSQL LISTEN/NOTIFY, so instances sharing a database can tell each other of changes. */
+  notifications?: Notifications;
+}
+
+export interface Notifications {
+  /** Calls `onMessage` for every notification; `onListen` after each (re)connection of the listener. */
+  listen(channel: string, onMessage: (payload: string) => void, onListen: () => void): Promise<void>;
+  notify(channel: string, payload: string): Promise<void>;
 }
 
 export interface OpenStoreOptions {
@@ -130,6 +138,15 @@ async function openPostgres(url: string, log?: StoreLog): Promise<Store> {
       kind: "postgres",
       ping: pinger(db),
       close: once(() => client.end({ timeout: 5 })),
+      notifications: {
+        // postgres.js keeps one dedicated listening connection and re-listens after a reconnect.
+        listen: async (channel, onMessage, onListen) => {
+          await client.listen(channel, onMessage, onListen);
+        },
+        notify: async (channel, payload) => {
+          await client.notify(channel, payload);
+        },
+      },
     };
   } catch (e) {
     await client.end({ timeout: 1 }).catch(() => {});
