@@ -4,12 +4,12 @@
 // TCP relay the test can cut, so "Redis unavailable to B" is exact, not a race with reconnects.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { createHash, randomUUID } from "node:crypto";
-import { connect, createServer, type Server, type Socket } from "node:net";
 import { eq } from "drizzle-orm";
 import Redis from "ioredis";
 import type { IdentityChange } from "../core/identity/records.ts";
 import { teams, virtualKeys } from "../core/store/schema.ts";
 import { freshDatabase, MASTER_KEY, startTestGateway, type TestGateway } from "./harness/gateway.ts";
+import { TcpRelay } from "./harness/relay.ts";
 
 const REDIS_URL = "redis://127.0.0.1:6379";
 const CONFIG = {
@@ -31,58 +31,6 @@ async function redisReachable(): Promise<boolean> {
     return false;
   } finally {
     probe.disconnect();
-  }
-}
-
-/** A TCP relay to Redis that can be cut (open connections dropped, new ones refused) and restored. */
-class RedisRelay {
-  private readonly sockets = new Set<Socket>();
-  private down = false;
-  private constructor(private readonly server: Server) {}
-
-  static async start(target: { host: string; port: number }): Promise<RedisRelay> {
-    let relay: RedisRelay | undefined;
-    const server = createServer((client) => {
-      if (!relay || relay.down) {
-        client.destroy();
-        return;
-      }
-      const upstream = connect(target.port, target.host);
-      for (const s of [client, upstream]) {
-        relay.sockets.add(s);
-        s.on("error", () => undefined);
-        s.on("close", () => {
-          relay?.sockets.delete(s);
-          client.destroy();
-          upstream.destroy();
-        });
-      }
-      client.pipe(upstream);
-      upstream.pipe(client);
-    });
-    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-    relay = new RedisRelay(server);
-    return relay;
-  }
-
-  get url(): string {
-    const addr = this.server.address();
-    if (!addr || typeof addr === "string") throw new Error("relay not listening");
-    return `redis://127.0.0.1:${addr.port}`;
-  }
-
-  cut(): void {
-    this.down = true;
-    for (const s of this.sockets) s.destroy();
-  }
-
-  restore(): void {
-    this.down = false;
-  }
-
-  async close(): Promise<void> {
-    this.cut();
-    await new Promise<void>((resolve) => this.server.close(() => resolve()));
   }
 }
 
@@ -112,16 +60,16 @@ const redisUp = await redisReachable();
 describe.skipIf(!redisUp)("two instances, one PostgreSQL, one Redis", () => {
   let a: TestGateway;
   let b: TestGateway;
-  let relay: RedisRelay;
+  let relay: TcpRelay;
   let drop: () => Promise<void>;
   const timings: Record<string, number> = {};
 
   beforeAll(async () => {
     const db = await freshDatabase("gw_multi");
     drop = db.drop;
-    relay = await RedisRelay.start({ host: "127.0.0.1", port: 6379 });
+    relay = await TcpRelay.start({ host: "127.0.0.1", port: 6379 });
     a = await startTestGateway(CONFIG, { store: { databaseUrl: db.url, redisUrl: REDIS_URL } });
-    b = await startTestGateway(CONFIG, { store: { databaseUrl: db.url, redisUrl: relay.url } });
+    b = await startTestGateway(CONFIG, { store: { databaseUrl: db.url, redisUrl: `redis://127.0.0.1:${relay.port}` } });
     await Promise.all([a.host!.services.bus!.subscribed(), b.host!.services.bus!.subscribed()]);
   });
 

@@ -57,13 +57,22 @@ export async function openStore(opts: OpenStoreOptions): Promise<Store> {
   return opts.databaseUrl ? openPostgres(opts.databaseUrl, opts.log) : openPglite(opts.dataDir, opts.log);
 }
 
+/** A readiness probe must answer quickly even while a lost database is being reconnected. */
+const PING_TIMEOUT_MS = 2000;
+
 function pinger(db: Db): Store["ping"] {
   return async () => {
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const timeout = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new Error(`no answer within ${PING_TIMEOUT_MS} ms`)), PING_TIMEOUT_MS);
+    });
     try {
-      const [row] = await rows<{ version: string }>(db, sql`select version() as version`);
+      const [row] = await Promise.race([rows<{ version: string }>(db, sql`select version() as version`), timeout]);
       return { ok: true, detail: row?.version ?? "unknown version" };
     } catch (e) {
       return { ok: false, detail: e instanceof Error ? e.message : String(e) };
+    } finally {
+      clearTimeout(timer);
     }
   };
 }
@@ -115,7 +124,8 @@ async function openPglite(dataDir: string, log?: StoreLog): Promise<Store> {
 async function openPostgres(url: string, log?: StoreLog): Promise<Store> {
   // drizzle's migrator issues `CREATE SCHEMA IF NOT EXISTS`, whose NOTICE would otherwise be
   // printed to stdout on every start.
-  const client = postgres(url, { max: 10, onnotice: () => {} });
+  // A lost database should fail calls within seconds, not the driver's default 30 s.
+  const client = postgres(url, { max: 10, onnotice: () => {}, connect_timeout: 5 });
   try {
     const db: Db = drizzlePostgres({ client, schema });
     // drizzle's migrate reads the last applied migration outside its transaction and takes no

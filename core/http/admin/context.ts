@@ -50,6 +50,8 @@ export interface AdminCtx {
 }
 
 const checkers = new WeakMap<TSchema, (v: unknown) => unknown>();
+/** How long a management call may run before the store is checked for an outage. */
+const SLOW_CALL_MS = 5000;
 
 export function adminRoute<R>(deps: AdminDeps, handler: (ctx: AdminCtx) => Promise<R>) {
   return async ({ request }: { request: Request }): Promise<R> => {
@@ -94,6 +96,36 @@ export function adminRoute<R>(deps: AdminDeps, handler: (ctx: AdminCtx) => Promi
         });
       },
     };
-    return handler(ctx);
+    const storeDown = async (): Promise<GatewayError | undefined> => {
+      const reachable = await store.ping();
+      if (reachable.ok) return undefined;
+      deps.log.warn("management call failed: store unreachable", { path: url.pathname, error: reachable.detail });
+      return GatewayError.of(
+        503,
+        "The store is unreachable, so this management call failed (it may not have been applied). Retry when the database is back.",
+        "api_connection_error",
+      );
+    };
+    const work = handler(ctx);
+    try {
+      // A lost database can leave a query waiting on reconnects for a long time: after a while,
+      // check the store and answer 503 rather than hold the caller indefinitely.
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      const slow = new Promise<"slow">((resolve) => {
+        timer = setTimeout(() => resolve("slow"), SLOW_CALL_MS);
+      });
+      const first = await Promise.race([work, slow]).finally(() => clearTimeout(timer));
+      if (first !== "slow") return first;
+      const down = await storeDown();
+      if (down) {
+        work.catch(() => undefined);
+        throw down;
+      }
+      return await work;
+    } catch (err) {
+      if (err instanceof GatewayError) throw err;
+      // A failure because the store is unreachable is the client's to retry, not a bug.
+      throw (await storeDown()) ?? err;
+    }
   };
 }

@@ -1,0 +1,65 @@
+// The database goes away under a running gateway (cut at a TCP relay in front of PostgreSQL):
+// model calls keep working from the in-process identity cache, readiness says the store is down,
+// management calls fail with a clear 503 instead of a 500, and everything works again once the
+// database is back.
+import { afterAll, beforeAll, expect, test } from "bun:test";
+import OpenAI from "openai";
+import { freshDatabase, MASTER_KEY, requestJson, startTestGateway, type TestGateway } from "./harness/gateway.ts";
+import { TcpRelay } from "./harness/relay.ts";
+
+const CONFIG = {
+  model_list: [{ model_name: "gpt-a", svc_params: { model: "mock/gpt-a" } }],
+  general_settings: { master_key: MASTER_KEY },
+};
+
+let gw: TestGateway;
+let relay: TcpRelay;
+let drop: () => Promise<void>;
+
+beforeAll(async () => {
+  const db = await freshDatabase("gw_outage");
+  drop = db.drop;
+  relay = await TcpRelay.start({ host: "127.0.0.1", port: 5432 });
+  const url = new URL(db.url);
+  url.port = String(relay.port);
+  gw = await startTestGateway(CONFIG, { store: { databaseUrl: url.toString() } });
+});
+
+afterAll(async () => {
+  await gw?.stop();
+  await relay?.close();
+  await drop?.();
+});
+
+async function readiness(): Promise<{ status: number; db: string }> {
+  const res = await fetch(`${gw.url}/health/readiness`);
+  return { status: res.status, db: ((await res.json()) as { db: string }).db };
+}
+
+test("with the database gone, keys keep working, readiness is 503 and management calls say why; all recovers", async () => {
+  const created = await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: { models: ["gpt-a"] } });
+  expect(created.status).toBe(200);
+  const client = new OpenAI({ baseURL: gw.baseURL, apiKey: created.body.key, maxRetries: 0 });
+  expect(await readiness()).toEqual({ status: 200, db: "connected" });
+
+  relay.cut();
+  const reply = await client.chat.completions.create({ model: "gpt-a", messages: [{ role: "user", content: "still there?" }] });
+  expect(reply.choices[0]?.message.content).toContain("still there?");
+  expect(await readiness()).toEqual({ status: 503, db: "disconnected" });
+
+  const refused = await requestJson<{ error: { message: string; type: string; code: string } }>(gw, "POST", "/key/generate", { body: {} });
+  expect(refused.status).toBe(503);
+  expect(refused.body.error.code).toBe("503");
+  expect(refused.body.error.message).toContain("store is unreachable");
+
+  relay.restore();
+  let ready = await readiness();
+  for (let i = 0; i < 50 && ready.status !== 200; i++) {
+    await Bun.sleep(100);
+    ready = await readiness();
+  }
+  expect(ready).toEqual({ status: 200, db: "connected" });
+  const again = await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: {} });
+  expect(again.status).toBe(200);
+  expect(again.body.key).toStartWith("sk-");
+}, 30_000);
