@@ -80,7 +80,12 @@ export interface StreamTransform<E extends Endpoint, S> {
 
 /** Pure transforms for one endpoint: no I/O. The core owns fetch, timeouts, abort and framing. */
 export interface EndpointAdapter<E extends Endpoint, S = unknown> {
-  request(req: WireRequest[E], deployment: Deployment): HttpCall;
+  /**
+   * `raw` is the client's body exactly as it arrived, given when the gateway changed nothing in it:
+   * an adapter whose upstream body would be identical may forward these bytes instead of
+   * re-serializing (large base64 payloads).
+   */
+  request(req: WireRequest[E], deployment: Deployment, raw?: string): HttpCall;
   response(body: unknown): { body: WireJson; usage: Usage };
   stream?: StreamTransform<E, S>;
 }

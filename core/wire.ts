@@ -41,6 +41,16 @@ export const GatewayOnlyFields = [
   "metadata",
   "mock_response",
   "drop_params",
+  // The embeddings body's gateway parameters (the spec lists them); never forwarded upstream.
+  "timeout",
+  "api_base",
+  "api_version",
+  "api_key",
+  "api_type",
+  "custom_llm_provider",
+  "svc_call_id",
+  "svc_logging_obj",
+  "logger_fn",
 ] as const;
 
 export const ChatRequestSchema = T.Object(

@@ -9,7 +9,7 @@ import { modelCall } from "../pipeline/call.ts";
 import { authenticate } from "./auth.ts";
 import { healthRoutes, type Probes } from "./routes/health.ts";
 import { modelRoutes } from "./routes/models.ts";
-import { readBody, validate } from "./validate.ts";
+import { readBodyWithText, validate } from "./validate.ts";
 
 export interface AppDeps {
   live: Live;
@@ -36,13 +36,22 @@ export function createApp(deps: AppDeps) {
     const pin = live.pin();
     try {
       const principal = await authenticate(pin.snapshot, request.headers, pathOf(request.url));
-      const body = await readBody(request);
-      if (pathModel) body.model = pathModel;
-      else if (body.model === undefined && endpoint === "completions") {
+      const { body, text } = await readBodyWithText(request);
+      let changed = false;
+      if (pathModel && body.model !== pathModel) {
+        body.model = pathModel;
+        changed = true;
+      } else if (body.model === undefined && endpoint === "completions") {
         const queryModel = new URL(request.url).searchParams.get("model");
-        if (queryModel) body.model = queryModel;
+        if (queryModel) {
+          body.model = queryModel;
+          changed = true;
+        }
       }
-      if (endpoint === "embeddings") body.input ??= [];
+      if (endpoint === "embeddings" && body.input === undefined) {
+        body.input = [];
+        changed = true;
+      }
       const req = validate[endpoint](body) as WireRequest[typeof endpoint];
       return await modelCall(endpoint, req, {
         snapshot: pin.snapshot,
@@ -51,6 +60,7 @@ export function createApp(deps: AppDeps) {
         callId: crypto.randomUUID(),
         log,
         release: pin.release,
+        rawBody: changed ? undefined : text,
       });
     } catch (err) {
       pin.release();

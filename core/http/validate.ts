@@ -34,6 +34,11 @@ export const validate = {
 
 /** The request body as a JSON object, or a 400 that says what is wrong. */
 export async function readBody(request: Request): Promise<Record<string, unknown>> {
+  return (await readBodyWithText(request)).body;
+}
+
+/** The body as a JSON object and the exact text it was parsed from. */
+export async function readBodyWithText(request: Request): Promise<{ body: Record<string, unknown>; text: string }> {
   const text = await request.text();
   let body: unknown;
   try {
@@ -44,5 +49,5 @@ export async function readBody(request: Request): Promise<Record<string, unknown
     throw GatewayError.of(400, `Request body is not valid JSON: ${err instanceof Error ? err.message : String(err)}`, "invalid_request_error");
   }
   if (body === null || typeof body !== "object" || Array.isArray(body)) throw GatewayError.of(400, "Request body must be a JSON object.", "invalid_request_error");
-  return body as Record<string, unknown>;
+  return { body: body as Record<string, unknown>, text };
 }

@@ -21,6 +21,8 @@ export interface CallContext {
   release(): void;
   /** False for calls the gateway makes itself (health probes): no spend, no callbacks. */
   record?: boolean;
+  /** The client's body text when the gateway changed nothing in it (see EndpointAdapter.request). */
+  rawBody?: string;
 }
 
 const ZERO: Usage = { promptTokens: 0, completionTokens: 0 };
@@ -103,7 +105,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
   const timeoutSeconds = (endpoint === "embeddings" ? (body as WireRequest["embeddings"]).timeout : undefined) ?? d.timeout ?? snapshot.settings.requestTimeout;
   const deadline = new Deadline(ctx.clientSignal, timeoutSeconds);
   try {
-    const res = await send(adapter, d, ep.request(body, d), deadline);
+    const res = await send(adapter, d, ep.request(body, d, ctx.rawBody), deadline);
     if (!res.ok) throw await upstreamError(adapter, d, res);
     if (wantsStream && ep.stream) {
       const transform = ep.stream as StreamTransform<"chat" | "completions", unknown>;

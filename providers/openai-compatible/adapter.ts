@@ -17,6 +17,17 @@ import { GatewayOnlyFields } from "../../core/wire.ts";
 import type { OpenAICompatibleProvider } from "./table.ts";
 import { usageFromOpenAI } from "./usage.ts";
 
+/**
+ * The client's own bytes can go upstream when the upstream body would be the same: same model
+ * name, no gateway-only fields, nothing to add (streams add `include_usage` unless the client did).
+ */
+function forwardable(req: WireJson, d: Deployment, raw: string | undefined): raw is string {
+  if (raw === undefined || req.model !== d.upstreamModel) return false;
+  if (req.stream === true && (req.stream_options as WireJson | undefined)?.include_usage !== true) return false;
+  for (const k of GatewayOnlyFields) if (k in req) return false;
+  return true;
+}
+
 function upstreamBody(req: object, d: Deployment, extra?: WireJson): string {
   const body: WireJson = { ...req, model: d.upstreamModel, ...extra };
   // Most requests carry none of these; deleting only what is present keeps the object fast.
@@ -115,7 +126,8 @@ export function estimateTokens(v: unknown): number {
 
 export function openAIChat(): EndpointAdapter<"chat", StreamState> {
   return {
-    request: (req, d) => call(d, "/chat/completions", upstreamBody(req, d, req.stream ? { stream_options: { ...req.stream_options, include_usage: true } } : undefined)),
+    request: (req, d, raw) =>
+      call(d, "/chat/completions", forwardable(req, d, raw) ? raw : upstreamBody(req, d, req.stream ? { stream_options: { ...req.stream_options, include_usage: true } } : undefined)),
     response: (body) => {
       const b = asObject(body);
       return { body: b, usage: usageFromOpenAI(b.usage) };
@@ -126,7 +138,8 @@ export function openAIChat(): EndpointAdapter<"chat", StreamState> {
 
 export function openAICompletions(): EndpointAdapter<"completions", StreamState> {
   return {
-    request: (req, d) => call(d, "/completions", upstreamBody(req, d, req.stream ? { stream_options: { ...req.stream_options, include_usage: true } } : undefined)),
+    request: (req, d, raw) =>
+      call(d, "/completions", forwardable(req, d, raw) ? raw : upstreamBody(req, d, req.stream ? { stream_options: { ...req.stream_options, include_usage: true } } : undefined)),
     response: (body) => {
       const b = asObject(body);
       return { body: b, usage: usageFromOpenAI(b.usage) };
@@ -137,7 +150,7 @@ export function openAICompletions(): EndpointAdapter<"completions", StreamState>
 
 export function openAIEmbeddings(): EndpointAdapter<"embeddings"> {
   return {
-    request: (req, d) => call(d, "/embeddings", upstreamBody(req, d)),
+    request: (req, d, raw) => call(d, "/embeddings", forwardable(req, d, raw) ? raw : upstreamBody(req, d)),
     response: (body) => {
       const b = asObject(body);
       return { body: b, usage: usageFromOpenAI(b.usage) };
