@@ -1,8 +1,9 @@
 /**
  * Builds the single binary: `bun scripts/build.ts [--outfile PATH]` (default dist/gateway).
  *
- * It is `bun build --compile --minify --sourcemap core/main.ts`: the Bun runtime, every module,
- * PGlite's wasm and data files (imported as files in core/store/db.ts) and the migrations
+ * It is `bun build --compile --minify --sourcemap core/main.ts core/store/pglite-worker.ts`: the Bun
+ * runtime, every module, the PGlite worker with PGlite's wasm and data files (imported as files in
+ * core/store/pglite-worker.ts) and the migrations
  * (core/store/migrations/index.ts) end up in one executable that runs from an empty folder.
  * The source map is embedded in the binary, so the sidecar `.map` the bundler also writes is removed.
  */
@@ -23,7 +24,10 @@ export interface BuildResult {
 export async function buildBinary(outfile: string = DEFAULT_OUTFILE): Promise<BuildResult> {
   const out = resolve(outfile);
   const started = performance.now();
-  const proc = Bun.spawn([process.execPath, "build", "--compile", "--minify", "--sourcemap", "core/main.ts", "--outfile", out], {
+  // The PGlite worker is a second entrypoint: Bun embeds a Worker's module only when it is listed.
+  // Inside the binary it is `./store/pglite-worker.ts` (relative to core/, the entrypoints' common
+  // folder); core/store/pglite-bridge.ts relies on that layout.
+  const proc = Bun.spawn([process.execPath, "build", "--compile", "--minify", "--sourcemap", "core/main.ts", "core/store/pglite-worker.ts", "--outfile", out], {
     cwd: ROOT,
     stdout: "pipe",
     stderr: "pipe",

@@ -2,18 +2,14 @@
 // Both sides share one schema, one migration set and one Db type. Bun-only (Bun.file, file imports).
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
-import { PGlite } from "@electric-sql/pglite";
-import initdbWasm from "@electric-sql/pglite/initdb.wasm" with { type: "file" };
-import pgliteData from "@electric-sql/pglite/pglite.data" with { type: "file" };
-// PGlite locates these through `new URL(..., import.meta.url)`, which the bundler does not
-// follow, so a compiled binary would miss them. Imported as files they get embedded.
-import pgliteWasm from "@electric-sql/pglite/pglite.wasm" with { type: "file" };
+import type { PGlite } from "@electric-sql/pglite";
 import { sql } from "drizzle-orm";
 import type { PgDatabase, PgQueryResultHKT } from "drizzle-orm/pg-core";
 import { drizzle as drizzlePglite } from "drizzle-orm/pglite";
 import { drizzle as drizzlePostgres } from "drizzle-orm/postgres-js";
 import postgres from "postgres";
 import { acquireLock } from "./lock.ts";
+import { PgliteBridge } from "./pglite-bridge.ts";
 import { runMigrations } from "./migrate.ts";
 import * as schema from "./schema.ts";
 import { rows } from "./sql.ts";
@@ -88,34 +84,31 @@ function once(fn: () => Promise<void>): () => Promise<void> {
 async function openPglite(dataDir: string, log?: StoreLog): Promise<Store> {
   mkdirSync(dataDir, { recursive: true });
   const release = await acquireLock(join(dataDir, "gateway.lock"), dataDir);
-  let pg: PGlite | undefined;
+  // PGlite runs on a worker thread (see pglite-worker.ts): its memory stays out of this heap.
+  const bridge = new PgliteBridge();
   try {
     const pgDir = join(dataDir, "pg");
     const started = performance.now();
-    pg = await PGlite.create(pgDir, {
-      pgliteWasmModule: await WebAssembly.compile(await Bun.file(pgliteWasm).arrayBuffer()),
-      initdbWasmModule: await WebAssembly.compile(await Bun.file(initdbWasm).arrayBuffer()),
-      fsBundle: Bun.file(pgliteData),
-    });
-    const db: Db = drizzlePglite({ client: pg, schema });
+    await bridge.open(pgDir);
+    // drizzle's PGlite driver calls only `query` and `transaction`, which the bridge provides.
+    const db: Db = drizzlePglite({ client: bridge as unknown as PGlite, schema });
     // One process holds the lockfile, so nothing else can be migrating this directory.
     await runMigrations(db);
     log?.info(`store: embedded PGlite at ${pgDir} ready in ${Math.round(performance.now() - started)} ms`);
-    const client = pg;
     return {
       db,
       kind: "pglite",
       ping: pinger(db),
       close: once(async () => {
         try {
-          await client.close();
+          await bridge.close();
         } finally {
           release();
         }
       }),
     };
   } catch (e) {
-    await pg?.close().catch(() => {});
+    await bridge.close().catch(() => {});
     release();
     throw e;
   }

@@ -1,0 +1,94 @@
+/**
+ * The gateway side of the PGlite worker: the two methods drizzle's PGlite driver calls
+ * (`query` and `transaction`), forwarded to the worker thread. Transactions hold PGlite's own
+ * lock in the worker, so statements outside them wait their turn there, as they would in-process.
+ */
+import type { QueryResult, WorkerReply, WorkerRequest } from "./pglite-protocol.ts";
+
+/** First boot (initdb) takes a few seconds; far longer means the worker is not running. */
+const OPEN_TIMEOUT_MS = 120_000;
+
+type Pending = { resolve(value: unknown): void; reject(err: Error): void };
+type Payload = WorkerRequest extends infer R ? (R extends WorkerRequest ? Omit<R, "id"> : never) : never;
+
+interface QueryConfig {
+  rowMode?: "array" | "object";
+  parsers?: Record<string, unknown>;
+}
+
+/**
+ * Where the worker module is. In the single binary, modules live under `/$bunfs/root/` relative to
+ * the build's common entrypoint folder (`core/`, see scripts/build.ts); from source, beside this file.
+ */
+function workerSpecifier(): string {
+  return import.meta.url.startsWith("file:///$bunfs/") ? "./store/pglite-worker.ts" : new URL("./pglite-worker.ts", import.meta.url).href;
+}
+
+export class PgliteBridge {
+  private readonly worker: Worker;
+  private readonly pending = new Map<number, Pending>();
+  private nextId = 1;
+
+  constructor() {
+    this.worker = new Worker(workerSpecifier());
+    this.worker.onmessage = (e: MessageEvent<WorkerReply>) => {
+      const p = this.pending.get(e.data.id);
+      if (!p) return;
+      this.pending.delete(e.data.id);
+      if (e.data.ok) p.resolve(e.data.value);
+      else p.reject(new Error(e.data.error));
+    };
+    this.worker.onerror = (e) => {
+      for (const p of this.pending.values()) p.reject(new Error(`PGlite worker failed: ${e.message}`));
+      this.pending.clear();
+    };
+  }
+
+  private call<T>(payload: Payload): Promise<T> {
+    const id = this.nextId++;
+    return new Promise<T>((resolve, reject) => {
+      this.pending.set(id, { resolve: resolve as (v: unknown) => void, reject });
+      this.worker.postMessage({ ...payload, id });
+    });
+  }
+
+  /** Opens PGlite in the worker; a worker that never answers (failed to load) fails the start. */
+  async open(dataDir: string): Promise<void> {
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const timeout = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new Error(`the PGlite worker did not open ${dataDir} within ${OPEN_TIMEOUT_MS / 1000} s`)), OPEN_TIMEOUT_MS);
+    });
+    try {
+      await Promise.race([this.call({ op: "open", dataDir }), timeout]);
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  query(sql: string, params: unknown[] = [], config: QueryConfig = {}, tx?: number): Promise<QueryResult> {
+    // drizzle's parsers all return the text value unchanged; the worker rebuilds them by type.
+    const rawTypes = Object.keys(config.parsers ?? {}).map(Number);
+    return this.call({ op: "query", sql, params, rowMode: config.rowMode ?? "object", rawTypes, tx });
+  }
+
+  async transaction<T>(fn: (tx: { query: PgliteBridge["query"] }) => Promise<T>): Promise<T> {
+    const tx = await this.call<number>({ op: "begin" });
+    let result: T;
+    try {
+      result = await fn({ query: (sql, params, config) => this.query(sql, params, config, tx) });
+    } catch (err) {
+      await this.call({ op: "end", tx, commit: false }).catch(() => undefined);
+      throw err;
+    }
+    await this.call({ op: "end", tx, commit: true });
+    return result;
+  }
+
+  async close(): Promise<void> {
+    try {
+      await this.call({ op: "close" });
+    } finally {
+      this.worker.terminate();
+    }
+  }
+}

@@ -1,0 +1,17 @@
+/** Messages between the gateway and the worker thread that holds the embedded PGlite. */
+
+export type WorkerRequest =
+  | { id: number; op: "open"; dataDir: string }
+  | { id: number; op: "query"; sql: string; params: unknown[]; rowMode: "array" | "object"; rawTypes: number[]; tx?: number }
+  | { id: number; op: "begin" }
+  | { id: number; op: "end"; tx: number; commit: boolean }
+  | { id: number; op: "close" };
+
+export type WorkerReply = { id: number; ok: true; value: unknown } | { id: number; ok: false; error: string };
+
+/** A query result as PGlite returns it (the parts drizzle reads). */
+export interface QueryResult {
+  rows: unknown[];
+  affectedRows?: number;
+  fields: { name: string; dataTypeID: number }[];
+}
