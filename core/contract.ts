@@ -3,10 +3,10 @@
  * Nothing here depends on Elysia, so plugins survive framework upgrades and hot swaps.
  */
 import type { Static, TSchema } from "@sinclair/typebox";
-import type { BudgetRow, KeyRow, OrgRow, TeamRow, UserRow } from "./identity/records.ts";
+import type { BudgetRow, IdentityChange, KeyRow, OrgRow, TeamRow, UserRow } from "./identity/records.ts";
 import type { ChatRequest, CompletionRequest, EmbeddingsRequest, WireJson } from "./wire.ts";
 
-export type { BudgetRow, KeyRow, OrgRow, TeamRow, UserRow } from "./identity/records.ts";
+export type { BudgetRow, IdentityChange, KeyRow, OrgRow, TeamRow, UserRow } from "./identity/records.ts";
 
 export type { ChatRequest, CompletionRequest, EmbeddingsRequest, WireJson } from "./wire.ts";
 
@@ -257,6 +257,8 @@ export interface IdentityView {
   readonly budgets: ReadonlyMap<string, BudgetRow>;
   /** Changes whenever any identity data changes. */
   readonly generation: number;
+  /** Calls `listener` after each change has been applied; returns the unsubscribe function. */
+  onChange(listener: (change: IdentityChange) => void): () => void;
   /** Marks a key as used now (written in batches). */
   touch(token: string): void;
 }

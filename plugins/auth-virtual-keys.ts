@@ -1,7 +1,8 @@
 /**
  * Virtual keys (`sk-…`): the sha256 of the presented key is looked up in the in-process identity
  * cache; blocked, expired and blocked-team/org keys are refused with 401. The resulting principal
- * (with its access rules) is cached per key until the identity data changes.
+ * (with its access rules) is cached per key until a change touches the key, its team, its org or
+ * its user.
  */
 import { createHash } from "node:crypto";
 import { Type } from "@sinclair/typebox";
@@ -48,13 +49,25 @@ function aliasesOf(key: KeyRow, team: TeamRow | undefined, orgs: readonly OrgRow
   return { aliases, aliasSources };
 }
 
-function principalOf(identity: IdentityView, key: KeyRow): Principal | Denied {
-  if (key.blocked) return deny("Authentication Error: this key is blocked. A proxy admin can unblock it with /key/unblock.");
+/** A cached answer for one key and the records it was built from (what invalidates it). */
+interface Cached {
+  result: Principal | Denied;
+  teamId: string | null;
+  orgIds: readonly string[];
+  userId: string | null;
+}
+
+function cachedFor(identity: IdentityView, key: KeyRow): Cached {
   const team = key.teamId ? identity.teams.get(key.teamId) : undefined;
+  const orgIds = [...new Set([key.organizationId, team?.organizationId].filter((id): id is string => !!id))];
+  return { result: principalOf(identity, key, team, orgIds), teamId: key.teamId, orgIds, userId: key.userId };
+}
+
+function principalOf(identity: IdentityView, key: KeyRow, team: TeamRow | undefined, orgIds: readonly string[]): Principal | Denied {
+  if (key.blocked) return deny("Authentication Error: this key is blocked. A proxy admin can unblock it with /key/unblock.");
   if (key.teamId && !team) return deny(`Authentication Error: the key's team ${key.teamId} no longer exists.`);
   if (team?.blocked) return deny(`Authentication Error: team ${team.teamId} is blocked. A proxy admin can unblock it with /team/unblock.`);
   // The key's own org and its team's org both bind it (they normally agree).
-  const orgIds = [...new Set([key.organizationId, team?.organizationId].filter((id): id is string => !!id))];
   const orgs: OrgRow[] = [];
   for (const id of orgIds) {
     const org = identity.orgs.get(id);
@@ -97,8 +110,31 @@ export default definePlugin({
   setup(_cfg, ctx): Hooks {
     const identity = ctx.identity;
     if (!identity) return {};
-    let generation = -1;
-    const principals = new Map<string, Principal | Denied>();
+    const cache = new Map<string, Cached>();
+    const drop = (stale: (c: Cached) => boolean) => {
+      for (const [token, c] of cache) if (stale(c)) cache.delete(token);
+    };
+    const unsubscribe = identity.onChange((change) => {
+      switch (change.kind) {
+        case "key":
+          cache.delete(change.token);
+          break;
+        case "team":
+          drop((c) => c.teamId === change.teamId);
+          break;
+        case "org":
+          drop((c) => c.orgIds.includes(change.orgId));
+          break;
+        case "user":
+          drop((c) => c.userId === change.userId);
+          break;
+        case "all":
+          cache.clear();
+          break;
+        // Memberships, budgets, access groups (resolved at check time), rotated keys and stored
+        // models are not part of a principal.
+      }
+    });
     return {
       auth: {
         resolve({ credential }) {
@@ -109,20 +145,17 @@ export default definePlugin({
           if (key.expires && key.expires.getTime() <= Date.now()) {
             return deny(`Authentication Error: expired key. Key expiry time ${key.expires.toISOString()}, current time ${new Date().toISOString()}.`, "expired_key");
           }
-          if (generation !== identity.generation) {
-            principals.clear();
-            generation = identity.generation;
+          let cached = cache.get(key.token);
+          if (!cached) {
+            cached = cachedFor(identity, key);
+            cache.set(key.token, cached);
           }
-          let p = principals.get(key.token);
-          if (!p) {
-            p = principalOf(identity, key);
-            principals.set(key.token, p);
-          }
-          if ("ok" in p) return p;
+          if ("ok" in cached.result) return cached.result;
           identity.touch(key.token);
-          return p;
+          return cached.result;
         },
       },
+      dispose: unsubscribe,
     };
   },
 });
