@@ -11,6 +11,17 @@ import { type EventParser, NdjsonParser, SseParser } from "../stream/framing.ts"
 import type { Deadline } from "./upstream.ts";
 
 const DONE = "data: [DONE]\n\n";
+/** Settles after any already-settled promise raced against it. */
+const NOT_READY = Symbol("not ready");
+
+/** Whether `p` has already settled (a rejection counts: the next await of it will throw). */
+async function settled(p: Promise<unknown>): Promise<boolean> {
+  try {
+    return (await Promise.race([p, NOT_READY])) !== NOT_READY;
+  } catch {
+    return true;
+  }
+}
 
 export interface StreamArgs {
   res: Response;
@@ -93,12 +104,13 @@ export function streamResponse(a: StreamArgs): Response {
         ended = true;
         end("failure", error);
       };
+      let reading = reader.read();
       for (;;) {
         let next: Awaited<ReturnType<typeof reader.read>>;
         // The idle deadline runs only while waiting on the upstream, never on a slow client.
         deadline.arm();
         try {
-          next = await reader.read();
+          next = await reading;
           deadline.clear();
         } catch {
           deadline.clear();
@@ -121,7 +133,10 @@ export function streamResponse(a: StreamArgs): Response {
         firstByteAt ??= Date.now();
         parser.push(decoder.decode(next.value, { stream: true }), onEvent);
         if (failure) return finishWith(failure.error);
-        if (out) {
+        reading = reader.read();
+        // When more upstream data is already buffered, keep collecting: one write for what
+        // arrived together. Otherwise send now, so the client sees each event as it comes.
+        if (out && !(await settled(reading))) {
           const text = out;
           out = "";
           if (!(await send(text))) return stop("client disconnected");
