@@ -167,7 +167,7 @@ async function micro(configPath: string, dataDir: string, keys: string[]) {
     if (host.services.identity!.keys.size < keys.length) throw new Error(`only ${host.services.identity!.keys.size} keys loaded`);
 
     // First use of each key after an identity change: the cached principal is rebuilt.
-    host.services.identity!.generation++;
+    await host.services.identity!.apply({ kind: "all" });
     const t0 = Bun.nanoseconds();
     for (let i = 0; i < keys.length; i++) await authVirtual(i);
     const coldUs = (Bun.nanoseconds() - t0) / 1000 / keys.length;

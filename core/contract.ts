@@ -255,8 +255,6 @@ export interface IdentityView {
   readonly orgs: ReadonlyMap<string, OrgRow>;
   readonly users: ReadonlyMap<string, UserRow>;
   readonly budgets: ReadonlyMap<string, BudgetRow>;
-  /** Changes whenever any identity data changes. */
-  readonly generation: number;
   /** Calls `listener` after each change has been applied; returns the unsubscribe function. */
   onChange(listener: (change: IdentityChange) => void): () => void;
   /** Marks a key as used now (written in batches). */

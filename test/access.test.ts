@@ -5,13 +5,14 @@
 // Identity rows are written straight to the store and announced on the change bus, as the
 // management API does.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { createHash, randomUUID } from "node:crypto";
+import { randomUUID } from "node:crypto";
 import { eq } from "drizzle-orm";
 import OpenAI, { APIError, AuthenticationError, PermissionDeniedError } from "openai";
 import type { IdentityChange } from "../core/identity/records.ts";
 import type { Db } from "../core/store/db.ts";
 import { accessGroups, organizations, orgMembers, teamMembers, teams, users, virtualKeys } from "../core/store/schema.ts";
 import { BACKENDS, MASTER_KEY, startBackendGateway, type TestGateway } from "./harness/gateway.ts";
+import { sha256 } from "./harness/util.ts";
 
 const UPSTREAM_SECRET = "sk-upstream-very-secret-42";
 const UPSTREAM_BASE = "https://secret-upstream.example.com/v1";
@@ -43,7 +44,6 @@ const CONFIG = {
   general_settings: { master_key: MASTER_KEY },
 };
 
-const sha256 = (s: string) => createHash("sha256").update(s).digest("hex");
 const uid = (p: string) => `${p}-${randomUUID().slice(0, 8)}`;
 
 type KeyInsert = Partial<typeof virtualKeys.$inferInsert>;
@@ -538,7 +538,6 @@ async function waitFor<T>(probe: () => Promise<T | undefined>, timeoutMs: number
     await Bun.sleep(100);
   }
 }
-
 
 function eqToken(token: string) {
   return eq(virtualKeys.token, token);

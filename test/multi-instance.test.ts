@@ -3,13 +3,14 @@
 // within a second, and B catches up after losing Redis for a while. B reaches Redis through a
 // TCP relay the test can cut, so "Redis unavailable to B" is exact, not a race with reconnects.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { createHash, randomUUID } from "node:crypto";
+import { randomUUID } from "node:crypto";
 import { eq } from "drizzle-orm";
 import Redis from "ioredis";
 import type { IdentityChange } from "../core/identity/records.ts";
 import { teams, virtualKeys } from "../core/store/schema.ts";
 import { freshDatabase, MASTER_KEY, startTestGateway, type TestGateway } from "./harness/gateway.ts";
 import { TcpRelay } from "./harness/relay.ts";
+import { sha256 } from "./harness/util.ts";
 
 const REDIS_URL = "redis://127.0.0.1:6379";
 const CONFIG = {
@@ -18,8 +19,6 @@ const CONFIG = {
 };
 const POLL_MS = 50;
 const LIMIT_MS = 1000;
-
-const sha256 = (s: string) => createHash("sha256").update(s).digest("hex");
 
 async function redisReachable(): Promise<boolean> {
   const probe = new Redis(REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null, enableOfflineQueue: false });

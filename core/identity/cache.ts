@@ -27,8 +27,6 @@ export class IdentityCache implements IdentityView {
   readonly orgMembers = new Map<string, Map<string, string>>();
   /** userId → orgId → role */
   readonly userOrgs = new Map<string, Map<string, string>>();
-  /** Bumped on every change, so derived caches (principals) know to rebuild. */
-  generation = 0;
   /** Keys used since the last `last_active` write (written in batches off the request path). */
   readonly touched = new Set<string>();
   private readonly listeners = new Set<(c: IdentityChange) => void>();
@@ -62,7 +60,6 @@ export class IdentityCache implements IdentityView {
     for (const row of g) this.setAccessGroup(row);
     for (const row of tm) this.setTeamMember(row.teamId, row.userId, row.role as TeamRole);
     for (const row of om) this.setOrgMember(row.organizationId, row.userId, row.userRole);
-    this.generation++;
   }
 
   private clear(): void {
@@ -184,7 +181,6 @@ export class IdentityCache implements IdentityView {
       case "models":
         break;
     }
-    this.generation++;
     for (const l of this.listeners) l(change);
   }
 

@@ -51,8 +51,9 @@ async function acquireLeases(snapshot: Snapshot, intent: CallIntent): Promise<Le
   return granted;
 }
 
-export function responseHeaders(d: Deployment, callId: string): Record<string, string> {
-  return { "x-svc-model-id": d.id, "x-svc-call-id": callId, "x-svc-model-group": d.modelName };
+/** The headers every model-call answer carries, with its content type. */
+export function responseHeaders(d: Deployment, callId: string, contentType: string): Record<string, string> {
+  return { "content-type": contentType, "x-svc-model-id": d.id, "x-svc-call-id": callId, "x-svc-model-group": d.modelName };
 }
 
 export function modelCall<E extends Endpoint>(endpoint: E, body: WireRequest[E], ctx: CallContext): Promise<Response> {
@@ -109,7 +110,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     if (!res.ok) throw await upstreamError(adapter, d, res);
     if (wantsStream && ep.stream) {
       const transform = ep.stream as StreamTransform<"chat" | "completions", unknown>;
-      return streamResponse({ res, deployment: d, transform, request: body as WireRequest["chat" | "completions"], deadline, headers: responseHeaders(d, ctx.callId), finish });
+      return streamResponse({ res, deployment: d, transform, request: body as WireRequest["chat" | "completions"], deadline, headers: responseHeaders(d, ctx.callId, "text/event-stream"), finish });
     }
     const { text, json } = await readJson(res, d, deadline);
     deadline.clear();
@@ -123,7 +124,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     // An adapter that hands the upstream body back unchanged lets the original bytes through.
     const out = mapped.body === json ? text : JSON.stringify(mapped.body);
     return new Response(out, {
-      headers: { "content-type": "application/json", "x-svc-model-id": d.id, "x-svc-call-id": ctx.callId, "x-svc-model-group": d.modelName },
+      headers: responseHeaders(d, ctx.callId, "application/json"),
     });
   } catch (err) {
     deadline.clear();

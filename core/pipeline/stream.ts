@@ -148,6 +148,6 @@ export function streamResponse(a: StreamArgs): Response {
   // The DOM lib's ReadableStream overloads hide Bun's direct-source one.
   const body = new ReadableStream(source as unknown as UnderlyingDefaultSource<Uint8Array>);
   return new Response(body, {
-    headers: { "content-type": "text/event-stream", "cache-control": "no-cache", connection: "keep-alive", ...a.headers },
+    headers: { ...a.headers, "cache-control": "no-cache", connection: "keep-alive" },
   });
 }

@@ -109,17 +109,3 @@ export class NdjsonParser implements EventParser {
     });
   }
 }
-
-function asTransform(parser: EventParser): TransformStream<string, string> {
-  return new TransformStream({
-    transform(text, c) {
-      parser.push(text, (e) => c.enqueue(e));
-    },
-    flush(c) {
-      parser.end((e) => c.enqueue(e));
-    },
-  });
-}
-
-export const sseEvents = (): TransformStream<string, string> => asTransform(new SseParser());
-export const ndjsonEvents = (): TransformStream<string, string> => asTransform(new NdjsonParser());

@@ -5,19 +5,19 @@
 // Users, teams and memberships are written straight to the store and announced on the change bus
 // (as their own endpoints do), so these tests depend on nothing but the key endpoints.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { createHash, randomUUID } from "node:crypto";
+import { randomUUID } from "node:crypto";
 import { sql } from "drizzle-orm";
 import { rotateDueKeys } from "../../core/identity/rotation.ts";
 import type { Db } from "../../core/store/db.ts";
 import { teamMembers, teams, users } from "../../core/store/schema.ts";
 import { BACKENDS, MASTER_KEY, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
+import { sha256 } from "../harness/util.ts";
 
 const CONFIG = {
   model_list: [{ model_name: "chat-mock", svc_params: { model: "mock/chat" } }],
   general_settings: { master_key: MASTER_KEY },
 };
 
-const sha256 = (s: string) => createHash("sha256").update(s).digest("hex");
 const uid = (p: string) => `${p}-${randomUUID().slice(0, 8)}`;
 
 /** A management response as the tests read it (fields are only read where the endpoint returns them). */

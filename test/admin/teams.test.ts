@@ -6,10 +6,11 @@
 // or not, is the same 403), that a `user` member gets only what the team's permissions grant, and
 // that every write leaves an audit row naming the `svc-changed-by` actor.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { createHash, randomUUID } from "node:crypto";
+import { randomUUID } from "node:crypto";
 import OpenAI, { APIError } from "openai";
 import { organizations } from "../../core/store/schema.ts";
 import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
+import { sha256 } from "../harness/util.ts";
 
 const CONFIG = {
   model_list: [
@@ -85,7 +86,6 @@ interface AuditRow {
   object_id: string;
 }
 
-const sha256 = (s: string) => createHash("sha256").update(s).digest("hex");
 const uid = (p: string) => `${p}-${randomUUID().slice(0, 8)}`;
 
 for (const backend of BACKENDS) {

@@ -5,9 +5,10 @@
 // proxy_admin), a user sees only itself, deleted users' keys stop at once, and every write leaves
 // an audit row naming the `svc-changed-by` actor.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { createHash, randomUUID } from "node:crypto";
+import { randomUUID } from "node:crypto";
 import OpenAI, { APIError } from "openai";
 import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
+import { sha256 } from "../harness/util.ts";
 
 const CONFIG = {
   model_list: [
@@ -68,7 +69,6 @@ interface AuditRow {
   updated_values: Json | null;
 }
 
-const sha256 = (s: string) => createHash("sha256").update(s).digest("hex");
 const uid = (p: string) => `${p}-${randomUUID().slice(0, 8)}`;
 
 for (const backend of BACKENDS) {

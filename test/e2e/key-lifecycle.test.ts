@@ -4,17 +4,15 @@
 // `expired_key`. Afterwards no plaintext key may be found in the database (every table, every
 // column), in any management response but the one that created it, or in the gateway's log.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { createHash } from "node:crypto";
 import { sql } from "drizzle-orm";
 import OpenAI, { APIError, AuthenticationError } from "openai";
 import { BACKENDS, MASTER_KEY, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
+import { sha256 } from "../harness/util.ts";
 
 const CONFIG = {
   model_list: [{ model_name: "chat-mock", svc_params: { model: "mock/chat" } }],
   general_settings: { master_key: MASTER_KEY },
 };
-
-const sha256 = (s: string) => createHash("sha256").update(s).digest("hex");
 
 interface KeyResponse {
   key: string;

@@ -16,6 +16,7 @@ import OpenAI, {
 import type { ChatCompletionChunk, ChatCompletionTool } from "openai/resources/chat/completions";
 import { MASTER_KEY, startTestGateway, type TestGateway } from "../harness/gateway.ts";
 import { closedPort, type MockOpenAI, mockEmbedding, startMockOpenAI } from "../mock-upstream/openai.ts";
+import { collect, failure } from "../harness/util.ts";
 
 const UPSTREAM_KEY = "sk-upstream-secret-0123456789";
 const UPSTREAM_HEADER_VALUE = "tag-from-deployment-headers";
@@ -110,22 +111,6 @@ function post(path: string, body: unknown, headers: Record<string, string> = { a
 
 function get(path: string): Promise<Response> {
   return fetch(`${gw.url}${path}`, { headers: { authorization: `Bearer ${MASTER_KEY}` } });
-}
-
-/** The error a request fails with, or undefined when it succeeds. */
-async function failure(request: PromiseLike<unknown>): Promise<unknown> {
-  try {
-    await request;
-    return undefined;
-  } catch (e) {
-    return e;
-  }
-}
-
-async function collect<T>(stream: AsyncIterable<T>): Promise<T[]> {
-  const items: T[] = [];
-  for await (const item of stream) items.push(item);
-  return items;
 }
 
 /** Asserts the spec's error envelope: exactly `{error: {message, type, param, code}}`, code = status. */

@@ -13,6 +13,7 @@ import OpenAI, {
 } from "openai";
 import type { ChatCompletionChunk, ChatCompletionTool } from "openai/resources/chat/completions";
 import { closedPort, type MockOpenAI, mockEmbedding, startMockOpenAI } from "./openai.ts";
+import { collect, failure } from "../harness/util.ts";
 
 const API_KEY = "sk-mock-test-key-0123456789";
 
@@ -55,22 +56,6 @@ function post(path: string, body: unknown, key = API_KEY): Promise<Response> {
     headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
     body: typeof body === "string" ? body : JSON.stringify(body),
   });
-}
-
-/** The error a request fails with, or undefined when it succeeds. */
-async function failure(request: PromiseLike<unknown>): Promise<unknown> {
-  try {
-    await request;
-    return undefined;
-  } catch (e) {
-    return e;
-  }
-}
-
-async function collect<T>(stream: AsyncIterable<T>): Promise<T[]> {
-  const items: T[] = [];
-  for await (const item of stream) items.push(item);
-  return items;
 }
 
 describe("chat completions", () => {

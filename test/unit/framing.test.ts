@@ -2,8 +2,22 @@
 // OpenAI-compatible stream transform that turns each event into parts.
 import { describe, expect, test } from "bun:test";
 import type { ChatRequest, CompletionRequest, StreamPart } from "../../core/contract.ts";
-import { ndjsonEvents, sseEvents } from "../../core/stream/framing.ts";
+import { type EventParser, NdjsonParser, SseParser } from "../../core/stream/framing.ts";
 import { openAIChat, openAICompletions } from "../../providers/openai-compatible/adapter.ts";
+
+/** A parser as a TransformStream, so decoded byte streams can be piped through it. */
+function asTransform(parser: EventParser): TransformStream<string, string> {
+  return new TransformStream({
+    transform(text, c) {
+      parser.push(text, (e) => c.enqueue(e));
+    },
+    flush(c) {
+      parser.end((e) => c.enqueue(e));
+    },
+  });
+}
+const sseEvents = () => asTransform(new SseParser());
+const ndjsonEvents = () => asTransform(new NdjsonParser());
 
 /** Runs text chunks, exactly as given, through a framing transform and collects the events. */
 async function run(framing: TransformStream<string, string>, chunks: string[]): Promise<string[]> {

@@ -1,0 +1,24 @@
+/** Small helpers the suites share. */
+import { createHash } from "node:crypto";
+
+/**
+ * sha256 hex, computed here rather than with the gateway's own helper: tests check the stored
+ * `token` against the spec's definition (the hash of the whole key), not against the code.
+ */
+export const sha256 = (s: string): string => createHash("sha256").update(s).digest("hex");
+
+/** The error a request fails with, or undefined when it succeeds. */
+export async function failure(request: PromiseLike<unknown>): Promise<unknown> {
+  try {
+    await request;
+    return undefined;
+  } catch (e) {
+    return e;
+  }
+}
+
+export async function collect<T>(stream: AsyncIterable<T>): Promise<T[]> {
+  const items: T[] = [];
+  for await (const item of stream) items.push(item);
+  return items;
+}
