@@ -39,6 +39,7 @@ const { values: flags } = parseArgs({
     "quiet-wait": { type: "string" },
     "quiet-threshold": { type: "string" },
     out: { type: "string" },
+    "budget-key": { type: "boolean", default: false },
     help: { type: "boolean", short: "h", default: false },
   },
 });
@@ -58,7 +59,9 @@ const USAGE = `usage: bun bench/run.ts [options]
   --quiet-wait S      before each measurement, wait up to S seconds for the machine to be idle
                       (default 60; 0 disables): other jobs on the cores make the numbers meaningless
   --quiet-threshold P "idle" = at most P % of one core busy over a 1 s sample (default 15)
-  --out DIR           where latest.md / latest.json go (default bench/results)`;
+  --out DIR           where latest.md / latest.json go (default bench/results)
+  --budget-key        call the gateway with a virtual key that has a max_budget (budget
+                      reservation on every call) instead of the master key`;
 if (flags.help) {
   console.log(USAGE);
   process.exit(0);
@@ -646,6 +649,8 @@ async function main(): Promise<void> {
         "model_list:",
         "  - model_name: bench-model",
         `    svc_params: { model: openai/bench-model, api_base: ${backend.url}, api_key: ${UPSTREAM_KEY} }`,
+        // Priced like gpt-4o, so every call is costed, logged with its spend and counted against budgets.
+        "    model_info: { input_cost_per_token: 0.0000025, output_cost_per_token: 0.00001 }",
         "general_settings: { master_key: os.environ/SVC_MASTER_KEY }",
         "",
       ].join("\n"),
@@ -662,12 +667,23 @@ async function main(): Promise<void> {
     );
   }
   const base = (u: string) => u.replace(/\/v1\/?$/, "").replace(/\/+$/, "");
+  let gatewayKey = MASTER_KEY;
+  if (flags["budget-key"] && services.gateway) {
+    const res = await fetch(`${base(services.gateway.url)}/key/generate`, {
+      method: "POST",
+      headers: { Authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+      body: JSON.stringify({ key_alias: "bench-budget", max_budget: 1_000_000, budget_duration: "30d" }),
+    });
+    if (!res.ok) throw new Error(`could not create the bench key: ${res.status} ${await res.text()}`);
+    gatewayKey = ((await res.json()) as { key: string }).key;
+    console.log("# gateway called with a virtual key with max_budget (budget reservation and spend logging on every call)");
+  }
   for (const name of TARGETS) {
     const s = services[name]!;
     targets.push({
       name,
       url: `${base(s.url)}/v1/chat/completions`,
-      headers: name === "gateway" ? { Authorization: `Bearer ${MASTER_KEY}` } : { Authorization: `Bearer ${UPSTREAM_KEY}` },
+      headers: name === "gateway" ? { Authorization: `Bearer ${gatewayKey}` } : { Authorization: `Bearer ${UPSTREAM_KEY}` },
       pid: s.proc.pid,
     });
     console.log(`# ${TARGET_LABEL[name]}: ${s.url} (pid ${s.proc.pid})`);

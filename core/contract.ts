@@ -18,11 +18,26 @@ export interface WireRequest {
   embeddings: EmbeddingsRequest;
 }
 
+/** What a call consumed, in the OpenAI convention: the details are parts of the totals, not additions. */
 export interface Usage {
   promptTokens: number;
   completionTokens: number;
+  /** Prompt tokens read from the provider's prompt cache (part of promptTokens). */
   cachedPromptTokens?: number;
+  /** Prompt tokens written to the provider's prompt cache (part of promptTokens). */
+  cacheCreationTokens?: number;
+  /** Prompt tokens that were audio (part of promptTokens). */
+  audioPromptTokens?: number;
+  /** Output tokens spent reasoning (part of completionTokens). */
   reasoningTokens?: number;
+  /** Output tokens that were audio (part of completionTokens). */
+  audioCompletionTokens?: number;
+  /** Images generated: count, and the `size` (`1024x1024`) and `quality` asked for. */
+  images?: { count: number; size?: string; quality?: string };
+  /** Seconds of audio processed (transcription). */
+  audioSeconds?: number;
+  /** Characters of input (speech synthesis). */
+  characters?: number;
 }
 
 /** One `model_list` entry after config resolution: what an adapter needs to reach its upstream. */
@@ -43,6 +58,8 @@ export interface Deployment {
   headers?: Record<string, string>;
   /** Every other `svc_params` field, for adapters with provider-specific options. */
   options: Record<string, unknown>;
+  /** The entry's `model_info` (prices, `base_model`, `mode`, …); `{}` when absent. */
+  info: Record<string, unknown>;
 }
 
 export interface HttpCall {
@@ -76,6 +93,8 @@ export interface StreamTransform<E extends Endpoint, S> {
   event(data: string, state: S): StreamPart[];
   /** Best usage estimate when the stream ends without upstream usage (cut or cancelled). */
   estimate(state: S): Usage;
+  /** The response `id` the client saw in the stream, if any (spend logs key on it). */
+  responseId?(state: S): string | undefined;
 }
 
 /** Pure transforms for one endpoint: no I/O. The core owns fetch, timeouts, abort and framing. */
@@ -170,15 +189,23 @@ export interface Denied {
 
 export interface Lease {
   ok: true;
-  settle(actual: Usage): void;
+  /** `cost`: what the call really cost, in pico-dollars (1e-12 USD). */
+  settle(actual: Usage, cost: bigint): void;
 }
 
 export interface CallIntent {
   principal: Principal;
   endpoint: Endpoint;
   modelGroup: string;
+  /** The deployment the call will go to. */
+  deployment: Deployment;
+  /** A conservative prompt size (an upper estimate, not a tokenizer's exact count). */
   estimatedPromptTokens: number;
   maxOutputTokens: number | undefined;
+  /** The most the call can cost, in pico-dollars: prompt estimate and output bound at the model's prices (0 when unpriced). */
+  worstCaseCost: bigint;
+  /** Milliseconds since the epoch; budgets charge the call to the period it started in. */
+  startedAt: number;
 }
 
 /** All configured rate limiters must grant. */
@@ -205,6 +232,21 @@ export interface CallRecord {
   stream: boolean;
   status: CallStatus;
   usage: Usage;
+  /** In pico-dollars (1e-12 USD); 0 for failures and for models without a price. */
+  cost: bigint;
+  /** False when the model had no price (the cost is then 0, not a real figure). */
+  priced: boolean;
+  /** Which price entry the cost came from, or why there was none. */
+  costSource: string;
+  /** The model name the client asked for (before aliases). */
+  requestedModel: string;
+  /** The response `id` the client saw (`chatcmpl-…`), when the upstream gave one. */
+  responseId?: string;
+  /** The request's `user` field: the caller's own end user. */
+  endUser?: string;
+  /** Request tags (`metadata.tags` in the body) and the key's tags. */
+  tags: readonly string[];
+  cacheHit: boolean;
   startedAt: number;
   firstByteAt?: number;
   endedAt: number;
@@ -232,19 +274,73 @@ export interface Hooks {
   dispose?(): Promise<void> | void;
 }
 
+/** One budget a call is checked against (money in pico-dollars, 1e-12 USD). */
+export interface BudgetCounter {
+  /** Stable id: `key:<token>`, `team:<id>`, `key_model:<token>:<model>`, `provider:<name>`. */
+  id: string;
+  /** Whose budget, for messages: `Key sk-...abcd (alias)`, `Team=t1`, `Provider=openai`. */
+  label: string;
+  /** A call is refused once spend has reached this. */
+  limit: bigint;
+  /** Alert (without blocking) when spend reaches this. */
+  soft?: bigint;
+  /** End of the current period (ms since the epoch), null for a budget that never resets. */
+  periodEnd: number | null;
+  /** Spend already in the store for this period; asked only when the ledger first meets the counter. */
+  storedSpend(): bigint | Promise<bigint>;
+}
+
+export interface LedgerRefusal {
+  ok: false;
+  counter: BudgetCounter;
+  spend: bigint;
+  /** Held by calls in flight. */
+  reserved: bigint;
+}
+
+export interface LedgerGrant {
+  ok: true;
+  /** Releases the reservation and adds the real cost. */
+  settle(actual: bigint): void;
+}
+
+/**
+ * Budget counters shared by every instance (in memory, or in Redis with REDIS_URL): a
+ * reservation is checked and taken on all counters at once, or on none.
+ */
+export interface BudgetLedger {
+  reserve(counters: readonly BudgetCounter[], amount: bigint): LedgerGrant | LedgerRefusal | Promise<LedgerGrant | LedgerRefusal>;
+  /** Drops counters (after an admin reset of spend); their next use starts again from the store. */
+  forget(ids: readonly string[]): Promise<void>;
+}
+
+/** Sums of the stored spend log, for budgets whose spend is not kept on a row. */
+export interface SpendHistory {
+  sum(filter: { apiKey?: string; modelGroup?: string; provider?: string; since: number }): Promise<bigint>;
+}
+
 export interface Logger {
   info(msg: string, fields?: Record<string, unknown>): void;
   warn(msg: string, fields?: Record<string, unknown>): void;
   error(msg: string, fields?: Record<string, unknown>): void;
 }
 
+/** `router_settings.provider_budget_config.<provider>`: USD per period. */
+export interface ProviderBudget {
+  budget_limit: number;
+  time_period: string;
+}
+
 /** What the host hands every plugin at setup. */
 export interface PluginContext {
   log: Logger;
   /** The resolved gateway settings a plugin may need. */
-  settings: { masterKey: string | undefined };
+  settings: { masterKey: string | undefined; providerBudgets: Readonly<Record<string, ProviderBudget>> };
   /** The in-process mirror of keys, teams, orgs and users; absent when the gateway runs without a store. */
   identity?: IdentityView;
+  /** Budget counters; absent without a store. */
+  ledger?: BudgetLedger;
+  spendHistory?: SpendHistory;
 }
 
 /** Read access to the identity mirror (no database round trip). */

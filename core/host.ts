@@ -15,7 +15,15 @@ import { Live } from "./live.ts";
 import { secretKey } from "./secrets.ts";
 import type { HostServices } from "./services.ts";
 import { SnapshotError } from "./snapshot.ts";
+import { BudgetAlerts } from "./spend/alerts.ts";
+import { toSpendEntry } from "./spend/entry.ts";
+import { StoreSpendHistory } from "./spend/history.ts";
+import { LocalLedger } from "./spend/ledger.ts";
+import { RedisLedger } from "./spend/redis-ledger.ts";
+import { PeriodRoller } from "./spend/roller.ts";
+import { SpendWriter } from "./spend/writer.ts";
 import { openStore, type Store } from "./store/db.ts";
+import { join } from "node:path";
 
 export interface HostOptions {
   configPath: string;
@@ -23,6 +31,8 @@ export interface HostOptions {
   databaseUrl?: string;
   redisUrl?: string;
   log: Logger;
+  /** Spend writer tuning (tests use small bounds to exercise spilling). */
+  spend?: { intervalMs?: number; batchSize?: number; memoryLimit?: number };
 }
 
 export interface Host {
@@ -30,6 +40,8 @@ export interface Host {
   store: Store;
   redis: RedisHandle | undefined;
   services: HostServices;
+  spendWriter: SpendWriter;
+  alerts: BudgetAlerts;
   /** Flushes pending writes and closes everything, in reverse order. */
   close(): Promise<void>;
 }
@@ -53,23 +65,46 @@ export async function startHost(opts: HostOptions): Promise<Host> {
     await bus.start();
     const lastActive = new LastActiveWriter(store.db, identity, opts.log);
     lastActive.start();
+    let live: Live | undefined;
+    const webhook = () => {
+      const g = live?.current.config.general_settings as { alert_webhook_url?: unknown } | undefined;
+      return typeof g?.alert_webhook_url === "string" ? g.alert_webhook_url : process.env.WEBHOOK_URL || undefined;
+    };
+    const alerts = new BudgetAlerts(store.db, opts.log, webhook);
+    const onCross = alerts.notify.bind(alerts);
+    const ledger = redis ? new RedisLedger(redis.client, opts.log, onCross) : new LocalLedger(onCross);
+    const spendWriter = new SpendWriter(store.db, opts.log, { spillDir: join(opts.dataDir, "spend-spill"), ...opts.spend });
+    // Entries a previous run could not write are written before the first call is served.
+    await spendWriter.start();
     const services: HostServices = {
       store,
       identity,
       bus,
+      ledger,
+      spendHistory: new StoreSpendHistory(store.db),
+      spendLog: { record: (call) => spendWriter.enqueue(toSpendEntry(call, identity)), flush: () => spendWriter.flush() },
       loadDbModels: (s) => loadDbModels(store.db, secretKey(process.env.SVC_SALT_KEY, s.masterKey)),
     };
-    const live = await Live.start(opts.configPath, opts.log, services);
+    live = await Live.start(opts.configPath, opts.log, services);
     // Started last, so a failed start leaves no timer on a closed store.
     const rotator = new KeyRotator(store.db, bus, opts.log);
     rotator.start();
+    const roller = new PeriodRoller(store.db, bus, opts.log);
+    roller.start();
+    const started = live;
     return {
-      live,
+      live: started,
       store,
       redis,
       services,
+      spendWriter,
+      alerts,
       async close() {
-        await live.close();
+        await started.close();
+        // Calls that just ended hand their records over on the next turn of the event loop.
+        await new Promise((r) => setImmediate(r));
+        await spendWriter.stop();
+        await roller.stop();
         await rotator.stop();
         await lastActive.stop();
         await bus.stop();

@@ -31,6 +31,7 @@ export function toDeployment(entry: ModelEntry): Deployment {
     timeout,
     headers,
     options: entry.svc_params,
+    info: entry.model_info ?? {},
   };
 }
 

@@ -5,10 +5,11 @@ import { Value } from "@sinclair/typebox/value";
 import builtinProviders from "../providers/index.ts";
 import authMasterKey from "../plugins/auth-master-key.ts";
 import authVirtualKeys from "../plugins/auth-virtual-keys.ts";
+import budgets from "../plugins/budgets.ts";
 import { schemaErrors } from "./config/load.ts";
 import { definePlugin, type Hooks, type PluginContext, type PluginDef } from "./contract.ts";
 
-export const BUILTIN_PLUGINS: readonly PluginDef[] = [builtinProviders, authMasterKey, authVirtualKeys];
+export const BUILTIN_PLUGINS: readonly PluginDef[] = [builtinProviders, authMasterKey, authVirtualKeys, budgets];
 
 /** What a plugin module may default-export: a plugin, or a factory given the host's runtime. */
 export type PluginModuleExport = PluginDef | ((host: PluginHost) => PluginDef);

@@ -1,4 +1,5 @@
 /** Long-lived services the host hands to snapshots, plugins and routes (all optional: tests run without a store). */
+import type { BudgetLedger, CallRecord, SpendHistory } from "./contract.ts";
 import type { ModelEntry } from "./config/schema.ts";
 import type { ChangeBus } from "./identity/bus.ts";
 import type { IdentityCache } from "./identity/cache.ts";
@@ -8,9 +9,19 @@ export interface HostServices {
   store?: Store;
   identity?: IdentityCache;
   bus?: ChangeBus;
+  /** Budget counters (local, or in Redis); outlives config reloads. */
+  ledger?: BudgetLedger;
+  spendHistory?: SpendHistory;
+  /** The store's spend log: every finished call is queued here. */
+  spendLog?: SpendLog;
   /**
    * Model deployments stored through `/model/new`, merged after the config's own. Takes the
    * settings of the config being loaded: the decryption key follows its master key.
    */
   loadDbModels?(settings: { masterKey: string | undefined }): Promise<ModelEntry[]>;
+}
+
+export interface SpendLog {
+  record(call: CallRecord): void;
+  flush(): Promise<void>;
 }

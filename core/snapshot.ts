@@ -2,12 +2,14 @@
  * An immutable registry snapshot: everything one config version serves with. A request pins the
  * snapshot it started on; a reload builds a new one and swaps a single reference.
  */
+import { dirname, isAbsolute, resolve } from "node:path";
 import type {
   AuthResolver,
   BudgetChecker,
   Deployment,
   LoggingCallback,
   Logger,
+  PluginContext,
   ProviderAdapter,
   RateLimiter,
   SpendRecorder,
@@ -16,8 +18,10 @@ import type { AccessGroupLookup } from "./access.ts";
 import type { GatewayConfig, ModelEntry } from "./config/schema.ts";
 import type { IdentityCache } from "./identity/cache.ts";
 import { ModelTable, toDeployment } from "./models.ts";
+import { PriceTable } from "./cost/prices.ts";
+import { Pricing } from "./cost/pricing.ts";
 import { BUILTIN_PLUGINS, type LoadedPlugin, importPlugin, setupPlugin } from "./plugins.ts";
-import type { HostServices } from "./services.ts";
+import type { HostServices, SpendLog } from "./services.ts";
 
 export interface Settings {
   masterKey: string | undefined;
@@ -32,12 +36,16 @@ export interface Snapshot {
   readonly config: GatewayConfig;
   readonly settings: Settings;
   readonly models: ModelTable;
+  /** Prices per deployment: the bundled table, the operator's price file, model_info overrides. */
+  readonly pricing: Pricing;
   readonly accessGroups: AccessGroupLookup;
   readonly providers: ReadonlyMap<string, ProviderAdapter>;
   readonly auth: readonly AuthResolver[];
   readonly rateLimiters: readonly RateLimiter[];
   readonly budgets: readonly BudgetChecker[];
   readonly spend: readonly SpendRecorder[];
+  /** The store's spend log (absent without a store). */
+  readonly spendLog?: SpendLog;
   readonly successCallbacks: readonly LoggingCallback[];
   readonly failureCallbacks: readonly LoggingCallback[];
   readonly plugins: readonly LoadedPlugin[];
@@ -60,7 +68,13 @@ export function resolveSettings(config: GatewayConfig): Settings {
 }
 
 async function loadPlugins(config: GatewayConfig, configPath: string, settings: Settings, log: Logger, services: HostServices): Promise<LoadedPlugin[]> {
-  const ctx = { log, settings: { masterKey: settings.masterKey }, identity: services.identity };
+  const ctx: PluginContext = {
+    log,
+    settings: { masterKey: settings.masterKey, providerBudgets: config.router_settings?.provider_budget_config ?? {} },
+    identity: services.identity,
+    ledger: services.ledger,
+    spendHistory: services.spendHistory,
+  };
   const errors: string[] = [];
   const loaded: LoadedPlugin[] = [];
   for (const plugin of BUILTIN_PLUGINS) loaded.push(await setupPlugin(plugin, {}, ctx, `/builtin/${plugin.name}`));
@@ -157,6 +171,18 @@ function pickCallbacks(names: string[], where: string, named: Map<string, Loggin
   return out;
 }
 
+function buildPricing(config: GatewayConfig, configPath: string, errors: string[]): Pricing {
+  const file = config.svc_settings?.model_prices_path;
+  if (!file) return new Pricing(new PriceTable());
+  const path = isAbsolute(file) ? file : resolve(dirname(configPath), file);
+  try {
+    return new Pricing(new PriceTable(path));
+  } catch (err) {
+    errors.push(`/svc_settings/model_prices_path: cannot read ${path}: ${err instanceof Error ? err.message : String(err)}`);
+    return new Pricing(new PriceTable());
+  }
+}
+
 export async function buildSnapshot(config: GatewayConfig, configPath: string, version: number, log: Logger, services: HostServices = {}): Promise<Snapshot> {
   const settings = resolveSettings(config);
   const plugins = await loadPlugins(config, configPath, settings, log, services);
@@ -164,6 +190,7 @@ export async function buildSnapshot(config: GatewayConfig, configPath: string, v
   const providers = collectProviders(plugins, errors);
   const dbModels = (await services.loadDbModels?.(settings)) ?? [];
   const models = buildModels(config.model_list, providers, errors, dbModels, log);
+  const pricing = buildPricing(config, configPath, errors);
 
   const named = new Map<string, LoggingCallback>();
   for (const p of plugins) for (const [name, cb] of Object.entries(p.hooks.callbacks ?? {})) named.set(name, cb);
@@ -183,12 +210,14 @@ export async function buildSnapshot(config: GatewayConfig, configPath: string, v
     config,
     settings,
     models,
+    pricing,
     accessGroups: accessGroupLookup(models, services.identity),
     providers,
     auth: hooks.flatMap((h) => (h.auth ? [h.auth] : [])),
     rateLimiters: hooks.flatMap((h) => (h.rateLimiter ? [h.rateLimiter] : [])),
     budgets: hooks.flatMap((h) => (h.budget ? [h.budget] : [])),
     spend: hooks.flatMap((h) => (h.spend ? [h.spend] : [])),
+    spendLog: services.spendLog,
     successCallbacks: [...new Set(success)],
     failureCallbacks: [...new Set(failure)],
     plugins,

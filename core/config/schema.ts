@@ -67,6 +67,19 @@ export const RouterSettingsSchema = T.Object(
     ),
     num_retries: T.Optional(T.Integer({ minimum: 0 })),
     timeout: T.Optional(T.Number({ exclusiveMinimum: 0 })),
+    /** Spend caps per provider: `{openai: {budget_limit: 100, time_period: "1d"}}` (USD per period, periods aligned to UTC). */
+    provider_budget_config: T.Optional(
+      T.Record(
+        T.String(),
+        T.Object(
+          {
+            budget_limit: NonNegative,
+            time_period: T.String({ pattern: "^\\d+\\s*(s|m|h|d|w|mo|y)$", description: "a duration such as 1h, 1d, 30d" }),
+          },
+          { additionalProperties: false },
+        ),
+      ),
+    ),
   },
   { additionalProperties: true },
 );
@@ -79,6 +92,8 @@ export const SvcSettingsSchema = T.Object(
     callbacks: T.Optional(T.Array(T.String())),
     success_callback: T.Optional(T.Array(T.String())),
     failure_callback: T.Optional(T.Array(T.String())),
+    /** A price file in the bundled file's format; its entries replace the bundled ones by name. */
+    model_prices_path: T.Optional(T.String({ minLength: 1 })),
   },
   { additionalProperties: true },
 );

@@ -2,8 +2,10 @@
  * One model call, framework-free: resolve the model → limits and budgets → adapter builds the
  * upstream call → fetch → map the response or stream back → record the call.
  */
-import type { CallIntent, CallRecord, CallStatus, Deployment, Endpoint, EndpointAdapter, ErrorInfo, Lease, Logger, Principal, StreamTransform, Usage, WireRequest } from "../contract.ts";
+import type { CallIntent, CallRecord, CallStatus, Denied, Deployment, Endpoint, EndpointAdapter, ErrorInfo, Lease, Logger, Principal, StreamTransform, Usage, WireRequest } from "../contract.ts";
 import { authorizeModel } from "../access.ts";
+import { estimatePromptTokens } from "../cost/estimate.ts";
+import { picoToText } from "../cost/money.ts";
 import { GatewayError, errorInfo } from "../errors.ts";
 import type { Snapshot } from "../snapshot.ts";
 import { dispatchRecord, settleAll } from "./record.ts";
@@ -36,19 +38,80 @@ function maxOutput(body: WireRequest[Endpoint]): number | undefined {
   return b.max_completion_tokens ?? b.max_tokens ?? undefined;
 }
 
-async function acquireLeases(snapshot: Snapshot, intent: CallIntent): Promise<Lease[]> {
+function denied(result: Denied): GatewayError {
+  const headers: Record<string, string> = {};
+  if (result.retryAfterSeconds !== undefined) headers["retry-after"] = String(result.retryAfterSeconds);
+  return new GatewayError(result.error, headers);
+}
+
+/**
+ * Asks every rate limiter and budget in turn; the first refusal releases what was granted. Stays
+ * synchronous while the gates answer synchronously (the common case: no budget applies), so a
+ * call pays no extra event-loop turns for gates that have nothing to say.
+ */
+function acquireLeases(snapshot: Snapshot, intent: CallIntent): Lease[] | Promise<Lease[]> {
+  const gates = [...snapshot.rateLimiters.map((r) => () => r.acquire(intent)), ...snapshot.budgets.map((b) => () => b.reserve(intent))];
   const granted: Lease[] = [];
-  for (const gate of [...snapshot.rateLimiters.map((r) => () => r.acquire(intent)), ...snapshot.budgets.map((b) => () => b.reserve(intent))]) {
-    const result = await gate();
-    if (!result.ok) {
-      settleAll(granted, ZERO);
-      const headers: Record<string, string> = {};
-      if (result.retryAfterSeconds !== undefined) headers["retry-after"] = String(result.retryAfterSeconds);
-      throw new GatewayError(result.error, headers);
+  const step = (i: number): Lease[] | Promise<Lease[]> => {
+    for (; i < gates.length; i++) {
+      const result = gates[i]!();
+      if (result instanceof Promise) {
+        const next = i + 1;
+        return result.then((r) => {
+          if (!r.ok) {
+            settleAll(granted, ZERO, 0n);
+            throw denied(r);
+          }
+          granted.push(r);
+          return step(next);
+        });
+      }
+      if (!result.ok) {
+        settleAll(granted, ZERO, 0n);
+        throw denied(result);
+      }
+      granted.push(result);
     }
-    granted.push(result);
+    return granted;
+  };
+  return step(0);
+}
+
+/** The intent of a call; the prompt estimate and the worst case are computed only if a gate asks. */
+class Intent implements CallIntent {
+  private prompt: number | undefined;
+  private worst: bigint | undefined;
+  readonly maxOutputTokens: number | undefined;
+
+  constructor(
+    readonly principal: Principal,
+    readonly endpoint: Endpoint,
+    readonly modelGroup: string,
+    readonly deployment: Deployment,
+    readonly startedAt: number,
+    private readonly body: WireRequest[Endpoint],
+    private readonly snapshot: Snapshot,
+  ) {
+    this.maxOutputTokens = maxOutput(body);
   }
-  return granted;
+
+  get estimatedPromptTokens(): number {
+    this.prompt ??= estimatePromptTokens(this.endpoint, this.body);
+    return this.prompt;
+  }
+
+  get worstCaseCost(): bigint {
+    if (this.worst === undefined) {
+      const pricing = this.snapshot.pricing;
+      if (this.endpoint === "embeddings") this.worst = pricing.worstCase(this.deployment, this.estimatedPromptTokens, 0);
+      else {
+        const choices = Math.max(1, (this.body as { n?: number | null }).n ?? 1);
+        const max = this.maxOutputTokens;
+        this.worst = pricing.worstCase(this.deployment, this.estimatedPromptTokens, max === undefined ? undefined : max * choices);
+      }
+    }
+    return this.worst;
+  }
 }
 
 /** The headers every model-call answer carries, with its content type. */
@@ -64,14 +127,30 @@ export function modelCall<E extends Endpoint>(endpoint: E, body: WireRequest[E],
   }
   const d = pick(deployments);
   if (ctx.snapshot.rateLimiters.length === 0 && ctx.snapshot.budgets.length === 0) return callDeployment(endpoint, body, d, ctx);
-  const intent: CallIntent = { principal: ctx.principal, endpoint, modelGroup: group, estimatedPromptTokens: 0, maxOutputTokens: maxOutput(body) };
-  return acquireLeases(ctx.snapshot, intent).then((leases) => callDeployment(endpoint, body, d, ctx, leases));
+  const startedAt = Date.now();
+  const intent = new Intent(ctx.principal, endpoint, group, d, startedAt, body, ctx.snapshot);
+  const leases = acquireLeases(ctx.snapshot, intent);
+  if (leases instanceof Promise) return leases.then((l) => callDeployment(endpoint, body, d, ctx, l, startedAt));
+  return callDeployment(endpoint, body, d, ctx, leases, startedAt);
+}
+
+function requestTags(body: WireRequest[Endpoint], principal: Principal): string[] {
+  const fromBody = (body as { metadata?: { tags?: unknown } | null }).metadata?.tags;
+  const tags = Array.isArray(fromBody) ? fromBody.filter((t): t is string => typeof t === "string") : [];
+  for (const t of principal.key?.tags ?? []) if (!tags.includes(t)) tags.push(t);
+  return tags;
 }
 
 /** Calls one chosen deployment; `leases` are settled with the real usage when the call ends. */
-export async function callDeployment<E extends Endpoint>(endpoint: E, body: WireRequest[E], d: Deployment, ctx: CallContext, leases: readonly Lease[] = []): Promise<Response> {
+export async function callDeployment<E extends Endpoint>(
+  endpoint: E,
+  body: WireRequest[E],
+  d: Deployment,
+  ctx: CallContext,
+  leases: readonly Lease[] = [],
+  startedAt = Date.now(),
+): Promise<Response> {
   const { snapshot } = ctx;
-  const startedAt = Date.now();
   const adapter = snapshot.providers.get(d.provider)!;
   const ep = adapter.endpoints[endpoint] as EndpointAdapter<E, unknown> | undefined;
   if (!ep) throw GatewayError.of(400, `model ${body.model} (provider ${d.provider}) does not support ${endpoint}`, "invalid_request_error", "model");
@@ -79,10 +158,13 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
   if (wantsStream && !ep.stream) throw GatewayError.of(400, `provider ${d.provider} does not support streaming ${endpoint}`, "invalid_request_error", "stream");
 
   let finished = false;
-  const finish = (status: CallStatus, usage: Usage, error?: ErrorInfo, firstByteAt?: number) => {
-    if (finished) return;
+  /** Ends the call once: settles leases with the real cost, then hands the record on. Returns the cost. */
+  const finish = (status: CallStatus, usage: Usage, error?: ErrorInfo, firstByteAt?: number, responseId?: string): bigint => {
+    if (finished) return 0n;
     finished = true;
-    settleAll(leases, usage);
+    // A failed call is not charged; a cancelled stream is charged for what it used.
+    const priced = status === "failure" ? { cost: 0n, priced: true, source: "failed call" } : snapshot.pricing.costOf(d, usage);
+    settleAll(leases, usage, priced.cost);
     const record: CallRecord = {
       id: ctx.callId,
       endpoint,
@@ -94,6 +176,14 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
       stream: wantsStream,
       status,
       usage,
+      cost: priced.cost,
+      priced: priced.priced,
+      costSource: priced.source,
+      requestedModel: body.model,
+      responseId,
+      endUser: typeof (body as { user?: unknown }).user === "string" ? (body as { user: string }).user : undefined,
+      tags: requestTags(body, ctx.principal),
+      cacheHit: false,
       startedAt,
       firstByteAt,
       endedAt: Date.now(),
@@ -101,6 +191,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     };
     ctx.release();
     if (ctx.record !== false) dispatchRecord(snapshot, record, ctx.log);
+    return priced.cost;
   };
 
   const timeoutSeconds = (endpoint === "embeddings" ? (body as WireRequest["embeddings"]).timeout : undefined) ?? d.timeout ?? snapshot.settings.requestTimeout;
@@ -120,12 +211,13 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     } catch (err) {
       throw GatewayError.of(500, `${d.provider} returned an unexpected response for model ${d.modelName}: ${err instanceof Error ? err.message : String(err)}`);
     }
-    finish("success", mapped.usage, undefined, Date.now());
+    const id = (mapped.body as { id?: unknown }).id;
+    const cost = finish("success", mapped.usage, undefined, Date.now(), typeof id === "string" ? id : undefined);
     // An adapter that hands the upstream body back unchanged lets the original bytes through.
     const out = mapped.body === json ? text : JSON.stringify(mapped.body);
-    return new Response(out, {
-      headers: responseHeaders(d, ctx.callId, "application/json"),
-    });
+    const headers = responseHeaders(d, ctx.callId, "application/json");
+    headers["x-svc-response-cost"] = picoToText(cost);
+    return new Response(out, { headers });
   } catch (err) {
     deadline.clear();
     const info = err instanceof GatewayError ? err.info : errorInfo(500, err instanceof Error ? err.message : String(err));

@@ -9,6 +9,11 @@ const queue: { snapshot: Snapshot; record: CallRecord; log: Logger }[] = [];
 let scheduled = false;
 
 function deliver(snapshot: Snapshot, record: CallRecord, log: Logger): void {
+  try {
+    snapshot.spendLog?.record(record);
+  } catch (err) {
+    log.error("spend log failed", { error: String(err), call: record.id });
+  }
   for (const s of snapshot.spend) {
     try {
       s.record(record);
@@ -30,7 +35,7 @@ function drain(): void {
 }
 
 export function dispatchRecord(snapshot: Snapshot, record: CallRecord, log: Logger): void {
-  if (snapshot.spend.length === 0 && snapshot.successCallbacks.length === 0 && snapshot.failureCallbacks.length === 0) return;
+  if (!snapshot.spendLog && snapshot.spend.length === 0 && snapshot.successCallbacks.length === 0 && snapshot.failureCallbacks.length === 0) return;
   queue.push({ snapshot, record, log });
   if (!scheduled) {
     scheduled = true;
@@ -38,6 +43,6 @@ export function dispatchRecord(snapshot: Snapshot, record: CallRecord, log: Logg
   }
 }
 
-export function settleAll(leases: readonly Lease[], usage: Usage): void {
-  for (const l of leases) l.settle(usage);
+export function settleAll(leases: readonly Lease[], usage: Usage, cost: bigint): void {
+  for (const l of leases) l.settle(usage, cost);
 }

@@ -30,7 +30,7 @@ export interface StreamArgs {
   request: WireRequest["chat" | "completions"];
   deadline: Deadline;
   headers: Record<string, string>;
-  finish(status: CallStatus, usage: Usage, error?: ErrorInfo, firstByteAt?: number): void;
+  finish(status: CallStatus, usage: Usage, error?: ErrorInfo, firstByteAt?: number, responseId?: string): unknown;
 }
 
 /** An error in the stream, ending it: the client gets it as one last SSE event. */
@@ -70,7 +70,7 @@ export function streamResponse(a: StreamArgs): Response {
   };
   const end = (status: CallStatus, error?: ErrorInfo) => {
     deadline.clear();
-    a.finish(status, usage ?? transform.estimate(state), error, firstByteAt);
+    a.finish(status, usage ?? transform.estimate(state), error, firstByteAt, transform.responseId?.(state));
   };
   let ended = false;
   const stop = (reason?: unknown) => {

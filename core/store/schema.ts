@@ -28,3 +28,4 @@ export const proxyModels = pgTable(
   (t) => [index("proxy_models_model_name_idx").on(t.modelName)],
 );
 export * from "./tables/identity.ts";
+export * from "./tables/spend.ts";

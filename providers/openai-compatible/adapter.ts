@@ -51,7 +51,11 @@ interface StreamState {
   clientWantsUsage: boolean;
   chunks: number;
   promptEstimate: number;
+  /** The chunks' `id` (the same on every chunk), read from the first one. */
+  id?: string;
 }
+
+const CHUNK_ID = /"id":"([^"\\]+)"/;
 
 function wantsUsage(req: { stream_options?: Record<string, unknown> | null }): boolean {
   return req.stream_options?.include_usage === true;
@@ -74,6 +78,7 @@ function openAIStream<E extends "chat" | "completions">(
     }),
     event(data: string, s: StreamState): StreamPart[] {
       if (data === "[DONE]") return [];
+      s.id ??= CHUNK_ID.exec(data)?.[1] ?? "";
       if (data.startsWith('{"error"')) {
         const e = asObject(asObject(JSON.parse(data)).error);
         return [{ type: "error", error: { status: 500, type: "api_error", message: String(e.message ?? "upstream error") } }];
@@ -99,6 +104,7 @@ function openAIStream<E extends "chat" | "completions">(
     },
     // OpenAI sends about one token per content chunk, so the chunk count is a fair estimate.
     estimate: (s: StreamState): Usage => ({ promptTokens: s.promptEstimate, completionTokens: s.chunks }),
+    responseId: (s: StreamState) => s.id || undefined,
   };
 }
 

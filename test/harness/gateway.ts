@@ -8,7 +8,7 @@ import { join, resolve } from "node:path";
 import { stringify } from "yaml";
 import type { Logger } from "../../core/contract.ts";
 import postgres from "postgres";
-import { type Host, startHost } from "../../core/host.ts";
+import { type Host, type HostOptions, startHost } from "../../core/host.ts";
 import { createApp } from "../../core/http/app.ts";
 import { Live } from "../../core/live.ts";
 import type { HostServices } from "../../core/services.ts";
@@ -58,7 +58,7 @@ export interface TestGatewayOptions {
    * Run with a real store (and the identity cache, management API): embedded PGlite in a temp
    * folder, or PostgreSQL at `databaseUrl` (see `freshDatabase`).
    */
-  store?: { databaseUrl?: string; redisUrl?: string };
+  store?: { databaseUrl?: string; redisUrl?: string; spend?: HostOptions["spend"] };
 }
 
 export async function startTestGateway(config: ConfigInput, opts: TestGatewayOptions = {}): Promise<TestGateway> {
@@ -70,7 +70,7 @@ export async function startTestGateway(config: ConfigInput, opts: TestGatewayOpt
   let live: Live;
   let services: HostServices = {};
   if (opts.store) {
-    host = await startHost({ configPath, dataDir: join(dir, "data"), databaseUrl: opts.store.databaseUrl, redisUrl: opts.store.redisUrl, log });
+    host = await startHost({ configPath, dataDir: join(dir, "data"), databaseUrl: opts.store.databaseUrl, redisUrl: opts.store.redisUrl, log, spend: opts.store.spend });
     live = host.live;
     services = host.services;
   } else {
@@ -210,10 +210,14 @@ export type Backend = (typeof BACKENDS)[number];
  * A gateway with a real store: embedded PGlite in a temp folder, or a fresh PostgreSQL database
  * that `stop()` drops again.
  */
-export async function startBackendGateway(backend: Backend, config: ConfigInput, opts: { redisUrl?: string; dbPrefix?: string } = {}): Promise<TestGateway & { databaseUrl?: string }> {
+export async function startBackendGateway(
+  backend: Backend,
+  config: ConfigInput,
+  opts: { redisUrl?: string; dbPrefix?: string; spend?: HostOptions["spend"] } = {},
+): Promise<TestGateway & { databaseUrl?: string }> {
   const db = backend === "postgres" ? await freshDatabase(opts.dbPrefix) : undefined;
   try {
-    const gw = await startTestGateway(config, { store: { databaseUrl: db?.url, redisUrl: opts.redisUrl } });
+    const gw = await startTestGateway(config, { store: { databaseUrl: db?.url, redisUrl: opts.redisUrl, spend: opts.spend } });
     const stop = gw.stop;
     return Object.assign(gw, {
       databaseUrl: db?.url,

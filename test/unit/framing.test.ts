@@ -219,6 +219,7 @@ describe("OpenAI-compatible request", () => {
       apiBase: "http://up/v1",
       apiKey: "sk-up",
       options: { model: "openai/gpt-4o-mini" },
+      info: {},
     };
     const call = openAIChat().request(
       { model: "public", messages: [{ role: "user", content: "x" }], stream: true, stream_options: { other: 1 }, fallbacks: ["y"] },

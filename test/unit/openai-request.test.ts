@@ -13,6 +13,7 @@ const deployment = (upstreamModel: string): Deployment => ({
   apiBase: "https://upstream.example/v1",
   apiKey: "sk-upstream",
   options: {},
+  info: {},
 });
 const chat = openAIChat();
 

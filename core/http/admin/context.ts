@@ -46,6 +46,10 @@ export interface AdminCtx {
   query(name: string): string | undefined;
   /** Applies identity changes here and on every other instance. */
   changed(...changes: IdentityChange[]): Promise<void>;
+  /** Writes queued spend now, so a hand-set spend is not followed by older spend landing on top of it. */
+  flushSpend(): Promise<void>;
+  /** Spend was set by hand: these budget counters start again from the stored figure. */
+  forgetBudgets(counterIds: string[]): Promise<void>;
   audit(entry: AuditEntry): Promise<void>;
 }
 
@@ -83,6 +87,8 @@ export function adminRoute<R>(deps: AdminDeps, handler: (ctx: AdminCtx) => Promi
       },
       query: (name) => url.searchParams.get(name) ?? undefined,
       changed: (...changes) => bus.publish(...changes),
+      flushSpend: async () => deps.services.spendLog?.flush(),
+      forgetBudgets: async (ids) => deps.services.ledger?.forget(ids),
       async audit(e) {
         await store.db.insert(auditLog).values({
           id: randomUUID(),

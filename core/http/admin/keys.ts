@@ -348,6 +348,7 @@ async function updateFields(ctx: AdminCtx, row: KeyRow, body: KeyBody): Promise<
 }
 
 async function updateKey(ctx: AdminCtx, row: KeyRow, body: KeyBody): Promise<KeyRow> {
+  if ("spend" in body) await ctx.flushSpend();
   const { fields, changes } = await updateFields(ctx, row, body);
   let updated: KeyRow | undefined;
   try {
@@ -358,6 +359,7 @@ async function updateKey(ctx: AdminCtx, row: KeyRow, body: KeyBody): Promise<Key
   }
   if (!updated) throw notFound("Key not found: it was deleted meanwhile.", "key");
   await ctx.changed(...changes, { kind: "key", token: row.token });
+  if ("spend" in fields) await ctx.forgetBudgets([`key:${row.token}`]);
   await ctx.audit({ action: "updated", table: TABLE, objectId: row.token, before: toApi(row), after: toApi(updated) });
   return updated;
 }
@@ -468,6 +470,7 @@ async function deleteKeys(ctx: AdminCtx): Promise<{ deleted_keys: string[] }> {
 async function resetSpend(ctx: AdminCtx): Promise<Record<string, unknown>> {
   const input = await optionalBody(ctx, ResetSpendSchema);
   ctx.caller.requireWriter();
+  await ctx.flushSpend();
   const row = await keyInReach(ctx, pathKey(ctx), "/key/{key_id}/reset_spend");
   const previous = Number(row.spend);
   const to = input.reset_to ?? 0;
@@ -479,6 +482,7 @@ async function resetSpend(ctx: AdminCtx): Promise<Record<string, unknown>> {
     .returning();
   if (!updated) throw notFound("Key not found: it was deleted meanwhile.", "key");
   await ctx.changed({ kind: "key", token: row.token });
+  await ctx.forgetBudgets([`key:${row.token}`]);
   await ctx.audit({ action: "spend_reset", table: TABLE, objectId: row.token, before: { spend: previous }, after: { spend: to } });
   const out = toApi(updated);
   return { key_hash: row.token, spend: out.spend, previous_spend: previous, max_budget: out.max_budget ?? null, budget_reset_at: out.budget_reset_at ?? null };

@@ -188,6 +188,8 @@ export const virtualKeys = pgTable(
     uniqueIndex("virtual_keys_alias_live_idx").on(t.keyAlias).where(sql`${t.deletedAt} is null`),
     index("virtual_keys_team_idx").on(t.teamId),
     index("virtual_keys_user_idx").on(t.userId),
+    // The budget-period roller looks for keys whose period has ended.
+    index("virtual_keys_reset_idx").on(t.budgetResetAt),
   ],
 );
 

@@ -1,0 +1,84 @@
+/**
+ * Cost of a call from its usage and its model's prices: every part summed in yocto-dollars and
+ * rounded to pico-dollars once. Token details (cached, reasoning, audio) are parts of the totals,
+ * so each token is priced exactly once.
+ */
+import type { Usage } from "../contract.ts";
+import { type Pico, type Rate, rateToPico } from "./money.ts";
+import type { ModelPrice, PriceTier } from "./prices.ts";
+
+function tierFor(price: ModelPrice, promptTokens: number): PriceTier | undefined {
+  return price.tiers.find((t) => promptTokens > t.above);
+}
+
+function times(count: number | undefined, r: Rate | undefined): bigint {
+  if (!count || r === undefined) return 0n;
+  return BigInt(Math.round(count)) * r;
+}
+
+/** Pixels of a `WIDTHxHEIGHT` size, or undefined. */
+export function pixelsOf(size: string | undefined): number | undefined {
+  const m = /^(\d+)\s*[x×-]+\s*(\d+)$/.exec(size ?? "");
+  return m ? Number(m[1]) * Number(m[2]) : undefined;
+}
+
+export function costOf(price: ModelPrice, usage: Usage): Pico {
+  const tier = tierFor(price, usage.promptTokens);
+  const input = tier?.input ?? price.inputPerToken;
+  const output = tier?.output ?? price.outputPerToken;
+  const cacheRead = tier?.cacheRead ?? price.cacheReadPerToken ?? input;
+  const cacheCreation = tier?.cacheCreation ?? price.cacheCreationPerToken ?? input;
+  const audioIn = price.inputPerAudioToken ?? input;
+  const audioOut = price.outputPerAudioToken ?? output;
+  const reasoning = price.reasoningPerToken ?? output;
+
+  const cached = usage.cachedPromptTokens ?? 0;
+  const created = usage.cacheCreationTokens ?? 0;
+  const audioPrompt = usage.audioPromptTokens ?? 0;
+  const plainPrompt = Math.max(0, usage.promptTokens - cached - created - audioPrompt);
+  const reasoned = usage.reasoningTokens ?? 0;
+  const audioCompletion = usage.audioCompletionTokens ?? 0;
+  const plainCompletion = Math.max(0, usage.completionTokens - reasoned - audioCompletion);
+
+  let total =
+    times(plainPrompt, input) +
+    times(cached, cacheRead) +
+    times(created, cacheCreation) +
+    times(audioPrompt, audioIn) +
+    times(plainCompletion, output) +
+    times(reasoned, reasoning) +
+    times(audioCompletion, audioOut);
+
+  if (usage.images && usage.images.count > 0) {
+    const perImage = price.outputPerImage ?? price.inputPerImage;
+    if (perImage !== undefined) total += times(usage.images.count, perImage);
+    else {
+      const pixels = pixelsOf(usage.images.size) ?? 1024 * 1024;
+      const perPixel = (price.inputPerPixel ?? 0n) + (price.outputPerPixel ?? 0n);
+      total += BigInt(usage.images.count) * BigInt(pixels) * perPixel;
+    }
+  }
+  // Audio by duration: a transcription is charged once for its length (LiteLLM prices whisper's
+  // input and output seconds alike; charging both would double the bill).
+  if (usage.audioSeconds) {
+    const perSecond = price.inputPerSecond ?? price.outputPerSecond;
+    if (perSecond !== undefined) total += BigInt(Math.round(usage.audioSeconds * 1000)) * perSecond / 1000n;
+  }
+  if (usage.characters) total += times(usage.characters, price.inputPerCharacter ?? price.outputPerCharacter);
+  return rateToPico(total);
+}
+
+/**
+ * The most a call can cost: its prompt estimate at the highest input rate that could apply, and
+ * `maxOutputTokens` at the highest output rate (reasoning included).
+ */
+export function worstCaseCost(price: ModelPrice, promptTokens: number, maxOutputTokens: number): Pico {
+  const tier = tierFor(price, promptTokens);
+  const input = tier?.input ?? price.inputPerToken ?? 0n;
+  const cacheCreation = tier?.cacheCreation ?? price.cacheCreationPerToken ?? 0n;
+  const output = tier?.output ?? price.outputPerToken ?? 0n;
+  const reasoning = price.reasoningPerToken ?? 0n;
+  const maxIn = input > cacheCreation ? input : cacheCreation;
+  const maxOut = output > reasoning ? output : reasoning;
+  return rateToPico(BigInt(promptTokens) * maxIn + BigInt(maxOutputTokens) * maxOut);
+}

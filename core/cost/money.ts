@@ -1,0 +1,75 @@
+/**
+ * Exact money. Amounts are bigint pico-dollars (1e-12 USD): the scale of the store's
+ * `numeric(30,12)` columns, so a sum in memory and a sum in SQL agree to the last digit. Unit
+ * prices (per token, per pixel) are finer than that, so they are kept in yocto-dollars (1e-24 USD)
+ * and a cost is rounded to pico-dollars once, after the sum.
+ */
+
+/** An amount of money: bigint pico-dollars (1e-12 USD). */
+export type Pico = bigint;
+/** A unit price: bigint yocto-dollars (1e-24 USD) per unit. */
+export type Rate = bigint;
+
+export const PICO_DIGITS = 12;
+const RATE_DIGITS = 24;
+const PICO_PER_RATE = 10n ** BigInt(RATE_DIGITS - PICO_DIGITS);
+
+const DECIMAL = /^([+-]?)(\d*)(?:\.(\d*))?(?:[eE]([+-]?\d+))?$/;
+
+/** A decimal (number or text, exponent form too) as an integer count of 10^-digits, rounded half up. */
+export function scaled(value: number | string, digits: number): bigint {
+  const text = typeof value === "number" ? numberText(value) : value.trim();
+  const m = DECIMAL.exec(text);
+  if (!m || (m[2] === "" && (m[3] ?? "") === "")) throw new RangeError(`not a decimal number: ${JSON.stringify(value)}`);
+  const [, sign, int = "", frac = "", exp = "0"] = m;
+  const digitsText = `${int}${frac}`.replace(/^0+/, "") || "0";
+  // value = digitsText × 10^(exp - frac.length); we want value × 10^digits.
+  const shift = Number(exp) - frac.length + digits;
+  let n: bigint;
+  if (shift >= 0) n = BigInt(digitsText) * 10n ** BigInt(shift);
+  else {
+    const div = 10n ** BigInt(-shift);
+    const whole = BigInt(digitsText);
+    n = whole / div + ((whole % div) * 2n >= div ? 1n : 0n);
+  }
+  return sign === "-" ? -n : n;
+}
+
+function numberText(v: number): string {
+  if (!Number.isFinite(v)) throw new RangeError(`not a finite number: ${v}`);
+  // Shortest round-trip text: 2.5e-6 stays 2.5e-6 rather than 0.0000025000000000000002.
+  return String(v);
+}
+
+export function usdToPico(value: number | string): Pico {
+  return scaled(value, PICO_DIGITS);
+}
+
+export function rate(value: number | string): Rate {
+  return scaled(value, RATE_DIGITS);
+}
+
+/** Yocto-dollars → pico-dollars, rounded half up (costs are never negative). */
+export function rateToPico(amount: bigint): Pico {
+  return amount / PICO_PER_RATE + ((amount % PICO_PER_RATE) * 2n >= PICO_PER_RATE ? 1n : 0n);
+}
+
+/** Exact decimal text of an amount in USD, without trailing zeros ("0.000125", "12", "0"). */
+export function picoToText(p: Pico): string {
+  const negative = p < 0n;
+  const abs = negative ? -p : p;
+  const int = abs / 10n ** BigInt(PICO_DIGITS);
+  const frac = (abs % 10n ** BigInt(PICO_DIGITS)).toString().padStart(PICO_DIGITS, "0").replace(/0+$/, "");
+  return `${negative ? "-" : ""}${int}${frac ? `.${frac}` : ""}`;
+}
+
+/** For JSON responses (the spec's `float` fields); exact values stay in the store. */
+export function picoToUsd(p: Pico): number {
+  return Number(picoToText(p));
+}
+
+/** A `numeric` column value (text) → pico-dollars; null and empty mean 0. */
+export function columnToPico(v: string | number | null | undefined): Pico {
+  if (v === null || v === undefined || v === "") return 0n;
+  return usdToPico(v);
+}

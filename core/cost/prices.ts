@@ -1,0 +1,145 @@
+/**
+ * The price table: the bundled LiteLLM-format price file (see data/SOURCES.md), an optional
+ * operator file in the same format that replaces entries by name, and per-deployment overrides
+ * from `model_info` / `svc_params`.
+ */
+import { readFileSync } from "node:fs";
+import bundledFile from "./data/model_prices_and_context_window.json" with { type: "file" };
+import { type Rate, rate } from "./money.ts";
+
+/** One price-file entry: only the fields the gateway prices with are read. */
+export type RawPrice = Record<string, unknown>;
+
+/** Per-token rates above a prompt size (Gemini's `_above_128k_tokens`, Claude's `_above_200k_tokens`). */
+export interface PriceTier {
+  /** Applies when the prompt has more than this many tokens. */
+  above: number;
+  input?: Rate;
+  output?: Rate;
+  cacheRead?: Rate;
+  cacheCreation?: Rate;
+}
+
+/** A model's prices in yocto-dollars per unit; absent means "not charged". */
+export interface ModelPrice {
+  /** Which entry the prices came from ("gpt-4o", "config", …), for logs and `/model/info`. */
+  source: string;
+  mode?: string;
+  inputPerToken?: Rate;
+  outputPerToken?: Rate;
+  cacheReadPerToken?: Rate;
+  cacheCreationPerToken?: Rate;
+  reasoningPerToken?: Rate;
+  inputPerAudioToken?: Rate;
+  outputPerAudioToken?: Rate;
+  /** Highest tier first. */
+  tiers: PriceTier[];
+  inputPerSecond?: Rate;
+  outputPerSecond?: Rate;
+  inputPerCharacter?: Rate;
+  outputPerCharacter?: Rate;
+  inputPerImage?: Rate;
+  outputPerImage?: Rate;
+  inputPerPixel?: Rate;
+  outputPerPixel?: Rate;
+  maxInputTokens?: number;
+  maxOutputTokens?: number;
+}
+
+const TIER_SIZES = [1_000_000, 272_000, 256_000, 200_000, 128_000] as const;
+
+function rateField(raw: RawPrice, name: string): Rate | undefined {
+  const v = raw[name];
+  return typeof v === "number" && Number.isFinite(v) && v >= 0 ? rate(v) : undefined;
+}
+
+function intField(raw: RawPrice, name: string): number | undefined {
+  const v = raw[name];
+  return typeof v === "number" && Number.isInteger(v) && v > 0 ? v : undefined;
+}
+
+/** A price-file entry → typed rates. */
+export function toModelPrice(raw: RawPrice, source: string): ModelPrice {
+  const tiers: PriceTier[] = [];
+  for (const size of TIER_SIZES) {
+    const suffix = `_above_${size / 1000}k_tokens`;
+    const tier: PriceTier = {
+      above: size,
+      input: rateField(raw, `input_cost_per_token${suffix}`),
+      output: rateField(raw, `output_cost_per_token${suffix}`),
+      cacheRead: rateField(raw, `cache_read_input_token_cost${suffix}`),
+      cacheCreation: rateField(raw, `cache_creation_input_token_cost${suffix}`),
+    };
+    if (tier.input !== undefined || tier.output !== undefined) tiers.push(tier);
+  }
+  return {
+    source,
+    mode: typeof raw.mode === "string" ? raw.mode : undefined,
+    inputPerToken: rateField(raw, "input_cost_per_token"),
+    outputPerToken: rateField(raw, "output_cost_per_token"),
+    cacheReadPerToken: rateField(raw, "cache_read_input_token_cost"),
+    cacheCreationPerToken: rateField(raw, "cache_creation_input_token_cost"),
+    reasoningPerToken: rateField(raw, "output_cost_per_reasoning_token"),
+    inputPerAudioToken: rateField(raw, "input_cost_per_audio_token"),
+    outputPerAudioToken: rateField(raw, "output_cost_per_audio_token"),
+    tiers,
+    inputPerSecond: rateField(raw, "input_cost_per_second"),
+    outputPerSecond: rateField(raw, "output_cost_per_second"),
+    inputPerCharacter: rateField(raw, "input_cost_per_character"),
+    outputPerCharacter: rateField(raw, "output_cost_per_character"),
+    inputPerImage: rateField(raw, "input_cost_per_image"),
+    outputPerImage: rateField(raw, "output_cost_per_image"),
+    inputPerPixel: rateField(raw, "input_cost_per_pixel"),
+    outputPerPixel: rateField(raw, "output_cost_per_pixel"),
+    maxInputTokens: intField(raw, "max_input_tokens"),
+    maxOutputTokens: intField(raw, "max_output_tokens") ?? intField(raw, "max_tokens"),
+  };
+}
+
+/** True when an entry (or override) names at least one price. */
+export function hasPrice(raw: RawPrice): boolean {
+  return Object.entries(raw).some(([k, v]) => k.includes("cost") && typeof v === "number");
+}
+
+function readPriceFile(path: string): Record<string, RawPrice> {
+  const parsed: unknown = JSON.parse(readFileSync(path, "utf8"));
+  if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed)) throw new Error(`${path}: expected a JSON object of model entries`);
+  const out: Record<string, RawPrice> = {};
+  for (const [name, entry] of Object.entries(parsed)) {
+    if (name !== "sample_spec" && entry !== null && typeof entry === "object" && !Array.isArray(entry)) out[name] = entry as RawPrice;
+  }
+  return out;
+}
+
+// With `type: "file"` Bun gives the file's path (inside a compiled binary, its embedded copy);
+// TypeScript types every JSON import as its contents, so the path is re-typed here.
+const bundledPath = bundledFile as unknown as string;
+let bundled: Record<string, RawPrice> | undefined;
+
+/** The bundled entries, parsed once per process. */
+export function bundledPrices(): Record<string, RawPrice> {
+  bundled ??= readPriceFile(bundledPath);
+  return bundled;
+}
+
+export class PriceTable {
+  private readonly entries: Record<string, RawPrice>;
+
+  /** `overridePath`: an operator file in the same format; its entries replace bundled ones by name. */
+  constructor(overridePath?: string) {
+    this.entries = overridePath ? { ...bundledPrices(), ...readPriceFile(overridePath) } : bundledPrices();
+  }
+
+  /** The entry for `provider/model`: the full name first, then the model alone (OpenAI and Anthropic are keyed bare). */
+  find(provider: string, model: string): { name: string; raw: RawPrice } | undefined {
+    for (const name of [`${provider}/${model}`, model]) {
+      const raw = this.entries[name];
+      if (raw) return { name, raw };
+    }
+    return undefined;
+  }
+
+  get(name: string): RawPrice | undefined {
+    return this.entries[name];
+  }
+}

@@ -1,0 +1,87 @@
+/**
+ * Which prices a deployment is charged at. Lookup order (later wins field by field):
+ * 1. the price table entry of `model_info.base_model`, else of `<provider>/<model>`, else of `<model>`;
+ * 2. cost fields in `svc_params` (`input_cost_per_token`, …);
+ * 3. cost fields in `model_info`.
+ * An operator can so price a model the table lacks, or correct one it has, per deployment.
+ */
+import type { Deployment, Usage } from "../contract.ts";
+import { costOf, worstCaseCost } from "./calculate.ts";
+import type { Pico } from "./money.ts";
+import { type ModelPrice, type PriceTable, type RawPrice, hasPrice, toModelPrice } from "./prices.ts";
+
+const PRICE_FIELD = /cost|^max_(input_|output_)?tokens$|^mode$/;
+
+function priceFields(source: Record<string, unknown>): RawPrice {
+  const out: RawPrice = {};
+  for (const [k, v] of Object.entries(source)) if (PRICE_FIELD.test(k)) out[k] = v;
+  return out;
+}
+
+/** The cost of one call, and whether the model had a price at all. */
+export interface CallCost {
+  cost: Pico;
+  priced: boolean;
+  /** Where the prices came from ("gpt-4o", "config"), or why there were none. */
+  source: string;
+}
+
+/** Normalizes an image size for price-file keys: `1024x1792` → `1024-x-1792`. */
+function sizeKey(size: string): string {
+  return size.replace(/\s*[x×]\s*/, "-x-");
+}
+
+export class Pricing {
+  private readonly cache = new Map<string, ModelPrice | null>();
+
+  constructor(private readonly table: PriceTable) {}
+
+  /** The deployment's prices, or undefined when neither the table nor the config prices it. */
+  priceOf(d: Deployment, variant?: { size?: string; quality?: string }): ModelPrice | undefined {
+    const key = `${d.id}\0${d.upstreamModel}\0${variant?.quality ?? ""}\0${variant?.size ?? ""}`;
+    const hit = this.cache.get(key);
+    if (hit !== undefined) return hit ?? undefined;
+    const price = this.resolve(d, variant);
+    this.cache.set(key, price ?? null);
+    return price;
+  }
+
+  private resolve(d: Deployment, variant?: { size?: string; quality?: string }): ModelPrice | undefined {
+    const overrides = { ...priceFields(d.options), ...priceFields(d.info) };
+    const baseModel = typeof d.info.base_model === "string" ? d.info.base_model : undefined;
+    const found = this.lookup(d.provider, baseModel ?? d.upstreamModel, variant);
+    const customized = hasPrice(overrides);
+    if (!found && !customized) return undefined;
+    const raw = { ...(found?.raw ?? {}), ...overrides };
+    return toModelPrice(raw, customized ? `config${found ? ` over ${found.name}` : ""}` : found!.name);
+  }
+
+  private lookup(provider: string, model: string, variant?: { size?: string; quality?: string }) {
+    // Image models are priced per size and quality: `hd/1024-x-1792/dall-e-3`, `1024-x-1024/dall-e-2`.
+    if (variant?.size) {
+      const size = sizeKey(variant.size);
+      const names = variant.quality ? [`${variant.quality}/${size}/${model}`, `${size}/${model}`] : [`standard/${size}/${model}`, `${size}/${model}`];
+      for (const name of names) {
+        const found = this.table.find(provider, name);
+        if (found) return found;
+      }
+    }
+    return this.table.find(provider, model);
+  }
+
+  costOf(d: Deployment, usage: Usage): CallCost {
+    const price = this.priceOf(d, usage.images);
+    if (!price) return { cost: 0n, priced: false, source: `no price for ${d.provider}/${d.upstreamModel}` };
+    return { cost: costOf(price, usage), priced: true, source: price.source };
+  }
+
+  /** The most the call can cost (see worstCaseCost); output defaults to the model's own limit. */
+  worstCase(d: Deployment, promptTokens: number, maxOutputTokens: number | undefined): Pico {
+    const price = this.priceOf(d);
+    if (!price) return 0n;
+    return worstCaseCost(price, promptTokens, maxOutputTokens ?? price.maxOutputTokens ?? DEFAULT_MAX_OUTPUT_TOKENS);
+  }
+}
+
+/** Output bound for a priced model whose entry gives no limit and whose request sets no max_tokens. */
+export const DEFAULT_MAX_OUTPUT_TOKENS = 4096;

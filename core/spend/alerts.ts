@@ -1,0 +1,83 @@
+/**
+ * Budget alerts: when settled spend crosses a soft budget or a budget, one event per budget and
+ * period, across every instance (the `budget_alerts` row decides who sends it). The event is
+ * logged, kept in the store, and POSTed to the alert webhook when one is configured
+ * (`general_settings.alert_webhook_url` or `WEBHOOK_URL`), in LiteLLM's WebhookEvent shape, with
+ * retries.
+ */
+import type { BudgetCounter, Logger } from "../contract.ts";
+import { picoToUsd } from "../cost/money.ts";
+import type { Db } from "../store/db.ts";
+import { budgetAlerts } from "../store/schema.ts";
+import type { BudgetEvent } from "./ledger.ts";
+
+const GROUPS: Record<string, { group: string; prefix: string }> = {
+  key: { group: "key", prefix: "Key Budget" },
+  key_model: { group: "key", prefix: "Key Model Budget" },
+  team: { group: "team", prefix: "Team Budget" },
+  org: { group: "organization", prefix: "Organization Budget" },
+  user: { group: "user", prefix: "User Budget" },
+  provider: { group: "provider", prefix: "Provider Budget" },
+};
+
+const TEXT: Record<BudgetEvent, string> = { soft_budget_crossed: "Soft Budget Crossed", budget_crossed: "Budget Crossed" };
+
+export function alertPayload(counter: BudgetCounter, event: BudgetEvent, spend: bigint): Record<string, unknown> {
+  const [kind = "", id = "", model] = counter.id.split(":");
+  const g = GROUPS[kind] ?? { group: kind, prefix: "Budget" };
+  return {
+    spend: picoToUsd(spend),
+    max_budget: picoToUsd(counter.limit),
+    soft_budget: counter.soft === undefined ? null : picoToUsd(counter.soft),
+    token: kind === "key" || kind === "key_model" ? id : null,
+    user_id: kind === "user" ? id : null,
+    team_id: kind === "team" ? id : null,
+    organization_id: kind === "org" ? id : null,
+    provider: kind === "provider" ? id : null,
+    model: model ?? null,
+    budget: counter.label,
+    budget_reset_at: counter.periodEnd === null ? null : new Date(counter.periodEnd).toISOString(),
+    event,
+    event_group: g.group,
+    event_message: `${g.prefix}: ${TEXT[event]}`,
+  };
+}
+
+const RETRIES = [0, 1000, 5000];
+
+export class BudgetAlerts {
+  /** Alerts sent by this instance (tests read it). */
+  readonly sent: Record<string, unknown>[] = [];
+
+  constructor(
+    private readonly db: Db,
+    private readonly log: Logger,
+    private readonly webhookUrl: () => string | undefined,
+  ) {}
+
+  /** Fire-and-forget: never slows or fails the call that crossed the line. */
+  notify(counter: BudgetCounter, event: BudgetEvent, spend: bigint): void {
+    void this.deliver(counter, event, spend).catch((err) => this.log.error("budget alert failed", { error: String(err), budget: counter.label }));
+  }
+
+  private async deliver(counter: BudgetCounter, event: BudgetEvent, spend: bigint): Promise<void> {
+    const payload = alertPayload(counter, event, spend);
+    const period = counter.periodEnd === null ? "flat" : String(counter.periodEnd);
+    const inserted = await this.db.insert(budgetAlerts).values({ counterId: counter.id, event, period, payload }).onConflictDoNothing().returning({ id: budgetAlerts.counterId });
+    if (inserted.length === 0) return;
+    this.sent.push(payload);
+    this.log.warn(String(payload.event_message), { budget: counter.label, spend: payload.spend, max_budget: payload.max_budget, soft_budget: payload.soft_budget });
+    const url = this.webhookUrl();
+    if (!url) return;
+    for (const [attempt, wait] of RETRIES.entries()) {
+      if (wait) await new Promise((r) => setTimeout(r, wait));
+      try {
+        const res = await fetch(url, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(payload), signal: AbortSignal.timeout(10_000) });
+        if (res.ok) return;
+        this.log.warn("budget alert webhook answered an error", { status: res.status, attempt: attempt + 1 });
+      } catch (err) {
+        this.log.warn("budget alert webhook unreachable", { error: String(err), attempt: attempt + 1 });
+      }
+    }
+  }
+}

@@ -1,0 +1,123 @@
+/**
+ * A finished call as the spend writer queues it: the spend-log row plus the counters it charges,
+ * each with the budget period it belongs to. Plain JSON (money as decimal text), so a queue that
+ * outgrows memory can spill to disk and come back unchanged.
+ */
+import type { CallRecord } from "../contract.ts";
+import { picoToText } from "../cost/money.ts";
+import type { IdentityCache } from "../identity/cache.ts";
+import { periodEnd } from "./period.ts";
+
+export type CounterTable = "key" | "team" | "org" | "user" | "team_member";
+
+export interface Charge {
+  table: CounterTable;
+  /** Row id; `team_id\tuser_id` for team members. */
+  id: string;
+  /** End (ms) of the budget period the call was charged to; null for a budget that never resets. */
+  periodEnd: number | null;
+}
+
+export interface SpendEntry {
+  callId: string;
+  requestId: string;
+  callType: string;
+  apiKey: string;
+  keyAlias: string | null;
+  userId: string | null;
+  teamId: string | null;
+  organizationId: string | null;
+  endUser: string | null;
+  model: string;
+  modelGroup: string;
+  provider: string;
+  modelId: string;
+  upstreamModel: string;
+  /** USD, exact decimal text. */
+  spend: string;
+  promptTokens: number;
+  completionTokens: number;
+  cacheReadTokens: number;
+  cacheCreationTokens: number;
+  reasoningTokens: number;
+  startTime: number;
+  endTime: number;
+  completionStartTime: number | null;
+  status: string;
+  stream: boolean;
+  cacheHit: boolean;
+  tags: string[];
+  metadata: Record<string, unknown>;
+  charges: Charge[];
+}
+
+/** The counters a call charges, with their periods as of the call's start. */
+export function chargesOf(call: CallRecord, identity: IdentityCache | undefined): Charge[] {
+  const p = call.principal;
+  const at = call.startedAt;
+  const charges: Charge[] = [];
+  const key = p.key;
+  if (key) {
+    const budget = key.budgetId ? identity?.budgets.get(key.budgetId) : undefined;
+    charges.push({ table: "key", id: key.token, periodEnd: periodEnd(key.budgetResetAt, key.budgetDuration ?? budget?.budgetDuration, at) });
+  }
+  if (p.userId) {
+    const user = identity?.users.get(p.userId);
+    charges.push({ table: "user", id: p.userId, periodEnd: user ? periodEnd(user.budgetResetAt, user.budgetDuration, at) : null });
+  }
+  if (p.teamId) {
+    const team = identity?.teams.get(p.teamId);
+    charges.push({ table: "team", id: p.teamId, periodEnd: team ? periodEnd(team.budgetResetAt, team.budgetDuration, at) : null });
+    if (p.userId) charges.push({ table: "team_member", id: `${p.teamId}\t${p.userId}`, periodEnd: null });
+  }
+  if (p.orgId) {
+    const org = identity?.orgs.get(p.orgId);
+    const budget = org?.budgetId ? identity?.budgets.get(org.budgetId) : undefined;
+    charges.push({ table: "org", id: p.orgId, periodEnd: org ? periodEnd(org.budgetResetAt, org.budgetDuration ?? budget?.budgetDuration, at) : null });
+  }
+  return charges;
+}
+
+export function toSpendEntry(call: CallRecord, identity: IdentityCache | undefined): SpendEntry {
+  const p = call.principal;
+  const u = call.usage;
+  const metadata: Record<string, unknown> = {
+    key_alias: p.keyAlias ?? null,
+    user_api_key_team_alias: p.team?.teamAlias ?? null,
+    status: call.status,
+    cost_source: call.costSource,
+  };
+  if (!call.priced) metadata.cost_note = `${call.costSource}: the call was logged at 0. Set model_info.input_cost_per_token / output_cost_per_token to price it.`;
+  if (call.error) metadata.error_information = { error_code: String(call.error.status), error_class: call.error.type, error_message: call.error.message };
+  return {
+    callId: call.id,
+    requestId: call.responseId ?? call.id,
+    callType: call.endpoint,
+    apiKey: p.keyHash,
+    keyAlias: p.keyAlias ?? null,
+    userId: p.userId ?? null,
+    teamId: p.teamId ?? null,
+    organizationId: p.orgId ?? null,
+    endUser: call.endUser ?? null,
+    model: call.requestedModel,
+    modelGroup: call.modelGroup,
+    provider: call.provider,
+    modelId: call.deploymentId,
+    upstreamModel: call.upstreamModel,
+    spend: picoToText(call.cost),
+    promptTokens: u.promptTokens,
+    completionTokens: u.completionTokens,
+    cacheReadTokens: u.cachedPromptTokens ?? 0,
+    cacheCreationTokens: u.cacheCreationTokens ?? 0,
+    reasoningTokens: u.reasoningTokens ?? 0,
+    startTime: call.startedAt,
+    endTime: call.endedAt,
+    completionStartTime: call.firstByteAt ?? null,
+    status: call.status,
+    stream: call.stream,
+    cacheHit: call.cacheHit,
+    tags: [...call.tags],
+    metadata,
+    charges: chargesOf(call, identity),
+  };
+}

@@ -1,0 +1,105 @@
+/**
+ * The in-process budget ledger. Per counter: spend settled this period and the amount reserved by
+ * calls in flight. A reservation passes only if, on every counter, spend has not reached the
+ * limit and spend + reserved + the call's worst case stays within it; then it is taken on all of
+ * them in one synchronous step, so concurrent calls cannot pass the same check together.
+ */
+import type { BudgetCounter, BudgetLedger, LedgerGrant, LedgerRefusal } from "../contract.ts";
+
+interface Entry {
+  periodEnd: number | null;
+  spend: bigint;
+  reserved: bigint;
+}
+
+export type BudgetEvent = "soft_budget_crossed" | "budget_crossed";
+
+/** Called when settled spend crosses a counter's soft budget or its limit. */
+export type CrossingListener = (counter: BudgetCounter, event: BudgetEvent, spend: bigint) => void;
+
+export function crossings(counter: BudgetCounter, before: bigint, after: bigint, notify: CrossingListener | undefined): void {
+  if (!notify) return;
+  if (counter.soft !== undefined && before < counter.soft && after >= counter.soft) notify(counter, "soft_budget_crossed", after);
+  if (before < counter.limit && after >= counter.limit) notify(counter, "budget_crossed", after);
+}
+
+export class LocalLedger implements BudgetLedger {
+  private readonly entries = new Map<string, Entry>();
+  /** Counters whose stored spend is being read; reservations on them wait for it. */
+  private readonly loading = new Map<string, Promise<void>>();
+
+  constructor(private readonly onCross?: CrossingListener) {}
+
+  private current(c: BudgetCounter): Entry | undefined {
+    const e = this.entries.get(c.id);
+    if (!e) return undefined;
+    if (e.periodEnd === c.periodEnd) return e;
+    // A caller still in an older period than the ledger (a call that started just before the
+    // reset): charge the current period rather than revive the old one.
+    if (e.periodEnd !== null && c.periodEnd !== null && e.periodEnd > c.periodEnd) return e;
+    return undefined;
+  }
+
+  private async load(counters: readonly BudgetCounter[]): Promise<void> {
+    const waits: Promise<void>[] = [];
+    for (const c of counters) {
+      if (this.current(c)) continue;
+      let p = this.loading.get(c.id);
+      if (!p) {
+        p = Promise.resolve(c.storedSpend()).then(
+          (spend) => {
+            if (!this.current(c)) this.entries.set(c.id, { periodEnd: c.periodEnd, spend, reserved: 0n });
+          },
+        ).finally(() => this.loading.delete(c.id));
+        this.loading.set(c.id, p);
+      }
+      waits.push(p);
+    }
+    await Promise.all(waits);
+  }
+
+  reserve(counters: readonly BudgetCounter[], amount: bigint): LedgerGrant | LedgerRefusal | Promise<LedgerGrant | LedgerRefusal> {
+    const entries: Entry[] = [];
+    for (const c of counters) {
+      const e = this.current(c);
+      if (!e) return this.load(counters).then(() => this.reserve(counters, amount));
+      entries.push(e);
+    }
+    return this.take(counters, entries, amount);
+  }
+
+  /** Synchronous from check to take: nothing can interleave. */
+  private take(counters: readonly BudgetCounter[], entries: Entry[], amount: bigint): LedgerGrant | LedgerRefusal {
+    for (let i = 0; i < counters.length; i++) {
+      const c = counters[i]!;
+      const e = entries[i]!;
+      if (e.spend >= c.limit || e.spend + e.reserved + amount > c.limit) return { ok: false, counter: c, spend: e.spend, reserved: e.reserved };
+    }
+    for (const e of entries) e.reserved += amount;
+    let settled = false;
+    return {
+      ok: true,
+      settle: (actual: bigint) => {
+        if (settled) return;
+        settled = true;
+        for (let i = 0; i < entries.length; i++) {
+          const e = entries[i]!;
+          e.reserved -= amount;
+          const before = e.spend;
+          e.spend += actual;
+          crossings(counters[i]!, before, e.spend, this.onCross);
+        }
+      },
+    };
+  }
+
+  async forget(ids: readonly string[]): Promise<void> {
+    for (const id of ids) this.entries.delete(id);
+  }
+
+  /** Spend and reservations of a counter (tests, `/provider/budgets`). */
+  peek(id: string): { spend: bigint; reserved: bigint; periodEnd: number | null } | undefined {
+    const e = this.entries.get(id);
+    return e ? { ...e } : undefined;
+  }
+}

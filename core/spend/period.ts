@@ -1,0 +1,30 @@
+/**
+ * Budget periods. The rule, the same everywhere (ledger, spend writer, period roller):
+ *
+ * - `budget_reset_at` is set when a budget duration is given: creation (or update) time + duration.
+ * - At that instant spend returns to 0, and `budget_reset_at` moves forward by whole durations to
+ *   the first instant after now. Periods so stay on one fixed grid, whoever computes them.
+ * - A call is charged to the period in which it started.
+ * - No `budget_reset_at` (or no parseable duration) means a flat budget that never resets.
+ *
+ * Enforcement does not wait for the store: the ledger computes the current period from these
+ * values and starts it at 0 on the exact instant; the store's columns follow within a second.
+ */
+import { parseDuration } from "../identity/duration.ts";
+
+/** End of the period containing `at` (ms), or null for a flat budget. */
+export function periodEnd(resetAt: Date | null | undefined, duration: string | null | undefined, at: number): number | null {
+  if (!resetAt) return null;
+  const end = resetAt.getTime();
+  if (at < end) return end;
+  const ms = duration ? parseDuration(duration) : undefined;
+  if (!ms) return null;
+  return end + (Math.floor((at - end) / ms) + 1) * ms;
+}
+
+/** Periods on a grid from the epoch (provider budgets, per-model key budgets): `1d` ends at UTC midnight. */
+export function gridPeriodEnd(duration: string, at: number): number | null {
+  const ms = parseDuration(duration);
+  if (!ms) return null;
+  return (Math.floor(at / ms) + 1) * ms;
+}

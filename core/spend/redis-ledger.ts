@@ -1,0 +1,153 @@
+/**
+ * The budget ledger in Redis, shared by every instance: one hash per counter (`s` spend, `r`
+ * reserved, `p` period), and one Lua script that checks and reserves on all of a call's counters
+ * in one round trip. While Redis is unreachable the instance falls back to its local ledger (and
+ * says so); calls keep flowing.
+ *
+ * Amounts are integers of pico-dollars, added with HINCRBY (exact in 64 bits). Comparisons inside
+ * Lua use doubles: exact up to 2^53 pico-dollars (about $9,000) and within a few pico-dollars
+ * beyond, far below a cent.
+ */
+import type Redis from "ioredis";
+import type { BudgetCounter, BudgetLedger, LedgerGrant, LedgerRefusal, Logger } from "../contract.ts";
+import { type CrossingListener, crossings, LocalLedger } from "./ledger.ts";
+
+const PREFIX = "svc:budget:";
+
+// ARGV: amount, then per counter: limit, period, initial spend ('' when not known yet).
+// Returns {0} when granted, {-1, i…} for counters that need their stored spend first, or
+// {i, spend, reserved} for the counter that refused.
+const RESERVE = `
+local amount = ARGV[1]
+local amt = tonumber(amount)
+local missing = {}
+for i = 1, #KEYS do
+  local base = 1 + (i - 1) * 3
+  local want = ARGV[base + 2]
+  local p = redis.call('HGET', KEYS[i], 'p')
+  local stale = (not p) or (p ~= want and not (p ~= 'flat' and want ~= 'flat' and tonumber(p) > tonumber(want)))
+  if stale then
+    local init = ARGV[base + 3]
+    if init == '' then
+      missing[#missing + 1] = i
+    else
+      redis.call('HSET', KEYS[i], 's', init, 'r', 0, 'p', want)
+    end
+  end
+end
+if #missing > 0 then
+  table.insert(missing, 1, -1)
+  return missing
+end
+for i = 1, #KEYS do
+  local limit = tonumber(ARGV[1 + (i - 1) * 3 + 1])
+  local s = redis.call('HGET', KEYS[i], 's')
+  local r = redis.call('HGET', KEYS[i], 'r')
+  local sn = tonumber(s)
+  if sn >= limit or sn + tonumber(r) + amt > limit then
+    return {i, s, r}
+  end
+end
+for i = 1, #KEYS do
+  redis.call('HINCRBY', KEYS[i], 'r', amount)
+end
+return {0}
+`;
+
+// ARGV: reserved amount, actual cost, then the period each reservation was taken in. A counter
+// that moved to a new period meanwhile keeps its fresh start: the old reservation is dropped.
+const SETTLE = `
+local out = {}
+for i = 1, #KEYS do
+  if redis.call('HGET', KEYS[i], 'p') == ARGV[2 + i] then
+    redis.call('HINCRBY', KEYS[i], 'r', '-' .. ARGV[1])
+    out[i] = tostring(redis.call('HINCRBY', KEYS[i], 's', ARGV[2]))
+  else
+    out[i] = ''
+  end
+end
+return out
+`;
+
+type RedisWithScripts = Redis & {
+  svcBudgetReserve(numKeys: number, ...args: string[]): Promise<(number | string)[]>;
+  svcBudgetSettle(numKeys: number, ...args: string[]): Promise<string[]>;
+};
+
+const periodText = (c: BudgetCounter) => (c.periodEnd === null ? "flat" : String(c.periodEnd));
+
+export class RedisLedger implements BudgetLedger {
+  private readonly redis: RedisWithScripts;
+  private readonly local: LocalLedger;
+  private degraded = false;
+
+  constructor(
+    redis: Redis,
+    private readonly log: Logger,
+    private readonly onCross?: CrossingListener,
+  ) {
+    redis.defineCommand("svcBudgetReserve", { lua: RESERVE });
+    redis.defineCommand("svcBudgetSettle", { lua: SETTLE });
+    this.redis = redis as RedisWithScripts;
+    this.local = new LocalLedger(onCross);
+  }
+
+  async reserve(counters: readonly BudgetCounter[], amount: bigint): Promise<LedgerGrant | LedgerRefusal> {
+    if (counters.length === 0) return { ok: true, settle: () => undefined };
+    const keys = counters.map((c) => PREFIX + c.id);
+    const known = new Map<number, bigint>();
+    try {
+      for (let attempt = 0; attempt < 3; attempt++) {
+        const args: string[] = [amount.toString()];
+        for (const [i, c] of counters.entries()) args.push(c.limit.toString(), periodText(c), known.get(i)?.toString() ?? "");
+        const res = await this.redis.svcBudgetReserve(keys.length, ...keys, ...args);
+        this.recovered();
+        const head = Number(res[0]);
+        if (head === 0) return this.grant(counters, keys, amount);
+        if (head > 0) return { ok: false, counter: counters[head - 1]!, spend: BigInt(String(res[1])), reserved: BigInt(String(res[2])) };
+        // Counters Redis has not seen this period: read their stored spend, then ask again.
+        for (const i of res.slice(1).map(Number)) known.set(i - 1, await counters[i - 1]!.storedSpend());
+      }
+      throw new Error("budget counters kept changing period");
+    } catch (err) {
+      this.degrade(err);
+      return this.local.reserve(counters, amount);
+    }
+  }
+
+  private grant(counters: readonly BudgetCounter[], keys: string[], amount: bigint): LedgerGrant {
+    let settled = false;
+    return {
+      ok: true,
+      settle: (actual: bigint) => {
+        if (settled) return;
+        settled = true;
+        this.redis
+          .svcBudgetSettle(keys.length, ...keys, amount.toString(), actual.toString(), ...counters.map(periodText))
+          .then((after) => {
+            after.forEach((s, i) => {
+              if (s !== "") crossings(counters[i]!, BigInt(s) - actual, BigInt(s), this.onCross);
+            });
+          })
+          .catch((err) => this.log.error("budget settle failed in redis; the spend log still has the call", { error: String(err) }));
+      },
+    };
+  }
+
+  async forget(ids: readonly string[]): Promise<void> {
+    await this.local.forget(ids);
+    if (ids.length > 0) await this.redis.del(...ids.map((id) => PREFIX + id));
+  }
+
+  private degrade(err: unknown): void {
+    if (this.degraded) return;
+    this.degraded = true;
+    this.log.warn("redis unreachable: budgets are counted on this instance alone until it is back", { error: String(err) });
+  }
+
+  private recovered(): void {
+    if (!this.degraded) return;
+    this.degraded = false;
+    this.log.info("redis reachable again: budgets are shared across instances again");
+  }
+}

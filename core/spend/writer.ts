@@ -1,0 +1,185 @@
+/**
+ * The spend writer: finished calls are queued in memory and written in batches off the response
+ * path (every second, or sooner when a batch fills). While the store is unreachable entries wait;
+ * past `memoryLimit` they spill to append-only files in the data folder, replayed once the store
+ * is back (and at the next start). Stopping flushes, and spills whatever could not be written.
+ * Rows are idempotent (keyed by call id), so a replay never counts a call twice.
+ */
+import { appendFileSync, mkdirSync, readdirSync, readFileSync, unlinkSync } from "node:fs";
+import { join } from "node:path";
+import type { Logger } from "../contract.ts";
+import type { Db } from "../store/db.ts";
+import type { SpendEntry } from "./entry.ts";
+import { writeBatch } from "./flush.ts";
+
+export interface SpendWriterOptions {
+  /** Folder for spill files (created when first needed). */
+  spillDir: string;
+  intervalMs?: number;
+  batchSize?: number;
+  /** Entries kept in memory before new ones go to disk. */
+  memoryLimit?: number;
+}
+
+const MAX_BACKOFF_MS = 5000;
+
+export class SpendWriter {
+  private queue: SpendEntry[] = [];
+  private timer: ReturnType<typeof setTimeout> | undefined;
+  private running: Promise<void> | undefined;
+  private failures = 0;
+  private stopped = false;
+  private spillFile: string | undefined;
+  private spilledCount = 0;
+  private readonly intervalMs: number;
+  private readonly batchSize: number;
+  private readonly memoryLimit: number;
+  /** Rows written since start (tests and the readiness page read it). */
+  written = 0;
+
+  constructor(
+    private readonly db: Db,
+    private readonly log: Logger,
+    private readonly opts: SpendWriterOptions,
+  ) {
+    this.intervalMs = opts.intervalMs ?? 1000;
+    this.batchSize = opts.batchSize ?? 1000;
+    this.memoryLimit = opts.memoryLimit ?? 50_000;
+  }
+
+  /** Replays spill files left by an earlier run (when the store answers), then starts the timer. */
+  async start(): Promise<void> {
+    try {
+      await this.replaySpill();
+    } catch (err) {
+      this.log.warn("spend spill files could not be replayed yet; retrying in the background", { error: String(err) });
+    }
+    this.schedule(this.intervalMs);
+  }
+
+  enqueue(entry: SpendEntry): void {
+    if (this.queue.length >= this.memoryLimit) {
+      this.spill([entry]);
+      return;
+    }
+    this.queue.push(entry);
+    if (this.queue.length === this.batchSize && !this.running) this.schedule(0);
+  }
+
+  /** Entries waiting in memory and on disk. */
+  get pending(): number {
+    return this.queue.length + this.spilledCount;
+  }
+
+  /** Writes everything queued now; rejects when the store fails (the entries stay queued). */
+  async flush(): Promise<void> {
+    // Calls that already ended hand their records over in a setImmediate batch (pipeline/record.ts);
+    // waiting one turn first means "flush" includes every call answered before it was asked.
+    await new Promise((resolve) => setImmediate(resolve));
+    while (this.running) await this.running;
+    this.running = this.drain();
+    try {
+      await this.running;
+    } finally {
+      this.running = undefined;
+    }
+  }
+
+  /** Final flush within `timeoutMs`; what cannot be written is spilled to disk for the next start. */
+  async stop(timeoutMs = 5000): Promise<void> {
+    this.stopped = true;
+    clearTimeout(this.timer);
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const timeout = new Promise<"timeout">((resolve) => {
+      timer = setTimeout(() => resolve("timeout"), timeoutMs);
+    });
+    try {
+      const result = await Promise.race([this.flush().then(() => "ok" as const), timeout]);
+      if (result === "timeout") this.log.warn("spend flush did not finish at shutdown", { pending: this.queue.length });
+    } catch (err) {
+      this.log.warn("spend flush failed at shutdown", { error: String(err), pending: this.queue.length });
+    } finally {
+      clearTimeout(timer);
+    }
+    if (this.queue.length > 0) {
+      this.spill(this.queue.splice(0));
+      this.log.warn("unwritten spend entries saved to disk; they are written at the next start", { dir: this.opts.spillDir });
+    }
+  }
+
+  private schedule(ms: number): void {
+    if (this.stopped) return;
+    clearTimeout(this.timer);
+    this.timer = setTimeout(() => void this.tick(), ms);
+  }
+
+  private async tick(): Promise<void> {
+    try {
+      await this.flush();
+      if (this.failures > 0) this.log.info("spend writes resumed", { after_failures: this.failures });
+      this.failures = 0;
+    } catch (err) {
+      if (this.failures === 0) this.log.warn("spend writes failing; entries are kept and retried", { error: String(err), pending: this.pending });
+      this.failures++;
+    }
+    this.schedule(this.failures === 0 ? this.intervalMs : Math.min(this.intervalMs * 2 ** this.failures, MAX_BACKOFF_MS));
+  }
+
+  private async drain(): Promise<void> {
+    while (this.queue.length > 0) {
+      const batch = this.queue.slice(0, this.batchSize);
+      await writeBatch(this.db, batch);
+      // New entries are only ever appended, so the batch is still at the front.
+      this.queue.splice(0, batch.length);
+      this.written += batch.length;
+    }
+    await this.replaySpill();
+  }
+
+  private spill(entries: SpendEntry[]): void {
+    if (!this.spillFile) {
+      mkdirSync(this.opts.spillDir, { recursive: true });
+      this.spillFile = join(this.opts.spillDir, `spend-${Date.now()}-${process.pid}-${Math.random().toString(36).slice(2, 8)}.jsonl`);
+    }
+    appendFileSync(this.spillFile, `${entries.map((e) => JSON.stringify(e)).join("\n")}\n`);
+    this.spilledCount += entries.length;
+  }
+
+  private spillFiles(): string[] {
+    try {
+      return readdirSync(this.opts.spillDir)
+        .filter((f) => f.startsWith("spend-") && f.endsWith(".jsonl"))
+        .sort()
+        .map((f) => join(this.opts.spillDir, f));
+    } catch {
+      return [];
+    }
+  }
+
+  /** Writes spill files oldest first; each is deleted once all its rows are in the store. */
+  private async replaySpill(): Promise<void> {
+    for (const file of this.spillFiles()) {
+      // The file being appended to is closed first, so nothing lands in it after it is read.
+      if (file === this.spillFile) this.spillFile = undefined;
+      const lines = readFileSync(file, "utf8").split("\n").filter((l) => l.length > 0);
+      const entries: SpendEntry[] = [];
+      for (const line of lines) {
+        try {
+          entries.push(JSON.parse(line) as SpendEntry);
+        } catch {
+          // A line cut by a crash mid-write: the rest of the file is still good.
+          this.log.warn("skipped an unreadable spend spill line", { file });
+        }
+      }
+      for (let i = 0; i < entries.length; i += this.batchSize) await writeBatch(this.db, entries.slice(i, i + this.batchSize));
+      try {
+        unlinkSync(file);
+      } catch {
+        // Another instance sharing the folder replayed it too (harmless: rows are idempotent).
+      }
+      this.written += entries.length;
+      this.spilledCount = Math.max(0, this.spilledCount - entries.length);
+      this.log.info("spend spill file written to the store", { file, entries: entries.length });
+    }
+  }
+}

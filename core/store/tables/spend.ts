@@ -1,0 +1,104 @@
+/**
+ * Spend: the append-only log of every call, the daily aggregates reports read, and the record of
+ * budget alerts already sent. Money is `numeric(30,12)`: exact, and the scale of the gateway's
+ * pico-dollar amounts.
+ */
+import { sql } from "drizzle-orm";
+import { bigint, boolean, date, index, integer, jsonb, numeric, pgTable, primaryKey, text, timestamp } from "drizzle-orm/pg-core";
+
+const money = (name: string) => numeric(name, { precision: 30, scale: 12 });
+const ts = (name: string) => timestamp(name, { withTimezone: true, mode: "date" });
+const count = (name: string) => bigint(name, { mode: "number" }).notNull().default(0);
+
+export const spendLogs = pgTable(
+  "spend_logs",
+  {
+    /** The gateway's own id of the call (`x-svc-call-id`); makes re-delivered rows harmless. */
+    callId: text("call_id").primaryKey(),
+    /** The response `id` the client saw (`chatcmpl-…`), or the call id when there was none. */
+    requestId: text("request_id").notNull(),
+    callType: text("call_type").notNull(),
+    /** sha256 of the virtual key (never the key). */
+    apiKey: text("api_key").notNull(),
+    keyAlias: text("key_alias"),
+    userId: text("user_id"),
+    teamId: text("team_id"),
+    organizationId: text("organization_id"),
+    endUser: text("end_user"),
+    /** The model name the client asked for. */
+    model: text("model").notNull(),
+    modelGroup: text("model_group").notNull(),
+    provider: text("provider").notNull(),
+    /** The deployment that answered (`x-svc-model-id`). */
+    modelId: text("model_id").notNull(),
+    upstreamModel: text("upstream_model").notNull(),
+    spend: money("spend").notNull(),
+    promptTokens: integer("prompt_tokens").notNull().default(0),
+    completionTokens: integer("completion_tokens").notNull().default(0),
+    totalTokens: integer("total_tokens").notNull().default(0),
+    cacheReadTokens: integer("cache_read_input_tokens").notNull().default(0),
+    cacheCreationTokens: integer("cache_creation_input_tokens").notNull().default(0),
+    reasoningTokens: integer("reasoning_tokens").notNull().default(0),
+    startTime: ts("start_time").notNull(),
+    endTime: ts("end_time").notNull(),
+    completionStartTime: ts("completion_start_time"),
+    /** `success`, `failure` or `cancelled`. */
+    status: text("status").notNull(),
+    stream: boolean("stream").notNull().default(false),
+    cacheHit: boolean("cache_hit").notNull().default(false),
+    requestTags: text("request_tags").array().notNull().default(sql`'{}'::text[]`),
+    /** `key_alias`, team alias, error information, where the price came from (or that there was none). */
+    metadata: jsonb("metadata").$type<Record<string, unknown>>().notNull().default({}),
+  },
+  (t) => [
+    index("spend_logs_start_idx").on(t.startTime),
+    index("spend_logs_key_start_idx").on(t.apiKey, t.startTime),
+    index("spend_logs_team_start_idx").on(t.teamId, t.startTime),
+    index("spend_logs_request_idx").on(t.requestId),
+  ],
+);
+
+/**
+ * One row per (entity, day, key, model, provider): what `/…/daily/activity` and
+ * `/global/spend/report` read, so reports never scan the log. `entity_type` is `key`, `team`,
+ * `org`, `user`, `end_user`, `tag`, `model` or `provider`; columns that do not apply hold ''.
+ */
+export const dailySpend = pgTable(
+  "daily_spend",
+  {
+    entityType: text("entity_type").notNull(),
+    entityId: text("entity_id").notNull(),
+    date: date("date", { mode: "string" }).notNull(),
+    apiKey: text("api_key").notNull().default(""),
+    model: text("model").notNull().default(""),
+    modelGroup: text("model_group").notNull().default(""),
+    provider: text("provider").notNull().default(""),
+    promptTokens: count("prompt_tokens"),
+    completionTokens: count("completion_tokens"),
+    cacheReadTokens: count("cache_read_input_tokens"),
+    cacheCreationTokens: count("cache_creation_input_tokens"),
+    spend: money("spend").notNull().default("0"),
+    apiRequests: count("api_requests"),
+    successfulRequests: count("successful_requests"),
+    failedRequests: count("failed_requests"),
+    updatedAt: ts("updated_at").notNull().defaultNow(),
+  },
+  (t) => [
+    primaryKey({ columns: [t.entityType, t.entityId, t.date, t.apiKey, t.model, t.modelGroup, t.provider] }),
+    index("daily_spend_date_idx").on(t.entityType, t.date),
+  ],
+);
+
+/** Budget alerts already sent: one per (budget, event, period) across every instance. */
+export const budgetAlerts = pgTable(
+  "budget_alerts",
+  {
+    counterId: text("counter_id").notNull(),
+    event: text("event").notNull(),
+    /** End of the budget period the alert belongs to ('flat' for budgets that never reset). */
+    period: text("period").notNull(),
+    sentAt: ts("sent_at").notNull().defaultNow(),
+    payload: jsonb("payload").$type<Record<string, unknown>>().notNull(),
+  },
+  (t) => [primaryKey({ columns: [t.counterId, t.event, t.period] })],
+);

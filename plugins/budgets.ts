@@ -1,0 +1,160 @@
+/**
+ * Budgets: before a call goes upstream, its worst-case cost is reserved on every budget that
+ * applies, and the real cost is settled when it ends. Which budgets apply:
+ *
+ * - the key's `max_budget` (or its budget object's), plus `temp_budget_increase` until
+ *   `temp_budget_expiry`;
+ * - the key's `model_max_budget` entry for the model group called;
+ * - the team's, and the organization's (`max_budget`, or their budget object's);
+ * - the user's own `max_budget`, for keys without a team (a team key is governed by its team);
+ * - the provider's budget (`router_settings.provider_budget_config`).
+ *
+ * A refusal is HTTP 400 `budget_exceeded` naming the budget, its limit and its spend.
+ */
+import { Type } from "@sinclair/typebox";
+import {
+  type BudgetCounter,
+  type BudgetLedger,
+  type BudgetRow,
+  type CallIntent,
+  type Denied,
+  definePlugin,
+  type Hooks,
+  type IdentityView,
+  type Lease,
+  type LedgerGrant,
+  type LedgerRefusal,
+  type Principal,
+  type ProviderBudget,
+  type SpendHistory,
+} from "../core/contract.ts";
+import { columnToPico, picoToText, type Pico, usdToPico } from "../core/cost/money.ts";
+import { errorInfo } from "../core/errors.ts";
+import { parseDuration } from "../core/identity/duration.ts";
+import { gridPeriodEnd, periodEnd } from "../core/spend/period.ts";
+
+const GRANTED: Lease = { ok: true, settle: () => undefined };
+
+interface Limits {
+  spend: string;
+  maxBudget: string | null;
+  softBudget: string | null;
+  budgetDuration: string | null;
+  budgetResetAt: Date | null;
+}
+
+/** A row's own limit, else its budget object's. */
+function limitsOf(row: Limits, budget: BudgetRow | undefined) {
+  const max = row.maxBudget ?? budget?.maxBudget ?? null;
+  return {
+    max: max === null ? undefined : columnToPico(max),
+    soft: (row.softBudget ?? budget?.softBudget) == null ? undefined : columnToPico(row.softBudget ?? budget?.softBudget),
+    duration: row.budgetDuration ?? budget?.budgetDuration ?? null,
+  };
+}
+
+/** A counter for a row that keeps its own spend (key, team, org, user). */
+function rowCounter(id: string, label: string, row: Limits, budget: BudgetRow | undefined, at: number, extra: Pico = 0n): BudgetCounter | undefined {
+  const l = limitsOf(row, budget);
+  if (l.max === undefined) return undefined;
+  const end = periodEnd(row.budgetResetAt, l.duration, at);
+  // The row's spend belongs to the period its budget_reset_at closes; a later period starts at 0.
+  const stored = end === null || row.budgetResetAt?.getTime() === end ? columnToPico(row.spend) : 0n;
+  return { id, label, limit: l.max + extra, soft: l.soft, periodEnd: end, storedSpend: () => stored };
+}
+
+function keyLabel(p: Principal): string {
+  const name = p.key?.keyName ?? p.keyHash.slice(0, 8);
+  return p.keyAlias ? `Key ${name} (alias ${p.keyAlias})` : `Key ${name}`;
+}
+
+function countersFor(intent: CallIntent, identity: IdentityView, history: SpendHistory | undefined, providers: Readonly<Record<string, ProviderBudget>>): BudgetCounter[] {
+  const p = intent.principal;
+  const at = intent.startedAt;
+  const out: BudgetCounter[] = [];
+  const add = (c: BudgetCounter | undefined) => {
+    if (c) out.push(c);
+  };
+  const key = p.key ? (identity.lookupKey(p.key.token, at) ?? p.key) : undefined;
+  if (key) {
+    const budget = key.budgetId ? identity.budgets.get(key.budgetId) : undefined;
+    const temp = key.tempBudgetIncrease !== null && (key.tempBudgetExpiry?.getTime() ?? 0) > at ? columnToPico(key.tempBudgetIncrease) : 0n;
+    add(rowCounter(`key:${key.token}`, keyLabel(p), key, budget, at, temp));
+    const perModel = key.modelMaxBudget?.[intent.modelGroup] as { budget_limit?: unknown; max_budget?: unknown; time_period?: unknown; budget_duration?: unknown } | undefined;
+    const limit = perModel?.budget_limit ?? perModel?.max_budget;
+    if (typeof limit === "number" && history) {
+      const period = String(perModel?.time_period ?? perModel?.budget_duration ?? "");
+      const end = period ? gridPeriodEnd(period, at) : null;
+      const start = end === null ? 0 : end - periodLength(period);
+      add({
+        id: `key_model:${key.token}:${intent.modelGroup}`,
+        label: `${keyLabel(p)} for model=${intent.modelGroup}`,
+        limit: usdToPico(limit),
+        periodEnd: end,
+        storedSpend: () => history.sum({ apiKey: key.token, modelGroup: intent.modelGroup, since: start }),
+      });
+    }
+  }
+  const team = p.teamId ? identity.teams.get(p.teamId) : undefined;
+  if (team) add(rowCounter(`team:${team.teamId}`, `Team=${team.teamId}`, team, team.budgetId ? identity.budgets.get(team.budgetId) : undefined, at));
+  const org = p.orgId ? identity.orgs.get(p.orgId) : undefined;
+  if (org) add(rowCounter(`org:${org.organizationId}`, `Organization=${org.organizationId}`, org, org.budgetId ? identity.budgets.get(org.budgetId) : undefined, at));
+  const user = p.userId && !p.teamId ? identity.users.get(p.userId) : undefined;
+  if (user) add(rowCounter(`user:${user.userId}`, `User=${user.userId}`, user, undefined, at));
+  const provider = providers[intent.deployment.provider];
+  if (provider && history) {
+    const end = gridPeriodEnd(provider.time_period, at);
+    const start = end === null ? 0 : end - periodLength(provider.time_period);
+    add({
+      id: `provider:${intent.deployment.provider}`,
+      label: `Provider=${intent.deployment.provider}`,
+      limit: usdToPico(provider.budget_limit),
+      periodEnd: end,
+      storedSpend: () => history.sum({ provider: intent.deployment.provider, since: start }),
+    });
+  }
+  return out;
+}
+
+function periodLength(duration: string): number {
+  return parseDuration(duration) ?? 0;
+}
+
+const usd = (p: Pico) => `$${picoToText(p)}`;
+
+function refusal(r: LedgerRefusal, intent: CallIntent): Denied {
+  const { counter: c, spend, reserved } = r;
+  const resets = c.periodEnd === null ? "" : ` It resets at ${new Date(c.periodEnd).toISOString()}.`;
+  let message: string;
+  if (spend >= c.limit) message = `Budget has been exceeded! ${c.label}: spend ${usd(spend)}, max budget ${usd(c.limit)}.${resets}`;
+  else {
+    const left = c.limit - spend - reserved;
+    const bound = intent.maxOutputTokens === undefined ? "the model's output limit (set max_tokens to reserve less)" : `max_tokens=${intent.maxOutputTokens}`;
+    message =
+      `Budget would be exceeded: ${c.label} has ${usd(left > 0n ? left : 0n)} left of its max budget ${usd(c.limit)} ` +
+      `(spend ${usd(spend)}, ${usd(reserved)} held by calls in flight), and this call may cost up to ${usd(intent.worstCaseCost)} at ${bound}.${resets}`;
+  }
+  return { ok: false, error: errorInfo(400, message, "budget_exceeded") };
+}
+
+export default definePlugin({
+  name: "budgets",
+  config: Type.Object({}),
+  setup(_config, ctx): Hooks {
+    const identity = ctx.identity;
+    const ledger: BudgetLedger | undefined = ctx.ledger;
+    if (!identity || !ledger) return {};
+    const providers = ctx.settings.providerBudgets;
+    return {
+      budget: {
+        reserve(intent) {
+          const counters = countersFor(intent, identity, ctx.spendHistory, providers);
+          if (counters.length === 0) return GRANTED;
+          const toLease = (r: LedgerGrant | LedgerRefusal): Lease | Denied => (r.ok ? { ok: true, settle: (_usage, cost) => r.settle(cost) } : refusal(r, intent));
+          const result = ledger.reserve(counters, intent.worstCaseCost);
+          return result instanceof Promise ? result.then(toLease) : toLease(result);
+        },
+      },
+    };
+  },
+});

@@ -1,0 +1,257 @@
+// Budgets hold under concurrency: every call reserves its worst case (prompt estimate + max_tokens
+// at the model's prices) on every budget that applies before going upstream, so 200 calls fired
+// at once against a budget for 10 calls let exactly 10 through, on one instance or two sharing
+// PostgreSQL and Redis. Also: period resets on time, the soft-budget alert fires once, a
+// temporary increase expires, per-model and per-provider budgets, the 400 `budget_exceeded` shape.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { sql } from "drizzle-orm";
+import { rows } from "../../core/store/sql.ts";
+import { BACKENDS, freshDatabase, MASTER_KEY, requestJson, startBackendGateway, startTestGateway, type TestGateway } from "../harness/gateway.ts";
+
+// Each call answers exactly max_tokens=1000 words (one token each) at $0.001 per output token:
+// $1 per call, plus a prompt priced at a millionth of a micro-dollar per token.
+const LONG_REPLY = "word ".repeat(1200);
+const DOLLAR = {
+  model_name: "dollar",
+  svc_params: { model: "mock/dollar", mock_response: LONG_REPLY },
+  model_info: { input_cost_per_token: 1e-12, output_cost_per_token: 0.001 },
+};
+const CHEAP = { model_name: "cheap", svc_params: { model: "mock/cheap" }, model_info: { input_cost_per_token: 1e-9, output_cost_per_token: 1e-9 } };
+const CONFIG = { model_list: [DOLLAR, CHEAP], general_settings: { master_key: MASTER_KEY } };
+/** Room for exactly n calls of $1 (and their sub-micro-dollar prompts). */
+const budgetFor = (n: number) => n + 0.0000001;
+
+interface ErrorBody {
+  error: { message: string; type: string; code: string; param: string | null };
+}
+
+async function call(gw: { url: string }, key: string, model = "dollar"): Promise<{ status: number; body: ErrorBody & { usage?: { completion_tokens: number } } }> {
+  const res = await fetch(`${gw.url}/v1/chat/completions`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+    body: JSON.stringify({ model, messages: [{ role: "user", content: "hi" }], max_tokens: 1000 }),
+  });
+  return { status: res.status, body: (await res.json()) as ErrorBody };
+}
+
+async function burst(gw: { url: string }, keys: string[], n: number): Promise<{ ok: number; refused: number; other: number[] }> {
+  const results = await Promise.all(Array.from({ length: n }, (_, i) => call(gw, keys[i % keys.length]!)));
+  const other = results.filter((r) => r.status !== 200 && r.status !== 400).map((r) => r.status);
+  for (const r of results) if (r.status === 400) expect(r.body.error.type).toBe("budget_exceeded");
+  return { ok: results.filter((r) => r.status === 200).length, refused: results.filter((r) => r.status === 400).length, other };
+}
+
+async function newKey(gw: TestGateway | { url: string }, body: Record<string, unknown>): Promise<{ key: string; token: string }> {
+  const r = await requestJson<{ key: string; token: string }>(gw, "POST", "/key/generate", { body });
+  expect(r.status).toBe(200);
+  return r.body;
+}
+
+async function spendOf(gw: TestGateway, table: "virtual_keys" | "teams" | "organizations", column: string, id: string): Promise<number> {
+  await gw.host!.spendWriter.flush();
+  const [row] = await rows<{ spend: string }>(gw.host!.store.db, sql`select spend::text as spend from ${sql.identifier(table)} where ${sql.identifier(column)} = ${id}`);
+  return Number(row!.spend);
+}
+
+for (const backend of BACKENDS) {
+  describe(`budgets under concurrency (${backend})`, () => {
+    let gw: TestGateway;
+    beforeAll(async () => {
+      gw = await startBackendGateway(backend, CONFIG, { dbPrefix: "gw_budget" });
+    });
+    afterAll(async () => gw?.stop());
+
+    test("a key with a budget for 10 calls: 200 at once, exactly 10 succeed, spend stays within max_budget", async () => {
+      const max = budgetFor(10);
+      const { key, token } = await newKey(gw, { max_budget: max });
+      const r = await burst(gw, [key], 200);
+      expect(r).toEqual({ ok: 10, refused: 190, other: [] });
+      const spend = await spendOf(gw, "virtual_keys", "token", token);
+      expect(spend).toBeGreaterThanOrEqual(10);
+      expect(spend).toBeLessThanOrEqual(max);
+      // Spent out: the next call is refused with the spec's shape, naming the budget.
+      const after = await call(gw, key);
+      expect(after.status).toBe(400);
+      expect(after.body.error).toMatchObject({ type: "budget_exceeded", code: "400", param: null });
+      // $10.00000000004 spent of $10.0000001: not reached, but no room for another $1 call.
+      expect(after.body.error.message).toContain("Budget would be exceeded");
+      expect(after.body.error.message).toContain(`max budget $${max}`);
+      expect(after.body.error.message).toMatch(/spend \$10\.0000000000\d/);
+    });
+
+    test("a team budget for 5 calls holds across the team's keys", async () => {
+      const team = await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: { max_budget: budgetFor(5) } });
+      const a = await newKey(gw, { team_id: team.body.team_id });
+      const b = await newKey(gw, { team_id: team.body.team_id });
+      const r = await burst(gw, [a.key, b.key], 100);
+      expect(r).toEqual({ ok: 5, refused: 95, other: [] });
+      expect(await spendOf(gw, "teams", "team_id", team.body.team_id)).toBeLessThanOrEqual(budgetFor(5));
+      const refused = await call(gw, a.key);
+      expect(refused.body.error.message).toContain(`Team=${team.body.team_id}`);
+    });
+
+    test("an organization budget for 3 calls holds across its teams", async () => {
+      const org = await requestJson<{ organization_id: string }>(gw, "POST", "/organization/new", { body: { organization_alias: `org-${backend}`, max_budget: budgetFor(3) } });
+      expect(org.status).toBe(200);
+      const t1 = await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: { organization_id: org.body.organization_id } });
+      const t2 = await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: { organization_id: org.body.organization_id } });
+      const a = await newKey(gw, { team_id: t1.body.team_id });
+      const b = await newKey(gw, { team_id: t2.body.team_id });
+      const r = await burst(gw, [a.key, b.key], 60);
+      expect(r).toEqual({ ok: 3, refused: 57, other: [] });
+      expect(await spendOf(gw, "organizations", "organization_id", org.body.organization_id)).toBeLessThanOrEqual(budgetFor(3));
+    });
+
+    test("a user's own budget applies to their keys without a team", async () => {
+      await requestJson(gw, "POST", "/user/new", { body: { user_id: `u-budget-${backend}`, max_budget: budgetFor(2) } });
+      const { key } = await newKey(gw, { user_id: `u-budget-${backend}` });
+      expect(await burst(gw, [key], 20)).toEqual({ ok: 2, refused: 18, other: [] });
+      expect((await call(gw, key)).body.error.message).toContain(`User=u-budget-${backend}`);
+    });
+
+    test("a reservation larger than what is left is refused before spend reaches the budget, and says why", async () => {
+      const { key } = await newKey(gw, { max_budget: 1.5 });
+      expect((await call(gw, key)).status).toBe(200);
+      const second = await call(gw, key);
+      expect(second.status).toBe(400);
+      expect(second.body.error.message).toContain("Budget would be exceeded");
+      expect(second.body.error.message).toContain("max_tokens=1000");
+      // A cheaper call still fits.
+      expect((await call(gw, key, "cheap")).status).toBe(200);
+    });
+
+    test("model_max_budget limits one model and leaves the others", async () => {
+      const { key } = await newKey(gw, { model_max_budget: { dollar: { budget_limit: budgetFor(2), time_period: "1d" } } });
+      expect(await burst(gw, [key], 10)).toEqual({ ok: 2, refused: 8, other: [] });
+      const refused = await call(gw, key);
+      expect(refused.body.error.message).toContain("for model=dollar");
+      expect((await call(gw, key, "cheap")).status).toBe(200);
+    });
+
+    test("a budget object (budget_id) limits the keys attached to it", async () => {
+      const budget = await requestJson<{ budget_id: string }>(gw, "POST", "/budget/new", { body: { max_budget: budgetFor(1) } });
+      if (budget.status === 404) return; // the budget endpoints arrive with their own commit
+      const { key } = await newKey(gw, { budget_id: budget.body.budget_id });
+      expect(await burst(gw, [key], 10)).toEqual({ ok: 1, refused: 9, other: [] });
+    });
+  });
+}
+
+describe("budget periods, alerts and temporary increases (pglite)", () => {
+  let gw: TestGateway;
+  const hooks: Record<string, unknown>[] = [];
+  let hookServer: ReturnType<typeof Bun.serve>;
+
+  beforeAll(async () => {
+    hookServer = Bun.serve({
+      port: 0,
+      async fetch(req) {
+        hooks.push((await req.json()) as Record<string, unknown>);
+        return new Response("ok");
+      },
+    });
+    gw = await startBackendGateway("pglite", {
+      ...CONFIG,
+      general_settings: { master_key: MASTER_KEY, alert_webhook_url: `http://127.0.0.1:${hookServer.port}/hook` },
+    });
+  });
+  afterAll(async () => {
+    await gw?.stop();
+    hookServer?.stop(true);
+  });
+
+  test("budget_duration: spend returns to 0 at budget_reset_at, which moves forward", async () => {
+    const { key, token } = await newKey(gw, { max_budget: budgetFor(1), budget_duration: "2s" });
+    expect((await call(gw, key)).status).toBe(200);
+    const refused = await call(gw, key);
+    expect(refused.status).toBe(400);
+    expect(refused.body.error.message).toContain("It resets at");
+    const info = await requestJson<{ info: { budget_reset_at: string } }>(gw, "GET", `/key/info?key=${token}`);
+    const resetAt = Date.parse(info.body.info.budget_reset_at);
+    await Bun.sleep(Math.max(0, resetAt - Date.now()) + 20);
+    // On time: the first call after the instant is served, without waiting for any sweep.
+    expect((await call(gw, key)).status).toBe(200);
+    await Bun.sleep(1100);
+    const after = await requestJson<{ info: { spend: number; budget_reset_at: string } }>(gw, "GET", `/key/info?key=${token}`);
+    expect(after.body.info.spend).toBeGreaterThanOrEqual(1);
+    expect(after.body.info.spend).toBeLessThan(1.001);
+    expect(Date.parse(after.body.info.budget_reset_at)).toBeGreaterThan(resetAt);
+  }, 15_000);
+
+  test("soft_budget: one alert per period, delivered to the webhook, and calls are not blocked", async () => {
+    const { key, token } = await newKey(gw, { soft_budget: 1.5, max_budget: 100, key_alias: "soft-one" });
+    for (let i = 0; i < 4; i++) expect((await call(gw, key)).status).toBe(200);
+    await gw.host!.spendWriter.flush();
+    for (let i = 0; i < 50 && hooks.filter((h) => h.token === token).length === 0; i++) await Bun.sleep(20);
+    await Bun.sleep(100);
+    const mine = hooks.filter((h) => h.token === token);
+    expect(mine).toHaveLength(1);
+    expect(mine[0]).toMatchObject({ event: "soft_budget_crossed", event_group: "key", soft_budget: 1.5, max_budget: 100 });
+    expect(mine[0]!.spend as number).toBeGreaterThanOrEqual(1.5);
+    const [stored] = await rows<{ n: string }>(gw.host!.store.db, sql`select count(*)::text as n from budget_alerts where counter_id = ${`key:${token}`}`);
+    expect(stored!.n).toBe("1");
+  });
+
+  test("temp_budget_increase raises the limit until temp_budget_expiry", async () => {
+    const expiry = new Date(Date.now() + 1500).toISOString();
+    const { key } = await newKey(gw, { max_budget: budgetFor(1), temp_budget_increase: 5, temp_budget_expiry: expiry });
+    expect((await call(gw, key)).status).toBe(200);
+    expect((await call(gw, key)).status).toBe(200);
+    await Bun.sleep(Date.parse(expiry) - Date.now() + 20);
+    expect((await call(gw, key)).status).toBe(400);
+  });
+
+  test("an admin spend reset makes room again at once", async () => {
+    const { key, token } = await newKey(gw, { max_budget: budgetFor(1) });
+    expect((await call(gw, key)).status).toBe(200);
+    expect((await call(gw, key)).status).toBe(400);
+    await gw.host!.spendWriter.flush();
+    expect((await requestJson(gw, "POST", `/key/${token}/reset_spend`, { body: {} })).status).toBe(200);
+    expect((await call(gw, key)).status).toBe(200);
+  });
+});
+
+describe("provider budgets (pglite)", () => {
+  test("router_settings.provider_budget_config caps a provider's spend per period", async () => {
+    const gw = await startBackendGateway("pglite", { ...CONFIG, router_settings: { provider_budget_config: { mock: { budget_limit: budgetFor(3), time_period: "1d" } } } });
+    try {
+      const { key } = await newKey(gw, {});
+      expect(await burst(gw, [key], 20)).toEqual({ ok: 3, refused: 17, other: [] });
+      // The master key is capped too: the budget is the provider's, not a key's.
+      const master = await call(gw, MASTER_KEY);
+      expect(master.status).toBe(400);
+      expect(master.body.error.message).toContain("Provider=mock");
+    } finally {
+      await gw.stop();
+    }
+  });
+});
+
+describe("two instances sharing PostgreSQL and Redis", () => {
+  test("a key's budget for 10 calls holds across both: 100 calls at each, 10 succeed in all", async () => {
+    const db = await freshDatabase("gw_budget2");
+    const redisUrl = process.env.TEST_REDIS_URL ?? "redis://127.0.0.1:6379";
+    const a = await startTestGateway(CONFIG, { store: { databaseUrl: db.url, redisUrl } });
+    const b = await startTestGateway(CONFIG, { store: { databaseUrl: db.url, redisUrl } });
+    try {
+      const max = budgetFor(10);
+      const team = await requestJson<{ team_id: string }>(a, "POST", "/team/new", { body: { max_budget: budgetFor(20) } });
+      const { key, token } = await newKey(a, { max_budget: max, team_id: team.body.team_id });
+      // b learns of the key through the change bus.
+      for (let i = 0; i < 100 && (await call(b, key, "cheap")).status !== 200; i++) await Bun.sleep(20);
+      const [ra, rb] = await Promise.all([burst(a, [key], 100), burst(b, [key], 100)]);
+      expect(ra.other).toEqual([]);
+      expect(rb.other).toEqual([]);
+      expect(ra.ok + rb.ok).toBe(10);
+      await a.host!.spendWriter.flush();
+      await b.host!.spendWriter.flush();
+      const [row] = await rows<{ spend: string }>(a.host!.store.db, sql`select spend::text as spend from virtual_keys where token = ${token}`);
+      expect(Number(row!.spend)).toBeLessThanOrEqual(max);
+      expect(Number(row!.spend)).toBeGreaterThanOrEqual(10);
+    } finally {
+      await a.stop();
+      await b.stop();
+      await db.drop();
+    }
+  }, 30_000);
+});

@@ -1,0 +1,189 @@
+// Every call is priced and logged: the cost header matches the prices in config, the spend log row
+// carries the spec's fields (request_id = the response id, metadata.key_alias), failures and
+// streams are logged too, unpriced models cost 0 with a note, and key/team/org/user counters and
+// the daily aggregates equal the sum of their log rows.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { sql } from "drizzle-orm";
+import OpenAI, { APIError } from "openai";
+import { rows } from "../../core/store/sql.ts";
+import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
+
+// $1 per million input tokens, $2 per million output tokens (the mock counts one token per word).
+const PRICED = { model_name: "priced", svc_params: { model: "mock/priced" }, model_info: { input_cost_per_token: 0.000001, output_cost_per_token: 0.000002 } };
+const CONFIG = {
+  model_list: [
+    PRICED,
+    { model_name: "free", svc_params: { model: "mock/not-in-any-price-table" } },
+    // Nothing listens on port 9: the call fails with 503.
+    { model_name: "broken", svc_params: { model: "openai/gpt-4o", api_base: "http://127.0.0.1:9/v1", api_key: "sk-upstream" } },
+  ],
+  general_settings: { master_key: MASTER_KEY },
+};
+
+interface LogRow {
+  call_id: string;
+  request_id: string;
+  api_key: string;
+  spend: string;
+  model: string;
+  model_group: string;
+  provider: string;
+  model_id: string;
+  prompt_tokens: number;
+  completion_tokens: number;
+  total_tokens: number;
+  status: string;
+  stream: boolean;
+  team_id: string | null;
+  organization_id: string | null;
+  user_id: string | null;
+  end_user: string | null;
+  request_tags: string[];
+  metadata: Record<string, unknown>;
+}
+
+const usd = (promptTokens: number, completionTokens: number) => (promptTokens * 1 + completionTokens * 2) / 1_000_000;
+
+for (const backend of BACKENDS) {
+  describe(`spend log (${backend})`, () => {
+    let gw: TestGateway;
+    let key: string;
+    let token: string;
+    let client: OpenAI;
+
+    beforeAll(async () => {
+      gw = await startBackendGateway(backend, CONFIG, { dbPrefix: "gw_spendlog" });
+      const org = await requestJson<{ organization_id: string }>(gw, "POST", "/organization/new", { body: { organization_alias: "acme" } });
+      const team = await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: { team_alias: "search", organization_id: org.body.organization_id } });
+      await requestJson(gw, "POST", "/user/new", { body: { user_id: "u-ana" } });
+      const created = await requestJson<{ key: string; token: string }>(gw, "POST", "/key/generate", {
+        body: { key_alias: "ana-search", team_id: team.body.team_id, user_id: "u-ana", tags: ["prod"] },
+      });
+      expect(created.status).toBe(200);
+      key = created.body.key;
+      token = created.body.token;
+      client = new OpenAI({ baseURL: gw.baseURL, apiKey: key, maxRetries: 0 });
+    });
+    afterAll(async () => gw?.stop());
+
+    const logs = async (where = sql`true`) => rows<LogRow>(gw.host!.store.db, sql`select * from spend_logs where ${where} order by start_time`);
+
+    test("a call's cost is in the x-svc-response-cost header and in its log row", async () => {
+      const { data, response } = await client.chat.completions
+        .create({ model: "priced", messages: [{ role: "user", content: "price this call please" }], user: "customer-7", metadata: { tags: ["exp-a"] } } as never)
+        .withResponse();
+      const u = data.usage!;
+      const header = Number(response.headers.get("x-svc-response-cost"));
+      expect(header).toBeCloseTo(usd(u.prompt_tokens, u.completion_tokens), 12);
+      await gw.host!.spendWriter.flush();
+      const [row] = await logs(sql`request_id = ${data.id}`);
+      expect(row).toBeDefined();
+      expect(row!).toMatchObject({
+        api_key: token,
+        model: "priced",
+        model_group: "priced",
+        provider: "mock",
+        model_id: response.headers.get("x-svc-model-id")!,
+        prompt_tokens: u.prompt_tokens,
+        completion_tokens: u.completion_tokens,
+        total_tokens: u.total_tokens,
+        status: "success",
+        stream: false,
+        user_id: "u-ana",
+        end_user: "customer-7",
+      });
+      expect(row!.call_id).toBe(response.headers.get("x-svc-call-id")!);
+      expect(Number(row!.spend)).toBe(header);
+      expect(row!.metadata.key_alias).toBe("ana-search");
+      expect(row!.team_id).not.toBeNull();
+      expect(row!.organization_id).not.toBeNull();
+      expect([...row!.request_tags].sort()).toEqual(["exp-a", "prod"]);
+      // Request and response bodies are not stored.
+      expect(JSON.stringify(row)).not.toContain("price this call please");
+    });
+
+    test("a streamed call is logged with the chunks' id and the usage of its last chunk", async () => {
+      const stream = await client.chat.completions.create({ model: "priced", messages: [{ role: "user", content: "stream it" }], stream: true });
+      let id = "";
+      for await (const chunk of stream) id ||= chunk.id;
+      await gw.host!.spendWriter.flush();
+      const [row] = await logs(sql`request_id = ${id}`);
+      expect(row).toMatchObject({ status: "success", stream: true });
+      expect(row!.completion_tokens).toBeGreaterThan(0);
+      expect(Number(row!.spend)).toBeCloseTo(usd(row!.prompt_tokens, row!.completion_tokens), 12);
+    });
+
+    test("a failed call is logged as a failure at no cost, under the x-svc-call-id the client got", async () => {
+      const res = await fetch(`${gw.baseURL}/chat/completions`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+        body: JSON.stringify({ model: "broken", messages: [{ role: "user", content: "x" }] }),
+      });
+      expect(res.status).toBe(503);
+      const callId = res.headers.get("x-svc-call-id")!;
+      await gw.host!.spendWriter.flush();
+      const [row] = await logs(sql`call_id = ${callId}`);
+      expect(row).toMatchObject({ status: "failure", api_key: expect.any(String) });
+      expect(Number(row!.spend), `spend ${row!.spend}`).toBe(0);
+      expect((row!.metadata.error_information as { error_code: string }).error_code).toBe("503");
+    });
+
+    test("a model without a price costs 0 and its log row says why", async () => {
+      const { data, response } = await client.chat.completions.create({ model: "free", messages: [{ role: "user", content: "x" }] }).withResponse();
+      expect(response.headers.get("x-svc-response-cost")).toBe("0");
+      await gw.host!.spendWriter.flush();
+      const [row] = await logs(sql`request_id = ${data.id}`);
+      expect(Number(row!.spend)).toBe(0);
+      expect(String(row!.metadata.cost_note)).toContain("no price for mock/not-in-any-price-table");
+    });
+
+    test("key, team, org and user spend, and the daily aggregates, equal the sum of their log rows", async () => {
+      for (let i = 0; i < 5; i++) await client.chat.completions.create({ model: "priced", messages: [{ role: "user", content: `call number ${i}` }] });
+      await gw.host!.spendWriter.flush();
+      const db = gw.host!.store.db;
+      const [sums] = await rows<{ total: string; team_id: string; organization_id: string }>(
+        db,
+        sql`select sum(spend)::text as total, max(team_id) as team_id, max(organization_id) as organization_id from spend_logs where api_key = ${token}`,
+      );
+      const total = sums!.total;
+      expect(Number(total)).toBeGreaterThan(0);
+      const counters = await rows<{ what: string; spend: string }>(
+        db,
+        sql`select 'key' as what, spend::text from virtual_keys where token = ${token}
+            union all select 'team', spend::text from teams where team_id = ${sums!.team_id}
+            union all select 'org', spend::text from organizations where organization_id = ${sums!.organization_id}
+            union all select 'user', spend::text from users where user_id = 'u-ana'`,
+      );
+      expect(counters.length).toBe(4);
+      // Exact: numeric text, compared as text after normalizing trailing zeros.
+      const norm = (s: string) => s.replace(/\.?0+$/, "");
+      for (const c of counters) expect(`${c.what}=${norm(c.spend)}`).toBe(`${c.what}=${norm(total)}`);
+      const daily = await rows<{ entity_type: string; spend: string; requests: string }>(
+        db,
+        sql`select entity_type, sum(spend)::text as spend, sum(api_requests)::text as requests from daily_spend
+            where (entity_type = 'key' and entity_id = ${token}) or (entity_type = 'team' and entity_id = ${sums!.team_id}) group by entity_type`,
+      );
+      const [count] = await rows<{ n: string }>(db, sql`select count(*)::text as n from spend_logs where api_key = ${token}`);
+      for (const d of daily) {
+        expect(norm(d.spend)).toBe(norm(total));
+        expect(d.requests).toBe(count!.n);
+      }
+      // /key/info shows the same figure.
+      const info = await requestJson<{ info: { spend: number } }>(gw, "GET", `/key/info?key=${token}`);
+      expect(info.body.info.spend).toBeCloseTo(Number(total), 12);
+    });
+
+    test("an unknown key's refused call is not logged; a bad request never reaches the log", async () => {
+      const before = (await logs()).length;
+      const bad = new OpenAI({ baseURL: gw.baseURL, apiKey: "sk-not-a-key", maxRetries: 0 });
+      const refused = await bad.chat.completions.create({ model: "priced", messages: [{ role: "user", content: "x" }] }).then(
+        () => undefined,
+        (err: unknown) => err,
+      );
+      expect(refused).toBeInstanceOf(APIError);
+      expect((refused as APIError).status).toBe(401);
+      await gw.host!.spendWriter.flush();
+      expect((await logs()).length).toBe(before);
+    });
+  });
+}

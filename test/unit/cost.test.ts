@@ -1,0 +1,168 @@
+/**
+ * Call costs against providers' published prices, written here (not read back from the price
+ * file). Prices are USD per million tokens, which is exactly pico-dollars per token × 10^-6, so
+ * every expected value is exact integer arithmetic.
+ */
+import { describe, expect, test } from "bun:test";
+import { mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import type { Deployment, Usage } from "../../core/contract.ts";
+import { picoToText, usdToPico } from "../../core/cost/money.ts";
+import { PriceTable } from "../../core/cost/prices.ts";
+import { Pricing } from "../../core/cost/pricing.ts";
+
+const pricing = new Pricing(new PriceTable());
+
+function deployment(model: string, info: Record<string, unknown> = {}, options: Record<string, unknown> = {}): Deployment {
+  const slash = model.indexOf("/");
+  return { id: `d-${model}-${JSON.stringify([info, options])}`, modelName: model, provider: model.slice(0, slash), upstreamModel: model.slice(slash + 1), options: { model, ...options }, info };
+}
+
+/** USD per million tokens → pico-dollars per token. */
+const perM = (usd: string) => usdToPico(usd) / 1_000_000n;
+
+interface Case {
+  model: string;
+  /** Published prices, USD per million tokens. */
+  input: string;
+  output: string;
+  cacheRead?: string;
+  cacheWrite?: string;
+  audioIn?: string;
+  usage: Usage;
+}
+
+function expected(c: Case): bigint {
+  const u = c.usage;
+  const cached = BigInt(u.cachedPromptTokens ?? 0);
+  const written = BigInt(u.cacheCreationTokens ?? 0);
+  const audio = BigInt(u.audioPromptTokens ?? 0);
+  const plain = BigInt(u.promptTokens) - cached - written - audio;
+  return (
+    plain * perM(c.input) +
+    cached * perM(c.cacheRead ?? c.input) +
+    written * perM(c.cacheWrite ?? c.input) +
+    audio * perM(c.audioIn ?? c.input) +
+    BigInt(u.completionTokens) * perM(c.output)
+  );
+}
+
+const chat = (p: number, c: number, extra: Partial<Usage> = {}): Usage => ({ promptTokens: p, completionTokens: c, ...extra });
+
+const CASES: Case[] = [
+  // OpenAI
+  { model: "openai/gpt-4o", input: "2.50", output: "10.00", cacheRead: "1.25", usage: chat(1200, 350, { cachedPromptTokens: 1024 }) },
+  { model: "openai/gpt-4o-mini", input: "0.15", output: "0.60", cacheRead: "0.075", usage: chat(5000, 1000, { cachedPromptTokens: 2048 }) },
+  // Reasoning tokens are output tokens, billed at the output price.
+  { model: "openai/o1", input: "15.00", output: "60.00", usage: chat(800, 4000, { reasoningTokens: 3500 }) },
+  { model: "openai/o3-mini", input: "1.10", output: "4.40", usage: chat(1000, 2000, { reasoningTokens: 1500 }) },
+  { model: "openai/gpt-4.1", input: "2.00", output: "8.00", usage: chat(123, 45) },
+  { model: "openai/text-embedding-3-small", input: "0.02", output: "0", usage: chat(8000, 0) },
+  { model: "openai/text-embedding-3-large", input: "0.13", output: "0", usage: chat(777, 0) },
+  // Anthropic: cache reads at 10 %, cache writes at 125 % of the input price.
+  { model: "anthropic/claude-3-5-sonnet-20240620", input: "3.00", output: "15.00", cacheRead: "0.30", cacheWrite: "3.75", usage: chat(10_000, 500, { cachedPromptTokens: 6000, cacheCreationTokens: 3000 }) },
+  { model: "anthropic/claude-3-5-haiku-20241022", input: "0.80", output: "4.00", cacheRead: "0.08", cacheWrite: "1.00", usage: chat(3000, 300, { cachedPromptTokens: 1000, cacheCreationTokens: 1000 }) },
+  { model: "anthropic/claude-3-opus-20240229", input: "15.00", output: "75.00", usage: chat(2000, 1000) },
+  // Gemini: above 128k prompt tokens the whole call is billed at the higher tier.
+  { model: "gemini/gemini-1.5-pro", input: "7.00", output: "21.00", usage: chat(150_000, 2000) },
+  { model: "gemini/gemini-1.5-pro", input: "3.50", output: "10.50", usage: chat(100_000, 2000) },
+  { model: "gemini/gemini-1.5-flash", input: "0.075", output: "0.30", usage: chat(40_000, 1234) },
+  { model: "gemini/gemini-2.0-flash", input: "0.10", output: "0.40", audioIn: "0.70", cacheRead: "0.025", usage: chat(5000, 800, { audioPromptTokens: 2000, cachedPromptTokens: 1000 }) },
+  // Mistral
+  { model: "mistral/mistral-large-latest", input: "2.00", output: "6.00", usage: chat(900, 300) },
+  { model: "mistral/mistral-small-latest", input: "0.10", output: "0.30", usage: chat(12_345, 678) },
+  { model: "mistral/mistral-embed", input: "0.10", output: "0", usage: chat(4096, 0) },
+  // Groq
+  { model: "groq/llama-3.3-70b-versatile", input: "0.59", output: "0.79", usage: chat(2222, 333) },
+  { model: "groq/llama-3.1-8b-instant", input: "0.05", output: "0.08", usage: chat(100_000, 20_000) },
+  // DeepSeek
+  { model: "deepseek/deepseek-chat", input: "0.27", output: "1.10", cacheRead: "0.07", usage: chat(6000, 900, { cachedPromptTokens: 4000 }) },
+  { model: "deepseek/deepseek-reasoner", input: "0.55", output: "2.19", usage: chat(1500, 6000, { reasoningTokens: 5000 }) },
+  // xAI, Together
+  { model: "xai/grok-2", input: "2.00", output: "10.00", usage: chat(321, 123) },
+  { model: "together_ai/meta-llama/Llama-3.3-70B-Instruct-Turbo", input: "0.88", output: "0.88", usage: chat(4000, 4000) },
+];
+
+describe("cost of a call from the bundled price table", () => {
+  test("covers at least 20 models of 6 providers", () => {
+    expect(new Set(CASES.map((c) => c.model)).size).toBeGreaterThanOrEqual(20);
+    expect(new Set(CASES.map((c) => c.model.split("/")[0])).size).toBeGreaterThanOrEqual(6);
+  });
+
+  for (const c of CASES) {
+    test(`${c.model} ${JSON.stringify(c.usage)}`, () => {
+      const got = pricing.costOf(deployment(c.model), c.usage);
+      expect(got.priced).toBe(true);
+      expect(picoToText(got.cost)).toBe(picoToText(expected(c)));
+    });
+  }
+
+  test("one concrete figure: gpt-4o, 1,000 in and 500 out = $0.0075", () => {
+    expect(picoToText(pricing.costOf(deployment("openai/gpt-4o"), chat(1000, 500)).cost)).toBe("0.0075");
+  });
+
+  test("image generation: dall-e-3 hd 1024x1792 priced per pixel, per image", () => {
+    const usage: Usage = { promptTokens: 0, completionTokens: 0, images: { count: 2, size: "1024x1792", quality: "hd" } };
+    const got = pricing.costOf(deployment("openai/dall-e-3"), usage);
+    // OpenAI: $0.12 per hd 1024x1792 image, which the price file states as 6.539e-8 per pixel.
+    const perPixelPico = 65_390n; // 6.539e-8 USD in pico-dollars
+    expect(got.cost).toBe(2n * 1024n * 1792n * perPixelPico);
+    expect(Math.abs(Number(picoToText(got.cost)) - 0.24)).toBeLessThan(0.0001);
+  });
+
+  test("image generation: standard quality is the default for a sized request", () => {
+    const got = pricing.costOf(deployment("openai/dall-e-3"), { promptTokens: 0, completionTokens: 0, images: { count: 1, size: "1024x1024" } });
+    expect(Math.abs(Number(picoToText(got.cost)) - 0.04)).toBeLessThan(0.0001);
+  });
+
+  test("audio transcription is billed per second ($0.006 per minute)", () => {
+    const got = pricing.costOf(deployment("openai/whisper-1"), { promptTokens: 0, completionTokens: 0, audioSeconds: 90 });
+    expect(picoToText(got.cost)).toBe("0.009");
+  });
+
+  test("speech is billed per input character ($15 per million)", () => {
+    const got = pricing.costOf(deployment("openai/tts-1"), { promptTokens: 0, completionTokens: 0, characters: 2500 });
+    expect(picoToText(got.cost)).toBe("0.0375");
+  });
+});
+
+describe("operator prices", () => {
+  test("model_info prices win over the table, field by field", () => {
+    const d = deployment("openai/gpt-4o", { output_cost_per_token: 0.00002 });
+    expect(picoToText(pricing.costOf(d, chat(1000, 1000)).cost)).toBe(picoToText(1000n * perM("2.50") + 1000n * perM("20.00")));
+  });
+
+  test("svc_params prices price a model the table does not know", () => {
+    const d = deployment("openai/my-finetune", {}, { input_cost_per_token: 0.000001, output_cost_per_token: 0.000003 });
+    const got = pricing.costOf(d, chat(100, 100));
+    expect(got).toMatchObject({ priced: true });
+    expect(picoToText(got.cost)).toBe("0.0004");
+  });
+
+  test("model_info.base_model borrows another entry's prices", () => {
+    const d = deployment("openai/ft:gpt-4o-mini:acme", { base_model: "gpt-4o-mini" });
+    expect(picoToText(pricing.costOf(d, chat(1_000_000, 0)).cost)).toBe("0.15");
+  });
+
+  test("a model with no price costs 0 and says so", () => {
+    const got = pricing.costOf(deployment("openai/unknown-model-x"), chat(1000, 1000));
+    expect(got).toEqual({ cost: 0n, priced: false, source: "no price for openai/unknown-model-x" });
+  });
+
+  test("a price file override replaces entries by name", () => {
+    const dir = mkdtempSync(join(tmpdir(), "prices-"));
+    const file = join(dir, "prices.json");
+    writeFileSync(file, JSON.stringify({ "gpt-4o": { input_cost_per_token: 0.000001, output_cost_per_token: 0.000002, litellm_provider: "openai", mode: "chat" } }));
+    const custom = new Pricing(new PriceTable(file));
+    expect(picoToText(custom.costOf(deployment("openai/gpt-4o"), chat(1000, 1000)).cost)).toBe("0.003");
+    // Entries the override does not name keep their bundled prices.
+    expect(picoToText(custom.costOf(deployment("openai/gpt-4o-mini"), chat(1_000_000, 0)).cost)).toBe("0.15");
+  });
+
+  test("worst case: prompt estimate at input price, max_tokens at output price", () => {
+    expect(picoToText(pricing.worstCase(deployment("openai/gpt-4o"), 1000, 100))).toBe("0.0035");
+    // Without max_tokens the model's own output limit bounds the call (gpt-4o: 16,384).
+    expect(pricing.worstCase(deployment("openai/gpt-4o"), 0, undefined)).toBe(16_384n * perM("10.00"));
+  });
+});
