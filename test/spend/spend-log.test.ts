@@ -187,3 +187,37 @@ for (const backend of BACKENDS) {
     });
   });
 }
+
+describe("cancelled and cut streams (pglite, OpenAI wire mock)", () => {
+  test("a stream the client abandons is logged as cancelled and charged for what it used", async () => {
+    const { startMockOpenAI } = await import("../mock-upstream/openai.ts");
+    const mock = await startMockOpenAI({ apiKey: "sk-up" });
+    const gw = await startBackendGateway("pglite", {
+      model_list: [{ model_name: "gpt-4o", svc_params: { model: "openai/gpt-4o", api_base: mock.url, api_key: "sk-up" } }],
+      general_settings: { master_key: MASTER_KEY },
+    });
+    try {
+      mock.fault({ kind: "slowStream", chunkDelayMs: 50, chunks: 100 });
+      const client = new OpenAI({ baseURL: gw.baseURL, apiKey: MASTER_KEY, maxRetries: 0 });
+      const stream = await client.chat.completions.create({ model: "gpt-4o", messages: [{ role: "user", content: "tell me a long story" }], stream: true });
+      let seen = 0;
+      let id = "";
+      for await (const chunk of stream) {
+        id ||= chunk.id;
+        if (++seen === 5) break; // leaves the stream: the SDK aborts the request
+      }
+      for (let i = 0; i < 50 && mock.streamsCancelled === 0; i++) await Bun.sleep(20);
+      expect(mock.streamsCancelled).toBe(1);
+      await gw.host!.spendWriter.flush();
+      const [row] = await rows<LogRow>(gw.host!.store.db, sql`select * from spend_logs where request_id = ${id}`);
+      expect(row).toMatchObject({ status: "cancelled", stream: true });
+      expect(row!.completion_tokens).toBeGreaterThanOrEqual(4);
+      expect(row!.completion_tokens).toBeLessThan(100);
+      // gpt-4o from the bundled table: $2.50 / $10 per million tokens.
+      expect(Number(row!.spend)).toBeCloseTo((row!.prompt_tokens * 2.5 + row!.completion_tokens * 10) / 1e6, 12);
+    } finally {
+      await gw.stop();
+      await mock.stop();
+    }
+  });
+});
