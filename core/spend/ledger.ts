@@ -93,6 +93,13 @@ export class LocalLedger implements BudgetLedger {
     };
   }
 
+  /** Takes a counter's spend as known elsewhere (the shared ledger), keeping local reservations. */
+  observe(counter: BudgetCounter, spend: bigint): void {
+    const e = this.current(counter);
+    if (e) e.spend = spend;
+    else this.entries.set(counter.id, { periodEnd: counter.periodEnd, spend, reserved: 0n });
+  }
+
   async forget(ids: readonly string[]): Promise<void> {
     for (const id of ids) this.entries.delete(id);
   }

@@ -60,7 +60,7 @@ const SETTLE = `
 local out = {}
 for i = 1, #KEYS do
   if redis.call('HGET', KEYS[i], 'p') == ARGV[2 + i] then
-    redis.call('HINCRBY', KEYS[i], 'r', '-' .. ARGV[1])
+    if ARGV[1] ~= '0' then redis.call('HINCRBY', KEYS[i], 'r', '-' .. ARGV[1]) end
     out[i] = tostring(redis.call('HINCRBY', KEYS[i], 's', ARGV[2]))
   else
     out[i] = ''
@@ -78,8 +78,11 @@ const periodText = (c: BudgetCounter) => (c.periodEnd === null ? "flat" : String
 
 export class RedisLedger implements BudgetLedger {
   private readonly redis: RedisWithScripts;
+  /** Follows the shared counters; counts alone while Redis is away. */
   private readonly local: LocalLedger;
   private degraded = false;
+  /** Spend settled on the local ledger while Redis was away, added to Redis once it is back. */
+  private unsynced = new Map<string, { counter: BudgetCounter; amount: bigint }>();
 
   constructor(
     redis: Redis,
@@ -111,7 +114,39 @@ export class RedisLedger implements BudgetLedger {
       throw new Error("budget counters kept changing period");
     } catch (err) {
       this.degrade(err);
-      return this.local.reserve(counters, amount);
+      const local = await this.local.reserve(counters, amount);
+      if (!local.ok) return local;
+      return {
+        ok: true,
+        settle: (actual: bigint) => {
+          local.settle(actual);
+          if (!this.degraded) {
+            void this.redis
+              .svcBudgetSettle(keys.length, ...keys, "0", actual.toString(), ...counters.map(periodText))
+              .catch((err) => this.log.warn("budget settle failed in redis; the spend log still has the call", { error: String(err) }));
+            return;
+          }
+          for (const c of counters) {
+            const k = `${c.id}\u0000${periodText(c)}`;
+            const cur = this.unsynced.get(k);
+            if (cur) cur.amount += actual;
+            else this.unsynced.set(k, { counter: c, amount: actual });
+          }
+        },
+      };
+    }
+  }
+
+  /** Adds what was settled locally during an outage to the shared counters (same period only). */
+  private async syncLocalSpend(): Promise<void> {
+    const pending = [...this.unsynced.values()];
+    this.unsynced = new Map();
+    for (const { counter, amount } of pending) {
+      try {
+        await this.redis.svcBudgetSettle(1, PREFIX + counter.id, "0", amount.toString(), periodText(counter));
+      } catch (err) {
+        this.log.warn("could not add spend counted during the redis outage; the store still has it", { budget: counter.label, error: String(err) });
+      }
     }
   }
 
@@ -125,9 +160,13 @@ export class RedisLedger implements BudgetLedger {
         this.redis
           .svcBudgetSettle(keys.length, ...keys, amount.toString(), actual.toString(), ...counters.map(periodText))
           .then((after) => {
-            after.forEach((s, i) => {
-              if (s !== "") crossings(counters[i]!, BigInt(s) - actual, BigInt(s), this.onCross);
-            });
+            for (const [i, s] of after.entries()) {
+              if (s === "") continue;
+              const spend = BigInt(s);
+              // The local ledger follows the shared figures, so an outage starts from them.
+              this.local.observe(counters[i]!, spend);
+              crossings(counters[i]!, spend - actual, spend, this.onCross);
+            }
           })
           .catch((err) => this.log.error("budget settle failed in redis; the spend log still has the call", { error: String(err) }));
       },
@@ -149,5 +188,6 @@ export class RedisLedger implements BudgetLedger {
     if (!this.degraded) return;
     this.degraded = false;
     this.log.info("redis reachable again: budgets are shared across instances again");
+    void this.syncLocalSpend();
   }
 }

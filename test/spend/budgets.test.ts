@@ -255,3 +255,33 @@ describe("two instances sharing PostgreSQL and Redis", () => {
     }
   }, 30_000);
 });
+
+describe("Redis outage", () => {
+  test("budgets keep holding on the local ledger while Redis is away, and Redis learns that spend when it is back", async () => {
+    const { TcpRelay } = await import("../harness/relay.ts");
+    const relay = await TcpRelay.start({ host: "127.0.0.1", port: 6379 });
+    const db = await freshDatabase("gw_budget_redis");
+    const gw = await startTestGateway(CONFIG, { store: { databaseUrl: db.url, redisUrl: `redis://127.0.0.1:${relay.port}` } });
+    try {
+      const { key } = await newKey(gw, { max_budget: budgetFor(6) });
+      expect((await call(gw, key)).status).toBe(200);
+      expect((await call(gw, key)).status).toBe(200);
+      await Bun.sleep(50);
+      relay.cut();
+      expect(await burst(gw, [key], 3)).toEqual({ ok: 3, refused: 0, other: [] });
+      expect(gw.log.lines.some((l) => l.msg.includes("budgets are counted on this instance alone"))).toBe(true);
+      relay.restore();
+      for (let i = 0; i < 100 && !gw.log.lines.some((l) => l.msg.includes("budgets are shared across instances again")); i++) {
+        await call(gw, key, "cheap");
+        await Bun.sleep(50);
+      }
+      await Bun.sleep(100);
+      // 5 spent: one more fits, then the shared counter (which now includes the outage's 3) refuses.
+      expect(await burst(gw, [key], 5)).toEqual({ ok: 1, refused: 4, other: [] });
+    } finally {
+      await gw.stop();
+      await relay.close();
+      await db.drop();
+    }
+  }, 30_000);
+});
