@@ -4,201 +4,212 @@
  * computed only from rows this transaction inserted, so a batch delivered twice (a commit whose
  * answer was lost, a replayed spill file) is counted once, and counters always equal their logs.
  */
-import { type SQL, sql } from "drizzle-orm";
+import { sql } from "drizzle-orm";
 import type { Db } from "../store/db.ts";
-import { spendLogs } from "../store/schema.ts";
-import { picoToText as picoText, usdToPico as toPico } from "../cost/money.ts";
-import type { CounterTable, SpendEntry } from "./entry.ts";
-
-const COUNTER_TABLES: Record<Exclude<CounterTable, "team_member">, { table: string; id: string }> = {
-  key: { table: "virtual_keys", id: "token" },
-  team: { table: "teams", id: "team_id" },
-  org: { table: "organizations", id: "organization_id" },
-  user: { table: "users", id: "user_id" },
-};
+import { rows } from "../store/sql.ts";
+import { picoToText, usdToPico } from "../cost/money.ts";
+import type { SpendEntry } from "./entry.ts";
 
 /** UTC calendar day of an instant. */
 export function dayOf(ms: number): string {
   return new Date(ms).toISOString().slice(0, 10);
 }
 
-interface CounterDelta {
-  /** Pico-dollars. */
-  delta: bigint;
-  periodEnd: number | null;
+/** Same period (or a flat budget): add. The store still in an older period: the new one starts
+ * with this spend. The spend belongs to a period already closed: the log keeps it, the counter not. */
+const counterUpdate = (table: string, id: string, kind: string) => `
+  ${kind}_spend as (
+    update ${table} as t set
+      spend = case
+        when d.period_end is null or t.budget_reset_at is null or t.budget_reset_at = d.period_end then t.spend + d.amount
+        when t.budget_reset_at < d.period_end then d.amount
+        else t.spend end,
+      budget_reset_at = case when d.period_end is not null and t.budget_reset_at < d.period_end then d.period_end else t.budget_reset_at end
+    from delta d where d.t = '${kind}' and t.${id} = d.id
+    returning 1)`;
+
+const at = (ms: string) => `to_timestamp(${ms} / 1000.0)`;
+
+/** Inserts the batch (one JSON parameter); returns the call ids that were new. */
+const INSERT = `
+insert into spend_logs (call_id, request_id, call_type, api_key, key_alias, user_id, team_id, organization_id, end_user,
+  model, model_group, provider, model_id, upstream_model, spend, prompt_tokens, completion_tokens, total_tokens,
+  cache_read_input_tokens, cache_creation_input_tokens, reasoning_tokens, start_time, end_time, completion_start_time,
+  status, stream, cache_hit, request_tags, metadata)
+select "callId", "requestId", "callType", "apiKey", "keyAlias", "userId", "teamId", "organizationId", "endUser",
+  model, "modelGroup", provider, "modelId", "upstreamModel", spend, "promptTokens", "completionTokens",
+  "promptTokens" + "completionTokens", "cacheReadTokens", "cacheCreationTokens", "reasoningTokens",
+  ${at('"startTime"')}, ${at('"endTime"')}, ${at('"completionStartTime"')}, status, stream, "cacheHit",
+  coalesce(tags, '{}'), coalesce(metadata, '{}')
+from jsonb_to_recordset($1::jsonb) as x(
+  "callId" text, "requestId" text, "callType" text, "apiKey" text, "keyAlias" text, "userId" text, "teamId" text,
+  "organizationId" text, "endUser" text, model text, "modelGroup" text, provider text, "modelId" text, "upstreamModel" text,
+  spend numeric, "promptTokens" int, "completionTokens" int, "cacheReadTokens" int, "cacheCreationTokens" int,
+  "reasoningTokens" int, "startTime" bigint, "endTime" bigint, "completionStartTime" bigint, status text, stream boolean,
+  "cacheHit" boolean, tags text[], metadata jsonb)
+on conflict (call_id) do nothing
+returning call_id`;
+
+/** Applies counter deltas ($1) and daily aggregates ($2), both already summed per target row. */
+const APPLY = `
+with delta as (
+  select t, id, case when p is null then null else ${at("p")} end as period_end, amount
+  from jsonb_to_recordset($1::jsonb) as x(t text, id text, p bigint, amount numeric)
+),
+${counterUpdate("virtual_keys", "token", "key")},
+${counterUpdate("teams", "team_id", "team")},
+${counterUpdate("organizations", "organization_id", "org")},
+${counterUpdate("users", "user_id", "user")},
+team_member_spend as (
+  update team_members as t set spend = t.spend + d.amount
+  from delta d where d.t = 'team_member' and t.team_id = split_part(d.id, E'\\t', 1) and t.user_id = split_part(d.id, E'\\t', 2)
+  returning 1)
+insert into daily_spend as d (entity_type, entity_id, date, api_key, model, model_group, provider, prompt_tokens,
+  completion_tokens, cache_read_input_tokens, cache_creation_input_tokens, spend, api_requests, successful_requests, failed_requests)
+select type, id, day::date, key, model, grp, provider, pt, ct, cr, cc, spend, n, ok, failed
+from jsonb_to_recordset($2::jsonb) as y(type text, id text, day text, key text, model text, grp text, provider text,
+  pt bigint, ct bigint, cr bigint, cc bigint, spend numeric, n bigint, ok bigint, failed bigint)
+on conflict (entity_type, entity_id, date, api_key, model, model_group, provider) do update set
+  prompt_tokens = d.prompt_tokens + excluded.prompt_tokens,
+  completion_tokens = d.completion_tokens + excluded.completion_tokens,
+  cache_read_input_tokens = d.cache_read_input_tokens + excluded.cache_read_input_tokens,
+  cache_creation_input_tokens = d.cache_creation_input_tokens + excluded.cache_creation_input_tokens,
+  spend = d.spend + excluded.spend,
+  api_requests = d.api_requests + excluded.api_requests,
+  successful_requests = d.successful_requests + excluded.successful_requests,
+  failed_requests = d.failed_requests + excluded.failed_requests,
+  updated_at = now()`;
+
+/** Rows that charge and aggregate alike (same key, team, model, day, tags, periods…), summed once. */
+interface RowGroup {
+  sample: SpendEntry;
+  day: string;
+  n: number;
+  ok: number;
+  failed: number;
+  pt: number;
+  ct: number;
+  cr: number;
+  cc: number;
+  spend: bigint;
 }
 
-/**
- * Per counter, the spend of the latest period present in the batch: an older period's spend stays
- * in the log but no longer counts against the budget.
- */
-function counterDeltas(rows: SpendEntry[]): Map<CounterTable, Map<string, CounterDelta>> {
-  const out = new Map<CounterTable, Map<string, CounterDelta>>();
-  for (const row of rows) {
-    const spend = toPico(row.spend);
-    for (const c of row.charges) {
-      let byId = out.get(c.table);
-      if (!byId) {
-        byId = new Map();
-        out.set(c.table, byId);
-      }
-      const cur = byId.get(c.id);
-      const p = c.periodEnd ?? -1;
-      const curP = cur?.periodEnd ?? -1;
-      if (!cur || p > curP) byId.set(c.id, { delta: spend, periodEnd: c.periodEnd });
-      else if (p === curP) cur.delta += spend;
+const DAY_MS = 86_400_000;
+
+function groupRows(entries: SpendEntry[]): RowGroup[] {
+  const groups = new Map<string, RowGroup>();
+  for (const e of entries) {
+    const dayNo = Math.floor(e.startTime / DAY_MS);
+    let sig = `${e.apiKey}\u0000${e.teamId}\u0000${e.organizationId}\u0000${e.userId}\u0000${e.endUser}\u0000${e.upstreamModel}\u0000${e.modelGroup}\u0000${e.provider}\u0000${dayNo}\u0000${e.tags.join("\u0001")}`;
+    for (const c of e.charges) sig += `\u0000${c.periodEnd}`;
+    let g = groups.get(sig);
+    if (!g) {
+      g = { sample: e, day: dayOf(e.startTime), n: 0, ok: 0, failed: 0, pt: 0, ct: 0, cr: 0, cc: 0, spend: 0n };
+      groups.set(sig, g);
+    }
+    g.n++;
+    if (e.status === "success") g.ok++;
+    else if (e.status === "failure") g.failed++;
+    g.pt += e.promptTokens;
+    g.ct += e.completionTokens;
+    g.cr += e.cacheReadTokens;
+    g.cc += e.cacheCreationTokens;
+    g.spend += usdToPico(e.spend);
+  }
+  return [...groups.values()];
+}
+
+/** Per counter, the spend of the latest period present (an older period's spend stays in the log only). */
+function counterDeltas(groups: RowGroup[]): { t: string; id: string; p: number | null; amount: string }[] {
+  const out = new Map<string, { t: string; id: string; p: number | null; amount: bigint }>();
+  for (const g of groups) {
+    for (const c of g.sample.charges) {
+      const k = `${c.table}\u0000${c.id}`;
+      const cur = out.get(k);
+      if (!cur || (c.periodEnd ?? -1) > (cur.p ?? -1)) out.set(k, { t: c.table, id: c.id, p: c.periodEnd, amount: g.spend });
+      else if ((c.periodEnd ?? -1) === (cur.p ?? -1)) cur.amount += g.spend;
     }
   }
-  return out;
-}
-
-function updateCounters(table: CounterTable, deltas: Map<string, CounterDelta>): SQL {
-  if (table === "team_member") {
-    const values = sql.join(
-      [...deltas].map(([id, d]) => {
-        const [teamId, userId] = id.split("\t");
-        return sql`(${teamId}::text, ${userId}::text, ${picoText(d.delta)}::numeric)`;
-      }),
-      sql`, `,
-    );
-    return sql`update team_members as t set spend = t.spend + v.delta from (values ${values}) as v(team_id, user_id, delta) where t.team_id = v.team_id and t.user_id = v.user_id`;
-  }
-  const { table: name, id } = COUNTER_TABLES[table];
-  const values = sql.join(
-    [...deltas].map(([rowId, d]) => sql`(${rowId}::text, ${picoText(d.delta)}::numeric, ${d.periodEnd === null ? null : new Date(d.periodEnd).toISOString()}::timestamptz)`),
-    sql`, `,
-  );
-  // Same period (or a flat budget): add. The store still in an older period: the new one starts
-  // with this spend. The spend belongs to a period already closed: the log keeps it, the counter not.
-  return sql`update ${sql.identifier(name)} as t set
-      spend = case
-        when v.period_end is null or t.budget_reset_at is null or t.budget_reset_at = v.period_end then t.spend + v.delta
-        when t.budget_reset_at < v.period_end then v.delta
-        else t.spend end,
-      budget_reset_at = case when v.period_end is not null and t.budget_reset_at < v.period_end then v.period_end else t.budget_reset_at end
-    from (values ${values}) as v(id, delta, period_end)
-    where t.${sql.identifier(id)} = v.id`;
+  return [...out.values()].map((d) => ({ ...d, amount: picoToText(d.amount) }));
 }
 
 interface DailyRow {
-  entityType: string;
-  entityId: string;
-  date: string;
-  apiKey: string;
+  type: string;
+  id: string;
+  day: string;
+  key: string;
   model: string;
-  modelGroup: string;
+  grp: string;
   provider: string;
-  prompt: number;
-  completion: number;
-  cacheRead: number;
-  cacheCreation: number;
+  pt: number;
+  ct: number;
+  cr: number;
+  cc: number;
   spend: bigint;
-  requests: number;
+  n: number;
   ok: number;
   failed: number;
 }
 
-function dailyRows(rows: SpendEntry[]): DailyRow[] {
+function dailyRows(groups: RowGroup[]) {
   const out = new Map<string, DailyRow>();
-  const add = (row: SpendEntry, entityType: string, entityId: string, apiKey: string, model: string, modelGroup: string, provider: string) => {
-    const date = dayOf(row.startTime);
-    const k = [entityType, entityId, date, apiKey, model, modelGroup, provider].join("\u0000");
-    let d = out.get(k);
+  const add = (g: RowGroup, type: string, id: string | null, key: string, model: string, grp: string) => {
+    if (id === null) return;
+    const e = g.sample;
+    const k = `${type}\u0000${id}\u0000${g.day}\u0000${key}\u0000${model}\u0000${grp}\u0000${e.provider}`;
+    const d = out.get(k);
     if (!d) {
-      d = { entityType, entityId, date, apiKey, model, modelGroup, provider, prompt: 0, completion: 0, cacheRead: 0, cacheCreation: 0, spend: 0n, requests: 0, ok: 0, failed: 0 };
-      out.set(k, d);
+      out.set(k, { type, id, day: g.day, key, model, grp, provider: e.provider, pt: g.pt, ct: g.ct, cr: g.cr, cc: g.cc, spend: g.spend, n: g.n, ok: g.ok, failed: g.failed });
+      return;
     }
-    d.prompt += row.promptTokens;
-    d.completion += row.completionTokens;
-    d.cacheRead += row.cacheReadTokens;
-    d.cacheCreation += row.cacheCreationTokens;
-    d.spend += toPico(row.spend);
-    d.requests += 1;
-    if (row.status === "success") d.ok += 1;
-    else if (row.status === "failure") d.failed += 1;
+    d.pt += g.pt;
+    d.ct += g.ct;
+    d.cr += g.cr;
+    d.cc += g.cc;
+    d.spend += g.spend;
+    d.n += g.n;
+    d.ok += g.ok;
+    d.failed += g.failed;
   };
-  for (const r of rows) {
-    add(r, "key", r.apiKey, r.apiKey, r.upstreamModel, r.modelGroup, r.provider);
-    if (r.teamId) add(r, "team", r.teamId, r.apiKey, r.upstreamModel, r.modelGroup, r.provider);
-    if (r.organizationId) add(r, "org", r.organizationId, r.apiKey, r.upstreamModel, r.modelGroup, r.provider);
-    if (r.userId) add(r, "user", r.userId, r.apiKey, r.upstreamModel, r.modelGroup, r.provider);
-    if (r.endUser) add(r, "end_user", r.endUser, r.apiKey, r.upstreamModel, r.modelGroup, r.provider);
-    for (const tag of new Set(r.tags)) add(r, "tag", tag, r.apiKey, r.upstreamModel, r.modelGroup, r.provider);
-    add(r, "model", r.modelGroup, "", r.upstreamModel, r.modelGroup, r.provider);
-    add(r, "provider", r.provider, "", "", "", r.provider);
+  for (const g of groups) {
+    const e = g.sample;
+    for (const [type, id] of [
+      ["key", e.apiKey],
+      ["team", e.teamId],
+      ["org", e.organizationId],
+      ["user", e.userId],
+      ["end_user", e.endUser],
+    ] as const) {
+      add(g, type, id, e.apiKey, e.upstreamModel, e.modelGroup);
+    }
+    for (const tag of new Set(e.tags)) add(g, "tag", tag, e.apiKey, e.upstreamModel, e.modelGroup);
+    add(g, "model", e.modelGroup, "", e.upstreamModel, e.modelGroup);
+    add(g, "provider", e.provider, "", "", "");
   }
-  return [...out.values()];
+  return [...out.values()].map((d) => ({ ...d, spend: picoToText(d.spend) }));
 }
 
-function upsertDaily(rows: DailyRow[]): SQL {
-  const values = sql.join(
-    rows.map(
-      (d) =>
-        sql`(${d.entityType}, ${d.entityId}, ${d.date}::date, ${d.apiKey}, ${d.model}, ${d.modelGroup}, ${d.provider}, ${d.prompt}::bigint, ${d.completion}::bigint, ${d.cacheRead}::bigint, ${d.cacheCreation}::bigint, ${picoText(d.spend)}::numeric, ${d.requests}::bigint, ${d.ok}::bigint, ${d.failed}::bigint)`,
-    ),
-    sql`, `,
-  );
-  return sql`insert into daily_spend as d (entity_type, entity_id, date, api_key, model, model_group, provider, prompt_tokens, completion_tokens,
-      cache_read_input_tokens, cache_creation_input_tokens, spend, api_requests, successful_requests, failed_requests)
-    values ${values}
-    on conflict (entity_type, entity_id, date, api_key, model, model_group, provider) do update set
-      prompt_tokens = d.prompt_tokens + excluded.prompt_tokens,
-      completion_tokens = d.completion_tokens + excluded.completion_tokens,
-      cache_read_input_tokens = d.cache_read_input_tokens + excluded.cache_read_input_tokens,
-      cache_creation_input_tokens = d.cache_creation_input_tokens + excluded.cache_creation_input_tokens,
-      spend = d.spend + excluded.spend,
-      api_requests = d.api_requests + excluded.api_requests,
-      successful_requests = d.successful_requests + excluded.successful_requests,
-      failed_requests = d.failed_requests + excluded.failed_requests,
-      updated_at = now()`;
-}
+const split = (statement: string) => statement.split(/\$\d/);
+const [INSERT_A, INSERT_B] = split(INSERT) as [string, string];
+const [APPLY_A, APPLY_B, APPLY_C] = split(APPLY) as [string, string, string];
 
-/** Writes a batch; returns how many rows were new (the rest had been written before). */
+/**
+ * Writes a batch in one transaction: the rows (one JSON parameter, keyed by call id), then the
+ * counters and daily aggregates of exactly the rows that were new, summed here first so the store
+ * updates one row per key, team, day… rather than one per call. Returns how many rows were new.
+ */
 export async function writeBatch(db: Db, batch: SpendEntry[]): Promise<number> {
   if (batch.length === 0) return 0;
   return db.transaction(async (tx) => {
-    const inserted = await tx
-      .insert(spendLogs)
-      .values(
-        batch.map((e) => ({
-          callId: e.callId,
-          requestId: e.requestId,
-          callType: e.callType,
-          apiKey: e.apiKey,
-          keyAlias: e.keyAlias,
-          userId: e.userId,
-          teamId: e.teamId,
-          organizationId: e.organizationId,
-          endUser: e.endUser,
-          model: e.model,
-          modelGroup: e.modelGroup,
-          provider: e.provider,
-          modelId: e.modelId,
-          upstreamModel: e.upstreamModel,
-          spend: e.spend,
-          promptTokens: e.promptTokens,
-          completionTokens: e.completionTokens,
-          totalTokens: e.promptTokens + e.completionTokens,
-          cacheReadTokens: e.cacheReadTokens,
-          cacheCreationTokens: e.cacheCreationTokens,
-          reasoningTokens: e.reasoningTokens,
-          startTime: new Date(e.startTime),
-          endTime: new Date(e.endTime),
-          completionStartTime: e.completionStartTime === null ? null : new Date(e.completionStartTime),
-          status: e.status,
-          stream: e.stream,
-          cacheHit: e.cacheHit,
-          requestTags: e.tags,
-          metadata: e.metadata,
-        })),
-      )
-      .onConflictDoNothing({ target: spendLogs.callId })
-      .returning({ callId: spendLogs.callId });
+    const inserted = await rows<{ call_id: string }>(tx as unknown as Db, sql`${sql.raw(INSERT_A)}${JSON.stringify(batch)}${sql.raw(INSERT_B)}`);
     if (inserted.length === 0) return 0;
-    const fresh = new Set(inserted.map((r) => r.callId));
-    const rows = inserted.length === batch.length ? batch : batch.filter((e) => fresh.has(e.callId));
-    for (const [table, deltas] of counterDeltas(rows)) await tx.execute(updateCounters(table, deltas));
-    await tx.execute(upsertDaily(dailyRows(rows)));
-    return rows.length;
+    let fresh = batch;
+    if (inserted.length !== batch.length) {
+      const ids = new Set(inserted.map((r) => r.call_id));
+      fresh = batch.filter((e) => ids.has(e.callId));
+    }
+    const groups = groupRows(fresh);
+    await rows(tx as unknown as Db, sql`${sql.raw(APPLY_A)}${JSON.stringify(counterDeltas(groups))}${sql.raw(APPLY_B)}${JSON.stringify(dailyRows(groups))}${sql.raw(APPLY_C)}`);
+    return fresh.length;
   });
 }
