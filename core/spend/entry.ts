@@ -4,7 +4,6 @@
  * outgrows memory can spill to disk and come back unchanged.
  */
 import type { CallRecord } from "../contract.ts";
-import { picoToText } from "../cost/money.ts";
 import type { IdentityCache } from "../identity/cache.ts";
 import { periodEnd } from "./period.ts";
 
@@ -33,8 +32,11 @@ export interface SpendEntry {
   provider: string;
   modelId: string;
   upstreamModel: string;
-  /** USD, exact decimal text. */
-  spend: string;
+  /**
+   * Cost in integer pico-dollars (1e-12 USD). A plain number: one call costs far below 2^53 pico-
+   * dollars (about $9,000), so it is exact, and it stays cheap to serialize.
+   */
+  spendPico: number;
   promptTokens: number;
   completionTokens: number;
   cacheReadTokens: number;
@@ -104,7 +106,7 @@ export function toSpendEntry(call: CallRecord, identity: IdentityCache | undefin
     provider: call.provider,
     modelId: call.deploymentId,
     upstreamModel: call.upstreamModel,
-    spend: picoToText(call.cost),
+    spendPico: Number(call.cost),
     promptTokens: u.promptTokens,
     completionTokens: u.completionTokens,
     cacheReadTokens: u.cachedPromptTokens ?? 0,

@@ -7,7 +7,7 @@
 import { sql } from "drizzle-orm";
 import type { Db } from "../store/db.ts";
 import { rows } from "../store/sql.ts";
-import { picoToText, usdToPico } from "../cost/money.ts";
+import { picoToText } from "../cost/money.ts";
 import type { SpendEntry } from "./entry.ts";
 
 /** UTC calendar day of an instant. */
@@ -37,14 +37,14 @@ insert into spend_logs (call_id, request_id, call_type, api_key, key_alias, user
   cache_read_input_tokens, cache_creation_input_tokens, reasoning_tokens, start_time, end_time, completion_start_time,
   status, stream, cache_hit, request_tags, metadata)
 select "callId", "requestId", "callType", "apiKey", "keyAlias", "userId", "teamId", "organizationId", "endUser",
-  model, "modelGroup", provider, "modelId", "upstreamModel", spend, "promptTokens", "completionTokens",
+  model, "modelGroup", provider, "modelId", "upstreamModel", "spendPico"::numeric / 1000000000000, "promptTokens", "completionTokens",
   "promptTokens" + "completionTokens", "cacheReadTokens", "cacheCreationTokens", "reasoningTokens",
   ${at('"startTime"')}, ${at('"endTime"')}, ${at('"completionStartTime"')}, status, stream, "cacheHit",
   coalesce(tags, '{}'), coalesce(metadata, '{}')
 from jsonb_to_recordset($1::jsonb) as x(
   "callId" text, "requestId" text, "callType" text, "apiKey" text, "keyAlias" text, "userId" text, "teamId" text,
   "organizationId" text, "endUser" text, model text, "modelGroup" text, provider text, "modelId" text, "upstreamModel" text,
-  spend numeric, "promptTokens" int, "completionTokens" int, "cacheReadTokens" int, "cacheCreationTokens" int,
+  "spendPico" bigint, "promptTokens" int, "completionTokens" int, "cacheReadTokens" int, "cacheCreationTokens" int,
   "reasoningTokens" int, "startTime" bigint, "endTime" bigint, "completionStartTime" bigint, status text, stream boolean,
   "cacheHit" boolean, tags text[], metadata jsonb)
 on conflict (call_id) do nothing
@@ -114,7 +114,7 @@ function groupRows(entries: SpendEntry[]): RowGroup[] {
     g.ct += e.completionTokens;
     g.cr += e.cacheReadTokens;
     g.cc += e.cacheCreationTokens;
-    g.spend += usdToPico(e.spend);
+    g.spend += BigInt(e.spendPico);
   }
   return [...groups.values()];
 }
