@@ -30,9 +30,9 @@ const counterUpdate = (table: string, id: string, kind: string) => `
 
 const at = (ms: string) => `to_timestamp(${ms} / 1000.0)`;
 
-/** Inserts the batch (one JSON parameter); returns the call ids that were new. */
+/** Inserts the batch (one JSON parameter); returns how many rows were new. */
 const INSERT = `
-insert into spend_logs (call_id, request_id, call_type, api_key, key_alias, user_id, team_id, organization_id, end_user,
+with ins as (insert into spend_logs (call_id, request_id, call_type, api_key, key_alias, user_id, team_id, organization_id, end_user,
   model, model_group, provider, model_id, upstream_model, spend, prompt_tokens, completion_tokens, total_tokens,
   cache_read_input_tokens, cache_creation_input_tokens, reasoning_tokens, start_time, end_time, completion_start_time,
   status, stream, cache_hit, request_tags, metadata)
@@ -48,7 +48,11 @@ from jsonb_to_recordset($1::jsonb) as x(
   "reasoningTokens" int, "startTime" bigint, "endTime" bigint, "completionStartTime" bigint, status text, stream boolean,
   "cacheHit" boolean, tags text[], metadata jsonb)
 on conflict (call_id) do nothing
-returning call_id`;
+returning 1)
+select count(*)::int as inserted from ins`;
+
+/** Which of the given rows this transaction inserted (its own rows carry its transaction id). */
+const INSERTED_HERE = "select call_id from spend_logs where call_id in (select jsonb_array_elements_text($1::jsonb)) and xmin = pg_current_xact_id()::xid";
 
 /** Applies counter deltas ($1) and daily aggregates ($2), both already summed per target row. */
 const APPLY = `
@@ -201,15 +205,20 @@ const [APPLY_A, APPLY_B, APPLY_C] = split(APPLY) as [string, string, string];
 export async function writeBatch(db: Db, batch: SpendEntry[]): Promise<number> {
   if (batch.length === 0) return 0;
   return db.transaction(async (tx) => {
-    const inserted = await rows<{ call_id: string }>(tx as unknown as Db, sql`${sql.raw(INSERT_A)}${JSON.stringify(batch)}${sql.raw(INSERT_B)}`);
-    if (inserted.length === 0) return 0;
+    const t = tx as unknown as Db;
+    const [count] = await rows<{ inserted: number }>(t, sql`${sql.raw(INSERT_A)}${JSON.stringify(batch)}${sql.raw(INSERT_B)}`);
+    const inserted = count?.inserted ?? 0;
+    if (inserted === 0) return 0;
     let fresh = batch;
-    if (inserted.length !== batch.length) {
-      const ids = new Set(inserted.map((r) => r.call_id));
-      fresh = batch.filter((e) => ids.has(e.callId));
+    // Only a replay (spill file, retried batch) meets rows already written: find which are new.
+    if (inserted !== batch.length) {
+      const ids = JSON.stringify(batch.map((e) => e.callId));
+      const mine = await rows<{ call_id: string }>(t, sql`${sql.raw(INSERTED_HERE.split("$1")[0]!)}${ids}${sql.raw(INSERTED_HERE.split("$1")[1]!)}`);
+      const set = new Set(mine.map((r) => r.call_id));
+      fresh = batch.filter((e) => set.has(e.callId));
     }
     const groups = groupRows(fresh);
-    await rows(tx as unknown as Db, sql`${sql.raw(APPLY_A)}${JSON.stringify(counterDeltas(groups))}${sql.raw(APPLY_B)}${JSON.stringify(dailyRows(groups))}${sql.raw(APPLY_C)}`);
+    await rows(t, sql`${sql.raw(APPLY_A)}${JSON.stringify(counterDeltas(groups))}${sql.raw(APPLY_B)}${JSON.stringify(dailyRows(groups))}${sql.raw(APPLY_C)}`);
     return fresh.length;
   });
 }
