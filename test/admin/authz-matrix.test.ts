@@ -17,7 +17,7 @@ import { count, eq, type SQL } from "drizzle-orm";
 import type { AdminDeps } from "../../core/http/admin/context.ts";
 import { adminRoutes } from "../../core/http/admin/index.ts";
 import type { Db } from "../../core/store/db.ts";
-import { accessGroups, auditLog, organizations, orgMembers, proxyModels, teamMembers, teams, users, virtualKeys } from "../../core/store/schema.ts";
+import { accessGroups, auditLog, budgets, organizations, orgMembers, proxyModels, teamMembers, teams, users, virtualKeys } from "../../core/store/schema.ts";
 import { type FixtureGroup, type FixtureKey, type FixtureModel, Fixtures, type MarkerScope, sha256, uniq } from "../fixtures/authz-world.ts";
 import { BACKENDS, MASTER_KEY, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 
@@ -99,6 +99,24 @@ const MATRIX: Record<string, Row> = {
   "DELETE /v1/access_group/{access_group_id}":   [200, 200, 403, 403, 403, 403, 403],
   "GET /audit/logs":                             [200, 200, 200, 403, 403, 403, 403],
   "GET /health":                                 [200, 200, 200, 403, 403, 403, 403],
+  "POST /budget/new":                            [200, 200, 403, 403, 403, 403, 403],
+  "POST /budget/update":                         [200, 200, 403, 403, 403, 403, 403],
+  "POST /budget/info":                           [200, 200, 200, 403, 403, 403, 403],
+  "GET /budget/list":                            [200, 200, 200, 403, 403, 403, 403],
+  "GET /budget/settings":                        [200, 200, 200, 403, 403, 403, 403],
+  "POST /budget/delete":                         [200, 200, 403, 403, 403, 403, 403],
+  "GET /global/spend/report":                    [200, 200, 200, 403, 403, 403, 403],
+  "GET /global/spend/tags":                      [200, 200, 200, 403, 403, 403, 403],
+  "GET /spend/tags":                             [200, 200, 200, 403, 403, 403, 403],
+  "GET /provider/budgets":                       [200, 200, 200, 403, 403, 403, 403],
+  "POST /spend/calculate":                       [200, 200, 200, 403, 403, 403, 403],
+  "GET /spend/logs":                             [200, 200, 200, 200, 403, 403, 403],
+  "GET /spend/logs/v2":                          [200, 200, 200, 200, 403, 403, 403],
+  "GET /spend/keys":                             [200, 200, 200, 403, 403, 403, 403],
+  "GET /spend/users":                            [200, 200, 200, 403, 403, 403, 403],
+  "GET /team/daily/activity":                    [200, 200, 200, 200, 403, 403, 403],
+  "GET /organization/daily/activity":            [200, 200, 200, 403, 403, 403, 403],
+  "POST /global/spend/reset":                    [200, 200, 403, 403, 403, 403, 403],
 };
 
 /** Routes outside the admin module that the matrix covers too. */
@@ -197,6 +215,18 @@ function stateReader(db: Db) {
     groupById: async (id: string) => json(await db.select().from(accessGroups).where(eq(accessGroups.accessGroupId, id))),
     groupByName: async (name: string) => json(await db.select().from(accessGroups).where(eq(accessGroups.accessGroupName, name))),
     model: async (id: string) => json(await db.select().from(proxyModels).where(eq(proxyModels.modelId, id))),
+    budget: async (id: string) => json(await db.select().from(budgets).where(eq(budgets.budgetId, id))),
+    /** A key's row, its spend first set to `spend` on the first read (global resets need spend to undo). */
+    keyWithSpend(token: string, spend: number): () => Promise<unknown> {
+      let primed = false;
+      return async () => {
+        if (!primed) {
+          primed = true;
+          await db.update(virtualKeys).set({ spend: String(spend) }).where(eq(virtualKeys.token, token));
+        }
+        return json(await db.select().from(virtualKeys).where(eq(virtualKeys.token, token)));
+      };
+    },
   };
 }
 type StateReader = ReturnType<typeof stateReader>;
@@ -288,6 +318,10 @@ class Scope {
     if (this.kind === "ghost") return { org: this.ghost("org"), user: this.ghost("user") };
     const org = this.org();
     return { org, user: this.w.f.orgMember(this.kind === "t2" ? "T2" : this.outside, org) };
+  }
+
+  budget(): string {
+    return this.kind === "ghost" ? this.ghost("budget") : this.w.f.budget(this.outside);
   }
 
   group(): FixtureGroup {
@@ -538,6 +572,44 @@ const ENDPOINTS: Record<string, Endpoint> = {
   // ---- audit trail and health
   "GET /audit/logs": targeted((s) => ({ method: "GET", path: `/audit/logs?table_name=teams&object_id=${q(s.team())}` })),
   "GET /health": untargeted("GET", "/health"),
+
+  // ---- budgets
+  "POST /budget/new": targeted((s) => {
+    const id = s.newId("mx-new-budget");
+    return { method: "POST", path: "/budget/new", body: { budget_id: id, max_budget: 5 }, state: () => s.rows.budget(id) };
+  }),
+  "POST /budget/update": targeted((s) => {
+    const id = s.budget();
+    return { method: "POST", path: "/budget/update", body: { budget_id: id, max_budget: 42 }, state: () => s.rows.budget(id) };
+  }),
+  "POST /budget/info": targeted((s) => ({ method: "POST", path: "/budget/info", body: { budgets: [s.budget()] } })),
+  "GET /budget/list": untargeted("GET", "/budget/list"),
+  "GET /budget/settings": targeted((s) => ({ method: "GET", path: `/budget/settings?budget_id=${q(s.budget())}` })),
+  "POST /budget/delete": targeted((s) => {
+    const id = s.budget();
+    return { method: "POST", path: "/budget/delete", body: { id }, state: () => s.rows.budget(id) };
+  }),
+
+  // ---- spend
+  "GET /global/spend/report": targeted((s) => ({ method: "GET", path: `/global/spend/report?start_date=2020-01-01&end_date=2099-12-31&team_id=${q(s.team())}` })),
+  "GET /global/spend/tags": untargeted("GET", "/global/spend/tags"),
+  "GET /spend/tags": untargeted("GET", "/spend/tags"),
+  "GET /provider/budgets": untargeted("GET", "/provider/budgets"),
+  "POST /spend/calculate": { targeted: false, plan: () => ({ method: "POST", path: "/spend/calculate", body: { model: "chat-a", messages: [{ role: "user", content: "hi" }] } }) },
+  "GET /spend/logs": targeted((s) => ({ method: "GET", path: `/spend/logs?team_id=${q(s.team())}` })),
+  "GET /spend/logs/v2": targeted((s) => ({ method: "GET", path: `/spend/logs/v2?team_id=${q(s.team())}&start_date=2020-01-01&end_date=2099-12-31` })),
+  "GET /spend/keys": untargeted("GET", "/spend/keys"),
+  "GET /spend/users": untargeted("GET", "/spend/users"),
+  "GET /team/daily/activity": targeted((s) => ({ method: "GET", path: `/team/daily/activity?team_id=${q(s.team())}` })),
+  "GET /organization/daily/activity": targeted((s) => ({ method: "GET", path: `/organization/daily/activity?organization_ids=${q(s.org())}` })),
+  // Resets every key: each cell's own key gets its spend back on its first read.
+  "POST /global/spend/reset": {
+    targeted: false,
+    plan: (s) => {
+      const k = s.key();
+      return { method: "POST", path: "/global/spend/reset", body: {}, state: s.rows.keyWithSpend(k.token, 5) };
+    },
+  },
 };
 
 /**
@@ -617,7 +689,15 @@ const ESCALATIONS: Record<string, Escalation> = {
       return { method: "POST", path: "/key/unblock", body: { key: k.plain }, state: () => w.rows.key(k.token) };
     },
   },
-  "member resets its own key's spend": { col: "member", expected: 403, plan: (w) => updateKey(w, w.f.key("T1", w.seeds.t1, w.seeds.users.u2.id, { spend: 5 }), { spend: 0 }) },
+  "member resets its own key's spend": {
+    col: "member",
+    expected: 403,
+    plan: (w) => {
+      const k = w.f.key("T1", w.seeds.t1, w.seeds.users.u2.id, { spend: 5 });
+      // The spend is set again on the first read: /global/spend/reset has zeroed every key by now.
+      return { ...updateKey(w, k, { spend: 0 }), state: w.rows.keyWithSpend(k.token, 5) };
+    },
+  },
   "member widens its own key beyond the team's models": {
     col: "member",
     expected: 400,

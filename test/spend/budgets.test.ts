@@ -130,7 +130,7 @@ for (const backend of BACKENDS) {
 
     test("a budget object (budget_id) limits the keys attached to it", async () => {
       const budget = await requestJson<{ budget_id: string }>(gw, "POST", "/budget/new", { body: { max_budget: budgetFor(1) } });
-      if (budget.status === 404) return; // the budget endpoints arrive with their own commit
+      expect(budget.status).toBe(200);
       const { key } = await newKey(gw, { budget_id: budget.body.budget_id });
       expect(await burst(gw, [key], 10)).toEqual({ ok: 1, refused: 9, other: [] });
     });

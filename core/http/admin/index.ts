@@ -2,10 +2,12 @@
 import { Elysia } from "elysia";
 import { accessGroupRoutes } from "./access-groups.ts";
 import { auditRoutes } from "./audit.ts";
+import { budgetRoutes } from "./budgets.ts";
 import type { AdminDeps } from "./context.ts";
 import { keyRoutes } from "./keys.ts";
 import { modelAdminRoutes } from "./models.ts";
 import { organizationRoutes } from "./organizations.ts";
+import { spendRoutes } from "./spend.ts";
 import { teamRoutes } from "./teams.ts";
 import { userRoutes } from "./users.ts";
 
@@ -17,5 +19,7 @@ export function adminRoutes(deps: AdminDeps) {
     .use(organizationRoutes(deps))
     .use(modelAdminRoutes(deps))
     .use(accessGroupRoutes(deps))
+    .use(budgetRoutes(deps))
+    .use(spendRoutes(deps))
     .use(auditRoutes(deps));
 }

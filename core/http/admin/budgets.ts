@@ -1,0 +1,209 @@
+/**
+ * Budget objects (`/budget/*`): named limit sets that keys, teams, organizations and memberships
+ * point at by `budget_id`. All routes are Global Admin Only (reads also for the admin viewer).
+ * `budget_reset_at` starts at creation (or at the update that sets a new `budget_duration`) plus
+ * the duration, unless the body gives it. A budget still referenced by a live key, team, org or
+ * membership cannot be deleted (400 naming the referrers): deleting it would silently lift limits.
+ */
+import { randomUUID } from "node:crypto";
+import { type Static, Type as T } from "@sinclair/typebox";
+import { and, asc, eq, inArray, isNull } from "drizzle-orm";
+import { Elysia } from "elysia";
+import { badRequest, notFound } from "../../authz.ts";
+import { GatewayError } from "../../errors.ts";
+import { CountField, MoneyField, Nullable, resetAt } from "../../identity/fields.ts";
+import type { BudgetRow } from "../../identity/records.ts";
+import { fromApi, toApi } from "../../identity/serialize.ts";
+import { budgets, organizations, orgMembers, teamMembers, teams, virtualKeys } from "../../store/schema.ts";
+import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
+
+const TABLE = "budgets";
+
+const ModelBudget = T.Object(
+  {
+    max_budget: T.Optional(MoneyField),
+    budget_limit: T.Optional(MoneyField),
+    budget_duration: T.Optional(Nullable(T.String())),
+    time_period: T.Optional(Nullable(T.String())),
+    tpm_limit: T.Optional(CountField),
+    rpm_limit: T.Optional(CountField),
+  },
+  { additionalProperties: true },
+);
+
+/** The spec's budget fields, all optional. */
+const BudgetFields = {
+  max_budget: T.Optional(MoneyField),
+  soft_budget: T.Optional(MoneyField),
+  budget_duration: T.Optional(Nullable(T.String())),
+  budget_reset_at: T.Optional(Nullable(T.String({ minLength: 1 }))),
+  max_parallel_requests: T.Optional(CountField),
+  tpm_limit: T.Optional(CountField),
+  rpm_limit: T.Optional(CountField),
+  model_max_budget: T.Optional(Nullable(T.Record(T.String(), ModelBudget))),
+  model_tpm_limit: T.Optional(Nullable(T.Record(T.String(), T.Integer({ minimum: 0 })))),
+  model_rpm_limit: T.Optional(Nullable(T.Record(T.String(), T.Integer({ minimum: 0 })))),
+};
+const BUDGET_COLUMNS = new Set(Object.keys(BudgetFields));
+
+const NewBudgetBody = T.Object({ ...BudgetFields, budget_id: T.Optional(T.String({ minLength: 1 })) }, { additionalProperties: true });
+const UpdateBudgetBody = T.Object({ ...BudgetFields, budget_id: T.String({ minLength: 1 }) }, { additionalProperties: true });
+const InfoBody = T.Object({ budgets: T.Array(T.String({ minLength: 1 })) }, { additionalProperties: true });
+const DeleteBody = T.Object({ id: T.String({ minLength: 1 }) }, { additionalProperties: true });
+type BudgetBody = Static<typeof NewBudgetBody>;
+
+/** What `/budget/settings` lists: the configurable fields, their wire types and meaning. */
+const SETTINGS: { field: keyof BudgetRow; name: string; type: string; description: string }[] = [
+  { field: "maxBudget", name: "max_budget", type: "Float", description: "Maximum spend in USD; calls are refused once spend reaches it." },
+  { field: "softBudget", name: "soft_budget", type: "Float", description: "Spend in USD at which an alert is sent; calls are not blocked." },
+  { field: "budgetDuration", name: "budget_duration", type: "String", description: "Reset period such as 30d, 7d, 24h, 1h; null means the budget never resets." },
+  { field: "maxParallelRequests", name: "max_parallel_requests", type: "Integer", description: "Maximum number of calls in flight at once." },
+  { field: "tpmLimit", name: "tpm_limit", type: "Integer", description: "Tokens per minute." },
+  { field: "rpmLimit", name: "rpm_limit", type: "Integer", description: "Requests per minute." },
+  { field: "modelMaxBudget", name: "model_max_budget", type: "Object", description: "Per-model budgets: {<model>: {max_budget, budget_duration, tpm_limit, rpm_limit}}." },
+];
+
+function isUniqueViolation(err: unknown): boolean {
+  for (let e: unknown = err; e && typeof e === "object"; e = (e as { cause?: unknown }).cause) {
+    if ((e as { code?: unknown }).code === "23505") return true;
+  }
+  return false;
+}
+
+/** The row props a body sets; `budget_reset_at` follows a new `budget_duration` unless given. */
+function budgetProps(body: BudgetBody): Record<string, unknown> {
+  const props = fromApi(budgets, body, BUDGET_COLUMNS);
+  const reset = resetAt(body.budget_duration);
+  if (body.budget_reset_at !== undefined) {
+    const at = body.budget_reset_at === null ? null : new Date(body.budget_reset_at);
+    if (at && Number.isNaN(at.getTime())) throw badRequest(`budget_reset_at is not a timestamp: ${body.budget_reset_at}.`, "budget_reset_at");
+    props.budgetResetAt = at;
+  } else if (reset !== undefined) props.budgetResetAt = reset;
+  return props;
+}
+
+async function loadBudget(ctx: AdminCtx, budgetId: string, param = "budget_id"): Promise<BudgetRow> {
+  const [row] = await ctx.db.select().from(budgets).where(eq(budgets.budgetId, budgetId));
+  if (!row) throw notFound(`Budget '${budgetId}' not found.`, param);
+  return row;
+}
+
+async function createBudget(ctx: AdminCtx) {
+  ctx.caller.requireAdmin();
+  const body = await ctx.body(NewBudgetBody);
+  const budgetId = body.budget_id ?? randomUUID();
+  const props = budgetProps(body);
+  const duplicate = () => badRequest(`Budget '${budgetId}' already exists.`, "budget_id");
+  const [existing] = await ctx.db.select({ id: budgets.budgetId }).from(budgets).where(eq(budgets.budgetId, budgetId));
+  if (existing) throw duplicate();
+  const who = ctx.caller.changedBy;
+  const [row] = await ctx.db
+    .insert(budgets)
+    .values({ ...props, budgetId, createdBy: who, updatedBy: who })
+    .returning()
+    .catch((err: unknown) => {
+      throw isUniqueViolation(err) ? duplicate() : err;
+    });
+  await ctx.changed({ kind: "budget", budgetId });
+  await ctx.audit({ action: "created", table: TABLE, objectId: budgetId, after: row });
+  return toApi(row!);
+}
+
+async function updateBudget(ctx: AdminCtx) {
+  ctx.caller.requireAdmin();
+  const body = await ctx.body(UpdateBudgetBody);
+  const before = await loadBudget(ctx, body.budget_id);
+  const props = budgetProps(body);
+  const [after] = await ctx.db
+    .update(budgets)
+    .set({ ...props, updatedAt: new Date(), updatedBy: ctx.caller.changedBy })
+    .where(eq(budgets.budgetId, body.budget_id))
+    .returning();
+  if (!after) throw notFound(`Budget '${body.budget_id}' not found: it was deleted meanwhile.`, "budget_id");
+  await ctx.changed({ kind: "budget", budgetId: body.budget_id });
+  await ctx.audit({ action: "updated", table: TABLE, objectId: body.budget_id, before, after });
+  return toApi(after);
+}
+
+async function budgetInfo(ctx: AdminCtx) {
+  ctx.caller.requireReadAll();
+  const { budgets: ids } = await ctx.body(InfoBody);
+  if (ids.length === 0) throw badRequest("budgets is empty: list the budget ids to look up.", "budgets");
+  const unique = [...new Set(ids)];
+  const found = await ctx.db.select().from(budgets).where(inArray(budgets.budgetId, unique));
+  const missing = unique.filter((id) => !found.some((b) => b.budgetId === id));
+  if (missing.length > 0) throw notFound(`Budget(s) not found: ${missing.join(", ")}.`, "budgets");
+  const byId = new Map(found.map((b) => [b.budgetId, b]));
+  return unique.map((id) => toApi(byId.get(id)!));
+}
+
+async function listBudgets(ctx: AdminCtx) {
+  ctx.caller.requireReadAll();
+  const rows = await ctx.db.select().from(budgets).orderBy(asc(budgets.createdAt), asc(budgets.budgetId));
+  return rows.map((r) => toApi(r));
+}
+
+async function budgetSettings(ctx: AdminCtx) {
+  ctx.caller.requireReadAll();
+  const budgetId = ctx.query("budget_id");
+  if (!budgetId) throw GatewayError.of(422, "Invalid request: budget_id: query parameter is required", "validation_error", "budget_id");
+  const row = await loadBudget(ctx, budgetId);
+  const api = toApi(row);
+  return SETTINGS.map((s) => ({
+    field_name: s.name,
+    field_type: s.type,
+    field_description: s.description,
+    field_value: api[s.name] ?? null,
+    field_default_value: null,
+    stored_in_db: true,
+  }));
+}
+
+/** Who still points at a budget: live keys, live teams, orgs and memberships. */
+async function referrers(ctx: AdminCtx, budgetId: string): Promise<string[]> {
+  const [keys, teamRows, orgRows, teamMemberRows, orgMemberRows] = await Promise.all([
+    ctx.db
+      .select({ id: virtualKeys.token, alias: virtualKeys.keyAlias })
+      .from(virtualKeys)
+      .where(and(eq(virtualKeys.budgetId, budgetId), isNull(virtualKeys.deletedAt))),
+    ctx.db
+      .select({ id: teams.teamId })
+      .from(teams)
+      .where(and(eq(teams.budgetId, budgetId), isNull(teams.deletedAt))),
+    ctx.db.select({ id: organizations.organizationId }).from(organizations).where(eq(organizations.budgetId, budgetId)),
+    ctx.db.select({ team: teamMembers.teamId, user: teamMembers.userId }).from(teamMembers).where(eq(teamMembers.budgetId, budgetId)),
+    ctx.db.select({ org: orgMembers.organizationId, user: orgMembers.userId }).from(orgMembers).where(eq(orgMembers.budgetId, budgetId)),
+  ]);
+  const out: string[] = [];
+  if (keys.length) out.push(`keys: ${keys.map((k) => k.alias ?? k.id).join(", ")}`);
+  if (teamRows.length) out.push(`teams: ${teamRows.map((t) => t.id).join(", ")}`);
+  if (orgRows.length) out.push(`organizations: ${orgRows.map((o) => o.id).join(", ")}`);
+  if (teamMemberRows.length) out.push(`team members: ${teamMemberRows.map((m) => `${m.team}/${m.user}`).join(", ")}`);
+  if (orgMemberRows.length) out.push(`organization members: ${orgMemberRows.map((m) => `${m.org}/${m.user}`).join(", ")}`);
+  return out;
+}
+
+async function deleteBudget(ctx: AdminCtx) {
+  ctx.caller.requireAdmin();
+  const { id } = await ctx.body(DeleteBody);
+  const before = await loadBudget(ctx, id, "id");
+  const refs = await referrers(ctx, id);
+  if (refs.length > 0) throw badRequest(`Budget '${id}' is still in use (${refs.join("; ")}). Move them to another budget first.`, "id");
+  const [deleted] = await ctx.db.delete(budgets).where(eq(budgets.budgetId, id)).returning();
+  if (!deleted) throw notFound(`Budget '${id}' not found: it was deleted meanwhile.`, "id");
+  await ctx.changed({ kind: "budget", budgetId: id });
+  await ctx.audit({ action: "deleted", table: TABLE, objectId: id, before });
+  return toApi(deleted);
+}
+
+export function budgetRoutes(deps: AdminDeps) {
+  const route = <R>(h: (ctx: AdminCtx) => Promise<R>) => adminRoute(deps, h);
+  const noParse = { parse: "none" } as const;
+  return new Elysia()
+    .post("/budget/new", route(createBudget), noParse)
+    .post("/budget/update", route(updateBudget), noParse)
+    .post("/budget/info", route(budgetInfo), noParse)
+    .get("/budget/list", route(listBudgets))
+    .get("/budget/settings", route(budgetSettings))
+    .post("/budget/delete", route(deleteBudget), noParse);
+}

@@ -1,0 +1,435 @@
+/**
+ * What the spend routes share: their query parameters (dates, keys, team scope; bad values are a
+ * 422 naming the parameter, missing required ones a 400), and the reads of the daily aggregates
+ * (`daily_spend`) the reports are built from. Reports never scan the spend log; only the log
+ * endpoints (`/spend/logs`, `/spend/logs/v2`) read `spend_logs`, by its time index.
+ *
+ * Money is summed in SQL as exact `numeric`, carried as bigint pico-dollars, and turned into a
+ * JSON number once, at the end.
+ */
+import { inArray, type SQL, sql } from "drizzle-orm";
+import { badRequest, forbidden } from "../../authz.ts";
+import { columnToPico, type Pico, picoToUsd } from "../../cost/money.ts";
+import { GatewayError } from "../../errors.ts";
+import { tokenOf } from "../../identity/keys.ts";
+import { list, pageOf } from "../../identity/paging.ts";
+import type { Db } from "../../store/db.ts";
+import { organizations, teams, virtualKeys } from "../../store/schema.ts";
+import { rows } from "../../store/sql.ts";
+import type { AdminCtx } from "./context.ts";
+
+export function invalidParam(name: string, message: string): GatewayError {
+  return GatewayError.of(422, `Invalid request: ${name}: ${message}`, "validation_error", name);
+}
+
+const DAY_MS = 86_400_000;
+/** Longest range a zero-filled day-by-day answer may cover. */
+export const MAX_FILLED_DAYS = 3660;
+const DATE = /^(\d{4})-(\d{2})-(\d{2})$/;
+const INSTANT = /^(\d{4})-(\d{2})-(\d{2})(?:[ T](\d{2}):(\d{2})(?::(\d{2})(\.\d{1,6})?)?(Z|[+-]00:?00)?)?$/;
+
+/** A calendar date (UTC), or undefined when the text is not one (2024-02-30 is not). */
+function utcDay(y: string, m: string, d: string): number | undefined {
+  const ms = Date.UTC(Number(y), Number(m) - 1, Number(d));
+  const back = new Date(ms);
+  return back.getUTCFullYear() === Number(y) && back.getUTCMonth() === Number(m) - 1 && back.getUTCDate() === Number(d) ? ms : undefined;
+}
+
+/** A `YYYY-MM-DD` query parameter. */
+export function dateParam(ctx: AdminCtx, name: string): string | undefined {
+  const v = ctx.query(name);
+  if (v === undefined || v === "") return undefined;
+  const m = DATE.exec(v);
+  if (!m || utcDay(m[1]!, m[2]!, m[3]!) === undefined) throw invalidParam(name, `Expected a date as YYYY-MM-DD, got ${JSON.stringify(v)}`);
+  return v;
+}
+
+export interface DateRange {
+  start?: string;
+  end?: string;
+}
+
+/** `start_date` and `end_date` (YYYY-MM-DD, both inclusive); `required` makes a missing one a 400. */
+export function dateRange(ctx: AdminCtx, required = false): DateRange {
+  const start = dateParam(ctx, "start_date");
+  const end = dateParam(ctx, "end_date");
+  if (required && (!start || !end)) throw badRequest("start_date and end_date are required (YYYY-MM-DD).", start ? "end_date" : "start_date");
+  if (start && end && end < start) throw badRequest(`end_date (${end}) is before start_date (${start}).`, "end_date");
+  return { start, end };
+}
+
+/** Every day from `start` to `end`, inclusive (400 past MAX_FILLED_DAYS). */
+export function daysBetween(start: string, end: string): string[] {
+  const from = Date.parse(`${start}T00:00:00Z`);
+  const to = Date.parse(`${end}T00:00:00Z`);
+  const n = Math.round((to - from) / DAY_MS) + 1;
+  if (n > MAX_FILLED_DAYS) throw badRequest(`The date range covers ${n} days; at most ${MAX_FILLED_DAYS} are answered day by day.`, "end_date");
+  return Array.from({ length: n }, (_, i) => new Date(from + i * DAY_MS).toISOString().slice(0, 10));
+}
+
+/**
+ * An instant given as `YYYY-MM-DD` or `YYYY-MM-DD HH:MM:SS` (UTC). A bare date as the end of a
+ * range means the whole of that day: the answer is then the first instant after it (exclusive).
+ */
+export function instantParam(ctx: AdminCtx, name: string, end: boolean): { at: Date; exclusive: boolean } | undefined {
+  const v = ctx.query(name);
+  if (v === undefined || v === "") return undefined;
+  const m = INSTANT.exec(v.trim());
+  const day = m ? utcDay(m[1]!, m[2]!, m[3]!) : undefined;
+  const [h, min, s] = [Number(m?.[4] ?? 0), Number(m?.[5] ?? 0), Number(m?.[6] ?? 0)];
+  if (!m || day === undefined || h > 23 || min > 59 || s > 59) throw invalidParam(name, `Expected YYYY-MM-DD or YYYY-MM-DD HH:MM:SS (UTC), got ${JSON.stringify(v)}`);
+  if (m[4] === undefined) return { at: new Date(end ? day + DAY_MS : day), exclusive: end };
+  const frac = m[7] ? Math.round(Number(m[7]) * 1000) : 0;
+  return { at: new Date(day + ((h * 60 + min) * 60 + s) * 1000 + frac), exclusive: false };
+}
+
+/** A number parameter (min_spend, max_spend). */
+export function numberParam(ctx: AdminCtx, name: string): number | undefined {
+  const v = ctx.query(name);
+  if (v === undefined || v === "") return undefined;
+  const n = Number(v);
+  if (!Number.isFinite(n)) throw invalidParam(name, `Expected a number, got ${JSON.stringify(v)}`);
+  return n;
+}
+
+/** An integer parameter from 1 to `max` (limit). */
+export function limitParam(ctx: AdminCtx, name: string, fallback: number | undefined, max: number): number | undefined {
+  const v = ctx.query(name);
+  if (v === undefined || v === "") return fallback;
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 1 || n > max) throw invalidParam(name, `Expected an integer from 1 to ${max}`);
+  return n;
+}
+
+export function boolParam(ctx: AdminCtx, name: string, fallback: boolean): boolean {
+  const v = ctx.query(name)?.toLowerCase();
+  if (v === undefined || v === "") return fallback;
+  if (v === "true" || v === "1") return true;
+  if (v === "false" || v === "0") return false;
+  throw invalidParam(name, "Expected true or false");
+}
+
+/** The `api_key` parameter as a hash: a plain `sk-…` key is hashed, anything else is the hash. */
+export function keyParam(ctx: AdminCtx, name = "api_key"): string | undefined {
+  const v = ctx.query(name);
+  return v ? tokenOf(v) : undefined;
+}
+
+/**
+ * The teams a Team Admin Allowed report may cover. Proxy admins and viewers: what they ask for
+ * (undefined = everything). A team admin must name teams (`team_id` or the list parameter), all
+ * of them its own; the same 403 answers a team it does not run and one that does not exist.
+ */
+export function teamScope(ctx: AdminCtx, listParam?: string): string[] | undefined {
+  const single = ctx.query("team_id");
+  const named = [...(single ? [single] : []), ...((listParam ? list(ctx.query, listParam) : undefined) ?? [])];
+  const teams = named.length > 0 ? [...new Set(named)] : undefined;
+  if (ctx.caller.canReadAll) return teams;
+  if (ctx.caller.adminTeams().length === 0) throw forbidden("Only a proxy admin or a team admin may read spend.");
+  if (!teams) throw badRequest("team_id is required: name the team whose spend to read.", "team_id");
+  for (const t of teams) if (!ctx.caller.isTeamAdmin(t)) throw forbidden(`You are not an admin of team '${t}'.`);
+  return teams;
+}
+
+/** A row value that is a number or its text (postgres.js and PGlite differ) → number. */
+export const num = (v: unknown): number => (v === null || v === undefined ? 0 : Number(v));
+export const pico = (v: unknown): Pico => columnToPico(v as string | null | undefined);
+
+// ---- daily aggregates
+
+/** Filters on `daily_spend` rows (alias `d`). */
+export interface DailyFilter extends DateRange {
+  entityType: string;
+  entityIds?: string[];
+  excludeIds?: string[];
+  apiKey?: string;
+  /** Matches the public model name or the upstream model. */
+  model?: string;
+}
+
+const inList = (values: string[]): SQL => sql.join(
+  values.map((v) => sql`${v}`),
+  sql`, `,
+);
+
+export function dailyWhere(f: DailyFilter): SQL {
+  const where: SQL[] = [sql`d.entity_type = ${f.entityType}`];
+  if (f.entityIds) where.push(f.entityIds.length ? sql`d.entity_id in (${inList(f.entityIds)})` : sql`false`);
+  if (f.excludeIds?.length) where.push(sql`d.entity_id not in (${inList(f.excludeIds)})`);
+  if (f.start) where.push(sql`d.date >= ${f.start}::date`);
+  if (f.end) where.push(sql`d.date <= ${f.end}::date`);
+  if (f.apiKey) where.push(sql`d.api_key = ${f.apiKey}`);
+  if (f.model) where.push(sql`(d.model_group = ${f.model} or d.model = ${f.model})`);
+  return sql.join(where, sql` and `);
+}
+
+/** Sums of the daily columns, as text (exact). */
+const SUMS = sql`sum(d.spend)::text as spend, sum(d.prompt_tokens)::text as prompt_tokens, sum(d.completion_tokens)::text as completion_tokens,
+  sum(d.cache_read_input_tokens)::text as cache_read, sum(d.cache_creation_input_tokens)::text as cache_creation,
+  sum(d.api_requests)::text as api_requests, sum(d.successful_requests)::text as successful_requests, sum(d.failed_requests)::text as failed_requests`;
+
+export interface SumRow {
+  spend: string | null;
+  prompt_tokens: string | number | null;
+  completion_tokens: string | number | null;
+  cache_read: string | number | null;
+  cache_creation: string | number | null;
+  api_requests: string | number | null;
+  successful_requests: string | number | null;
+  failed_requests: string | number | null;
+}
+
+export interface DailyRow extends SumRow {
+  day: string;
+  entity_id: string;
+  api_key: string;
+  model: string;
+  model_group: string;
+  provider: string;
+}
+
+/** The days with rows, newest first. */
+export async function dailyDays(db: Db, f: DailyFilter): Promise<string[]> {
+  const found = await rows<{ day: string }>(db, sql`select d.date::text as day from daily_spend d where ${dailyWhere(f)} group by d.date order by d.date desc`);
+  return found.map((r) => r.day);
+}
+
+export async function dailyTotals(db: Db, f: DailyFilter): Promise<SumRow> {
+  const [row] = await rows<SumRow>(db, sql`select ${SUMS} from daily_spend d where ${dailyWhere(f)}`);
+  return row!;
+}
+
+/** The aggregate rows of `days` (one per entity, key, model and provider). */
+export async function dailyRows(db: Db, f: DailyFilter, days: string[]): Promise<DailyRow[]> {
+  if (days.length === 0) return [];
+  return rows<DailyRow>(
+    db,
+    sql`select d.date::text as day, d.entity_id, d.api_key, d.model, d.model_group, d.provider, ${SUMS}
+      from daily_spend d where ${dailyWhere(f)} and d.date in (${sql.join(
+        days.map((x) => sql`${x}::date`),
+        sql`, `,
+      )})
+      group by d.date, d.entity_id, d.api_key, d.model, d.model_group, d.provider`,
+  );
+}
+
+/**
+ * Rows for `/global/spend/report` and `/spend/logs?summarize=true`: the amounts of `base` per
+ * (day, entity, key, model group), each with the team its key spent for that day (from the team
+ * aggregates; null when the key had no team). `userId` keeps only the keys that user spent with.
+ */
+export interface AttributedRow extends SumRow {
+  day: string;
+  entity_id: string;
+  api_key: string;
+  model_group: string;
+  team_id: string | null;
+  team_alias: string | null;
+}
+
+export async function attributedRows(db: Db, base: DailyFilter, opts: { teamIds?: string[]; userId?: string } = {}): Promise<AttributedRow[]> {
+  const where: SQL[] = [dailyWhere(base)];
+  if (opts.userId && base.entityType !== "user") {
+    where.push(sql`exists (select 1 from daily_spend u where u.entity_type = 'user' and u.entity_id = ${opts.userId} and u.date = d.date and u.api_key = d.api_key)`);
+  }
+  const teamDays: SQL[] = [sql`t.entity_type = 'team'`];
+  if (base.start) teamDays.push(sql`t.date >= ${base.start}::date`);
+  if (base.end) teamDays.push(sql`t.date <= ${base.end}::date`);
+  const teamFilter = opts.teamIds ? (opts.teamIds.length ? sql`where kt.team_id in (${inList(opts.teamIds)})` : sql`where false`) : sql``;
+  return rows<AttributedRow>(
+    db,
+    sql`with base as (
+        select d.date, d.entity_id, d.api_key, d.model_group, ${SUMS}
+        from daily_spend d where ${sql.join(where, sql` and `)}
+        group by d.date, d.entity_id, d.api_key, d.model_group
+      ), key_team as (
+        select t.date, t.api_key, max(t.entity_id) as team_id from daily_spend t where ${sql.join(teamDays, sql` and `)} group by t.date, t.api_key
+      )
+      select b.date::text as day, b.entity_id, b.api_key, b.model_group, b.spend, b.prompt_tokens, b.completion_tokens, b.cache_read, b.cache_creation,
+        b.api_requests, b.successful_requests, b.failed_requests, kt.team_id, tm.team_alias
+      from base b
+      left join key_team kt on kt.date = b.date and kt.api_key = b.api_key
+      left join teams tm on tm.team_id = kt.team_id
+      ${teamFilter}
+      order by b.date`,
+  );
+}
+
+// ---- metrics
+
+/** Running sums of one slice of activity. */
+export interface Metrics {
+  spend: Pico;
+  prompt: number;
+  completion: number;
+  cacheRead: number;
+  cacheCreation: number;
+  requests: number;
+  ok: number;
+  failed: number;
+}
+
+export const emptyMetrics = (): Metrics => ({ spend: 0n, prompt: 0, completion: 0, cacheRead: 0, cacheCreation: 0, requests: 0, ok: 0, failed: 0 });
+
+export function addMetrics(m: Metrics, r: SumRow): Metrics {
+  m.spend += pico(r.spend);
+  m.prompt += num(r.prompt_tokens);
+  m.completion += num(r.completion_tokens);
+  m.cacheRead += num(r.cache_read);
+  m.cacheCreation += num(r.cache_creation);
+  m.requests += num(r.api_requests);
+  m.ok += num(r.successful_requests);
+  m.failed += num(r.failed_requests);
+  return m;
+}
+
+/** The spec's daily-activity metrics object. */
+export function metricsApi(m: Metrics) {
+  return {
+    spend: picoToUsd(m.spend),
+    prompt_tokens: m.prompt,
+    completion_tokens: m.completion,
+    cache_read_input_tokens: m.cacheRead,
+    cache_creation_input_tokens: m.cacheCreation,
+    total_tokens: m.prompt + m.completion,
+    successful_requests: m.ok,
+    failed_requests: m.failed,
+    api_requests: m.requests,
+  };
+}
+
+// ---- /team/daily/activity, /organization/daily/activity
+
+/** One slice of a day's breakdown, with its per-key split. */
+interface Slice {
+  m: Metrics;
+  keys: Map<string, Metrics>;
+}
+
+function slice(map: Map<string, Slice>, k: string, r: SumRow & { api_key: string }): void {
+  let s = map.get(k);
+  if (!s) {
+    s = { m: emptyMetrics(), keys: new Map() };
+    map.set(k, s);
+  }
+  addMetrics(s.m, r);
+  let km = s.keys.get(r.api_key);
+  if (!km) {
+    km = emptyMetrics();
+    s.keys.set(r.api_key, km);
+  }
+  addMetrics(km, r);
+}
+
+interface Day {
+  m: Metrics;
+  models: Map<string, Slice>;
+  groups: Map<string, Slice>;
+  providers: Map<string, Slice>;
+  keys: Map<string, Metrics>;
+  entities: Map<string, Slice>;
+}
+
+/**
+ * The spec's daily activity: `{results: [{date, total_spend, total_tokens, total_requests, metrics,
+ * breakdown: {models, model_groups, providers, api_keys, entities}}], metadata: {total_*, page,
+ * total_pages, has_more}}`. Pages are of days, newest first; the totals cover every page. Each
+ * breakdown entry is `{metrics, metadata, api_key_breakdown: {<key hash>: {metrics, metadata}}}`
+ * (api_keys entries have no split); key metadata is `{key_alias, team_id}`.
+ */
+export async function dailyActivity(ctx: AdminCtx, kind: "team" | "org") {
+  let include: string[] | undefined;
+  let exclude: string[] | undefined;
+  if (kind === "team") {
+    include = teamScope(ctx, "team_ids");
+    exclude = list(ctx.query, "exclude_team_ids");
+  } else {
+    ctx.caller.requireReadAll();
+    const named = [...(list(ctx.query, "organization_ids") ?? []), ...(ctx.query("organization_id") ? [ctx.query("organization_id")!] : [])];
+    include = named.length ? [...new Set(named)] : undefined;
+    exclude = list(ctx.query, "exclude_organization_ids");
+  }
+  const range = dateRange(ctx);
+  const p = pageOf(ctx.query, 50, 1000);
+  const f: DailyFilter = { entityType: kind, entityIds: include, excludeIds: exclude, ...range, model: ctx.query("model") || undefined, apiKey: keyParam(ctx) };
+  const days = await dailyDays(ctx.db, f);
+  const pageDays = days.slice(p.offset, p.offset + p.pageSize);
+  const [totals, found] = await Promise.all([dailyTotals(ctx.db, f), dailyRows(ctx.db, f, pageDays)]);
+  const byDay = new Map<string, Day>(pageDays.map((d) => [d, { m: emptyMetrics(), models: new Map(), groups: new Map(), providers: new Map(), keys: new Map(), entities: new Map() }]));
+  for (const r of found) {
+    const d = byDay.get(r.day);
+    if (!d) continue;
+    addMetrics(d.m, r);
+    slice(d.models, r.model, r);
+    slice(d.groups, r.model_group, r);
+    slice(d.providers, r.provider, r);
+    slice(d.entities, r.entity_id, r);
+    addMetrics(d.keys.get(r.api_key) ?? d.keys.set(r.api_key, emptyMetrics()).get(r.api_key)!, r);
+  }
+  const keyMeta = await keyMetadata(ctx.db, [...new Set(found.map((r) => r.api_key))]);
+  const entityMeta = await entityMetadata(ctx.db, kind, [...new Set(found.map((r) => r.entity_id))]);
+  const split = (s: Slice, metadata: Record<string, unknown> = {}) => ({
+    metrics: metricsApi(s.m),
+    metadata,
+    api_key_breakdown: Object.fromEntries([...s.keys].map(([k, m]) => [k, { metrics: metricsApi(m), metadata: keyMeta.get(k) ?? {} }])),
+  });
+  const splits = (map: Map<string, Slice>, meta?: Map<string, Record<string, unknown>>) => Object.fromEntries([...map].map(([k, s]) => [k, split(s, meta?.get(k))]));
+  const results = pageDays.map((date) => {
+    const d = byDay.get(date)!;
+    return {
+      date,
+      total_spend: picoToUsd(d.m.spend),
+      total_tokens: d.m.prompt + d.m.completion,
+      total_requests: d.m.requests,
+      metrics: metricsApi(d.m),
+      breakdown: {
+        models: splits(d.models),
+        model_groups: splits(d.groups),
+        providers: splits(d.providers),
+        api_keys: Object.fromEntries([...d.keys].map(([k, m]) => [k, { metrics: metricsApi(m), metadata: keyMeta.get(k) ?? {} }])),
+        entities: splits(d.entities, entityMeta),
+      },
+    };
+  });
+  const all = metricsApi(addMetrics(emptyMetrics(), totals));
+  const totalPages = Math.ceil(days.length / p.pageSize);
+  return {
+    results,
+    metadata: {
+      total_spend: all.spend,
+      total_prompt_tokens: all.prompt_tokens,
+      total_completion_tokens: all.completion_tokens,
+      total_cache_read_input_tokens: all.cache_read_input_tokens,
+      total_cache_creation_input_tokens: all.cache_creation_input_tokens,
+      total_tokens: all.total_tokens,
+      total_api_requests: all.api_requests,
+      total_successful_requests: all.successful_requests,
+      total_failed_requests: all.failed_requests,
+      page: p.page,
+      total_pages: totalPages,
+      has_more: p.page < totalPages,
+    },
+  };
+}
+
+async function keyMetadata(db: Db, tokens: string[]): Promise<Map<string, Record<string, unknown>>> {
+  if (tokens.length === 0) return new Map();
+  const found = await db
+    .select({ token: virtualKeys.token, keyAlias: virtualKeys.keyAlias, teamId: virtualKeys.teamId })
+    .from(virtualKeys)
+    .where(inArray(virtualKeys.token, tokens));
+  return new Map(found.map((k) => [k.token, { key_alias: k.keyAlias, team_id: k.teamId }]));
+}
+
+async function entityMetadata(db: Db, kind: "team" | "org", ids: string[]): Promise<Map<string, Record<string, unknown>>> {
+  if (ids.length === 0) return new Map();
+  if (kind === "team") {
+    const found = await db.select({ id: teams.teamId, alias: teams.teamAlias }).from(teams).where(inArray(teams.teamId, ids));
+    return new Map(found.map((t) => [t.id, { team_alias: t.alias }]));
+  }
+  const found = await db
+    .select({ id: organizations.organizationId, alias: organizations.organizationAlias })
+    .from(organizations)
+    .where(inArray(organizations.organizationId, ids));
+  return new Map(found.map((o) => [o.id, { organization_alias: o.alias }]));
+}
