@@ -79,7 +79,7 @@ for (let from = 1; from <= ROWS; from += CHUNK) {
       'team' || (g % 1000 % 100), 'org' || (g % 1000 % 100 % 10), 'customer' || (g % 5000),
       'model' || (g % 10), 'model' || (g % 10), 'provider' || (g % 10 % 3), 'dep' || (g % 10), 'upstream' || (g % 10),
       ((g % 997) * 0.000001234)::numeric(30,12), 100 + g % 50, 20 + g % 30, 120 + g % 50 + g % 30,
-      now() - make_interval(secs => (g * 7919) % ${40 * DAY}), now() - make_interval(secs => (g * 7919) % ${40 * DAY}) + interval '1 second',
+      now() - make_interval(secs => (g::bigint * 7919) % ${40 * DAY}), now() - make_interval(secs => (g::bigint * 7919) % ${40 * DAY}) + interval '1 second',
       case when g % 50 = 0 then 'failure' else 'success' end, array['tag' || (g % 20)], '{}'::jsonb
     from generate_series(${from}, ${to}) g`);
   console.log(`  rows ${to.toLocaleString()} (${Math.round(performance.now() - started)} ms)`);

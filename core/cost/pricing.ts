@@ -33,12 +33,22 @@ function sizeKey(size: string): string {
 
 export class Pricing {
   private readonly cache = new Map<string, ModelPrice | null>();
+  /** Deployment objects live as long as their snapshot (wildcard matches are cached too): the hot path looks up by identity. */
+  private readonly byDeployment = new WeakMap<Deployment, ModelPrice | null>();
 
   constructor(private readonly table: PriceTable) {}
 
   /** The deployment's prices, or undefined when neither the table nor the config prices it. */
   priceOf(d: Deployment, variant?: { size?: string; quality?: string }): ModelPrice | undefined {
-    const key = `${d.id}\0${d.upstreamModel}\0${variant?.quality ?? ""}\0${variant?.size ?? ""}`;
+    if (!variant) {
+      let price = this.byDeployment.get(d);
+      if (price === undefined) {
+        price = this.resolve(d) ?? null;
+        this.byDeployment.set(d, price);
+      }
+      return price ?? undefined;
+    }
+    const key = `${d.id}\0${d.upstreamModel}\0${variant.quality ?? ""}\0${variant.size ?? ""}`;
     const hit = this.cache.get(key);
     if (hit !== undefined) return hit ?? undefined;
     const price = this.resolve(d, variant);

@@ -248,12 +248,27 @@ describe("two instances sharing PostgreSQL and Redis", () => {
       const [row] = await rows<{ spend: string }>(a.host!.store.db, sql`select spend::text as spend from virtual_keys where token = ${token}`);
       expect(Number(row!.spend)).toBeLessThanOrEqual(max);
       expect(Number(row!.spend)).toBeGreaterThanOrEqual(10);
+
+      // Team and organization budgets likewise: one key per instance, 50 calls at each.
+      const org = await requestJson<{ organization_id: string }>(a, "POST", "/organization/new", { body: { organization_alias: "two-instances", max_budget: budgetFor(4) } });
+      const orgTeam = await requestJson<{ team_id: string }>(a, "POST", "/team/new", { body: { organization_id: org.body.organization_id } });
+      const team2 = await requestJson<{ team_id: string }>(a, "POST", "/team/new", { body: { max_budget: budgetFor(3) } });
+      for (const [teamId, expected] of [
+        [team2.body.team_id, 3],
+        [orgTeam.body.team_id, 4],
+      ] as const) {
+        const ka = await newKey(a, { team_id: teamId });
+        const kb = await newKey(a, { team_id: teamId });
+        for (let i = 0; i < 100 && (await call(b, kb.key, "cheap")).status !== 200; i++) await Bun.sleep(20);
+        const [x, y] = await Promise.all([burst(a, [ka.key], 50), burst(b, [kb.key], 50)]);
+        expect(x.ok + y.ok).toBe(expected);
+      }
     } finally {
       await a.stop();
       await b.stop();
       await db.drop();
     }
-  }, 30_000);
+  }, 60_000);
 });
 
 describe("Redis outage", () => {
