@@ -15,18 +15,29 @@ import postgres from "postgres";
 
 const { values: flags } = parseArgs({
   args: Bun.argv.slice(2),
-  options: { rows: { type: "string", default: "10000000" }, keep: { type: "boolean", default: false }, runs: { type: "string", default: "20" } },
+  options: {
+    rows: { type: "string", default: "10000000" },
+    keep: { type: "boolean", default: false },
+    runs: { type: "string", default: "20" },
+    /** Reuse a database an earlier `--keep` run seeded (seeding 10M rows takes minutes). */
+    database: { type: "string" },
+  },
 });
 const ROWS = Number(flags.rows);
 const RUNS = Number(flags.runs);
 const REPO = resolve(import.meta.dir, "..");
 const MASTER_KEY = "sk-bench-spend-master";
 const server = process.env.TEST_DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/postgres";
-const dbName = `gw_bench_spend_${Date.now()}`;
+const DAY = 86_400;
+const CHUNK = 1_000_000;
+const reuse = flags.database;
+const dbName = reuse ?? `gw_bench_spend_${Date.now()}`;
 
-const admin = postgres(server, { max: 1, onnotice: () => {} });
-await admin.unsafe(`create database "${dbName}"`);
-await admin.end();
+if (!reuse) {
+  const admin = postgres(server, { max: 1, onnotice: () => {} });
+  await admin.unsafe(`create database "${dbName}"`);
+  await admin.end();
+}
 const url = new URL(server);
 url.pathname = `/${dbName}`;
 const dbUrl = url.toString();
@@ -58,64 +69,66 @@ async function startGateway(): Promise<{ url: string; proc: ReturnType<typeof Bu
   return { url: await listening, proc };
 }
 
-const t0 = performance.now();
-// Migrations run at the gateway's first start; seeding needs the tables.
-let gw = await startGateway();
-gw.proc.kill();
-await gw.proc.exited;
+async function seed(): Promise<void> {
+  const t0 = performance.now();
+  // Migrations run at the gateway's first start; seeding needs the tables.
+  const first = await startGateway();
+  first.proc.kill();
+  await first.proc.exited;
 
-const sql = postgres(dbUrl, { max: 1, onnotice: () => {} });
-const DAY = 86_400;
-const CHUNK = 1_000_000;
-console.log(`# seeding ${ROWS.toLocaleString()} spend log rows into ${dbName}`);
-for (let from = 1; from <= ROWS; from += CHUNK) {
-  const to = Math.min(ROWS, from + CHUNK - 1);
-  const started = performance.now();
-  await sql.unsafe(`
-    insert into spend_logs (call_id, request_id, call_type, api_key, key_alias, user_id, team_id, organization_id, end_user,
-      model, model_group, provider, model_id, upstream_model, spend, prompt_tokens, completion_tokens, total_tokens,
-      start_time, end_time, status, request_tags, metadata)
-    select 'c' || g, 'chatcmpl-' || g, 'chat', 'key' || (g % 1000), 'alias' || (g % 1000), 'user' || (g % 300),
-      'team' || (g % 1000 % 100), 'org' || (g % 1000 % 100 % 10), 'customer' || (g % 5000),
-      'model' || (g % 10), 'model' || (g % 10), 'provider' || (g % 10 % 3), 'dep' || (g % 10), 'upstream' || (g % 10),
-      ((g % 997) * 0.000001234)::numeric(30,12), 100 + g % 50, 20 + g % 30, 120 + g % 50 + g % 30,
-      now() - make_interval(secs => (g::bigint * 7919) % ${40 * DAY}), now() - make_interval(secs => (g::bigint * 7919) % ${40 * DAY}) + interval '1 second',
-      case when g % 50 = 0 then 'failure' else 'success' end, array['tag' || (g % 20)], '{}'::jsonb
-    from generate_series(${from}, ${to}) g`);
-  console.log(`  rows ${to.toLocaleString()} (${Math.round(performance.now() - started)} ms)`);
-}
-console.log("# building the daily aggregates");
-const day = "(start_time at time zone 'UTC')::date";
-const metrics = `sum(prompt_tokens), sum(completion_tokens), sum(spend), count(*),
-  count(*) filter (where status = 'success'), count(*) filter (where status = 'failure')`;
-const cols = "entity_type, entity_id, date, api_key, model, model_group, provider, prompt_tokens, completion_tokens, spend, api_requests, successful_requests, failed_requests";
-for (const [type, id, key] of [
-  ["key", "api_key", "api_key"],
-  ["team", "team_id", "api_key"],
-  ["org", "organization_id", "api_key"],
-  ["user", "user_id", "api_key"],
-  ["end_user", "end_user", "api_key"],
-  ["model", "model_group", "''"],
-] as const) {
-  const started = performance.now();
+  const sql = postgres(dbUrl, { max: 1, onnotice: () => {} });
+  console.log(`# seeding ${ROWS.toLocaleString()} spend log rows into ${dbName}`);
+  for (let from = 1; from <= ROWS; from += CHUNK) {
+    const to = Math.min(ROWS, from + CHUNK - 1);
+    const started = performance.now();
+    await sql.unsafe(`
+      insert into spend_logs (call_id, request_id, call_type, api_key, key_alias, user_id, team_id, organization_id, end_user,
+        model, model_group, provider, model_id, upstream_model, spend, prompt_tokens, completion_tokens, total_tokens,
+        start_time, end_time, status, request_tags, metadata)
+      select 'c' || g, 'chatcmpl-' || g, 'chat', 'key' || (g % 1000), 'alias' || (g % 1000), 'user' || (g % 300),
+        'team' || (g % 1000 % 100), 'org' || (g % 1000 % 100 % 10), 'customer' || (g % 5000),
+        'model' || (g % 10), 'model' || (g % 10), 'provider' || (g % 10 % 3), 'dep' || (g % 10), 'upstream' || (g % 10),
+        ((g % 997) * 0.000001234)::numeric(30,12), 100 + g % 50, 20 + g % 30, 120 + g % 50 + g % 30,
+        now() - make_interval(secs => (g::bigint * 7919) % ${40 * DAY}), now() - make_interval(secs => (g::bigint * 7919) % ${40 * DAY}) + interval '1 second',
+        case when g % 50 = 0 then 'failure' else 'success' end, array['tag' || (g % 20)], '{}'::jsonb
+      from generate_series(${from}, ${to}) g`);
+    console.log(`  rows ${to.toLocaleString()} (${Math.round(performance.now() - started)} ms)`);
+  }
+  console.log("# building the daily aggregates");
+  const day = "(start_time at time zone 'UTC')::date";
+  const metrics = `sum(prompt_tokens), sum(completion_tokens), sum(spend), count(*),
+    count(*) filter (where status = 'success'), count(*) filter (where status = 'failure')`;
+  const cols = "entity_type, entity_id, date, api_key, model, model_group, provider, prompt_tokens, completion_tokens, spend, api_requests, successful_requests, failed_requests";
+  for (const [type, id, key] of [
+    ["key", "api_key", "api_key"],
+    ["team", "team_id", "api_key"],
+    ["org", "organization_id", "api_key"],
+    ["user", "user_id", "api_key"],
+    ["end_user", "end_user", "api_key"],
+    ["model", "model_group", "''"],
+  ] as const) {
+    const started = performance.now();
+    await sql.unsafe(
+      `insert into daily_spend (${cols}) select '${type}', ${id}, ${day}, ${key}, upstream_model, model_group, provider, ${metrics}
+       from spend_logs group by ${id}, ${day}, ${key === "''" ? "" : `${key}, `}upstream_model, model_group, provider`,
+    );
+    console.log(`  ${type} (${Math.round(performance.now() - started)} ms)`);
+  }
+  await sql.unsafe(`insert into daily_spend (${cols}) select 'provider', provider, ${day}, '', '', '', provider, ${metrics} from spend_logs group by provider, ${day}`);
   await sql.unsafe(
-    `insert into daily_spend (${cols}) select '${type}', ${id}, ${day}, ${key}, upstream_model, model_group, provider, ${metrics}
-     from spend_logs group by ${id}, ${day}, ${key === "''" ? "" : `${key}, `}upstream_model, model_group, provider`,
+    `insert into daily_spend (${cols}) select 'tag', t, ${day}, api_key, upstream_model, model_group, provider, ${metrics}
+     from spend_logs, unnest(request_tags) t group by t, ${day}, api_key, upstream_model, model_group, provider`,
   );
-  console.log(`  ${type} (${Math.round(performance.now() - started)} ms)`);
+  await sql.unsafe(`insert into teams (team_id, team_alias) select 'team' || i, 'Team ' || i from generate_series(0, 99) i`);
+  await sql.unsafe("analyze");
+  const [counts] = await sql<{ logs: string; daily: string }[]>`select (select count(*) from spend_logs)::text as logs, (select count(*) from daily_spend)::text as daily`;
+  console.log(`# ${counts!.logs} log rows, ${counts!.daily} daily rows; seeded in ${Math.round((performance.now() - t0) / 1000)} s`);
+  await sql.end();
 }
-await sql.unsafe(`insert into daily_spend (${cols}) select 'provider', provider, ${day}, '', '', '', provider, ${metrics} from spend_logs group by provider, ${day}`);
-await sql.unsafe(
-  `insert into daily_spend (${cols}) select 'tag', t, ${day}, api_key, upstream_model, model_group, provider, ${metrics}
-   from spend_logs, unnest(request_tags) t group by t, ${day}, api_key, upstream_model, model_group, provider`,
-);
-await sql.unsafe(`insert into teams (team_id, team_alias) select 'team' || i, 'Team ' || i from generate_series(0, 99) i`);
-await sql.unsafe("analyze");
-const [counts] = await sql<{ logs: string; daily: string }[]>`select (select count(*) from spend_logs)::text as logs, (select count(*) from daily_spend)::text as daily`;
-console.log(`# ${counts!.logs} log rows, ${counts!.daily} daily rows; seeded in ${Math.round((performance.now() - t0) / 1000)} s`);
-await sql.end();
 
-gw = await startGateway();
+if (!reuse) await seed();
+const [{ n: logRows } = { n: "0" }] = await postgres(dbUrl, { max: 1, onnotice: () => {} })<{ n: string }[]>`select count(*)::text as n from spend_logs`;
+const gw = await startGateway();
 const today = new Date();
 const ymd = (d: Date) => d.toISOString().slice(0, 10);
 const start = ymd(new Date(today.getTime() - 29 * DAY * 1000));
@@ -153,7 +166,7 @@ await gw.proc.exited;
 const report = [
   "# Spend reports over a large log",
   "",
-  `${new Date().toISOString()}: ${ROWS.toLocaleString()} spend log rows over 40 days in PostgreSQL (1,000 keys, 100 teams, 10 orgs, 10 models, 20 tags), daily aggregates as the spend writer keeps them; ${RUNS} timed requests per row after 2 warm-ups, from request to last byte, gateway on the same machine.`,
+  `${new Date().toISOString()}: ${Number(logRows).toLocaleString()} spend log rows over 40 days in PostgreSQL (1,000 keys, 100 teams, 10 orgs, 10 models, 20 tags), daily aggregates as the spend writer keeps them; ${RUNS} timed requests per row after 2 warm-ups, from request to last byte, gateway on the same machine.`,
   "",
   "| request | status | body | p50 ms | p95 ms | max ms | p95 < 200 ms |",
   "|---|---:|---:|---:|---:|---:|---|",
@@ -162,7 +175,7 @@ const report = [
 ].join("\n");
 writeFileSync(join(import.meta.dir, "results", "spend-reports.md"), report);
 console.log(`\nwrote bench/results/spend-reports.md`);
-if (!flags.keep) {
+if (!flags.keep && !reuse) {
   const a = postgres(server, { max: 1, onnotice: () => {} });
   await a.unsafe(`drop database if exists "${dbName}" with (force)`);
   await a.end();

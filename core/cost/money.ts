@@ -5,6 +5,8 @@
  * and a cost is rounded to pico-dollars once, after the sum.
  */
 
+const MAX_EXACT_PICO = BigInt(Number.MAX_SAFE_INTEGER);
+
 /** An amount of money: bigint pico-dollars (1e-12 USD). */
 export type Pico = bigint;
 /** A unit price: bigint yocto-dollars (1e-24 USD) per unit. */
@@ -54,8 +56,33 @@ export function rateToPico(amount: bigint): Pico {
   return amount / PICO_PER_RATE + ((amount % PICO_PER_RATE) * 2n >= PICO_PER_RATE ? 1n : 0n);
 }
 
+const PICO_PER_USD = 1e12;
+
 /** Exact decimal text of an amount in USD, without trailing zeros ("0.000125", "12", "0"). */
 export function picoToText(p: Pico): string {
+  // Below 2^53 plain number arithmetic is exact and several times faster than bigint division.
+  if (p <= MAX_EXACT_PICO && p >= 0n) {
+    const n = Number(p);
+    let int = Math.floor(n / PICO_PER_USD);
+    let frac = n - int * PICO_PER_USD;
+    if (frac < 0) {
+      int -= 1;
+      frac += PICO_PER_USD;
+    } else if (frac >= PICO_PER_USD) {
+      int += 1;
+      frac -= PICO_PER_USD;
+    }
+    if (frac === 0) return String(int);
+    let digits = String(frac).padStart(PICO_DIGITS, "0");
+    let end = digits.length;
+    while (digits.charCodeAt(end - 1) === 48 /* 0 */) end--;
+    digits = digits.slice(0, end);
+    return `${int}.${digits}`;
+  }
+  return bigPicoToText(p);
+}
+
+function bigPicoToText(p: Pico): string {
   const negative = p < 0n;
   const abs = negative ? -p : p;
   const int = abs / 10n ** BigInt(PICO_DIGITS);
@@ -63,13 +90,23 @@ export function picoToText(p: Pico): string {
   return `${negative ? "-" : ""}${int}${frac ? `.${frac}` : ""}`;
 }
 
-/** For JSON responses (the spec's `float` fields); exact values stay in the store. */
+
+/**
+ * For JSON responses (the spec's `float` fields); exact values stay in the store. Below 2^53 the
+ * division of two exact doubles is correctly rounded, so it gives the same double as parsing the
+ * exact decimal text, without building the text.
+ */
 export function picoToUsd(p: Pico): number {
+  if (p <= MAX_EXACT_PICO && p >= -MAX_EXACT_PICO) return Number(p) / PICO_PER_USD;
   return Number(picoToText(p));
 }
 
 /** A `numeric` column value (text) → pico-dollars; null and empty mean 0. */
 export function columnToPico(v: string | number | null | undefined): Pico {
   if (v === null || v === undefined || v === "") return 0n;
+  // The store's own text for numeric(30,12) values and their sums: digits, a point, 12 digits.
+  if (typeof v === "string" && v.length > 13 && v.charCodeAt(v.length - 13) === 46 /* . */ && v.charCodeAt(0) !== 45 /* - */) {
+    return BigInt(v.slice(0, -13) + v.slice(-12));
+  }
   return usdToPico(v);
 }

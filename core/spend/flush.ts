@@ -179,7 +179,8 @@ function dailyRows(groups: RowGroup[]) {
     const e = g.sample;
     for (const [type, id] of [
       ["key", e.apiKey],
-      ["team", e.teamId],
+      // Calls without a team get a team row too (id ''): the team report then reads one entity type.
+      ["team", e.teamId ?? ""],
       ["org", e.organizationId],
       ["user", e.userId],
       ["end_user", e.endUser],

@@ -308,6 +308,20 @@ for (const backend of BACKENDS) {
       expect(new Set(got.map((c) => c.customer))).toEqual(new Set(Object.keys(cust1A)));
     });
 
+    test("a report asked again after more calls shows them (reused days are only the unchanged ones)", async () => {
+      const path = `/global/spend/report?start_date=${START}&end_date=${TODAY}&group_by=api_key`;
+      const total = (body: { api_keys: { total_requests: number }[] }[]) => body.flatMap((d) => d.api_keys).reduce((n, k) => n + k.total_requests, 0);
+      const before = await get<{ api_keys: { total_requests: number }[] }[]>(path);
+      const again = await get<{ api_keys: { total_requests: number }[] }[]>(path);
+      expect(again.text).toBe(before.text);
+      expect(await chat(gw, s.keys.none.key, "alpha-model", "one more call")).toBe(200);
+      await gw.host!.spendWriter.flush();
+      const after = await get<{ api_keys: { total_requests: number }[] }[]>(path);
+      expect(total(after.body)).toBe(total(before.body) + 1);
+      const [logged] = await q(sql`select count(*)::int as n from spend_logs`);
+      expect(total(after.body)).toBe(Number(logged!.n));
+    });
+
     test("/team/daily/activity and /organization/daily/activity agree with the log, per day and per breakdown", async () => {
       type Activity = {
         results: { date: string; total_spend: number; total_requests: number; metrics: Json; breakdown: Record<string, Record<string, { metrics: Json }>> }[];

@@ -8,7 +8,7 @@ import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { Deployment, Usage } from "../../core/contract.ts";
-import { picoToText, usdToPico } from "../../core/cost/money.ts";
+import { columnToPico, picoToText, picoToUsd, usdToPico } from "../../core/cost/money.ts";
 import { PriceTable } from "../../core/cost/prices.ts";
 import { Pricing } from "../../core/cost/pricing.ts";
 
@@ -164,5 +164,27 @@ describe("operator prices", () => {
     expect(picoToText(pricing.worstCase(deployment("openai/gpt-4o"), 1000, 100))).toBe("0.0035");
     // Without max_tokens the model's own output limit bounds the call (gpt-4o: 16,384).
     expect(pricing.worstCase(deployment("openai/gpt-4o"), 0, undefined)).toBe(16_384n * perM("10.00"));
+  });
+});
+
+describe("money conversions", () => {
+  test("store text → pico-dollars and back, on the fast path and off it", () => {
+    for (const text of ["0.000000000000", "12.345678901234", "1.000000000001", "9007.199254740991", "123456789.000000000001", "-1.500000000000", "0.5", "7"]) {
+      expect(columnToPico(text)).toBe(usdToPico(text));
+      expect(picoToUsd(columnToPico(text))).toBe(Number(text));
+    }
+  });
+});
+
+describe("picoToText", () => {
+  test("matches exact bigint arithmetic on random and edge amounts", () => {
+    const slow = (p: bigint) => {
+      const int = p / 10n ** 12n;
+      const frac = (p % 10n ** 12n).toString().padStart(12, "0").replace(/0+$/, "");
+      return frac ? `${int}.${frac}` : String(int);
+    };
+    const edge = [0n, 1n, 999_999_999_999n, 1_000_000_000_000n, 1_000_000_000_001n, 9_007_199_254_740_991n, 9_007_199_254_740_992n, 123_456_789_000_000_000_001n];
+    const random = Array.from({ length: 5000 }, () => BigInt(Math.floor(Math.random() * Number.MAX_SAFE_INTEGER)));
+    for (const p of [...edge, ...random]) expect(picoToText(p)).toBe(slow(p));
   });
 });

@@ -154,6 +154,8 @@ const inList = (values: string[]): SQL => sql.join(
 
 export function dailyWhere(f: DailyFilter): SQL {
   const where: SQL[] = [sql`d.entity_type = ${f.entityType}`];
+  // Team rows with id '' hold the calls of keys without a team (for the spend report), not a team.
+  if (f.entityType === "team") where.push(sql`d.entity_id <> ''`);
   if (f.entityIds) where.push(f.entityIds.length ? sql`d.entity_id in (${inList(f.entityIds)})` : sql`false`);
   if (f.excludeIds?.length) where.push(sql`d.entity_id not in (${inList(f.excludeIds)})`);
   if (f.start) where.push(sql`d.date >= ${f.start}::date`);
@@ -232,7 +234,7 @@ export async function attributedRows(db: Db, base: DailyFilter, opts: { teamIds?
   if (opts.userId && base.entityType !== "user") {
     where.push(sql`exists (select 1 from daily_spend u where u.entity_type = 'user' and u.entity_id = ${opts.userId} and u.date = d.date and u.api_key = d.api_key)`);
   }
-  const teamDays: SQL[] = [sql`t.entity_type = 'team'`];
+  const teamDays: SQL[] = [sql`t.entity_type = 'team'`, sql`t.entity_id <> ''`];
   if (base.start) teamDays.push(sql`t.date >= ${base.start}::date`);
   if (base.end) teamDays.push(sql`t.date <= ${base.end}::date`);
   const teamFilter = opts.teamIds ? (opts.teamIds.length ? sql`where kt.team_id in (${inList(opts.teamIds)})` : sql`where false`) : sql``;

@@ -20,6 +20,7 @@ import { gridPeriodEnd } from "../../spend/period.ts";
 import { organizations, orgMembers, spendLogs, teamMembers, teams, users, virtualKeys } from "../../store/schema.ts";
 import { rows } from "../../store/sql.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
+import { spendReportJson } from "./spend-report.ts";
 import {
   type AttributedRow,
   attributedRows,
@@ -233,6 +234,11 @@ async function spendReport(ctx: AdminCtx) {
   const customer = ctx.query("customer_id");
   const userId = ctx.query("internal_user_id");
   const teamId = ctx.query("team_id");
+  if (!userId && !(groupByDim === "team" && customer)) {
+    // The common reports are built by the store in one statement (see spend-report.ts).
+    const body = await spendReportJson(ctx.db, { start: range.start!, end: range.end!, apiKey: keyParam(ctx), teamId, customerId: customer }, groupByDim);
+    if (body !== undefined) return new Response(body, { headers: { "content-type": "application/json" } });
+  }
   const entityType = groupByDim === "customer" || customer ? "end_user" : userId ? "user" : "key";
   const entityIds = entityType === "end_user" ? (customer ? [customer] : undefined) : entityType === "user" ? [userId!] : undefined;
   const found = await attributedRows(ctx.db, { entityType, entityIds, apiKey: keyParam(ctx), ...range }, { teamIds: teamId ? [teamId] : undefined, userId });

@@ -1,0 +1,257 @@
+/**
+ * `/global/spend/report` over the daily aggregates. The store only scans the days asked for (an
+ * index range, no grouping or sorting); the rows are summed here (money exactly, as pico-dollar
+ * integers) and the JSON is written as text in one pass, so a 30-day report over millions of calls
+ * stays far below the cost of building it as objects or in SQL.
+ */
+import { type SQL, sql } from "drizzle-orm";
+import { columnToPico, picoToText } from "../../cost/money.ts";
+import type { Db } from "../../store/db.ts";
+import { teams } from "../../store/schema.ts";
+import { rows } from "../../store/sql.ts";
+
+export interface ReportFilter {
+  start: string;
+  end: string;
+  apiKey?: string;
+  teamId?: string;
+  customerId?: string;
+}
+
+interface DailyRow {
+  day: string;
+  entity_id: string;
+  api_key: string;
+  model_group: string;
+  spend: string;
+  i: string | number;
+  o: string | number;
+  n: string | number;
+}
+
+/**
+ * Spend is summed as a plain number of pico-dollars: exact while below 2^53 (about $9,000 per
+ * day and entry). A report whose sums go beyond that is summed again as bigint (see `tree`).
+ */
+interface Usage {
+  spend: number;
+  i: number;
+  o: number;
+  n: number;
+}
+
+class Overflow extends Error {}
+
+/** Numeric(30,12) text → pico-dollars as a number, exact below 2^53 (else Overflow). */
+function picoNumber(text: string): number {
+  const p = columnToPico(text);
+  if (p > MAX_SAFE) throw new Overflow();
+  return Number(p);
+}
+
+const MAX_SAFE = BigInt(Number.MAX_SAFE_INTEGER);
+
+/** A node of the report tree: its totals and its children by id. */
+interface Node<C> {
+  total: Usage;
+  children: Map<string, C>;
+}
+
+const usage = (): Usage => ({ spend: 0, i: 0, o: 0, n: 0 });
+const node = <C>(): Node<C> => ({ total: usage(), children: new Map() });
+
+function add(u: Usage, spend: number, i: number, o: number, n: number): void {
+  u.spend += spend;
+  if (u.spend > Number.MAX_SAFE_INTEGER) throw new Overflow();
+  u.i += i;
+  u.o += o;
+  u.n += n;
+}
+
+function child<C>(map: Map<string, C>, id: string, make: () => C): C {
+  let c = map.get(id);
+  if (!c) {
+    c = make();
+    map.set(id, c);
+  }
+  return c;
+}
+
+/** Children by spend, highest first (ties by id, so the order is stable). */
+function bySpend<C extends { total: Usage } | Usage>(map: Map<string, C>): [string, C][] {
+  const spendOf = (c: C) => ("total" in c ? c.total.spend : c.spend);
+  return [...map].sort(([a, x], [b, y]) => (spendOf(x) === spendOf(y) ? (a < b ? -1 : 1) : spendOf(x) > spendOf(y) ? -1 : 1));
+}
+
+/** JSON string literals of ids: the same keys and models repeat on every day of a report. */
+function quoter(): (s: string) => string {
+  const seen = new Map<string, string>();
+  return (s) => {
+    let out = seen.get(s);
+    if (out === undefined) {
+      out = JSON.stringify(s);
+      seen.set(s, out);
+    }
+    return out;
+  };
+}
+const money = (p: number): string => picoToText(BigInt(p));
+
+function whereOf(entityType: string, f: ReportFilter, extra: SQL[]): SQL {
+  const where: SQL[] = [sql`d.entity_type = ${entityType}`, sql`d.date between ${f.start}::date and ${f.end}::date`, ...extra];
+  if (f.apiKey) where.push(sql`d.api_key = ${f.apiKey}`);
+  return sql.join(where, sql` and `);
+}
+
+/**
+ * Finished days do not change, so each day's part of a report is kept and reused while that
+ * day's rows are unchanged. A day's stamp is its row count and request total: every write of
+ * spend adds at least one request to some row of its day, so any write changes the stamp.
+ */
+interface FragmentCache {
+  entries: Map<string, { stamp: string; json: string }>;
+  bytes: number;
+}
+/** One cache per store (tests run several gateways in one process). */
+const caches = new WeakMap<Db, FragmentCache>();
+const MAX_FRAGMENT_BYTES = 64 * 1024 * 1024;
+
+function cacheOf(db: Db): FragmentCache {
+  let c = caches.get(db);
+  if (!c) {
+    c = { entries: new Map(), bytes: 0 };
+    caches.set(db, c);
+  }
+  return c;
+}
+
+function remember(cache: FragmentCache, key: string, stamp: string, json: string): void {
+  const fragments = cache.entries;
+  const old = fragments.get(key);
+  if (old) cache.bytes -= old.json.length;
+  fragments.delete(key);
+  fragments.set(key, { stamp, json });
+  cache.bytes += json.length;
+  // Oldest first out (a Map iterates in insertion order; reuse re-inserts).
+  for (const [k, v] of fragments) {
+    if (cache.bytes <= MAX_FRAGMENT_BYTES) break;
+    fragments.delete(k);
+    cache.bytes -= v.json.length;
+  }
+}
+
+/** `[day parts…]` for the days with rows, oldest first; only changed days are read and built. */
+async function report(db: Db, where: SQL, cacheKey: string, build: (found: DailyRow[]) => Map<string, string>): Promise<string> {
+  const stamps = await rows<{ day: string; n: string | number; r: string | number }>(
+    db,
+    sql`select d.date::text as day, count(*) as n, sum(d.api_requests) as r from daily_spend d where ${where} group by d.date order by d.date`,
+  );
+  const cache = cacheOf(db);
+  const parts = new Map<string, string>();
+  const missing: string[] = [];
+  for (const s of stamps) {
+    const hit = cache.entries.get(`${cacheKey}\u0000${s.day}`);
+    if (hit && hit.stamp === `${s.n}/${s.r}`) {
+      parts.set(s.day, hit.json);
+      remember(cache, `${cacheKey}\u0000${s.day}`, hit.stamp, hit.json);
+    } else missing.push(s.day);
+  }
+  if (missing.length > 0) {
+    const found = await rows<DailyRow>(
+      db,
+      sql`select d.date::text as day, d.entity_id, d.api_key, d.model_group, d.spend::text as spend, d.prompt_tokens as i, d.completion_tokens as o, d.api_requests as n
+        from daily_spend d where ${where} and d.date in (${sql.join(
+          missing.map((day) => sql`${day}::date`),
+          sql`, `,
+        )})`,
+    );
+    const built = build(found);
+    const stampOf = new Map(stamps.map((s) => [s.day, `${s.n}/${s.r}`]));
+    for (const [day, json] of built) {
+      parts.set(day, json);
+      remember(cache, `${cacheKey}\u0000${day}`, stampOf.get(day) ?? "", json);
+    }
+  }
+  return `[${stamps.flatMap((s) => parts.get(s.day) ?? []).join(",")}]`;
+}
+
+/** Days (oldest first) → entity → key (or one '' level) → model group. */
+function tree(found: DailyRow[], keyOf: (r: DailyRow) => string) {
+  const days = new Map<string, Node<Node<Node<Usage>>>>();
+  for (const r of found) {
+    const spend = picoNumber(r.spend);
+    const i = Number(r.i);
+    const o = Number(r.o);
+    const n = Number(r.n);
+    const day = child(days, r.day, node<Node<Node<Usage>>>);
+    const entity = child(day.children, r.entity_id, node<Node<Usage>>);
+    add(entity.total, spend, i, o, n);
+    const sub = child(entity.children, keyOf(r), node<Usage>);
+    add(sub.total, spend, i, o, n);
+    add(child(sub.children, r.model_group, usage), spend, i, o, n);
+  }
+  return [...days].sort(([a], [b]) => (a < b ? -1 : 1));
+}
+
+/** `[{group_by_day, teams: [{team_name, team_id, spend, keys: [{key, spend, usage: {<model>: {cost, input_tokens, output_tokens, requests}}}]}]}]`. */
+async function byTeam(db: Db, f: ReportFilter): Promise<string> {
+  // Calls of keys without a team are aggregated under team id '' (see spend/flush.ts).
+  const where = whereOf("team", f, f.teamId ? [sql`d.entity_id = ${f.teamId}`] : []);
+  const aliases = new Map<string, string | null>();
+  for (const t of await db.select({ id: teams.teamId, alias: teams.teamAlias }).from(teams)) aliases.set(t.id, t.alias);
+  // Team names are part of the cached text: a renamed team starts a new cache.
+  const names = [...aliases.values()].join("\u0001").length;
+  return report(db, where, `team\u0000${f.apiKey}\u0000${f.teamId}\u0000${aliases.size}:${names}`, (found) => {
+    const q = quoter();
+    const out = new Map<string, string>();
+    for (const [day, d] of tree(found, (r) => r.api_key)) {
+      const teamParts: string[] = [];
+      for (const [teamId, t] of bySpend(d.children)) {
+        const keyParts: string[] = [];
+        for (const [key, k] of bySpend(t.children)) {
+          const models = [...k.children].map(([m, u]) => `${q(m)}:{"cost":${money(u.spend)},"input_tokens":${u.i},"output_tokens":${u.o},"requests":${u.n}}`);
+          keyParts.push(`{"key":${q(key)},"spend":${money(k.total.spend)},"usage":{${models.join(",")}}}`);
+        }
+        const name = aliases.get(teamId) ?? (teamId === "" ? "Unassigned Team" : teamId);
+        teamParts.push(`{"team_name":${q(name)},"team_id":${teamId === "" ? "null" : q(teamId)},"spend":${money(t.total.spend)},"keys":[${keyParts.join(",")}]}`);
+      }
+      out.set(day, `{"group_by_day":"${day}","teams":[${teamParts.join(",")}]}`);
+    }
+    return out;
+  });
+}
+
+/** `[{group_by_day, api_keys|customers: [{api_key|customer, total_cost, total_input_tokens, total_output_tokens, total_requests, model_details: [...]}]}]`. */
+async function byDimension(db: Db, f: ReportFilter, dim: "api_key" | "customer"): Promise<string> {
+  const extra: SQL[] = [];
+  if (f.customerId) extra.push(sql`d.entity_id = ${f.customerId}`);
+  if (f.teamId) extra.push(sql`exists (select 1 from daily_spend t where t.entity_type = 'team' and t.entity_id = ${f.teamId} and t.date = d.date and t.api_key = d.api_key)`);
+  const where = whereOf(dim === "api_key" ? "key" : "end_user", f, extra);
+  const list = dim === "api_key" ? "api_keys" : "customers";
+  return report(db, where, `${dim}\u0000${f.apiKey}\u0000${f.teamId}\u0000${f.customerId}`, (found) => {
+    const q = quoter();
+    const out = new Map<string, string>();
+    for (const [day, d] of tree(found, () => "")) {
+      const entries: string[] = [];
+      for (const [id, e] of bySpend(d.children)) {
+        const models = bySpend(e.children.get("")!.children).map(
+          ([m, u]) => `{"model":${q(m)},"total_cost":${money(u.spend)},"total_input_tokens":${u.i},"total_output_tokens":${u.o},"requests":${u.n}}`,
+        );
+        const t = e.total;
+        entries.push(`{"${dim}":${q(id)},"total_cost":${money(t.spend)},"total_input_tokens":${t.i},"total_output_tokens":${t.o},"total_requests":${t.n},"model_details":[${models.join(",")}]}`);
+      }
+      out.set(day, `{"group_by_day":"${day}","${list}":[${entries.join(",")}]}`);
+    }
+    return out;
+  });
+}
+
+/** The report as JSON text, or undefined when its sums are too large for the fast path (the caller then builds it exactly with bigint). */
+export async function spendReportJson(db: Db, f: ReportFilter, groupBy: "team" | "api_key" | "customer"): Promise<string | undefined> {
+  try {
+    return await (groupBy === "team" ? byTeam(db, f) : byDimension(db, f, groupBy));
+  } catch (err) {
+    if (err instanceof Overflow) return undefined;
+    throw err;
+  }
+}
