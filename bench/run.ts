@@ -40,6 +40,7 @@ const { values: flags } = parseArgs({
     "quiet-threshold": { type: "string" },
     out: { type: "string" },
     "budget-key": { type: "boolean", default: false },
+    "database-url": { type: "string" },
     help: { type: "boolean", short: "h", default: false },
   },
 });
@@ -61,7 +62,9 @@ const USAGE = `usage: bun bench/run.ts [options]
   --quiet-threshold P "idle" = at most P % of one core busy over a 1 s sample (default 15)
   --out DIR           where latest.md / latest.json go (default bench/results)
   --budget-key        call the gateway with a virtual key that has a max_budget (budget
-                      reservation on every call) instead of the master key`;
+                      reservation on every call) instead of the master key
+  --database-url URL  run the gateway on this PostgreSQL database instead of the embedded store
+                      (the database server is not pinned: like the upstream, it is outside the target)`;
 if (flags.help) {
   console.log(USAGE);
   process.exit(0);
@@ -662,7 +665,7 @@ async function main(): Promise<void> {
       TARGET_CORE,
       ["bun", join(GATEWAY_ROOT, "core/main.ts"), "--config", config, "--port", "0", "--host", "127.0.0.1", "--data-dir", dataDir],
       listening,
-      { SVC_MASTER_KEY: MASTER_KEY, SVC_DRAIN_TIMEOUT: "2" },
+      { SVC_MASTER_KEY: MASTER_KEY, SVC_DRAIN_TIMEOUT: "2", ...(flags["database-url"] ? { DATABASE_URL: flags["database-url"] } : {}) },
       GATEWAY_ROOT,
     );
   }

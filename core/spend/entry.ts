@@ -83,12 +83,8 @@ export function chargesOf(call: CallRecord, identity: IdentityCache | undefined)
 export function toSpendEntry(call: CallRecord, identity: IdentityCache | undefined): SpendEntry {
   const p = call.principal;
   const u = call.usage;
-  const metadata: Record<string, unknown> = {
-    key_alias: p.keyAlias ?? null,
-    user_api_key_team_alias: p.team?.teamAlias ?? null,
-    status: call.status,
-    cost_source: call.costSource,
-  };
+  // Only what the row's columns do not say (key_alias and status are added when logs are read).
+  const metadata: Record<string, unknown> = {};
   if (!call.priced) metadata.cost_note = `${call.costSource}: the call was logged at 0. Set model_info.input_cost_per_token / output_cost_per_token to price it.`;
   if (call.error) metadata.error_information = { error_code: String(call.error.status), error_class: call.error.type, error_message: call.error.message };
   return {

@@ -29,36 +29,56 @@ const counterUpdate = (table: string, id: string, kind: string) => `
     returning 1)`;
 
 const at = (ms: string) => `to_timestamp(${ms} / 1000.0)`;
+const metrics = (f: string) =>
+  `${f}.provider, (${at(`${f}."startTime"`)} at time zone 'UTC')::date as day, ${f}."promptTokens" as pt, ${f}."completionTokens" as ct,
+   ${f}."cacheReadTokens" as cr, ${f}."cacheCreationTokens" as cc, ${f}."spendPico"::numeric / 1000000000000 as spend, ${f}.status`;
 
-/** Inserts the batch (one JSON parameter); returns how many rows were new. */
-const INSERT = `
-with ins as (insert into spend_logs (call_id, request_id, call_type, api_key, key_alias, user_id, team_id, organization_id, end_user,
-  model, model_group, provider, model_id, upstream_model, spend, prompt_tokens, completion_tokens, total_tokens,
-  cache_read_input_tokens, cache_creation_input_tokens, reasoning_tokens, start_time, end_time, completion_start_time,
-  status, stream, cache_hit, request_tags, metadata)
-select "callId", "requestId", "callType", "apiKey", "keyAlias", "userId", "teamId", "organizationId", "endUser",
-  model, "modelGroup", provider, "modelId", "upstreamModel", "spendPico"::numeric / 1000000000000, "promptTokens", "completionTokens",
-  "promptTokens" + "completionTokens", "cacheReadTokens", "cacheCreationTokens", "reasoningTokens",
-  ${at('"startTime"')}, ${at('"endTime"')}, ${at('"completionStartTime"')}, status, stream, "cacheHit",
-  coalesce(tags, '{}'), coalesce(metadata, '{}')
-from jsonb_to_recordset($1::jsonb) as x(
-  "callId" text, "requestId" text, "callType" text, "apiKey" text, "keyAlias" text, "userId" text, "teamId" text,
-  "organizationId" text, "endUser" text, model text, "modelGroup" text, provider text, "modelId" text, "upstreamModel" text,
-  "spendPico" bigint, "promptTokens" int, "completionTokens" int, "cacheReadTokens" int, "cacheCreationTokens" int,
-  "reasoningTokens" int, "startTime" bigint, "endTime" bigint, "completionStartTime" bigint, status text, stream boolean,
-  "cacheHit" boolean, tags text[], metadata jsonb)
-on conflict (call_id) do nothing
-returning 1)
-select count(*)::int as inserted from ins`;
-
-/** Which of the given rows this transaction inserted (its own rows carry its transaction id). */
-const INSERTED_HERE = "select call_id from spend_logs where call_id in (select jsonb_array_elements_text($1::jsonb)) and xmin = pg_current_xact_id()::xid";
-
-/** Applies counter deltas ($1) and daily aggregates ($2), both already summed per target row. */
-const APPLY = `
-with delta as (
+/**
+ * One statement per batch, atomic without a client-side transaction. Parameters: $1 the rows as
+ * JSON, $2 their number, $3 the counter deltas and $4 the daily aggregates summed in memory for
+ * the whole batch. When every row is new ($2 rows inserted, the normal case) those sums are
+ * applied; when some rows had been written before (a replayed spill file, a retried batch), they
+ * are ignored and the store derives counters and aggregates from exactly the rows it inserted.
+ */
+const STATEMENT = `
+with input as (
+  select r->>0 as "callId", r->>1 as "requestId", r->>2 as "callType", r->>3 as "apiKey", r->>4 as "keyAlias", r->>5 as "userId",
+    r->>6 as "teamId", r->>7 as "organizationId", r->>8 as "endUser", r->>9 as model, r->>10 as "modelGroup", r->>11 as provider,
+    r->>12 as "modelId", r->>13 as "upstreamModel", (r->>14)::bigint as "spendPico", (r->>15)::int as "promptTokens",
+    (r->>16)::int as "completionTokens", (r->>17)::int as "cacheReadTokens", (r->>18)::int as "cacheCreationTokens",
+    (r->>19)::int as "reasoningTokens", (r->>20)::bigint as "startTime", (r->>21)::bigint as "endTime",
+    (r->>22)::bigint as "completionStartTime", r->>23 as status, (r->>24)::boolean as stream, (r->>25)::boolean as "cacheHit",
+    array(select jsonb_array_elements_text(r->26)) as tags, r->27 as metadata, r->28 as charges
+  from jsonb_array_elements($1::jsonb) as r
+),
+ins as (
+  insert into spend_logs (call_id, request_id, call_type, api_key, key_alias, user_id, team_id, organization_id, end_user,
+    model, model_group, provider, model_id, upstream_model, spend, prompt_tokens, completion_tokens, total_tokens,
+    cache_read_input_tokens, cache_creation_input_tokens, reasoning_tokens, start_time, end_time, completion_start_time,
+    status, stream, cache_hit, request_tags, metadata)
+  select "callId", "requestId", "callType", "apiKey", "keyAlias", "userId", "teamId", "organizationId", "endUser",
+    model, "modelGroup", provider, "modelId", "upstreamModel", "spendPico"::numeric / 1000000000000, "promptTokens", "completionTokens",
+    "promptTokens" + "completionTokens", "cacheReadTokens", "cacheCreationTokens", "reasoningTokens",
+    ${at('"startTime"')}, ${at('"endTime"')}, ${at('"completionStartTime"')}, status, stream, "cacheHit",
+    tags, coalesce(metadata, '{}')
+  from input
+  on conflict (call_id) do nothing
+  returning call_id
+),
+fast as (select count(*) = $2::int as ok from ins),
+fresh as (select i.* from input i join ins on ins.call_id = i."callId" where not (select ok from fast)),
+charge as (
+  select c->>0 as t, c->>1 as id, coalesce((c->>2)::bigint, -1) as p, f."spendPico" as pico
+  from fresh f cross join lateral jsonb_array_elements(f.charges) as c
+),
+latest as (select t, id, max(p) as p from charge group by t, id),
+delta as (
   select t, id, case when p is null then null else ${at("p")} end as period_end, amount
-  from jsonb_to_recordset($1::jsonb) as x(t text, id text, p bigint, amount numeric)
+  from jsonb_to_recordset($3::jsonb) as x(t text, id text, p bigint, amount numeric) where (select ok from fast)
+  union all
+  select c.t, c.id, case when l.p = -1 then null else ${at("l.p")} end, sum(c.pico)::numeric / 1000000000000
+  from charge c join latest l on l.t = c.t and l.id = c.id and c.p = l.p
+  group by c.t, c.id, l.p
 ),
 ${counterUpdate("virtual_keys", "token", "key")},
 ${counterUpdate("teams", "team_id", "team")},
@@ -67,22 +87,49 @@ ${counterUpdate("users", "user_id", "user")},
 team_member_spend as (
   update team_members as t set spend = t.spend + d.amount
   from delta d where d.t = 'team_member' and t.team_id = split_part(d.id, E'\\t', 1) and t.user_id = split_part(d.id, E'\\t', 2)
-  returning 1)
-insert into daily_spend as d (entity_type, entity_id, date, api_key, model, model_group, provider, prompt_tokens,
-  completion_tokens, cache_read_input_tokens, cache_creation_input_tokens, spend, api_requests, successful_requests, failed_requests)
-select type, id, day::date, key, model, grp, provider, pt, ct, cr, cc, spend, n, ok, failed
-from jsonb_to_recordset($2::jsonb) as y(type text, id text, day text, key text, model text, grp text, provider text,
-  pt bigint, ct bigint, cr bigint, cc bigint, spend numeric, n bigint, ok bigint, failed bigint)
-on conflict (entity_type, entity_id, date, api_key, model, model_group, provider) do update set
-  prompt_tokens = d.prompt_tokens + excluded.prompt_tokens,
-  completion_tokens = d.completion_tokens + excluded.completion_tokens,
-  cache_read_input_tokens = d.cache_read_input_tokens + excluded.cache_read_input_tokens,
-  cache_creation_input_tokens = d.cache_creation_input_tokens + excluded.cache_creation_input_tokens,
-  spend = d.spend + excluded.spend,
-  api_requests = d.api_requests + excluded.api_requests,
-  successful_requests = d.successful_requests + excluded.successful_requests,
-  failed_requests = d.failed_requests + excluded.failed_requests,
-  updated_at = now()`;
+  returning 1),
+entity as (
+  select e.type, e.id, e.key, e.model, e.grp, ${metrics("f")}
+  from fresh f cross join lateral (values
+    ('key', f."apiKey", f."apiKey", f."upstreamModel", f."modelGroup"),
+    ('team', coalesce(f."teamId", ''), f."apiKey", f."upstreamModel", f."modelGroup"),
+    ('org', f."organizationId", f."apiKey", f."upstreamModel", f."modelGroup"),
+    ('user', f."userId", f."apiKey", f."upstreamModel", f."modelGroup"),
+    ('end_user', f."endUser", f."apiKey", f."upstreamModel", f."modelGroup"),
+    ('model', f."modelGroup", '', f."upstreamModel", f."modelGroup"),
+    ('provider', f.provider, '', '', '')) as e(type, id, key, model, grp)
+  where e.id is not null
+  union all
+  select 'tag', tg.tag, f."apiKey", f."upstreamModel", f."modelGroup", ${metrics("f")}
+  from fresh f cross join lateral (select distinct unnest(f.tags) as tag) tg
+),
+daily_rows as (
+  select type, id, day::date as day, key, model, grp, provider, pt, ct, cr, cc, spend, n, ok, failed
+  from jsonb_to_recordset($4::jsonb) as y(type text, id text, day text, key text, model text, grp text, provider text,
+    pt bigint, ct bigint, cr bigint, cc bigint, spend numeric, n bigint, ok bigint, failed bigint)
+  where (select ok from fast)
+  union all
+  select type, id, day, key, model, grp, provider, sum(pt), sum(ct), sum(cr), sum(cc), sum(spend), count(*),
+    count(*) filter (where status = 'success'), count(*) filter (where status = 'failure')
+  from entity group by type, id, day, key, model, grp, provider
+),
+daily as (
+  insert into daily_spend as d (entity_type, entity_id, date, api_key, model, model_group, provider, prompt_tokens,
+    completion_tokens, cache_read_input_tokens, cache_creation_input_tokens, spend, api_requests, successful_requests, failed_requests)
+  select * from daily_rows
+  on conflict (entity_type, entity_id, date, api_key, model, model_group, provider) do update set
+    prompt_tokens = d.prompt_tokens + excluded.prompt_tokens,
+    completion_tokens = d.completion_tokens + excluded.completion_tokens,
+    cache_read_input_tokens = d.cache_read_input_tokens + excluded.cache_read_input_tokens,
+    cache_creation_input_tokens = d.cache_creation_input_tokens + excluded.cache_creation_input_tokens,
+    spend = d.spend + excluded.spend,
+    api_requests = d.api_requests + excluded.api_requests,
+    successful_requests = d.successful_requests + excluded.successful_requests,
+    failed_requests = d.failed_requests + excluded.failed_requests,
+    updated_at = now()
+  returning 1
+)
+select (select count(*) from ins)::int as inserted`;
 
 /** Rows that charge and aggregate alike (same key, team, model, day, tags, periods…), summed once. */
 interface RowGroup {
@@ -194,32 +241,28 @@ function dailyRows(groups: RowGroup[]) {
   return [...out.values()].map((d) => ({ ...d, spend: picoToText(d.spend) }));
 }
 
-const split = (statement: string) => statement.split(/\$\d/);
-const [INSERT_A, INSERT_B] = split(INSERT) as [string, string];
-const [APPLY_A, APPLY_B, APPLY_C] = split(APPLY) as [string, string, string];
+const [S1, S2, S3, S4, S5] = STATEMENT.split(/\$\d/) as [string, string, string, string, string];
+
+/** A row as the statement reads it: an array (half the JSON of an object with names). */
+function rowArray(e: SpendEntry): unknown[] {
+  return [
+    e.callId, e.requestId, e.callType, e.apiKey, e.keyAlias, e.userId, e.teamId, e.organizationId, e.endUser, e.model, e.modelGroup,
+    e.provider, e.modelId, e.upstreamModel, e.spendPico, e.promptTokens, e.completionTokens, e.cacheReadTokens, e.cacheCreationTokens,
+    e.reasoningTokens, e.startTime, e.endTime, e.completionStartTime, e.status, e.stream, e.cacheHit, e.tags,
+    Object.keys(e.metadata).length > 0 ? e.metadata : null, e.charges.map((c) => [c.table, c.id, c.periodEnd]),
+  ];
+}
 
 /**
- * Writes a batch in one transaction: the rows (one JSON parameter, keyed by call id), then the
- * counters and daily aggregates of exactly the rows that were new, summed here first so the store
- * updates one row per key, team, day… rather than one per call. Returns how many rows were new.
+ * Writes a batch: the rows (keyed by call id), then the counters and daily aggregates of exactly
+ * the rows that were new, in one statement. Returns how many rows were new.
  */
 export async function writeBatch(db: Db, batch: SpendEntry[]): Promise<number> {
   if (batch.length === 0) return 0;
-  return db.transaction(async (tx) => {
-    const t = tx as unknown as Db;
-    const [count] = await rows<{ inserted: number }>(t, sql`${sql.raw(INSERT_A)}${JSON.stringify(batch)}${sql.raw(INSERT_B)}`);
-    const inserted = count?.inserted ?? 0;
-    if (inserted === 0) return 0;
-    let fresh = batch;
-    // Only a replay (spill file, retried batch) meets rows already written: find which are new.
-    if (inserted !== batch.length) {
-      const ids = JSON.stringify(batch.map((e) => e.callId));
-      const mine = await rows<{ call_id: string }>(t, sql`${sql.raw(INSERTED_HERE.split("$1")[0]!)}${ids}${sql.raw(INSERTED_HERE.split("$1")[1]!)}`);
-      const set = new Set(mine.map((r) => r.call_id));
-      fresh = batch.filter((e) => set.has(e.callId));
-    }
-    const groups = groupRows(fresh);
-    await rows(t, sql`${sql.raw(APPLY_A)}${JSON.stringify(counterDeltas(groups))}${sql.raw(APPLY_B)}${JSON.stringify(dailyRows(groups))}${sql.raw(APPLY_C)}`);
-    return fresh.length;
-  });
+  const groups = groupRows(batch);
+  const [row] = await rows<{ inserted: number }>(
+    db,
+    sql`${sql.raw(S1)}${JSON.stringify(batch.map(rowArray))}${sql.raw(S2)}${batch.length}${sql.raw(S3)}${JSON.stringify(counterDeltas(groups))}${sql.raw(S4)}${JSON.stringify(dailyRows(groups))}${sql.raw(S5)}`,
+  );
+  return row?.inserted ?? 0;
 }

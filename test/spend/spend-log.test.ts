@@ -22,6 +22,7 @@ const CONFIG = {
 
 interface LogRow {
   call_id: string;
+  key_alias: string | null;
   request_id: string;
   api_key: string;
   spend: string;
@@ -94,7 +95,11 @@ for (const backend of BACKENDS) {
       });
       expect(row!.call_id).toBe(response.headers.get("x-svc-call-id")!);
       expect(Number(row!.spend)).toBe(header);
-      expect(row!.metadata.key_alias).toBe("ana-search");
+      expect(row!.key_alias).toBe("ana-search");
+      // Through the API the entry has the spec's shape: metadata.key_alias.
+      const api = await requestJson<{ request_id: string; spend: number; metadata: { key_alias: string } }[]>(gw, "GET", `/spend/logs?request_id=${data.id}&summarize=false`);
+      expect(api.body).toHaveLength(1);
+      expect(api.body[0]).toMatchObject({ request_id: data.id, spend: header, metadata: { key_alias: "ana-search" } });
       expect(row!.team_id).not.toBeNull();
       expect(row!.organization_id).not.toBeNull();
       expect([...row!.request_tags].sort()).toEqual(["exp-a", "prod"]);

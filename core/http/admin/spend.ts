@@ -66,7 +66,9 @@ const bySpendDesc = <R extends { spend: Pico }>(a: R, b: R) => (a.spend === b.sp
 /** A spend-log row as the API returns it: its column names, spend a number, times ISO. */
 function logApi(row: typeof spendLogs.$inferSelect): Record<string, unknown> {
   const { cacheReadTokens, cacheCreationTokens, ...rest } = row;
-  return { ...toApi(rest), cache_read_input_tokens: cacheReadTokens, cache_creation_input_tokens: cacheCreationTokens };
+  // The spec's metadata carries key_alias; the row keeps it (and status) in columns only.
+  const metadata = { key_alias: row.keyAlias, status: row.status, ...row.metadata };
+  return { ...toApi(rest), metadata, cache_read_input_tokens: cacheReadTokens, cache_creation_input_tokens: cacheCreationTokens };
 }
 
 /**

@@ -62,6 +62,5 @@ CREATE TABLE "spend_logs" (
 CREATE INDEX "daily_spend_date_idx" ON "daily_spend" USING btree ("entity_type","date");--> statement-breakpoint
 CREATE INDEX "spend_logs_start_idx" ON "spend_logs" USING btree ("start_time");--> statement-breakpoint
 CREATE INDEX "spend_logs_key_start_idx" ON "spend_logs" USING btree ("api_key","start_time");--> statement-breakpoint
-CREATE INDEX "spend_logs_team_start_idx" ON "spend_logs" USING btree ("team_id","start_time");--> statement-breakpoint
 CREATE INDEX "spend_logs_request_idx" ON "spend_logs" USING btree ("request_id");--> statement-breakpoint
 CREATE INDEX "virtual_keys_reset_idx" ON "virtual_keys" USING btree ("budget_reset_at");

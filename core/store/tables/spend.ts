@@ -53,7 +53,6 @@ export const spendLogs = pgTable(
   (t) => [
     index("spend_logs_start_idx").on(t.startTime),
     index("spend_logs_key_start_idx").on(t.apiKey, t.startTime),
-    index("spend_logs_team_start_idx").on(t.teamId, t.startTime),
     index("spend_logs_request_idx").on(t.requestId),
   ],
 );
