@@ -322,6 +322,22 @@ for (const backend of BACKENDS) {
       expect(total(after.body)).toBe(Number(logged!.n));
     });
 
+    test("daily activity asked again after more calls shows them", async () => {
+      const path = `/team/daily/activity?start_date=${START}&end_date=${TODAY}&team_ids=${s.teamA}`;
+      const requests = (body: { metadata: { total_api_requests: number }; results: { total_requests: number }[] }) => [
+        body.metadata.total_api_requests,
+        body.results.reduce((n, r) => n + r.total_requests, 0),
+      ];
+      type Activity = { metadata: { total_api_requests: number }; results: { total_requests: number }[] };
+      const before = await get<Activity>(path);
+      expect((await get<Activity>(path)).text).toBe(before.text);
+      expect(await chat(gw, s.keys.a1.key, "alpha-model", "and one more")).toBe(200);
+      await gw.host!.spendWriter.flush();
+      const after = await get<Activity>(path);
+      const [b0, b1] = requests(before.body);
+      expect(requests(after.body)).toEqual([b0! + 1, b1! + 1]);
+    });
+
     test("/team/daily/activity and /organization/daily/activity agree with the log, per day and per breakdown", async () => {
       type Activity = {
         results: { date: string; total_spend: number; total_requests: number; metrics: Json; breakdown: Record<string, Record<string, { metrics: Json }>> }[];

@@ -17,6 +17,7 @@ import type { Db } from "../../store/db.ts";
 import { organizations, teams, virtualKeys } from "../../store/schema.ts";
 import { rows } from "../../store/sql.ts";
 import type { AdminCtx } from "./context.ts";
+import { identityGeneration, reuseDays } from "./day-cache.ts";
 
 export function invalidParam(name: string, message: string): GatewayError {
   return GatewayError.of(422, `Invalid request: ${name}: ${message}`, "validation_error", name);
@@ -356,62 +357,72 @@ export async function dailyActivity(ctx: AdminCtx, kind: "team" | "org") {
   const f: DailyFilter = { entityType: kind, entityIds: include, excludeIds: exclude, ...range, model: ctx.query("model") || undefined, apiKey: keyParam(ctx) };
   const days = await dailyDays(ctx.db, f);
   const pageDays = days.slice(p.offset, p.offset + p.pageSize);
-  const [totals, found] = await Promise.all([dailyTotals(ctx.db, f), dailyRows(ctx.db, f, pageDays)]);
-  const byDay = new Map<string, Day>(pageDays.map((d) => [d, { m: emptyMetrics(), models: new Map(), groups: new Map(), providers: new Map(), keys: new Map(), entities: new Map() }]));
-  for (const r of found) {
-    const d = byDay.get(r.day);
-    if (!d) continue;
-    addMetrics(d.m, r);
-    slice(d.models, r.model, r);
-    slice(d.groups, r.model_group, r);
-    slice(d.providers, r.provider, r);
-    slice(d.entities, r.entity_id, r);
-    addMetrics(d.keys.get(r.api_key) ?? d.keys.set(r.api_key, emptyMetrics()).get(r.api_key)!, r);
-  }
-  const keyMeta = await keyMetadata(ctx.db, [...new Set(found.map((r) => r.api_key))]);
-  const entityMeta = await entityMetadata(ctx.db, kind, [...new Set(found.map((r) => r.entity_id))]);
-  const split = (s: Slice, metadata: Record<string, unknown> = {}) => ({
-    metrics: metricsApi(s.m),
-    metadata,
-    api_key_breakdown: Object.fromEntries([...s.keys].map(([k, m]) => [k, { metrics: metricsApi(m), metadata: keyMeta.get(k) ?? {} }])),
+  const totals = await dailyTotals(ctx.db, f);
+  const cacheKey = JSON.stringify(["activity", kind, f, identityGeneration(ctx.identity)]);
+  const pageWhere = pageDays.length ? sql`${dailyWhere(f)} and d.date in (${sql.join(pageDays.map((x) => sql`${x}::date`), sql`, `)})` : sql`false`;
+  const parts = await reuseDays(ctx.db, pageWhere, cacheKey, async (missing) => {
+    const found = await dailyRows(ctx.db, f, missing);
+    const byDay = new Map<string, Day>(missing.map((d) => [d, { m: emptyMetrics(), models: new Map(), groups: new Map(), providers: new Map(), keys: new Map(), entities: new Map() }]));
+    for (const r of found) {
+      const d = byDay.get(r.day);
+      if (!d) continue;
+      addMetrics(d.m, r);
+      slice(d.models, r.model, r);
+      slice(d.groups, r.model_group, r);
+      slice(d.providers, r.provider, r);
+      slice(d.entities, r.entity_id, r);
+      addMetrics(d.keys.get(r.api_key) ?? d.keys.set(r.api_key, emptyMetrics()).get(r.api_key)!, r);
+    }
+    const keyMeta = await keyMetadata(ctx.db, [...new Set(found.map((r) => r.api_key))]);
+    const entityMeta = await entityMetadata(ctx.db, kind, [...new Set(found.map((r) => r.entity_id))]);
+    const split = (s: Slice, metadata: Record<string, unknown> = {}) => ({
+      metrics: metricsApi(s.m),
+      metadata,
+      api_key_breakdown: Object.fromEntries([...s.keys].map(([k, m]) => [k, { metrics: metricsApi(m), metadata: keyMeta.get(k) ?? {} }])),
+    });
+    const splits = (map: Map<string, Slice>, meta?: Map<string, Record<string, unknown>>) => Object.fromEntries([...map].map(([k, s]) => [k, split(s, meta?.get(k))]));
+    const out = new Map<string, string>();
+    for (const date of missing) {
+      const d = byDay.get(date)!;
+      out.set(
+        date,
+        JSON.stringify({
+          date,
+          total_spend: picoToUsd(d.m.spend),
+          total_tokens: d.m.prompt + d.m.completion,
+          total_requests: d.m.requests,
+          metrics: metricsApi(d.m),
+          breakdown: {
+            models: splits(d.models),
+            model_groups: splits(d.groups),
+            providers: splits(d.providers),
+            api_keys: Object.fromEntries([...d.keys].map(([k, m]) => [k, { metrics: metricsApi(m), metadata: keyMeta.get(k) ?? {} }])),
+            entities: splits(d.entities, entityMeta),
+          },
+        }),
+      );
+    }
+    return out;
   });
-  const splits = (map: Map<string, Slice>, meta?: Map<string, Record<string, unknown>>) => Object.fromEntries([...map].map(([k, s]) => [k, split(s, meta?.get(k))]));
-  const results = pageDays.map((date) => {
-    const d = byDay.get(date)!;
-    return {
-      date,
-      total_spend: picoToUsd(d.m.spend),
-      total_tokens: d.m.prompt + d.m.completion,
-      total_requests: d.m.requests,
-      metrics: metricsApi(d.m),
-      breakdown: {
-        models: splits(d.models),
-        model_groups: splits(d.groups),
-        providers: splits(d.providers),
-        api_keys: Object.fromEntries([...d.keys].map(([k, m]) => [k, { metrics: metricsApi(m), metadata: keyMeta.get(k) ?? {} }])),
-        entities: splits(d.entities, entityMeta),
-      },
-    };
-  });
+  const results = pageDays.flatMap((day) => parts.get(day) ?? []);
   const all = metricsApi(addMetrics(emptyMetrics(), totals));
   const totalPages = Math.ceil(days.length / p.pageSize);
-  return {
-    results,
-    metadata: {
-      total_spend: all.spend,
-      total_prompt_tokens: all.prompt_tokens,
-      total_completion_tokens: all.completion_tokens,
-      total_cache_read_input_tokens: all.cache_read_input_tokens,
-      total_cache_creation_input_tokens: all.cache_creation_input_tokens,
-      total_tokens: all.total_tokens,
-      total_api_requests: all.api_requests,
-      total_successful_requests: all.successful_requests,
-      total_failed_requests: all.failed_requests,
-      page: p.page,
-      total_pages: totalPages,
-      has_more: p.page < totalPages,
-    },
+  const metadata = {
+    total_spend: all.spend,
+    total_prompt_tokens: all.prompt_tokens,
+    total_completion_tokens: all.completion_tokens,
+    total_cache_read_input_tokens: all.cache_read_input_tokens,
+    total_cache_creation_input_tokens: all.cache_creation_input_tokens,
+    total_tokens: all.total_tokens,
+    total_api_requests: all.api_requests,
+    total_successful_requests: all.successful_requests,
+    total_failed_requests: all.failed_requests,
+    page: p.page,
+    total_pages: totalPages,
+    has_more: p.page < totalPages,
   };
+  // Day parts are JSON already (reused across calls); the answer is assembled as text.
+  return new Response(`{"results":[${results.join(",")}],"metadata":${JSON.stringify(metadata)}}`, { headers: { "content-type": "application/json" } });
 }
 
 async function keyMetadata(db: Db, tokens: string[]): Promise<Map<string, Record<string, unknown>>> {

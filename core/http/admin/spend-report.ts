@@ -9,6 +9,7 @@ import { columnToPico, picoToText } from "../../cost/money.ts";
 import type { Db } from "../../store/db.ts";
 import { teams } from "../../store/schema.ts";
 import { rows } from "../../store/sql.ts";
+import { reuseDays } from "./day-cache.ts";
 
 export interface ReportFilter {
   start: string;
@@ -103,60 +104,9 @@ function whereOf(entityType: string, f: ReportFilter, extra: SQL[]): SQL {
   return sql.join(where, sql` and `);
 }
 
-/**
- * Finished days do not change, so each day's part of a report is kept and reused while that
- * day's rows are unchanged. A day's stamp is its row count and request total: every write of
- * spend adds at least one request to some row of its day, so any write changes the stamp.
- */
-interface FragmentCache {
-  entries: Map<string, { stamp: string; json: string }>;
-  bytes: number;
-}
-/** One cache per store (tests run several gateways in one process). */
-const caches = new WeakMap<Db, FragmentCache>();
-const MAX_FRAGMENT_BYTES = 64 * 1024 * 1024;
-
-function cacheOf(db: Db): FragmentCache {
-  let c = caches.get(db);
-  if (!c) {
-    c = { entries: new Map(), bytes: 0 };
-    caches.set(db, c);
-  }
-  return c;
-}
-
-function remember(cache: FragmentCache, key: string, stamp: string, json: string): void {
-  const fragments = cache.entries;
-  const old = fragments.get(key);
-  if (old) cache.bytes -= old.json.length;
-  fragments.delete(key);
-  fragments.set(key, { stamp, json });
-  cache.bytes += json.length;
-  // Oldest first out (a Map iterates in insertion order; reuse re-inserts).
-  for (const [k, v] of fragments) {
-    if (cache.bytes <= MAX_FRAGMENT_BYTES) break;
-    fragments.delete(k);
-    cache.bytes -= v.json.length;
-  }
-}
-
 /** `[day parts…]` for the days with rows, oldest first; only changed days are read and built. */
 async function report(db: Db, where: SQL, cacheKey: string, build: (found: DailyRow[]) => Map<string, string>): Promise<string> {
-  const stamps = await rows<{ day: string; n: string | number; r: string | number }>(
-    db,
-    sql`select d.date::text as day, count(*) as n, sum(d.api_requests) as r from daily_spend d where ${where} group by d.date order by d.date`,
-  );
-  const cache = cacheOf(db);
-  const parts = new Map<string, string>();
-  const missing: string[] = [];
-  for (const s of stamps) {
-    const hit = cache.entries.get(`${cacheKey}\u0000${s.day}`);
-    if (hit && hit.stamp === `${s.n}/${s.r}`) {
-      parts.set(s.day, hit.json);
-      remember(cache, `${cacheKey}\u0000${s.day}`, hit.stamp, hit.json);
-    } else missing.push(s.day);
-  }
-  if (missing.length > 0) {
+  const parts = await reuseDays(db, where, cacheKey, async (missing) => {
     const found = await rows<DailyRow>(
       db,
       sql`select d.date::text as day, d.entity_id, d.api_key, d.model_group, d.spend::text as spend, d.prompt_tokens as i, d.completion_tokens as o, d.api_requests as n
@@ -165,14 +115,9 @@ async function report(db: Db, where: SQL, cacheKey: string, build: (found: Daily
           sql`, `,
         )})`,
     );
-    const built = build(found);
-    const stampOf = new Map(stamps.map((s) => [s.day, `${s.n}/${s.r}`]));
-    for (const [day, json] of built) {
-      parts.set(day, json);
-      remember(cache, `${cacheKey}\u0000${day}`, stampOf.get(day) ?? "", json);
-    }
-  }
-  return `[${stamps.flatMap((s) => parts.get(s.day) ?? []).join(",")}]`;
+    return build(found);
+  });
+  return `[${[...parts.values()].join(",")}]`;
 }
 
 /** Days (oldest first) → entity → key (or one '' level) → model group. */
