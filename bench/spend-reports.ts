@@ -143,6 +143,7 @@ const probes: { name: string; path: string }[] = [
 const lines: string[] = [];
 for (const p of probes) {
   const times: number[] = [];
+  let cold = 0;
   let bytes = 0;
   let status = 0;
   for (let i = 0; i < RUNS + 2; i++) {
@@ -152,11 +153,12 @@ for (const p of probes) {
     const ms = performance.now() - s;
     status = res.status;
     bytes = body.byteLength;
+    if (i === 0) cold = ms;
     if (i >= 2) times.push(ms); // the first two warm the caches
   }
   times.sort((a, b) => a - b);
   const q = (f: number) => times[Math.min(times.length - 1, Math.floor(f * times.length))]!.toFixed(1);
-  const line = `| ${p.name} | ${status} | ${(bytes / 1024).toFixed(0)} KiB | ${q(0.5)} | ${q(0.95)} | ${times[times.length - 1]!.toFixed(1)} | ${Number(q(0.95)) < 200 ? "pass" : "**miss**"} |`;
+  const line = `| ${p.name} | ${status} | ${(bytes / 1024).toFixed(0)} KiB | ${cold.toFixed(1)} | ${q(0.5)} | ${q(0.95)} | ${times[times.length - 1]!.toFixed(1)} | ${Number(q(0.95)) < 200 ? "pass" : "**miss**"} |`;
   console.log(line);
   lines.push(line);
 }
@@ -166,10 +168,10 @@ await gw.proc.exited;
 const report = [
   "# Spend reports over a large log",
   "",
-  `${new Date().toISOString()}: ${Number(logRows).toLocaleString()} spend log rows over 40 days in PostgreSQL (1,000 keys, 100 teams, 10 orgs, 10 models, 20 tags), daily aggregates as the spend writer keeps them; ${RUNS} timed requests per row after 2 warm-ups, from request to last byte, gateway on the same machine.`,
+  `${new Date().toISOString()}: ${Number(logRows).toLocaleString()} spend log rows over 40 days in PostgreSQL (1,000 keys, 100 teams, 10 orgs, 10 models, 5,000 customers, 20 tags), daily aggregates as the spend writer keeps them; the gateway freshly started on it. "First request" is the cold answer (every day read and built); then ${RUNS} timed requests after 2 warm-ups, when finished days are reused (today's part is rebuilt whenever it changes). From request to last byte, gateway and PostgreSQL on the same 2-core machine.`,
   "",
-  "| request | status | body | p50 ms | p95 ms | max ms | p95 < 200 ms |",
-  "|---|---:|---:|---:|---:|---:|---|",
+  "| request | status | body | first request ms | p50 ms | p95 ms | max ms | p95 < 200 ms |",
+  "|---|---:|---:|---:|---:|---:|---:|---|",
   ...lines,
   "",
 ].join("\n");
