@@ -31,6 +31,8 @@ export class SpendWriter {
   private stopped = false;
   private spillFile: string | undefined;
   private spilledCount = 0;
+  /** Whether spill files may exist (checked at start, set when spilling): no folder scan on every flush. */
+  private mayHaveSpill = true;
   private readonly intervalMs: number;
   private readonly batchSize: number;
   private readonly memoryLimit: number;
@@ -143,6 +145,7 @@ export class SpendWriter {
     }
     appendFileSync(this.spillFile, `${entries.map((e) => JSON.stringify(e)).join("\n")}\n`);
     this.spilledCount += entries.length;
+    this.mayHaveSpill = true;
   }
 
   private spillFiles(): string[] {
@@ -158,6 +161,7 @@ export class SpendWriter {
 
   /** Writes spill files oldest first; each is deleted once all its rows are in the store. */
   private async replaySpill(): Promise<void> {
+    if (!this.mayHaveSpill) return;
     for (const file of this.spillFiles()) {
       // The file being appended to is closed first, so nothing lands in it after it is read.
       if (file === this.spillFile) this.spillFile = undefined;
@@ -181,5 +185,7 @@ export class SpendWriter {
       this.spilledCount = Math.max(0, this.spilledCount - entries.length);
       this.log.info("spend spill file written to the store", { file, entries: entries.length });
     }
+    // Every file found was written; a spill during the awaits above sets the flag again.
+    if (!this.spillFile) this.mayHaveSpill = false;
   }
 }
