@@ -17,6 +17,19 @@ export type BudgetEvent = "soft_budget_crossed" | "budget_crossed";
 /** Called when settled spend crosses a counter's soft budget or its limit. */
 export type CrossingListener = (counter: BudgetCounter, event: BudgetEvent, spend: bigint) => void;
 
+/** A grant whose settle runs once, however often it is called (a call ends once). */
+export function grantOnce(settle: (actual: bigint) => void): LedgerGrant {
+  let settled = false;
+  return {
+    ok: true,
+    settle: (actual: bigint) => {
+      if (settled) return;
+      settled = true;
+      settle(actual);
+    },
+  };
+}
+
 export function crossings(counter: BudgetCounter, before: bigint, after: bigint, notify: CrossingListener | undefined): void {
   if (!notify) return;
   if (counter.soft !== undefined && before < counter.soft && after >= counter.soft) notify(counter, "soft_budget_crossed", after);
@@ -76,21 +89,15 @@ export class LocalLedger implements BudgetLedger {
       if (e.spend >= c.limit || e.spend + e.reserved + amount > c.limit) return { ok: false, counter: c, spend: e.spend, reserved: e.reserved };
     }
     for (const e of entries) e.reserved += amount;
-    let settled = false;
-    return {
-      ok: true,
-      settle: (actual: bigint) => {
-        if (settled) return;
-        settled = true;
-        for (let i = 0; i < entries.length; i++) {
-          const e = entries[i]!;
-          e.reserved -= amount;
-          const before = e.spend;
-          e.spend += actual;
-          crossings(counters[i]!, before, e.spend, this.onCross);
-        }
-      },
-    };
+    return grantOnce((actual) => {
+      for (let i = 0; i < entries.length; i++) {
+        const e = entries[i]!;
+        e.reserved -= amount;
+        const before = e.spend;
+        e.spend += actual;
+        crossings(counters[i]!, before, e.spend, this.onCross);
+      }
+    });
   }
 
   /** Takes a counter's spend as known elsewhere (the shared ledger), keeping local reservations. */

@@ -10,7 +10,7 @@
  */
 import type Redis from "ioredis";
 import type { BudgetCounter, BudgetLedger, LedgerGrant, LedgerRefusal, Logger } from "../contract.ts";
-import { type CrossingListener, crossings, LocalLedger } from "./ledger.ts";
+import { type CrossingListener, crossings, grantOnce, LocalLedger } from "./ledger.ts";
 
 const PREFIX = "svc:budget:";
 
@@ -151,26 +151,20 @@ export class RedisLedger implements BudgetLedger {
   }
 
   private grant(counters: readonly BudgetCounter[], keys: string[], amount: bigint): LedgerGrant {
-    let settled = false;
-    return {
-      ok: true,
-      settle: (actual: bigint) => {
-        if (settled) return;
-        settled = true;
-        this.redis
-          .svcBudgetSettle(keys.length, ...keys, amount.toString(), actual.toString(), ...counters.map(periodText))
-          .then((after) => {
-            for (const [i, s] of after.entries()) {
-              if (s === "") continue;
-              const spend = BigInt(s);
-              // The local ledger follows the shared figures, so an outage starts from them.
-              this.local.observe(counters[i]!, spend);
-              crossings(counters[i]!, spend - actual, spend, this.onCross);
-            }
-          })
-          .catch((err) => this.log.error("budget settle failed in redis; the spend log still has the call", { error: String(err) }));
-      },
-    };
+    return grantOnce((actual: bigint) => {
+      this.redis
+        .svcBudgetSettle(keys.length, ...keys, amount.toString(), actual.toString(), ...counters.map(periodText))
+        .then((after) => {
+          for (const [i, s] of after.entries()) {
+            if (s === "") continue;
+            const spend = BigInt(s);
+            // The local ledger follows the shared figures, so an outage starts from them.
+            this.local.observe(counters[i]!, spend);
+            crossings(counters[i]!, spend - actual, spend, this.onCross);
+          }
+        })
+        .catch((err) => this.log.error("budget settle failed in redis; the spend log still has the call", { error: String(err) }));
+    });
   }
 
   async forget(ids: readonly string[]): Promise<void> {
