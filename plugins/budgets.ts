@@ -31,6 +31,7 @@ import {
 import { columnToPico, picoToText, type Pico, usdToPico } from "../core/cost/money.ts";
 import { errorInfo } from "../core/errors.ts";
 import { parseDuration } from "../core/identity/duration.ts";
+import { NO_LIMIT } from "../core/spend/ledger.ts";
 import { gridPeriodEnd, periodEnd } from "../core/spend/period.ts";
 
 const GRANTED: Lease = { ok: true, settle: () => undefined };
@@ -56,11 +57,12 @@ function limitsOf(row: Limits, budget: BudgetRow | undefined) {
 /** A counter for a row that keeps its own spend (key, team, org, user). */
 function rowCounter(id: string, label: string, row: Limits, budget: BudgetRow | undefined, at: number, extra: Pico = 0n): BudgetCounter | undefined {
   const l = limitsOf(row, budget);
-  if (l.max === undefined) return undefined;
+  // A soft budget alone still needs a counter (for its alert), one that never refuses.
+  if (l.max === undefined && l.soft === undefined) return undefined;
   const end = periodEnd(row.budgetResetAt, l.duration, at);
   // The row's spend belongs to the period its budget_reset_at closes; a later period starts at 0.
   const stored = end === null || row.budgetResetAt?.getTime() === end ? columnToPico(row.spend) : 0n;
-  return { id, label, limit: l.max + extra, soft: l.soft, periodEnd: end, storedSpend: () => stored };
+  return { id, label, limit: l.max === undefined ? NO_LIMIT : l.max + extra, soft: l.soft, periodEnd: end, storedSpend: () => stored };
 }
 
 function keyLabel(p: Principal): string {

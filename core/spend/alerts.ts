@@ -9,7 +9,7 @@ import type { BudgetCounter, Logger } from "../contract.ts";
 import { picoToUsd } from "../cost/money.ts";
 import type { Db } from "../store/db.ts";
 import { budgetAlerts } from "../store/schema.ts";
-import type { BudgetEvent } from "./ledger.ts";
+import { type BudgetEvent, NO_LIMIT } from "./ledger.ts";
 
 const GROUPS: Record<string, { group: string; prefix: string }> = {
   key: { group: "key", prefix: "Key Budget" },
@@ -27,7 +27,7 @@ export function alertPayload(counter: BudgetCounter, event: BudgetEvent, spend: 
   const g = GROUPS[kind] ?? { group: kind, prefix: "Budget" };
   return {
     spend: picoToUsd(spend),
-    max_budget: picoToUsd(counter.limit),
+    max_budget: counter.limit === NO_LIMIT ? null : picoToUsd(counter.limit),
     soft_budget: counter.soft === undefined ? null : picoToUsd(counter.soft),
     token: kind === "key" || kind === "key_model" ? id : null,
     user_id: kind === "user" ? id : null,

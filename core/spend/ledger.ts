@@ -12,6 +12,9 @@ interface Entry {
   reserved: bigint;
 }
 
+/** The limit of a counter kept only for its soft budget: never reached (2^62 pico-dollars, about $4.6 million). */
+export const NO_LIMIT = 2n ** 62n;
+
 export type BudgetEvent = "soft_budget_crossed" | "budget_crossed";
 
 /** Called when settled spend crosses a counter's soft budget or its limit. */

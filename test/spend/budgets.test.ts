@@ -190,6 +190,12 @@ describe("budget periods, alerts and temporary increases (pglite)", () => {
     expect(mine[0]!.spend as number).toBeGreaterThanOrEqual(1.5);
     const [stored] = await rows<{ n: string }>(gw.host!.store.db, sql`select count(*)::text as n from budget_alerts where counter_id = ${`key:${token}`}`);
     expect(stored!.n).toBe("1");
+
+    // A soft budget without a max_budget alerts too (and never blocks).
+    const softOnly = await newKey(gw, { soft_budget: 0.5 });
+    for (let i = 0; i < 2; i++) expect((await call(gw, softOnly.key)).status).toBe(200);
+    for (let i = 0; i < 50 && hooks.filter((h) => h.token === softOnly.token).length === 0; i++) await Bun.sleep(20);
+    expect(hooks.filter((h) => h.token === softOnly.token)).toEqual([expect.objectContaining({ event: "soft_budget_crossed", max_budget: null, soft_budget: 0.5 })]);
   });
 
   test("temp_budget_increase raises the limit until temp_budget_expiry", async () => {
