@@ -6,7 +6,10 @@ import { dirname, isAbsolute, resolve } from "node:path";
 import type {
   AuthResolver,
   BudgetChecker,
+  CallIntent,
+  Denied,
   Deployment,
+  Lease,
   LoggingCallback,
   Logger,
   PluginContext,
@@ -43,6 +46,8 @@ export interface Snapshot {
   readonly auth: readonly AuthResolver[];
   readonly rateLimiters: readonly RateLimiter[];
   readonly budgets: readonly BudgetChecker[];
+  /** Rate limiters, then budgets, as one list of checks a call passes in order (built once per snapshot). */
+  readonly gates: readonly ((intent: CallIntent) => Lease | Denied | Promise<Lease | Denied>)[];
   readonly spend: readonly SpendRecorder[];
   /** The store's spend log (absent without a store). */
   readonly spendLog?: SpendLog;
@@ -204,6 +209,8 @@ export async function buildSnapshot(config: GatewayConfig, configPath: string, v
     throw new SnapshotError(errors);
   }
   const hooks = plugins.map((p) => p.hooks);
+  const rateLimiters = hooks.flatMap((h) => (h.rateLimiter ? [h.rateLimiter] : []));
+  const budgets = hooks.flatMap((h) => (h.budget ? [h.budget] : []));
   return {
     version,
     loadedAt: Math.floor(Date.now() / 1000),
@@ -214,8 +221,9 @@ export async function buildSnapshot(config: GatewayConfig, configPath: string, v
     accessGroups: accessGroupLookup(models, services.identity),
     providers,
     auth: hooks.flatMap((h) => (h.auth ? [h.auth] : [])),
-    rateLimiters: hooks.flatMap((h) => (h.rateLimiter ? [h.rateLimiter] : [])),
-    budgets: hooks.flatMap((h) => (h.budget ? [h.budget] : [])),
+    rateLimiters,
+    budgets,
+    gates: [...rateLimiters.map((r) => (i: CallIntent) => r.acquire(i)), ...budgets.map((b) => (i: CallIntent) => b.reserve(i))],
     spend: hooks.flatMap((h) => (h.spend ? [h.spend] : [])),
     spendLog: services.spendLog,
     successCallbacks: [...new Set(success)],

@@ -30,9 +30,8 @@ import {
 } from "../core/contract.ts";
 import { columnToPico, picoToText, type Pico, usdToPico } from "../core/cost/money.ts";
 import { errorInfo } from "../core/errors.ts";
-import { parseDuration } from "../core/identity/duration.ts";
-import { NO_LIMIT } from "../core/spend/ledger.ts";
-import { gridPeriodEnd, periodEnd } from "../core/spend/period.ts";
+import { counterId, NO_LIMIT } from "../core/spend/ledger.ts";
+import { gridPeriod, periodEnd } from "../core/spend/period.ts";
 
 const GRANTED: Lease = { ok: true, settle: () => undefined };
 
@@ -81,45 +80,36 @@ function countersFor(intent: CallIntent, identity: IdentityView, history: SpendH
   if (key) {
     const budget = key.budgetId ? identity.budgets.get(key.budgetId) : undefined;
     const temp = key.tempBudgetIncrease !== null && (key.tempBudgetExpiry?.getTime() ?? 0) > at ? columnToPico(key.tempBudgetIncrease) : 0n;
-    add(rowCounter(`key:${key.token}`, keyLabel(p), key, budget, at, temp));
+    add(rowCounter(counterId("key", key.token), keyLabel(p), key, budget, at, temp));
     const perModel = key.modelMaxBudget?.[intent.modelGroup] as { budget_limit?: unknown; max_budget?: unknown; time_period?: unknown; budget_duration?: unknown } | undefined;
     const limit = perModel?.budget_limit ?? perModel?.max_budget;
     if (typeof limit === "number" && history) {
       const period = String(perModel?.time_period ?? perModel?.budget_duration ?? "");
-      const end = period ? gridPeriodEnd(period, at) : null;
-      const start = end === null ? 0 : end - periodLength(period);
-      add({
-        id: `key_model:${key.token}:${intent.modelGroup}`,
-        label: `${keyLabel(p)} for model=${intent.modelGroup}`,
-        limit: usdToPico(limit),
-        periodEnd: end,
-        storedSpend: () => history.sum({ apiKey: key.token, modelGroup: intent.modelGroup, since: start }),
-      });
+      add(
+        historyCounter(`key_model:${key.token}:${intent.modelGroup}`, `${keyLabel(p)} for model=${intent.modelGroup}`, limit, period, at, (since) =>
+          history.sum({ apiKey: key.token, modelGroup: intent.modelGroup, since }),
+        ),
+      );
     }
   }
   const team = p.teamId ? identity.teams.get(p.teamId) : undefined;
-  if (team) add(rowCounter(`team:${team.teamId}`, `Team=${team.teamId}`, team, team.budgetId ? identity.budgets.get(team.budgetId) : undefined, at));
+  if (team) add(rowCounter(counterId("team", team.teamId), `Team=${team.teamId}`, team, team.budgetId ? identity.budgets.get(team.budgetId) : undefined, at));
   const org = p.orgId ? identity.orgs.get(p.orgId) : undefined;
-  if (org) add(rowCounter(`org:${org.organizationId}`, `Organization=${org.organizationId}`, org, org.budgetId ? identity.budgets.get(org.budgetId) : undefined, at));
+  if (org) add(rowCounter(counterId("org", org.organizationId), `Organization=${org.organizationId}`, org, org.budgetId ? identity.budgets.get(org.budgetId) : undefined, at));
   const user = p.userId && !p.teamId ? identity.users.get(p.userId) : undefined;
-  if (user) add(rowCounter(`user:${user.userId}`, `User=${user.userId}`, user, undefined, at));
+  if (user) add(rowCounter(counterId("user", user.userId), `User=${user.userId}`, user, undefined, at));
   const provider = providers[intent.deployment.provider];
   if (provider && history) {
-    const end = gridPeriodEnd(provider.time_period, at);
-    const start = end === null ? 0 : end - periodLength(provider.time_period);
-    add({
-      id: `provider:${intent.deployment.provider}`,
-      label: `Provider=${intent.deployment.provider}`,
-      limit: usdToPico(provider.budget_limit),
-      periodEnd: end,
-      storedSpend: () => history.sum({ provider: intent.deployment.provider, since: start }),
-    });
+    const name = intent.deployment.provider;
+    add(historyCounter(`provider:${name}`, `Provider=${name}`, provider.budget_limit, provider.time_period, at, (since) => history.sum({ provider: name, since })));
   }
   return out;
 }
 
-function periodLength(duration: string): number {
-  return parseDuration(duration) ?? 0;
+/** A counter whose spend only the log knows (per-model key budgets, provider budgets), on a grid period (or none). */
+function historyCounter(id: string, label: string, limitUsd: number, duration: string, at: number, sumSince: (since: number) => Promise<bigint>): BudgetCounter {
+  const period = duration ? gridPeriod(duration, at) : null;
+  return { id, label, limit: usdToPico(limitUsd), periodEnd: period?.end ?? null, storedSpend: () => sumSince(period?.start ?? 0) };
 }
 
 const usd = (p: Pico) => `$${picoToText(p)}`;

@@ -50,11 +50,11 @@ function denied(result: Denied): GatewayError {
  * call pays no extra event-loop turns for gates that have nothing to say.
  */
 function acquireLeases(snapshot: Snapshot, intent: CallIntent): Lease[] | Promise<Lease[]> {
-  const gates = [...snapshot.rateLimiters.map((r) => () => r.acquire(intent)), ...snapshot.budgets.map((b) => () => b.reserve(intent))];
+  const gates = snapshot.gates;
   const granted: Lease[] = [];
   const step = (i: number): Lease[] | Promise<Lease[]> => {
     for (; i < gates.length; i++) {
-      const result = gates[i]!();
+      const result = gates[i]!(intent);
       if (result instanceof Promise) {
         const next = i + 1;
         return result.then((r) => {
@@ -126,7 +126,7 @@ export function modelCall<E extends Endpoint>(endpoint: E, body: WireRequest[E],
     throw GatewayError.of(400, `Invalid model name passed in model=${body.model}. Call \`/v1/models\` to view available models for your key.`, "invalid_request_error", "model");
   }
   const d = pick(deployments);
-  if (ctx.snapshot.rateLimiters.length === 0 && ctx.snapshot.budgets.length === 0) return callDeployment(endpoint, body, d, ctx);
+  if (ctx.snapshot.gates.length === 0) return callDeployment(endpoint, body, d, ctx);
   const startedAt = Date.now();
   const intent = new Intent(ctx.principal, endpoint, group, d, startedAt, body, ctx.snapshot);
   const leases = acquireLeases(ctx.snapshot, intent);

@@ -12,6 +12,11 @@ interface Entry {
   reserved: bigint;
 }
 
+/** The id of the budget counter of a row that keeps its own spend (the ledger, admin resets and alerts agree on it). */
+export function counterId(kind: "key" | "team" | "org" | "user", id: string): string {
+  return `${kind}:${id}`;
+}
+
 /** The limit of a counter kept only for its soft budget: never reached (2^62 pico-dollars, about $4.6 million). */
 export const NO_LIMIT = 2n ** 62n;
 

@@ -22,9 +22,10 @@ export function periodEnd(resetAt: Date | null | undefined, duration: string | n
   return end + (Math.floor((at - end) / ms) + 1) * ms;
 }
 
-/** Periods on a grid from the epoch (provider budgets, per-model key budgets): `1d` ends at UTC midnight. */
-export function gridPeriodEnd(duration: string, at: number): number | null {
+/** The period containing `at` on a grid from the epoch (provider budgets, per-model key budgets): `1d` ends at UTC midnight. */
+export function gridPeriod(duration: string, at: number): { start: number; end: number } | null {
   const ms = parseDuration(duration);
   if (!ms) return null;
-  return (Math.floor(at / ms) + 1) * ms;
+  const start = Math.floor(at / ms) * ms;
+  return { start, end: start + ms };
 }

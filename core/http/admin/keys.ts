@@ -29,6 +29,7 @@ import { rotateKey } from "../../identity/rotation.ts";
 import type { Db } from "../../store/db.ts";
 import { rotatedKeys, users, virtualKeys } from "../../store/schema.ts";
 import { checker } from "../validate.ts";
+import { counterId } from "../../spend/ledger.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 
 const TABLE = "virtual_keys";
@@ -359,7 +360,7 @@ async function updateKey(ctx: AdminCtx, row: KeyRow, body: KeyBody): Promise<Key
   }
   if (!updated) throw notFound("Key not found: it was deleted meanwhile.", "key");
   await ctx.changed(...changes, { kind: "key", token: row.token });
-  if ("spend" in fields) await ctx.forgetBudgets([`key:${row.token}`]);
+  if ("spend" in fields) await ctx.forgetBudgets([counterId("key", row.token)]);
   await ctx.audit({ action: "updated", table: TABLE, objectId: row.token, before: toApi(row), after: toApi(updated) });
   return updated;
 }
@@ -482,7 +483,7 @@ async function resetSpend(ctx: AdminCtx): Promise<Record<string, unknown>> {
     .returning();
   if (!updated) throw notFound("Key not found: it was deleted meanwhile.", "key");
   await ctx.changed({ kind: "key", token: row.token });
-  await ctx.forgetBudgets([`key:${row.token}`]);
+  await ctx.forgetBudgets([counterId("key", row.token)]);
   await ctx.audit({ action: "spend_reset", table: TABLE, objectId: row.token, before: { spend: previous }, after: { spend: to } });
   const out = toApi(updated);
   return { key_hash: row.token, spend: out.spend, previous_spend: previous, max_budget: out.max_budget ?? null, budget_reset_at: out.budget_reset_at ?? null };

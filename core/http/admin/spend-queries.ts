@@ -17,6 +17,7 @@ import type { Db } from "../../store/db.ts";
 import { organizations, teams, virtualKeys } from "../../store/schema.ts";
 import { rows } from "../../store/sql.ts";
 import type { AdminCtx } from "./context.ts";
+import { dayOf } from "../../spend/flush.ts";
 import { identityGeneration, reuseDays } from "./day-cache.ts";
 
 export function invalidParam(name: string, message: string): GatewayError {
@@ -65,7 +66,7 @@ export function daysBetween(start: string, end: string): string[] {
   const to = Date.parse(`${end}T00:00:00Z`);
   const n = Math.round((to - from) / DAY_MS) + 1;
   if (n > MAX_FILLED_DAYS) throw badRequest(`The date range covers ${n} days; at most ${MAX_FILLED_DAYS} are answered day by day.`, "end_date");
-  return Array.from({ length: n }, (_, i) => new Date(from + i * DAY_MS).toISOString().slice(0, 10));
+  return Array.from({ length: n }, (_, i) => dayOf(from + i * DAY_MS));
 }
 
 /**

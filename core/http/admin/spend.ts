@@ -11,12 +11,12 @@ import { badRequest } from "../../authz.ts";
 import type { Deployment, Usage } from "../../contract.ts";
 import { estimatePromptTokens } from "../../cost/estimate.ts";
 import { type Pico, picoToUsd } from "../../cost/money.ts";
-import { parseDuration } from "../../identity/duration.ts";
 import { choice, list, pageOf } from "../../identity/paging.ts";
 import { toApi } from "../../identity/serialize.ts";
 import type { Snapshot } from "../../snapshot.ts";
 import { StoreSpendHistory } from "../../spend/history.ts";
-import { gridPeriodEnd } from "../../spend/period.ts";
+import { counterId } from "../../spend/ledger.ts";
+import { gridPeriod } from "../../spend/period.ts";
 import { organizations, orgMembers, spendLogs, teamMembers, teams, users, virtualKeys } from "../../store/schema.ts";
 import { rows } from "../../store/sql.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
@@ -329,10 +329,10 @@ async function resetAllSpend(ctx: AdminCtx) {
     ctx.db.select({ id: users.userId }).from(users),
   ]);
   await ctx.forgetBudgets([
-    ...allKeys.map((r) => `key:${r.id}`),
-    ...allTeams.map((r) => `team:${r.id}`),
-    ...allOrgs.map((r) => `org:${r.id}`),
-    ...allUsers.map((r) => `user:${r.id}`),
+    ...allKeys.map((r) => counterId("key", r.id)),
+    ...allTeams.map((r) => counterId("team", r.id)),
+    ...allOrgs.map((r) => counterId("org", r.id)),
+    ...allUsers.map((r) => counterId("user", r.id)),
   ]);
   await ctx.changed({ kind: "all" });
   await ctx.audit({ action: "spend_reset", table: "global", objectId: "all", after: { rows_reset: counters } });
@@ -401,10 +401,9 @@ async function providerBudgets(ctx: AdminCtx) {
   const now = Date.now();
   const providers: Record<string, unknown> = {};
   for (const [provider, b] of Object.entries(config)) {
-    const end = gridPeriodEnd(b.time_period, now);
-    const start = end === null ? 0 : end - (parseDuration(b.time_period) ?? 0);
-    const spend = await history.sum({ provider, since: start });
-    providers[provider] = { budget_limit: b.budget_limit, time_period: b.time_period, spend: picoToUsd(spend), budget_reset_at: end === null ? null : new Date(end).toISOString() };
+    const period = gridPeriod(b.time_period, now);
+    const spend = await history.sum({ provider, since: period?.start ?? 0 });
+    providers[provider] = { budget_limit: b.budget_limit, time_period: b.time_period, spend: picoToUsd(spend), budget_reset_at: period ? new Date(period.end).toISOString() : null };
   }
   return { providers };
 }
