@@ -85,9 +85,12 @@ export type StreamPart =
   | { type: "usage"; usage: Usage }
   | { type: "error"; error: ErrorInfo };
 
+/** How an upstream stream is framed: SSE `data:` events, one JSON object per line, or AWS's binary event stream. */
+export type StreamFraming = "sse" | "ndjson";
+
 export interface StreamTransform<E extends Endpoint, S> {
   /** Upstream framing; the core parses it. */
-  framing: "sse" | "ndjson";
+  framing: StreamFraming;
   init(req: WireRequest[E]): S;
   /** One upstream event's data → parts to emit. */
   event(data: string, state: S): StreamPart[];
@@ -107,6 +110,25 @@ export interface EndpointAdapter<E extends Endpoint, S = unknown> {
   request(req: WireRequest[E], deployment: Deployment, raw?: string): HttpCall;
   response(body: unknown): { body: WireJson; usage: Usage };
   stream?: StreamTransform<E, S>;
+  /**
+   * The OpenAI request fields this adapter translates (beyond `model`, `messages`/`prompt`/`input`
+   * and `stream`). Absent means "everything OpenAI accepts" (pass-through adapters). Other fields
+   * are refused with a 400 naming them, or dropped with `drop_params`.
+   */
+  supportedParams?: readonly string[];
+}
+
+/**
+ * Upstream failures the router treats specially: a prompt too long for the model goes to the
+ * context-window fallbacks, a refusal by the provider's content filter to the content-policy ones.
+ */
+export type UpstreamErrorKind = "context_window_exceeded" | "content_policy_violation";
+
+/** A provider's own token-counting endpoint (`/utils/token_counter` with `call_endpoint=true`). */
+export interface TokenCountAdapter {
+  request(req: ChatRequest, deployment: Deployment): HttpCall;
+  /** The upstream answer → the prompt's token count. */
+  response(body: unknown): number;
 }
 
 export interface ProviderAdapter {
@@ -120,6 +142,14 @@ export interface ProviderAdapter {
   resolve?(deployment: Deployment): Deployment | string;
   /** Maps an upstream error body to the message shown to the client. */
   errorMessage?(status: number, body: string): string;
+  /** Recognises context-window and content-policy failures in an upstream error answer. */
+  errorKind?(status: number, body: string): UpstreamErrorKind | undefined;
+  /**
+   * Asynchronous credentials applied to a built call just before it is sent (AWS SigV4 signing,
+   * a Google OAuth access token). The adapter's transforms stay pure; only this step may do I/O.
+   */
+  authorize?(call: HttpCall, deployment: Deployment): Promise<HttpCall>;
+  countTokens?: TokenCountAdapter;
   /**
    * Replaces the network for this provider: receives the built call and answers as the upstream
    * would. Used by in-process providers such as `mock`.

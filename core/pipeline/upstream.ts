@@ -92,8 +92,9 @@ function connectionError(d: Deployment, err: unknown): GatewayError {
   return new GatewayError(errorInfo(503, `APIConnectionError: could not connect to ${d.provider} for model ${d.modelName} (${code})`, "api_connection_error"));
 }
 
-export async function send(adapter: ProviderAdapter, d: Deployment, call: HttpCall, deadline: Deadline): Promise<Response> {
+export async function send(adapter: ProviderAdapter, d: Deployment, built: HttpCall, deadline: Deadline): Promise<Response> {
   try {
+    const call = adapter.authorize ? await adapter.authorize(built, d) : built;
     if (adapter.transport) return await adapter.transport(call, deadline.signal);
     return await fetch(call.url, { method: call.method ?? "POST", headers: call.headers, body: call.body, signal: deadline.signal });
   } catch (err) {
@@ -111,6 +112,8 @@ export async function upstreamError(adapter: ProviderAdapter, d: Deployment, res
   const headers: Record<string, string> = {};
   const retryAfter = res.headers.get("retry-after");
   if (retryAfter) headers["retry-after"] = retryAfter;
-  const info = errorInfo(status, `${d.provider} returned ${res.status} for model ${d.modelName}: ${detail}`);
+  const kind = adapter.errorKind?.(res.status, text);
+  // A context-window or content-policy refusal is the client's request, whatever status the provider used.
+  const info = errorInfo(kind ? 400 : status, `${d.provider} returned ${res.status} for model ${d.modelName}: ${detail}`, kind);
   return new GatewayError(info, headers);
 }

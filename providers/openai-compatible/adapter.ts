@@ -16,6 +16,7 @@ import type {
 import { GatewayOnlyFields } from "../../core/wire.ts";
 import type { OpenAICompatibleProvider } from "./table.ts";
 import { usageFromOpenAI } from "./usage.ts";
+import { upstreamErrorKind } from "../shared/error-kind.ts";
 
 /**
  * The client's own bytes can go upstream when the upstream body would be the same: same model
@@ -184,6 +185,7 @@ export function openAICompatibleAdapter(rows: readonly OpenAICompatibleProvider[
     ids: rows.map((r) => r.id),
     endpoints: { chat: openAIChat(), completions: openAICompletions(), embeddings: openAIEmbeddings() },
     errorMessage: openAIErrorMessage,
+    errorKind: upstreamErrorKind,
     resolve(d) {
       const row = byId.get(d.provider);
       const apiBase = (d.apiBase ?? row?.apiBase)?.replace(/\/+$/, "");
