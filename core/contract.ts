@@ -86,13 +86,24 @@ export type StreamPart =
   | { type: "error"; error: ErrorInfo };
 
 /** How an upstream stream is framed: SSE `data:` events, one JSON object per line, or AWS's binary event stream. */
-export type StreamFraming = "sse" | "ndjson";
+export type StreamFraming = "sse" | "ndjson" | "aws-eventstream";
+
+/**
+ * One message of an `aws-eventstream` upstream, as the JSON text `StreamTransform.event` receives:
+ * `type` is the `:event-type` header (`:exception-type` for exceptions, `:error-code` for errors),
+ * `payload` the message's JSON payload.
+ */
+export interface AwsStreamEvent {
+  messageType: "event" | "exception" | "error";
+  type: string;
+  payload: unknown;
+}
 
 export interface StreamTransform<E extends Endpoint, S> {
   /** Upstream framing; the core parses it. */
   framing: StreamFraming;
   init(req: WireRequest[E]): S;
-  /** One upstream event's data → parts to emit. */
+  /** One upstream event's data → parts to emit (for `aws-eventstream`: an `AwsStreamEvent` as JSON text). */
   event(data: string, state: S): StreamPart[];
   /** Best usage estimate when the stream ends without upstream usage (cut or cancelled). */
   estimate(state: S): Usage;
@@ -108,7 +119,11 @@ export interface EndpointAdapter<E extends Endpoint, S = unknown> {
    * re-serializing (large base64 payloads).
    */
   request(req: WireRequest[E], deployment: Deployment, raw?: string): HttpCall;
-  response(body: unknown): { body: WireJson; usage: Usage };
+  /**
+   * `req`, the client's request, is for what the upstream does not echo back (the model name,
+   * `encoding_format`).
+   */
+  response(body: unknown, req?: WireRequest[E]): { body: WireJson; usage: Usage };
   stream?: StreamTransform<E, S>;
   /**
    * The OpenAI request fields this adapter translates (beyond `model`, `messages`/`prompt`/`input`
@@ -215,12 +230,16 @@ export interface Denied {
   ok: false;
   error: ErrorInfo;
   retryAfterSeconds?: number;
+  /** Extra response headers (`x-ratelimit-*`). */
+  headers?: Record<string, string>;
 }
 
 export interface Lease {
   ok: true;
   /** `cost`: what the call really cost, in pico-dollars (1e-12 USD). */
   settle(actual: Usage, cost: bigint): void;
+  /** Headers the answer carries because of this lease (`x-ratelimit-*`). */
+  headers?: Record<string, string>;
 }
 
 export interface CallIntent {
@@ -344,6 +363,49 @@ export interface BudgetLedger {
   forget(ids: readonly string[]): Promise<void>;
 }
 
+/**
+ * One rate-limit counter over a sliding 60-second window: requests and tokens started in the last
+ * 60 s, and requests in flight. Absent limits are not checked (the counter still counts).
+ */
+export interface RateCounter {
+  /** Stable id: `key:<token>`, `team:<id>`, `key_model:<token>:<model>`, `deployment:<id>`. */
+  id: string;
+  /** Whose limit, for messages: `Key sk-...abcd`, `Team=t1`. */
+  label: string;
+  rpm?: number;
+  tpm?: number;
+  parallel?: number;
+}
+
+export type RateLimitKind = "requests" | "tokens" | "parallel_requests";
+
+export interface RateGrant {
+  ok: true;
+  /** What is left on each counter right after this request was counted (same order as asked). */
+  remaining: readonly { requests: number | undefined; tokens: number | undefined }[];
+  /** Replaces the reserved token estimate with the real count and ends the in-flight request. */
+  settle(actualTokens: number): void;
+}
+
+export interface RateRefusal {
+  ok: false;
+  counter: RateCounter;
+  kind: RateLimitKind;
+  limit: number;
+  /** Used in the window (or in flight) when refused. */
+  current: number;
+  /** Milliseconds until the request would fit (0 when unknown, e.g. waiting on requests in flight). */
+  retryAfterMs: number;
+}
+
+/**
+ * Sliding-window counters (in memory, or in Redis with REDIS_URL): a request is checked and
+ * counted on all of its counters at once, or on none, so a refused request consumes nothing.
+ */
+export interface RateWindows {
+  acquire(counters: readonly RateCounter[], tokens: number): RateGrant | RateRefusal | Promise<RateGrant | RateRefusal>;
+}
+
 /** Sums of the stored spend log, for budgets whose spend is not kept on a row. */
 export interface SpendHistory {
   sum(filter: { apiKey?: string; modelGroup?: string; provider?: string; since: number }): Promise<bigint>;
@@ -371,6 +433,8 @@ export interface PluginContext {
   /** Budget counters; absent without a store. */
   ledger?: BudgetLedger;
   spendHistory?: SpendHistory;
+  /** Rate-limit windows (always present: in memory without Redis). */
+  rateWindows?: RateWindows;
 }
 
 /** Read access to the identity mirror (no database round trip). */

@@ -20,6 +20,8 @@ import { toSpendEntry } from "./spend/entry.ts";
 import { StoreSpendHistory } from "./spend/history.ts";
 import { LocalLedger } from "./spend/ledger.ts";
 import { RedisLedger } from "./spend/redis-ledger.ts";
+import { LocalWindows } from "./limits/local-windows.ts";
+import { RedisWindows } from "./limits/redis-windows.ts";
 import { PeriodRoller } from "./spend/roller.ts";
 import { SpendWriter } from "./spend/writer.ts";
 import { openStore, type Store } from "./store/db.ts";
@@ -81,6 +83,7 @@ export async function startHost(opts: HostOptions): Promise<Host> {
       identity,
       bus,
       ledger,
+      rateWindows: redis ? new RedisWindows(redis.client, opts.log) : new LocalWindows(),
       spendHistory: new StoreSpendHistory(store.db),
       spendLog: { record: (call) => spendWriter.enqueue(toSpendEntry(call, identity)), flush: () => spendWriter.flush() },
       loadDbModels: (s) => loadDbModels(store.db, secretKey(process.env.SVC_SALT_KEY, s.masterKey)),

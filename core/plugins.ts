@@ -6,10 +6,11 @@ import builtinProviders from "../providers/index.ts";
 import authMasterKey from "../plugins/auth-master-key.ts";
 import authVirtualKeys from "../plugins/auth-virtual-keys.ts";
 import budgets from "../plugins/budgets.ts";
+import rateLimits from "../plugins/rate-limits.ts";
 import { schemaErrors } from "./config/load.ts";
 import { definePlugin, type Hooks, type PluginContext, type PluginDef } from "./contract.ts";
 
-export const BUILTIN_PLUGINS: readonly PluginDef[] = [builtinProviders, authMasterKey, authVirtualKeys, budgets];
+export const BUILTIN_PLUGINS: readonly PluginDef[] = [builtinProviders, authMasterKey, authVirtualKeys, rateLimits, budgets];
 
 /** What a plugin module may default-export: a plugin, or a factory given the host's runtime. */
 export type PluginModuleExport = PluginDef | ((host: PluginHost) => PluginDef);

@@ -1,5 +1,5 @@
 /** Long-lived services the host hands to snapshots, plugins and routes (all optional: tests run without a store). */
-import type { BudgetLedger, CallRecord, SpendHistory } from "./contract.ts";
+import type { BudgetLedger, CallRecord, RateWindows, SpendHistory } from "./contract.ts";
 import type { ModelEntry } from "./config/schema.ts";
 import type { ChangeBus } from "./identity/bus.ts";
 import type { IdentityCache } from "./identity/cache.ts";
@@ -11,6 +11,8 @@ export interface HostServices {
   bus?: ChangeBus;
   /** Budget counters (local, or in Redis); outlives config reloads. */
   ledger?: BudgetLedger;
+  /** Rate-limit windows (Redis when configured); absent means one in-memory set for the process. */
+  rateWindows?: RateWindows;
   spendHistory?: SpendHistory;
   /** The store's spend log: every finished call is queued here. */
   spendLog?: SpendLog;

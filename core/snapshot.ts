@@ -15,6 +15,7 @@ import type {
   PluginContext,
   ProviderAdapter,
   RateLimiter,
+  RateWindows,
   SpendRecorder,
 } from "./contract.ts";
 import type { AccessGroupLookup } from "./access.ts";
@@ -22,6 +23,7 @@ import type { GatewayConfig, ModelEntry } from "./config/schema.ts";
 import type { IdentityCache } from "./identity/cache.ts";
 import { ModelTable, toDeployment } from "./models.ts";
 import { PriceTable } from "./cost/prices.ts";
+import { LocalWindows } from "./limits/local-windows.ts";
 import { Pricing } from "./cost/pricing.ts";
 import { BUILTIN_PLUGINS, type LoadedPlugin, importPlugin, setupPlugin } from "./plugins.ts";
 import type { HostServices, SpendLog } from "./services.ts";
@@ -49,6 +51,8 @@ export interface Snapshot {
   /** Rate limiters, then budgets, as one list of checks a call passes in order (built once per snapshot). */
   readonly gates: readonly ((intent: CallIntent) => Lease | Denied | Promise<Lease | Denied>)[];
   readonly spend: readonly SpendRecorder[];
+  /** Rate-limit windows: the plugins' limits and the router's per-deployment rpm/tpm. */
+  readonly rateWindows: RateWindows;
   /** The store's spend log (absent without a store). */
   readonly spendLog?: SpendLog;
   readonly successCallbacks: readonly LoggingCallback[];
@@ -63,6 +67,9 @@ export class SnapshotError extends Error {
 }
 
 const DEFAULT_REQUEST_TIMEOUT_S = 600;
+
+/** Without host services (no store), limits still count: one window set for the process, kept across reloads. */
+const processWindows = new LocalWindows();
 
 export function resolveSettings(config: GatewayConfig): Settings {
   return {
@@ -79,6 +86,7 @@ async function loadPlugins(config: GatewayConfig, configPath: string, settings: 
     identity: services.identity,
     ledger: services.ledger,
     spendHistory: services.spendHistory,
+    rateWindows: services.rateWindows ?? processWindows,
   };
   const errors: string[] = [];
   const loaded: LoadedPlugin[] = [];
@@ -225,6 +233,7 @@ export async function buildSnapshot(config: GatewayConfig, configPath: string, v
     budgets,
     gates: [...rateLimiters.map((r) => (i: CallIntent) => r.acquire(i)), ...budgets.map((b) => (i: CallIntent) => b.reserve(i))],
     spend: hooks.flatMap((h) => (h.spend ? [h.spend] : [])),
+    rateWindows: services.rateWindows ?? processWindows,
     spendLog: services.spendLog,
     successCallbacks: [...new Set(success)],
     failureCallbacks: [...new Set(failure)],

@@ -24,7 +24,6 @@ import {
   type Lease,
   type LedgerGrant,
   type LedgerRefusal,
-  type Principal,
   type ProviderBudget,
   type SpendHistory,
 } from "../core/contract.ts";
@@ -32,6 +31,7 @@ import { columnToPico, picoToText, type Pico, usdToPico } from "../core/cost/mon
 import { errorInfo } from "../core/errors.ts";
 import { counterId, NO_LIMIT } from "../core/spend/ledger.ts";
 import { gridPeriod, periodEnd } from "../core/spend/period.ts";
+import { keyLabel } from "./shared/labels.ts";
 
 const GRANTED: Lease = { ok: true, settle: () => undefined };
 
@@ -62,11 +62,6 @@ function rowCounter(id: string, label: string, row: Limits, budget: BudgetRow | 
   // The row's spend belongs to the period its budget_reset_at closes; a later period starts at 0.
   const stored = end === null || row.budgetResetAt?.getTime() === end ? columnToPico(row.spend) : 0n;
   return { id, label, limit: l.max === undefined ? NO_LIMIT : l.max + extra, soft: l.soft, periodEnd: end, storedSpend: () => stored };
-}
-
-function keyLabel(p: Principal): string {
-  const name = p.key?.keyName ?? p.keyHash.slice(0, 8);
-  return p.keyAlias ? `Key ${name} (alias ${p.keyAlias})` : `Key ${name}`;
 }
 
 function countersFor(intent: CallIntent, identity: IdentityView, history: SpendHistory | undefined, providers: Readonly<Record<string, ProviderBudget>>): BudgetCounter[] {

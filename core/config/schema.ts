@@ -53,6 +53,9 @@ export const PluginEntrySchema = T.Object(
   { additionalProperties: false },
 );
 
+/** `[{"gpt-4": ["gpt-4o-mini", …]}, …]`: per model group, the groups tried in order when it fails. */
+const FallbackList = T.Array(T.Record(T.String(), T.Array(T.String())));
+
 export const RouterSettingsSchema = T.Object(
   {
     routing_strategy: T.Optional(
@@ -67,6 +70,20 @@ export const RouterSettingsSchema = T.Object(
     ),
     num_retries: T.Optional(T.Integer({ minimum: 0 })),
     timeout: T.Optional(T.Number({ exclusiveMinimum: 0 })),
+    /** Minimum seconds between retries; upstream `retry-after` and the exponential backoff can make it longer. */
+    retry_after: T.Optional(T.Number({ minimum: 0 })),
+    /** Seconds of the first backoff step (doubled per retry, at most 8 s). */
+    retry_initial_delay: T.Optional(T.Number({ minimum: 0 })),
+    /** Failures per minute a deployment may have before it cools down. */
+    allowed_fails: T.Optional(T.Integer({ minimum: 0 })),
+    /** Seconds a failing deployment is left out of routing. */
+    cooldown_time: T.Optional(T.Number({ minimum: 0 })),
+    disable_cooldowns: T.Optional(T.Boolean()),
+    fallbacks: T.Optional(FallbackList),
+    context_window_fallbacks: T.Optional(FallbackList),
+    content_policy_fallbacks: T.Optional(FallbackList),
+    default_fallbacks: T.Optional(T.Array(T.String())),
+    max_fallbacks: T.Optional(T.Integer({ minimum: 0 })),
     /** Spend caps per provider: `{openai: {budget_limit: 100, time_period: "1d"}}` (USD per period, periods aligned to UTC). */
     provider_budget_config: T.Optional(
       T.Record(

@@ -5,7 +5,7 @@ import { GatewayError, errorInfo, errorResponse } from "../errors.ts";
 import type { Live } from "../live.ts";
 import type { HostServices } from "../services.ts";
 import { adminRoutes } from "./admin/index.ts";
-import { modelCall } from "../pipeline/call.ts";
+import { modelCall } from "../router/route.ts";
 import { authenticate } from "./auth.ts";
 import { healthRoutes, type Probes } from "./routes/health.ts";
 import { modelRoutes } from "./routes/models.ts";

@@ -1,13 +1,14 @@
 /**
- * One model call, framework-free: resolve the model → limits and budgets → adapter builds the
- * upstream call → fetch → map the response or stream back → record the call.
+ * One attempt at one deployment, framework-free: the adapter builds the upstream call → fetch →
+ * map the response or stream back → price and record the call. The router (core/router/route.ts)
+ * decides which deployment, and holds the limits and budgets.
  */
 import type { CallIntent, CallRecord, CallStatus, Denied, Deployment, Endpoint, EndpointAdapter, ErrorInfo, Lease, Logger, Principal, StreamTransform, Usage, WireRequest } from "../contract.ts";
-import { authorizeModel } from "../access.ts";
 import { estimatePromptTokens } from "../cost/estimate.ts";
 import { picoToText } from "../cost/money.ts";
 import { GatewayError, errorInfo } from "../errors.ts";
 import type { Snapshot } from "../snapshot.ts";
+import { supportedBody } from "./params.ts";
 import { dispatchRecord, settleAll } from "./record.ts";
 import { streamResponse } from "./stream.ts";
 import { Deadline, send, timeoutError, upstreamError } from "./upstream.ts";
@@ -27,11 +28,7 @@ export interface CallContext {
   rawBody?: string;
 }
 
-const ZERO: Usage = { promptTokens: 0, completionTokens: 0 };
-
-function pick(deployments: readonly Deployment[]): Deployment {
-  return deployments[Math.floor(Math.random() * deployments.length)]!;
-}
+export const ZERO: Usage = { promptTokens: 0, completionTokens: 0 };
 
 function maxOutput(body: WireRequest[Endpoint]): number | undefined {
   const b = body as { max_tokens?: number | null; max_completion_tokens?: number | null };
@@ -39,7 +36,7 @@ function maxOutput(body: WireRequest[Endpoint]): number | undefined {
 }
 
 function denied(result: Denied): GatewayError {
-  const headers: Record<string, string> = {};
+  const headers: Record<string, string> = { ...result.headers };
   if (result.retryAfterSeconds !== undefined) headers["retry-after"] = String(result.retryAfterSeconds);
   return new GatewayError(result.error, headers);
 }
@@ -49,7 +46,7 @@ function denied(result: Denied): GatewayError {
  * synchronous while the gates answer synchronously (the common case: no budget applies), so a
  * call pays no extra event-loop turns for gates that have nothing to say.
  */
-function acquireLeases(snapshot: Snapshot, intent: CallIntent): Lease[] | Promise<Lease[]> {
+export function acquireLeases(snapshot: Snapshot, intent: CallIntent): Lease[] | Promise<Lease[]> {
   const gates = snapshot.gates;
   const granted: Lease[] = [];
   const step = (i: number): Lease[] | Promise<Lease[]> => {
@@ -78,7 +75,7 @@ function acquireLeases(snapshot: Snapshot, intent: CallIntent): Lease[] | Promis
 }
 
 /** The intent of a call; the prompt estimate and the worst case are computed only if a gate asks. */
-class Intent implements CallIntent {
+export class Intent implements CallIntent {
   private prompt: number | undefined;
   private worst: bigint | undefined;
   readonly maxOutputTokens: number | undefined;
@@ -119,19 +116,20 @@ export function responseHeaders(d: Deployment, callId: string, contentType: stri
   return { "content-type": contentType, "x-svc-model-id": d.id, "x-svc-call-id": callId, "x-svc-model-group": d.modelName };
 }
 
-export function modelCall<E extends Endpoint>(endpoint: E, body: WireRequest[E], ctx: CallContext): Promise<Response> {
-  const group = authorizeModel(ctx.principal, body.model, ctx.snapshot.accessGroups);
-  const deployments = ctx.snapshot.models.resolve(group);
-  if (!deployments || deployments.length === 0) {
-    throw GatewayError.of(400, `Invalid model name passed in model=${body.model}. Call \`/v1/models\` to view available models for your key.`, "invalid_request_error", "model");
-  }
-  const d = pick(deployments);
-  if (ctx.snapshot.gates.length === 0) return callDeployment(endpoint, body, d, ctx);
-  const startedAt = Date.now();
-  const intent = new Intent(ctx.principal, endpoint, group, d, startedAt, body, ctx.snapshot);
-  const leases = acquireLeases(ctx.snapshot, intent);
-  if (leases instanceof Promise) return leases.then((l) => callDeployment(endpoint, body, d, ctx, l, startedAt));
-  return callDeployment(endpoint, body, d, ctx, leases, startedAt);
+/** What the router attaches to one attempt at a deployment. */
+export interface Attempt {
+  /** Extra headers for the answer (rate limits, retries, fallbacks). */
+  headers?: Record<string, string>;
+  /** When the call started, if earlier than this attempt (budgets charge the period a call started in). */
+  startedAt?: number;
+  /** Told once when the call ends (for streams: when the stream ends), after its cost is known. */
+  ended?(record: CallRecord): void;
+}
+
+/** The request's own `timeout` (seconds), on every endpoint. */
+function requestTimeout(body: WireRequest[Endpoint]): number | undefined {
+  const t = (body as { timeout?: unknown }).timeout;
+  return typeof t === "number" && t > 0 ? t : undefined;
 }
 
 function requestTags(body: WireRequest[Endpoint], principal: Principal): string[] {
@@ -141,15 +139,9 @@ function requestTags(body: WireRequest[Endpoint], principal: Principal): string[
   return tags;
 }
 
-/** Calls one chosen deployment; `leases` are settled with the real usage when the call ends. */
-export async function callDeployment<E extends Endpoint>(
-  endpoint: E,
-  body: WireRequest[E],
-  d: Deployment,
-  ctx: CallContext,
-  leases: readonly Lease[] = [],
-  startedAt = Date.now(),
-): Promise<Response> {
+/** Calls one chosen deployment once; the attempt hears how it ended. */
+export async function callDeployment<E extends Endpoint>(endpoint: E, body: WireRequest[E], d: Deployment, ctx: CallContext, attempt: Attempt = {}): Promise<Response> {
+  const startedAt = attempt.startedAt ?? Date.now();
   const { snapshot } = ctx;
   const adapter = snapshot.providers.get(d.provider)!;
   const ep = adapter.endpoints[endpoint] as EndpointAdapter<E, unknown> | undefined;
@@ -158,13 +150,12 @@ export async function callDeployment<E extends Endpoint>(
   if (wantsStream && !ep.stream) throw GatewayError.of(400, `provider ${d.provider} does not support streaming ${endpoint}`, "invalid_request_error", "stream");
 
   let finished = false;
-  /** Ends the call once: settles leases with the real cost, then hands the record on. Returns the cost. */
+  /** Ends the call once: prices it, tells the attempt, then hands the record on. Returns the cost. */
   const finish = (status: CallStatus, usage: Usage, error?: ErrorInfo, firstByteAt?: number, responseId?: string): bigint => {
     if (finished) return 0n;
     finished = true;
     // A failed call is not charged; a cancelled stream is charged for what it used.
     const priced = status === "failure" ? { cost: 0n, priced: true, source: "failed call" } : snapshot.pricing.costOf(d, usage);
-    settleAll(leases, usage, priced.cost);
     const record: CallRecord = {
       id: ctx.callId,
       endpoint,
@@ -189,19 +180,24 @@ export async function callDeployment<E extends Endpoint>(
       endedAt: Date.now(),
       error,
     };
+    attempt.ended?.(record);
     ctx.release();
     if (ctx.record !== false) dispatchRecord(snapshot, record, ctx.log);
     return priced.cost;
   };
 
-  const timeoutSeconds = (endpoint === "embeddings" ? (body as WireRequest["embeddings"]).timeout : undefined) ?? d.timeout ?? snapshot.settings.requestTimeout;
+  const timeoutSeconds = requestTimeout(body) ?? d.timeout ?? snapshot.settings.requestTimeout;
   const deadline = new Deadline(ctx.clientSignal, timeoutSeconds);
   try {
-    const res = await send(adapter, d, ep.request(body, d, ctx.rawBody), deadline);
+    // Fields the adapter does not translate: refused, or dropped (then the client's bytes no longer match).
+    const sent = ep.supportedParams ? supportedBody(body, ep.supportedParams, d, snapshot.settings.dropParams) : body;
+    const res = await send(adapter, d, ep.request(sent, d, sent === body ? ctx.rawBody : undefined), deadline);
     if (!res.ok) throw await upstreamError(adapter, d, res);
     if (wantsStream && ep.stream) {
       const transform = ep.stream as StreamTransform<"chat" | "completions", unknown>;
-      return streamResponse({ res, deployment: d, transform, request: body as WireRequest["chat" | "completions"], deadline, headers: responseHeaders(d, ctx.callId, "text/event-stream"), finish });
+      const headers = responseHeaders(d, ctx.callId, "text/event-stream");
+      if (attempt.headers) Object.assign(headers, attempt.headers);
+      return streamResponse({ res, deployment: d, transform, request: body as WireRequest["chat" | "completions"], deadline, headers, finish });
     }
     const { text, json } = await readJson(res, d, deadline);
     deadline.clear();
@@ -216,6 +212,7 @@ export async function callDeployment<E extends Endpoint>(
     // An adapter that hands the upstream body back unchanged lets the original bytes through.
     const out = mapped.body === json ? text : JSON.stringify(mapped.body);
     const headers = responseHeaders(d, ctx.callId, "application/json");
+    if (attempt.headers) Object.assign(headers, attempt.headers);
     headers["x-svc-response-cost"] = picoToText(cost);
     return new Response(out, { headers });
   } catch (err) {

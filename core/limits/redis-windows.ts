@@ -1,0 +1,191 @@
+/**
+ * Rate-limit windows in Redis, shared by every instance. Per counter: a sorted set of the window's
+ * requests (member = request id, score = start time in ms), a hash of their tokens (plus `sum`),
+ * and a sorted set of requests in flight (score = when a lost one stops counting). One Lua script
+ * checks every counter of a request and counts it on all or none, using Redis's clock, so two
+ * instances enforce one limit exactly. While Redis is unreachable the instance counts alone and
+ * says so; requests keep flowing.
+ */
+import type Redis from "ioredis";
+import type { Logger, RateCounter, RateGrant, RateLimitKind, RateRefusal, RateWindows } from "../contract.ts";
+import { LocalWindows } from "./local-windows.ts";
+import { WINDOW_MS } from "./window.ts";
+
+const PREFIX = "svc:rl:";
+
+// KEYS: per counter (requests zset, tokens hash, in-flight zset). ARGV: window ms, tokens, request
+// id, in-flight ttl ms, then per counter rpm, tpm, parallel ('' = no limit).
+// Returns {0, requests1, tokens1, …} when counted, else {i, kind, current, retry-after ms}.
+const ACQUIRE = `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local win = tonumber(ARGV[1])
+local tokens = tonumber(ARGV[2])
+local id = ARGV[3]
+local ttl = tonumber(ARGV[4])
+local n = #KEYS / 3
+local out = {0}
+for i = 1, n do
+  local z, h, p = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local rpm, tpm, par = ARGV[4 + 3 * i - 2], ARGV[4 + 3 * i - 1], ARGV[4 + 3 * i]
+  local old = redis.call('ZRANGEBYSCORE', z, '-inf', now - win)
+  if #old > 0 then
+    local freed = 0
+    for _, m in ipairs(old) do
+      freed = freed + tonumber(redis.call('HGET', h, m) or '0')
+      redis.call('HDEL', h, m)
+    end
+    redis.call('ZREMRANGEBYSCORE', z, '-inf', now - win)
+    -- (a Lua -0 would reach Redis as '-0', which HINCRBY refuses)
+    if freed > 0 then redis.call('HINCRBY', h, 'sum', 0 - freed) end
+  end
+  redis.call('ZREMRANGEBYSCORE', p, '-inf', now)
+  local count = redis.call('ZCARD', z)
+  if rpm ~= '' and count + 1 > tonumber(rpm) then
+    local r = tonumber(rpm)
+    local retry = win
+    if r > 0 then
+      local e = redis.call('ZRANGE', z, count - r, count - r, 'WITHSCORES')
+      retry = tonumber(e[2]) + win - now
+    end
+    return {i, 'requests', count, retry}
+  end
+  local sum = tonumber(redis.call('HGET', h, 'sum') or '0')
+  if tpm ~= '' and sum + tokens > tonumber(tpm) then
+    local lim = tonumber(tpm)
+    local retry = win
+    if tokens <= lim then
+      local entries = redis.call('ZRANGE', z, 0, -1, 'WITHSCORES')
+      local freed = 0
+      for j = 1, #entries, 2 do
+        freed = freed + tonumber(redis.call('HGET', h, entries[j]) or '0')
+        if sum - freed + tokens <= lim then
+          retry = tonumber(entries[j + 1]) + win - now
+          break
+        end
+      end
+    end
+    return {i, 'tokens', sum, retry}
+  end
+  if par ~= '' then
+    local inflight = redis.call('ZCARD', p)
+    if inflight + 1 > tonumber(par) then return {i, 'parallel_requests', inflight, 0} end
+  end
+  out[2 * i] = count + 1
+  out[2 * i + 1] = sum + tokens
+end
+for i = 1, n do
+  local z, h, p = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  redis.call('ZADD', z, now, id)
+  redis.call('HSET', h, id, tokens)
+  redis.call('HINCRBY', h, 'sum', tokens)
+  redis.call('ZADD', p, now + ttl, id)
+  redis.call('PEXPIRE', z, win + 1000)
+  redis.call('PEXPIRE', h, win + 1000)
+  redis.call('PEXPIRE', p, ttl + 1000)
+end
+return out
+`;
+
+// KEYS as above. ARGV: request id, actual tokens.
+const SETTLE = `
+for i = 1, #KEYS / 3 do
+  local h, p = KEYS[3 * i - 1], KEYS[3 * i]
+  local old = redis.call('HGET', h, ARGV[1])
+  if old then
+    redis.call('HSET', h, ARGV[1], ARGV[2])
+    local delta = tonumber(ARGV[2]) - tonumber(old)
+    if delta ~= 0 then redis.call('HINCRBY', h, 'sum', delta) end
+  end
+  redis.call('ZREM', p, ARGV[1])
+end
+return 0
+`;
+
+type RedisWithScripts = Redis & {
+  svcRateAcquire(numKeys: number, ...args: (string | number)[]): Promise<(number | string)[]>;
+  svcRateSettle(numKeys: number, ...args: (string | number)[]): Promise<number>;
+};
+
+/** The counter's keys, hash-tagged so one counter's keys share a cluster slot. */
+function keysOf(c: RateCounter): string[] {
+  const tag = `${PREFIX}{${c.id}}`;
+  return [`${tag}:r`, `${tag}:t`, `${tag}:p`];
+}
+
+const limitArg = (n: number | undefined) => (n === undefined ? "" : String(n));
+
+export class RedisWindows implements RateWindows {
+  private readonly redis: RedisWithScripts;
+  private readonly local = new LocalWindows();
+  private degraded = false;
+  private readonly instance = crypto.randomUUID().slice(0, 8);
+  private seq = 0;
+
+  /**
+   * `inFlightTtlMs`: how long a request lost with its instance keeps counting as in flight.
+   * `windowMs` is 60 s; tests shorten it to watch the window slide.
+   */
+  constructor(
+    redis: Redis,
+    private readonly log: Logger,
+    private readonly inFlightTtlMs = 15 * 60_000,
+    private readonly windowMs = WINDOW_MS,
+  ) {
+    redis.defineCommand("svcRateAcquire", { lua: ACQUIRE });
+    redis.defineCommand("svcRateSettle", { lua: SETTLE });
+    this.redis = redis as RedisWithScripts;
+  }
+
+  async acquire(counters: readonly RateCounter[], tokens: number): Promise<RateGrant | RateRefusal> {
+    if (counters.length === 0) return { ok: true, remaining: [], settle: () => undefined };
+    const keys = counters.flatMap(keysOf);
+    const id = `${this.instance}:${++this.seq}`;
+    const args: (string | number)[] = [this.windowMs, tokens, id, this.inFlightTtlMs];
+    for (const c of counters) args.push(limitArg(c.rpm), limitArg(c.tpm), limitArg(c.parallel));
+    let res: (number | string)[];
+    try {
+      res = await this.redis.svcRateAcquire(keys.length, ...keys, ...args);
+    } catch (err) {
+      this.degrade(err);
+      return this.local.acquire(counters, tokens);
+    }
+    this.recovered();
+    const head = Number(res[0]);
+    if (head > 0) {
+      const c = counters[head - 1]!;
+      const kind = String(res[1]) as RateLimitKind;
+      const limit = kind === "requests" ? c.rpm! : kind === "tokens" ? c.tpm! : c.parallel!;
+      return { ok: false, counter: c, kind, limit, current: Number(res[2]), retryAfterMs: Number(res[3]) };
+    }
+    const remaining = counters.map((c, i) => ({
+      requests: c.rpm === undefined ? undefined : c.rpm - Number(res[2 * i + 1]),
+      tokens: c.tpm === undefined ? undefined : c.tpm - Number(res[2 * i + 2]),
+    }));
+    let settled = false;
+    return {
+      ok: true,
+      remaining,
+      settle: (actual) => {
+        if (settled) return;
+        settled = true;
+        this.redis.svcRateSettle(keys.length, ...keys, id, Math.max(0, Math.round(actual))).catch((err) => {
+          // The window forgets the request on its own within 60 s (in flight: within the ttl).
+          this.log.warn("rate-limit settle failed in redis", { error: String(err) });
+        });
+      },
+    };
+  }
+
+  private degrade(err: unknown): void {
+    if (this.degraded) return;
+    this.degraded = true;
+    this.log.warn("redis unreachable: rate limits are counted on this instance alone until it is back", { error: String(err) });
+  }
+
+  private recovered(): void {
+    if (!this.degraded) return;
+    this.degraded = false;
+    this.log.info("redis reachable again: rate limits are shared across instances again");
+  }
+}

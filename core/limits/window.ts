@@ -1,0 +1,97 @@
+/**
+ * One counter's sliding window, in memory: the start time and token count of every request of the
+ * last 60 s (a log, not buckets, so the window and `retry-after` are exact), and the requests in
+ * flight. Entries are appended in time order and expire from the front.
+ */
+import type { RateCounter, RateLimitKind } from "../contract.ts";
+
+export const WINDOW_MS = 60_000;
+
+export interface WindowCheck {
+  kind: RateLimitKind;
+  limit: number;
+  current: number;
+  retryAfterMs: number;
+}
+
+export class SlidingWindow {
+  private times: number[] = [];
+  private tokens: number[] = [];
+  /** Index of the oldest live entry; entries before it have expired. */
+  private head = 0;
+  /** Sequence number of `times[0]`, so an entry keeps its number when the arrays are compacted. */
+  private firstSeq = 0;
+  tokenSum = 0;
+  inFlight = 0;
+
+  get requests(): number {
+    return this.times.length - this.head;
+  }
+
+  prune(now: number): void {
+    const cutoff = now - WINDOW_MS;
+    const times = this.times;
+    let h = this.head;
+    while (h < times.length && times[h]! <= cutoff) this.tokenSum -= this.tokens[h++]!;
+    this.head = h;
+    // Compact once the dead prefix dominates, so memory follows the live window.
+    if (h > 256 && h * 2 > times.length) {
+      this.times = times.slice(h);
+      this.tokens = this.tokens.slice(h);
+      this.firstSeq += h;
+      this.head = 0;
+    }
+  }
+
+  /** The first limit a new request of `tokens` would break, with when it would fit; undefined when it fits. */
+  check(c: RateCounter, tokens: number, now: number): WindowCheck | undefined {
+    const count = this.requests;
+    if (c.rpm !== undefined && count + 1 > c.rpm) {
+      // The request fits once enough of the oldest requests leave the window.
+      const retryAfterMs = c.rpm === 0 ? WINDOW_MS : this.times[this.head + count - c.rpm]! + WINDOW_MS - now;
+      return { kind: "requests", limit: c.rpm, current: count, retryAfterMs };
+    }
+    if (c.tpm !== undefined && this.tokenSum + tokens > c.tpm) {
+      let retryAfterMs = WINDOW_MS;
+      if (tokens <= c.tpm) {
+        let freed = 0;
+        for (let i = this.head; i < this.times.length; i++) {
+          freed += this.tokens[i]!;
+          if (this.tokenSum - freed + tokens <= c.tpm) {
+            retryAfterMs = this.times[i]! + WINDOW_MS - now;
+            break;
+          }
+        }
+      }
+      return { kind: "tokens", limit: c.tpm, current: this.tokenSum, retryAfterMs };
+    }
+    if (c.parallel !== undefined && this.inFlight + 1 > c.parallel) {
+      return { kind: "parallel_requests", limit: c.parallel, current: this.inFlight, retryAfterMs: 0 };
+    }
+    return undefined;
+  }
+
+  /** Counts a request; returns its sequence number for `settle`. */
+  add(tokens: number, now: number): number {
+    this.times.push(now);
+    this.tokens.push(tokens);
+    this.tokenSum += tokens;
+    this.inFlight++;
+    return this.firstSeq + this.times.length - 1;
+  }
+
+  /** Replaces a request's reserved tokens with its real count (if it is still in the window) and ends it. */
+  settle(seq: number, actualTokens: number): void {
+    const i = seq - this.firstSeq;
+    if (i >= this.head && i < this.tokens.length) {
+      this.tokenSum += actualTokens - this.tokens[i]!;
+      this.tokens[i] = actualTokens;
+    }
+    this.inFlight--;
+  }
+
+  /** True when nothing is counted any more (the window can be dropped). */
+  get idle(): boolean {
+    return this.inFlight === 0 && this.requests === 0;
+  }
+}

@@ -1,0 +1,73 @@
+/**
+ * What the router knows about each deployment on this instance: calls in flight, recent latency,
+ * tokens in the last minute, recent failures and cooldown. Kept by deployment id across reloads
+ * (a deployment that did not change keeps its history).
+ */
+import { SlidingWindow } from "../limits/window.ts";
+import type { RoutePolicy } from "./policy.ts";
+
+const FAILURE_WINDOW_MS = 60_000;
+/** Weight of the newest sample in the latency average. */
+const LATENCY_ALPHA = 0.3;
+
+export class DeploymentState {
+  inFlight = 0;
+  /** Moving average of time to first byte (streams) or to the whole answer, ms; undefined until measured. */
+  latencyMs: number | undefined;
+  readonly usage = new SlidingWindow();
+  private failures: number[] = [];
+  cooldownUntil = 0;
+
+  coolingDown(now: number): boolean {
+    return this.cooldownUntil > now;
+  }
+
+  started(tokens: number, now: number): number {
+    this.inFlight++;
+    this.usage.prune(now);
+    return this.usage.add(tokens, now);
+  }
+
+  ended(seq: number, tokens: number): void {
+    this.inFlight = Math.max(0, this.inFlight - 1);
+    this.usage.settle(seq, tokens);
+  }
+
+  succeeded(latencyMs: number): void {
+    this.latencyMs = this.latencyMs === undefined ? latencyMs : this.latencyMs + LATENCY_ALPHA * (latencyMs - this.latencyMs);
+  }
+
+  /**
+   * Counts a failure that may cool the deployment down: more than `allowed_fails` in a minute, or
+   * at once on an upstream 429 (its `retry-after` when longer). The caller never asks this for a
+   * group's only deployment: with nowhere else to go, cooling it down would only add failures.
+   */
+  failed(policy: RoutePolicy, now: number, rateLimited: boolean, upstreamRetryAfterMs: number | undefined): boolean {
+    if (!policy.cooldowns) return false;
+    const cutoff = now - FAILURE_WINDOW_MS;
+    this.failures = this.failures.filter((t) => t > cutoff);
+    this.failures.push(now);
+    if (rateLimited || this.failures.length > policy.allowedFails) {
+      this.cooldownUntil = now + Math.max(policy.cooldownMs, upstreamRetryAfterMs ?? 0);
+      this.failures = [];
+      return true;
+    }
+    return false;
+  }
+}
+
+const states = new Map<string, DeploymentState>();
+
+export function stateOf(id: string): DeploymentState {
+  let s = states.get(id);
+  if (!s) {
+    s = new DeploymentState();
+    states.set(id, s);
+  }
+  return s;
+}
+
+/** Forgets everything (tests). */
+export function resetDeploymentStates(): void {
+  states.clear();
+}

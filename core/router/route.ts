@@ -1,0 +1,244 @@
+/**
+ * One model call as the client sees it: authorize the model → pick a deployment → limits and
+ * budgets (once per model group, not per retry) → attempts at deployments with retries and
+ * backoff → fallback groups when the group fails. Failing deployments cool down; deployments at
+ * their own `rpm`/`tpm` are skipped. The answer says which deployment answered and how many
+ * retries and fallbacks it took (`x-svc-attempted-retries`, `x-svc-attempted-fallbacks`).
+ */
+import { authorizeModel } from "../access.ts";
+import type { CallRecord, Deployment, Endpoint, Lease, RateCounter, RateGrant, UpstreamErrorKind, WireRequest } from "../contract.ts";
+import { GatewayError, errorInfo } from "../errors.ts";
+import { type Attempt, type CallContext, Intent, ZERO, acquireLeases, callDeployment } from "../pipeline/call.ts";
+import { settleAll } from "../pipeline/record.ts";
+import { stateOf } from "./deployment-state.ts";
+import { type FallbackType, fallbacksFor } from "./fallbacks.ts";
+import { type RoutePolicy, backoffMs, routePolicy } from "./policy.ts";
+import { pickDeployment } from "./strategy.ts";
+
+/** Statuses worth another attempt: the upstream may answer differently next time. */
+const RETRYABLE = new Set([408, 429, 500, 502, 503, 504]);
+/** Statuses after which a deployment counts a failure toward its cooldown. */
+const COOLDOWN_STATUSES = new Set([401, 404, 408, 429, 500, 502, 503, 504]);
+
+/** A model group gave up; the router may try its fallbacks. */
+class GroupFailure {
+  constructor(
+    readonly error: GatewayError,
+    readonly kind: UpstreamErrorKind | undefined,
+  ) {}
+}
+
+interface Progress {
+  attempts: number;
+  retries: number;
+  fallbacks: number;
+}
+
+function routerHeaders(p: Progress): Record<string, string> {
+  return { "x-svc-attempted-retries": String(p.retries), "x-svc-attempted-fallbacks": String(p.fallbacks) };
+}
+
+function invalidModel(model: string): GatewayError {
+  return GatewayError.of(400, `Invalid model name passed in model=${model}. Call \`/v1/models\` to view available models for your key.`, "invalid_request_error", "model");
+}
+
+function kindOf(err: GatewayError): UpstreamErrorKind | undefined {
+  const t = err.info.type;
+  return t === "context_window_exceeded" || t === "content_policy_violation" ? t : undefined;
+}
+
+function fallbackType(kind: UpstreamErrorKind | undefined): FallbackType {
+  return kind === "context_window_exceeded" ? "context_window" : kind === "content_policy_violation" ? "content_policy" : "general";
+}
+
+/** An upstream `retry-after` (seconds or an HTTP date) in ms. */
+function retryAfterMs(err: GatewayError): number | undefined {
+  const v = err.headers["retry-after"];
+  if (!v) return undefined;
+  const s = Number(v);
+  if (Number.isFinite(s)) return s * 1000;
+  const at = Date.parse(v);
+  return Number.isNaN(at) ? undefined : Math.max(0, at - Date.now());
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+export async function modelCall<E extends Endpoint>(endpoint: E, body: WireRequest[E], ctx: CallContext): Promise<Response> {
+  const { snapshot, principal } = ctx;
+  const group = authorizeModel(principal, body.model, snapshot.accessGroups);
+  const deployments = snapshot.models.resolve(group);
+  if (!deployments || deployments.length === 0) throw invalidModel(body.model);
+  const policy = routePolicy(snapshot.config, principal, body as unknown as Record<string, unknown>);
+  const progress: Progress = { attempts: 0, retries: 0, fallbacks: 0 };
+  try {
+    return await callGroup(endpoint, body, group, deployments, ctx, policy, progress);
+  } catch (first) {
+    if (!(first instanceof GroupFailure)) throw first;
+    let failure = first;
+    const tried = new Set([group]);
+    const queue = fallbacksFor(snapshot.config, body as unknown as Record<string, unknown>, group, fallbackType(failure.kind));
+    for (const name of queue) {
+      if (progress.fallbacks >= policy.maxFallbacks || ctx.clientSignal.aborted) break;
+      if (tried.has(name)) continue;
+      tried.add(name);
+      let target: string;
+      try {
+        target = authorizeModel(principal, name, snapshot.accessGroups);
+      } catch {
+        ctx.log.warn("fallback skipped: the key may not use it", { model: name });
+        continue;
+      }
+      const list = snapshot.models.resolve(target);
+      if (!list || list.length === 0) continue;
+      progress.fallbacks++;
+      try {
+        return await callGroup(endpoint, { ...body, model: name }, target, list, ctx, policy, progress, false);
+      } catch (err) {
+        if (!(err instanceof GroupFailure)) throw err;
+        failure = err;
+      }
+    }
+    Object.assign(failure.error.headers, routerHeaders(progress));
+    throw failure.error;
+  }
+}
+
+function capacityCounter(d: Deployment): RateCounter | undefined {
+  const rpm = d.options.rpm;
+  const tpm = d.options.tpm;
+  if (typeof rpm !== "number" && typeof tpm !== "number") return undefined;
+  return { id: `deployment:${d.id}`, label: `Deployment ${d.id} of model ${d.modelName}`, rpm: typeof rpm === "number" ? rpm : undefined, tpm: typeof tpm === "number" ? tpm : undefined };
+}
+
+/** Calls within one model group, with retries; throws GroupFailure when the group gives up. */
+async function callGroup<E extends Endpoint>(
+  endpoint: E,
+  body: WireRequest[E],
+  group: string,
+  deployments: readonly Deployment[],
+  ctx: CallContext,
+  policy: RoutePolicy,
+  progress: Progress,
+  useRawBody = true,
+): Promise<Response> {
+  const { snapshot } = ctx;
+  const startedAt = Date.now();
+  const failedHere = new Set<string>();
+  const available = (now: number) => {
+    const live = deployments.filter((d) => !stateOf(d.id).coolingDown(now));
+    // Prefer deployments this call has not failed on yet.
+    const fresh = live.filter((d) => !failedHere.has(d.id));
+    return fresh.length > 0 ? fresh : live;
+  };
+  let candidates = available(startedAt);
+  if (candidates.length === 0) throw new GroupFailure(allCoolingDown(group, deployments, startedAt), undefined);
+  let d = pickDeployment(policy.strategy, candidates, snapshot.pricing, startedAt);
+
+  const intent = new Intent(ctx.principal, endpoint, group, d, startedAt, body, snapshot);
+  const leases: Lease[] = snapshot.gates.length === 0 ? [] : await acquireLeases(snapshot, intent);
+  const leaseHeaders: Record<string, string> = {};
+  for (const l of leases) if (l.headers) Object.assign(leaseHeaders, l.headers);
+
+  let capacityRetryMs: number | undefined;
+  const atCapacity = new Set<string>();
+  for (;;) {
+    // A deployment at its own rpm/tpm is skipped, not failed: another one may have room.
+    const counter = capacityCounter(d);
+    let capacity: RateGrant | undefined;
+    if (counter) {
+      const tokens = counter.tpm === undefined ? 0 : intent.estimatedPromptTokens + (intent.maxOutputTokens ?? 0);
+      const got = await snapshot.rateWindows.acquire([counter], tokens);
+      if (!got.ok) {
+        atCapacity.add(d.id);
+        capacityRetryMs = Math.min(capacityRetryMs ?? Number.POSITIVE_INFINITY, got.retryAfterMs);
+        const rest = available(Date.now()).filter((x) => !atCapacity.has(x.id));
+        if (rest.length === 0) {
+          settleAll(leases, ZERO, 0n);
+          const seconds = Math.max(1, Math.ceil((capacityRetryMs ?? 1000) / 1000));
+          const err = new GatewayError(
+            errorInfo(429, `No deployments available for model ${group}: every deployment is at its rpm/tpm limit. Try again in ${seconds} s.`, "rate_limit_error"),
+            { "retry-after": String(seconds) },
+          );
+          throw new GroupFailure(err, undefined);
+        }
+        d = pickDeployment(policy.strategy, rest, snapshot.pricing, Date.now());
+        continue;
+      }
+      capacity = got;
+    }
+
+    const n = progress.attempts++;
+    const state = stateOf(d.id);
+    const seq = state.started(0, Date.now());
+    let returned = false;
+    let recorded = false;
+    const attempt: Attempt = {
+      headers: { ...leaseHeaders, ...routerHeaders(progress) },
+      startedAt: n === 0 ? startedAt : undefined,
+      ended: (record: CallRecord) => {
+        recorded = true;
+        const tokens = record.usage.promptTokens + record.usage.completionTokens;
+        state.ended(seq, tokens);
+        capacity?.settle(tokens);
+        if (record.status === "success") state.succeeded((record.firstByteAt ?? record.endedAt) - record.startedAt);
+        // A failure before the answer started may still be retried: the leases stay held until the router gives up.
+        if (record.status !== "failure" || returned) {
+          settleAll(leases, record.usage, record.cost);
+          ctx.release();
+        }
+      },
+    };
+    const attemptCtx: CallContext = {
+      ...ctx,
+      callId: n === 0 ? ctx.callId : `${ctx.callId}-${n}`,
+      release: () => undefined,
+      rawBody: useRawBody ? ctx.rawBody : undefined,
+    };
+    try {
+      const res = await callDeployment(endpoint, body, d, attemptCtx, attempt);
+      returned = true;
+      return res;
+    } catch (err) {
+      if (!recorded) {
+        // Refused before it reached the upstream (no adapter for the endpoint, unsupported stream): nothing else ends it.
+        state.ended(seq, 0);
+        capacity?.settle(0);
+      }
+      if (!(err instanceof GatewayError) || ctx.clientSignal.aborted) {
+        settleAll(leases, ZERO, 0n);
+        throw err;
+      }
+      const status = err.info.status;
+      const kind = kindOf(err);
+      const fromUpstream = err.headers["x-svc-call-id"] !== undefined;
+      if (fromUpstream && !kind && COOLDOWN_STATUSES.has(status) && deployments.length > 1) {
+        if (state.failed(policy, Date.now(), status === 429, retryAfterMs(err))) ctx.log.warn("deployment cooling down", { deployment: d.id, model: group, status });
+      }
+      failedHere.add(d.id);
+      const retryable = fromUpstream && !kind && RETRYABLE.has(status);
+      if (!retryable || progress.retries >= policy.numRetries) {
+        settleAll(leases, ZERO, 0n);
+        // Our own refusals (bad parameters) are the client's to fix; upstream failures may fall back.
+        if (!fromUpstream && status < 500) throw err;
+        throw new GroupFailure(err, kind);
+      }
+      progress.retries++;
+      await sleep(backoffMs(policy, progress.retries, retryAfterMs(err)));
+      candidates = available(Date.now());
+      if (candidates.length === 0) {
+        settleAll(leases, ZERO, 0n);
+        throw new GroupFailure(allCoolingDown(group, deployments, Date.now()), undefined);
+      }
+      d = pickDeployment(policy.strategy, candidates, snapshot.pricing, Date.now());
+    }
+  }
+}
+
+function allCoolingDown(group: string, deployments: readonly Deployment[], now: number): GatewayError {
+  const until = Math.min(...deployments.map((d) => stateOf(d.id).cooldownUntil));
+  const seconds = Math.max(1, Math.ceil((until - now) / 1000));
+  return new GatewayError(
+    errorInfo(429, `No deployments available for model ${group}: all ${deployments.length} are cooling down after failures. Try again in ${seconds} s.`, "rate_limit_error"),
+    { "retry-after": String(seconds) },
+  );
+}

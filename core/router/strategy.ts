@@ -1,0 +1,70 @@
+/**
+ * Routing strategies: which of a group's available deployments takes the next attempt.
+ *
+ * - `simple-shuffle`: random, weighted by `weight` (else `rpm`, else `tpm`, else equal);
+ * - `least-busy`: fewest calls in flight on this instance;
+ * - `latency-based-routing`: lowest moving-average latency (unmeasured deployments first, so each gets measured);
+ * - `usage-based-routing(-v2)`: fewest tokens in the last minute;
+ * - `cost-based-routing`: cheapest price for 1,000 prompt + 1,000 output tokens.
+ * Ties are broken at random, so equal deployments share the load.
+ */
+import type { Deployment } from "../contract.ts";
+import type { Pricing } from "../cost/pricing.ts";
+import { stateOf } from "./deployment-state.ts";
+import type { RoutingStrategy } from "./policy.ts";
+
+function weightOf(d: Deployment): number {
+  for (const name of ["weight", "rpm", "tpm"]) {
+    const v = d.options[name];
+    if (typeof v === "number" && v > 0) return v;
+  }
+  return 1;
+}
+
+function weightedPick(list: readonly Deployment[]): Deployment {
+  let total = 0;
+  for (const d of list) total += weightOf(d);
+  let r = Math.random() * total;
+  for (const d of list) {
+    r -= weightOf(d);
+    if (r < 0) return d;
+  }
+  return list[list.length - 1]!;
+}
+
+/** The deployment with the lowest score; ties at random. */
+function lowest(list: readonly Deployment[], score: (d: Deployment) => number): Deployment {
+  let best: Deployment[] = [];
+  let bestScore = Number.POSITIVE_INFINITY;
+  for (const d of list) {
+    const s = score(d);
+    if (s < bestScore) {
+      bestScore = s;
+      best = [d];
+    } else if (s === bestScore) best.push(d);
+  }
+  return best[Math.floor(Math.random() * best.length)] ?? list[0]!;
+}
+
+const SAMPLE_USAGE = { promptTokens: 1000, completionTokens: 1000 };
+
+export function pickDeployment(strategy: RoutingStrategy, list: readonly Deployment[], pricing: Pricing, now: number): Deployment {
+  if (list.length === 1) return list[0]!;
+  switch (strategy) {
+    case "least-busy":
+      return lowest(list, (d) => stateOf(d.id).inFlight);
+    case "latency-based-routing":
+      return lowest(list, (d) => stateOf(d.id).latencyMs ?? -1);
+    case "usage-based-routing":
+    case "usage-based-routing-v2":
+      return lowest(list, (d) => {
+        const u = stateOf(d.id).usage;
+        u.prune(now);
+        return u.tokenSum;
+      });
+    case "cost-based-routing":
+      return lowest(list, (d) => Number(pricing.costOf(d, SAMPLE_USAGE).cost));
+    default:
+      return weightedPick(list);
+  }
+}

@@ -1,0 +1,133 @@
+/**
+ * Rate limits: `rpm_limit`, `tpm_limit` and `max_parallel_requests` on the key (or its budget
+ * object), its user, team and organization; `model_rpm_limit` / `model_tpm_limit` per model group
+ * on the key, team and organization. Every limit counts over a sliding 60-second window; a request
+ * is counted on all of its counters or on none (a refused request consumes nothing). Tokens are
+ * reserved from the request's estimate (prompt estimate + `max_tokens`) and replaced by the real
+ * usage when the call ends.
+ *
+ * A refusal is HTTP 429 naming the limit, with `retry-after` = seconds until the request would fit.
+ * Granted calls carry `x-ratelimit-{limit,remaining}-{requests,tokens}` for the tightest limit that
+ * applies.
+ */
+import { Type } from "@sinclair/typebox";
+import { type CallIntent, type Denied, definePlugin, type Hooks, type IdentityView, type Lease, type RateCounter, type RateGrant, type RateRefusal, type RateWindows } from "../core/contract.ts";
+import { errorInfo } from "../core/errors.ts";
+import { keyLabel } from "./shared/labels.ts";
+
+const GRANTED: Lease = { ok: true, settle: () => undefined };
+
+interface RowLimits {
+  rpmLimit: number | null;
+  tpmLimit: number | null;
+  maxParallelRequests: number | null;
+  modelRpmLimit: Record<string, number> | null;
+  modelTpmLimit: Record<string, number> | null;
+}
+
+const num = (v: number | null | undefined) => (v === null || v === undefined ? undefined : Number(v));
+
+function rowCounter(out: RateCounter[], id: string, label: string, row: RowLimits, fallback?: RowLimits): void {
+  const rpm = num(row.rpmLimit ?? fallback?.rpmLimit);
+  const tpm = num(row.tpmLimit ?? fallback?.tpmLimit);
+  const parallel = num(row.maxParallelRequests ?? fallback?.maxParallelRequests);
+  if (rpm !== undefined || tpm !== undefined || parallel !== undefined) out.push({ id, label, rpm, tpm, parallel });
+}
+
+function modelCounter(out: RateCounter[], id: string, label: string, row: RowLimits, group: string): void {
+  const rpm = num(row.modelRpmLimit?.[group]);
+  const tpm = num(row.modelTpmLimit?.[group]);
+  if (rpm !== undefined || tpm !== undefined) out.push({ id: `${id}:${group}`, label: `${label} for model=${group}`, rpm, tpm });
+}
+
+function countersFor(intent: CallIntent, identity: IdentityView | undefined): RateCounter[] {
+  const p = intent.principal;
+  const out: RateCounter[] = [];
+  const key = p.key;
+  if (!key) return out;
+  const group = intent.modelGroup;
+  const label = keyLabel(p);
+  rowCounter(out, `key:${key.token}`, label, key, key.budgetId ? identity?.budgets.get(key.budgetId) : undefined);
+  modelCounter(out, `key_model:${key.token}`, label, key, group);
+  const user = p.user ?? (p.userId ? identity?.users.get(p.userId) : undefined);
+  if (user) rowCounter(out, `user:${user.userId}`, `User=${user.userId}`, user);
+  const team = p.team ?? (p.teamId ? identity?.teams.get(p.teamId) : undefined);
+  if (team) {
+    rowCounter(out, `team:${team.teamId}`, `Team=${team.teamId}`, team, team.budgetId ? identity?.budgets.get(team.budgetId) : undefined);
+    modelCounter(out, `team_model:${team.teamId}`, `Team=${team.teamId}`, team, group);
+  }
+  const org = p.org ?? (p.orgId ? identity?.orgs.get(p.orgId) : undefined);
+  if (org) {
+    rowCounter(out, `org:${org.organizationId}`, `Organization=${org.organizationId}`, org, org.budgetId ? identity?.budgets.get(org.budgetId) : undefined);
+    modelCounter(out, `org_model:${org.organizationId}`, `Organization=${org.organizationId}`, org, group);
+  }
+  return out;
+}
+
+/** Tokens a call may use: the prompt estimate plus its output bound (the prompt alone when unbounded). */
+export function tokenEstimate(intent: CallIntent): number {
+  return intent.estimatedPromptTokens + (intent.maxOutputTokens ?? 0);
+}
+
+/** The `x-ratelimit-*` headers for the tightest request and token limits of a grant. */
+export function rateHeaders(counters: readonly RateCounter[], remaining: RateGrant["remaining"]): Record<string, string> | undefined {
+  let req: [number, number] | undefined;
+  let tok: [number, number] | undefined;
+  for (const [i, c] of counters.entries()) {
+    const r = remaining[i]!;
+    if (c.rpm !== undefined && r.requests !== undefined && (!req || r.requests < req[1])) req = [c.rpm, r.requests];
+    if (c.tpm !== undefined && r.tokens !== undefined && (!tok || r.tokens < tok[1])) tok = [c.tpm, r.tokens];
+  }
+  if (!req && !tok) return undefined;
+  const h: Record<string, string> = {};
+  if (req) {
+    h["x-ratelimit-limit-requests"] = String(req[0]);
+    h["x-ratelimit-remaining-requests"] = String(Math.max(0, req[1]));
+  }
+  if (tok) {
+    h["x-ratelimit-limit-tokens"] = String(tok[0]);
+    h["x-ratelimit-remaining-tokens"] = String(Math.max(0, tok[1]));
+  }
+  return h;
+}
+
+const KIND_TEXT = { requests: "requests per minute", tokens: "tokens per minute", parallel_requests: "parallel requests" } as const;
+
+/** Whole seconds until the request fits, never 0 (a client told 0 would retry at once and fail again). */
+export const retryAfterSeconds = (ms: number) => Math.max(1, Math.ceil(ms / 1000));
+
+export function rateRefusal(r: RateRefusal, tokens: number): Denied {
+  const c = r.counter;
+  const retry = retryAfterSeconds(r.retryAfterMs);
+  let message = `Rate limit exceeded for ${c.label}: ${KIND_TEXT[r.kind]} limit ${r.limit}`;
+  if (r.kind === "parallel_requests") message += `, ${r.current} requests in flight.`;
+  else if (r.kind === "tokens" && tokens > r.limit) message += `, and this request alone may use ${tokens} tokens (lower max_tokens).`;
+  else message += `, ${r.current} used in the last 60 s. Try again in ${retry} s.`;
+  const headers: Record<string, string> = {};
+  if (r.kind === "requests") Object.assign(headers, { "x-ratelimit-limit-requests": String(r.limit), "x-ratelimit-remaining-requests": "0" });
+  if (r.kind === "tokens") Object.assign(headers, { "x-ratelimit-limit-tokens": String(r.limit), "x-ratelimit-remaining-tokens": String(Math.max(0, r.limit - r.current)) });
+  return { ok: false, error: errorInfo(429, message, "rate_limit_error"), retryAfterSeconds: retry, headers };
+}
+
+export default definePlugin({
+  name: "rate-limits",
+  config: Type.Object({}),
+  setup(_config, ctx): Hooks {
+    const windows: RateWindows | undefined = ctx.rateWindows;
+    if (!windows) return {};
+    const identity = ctx.identity;
+    return {
+      rateLimiter: {
+        acquire(intent) {
+          const counters = countersFor(intent, identity);
+          if (counters.length === 0) return GRANTED;
+          const tokens = counters.some((c) => c.tpm !== undefined) ? tokenEstimate(intent) : 0;
+          const toLease = (r: RateGrant | RateRefusal): Lease | Denied =>
+            r.ok ? { ok: true, headers: rateHeaders(counters, r.remaining), settle: (usage) => r.settle(usage.promptTokens + usage.completionTokens) } : rateRefusal(r, tokens);
+          const result = windows.acquire(counters, tokens);
+          return result instanceof Promise ? result.then(toLease) : toLease(result);
+        },
+      },
+    };
+  },
+});

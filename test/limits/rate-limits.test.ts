@@ -1,0 +1,145 @@
+// Rate limits through the gateway: rpm, tpm, parallel and per-model limits on keys, teams and
+// organizations. The (N+1)th request in the window gets a 429 in the spec's envelope naming the
+// limit, `retry-after` says when the oldest request leaves the 60 s window, the x-ratelimit-*
+// headers count down on every call, and refused requests consume nothing.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
+import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
+
+interface Reply {
+  status: number;
+  headers: Headers;
+  body: { error?: { message: string; type: string; code: string } };
+}
+
+let gw: TestGateway;
+let slow: MockOpenAI;
+
+async function call(key: string, model = "fast", extra: Record<string, unknown> = {}): Promise<Reply> {
+  const res = await fetch(`${gw.url}/v1/chat/completions`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+    body: JSON.stringify({ model, messages: [{ role: "user", content: "hello there" }], ...extra }),
+  });
+  return { status: res.status, headers: res.headers, body: (await res.json()) as Reply["body"] };
+}
+
+async function newKey(body: Record<string, unknown>): Promise<string> {
+  const r = await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body });
+  expect(r.status).toBe(200);
+  return r.body.key;
+}
+
+beforeAll(async () => {
+  slow = await startMockOpenAI({ apiKey: "sk-up" });
+  gw = await startBackendGateway("pglite", {
+    model_list: [
+      { model_name: "fast", svc_params: { model: "mock/fast" } },
+      { model_name: "other", svc_params: { model: "mock/other" } },
+      { model_name: "slow", svc_params: { model: "openai/gpt-4o-mini", api_base: slow.url, api_key: "sk-up" } },
+    ],
+    general_settings: { master_key: MASTER_KEY },
+  });
+});
+afterAll(async () => {
+  await gw?.stop();
+  await slow?.stop();
+});
+
+describe("rate limits", () => {
+  test("rpm on a key: headers count down, the 4th call is refused with retry-after up to the window, refusals consume nothing", async () => {
+    const key = await newKey({ rpm_limit: 3 });
+    const started = Date.now();
+    const remaining: string[] = [];
+    for (let i = 0; i < 3; i++) {
+      const r = await call(key);
+      expect(r.status).toBe(200);
+      expect(r.headers.get("x-ratelimit-limit-requests")).toBe("3");
+      remaining.push(r.headers.get("x-ratelimit-remaining-requests")!);
+    }
+    expect(remaining).toEqual(["2", "1", "0"]);
+    const refused = await call(key);
+    expect(refused.status).toBe(429);
+    expect(refused.body.error).toMatchObject({ type: "rate_limit_error", code: "429" });
+    expect(refused.body.error!.message).toContain("requests per minute limit 3");
+    const retryAfter = Number(refused.headers.get("retry-after"));
+    // The first call leaves the window 60 s after it started.
+    const expected = 60 - (Date.now() - started) / 1000;
+    expect(Math.abs(retryAfter - expected)).toBeLessThanOrEqual(1);
+    expect(refused.headers.get("x-ratelimit-remaining-requests")).toBe("0");
+    // Refused calls did not count: the same answer again, and another key is unaffected.
+    const again = await call(key);
+    expect(again.status).toBe(429);
+    expect(Number(again.headers.get("retry-after"))).toBeLessThanOrEqual(retryAfter);
+    expect((await call(await newKey({ rpm_limit: 3 }))).status).toBe(200);
+  });
+
+  test("tpm on a key: the estimate is reserved, the real usage settled; a call that cannot fit is refused naming tokens", async () => {
+    const key = await newKey({ tpm_limit: 200 });
+    const first = await call(key, "fast", { max_tokens: 50 });
+    expect(first.status).toBe(200);
+    expect(first.headers.get("x-ratelimit-limit-tokens")).toBe("200");
+    const afterFirst = Number(first.headers.get("x-ratelimit-remaining-tokens"));
+    // Reserved: the prompt estimate plus max_tokens.
+    expect(afterFirst).toBeLessThanOrEqual(150);
+    // A call needing more than is left is refused and consumes nothing.
+    const big = await call(key, "fast", { max_tokens: 190 });
+    expect(big.status).toBe(429);
+    expect(big.body.error!.message).toContain("tokens per minute limit 200");
+    // After settling, the first call holds only what it used, so a 50-token call still fits.
+    const second = await call(key, "fast", { max_tokens: 50 });
+    expect(second.status).toBe(200);
+    expect(Number(second.headers.get("x-ratelimit-remaining-tokens"))).toBeGreaterThan(afterFirst - 80);
+    // A request larger than the whole limit is told so.
+    const huge = await call(key, "fast", { max_tokens: 500 });
+    expect(huge.status).toBe(429);
+    expect(huge.body.error!.message).toContain("this request alone may use");
+  });
+
+  test("max_parallel_requests: a second call while one is in flight is refused; the slot frees when it ends", async () => {
+    const key = await newKey({ max_parallel_requests: 1 });
+    slow.fault({ kind: "delay", ms: 600 });
+    const first = call(key, "slow");
+    await Bun.sleep(150);
+    const second = await call(key, "slow");
+    expect(second.status).toBe(429);
+    expect(second.body.error!.message).toContain("parallel requests limit 1");
+    expect((await first).status).toBe(200);
+    expect((await call(key, "slow")).status).toBe(200);
+  });
+
+  test("model_rpm_limit on a key limits one model group only", async () => {
+    const key = await newKey({ model_rpm_limit: { fast: 1 } });
+    expect((await call(key, "fast")).status).toBe(200);
+    const refused = await call(key, "fast");
+    expect(refused.status).toBe(429);
+    expect(refused.body.error!.message).toContain("for model=fast");
+    expect((await call(key, "other")).status).toBe(200);
+  });
+
+  test("a team's rpm is shared by its keys; an org's by its teams", async () => {
+    const org = await requestJson<{ organization_id: string }>(gw, "POST", "/organization/new", { body: { organization_alias: "rl-org", rpm_limit: 3 } });
+    expect(org.status).toBe(200);
+    const team = await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: { team_alias: "rl-team", rpm_limit: 2, organization_id: org.body.organization_id } });
+    expect(team.status).toBe(200);
+    const other = await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: { team_alias: "rl-team-2", organization_id: org.body.organization_id } });
+    const [a, b] = [await newKey({ team_id: team.body.team_id }), await newKey({ team_id: team.body.team_id })];
+    const c = await newKey({ team_id: other.body.team_id });
+    expect((await call(a)).status).toBe(200);
+    expect((await call(b)).status).toBe(200);
+    const refused = await call(a);
+    expect(refused.status).toBe(429);
+    expect(refused.body.error!.message).toContain(`Team=${team.body.team_id}`);
+    // The org has one request left, taken by the other team's key; then the org refuses.
+    expect((await call(c)).status).toBe(200);
+    const orgRefused = await call(c);
+    expect(orgRefused.status).toBe(429);
+    expect(orgRefused.body.error!.message).toContain(`Organization=${org.body.organization_id}`);
+  });
+
+  test("the master key and keys without limits carry no rate-limit headers and are never refused", async () => {
+    const r = await call(MASTER_KEY);
+    expect(r.status).toBe(200);
+    expect(r.headers.get("x-ratelimit-limit-requests")).toBeNull();
+  });
+});

@@ -1,0 +1,134 @@
+// The sliding window itself, in memory (with a clock the test moves) and in Redis (with a short
+// window): the (N+1)th request in the window is refused, capacity returns as the oldest requests
+// leave it, retry-after says exactly when, refused requests consume nothing, tokens are settled to
+// the real count, and all counters of a request are counted together or not at all.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import Redis from "ioredis";
+import type { RateCounter, RateGrant, RateRefusal, RateWindows } from "../../core/contract.ts";
+import { LocalWindows } from "../../core/limits/local-windows.ts";
+import { RedisWindows } from "../../core/limits/redis-windows.ts";
+import { memoryLogger } from "../harness/gateway.ts";
+
+const uid = () => Math.random().toString(36).slice(2, 10);
+
+function granted(r: RateGrant | RateRefusal): RateGrant {
+  if (!r.ok) throw new Error(`refused: ${r.kind} ${r.current}/${r.limit}`);
+  return r;
+}
+function refused(r: RateGrant | RateRefusal): RateRefusal {
+  if (r.ok) throw new Error("granted");
+  return r;
+}
+
+describe("in-memory sliding window", () => {
+  let now = 1_000_000;
+  const w = new LocalWindows(() => now);
+
+  test("rpm: the 4th request within 60 s is refused; it fits again when the first leaves the window", () => {
+    const c: RateCounter = { id: `k:${uid()}`, label: "Key a", rpm: 3 };
+    granted(w.acquire([c], 0));
+    now += 10_000;
+    granted(w.acquire([c], 0));
+    now += 10_000;
+    const third = granted(w.acquire([c], 0));
+    expect(third.remaining[0]!.requests).toBe(0);
+    now += 5_000;
+    const r = refused(w.acquire([c], 0));
+    expect(r).toMatchObject({ kind: "requests", limit: 3, current: 3 });
+    // The first request started 25 s ago: room again in 35 s.
+    expect(r.retryAfterMs).toBe(35_000);
+    // Refused requests consume nothing: asking again changes nothing.
+    expect(refused(w.acquire([c], 0)).current).toBe(3);
+    now += 34_999;
+    refused(w.acquire([c], 0));
+    now += 1;
+    expect(granted(w.acquire([c], 0)).remaining[0]!.requests).toBe(0);
+  });
+
+  test("tpm: reserved from the estimate, settled to the real count; retry-after counts the tokens that must leave", () => {
+    const c: RateCounter = { id: `k:${uid()}`, label: "Key b", tpm: 1000 };
+    const a = granted(w.acquire([c], 600));
+    expect(a.remaining[0]!.tokens).toBe(400);
+    refused(w.acquire([c], 500));
+    a.settle(100); // the call used far less than its estimate
+    now += 20_000;
+    const b = granted(w.acquire([c], 500));
+    expect(b.remaining[0]!.tokens).toBe(400);
+    b.settle(500);
+    const r = refused(w.acquire([c], 500));
+    expect(r).toMatchObject({ kind: "tokens", limit: 1000, current: 600 });
+    // Leaving the first call's 100 tokens is enough: it started 20 s ago.
+    expect(r.retryAfterMs).toBe(40_000);
+    // A request larger than the whole limit never fits.
+    expect(refused(w.acquire([c], 1001)).retryAfterMs).toBe(60_000);
+  });
+
+  test("parallel: a slot frees when a call ends, not when the window slides", () => {
+    const c: RateCounter = { id: `k:${uid()}`, label: "Key c", parallel: 2 };
+    const a = granted(w.acquire([c], 0));
+    granted(w.acquire([c], 0));
+    expect(refused(w.acquire([c], 0))).toMatchObject({ kind: "parallel_requests", current: 2 });
+    a.settle(0);
+    a.settle(0); // settling twice frees one slot, once
+    granted(w.acquire([c], 0));
+    expect(refused(w.acquire([c], 0)).kind).toBe("parallel_requests");
+  });
+
+  test("all or nothing: a refusal by the second counter leaves the first one untouched", () => {
+    const key: RateCounter = { id: `k:${uid()}`, label: "Key d", rpm: 10 };
+    const team: RateCounter = { id: `t:${uid()}`, label: "Team", rpm: 1 };
+    granted(w.acquire([key, team], 0));
+    const r = refused(w.acquire([key, team], 0));
+    expect(r.counter.id).toBe(team.id);
+    expect(w.usage(key.id).requests).toBe(1);
+  });
+});
+
+describe("redis sliding window", () => {
+  let redis: Redis;
+  let windows: RateWindows;
+  beforeAll(() => {
+    redis = new Redis("redis://127.0.0.1:6379", { maxRetriesPerRequest: 1 });
+    windows = new RedisWindows(redis, memoryLogger(), 60_000, 1500);
+  });
+  afterAll(() => redis.disconnect());
+
+  test("rpm over a 1.5 s window: refused at N+1, retry-after within the window, capacity returns as it slides", async () => {
+    const c: RateCounter = { id: `k:${uid()}`, label: "Key r", rpm: 5 };
+    for (let i = 0; i < 5; i++) {
+      granted(await windows.acquire([c], 0));
+      await Bun.sleep(100);
+    }
+    const r = refused(await windows.acquire([c], 0));
+    expect(r).toMatchObject({ kind: "requests", limit: 5, current: 5 });
+    // The first request left ~500 ms ago: it leaves the window in ~1 s.
+    expect(r.retryAfterMs).toBeGreaterThan(900);
+    expect(r.retryAfterMs).toBeLessThanOrEqual(1000);
+    refused(await windows.acquire([c], 0));
+    await Bun.sleep(r.retryAfterMs + 20);
+    // Only the first request left: room for exactly one more.
+    expect(granted(await windows.acquire([c], 0)).remaining[0]!.requests).toBe(0);
+    refused(await windows.acquire([c], 0));
+  });
+
+  test("tpm settle and parallel slots are shared through redis", async () => {
+    const c: RateCounter = { id: `k:${uid()}`, label: "Key s", tpm: 100, parallel: 2 };
+    const a = granted(await windows.acquire([c], 80));
+    expect(a.remaining[0]!.tokens).toBe(20);
+    granted(await windows.acquire([c], 10));
+    expect(refused(await windows.acquire([c], 5)).kind).toBe("parallel_requests");
+    a.settle(30);
+    await Bun.sleep(50);
+    const b = granted(await windows.acquire([c], 50));
+    expect(b.remaining[0]!.tokens).toBe(10);
+  });
+
+  test("all or nothing across counters", async () => {
+    const key: RateCounter = { id: `k:${uid()}`, label: "Key t", rpm: 10 };
+    const team: RateCounter = { id: `t:${uid()}`, label: "Team", rpm: 1 };
+    granted(await windows.acquire([key, team], 0));
+    expect(refused(await windows.acquire([key, team], 0)).counter.id).toBe(team.id);
+    const solo = granted(await windows.acquire([key], 0));
+    expect(solo.remaining[0]!.requests).toBe(8);
+  });
+});
