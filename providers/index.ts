@@ -1,5 +1,6 @@
 import { Type } from "@sinclair/typebox";
 import { definePlugin } from "../core/contract.ts";
+import { bedrockProvider } from "./bedrock/index.ts";
 import { mockProvider } from "./mock/index.ts";
 import { openAICompatibleAdapter } from "./openai-compatible/adapter.ts";
 import { OPENAI_COMPATIBLE_PROVIDERS } from "./openai-compatible/table.ts";
@@ -8,5 +9,5 @@ import { OPENAI_COMPATIBLE_PROVIDERS } from "./openai-compatible/table.ts";
 export default definePlugin({
   name: "builtin-providers",
   config: Type.Object({}),
-  setup: () => ({ providers: [openAICompatibleAdapter(OPENAI_COMPATIBLE_PROVIDERS), mockProvider] }),
+  setup: () => ({ providers: [openAICompatibleAdapter(OPENAI_COMPATIBLE_PROVIDERS), mockProvider, bedrockProvider] }),
 });

@@ -203,7 +203,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     deadline.clear();
     let mapped: { body: unknown; usage: Usage };
     try {
-      mapped = ep.response(json);
+      mapped = ep.response(json, body);
     } catch (err) {
       throw GatewayError.of(500, `${d.provider} returned an unexpected response for model ${d.modelName}: ${err instanceof Error ? err.message : String(err)}`);
     }

@@ -7,6 +7,7 @@
  */
 import type { CallStatus, Deployment, ErrorInfo, StreamTransform, Usage, WireRequest } from "../contract.ts";
 import { errorBody, errorInfo } from "../errors.ts";
+import { AwsEventStreamParser } from "../stream/aws-eventstream.ts";
 import { type EventParser, NdjsonParser, SseParser } from "../stream/framing.ts";
 import type { Deadline } from "./upstream.ts";
 
@@ -44,6 +45,8 @@ export function streamResponse(a: StreamArgs): Response {
   const reader = a.res.body!.getReader();
   const decoder = new TextDecoder();
   const parser: EventParser = transform.framing === "sse" ? new SseParser() : new NdjsonParser();
+  /** AWS's event stream is binary: it reads the raw bytes, the text framings read decoded text. */
+  const binary = transform.framing === "aws-eventstream" ? new AwsEventStreamParser() : undefined;
   let usage: Usage | undefined;
   let firstByteAt: number | undefined;
   let out = "";
@@ -66,6 +69,15 @@ export function streamResponse(a: StreamArgs): Response {
         failure = new StreamFailure(part.error);
         return;
       }
+    }
+  };
+  /** Feeds the binary parser; a corrupt frame (bad CRC, cut message) ends the stream. */
+  const feedBinary = (p: AwsEventStreamParser, bytes: Uint8Array | undefined) => {
+    try {
+      if (bytes) p.push(bytes, onEvent);
+      else p.end(onEvent);
+    } catch (err) {
+      failure ??= new StreamFailure(errorInfo(500, `${d.provider} sent a corrupt event stream for model ${d.modelName}: ${err instanceof Error ? err.message : String(err)}`));
     }
   };
   const end = (status: CallStatus, error?: ErrorInfo) => {
@@ -122,8 +134,11 @@ export function streamResponse(a: StreamArgs): Response {
         }
         if (ended) return;
         if (next.done) {
-          parser.push(decoder.decode(), onEvent);
-          parser.end(onEvent);
+          if (binary) feedBinary(binary, undefined);
+          else {
+            parser.push(decoder.decode(), onEvent);
+            parser.end(onEvent);
+          }
           if (failure) return finishWith(failure.error);
           // Returning from pull ends a direct stream; Bun finishes the response natively.
           await send(out + DONE);
@@ -131,7 +146,8 @@ export function streamResponse(a: StreamArgs): Response {
           return end("success");
         }
         firstByteAt ??= Date.now();
-        parser.push(decoder.decode(next.value, { stream: true }), onEvent);
+        if (binary) feedBinary(binary, next.value);
+        else parser.push(decoder.decode(next.value, { stream: true }), onEvent);
         if (failure) return finishWith(failure.error);
         reading = reader.read();
         // When more upstream data is already buffered, keep collecting: one write for what

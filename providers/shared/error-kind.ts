@@ -15,9 +15,17 @@ const CONTEXT_WINDOW = [
   /exceeds? the (maximum|max) (number of )?tokens/i,
   /input token count.*exceeds/i,
   /reduce the length of the messages/i,
+  // Ollama: "the input length exceeds the context length".
+  /exceeds the context length/i,
+  // Anthropic: "input length and `max_tokens` exceed context limit: 187254 + 20000 > 200000, …"
+  /exceed context limit/i,
 ];
 
-const CONTENT_POLICY = [/content_policy_violation/i, /content_filter/i, /content management policy/i, /safety (system|filter)/i, /responsible ?AI/i];
+const CONTENT_POLICY = [/content_policy_violation/i, /content_filter/i, /content management policy/i, /safety (system|filter)/i, /responsible ?AI/i, /content filtering policy/i,
+  // Google: "… was blocked due to safety reasons", "blocked by the safety filters"
+  /blocked (due to|by) (the |its )?safety/i,
+  // Bedrock: "This request has been blocked by our content filters.", a guardrail's intervention
+  /blocked by (our |the |your )?(content filters?|guardrails?)/i, /guardrail[_ ]intervened/i];
 
 export function upstreamErrorKind(status: number, body: string): UpstreamErrorKind | undefined {
   if (status < 400 || status >= 500) return undefined;

@@ -1,0 +1,211 @@
+/**
+ * OpenAI chat request → Bedrock Converse request body. Converse has two roles (tool results are
+ * user content, system text is a separate list), typed content blocks, and wants consecutive
+ * messages of one role merged into one.
+ */
+import type { ChatRequest, Deployment, WireJson } from "../../core/contract.ts";
+import { GatewayError } from "../../core/errors.ts";
+
+type Block = WireJson;
+interface ConverseMessage {
+  role: "user" | "assistant";
+  content: Block[];
+}
+type ChatMessage = ChatRequest["messages"][number];
+type Part = { type: string } & Record<string, unknown>;
+
+/**
+ * `response_format` becomes a tool the model is made to call (Converse has no JSON mode); its input
+ * is handed back as the message content. A tool of the client's own must not use this name.
+ */
+export const RESPONSE_FORMAT_TOOL = "json_tool_call";
+
+/** The OpenAI fields this translation handles (see EndpointAdapter.supportedParams). */
+export const CONVERSE_PARAMS = [
+  "max_tokens",
+  "max_completion_tokens",
+  "temperature",
+  "top_p",
+  "stop",
+  "tools",
+  "tool_choice",
+  "response_format",
+  "reasoning_effort",
+  "stream_options",
+  "user",
+] as const;
+
+/** Thinking budgets for Claude's extended thinking, per OpenAI effort level. */
+const THINKING_BUDGET: Record<string, number> = { minimal: 1024, low: 1024, medium: 2048, high: 4096 };
+/** Room for the answer itself when the client set no max_tokens but asked for thinking. */
+const ANSWER_TOKENS_AFTER_THINKING = 4096;
+
+const IMAGE_FORMATS: Record<string, string> = { "image/png": "png", "image/jpeg": "jpeg", "image/jpg": "jpeg", "image/gif": "gif", "image/webp": "webp" };
+
+const isObject = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);
+
+function invalid(message: string, param: string): GatewayError {
+  return GatewayError.of(400, `bedrock: ${message}`, "invalid_request_error", param);
+}
+
+/** A `data:` URL → Converse image block; Bedrock takes image bytes inline, never a link. */
+function imageBlock(part: Part): Block {
+  const ref = part.image_url;
+  const url = typeof ref === "string" ? ref : isObject(ref) && typeof ref.url === "string" ? ref.url : "";
+  const m = /^data:([^;,]+);base64,(.*)$/s.exec(url);
+  if (!m) throw invalid("images must be sent inline as data: URLs (base64); Bedrock cannot fetch image links", "messages");
+  const format = IMAGE_FORMATS[m[1]!.toLowerCase()];
+  if (!format) throw invalid(`image type ${m[1]} is not supported (png, jpeg, gif, webp)`, "messages");
+  return { image: { format, source: { bytes: m[2] } } };
+}
+
+/** Content (a string or parts) → blocks; a part marked with `cache_control` is followed by a cache point. */
+function contentBlocks(content: ChatMessage["content"]): Block[] {
+  if (content === undefined || content === null) return [];
+  if (typeof content === "string") return content === "" ? [] : [{ text: content }];
+  const blocks: Block[] = [];
+  for (const part of content as Part[]) {
+    if (part.type === "text") blocks.push({ text: String(part.text ?? "") });
+    else if (part.type === "image_url") blocks.push(imageBlock(part));
+    else throw invalid(`content part type ${part.type} is not supported`, "messages");
+    if (part.cache_control !== undefined) blocks.push({ cachePoint: { type: "default" } });
+  }
+  return blocks;
+}
+
+function toolUseBlock(call: Record<string, unknown>): Block {
+  const fn = isObject(call.function) ? call.function : {};
+  const args = typeof fn.arguments === "string" && fn.arguments.trim() !== "" ? fn.arguments : "{}";
+  let input: unknown;
+  try {
+    input = JSON.parse(args);
+  } catch {
+    throw invalid(`tool call ${String(call.id)} has arguments that are not JSON`, "messages");
+  }
+  return { toolUse: { toolUseId: String(call.id ?? ""), name: String(fn.name ?? ""), input } };
+}
+
+function toolResultBlock(m: ChatMessage): Block {
+  const content = typeof m.content === "string" ? [{ text: m.content }] : contentBlocks(m.content).filter((b) => !("cachePoint" in b));
+  return { toolResult: { toolUseId: m.tool_call_id ?? "", content } };
+}
+
+/** One OpenAI message → a Converse message (undefined for system messages, collected apart). */
+function converseMessage(m: ChatMessage): ConverseMessage | undefined {
+  switch (m.role) {
+    case "system":
+    case "developer":
+      return undefined;
+    case "user":
+      return { role: "user", content: contentBlocks(m.content) };
+    case "assistant":
+      return { role: "assistant", content: [...contentBlocks(m.content), ...(m.tool_calls ?? []).map(toolUseBlock)] };
+    case "tool":
+      return { role: "user", content: [toolResultBlock(m)] };
+    default:
+      throw invalid(`messages with role ${m.role} are not supported`, "messages");
+  }
+}
+
+function conversation(messages: ChatRequest["messages"]): { system: Block[]; messages: ConverseMessage[] } {
+  const system: Block[] = [];
+  const out: ConverseMessage[] = [];
+  for (const m of messages) {
+    if (m.role === "system" || m.role === "developer") {
+      system.push(...contentBlocks(m.content));
+      continue;
+    }
+    const converted = converseMessage(m)!;
+    const last = out[out.length - 1];
+    if (last?.role === converted.role) last.content.push(...converted.content);
+    else out.push(converted);
+  }
+  return { system, messages: out };
+}
+
+function toolSpec(tool: Record<string, unknown>): Block {
+  const fn = tool.function;
+  if (tool.type !== "function" || !isObject(fn) || typeof fn.name !== "string") throw invalid("only function tools are supported", "tools");
+  const spec: WireJson = { name: fn.name };
+  if (typeof fn.description === "string") spec.description = fn.description;
+  spec.inputSchema = { json: isObject(fn.parameters) ? fn.parameters : { type: "object", properties: {} } };
+  return { toolSpec: spec };
+}
+
+function toolChoice(choice: ChatRequest["tool_choice"]): Block | undefined {
+  if (choice === "auto") return { auto: {} };
+  if (choice === "required") return { any: {} };
+  if (isObject(choice) && isObject(choice.function) && typeof choice.function.name === "string") return { tool: { name: choice.function.name } };
+  return undefined;
+}
+
+/** The forced tool standing in for `response_format` json_object / json_schema, if asked. */
+function responseFormatTool(format: ChatRequest["response_format"]): Block | undefined {
+  if (!isObject(format) || (format.type !== "json_object" && format.type !== "json_schema")) return undefined;
+  const js = isObject(format.json_schema) ? format.json_schema : {};
+  const schema = isObject(js.schema) ? js.schema : { type: "object" };
+  const description = typeof js.description === "string" ? js.description : "Respond with a JSON object.";
+  return { toolSpec: { name: RESPONSE_FORMAT_TOOL, description, inputSchema: { json: schema } } };
+}
+
+const hasToolBlocks = (messages: ConverseMessage[]) => messages.some((m) => m.content.some((b) => "toolUse" in b || "toolResult" in b));
+
+/**
+ * Converse needs `toolConfig` whenever the conversation holds tool blocks; `tool_choice: "none"`
+ * (which Converse lacks) therefore drops the tools only from conversations without any.
+ */
+function toolConfig(req: ChatRequest, messages: ConverseMessage[]): WireJson | undefined {
+  const dropTools = req.tool_choice === "none" && !hasToolBlocks(messages);
+  const tools = dropTools ? [] : (req.tools ?? []).map(toolSpec);
+  let choice = tools.length > 0 ? toolChoice(req.tool_choice) : undefined;
+  const formatTool = responseFormatTool(req.response_format);
+  if (formatTool) {
+    // With tools of its own the model may still call those; otherwise it must answer in JSON.
+    choice = tools.length > 0 ? (choice ?? { any: {} }) : { tool: { name: RESPONSE_FORMAT_TOOL } };
+    tools.push(formatTool);
+  }
+  if (tools.length === 0) return undefined;
+  return choice ? { tools, toolChoice: choice } : { tools };
+}
+
+/** Claude models on Bedrock: served by Anthropic's extended-thinking fields. */
+const isClaude = (modelId: string) => modelId.includes("anthropic.claude");
+
+function inferenceConfig(req: ChatRequest, thinkingBudget: number | undefined): WireJson | undefined {
+  const config: WireJson = {};
+  const max = req.max_completion_tokens ?? req.max_tokens;
+  if (max !== undefined && max !== null) config.maxTokens = max;
+  else if (thinkingBudget !== undefined) config.maxTokens = thinkingBudget + ANSWER_TOKENS_AFTER_THINKING;
+  if (req.temperature !== undefined && req.temperature !== null) config.temperature = req.temperature;
+  if (req.top_p !== undefined && req.top_p !== null) config.topP = req.top_p;
+  if (req.stop !== undefined && req.stop !== null) config.stopSequences = typeof req.stop === "string" ? [req.stop] : req.stop;
+  return Object.keys(config).length > 0 ? config : undefined;
+}
+
+export function converseBody(req: ChatRequest, d: Deployment): WireJson {
+  const { system, messages } = conversation(req.messages);
+  const body: WireJson = { messages };
+  if (system.length > 0) body.system = system;
+  const requested = (req as WireJson).reasoning_effort;
+  const effort = typeof requested === "string" ? requested : undefined;
+  let thinkingBudget: number | undefined;
+  if (effort !== undefined && effort !== "none") {
+    if (isClaude(d.upstreamModel)) {
+      thinkingBudget = THINKING_BUDGET[effort];
+      if (thinkingBudget === undefined) throw invalid(`reasoning_effort ${effort} is not one of minimal, low, medium, high`, "reasoning_effort");
+      body.additionalModelRequestFields = { thinking: { type: "enabled", budget_tokens: thinkingBudget } };
+    } else body.additionalModelRequestFields = { reasoning_effort: effort };
+  }
+  const inference = inferenceConfig(req, thinkingBudget);
+  if (inference) body.inferenceConfig = inference;
+  const tools = toolConfig(req, messages);
+  if (tools) body.toolConfig = tools;
+  // A deployment-level guardrail (`svc_params.guardrailConfig`), passed as Converse expects it.
+  if (isObject(d.options.guardrailConfig)) body.guardrailConfig = d.options.guardrailConfig;
+  return body;
+}
+
+/** Whether the request asked for JSON output (then the forced tool's input is the answer). */
+export function wantsJsonResponse(req: ChatRequest): boolean {
+  return responseFormatTool(req.response_format) !== undefined;
+}

@@ -1,0 +1,95 @@
+/** Bedrock Converse response → OpenAI `chat.completion`; the stop-reason and usage tables the stream shares. */
+import type { ChatRequest, Usage, WireJson } from "../../core/contract.ts";
+import { openAIUsage } from "../shared/openai-usage.ts";
+import { RESPONSE_FORMAT_TOOL, wantsJsonResponse } from "./converse-request.ts";
+
+const isObject = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);
+const count = (v: unknown): number => (typeof v === "number" && Number.isFinite(v) ? v : 0);
+
+export function asObject(v: unknown, what: string): Record<string, unknown> {
+  if (!isObject(v)) throw new Error(`expected ${what} to be a JSON object`);
+  return v;
+}
+
+/** Converse `stopReason` → OpenAI `finish_reason`. */
+const FINISH_REASONS: Record<string, string> = {
+  end_turn: "stop",
+  stop_sequence: "stop",
+  max_tokens: "length",
+  model_context_window_exceeded: "length",
+  tool_use: "tool_calls",
+  guardrail_intervened: "content_filter",
+  content_filtered: "content_filter",
+};
+
+/** `answeredInJson`: the only tool called was the response-format one, so the turn ended with an answer. */
+export function finishReason(stopReason: unknown, answeredInJson: boolean): string {
+  if (stopReason === "tool_use" && answeredInJson) return "stop";
+  return FINISH_REASONS[String(stopReason)] ?? "stop";
+}
+
+/**
+ * Converse usage → Usage. Bedrock counts cache reads and writes apart from `inputTokens`; in the
+ * OpenAI convention they are parts of the prompt total.
+ */
+export function converseUsage(raw: unknown): Usage {
+  const u = isObject(raw) ? raw : {};
+  const cacheRead = count(u.cacheReadInputTokens);
+  const cacheWrite = count(u.cacheWriteInputTokens);
+  const usage: Usage = { promptTokens: count(u.inputTokens) + cacheRead + cacheWrite, completionTokens: count(u.outputTokens) };
+  if (cacheRead) usage.cachedPromptTokens = cacheRead;
+  if (cacheWrite) usage.cacheCreationTokens = cacheWrite;
+  return usage;
+}
+
+export const newChatId = () => `chatcmpl-${crypto.randomUUID().replaceAll("-", "")}`;
+export const nowSeconds = () => Math.floor(Date.now() / 1000);
+
+interface ToolCall {
+  id: string;
+  type: "function";
+  function: { name: string; arguments: string };
+}
+
+export function converseResponse(body: unknown, req?: ChatRequest): { body: WireJson; usage: Usage } {
+  const b = asObject(body, "the Converse response");
+  const message = asObject(asObject(b.output, "output").message, "output.message");
+  const content = Array.isArray(message.content) ? message.content : [];
+  let text = "";
+  let reasoning = "";
+  const toolCalls: ToolCall[] = [];
+  let answeredInJson = false;
+  // Without the request at hand, the reserved tool name alone tells the answer apart.
+  const jsonAnswer = req === undefined || wantsJsonResponse(req);
+  for (const block of content) {
+    if (!isObject(block)) continue;
+    if (typeof block.text === "string") text += block.text;
+    else if (isObject(block.toolUse)) {
+      const use = block.toolUse;
+      const args = JSON.stringify(use.input ?? {});
+      if (jsonAnswer && use.name === RESPONSE_FORMAT_TOOL) {
+        text += args;
+        answeredInJson = true;
+      } else toolCalls.push({ id: String(use.toolUseId ?? ""), type: "function", function: { name: String(use.name ?? ""), arguments: args } });
+    } else if (isObject(block.reasoningContent) && isObject(block.reasoningContent.reasoningText)) {
+      const t = block.reasoningContent.reasoningText.text;
+      if (typeof t === "string") reasoning += t;
+    }
+  }
+  const out: WireJson = { role: "assistant", content: text === "" && toolCalls.length > 0 ? null : text };
+  if (reasoning) out.reasoning_content = reasoning;
+  if (toolCalls.length > 0) out.tool_calls = toolCalls;
+  out.refusal = null;
+  const usage = converseUsage(b.usage);
+  return {
+    body: {
+      id: newChatId(),
+      object: "chat.completion",
+      created: nowSeconds(),
+      model: req?.model ?? "",
+      choices: [{ index: 0, message: out, logprobs: null, finish_reason: finishReason(b.stopReason, answeredInJson && toolCalls.length === 0) }],
+      usage: openAIUsage(usage),
+    },
+    usage,
+  };
+}
