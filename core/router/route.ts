@@ -218,8 +218,8 @@ async function callGroup<E extends Endpoint>(
       const retryable = fromUpstream && !kind && RETRYABLE.has(status);
       if (!retryable || progress.retries >= policy.numRetries) {
         settleAll(leases, ZERO, 0n);
-        // Our own refusals (bad parameters) are the client's to fix; upstream failures may fall back.
-        if (!fromUpstream && status < 500) throw err;
+        // A bad request is the client's to fix, whoever noticed it; other failures may fall back.
+        if (!kind && (status === 400 || status === 422 || (!fromUpstream && status < 500))) throw err;
         throw new GroupFailure(err, kind);
       }
       progress.retries++;

@@ -1,0 +1,320 @@
+// The router against mock upstreams with injected faults: 500s are retried, then the group falls
+// back; a context-window error goes to the context-window fallback and a content-policy refusal to
+// the content-policy one; a dead deployment cools down and traffic moves to the others (never the
+// group's only deployment); a hanging upstream times out with 408; every deployment in cooldown or
+// at its own rpm is a 429 with when to retry; weighted shuffle splits traffic by weight; the answer
+// says which deployment answered and how many retries and fallbacks it took.
+import { afterAll, beforeAll, beforeEach, describe, expect, test } from "bun:test";
+import OpenAI from "openai";
+import { resetDeploymentStates } from "../../core/router/deployment-state.ts";
+import { MASTER_KEY, startTestGateway, type TestGateway } from "../harness/gateway.ts";
+import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
+
+const DEAD = "http://127.0.0.1:1/v1";
+let a: MockOpenAI;
+let b: MockOpenAI;
+let c: MockOpenAI;
+let gw: TestGateway;
+
+const upstream = (name: string, mock: () => MockOpenAI, extra: Record<string, unknown> = {}, info: Record<string, unknown> = {}) => ({
+  model_name: name,
+  svc_params: { model: "openai/gpt-4o-mini", api_base: "", api_key: "sk-up", ...extra },
+  model_info: { id: `${name}-${Object.keys(info).length}-${Math.random().toString(36).slice(2, 6)}`, ...info },
+  _mock: mock,
+});
+
+async function post(body: Record<string, unknown>, headers: Record<string, string> = {}): Promise<{ status: number; headers: Headers; body: Record<string, unknown> & { error?: { message: string; type: string } } }> {
+  const res = await fetch(`${gw.url}/v1/chat/completions`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json", ...headers },
+    body: JSON.stringify({ messages: [{ role: "user", content: "hi" }], ...body }),
+  });
+  return { status: res.status, headers: res.headers, body: (await res.json()) as never };
+}
+
+const CONTEXT_ERROR = {
+  error: {
+    message: "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens.",
+    type: "invalid_request_error",
+    param: "messages",
+    code: "context_length_exceeded",
+  },
+};
+const POLICY_ERROR = { error: { message: "Your request was rejected as a result of our safety system.", type: "invalid_request_error", param: null, code: "content_policy_violation" } };
+
+beforeAll(async () => {
+  [a, b, c] = await Promise.all([startMockOpenAI({ apiKey: "sk-up" }), startMockOpenAI({ apiKey: "sk-up" }), startMockOpenAI({ apiKey: "sk-up" })]);
+  const at = (m: MockOpenAI) => m.url;
+  gw = await startTestGateway({
+    model_list: [
+      { model_name: "primary", svc_params: { model: "openai/gpt-4o-mini", api_base: at(a), api_key: "sk-up" }, model_info: { id: "primary-a" } },
+      { model_name: "backup", svc_params: { model: "openai/gpt-4o-mini", api_base: at(b), api_key: "sk-up" }, model_info: { id: "backup-b" } },
+      { model_name: "big", svc_params: { model: "openai/gpt-4o-mini", api_base: at(c), api_key: "sk-up" }, model_info: { id: "big-c" } },
+      { model_name: "pair", svc_params: { model: "openai/gpt-4o-mini", api_base: DEAD, api_key: "sk-up" }, model_info: { id: "pair-dead" } },
+      { model_name: "pair", svc_params: { model: "openai/gpt-4o-mini", api_base: at(b), api_key: "sk-up" }, model_info: { id: "pair-live" } },
+      { model_name: "lonely", svc_params: { model: "openai/gpt-4o-mini", api_base: DEAD, api_key: "sk-up" }, model_info: { id: "lonely-dead" } },
+      { model_name: "slow", svc_params: { model: "openai/gpt-4o-mini", api_base: at(c), api_key: "sk-up", timeout: 0.4 }, model_info: { id: "slow-c" } },
+      { model_name: "weighted", svc_params: { model: "mock/w1", weight: 1 }, model_info: { id: "w1" } },
+      { model_name: "weighted", svc_params: { model: "mock/w3", weight: 3 }, model_info: { id: "w3" } },
+      { model_name: "capped", svc_params: { model: "mock/c1", rpm: 2 }, model_info: { id: "cap-1" } },
+      { model_name: "capped", svc_params: { model: "mock/c2", rpm: 1 }, model_info: { id: "cap-2" } },
+    ],
+    router_settings: {
+      retry_initial_delay: 0.01,
+      allowed_fails: 1,
+      cooldown_time: 30,
+      fallbacks: [{ primary: ["backup"] }],
+      context_window_fallbacks: [{ primary: ["big"] }],
+      content_policy_fallbacks: [{ primary: ["big"] }],
+    },
+    general_settings: { master_key: MASTER_KEY },
+  });
+});
+afterAll(async () => {
+  await gw?.stop();
+  await Promise.all([a, b, c].map((m) => m?.stop()));
+});
+beforeEach(() => {
+  for (const m of [a, b, c]) m.reset();
+  resetDeploymentStates();
+});
+
+describe("retries and fallbacks", () => {
+  test("500s are retried num_retries times, then the general fallback answers", async () => {
+    a.fault({ kind: "status", status: 500 }, { kind: "status", status: 500 }, { kind: "status", status: 500 });
+    const r = await post({ model: "primary", num_retries: 2 });
+    expect(r.status).toBe(200);
+    expect(a.requests.length).toBe(3);
+    expect(b.requests.length).toBe(1);
+    expect(r.headers.get("x-svc-model-id")).toBe("backup-b");
+    expect(r.headers.get("x-svc-attempted-retries")).toBe("2");
+    expect(r.headers.get("x-svc-attempted-fallbacks")).toBe("1");
+  });
+
+  test("a retry that succeeds needs no fallback", async () => {
+    a.fault({ kind: "status", status: 503 });
+    const r = await post({ model: "primary", num_retries: 1 });
+    expect(r.status).toBe(200);
+    expect(r.headers.get("x-svc-model-id")).toBe("primary-a");
+    expect(r.headers.get("x-svc-attempted-retries")).toBe("1");
+    expect(r.headers.get("x-svc-attempted-fallbacks")).toBe("0");
+    expect(b.requests.length).toBe(0);
+  });
+
+  test("a context-window error is not retried and goes to the context-window fallback", async () => {
+    a.fault({ kind: "status", status: 400, body: CONTEXT_ERROR });
+    const r = await post({ model: "primary", num_retries: 3 });
+    expect(r.status).toBe(200);
+    expect(a.requests.length).toBe(1);
+    expect(c.requests.length).toBe(1);
+    expect(b.requests.length).toBe(0);
+    expect(r.headers.get("x-svc-model-id")).toBe("big-c");
+  });
+
+  test("the request's context_window_fallback_dict wins over the router setting", async () => {
+    a.fault({ kind: "status", status: 400, body: CONTEXT_ERROR });
+    const r = await post({ model: "primary", context_window_fallback_dict: { primary: "backup" } });
+    expect(r.status).toBe(200);
+    expect(r.headers.get("x-svc-model-id")).toBe("backup-b");
+  });
+
+  test("a content-policy refusal goes to the content-policy fallback", async () => {
+    a.fault({ kind: "status", status: 400, body: POLICY_ERROR });
+    const r = await post({ model: "primary" });
+    expect(r.status).toBe(200);
+    expect(r.headers.get("x-svc-model-id")).toBe("big-c");
+  });
+
+  test("without fallbacks the context-window error reaches the client as a 400 of that type", async () => {
+    c.fault({ kind: "status", status: 400, body: CONTEXT_ERROR });
+    const r = await post({ model: "big" });
+    expect(r.status).toBe(400);
+    expect(r.body.error!.type).toBe("context_window_exceeded");
+    expect(r.body.error!.message).toContain("maximum context length");
+  });
+
+  test("an ordinary 400 from the upstream is neither retried nor sent to a fallback", async () => {
+    a.fault({ kind: "status", status: 400 });
+    const r = await post({ model: "primary", num_retries: 3 });
+    expect(r.status).toBe(400);
+    expect(a.requests.length).toBe(1);
+    expect(b.requests.length).toBe(0);
+  });
+
+  test("when every fallback fails too, the last error is answered with the attempt counts", async () => {
+    a.fault({ kind: "status", status: 500 });
+    b.fault({ kind: "status", status: 502 });
+    const r = await post({ model: "primary" });
+    expect(r.status).toBe(503);
+    expect(r.headers.get("x-svc-attempted-fallbacks")).toBe("1");
+  });
+
+  test("the openai SDK sees one answer; its own retries are not needed", async () => {
+    a.fault({ kind: "status", status: 500 });
+    const client = new OpenAI({ apiKey: MASTER_KEY, baseURL: gw.baseURL, maxRetries: 0 });
+    const res = await client.chat.completions.create({ model: "primary", messages: [{ role: "user", content: "hello" }], num_retries: 1 } as never);
+    expect(res.choices[0]!.message.content).toContain("Mock reply");
+  });
+});
+
+describe("cooldowns, timeouts and capacity", () => {
+  test("a dead deployment cools down and traffic moves to the live one", async () => {
+    const served: string[] = [];
+    for (let i = 0; i < 20; i++) {
+      const r = await post({ model: "pair", num_retries: 1 });
+      expect(r.status).toBe(200);
+      served.push(r.headers.get("x-svc-model-id")!);
+    }
+    expect(served.every((id) => id === "pair-live")).toBe(true);
+    // After its second failure (allowed_fails: 1) the dead one is skipped: at most two calls retried.
+    const retried = b.requests.length;
+    expect(retried).toBe(20);
+    const log = gw.log.lines.filter((l) => l.msg === "deployment cooling down");
+    expect(log.length).toBe(1);
+    expect(log[0]!.fields).toMatchObject({ deployment: "pair-dead" });
+  });
+
+  test("the only deployment of a group never cools down", async () => {
+    for (let i = 0; i < 4; i++) {
+      const r = await post({ model: "lonely" });
+      expect(r.status).toBe(503);
+      expect(r.body.error!.message).toContain("could not connect");
+    }
+  });
+
+  test("every deployment in cooldown: 429 with when to retry", async () => {
+    // Cool the live one down too: it fails twice (allowed_fails: 1) while the dead one fails on its own.
+    b.fault({ kind: "status", status: 500 }, { kind: "status", status: 500 });
+    const statuses: number[] = [];
+    let last: Awaited<ReturnType<typeof post>> | undefined;
+    for (let i = 0; i < 10 && last?.status !== 429; i++) {
+      last = await post({ model: "pair" });
+      statuses.push(last.status);
+    }
+    expect(last!.status).toBe(429);
+    expect(statuses.slice(0, -1).every((s) => s === 500 || s === 503)).toBe(true);
+    expect(last!.body.error!.message).toContain("all 2 are cooling down");
+    const retry = Number(last!.headers.get("retry-after"));
+    expect(retry).toBeGreaterThan(25);
+    expect(retry).toBeLessThanOrEqual(30);
+    // No request reaches either while they cool down.
+    const before = b.requests.length;
+    expect((await post({ model: "pair" })).status).toBe(429);
+    expect(b.requests.length).toBe(before);
+  });
+
+  test("a hanging upstream times out with 408 after the deployment's timeout; the request's own timeout is shorter still", async () => {
+    c.fault({ kind: "hang" });
+    const t0 = Date.now();
+    const r = await post({ model: "slow" });
+    expect(r.status).toBe(408);
+    expect(r.body.error!.type).toBe("timeout_error");
+    expect(Date.now() - t0).toBeLessThan(2000);
+    c.fault({ kind: "delay", ms: 300 });
+    const shorter = await post({ model: "slow", timeout: 0.1 });
+    expect(shorter.status).toBe(408);
+  });
+
+  test("deployments at their own rpm are skipped; when all are, 429 with retry-after", async () => {
+    const ids: string[] = [];
+    for (let i = 0; i < 3; i++) {
+      const r = await post({ model: "capped" });
+      expect(r.status).toBe(200);
+      ids.push(r.headers.get("x-svc-model-id")!);
+    }
+    expect(ids.filter((i) => i === "cap-1").length).toBe(2);
+    expect(ids.filter((i) => i === "cap-2").length).toBe(1);
+    const r = await post({ model: "capped" });
+    expect(r.status).toBe(429);
+    expect(r.body.error!.message).toContain("rpm/tpm limit");
+    expect(Number(r.headers.get("retry-after"))).toBeGreaterThan(55);
+  });
+});
+
+describe("strategies", () => {
+  test("simple-shuffle splits 2,000 calls within 5% of the weights (1:3)", async () => {
+    const counts: Record<string, number> = { w1: 0, w3: 0 };
+    for (let batch = 0; batch < 20; batch++) {
+      const replies = await Promise.all(Array.from({ length: 100 }, () => post({ model: "weighted" })));
+      for (const r of replies) counts[r.headers.get("x-svc-model-id")!]!++;
+    }
+    expect(counts.w1! + counts.w3!).toBe(2000);
+    expect(Math.abs(counts.w3! / 2000 - 0.75)).toBeLessThan(0.05);
+  });
+});
+
+describe("strategies by config", () => {
+  const start = (strategy: string, list: Record<string, unknown>[]) =>
+    startTestGateway({ model_list: list, router_settings: { routing_strategy: strategy }, general_settings: { master_key: MASTER_KEY } });
+  const ask = async (g: TestGateway, n: number) => {
+    const ids: string[] = [];
+    for (let i = 0; i < n; i++) {
+      const res = await fetch(`${g.url}/v1/chat/completions`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+        body: JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }] }),
+      });
+      await res.text();
+      ids.push(res.headers.get("x-svc-model-id")!);
+    }
+    return ids;
+  };
+
+  test("cost-based-routing always picks the cheaper deployment", async () => {
+    const g = await start("cost-based-routing", [
+      { model_name: "m", svc_params: { model: "mock/dear" }, model_info: { id: "dear", input_cost_per_token: 0.00001, output_cost_per_token: 0.00003 } },
+      { model_name: "m", svc_params: { model: "mock/cheap" }, model_info: { id: "cheap", input_cost_per_token: 0.000001, output_cost_per_token: 0.000002 } },
+    ]);
+    try {
+      expect(new Set(await ask(g, 20))).toEqual(new Set(["cheap"]));
+    } finally {
+      await g.stop();
+    }
+  });
+
+  test("latency-based-routing measures each deployment, then prefers the faster one", async () => {
+    a.reset();
+    b.reset();
+    for (let i = 0; i < 40; i++) a.fault({ kind: "delay", ms: 60 });
+    const g = await start("latency-based-routing", [
+      { model_name: "m", svc_params: { model: "openai/gpt-4o-mini", api_base: a.url, api_key: "sk-up" }, model_info: { id: "lat-slow" } },
+      { model_name: "m", svc_params: { model: "openai/gpt-4o-mini", api_base: b.url, api_key: "sk-up" }, model_info: { id: "lat-fast" } },
+    ]);
+    try {
+      const ids = await ask(g, 12);
+      // The first two calls measure both; afterwards the fast one takes everything.
+      expect(ids.slice(2).every((id) => id === "lat-fast")).toBe(true);
+      expect(ids.slice(0, 2).sort()).toEqual(["lat-fast", "lat-slow"]);
+    } finally {
+      a.clearFaults();
+      await g.stop();
+    }
+  });
+
+  test("least-busy sends a call to the deployment with fewer calls in flight", async () => {
+    a.reset();
+    b.reset();
+    a.fault({ kind: "delay", ms: 1500 });
+    b.fault({ kind: "delay", ms: 1500 });
+    const g = await start("least-busy", [
+      { model_name: "m", svc_params: { model: "openai/gpt-4o-mini", api_base: a.url, api_key: "sk-up" }, model_info: { id: "busy-a" } },
+      { model_name: "m", svc_params: { model: "openai/gpt-4o-mini", api_base: b.url, api_key: "sk-up" }, model_info: { id: "busy-b" } },
+    ]);
+    try {
+      // Hold one call on whichever deployment it lands; then every new call goes to the other one.
+      const held = fetch(`${g.url}/v1/chat/completions`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+        body: JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }] }),
+      });
+      await Bun.sleep(100);
+      const heldOnA = a.requests.length === 1;
+      (heldOnA ? b : a).clearFaults();
+      const ids = await ask(g, 3);
+      expect(ids).toEqual(Array(3).fill(heldOnA ? "busy-b" : "busy-a"));
+      await (await held).text();
+    } finally {
+      await g.stop();
+    }
+  });
+});
