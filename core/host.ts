@@ -21,6 +21,7 @@ import { StoreSpendHistory } from "./spend/history.ts";
 import { LocalLedger } from "./spend/ledger.ts";
 import { RedisLedger } from "./spend/redis-ledger.ts";
 import { LocalWindows } from "./limits/local-windows.ts";
+import { RedisCache } from "./cache/store.ts";
 import { RedisWindows } from "./limits/redis-windows.ts";
 import { PeriodRoller } from "./spend/roller.ts";
 import { SpendWriter } from "./spend/writer.ts";
@@ -84,6 +85,7 @@ export async function startHost(opts: HostOptions): Promise<Host> {
       bus,
       ledger,
       rateWindows: redis ? new RedisWindows(redis.client, opts.log) : new LocalWindows(),
+      redisCache: redis ? new RedisCache(redis.client) : undefined,
       spendHistory: new StoreSpendHistory(store.db),
       spendLog: { record: (call) => spendWriter.enqueue(toSpendEntry(call, identity)), flush: () => spendWriter.flush() },
       loadDbModels: (s) => loadDbModels(store.db, secretKey(process.env.SVC_SALT_KEY, s.masterKey)),

@@ -1,4 +1,5 @@
 /** Long-lived services the host hands to snapshots, plugins and routes (all optional: tests run without a store). */
+import type { CacheStore } from "./cache/store.ts";
 import type { BudgetLedger, CallRecord, RateWindows, SpendHistory } from "./contract.ts";
 import type { ModelEntry } from "./config/schema.ts";
 import type { ChangeBus } from "./identity/bus.ts";
@@ -13,6 +14,8 @@ export interface HostServices {
   ledger?: BudgetLedger;
   /** Rate-limit windows (Redis when configured); absent means one in-memory set for the process. */
   rateWindows?: RateWindows;
+  /** The response cache in Redis, when REDIS_URL is set. */
+  redisCache?: CacheStore;
   spendHistory?: SpendHistory;
   /** The store's spend log: every finished call is queued here. */
   spendLog?: SpendLog;

@@ -24,6 +24,8 @@ import type { IdentityCache } from "./identity/cache.ts";
 import { ModelTable, toDeployment } from "./models.ts";
 import { PriceTable } from "./cost/prices.ts";
 import { LocalWindows } from "./limits/local-windows.ts";
+import type { CacheSettings } from "./cache/controls.ts";
+import { type CacheStore, MemoryCache } from "./cache/store.ts";
 import { Pricing } from "./cost/pricing.ts";
 import { BUILTIN_PLUGINS, type LoadedPlugin, importPlugin, setupPlugin } from "./plugins.ts";
 import type { HostServices, SpendLog } from "./services.ts";
@@ -51,6 +53,7 @@ export interface Snapshot {
   /** Rate limiters, then budgets, as one list of checks a call passes in order (built once per snapshot). */
   readonly gates: readonly ((intent: CallIntent) => Lease | Denied | Promise<Lease | Denied>)[];
   readonly spend: readonly SpendRecorder[];
+  readonly cache: ResponseCache;
   /** Rate-limit windows: the plugins' limits and the router's per-deployment rpm/tpm. */
   readonly rateWindows: RateWindows;
   /** The store's spend log (absent without a store). */
@@ -70,6 +73,26 @@ const DEFAULT_REQUEST_TIMEOUT_S = 600;
 
 /** Without host services (no store), limits still count: one window set for the process, kept across reloads. */
 const processWindows = new LocalWindows();
+/** The in-memory response cache outlives reloads too. */
+const processCache = new MemoryCache();
+
+export interface ResponseCache {
+  settings: CacheSettings;
+  store: CacheStore;
+}
+
+const DEFAULT_CACHE_TTL_S = 600;
+
+function buildCache(config: GatewayConfig, services: HostServices, errors: string[]): ResponseCache {
+  const s = config.svc_settings ?? {};
+  const p = s.cache_params ?? {};
+  if (p.type === "redis" && !services.redisCache) errors.push("/svc_settings/cache_params/type: 'redis' needs REDIS_URL (or general_settings.redis_url)");
+  const store = p.type === "local" ? processCache : (services.redisCache ?? processCache);
+  return {
+    settings: { enabled: s.cache === true, defaultOn: p.mode !== "default_off", ttlMs: (p.ttl ?? DEFAULT_CACHE_TTL_S) * 1000, namespace: p.namespace },
+    store,
+  };
+}
 
 export function resolveSettings(config: GatewayConfig): Settings {
   return {
@@ -204,6 +227,7 @@ export async function buildSnapshot(config: GatewayConfig, configPath: string, v
   const dbModels = (await services.loadDbModels?.(settings)) ?? [];
   const models = buildModels(config.model_list, providers, errors, dbModels, log);
   const pricing = buildPricing(config, configPath, errors);
+  const cache = buildCache(config, services, errors);
 
   const named = new Map<string, LoggingCallback>();
   for (const p of plugins) for (const [name, cb] of Object.entries(p.hooks.callbacks ?? {})) named.set(name, cb);
@@ -234,6 +258,7 @@ export async function buildSnapshot(config: GatewayConfig, configPath: string, v
     gates: [...rateLimiters.map((r) => (i: CallIntent) => r.acquire(i)), ...budgets.map((b) => (i: CallIntent) => b.reserve(i))],
     spend: hooks.flatMap((h) => (h.spend ? [h.spend] : [])),
     rateWindows: services.rateWindows ?? processWindows,
+    cache,
     spendLog: services.spendLog,
     successCallbacks: [...new Set(success)],
     failureCallbacks: [...new Set(failure)],

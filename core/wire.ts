@@ -51,6 +51,7 @@ export const GatewayOnlyFields = [
   "svc_call_id",
   "svc_logging_obj",
   "logger_fn",
+  "cache",
 ] as const;
 
 export const ChatRequestSchema = T.Object(

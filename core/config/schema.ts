@@ -111,6 +111,22 @@ export const SvcSettingsSchema = T.Object(
     failure_callback: T.Optional(T.Array(T.String())),
     /** A price file in the bundled file's format; its entries replace the bundled ones by name. */
     model_prices_path: T.Optional(T.String({ minLength: 1 })),
+    /** Response cache for every call (see cache_params); requests may still opt out with `caching: false`. */
+    cache: T.Optional(T.Boolean()),
+    cache_params: T.Optional(
+      T.Object(
+        {
+          /** `redis` needs REDIS_URL; default: redis when configured, else this process's memory. */
+          type: T.Optional(T.Union([T.Literal("local"), T.Literal("redis")])),
+          /** Seconds an answer is kept (default 600). */
+          ttl: T.Optional(T.Number({ exclusiveMinimum: 0 })),
+          namespace: T.Optional(T.String()),
+          /** `default_off`: only requests with `caching: true` use the cache. */
+          mode: T.Optional(T.Union([T.Literal("default_on"), T.Literal("default_off")])),
+        },
+        { additionalProperties: true },
+      ),
+    ),
   },
   { additionalProperties: true },
 );

@@ -122,6 +122,8 @@ export interface Attempt {
   headers?: Record<string, string>;
   /** When the call started, if earlier than this attempt (budgets charge the period a call started in). */
   startedAt?: number;
+  /** Receives the answer's bytes as sent (the JSON body, or each piece of a stream), before `ended`. */
+  capture?(text: string): void;
   /** Told once when the call ends (for streams: when the stream ends), after its cost is known. */
   ended?(record: CallRecord): void;
 }
@@ -137,6 +139,27 @@ function requestTags(body: WireRequest[Endpoint], principal: Principal): string[
   const tags = Array.isArray(fromBody) ? fromBody.filter((t): t is string => typeof t === "string") : [];
   for (const t of principal.key?.tags ?? []) if (!tags.includes(t)) tags.push(t);
   return tags;
+}
+
+/** What a call record says beyond who called what. */
+type RecordFields = Pick<CallRecord, "stream" | "status" | "usage" | "cost" | "priced" | "costSource" | "responseId" | "cacheHit" | "startedAt" | "firstByteAt" | "error">;
+
+/** The record of a finished call (an upstream attempt, or an answer from the cache). */
+export function callRecord(ctx: CallContext, endpoint: Endpoint, body: WireRequest[Endpoint], d: Deployment, f: RecordFields): CallRecord {
+  return {
+    id: ctx.callId,
+    endpoint,
+    principal: ctx.principal,
+    modelGroup: d.modelName,
+    provider: d.provider,
+    deploymentId: d.id,
+    upstreamModel: d.upstreamModel,
+    requestedModel: body.model,
+    endUser: typeof (body as { user?: unknown }).user === "string" ? (body as { user: string }).user : undefined,
+    tags: requestTags(body, ctx.principal),
+    endedAt: Date.now(),
+    ...f,
+  };
 }
 
 /** Calls one chosen deployment once; the attempt hears how it ended. */
@@ -156,30 +179,19 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     finished = true;
     // A failed call is not charged; a cancelled stream is charged for what it used.
     const priced = status === "failure" ? { cost: 0n, priced: true, source: "failed call" } : snapshot.pricing.costOf(d, usage);
-    const record: CallRecord = {
-      id: ctx.callId,
-      endpoint,
-      principal: ctx.principal,
-      modelGroup: d.modelName,
-      provider: d.provider,
-      deploymentId: d.id,
-      upstreamModel: d.upstreamModel,
+    const record = callRecord(ctx, endpoint, body, d, {
       stream: wantsStream,
       status,
       usage,
       cost: priced.cost,
       priced: priced.priced,
       costSource: priced.source,
-      requestedModel: body.model,
       responseId,
-      endUser: typeof (body as { user?: unknown }).user === "string" ? (body as { user: string }).user : undefined,
-      tags: requestTags(body, ctx.principal),
       cacheHit: false,
       startedAt,
       firstByteAt,
-      endedAt: Date.now(),
       error,
-    };
+    });
     attempt.ended?.(record);
     ctx.release();
     if (ctx.record !== false) dispatchRecord(snapshot, record, ctx.log);
@@ -197,7 +209,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
       const transform = ep.stream as StreamTransform<"chat" | "completions", unknown>;
       const headers = responseHeaders(d, ctx.callId, "text/event-stream");
       if (attempt.headers) Object.assign(headers, attempt.headers);
-      return streamResponse({ res, deployment: d, transform, request: body as WireRequest["chat" | "completions"], deadline, headers, finish });
+      return streamResponse({ res, deployment: d, transform, request: body as WireRequest["chat" | "completions"], deadline, headers, finish, tap: attempt.capture });
     }
     const { text, json } = await readJson(res, d, deadline);
     deadline.clear();
@@ -208,9 +220,10 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
       throw GatewayError.of(500, `${d.provider} returned an unexpected response for model ${d.modelName}: ${err instanceof Error ? err.message : String(err)}`);
     }
     const id = (mapped.body as { id?: unknown }).id;
-    const cost = finish("success", mapped.usage, undefined, Date.now(), typeof id === "string" ? id : undefined);
     // An adapter that hands the upstream body back unchanged lets the original bytes through.
     const out = mapped.body === json ? text : JSON.stringify(mapped.body);
+    attempt.capture?.(out);
+    const cost = finish("success", mapped.usage, undefined, Date.now(), typeof id === "string" ? id : undefined);
     const headers = responseHeaders(d, ctx.callId, "application/json");
     if (attempt.headers) Object.assign(headers, attempt.headers);
     headers["x-svc-response-cost"] = picoToText(cost);

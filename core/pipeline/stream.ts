@@ -32,6 +32,8 @@ export interface StreamArgs {
   deadline: Deadline;
   headers: Record<string, string>;
   finish(status: CallStatus, usage: Usage, error?: ErrorInfo, firstByteAt?: number, responseId?: string): unknown;
+  /** Sees every piece of text sent to the client (the response cache keeps a stream this way). */
+  tap?(text: string): void;
 }
 
 /** An error in the stream, ending it: the client gets it as one last SSE event. */
@@ -102,6 +104,7 @@ export function streamResponse(a: StreamArgs): Response {
     async pull(c) {
       /** Sends `text`; false once the client has gone. */
       const send = async (text: string): Promise<boolean> => {
+        a.tap?.(text);
         const written = c.write(text);
         const n = typeof written === "number" ? written : await written;
         if (n === 0 && text.length > 0) return false;

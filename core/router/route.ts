@@ -14,6 +14,9 @@ import { stateOf } from "./deployment-state.ts";
 import { type FallbackType, fallbacksFor } from "./fallbacks.ts";
 import { type RoutePolicy, backoffMs, routePolicy } from "./policy.ts";
 import { pickDeployment } from "./strategy.ts";
+import { cacheUse } from "../cache/controls.ts";
+import { cacheKey } from "../cache/key.ts";
+import { cachedAnswer, storeAnswer } from "../cache/answer.ts";
 
 /** Statuses worth another attempt: the upstream may answer differently next time. */
 const RETRYABLE = new Set([408, 429, 500, 502, 503, 504]);
@@ -28,10 +31,17 @@ class GroupFailure {
   ) {}
 }
 
+/** Where a successful answer is cached. */
+interface CacheSave {
+  key: string;
+  ttlMs: number;
+}
+
 interface Progress {
   attempts: number;
   retries: number;
   fallbacks: number;
+  save?: CacheSave;
 }
 
 function routerHeaders(p: Progress): Record<string, string> {
@@ -68,8 +78,19 @@ export async function modelCall<E extends Endpoint>(endpoint: E, body: WireReque
   const group = authorizeModel(principal, body.model, snapshot.accessGroups);
   const deployments = snapshot.models.resolve(group);
   if (!deployments || deployments.length === 0) throw invalidModel(body.model);
-  const policy = routePolicy(snapshot.config, principal, body as unknown as Record<string, unknown>);
-  const progress: Progress = { attempts: 0, retries: 0, fallbacks: 0 };
+  const loose = body as unknown as Record<string, unknown>;
+  const use = cacheUse(snapshot.cache.settings, loose, principal);
+  let save: CacheSave | undefined;
+  if (use) {
+    const key = cacheKey(endpoint, group, loose, use.namespace);
+    if (use.read) {
+      const hit = await cachedAnswer(endpoint, body, key, use.maxAgeMs, deployments[0]!, ctx);
+      if (hit) return hit;
+    }
+    if (use.write) save = { key, ttlMs: use.ttlMs };
+  }
+  const policy = routePolicy(snapshot.config, principal, loose);
+  const progress: Progress = { attempts: 0, retries: 0, fallbacks: 0, save };
   try {
     return await callGroup(endpoint, body, group, deployments, ctx, policy, progress);
   } catch (first) {
@@ -172,11 +193,19 @@ async function callGroup<E extends Endpoint>(
     const seq = state.started(0, Date.now());
     let returned = false;
     let recorded = false;
+    let captured = "";
+    const save = progress.save;
     const attempt: Attempt = {
       headers: { ...leaseHeaders, ...routerHeaders(progress) },
       startedAt: n === 0 ? startedAt : undefined,
+      capture: save
+        ? (text) => {
+            captured += text;
+          }
+        : undefined,
       ended: (record: CallRecord) => {
         recorded = true;
+        if (save && record.status === "success") storeAnswer(snapshot.cache.store, save, captured, record, ctx);
         const tokens = record.usage.promptTokens + record.usage.completionTokens;
         state.ended(seq, tokens);
         capacity?.settle(tokens);

@@ -1,0 +1,176 @@
+// The response cache: a repeated request is answered from the cache with no upstream call and no
+// spend (logged as a hit, header says so), for chat, streamed chat (replayed byte for byte),
+// completions and embeddings; `caching: true` opts in when the config does not; the cache controls
+// (no-cache, no-store, ttl, s-maxage, namespace) work and are limited by the key's
+// allowed_cache_controls; entries expire after their ttl; in Redis, two instances share it.
+import { afterAll, beforeAll, beforeEach, describe, expect, test } from "bun:test";
+import { sql } from "drizzle-orm";
+import OpenAI from "openai";
+import { rows } from "../../core/store/sql.ts";
+import { freshDatabase, MASTER_KEY, requestJson, startBackendGateway, startTestGateway, type TestGateway } from "../harness/gateway.ts";
+import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
+
+let up: MockOpenAI;
+let gw: TestGateway;
+const uniq = () => Math.random().toString(36).slice(2, 10);
+
+const models = (url: string) => [
+  { model_name: "gpt", svc_params: { model: "openai/gpt-4o-mini", api_base: url, api_key: "sk-up" }, model_info: { input_cost_per_token: 0.000001, output_cost_per_token: 0.000002 } },
+  { model_name: "emb", svc_params: { model: "openai/text-embedding-3-small", api_base: url, api_key: "sk-up" }, model_info: { input_cost_per_token: 0.000001 } },
+  { model_name: "inst", svc_params: { model: "openai/gpt-3.5-turbo-instruct", api_base: url, api_key: "sk-up" } },
+];
+
+async function chat(g: TestGateway, body: Record<string, unknown>, key = MASTER_KEY): Promise<{ status: number; headers: Headers; text: string }> {
+  const res = await fetch(`${g.url}/v1/chat/completions`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+    body: JSON.stringify({ model: "gpt", ...body }),
+  });
+  return { status: res.status, headers: res.headers, text: await res.text() };
+}
+
+beforeAll(async () => {
+  up = await startMockOpenAI({ apiKey: "sk-up" });
+  gw = await startBackendGateway("pglite", { model_list: models(up.url), svc_settings: { cache: true, cache_params: { ttl: 60 } }, general_settings: { master_key: MASTER_KEY } });
+});
+afterAll(async () => {
+  await gw?.stop();
+  await up?.stop();
+});
+beforeEach(() => up.reset());
+
+describe("response cache (config on, in memory)", () => {
+  test("a repeated chat request is served from the cache: no upstream call, no spend, logged as a hit", async () => {
+    const messages = [{ role: "user", content: `what is ${uniq()}?` }];
+    const first = await chat(gw, { messages });
+    expect(first.status).toBe(200);
+    expect(first.headers.get("x-svc-cache-hit")).toBeNull();
+    expect(Number(first.headers.get("x-svc-response-cost"))).toBeGreaterThan(0);
+    const second = await chat(gw, { messages, user: "someone-else", metadata: { tags: ["x"] } });
+    expect(second.status).toBe(200);
+    expect(second.headers.get("x-svc-cache-hit")).toBe("true");
+    expect(second.headers.get("x-svc-response-cost")).toBe("0");
+    expect(second.text).toBe(first.text);
+    expect(up.requests.length).toBe(1);
+    await gw.host!.spendWriter.flush();
+    const logged = await rows<{ cache_hit: boolean; spend: string }>(
+      gw.host!.store.db,
+      sql`select cache_hit, spend::text as spend from spend_logs where call_id = ${second.headers.get("x-svc-call-id")}`,
+    );
+    expect(logged.map((l) => ({ hit: l.cache_hit, spend: Number(l.spend) }))).toEqual([{ hit: true, spend: 0 }]);
+  });
+
+  test("a different parameter is a different answer", async () => {
+    const messages = [{ role: "user", content: `hello ${uniq()}` }];
+    await chat(gw, { messages, temperature: 0.1 });
+    const other = await chat(gw, { messages, temperature: 0.9 });
+    expect(other.headers.get("x-svc-cache-hit")).toBeNull();
+    expect(up.requests.length).toBe(2);
+  });
+
+  test("a streamed answer is replayed as the same stream (openai SDK)", async () => {
+    const client = new OpenAI({ apiKey: MASTER_KEY, baseURL: gw.baseURL });
+    const messages = [{ role: "user" as const, content: `stream ${uniq()} please` }];
+    const collect = async () => {
+      const stream = await client.chat.completions.create({ model: "gpt", messages, stream: true });
+      let text = "";
+      for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? "";
+      return text;
+    };
+    const a = await collect();
+    const b = await collect();
+    expect(b).toBe(a);
+    expect(a).toContain("Mock reply");
+    expect(up.requests.length).toBe(1);
+    // A non-stream request for the same prompt is a different entry.
+    const plain = await chat(gw, { messages });
+    expect(plain.headers.get("x-svc-cache-hit")).toBeNull();
+  });
+
+  test("embeddings and completions are cached", async () => {
+    const client = new OpenAI({ apiKey: MASTER_KEY, baseURL: gw.baseURL });
+    const input = `embed ${uniq()}`;
+    const e1 = await client.embeddings.create({ model: "emb", input });
+    const e2 = await client.embeddings.create({ model: "emb", input });
+    expect(e2.data[0]!.embedding).toEqual(e1.data[0]!.embedding);
+    const prompt = `complete ${uniq()}`;
+    await client.completions.create({ model: "inst", prompt });
+    const raw = await client.completions.create({ model: "inst", prompt }).asResponse();
+    expect(raw.headers.get("x-svc-cache-hit")).toBe("true");
+    expect(up.requests.length).toBe(2);
+  });
+
+  test("cache controls: no-cache skips the read, no-store skips the write, s-maxage rejects old entries, caching:false opts out", async () => {
+    const messages = [{ role: "user", content: `controls ${uniq()}` }];
+    await chat(gw, { messages });
+    expect((await chat(gw, { messages, cache: { "no-cache": true } })).headers.get("x-svc-cache-hit")).toBeNull();
+    expect((await chat(gw, { messages, caching: false })).headers.get("x-svc-cache-hit")).toBeNull();
+    expect(up.requests.length).toBe(3);
+    await Bun.sleep(1100);
+    expect((await chat(gw, { messages, cache: { "s-maxage": 1 } })).headers.get("x-svc-cache-hit")).toBeNull();
+    const fresh = [{ role: "user", content: `nostore ${uniq()}` }];
+    await chat(gw, { messages: fresh, cache: { "no-store": true } });
+    expect((await chat(gw, { messages: fresh })).headers.get("x-svc-cache-hit")).toBeNull();
+    // Namespaces keep entries apart.
+    expect((await chat(gw, { messages, cache: { namespace: "tenant-b" } })).headers.get("x-svc-cache-hit")).toBeNull();
+    expect((await chat(gw, { messages, cache: { namespace: "tenant-b" } })).headers.get("x-svc-cache-hit")).toBe("true");
+  });
+
+  test("a per-request ttl expires the entry", async () => {
+    const messages = [{ role: "user", content: `ttl ${uniq()}` }];
+    await chat(gw, { messages, cache: { ttl: 0.3 } });
+    expect((await chat(gw, { messages })).headers.get("x-svc-cache-hit")).toBe("true");
+    await Bun.sleep(400);
+    expect((await chat(gw, { messages })).headers.get("x-svc-cache-hit")).toBeNull();
+  });
+
+  test("allowed_cache_controls limits what a key may ask; unknown controls are a 400", async () => {
+    const r = await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: { allowed_cache_controls: ["no-cache"] } });
+    const key = r.body.key;
+    const messages = [{ role: "user", content: `acl ${uniq()}` }];
+    expect((await chat(gw, { messages, cache: { "no-cache": true } }, key)).status).toBe(200);
+    const denied = await chat(gw, { messages, cache: { ttl: 5 } }, key);
+    expect(denied.status).toBe(403);
+    expect(JSON.parse(denied.text).error.message).toContain("allowed_cache_controls");
+    expect((await chat(gw, { messages, cache: { "max-age": 5 } })).status).toBe(400);
+  });
+});
+
+describe("response cache opt-in and in Redis", () => {
+  test("without config, caching: true on the request uses the cache", async () => {
+    const g = await startTestGateway({ model_list: models(up.url), general_settings: { master_key: MASTER_KEY } });
+    try {
+      const messages = [{ role: "user", content: `optin ${uniq()}` }];
+      await chat(g, { messages });
+      expect((await chat(g, { messages })).headers.get("x-svc-cache-hit")).toBeNull();
+      await chat(g, { messages, caching: true });
+      expect((await chat(g, { messages, caching: true })).headers.get("x-svc-cache-hit")).toBe("true");
+      expect(up.requests.length).toBe(3);
+    } finally {
+      await g.stop();
+    }
+  });
+
+  test("two instances share a Redis cache", async () => {
+    const config = { model_list: models(up.url), svc_settings: { cache: true, cache_params: { type: "redis" } }, general_settings: { master_key: MASTER_KEY } };
+    const db = await freshDatabase("gw_cache");
+    const store = { databaseUrl: db.url, redisUrl: "redis://127.0.0.1:6379" };
+    const [a, b] = await Promise.all([startTestGateway(config, { store }), startTestGateway(config, { store })]);
+    try {
+      const messages = [{ role: "user", content: `shared ${uniq()}` }];
+      await chat(a, { messages });
+      const hit = await chat(b, { messages });
+      expect(hit.headers.get("x-svc-cache-hit")).toBe("true");
+      expect(up.requests.length).toBe(1);
+    } finally {
+      await Promise.all([a.stop(), b.stop()]);
+      await db.drop();
+    }
+  });
+
+  test("cache_params.type redis without Redis is a config error", async () => {
+    await expect(startTestGateway({ model_list: models(up.url), svc_settings: { cache: true, cache_params: { type: "redis" } }, general_settings: { master_key: MASTER_KEY } })).rejects.toThrow(
+      "needs REDIS_URL",
+    );
+  });
+});
