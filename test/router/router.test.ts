@@ -16,13 +16,6 @@ let b: MockOpenAI;
 let c: MockOpenAI;
 let gw: TestGateway;
 
-const upstream = (name: string, mock: () => MockOpenAI, extra: Record<string, unknown> = {}, info: Record<string, unknown> = {}) => ({
-  model_name: name,
-  svc_params: { model: "openai/gpt-4o-mini", api_base: "", api_key: "sk-up", ...extra },
-  model_info: { id: `${name}-${Object.keys(info).length}-${Math.random().toString(36).slice(2, 6)}`, ...info },
-  _mock: mock,
-});
-
 async function post(body: Record<string, unknown>, headers: Record<string, string> = {}): Promise<{ status: number; headers: Headers; body: Record<string, unknown> & { error?: { message: string; type: string } } }> {
   const res = await fetch(`${gw.url}/v1/chat/completions`, {
     method: "POST",
