@@ -1,7 +1,10 @@
 import { Type } from "@sinclair/typebox";
 import { definePlugin } from "../core/contract.ts";
+import { azureProvider } from "./azure/index.ts";
 import { bedrockProvider } from "./bedrock/index.ts";
+import { cohereProvider } from "./cohere/index.ts";
 import { mockProvider } from "./mock/index.ts";
+import { ollamaProvider } from "./ollama/index.ts";
 import { openAICompatibleAdapter } from "./openai-compatible/adapter.ts";
 import { OPENAI_COMPATIBLE_PROVIDERS } from "./openai-compatible/table.ts";
 
@@ -9,5 +12,5 @@ import { OPENAI_COMPATIBLE_PROVIDERS } from "./openai-compatible/table.ts";
 export default definePlugin({
   name: "builtin-providers",
   config: Type.Object({}),
-  setup: () => ({ providers: [openAICompatibleAdapter(OPENAI_COMPATIBLE_PROVIDERS), mockProvider, bedrockProvider] }),
+  setup: () => ({ providers: [openAICompatibleAdapter(OPENAI_COMPATIBLE_PROVIDERS), mockProvider, bedrockProvider, azureProvider, cohereProvider, ollamaProvider] }),
 });

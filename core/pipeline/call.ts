@@ -217,7 +217,11 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     try {
       mapped = ep.response(json, body);
     } catch (err) {
-      throw GatewayError.of(500, `${d.provider} returned an unexpected response for model ${d.modelName}: ${err instanceof Error ? err.message : String(err)}`);
+      const message = err instanceof Error ? err.message : String(err);
+      // An adapter may recognise a refusal inside a 200 answer (a prompt blocked by the provider's filter).
+      const kind = (err as { kind?: unknown }).kind;
+      if (kind === "content_policy_violation" || kind === "context_window_exceeded") throw GatewayError.of(400, `${d.provider} refused the request for model ${d.modelName}: ${message}`, kind);
+      throw GatewayError.of(500, `${d.provider} returned an unexpected response for model ${d.modelName}: ${message}`);
     }
     const id = (mapped.body as { id?: unknown }).id;
     // An adapter that hands the upstream body back unchanged lets the original bytes through.

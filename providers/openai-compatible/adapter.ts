@@ -191,6 +191,8 @@ export function openAICompatibleAdapter(rows: readonly OpenAICompatibleProvider[
       const apiBase = (d.apiBase ?? row?.apiBase)?.replace(/\/+$/, "");
       if (!apiBase) return `provider ${d.provider} needs svc_params.api_base`;
       const apiKey = d.apiKey ?? (row?.apiKeyEnv ? process.env[row.apiKeyEnv] : undefined);
+      // A key for another header is set once here; `apiKey` would send it as a bearer token.
+      if (row?.authHeader && apiKey) return { ...d, apiBase, apiKey: undefined, headers: { [row.authHeader]: apiKey, ...d.headers } };
       return { ...d, apiBase, apiKey };
     },
   };

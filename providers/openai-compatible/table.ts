@@ -1,18 +1,18 @@
 /**
- * Every provider that speaks OpenAI's wire format, as data: default base URL and the environment
- * variable that holds its key. `apiBase: undefined` means the operator must set `api_base`.
+ * Every provider that speaks OpenAI's wire format, as data: default base URL, the environment
+ * variable that holds its key, and the header the key goes in when it is not
+ * `Authorization: Bearer`. `apiBase: undefined` means the operator must set `api_base`.
  */
 export interface OpenAICompatibleProvider {
   id: string;
   apiBase: string | undefined;
   apiKeyEnv: string | undefined;
+  /** A header that takes the bare key (`api-key`); absent means `Authorization: Bearer <key>`. */
+  authHeader?: string;
 }
 
-const p = (id: string, apiBase: string | undefined, apiKeyEnv: string | undefined): OpenAICompatibleProvider => ({
-  id,
-  apiBase,
-  apiKeyEnv,
-});
+const p = (id: string, apiBase: string | undefined, apiKeyEnv: string | undefined, authHeader?: string): OpenAICompatibleProvider =>
+  authHeader === undefined ? { id, apiBase, apiKeyEnv } : { id, apiBase, apiKeyEnv, authHeader };
 
 export const OPENAI_COMPATIBLE_PROVIDERS: readonly OpenAICompatibleProvider[] = [
   p("openai", "https://api.openai.com/v1", "OPENAI_API_KEY"),
@@ -44,11 +44,17 @@ export const OPENAI_COMPATIBLE_PROVIDERS: readonly OpenAICompatibleProvider[] = 
   p("huggingface", "https://router.huggingface.co/v1", "HF_TOKEN"),
   p("meta_llama", "https://api.llama.com/compat/v1", "LLAMA_API_KEY"),
   p("vercel_ai_gateway", "https://ai-gateway.vercel.sh/v1", "VERCEL_AI_GATEWAY_API_KEY"),
+  p("zai", "https://api.z.ai/api/paas/v4", "ZAI_API_KEY"),
+  p("wandb", "https://api.inference.wandb.ai/v1", "WANDB_API_KEY"),
+  p("baseten", "https://inference.baseten.co/v1", "BASETEN_API_KEY"),
   p("lm_studio", "http://localhost:1234/v1", "LM_STUDIO_API_KEY"),
   p("llamafile", "http://localhost:8080/v1", undefined),
+  p("xinference", "http://127.0.0.1:9997/v1", "XINFERENCE_API_KEY"),
   p("hosted_vllm", undefined, "HOSTED_VLLM_API_KEY"),
   p("databricks", undefined, "DATABRICKS_API_KEY"),
   p("cloudflare", undefined, "CLOUDFLARE_API_KEY"),
+  // Azure AI serverless endpoints (`https://<endpoint>.<region>.models.ai.azure.com/v1`) take Azure's `api-key` header.
+  p("azure_ai", undefined, "AZURE_AI_API_KEY", "api-key"),
   p("openai_like", undefined, undefined),
   p("custom_openai", undefined, undefined),
 ];

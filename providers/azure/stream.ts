@@ -1,0 +1,43 @@
+/**
+ * Azure's stream is OpenAI's plus chunks of its own content filter, which are not OpenAI chunks
+ * (`"object": ""`, no id): the prompt's filter results before the first choice, and annotations of
+ * the asynchronous filter. The prompt results ride on the first real chunk; annotations are dropped.
+ */
+import type { Endpoint, StreamPart, StreamTransform, WireJson } from "../../core/contract.ts";
+
+export interface AzureStreamState<S> {
+  inner: S;
+  promptFilterResults?: unknown;
+}
+
+function withPromptFilters(part: StreamPart, results: unknown): StreamPart | undefined {
+  if (part.type === "data") return { type: "chunk", chunk: { ...(JSON.parse(part.data) as WireJson), prompt_filter_results: results } };
+  if (part.type === "chunk") return { type: "chunk", chunk: { ...part.chunk, prompt_filter_results: results } };
+  return undefined;
+}
+
+export function azureStream<E extends Endpoint, S>(inner: StreamTransform<E, S>): StreamTransform<E, AzureStreamState<S>> {
+  return {
+    framing: inner.framing,
+    init: (req) => ({ inner: inner.init(req) }),
+    event(data, s) {
+      // Safe as text: inside a JSON string the quotes would be escaped.
+      if (data.includes('"object":""')) {
+        if (data.includes('"prompt_filter_results"')) s.promptFilterResults = (JSON.parse(data) as WireJson).prompt_filter_results;
+        return [];
+      }
+      const parts = inner.event(data, s.inner);
+      if (s.promptFilterResults === undefined) return parts;
+      for (let i = 0; i < parts.length; i++) {
+        const merged = withPromptFilters(parts[i]!, s.promptFilterResults);
+        if (!merged) continue;
+        parts[i] = merged;
+        s.promptFilterResults = undefined;
+        break;
+      }
+      return parts;
+    },
+    estimate: (s) => inner.estimate(s.inner),
+    responseId: (s) => inner.responseId?.(s.inner),
+  };
+}

@@ -1,0 +1,114 @@
+/** An OpenAI chat request → Ollama's `POST /api/chat` body. */
+import type { ChatRequest, Deployment, WireJson } from "../../core/contract.ts";
+import {
+  type ChatMessage,
+  argumentsObject,
+  contentParts,
+  contentText,
+  functionTools,
+  imageUrl,
+  parseDataUrl,
+  stopSequences,
+  toolCallsOf,
+  toolChoice,
+  toolNamesById,
+} from "../shared/openai-request.ts";
+
+/** The OpenAI fields this translation understands. */
+export const OLLAMA_CHAT_PARAMS = [
+  "temperature",
+  "top_p",
+  "max_tokens",
+  "max_completion_tokens",
+  "stop",
+  "seed",
+  "frequency_penalty",
+  "presence_penalty",
+  "tools",
+  "tool_choice",
+  "functions",
+  "function_call",
+  "response_format",
+  "stream_options",
+  "user",
+] as const;
+
+/** Images go as bare base64 in `images`; Ollama cannot fetch a link, so only data URLs can be sent. */
+function images(content: ChatMessage["content"]): string[] {
+  const out: string[] = [];
+  for (const p of contentParts(content)) {
+    const url = imageUrl(p);
+    if (url === undefined) continue;
+    const inline = parseDataUrl(url);
+    if (!inline) throw new Error("Ollama takes images as base64 data URLs (data:image/png;base64,...), not links");
+    out.push(inline.data);
+  }
+  return out;
+}
+
+function ollamaMessage(m: ChatMessage, toolNames: Map<string, string>): WireJson {
+  switch (m.role) {
+    case "system":
+    case "developer":
+      return { role: "system", content: contentText(m.content) };
+    case "user": {
+      const out: WireJson = { role: "user", content: contentText(m.content) };
+      const imgs = images(m.content);
+      if (imgs.length > 0) out.images = imgs;
+      return out;
+    }
+    case "assistant": {
+      const out: WireJson = { role: "assistant", content: contentText(m.content) };
+      const calls = toolCallsOf(m);
+      if (calls.length > 0) out.tool_calls = calls.map((c) => ({ function: { name: c.function.name, arguments: argumentsObject(c.function.arguments) } }));
+      return out;
+    }
+    case "tool":
+    case "function": {
+      // Ollama matches a result to its call by the function's name.
+      const out: WireJson = { role: "tool", content: contentText(m.content) };
+      const name = m.role === "function" ? m.name : toolNames.get(m.tool_call_id ?? "");
+      if (name) out.tool_name = name;
+      return out;
+    }
+  }
+}
+
+function format(rf: WireJson): unknown {
+  if (rf.type === "json_object") return "json";
+  if (rf.type === "json_schema") return (rf.json_schema as { schema?: unknown } | undefined)?.schema ?? "json";
+  return undefined;
+}
+
+function options(req: ChatRequest, d: Deployment): WireJson | undefined {
+  const o: WireJson = {};
+  if (req.temperature != null) o.temperature = req.temperature;
+  if (req.top_p != null) o.top_p = req.top_p;
+  const max = req.max_completion_tokens ?? req.max_tokens;
+  if (max != null) o.num_predict = max;
+  const stop = stopSequences(req.stop);
+  if (stop) o.stop = stop;
+  if (req.seed != null) o.seed = req.seed;
+  if (req.frequency_penalty != null) o.frequency_penalty = req.frequency_penalty;
+  if (req.presence_penalty != null) o.presence_penalty = req.presence_penalty;
+  // The context size is the operator's choice per deployment (Ollama's default is small).
+  if (typeof d.options.num_ctx === "number") o.num_ctx = d.options.num_ctx;
+  return Object.keys(o).length > 0 ? o : undefined;
+}
+
+export function ollamaChatBody(req: ChatRequest, d: Deployment): WireJson {
+  const names = toolNamesById(req.messages);
+  // Ollama streams unless told otherwise, so `stream` is always sent.
+  const body: WireJson = { model: d.upstreamModel, messages: req.messages.map((m) => ollamaMessage(m, names)), stream: req.stream === true };
+  const choice = toolChoice(req);
+  let tools = choice.kind === "none" ? [] : functionTools(req);
+  if (choice.kind === "function") tools = tools.filter((t) => t.name === choice.name);
+  if (tools.length > 0) body.tools = tools.map((t) => ({ type: "function", function: t }));
+  const f = req.response_format ? format(req.response_format) : undefined;
+  if (f !== undefined) body.format = f;
+  const o = options(req, d);
+  if (o) body.options = o;
+  if (d.options.keep_alive !== undefined) body.keep_alive = d.options.keep_alive;
+  if (d.options.think !== undefined) body.think = d.options.think;
+  return body;
+}

@@ -1,0 +1,53 @@
+/**
+ * OpenAI's response shapes, built from what a native provider answered: the `usage` object and a
+ * whole `chat.completion`. Native adapters share these so every provider answers the client alike.
+ */
+import type { Usage, WireJson } from "../../core/contract.ts";
+import { openAIUsage } from "./openai-usage.ts";
+
+export type OpenAIFinishReason = "stop" | "length" | "tool_calls" | "content_filter";
+
+/** The response's head: the same on the completion and on every chunk of a stream. */
+export interface ResponseHead {
+  id: string;
+  created: number;
+  model: string;
+}
+
+export interface OpenAIToolCall {
+  id: string;
+  type: "function";
+  function: { name: string; arguments: string };
+}
+
+export interface AssistantMessage {
+  content: string | null;
+  toolCalls?: OpenAIToolCall[];
+  /** Thinking text, under `reasoning_content` as the gateway's clients expect it. */
+  reasoning?: string;
+}
+
+/** A response id in OpenAI's style, for providers that give none. */
+export function chatCompletionId(): string {
+  return `chatcmpl-${crypto.randomUUID().replaceAll("-", "")}`;
+}
+
+export function toolCallId(): string {
+  return `call_${crypto.randomUUID().replaceAll("-", "").slice(0, 24)}`;
+}
+
+export const nowSeconds = (): number => Math.floor(Date.now() / 1000);
+
+export function chatCompletion(head: ResponseHead, message: AssistantMessage, finish: OpenAIFinishReason, usage: Usage): WireJson {
+  const msg: WireJson = { role: "assistant", content: message.content };
+  if (message.reasoning) msg.reasoning_content = message.reasoning;
+  if (message.toolCalls && message.toolCalls.length > 0) msg.tool_calls = message.toolCalls;
+  return {
+    id: head.id,
+    object: "chat.completion",
+    created: head.created,
+    model: head.model,
+    choices: [{ index: 0, message: msg, logprobs: null, finish_reason: finish }],
+    usage: openAIUsage(usage),
+  };
+}

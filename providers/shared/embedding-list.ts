@@ -1,0 +1,25 @@
+/** OpenAI's embeddings answer (`{object: "list", data, model, usage}`) from a native provider's vectors. */
+import type { EmbeddingsRequest, WireJson } from "../../core/contract.ts";
+
+/** Little-endian float32 bytes in base64: what OpenAI sends for `encoding_format: "base64"`. */
+function float32Base64(vector: readonly number[]): string {
+  const view = new DataView(new ArrayBuffer(vector.length * 4));
+  for (let i = 0; i < vector.length; i++) view.setFloat32(i * 4, vector[i]!, true);
+  return Buffer.from(view.buffer).toString("base64");
+}
+
+export function embeddingList(vectors: readonly (readonly number[])[], model: string, promptTokens: number, format: EmbeddingsRequest["encoding_format"]): WireJson {
+  return {
+    object: "list",
+    data: vectors.map((v, index) => ({ object: "embedding", index, embedding: format === "base64" ? float32Base64(v) : v })),
+    model,
+    usage: { prompt_tokens: promptTokens, total_tokens: promptTokens },
+  };
+}
+
+/** The texts to embed; token-id inputs need the provider's own tokenizer, which native APIs do not take. */
+export function embeddingTexts(input: EmbeddingsRequest["input"], provider: string): string[] {
+  if (typeof input === "string") return [input];
+  if (Array.isArray(input) && input.every((x): x is string => typeof x === "string")) return input;
+  throw new Error(`${provider} embeddings take text input (a string or an array of strings), not token ids`);
+}
