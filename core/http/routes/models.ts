@@ -14,6 +14,7 @@ import { SECRET_PARAM } from "../../secrets.ts";
 import type { Snapshot } from "../../snapshot.ts";
 import type { AppDeps } from "../app.ts";
 import { authenticate } from "../auth.ts";
+import { configuredFallbacks, type FallbackType } from "../../router/fallbacks.ts";
 
 /** svc_params fields that say where the upstream is (credentials are `SECRET_PARAM`). */
 const ADDRESS_PARAM = /^(api_base|base_url|headers|extra_headers)$|(^|_)(url|endpoint)$/i;
@@ -49,19 +50,7 @@ function truthy(v: string | null): boolean {
   return v === "true" || v === "1";
 }
 
-const FALLBACK_TYPES = { general: "fallbacks", context_window: "context_window_fallbacks", content_policy: "content_policy_fallbacks" } as const;
-type FallbackType = keyof typeof FALLBACK_TYPES;
-
-/** `router_settings.<kind>_fallbacks: [{model: [fallback, …]}, …]` → fallbacks of `model`. */
-function fallbacksOf(s: Snapshot, type: FallbackType, model: string): string[] {
-  const list = (s.config.router_settings as Record<string, unknown> | undefined)?.[FALLBACK_TYPES[type]];
-  if (!Array.isArray(list)) return [];
-  for (const item of list) {
-    const to = item && typeof item === "object" ? (item as Record<string, unknown>)[model] : undefined;
-    if (Array.isArray(to)) return to.filter((x): x is string => typeof x === "string");
-  }
-  return [];
-}
+const FALLBACK_TYPES: readonly FallbackType[] = ["general", "context_window", "content_policy"];
 
 /**
  * Access groups a caller holds: those its levels name (in `models` or `access_group_ids`); every
@@ -158,8 +147,8 @@ function ownerOf(s: Snapshot, rules: AccessRules | undefined, name: string): str
 
 function listModels(s: Snapshot, url: URL, rules: AccessRules | undefined, identity: IdentityCache | undefined) {
   const fallbackParam = url.searchParams.get("fallback_type");
-  if (fallbackParam !== null && !(fallbackParam in FALLBACK_TYPES)) {
-    throw GatewayError.of(400, `Invalid fallback_type '${fallbackParam}': use one of ${Object.keys(FALLBACK_TYPES).join(", ")}.`, "invalid_request_error", "fallback_type");
+  if (fallbackParam !== null && !(FALLBACK_TYPES as readonly string[]).includes(fallbackParam)) {
+    throw GatewayError.of(400, `Invalid fallback_type '${fallbackParam}': use one of ${FALLBACK_TYPES.join(", ")}.`, "invalid_request_error", "fallback_type");
   }
   const may = (name: string) => mayUseModel(rules, name, s.accessGroups);
   const models = new Map<string, string>();
@@ -182,7 +171,7 @@ function listModels(s: Snapshot, url: URL, rules: AccessRules | undefined, ident
   const fallbackType = (fallbackParam ?? "general") as FallbackType;
   for (const [id, owner] of models) {
     const m = modelObject(id, s.loadedAt, owner);
-    data.push(withMetadata ? { ...m, metadata: { fallbacks: fallbacksOf(s, fallbackType, id) } } : m);
+    data.push(withMetadata ? { ...m, metadata: { fallbacks: configuredFallbacks(s.config, fallbackType, id) } } : m);
   }
   if (truthy(url.searchParams.get("include_model_access_groups")) || truthy(url.searchParams.get("only_model_access_groups"))) {
     // A held group is listed when the caller may use every model in it (no level above forbids part).
