@@ -255,6 +255,13 @@ export interface CallIntent {
   worstCaseCost: bigint;
   /** Milliseconds since the epoch; budgets charge the call to the period it started in. */
   startedAt: number;
+  /** The model group's capacity: the sum of its deployments' `rpm` / `tpm` (absent when any deployment has none). */
+  groupCapacity: GroupCapacity;
+}
+
+export interface GroupCapacity {
+  rpm?: number;
+  tpm?: number;
 }
 
 /** All configured rate limiters must grant. */
@@ -441,6 +448,8 @@ export interface PluginContext {
 export interface IdentityView {
   /** The live key for a sha256 token, following a rotated key to its successor during its grace period. */
   lookupKey(token: string, now?: number): KeyRow | undefined;
+  /** Every live key by token (for checks across keys, such as guaranteed throughput). */
+  readonly keys: ReadonlyMap<string, KeyRow>;
   readonly teams: ReadonlyMap<string, TeamRow>;
   readonly orgs: ReadonlyMap<string, OrgRow>;
   readonly users: ReadonlyMap<string, UserRow>;

@@ -11,8 +11,10 @@
  * applies.
  */
 import { Type } from "@sinclair/typebox";
-import { type CallIntent, type Denied, definePlugin, type Hooks, type IdentityView, type Lease, type RateCounter, type RateGrant, type RateRefusal, type RateWindows } from "../core/contract.ts";
+import { type CallIntent, type Denied, definePlugin, type Hooks, type IdentityView, type KeyRow, type Lease, type RateCounter, type RateGrant, type RateRefusal, type RateWindows } from "../core/contract.ts";
 import { errorInfo } from "../core/errors.ts";
+import { guaranteedLimit, reservedOn, type ThroughputKind } from "../core/limits/capacity.ts";
+import { WINDOW_MS } from "../core/limits/window.ts";
 import { keyLabel } from "./shared/labels.ts";
 
 const GRANTED: Lease = { ok: true, settle: () => undefined };
@@ -40,7 +42,72 @@ function modelCounter(out: RateCounter[], id: string, label: string, row: RowLim
   if (rpm !== undefined || tpm !== undefined) out.push({ id: `${id}:${group}`, label: `${label} for model=${group}`, rpm, tpm });
 }
 
-function countersFor(intent: CallIntent, identity: IdentityView | undefined): RateCounter[] {
+/**
+ * The throughput types on a model group whose capacity is known (every deployment sets `rpm`/`tpm`):
+ *
+ * - `guaranteed_throughput`: the key's limit is reserved out of the capacity (checked when the key
+ *   is written); traffic of keys that are not guaranteed shares only what is left, so the reserved
+ *   share is free whenever its key calls.
+ * - `dynamic`: the key gets an equal share of what is left, among the keys that called the group in
+ *   the last 60 s (on this instance), so shares grow and shrink as keys come and go.
+ * - `best_effort_throughput` (default): only the key's own limit, and the shared remainder.
+ */
+class Throughput {
+  private readonly reserved = new Map<string, number>();
+  private readonly active = new Map<string, Map<string, number>>();
+
+  readonly dispose: () => void;
+
+  constructor(private readonly identity: IdentityView) {
+    this.dispose = identity.onChange(() => this.reserved.clear());
+  }
+
+  reservedOn(group: string, kind: ThroughputKind): number {
+    const id = `${kind}:${group}`;
+    let sum = this.reserved.get(id);
+    if (sum === undefined) {
+      sum = reservedOn(this.identity.keys.values(), this.identity.teams, group, kind);
+      this.reserved.set(id, sum);
+    }
+    return sum;
+  }
+
+  /** Marks `token` active on `group`; returns how many keys are. */
+  activeKeys(group: string, token: string, now: number): number {
+    let keys = this.active.get(group);
+    if (!keys) {
+      keys = new Map();
+      this.active.set(group, keys);
+    }
+    keys.set(token, now);
+    for (const [t, at] of keys) if (at <= now - WINDOW_MS) keys.delete(t);
+    return keys.size;
+  }
+
+  counters(intent: CallIntent, key: KeyRow, label: string, out: RateCounter[]): void {
+    const cap = intent.groupCapacity;
+    if (cap.rpm === undefined && cap.tpm === undefined) return;
+    const group = intent.modelGroup;
+    const shared: RateCounter = { id: `group_shared:${group}`, label: `Model ${group} (capacity left after guaranteed keys)` };
+    const share: RateCounter = { id: `key_dynamic:${key.token}:${group}`, label: `${label} (dynamic share of model=${group})` };
+    let active: number | undefined;
+    for (const kind of ["rpm", "tpm"] as const) {
+      const capacity = cap[kind];
+      if (capacity === undefined || guaranteedLimit(key, kind) !== undefined) continue;
+      const reserved = this.reservedOn(group, kind);
+      const pool = Math.max(0, capacity - reserved);
+      if (reserved > 0) shared[kind] = pool;
+      if ((kind === "rpm" ? key.rpmLimitType : key.tpmLimitType) === "dynamic") {
+        active ??= this.activeKeys(group, key.token, intent.startedAt);
+        share[kind] = Math.max(1, Math.floor(pool / active));
+      }
+    }
+    if (shared.rpm !== undefined || shared.tpm !== undefined) out.push(shared);
+    if (share.rpm !== undefined || share.tpm !== undefined) out.push(share);
+  }
+}
+
+function countersFor(intent: CallIntent, identity: IdentityView | undefined, throughput: Throughput | undefined): RateCounter[] {
   const p = intent.principal;
   const out: RateCounter[] = [];
   const key = p.key;
@@ -49,6 +116,7 @@ function countersFor(intent: CallIntent, identity: IdentityView | undefined): Ra
   const label = keyLabel(p);
   rowCounter(out, `key:${key.token}`, label, key, key.budgetId ? identity?.budgets.get(key.budgetId) : undefined);
   modelCounter(out, `key_model:${key.token}`, label, key, group);
+  throughput?.counters(intent, key, label, out);
   const user = p.user ?? (p.userId ? identity?.users.get(p.userId) : undefined);
   if (user) rowCounter(out, `user:${user.userId}`, `User=${user.userId}`, user);
   const team = p.team ?? (p.teamId ? identity?.teams.get(p.teamId) : undefined);
@@ -116,10 +184,11 @@ export default definePlugin({
     const windows: RateWindows | undefined = ctx.rateWindows;
     if (!windows) return {};
     const identity = ctx.identity;
+    const throughput = identity ? new Throughput(identity) : undefined;
     return {
       rateLimiter: {
         acquire(intent) {
-          const counters = countersFor(intent, identity);
+          const counters = countersFor(intent, identity, throughput);
           if (counters.length === 0) return GRANTED;
           const tokens = counters.some((c) => c.tpm !== undefined) ? tokenEstimate(intent) : 0;
           const toLease = (r: RateGrant | RateRefusal): Lease | Denied =>
@@ -128,6 +197,7 @@ export default definePlugin({
           return result instanceof Promise ? result.then(toLease) : toLease(result);
         },
       },
+      dispose: () => throughput?.dispose(),
     };
   },
 });

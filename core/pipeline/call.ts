@@ -3,8 +3,9 @@
  * map the response or stream back → price and record the call. The router (core/router/route.ts)
  * decides which deployment, and holds the limits and budgets.
  */
-import type { CallIntent, CallRecord, CallStatus, Denied, Deployment, Endpoint, EndpointAdapter, ErrorInfo, Lease, Logger, Principal, StreamTransform, Usage, WireRequest } from "../contract.ts";
+import type { CallIntent, CallRecord, GroupCapacity, CallStatus, Denied, Deployment, Endpoint, EndpointAdapter, ErrorInfo, Lease, Logger, Principal, StreamTransform, Usage, WireRequest } from "../contract.ts";
 import { estimatePromptTokens } from "../cost/estimate.ts";
+import { groupCapacity } from "../limits/capacity.ts";
 import { picoToText } from "../cost/money.ts";
 import { GatewayError, errorInfo } from "../errors.ts";
 import type { Snapshot } from "../snapshot.ts";
@@ -90,6 +91,10 @@ export class Intent implements CallIntent {
     private readonly snapshot: Snapshot,
   ) {
     this.maxOutputTokens = maxOutput(body);
+  }
+
+  get groupCapacity(): GroupCapacity {
+    return groupCapacity(this.snapshot.models.resolve(this.modelGroup) ?? [this.deployment]);
   }
 
   get estimatedPromptTokens(): number {

@@ -31,6 +31,7 @@ import { rotatedKeys, users, virtualKeys } from "../../store/schema.ts";
 import { checker } from "../validate.ts";
 import { counterId } from "../../spend/ledger.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
+import { guaranteedOverflow, type PlannedKey } from "../../limits/capacity.ts";
 
 const TABLE = "virtual_keys";
 const BULK_MAX = 500;
@@ -248,6 +249,18 @@ function authorizeGenerate(ctx: AdminCtx, body: KeyBody, serviceAccount: boolean
  * body, checks who may create the key, inserts it, and returns the creation response, the only
  * place the plaintext `key` ever appears.
  */
+function throughputOf(fields: Record<string, unknown>): Pick<KeyRow, "rpmLimit" | "tpmLimit" | "rpmLimitType" | "tpmLimitType"> {
+  const f = fields as Partial<KeyRow>;
+  return { rpmLimit: f.rpmLimit ?? null, tpmLimit: f.tpmLimit ?? null, rpmLimitType: f.rpmLimitType ?? null, tpmLimitType: f.tpmLimitType ?? null };
+}
+
+/** A guaranteed limit must fit in what the key's models can serve (and its team's limit), or the write is a 400. */
+function checkGuaranteed(ctx: AdminCtx, key: PlannedKey): void {
+  if (key.rpmLimitType !== "guaranteed_throughput" && key.tpmLimitType !== "guaranteed_throughput") return;
+  const problem = guaranteedOverflow(key, ctx.snapshot.models.groups, ctx.identity.keys.values(), ctx.identity.teams);
+  if (problem) throw badRequest(problem, key.rpmLimitType === "guaranteed_throughput" ? "rpm_limit" : "tpm_limit");
+}
+
 export async function generateKey(ctx: AdminCtx, body: Record<string, unknown>, opts: { serviceAccount?: boolean } = {}): Promise<Record<string, unknown>> {
   const input = check(GenerateKeySchema, body) as KeyBody;
   const serviceAccount = opts.serviceAccount === true;
@@ -262,6 +275,7 @@ export async function generateKey(ctx: AdminCtx, body: Record<string, unknown>, 
   const alias = typeof input.key_alias === "string" ? input.key_alias : undefined;
   await assertAliasFree(ctx.db, alias);
 
+  checkGuaranteed(ctx, { token, models, teamId: team?.teamId ?? null, ...throughputOf(fields) });
   const merged = { autoRotate: false, rotationInterval: null, ...fields } as Partial<KeyRow>;
   derivedTimes(fields, merged, input, now);
   withProjectId(fields, input, {});
@@ -351,6 +365,7 @@ async function updateFields(ctx: AdminCtx, row: KeyRow, body: KeyBody): Promise<
 async function updateKey(ctx: AdminCtx, row: KeyRow, body: KeyBody): Promise<KeyRow> {
   if ("spend" in body) await ctx.flushSpend();
   const { fields, changes } = await updateFields(ctx, row, body);
+  checkGuaranteed(ctx, { ...row, ...(fields as Partial<KeyRow>) });
   let updated: KeyRow | undefined;
   try {
     [updated] = await ctx.db.update(virtualKeys).set(fields).where(eq(virtualKeys.token, row.token)).returning();

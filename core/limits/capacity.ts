@@ -1,0 +1,94 @@
+/**
+ * A model group's capacity and which keys may draw on it, for the throughput types:
+ * `guaranteed_throughput` reserves a key's limit out of the capacity of every group it may call,
+ * and `dynamic` splits a group's capacity among the keys active on it.
+ */
+import type { Deployment, GroupCapacity, KeyRow, TeamRow } from "../contract.ts";
+
+const capacities = new WeakMap<readonly Deployment[], GroupCapacity>();
+
+function sumOf(list: readonly Deployment[], field: "rpm" | "tpm"): number | undefined {
+  let sum = 0;
+  for (const d of list) {
+    const v = d.options[field];
+    if (typeof v !== "number" || v <= 0) return undefined;
+    sum += v;
+  }
+  return sum;
+}
+
+/** The sum of the deployments' `rpm` and `tpm`, when every deployment of the group sets it. */
+export function groupCapacity(deployments: readonly Deployment[]): GroupCapacity {
+  let c = capacities.get(deployments);
+  if (!c) {
+    c = { rpm: sumOf(deployments, "rpm"), tpm: sumOf(deployments, "tpm") };
+    capacities.set(deployments, c);
+  }
+  return c;
+}
+
+/** Whether a key's own model list (else its team's) lets it call `group`; empty lists allow every group. */
+export function keyMayCallGroup(key: Pick<KeyRow, "models">, team: Pick<TeamRow, "models"> | undefined, group: string): boolean {
+  const list = key.models.length > 0 ? key.models : (team?.models ?? []);
+  return list.length === 0 || list.includes(group) || list.includes("*");
+}
+
+export type ThroughputKind = "rpm" | "tpm";
+
+/** The key's limit of `kind` when it is guaranteed, else undefined. */
+export function guaranteedLimit(key: Pick<KeyRow, "rpmLimit" | "tpmLimit" | "rpmLimitType" | "tpmLimitType">, kind: ThroughputKind): number | undefined {
+  const type = kind === "rpm" ? key.rpmLimitType : key.tpmLimitType;
+  const limit = kind === "rpm" ? key.rpmLimit : key.tpmLimit;
+  return type === "guaranteed_throughput" && limit !== null ? Number(limit) : undefined;
+}
+
+/** What the guaranteed keys that may call `group` have reserved out of its capacity. */
+export function reservedOn(keys: Iterable<KeyRow>, teams: ReadonlyMap<string, TeamRow>, group: string, kind: ThroughputKind, exceptToken?: string): number {
+  let sum = 0;
+  for (const k of keys) {
+    if (k.token === exceptToken || k.blocked) continue;
+    const g = guaranteedLimit(k, kind);
+    if (g === undefined) continue;
+    if (keyMayCallGroup(k, k.teamId ? teams.get(k.teamId) : undefined, group)) sum += g;
+  }
+  return sum;
+}
+
+/** A key as it will be stored, for the guaranteed-throughput check at creation and update. */
+export type PlannedKey = Pick<KeyRow, "token" | "models" | "teamId" | "rpmLimit" | "tpmLimit" | "rpmLimitType" | "tpmLimitType">;
+
+/**
+ * Why a guaranteed key does not fit, or undefined: the guaranteed limits of every key that may call
+ * a group (this one included) must fit in the group's capacity, and in the key's team's limit.
+ */
+export function guaranteedOverflow(
+  key: PlannedKey,
+  groups: ReadonlyMap<string, readonly Deployment[]>,
+  keys: Iterable<KeyRow>,
+  teams: ReadonlyMap<string, TeamRow>,
+): string | undefined {
+  const team = key.teamId ? teams.get(key.teamId) : undefined;
+  const all = [...keys];
+  for (const kind of ["rpm", "tpm"] as const) {
+    const mine = guaranteedLimit(key, kind);
+    if (mine === undefined) continue;
+    const field = `${kind}_limit`;
+    for (const [group, deployments] of groups) {
+      const capacity = groupCapacity(deployments)[kind];
+      if (capacity === undefined || !keyMayCallGroup(key, team, group)) continue;
+      const reserved = reservedOn(all, teams, group, kind, key.token);
+      if (reserved + mine > capacity) {
+        return `guaranteed_throughput: model ${group} serves ${capacity} ${kind} (the sum of its deployments' ${kind}); other keys already reserve ${reserved}, so this key's ${field} ${mine} does not fit (at most ${Math.max(0, capacity - reserved)}).`;
+      }
+    }
+    const teamLimit = team ? (kind === "rpm" ? team.rpmLimit : team.tpmLimit) : null;
+    if (team && teamLimit !== null) {
+      const inTeam = all.filter((k) => k.teamId === team.teamId);
+      const reserved = inTeam.reduce((sum, k) => sum + (k.token === key.token ? 0 : (guaranteedLimit(k, kind) ?? 0)), 0);
+      if (reserved + mine > Number(teamLimit)) {
+        return `guaranteed_throughput: team ${team.teamId} has ${field} ${teamLimit}; its other keys already reserve ${reserved}, so this key's ${field} ${mine} does not fit.`;
+      }
+    }
+  }
+  return undefined;
+}

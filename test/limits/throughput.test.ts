@@ -1,0 +1,86 @@
+// Throughput types on a model group whose deployments set rpm: guaranteed keys must fit in the
+// group's capacity when written (400 otherwise), and keep their share at run time because other
+// keys only share what is left; dynamic keys split what is left among the keys active on the group.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
+import { MASTER_KEY } from "../harness/gateway.ts";
+
+let gw: TestGateway;
+
+async function call(key: string, model: string): Promise<{ status: number; message?: string }> {
+  const res = await fetch(`${gw.url}/v1/chat/completions`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+    body: JSON.stringify({ model, messages: [{ role: "user", content: "hi" }] }),
+  });
+  const body = (await res.json()) as { error?: { message: string } };
+  return { status: res.status, message: body.error?.message };
+}
+
+async function successes(key: string, model: string, n: number): Promise<number> {
+  let ok = 0;
+  for (let i = 0; i < n; i++) if ((await call(key, model)).status === 200) ok++;
+  return ok;
+}
+
+beforeAll(async () => {
+  gw = await startBackendGateway("pglite", {
+    model_list: [
+      { model_name: "g", svc_params: { model: "mock/g1", rpm: 5 } },
+      { model_name: "g", svc_params: { model: "mock/g2", rpm: 5 } },
+      { model_name: "d", svc_params: { model: "mock/d", rpm: 6 } },
+      { model_name: "e", svc_params: { model: "mock/e", rpm: 5 } },
+    ],
+    general_settings: { master_key: MASTER_KEY },
+  });
+});
+afterAll(async () => gw?.stop());
+
+describe("guaranteed_throughput", () => {
+  let a: string;
+  let b: string;
+  test("keys whose guaranteed rpm would exceed the model's capacity are refused with 400", async () => {
+    const first = await requestJson<{ key: string; token: string }>(gw, "POST", "/key/generate", { body: { models: ["g"], rpm_limit: 6, rpm_limit_type: "guaranteed_throughput" } });
+    expect(first.status).toBe(200);
+    a = first.body.key;
+    const over = await requestJson<{ error: { message: string; param: string } }>(gw, "POST", "/key/generate", { body: { models: ["g"], rpm_limit: 5, rpm_limit_type: "guaranteed_throughput" } });
+    expect(over.status).toBe(400);
+    expect(over.body.error.message).toContain("model g serves 10 rpm");
+    expect(over.body.error.message).toContain("at most 4");
+    expect(over.body.error.param).toBe("rpm_limit");
+    const fits = await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: { models: ["g"], rpm_limit: 3, rpm_limit_type: "guaranteed_throughput" } });
+    expect(fits.status).toBe(200);
+    b = fits.body.key;
+    // Raising a guaranteed key past what is left is refused too.
+    const raise = await requestJson(gw, "POST", "/key/update", { body: { key: first.body.token, rpm_limit: 8 } });
+    expect(raise.status).toBe(400);
+    // A key limited to another model does not draw on g.
+    expect((await requestJson(gw, "POST", "/key/generate", { body: { models: ["e"], rpm_limit: 5, rpm_limit_type: "guaranteed_throughput" } })).status).toBe(200);
+  });
+
+  test("at run time other keys share only what the guaranteed keys leave; the guaranteed share stays free", async () => {
+    const other = (await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: {} })).body.key;
+    // 10 rpm - 9 reserved = 1 for everyone else.
+    expect(await successes(other, "g", 3)).toBe(1);
+    const refused = await call(other, "g");
+    expect(refused.status).toBe(429);
+    expect(refused.message).toContain("capacity left after guaranteed keys");
+    expect(await successes(a, "g", 7)).toBe(6);
+    expect(await successes(b, "g", 4)).toBe(3);
+  });
+});
+
+describe("dynamic", () => {
+  test("a model's capacity is split among the keys active on it", async () => {
+    const gen = async () => (await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: { rpm_limit_type: "dynamic" } })).body.key;
+    const [d1, d2] = [await gen(), await gen()];
+    // Alone, d1 may use the whole capacity (6); it uses 1.
+    expect((await call(d1, "d")).status).toBe(200);
+    // d2 arrives: each now gets 6 / 2 = 3.
+    expect(await successes(d2, "d", 4)).toBe(3);
+    expect(await successes(d1, "d", 4)).toBe(2);
+    const refused = await call(d1, "d");
+    expect(refused.status).toBe(429);
+    expect(refused.message).toContain("dynamic share of model=d");
+  });
+});
