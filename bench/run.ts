@@ -40,6 +40,8 @@ const { values: flags } = parseArgs({
     "quiet-threshold": { type: "string" },
     out: { type: "string" },
     "budget-key": { type: "boolean", default: false },
+    "rate-limit-key": { type: "boolean", default: false },
+    "redis-url": { type: "string" },
     "database-url": { type: "string" },
     help: { type: "boolean", short: "h", default: false },
   },
@@ -63,6 +65,9 @@ const USAGE = `usage: bun bench/run.ts [options]
   --out DIR           where latest.md / latest.json go (default bench/results)
   --budget-key        call the gateway with a virtual key that has a max_budget (budget
                       reservation on every call) instead of the master key
+  --rate-limit-key    call the gateway with a virtual key that has rpm, tpm and parallel limits
+                      (every call counted on three windows)
+  --redis-url URL     give the gateway REDIS_URL (limits and budgets counted in Redis)
   --database-url URL  run the gateway on this PostgreSQL database instead of the embedded store
                       (the database server is not pinned: like the upstream, it is outside the target)`;
 if (flags.help) {
@@ -665,7 +670,7 @@ async function main(): Promise<void> {
       TARGET_CORE,
       ["bun", join(GATEWAY_ROOT, "core/main.ts"), "--config", config, "--port", "0", "--host", "127.0.0.1", "--data-dir", dataDir],
       listening,
-      { SVC_MASTER_KEY: MASTER_KEY, SVC_DRAIN_TIMEOUT: "2", ...(flags["database-url"] ? { DATABASE_URL: flags["database-url"] } : {}) },
+      { SVC_MASTER_KEY: MASTER_KEY, SVC_DRAIN_TIMEOUT: "2", ...(flags["database-url"] ? { DATABASE_URL: flags["database-url"] } : {}), ...(flags["redis-url"] ? { REDIS_URL: flags["redis-url"] } : {}) },
       GATEWAY_ROOT,
     );
   }
@@ -680,6 +685,16 @@ async function main(): Promise<void> {
     if (!res.ok) throw new Error(`could not create the bench key: ${res.status} ${await res.text()}`);
     gatewayKey = ((await res.json()) as { key: string }).key;
     console.log("# gateway called with a virtual key with max_budget (budget reservation and spend logging on every call)");
+  }
+  if (flags["rate-limit-key"] && services.gateway) {
+    const res = await fetch(`${base(services.gateway.url)}/key/generate`, {
+      method: "POST",
+      headers: { Authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+      body: JSON.stringify({ key_alias: "bench-limits", rpm_limit: 1_000_000_000, tpm_limit: 1_000_000_000_000, max_parallel_requests: 100_000 }),
+    });
+    if (!res.ok) throw new Error(`could not create the bench key: ${res.status} ${await res.text()}`);
+    gatewayKey = ((await res.json()) as { key: string }).key;
+    console.log(`# gateway called with a virtual key with rpm, tpm and parallel limits (${flags["redis-url"] ? "in Redis" : "in memory"})`);
   }
   for (const name of TARGETS) {
     const s = services[name]!;
