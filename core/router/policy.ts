@@ -38,7 +38,7 @@ function numberIn(sources: Loose[], name: string): number | undefined {
 /** Resolved once per snapshot for the config part; per call only when the key or request override something. */
 export function routePolicy(config: GatewayConfig, principal: Principal, body: Loose): RoutePolicy {
   const r = config.router_settings as Loose;
-  const sources: Loose[] = [body, principal.key?.routerSettings as Loose, principal.team?.routerSettings as Loose, r];
+  const sources: Loose[] = [body, principal.key?.routerSettings as Loose, principal.team?.routerSettings as Loose, r, config.svc_settings as Loose];
   const strategy = [principal.key?.routerSettings as Loose, principal.team?.routerSettings as Loose, r]
     .map((s) => s?.routing_strategy)
     .find((v): v is RoutingStrategy => typeof v === "string" && STRATEGIES.has(v));
