@@ -118,6 +118,7 @@ export function streamResponse(a: StreamArgs): Response {
         void reader.cancel().catch(() => undefined);
         ended = true;
         end("failure", error);
+        c.close();
       };
       let reading = reader.read();
       for (;;) {
@@ -146,7 +147,11 @@ export function streamResponse(a: StreamArgs): Response {
           // Returning from pull ends a direct stream; Bun finishes the response natively.
           await send(out + DONE);
           ended = true;
-          return end("success");
+          end("success");
+          // Closing ends the stream for a reader inside the gateway too (the Gemini-style routes
+          // read this response); Bun.serve would end it on return alone.
+          c.close();
+          return;
         }
         firstByteAt ??= Date.now();
         if (binary) feedBinary(binary, next.value);
