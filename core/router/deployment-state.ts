@@ -22,15 +22,17 @@ export class DeploymentState {
     return this.cooldownUntil > now;
   }
 
-  started(tokens: number, now: number): number {
+  /** `trackUsage`: only usage-based routing needs the minute's tokens (a log entry per call). Returns the entry, or -1. */
+  started(now: number, trackUsage: boolean): number {
     this.inFlight++;
+    if (!trackUsage) return -1;
     this.usage.prune(now);
-    return this.usage.add(tokens, now);
+    return this.usage.add(0, now);
   }
 
   ended(seq: number, tokens: number): void {
     this.inFlight = Math.max(0, this.inFlight - 1);
-    this.usage.settle(seq, tokens);
+    if (seq >= 0) this.usage.settle(seq, tokens);
   }
 
   succeeded(latencyMs: number): void {

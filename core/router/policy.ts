@@ -35,24 +35,39 @@ function numberIn(sources: Loose[], name: string): number | undefined {
   return undefined;
 }
 
-/** Resolved once per snapshot for the config part; per call only when the key or request override something. */
-export function routePolicy(config: GatewayConfig, principal: Principal, body: Loose): RoutePolicy {
+/** The config's own policy, resolved once per config (most calls have nothing to override it with). */
+const basePolicies = new WeakMap<GatewayConfig, RoutePolicy>();
+
+function resolve(config: GatewayConfig, sources: Loose[], keyLevel: Loose[]): RoutePolicy {
   const r = config.router_settings as Loose;
-  const sources: Loose[] = [body, principal.key?.routerSettings as Loose, principal.team?.routerSettings as Loose, r, config.svc_settings as Loose];
-  const strategy = [principal.key?.routerSettings as Loose, principal.team?.routerSettings as Loose, r]
-    .map((s) => s?.routing_strategy)
-    .find((v): v is RoutingStrategy => typeof v === "string" && STRATEGIES.has(v));
-  const disabled = r?.disable_cooldowns === true;
+  const strategy = [...keyLevel, r].map((s) => s?.routing_strategy).find((v): v is RoutingStrategy => typeof v === "string" && STRATEGIES.has(v));
   return {
     strategy: strategy ?? "simple-shuffle",
     numRetries: Math.floor(numberIn(sources, "num_retries") ?? DEFAULTS.numRetries),
-    retryAfterMs: (numberIn(sources.slice(1), "retry_after") ?? DEFAULTS.retryAfter) * 1000,
+    retryAfterMs: (numberIn([...keyLevel, r], "retry_after") ?? DEFAULTS.retryAfter) * 1000,
     initialDelayMs: (numberIn([r], "retry_initial_delay") ?? DEFAULTS.initialDelay) * 1000,
     allowedFails: numberIn([r], "allowed_fails") ?? DEFAULTS.allowedFails,
     cooldownMs: (numberIn([r], "cooldown_time") ?? DEFAULTS.cooldownTime) * 1000,
-    cooldowns: !disabled,
+    cooldowns: r?.disable_cooldowns !== true,
     maxFallbacks: numberIn([r], "max_fallbacks") ?? DEFAULTS.maxFallbacks,
   };
+}
+
+/** The policy of one call: the request's `num_retries`, then the key's and team's `router_settings`, then the config. */
+export function routePolicy(config: GatewayConfig, principal: Principal, body: Loose): RoutePolicy {
+  const key = principal.key?.routerSettings as Loose;
+  const team = principal.team?.routerSettings as Loose;
+  const r = config.router_settings as Loose;
+  const svc = config.svc_settings as Loose;
+  if (!key && !team && typeof body?.num_retries !== "number") {
+    let base = basePolicies.get(config);
+    if (!base) {
+      base = resolve(config, [r, svc], []);
+      basePolicies.set(config, base);
+    }
+    return base;
+  }
+  return resolve(config, [body, key, team, r, svc], [key, team]);
 }
 
 /** Wait before retry number `n` (1-based): exponential with jitter, at least `retry_after` and the upstream's `retry-after`. */

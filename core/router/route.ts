@@ -190,7 +190,7 @@ async function callGroup<E extends Endpoint>(
 
     const n = progress.attempts++;
     const state = stateOf(d.id);
-    const seq = state.started(0, Date.now());
+    const seq = state.started(Date.now(), policy.strategy === "usage-based-routing" || policy.strategy === "usage-based-routing-v2");
     let returned = false;
     let recorded = false;
     let captured = "";
