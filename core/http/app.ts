@@ -8,7 +8,9 @@ import { adminRoutes } from "./admin/index.ts";
 import { modelCall } from "../router/route.ts";
 import { authenticate } from "./auth.ts";
 import { healthRoutes, type Probes } from "./routes/health.ts";
+import { geminiRoutes } from "./routes/gemini.ts";
 import { modelRoutes } from "./routes/models.ts";
+import { utilsRoutes } from "./routes/utils.ts";
 import { readBodyWithText, validate } from "./validate.ts";
 
 export interface AppDeps {
@@ -78,6 +80,8 @@ export function createApp(deps: AppDeps) {
     })
     .use(healthRoutes(deps))
     .use(modelRoutes(deps))
+    .use(geminiRoutes(deps))
+    .use(utilsRoutes(deps))
     .use(adminRoutes(deps));
 
   for (const endpoint of Object.keys(CALL_PATHS) as Endpoint[]) {

@@ -52,6 +52,8 @@ export function unsupportedParams(body: object, supported: readonly string[]): s
   const out: string[] = [];
   for (const [k, v] of Object.entries(body)) {
     if (v === null || v === undefined || ALWAYS_ACCEPTED.has(k) || supported.includes(k)) continue;
+    // `n: 1` asks for what every provider does anyway (clients such as LangChain always send it).
+    if (k === "n" && v === 1) continue;
     out.push(k);
   }
   return out;

@@ -77,7 +77,8 @@ export class Deadline {
 
 /** Upstream HTTP status → the status the gateway answers with. */
 export function mapUpstreamStatus(status: number): number {
-  if (status === 502 || status === 503 || status === 504) return 503;
+  // 529: Anthropic's "overloaded", a temporary unavailability like 503.
+  if (status === 502 || status === 503 || status === 504 || status === 529) return 503;
   if (status >= 500) return 500;
   if ([400, 401, 403, 404, 408, 413, 422, 429].includes(status)) return status;
   return status >= 400 && status < 500 ? 400 : 500;

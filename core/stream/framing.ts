@@ -73,13 +73,15 @@ export class SseParser implements EventParser {
       this.lines.push(text, this.onLine);
       return;
     }
-    // Fast path for the common shape (`data: …\n\n` events, LF only): native indexOf instead of a
-    // character loop. Anything else (other fields, multi-line data) goes through the full parser.
+    // Fast path for the common shape (`data: …\n\n` events, LF only, optionally after an `event: …`
+    // line, which Anthropic puts on every event and the parser ignores): native indexOf instead of
+    // a character loop. Anything else (other fields, multi-line data) goes through the full parser.
     let start = 0;
     for (;;) {
       const end = text.indexOf("\n\n", start);
       if (end < 0) break;
-      if (text.startsWith("data: ", start) && text.indexOf("\n", start) === end) onEvent(text.slice(start + 6, end));
+      const data = text.startsWith("event: ", start) ? text.indexOf("\n", start) + 1 : start;
+      if (text.startsWith("data: ", data) && text.indexOf("\n", data) === end) onEvent(text.slice(data + 6, end));
       else this.lines.push(text.slice(start, end + 2), this.onLine);
       start = end + 2;
     }

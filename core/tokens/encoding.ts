@@ -1,0 +1,48 @@
+/**
+ * OpenAI's BPE encodings (gpt-tokenizer), chosen by model name and loaded on first use: each
+ * table is megabytes of JavaScript that takes a noticeable moment to load, and most gateways
+ * never count tokens.
+ */
+
+export type EncodingName = "o200k_base" | "cl100k_base";
+
+export interface Encoding {
+  name: EncodingName;
+  /** Tokens in `text`; special-token markers such as `<|endoftext|>` count as plain text. */
+  count(text: string): number;
+}
+
+/** Models on o200k_base: GPT-4o, GPT-4.1, GPT-4.5, GPT-5, the o-series, gpt-oss, omni-moderation. */
+const O200K = /^(chatgpt-4o|gpt-4o|gpt-4\.1|gpt-4\.5|gpt-5|gpt-oss|gpt-realtime|gpt-audio|gpt-image|o1|o3|o4|omni-moderation|codex-)/;
+
+/** The model name without a provider prefix (`openai/gpt-4o`, `azure/gpt-4o` → `gpt-4o`). */
+function bareModel(model: string): string {
+  const slash = model.lastIndexOf("/");
+  return (slash < 0 ? model : model.slice(slash + 1)).toLowerCase();
+}
+
+/** o200k_base for the models that use it, cl100k_base for GPT-4, GPT-3.5 and everything else. */
+export function encodingFor(model: string): EncodingName {
+  return O200K.test(bareModel(model)) ? "o200k_base" : "cl100k_base";
+}
+
+/** Treat every special-token marker in user text as ordinary characters, as the API does. */
+const PLAIN = { disallowedSpecial: new Set<string>(), allowedSpecial: new Set<string>() };
+
+const loaded = new Map<EncodingName, Promise<Encoding>>();
+
+async function load(name: EncodingName): Promise<Encoding> {
+  const mod = name === "o200k_base" ? await import("gpt-tokenizer/encoding/o200k_base") : await import("gpt-tokenizer/encoding/cl100k_base");
+  return { name, count: (text) => (text === "" ? 0 : mod.countTokens(text, PLAIN)) };
+}
+
+export function getEncoding(name: EncodingName): Promise<Encoding> {
+  let p = loaded.get(name);
+  if (!p) {
+    p = load(name);
+    loaded.set(name, p);
+    // A failed load is retried next time rather than cached.
+    p.catch(() => loaded.delete(name));
+  }
+  return p;
+}

@@ -1,0 +1,68 @@
+/**
+ * A Messages API answer → OpenAI's `chat.completion`. Text blocks become `content`, thinking becomes
+ * `reasoning_content` (and `thinking_blocks`, signatures intact, for the client to send back on its
+ * next turn), tool_use blocks become `tool_calls` with JSON-string arguments.
+ */
+import type { Usage, WireJson } from "../../core/contract.ts";
+import { JSON_TOOL_NAME } from "./chat-request.ts";
+import { openAIUsage } from "../shared/openai-usage.ts";
+import { finishReason } from "./finish-reason.ts";
+import { usageFromAnthropic } from "./usage.ts";
+import type { AnthropicResponse, ContentBlock, ToolUseBlock } from "./wire.ts";
+
+function asResponse(raw: unknown): AnthropicResponse {
+  const r = raw as Partial<AnthropicResponse> | null;
+  if (r === null || typeof r !== "object" || r.type !== "message" || !Array.isArray(r.content)) {
+    throw new Error("expected a Messages API response (type: message)");
+  }
+  return r as AnthropicResponse;
+}
+
+export function anthropicChatResponse(raw: unknown): { body: WireJson; usage: Usage } {
+  const r = asResponse(raw);
+  let text = "";
+  let reasoning = "";
+  const thinkingBlocks: ContentBlock[] = [];
+  const toolCalls: WireJson[] = [];
+  let jsonTool = false;
+  for (const block of r.content) {
+    switch (block.type) {
+      case "text":
+        text += (block as { text: string }).text;
+        break;
+      case "thinking":
+        reasoning += (block as { thinking: string }).thinking;
+        thinkingBlocks.push(block);
+        break;
+      case "redacted_thinking":
+        thinkingBlocks.push(block);
+        break;
+      case "tool_use": {
+        const use = block as ToolUseBlock;
+        if (use.name === JSON_TOOL_NAME) {
+          text += JSON.stringify(use.input);
+          jsonTool = true;
+        } else toolCalls.push({ id: use.id, type: "function", function: { name: use.name, arguments: JSON.stringify(use.input ?? {}) } });
+        break;
+      }
+    }
+  }
+  const message: WireJson = { role: "assistant", content: text === "" && toolCalls.length > 0 ? null : text };
+  if (toolCalls.length > 0) message.tool_calls = toolCalls;
+  if (thinkingBlocks.length > 0) {
+    message.reasoning_content = reasoning;
+    message.thinking_blocks = thinkingBlocks;
+  }
+  message.refusal = null;
+  message.annotations = [];
+  const usage = usageFromAnthropic(r.usage);
+  const body: WireJson = {
+    id: r.id,
+    object: "chat.completion",
+    created: Math.floor(Date.now() / 1000),
+    model: r.model,
+    choices: [{ index: 0, message, logprobs: null, finish_reason: finishReason(r.stop_reason, jsonTool && toolCalls.length === 0) }],
+    usage: openAIUsage(usage),
+  };
+  return { body, usage };
+}

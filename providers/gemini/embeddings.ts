@@ -1,0 +1,77 @@
+/**
+ * OpenAI embeddings ↔ Google's two embedding APIs: AI Studio's `batchEmbedContents` (one request
+ * per input) and Vertex AI's `predict` (one instance per input, with token counts per instance).
+ */
+import type { Deployment, EmbeddingsRequest, Usage, WireJson } from "../../core/contract.ts";
+import { estimateTokens } from "../openai-compatible/adapter.ts";
+import { embeddingList, embeddingTexts } from "../shared/embedding-list.ts";
+
+const isObject = (v: unknown): v is WireJson => typeof v === "object" && v !== null && !Array.isArray(v);
+
+export const GEMINI_EMBEDDING_PARAMS = ["dimensions", "encoding_format", "user"] as const;
+
+/** `svc_params.task_type` (RETRIEVAL_QUERY, RETRIEVAL_DOCUMENT, SEMANTIC_SIMILARITY, …), which Gemini tunes the vectors for. */
+function taskType(d: Deployment): string | undefined {
+  return typeof d.options.task_type === "string" ? d.options.task_type : undefined;
+}
+
+/** The `batchEmbedContents` body: `model` is repeated in every request, as `models/<name>`. */
+export function batchEmbedBody(req: EmbeddingsRequest, d: Deployment, modelPath: string): WireJson {
+  const task = taskType(d);
+  return {
+    requests: embeddingTexts(req.input, d.provider).map((text) => {
+      const r: WireJson = { model: modelPath, content: { parts: [{ text }] } };
+      if (task) r.taskType = task;
+      if (req.dimensions != null) r.outputDimensionality = req.dimensions;
+      return r;
+    }),
+  };
+}
+
+/** Vertex AI's `predict` body for text embedding models. */
+export function predictEmbedBody(req: EmbeddingsRequest, d: Deployment): WireJson {
+  const task = taskType(d);
+  const body: WireJson = { instances: embeddingTexts(req.input, d.provider).map((content) => (task ? { content, task_type: task } : { content })) };
+  if (req.dimensions != null) body.parameters = { outputDimensionality: req.dimensions };
+  return body;
+}
+
+function values(v: unknown): number[] {
+  if (!isObject(v) || !Array.isArray(v.values)) throw new Error("an embedding without values");
+  return v.values as number[];
+}
+
+/**
+ * The OpenAI list for the vectors, named after the model the client asked for (Google's answer
+ * names none). When Google reports no token count, the prompt is estimated from the input (four
+ * characters per token), so spend and budgets still see the call.
+ */
+function list(vectors: number[][], reported: number | undefined, req: EmbeddingsRequest | undefined): { body: WireJson; usage: Usage } {
+  const promptTokens = reported ?? (req ? estimateTokens(req.input) : 0);
+  return { body: embeddingList(vectors, req?.model ?? "", promptTokens, req?.encoding_format), usage: { promptTokens, completionTokens: 0 } };
+}
+
+/** `{embeddings: [{values}], usageMetadata?}` → OpenAI's list. */
+export function batchEmbedResponse(body: unknown, req?: EmbeddingsRequest): { body: WireJson; usage: Usage } {
+  if (!isObject(body) || !Array.isArray(body.embeddings)) throw new Error("expected a batchEmbedContents response");
+  const meta = isObject(body.usageMetadata) ? body.usageMetadata : undefined;
+  const reported = typeof meta?.promptTokenCount === "number" ? meta.promptTokenCount : undefined;
+  return list(body.embeddings.map(values), reported, req);
+}
+
+/** `{predictions: [{embeddings: {values, statistics: {token_count}}}]}` → OpenAI's list. */
+export function predictEmbedResponse(body: unknown, req?: EmbeddingsRequest): { body: WireJson; usage: Usage } {
+  if (!isObject(body) || !Array.isArray(body.predictions)) throw new Error("expected a predict response with predictions");
+  let tokens = 0;
+  let counted = false;
+  const vectors = body.predictions.map((p: unknown) => {
+    const e = isObject(p) ? p.embeddings : undefined;
+    const stats = isObject(e) && isObject(e.statistics) ? e.statistics : undefined;
+    if (typeof stats?.token_count === "number") {
+      tokens += stats.token_count;
+      counted = true;
+    }
+    return values(e);
+  });
+  return list(vectors, counted ? tokens : undefined, req);
+}

@@ -1,0 +1,221 @@
+/**
+ * An OpenAI chat request → Gemini's `GenerateContentRequest` (the body is the same for AI Studio
+ * and Vertex AI, and for streaming: only the URL says "stream").
+ */
+import type { ChatRequest, Deployment } from "../../core/contract.ts";
+import { argumentsObject, type ChatMessage, type ContentPart, contentText, functionTools, imageUrl, stopSequences, toolCallsOf, toolChoice, toolNamesById } from "../shared/openai-request.ts";
+import { audioMime, mediaPart } from "./media.ts";
+import { geminiSchema, isEmptyParameters } from "./schema.ts";
+import { signatureOf } from "./tool-ids.ts";
+import type { GeminiContent, GeminiFunctionDeclaration, GeminiGenerationConfig, GeminiPart, GeminiTool, GeminiToolConfig, GenerateContentRequest } from "./wire.ts";
+
+type Json = Record<string, unknown>;
+
+const isObject = (v: unknown): v is Json => typeof v === "object" && v !== null && !Array.isArray(v);
+const str = (v: unknown): string | undefined => (typeof v === "string" ? v : undefined);
+
+/** The OpenAI request fields this translation understands (beyond model, messages and stream). */
+export const GEMINI_CHAT_PARAMS = [
+  "temperature",
+  "top_p",
+  "max_tokens",
+  "max_completion_tokens",
+  "stop",
+  "n",
+  "seed",
+  "presence_penalty",
+  "frequency_penalty",
+  "response_format",
+  "tools",
+  "tool_choice",
+  "functions",
+  "function_call",
+  "reasoning_effort",
+  // Accepted for the clients that always send it; Gemini has no switch, it decides itself whether to call functions in parallel.
+  "parallel_tool_calls",
+  "stream_options",
+  // Recorded in the spend log as the end user; Gemini has no such field.
+  "user",
+] as const;
+
+/**
+ * `reasoning_effort` → thinking budget (tokens). The same steps as other OpenAI-compatible
+ * gateways use, so a client moving between them gets the same behaviour; `none` turns thinking off.
+ */
+const THINKING_BUDGET: Record<string, number> = { none: 0, minimal: 128, low: 1024, medium: 2048, high: 4096 };
+
+/** One OpenAI content part → a Gemini part (undefined for parts Gemini cannot take). */
+function contentPart(p: ContentPart): GeminiPart | undefined {
+  switch (p.type) {
+    case "text":
+      return typeof p.text === "string" && p.text !== "" ? { text: p.text } : undefined;
+    case "image_url": {
+      const url = imageUrl(p);
+      return url ? mediaPart(url, isObject(p.image_url) ? str(p.image_url.format) : undefined) : undefined;
+    }
+    case "input_audio": {
+      const audio = isObject(p.input_audio) ? p.input_audio : {};
+      return typeof audio.data === "string" ? { inlineData: { mimeType: audioMime(audio.format), data: audio.data } } : undefined;
+    }
+    case "file": {
+      const file = isObject(p.file) ? p.file : {};
+      const data = str(file.file_data);
+      const id = str(file.file_id);
+      const format = str(file.format);
+      if (data) return mediaPart(data.startsWith("data:") ? data : `data:${format ?? "application/pdf"};base64,${data}`, format);
+      return id ? mediaPart(id, format) : undefined;
+    }
+    default:
+      return undefined;
+  }
+}
+
+function userParts(content: ChatMessage["content"]): GeminiPart[] {
+  if (typeof content === "string") return content === "" ? [] : [{ text: content }];
+  if (!Array.isArray(content)) return [];
+  const parts: GeminiPart[] = [];
+  for (const p of content) {
+    const part = contentPart(p);
+    if (part) parts.push(part);
+  }
+  return parts;
+}
+
+function assistantParts(m: ChatMessage): GeminiPart[] {
+  const parts: GeminiPart[] = [];
+  const text = contentText(m.content);
+  if (text !== "") parts.push({ text });
+  for (const call of toolCallsOf(m)) {
+    const part: GeminiPart = { functionCall: { name: call.function.name, args: argumentsObject(call.function.arguments) } };
+    const signature = signatureOf(call.id);
+    if (signature) part.thoughtSignature = signature;
+    parts.push(part);
+  }
+  return parts;
+}
+
+/** A tool result: Gemini wants an object, so JSON objects go as they are and anything else is wrapped. */
+function toolResult(content: ChatMessage["content"]): Record<string, unknown> {
+  const text = contentText(content);
+  try {
+    const parsed: unknown = JSON.parse(text);
+    if (isObject(parsed)) return parsed;
+  } catch {
+    // plain text result
+  }
+  return { content: text };
+}
+
+/** Appends parts to the last content when it has the same role: Gemini wants turns, not messages. */
+function push(contents: GeminiContent[], role: "user" | "model", parts: GeminiPart[]): void {
+  if (parts.length === 0) return;
+  const last = contents[contents.length - 1];
+  if (last?.role === role) last.parts.push(...parts);
+  else contents.push({ role, parts });
+}
+
+function conversation(messages: ChatRequest["messages"]): { contents: GeminiContent[]; system: GeminiPart[] } {
+  const contents: GeminiContent[] = [];
+  const system: GeminiPart[] = [];
+  // A result names its call by id; Gemini wants the function's name, from the call.
+  const toolNames = toolNamesById(messages);
+  for (const m of messages) {
+    switch (m.role) {
+      case "system":
+      case "developer": {
+        const text = contentText(m.content);
+        if (text !== "") system.push({ text });
+        break;
+      }
+      case "user":
+        push(contents, "user", userParts(m.content));
+        break;
+      case "assistant":
+        push(contents, "model", assistantParts(m));
+        break;
+      case "tool":
+      case "function": {
+        const name = (m.tool_call_id ? toolNames.get(m.tool_call_id) : undefined) ?? m.name ?? m.tool_call_id ?? "";
+        push(contents, "user", [{ functionResponse: { name, response: toolResult(m.content) } }]);
+        break;
+      }
+    }
+  }
+  return { contents, system };
+}
+
+/** OpenAI function tools → one Gemini tool of declarations; other entries are Gemini tools given as they are (`{googleSearch: {}}`). */
+function tools(req: ChatRequest): GeminiTool[] | undefined {
+  const declarations: GeminiFunctionDeclaration[] = functionTools(req).map((fn) => {
+    const decl: GeminiFunctionDeclaration = { name: fn.name };
+    if (fn.description !== undefined) decl.description = fn.description;
+    if (!isEmptyParameters(fn.parameters)) decl.parameters = geminiSchema(fn.parameters);
+    return decl;
+  });
+  const native: GeminiTool[] = (req.tools ?? []).filter((t) => t.type !== "function");
+  const all = [...(declarations.length > 0 ? [{ functionDeclarations: declarations }] : []), ...native];
+  return all.length > 0 ? all : undefined;
+}
+
+function toolConfig(req: ChatRequest): GeminiToolConfig | undefined {
+  if (req.tool_choice == null && req.function_call == null) return undefined;
+  const choice = toolChoice(req);
+  switch (choice.kind) {
+    case "auto":
+      return { functionCallingConfig: { mode: "AUTO" } };
+    case "none":
+      return { functionCallingConfig: { mode: "NONE" } };
+    case "required":
+      return { functionCallingConfig: { mode: "ANY" } };
+    case "function":
+      return { functionCallingConfig: { mode: "ANY", allowedFunctionNames: [choice.name] } };
+  }
+}
+
+function responseFormat(format: ChatRequest["response_format"], config: GeminiGenerationConfig): void {
+  if (!format) return;
+  if (format.type === "json_object") config.responseMimeType = "application/json";
+  else if (format.type === "json_schema") {
+    config.responseMimeType = "application/json";
+    const spec = isObject(format.json_schema) ? format.json_schema : {};
+    if (isObject(spec.schema)) config.responseSchema = geminiSchema(spec.schema);
+  }
+}
+
+function generationConfig(req: ChatRequest): GeminiGenerationConfig | undefined {
+  const c: GeminiGenerationConfig = {};
+  if (req.temperature != null) c.temperature = req.temperature;
+  if (req.top_p != null) c.topP = req.top_p;
+  const max = req.max_completion_tokens ?? req.max_tokens;
+  if (max != null) c.maxOutputTokens = max;
+  const stop = stopSequences(req.stop);
+  if (stop) c.stopSequences = stop;
+  if (req.n != null) c.candidateCount = req.n;
+  if (req.seed != null) c.seed = req.seed;
+  if (req.presence_penalty != null) c.presencePenalty = req.presence_penalty;
+  if (req.frequency_penalty != null) c.frequencyPenalty = req.frequency_penalty;
+  responseFormat(req.response_format, c);
+  const effort = (req as { reasoning_effort?: unknown }).reasoning_effort;
+  if (typeof effort === "string" && effort in THINKING_BUDGET) {
+    const budget = THINKING_BUDGET[effort]!;
+    c.thinkingConfig = budget === 0 ? { thinkingBudget: 0 } : { includeThoughts: true, thinkingBudget: budget };
+  }
+  return Object.keys(c).length > 0 ? c : undefined;
+}
+
+/** The `GenerateContentRequest` for a chat request; `svc_params.safety_settings` is passed through. */
+export function generateContentBody(req: ChatRequest, d?: Deployment): GenerateContentRequest {
+  const { contents, system } = conversation(req.messages);
+  // Gemini needs at least one turn: a request of instructions alone sends them as the user's turn.
+  const body: GenerateContentRequest = contents.length > 0 ? { contents } : { contents: [{ role: "user", parts: system }] };
+  if (system.length > 0 && contents.length > 0) body.systemInstruction = { parts: system };
+  const t = tools(req);
+  if (t) body.tools = t;
+  const tc = toolConfig(req);
+  if (tc) body.toolConfig = tc;
+  const gc = generationConfig(req);
+  if (gc) body.generationConfig = gc;
+  const safety = d?.options.safety_settings;
+  if (Array.isArray(safety)) body.safetySettings = safety;
+  return body;
+}

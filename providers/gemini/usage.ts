@@ -1,0 +1,23 @@
+import type { Usage } from "../../core/contract.ts";
+import type { GeminiUsageMetadata } from "./wire.ts";
+
+const count = (v: unknown): number => (typeof v === "number" && Number.isFinite(v) ? v : 0);
+
+/**
+ * Gemini's `usageMetadata` → the gateway's Usage. Gemini counts thinking apart from the answer
+ * (`thoughtsTokenCount` is not in `candidatesTokenCount`) and tool-use prompts apart from the
+ * prompt; OpenAI's convention puts both inside the totals, so they are added in, and the cached
+ * and reasoning figures are reported as the parts of those totals they are.
+ */
+export function usageFromGemini(u: GeminiUsageMetadata | undefined): Usage {
+  if (!u) return { promptTokens: 0, completionTokens: 0 };
+  const thoughts = count(u.thoughtsTokenCount);
+  const usage: Usage = {
+    promptTokens: count(u.promptTokenCount) + count(u.toolUsePromptTokenCount),
+    completionTokens: count(u.candidatesTokenCount) + thoughts,
+  };
+  const cached = count(u.cachedContentTokenCount);
+  if (cached) usage.cachedPromptTokens = cached;
+  if (thoughts) usage.reasoningTokens = thoughts;
+  return usage;
+}

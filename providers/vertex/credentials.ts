@@ -1,0 +1,47 @@
+/**
+ * Google credentials for Vertex AI: `svc_params.vertex_credentials` (a path to a key file, the
+ * key's JSON text, or the key as a YAML mapping), else the file GOOGLE_APPLICATION_CREDENTIALS
+ * names, else none (Application Default Credentials: the metadata server, gcloud's login).
+ * Messages never quote the credential itself: it holds a private key.
+ */
+import { readFileSync } from "node:fs";
+
+export type CredentialsJson = Record<string, unknown>;
+
+const isObject = (v: unknown): v is CredentialsJson => typeof v === "object" && v !== null && !Array.isArray(v);
+
+function parse(text: string, what: string): CredentialsJson | string {
+  try {
+    const json: unknown = JSON.parse(text);
+    return isObject(json) ? json : `${what} is not a JSON object`;
+  } catch {
+    return `${what} is not valid JSON`;
+  }
+}
+
+/** The credential JSON, undefined for Application Default Credentials, or why it cannot be read. */
+export function loadCredentials(value: unknown, envPath = process.env.GOOGLE_APPLICATION_CREDENTIALS): CredentialsJson | undefined | string {
+  if (isObject(value)) return value;
+  if (typeof value === "string" && value.trim() !== "") {
+    if (value.trimStart().startsWith("{")) return parse(value, "svc_params.vertex_credentials");
+    return readKeyFile(value, "svc_params.vertex_credentials");
+  }
+  if (value !== undefined && value !== null && value !== "") return "svc_params.vertex_credentials must be a file path, the key's JSON, or a mapping";
+  return envPath ? readKeyFile(envPath, "GOOGLE_APPLICATION_CREDENTIALS") : undefined;
+}
+
+function readKeyFile(path: string, what: string): CredentialsJson | string {
+  let text: string;
+  try {
+    text = readFileSync(path, "utf8");
+  } catch (err) {
+    const code = err instanceof Error && "code" in err ? String((err as { code: unknown }).code) : "unreadable";
+    return `${what} names a file that cannot be read (${path}: ${code})`;
+  }
+  return parse(text, `the key file ${path}`);
+}
+
+/** A service-account key (the usual kind), as opposed to a user login or workload identity configuration. */
+export function isServiceAccount(json: CredentialsJson): json is CredentialsJson & { client_email: string; private_key: string } {
+  return typeof json.client_email === "string" && typeof json.private_key === "string";
+}
