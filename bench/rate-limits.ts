@@ -7,8 +7,8 @@
  *   bun bench/rate-limits.ts [--calls 100000] [--redis redis://127.0.0.1:6379]
  */
 import { parseArgs } from "node:util";
-import Redis from "ioredis";
 import type { CallIntent, Hooks, IdentityView, KeyRow, Lease, PluginContext, Principal, RateWindows, TeamRow } from "../core/contract.ts";
+import { nativeScriptRunner } from "../core/kv/scripts.ts";
 import { LocalWindows } from "../core/limits/local-windows.ts";
 import { RedisWindows } from "../core/limits/redis-windows.ts";
 import rateLimits from "../plugins/rate-limits.ts";
@@ -91,11 +91,12 @@ async function concurrent(windows: RateWindows, n: number, inFlight: number): Pr
 
 const rows = ["| limiter | calls | p50 | p90 | p99 |", "|---|---|---|---|---|"];
 rows.push(await sequential("in memory", new LocalWindows(), CALLS));
-const redis = new Redis(REDIS_URL);
+const redis = nativeScriptRunner(REDIS_URL);
+await redis.ready();
 const inRedis = new RedisWindows(redis, console);
 rows.push(await sequential("redis (one Lua round trip)", inRedis, Math.min(CALLS, 20_000)));
 const rate = await concurrent(inRedis, 20_000, 64);
 await Bun.sleep(200);
-redis.disconnect();
+redis.close();
 console.log(rows.join("\n"));
 console.log(`\nredis: ${Math.round(rate)} acquisitions/s with 64 in flight (one connection)`);

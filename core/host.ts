@@ -23,6 +23,7 @@ import { RedisLedger } from "./spend/redis-ledger.ts";
 import { LocalWindows } from "./limits/local-windows.ts";
 import { RedisCache } from "./cache/store.ts";
 import { RedisWindows } from "./limits/redis-windows.ts";
+import { nativeScriptRunner } from "./kv/scripts.ts";
 import { PeriodRoller } from "./spend/roller.ts";
 import { SpendWriter } from "./spend/writer.ts";
 import { openStore, type Store } from "./store/db.ts";
@@ -61,6 +62,9 @@ export async function startHost(opts: HostOptions): Promise<Host> {
   });
   const redisUrl = opts.redisUrl ?? general.redis_url;
   const redis = redisUrl ? connectRedis(redisUrl, opts.log) : undefined;
+  const scripts = redisUrl ? nativeScriptRunner(redisUrl) : undefined;
+  // The first calls should count in Redis, not alone: wait for the connection (bounded by its timeout).
+  await scripts?.ready();
   try {
     const identity = new IdentityCache(store.db);
     await identity.loadAll();
@@ -84,7 +88,7 @@ export async function startHost(opts: HostOptions): Promise<Host> {
       identity,
       bus,
       ledger,
-      rateWindows: redis ? new RedisWindows(redis.client, opts.log) : new LocalWindows(),
+      rateWindows: scripts ? new RedisWindows(scripts, opts.log) : new LocalWindows(),
       redisCache: redis ? new RedisCache(redis.client) : undefined,
       spendHistory: new StoreSpendHistory(store.db),
       spendLog: { record: (call) => spendWriter.enqueue(toSpendEntry(call, identity)), flush: () => spendWriter.flush() },
@@ -114,11 +118,13 @@ export async function startHost(opts: HostOptions): Promise<Host> {
         await lastActive.stop();
         await bus.stop();
         await redis?.close();
+        scripts?.close();
         await store.close();
       },
     };
   } catch (err) {
     await redis?.close();
+    scripts?.close();
     await store.close();
     throw err;
   }

@@ -6,8 +6,8 @@
  * instances enforce one limit exactly. While Redis is unreachable the instance counts alone and
  * says so; requests keep flowing.
  */
-import type Redis from "ioredis";
 import type { Logger, RateCounter, RateGrant, RateLimitKind, RateRefusal, RateWindows } from "../contract.ts";
+import { LuaScript, type ScriptRunner } from "../kv/scripts.ts";
 import { LocalWindows } from "./local-windows.ts";
 import { WINDOW_MS } from "./window.ts";
 
@@ -16,7 +16,7 @@ const PREFIX = "svc:rl:";
 // KEYS: per counter (requests zset, tokens hash, in-flight zset). ARGV: window ms, tokens, request
 // id, in-flight ttl ms, then per counter rpm, tpm, parallel ('' = no limit).
 // Returns {0, requests1, tokens1, …} when counted, else {i, kind, current, retry-after ms}.
-const ACQUIRE = `
+const ACQUIRE = new LuaScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local win = tonumber(ARGV[1])
@@ -28,18 +28,22 @@ local out = {0}
 for i = 1, n do
   local z, h, p = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local rpm, tpm, par = ARGV[4 + 3 * i - 2], ARGV[4 + 3 * i - 1], ARGV[4 + 3 * i]
-  local old = redis.call('ZRANGEBYSCORE', z, '-inf', now - win)
-  if #old > 0 then
-    local freed = 0
-    for _, m in ipairs(old) do
-      freed = freed + tonumber(redis.call('HGET', h, m) or '0')
-      redis.call('HDEL', h, m)
+  -- Token counts are kept only for counters with a tpm limit, in-flight requests only with a parallel one.
+  if tpm ~= '' then
+    local old = redis.call('ZRANGEBYSCORE', z, '-inf', now - win)
+    if #old > 0 then
+      local freed = 0
+      for _, m in ipairs(old) do
+        freed = freed + tonumber(redis.call('HGET', h, m) or '0')
+        redis.call('HDEL', h, m)
+      end
+      redis.call('ZREMRANGEBYSCORE', z, '-inf', now - win)
+      -- (a Lua -0 would reach Redis as '-0', which HINCRBY refuses)
+      if freed > 0 then redis.call('HINCRBY', h, 'sum', 0 - freed) end
     end
+  else
     redis.call('ZREMRANGEBYSCORE', z, '-inf', now - win)
-    -- (a Lua -0 would reach Redis as '-0', which HINCRBY refuses)
-    if freed > 0 then redis.call('HINCRBY', h, 'sum', 0 - freed) end
   end
-  redis.call('ZREMRANGEBYSCORE', p, '-inf', now)
   local count = redis.call('ZCARD', z)
   if rpm ~= '' and count + 1 > tonumber(rpm) then
     local r = tonumber(rpm)
@@ -50,24 +54,28 @@ for i = 1, n do
     end
     return {i, 'requests', count, retry}
   end
-  local sum = tonumber(redis.call('HGET', h, 'sum') or '0')
-  if tpm ~= '' and sum + tokens > tonumber(tpm) then
-    local lim = tonumber(tpm)
-    local retry = win
-    if tokens <= lim then
-      local entries = redis.call('ZRANGE', z, 0, -1, 'WITHSCORES')
-      local freed = 0
-      for j = 1, #entries, 2 do
-        freed = freed + tonumber(redis.call('HGET', h, entries[j]) or '0')
-        if sum - freed + tokens <= lim then
-          retry = tonumber(entries[j + 1]) + win - now
-          break
+  local sum = 0
+  if tpm ~= '' then
+    sum = tonumber(redis.call('HGET', h, 'sum') or '0')
+    if sum + tokens > tonumber(tpm) then
+      local lim = tonumber(tpm)
+      local retry = win
+      if tokens <= lim then
+        local entries = redis.call('ZRANGE', z, 0, -1, 'WITHSCORES')
+        local freed = 0
+        for j = 1, #entries, 2 do
+          freed = freed + tonumber(redis.call('HGET', h, entries[j]) or '0')
+          if sum - freed + tokens <= lim then
+            retry = tonumber(entries[j + 1]) + win - now
+            break
+          end
         end
       end
+      return {i, 'tokens', sum, retry}
     end
-    return {i, 'tokens', sum, retry}
   end
   if par ~= '' then
+    redis.call('ZREMRANGEBYSCORE', p, '-inf', now)
     local inflight = redis.call('ZCARD', p)
     if inflight + 1 > tonumber(par) then return {i, 'parallel_requests', inflight, 0} end
   end
@@ -77,18 +85,22 @@ end
 for i = 1, n do
   local z, h, p = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   redis.call('ZADD', z, now, id)
-  redis.call('HSET', h, id, tokens)
-  redis.call('HINCRBY', h, 'sum', tokens)
-  redis.call('ZADD', p, now + ttl, id)
   redis.call('PEXPIRE', z, win + 1000)
-  redis.call('PEXPIRE', h, win + 1000)
-  redis.call('PEXPIRE', p, ttl + 1000)
+  if ARGV[4 + 3 * i - 1] ~= '' then
+    redis.call('HSET', h, id, tokens)
+    redis.call('HINCRBY', h, 'sum', tokens)
+    redis.call('PEXPIRE', h, win + 1000)
+  end
+  if ARGV[4 + 3 * i] ~= '' then
+    redis.call('ZADD', p, now + ttl, id)
+    redis.call('PEXPIRE', p, ttl + 1000)
+  end
 end
 return out
-`;
+`);
 
 // KEYS as above. ARGV: request id, actual tokens.
-const SETTLE = `
+const SETTLE = new LuaScript(`
 for i = 1, #KEYS / 3 do
   local h, p = KEYS[3 * i - 1], KEYS[3 * i]
   local old = redis.call('HGET', h, ARGV[1])
@@ -100,12 +112,7 @@ for i = 1, #KEYS / 3 do
   redis.call('ZREM', p, ARGV[1])
 end
 return 0
-`;
-
-type RedisWithScripts = Redis & {
-  svcRateAcquire(numKeys: number, ...args: (string | number)[]): Promise<(number | string)[]>;
-  svcRateSettle(numKeys: number, ...args: (string | number)[]): Promise<number>;
-};
+`);
 
 /** The counter's keys, hash-tagged so one counter's keys share a cluster slot. */
 function keysOf(c: RateCounter): string[] {
@@ -116,7 +123,6 @@ function keysOf(c: RateCounter): string[] {
 const limitArg = (n: number | undefined) => (n === undefined ? "" : String(n));
 
 export class RedisWindows implements RateWindows {
-  private readonly redis: RedisWithScripts;
   private readonly local = new LocalWindows();
   private degraded = false;
   private readonly instance = crypto.randomUUID().slice(0, 8);
@@ -127,15 +133,11 @@ export class RedisWindows implements RateWindows {
    * `windowMs` is 60 s; tests shorten it to watch the window slide.
    */
   constructor(
-    redis: Redis,
+    private readonly redis: ScriptRunner,
     private readonly log: Logger,
     private readonly inFlightTtlMs = 15 * 60_000,
     private readonly windowMs = WINDOW_MS,
-  ) {
-    redis.defineCommand("svcRateAcquire", { lua: ACQUIRE });
-    redis.defineCommand("svcRateSettle", { lua: SETTLE });
-    this.redis = redis as RedisWithScripts;
-  }
+  ) {}
 
   async acquire(counters: readonly RateCounter[], tokens: number): Promise<RateGrant | RateRefusal> {
     if (counters.length === 0) return { ok: true, remaining: [], settle: () => undefined };
@@ -145,7 +147,7 @@ export class RedisWindows implements RateWindows {
     for (const c of counters) args.push(limitArg(c.rpm), limitArg(c.tpm), limitArg(c.parallel));
     let res: (number | string)[];
     try {
-      res = await this.redis.svcRateAcquire(keys.length, ...keys, ...args);
+      res = (await this.redis.run(ACQUIRE, keys, args)) as (number | string)[];
     } catch (err) {
       this.degrade(err);
       return this.local.acquire(counters, tokens);
@@ -169,7 +171,7 @@ export class RedisWindows implements RateWindows {
       settle: (actual) => {
         if (settled) return;
         settled = true;
-        this.redis.svcRateSettle(keys.length, ...keys, id, Math.max(0, Math.round(actual))).catch((err) => {
+        this.redis.run(SETTLE, keys, [id, Math.max(0, Math.round(actual))]).catch((err) => {
           // The window forgets the request on its own within 60 s (in flight: within the ttl).
           this.log.warn("rate-limit settle failed in redis", { error: String(err) });
         });

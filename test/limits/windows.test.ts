@@ -3,9 +3,9 @@
 // leave it, retry-after says exactly when, refused requests consume nothing, tokens are settled to
 // the real count, and all counters of a request are counted together or not at all.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import Redis from "ioredis";
 import type { RateCounter, RateGrant, RateRefusal, RateWindows } from "../../core/contract.ts";
 import { LocalWindows } from "../../core/limits/local-windows.ts";
+import { nativeScriptRunner, type ScriptRunner } from "../../core/kv/scripts.ts";
 import { RedisWindows } from "../../core/limits/redis-windows.ts";
 import { memoryLogger } from "../harness/gateway.ts";
 
@@ -85,13 +85,14 @@ describe("in-memory sliding window", () => {
 });
 
 describe("redis sliding window", () => {
-  let redis: Redis;
+  let redis: ScriptRunner;
   let windows: RateWindows;
-  beforeAll(() => {
-    redis = new Redis("redis://127.0.0.1:6379", { maxRetriesPerRequest: 1 });
+  beforeAll(async () => {
+    redis = nativeScriptRunner("redis://127.0.0.1:6379");
+    await redis.ready();
     windows = new RedisWindows(redis, memoryLogger(), 60_000, 1500);
   });
-  afterAll(() => redis.disconnect());
+  afterAll(() => redis.close());
 
   test("rpm over a 1.5 s window: refused at N+1, retry-after within the window, capacity returns as it slides", async () => {
     const c: RateCounter = { id: `k:${uid()}`, label: "Key r", rpm: 5 };
