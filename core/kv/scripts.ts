@@ -8,6 +8,8 @@
 import { createHash } from "node:crypto";
 import { RedisClient } from "bun";
 
+const CONNECT_TIMEOUT_MS = 2000;
+
 export class LuaScript {
   readonly sha: string;
   constructor(readonly lua: string) {
@@ -16,14 +18,14 @@ export class LuaScript {
 }
 
 export interface ScriptRunner {
-  /** Resolves once connected, or when the first attempt failed (the runner keeps trying). */
+  /** Resolves once connected, or when the first attempt failed or timed out (the runner keeps trying). */
   ready(): Promise<void>;
   run(script: LuaScript, keys: readonly string[], args: readonly (string | number)[]): Promise<unknown>;
   close(): void;
 }
 
 export function nativeScriptRunner(url: string): ScriptRunner {
-  const client = new RedisClient(url, { enableOfflineQueue: false, autoReconnect: true, maxRetries: 4_294_967_295, connectionTimeout: 2000 });
+  const client = new RedisClient(url, { enableOfflineQueue: false, autoReconnect: true, maxRetries: 4_294_967_295, connectionTimeout: CONNECT_TIMEOUT_MS });
   let connecting: Promise<void> | undefined;
   let closed = false;
   /** One connection attempt at a time; commands meanwhile fail fast (the caller falls back). */
@@ -40,7 +42,13 @@ export function nativeScriptRunner(url: string): ScriptRunner {
   return {
     ready: async () => {
       ensureConnected();
-      await connecting;
+      // With reconnects on, a refused connection may never settle the attempt: wait at most the timeout.
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      const timeout = new Promise<void>((resolve) => {
+        timer = setTimeout(resolve, CONNECT_TIMEOUT_MS);
+      });
+      await Promise.race([connecting, timeout]);
+      clearTimeout(timer);
     },
     async run(script, keys, args) {
       ensureConnected();

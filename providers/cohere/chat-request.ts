@@ -1,25 +1,9 @@
 /** An OpenAI chat request → Cohere's `POST /v2/chat` body. */
 import type { ChatRequest, WireJson } from "../../core/contract.ts";
-import { type ChatMessage, contentParts, contentText, functionTools, imageUrl, stopSequences, toolCallsOf, toolChoice } from "../shared/openai-request.ts";
+import { type ChatMessage, contentParts, contentText, functionTools, imageUrl, stopSequences, SAMPLING_AND_TOOL_PARAMS, toolCallsOf, toolChoice } from "../shared/openai-request.ts";
 
 /** The OpenAI fields this translation understands. */
-export const COHERE_CHAT_PARAMS = [
-  "temperature",
-  "top_p",
-  "max_tokens",
-  "max_completion_tokens",
-  "stop",
-  "seed",
-  "frequency_penalty",
-  "presence_penalty",
-  "tools",
-  "tool_choice",
-  "functions",
-  "function_call",
-  "response_format",
-  "stream_options",
-  "user",
-] as const;
+export const COHERE_CHAT_PARAMS = SAMPLING_AND_TOOL_PARAMS;
 
 /** User content: a plain string stays one; parts keep text and images (Cohere v2 takes OpenAI's `image_url` part). */
 function userContent(content: ChatMessage["content"]): string | WireJson[] {

@@ -12,26 +12,11 @@ import {
   toolCallsOf,
   toolChoice,
   toolNamesById,
+  SAMPLING_AND_TOOL_PARAMS,
 } from "../shared/openai-request.ts";
 
 /** The OpenAI fields this translation understands. */
-export const OLLAMA_CHAT_PARAMS = [
-  "temperature",
-  "top_p",
-  "max_tokens",
-  "max_completion_tokens",
-  "stop",
-  "seed",
-  "frequency_penalty",
-  "presence_penalty",
-  "tools",
-  "tool_choice",
-  "functions",
-  "function_call",
-  "response_format",
-  "stream_options",
-  "user",
-] as const;
+export const OLLAMA_CHAT_PARAMS = SAMPLING_AND_TOOL_PARAMS;
 
 /** Images go as bare base64 in `images`; Ollama cannot fetch a link, so only data URLs can be sent. */
 function images(content: ChatMessage["content"]): string[] {

@@ -112,3 +112,22 @@ export function toolNamesById(messages: readonly ChatMessage[]): Map<string, str
   for (const m of messages) if (m.role === "assistant") for (const c of toolCallsOf(m)) names.set(c.id, c.function.name);
   return names;
 }
+
+/** The OpenAI fields a provider with sampling settings, tools and JSON output translates (Cohere, Ollama). */
+export const SAMPLING_AND_TOOL_PARAMS = [
+  "temperature",
+  "top_p",
+  "max_tokens",
+  "max_completion_tokens",
+  "stop",
+  "seed",
+  "frequency_penalty",
+  "presence_penalty",
+  "tools",
+  "tool_choice",
+  "functions",
+  "function_call",
+  "response_format",
+  "stream_options",
+  "user",
+] as const;
