@@ -24,13 +24,14 @@ import type { IdentityCache } from "./identity/cache.ts";
 import { ModelTable, toDeployment } from "./models.ts";
 import { PriceTable } from "./cost/prices.ts";
 import { LocalWindows } from "./limits/local-windows.ts";
+import type { ClientCredentialSettings } from "./pipeline/client-credentials.ts";
 import type { CacheSettings } from "./cache/controls.ts";
 import { type CacheStore, MemoryCache } from "./cache/store.ts";
 import { Pricing } from "./cost/pricing.ts";
 import { BUILTIN_PLUGINS, type LoadedPlugin, importPlugin, setupPlugin } from "./plugins.ts";
 import type { HostServices, SpendLog } from "./services.ts";
 
-export interface Settings {
+export interface Settings extends ClientCredentialSettings {
   masterKey: string | undefined;
   /** Seconds before an upstream call is abandoned with 408. */
   requestTimeout: number;
@@ -99,6 +100,8 @@ export function resolveSettings(config: GatewayConfig): Settings {
     masterKey: process.env.SVC_MASTER_KEY || config.general_settings?.master_key,
     requestTimeout: config.router_settings?.timeout ?? config.svc_settings?.request_timeout ?? DEFAULT_REQUEST_TIMEOUT_S,
     dropParams: config.svc_settings?.drop_params ?? false,
+    allowClientSideCredentials: config.svc_settings?.allow_client_side_credentials === true,
+    clientSideApiBaseHosts: config.svc_settings?.client_side_api_base_hosts,
   };
 }
 

@@ -111,6 +111,10 @@ export const SvcSettingsSchema = T.Object(
     failure_callback: T.Optional(T.Array(T.String())),
     /** A price file in the bundled file's format; its entries replace the bundled ones by name. */
     model_prices_path: T.Optional(T.String({ minLength: 1 })),
+    /** Lets an embeddings request carry its own api_base / api_key / api_version (off: such a request is a 400). */
+    allow_client_side_credentials: T.Optional(T.Boolean()),
+    /** With client-side credentials on: the only hosts a request's api_base may name. */
+    client_side_api_base_hosts: T.Optional(T.Array(T.String({ minLength: 1 }))),
     /** Response cache for every call (see cache_params); requests may still opt out with `caching: false`. */
     cache: T.Optional(T.Boolean()),
     cache_params: T.Optional(

@@ -9,6 +9,7 @@ import { groupCapacity } from "../limits/capacity.ts";
 import { picoToText } from "../cost/money.ts";
 import { GatewayError, errorInfo } from "../errors.ts";
 import type { Snapshot } from "../snapshot.ts";
+import { withClientCredentials } from "./client-credentials.ts";
 import { supportedBody } from "./params.ts";
 import { dispatchRecord, settleAll } from "./record.ts";
 import { streamResponse } from "./stream.ts";
@@ -168,9 +169,10 @@ export function callRecord(ctx: CallContext, endpoint: Endpoint, body: WireReque
 }
 
 /** Calls one chosen deployment once; the attempt hears how it ended. */
-export async function callDeployment<E extends Endpoint>(endpoint: E, body: WireRequest[E], d: Deployment, ctx: CallContext, attempt: Attempt = {}): Promise<Response> {
+export async function callDeployment<E extends Endpoint>(endpoint: E, body: WireRequest[E], configured: Deployment, ctx: CallContext, attempt: Attempt = {}): Promise<Response> {
   const startedAt = attempt.startedAt ?? Date.now();
   const { snapshot } = ctx;
+  const d = withClientCredentials(endpoint, body, configured, snapshot.settings);
   const adapter = snapshot.providers.get(d.provider)!;
   const ep = adapter.endpoints[endpoint] as EndpointAdapter<E, unknown> | undefined;
   if (!ep) throw GatewayError.of(400, `model ${body.model} (provider ${d.provider}) does not support ${endpoint}`, "invalid_request_error", "model");

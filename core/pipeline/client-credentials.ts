@@ -1,0 +1,49 @@
+/**
+ * `api_base` / `api_key` / `api_version` in an embeddings body (the spec lists them): refused
+ * unless the operator allows client-side credentials (`svc_settings.allow_client_side_credentials`),
+ * because a client-chosen `api_base` makes the gateway fetch any address it can reach (SSRF). When
+ * allowed, `api_base` must name a host listed in `svc_settings.client_side_api_base_hosts` when
+ * that list is set (plain http only for listed hosts); without a list, it must be https and not a
+ * loopback or private address.
+ */
+import type { Deployment, Endpoint, WireRequest } from "../contract.ts";
+import { GatewayError } from "../errors.ts";
+
+export interface ClientCredentialSettings {
+  allowClientSideCredentials: boolean;
+  clientSideApiBaseHosts: readonly string[] | undefined;
+}
+
+const PRIVATE_HOST = /^(localhost|.*\.localhost|127\.|10\.|192\.168\.|169\.254\.|172\.(1[6-9]|2\d|3[01])\.|0\.|\[?::1\]?$|\[?f[cd][0-9a-f]{2}:|\[?fe80:)/i;
+
+function refuse(message: string, param: string): GatewayError {
+  return GatewayError.of(400, message, "invalid_request_error", param);
+}
+
+export function withClientCredentials(endpoint: Endpoint, body: WireRequest[Endpoint], d: Deployment, s: ClientCredentialSettings): Deployment {
+  if (endpoint !== "embeddings") return d;
+  const b = body as WireRequest["embeddings"];
+  const apiBase = b.api_base ?? undefined;
+  const apiKey = b.api_key ?? undefined;
+  const apiVersion = b.api_version ?? undefined;
+  if (apiBase === undefined && apiKey === undefined && apiVersion === undefined) return d;
+  const param = apiBase !== undefined ? "api_base" : apiKey !== undefined ? "api_key" : "api_version";
+  if (!s.allowClientSideCredentials) {
+    throw refuse(`${param} in the request body is not allowed on this gateway: the operator has not enabled client-side credentials (svc_settings.allow_client_side_credentials).`, param);
+  }
+  if (apiBase !== undefined) {
+    let url: URL;
+    try {
+      url = new URL(apiBase);
+    } catch {
+      throw refuse("api_base must be an absolute https URL.", "api_base");
+    }
+    const hosts = s.clientSideApiBaseHosts;
+    const listed = hosts?.includes(url.hostname) ?? false;
+    if (url.protocol !== "https:" && !listed) throw refuse("api_base must be an https URL (or name a host in svc_settings.client_side_api_base_hosts).", "api_base");
+    if (hosts ? !listed : PRIVATE_HOST.test(url.hostname)) {
+      throw refuse(`api_base host ${url.hostname} is not allowed${hosts ? ` (allowed: ${hosts.join(", ")})` : ": loopback and private addresses are refused"}.`, "api_base");
+    }
+  }
+  return { ...d, apiBase: apiBase?.replace(/\/+$/, "") ?? d.apiBase, apiKey: apiKey ?? d.apiKey, apiVersion: apiVersion ?? d.apiVersion };
+}

@@ -1,0 +1,81 @@
+// Client-side credentials on embeddings: `api_base` / `api_key` in the body are refused unless the
+// operator allows them (a client-chosen address is an SSRF hole); when allowed, only listed hosts
+// (or public https ones without a list) are reached, with the client's key.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { MASTER_KEY, startTestGateway, type TestGateway } from "../harness/gateway.ts";
+import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
+
+let configured: MockOpenAI;
+let clients: MockOpenAI;
+
+async function embed(gw: TestGateway, extra: Record<string, unknown>): Promise<{ status: number; body: { error?: { message: string; param: string } } }> {
+  const res = await fetch(`${gw.url}/v1/embeddings`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+    body: JSON.stringify({ model: "emb", input: "hello", ...extra }),
+  });
+  return { status: res.status, body: (await res.json()) as never };
+}
+
+const config = (svc: Record<string, unknown>) => ({
+  model_list: [{ model_name: "emb", svc_params: { model: "openai/text-embedding-3-small", api_base: configured.url, api_key: "sk-operator" } }],
+  svc_settings: svc,
+  general_settings: { master_key: MASTER_KEY },
+});
+
+beforeAll(async () => {
+  configured = await startMockOpenAI({ apiKey: "sk-operator" });
+  clients = await startMockOpenAI({ apiKey: "sk-client" });
+});
+afterAll(async () => {
+  await configured?.stop();
+  await clients?.stop();
+});
+
+describe("client-side credentials", () => {
+  test("by default api_base and api_key in the body are a 400, and nothing is fetched", async () => {
+    const gw = await startTestGateway(config({}));
+    try {
+      const r = await embed(gw, { api_base: clients.url, api_key: "sk-client" });
+      expect(r.status).toBe(400);
+      expect(r.body.error!.param).toBe("api_base");
+      expect(r.body.error!.message).toContain("allow_client_side_credentials");
+      expect((await embed(gw, { api_key: "sk-client" })).status).toBe(400);
+      expect(clients.requests.length + configured.requests.length).toBe(0);
+      // Without them the configured deployment answers.
+      expect((await embed(gw, {})).status).toBe(200);
+    } finally {
+      await gw.stop();
+    }
+  });
+
+  test("allowed with a host list: a listed host is reached with the client's key; others are refused", async () => {
+    const gw = await startTestGateway(config({ allow_client_side_credentials: true, client_side_api_base_hosts: ["127.0.0.1"] }));
+    try {
+      const r = await embed(gw, { api_base: clients.url, api_key: "sk-client" });
+      expect(r.status).toBe(200);
+      expect(clients.requests.at(-1)!.headers.authorization).toBe("Bearer sk-client");
+      const other = await embed(gw, { api_base: "https://attacker.example/v1", api_key: "sk-client" });
+      expect(other.status).toBe(400);
+      expect(other.body.error!.message).toContain("not allowed");
+    } finally {
+      await gw.stop();
+    }
+  });
+
+  test("allowed without a list: plain http and private addresses are refused", async () => {
+    const gw = await startTestGateway(config({ allow_client_side_credentials: true }));
+    try {
+      expect((await embed(gw, { api_base: clients.url })).status).toBe(400);
+      for (const base of ["https://127.0.0.1/v1", "https://10.0.0.5/v1", "https://169.254.169.254/latest", "https://localhost/v1"]) {
+        const r = await embed(gw, { api_base: base });
+        expect(r.status).toBe(400);
+        expect(r.body.error!.message).toContain("private addresses");
+      }
+      // The client's key alone goes to the configured address.
+      expect((await embed(gw, { api_key: "sk-operator" })).status).toBe(200);
+    } finally {
+      await gw.stop();
+    }
+  });
+});
