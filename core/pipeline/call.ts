@@ -3,7 +3,7 @@
  * map the response or stream back → price and record the call. The router (core/router/route.ts)
  * decides which deployment, and holds the limits and budgets.
  */
-import type { CallIntent, CallRecord, GroupCapacity, CallStatus, Denied, Deployment, Endpoint, EndpointAdapter, ErrorInfo, Lease, Logger, Principal, StreamTransform, Usage, WireRequest } from "../contract.ts";
+import type { CallIntent, CallRecord, GroupCapacity, HttpCall, CallStatus, Denied, Deployment, Endpoint, EndpointAdapter, ErrorInfo, Lease, Logger, Principal, StreamTransform, Usage, WireRequest } from "../contract.ts";
 import { estimatePromptTokens } from "../cost/estimate.ts";
 import { groupCapacity } from "../limits/capacity.ts";
 import { picoToText } from "../cost/money.ts";
@@ -210,7 +210,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
   try {
     // Fields the adapter does not translate: refused, or dropped (then the client's bytes no longer match).
     const sent = ep.supportedParams ? supportedBody(body, ep.supportedParams, d, snapshot.settings.dropParams) : body;
-    const res = await send(adapter, d, ep.request(sent, d, sent === body ? ctx.rawBody : undefined), deadline);
+    const res = await send(adapter, d, buildCall(ep, sent, d, sent === body ? ctx.rawBody : undefined), deadline);
     if (!res.ok) throw await upstreamError(adapter, d, res);
     if (wantsStream && ep.stream) {
       const transform = ep.stream as StreamTransform<"chat" | "completions", unknown>;
@@ -248,6 +248,16 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
       err.headers["x-svc-call-id"] = ctx.callId;
     }
     throw err;
+  }
+}
+
+/** The adapter's request transform; a transform that cannot translate the input refuses it: a 400, not a 500. */
+function buildCall<E extends Endpoint>(ep: EndpointAdapter<E, unknown>, body: WireRequest[E], d: Deployment, raw: string | undefined): HttpCall {
+  try {
+    return ep.request(body, d, raw);
+  } catch (err) {
+    if (err instanceof GatewayError) throw err;
+    throw GatewayError.of(400, `${d.provider} cannot take this request for model ${d.modelName}: ${err instanceof Error ? err.message : String(err)}`, "invalid_request_error");
   }
 }
 

@@ -179,4 +179,17 @@ describe("errors", () => {
     expect((err as APIError).status).toBe(500);
     expect((err as APIError).message).toContain("llama runner process has terminated");
   });
+
+  test("an image given as a link (Ollama cannot fetch one) is the client's 400, not a 500", async () => {
+    const before = mock.requests.length;
+    const err = await failure(
+      client.chat.completions.create({
+        model: "llama",
+        messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: "https://example.com/cat.png" } }] }],
+      }),
+    );
+    expect((err as APIError).status).toBe(400);
+    expect((err as APIError).message).toContain("ollama cannot take this request");
+    expect(mock.requests.length).toBe(before);
+  });
 });
