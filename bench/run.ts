@@ -41,6 +41,7 @@ const { values: flags } = parseArgs({
     out: { type: "string" },
     "budget-key": { type: "boolean", default: false },
     "rate-limit-key": { type: "boolean", default: false },
+    "plain-key": { type: "boolean", default: false },
     "redis-url": { type: "string" },
     "database-url": { type: "string" },
     help: { type: "boolean", short: "h", default: false },
@@ -67,6 +68,8 @@ const USAGE = `usage: bun bench/run.ts [options]
                       reservation on every call) instead of the master key
   --rate-limit-key    call the gateway with a virtual key that has rpm, tpm and parallel limits
                       (every call counted on three windows)
+  --plain-key         call the gateway with a virtual key without limits or budget (the baseline
+                      for --rate-limit-key and --budget-key)
   --redis-url URL     give the gateway REDIS_URL (limits and budgets counted in Redis)
   --database-url URL  run the gateway on this PostgreSQL database instead of the embedded store
                       (the database server is not pinned: like the upstream, it is outside the target)`;
@@ -685,6 +688,16 @@ async function main(): Promise<void> {
     if (!res.ok) throw new Error(`could not create the bench key: ${res.status} ${await res.text()}`);
     gatewayKey = ((await res.json()) as { key: string }).key;
     console.log("# gateway called with a virtual key with max_budget (budget reservation and spend logging on every call)");
+  }
+  if (flags["plain-key"] && services.gateway) {
+    const res = await fetch(`${base(services.gateway.url)}/key/generate`, {
+      method: "POST",
+      headers: { Authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+      body: JSON.stringify({ key_alias: "bench-plain" }),
+    });
+    if (!res.ok) throw new Error(`could not create the bench key: ${res.status} ${await res.text()}`);
+    gatewayKey = ((await res.json()) as { key: string }).key;
+    console.log("# gateway called with a virtual key without limits or budget");
   }
   if (flags["rate-limit-key"] && services.gateway) {
     const res = await fetch(`${base(services.gateway.url)}/key/generate`, {
