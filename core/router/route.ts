@@ -145,6 +145,7 @@ async function callGroup<E extends Endpoint>(
   const { snapshot } = ctx;
   const startedAt = Date.now();
   const failedHere = new Set<string>();
+  let retriesHere = 0;
   const available = (now: number) => {
     const live = deployments.filter((d) => !stateOf(d.id).coolingDown(now));
     // Prefer deployments this call has not failed on yet.
@@ -245,14 +246,16 @@ async function callGroup<E extends Endpoint>(
       }
       failedHere.add(d.id);
       const retryable = fromUpstream && !kind && RETRYABLE.has(status);
-      if (!retryable || progress.retries >= policy.numRetries) {
+      // Each group (the asked one, then each fallback) gets its own num_retries.
+      if (!retryable || retriesHere >= policy.numRetries) {
         settleAll(leases, ZERO, 0n);
         // A bad request is the client's to fix, whoever noticed it; other failures may fall back.
         if (!kind && (status === 400 || status === 422 || (!fromUpstream && status < 500))) throw err;
         throw new GroupFailure(err, kind);
       }
       progress.retries++;
-      await sleep(backoffMs(policy, progress.retries, retryAfterMs(err)));
+      retriesHere++;
+      await sleep(backoffMs(policy, retriesHere, retryAfterMs(err)));
       candidates = available(Date.now());
       if (candidates.length === 0) {
         settleAll(leases, ZERO, 0n);

@@ -311,3 +311,19 @@ describe("strategies by config", () => {
     }
   });
 });
+
+describe("retries per group", () => {
+  test("a fallback group gets its own num_retries", async () => {
+    for (const m of [a, b, c]) m.reset();
+    resetDeploymentStates();
+    a.fault({ kind: "status", status: 500 }, { kind: "status", status: 500 });
+    b.fault({ kind: "status", status: 500 });
+    const r = await post({ model: "primary", num_retries: 1 });
+    expect(r.status).toBe(200);
+    // primary: 1 try + 1 retry; backup: 1 try + 1 retry that succeeds.
+    expect(a.requests.length).toBe(2);
+    expect(b.requests.length).toBe(2);
+    expect(r.headers.get("x-svc-attempted-retries")).toBe("2");
+    expect(r.headers.get("x-svc-attempted-fallbacks")).toBe("1");
+  });
+});
