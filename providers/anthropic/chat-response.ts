@@ -3,6 +3,7 @@
  * `reasoning_content` (and `thinking_blocks`, signatures intact, for the client to send back on its
  * next turn), tool_use blocks become `tool_calls` with JSON-string arguments.
  */
+import { nowSeconds } from "../shared/chat-completion.ts";
 import type { Usage, WireJson } from "../../core/contract.ts";
 import { JSON_TOOL_NAME } from "./chat-request.ts";
 import { openAIUsage } from "../shared/openai-usage.ts";
@@ -59,7 +60,7 @@ export function anthropicChatResponse(raw: unknown): { body: WireJson; usage: Us
   const body: WireJson = {
     id: r.id,
     object: "chat.completion",
-    created: Math.floor(Date.now() / 1000),
+    created: nowSeconds(),
     model: r.model,
     choices: [{ index: 0, message, logprobs: null, finish_reason: finishReason(r.stop_reason, jsonTool && toolCalls.length === 0) }],
     usage: openAIUsage(usage),

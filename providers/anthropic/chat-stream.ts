@@ -7,6 +7,7 @@
  * into a chunk whose fixed part (`id`, `created`, `model`) was serialized once per stream. Events
  * that do not have the exact expected shape take the general path (JSON.parse).
  */
+import { nowSeconds } from "../shared/chat-completion.ts";
 import type { ChatRequest, StreamPart, StreamTransform, Usage } from "../../core/contract.ts";
 import { estimateTokens } from "../openai-compatible/adapter.ts";
 import { openAIUsage } from "../shared/openai-usage.ts";
@@ -159,7 +160,7 @@ interface StreamEvent {
 function messageStart(s: AnthropicStreamState, e: StreamEvent): StreamPart[] {
   const m = e.message ?? {};
   s.id = m.id;
-  s.head = `{"id":${JSON.stringify(m.id ?? "")},"object":"chat.completion.chunk","created":${Math.floor(Date.now() / 1000)},"model":${JSON.stringify(m.model ?? s.req.model)},`;
+  s.head = `{"id":${JSON.stringify(m.id ?? "")},"object":"chat.completion.chunk","created":${nowSeconds()},"model":${JSON.stringify(m.model ?? s.req.model)},`;
   takeUsage(s, m.usage);
   return chunk(s, '{"role":"assistant","content":"","refusal":null}');
 }
@@ -266,7 +267,7 @@ export const anthropicChatStream: StreamTransform<"chat", AnthropicStreamState> 
     req,
     wantsUsage: req.stream_options?.include_usage === true,
     id: undefined,
-    head: `{"id":"","object":"chat.completion.chunk","created":${Math.floor(Date.now() / 1000)},"model":${JSON.stringify(req.model)},`,
+    head: `{"id":"","object":"chat.completion.chunk","created":${nowSeconds()},"model":${JSON.stringify(req.model)},`,
     blocks: [],
     tools: 0,
     emptyArgs: undefined,

@@ -1,6 +1,6 @@
 /** Bedrock Converse response → OpenAI `chat.completion`; the stop-reason and usage tables the stream shares. */
 import type { ChatRequest, Usage, WireJson } from "../../core/contract.ts";
-import { openAIUsage } from "../shared/openai-usage.ts";
+import { chatCompletion, chatCompletionId, nowSeconds, type OpenAIFinishReason, type OpenAIToolCall } from "../shared/chat-completion.ts";
 import { RESPONSE_FORMAT_TOOL, wantsJsonResponse } from "./converse-request.ts";
 
 const isObject = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);
@@ -12,7 +12,7 @@ export function asObject(v: unknown, what: string): Record<string, unknown> {
 }
 
 /** Converse `stopReason` → OpenAI `finish_reason`. */
-const FINISH_REASONS: Record<string, string> = {
+const FINISH_REASONS: Record<string, OpenAIFinishReason> = {
   end_turn: "stop",
   stop_sequence: "stop",
   max_tokens: "length",
@@ -23,7 +23,7 @@ const FINISH_REASONS: Record<string, string> = {
 };
 
 /** `answeredInJson`: the only tool called was the response-format one, so the turn ended with an answer. */
-export function finishReason(stopReason: unknown, answeredInJson: boolean): string {
+export function finishReason(stopReason: unknown, answeredInJson: boolean): OpenAIFinishReason {
   if (stopReason === "tool_use" && answeredInJson) return "stop";
   return FINISH_REASONS[String(stopReason)] ?? "stop";
 }
@@ -42,22 +42,13 @@ export function converseUsage(raw: unknown): Usage {
   return usage;
 }
 
-export const newChatId = () => `chatcmpl-${crypto.randomUUID().replaceAll("-", "")}`;
-export const nowSeconds = () => Math.floor(Date.now() / 1000);
-
-interface ToolCall {
-  id: string;
-  type: "function";
-  function: { name: string; arguments: string };
-}
-
 export function converseResponse(body: unknown, req?: ChatRequest): { body: WireJson; usage: Usage } {
   const b = asObject(body, "the Converse response");
   const message = asObject(asObject(b.output, "output").message, "output.message");
   const content = Array.isArray(message.content) ? message.content : [];
   let text = "";
   let reasoning = "";
-  const toolCalls: ToolCall[] = [];
+  const toolCalls: OpenAIToolCall[] = [];
   let answeredInJson = false;
   // Without the request at hand, the reserved tool name alone tells the answer apart.
   const jsonAnswer = req === undefined || wantsJsonResponse(req);
@@ -76,20 +67,11 @@ export function converseResponse(body: unknown, req?: ChatRequest): { body: Wire
       if (typeof t === "string") reasoning += t;
     }
   }
-  const out: WireJson = { role: "assistant", content: text === "" && toolCalls.length > 0 ? null : text };
-  if (reasoning) out.reasoning_content = reasoning;
-  if (toolCalls.length > 0) out.tool_calls = toolCalls;
-  out.refusal = null;
   const usage = converseUsage(b.usage);
+  const head = { id: chatCompletionId(), created: nowSeconds(), model: req?.model ?? "" };
+  const answer = { content: text === "" && toolCalls.length > 0 ? null : text, toolCalls, reasoning: reasoning || undefined, refusal: null };
   return {
-    body: {
-      id: newChatId(),
-      object: "chat.completion",
-      created: nowSeconds(),
-      model: req?.model ?? "",
-      choices: [{ index: 0, message: out, logprobs: null, finish_reason: finishReason(b.stopReason, answeredInJson && toolCalls.length === 0) }],
-      usage: openAIUsage(usage),
-    },
+    body: chatCompletion(head, answer, finishReason(b.stopReason, answeredInJson && toolCalls.length === 0), usage),
     usage,
   };
 }

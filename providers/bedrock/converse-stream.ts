@@ -5,9 +5,10 @@
  */
 import type { AwsStreamEvent, ChatRequest, ErrorInfo, StreamPart, StreamTransform, Usage, WireJson } from "../../core/contract.ts";
 import { estimateTokens } from "../openai-compatible/adapter.ts";
+import { chatCompletionId, nowSeconds } from "../shared/chat-completion.ts";
 import { openAIUsage } from "../shared/openai-usage.ts";
 import { RESPONSE_FORMAT_TOOL, wantsJsonResponse } from "./converse-request.ts";
-import { asObject, converseUsage, finishReason, newChatId, nowSeconds } from "./converse-response.ts";
+import { asObject, converseUsage, finishReason } from "./converse-response.ts";
 
 /** Marks the content block that carries the response-format answer. */
 const JSON_ANSWER = -1;
@@ -110,7 +111,7 @@ export function converseStream(): StreamTransform<"chat", ConverseStreamState> {
   return {
     framing: "aws-eventstream",
     init: (req: ChatRequest): ConverseStreamState => ({
-      id: newChatId(),
+      id: chatCompletionId(),
       created: nowSeconds(),
       model: req.model,
       clientWantsUsage: req.stream_options?.include_usage === true,

@@ -25,6 +25,8 @@ export interface AssistantMessage {
   toolCalls?: OpenAIToolCall[];
   /** Thinking text, under `reasoning_content` as the gateway's clients expect it. */
   reasoning?: string;
+  /** OpenAI's `refusal` field, for adapters that send it (null: no refusal). */
+  refusal?: string | null;
 }
 
 /** A response id in OpenAI's style, for providers that give none. */
@@ -42,6 +44,7 @@ export function chatCompletion(head: ResponseHead, message: AssistantMessage, fi
   const msg: WireJson = { role: "assistant", content: message.content };
   if (message.reasoning) msg.reasoning_content = message.reasoning;
   if (message.toolCalls && message.toolCalls.length > 0) msg.tool_calls = message.toolCalls;
+  if (message.refusal !== undefined) msg.refusal = message.refusal;
   return {
     id: head.id,
     object: "chat.completion",
