@@ -14,7 +14,7 @@ import { Type } from "@sinclair/typebox";
 import { type CallIntent, type Denied, definePlugin, type Hooks, type IdentityView, type KeyRow, type Lease, type RateCounter, type RateGrant, type RateRefusal, type RateWindows } from "../core/contract.ts";
 import { errorInfo } from "../core/errors.ts";
 import { guaranteedLimit, reservedOn, type ThroughputKind } from "../core/limits/capacity.ts";
-import { WINDOW_MS } from "../core/limits/window.ts";
+import { retryAfterSeconds, tokenEstimate, WINDOW_MS } from "../core/limits/window.ts";
 import { keyLabel } from "./shared/labels.ts";
 
 const GRANTED: Lease = { ok: true, settle: () => undefined };
@@ -132,11 +132,6 @@ function countersFor(intent: CallIntent, identity: IdentityView | undefined, thr
   return out;
 }
 
-/** Tokens a call may use: the prompt estimate plus its output bound (the prompt alone when unbounded). */
-export function tokenEstimate(intent: CallIntent): number {
-  return intent.estimatedPromptTokens + (intent.maxOutputTokens ?? 0);
-}
-
 /** The `x-ratelimit-*` headers for the tightest request and token limits of a grant. */
 export function rateHeaders(counters: readonly RateCounter[], remaining: RateGrant["remaining"]): Record<string, string> | undefined {
   let req: [number, number] | undefined;
@@ -160,9 +155,6 @@ export function rateHeaders(counters: readonly RateCounter[], remaining: RateGra
 }
 
 const KIND_TEXT = { requests: "requests per minute", tokens: "tokens per minute", parallel_requests: "parallel requests" } as const;
-
-/** Whole seconds until the request fits, never 0 (a client told 0 would retry at once and fail again). */
-export const retryAfterSeconds = (ms: number) => Math.max(1, Math.ceil(ms / 1000));
 
 export function rateRefusal(r: RateRefusal, tokens: number): Denied {
   const c = r.counter;

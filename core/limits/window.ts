@@ -3,9 +3,17 @@
  * last 60 s (a log, not buckets, so the window and `retry-after` are exact), and the requests in
  * flight. Entries are appended in time order and expire from the front.
  */
-import type { RateCounter, RateLimitKind } from "../contract.ts";
+import type { CallIntent, RateCounter, RateLimitKind } from "../contract.ts";
 
 export const WINDOW_MS = 60_000;
+
+/** Whole seconds until a request fits, never 0 (a client told 0 would retry at once and fail again). */
+export const retryAfterSeconds = (ms: number): number => Math.max(1, Math.ceil(ms / 1000));
+
+/** Tokens a call may use: the prompt estimate plus its output bound (the prompt alone when unbounded). */
+export function tokenEstimate(intent: Pick<CallIntent, "estimatedPromptTokens" | "maxOutputTokens">): number {
+  return intent.estimatedPromptTokens + (intent.maxOutputTokens ?? 0);
+}
 
 export interface WindowCheck {
   kind: RateLimitKind;

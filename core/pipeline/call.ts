@@ -80,6 +80,7 @@ export function acquireLeases(snapshot: Snapshot, intent: CallIntent): Lease[] |
 export class Intent implements CallIntent {
   private prompt: number | undefined;
   private worst: bigint | undefined;
+  private capacity: GroupCapacity | undefined;
   readonly maxOutputTokens: number | undefined;
 
   constructor(
@@ -95,7 +96,8 @@ export class Intent implements CallIntent {
   }
 
   get groupCapacity(): GroupCapacity {
-    return groupCapacity(this.snapshot.models.resolve(this.modelGroup) ?? [this.deployment]);
+    this.capacity ??= groupCapacity(this.snapshot.models.resolve(this.modelGroup) ?? [this.deployment]);
+    return this.capacity;
   }
 
   get estimatedPromptTokens(): number {

@@ -47,11 +47,24 @@ export const OPENAI_CHAT_PARAMS: readonly string[] = [
  */
 const ALWAYS_ACCEPTED: ReadonlySet<string> = new Set(["model", "messages", "prompt", "input", "stream", "stream_options", ...GatewayOnlyFields]);
 
+/** An adapter's list as a set, built once per list (adapters declare theirs once, at load). */
+const supportedSets = new WeakMap<readonly string[], ReadonlySet<string>>();
+
+function setOf(list: readonly string[]): ReadonlySet<string> {
+  let set = supportedSets.get(list);
+  if (!set) {
+    set = new Set(list);
+    supportedSets.set(list, set);
+  }
+  return set;
+}
+
 /** The request fields outside `supported`, in the order the client sent them; null values do not count. */
 export function unsupportedParams(body: object, supported: readonly string[]): string[] {
+  const allowed = setOf(supported);
   const out: string[] = [];
   for (const [k, v] of Object.entries(body)) {
-    if (v === null || v === undefined || ALWAYS_ACCEPTED.has(k) || supported.includes(k)) continue;
+    if (v === null || v === undefined || ALWAYS_ACCEPTED.has(k) || allowed.has(k)) continue;
     // `n: 1` asks for what every provider does anyway (clients such as LangChain always send it).
     if (k === "n" && v === 1) continue;
     out.push(k);

@@ -14,6 +14,7 @@ import { stateOf } from "./deployment-state.ts";
 import { type FallbackType, fallbacksFor } from "./fallbacks.ts";
 import { type RoutePolicy, backoffMs, routePolicy } from "./policy.ts";
 import { pickDeployment } from "./strategy.ts";
+import { retryAfterSeconds, tokenEstimate } from "../limits/window.ts";
 import { cacheUse } from "../cache/controls.ts";
 import { cacheKey } from "../cache/key.ts";
 import { cachedAnswer, storeAnswer } from "../cache/answer.ts";
@@ -124,11 +125,24 @@ export async function modelCall<E extends Endpoint>(endpoint: E, body: WireReque
   }
 }
 
-function capacityCounter(d: Deployment): RateCounter | undefined {
-  const rpm = d.options.rpm;
-  const tpm = d.options.tpm;
-  if (typeof rpm !== "number" && typeof tpm !== "number") return undefined;
-  return { id: `deployment:${d.id}`, label: `Deployment ${d.id} of model ${d.modelName}`, rpm: typeof rpm === "number" ? rpm : undefined, tpm: typeof tpm === "number" ? tpm : undefined };
+const capacityCounters = new WeakMap<Deployment, RateCounter | null>();
+
+/** The router's own counter for a deployment's `rpm` / `tpm` (null when it sets neither), built once per deployment. */
+function capacityCounter(d: Deployment): RateCounter | null {
+  let c = capacityCounters.get(d);
+  if (c === undefined) {
+    const rpm = typeof d.options.rpm === "number" ? d.options.rpm : undefined;
+    const tpm = typeof d.options.tpm === "number" ? d.options.tpm : undefined;
+    c = rpm === undefined && tpm === undefined ? null : { id: `deployment:${d.id}`, label: `Deployment ${d.id} of model ${d.modelName}`, rpm, tpm };
+    capacityCounters.set(d, c);
+  }
+  return c;
+}
+
+/** 429: no deployment of the group can take the call now, and when one can. */
+function noDeployments(group: string, why: string, retryMs: number): GatewayError {
+  const seconds = retryAfterSeconds(retryMs);
+  return new GatewayError(errorInfo(429, `No deployments available for model ${group}: ${why}. Try again in ${seconds} s.`, "rate_limit_error"), { "retry-after": String(seconds) });
 }
 
 /** Calls within one model group, with retries; throws GroupFailure when the group gives up. */
@@ -146,7 +160,9 @@ async function callGroup<E extends Endpoint>(
   const startedAt = Date.now();
   const failedHere = new Set<string>();
   let retriesHere = 0;
-  const available = (now: number) => {
+  const available = (now: number): readonly Deployment[] => {
+    // A group's only deployment never cools down, and there is nothing else to prefer.
+    if (deployments.length === 1) return deployments;
     const live = deployments.filter((d) => !stateOf(d.id).coolingDown(now));
     // Prefer deployments this call has not failed on yet.
     const fresh = live.filter((d) => !failedHere.has(d.id));
@@ -161,27 +177,22 @@ async function callGroup<E extends Endpoint>(
   const leaseHeaders: Record<string, string> = {};
   for (const l of leases) if (l.headers) Object.assign(leaseHeaders, l.headers);
 
-  let capacityRetryMs: number | undefined;
+  let capacityRetryMs = Number.POSITIVE_INFINITY;
   const atCapacity = new Set<string>();
   for (;;) {
     // A deployment at its own rpm/tpm is skipped, not failed: another one may have room.
     const counter = capacityCounter(d);
     let capacity: RateGrant | undefined;
     if (counter) {
-      const tokens = counter.tpm === undefined ? 0 : intent.estimatedPromptTokens + (intent.maxOutputTokens ?? 0);
+      const tokens = counter.tpm === undefined ? 0 : tokenEstimate(intent);
       const got = await snapshot.rateWindows.acquire([counter], tokens);
       if (!got.ok) {
         atCapacity.add(d.id);
-        capacityRetryMs = Math.min(capacityRetryMs ?? Number.POSITIVE_INFINITY, got.retryAfterMs);
+        capacityRetryMs = Math.min(capacityRetryMs, got.retryAfterMs);
         const rest = available(Date.now()).filter((x) => !atCapacity.has(x.id));
         if (rest.length === 0) {
           settleAll(leases, ZERO, 0n);
-          const seconds = Math.max(1, Math.ceil((capacityRetryMs ?? 1000) / 1000));
-          const err = new GatewayError(
-            errorInfo(429, `No deployments available for model ${group}: every deployment is at its rpm/tpm limit. Try again in ${seconds} s.`, "rate_limit_error"),
-            { "retry-after": String(seconds) },
-          );
-          throw new GroupFailure(err, undefined);
+          throw new GroupFailure(noDeployments(group, "every deployment is at its rpm/tpm limit", capacityRetryMs), undefined);
         }
         d = pickDeployment(policy.strategy, rest, snapshot.pricing, Date.now());
         continue;
@@ -268,9 +279,5 @@ async function callGroup<E extends Endpoint>(
 
 function allCoolingDown(group: string, deployments: readonly Deployment[], now: number): GatewayError {
   const until = Math.min(...deployments.map((d) => stateOf(d.id).cooldownUntil));
-  const seconds = Math.max(1, Math.ceil((until - now) / 1000));
-  return new GatewayError(
-    errorInfo(429, `No deployments available for model ${group}: all ${deployments.length} are cooling down after failures. Try again in ${seconds} s.`, "rate_limit_error"),
-    { "retry-after": String(seconds) },
-  );
+  return noDeployments(group, `all ${deployments.length} are cooling down after failures`, until - now);
 }
