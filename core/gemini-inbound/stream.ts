@@ -49,15 +49,12 @@ export function geminiStream(inner: Response, format: GeminiStreamFormat, opts: 
   let out = "";
   let failed = false;
   let over = false;
-  /** `[DONE]` ends the gateway's stream, whether or not its body says so by closing. */
-  let done = false;
 
   const emit = (items: readonly object[]) => {
     for (const item of items) out += framer.item(JSON.stringify(item));
   };
   const onEvent = (data: string) => {
-    if (data === "[DONE]") done = true;
-    if (failed || done) return;
+    if (failed || data === "[DONE]") return;
     let event: unknown;
     try {
       event = JSON.parse(data);
@@ -90,11 +87,8 @@ export function geminiStream(inner: Response, format: GeminiStreamFormat, opts: 
             }
           }
           if (!next.done) parser.push(decoder.decode(next.value, { stream: true }), onEvent);
-          if (next.done || done) {
-            // After [DONE] the gateway stream is left to finish on its own (recording the call as a
-            // success); cancelling it now would race that and record a cancelled call.
-            if (next.done) parser.end(onEvent);
-            else reader.releaseLock();
+          if (next.done) {
+            parser.end(onEvent);
             if (!failed) emit(chunks.end());
             out += framer.close();
             over = true;
