@@ -80,7 +80,7 @@ export async function startHost(opts: HostOptions): Promise<Host> {
     const alerts = new BudgetAlerts(store.db, opts.log, webhook);
     const onCross = alerts.notify.bind(alerts);
     const ledger = redis ? new RedisLedger(redis.client, opts.log, onCross) : new LocalLedger(onCross);
-    const spendWriter = new SpendWriter(store.db, opts.log, { spillDir: join(opts.dataDir, "spend-spill"), ...opts.spend });
+    const spendWriter = new SpendWriter(store, opts.log, { spillDir: join(opts.dataDir, "spend-spill"), ...opts.spend });
     // Entries a previous run could not write are written before the first call is served.
     await spendWriter.start();
     const services: HostServices = {

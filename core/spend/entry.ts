@@ -6,6 +6,7 @@
 import type { CallRecord } from "../contract.ts";
 import type { IdentityCache } from "../identity/cache.ts";
 import { periodEnd } from "./period.ts";
+import { storable } from "./row-text.ts";
 
 export type CounterTable = "key" | "team" | "org" | "user" | "team_member";
 
@@ -86,22 +87,24 @@ export function toSpendEntry(call: CallRecord, identity: IdentityCache | undefin
   // Only what the row's columns do not say (key_alias and status are added when logs are read).
   const metadata: Record<string, unknown> = {};
   if (!call.priced) metadata.cost_note = `${call.costSource}: the call was logged at 0. Set model_info.input_cost_per_token / output_cost_per_token to price it.`;
-  if (call.error) metadata.error_information = { error_code: String(call.error.status), error_class: call.error.type, error_message: call.error.message };
+  if (call.error) metadata.error_information = { error_code: String(call.error.status), error_class: storable(call.error.type), error_message: storable(call.error.message) };
+  // Client-chosen text (`user`, tags, a wildcard model name, an upstream's error message) may hold
+  // what the store cannot: cleaned here, before entries are grouped by these values.
   return {
     callId: call.id,
-    requestId: call.responseId ?? call.id,
+    requestId: storable(call.responseId ?? call.id),
     callType: call.endpoint,
     apiKey: p.keyHash,
-    keyAlias: p.keyAlias ?? null,
+    keyAlias: p.keyAlias === undefined ? null : storable(p.keyAlias),
     userId: p.userId ?? null,
     teamId: p.teamId ?? null,
     organizationId: p.orgId ?? null,
-    endUser: call.endUser ?? null,
-    model: call.requestedModel,
-    modelGroup: call.modelGroup,
+    endUser: call.endUser === undefined ? null : storable(call.endUser),
+    model: storable(call.requestedModel),
+    modelGroup: storable(call.modelGroup),
     provider: call.provider,
     modelId: call.deploymentId,
-    upstreamModel: call.upstreamModel,
+    upstreamModel: storable(call.upstreamModel),
     spendPico: Number(call.cost),
     promptTokens: u.promptTokens,
     completionTokens: u.completionTokens,
@@ -114,7 +117,7 @@ export function toSpendEntry(call: CallRecord, identity: IdentityCache | undefin
     status: call.status,
     stream: call.stream,
     cacheHit: call.cacheHit,
-    tags: [...call.tags],
+    tags: call.tags.map(storable),
     metadata,
     charges: chargesOf(call, identity),
   };

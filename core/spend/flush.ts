@@ -5,10 +5,11 @@
  * answer was lost, a replayed spill file) is counted once, and counters always equal their logs.
  */
 import { sql } from "drizzle-orm";
-import type { Db } from "../store/db.ts";
+import type { Store } from "../store/db.ts";
 import { rows } from "../store/sql.ts";
 import { picoToText } from "../cost/money.ts";
-import type { SpendEntry } from "./entry.ts";
+import type { CounterTable, SpendEntry } from "./entry.ts";
+import { copyRows, SPEND_LOG_COLUMNS, storableJson } from "./row-text.ts";
 
 /** UTC calendar day of an instant. */
 export function dayOf(ms: number): string {
@@ -27,6 +28,42 @@ const counterUpdate = (table: string, id: string, kind: string) => `
       budget_reset_at = case when d.period_end is not null and t.budget_reset_at < d.period_end then d.period_end else t.budget_reset_at end
     from delta d where d.t = '${kind}' and t.${id} = d.id
     returning 1)`;
+
+const COUNTER_TABLES: readonly CounterTable[] = ["key", "team", "org", "user", "team_member"];
+
+const COUNTER_UPDATES: Record<CounterTable, string> = {
+  key: counterUpdate("virtual_keys", "token", "key"),
+  team: counterUpdate("teams", "team_id", "team"),
+  org: counterUpdate("organizations", "organization_id", "org"),
+  user: counterUpdate("users", "user_id", "user"),
+  team_member: `
+  team_member_spend as (
+    update team_members as t set spend = t.spend + d.amount
+    from delta d where d.t = 'team_member' and t.team_id = split_part(d.id, E'\\t', 1) and t.user_id = split_part(d.id, E'\\t', 2)
+    returning 1)`,
+};
+
+/** Adds `daily_rows` (type, id, day, key, model, grp, provider, pt, ct, cr, cc, spend, n, ok, failed) to the aggregates. */
+const DAILY_UPSERT = `daily as (
+  insert into daily_spend as d (entity_type, entity_id, date, api_key, model, model_group, provider, prompt_tokens,
+    completion_tokens, cache_read_input_tokens, cache_creation_input_tokens, spend, api_requests, successful_requests, failed_requests)
+  select * from daily_rows
+  on conflict (entity_type, entity_id, date, api_key, model, model_group, provider) do update set
+    prompt_tokens = d.prompt_tokens + excluded.prompt_tokens,
+    completion_tokens = d.completion_tokens + excluded.completion_tokens,
+    cache_read_input_tokens = d.cache_read_input_tokens + excluded.cache_read_input_tokens,
+    cache_creation_input_tokens = d.cache_creation_input_tokens + excluded.cache_creation_input_tokens,
+    spend = d.spend + excluded.spend,
+    api_requests = d.api_requests + excluded.api_requests,
+    successful_requests = d.successful_requests + excluded.successful_requests,
+    failed_requests = d.failed_requests + excluded.failed_requests,
+    updated_at = now()
+  returning 1
+)`;
+
+const DELTA_COLUMNS = "x(t text, id text, p bigint, amount numeric)";
+const DAILY_COLUMNS = `y(type text, id text, day text, key text, model text, grp text, provider text,
+    pt bigint, ct bigint, cr bigint, cc bigint, spend numeric, n bigint, ok bigint, failed bigint)`;
 
 const at = (ms: string) => `to_timestamp(${ms} / 1000.0)`;
 const metrics = (f: string) =>
@@ -74,20 +111,13 @@ charge as (
 latest as (select t, id, max(p) as p from charge group by t, id),
 delta as (
   select t, id, case when p is null then null else ${at("p")} end as period_end, amount
-  from jsonb_to_recordset($3::jsonb) as x(t text, id text, p bigint, amount numeric) where (select ok from fast)
+  from jsonb_to_recordset($3::jsonb) as ${DELTA_COLUMNS} where (select ok from fast)
   union all
   select c.t, c.id, case when l.p = -1 then null else ${at("l.p")} end, sum(c.pico)::numeric / 1000000000000
   from charge c join latest l on l.t = c.t and l.id = c.id and c.p = l.p
   group by c.t, c.id, l.p
 ),
-${counterUpdate("virtual_keys", "token", "key")},
-${counterUpdate("teams", "team_id", "team")},
-${counterUpdate("organizations", "organization_id", "org")},
-${counterUpdate("users", "user_id", "user")},
-team_member_spend as (
-  update team_members as t set spend = t.spend + d.amount
-  from delta d where d.t = 'team_member' and t.team_id = split_part(d.id, E'\\t', 1) and t.user_id = split_part(d.id, E'\\t', 2)
-  returning 1),
+${COUNTER_TABLES.map((t) => COUNTER_UPDATES[t]).join(",\n")},
 entity as (
   select e.type, e.id, e.key, e.model, e.grp, ${metrics("f")}
   from fresh f cross join lateral (values
@@ -105,30 +135,14 @@ entity as (
 ),
 daily_rows as (
   select type, id, day::date as day, key, model, grp, provider, pt, ct, cr, cc, spend, n, ok, failed
-  from jsonb_to_recordset($4::jsonb) as y(type text, id text, day text, key text, model text, grp text, provider text,
-    pt bigint, ct bigint, cr bigint, cc bigint, spend numeric, n bigint, ok bigint, failed bigint)
+  from jsonb_to_recordset($4::jsonb) as ${DAILY_COLUMNS}
   where (select ok from fast)
   union all
   select type, id, day, key, model, grp, provider, sum(pt), sum(ct), sum(cr), sum(cc), sum(spend), count(*),
     count(*) filter (where status = 'success'), count(*) filter (where status = 'failure')
   from entity group by type, id, day, key, model, grp, provider
 ),
-daily as (
-  insert into daily_spend as d (entity_type, entity_id, date, api_key, model, model_group, provider, prompt_tokens,
-    completion_tokens, cache_read_input_tokens, cache_creation_input_tokens, spend, api_requests, successful_requests, failed_requests)
-  select * from daily_rows
-  on conflict (entity_type, entity_id, date, api_key, model, model_group, provider) do update set
-    prompt_tokens = d.prompt_tokens + excluded.prompt_tokens,
-    completion_tokens = d.completion_tokens + excluded.completion_tokens,
-    cache_read_input_tokens = d.cache_read_input_tokens + excluded.cache_read_input_tokens,
-    cache_creation_input_tokens = d.cache_creation_input_tokens + excluded.cache_creation_input_tokens,
-    spend = d.spend + excluded.spend,
-    api_requests = d.api_requests + excluded.api_requests,
-    successful_requests = d.successful_requests + excluded.successful_requests,
-    failed_requests = d.failed_requests + excluded.failed_requests,
-    updated_at = now()
-  returning 1
-)
+${DAILY_UPSERT}
 select (select count(*) from ins)::int as inserted`;
 
 /** Rows that charge and aggregate alike (same key, team, model, day, tags, periods…), summed once. */
@@ -171,8 +185,8 @@ function groupRows(entries: SpendEntry[]): RowGroup[] {
 }
 
 /** Per counter, the spend of the latest period present (an older period's spend stays in the log only). */
-function counterDeltas(groups: RowGroup[]): { t: string; id: string; p: number | null; amount: string }[] {
-  const out = new Map<string, { t: string; id: string; p: number | null; amount: bigint }>();
+function counterDeltas(groups: RowGroup[]): { t: CounterTable; id: string; p: number | null; amount: string }[] {
+  const out = new Map<string, { t: CounterTable; id: string; p: number | null; amount: bigint }>();
   for (const g of groups) {
     for (const c of g.sample.charges) {
       const k = `${c.table}\u0000${c.id}`;
@@ -253,16 +267,61 @@ function rowArray(e: SpendEntry): unknown[] {
   ];
 }
 
+const sumsStatements = new Map<string, string>();
+
+/**
+ * Applies a batch's in-memory sums ($1 counter deltas, $2 daily aggregates) after its rows were
+ * bulk loaded: only the counters the batch charges, so a batch without budgets touches none.
+ * A statement with fewer parts plans in a fraction of the time; one text per set of tables.
+ */
+function sumsStatement(tables: ReadonlySet<CounterTable>): string {
+  const parts = COUNTER_TABLES.filter((t) => tables.has(t));
+  const cacheKey = parts.join(",");
+  let text = sumsStatements.get(cacheKey);
+  if (text === undefined) {
+    text = `with
+delta as (
+  select t, id, case when p is null then null else ${at("p")} end as period_end, amount from jsonb_to_recordset($1::jsonb) as ${DELTA_COLUMNS}
+),
+daily_rows as (select type, id, day::date as day, key, model, grp, provider, pt, ct, cr, cc, spend, n, ok, failed from jsonb_to_recordset($2::jsonb) as ${DAILY_COLUMNS}),
+${[...parts.map((t) => COUNTER_UPDATES[t]), DAILY_UPSERT].join(",\n")}
+select 1`;
+    sumsStatements.set(cacheKey, text);
+  }
+  return text;
+}
+
+/** What a batch is written to: the store's SQL, and its bulk load where it has one. */
+export type SpendStore = Pick<Store, "db" | "copyIn">;
+
 /**
  * Writes a batch: the rows (keyed by call id), then the counters and daily aggregates of exactly
  * the rows that were new, in one statement. Returns how many rows were new.
+ *
+ * Where the store has a bulk load (the embedded store) the rows are loaded with COPY and the
+ * statement, given no rows, applies the batch's in-memory sums in the same transaction: about
+ * half the store's work per row. COPY refuses a batch holding a row that is already stored (a
+ * replayed spill file, a retry after a lost answer); that batch then takes the statement's path,
+ * which keeps only the new rows.
  */
-export async function writeBatch(db: Db, batch: SpendEntry[]): Promise<number> {
+export async function writeBatch(store: SpendStore, batch: SpendEntry[]): Promise<number> {
   if (batch.length === 0) return 0;
   const groups = groupRows(batch);
+  const counterDelta = counterDeltas(groups);
+  const deltas = storableJson(counterDelta);
+  const daily = storableJson(dailyRows(groups));
+  if (store.copyIn) {
+    try {
+      const sums = sumsStatement(new Set(counterDelta.map((d) => d.t)));
+      await store.copyIn({ table: "spend_logs", columns: SPEND_LOG_COLUMNS, text: copyRows(batch) }, { sql: sums, params: [deltas, daily] });
+      return batch.length;
+    } catch {
+      // Rolled back as a whole; the statement below decides row by row.
+    }
+  }
   const [row] = await rows<{ inserted: number }>(
-    db,
-    sql`${sql.raw(S1)}${JSON.stringify(batch.map(rowArray))}${sql.raw(S2)}${batch.length}${sql.raw(S3)}${JSON.stringify(counterDeltas(groups))}${sql.raw(S4)}${JSON.stringify(dailyRows(groups))}${sql.raw(S5)}`,
+    store.db,
+    sql`${sql.raw(S1)}${storableJson(batch.map(rowArray))}${sql.raw(S2)}${batch.length}${sql.raw(S3)}${deltas}${sql.raw(S4)}${daily}${sql.raw(S5)}`,
   );
   return row?.inserted ?? 0;
 }

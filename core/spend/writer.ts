@@ -8,9 +8,8 @@
 import { appendFileSync, mkdirSync, readdirSync, readFileSync, unlinkSync } from "node:fs";
 import { join } from "node:path";
 import type { Logger } from "../contract.ts";
-import type { Db } from "../store/db.ts";
 import type { SpendEntry } from "./entry.ts";
-import { writeBatch } from "./flush.ts";
+import { type SpendStore, writeBatch } from "./flush.ts";
 
 export interface SpendWriterOptions {
   /** Folder for spill files (created when first needed). */
@@ -40,7 +39,7 @@ export class SpendWriter {
   written = 0;
 
   constructor(
-    private readonly db: Db,
+    private readonly store: SpendStore,
     private readonly log: Logger,
     private readonly opts: SpendWriterOptions,
   ) {
@@ -65,7 +64,12 @@ export class SpendWriter {
       return;
     }
     this.queue.push(entry);
-    if (this.queue.length === this.batchSize && !this.running) this.schedule(0);
+    // A full batch is written at once; the timer writes the rest. Writing only full batches here
+    // keeps batches large under load: each write has a fixed cost, whatever its size.
+    if (this.queue.length === this.batchSize && !this.running && !this.stopped) {
+      clearTimeout(this.timer);
+      this.timer = setTimeout(() => void this.tick(true), 0);
+    }
   }
 
   /** Entries waiting in memory and on disk. */
@@ -78,8 +82,12 @@ export class SpendWriter {
     // Calls that already ended hand their records over in a setImmediate batch (pipeline/record.ts);
     // waiting one turn first means "flush" includes every call answered before it was asked.
     await new Promise((resolve) => setImmediate(resolve));
+    await this.write(false);
+  }
+
+  private async write(onlyFullBatches: boolean): Promise<void> {
     while (this.running) await this.running;
-    this.running = this.drain();
+    this.running = this.drain(onlyFullBatches);
     try {
       await this.running;
     } finally {
@@ -115,9 +123,9 @@ export class SpendWriter {
     this.timer = setTimeout(() => void this.tick(), ms);
   }
 
-  private async tick(): Promise<void> {
+  private async tick(onlyFullBatches = false): Promise<void> {
     try {
-      await this.flush();
+      await (onlyFullBatches ? this.write(true) : this.flush());
       if (this.failures > 0) this.log.info("spend writes resumed", { after_failures: this.failures });
       this.failures = 0;
     } catch (err) {
@@ -127,10 +135,10 @@ export class SpendWriter {
     this.schedule(this.failures === 0 ? this.intervalMs : Math.min(this.intervalMs * 2 ** this.failures, MAX_BACKOFF_MS));
   }
 
-  private async drain(): Promise<void> {
-    while (this.queue.length > 0) {
+  private async drain(onlyFullBatches: boolean): Promise<void> {
+    while (this.queue.length >= (onlyFullBatches ? this.batchSize : 1)) {
       const batch = this.queue.slice(0, this.batchSize);
-      await writeBatch(this.db, batch);
+      await writeBatch(this.store, batch);
       // New entries are only ever appended, so the batch is still at the front.
       this.queue.splice(0, batch.length);
       this.written += batch.length;
@@ -175,7 +183,7 @@ export class SpendWriter {
           this.log.warn("skipped an unreadable spend spill line", { file });
         }
       }
-      for (let i = 0; i < entries.length; i += this.batchSize) await writeBatch(this.db, entries.slice(i, i + this.batchSize));
+      for (let i = 0; i < entries.length; i += this.batchSize) await writeBatch(this.store, entries.slice(i, i + this.batchSize));
       try {
         unlinkSync(file);
       } catch {

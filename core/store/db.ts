@@ -10,6 +10,7 @@ import { drizzle as drizzlePostgres } from "drizzle-orm/postgres-js";
 import postgres from "postgres";
 import { acquireLock } from "./lock.ts";
 import { PgliteBridge } from "./pglite-bridge.ts";
+import type { RawStatement } from "./pglite-protocol.ts";
 import { runMigrations } from "./migrate.ts";
 import * as schema from "./schema.ts";
 import { rows } from "./sql.ts";
@@ -30,6 +31,20 @@ export interface Store {
   close(): Promise<void>;
   /** PostgreSQL LISTEN/NOTIFY, so instances sharing a database can tell each other of changes. */
   notifications?: Notifications;
+  /**
+   * Bulk load, where the backend makes it cheaper than an INSERT: `load.text` (COPY text format)
+   * into `load.table`, then `then`, in one transaction (both or neither). The embedded store has it.
+   */
+  copyIn?(load: CopyLoad, then: RawStatement): Promise<void>;
+}
+
+export type { RawStatement };
+
+export interface CopyLoad {
+  table: string;
+  columns: readonly string[];
+  /** Rows in COPY's text format: tab-separated, `\N` for null, one row per line. */
+  text: string;
 }
 
 export interface Notifications {
@@ -99,6 +114,7 @@ async function openPglite(dataDir: string, log?: StoreLog): Promise<Store> {
       db,
       kind: "pglite",
       ping: pinger(db),
+      copyIn: (load, then) => bridge.copyThen(`copy ${load.table} (${load.columns.join(", ")}) from '/dev/blob'`, load.text, then),
       close: once(async () => {
         try {
           await bridge.close();

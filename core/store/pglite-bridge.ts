@@ -3,7 +3,7 @@
  * (`query` and `transaction`), forwarded to the worker thread. Transactions hold PGlite's own
  * lock in the worker, so statements outside them wait their turn there, as they would in-process.
  */
-import type { QueryResult, WorkerReply, WorkerRequest } from "./pglite-protocol.ts";
+import type { QueryResult, RawStatement, WorkerReply, WorkerRequest } from "./pglite-protocol.ts";
 
 /** First boot (initdb) takes a few seconds; far longer means the worker is not running. */
 const OPEN_TIMEOUT_MS = 120_000;
@@ -69,6 +69,11 @@ export class PgliteBridge {
     // drizzle's parsers all return the text value unchanged; the worker rebuilds them by type.
     const rawTypes = Object.keys(config.parsers ?? {}).map(Number);
     return this.call({ op: "query", sql, params, rowMode: config.rowMode ?? "object", rawTypes, tx });
+  }
+
+  /** `copy` (a `COPY … FROM '/dev/blob'` statement) reads `text`; then `then` runs; one transaction. */
+  copyThen(copy: string, text: string, then: RawStatement): Promise<void> {
+    return this.call({ op: "copy", copy, text, then });
   }
 
   async transaction<T>(fn: (tx: { query: PgliteBridge["query"] }) => Promise<T>): Promise<T> {

@@ -3,6 +3,7 @@
 export type WorkerRequest =
   | { id: number; op: "open"; dataDir: string }
   | { id: number; op: "query"; sql: string; params: unknown[]; rowMode: "array" | "object"; rawTypes: number[]; tx?: number }
+  | { id: number; op: "copy"; copy: string; text: string; then: RawStatement }
   | { id: number; op: "begin" }
   | { id: number; op: "end"; tx: number; commit: boolean }
   | { id: number; op: "close" };
@@ -14,4 +15,10 @@ export interface QueryResult {
   rows: unknown[];
   affectedRows?: number;
   fields: { name: string; dataTypeID: number }[];
+}
+
+/** A statement with `$n` placeholders and its parameters, run as is. */
+export interface RawStatement {
+  sql: string;
+  params: unknown[];
 }

@@ -44,6 +44,14 @@ async function handle(m: WorkerRequest): Promise<unknown> {
       const result: QueryResult = { rows: r.rows, affectedRows: r.affectedRows, fields: r.fields };
       return result;
     }
+    case "copy": {
+      // COPY parses rows straight into the table: no per-row JSON or expression work.
+      await pg!.transaction(async (tx) => {
+        await tx.query(m.copy, [], { blob: new Blob([m.text]) });
+        await tx.query(m.then.sql, m.then.params);
+      });
+      return null;
+    }
     case "begin": {
       const id = nextTx++;
       const started = Promise.withResolvers<OpenTransaction>();

@@ -123,7 +123,7 @@ async function seed(gw: TestGateway): Promise<Seed> {
   };
   const a1 = { token: k.a1.token, alias: "k-a1", team: teamA, user: "u-ann" };
   const b1 = { token: k.b1.token, alias: "k-b1", team: teamB, user: "u-bob" };
-  await writeBatch(gw.host!.store.db, [
+  await writeBatch(gw.host!.store, [
     past(3, a1, 123_456_789, { tags: ["t-red"], endUser: "cust-1", cacheReadTokens: 40 }),
     past(3, b1, 500_000_000_000, { modelGroup: "beta-model", model: "beta-model", upstreamModel: "beta" }),
     past(5, a1, 1_000_000_000_001, { status: "failure" }),

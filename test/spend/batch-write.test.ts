@@ -1,0 +1,187 @@
+// The spend writer's batch path on both stores (the embedded one bulk-loads with COPY, PostgreSQL
+// runs one statement): a batch delivered twice, or half again, is counted once; values with
+// COPY's special characters come back exactly; NUL and unpaired surrogates, which PostgreSQL
+// cannot store, become U+FFFD instead of stopping the spend log; and a client whose `user` field
+// holds a NUL does not keep anyone's calls out of the log.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { randomUUID } from "node:crypto";
+import { sql } from "drizzle-orm";
+import type { SpendEntry } from "../../core/spend/entry.ts";
+import { writeBatch } from "../../core/spend/flush.ts";
+import { rows } from "../../core/store/sql.ts";
+import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
+
+const CONFIG = {
+  model_list: [{ model_name: "priced", svc_params: { model: "mock/priced" }, model_info: { input_cost_per_token: 0.000001, output_cost_per_token: 0.000002 } }],
+  general_settings: { master_key: MASTER_KEY },
+};
+
+function entry(token: string, spendPico: number, extra: Partial<SpendEntry> = {}): SpendEntry {
+  const at = Date.parse("2026-03-04T05:06:07.089Z");
+  return {
+    callId: randomUUID(),
+    requestId: `chatcmpl-${randomUUID()}`,
+    callType: "chat",
+    apiKey: token,
+    keyAlias: null,
+    userId: null,
+    teamId: null,
+    organizationId: null,
+    endUser: null,
+    model: "priced",
+    modelGroup: "priced",
+    provider: "mock",
+    modelId: "dep-1",
+    upstreamModel: "priced",
+    spendPico,
+    promptTokens: 10,
+    completionTokens: 5,
+    cacheReadTokens: 0,
+    cacheCreationTokens: 0,
+    reasoningTokens: 0,
+    startTime: at,
+    endTime: at + 250,
+    completionStartTime: at + 40,
+    status: "success",
+    stream: false,
+    cacheHit: false,
+    tags: [],
+    metadata: {},
+    charges: [{ table: "key", id: token, periodEnd: null }],
+    ...extra,
+  };
+}
+
+for (const backend of BACKENDS) {
+  describe(`spend batch writes (${backend})`, () => {
+    let gw: TestGateway;
+    beforeAll(async () => {
+      gw = await startBackendGateway(backend, CONFIG, { dbPrefix: "gw_batch_write" });
+    }, 60_000);
+    afterAll(async () => gw?.stop());
+
+    const store = () => gw.host!.store;
+    /** The store, counting bulk loads that went through and ones refused (then written by the statement). */
+    function tracked() {
+      const seen = { loaded: 0, refused: 0 };
+      const s = store();
+      const copyIn = s.copyIn;
+      return {
+        seen,
+        store: {
+          db: s.db,
+          copyIn: copyIn && ((load: Parameters<typeof copyIn>[0], then: Parameters<typeof copyIn>[1]) =>
+            copyIn(load, then).then(
+              () => void seen.loaded++,
+              (err: unknown) => {
+                seen.refused++;
+                throw err;
+              },
+            )),
+        },
+      };
+    }
+    const q = <T>(text: ReturnType<typeof sql>) => rows<T>(store().db, text);
+
+    async function newKey(alias: string): Promise<{ key: string; token: string }> {
+      const r = await requestJson<{ key: string; token: string }>(gw, "POST", "/key/generate", { body: { key_alias: alias } });
+      expect(r.status).toBe(200);
+      return r.body;
+    }
+    async function totals(token: string) {
+      const [logs] = await q<{ n: number; sum: string | null }>(sql`select count(*)::int as n, sum(spend)::text as sum from spend_logs where api_key = ${token}`);
+      const [key] = await q<{ spend: string }>(sql`select spend::text as spend from virtual_keys where token = ${token}`);
+      const [daily] = await q<{ n: number | null; spend: string | null }>(
+        sql`select sum(api_requests)::int as n, sum(spend)::text as spend from daily_spend where entity_type = 'key' and entity_id = ${token}`,
+      );
+      return { rows: logs!.n, logSum: Number(logs!.sum ?? 0), keySpend: Number(key!.spend), dailyRequests: daily!.n ?? 0, dailySpend: Number(daily!.spend ?? 0) };
+    }
+
+    test("a batch written twice, then half again with new rows, counts every call once", async () => {
+      const { token } = await newKey(`twice-${backend}`);
+      const t0 = tracked();
+      const first = Array.from({ length: 40 }, (_, i) => entry(token, 1_000_000_000 + i));
+      expect(await writeBatch(t0.store, first)).toBe(40);
+      expect(await writeBatch(t0.store, first)).toBe(0);
+      const fresh = Array.from({ length: 10 }, () => entry(token, 7_000_000_000_001));
+      expect(await writeBatch(t0.store, [...first.slice(0, 20), ...fresh])).toBe(10);
+      // The embedded store bulk-loads new batches and hands the repeated ones to the statement.
+      expect(t0.seen).toEqual(backend === "pglite" ? { loaded: 1, refused: 2 } : { loaded: 0, refused: 0 });
+
+      // 40 × $0.001 + (0+…+39) pico + 10 × $7.000000000001
+      const expected = 40 * 0.001 + 780e-12 + 10 * 7.000000000001;
+      const t = await totals(token);
+      expect(t.rows).toBe(50);
+      expect(t.dailyRequests).toBe(50);
+      for (const v of [t.logSum, t.keySpend, t.dailySpend]) expect(v).toBeCloseTo(expected, 10);
+      const [exact] = await q<{ sum: string }>(sql`select sum(spend)::text as sum from spend_logs where api_key = ${token}`);
+      expect(exact!.sum).toBe("70.040000000790");
+    });
+
+    test("tabs, newlines, backslashes, quotes and non-ASCII come back exactly; NUL and lone surrogates become U+FFFD", async () => {
+      const { token } = await newKey(`chars-${backend}`);
+      const tricky = 'a\tb\nc\\d"e\r,{x} é 漢 👍';
+      const e = entry(token, 123_456_789, {
+        keyAlias: tricky,
+        endUser: "cust\u0000omer\uD800",
+        tags: ["plain", 'with "quote"', "back\\slash", "nul\u0000tag", "{brace,comma}"],
+        metadata: { note: tricky, broken: "x\u0000y\uDC00", nested: { list: [1, "two", null] } },
+        completionStartTime: null,
+      });
+      const t0 = tracked();
+      expect(await writeBatch(t0.store, [e])).toBe(1);
+      expect(t0.seen.loaded).toBe(backend === "pglite" ? 1 : 0);
+      // The same values through the statement (no bulk load) are stored identically.
+      const viaStatement = { ...e, callId: randomUUID() };
+      expect(await writeBatch({ db: store().db }, [viaStatement])).toBe(1);
+      const both = await q<Record<string, unknown>>(sql`select * from spend_logs where call_id in (${e.callId}, ${viaStatement.callId})`);
+      expect(both.length).toBe(2);
+      const { call_id: _a, ...bulk } = both[0]!;
+      const { call_id: _b, ...statement } = both[1]!;
+      expect(bulk).toEqual(statement);
+      const [row] = await q<{
+        key_alias: string;
+        end_user: string;
+        request_tags: string[] | string;
+        metadata: unknown;
+        spend: string;
+        total_tokens: number;
+        start_time: string;
+        completion_start_time: string | null;
+        stream: boolean;
+      }>(
+        sql`select key_alias, end_user, request_tags, metadata, spend::text as spend, total_tokens,
+              to_char(start_time at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS') as start_time, completion_start_time, stream
+            from spend_logs where call_id = ${e.callId}`,
+      );
+      expect(row!.key_alias).toBe(tricky);
+      expect(row!.end_user).toBe("cust\uFFFDomer\uFFFD");
+      const tags = typeof row!.request_tags === "string" ? row!.request_tags : JSON.stringify(row!.request_tags);
+      for (const t of ["plain", "quote", "back", "nul\uFFFDtag", "brace,comma"]) expect(tags).toContain(t);
+      const meta = (typeof row!.metadata === "string" ? JSON.parse(row!.metadata) : row!.metadata) as Record<string, unknown>;
+      expect(meta).toEqual({ note: tricky, broken: "x\uFFFDy\uFFFD", nested: { list: [1, "two", null] } });
+      expect(row!.spend).toBe("0.000123456789");
+      expect(row!.total_tokens).toBe(15);
+      expect(row!.start_time).toBe("2026-03-04T05:06:07.089");
+      expect(row!.completion_start_time).toBeNull();
+      expect(row!.stream).toBe(false);
+    });
+
+    test("a client sending a NUL in `user` is logged, and so are the calls around it", async () => {
+      const { key, token } = await newKey(`nul-user-${backend}`);
+      const call = (user: string) =>
+        fetch(`${gw.url}/v1/chat/completions`, {
+          method: "POST",
+          headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+          body: JSON.stringify({ model: "priced", user, messages: [{ role: "user", content: "hello" }] }),
+        }).then((r) => r.status);
+      expect(await Promise.all([call("before"), call("evil\u0000user"), call("after")])).toEqual([200, 200, 200]);
+      await gw.host!.spendWriter.flush();
+      const found = await q<{ end_user: string }>(sql`select end_user from spend_logs where api_key = ${token} order by end_user`);
+      expect(found.map((r) => r.end_user)).toEqual(["after", "before", "evil\uFFFDuser"]);
+      const t = await totals(token);
+      expect(t.keySpend).toBeCloseTo(t.logSum, 12);
+      expect(t.keySpend).toBeGreaterThan(0);
+    });
+  });
+}
