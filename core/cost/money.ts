@@ -61,25 +61,26 @@ const PICO_PER_USD = 1e12;
 /** Exact decimal text of an amount in USD, without trailing zeros ("0.000125", "12", "0"). */
 export function picoToText(p: Pico): string {
   // Below 2^53 plain number arithmetic is exact and several times faster than bigint division.
-  if (p <= MAX_EXACT_PICO && p >= 0n) {
-    const n = Number(p);
-    let int = Math.floor(n / PICO_PER_USD);
-    let frac = n - int * PICO_PER_USD;
-    if (frac < 0) {
-      int -= 1;
-      frac += PICO_PER_USD;
-    } else if (frac >= PICO_PER_USD) {
-      int += 1;
-      frac -= PICO_PER_USD;
-    }
-    if (frac === 0) return String(int);
-    let digits = String(frac).padStart(PICO_DIGITS, "0");
-    let end = digits.length;
-    while (digits.charCodeAt(end - 1) === 48 /* 0 */) end--;
-    digits = digits.slice(0, end);
-    return `${int}.${digits}`;
+  return p <= MAX_EXACT_PICO && p >= 0n ? safePicoToText(Number(p)) : bigPicoToText(p);
+}
+
+/** `picoToText` of a whole, non-negative number of pico-dollars below 2^53 (exact as a number). */
+export function safePicoToText(n: number): string {
+  let int = Math.floor(n / PICO_PER_USD);
+  let frac = n - int * PICO_PER_USD;
+  if (frac < 0) {
+    int -= 1;
+    frac += PICO_PER_USD;
+  } else if (frac >= PICO_PER_USD) {
+    int += 1;
+    frac -= PICO_PER_USD;
   }
-  return bigPicoToText(p);
+  if (frac === 0) return String(int);
+  let digits = String(frac).padStart(PICO_DIGITS, "0");
+  let end = digits.length;
+  while (digits.charCodeAt(end - 1) === 48 /* 0 */) end--;
+  digits = digits.slice(0, end);
+  return `${int}.${digits}`;
 }
 
 function bigPicoToText(p: Pico): string {

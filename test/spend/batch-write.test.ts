@@ -100,7 +100,7 @@ for (const backend of BACKENDS) {
     test("a batch written twice, then half again with new rows, counts every call once", async () => {
       const { token } = await newKey(`twice-${backend}`);
       const t0 = tracked();
-      const first = Array.from({ length: 40 }, (_, i) => entry(token, 1_000_000_000 + i));
+      const first = Array.from({ length: 40 }, (_, i) => entry(token, 1_000_000_000 + i, i === 7 ? { completionStartTime: null } : {}));
       expect(await writeBatch(t0.store, first)).toBe(40);
       expect(await writeBatch(t0.store, first)).toBe(0);
       const fresh = Array.from({ length: 10 }, () => entry(token, 7_000_000_000_001));
@@ -112,6 +112,8 @@ for (const backend of BACKENDS) {
       const expected = 40 * 0.001 + 780e-12 + 10 * 7.000000000001;
       const t = await totals(token);
       expect(t.rows).toBe(50);
+      const [noFirstByte] = await q<{ n: number }>(sql`select count(*)::int as n from spend_logs where api_key = ${token} and completion_start_time is null`);
+      expect(noFirstByte!.n).toBe(1);
       expect(t.dailyRequests).toBe(50);
       for (const v of [t.logSum, t.keySpend, t.dailySpend]) expect(v).toBeCloseTo(expected, 10);
       const [exact] = await q<{ sum: string }>(sql`select sum(spend)::text as sum from spend_logs where api_key = ${token}`);
@@ -126,7 +128,7 @@ for (const backend of BACKENDS) {
         endUser: "cust\u0000omer\uD800",
         tags: ["plain", 'with "quote"', "back\\slash", "nul\u0000tag", "{brace,comma}"],
         metadata: { note: tricky, broken: "x\u0000y\uDC00", nested: { list: [1, "two", null] } },
-        completionStartTime: null,
+        completionStartTime: Date.parse("2026-03-04T05:06:08.003Z"),
       });
       const t0 = tracked();
       expect(await writeBatch(t0.store, [e])).toBe(1);
@@ -151,7 +153,8 @@ for (const backend of BACKENDS) {
         stream: boolean;
       }>(
         sql`select key_alias, end_user, request_tags, metadata, spend::text as spend, total_tokens,
-              to_char(start_time at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS') as start_time, completion_start_time, stream
+              to_char(start_time at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS') as start_time,
+              to_char(completion_start_time at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS') as completion_start_time, stream
             from spend_logs where call_id = ${e.callId}`,
       );
       expect(row!.key_alias).toBe(tricky);
@@ -163,7 +166,7 @@ for (const backend of BACKENDS) {
       expect(row!.spend).toBe("0.000123456789");
       expect(row!.total_tokens).toBe(15);
       expect(row!.start_time).toBe("2026-03-04T05:06:07.089");
-      expect(row!.completion_start_time).toBeNull();
+      expect(row!.completion_start_time).toBe("2026-03-04T05:06:08.003");
       expect(row!.stream).toBe(false);
     });
 
