@@ -27,6 +27,7 @@ const identity: IdentityView = {
   users: new Map(),
   budgets: new Map(),
   onChange: () => () => undefined,
+  teamMember: () => undefined,
   touch: () => undefined,
 };
 const principal: Principal = { keyHash: key.token, role: "internal_user", teamId: "t1", metadata: {}, key, team };

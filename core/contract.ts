@@ -3,10 +3,10 @@
  * Nothing here depends on Elysia, so plugins survive framework upgrades and hot swaps.
  */
 import type { Static, TSchema } from "@sinclair/typebox";
-import type { BudgetRow, IdentityChange, KeyRow, OrgRow, TeamRow, UserRow } from "./identity/records.ts";
+import type { BudgetRow, IdentityChange, KeyRow, OrgRow, TeamMemberRow, TeamRow, UserRow } from "./identity/records.ts";
 import type { ChatRequest, CompletionRequest, EmbeddingsRequest, WireJson } from "./wire.ts";
 
-export type { BudgetRow, IdentityChange, KeyRow, OrgRow, TeamRow, UserRow } from "./identity/records.ts";
+export type { BudgetRow, IdentityChange, KeyRow, OrgRow, TeamMemberRow, TeamRow, UserRow } from "./identity/records.ts";
 
 export type { ChatRequest, CompletionRequest, EmbeddingsRequest, WireJson } from "./wire.ts";
 
@@ -454,6 +454,8 @@ export interface IdentityView {
   readonly orgs: ReadonlyMap<string, OrgRow>;
   readonly users: ReadonlyMap<string, UserRow>;
   readonly budgets: ReadonlyMap<string, BudgetRow>;
+  /** A user's membership of a team (its budget and limits inside the team). */
+  teamMember(teamId: string, userId: string): TeamMemberRow | undefined;
   /** Calls `listener` after each change has been applied; returns the unsubscribe function. */
   onChange(listener: (change: IdentityChange) => void): () => void;
   /** Marks a key as used now (written in batches). */

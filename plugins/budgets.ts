@@ -6,6 +6,8 @@
  *   `temp_budget_expiry`;
  * - the key's `model_max_budget` entry for the model group called;
  * - the team's, and the organization's (`max_budget`, or their budget object's);
+ * - the user's budget inside the team (`max_budget_in_team`, or the membership's budget object's),
+ *   for a key of a user in a team;
  * - the user's own `max_budget`, for keys without a team (a team key is governed by its team);
  * - the provider's budget (`router_settings.provider_budget_config`).
  *
@@ -89,6 +91,13 @@ function countersFor(intent: CallIntent, identity: IdentityView, history: SpendH
   }
   const team = p.teamId ? identity.teams.get(p.teamId) : undefined;
   if (team) add(rowCounter(counterId("team", team.teamId), `Team=${team.teamId}`, team, team.budgetId ? identity.budgets.get(team.budgetId) : undefined, at));
+  const member = p.teamId && p.userId ? identity.teamMember(p.teamId, p.userId) : undefined;
+  if (member) {
+    // A membership's spend is never reset by a period (the team's period governs the team's budget).
+    const maxBudget = member.maxBudgetInTeam ?? (member.budgetId ? (identity.budgets.get(member.budgetId)?.maxBudget ?? null) : null);
+    const limits = { spend: member.spend, maxBudget, softBudget: null, budgetDuration: null, budgetResetAt: null };
+    add(rowCounter(counterId("team_member", `${member.teamId}\t${member.userId}`), `User=${member.userId} in Team=${member.teamId}`, limits, undefined, at));
+  }
   const org = p.orgId ? identity.orgs.get(p.orgId) : undefined;
   if (org) add(rowCounter(counterId("org", org.organizationId), `Organization=${org.organizationId}`, org, org.budgetId ? identity.budgets.get(org.budgetId) : undefined, at));
   const user = p.userId && !p.teamId ? identity.users.get(p.userId) : undefined;

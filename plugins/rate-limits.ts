@@ -1,6 +1,7 @@
 /**
  * Rate limits: `rpm_limit`, `tpm_limit` and `max_parallel_requests` on the key (or its budget
- * object), its user, team and organization; `model_rpm_limit` / `model_tpm_limit` per model group
+ * object), its user, team and organization; a team member's `rpm_limit` / `tpm_limit` inside the
+ * team (`/team/member_update`); `model_rpm_limit` / `model_tpm_limit` per model group
  * on the key, team and organization. Every limit counts over a sliding 60-second window; a request
  * is counted on all of its counters or on none (a refused request consumes nothing). Tokens are
  * reserved from the request's estimate (prompt estimate + `max_tokens`) and replaced by the real
@@ -123,6 +124,10 @@ function countersFor(intent: CallIntent, identity: IdentityView | undefined, thr
   if (team) {
     rowCounter(out, `team:${team.teamId}`, `Team=${team.teamId}`, team, team.budgetId ? identity?.budgets.get(team.budgetId) : undefined);
     modelCounter(out, `team_model:${team.teamId}`, `Team=${team.teamId}`, team, group);
+  }
+  const member = p.teamId && p.userId ? identity?.teamMember(p.teamId, p.userId) : undefined;
+  if (member && (member.rpmLimit !== null || member.tpmLimit !== null)) {
+    out.push({ id: `team_member:${member.teamId}\t${member.userId}`, label: `User=${member.userId} in Team=${member.teamId}`, rpm: num(member.rpmLimit), tpm: num(member.tpmLimit) });
   }
   const org = p.org ?? (p.orgId ? identity?.orgs.get(p.orgId) : undefined);
   if (org) {

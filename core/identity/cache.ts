@@ -7,7 +7,7 @@ import { and, eq, isNull } from "drizzle-orm";
 import type { IdentityView } from "../contract.ts";
 import type { Db } from "../store/db.ts";
 import { accessGroups, budgets, orgMembers, organizations, rotatedKeys, teamMembers, teams, users, virtualKeys } from "../store/schema.ts";
-import type { AccessGroupRow, BudgetRow, IdentityChange, KeyRow, OrgRow, RotatedKeyRow, TeamRole, TeamRow, UserRow } from "./records.ts";
+import type { AccessGroupRow, BudgetRow, IdentityChange, KeyRow, OrgRow, RotatedKeyRow, TeamMemberRow, TeamRole, TeamRow, UserRow } from "./records.ts";
 
 export class IdentityCache implements IdentityView {
   readonly keys = new Map<string, KeyRow>();
@@ -21,6 +21,8 @@ export class IdentityCache implements IdentityView {
   private readonly accessGroupNames = new Map<string, AccessGroupRow>();
   /** teamId → userId → role */
   readonly teamMembers = new Map<string, Map<string, TeamRole>>();
+  /** `teamId\tuserId` → membership row (budget and limits inside the team). */
+  private readonly memberRows = new Map<string, TeamMemberRow>();
   /** userId → teamId → role */
   readonly userTeams = new Map<string, Map<string, TeamRole>>();
   /** orgId → userId → role */
@@ -58,12 +60,12 @@ export class IdentityCache implements IdentityView {
     for (const row of u) this.users.set(row.userId, row);
     for (const row of b) this.budgets.set(row.budgetId, row);
     for (const row of g) this.setAccessGroup(row);
-    for (const row of tm) this.setTeamMember(row.teamId, row.userId, row.role as TeamRole);
+    for (const row of tm) this.setTeamMember(row);
     for (const row of om) this.setOrgMember(row.organizationId, row.userId, row.userRole);
   }
 
   private clear(): void {
-    for (const m of [this.keys, this.rotated, this.teams, this.orgs, this.users, this.budgets, this.accessGroups, this.accessGroupNames, this.teamMembers, this.userTeams, this.orgMembers, this.userOrgs]) m.clear();
+    for (const m of [this.keys, this.rotated, this.teams, this.orgs, this.users, this.budgets, this.accessGroups, this.accessGroupNames, this.teamMembers, this.memberRows, this.userTeams, this.orgMembers, this.userOrgs]) m.clear();
   }
 
   private setAccessGroup(row: AccessGroupRow): void {
@@ -79,7 +81,10 @@ export class IdentityCache implements IdentityView {
     this.accessGroups.delete(id);
   }
 
-  private setTeamMember(teamId: string, userId: string, role: TeamRole): void {
+  private setTeamMember(row: TeamMemberRow): void {
+    const { teamId, userId } = row;
+    const role = row.role as TeamRole;
+    this.memberRows.set(`${teamId}\t${userId}`, row);
     if (!this.teamMembers.has(teamId)) this.teamMembers.set(teamId, new Map());
     if (!this.userTeams.has(userId)) this.userTeams.set(userId, new Map());
     this.teamMembers.get(teamId)!.set(userId, role);
@@ -91,6 +96,10 @@ export class IdentityCache implements IdentityView {
     if (!this.userOrgs.has(userId)) this.userOrgs.set(userId, new Map());
     this.orgMembers.get(orgId)!.set(userId, role);
     this.userOrgs.get(userId)!.set(orgId, role);
+  }
+
+  teamMember(teamId: string, userId: string): TeamMemberRow | undefined {
+    return this.memberRows.get(`${teamId}\t${userId}`);
   }
 
   touch(token: string): void {
@@ -166,9 +175,12 @@ export class IdentityCache implements IdentityView {
       }
       case "team_members": {
         const rows = await db.select().from(teamMembers).where(eq(teamMembers.teamId, change.teamId));
-        for (const userId of this.teamMembers.get(change.teamId)?.keys() ?? []) this.userTeams.get(userId)?.delete(change.teamId);
+        for (const userId of this.teamMembers.get(change.teamId)?.keys() ?? []) {
+          this.userTeams.get(userId)?.delete(change.teamId);
+          this.memberRows.delete(`${change.teamId}\t${userId}`);
+        }
         this.teamMembers.delete(change.teamId);
-        for (const row of rows) this.setTeamMember(row.teamId, row.userId, row.role as TeamRole);
+        for (const row of rows) this.setTeamMember(row);
         break;
       }
       case "org_members": {

@@ -12,8 +12,11 @@ interface Entry {
   reserved: bigint;
 }
 
-/** The id of the budget counter of a row that keeps its own spend (the ledger, admin resets and alerts agree on it). */
-export function counterId(kind: "key" | "team" | "org" | "user", id: string): string {
+/**
+ * The id of the budget counter of a row that keeps its own spend (the ledger, admin resets and
+ * alerts agree on it). A team member's id is `teamId\tuserId`.
+ */
+export function counterId(kind: "key" | "team" | "org" | "user" | "team_member", id: string): string {
   return `${kind}:${id}`;
 }
 

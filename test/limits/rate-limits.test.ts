@@ -137,6 +137,25 @@ describe("rate limits", () => {
     expect(orgRefused.body.error!.message).toContain(`Organization=${org.body.organization_id}`);
   });
 
+  test("a team member's rpm_limit holds across the member's keys in that team, not for other members", async () => {
+    const team = await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: { team_alias: "rl-members" } });
+    const teamId = team.body.team_id;
+    for (const user_id of ["rl-ann", "rl-bob"]) {
+      const added = await requestJson(gw, "POST", "/team/member_add", { body: { team_id: teamId, member: { role: "user", user_id } } });
+      expect(added.status).toBe(200);
+    }
+    const limited = await requestJson(gw, "POST", "/team/member_update", { body: { team_id: teamId, user_id: "rl-ann", rpm_limit: 2 } });
+    expect(limited.status).toBe(200);
+    const [ann1, ann2, bob] = [await newKey({ team_id: teamId, user_id: "rl-ann" }), await newKey({ team_id: teamId, user_id: "rl-ann" }), await newKey({ team_id: teamId, user_id: "rl-bob" })];
+    expect((await call(ann1)).status).toBe(200);
+    expect((await call(ann2)).status).toBe(200);
+    const refused = await call(ann1);
+    expect(refused.status).toBe(429);
+    expect(refused.body.error!.message).toContain(`User=rl-ann in Team=${teamId}`);
+    expect(Number(refused.headers.get("retry-after"))).toBeGreaterThan(0);
+    for (let i = 0; i < 3; i++) expect((await call(bob)).status).toBe(200);
+  });
+
   test("the master key and keys without limits carry no rate-limit headers and are never refused", async () => {
     const r = await call(MASTER_KEY);
     expect(r.status).toBe(200);

@@ -102,6 +102,32 @@ for (const backend of BACKENDS) {
       expect(await spendOf(gw, "organizations", "organization_id", org.body.organization_id)).toBeLessThanOrEqual(budgetFor(3));
     });
 
+    test("a member's max_budget_in_team for 2 calls holds across the member's keys; other members go on; raising it makes room", async () => {
+      const team = await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: {} });
+      const teamId = team.body.team_id;
+      const [ann, bob] = [`m-ann-${backend}`, `m-bob-${backend}`];
+      const added = await requestJson(gw, "POST", "/team/member_add", { body: { team_id: teamId, member: { role: "user", user_id: ann }, max_budget_in_team: budgetFor(2) } });
+      expect(added.status).toBe(200);
+      expect((await requestJson(gw, "POST", "/team/member_add", { body: { team_id: teamId, member: { role: "user", user_id: bob } } })).status).toBe(200);
+      const a1 = await newKey(gw, { team_id: teamId, user_id: ann });
+      const a2 = await newKey(gw, { team_id: teamId, user_id: ann });
+      const b = await newKey(gw, { team_id: teamId, user_id: bob });
+      expect(await burst(gw, [a1.key, a2.key], 20)).toEqual({ ok: 2, refused: 18, other: [] });
+      const refused = await call(gw, a2.key);
+      expect(refused.body.error.type).toBe("budget_exceeded");
+      expect(refused.body.error.message).toContain(`User=${ann} in Team=${teamId}`);
+      expect((await call(gw, b.key)).status).toBe(200);
+
+      const raised = await requestJson(gw, "POST", "/team/member_update", { body: { team_id: teamId, user_id: ann, max_budget_in_team: budgetFor(3) } });
+      expect(raised.status).toBe(200);
+      expect((await call(gw, a1.key)).status).toBe(200);
+      expect((await call(gw, a1.key)).status).toBe(400);
+      await gw.host!.spendWriter.flush();
+      const [member] = await rows<{ spend: string }>(gw.host!.store.db, sql`select spend::text as spend from team_members where team_id = ${teamId} and user_id = ${ann}`);
+      expect(Number(member!.spend)).toBeGreaterThanOrEqual(3);
+      expect(Number(member!.spend)).toBeLessThanOrEqual(budgetFor(3));
+    });
+
     test("a user's own budget applies to their keys without a team", async () => {
       await requestJson(gw, "POST", "/user/new", { body: { user_id: `u-budget-${backend}`, max_budget: budgetFor(2) } });
       const { key } = await newKey(gw, { user_id: `u-budget-${backend}` });

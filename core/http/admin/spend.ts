@@ -322,17 +322,19 @@ async function resetAllSpend(ctx: AdminCtx) {
     return { keys: k.length, teams: t.length, organizations: o.length, users: u.length };
   });
   // Counters of every entity start again from the stored 0, here and on every instance.
-  const [allKeys, allTeams, allOrgs, allUsers] = await Promise.all([
+  const [allKeys, allTeams, allOrgs, allUsers, allMembers] = await Promise.all([
     ctx.db.select({ id: virtualKeys.token }).from(virtualKeys),
     ctx.db.select({ id: teams.teamId }).from(teams),
     ctx.db.select({ id: organizations.organizationId }).from(organizations),
     ctx.db.select({ id: users.userId }).from(users),
+    ctx.db.select({ teamId: teamMembers.teamId, userId: teamMembers.userId }).from(teamMembers),
   ]);
   await ctx.forgetBudgets([
     ...allKeys.map((r) => counterId("key", r.id)),
     ...allTeams.map((r) => counterId("team", r.id)),
     ...allOrgs.map((r) => counterId("org", r.id)),
     ...allUsers.map((r) => counterId("user", r.id)),
+    ...allMembers.map((r) => counterId("team_member", `${r.teamId}\t${r.userId}`)),
   ]);
   await ctx.changed({ kind: "all" });
   await ctx.audit({ action: "spend_reset", table: "global", objectId: "all", after: { rows_reset: counters } });
