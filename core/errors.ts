@@ -32,6 +32,13 @@ export class GatewayError extends Error {
   }
 }
 
+/**
+ * Thrown by a provider's `authorize` when its token service rejects the configured credentials
+ * (a wrong secret, an unknown service account), as opposed to not answering: the call then fails
+ * with 401, as when the provider itself refuses the gateway's key.
+ */
+export class CredentialsRefused extends Error {}
+
 export function errorBody(info: ErrorInfo): { error: { message: string; type: string; param: string | null; code: string } } {
   return { error: { message: info.message, type: info.type, param: info.param ?? null, code: String(info.status) } };
 }

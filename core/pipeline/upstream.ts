@@ -1,6 +1,6 @@
 /** The one place the gateway reaches an upstream: fetch with timeout and abort, errors mapped to the spec. */
 import type { Deployment, HttpCall, ProviderAdapter } from "../contract.ts";
-import { GatewayError, errorInfo } from "../errors.ts";
+import { CredentialsRefused, GatewayError, errorInfo } from "../errors.ts";
 
 /**
  * Live deadlines, checked by one coarse ticker instead of a timer per request: arming and clearing
@@ -101,6 +101,9 @@ export async function send(adapter: ProviderAdapter, d: Deployment, built: HttpC
   } catch (err) {
     if (deadline.timedOut) throw timeoutError(d, deadline.seconds);
     if (deadline.clientGone) throw err;
+    if (err instanceof CredentialsRefused) {
+      throw new GatewayError(errorInfo(401, `AuthenticationError: ${d.provider} refused the gateway's credentials for model ${d.modelName}: ${err.message}`));
+    }
     throw connectionError(d, err);
   }
 }

@@ -4,6 +4,7 @@
  * renewed shortly before it expires; concurrent requests wait on one token request.
  */
 import { createHash } from "node:crypto";
+import { CredentialsRefused } from "../../core/errors.ts";
 
 export const ENTRA_AUTHORITY = "https://login.microsoftonline.com";
 export const COGNITIVE_SERVICES_SCOPE = "https://cognitiveservices.azure.com/.default";
@@ -107,7 +108,9 @@ export class EntraTokenCache {
     if (!res.ok) {
       // Entra never echoes the secret, but a proxy in between might: keep it out of every message.
       const reason = refusal(res.status, text).replaceAll(c.clientSecret, "***");
-      throw new Error(`Microsoft Entra ID refused the client credentials of client ${c.clientId} in tenant ${c.tenantId} (${reason})`);
+      // 4xx: these credentials are wrong; 5xx: the token service is in trouble (a 503 upstream).
+      const Failure = res.status < 500 ? CredentialsRefused : Error;
+      throw new Failure(`Microsoft Entra ID refused the client credentials of client ${c.clientId} in tenant ${c.tenantId} (${reason})`);
     }
     const body = JSON.parse(text) as { access_token?: unknown; expires_in?: unknown };
     if (typeof body.access_token !== "string") throw new Error(`Microsoft Entra ID answered ${url} without an access_token`);

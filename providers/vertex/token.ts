@@ -4,8 +4,10 @@
  * calls share one token instead of signing a new grant each. The library is loaded on first use:
  * gateways without Vertex deployments never pay for it.
  */
+
 import { createHash } from "node:crypto";
 import type { AuthClient, GoogleAuth } from "google-auth-library";
+import { CredentialsRefused } from "../../core/errors.ts";
 import { type CredentialsJson, isServiceAccount } from "./credentials.ts";
 
 const SCOPES = ["https://www.googleapis.com/auth/cloud-platform"];
@@ -89,6 +91,9 @@ export async function accessToken(id: string | undefined, load: () => Credential
     return await (await source).token();
   } catch (err) {
     // The library's message names the failure (invalid_grant, an unreachable token server), never the key.
-    throw new Error(`could not get a Google access token: ${err instanceof Error ? err.message : String(err)}`);
+    const message = `could not get a Google access token: ${err instanceof Error ? err.message : String(err)}`;
+    // The token server answered 4xx: it rejects these credentials. Anything else: it could not be asked.
+    const status = (err as { response?: { status?: unknown } } | null)?.response?.status;
+    throw typeof status === "number" && status >= 400 && status < 500 ? new CredentialsRefused(message) : new Error(message);
   }
 }

@@ -190,7 +190,9 @@ describe("Entra ID", () => {
   test("a wrong client secret: the call fails with Entra's reason, and neither secret shows", async () => {
     const res = await post({ model: "gpt-entra-wrong", messages: user("hi") });
     const text = await res.text();
-    expect(res.status).toBe(503);
+    // Refused credentials are an authentication failure (401), not an unreachable upstream (503).
+    expect(res.status).toBe(401);
+    expect(JSON.parse(text).error.type).toBe("authentication_error");
     expect(text).toContain("AADSTS7000215: Invalid client secret provided");
     for (const secret of [WRONG_SECRET, CLIENT.clientSecret]) {
       expect(text).not.toContain(secret);

@@ -4,7 +4,7 @@
 // service-account key whose grant the mock's OAuth endpoint verifies.
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from "bun:test";
 import { generateKeyPairSync } from "node:crypto";
-import OpenAI, { APIError, BadRequestError, RateLimitError } from "openai";
+import OpenAI, { APIError, AuthenticationError, BadRequestError, RateLimitError } from "openai";
 import type { ChatCompletionChunk, ChatCompletionTool } from "openai/resources/chat/completions";
 import { MASTER_KEY, startTestGateway, type TestGateway } from "../harness/gateway.ts";
 import { collect, failure } from "../harness/util.ts";
@@ -346,9 +346,11 @@ describe("vertex_ai/… with a service account", () => {
     expect(sent().path).toEndWith("/publishers/google/models/text-embedding-005:predict");
   });
 
-  test("a refused token grant: 503 naming the token server's reason, and no call reaches Vertex", async () => {
+  test("a refused token grant: 401 naming the token server's reason, and no call reaches Vertex", async () => {
     const err = (await failure(client.chat.completions.create({ model: "vertex-unknown-account", messages: user("hi") }))) as APIError;
-    expect(err.status).toBe(503);
+    // The token server refused the key: an authentication failure, raised by the SDK as such.
+    expect(err).toBeInstanceOf(AuthenticationError);
+    expect(err.status).toBe(401);
     expect(err.message).toContain("could not get a Google access token");
     expect(err.message).toContain("invalid_grant");
     expect(mock.requests.map((r) => r.path)).toEqual(["/token"]);

@@ -2,10 +2,12 @@
 // credentials it carries (api-key, a fixed Entra token, client-credential tokens fetched once and
 // renewed before expiry), Azure's stream with its content-filter chunks (cut mid-JSON), and its
 // content-filter refusal recognised as a content-policy error.
+
 import { afterAll, afterEach, beforeAll, describe, expect, test } from "bun:test";
 import type { ChatRequest, Deployment, WireJson } from "../../core/contract.ts";
-import { AZURE_DEFAULT_API_VERSION, azureAdapter, azureProvider } from "../../providers/azure/index.ts";
+import { CredentialsRefused } from "../../core/errors.ts";
 import { EntraTokenCache } from "../../providers/azure/entra-token.ts";
+import { AZURE_DEFAULT_API_VERSION, azureAdapter, azureProvider } from "../../providers/azure/index.ts";
 import { type MockAzure, startMockAzure } from "../mock-upstream/azure.ts";
 import { assemble, chunks, cutEvery, runStream, usageOf } from "./run-stream.ts";
 
@@ -137,10 +139,25 @@ describe("Entra ID client credentials", () => {
     const adapter = azureAdapter(new EntraTokenCache());
     const d = deployment({ apiBase: BASE, options: options("wrong-secret-123") }, adapter);
     const err = await adapter.authorize!(adapter.endpoints.chat!.request(chatReq, d), d).catch((e: unknown) => e as Error);
-    expect(err).toBeInstanceOf(Error);
+    // A refusal (the gateway answers 401), not an outage of the token service (503).
+    expect(err).toBeInstanceOf(CredentialsRefused);
     expect((err as Error).message).toContain("invalid_client: AADSTS7000215: Invalid client secret provided");
     expect((err as Error).message).not.toContain("wrong-secret-123");
     expect((err as Error).message).not.toContain("Trace ID");
+  });
+
+  test("a token service answering 5xx is an outage, not a refusal of the credentials", async () => {
+    const down = Bun.serve({ port: 0, hostname: "127.0.0.1", fetch: () => Response.json({ error: "temporarily_unavailable" }, { status: 503 }) });
+    try {
+      const adapter = azureAdapter(new EntraTokenCache());
+      const d = deployment({ apiBase: BASE, options: { ...options(), azure_authority_host: `http://127.0.0.1:${down.port}` } }, adapter);
+      const err = await adapter.authorize!(adapter.endpoints.chat!.request(chatReq, d), d).catch((e: unknown) => e as Error);
+      expect(err).toBeInstanceOf(Error);
+      expect(err).not.toBeInstanceOf(CredentialsRefused);
+      expect((err as Error).message).toContain("temporarily_unavailable");
+    } finally {
+      down.stop(true);
+    }
   });
 
   test("credentials from AZURE_TENANT_ID / AZURE_CLIENT_ID / AZURE_CLIENT_SECRET", async () => {
