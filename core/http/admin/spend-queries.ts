@@ -275,16 +275,34 @@ export interface Metrics {
 
 export const emptyMetrics = (): Metrics => ({ spend: 0n, prompt: 0, completion: 0, cacheRead: 0, cacheCreation: 0, requests: 0, ok: 0, failed: 0 });
 
-export function addMetrics(m: Metrics, r: SumRow): Metrics {
-  m.spend += pico(r.spend);
-  m.prompt += num(r.prompt_tokens);
-  m.completion += num(r.completion_tokens);
-  m.cacheRead += num(r.cache_read);
-  m.cacheCreation += num(r.cache_creation);
-  m.requests += num(r.api_requests);
-  m.ok += num(r.successful_requests);
-  m.failed += num(r.failed_requests);
+/** One row's sums, parsed once (a row is added to several slices). */
+export function rowMetrics(r: SumRow): Metrics {
+  return {
+    spend: pico(r.spend),
+    prompt: num(r.prompt_tokens),
+    completion: num(r.completion_tokens),
+    cacheRead: num(r.cache_read),
+    cacheCreation: num(r.cache_creation),
+    requests: num(r.api_requests),
+    ok: num(r.successful_requests),
+    failed: num(r.failed_requests),
+  };
+}
+
+function addInto(m: Metrics, x: Metrics): Metrics {
+  m.spend += x.spend;
+  m.prompt += x.prompt;
+  m.completion += x.completion;
+  m.cacheRead += x.cacheRead;
+  m.cacheCreation += x.cacheCreation;
+  m.requests += x.requests;
+  m.ok += x.ok;
+  m.failed += x.failed;
   return m;
+}
+
+export function addMetrics(m: Metrics, r: SumRow): Metrics {
+  return addInto(m, rowMetrics(r));
 }
 
 /** The spec's daily-activity metrics object. */
@@ -310,19 +328,19 @@ interface Slice {
   keys: Map<string, Metrics>;
 }
 
-function slice(map: Map<string, Slice>, k: string, r: SumRow & { api_key: string }): void {
+function slice(map: Map<string, Slice>, k: string, apiKey: string, x: Metrics): void {
   let s = map.get(k);
   if (!s) {
     s = { m: emptyMetrics(), keys: new Map() };
     map.set(k, s);
   }
-  addMetrics(s.m, r);
-  let km = s.keys.get(r.api_key);
+  addInto(s.m, x);
+  let km = s.keys.get(apiKey);
   if (!km) {
     km = emptyMetrics();
-    s.keys.set(r.api_key, km);
+    s.keys.set(apiKey, km);
   }
-  addMetrics(km, r);
+  addInto(km, x);
 }
 
 interface Day {
@@ -367,12 +385,13 @@ export async function dailyActivity(ctx: AdminCtx, kind: "team" | "org") {
     for (const r of found) {
       const d = byDay.get(r.day);
       if (!d) continue;
-      addMetrics(d.m, r);
-      slice(d.models, r.model, r);
-      slice(d.groups, r.model_group, r);
-      slice(d.providers, r.provider, r);
-      slice(d.entities, r.entity_id, r);
-      addMetrics(d.keys.get(r.api_key) ?? d.keys.set(r.api_key, emptyMetrics()).get(r.api_key)!, r);
+      const x = rowMetrics(r);
+      addInto(d.m, x);
+      slice(d.models, r.model, r.api_key, x);
+      slice(d.groups, r.model_group, r.api_key, x);
+      slice(d.providers, r.provider, r.api_key, x);
+      slice(d.entities, r.entity_id, r.api_key, x);
+      addInto(d.keys.get(r.api_key) ?? d.keys.set(r.api_key, emptyMetrics()).get(r.api_key)!, x);
     }
     const keyMeta = await keyMetadata(ctx.db, [...new Set(found.map((r) => r.api_key))]);
     const entityMeta = await entityMetadata(ctx.db, kind, [...new Set(found.map((r) => r.entity_id))]);

@@ -5,7 +5,7 @@
  * stays far below the cost of building it as objects or in SQL.
  */
 import { type SQL, sql } from "drizzle-orm";
-import { columnToPico, picoToText } from "../../cost/money.ts";
+import { columnToPico, safePicoToText } from "../../cost/money.ts";
 import type { Db } from "../../store/db.ts";
 import { teams } from "../../store/schema.ts";
 import { rows } from "../../store/sql.ts";
@@ -78,25 +78,29 @@ function child<C>(map: Map<string, C>, id: string, make: () => C): C {
   return c;
 }
 
-/** Children by spend, highest first (ties by id, so the order is stable). */
-function bySpend<C extends { total: Usage } | Usage>(map: Map<string, C>): [string, C][] {
-  const spendOf = (c: C) => ("total" in c ? c.total.spend : c.spend);
-  return [...map].sort(([a, x], [b, y]) => (spendOf(x) === spendOf(y) ? (a < b ? -1 : 1) : spendOf(x) > spendOf(y) ? -1 : 1));
+interface Ranked<C> {
+  id: string;
+  spend: number;
+  value: C;
 }
 
-/** JSON string literals of ids: the same keys and models repeat on every day of a report. */
-function quoter(): (s: string) => string {
-  const seen = new Map<string, string>();
-  return (s) => {
-    let out = seen.get(s);
-    if (out === undefined) {
-      out = JSON.stringify(s);
-      seen.set(s, out);
-    }
-    return out;
-  };
+const bySpendThenId = (x: Ranked<unknown>, y: Ranked<unknown>) => (x.spend === y.spend ? (x.id < y.id ? -1 : 1) : x.spend > y.spend ? -1 : 1);
+
+/** Children by spend, highest first (ties by id, so the order is stable). */
+function bySpend<C extends { total: Usage } | Usage>(map: Map<string, C>): [string, C][] {
+  const ranked: Ranked<C>[] = [];
+  for (const [id, value] of map) ranked.push({ id, spend: "total" in value ? value.total.spend : value.spend, value });
+  ranked.sort(bySpendThenId);
+  return ranked.map((r) => [r.id, r.value]);
 }
-const money = (p: number): string => picoToText(BigInt(p));
+
+/** What JSON.stringify would escape in a string (quotes, backslashes, controls, surrogates). */
+const NEEDS_ESCAPE = /["\\\u0000-\u001f\ud800-\udfff]/;
+
+/** JSON string literal of an id; ids are plain text nearly always, so quoting is the whole job. */
+const quote = (s: string): string => (NEEDS_ESCAPE.test(s) ? JSON.stringify(s) : `"${s}"`);
+/** The builders' spend sums are whole pico-dollars below 2^53 (see `Overflow`). */
+const money = safePicoToText;
 
 function whereOf(entityType: string, f: ReportFilter, extra: SQL[]): SQL {
   const where: SQL[] = [sql`d.entity_type = ${entityType}`, sql`d.date between ${f.start}::date and ${f.end}::date`, ...extra];
@@ -147,18 +151,17 @@ async function byTeam(db: Db, f: ReportFilter): Promise<string> {
   // Team names are part of the cached text: a renamed team starts a new cache.
   const names = [...aliases.values()].join("\u0001").length;
   return report(db, where, `team\u0000${f.apiKey}\u0000${f.teamId}\u0000${aliases.size}:${names}`, (found) => {
-    const q = quoter();
     const out = new Map<string, string>();
     for (const [day, d] of tree(found, (r) => r.api_key)) {
       const teamParts: string[] = [];
       for (const [teamId, t] of bySpend(d.children)) {
         const keyParts: string[] = [];
         for (const [key, k] of bySpend(t.children)) {
-          const models = [...k.children].map(([m, u]) => `${q(m)}:{"cost":${money(u.spend)},"input_tokens":${u.i},"output_tokens":${u.o},"requests":${u.n}}`);
-          keyParts.push(`{"key":${q(key)},"spend":${money(k.total.spend)},"usage":{${models.join(",")}}}`);
+          const models = [...k.children].map(([m, u]) => `${quote(m)}:{"cost":${money(u.spend)},"input_tokens":${u.i},"output_tokens":${u.o},"requests":${u.n}}`);
+          keyParts.push(`{"key":${quote(key)},"spend":${money(k.total.spend)},"usage":{${models.join(",")}}}`);
         }
         const name = aliases.get(teamId) ?? (teamId === "" ? "Unassigned Team" : teamId);
-        teamParts.push(`{"team_name":${q(name)},"team_id":${teamId === "" ? "null" : q(teamId)},"spend":${money(t.total.spend)},"keys":[${keyParts.join(",")}]}`);
+        teamParts.push(`{"team_name":${quote(name)},"team_id":${teamId === "" ? "null" : quote(teamId)},"spend":${money(t.total.spend)},"keys":[${keyParts.join(",")}]}`);
       }
       out.set(day, `{"group_by_day":"${day}","teams":[${teamParts.join(",")}]}`);
     }
@@ -174,16 +177,15 @@ async function byDimension(db: Db, f: ReportFilter, dim: "api_key" | "customer")
   const where = whereOf(dim === "api_key" ? "key" : "end_user", f, extra);
   const list = dim === "api_key" ? "api_keys" : "customers";
   return report(db, where, `${dim}\u0000${f.apiKey}\u0000${f.teamId}\u0000${f.customerId}`, (found) => {
-    const q = quoter();
     const out = new Map<string, string>();
     for (const [day, d] of tree(found, () => "")) {
       const entries: string[] = [];
       for (const [id, e] of bySpend(d.children)) {
         const models = bySpend(e.children.get("")!.children).map(
-          ([m, u]) => `{"model":${q(m)},"total_cost":${money(u.spend)},"total_input_tokens":${u.i},"total_output_tokens":${u.o},"requests":${u.n}}`,
+          ([m, u]) => `{"model":${quote(m)},"total_cost":${money(u.spend)},"total_input_tokens":${u.i},"total_output_tokens":${u.o},"requests":${u.n}}`,
         );
         const t = e.total;
-        entries.push(`{"${dim}":${q(id)},"total_cost":${money(t.spend)},"total_input_tokens":${t.i},"total_output_tokens":${t.o},"total_requests":${t.n},"model_details":[${models.join(",")}]}`);
+        entries.push(`{"${dim}":${quote(id)},"total_cost":${money(t.spend)},"total_input_tokens":${t.i},"total_output_tokens":${t.o},"total_requests":${t.n},"model_details":[${models.join(",")}]}`);
       }
       out.set(day, `{"group_by_day":"${day}","${list}":[${entries.join(",")}]}`);
     }
