@@ -19,6 +19,7 @@ import { rows } from "../../store/sql.ts";
 import type { AdminCtx } from "./context.ts";
 import { dayOf } from "../../spend/flush.ts";
 import { identityGeneration, reuseDays } from "./day-cache.ts";
+import { quote } from "./json-text.ts";
 
 export function invalidParam(name: string, message: string): GatewayError {
   return GatewayError.of(422, `Invalid request: ${name}: ${message}`, "validation_error", name);
@@ -320,6 +321,15 @@ export function metricsApi(m: Metrics) {
   };
 }
 
+/** `metricsApi(m)` as JSON text, same members in the same order. */
+function metricsText(m: Metrics): string {
+  return (
+    `{"spend":${picoToUsd(m.spend)},"prompt_tokens":${m.prompt},"completion_tokens":${m.completion},` +
+    `"cache_read_input_tokens":${m.cacheRead},"cache_creation_input_tokens":${m.cacheCreation},"total_tokens":${m.prompt + m.completion},` +
+    `"successful_requests":${m.ok},"failed_requests":${m.failed},"api_requests":${m.requests}}`
+  );
+}
+
 // ---- /team/daily/activity, /organization/daily/activity
 
 /** One slice of a day's breakdown, with its per-key split. */
@@ -395,32 +405,53 @@ export async function dailyActivity(ctx: AdminCtx, kind: "team" | "org") {
     }
     const keyMeta = await keyMetadata(ctx.db, [...new Set(found.map((r) => r.api_key))]);
     const entityMeta = await entityMetadata(ctx.db, kind, [...new Set(found.map((r) => r.entity_id))]);
-    const split = (s: Slice, metadata: Record<string, unknown> = {}) => ({
-      metrics: metricsApi(s.m),
-      metadata,
-      api_key_breakdown: Object.fromEntries([...s.keys].map(([k, m]) => [k, { metrics: metricsApi(m), metadata: keyMeta.get(k) ?? {} }])),
-    });
-    const splits = (map: Map<string, Slice>, meta?: Map<string, Record<string, unknown>>) => Object.fromEntries([...map].map(([k, s]) => [k, split(s, meta?.get(k))]));
+    // Written as JSON text into one array per day, joined once: these parts reach tens of megabytes,
+    // and building objects to stringify (or strings by `+=`, which stay ropes) costs several times more.
+    const keyMetaText = new Map<string, string>();
+    const keyMetaOf = (k: string) => {
+      let text = keyMetaText.get(k);
+      if (text === undefined) {
+        text = JSON.stringify(keyMeta.get(k) ?? {});
+        keyMetaText.set(k, text);
+      }
+      return text;
+    };
+    const writeKeys = (w: string[], keys: Map<string, Metrics>) => {
+      let sep = "{";
+      for (const [k, m] of keys) {
+        w.push(`${sep}${quote(k)}:{"metrics":${metricsText(m)},"metadata":${keyMetaOf(k)}}`);
+        sep = ",";
+      }
+      w.push(sep === "{" ? "{}" : "}");
+    };
+    const writeSplits = (w: string[], map: Map<string, Slice>, meta?: Map<string, Record<string, unknown>>) => {
+      let sep = "{";
+      for (const [k, s] of map) {
+        w.push(`${sep}${quote(k)}:{"metrics":${metricsText(s.m)},"metadata":${JSON.stringify(meta?.get(k) ?? {})},"api_key_breakdown":`);
+        writeKeys(w, s.keys);
+        w.push("}");
+        sep = ",";
+      }
+      w.push(sep === "{" ? "{}" : "}");
+    };
     const out = new Map<string, string>();
     for (const date of missing) {
       const d = byDay.get(date)!;
-      out.set(
-        date,
-        JSON.stringify({
-          date,
-          total_spend: picoToUsd(d.m.spend),
-          total_tokens: d.m.prompt + d.m.completion,
-          total_requests: d.m.requests,
-          metrics: metricsApi(d.m),
-          breakdown: {
-            models: splits(d.models),
-            model_groups: splits(d.groups),
-            providers: splits(d.providers),
-            api_keys: Object.fromEntries([...d.keys].map(([k, m]) => [k, { metrics: metricsApi(m), metadata: keyMeta.get(k) ?? {} }])),
-            entities: splits(d.entities, entityMeta),
-          },
-        }),
-      );
+      const w: string[] = [
+        `{"date":${quote(date)},"total_spend":${picoToUsd(d.m.spend)},"total_tokens":${d.m.prompt + d.m.completion},`,
+        `"total_requests":${d.m.requests},"metrics":${metricsText(d.m)},"breakdown":{"models":`,
+      ];
+      writeSplits(w, d.models);
+      w.push(`,"model_groups":`);
+      writeSplits(w, d.groups);
+      w.push(`,"providers":`);
+      writeSplits(w, d.providers);
+      w.push(`,"api_keys":`);
+      writeKeys(w, d.keys);
+      w.push(`,"entities":`);
+      writeSplits(w, d.entities, entityMeta);
+      w.push("}}");
+      out.set(date, w.join(""));
     }
     return out;
   });

@@ -10,6 +10,7 @@ import type { Db } from "../../store/db.ts";
 import { teams } from "../../store/schema.ts";
 import { rows } from "../../store/sql.ts";
 import { reuseDays } from "./day-cache.ts";
+import { quote } from "./json-text.ts";
 
 export interface ReportFilter {
   start: string;
@@ -94,11 +95,6 @@ function bySpend<C extends { total: Usage } | Usage>(map: Map<string, C>): [stri
   return ranked.map((r) => [r.id, r.value]);
 }
 
-/** What JSON.stringify would escape in a string (quotes, backslashes, controls, surrogates). */
-const NEEDS_ESCAPE = /["\\\u0000-\u001f\ud800-\udfff]/;
-
-/** JSON string literal of an id; ids are plain text nearly always, so quoting is the whole job. */
-const quote = (s: string): string => (NEEDS_ESCAPE.test(s) ? JSON.stringify(s) : `"${s}"`);
 /** The builders' spend sums are whole pico-dollars below 2^53 (see `Overflow`). */
 const money = safePicoToText;
 
