@@ -127,7 +127,10 @@ async function seed(): Promise<void> {
 }
 
 if (!reuse) await seed();
-const [{ n: logRows } = { n: "0" }] = await postgres(dbUrl, { max: 1, onnotice: () => {} })<{ n: string }[]>`select count(*)::text as n from spend_logs`;
+const counter = postgres(dbUrl, { max: 1, onnotice: () => {} });
+const [{ n: logRows } = { n: "0" }] = await counter<{ n: string }[]>`select count(*)::text as n from spend_logs`;
+// An open connection would keep this script alive after its report (with --keep, for good).
+await counter.end();
 const gw = await startGateway();
 const today = new Date();
 const ymd = (d: Date) => d.toISOString().slice(0, 10);
