@@ -1,0 +1,92 @@
+// When the spend writer sends batches, seen from a store that records them: a full batch goes at
+// once, the rest within the interval (a call's spend is in the store within about a second), and
+// under a steady stream of calls batches stay full instead of shrinking to whatever arrived
+// during the last write (each write has a fixed cost in the store).
+import { afterEach, expect, test } from "bun:test";
+import type { SpendEntry } from "../../core/spend/entry.ts";
+import type { SpendStore } from "../../core/spend/flush.ts";
+import { SpendWriter } from "../../core/spend/writer.ts";
+import type { Db } from "../../core/store/db.ts";
+import { memoryLogger, tempDir } from "../harness/gateway.ts";
+
+function entry(i: number): SpendEntry {
+  return {
+    callId: `call-${i}`,
+    requestId: `req-${i}`,
+    callType: "chat",
+    apiKey: "k",
+    keyAlias: null,
+    userId: null,
+    teamId: null,
+    organizationId: null,
+    endUser: null,
+    model: "m",
+    modelGroup: "m",
+    provider: "mock",
+    modelId: "d",
+    upstreamModel: "m",
+    spendPico: 1,
+    promptTokens: 1,
+    completionTokens: 1,
+    cacheReadTokens: 0,
+    cacheCreationTokens: 0,
+    reasoningTokens: 0,
+    startTime: Date.now(),
+    endTime: Date.now(),
+    completionStartTime: null,
+    status: "success",
+    stream: false,
+    cacheHit: false,
+    tags: [],
+    metadata: {},
+    charges: [],
+  };
+}
+
+/** A store whose bulk load records each batch's size and takes `writeMs` to answer. */
+function recordingStore(writeMs: number) {
+  const batches: { rows: number; at: number }[] = [];
+  const store: SpendStore = {
+    db: undefined as unknown as Db,
+    copyIn: async (load) => {
+      await Bun.sleep(writeMs);
+      batches.push({ rows: load.text.split("\n").length - 1, at: performance.now() });
+    },
+  };
+  return { store, batches };
+}
+
+let writer: SpendWriter | undefined;
+afterEach(async () => {
+  await writer?.stop(1000);
+  writer = undefined;
+});
+
+test("a full batch is written at once; the remainder within the interval", async () => {
+  const { store, batches } = recordingStore(5);
+  writer = new SpendWriter(store, memoryLogger(), { spillDir: tempDir("spill-"), intervalMs: 300, batchSize: 10 });
+  await writer.start();
+  const t0 = performance.now();
+  for (let i = 0; i < 25; i++) writer.enqueue(entry(i));
+  await Bun.sleep(100);
+  expect(batches.map((b) => b.rows)).toEqual([10, 10]);
+  expect(batches[1]!.at - t0).toBeLessThan(100);
+  await Bun.sleep(350);
+  expect(batches.map((b) => b.rows)).toEqual([10, 10, 5]);
+  expect(writer.written).toBe(25);
+});
+
+test("a steady stream of calls during slow writes is written in full batches", async () => {
+  const { store, batches } = recordingStore(20);
+  writer = new SpendWriter(store, memoryLogger(), { spillDir: tempDir("spill-"), intervalMs: 1000, batchSize: 50 });
+  await writer.start();
+  // 500 calls over ~250 ms: about 10 arrive during each 20 ms write.
+  for (let i = 0; i < 500; i++) {
+    writer.enqueue(entry(i));
+    if (i % 10 === 9) await Bun.sleep(5);
+  }
+  await writer.flush();
+  expect(batches.reduce((n, b) => n + b.rows, 0)).toBe(500);
+  // Every batch but the final flush's is full.
+  expect(batches.slice(0, -1).every((b) => b.rows === 50)).toBe(true);
+});
