@@ -62,17 +62,24 @@ afterEach(async () => {
   writer = undefined;
 });
 
+async function until(check: () => boolean, ms = 5000): Promise<void> {
+  const end = performance.now() + ms;
+  while (!check() && performance.now() < end) await Bun.sleep(5);
+}
+
 test("a full batch is written at once; the remainder within the interval", async () => {
   const { store, batches } = recordingStore(5);
-  writer = new SpendWriter(store, memoryLogger(), { spillDir: tempDir("spill-"), intervalMs: 300, batchSize: 10 });
+  writer = new SpendWriter(store, memoryLogger(), { spillDir: tempDir("spill-"), intervalMs: 1000, batchSize: 10 });
   await writer.start();
   const t0 = performance.now();
   for (let i = 0; i < 25; i++) writer.enqueue(entry(i));
-  await Bun.sleep(100);
+  await until(() => batches.length >= 2);
   expect(batches.map((b) => b.rows)).toEqual([10, 10]);
-  expect(batches[1]!.at - t0).toBeLessThan(100);
-  await Bun.sleep(350);
+  // Well before the interval: full batches do not wait for the timer.
+  expect(batches[1]!.at - t0).toBeLessThan(700);
+  await until(() => batches.length >= 3);
   expect(batches.map((b) => b.rows)).toEqual([10, 10, 5]);
+  expect(batches[2]!.at - t0).toBeLessThan(2500);
   expect(writer.written).toBe(25);
 });
 
