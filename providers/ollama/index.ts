@@ -1,14 +1,15 @@
 /**
  * `ollama/<model>` and `ollama_chat/<model>`: Ollama's native API. Chat → `POST /api/chat` (NDJSON
- * stream), embeddings → `POST /api/embed`. No key by default; `api_key` (or OLLAMA_API_KEY) is sent
+ * stream), legacy completions → `POST /api/generate`, embeddings → `POST /api/embed`. No key by default; `api_key` (or OLLAMA_API_KEY) is sent
  * as a bearer token for Ollama behind an authenticating proxy or on ollama.com.
  */
-import type { ChatRequest, Deployment, EmbeddingsRequest, EndpointAdapter, HttpCall, ProviderAdapter, UpstreamErrorKind, WireJson } from "../../core/contract.ts";
+import type { ChatRequest, CompletionRequest, Deployment, EmbeddingsRequest, EndpointAdapter, HttpCall, ProviderAdapter, UpstreamErrorKind, WireJson } from "../../core/contract.ts";
 import { openAIErrorMessage } from "../openai-compatible/adapter.ts";
 import { upstreamErrorKind } from "../shared/error-kind.ts";
 import { OLLAMA_CHAT_PARAMS, ollamaChatBody } from "./chat-request.ts";
 import { type OllamaStreamState, ollamaChatResponse, ollamaChatStream } from "./chat-response.ts";
 import { OLLAMA_EMBED_PARAMS, ollamaEmbedBody, ollamaEmbedResponse } from "./embed.ts";
+import { OLLAMA_GENERATE_PARAMS, type OllamaGenerateState, ollamaGenerateBody, ollamaGenerateResponse, ollamaGenerateStream } from "./generate.ts";
 
 export const OLLAMA_API_BASE = "http://localhost:11434";
 
@@ -25,6 +26,13 @@ const chat: EndpointAdapter<"chat", OllamaStreamState> = {
   supportedParams: OLLAMA_CHAT_PARAMS,
 };
 
+const completions: EndpointAdapter<"completions", OllamaGenerateState> = {
+  request: (req: CompletionRequest, d) => post(d, "/api/generate", ollamaGenerateBody(req, d)),
+  response: (body) => ollamaGenerateResponse(body),
+  stream: ollamaGenerateStream,
+  supportedParams: OLLAMA_GENERATE_PARAMS,
+};
+
 const embeddings: EndpointAdapter<"embeddings"> = {
   request: (req: EmbeddingsRequest, d) => post(d, "/api/embed", ollamaEmbedBody(req, d)),
   response: (body, req) => ollamaEmbedResponse(body, req),
@@ -38,7 +46,7 @@ function ollamaErrorKind(status: number, body: string): UpstreamErrorKind | unde
 
 export const ollamaProvider: ProviderAdapter = {
   ids: ["ollama", "ollama_chat"],
-  endpoints: { chat, embeddings },
+  endpoints: { chat, completions, embeddings },
   // Ollama's error body is `{"error": "<text>"}`.
   errorMessage: openAIErrorMessage,
   errorKind: ollamaErrorKind,

@@ -143,6 +143,41 @@ describe("streaming", () => {
   });
 });
 
+describe("legacy completions → /api/generate", () => {
+  test("a prompt, options and suffix go to /api/generate unstreamed; the answer is a text_completion with usage", async () => {
+    const res = await client.completions.create({ model: "llama", prompt: "complete this sentence", max_tokens: 50, temperature: 0.2, stop: ["\n"], suffix: "END" });
+    expect(res.object).toBe("text_completion");
+    expect(res.id).toStartWith("cmpl-");
+    expect(res.model).toBe("llama3.2");
+    expect(res.choices).toEqual([{ text: "Mock reply to: complete this sentence [before END]", index: 0, logprobs: null, finish_reason: "stop" }]);
+    expect(res.usage).toMatchObject({ completion_tokens: 7, total_tokens: res.usage!.prompt_tokens + 7 });
+    expect(res.usage!.prompt_tokens).toBeGreaterThan(0);
+    expect(mock.requests[0]!.path).toBe("/api/generate");
+    expect(mock.requests[0]!.body).toEqual({ model: "llama3.2", prompt: "complete this sentence", stream: false, suffix: "END", options: { temperature: 0.2, num_predict: 50, stop: ["\n"] } });
+  });
+
+  test("streamed: text arrives in pieces, the last chunk says why it ended, usage when asked for", async () => {
+    const chunks = await collect(await client.completions.create({ model: "llama", prompt: "one two three four", max_tokens: 3, stream: true, stream_options: { include_usage: true } }));
+    const withChoice = chunks.filter((c) => c.choices.length > 0);
+    expect(withChoice.length).toBeGreaterThan(2);
+    expect(withChoice.map((c) => c.choices[0]!.text).join("")).toBe("Mock reply to:");
+    expect(withChoice.at(-1)!.choices[0]!.finish_reason).toBe("length");
+    expect(new Set(chunks.map((c) => c.id)).size).toBe(1);
+    expect(chunks.at(-1)!.choices).toEqual([]);
+    expect(chunks.at(-1)!.usage).toMatchObject({ completion_tokens: 3 });
+    expect((mock.requests[0]!.body as { stream: boolean }).stream).toBe(true);
+  });
+
+  test("several prompts at once, or token ids, are refused with a 400 saying why", async () => {
+    for (const prompt of [["first", "second"], [1, 2, 3]]) {
+      const err = await failure(client.completions.create({ model: "llama", prompt: prompt as string[] }));
+      expect(err).toBeInstanceOf(BadRequestError);
+      expect((err as APIError).message).toMatch(/one prompt per request|not as token ids/);
+    }
+    expect(mock.requests).toHaveLength(0);
+  });
+});
+
 describe("embeddings", () => {
   test("/api/embed with the inputs as given; vectors and prompt_eval_count back", async () => {
     const res = await client.embeddings.create({ model: "minilm", input: ["Why is the sky blue?", "Why is the grass green?"] });

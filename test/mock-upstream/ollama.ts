@@ -1,6 +1,6 @@
 /**
- * A mock Ollama server: `POST /api/chat` (JSON, or NDJSON lines ending in `\n` — Ollama streams
- * unless the body says `"stream": false`), `POST /api/embed`, `GET /api/tags`, with Ollama's
+ * A mock Ollama server: `POST /api/chat` and `POST /api/generate` (JSON, or NDJSON lines ending in
+ * `\n` — Ollama streams unless the body says `"stream": false`), `POST /api/embed`, `GET /api/tags`, with Ollama's
  * error body `{"error": "<text>"}`.
  *
  *   const mock = await startMockOllama({ models: ["llama3.2"] });
@@ -100,6 +100,28 @@ function chat(body: JsonObject, opts: MockOllamaOptions): Reply {
   return { kind: "stream", contentType: "application/x-ndjson", parts: lines.map((l) => `${JSON.stringify(l)}\n`) };
 }
 
+/** `/api/generate`: the reply pieces as `response` text, the last line `done: true` with the counts. */
+function generate(body: JsonObject, opts: MockOllamaOptions): Reply {
+  const bad = checkModel(body, opts.models);
+  if (bad) return bad;
+  if (typeof body.prompt !== "string") return errorReply(400, "prompt must be a string");
+  if (body.prompt.length > (opts.contextChars ?? 20_000)) return errorReply(400, "the input length exceeds the context length");
+  const options = isObject(body.options) ? body.options : {};
+  const reply = replyPieces(body.prompt, typeof options.num_predict === "number" ? options.num_predict : undefined);
+  const pieces = typeof body.suffix === "string" ? [...reply.pieces, ` [before ${body.suffix}]`] : reply.pieces;
+  const doneReason = reply.truncated ? "length" : "stop";
+  const model = body.model as string;
+  const createdAt = new Date().toISOString();
+  const counts = timings(approxTokens(body.prompt), pieces.length);
+  const context = [128006, 882, 128007];
+  if (body.stream === false) {
+    return { kind: "json", body: { model, created_at: createdAt, response: pieces.join(""), done: true, done_reason: doneReason, context, ...counts } };
+  }
+  const lines: JsonObject[] = pieces.map((p) => ({ model, created_at: createdAt, response: p, done: false }));
+  lines.push({ model, created_at: createdAt, response: "", done: true, done_reason: doneReason, context, ...counts });
+  return { kind: "stream", contentType: "application/x-ndjson", parts: lines.map((l) => `${JSON.stringify(l)}\n`) };
+}
+
 function embed(body: JsonObject, opts: MockOllamaOptions): Reply {
   const bad = checkModel(body, opts.models);
   if (bad) return bad;
@@ -125,9 +147,11 @@ export function startMockOllama(opts: MockOllamaOptions = {}): Promise<MockOllam
       if (req.method === "GET" && url.pathname === "/api/tags") {
         return { kind: "json", body: { models: (opts.models ?? []).map((name) => ({ name, model: name, modified_at: "2025-01-01T00:00:00Z", size: 2_019_393_189 })) } };
       }
-      if (req.method !== "POST" || (url.pathname !== "/api/chat" && url.pathname !== "/api/embed")) return new Response("404 page not found", { status: 404, headers: { "content-type": "text/plain" } });
+      const handlers: Record<string, (b: JsonObject, o: MockOllamaOptions) => Reply> = { "/api/chat": chat, "/api/generate": generate, "/api/embed": embed };
+      const handler = handlers[url.pathname];
+      if (req.method !== "POST" || !handler) return new Response("404 page not found", { status: 404, headers: { "content-type": "text/plain" } });
       if (!isObject(body)) return errorReply(400, "invalid character 'x' looking for beginning of value");
-      return url.pathname === "/api/chat" ? chat(body, opts) : embed(body, opts);
+      return handler(body, opts);
     },
   });
 }
