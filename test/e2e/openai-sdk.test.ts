@@ -15,7 +15,7 @@ import OpenAI, {
 } from "openai";
 import type { ChatCompletionChunk, ChatCompletionTool } from "openai/resources/chat/completions";
 import { MASTER_KEY, startTestGateway, type TestGateway } from "../harness/gateway.ts";
-import { closedPort, type MockOpenAI, mockEmbedding, startMockOpenAI } from "../mock-upstream/openai.ts";
+import { type MockOpenAI, mockEmbedding, startMockOpenAI } from "../mock-upstream/openai.ts";
 import { collect, failure } from "../harness/util.ts";
 
 const UPSTREAM_KEY = "sk-upstream-secret-0123456789";
@@ -50,7 +50,9 @@ beforeAll(async () => {
       });
     },
   });
-  deadBase = `http://127.0.0.1:${await closedPort()}/v1`;
+  // A privileged port nothing in the suite can bind (an ephemeral port found closed now may be
+  // taken by another test's server before this one calls it).
+  deadBase = "http://127.0.0.1:9/v1";
   hangBase = `http://127.0.0.1:${hangServer.port}/v1`;
   const upstream = (model: string, extra: Record<string, unknown> = {}) => ({
     model,
