@@ -28,6 +28,7 @@ import {
   type LedgerRefusal,
   type ProviderBudget,
   type SpendHistory,
+  teamMemberId,
 } from "../core/contract.ts";
 import { columnToPico, picoToText, type Pico, usdToPico } from "../core/cost/money.ts";
 import { errorInfo } from "../core/errors.ts";
@@ -96,7 +97,7 @@ function countersFor(intent: CallIntent, identity: IdentityView, history: SpendH
     // A membership's spend is never reset by a period (the team's period governs the team's budget).
     const maxBudget = member.maxBudgetInTeam ?? (member.budgetId ? (identity.budgets.get(member.budgetId)?.maxBudget ?? null) : null);
     const limits = { spend: member.spend, maxBudget, softBudget: null, budgetDuration: null, budgetResetAt: null };
-    add(rowCounter(counterId("team_member", `${member.teamId}\t${member.userId}`), `User=${member.userId} in Team=${member.teamId}`, limits, undefined, at));
+    add(rowCounter(counterId("team_member", teamMemberId(member.teamId, member.userId)), `User=${member.userId} in Team=${member.teamId}`, limits, undefined, at));
   }
   const org = p.orgId ? identity.orgs.get(p.orgId) : undefined;
   if (org) add(rowCounter(counterId("org", org.organizationId), `Organization=${org.organizationId}`, org, org.budgetId ? identity.budgets.get(org.budgetId) : undefined, at));

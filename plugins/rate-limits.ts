@@ -12,7 +12,7 @@
  * applies.
  */
 import { Type } from "@sinclair/typebox";
-import { type CallIntent, type Denied, definePlugin, type Hooks, type IdentityView, type KeyRow, type Lease, type RateCounter, type RateGrant, type RateRefusal, type RateWindows } from "../core/contract.ts";
+import { type CallIntent, type Denied, definePlugin, type Hooks, type IdentityView, type KeyRow, type Lease, type RateCounter, type RateGrant, type RateRefusal, type RateWindows, teamMemberId } from "../core/contract.ts";
 import { errorInfo } from "../core/errors.ts";
 import { guaranteedLimit, reservedOn, type ThroughputKind } from "../core/limits/capacity.ts";
 import { retryAfterSeconds, tokenEstimate, WINDOW_MS } from "../core/limits/window.ts";
@@ -127,7 +127,7 @@ function countersFor(intent: CallIntent, identity: IdentityView | undefined, thr
   }
   const member = p.teamId && p.userId ? identity?.teamMember(p.teamId, p.userId) : undefined;
   if (member && (member.rpmLimit !== null || member.tpmLimit !== null)) {
-    out.push({ id: `team_member:${member.teamId}\t${member.userId}`, label: `User=${member.userId} in Team=${member.teamId}`, rpm: num(member.rpmLimit), tpm: num(member.tpmLimit) });
+    out.push({ id: `team_member:${teamMemberId(member.teamId, member.userId)}`, label: `User=${member.userId} in Team=${member.teamId}`, rpm: num(member.rpmLimit), tpm: num(member.tpmLimit) });
   }
   const org = p.org ?? (p.orgId ? identity?.orgs.get(p.orgId) : undefined);
   if (org) {

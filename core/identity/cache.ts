@@ -7,7 +7,7 @@ import { and, eq, isNull } from "drizzle-orm";
 import type { IdentityView } from "../contract.ts";
 import type { Db } from "../store/db.ts";
 import { accessGroups, budgets, orgMembers, organizations, rotatedKeys, teamMembers, teams, users, virtualKeys } from "../store/schema.ts";
-import type { AccessGroupRow, BudgetRow, IdentityChange, KeyRow, OrgRow, RotatedKeyRow, TeamMemberRow, TeamRole, TeamRow, UserRow } from "./records.ts";
+import { type AccessGroupRow, type BudgetRow, type IdentityChange, type KeyRow, type OrgRow, type RotatedKeyRow, type TeamMemberRow, type TeamRole, type TeamRow, type UserRow, teamMemberId } from "./records.ts";
 
 export class IdentityCache implements IdentityView {
   readonly keys = new Map<string, KeyRow>();
@@ -21,7 +21,7 @@ export class IdentityCache implements IdentityView {
   private readonly accessGroupNames = new Map<string, AccessGroupRow>();
   /** teamId → userId → role */
   readonly teamMembers = new Map<string, Map<string, TeamRole>>();
-  /** `teamId\tuserId` → membership row (budget and limits inside the team). */
+  /** teamMemberId → membership row (budget and limits inside the team). */
   private readonly memberRows = new Map<string, TeamMemberRow>();
   /** userId → teamId → role */
   readonly userTeams = new Map<string, Map<string, TeamRole>>();
@@ -84,7 +84,7 @@ export class IdentityCache implements IdentityView {
   private setTeamMember(row: TeamMemberRow): void {
     const { teamId, userId } = row;
     const role = row.role as TeamRole;
-    this.memberRows.set(`${teamId}\t${userId}`, row);
+    this.memberRows.set(teamMemberId(teamId, userId), row);
     if (!this.teamMembers.has(teamId)) this.teamMembers.set(teamId, new Map());
     if (!this.userTeams.has(userId)) this.userTeams.set(userId, new Map());
     this.teamMembers.get(teamId)!.set(userId, role);
@@ -99,7 +99,7 @@ export class IdentityCache implements IdentityView {
   }
 
   teamMember(teamId: string, userId: string): TeamMemberRow | undefined {
-    return this.memberRows.get(`${teamId}\t${userId}`);
+    return this.memberRows.get(teamMemberId(teamId, userId));
   }
 
   touch(token: string): void {
@@ -177,7 +177,7 @@ export class IdentityCache implements IdentityView {
         const rows = await db.select().from(teamMembers).where(eq(teamMembers.teamId, change.teamId));
         for (const userId of this.teamMembers.get(change.teamId)?.keys() ?? []) {
           this.userTeams.get(userId)?.delete(change.teamId);
-          this.memberRows.delete(`${change.teamId}\t${userId}`);
+          this.memberRows.delete(teamMemberId(change.teamId, userId));
         }
         this.teamMembers.delete(change.teamId);
         for (const row of rows) this.setTeamMember(row);

@@ -13,6 +13,12 @@ export type RotatedKeyRow = typeof rotatedKeys.$inferSelect;
 
 export type TeamRole = "admin" | "user";
 
+/**
+ * The id of a team membership (`teamId\tuserId`): the identity cache, the member's budget and
+ * rate-limit counters and the spend log's charge to `team_members` all use this one form.
+ */
+export const teamMemberId = (teamId: string, userId: string): string => `${teamId}\t${userId}`;
+
 /** What changed, so every instance reloads exactly that from the store. */
 export type IdentityChange =
   | { kind: "key"; token: string }

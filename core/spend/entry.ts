@@ -5,6 +5,7 @@
  */
 import type { CallRecord } from "../contract.ts";
 import type { IdentityCache } from "../identity/cache.ts";
+import { teamMemberId } from "../identity/records.ts";
 import { periodEnd } from "./period.ts";
 import { storable } from "./row-text.ts";
 
@@ -71,7 +72,7 @@ export function chargesOf(call: CallRecord, identity: IdentityCache | undefined)
   if (p.teamId) {
     const team = identity?.teams.get(p.teamId);
     charges.push({ table: "team", id: p.teamId, periodEnd: team ? periodEnd(team.budgetResetAt, team.budgetDuration, at) : null });
-    if (p.userId) charges.push({ table: "team_member", id: `${p.teamId}\t${p.userId}`, periodEnd: null });
+    if (p.userId) charges.push({ table: "team_member", id: teamMemberId(p.teamId, p.userId), periodEnd: null });
   }
   if (p.orgId) {
     const org = identity?.orgs.get(p.orgId);

@@ -40,10 +40,10 @@ function field(value: string | null): string {
   return storable(value).replace(/[\\\t\n\r]/g, (c) => COPY_ESCAPES[c]!);
 }
 
-/** A text[] literal: every element quoted, `"` and `\` escaped. */
+/** A text[] literal: every element quoted, `"` and `\` escaped (`field` then cleans and escapes it whole). */
 function arrayLiteral(items: string[]): string {
   if (items.length === 0) return "{}";
-  return `{${items.map((t) => `"${storable(t).replace(/["\\]/g, (c) => `\\${c}`)}"`).join(",")}}`;
+  return `{${items.map((t) => `"${t.replace(/["\\]/g, (c) => `\\${c}`)}"`).join(",")}}`;
 }
 
 /**

@@ -27,7 +27,8 @@ export function ollamaUsage(line: { prompt_eval_count?: number; eval_count?: num
   return { promptTokens: line.prompt_eval_count ?? 0, completionTokens: line.eval_count ?? 0 };
 }
 
-function created(at: string | undefined): number {
+/** Ollama's `created_at` (ISO text) as OpenAI's `created` (seconds); now when absent or unreadable. */
+export function createdSeconds(at: string | undefined): number {
   const ms = at === undefined ? Number.NaN : Date.parse(at);
   return Number.isNaN(ms) ? nowSeconds() : Math.floor(ms / 1000);
 }
@@ -52,7 +53,7 @@ export function ollamaChatResponse(body: unknown): { body: WireJson; usage: Usag
   if (typeof b !== "object" || b === null || typeof b.message !== "object") throw new Error("Ollama answer has no message");
   const toolCalls = (b.message.tool_calls ?? []).map(toolCall);
   const usage = ollamaUsage(b);
-  const head = { id: chatCompletionId(), created: created(b.created_at), model: b.model ?? "" };
+  const head = { id: chatCompletionId(), created: createdSeconds(b.created_at), model: b.model ?? "" };
   const content = b.message.content ?? "";
   const out = chatCompletion(head, { content: content === "" && toolCalls.length > 0 ? null : content, toolCalls, reasoning: b.message.thinking }, finish(b, toolCalls.length > 0), usage);
   return { body: out, usage };
@@ -72,7 +73,7 @@ export const ollamaChatStream: StreamTransform<"chat", OllamaStreamState> = {
     if (typeof line.error === "string") return [{ type: "error", error: { status: 500, type: "api_error", message: `Ollama stream failed: ${line.error}` } }];
     if (s.lines++ === 0) {
       if (line.model) s.w.model = line.model;
-      s.w.created = created(line.created_at);
+      s.w.created = createdSeconds(line.created_at);
     }
     const parts: StreamPart[] = [];
     const m = line.message;

@@ -5,10 +5,10 @@
  */
 import type { CompletionRequest, Deployment, StreamPart, StreamTransform, Usage, WireJson } from "../../core/contract.ts";
 import { estimateTokens } from "../openai-compatible/adapter.ts";
-import { nowSeconds } from "../shared/chat-completion.ts";
+import { nowSeconds, textCompletionId } from "../shared/chat-completion.ts";
 import { openAIUsage } from "../shared/openai-usage.ts";
 import { stopSequences } from "../shared/openai-request.ts";
-import { ollamaUsage } from "./chat-response.ts";
+import { createdSeconds, ollamaUsage } from "./chat-response.ts";
 
 /** The OpenAI completion fields this translation understands. */
 export const OLLAMA_GENERATE_PARAMS = ["temperature", "top_p", "max_tokens", "stop", "seed", "frequency_penalty", "presence_penalty", "suffix", "stream_options", "user"] as const;
@@ -53,13 +53,6 @@ interface OllamaGenerateLine {
   error?: string;
 }
 
-const completionId = () => `cmpl-${crypto.randomUUID().replaceAll("-", "")}`;
-
-function created(at: string | undefined): number {
-  const ms = at === undefined ? Number.NaN : Date.parse(at);
-  return Number.isNaN(ms) ? nowSeconds() : Math.floor(ms / 1000);
-}
-
 const finishReason = (line: OllamaGenerateLine) => (line.done_reason === "length" ? "length" : "stop");
 
 export function ollamaGenerateResponse(body: unknown): { body: WireJson; usage: Usage } {
@@ -68,9 +61,9 @@ export function ollamaGenerateResponse(body: unknown): { body: WireJson; usage: 
   const usage = ollamaUsage(b);
   return {
     body: {
-      id: completionId(),
+      id: textCompletionId(),
       object: "text_completion",
-      created: created(b.created_at),
+      created: createdSeconds(b.created_at),
       model: b.model ?? "",
       choices: [{ text: b.response, index: 0, logprobs: null, finish_reason: finishReason(b) }],
       usage: openAIUsage(usage),
@@ -96,7 +89,7 @@ function chunk(s: OllamaGenerateState, text: string, finish: string | null): Str
 export const ollamaGenerateStream: StreamTransform<"completions", OllamaGenerateState> = {
   framing: "ndjson",
   init: (req: CompletionRequest) => ({
-    id: completionId(),
+    id: textCompletionId(),
     created: nowSeconds(),
     model: req.model,
     lines: 0,
@@ -109,7 +102,7 @@ export const ollamaGenerateStream: StreamTransform<"completions", OllamaGenerate
     if (typeof line.error === "string") return [{ type: "error", error: { status: 500, type: "api_error", message: `Ollama stream failed: ${line.error}` } }];
     if (s.lines++ === 0) {
       if (line.model) s.model = line.model;
-      s.created = created(line.created_at);
+      s.created = createdSeconds(line.created_at);
     }
     const parts: StreamPart[] = [];
     if (line.response) {

@@ -34,6 +34,11 @@ export function chatCompletionId(): string {
   return `chatcmpl-${crypto.randomUUID().replaceAll("-", "")}`;
 }
 
+/** The id of a legacy `text_completion`. */
+export function textCompletionId(): string {
+  return `cmpl-${crypto.randomUUID().replaceAll("-", "")}`;
+}
+
 export function toolCallId(): string {
   return `call_${crypto.randomUUID().replaceAll("-", "").slice(0, 24)}`;
 }

@@ -12,6 +12,7 @@ import type { Deployment, Usage } from "../../contract.ts";
 import { estimatePromptTokens } from "../../cost/estimate.ts";
 import { type Pico, picoToUsd } from "../../cost/money.ts";
 import { choice, list, pageOf } from "../../identity/paging.ts";
+import { teamMemberId } from "../../identity/records.ts";
 import { toApi } from "../../identity/serialize.ts";
 import type { Snapshot } from "../../snapshot.ts";
 import { StoreSpendHistory } from "../../spend/history.ts";
@@ -334,7 +335,7 @@ async function resetAllSpend(ctx: AdminCtx) {
     ...allTeams.map((r) => counterId("team", r.id)),
     ...allOrgs.map((r) => counterId("org", r.id)),
     ...allUsers.map((r) => counterId("user", r.id)),
-    ...allMembers.map((r) => counterId("team_member", `${r.teamId}\t${r.userId}`)),
+    ...allMembers.map((r) => counterId("team_member", teamMemberId(r.teamId, r.userId))),
   ]);
   await ctx.changed({ kind: "all" });
   await ctx.audit({ action: "spend_reset", table: "global", objectId: "all", after: { rows_reset: counters } });
