@@ -49,7 +49,8 @@ function routerHeaders(p: Progress): Record<string, string> {
   return { "x-svc-attempted-retries": String(p.retries), "x-svc-attempted-fallbacks": String(p.fallbacks) };
 }
 
-function invalidModel(model: string): GatewayError {
+/** 400: the model is unknown, or not one the caller may use (the same answer either way). */
+export function invalidModel(model: string): GatewayError {
   return GatewayError.of(400, `Invalid model name passed in model=${model}. Call \`/v1/models\` to view available models for your key.`, "invalid_request_error", "model");
 }
 

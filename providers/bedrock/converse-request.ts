@@ -5,6 +5,7 @@
  */
 import type { ChatRequest, Deployment, WireJson } from "../../core/contract.ts";
 import { GatewayError } from "../../core/errors.ts";
+import { type SamplingNames, samplingSettings } from "../shared/openai-request.ts";
 
 type Block = WireJson;
 interface ConverseMessage {
@@ -171,14 +172,15 @@ function toolConfig(req: ChatRequest, messages: ConverseMessage[]): WireJson | u
 /** Claude models on Bedrock: served by Anthropic's extended-thinking fields. */
 const isClaude = (modelId: string) => modelId.includes("anthropic.claude");
 
+/** Converse's names for the OpenAI sampling fields it takes (`maxTokens` is set above them). */
+const CONVERSE_SAMPLING: SamplingNames = { temperature: "temperature", top_p: "topP", stop: "stopSequences" };
+
 function inferenceConfig(req: ChatRequest, thinkingBudget: number | undefined): WireJson | undefined {
   const config: WireJson = {};
   const max = req.max_completion_tokens ?? req.max_tokens;
   if (max !== undefined && max !== null) config.maxTokens = max;
   else if (thinkingBudget !== undefined) config.maxTokens = thinkingBudget + ANSWER_TOKENS_AFTER_THINKING;
-  if (req.temperature !== undefined && req.temperature !== null) config.temperature = req.temperature;
-  if (req.top_p !== undefined && req.top_p !== null) config.topP = req.top_p;
-  if (req.stop !== undefined && req.stop !== null) config.stopSequences = typeof req.stop === "string" ? [req.stop] : req.stop;
+  samplingSettings(req, CONVERSE_SAMPLING, config);
   return Object.keys(config).length > 0 ? config : undefined;
 }
 

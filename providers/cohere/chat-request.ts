@@ -1,6 +1,17 @@
 /** An OpenAI chat request → Cohere's `POST /v2/chat` body. */
 import type { ChatRequest, WireJson } from "../../core/contract.ts";
-import { type ChatMessage, contentParts, contentText, functionTools, imageUrl, stopSequences, SAMPLING_AND_TOOL_PARAMS, toolCallsOf, toolChoice } from "../shared/openai-request.ts";
+import { type ChatMessage, contentParts, contentText, functionTools, imageUrl, SAMPLING_AND_TOOL_PARAMS, type SamplingNames, samplingSettings, toolCallsOf, toolChoice } from "../shared/openai-request.ts";
+
+/** Cohere's names for the OpenAI sampling fields. */
+const COHERE_SAMPLING: SamplingNames = {
+  temperature: "temperature",
+  top_p: "p",
+  max_tokens: "max_tokens",
+  stop: "stop_sequences",
+  seed: "seed",
+  frequency_penalty: "frequency_penalty",
+  presence_penalty: "presence_penalty",
+};
 
 /** The OpenAI fields this translation understands. */
 export const COHERE_CHAT_PARAMS = SAMPLING_AND_TOOL_PARAMS;
@@ -62,15 +73,7 @@ export function cohereChatBody(req: ChatRequest, model: string): WireJson {
     if (choice.kind === "required" || choice.kind === "function") body.tool_choice = "REQUIRED";
     if (choice.kind === "none") body.tool_choice = "NONE";
   }
-  if (req.temperature != null) body.temperature = req.temperature;
-  if (req.top_p != null) body.p = req.top_p;
-  const max = req.max_completion_tokens ?? req.max_tokens;
-  if (max != null) body.max_tokens = max;
-  const stop = stopSequences(req.stop);
-  if (stop) body.stop_sequences = stop;
-  if (req.seed != null) body.seed = req.seed;
-  if (req.frequency_penalty != null) body.frequency_penalty = req.frequency_penalty;
-  if (req.presence_penalty != null) body.presence_penalty = req.presence_penalty;
+  samplingSettings(req, COHERE_SAMPLING, body);
   const format = req.response_format ? responseFormat(req.response_format) : undefined;
   if (format) body.response_format = format;
   return body;

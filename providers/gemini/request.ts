@@ -3,7 +3,7 @@
  * and Vertex AI, and for streaming: only the URL says "stream").
  */
 import type { ChatRequest, Deployment } from "../../core/contract.ts";
-import { argumentsObject, type ChatMessage, type ContentPart, contentText, functionTools, imageUrl, stopSequences, toolCallsOf, toolChoice, toolNamesById } from "../shared/openai-request.ts";
+import { argumentsObject, type ChatMessage, type ContentPart, contentText, functionTools, imageUrl, type SamplingNames, samplingSettings, toolCallsOf, toolChoice, toolNamesById } from "../shared/openai-request.ts";
 import { audioMime, mediaPart } from "./media.ts";
 import { geminiSchema, isEmptyParameters } from "./schema.ts";
 import { signatureOf } from "./tool-ids.ts";
@@ -182,18 +182,21 @@ function responseFormat(format: ChatRequest["response_format"], config: GeminiGe
   }
 }
 
+/** Gemini's names for the OpenAI sampling fields (its `generationConfig`). */
+const GEMINI_SAMPLING: SamplingNames = {
+  temperature: "temperature",
+  top_p: "topP",
+  max_tokens: "maxOutputTokens",
+  stop: "stopSequences",
+  seed: "seed",
+  frequency_penalty: "frequencyPenalty",
+  presence_penalty: "presencePenalty",
+};
+
 function generationConfig(req: ChatRequest): GeminiGenerationConfig | undefined {
-  const c: GeminiGenerationConfig = {};
-  if (req.temperature != null) c.temperature = req.temperature;
-  if (req.top_p != null) c.topP = req.top_p;
-  const max = req.max_completion_tokens ?? req.max_tokens;
-  if (max != null) c.maxOutputTokens = max;
-  const stop = stopSequences(req.stop);
-  if (stop) c.stopSequences = stop;
+  // The table names exactly the sampling fields of GeminiGenerationConfig.
+  const c = samplingSettings(req, GEMINI_SAMPLING) as GeminiGenerationConfig;
   if (req.n != null) c.candidateCount = req.n;
-  if (req.seed != null) c.seed = req.seed;
-  if (req.presence_penalty != null) c.presencePenalty = req.presence_penalty;
-  if (req.frequency_penalty != null) c.frequencyPenalty = req.frequency_penalty;
   responseFormat(req.response_format, c);
   const effort = (req as { reasoning_effort?: unknown }).reasoning_effort;
   if (typeof effort === "string" && effort in THINKING_BUDGET) {

@@ -8,7 +8,8 @@ import {
   functionTools,
   imageUrl,
   parseDataUrl,
-  stopSequences,
+  type SamplingNames,
+  samplingSettings,
   toolCallsOf,
   toolChoice,
   toolNamesById,
@@ -65,17 +66,20 @@ function format(rf: WireJson): unknown {
   return undefined;
 }
 
-function options(req: ChatRequest, d: Deployment): WireJson | undefined {
-  const o: WireJson = {};
-  if (req.temperature != null) o.temperature = req.temperature;
-  if (req.top_p != null) o.top_p = req.top_p;
-  const max = req.max_completion_tokens ?? req.max_tokens;
-  if (max != null) o.num_predict = max;
-  const stop = stopSequences(req.stop);
-  if (stop) o.stop = stop;
-  if (req.seed != null) o.seed = req.seed;
-  if (req.frequency_penalty != null) o.frequency_penalty = req.frequency_penalty;
-  if (req.presence_penalty != null) o.presence_penalty = req.presence_penalty;
+/** Ollama's names for the OpenAI sampling fields (its `options`), for chat and generate alike. */
+const OLLAMA_SAMPLING: SamplingNames = {
+  temperature: "temperature",
+  top_p: "top_p",
+  max_tokens: "num_predict",
+  stop: "stop",
+  seed: "seed",
+  frequency_penalty: "frequency_penalty",
+  presence_penalty: "presence_penalty",
+};
+
+/** A request's Ollama `options`, or undefined when it sets none. */
+export function ollamaOptions(req: Parameters<typeof samplingSettings>[0], d: Deployment): WireJson | undefined {
+  const o = samplingSettings(req, OLLAMA_SAMPLING);
   // The context size is the operator's choice per deployment (Ollama's default is small).
   if (typeof d.options.num_ctx === "number") o.num_ctx = d.options.num_ctx;
   return Object.keys(o).length > 0 ? o : undefined;
@@ -91,7 +95,7 @@ export function ollamaChatBody(req: ChatRequest, d: Deployment): WireJson {
   if (tools.length > 0) body.tools = tools.map((t) => ({ type: "function", function: t }));
   const f = req.response_format ? format(req.response_format) : undefined;
   if (f !== undefined) body.format = f;
-  const o = options(req, d);
+  const o = ollamaOptions(req, d);
   if (o) body.options = o;
   if (d.options.keep_alive !== undefined) body.keep_alive = d.options.keep_alive;
   if (d.options.think !== undefined) body.think = d.options.think;

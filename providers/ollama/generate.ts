@@ -7,7 +7,7 @@ import type { CompletionRequest, Deployment, StreamPart, StreamTransform, Usage,
 import { estimateTokens } from "../openai-compatible/adapter.ts";
 import { nowSeconds, textCompletionId } from "../shared/chat-completion.ts";
 import { openAIUsage } from "../shared/openai-usage.ts";
-import { stopSequences } from "../shared/openai-request.ts";
+import { ollamaOptions } from "./chat-request.ts";
 import { createdSeconds, ollamaUsage } from "./chat-response.ts";
 
 /** The OpenAI completion fields this translation understands. */
@@ -22,22 +22,13 @@ function promptOf(prompt: CompletionRequest["prompt"]): string {
 }
 
 export function ollamaGenerateBody(req: CompletionRequest, d: Deployment): WireJson {
-  // Fields the schema lets through without naming them.
-  const extra = req as { suffix?: unknown; seed?: unknown };
+  // A field the schema lets through without naming it.
+  const suffix = (req as { suffix?: unknown }).suffix;
   // Ollama streams unless told otherwise, so `stream` is always sent.
   const body: WireJson = { model: d.upstreamModel, prompt: promptOf(req.prompt), stream: req.stream === true };
-  if (typeof extra.suffix === "string") body.suffix = extra.suffix;
-  const o: WireJson = {};
-  if (req.temperature != null) o.temperature = req.temperature;
-  if (req.top_p != null) o.top_p = req.top_p;
-  if (req.max_tokens != null) o.num_predict = req.max_tokens;
-  const stop = stopSequences(req.stop);
-  if (stop) o.stop = stop;
-  if (typeof extra.seed === "number") o.seed = extra.seed;
-  if (req.frequency_penalty != null) o.frequency_penalty = req.frequency_penalty;
-  if (req.presence_penalty != null) o.presence_penalty = req.presence_penalty;
-  if (typeof d.options.num_ctx === "number") o.num_ctx = d.options.num_ctx;
-  if (Object.keys(o).length > 0) body.options = o;
+  if (typeof suffix === "string") body.suffix = suffix;
+  const o = ollamaOptions(req, d);
+  if (o) body.options = o;
   if (d.options.keep_alive !== undefined) body.keep_alive = d.options.keep_alive;
   return body;
 }

@@ -44,6 +44,40 @@ export function stopSequences(stop: ChatRequest["stop"]): string[] | undefined {
   return typeof stop === "string" ? [stop] : stop;
 }
 
+/** The OpenAI sampling fields of a chat or completion request. */
+interface SamplingRequest {
+  temperature?: number | null;
+  top_p?: number | null;
+  max_tokens?: number | null;
+  max_completion_tokens?: number | null;
+  stop?: string | string[] | null;
+  seed?: unknown;
+  frequency_penalty?: number | null;
+  presence_penalty?: number | null;
+}
+
+/** What a provider calls each OpenAI sampling field; a field it has no name for is not sent. */
+export type SamplingNames = Partial<Record<"temperature" | "top_p" | "max_tokens" | "stop" | "seed" | "frequency_penalty" | "presence_penalty", string>>;
+
+/**
+ * The sampling settings a request sets, written into `into` under the provider's names:
+ * `max_tokens` is `max_completion_tokens ?? max_tokens`, `stop` always a list.
+ */
+export function samplingSettings(req: SamplingRequest, names: SamplingNames, into: WireJson = {}): WireJson {
+  const set = (field: keyof SamplingNames, value: unknown) => {
+    const name = names[field];
+    if (name !== undefined && value !== undefined && value !== null) into[name] = value;
+  };
+  set("temperature", req.temperature);
+  set("top_p", req.top_p);
+  set("max_tokens", req.max_completion_tokens ?? req.max_tokens);
+  set("stop", stopSequences(req.stop));
+  set("seed", typeof req.seed === "number" ? req.seed : undefined);
+  set("frequency_penalty", req.frequency_penalty);
+  set("presence_penalty", req.presence_penalty);
+  return into;
+}
+
 /** An assistant message's tool calls (the legacy `function_call` counts as one). */
 export function toolCallsOf(m: ChatMessage): OpenAIToolCall[] {
   const calls: OpenAIToolCall[] = [];

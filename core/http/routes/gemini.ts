@@ -15,7 +15,7 @@ import { chatToGemini } from "../../gemini-inbound/response.ts";
 import { geminiStream } from "../../gemini-inbound/stream.ts";
 import { isObject } from "../../gemini-inbound/types.ts";
 import type { Pin } from "../../live.ts";
-import { modelCall } from "../../router/route.ts";
+import { invalidModel, modelCall } from "../../router/route.ts";
 import { canCountUpstream, countLocally, countUpstream, tokenizerModel } from "../../tokens/count.ts";
 import { deploymentFor } from "../../tokens/target.ts";
 import type { AppDeps } from "../app.ts";
@@ -82,7 +82,7 @@ export function geminiRoutes({ live, log }: AppDeps) {
     const inner = isObject(body.generateContentRequest) ? body.generateContentRequest : body;
     const { messages, tools } = geminiMessages(inner);
     const d = deploymentFor(snapshot, principal, model);
-    if (!d) throw GatewayError.of(400, `Invalid model name passed in model=${model}. Call \`/v1/models\` to view available models for your key.`, "invalid_request_error", "model");
+    if (!d) throw invalidModel(model);
     const count =
       messages.length === 0
         ? { total: 0, image: 0, tokenizerType: "none" }

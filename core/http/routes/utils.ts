@@ -10,6 +10,7 @@ import type { ChatRequest, Endpoint, EndpointAdapter, HttpCall, Principal, WireR
 import { GatewayError } from "../../errors.ts";
 import { geminiMessages } from "../../gemini-inbound/request.ts";
 import { OPENAI_CHAT_PARAMS, OPENAI_EMBEDDING_PARAMS, supportedBody } from "../../pipeline/params.ts";
+import { invalidModel } from "../../router/route.ts";
 import type { Snapshot } from "../../snapshot.ts";
 import { canCountUpstream, countLocally, countUpstream, type TokenCount, tokenizerModel } from "../../tokens/count.ts";
 import { deploymentFor } from "../../tokens/target.ts";
@@ -18,10 +19,6 @@ import { authenticate } from "../auth.ts";
 import { readBody, validate } from "../validate.ts";
 
 const badRequest = (message: string, param?: string) => GatewayError.of(400, message, "invalid_request_error", param ?? null);
-
-function unknownModel(model: string): GatewayError {
-  return badRequest(`Invalid model name passed in model=${model}. Call \`/v1/models\` to view available models for your key.`, "model");
-}
 
 // ---------------------------------------------------------------------------------------------
 // token_counter
@@ -62,7 +59,7 @@ async function tokenCounter(s: Snapshot, principal: Principal, body: Record<stri
 function supportedParams(s: Snapshot, principal: Principal, model: string | null): string[] {
   if (!model) throw badRequest("Query parameter model is required: /utils/supported_openai_params?model=<model>.", "model");
   const d = deploymentFor(s, principal, model);
-  if (!d) throw unknownModel(model);
+  if (!d) throw invalidModel(model);
   const endpoints = s.providers.get(d.provider)?.endpoints ?? {};
   if (d.info.mode === "embedding") return [...(endpoints.embeddings?.supportedParams ?? OPENAI_EMBEDDING_PARAMS)];
   const chat = endpoints.chat;
@@ -126,7 +123,7 @@ function transformRequest(s: Snapshot, principal: Principal, body: Record<string
   if (requestBody === null || typeof requestBody !== "object" || Array.isArray(requestBody)) throw badRequest("request_body is required: the body of the call to transform.", "request_body");
   const req = validate[endpoint](requestBody) as WireRequest[typeof endpoint];
   const d = deploymentFor(s, principal, req.model);
-  if (!d) throw unknownModel(req.model);
+  if (!d) throw invalidModel(req.model);
   const ep = s.providers.get(d.provider)?.endpoints[endpoint] as EndpointAdapter<typeof endpoint> | undefined;
   if (!ep) throw badRequest(`model ${req.model} (provider ${d.provider}) does not support ${endpoint}`, "model");
   const sent = ep.supportedParams ? supportedBody(req, ep.supportedParams, d, s.settings.dropParams) : req;
