@@ -254,7 +254,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
 }
 
 /** The adapter's request transform; a transform that cannot translate the input refuses it: a 400, not a 500. */
-function buildCall<E extends Endpoint>(ep: EndpointAdapter<E, unknown>, body: WireRequest[E], d: Deployment, raw: string | undefined): HttpCall {
+export function buildCall<E extends Endpoint>(ep: EndpointAdapter<E, unknown>, body: WireRequest[E], d: Deployment, raw: string | undefined): HttpCall {
   try {
     return ep.request(body, d, raw);
   } catch (err) {

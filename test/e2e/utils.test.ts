@@ -38,6 +38,8 @@ beforeAll(async () => {
         },
         { model_name: "claude", svc_params: viaAnthropic() },
         { model_name: "claude-slow", svc_params: viaAnthropic({ timeout: 0.5 }) },
+        // Never called: transform_request only builds the upstream request.
+        { model_name: "local", svc_params: { model: "ollama/llama3.2", api_base: "http://127.0.0.1:9" } },
       ],
       general_settings: { master_key: MASTER_KEY },
     },
@@ -217,6 +219,13 @@ describe("/utils/transform_request", () => {
     expect((await transform({ call_type: "rerank", request_body: { model: "gpt-4o-model" } })).status).toBe(400);
     expect((await transform({ call_type: "completion" })).status).toBe(400);
     expect((await transform({ call_type: "completion", request_body: { model: "claude", messages: user("hi") } }, narrowKey)).status).toBe(401);
+  });
+
+  test("a request the adapter cannot translate is the client's 400, as on the call itself, not a 500", async () => {
+    const r = await transform({ call_type: "text_completion", request_body: { model: "local", prompt: ["first", "second"] } });
+    expect(r.status).toBe(400);
+    expect(r.text).toContain("ollama cannot take this request");
+    expect(r.text).toContain("one prompt per request");
   });
 
   test("credentials in a URL (password, key-like query parameters) are redacted", () => {

@@ -9,6 +9,7 @@ import { Elysia } from "elysia";
 import type { ChatRequest, Endpoint, EndpointAdapter, HttpCall, Principal, WireRequest } from "../../contract.ts";
 import { GatewayError } from "../../errors.ts";
 import { geminiMessages } from "../../gemini-inbound/request.ts";
+import { buildCall } from "../../pipeline/call.ts";
 import { OPENAI_CHAT_PARAMS, OPENAI_EMBEDDING_PARAMS, supportedBody } from "../../pipeline/params.ts";
 import { invalidModel } from "../../router/route.ts";
 import type { Snapshot } from "../../snapshot.ts";
@@ -127,7 +128,7 @@ function transformRequest(s: Snapshot, principal: Principal, body: Record<string
   const ep = s.providers.get(d.provider)?.endpoints[endpoint] as EndpointAdapter<typeof endpoint> | undefined;
   if (!ep) throw badRequest(`model ${req.model} (provider ${d.provider}) does not support ${endpoint}`, "model");
   const sent = ep.supportedParams ? supportedBody(req, ep.supportedParams, d, s.settings.dropParams) : req;
-  const call = ep.request(sent, d);
+  const call = buildCall(ep, sent, d, undefined);
   return { raw_request_api_base: redactUrl(call.url), raw_request_body: parsedBody(call), raw_request_headers: redactHeaders(call.headers) };
 }
 
