@@ -383,12 +383,20 @@ export interface RateCounter {
   rpm?: number;
   tpm?: number;
   parallel?: number;
+  /**
+   * A `dynamic` key's share of a pool: its rpm/tpm are the pool divided among the members that
+   * counted a request on `among` in the window (this one included), at least 1. The windows keep
+   * that set, so with Redis every instance sees the same members.
+   */
+  share?: { among: string; member: string; rpm?: number; tpm?: number };
 }
 
 export type RateLimitKind = "requests" | "tokens" | "parallel_requests";
 
 export interface RateGrant {
   ok: true;
+  /** The counters as applied (same order as asked): a share's rpm/tpm resolved to its current part. */
+  applied: readonly RateCounter[];
   /** What is left on each counter right after this request was counted (same order as asked). */
   remaining: readonly { requests: number | undefined; tokens: number | undefined }[];
   /** Replaces the reserved token estimate with the real count and ends the in-flight request. */
@@ -397,6 +405,7 @@ export interface RateGrant {
 
 export interface RateRefusal {
   ok: false;
+  /** The counter that refused, as applied (a share resolved). */
   counter: RateCounter;
   kind: RateLimitKind;
   limit: number;

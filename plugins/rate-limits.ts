@@ -15,7 +15,7 @@ import { Type } from "@sinclair/typebox";
 import { type CallIntent, type Denied, definePlugin, type Hooks, type IdentityView, type KeyRow, type Lease, type RateCounter, type RateGrant, type RateRefusal, type RateWindows, teamMemberId } from "../core/contract.ts";
 import { errorInfo } from "../core/errors.ts";
 import { guaranteedLimit, reservedOn, type ThroughputKind } from "../core/limits/capacity.ts";
-import { retryAfterSeconds, tokenEstimate, WINDOW_MS } from "../core/limits/window.ts";
+import { retryAfterSeconds, tokenEstimate } from "../core/limits/window.ts";
 import { keyLabel } from "./shared/labels.ts";
 
 const GRANTED: Lease = { ok: true, settle: () => undefined };
@@ -49,13 +49,13 @@ function modelCounter(out: RateCounter[], id: string, label: string, row: RowLim
  * - `guaranteed_throughput`: the key's limit is reserved out of the capacity (checked when the key
  *   is written); traffic of keys that are not guaranteed shares only what is left, so the reserved
  *   share is free whenever its key calls.
- * - `dynamic`: the key gets an equal share of what is left, among the keys that called the group in
- *   the last 60 s (on this instance), so shares grow and shrink as keys come and go.
+ * - `dynamic`: the key gets an equal share of what is left, among the dynamic keys that called the
+ *   group in the last 60 s (across instances when the windows are in Redis), so shares grow and
+ *   shrink as keys come and go.
  * - `best_effort_throughput` (default): only the key's own limit, and the shared remainder.
  */
 class Throughput {
   private readonly reserved = new Map<string, number>();
-  private readonly active = new Map<string, Map<string, number>>();
 
   readonly dispose: () => void;
 
@@ -73,38 +73,24 @@ class Throughput {
     return sum;
   }
 
-  /** Marks `token` active on `group`; returns how many keys are. */
-  activeKeys(group: string, token: string, now: number): number {
-    let keys = this.active.get(group);
-    if (!keys) {
-      keys = new Map();
-      this.active.set(group, keys);
-    }
-    keys.set(token, now);
-    for (const [t, at] of keys) if (at <= now - WINDOW_MS) keys.delete(t);
-    return keys.size;
-  }
-
   counters(intent: CallIntent, key: KeyRow, label: string, out: RateCounter[]): void {
     const cap = intent.groupCapacity;
     if (cap.rpm === undefined && cap.tpm === undefined) return;
     const group = intent.modelGroup;
     const shared: RateCounter = { id: `group_shared:${group}`, label: `Model ${group} (capacity left after guaranteed keys)` };
-    const share: RateCounter = { id: `key_dynamic:${key.token}:${group}`, label: `${label} (dynamic share of model=${group})` };
-    let active: number | undefined;
+    const pools: { rpm?: number; tpm?: number } = {};
     for (const kind of ["rpm", "tpm"] as const) {
       const capacity = cap[kind];
       if (capacity === undefined || guaranteedLimit(key, kind) !== undefined) continue;
       const reserved = this.reservedOn(group, kind);
       const pool = Math.max(0, capacity - reserved);
       if (reserved > 0) shared[kind] = pool;
-      if ((kind === "rpm" ? key.rpmLimitType : key.tpmLimitType) === "dynamic") {
-        active ??= this.activeKeys(group, key.token, intent.startedAt);
-        share[kind] = Math.max(1, Math.floor(pool / active));
-      }
+      if ((kind === "rpm" ? key.rpmLimitType : key.tpmLimitType) === "dynamic") pools[kind] = pool;
     }
     if (shared.rpm !== undefined || shared.tpm !== undefined) out.push(shared);
-    if (share.rpm !== undefined || share.tpm !== undefined) out.push(share);
+    if (pools.rpm !== undefined || pools.tpm !== undefined) {
+      out.push({ id: `key_dynamic:${key.token}:${group}`, label: `${label} (dynamic share of model=${group})`, share: { among: `dynamic:${group}`, member: key.token, ...pools } });
+    }
   }
 }
 
@@ -187,9 +173,9 @@ export default definePlugin({
         acquire(intent) {
           const counters = countersFor(intent, identity, throughput);
           if (counters.length === 0) return GRANTED;
-          const tokens = counters.some((c) => c.tpm !== undefined) ? tokenEstimate(intent) : 0;
+          const tokens = counters.some((c) => c.tpm !== undefined || c.share?.tpm !== undefined) ? tokenEstimate(intent) : 0;
           const toLease = (r: RateGrant | RateRefusal): Lease | Denied =>
-            r.ok ? { ok: true, headers: rateHeaders(counters, r.remaining), settle: (usage) => r.settle(usage.promptTokens + usage.completionTokens) } : rateRefusal(r, tokens);
+            r.ok ? { ok: true, headers: rateHeaders(r.applied, r.remaining), settle: (usage) => r.settle(usage.promptTokens + usage.completionTokens) } : rateRefusal(r, tokens);
           const result = windows.acquire(counters, tokens);
           return result instanceof Promise ? result.then(toLease) : toLease(result);
         },

@@ -1,11 +1,13 @@
 /** Rate-limit windows of one instance (no Redis, or Redis unreachable). */
 import type { RateCounter, RateGrant, RateRefusal, RateWindows } from "../contract.ts";
-import { SlidingWindow, WINDOW_MS } from "./window.ts";
+import { applyShare, SlidingWindow, WINDOW_MS } from "./window.ts";
 
 const SWEEP_MS = WINDOW_MS;
 
 export class LocalWindows implements RateWindows {
   private readonly windows = new Map<string, SlidingWindow>();
+  /** Per share pool: when each member last counted a request on it. */
+  private readonly members = new Map<string, Map<string, number>>();
   private lastSweep = Date.now();
 
   constructor(private readonly clock: () => number = Date.now) {}
@@ -14,7 +16,10 @@ export class LocalWindows implements RateWindows {
     const now = this.clock();
     if (now - this.lastSweep > SWEEP_MS) this.sweep(now);
     const windows: SlidingWindow[] = [];
-    for (const c of counters) {
+    const applied: RateCounter[] = [];
+    for (const asked of counters) {
+      const c = asked.share ? applyShare(asked, this.activeMembers(asked.share, now)) : asked;
+      applied.push(c);
       let w = this.windows.get(c.id);
       if (!w) {
         w = new SlidingWindow();
@@ -26,13 +31,14 @@ export class LocalWindows implements RateWindows {
       windows.push(w);
     }
     const seqs = windows.map((w) => w.add(tokens, now));
-    const remaining = counters.map((c, i) => ({
+    const remaining = applied.map((c, i) => ({
       requests: c.rpm === undefined ? undefined : c.rpm - windows[i]!.requests,
       tokens: c.tpm === undefined ? undefined : c.tpm - windows[i]!.tokenSum,
     }));
     let settled = false;
     return {
       ok: true,
+      applied,
       remaining,
       settle: (actual) => {
         if (settled) return;
@@ -40,6 +46,18 @@ export class LocalWindows implements RateWindows {
         for (const [i, w] of windows.entries()) w.settle(seqs[i]!, actual);
       },
     };
+  }
+
+  /** Marks the share's member active on its pool now; returns how many members are. */
+  private activeMembers(share: NonNullable<RateCounter["share"]>, now: number): number {
+    let seen = this.members.get(share.among);
+    if (!seen) {
+      seen = new Map();
+      this.members.set(share.among, seen);
+    }
+    seen.set(share.member, now);
+    for (const [m, at] of seen) if (at <= now - WINDOW_MS) seen.delete(m);
+    return seen.size;
   }
 
   /** What a counter holds now (tests, `/health`). */
@@ -55,6 +73,10 @@ export class LocalWindows implements RateWindows {
     for (const [id, w] of this.windows) {
       w.prune(now);
       if (w.idle) this.windows.delete(id);
+    }
+    for (const [among, seen] of this.members) {
+      for (const [m, at] of seen) if (at <= now - WINDOW_MS) seen.delete(m);
+      if (seen.size === 0) this.members.delete(among);
     }
   }
 }

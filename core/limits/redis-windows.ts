@@ -1,7 +1,9 @@
 /**
  * Rate-limit windows in Redis, shared by every instance. Per counter: a sorted set of the window's
  * requests (member = request id, score = start time in ms), a hash of their tokens (plus `sum`),
- * and a sorted set of requests in flight (score = when a lost one stops counting). One Lua script
+ * and a sorted set of requests in flight (score = when a lost one stops counting); per share pool, a
+ * sorted set of its members (score = their last request), so a `dynamic` key's part is the same on
+ * every instance. One Lua script
  * checks every counter of a request and counts it on all or none, using Redis's clock, so two
  * instances enforce one limit exactly. While Redis is unreachable the instance counts alone and
  * says so; requests keep flowing.
@@ -13,9 +15,11 @@ import { WINDOW_MS } from "./window.ts";
 
 const PREFIX = "svc:rl:";
 
-// KEYS: per counter (requests zset, tokens hash, in-flight zset). ARGV: window ms, tokens, request
-// id, in-flight ttl ms, then per counter rpm, tpm, parallel ('' = no limit).
-// Returns {0, requests1, tokens1, …} when counted, else {i, kind, current, retry-after ms}.
+// KEYS: per counter (requests zset, tokens hash, in-flight zset, share members zset). ARGV: window
+// ms, tokens, request id, in-flight ttl ms, then per counter rpm, tpm, parallel ('' = no limit),
+// share member, share rpm pool, share tpm pool ('' = not a share).
+// Returns {0, requests1, tokens1, rpm1, tpm1, …} when counted (limits as applied, '' = none), else
+// {i, kind, current, retry-after ms, limit}.
 const ACQUIRE = new LuaScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -23,11 +27,23 @@ local win = tonumber(ARGV[1])
 local tokens = tonumber(ARGV[2])
 local id = ARGV[3]
 local ttl = tonumber(ARGV[4])
-local n = #KEYS / 3
+local n = #KEYS / 4
 local out = {0}
+local limits = {}
 for i = 1, n do
-  local z, h, p = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
-  local rpm, tpm, par = ARGV[4 + 3 * i - 2], ARGV[4 + 3 * i - 1], ARGV[4 + 3 * i]
+  local z, h, p, a = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
+  local arg = 4 + 6 * (i - 1)
+  local rpm, tpm, par = ARGV[arg + 1], ARGV[arg + 2], ARGV[arg + 3]
+  if ARGV[arg + 4] ~= '' then
+    -- A share: the pool divided among the members active in the window, this one included.
+    redis.call('ZADD', a, now, ARGV[arg + 4])
+    redis.call('ZREMRANGEBYSCORE', a, '-inf', now - win)
+    redis.call('PEXPIRE', a, win + 1000)
+    local members = redis.call('ZCARD', a)
+    if ARGV[arg + 5] ~= '' then rpm = tostring(math.max(1, math.floor(tonumber(ARGV[arg + 5]) / members))) end
+    if ARGV[arg + 6] ~= '' then tpm = tostring(math.max(1, math.floor(tonumber(ARGV[arg + 6]) / members))) end
+  end
+  limits[i] = {rpm, tpm, par}
   -- Token counts are kept only for counters with a tpm limit, in-flight requests only with a parallel one.
   if tpm ~= '' then
     local old = redis.call('ZRANGEBYSCORE', z, '-inf', now - win)
@@ -52,7 +68,7 @@ for i = 1, n do
       local e = redis.call('ZRANGE', z, count - r, count - r, 'WITHSCORES')
       retry = tonumber(e[2]) + win - now
     end
-    return {i, 'requests', count, retry}
+    return {i, 'requests', count, retry, rpm}
   end
   local sum = 0
   if tpm ~= '' then
@@ -71,27 +87,29 @@ for i = 1, n do
           end
         end
       end
-      return {i, 'tokens', sum, retry}
+      return {i, 'tokens', sum, retry, tpm}
     end
   end
   if par ~= '' then
     redis.call('ZREMRANGEBYSCORE', p, '-inf', now)
     local inflight = redis.call('ZCARD', p)
-    if inflight + 1 > tonumber(par) then return {i, 'parallel_requests', inflight, 0} end
+    if inflight + 1 > tonumber(par) then return {i, 'parallel_requests', inflight, 0, par} end
   end
-  out[2 * i] = count + 1
-  out[2 * i + 1] = sum + tokens
+  out[4 * i - 2] = count + 1
+  out[4 * i - 1] = sum + tokens
+  out[4 * i] = rpm
+  out[4 * i + 1] = tpm
 end
 for i = 1, n do
-  local z, h, p = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local z, h, p = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1]
   redis.call('ZADD', z, now, id)
   redis.call('PEXPIRE', z, win + 1000)
-  if ARGV[4 + 3 * i - 1] ~= '' then
+  if limits[i][2] ~= '' then
     redis.call('HSET', h, id, tokens)
     redis.call('HINCRBY', h, 'sum', tokens)
     redis.call('PEXPIRE', h, win + 1000)
   end
-  if ARGV[4 + 3 * i] ~= '' then
+  if limits[i][3] ~= '' then
     redis.call('ZADD', p, now + ttl, id)
     redis.call('PEXPIRE', p, ttl + 1000)
   end
@@ -101,8 +119,8 @@ return out
 
 // KEYS as above. ARGV: request id, actual tokens.
 const SETTLE = new LuaScript(`
-for i = 1, #KEYS / 3 do
-  local h, p = KEYS[3 * i - 1], KEYS[3 * i]
+for i = 1, #KEYS / 4 do
+  local h, p = KEYS[4 * i - 2], KEYS[4 * i - 1]
   local old = redis.call('HGET', h, ARGV[1])
   if old then
     redis.call('HSET', h, ARGV[1], ARGV[2])
@@ -114,11 +132,14 @@ end
 return 0
 `);
 
-/** The counter's keys, hash-tagged so one counter's keys share a cluster slot. */
+/** The counter's keys, hash-tagged so one counter's keys share a cluster slot; a share's members are kept per pool. */
 function keysOf(c: RateCounter): string[] {
   const tag = `${PREFIX}{${c.id}}`;
-  return [`${tag}:r`, `${tag}:t`, `${tag}:p`];
+  return [`${tag}:r`, `${tag}:t`, `${tag}:p`, c.share ? `${PREFIX}{share:${c.share.among}}` : `${tag}:a`];
 }
+
+/** A limit as Redis returned it ('' = none). */
+const limitOf = (v: unknown) => (v === "" || v === null || v === undefined ? undefined : Number(v));
 
 const limitArg = (n: number | undefined) => (n === undefined ? "" : String(n));
 
@@ -140,11 +161,11 @@ export class RedisWindows implements RateWindows {
   ) {}
 
   async acquire(counters: readonly RateCounter[], tokens: number): Promise<RateGrant | RateRefusal> {
-    if (counters.length === 0) return { ok: true, remaining: [], settle: () => undefined };
+    if (counters.length === 0) return { ok: true, applied: [], remaining: [], settle: () => undefined };
     const keys = counters.flatMap(keysOf);
     const id = `${this.instance}:${++this.seq}`;
     const args: (string | number)[] = [this.windowMs, tokens, id, this.inFlightTtlMs];
-    for (const c of counters) args.push(limitArg(c.rpm), limitArg(c.tpm), limitArg(c.parallel));
+    for (const c of counters) args.push(limitArg(c.rpm), limitArg(c.tpm), limitArg(c.parallel), c.share?.member ?? "", limitArg(c.share?.rpm), limitArg(c.share?.tpm));
     let res: (number | string)[];
     try {
       res = (await this.redis.run(ACQUIRE, keys, args)) as (number | string)[];
@@ -155,18 +176,21 @@ export class RedisWindows implements RateWindows {
     this.recovered();
     const head = Number(res[0]);
     if (head > 0) {
-      const c = counters[head - 1]!;
+      const asked = counters[head - 1]!;
       const kind = String(res[1]) as RateLimitKind;
-      const limit = kind === "requests" ? c.rpm! : kind === "tokens" ? c.tpm! : c.parallel!;
-      return { ok: false, counter: c, kind, limit, current: Number(res[2]), retryAfterMs: Number(res[3]) };
+      const limit = Number(res[4]);
+      const counter = !asked.share ? asked : kind === "requests" ? { ...asked, rpm: limit } : kind === "tokens" ? { ...asked, tpm: limit } : asked;
+      return { ok: false, counter, kind, limit, current: Number(res[2]), retryAfterMs: Number(res[3]) };
     }
-    const remaining = counters.map((c, i) => ({
-      requests: c.rpm === undefined ? undefined : c.rpm - Number(res[2 * i + 1]),
-      tokens: c.tpm === undefined ? undefined : c.tpm - Number(res[2 * i + 2]),
+    const applied = counters.map((c, i) => (c.share ? { ...c, rpm: limitOf(res[4 * i + 3]), tpm: limitOf(res[4 * i + 4]) } : c));
+    const remaining = applied.map((c, i) => ({
+      requests: c.rpm === undefined ? undefined : c.rpm - Number(res[4 * i + 1]),
+      tokens: c.tpm === undefined ? undefined : c.tpm - Number(res[4 * i + 2]),
     }));
     let settled = false;
     return {
       ok: true,
+      applied,
       remaining,
       settle: (actual) => {
         if (settled) return;

@@ -15,6 +15,14 @@ export function tokenEstimate(intent: Pick<CallIntent, "estimatedPromptTokens" |
   return intent.estimatedPromptTokens + (intent.maxOutputTokens ?? 0);
 }
 
+/** A share counter as applied: its rpm/tpm are the pool's part for `members` active members. */
+export function applyShare(c: RateCounter, members: number): RateCounter {
+  const s = c.share;
+  if (!s) return c;
+  const part = (pool: number | undefined, own: number | undefined) => (pool === undefined ? own : Math.max(1, Math.floor(pool / Math.max(1, members))));
+  return { ...c, rpm: part(s.rpm, c.rpm), tpm: part(s.tpm, c.tpm) };
+}
+
 export interface WindowCheck {
   kind: RateLimitKind;
   limit: number;

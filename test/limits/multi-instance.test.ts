@@ -2,7 +2,7 @@
 // here, so the test can kill it). 500 requests at a key with rpm_limit 100, split between the two
 // instances and fired at once: exactly 100 succeed. Redis killed mid-run and restarted: no request
 // fails because of it (each instance counts alone meanwhile and says so), and the limits are back
-// in Redis afterwards.
+// in Redis afterwards. A dynamic key's share counts the dynamic keys active on either instance.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { createServer } from "node:net";
 import Redis from "ioredis";
@@ -10,7 +10,10 @@ import { freshDatabase, MASTER_KEY, requestJson, startTestGateway, type TestGate
 import { sha256 } from "../harness/util.ts";
 
 const CONFIG = {
-  model_list: [{ model_name: "m", svc_params: { model: "mock/m" } }],
+  model_list: [
+    { model_name: "m", svc_params: { model: "mock/m" } },
+    { model_name: "d", svc_params: { model: "mock/d", rpm: 6 } },
+  ],
   general_settings: { master_key: MASTER_KEY },
 };
 
@@ -41,15 +44,17 @@ async function startRedis(port: number): Promise<ReturnType<typeof Bun.spawn>> {
   return proc;
 }
 
-async function chat(gw: TestGateway, key: string): Promise<number> {
+async function call(gw: TestGateway, key: string, model: string): Promise<{ status: number; limit: string | null; message?: string }> {
   const res = await fetch(`${gw.baseURL}/chat/completions`, {
     method: "POST",
     headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
-    body: JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }], max_tokens: 5 }),
+    body: JSON.stringify({ model, messages: [{ role: "user", content: "hi" }], max_tokens: 5 }),
   });
-  await res.arrayBuffer();
-  return res.status;
+  const body = (await res.json()) as { error?: { message: string } };
+  return { status: res.status, limit: res.headers.get("x-ratelimit-limit-requests"), message: body.error?.message };
 }
+
+const chat = async (gw: TestGateway, key: string) => (await call(gw, key, "m")).status;
 
 const hasRedisServer = Bun.which("redis-server") !== null;
 
@@ -90,6 +95,19 @@ describe.skipIf(!hasRedisServer)("rate limits across two instances on one Redis"
     const statuses = await Promise.all(Array.from({ length: 500 }, (_, i) => chat(i % 2 === 0 ? a : b, key)));
     expect(statuses.filter((s) => s === 200).length).toBe(100);
     expect(statuses.filter((s) => s === 429).length).toBe(400);
+  });
+
+  test("a dynamic key's share of a model counts the dynamic keys active on the other instance", async () => {
+    const d1 = await newKey({ rpm_limit_type: "dynamic" });
+    const d2 = await newKey({ rpm_limit_type: "dynamic" });
+    expect((await call(a, d1, "d")).status).toBe(200);
+    // d2 calls only B, yet its share is 6 rpm / 2 keys: B sees d1 active through Redis.
+    const onB = [];
+    for (let i = 0; i < 4; i++) onB.push(await call(b, d2, "d"));
+    expect(onB.map((r) => r.status)).toEqual([200, 200, 200, 429]);
+    expect(onB[0]!.limit).toBe("3");
+    expect(onB[3]!.message).toContain("dynamic share of model=d");
+    expect(onB[3]!.message).toContain("requests per minute limit 3");
   });
 
   test("Redis killed mid-run and restarted: no request fails, and the counters are back in Redis", async () => {
