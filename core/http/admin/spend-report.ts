@@ -85,7 +85,7 @@ interface Ranked<C> {
   value: C;
 }
 
-const bySpendThenId = (x: Ranked<unknown>, y: Ranked<unknown>) => (x.spend === y.spend ? (x.id < y.id ? -1 : 1) : x.spend > y.spend ? -1 : 1);
+const bySpendThenId = (x: { id: string; spend: number }, y: { id: string; spend: number }) => (x.spend === y.spend ? (x.id < y.id ? -1 : 1) : x.spend > y.spend ? -1 : 1);
 
 /** Children by spend, highest first (ties by id, so the order is stable). */
 function bySpend<C extends { total: Usage } | Usage>(map: Map<string, C>): [string, C][] {
@@ -165,6 +165,35 @@ async function byTeam(db: Db, f: ReportFilter): Promise<string> {
   });
 }
 
+/** One api key's or customer's day: totals, its first model inline, any further models in `more`. */
+interface Entry extends Usage {
+  id: string;
+  model: string;
+  first: Usage;
+  more: Map<string, Usage> | undefined;
+}
+
+/** Per day (oldest first), the entries by spend. Most entries have one model a day, so that one is kept without a map. */
+function entriesByDay(found: DailyRow[]): [string, Entry[]][] {
+  const days = new Map<string, Map<string, Entry>>();
+  for (const r of found) {
+    const spend = picoNumber(r.spend);
+    const i = Number(r.i);
+    const o = Number(r.o);
+    const n = Number(r.n);
+    const day = child(days, r.day, () => new Map<string, Entry>());
+    const e = day.get(r.entity_id);
+    if (!e) {
+      day.set(r.entity_id, { id: r.entity_id, spend, i, o, n, model: r.model_group, first: { spend, i, o, n }, more: undefined });
+      continue;
+    }
+    add(e, spend, i, o, n);
+    if (r.model_group === e.model) add(e.first, spend, i, o, n);
+    else add(child((e.more ??= new Map()), r.model_group, usage), spend, i, o, n);
+  }
+  return [...days].sort(([a], [b]) => (a < b ? -1 : 1)).map(([day, m]) => [day, [...m.values()].sort(bySpendThenId)]);
+}
+
 /** `[{group_by_day, api_keys|customers: [{api_key|customer, total_cost, total_input_tokens, total_output_tokens, total_requests, model_details: [...]}]}]`. */
 async function byDimension(db: Db, f: ReportFilter, dim: "api_key" | "customer"): Promise<string> {
   const extra: SQL[] = [];
@@ -172,18 +201,23 @@ async function byDimension(db: Db, f: ReportFilter, dim: "api_key" | "customer")
   if (f.teamId) extra.push(sql`exists (select 1 from daily_spend t where t.entity_type = 'team' and t.entity_id = ${f.teamId} and t.date = d.date and t.api_key = d.api_key)`);
   const where = whereOf(dim === "api_key" ? "key" : "end_user", f, extra);
   const list = dim === "api_key" ? "api_keys" : "customers";
+  const model = (m: string, u: Usage) => `{"model":${quote(m)},"total_cost":${money(u.spend)},"total_input_tokens":${u.i},"total_output_tokens":${u.o},"requests":${u.n}}`;
   return report(db, where, `${dim}\u0000${f.apiKey}\u0000${f.teamId}\u0000${f.customerId}`, (found) => {
     const out = new Map<string, string>();
-    for (const [day, d] of tree(found, () => "")) {
-      const entries: string[] = [];
-      for (const [id, e] of bySpend(d.children)) {
-        const models = bySpend(e.children.get("")!.children).map(
-          ([m, u]) => `{"model":${quote(m)},"total_cost":${money(u.spend)},"total_input_tokens":${u.i},"total_output_tokens":${u.o},"requests":${u.n}}`,
-        );
-        const t = e.total;
-        entries.push(`{"${dim}":${quote(id)},"total_cost":${money(t.spend)},"total_input_tokens":${t.i},"total_output_tokens":${t.o},"total_requests":${t.n},"model_details":[${models.join(",")}]}`);
+    for (const [day, entries] of entriesByDay(found)) {
+      const parts: string[] = [];
+      for (const e of entries) {
+        let models: string;
+        if (!e.more) models = model(e.model, e.first);
+        else {
+          const all = new Map([[e.model, e.first], ...e.more]);
+          models = bySpend(all)
+            .map(([m, u]) => model(m, u))
+            .join(",");
+        }
+        parts.push(`{"${dim}":${quote(e.id)},"total_cost":${money(e.spend)},"total_input_tokens":${e.i},"total_output_tokens":${e.o},"total_requests":${e.n},"model_details":[${models}]}`);
       }
-      out.set(day, `{"group_by_day":"${day}","${list}":[${entries.join(",")}]}`);
+      out.set(day, `{"group_by_day":"${day}","${list}":[${parts.join(",")}]}`);
     }
     return out;
   });
