@@ -23,6 +23,7 @@ import { RedisLedger } from "./spend/redis-ledger.ts";
 import { LocalWindows } from "./limits/local-windows.ts";
 import { RedisCache } from "./cache/store.ts";
 import { RedisWindows } from "./limits/redis-windows.ts";
+import { CooldownBus } from "./router/cooldown-bus.ts";
 import { nativeScriptRunner } from "./kv/scripts.ts";
 import { PeriodRoller } from "./spend/roller.ts";
 import { SpendWriter } from "./spend/writer.ts";
@@ -65,6 +66,7 @@ export async function startHost(opts: HostOptions): Promise<Host> {
   const scripts = redisUrl ? nativeScriptRunner(redisUrl) : undefined;
   // The first calls should count in Redis, not alone: wait for the connection (bounded by its timeout).
   await scripts?.ready();
+  const cooldowns = redis ? new CooldownBus(redis.client, opts.log) : undefined;
   try {
     const identity = new IdentityCache(store.db);
     await identity.loadAll();
@@ -80,6 +82,7 @@ export async function startHost(opts: HostOptions): Promise<Host> {
     const alerts = new BudgetAlerts(store.db, opts.log, webhook);
     const onCross = alerts.notify.bind(alerts);
     const ledger = redis ? new RedisLedger(redis.client, opts.log, onCross) : new LocalLedger(onCross);
+    cooldowns?.start();
     const spendWriter = new SpendWriter(store, opts.log, { spillDir: join(opts.dataDir, "spend-spill"), ...opts.spend });
     // Entries a previous run could not write are written before the first call is served.
     await spendWriter.start();
@@ -89,6 +92,7 @@ export async function startHost(opts: HostOptions): Promise<Host> {
       bus,
       ledger,
       rateWindows: scripts ? new RedisWindows(scripts, opts.log) : new LocalWindows(),
+      cooldowns,
       redisCache: redis ? new RedisCache(redis.client) : undefined,
       spendHistory: new StoreSpendHistory(store.db),
       spendLog: { record: (call) => spendWriter.enqueue(toSpendEntry(call, identity)), flush: () => spendWriter.flush() },
@@ -117,12 +121,14 @@ export async function startHost(opts: HostOptions): Promise<Host> {
         await rotator.stop();
         await lastActive.stop();
         await bus.stop();
+        await cooldowns?.stop();
         await redis?.close();
         scripts?.close();
         await store.close();
       },
     };
   } catch (err) {
+    await cooldowns?.stop();
     await redis?.close();
     scripts?.close();
     await store.close();

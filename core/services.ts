@@ -4,6 +4,7 @@ import type { BudgetLedger, CallRecord, RateWindows, SpendHistory } from "./cont
 import type { ModelEntry } from "./config/schema.ts";
 import type { ChangeBus } from "./identity/bus.ts";
 import type { IdentityCache } from "./identity/cache.ts";
+import type { CooldownShare } from "./router/cooldown-bus.ts";
 import type { Store } from "./store/db.ts";
 
 export interface HostServices {
@@ -14,6 +15,8 @@ export interface HostServices {
   ledger?: BudgetLedger;
   /** Rate-limit windows (Redis when configured); absent means one in-memory set for the process. */
   rateWindows?: RateWindows;
+  /** Deployment cooldowns told to the other instances (Redis), when REDIS_URL is set. */
+  cooldowns?: CooldownShare;
   /** The response cache in Redis, when REDIS_URL is set. */
   redisCache?: CacheStore;
   spendHistory?: SpendHistory;

@@ -29,6 +29,7 @@ import type { CacheSettings } from "./cache/controls.ts";
 import { type CacheStore, MemoryCache } from "./cache/store.ts";
 import { Pricing } from "./cost/pricing.ts";
 import { BUILTIN_PLUGINS, type LoadedPlugin, importPlugin, setupPlugin } from "./plugins.ts";
+import type { CooldownShare } from "./router/cooldown-bus.ts";
 import type { HostServices, SpendLog } from "./services.ts";
 
 export interface Settings extends ClientCredentialSettings {
@@ -57,6 +58,8 @@ export interface Snapshot {
   readonly cache: ResponseCache;
   /** Rate-limit windows: the plugins' limits and the router's per-deployment rpm/tpm. */
   readonly rateWindows: RateWindows;
+  /** Where the router tells other instances of a deployment it cooled down (with Redis). */
+  readonly cooldowns?: CooldownShare;
   /** The store's spend log (absent without a store). */
   readonly spendLog?: SpendLog;
   readonly successCallbacks: readonly LoggingCallback[];
@@ -261,6 +264,7 @@ export async function buildSnapshot(config: GatewayConfig, configPath: string, v
     gates: [...rateLimiters.map((r) => (i: CallIntent) => r.acquire(i)), ...budgets.map((b) => (i: CallIntent) => b.reserve(i))],
     spend: hooks.flatMap((h) => (h.spend ? [h.spend] : [])),
     rateWindows: services.rateWindows ?? processWindows,
+    cooldowns: services.cooldowns,
     cache,
     spendLog: services.spendLog,
     successCallbacks: [...new Set(success)],

@@ -22,6 +22,11 @@ export class DeploymentState {
     return this.cooldownUntil > now;
   }
 
+  /** Cools down until `until` (ms), unless already cooling down longer (another instance said so). */
+  coolUntil(until: number): void {
+    this.cooldownUntil = Math.max(this.cooldownUntil, until);
+  }
+
   /** `trackUsage`: only usage-based routing needs the minute's tokens (a log entry per call). Returns the entry, or -1. */
   started(now: number, trackUsage: boolean): number {
     this.inFlight++;
@@ -43,18 +48,20 @@ export class DeploymentState {
    * Counts a failure that may cool the deployment down: more than `allowed_fails` in a minute, or
    * at once on an upstream 429 (its `retry-after` when longer). The caller never asks this for a
    * group's only deployment: with nowhere else to go, cooling it down would only add failures.
+   * Returns the cooldown in ms when this failure started one, else 0.
    */
-  failed(policy: RoutePolicy, now: number, rateLimited: boolean, upstreamRetryAfterMs: number | undefined): boolean {
-    if (!policy.cooldowns) return false;
+  failed(policy: RoutePolicy, now: number, rateLimited: boolean, upstreamRetryAfterMs: number | undefined): number {
+    if (!policy.cooldowns) return 0;
     const cutoff = now - FAILURE_WINDOW_MS;
     this.failures = this.failures.filter((t) => t > cutoff);
     this.failures.push(now);
     if (rateLimited || this.failures.length > policy.allowedFails) {
-      this.cooldownUntil = now + Math.max(policy.cooldownMs, upstreamRetryAfterMs ?? 0);
+      const ms = Math.max(policy.cooldownMs, upstreamRetryAfterMs ?? 0);
+      this.coolUntil(now + ms);
       this.failures = [];
-      return true;
+      return ms;
     }
-    return false;
+    return 0;
   }
 }
 

@@ -254,7 +254,11 @@ async function callGroup<E extends Endpoint>(
       const kind = kindOf(err);
       const fromUpstream = err.headers["x-svc-call-id"] !== undefined;
       if (fromUpstream && !kind && COOLDOWN_STATUSES.has(status) && deployments.length > 1) {
-        if (state.failed(policy, Date.now(), status === 429, retryAfterMs(err))) ctx.log.warn("deployment cooling down", { deployment: d.id, model: group, status });
+        const cooldownMs = state.failed(policy, Date.now(), status === 429, retryAfterMs(err));
+        if (cooldownMs > 0) {
+          ctx.log.warn("deployment cooling down", { deployment: d.id, model: group, status });
+          snapshot.cooldowns?.cooledDown(d.id, cooldownMs);
+        }
       }
       failedHere.add(d.id);
       const retryable = fromUpstream && !kind && RETRYABLE.has(status);
