@@ -5,6 +5,7 @@ import { GatewayError, errorInfo, errorResponse } from "../errors.ts";
 import type { Live } from "../live.ts";
 import type { HostServices } from "../services.ts";
 import { adminRoutes } from "./admin/index.ts";
+import { newCallId } from "../pipeline/call.ts";
 import { modelCall } from "../router/route.ts";
 import { authenticate } from "./auth.ts";
 import { healthRoutes, type Probes } from "./routes/health.ts";
@@ -59,7 +60,7 @@ export function createApp(deps: AppDeps) {
         snapshot: pin.snapshot,
         principal,
         clientSignal: request.signal,
-        callId: crypto.randomUUID(),
+        callId: newCallId(),
         log,
         release: pin.release,
         rawBody: changed ? undefined : text,

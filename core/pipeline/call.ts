@@ -15,11 +15,18 @@ import { dispatchRecord, settleAll } from "./record.ts";
 import { streamResponse } from "./stream.ts";
 import { Deadline, send, timeoutError, upstreamError } from "./upstream.ts";
 
+/**
+ * A new call id (`x-svc-call-id`, the spend log's key): UUIDv7, ordered by time, so the log's
+ * primary key grows at its right edge instead of touching random pages of a large index.
+ */
+export const newCallId = (): string => Bun.randomUUIDv7();
+
 export interface CallContext {
   snapshot: Snapshot;
   principal: Principal;
   /** Aborts when the client disconnects. */
   clientSignal: AbortSignal;
+  /** From `newCallId`. */
   callId: string;
   log: Logger;
   /** Releases the snapshot pin; called once the response (or stream) has ended. */

@@ -15,6 +15,7 @@ import { chatToGemini } from "../../gemini-inbound/response.ts";
 import { geminiStream } from "../../gemini-inbound/stream.ts";
 import { isObject } from "../../gemini-inbound/types.ts";
 import type { Pin } from "../../live.ts";
+import { newCallId } from "../../pipeline/call.ts";
 import { invalidModel, modelCall } from "../../router/route.ts";
 import { canCountUpstream, countLocally, countUpstream, tokenizerModel } from "../../tokens/count.ts";
 import { deploymentFor } from "../../tokens/target.ts";
@@ -64,7 +65,7 @@ export function geminiRoutes({ live, log }: AppDeps) {
       snapshot: pin.snapshot,
       principal,
       clientSignal: request.signal,
-      callId: crypto.randomUUID(),
+      callId: newCallId(),
       log,
       release: pin.release,
     });

@@ -3,7 +3,7 @@ import { Elysia } from "elysia";
 import type { Deployment } from "../../contract.ts";
 import { GatewayError } from "../../errors.ts";
 import { redact } from "../../log.ts";
-import { callDeployment } from "../../pipeline/call.ts";
+import { callDeployment, newCallId } from "../../pipeline/call.ts";
 import type { Snapshot } from "../../snapshot.ts";
 import type { AppDeps } from "../app.ts";
 import { authenticate, requireAdmin } from "../auth.ts";
@@ -31,7 +31,7 @@ async function probe(s: Snapshot, d: Deployment, log: AppDeps["log"]) {
   const principal = { keyHash: "health-check", role: "proxy_admin" as const, metadata: {} };
   const base = { model: d.modelName, model_id: d.id, provider: d.provider };
   try {
-    const ctx = { snapshot: s, principal, clientSignal: new AbortController().signal, callId: crypto.randomUUID(), log, release: () => {}, record: false };
+    const ctx = { snapshot: s, principal, clientSignal: new AbortController().signal, callId: newCallId(), log, release: () => {}, record: false };
     const res = await callDeployment(endpoint, body, { ...d, timeout: PROBE_TIMEOUT_S }, ctx);
     await res.arrayBuffer();
     return { healthy: true as const, ...base };
