@@ -302,9 +302,9 @@ export type SpendStore = Pick<Store, "db" | "copyIn">;
  * statement, given no rows, applies the batch's in-memory sums in the same transaction: about
  * half the store's work per row. COPY refuses a batch holding a row that is already stored (a
  * replayed spill file, a retry after a lost answer); that batch then takes the statement's path,
- * which keeps only the new rows.
+ * which keeps only the new rows. `copyText`: the batch's rows already in COPY text (`copyRows`).
  */
-export async function writeBatch(store: SpendStore, batch: SpendEntry[]): Promise<number> {
+export async function writeBatch(store: SpendStore, batch: SpendEntry[], copyText?: string): Promise<number> {
   if (batch.length === 0) return 0;
   const groups = groupRows(batch);
   const counterDelta = counterDeltas(groups);
@@ -313,7 +313,7 @@ export async function writeBatch(store: SpendStore, batch: SpendEntry[]): Promis
   if (store.copyIn) {
     try {
       const sums = sumsStatement(new Set(counterDelta.map((d) => d.t)));
-      await store.copyIn({ table: "spend_logs", columns: SPEND_LOG_COLUMNS, text: copyRows(batch) }, { sql: sums, params: [deltas, daily] });
+      await store.copyIn({ table: "spend_logs", columns: SPEND_LOG_COLUMNS, text: copyText ?? copyRows(batch) }, { sql: sums, params: [deltas, daily] });
       return batch.length;
     } catch {
       // Rolled back as a whole; the statement below decides row by row.

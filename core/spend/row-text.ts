@@ -64,19 +64,23 @@ function timestamp(ms: number | null): string {
   return `${lastPrefix}.${frac < 10 ? "00" : frac < 100 ? "0" : ""}${frac}Z`;
 }
 
-/** The rows of a batch in COPY text format, columns as in `SPEND_LOG_COLUMNS`. */
-export function copyRows(batch: SpendEntry[]): string {
+/** One spend-log row in COPY text format (with its newline), columns as in `SPEND_LOG_COLUMNS`. */
+export function copyRow(e: SpendEntry): string {
+  const spend = Number.isSafeInteger(e.spendPico) && e.spendPico >= 0 ? safePicoToText(e.spendPico) : picoToText(BigInt(e.spendPico));
+  return (
+    `${field(e.callId)}\t${field(e.requestId)}\t${field(e.callType)}\t${field(e.apiKey)}\t${field(e.keyAlias)}\t` +
+    `${field(e.userId)}\t${field(e.teamId)}\t${field(e.organizationId)}\t${field(e.endUser)}\t${field(e.model)}\t` +
+    `${field(e.modelGroup)}\t${field(e.provider)}\t${field(e.modelId)}\t${field(e.upstreamModel)}\t${spend}\t` +
+    `${e.promptTokens}\t${e.completionTokens}\t${e.promptTokens + e.completionTokens}\t${e.cacheReadTokens}\t` +
+    `${e.cacheCreationTokens}\t${e.reasoningTokens}\t${timestamp(e.startTime)}\t${timestamp(e.endTime)}\t` +
+    `${timestamp(e.completionStartTime)}\t${field(e.status)}\t${e.stream ? "t" : "f"}\t${e.cacheHit ? "t" : "f"}\t` +
+    `${field(arrayLiteral(e.tags))}\t${Object.keys(e.metadata).length > 0 ? field(storableJson(e.metadata)) : "{}"}\n`
+  );
+}
+
+/** The rows of a batch in COPY text format. */
+export function copyRows(batch: readonly SpendEntry[]): string {
   let out = "";
-  for (const e of batch) {
-    const spend = Number.isSafeInteger(e.spendPico) && e.spendPico >= 0 ? safePicoToText(e.spendPico) : picoToText(BigInt(e.spendPico));
-    out +=
-      `${field(e.callId)}\t${field(e.requestId)}\t${field(e.callType)}\t${field(e.apiKey)}\t${field(e.keyAlias)}\t` +
-      `${field(e.userId)}\t${field(e.teamId)}\t${field(e.organizationId)}\t${field(e.endUser)}\t${field(e.model)}\t` +
-      `${field(e.modelGroup)}\t${field(e.provider)}\t${field(e.modelId)}\t${field(e.upstreamModel)}\t${spend}\t` +
-      `${e.promptTokens}\t${e.completionTokens}\t${e.promptTokens + e.completionTokens}\t${e.cacheReadTokens}\t` +
-      `${e.cacheCreationTokens}\t${e.reasoningTokens}\t${timestamp(e.startTime)}\t${timestamp(e.endTime)}\t` +
-      `${timestamp(e.completionStartTime)}\t${field(e.status)}\t${e.stream ? "t" : "f"}\t${e.cacheHit ? "t" : "f"}\t` +
-      `${field(arrayLiteral(e.tags))}\t${Object.keys(e.metadata).length > 0 ? field(storableJson(e.metadata)) : "{}"}\n`;
-  }
+  for (const e of batch) out += copyRow(e);
   return out;
 }
