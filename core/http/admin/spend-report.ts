@@ -189,7 +189,10 @@ function entriesByDay(found: DailyRow[]): [string, Entry[]][] {
     }
     add(e, spend, i, o, n);
     if (r.model_group === e.model) add(e.first, spend, i, o, n);
-    else add(child((e.more ??= new Map()), r.model_group, usage), spend, i, o, n);
+    else {
+      e.more ??= new Map();
+      add(child(e.more, r.model_group, usage), spend, i, o, n);
+    }
   }
   return [...days].sort(([a], [b]) => (a < b ? -1 : 1)).map(([day, m]) => [day, [...m.values()].sort(bySpendThenId)]);
 }
