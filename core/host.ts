@@ -20,6 +20,7 @@ import { toSpendEntry } from "./spend/entry.ts";
 import { StoreSpendHistory } from "./spend/history.ts";
 import { LocalLedger } from "./spend/ledger.ts";
 import { RedisLedger } from "./spend/redis-ledger.ts";
+import { retentionSettings, SpendLogRetention } from "./spend/retention.ts";
 import { LocalWindows } from "./limits/local-windows.ts";
 import { RedisCache } from "./cache/store.ts";
 import { RedisWindows } from "./limits/redis-windows.ts";
@@ -75,9 +76,10 @@ export async function startHost(opts: HostOptions): Promise<Host> {
     const lastActive = new LastActiveWriter(store.db, identity, opts.log);
     lastActive.start();
     let live: Live | undefined;
+    const general = () => live?.current.config.general_settings;
     const webhook = () => {
-      const g = live?.current.config.general_settings as { alert_webhook_url?: unknown } | undefined;
-      return typeof g?.alert_webhook_url === "string" ? g.alert_webhook_url : process.env.WEBHOOK_URL || undefined;
+      const url = (general() as { alert_webhook_url?: unknown } | undefined)?.alert_webhook_url;
+      return typeof url === "string" ? url : process.env.WEBHOOK_URL || undefined;
     };
     const alerts = new BudgetAlerts(store.db, opts.log, webhook);
     const onCross = alerts.notify.bind(alerts);
@@ -95,7 +97,14 @@ export async function startHost(opts: HostOptions): Promise<Host> {
       cooldowns,
       redisCache: redis ? new RedisCache(redis.client) : undefined,
       spendHistory: new StoreSpendHistory(store.db),
-      spendLog: { record: (call) => spendWriter.enqueue(toSpendEntry(call, identity)), flush: () => spendWriter.flush() },
+      spendLog: {
+        record: (call) => {
+          // `disable_error_logs` drops failures that cost nothing; one that cost money is always logged.
+          if (call.status === "failure" && call.cost === 0n && general()?.disable_error_logs === true) return;
+          spendWriter.enqueue(toSpendEntry(call, identity));
+        },
+        flush: () => spendWriter.flush(),
+      },
       loadDbModels: (s) => loadDbModels(store.db, secretKey(process.env.SVC_SALT_KEY, s.masterKey)),
     };
     live = await Live.start(opts.configPath, opts.log, services);
@@ -104,6 +113,8 @@ export async function startHost(opts: HostOptions): Promise<Host> {
     rotator.start();
     const roller = new PeriodRoller(store.db, bus, opts.log);
     roller.start();
+    const retention = new SpendLogRetention(store.db, opts.log, () => retentionSettings(general()));
+    retention.start();
     const started = live;
     return {
       live: started,
@@ -118,6 +129,7 @@ export async function startHost(opts: HostOptions): Promise<Host> {
         await new Promise((r) => setImmediate(r));
         await spendWriter.stop();
         await roller.stop();
+        await retention.stop();
         await rotator.stop();
         await lastActive.stop();
         await bus.stop();

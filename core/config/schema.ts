@@ -4,6 +4,7 @@ import { type Static, Type as T } from "@sinclair/typebox";
 const HttpUrl = T.String({ pattern: "^https?://", description: "an http(s) URL" });
 const NonNegative = T.Number({ minimum: 0 });
 const PositiveInt = T.Integer({ minimum: 1 });
+const Duration = T.String({ pattern: "^\\d+\\s*(s|m|h|d|w|mo|y)$", description: "a duration such as 1h, 1d, 30d" });
 
 export const SvcParamsSchema = T.Object(
   {
@@ -91,7 +92,7 @@ export const RouterSettingsSchema = T.Object(
         T.Object(
           {
             budget_limit: NonNegative,
-            time_period: T.String({ pattern: "^\\d+\\s*(s|m|h|d|w|mo|y)$", description: "a duration such as 1h, 1d, 30d" }),
+            time_period: Duration,
           },
           { additionalProperties: false },
         ),
@@ -141,6 +142,12 @@ export const GeneralSettingsSchema = T.Object(
     database_url: T.Optional(T.String({ pattern: "^postgres(ql)?://", description: "a postgres:// URL" })),
     redis_url: T.Optional(T.String({ pattern: "^rediss?://", description: "a redis:// URL" })),
     max_request_size_mb: T.Optional(T.Number({ exclusiveMinimum: 0 })),
+    /** Spend-log rows older than this are deleted (daily aggregates and counters stay). */
+    maximum_spend_logs_retention_period: T.Optional(Duration),
+    /** How often the retention clean-up runs (default 24h). */
+    maximum_spend_logs_retention_interval: T.Optional(Duration),
+    /** Failed calls that cost nothing are not logged (no spend-log row, not counted as failed requests). */
+    disable_error_logs: T.Optional(T.Boolean()),
   },
   { additionalProperties: true },
 );

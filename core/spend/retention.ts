@@ -1,0 +1,107 @@
+/**
+ * Spend-log retention (`general_settings.maximum_spend_logs_retention_period`): log rows that
+ * started longer ago than the period are deleted in batches of 1,000, once soon after start and
+ * then every `maximum_spend_logs_retention_interval` (default 24 h). Daily aggregates and spend
+ * counters are kept, so reports and budgets over the deleted days do not change. Instances that
+ * share a database may clean at the same time: each batch skips rows another one is deleting.
+ * Settings are read at every check, so a reload changes them without a restart.
+ */
+import { sql } from "drizzle-orm";
+import type { Logger } from "../contract.ts";
+import type { Db } from "../store/db.ts";
+import { rows } from "../store/sql.ts";
+import { parseDuration } from "../identity/duration.ts";
+
+export interface RetentionSettings {
+  /** Keep rows younger than this; undefined: keep everything. */
+  periodMs: number | undefined;
+  intervalMs: number;
+}
+
+export const DEFAULT_RETENTION_INTERVAL_MS = 24 * 3_600_000;
+/** The settings from `general_settings` (validated durations; anything else means unset). */
+export function retentionSettings(general: { maximum_spend_logs_retention_period?: string; maximum_spend_logs_retention_interval?: string } | undefined): RetentionSettings {
+  const ms = (text: string | undefined) => (text === undefined ? undefined : (parseDuration(text) ?? undefined));
+  return { periodMs: ms(general?.maximum_spend_logs_retention_period), intervalMs: ms(general?.maximum_spend_logs_retention_interval) ?? DEFAULT_RETENTION_INTERVAL_MS };
+}
+
+const BATCH = 1000;
+/** The first clean-up waits this long after start, out of the way of start-up work. */
+const FIRST_DELAY_MS = 5000;
+const MAX_CHECK_MS = 60_000;
+
+/** Deletes log rows that started before `cutoff`, a batch per statement; returns how many. */
+export async function deleteLogsBefore(db: Db, cutoff: Date, batch = BATCH): Promise<number> {
+  let total = 0;
+  for (;;) {
+    const [r] = await rows<{ n: number | string }>(
+      db,
+      sql`with gone as (
+        delete from spend_logs where call_id in (
+          select call_id from spend_logs where start_time < ${cutoff.toISOString()}::timestamptz limit ${batch} for update skip locked)
+        returning 1)
+      select count(*) as n from gone`,
+    );
+    const n = Number(r?.n ?? 0);
+    total += n;
+    if (n < batch) return total;
+  }
+}
+
+export class SpendLogRetention {
+  private timer: ReturnType<typeof setTimeout> | undefined;
+  private running: Promise<void> | undefined;
+  private lastRun = 0;
+  private stopped = false;
+
+  constructor(
+    private readonly db: Db,
+    private readonly log: Logger,
+    private readonly settings: () => RetentionSettings,
+    private readonly clock: () => number = Date.now,
+  ) {}
+
+  start(): void {
+    this.schedule(Math.min(FIRST_DELAY_MS, this.settings().intervalMs));
+  }
+
+  /** Cleans when the period is set and the interval has passed since the last clean-up. */
+  async check(): Promise<void> {
+    const s = this.settings();
+    const now = this.clock();
+    if (s.periodMs === undefined || this.running || now - this.lastRun < s.intervalMs) return;
+    this.lastRun = now;
+    this.running = this.clean(new Date(now - s.periodMs));
+    try {
+      await this.running;
+    } finally {
+      this.running = undefined;
+    }
+  }
+
+  private async clean(cutoff: Date): Promise<void> {
+    try {
+      const n = await deleteLogsBefore(this.db, cutoff);
+      if (n > 0) this.log.info("old spend log rows deleted", { rows: n, before: cutoff.toISOString() });
+    } catch (err) {
+      // Tried again at the next check, not after a whole interval.
+      this.lastRun = 0;
+      this.log.warn("spend log retention clean-up failed; retrying", { error: String(err) });
+    }
+  }
+
+  private schedule(ms: number): void {
+    if (this.stopped) return;
+    this.timer = setTimeout(async () => {
+      await this.check();
+      this.schedule(Math.min(MAX_CHECK_MS, this.settings().intervalMs));
+    }, ms);
+    this.timer.unref?.();
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    clearTimeout(this.timer);
+    await this.running;
+  }
+}

@@ -1,0 +1,97 @@
+// Spend-log retention and error logs, on both stores. With maximum_spend_logs_retention_period,
+// log rows older than the period are deleted in the background while newer rows and the daily
+// aggregates stay; a reload changes the period without a restart. With
+// disable_error_logs, a failed call that cost nothing leaves no log row.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { sql } from "drizzle-orm";
+import { stringify } from "yaml";
+import { parseConfig } from "../../core/config/load.ts";
+import { rows } from "../../core/store/sql.ts";
+import { BACKENDS, MASTER_KEY, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
+
+const DAY = 86_400_000;
+const MODELS = [
+  { model_name: "m", svc_params: { model: "mock/m" } },
+  // Nothing listens on port 9: the call fails with 503, at no cost.
+  { model_name: "broken", svc_params: { model: "openai/gpt-4o", api_base: "http://127.0.0.1:9/v1", api_key: "sk-upstream" } },
+];
+const config = (general: Record<string, unknown>) => ({ model_list: MODELS, general_settings: { master_key: MASTER_KEY, ...general } });
+
+async function chat(gw: TestGateway, model: string): Promise<{ status: number; callId: string }> {
+  const res = await fetch(`${gw.baseURL}/chat/completions`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+    body: JSON.stringify({ model, messages: [{ role: "user", content: "hi" }] }),
+  });
+  await res.arrayBuffer();
+  return { status: res.status, callId: res.headers.get("x-svc-call-id")! };
+}
+
+/** A log row that started `ageMs` ago, as an earlier run would have left it. */
+async function oldRow(gw: TestGateway, callId: string, ageMs: number): Promise<void> {
+  const at = new Date(Date.now() - ageMs).toISOString();
+  await gw.host!.store.db.execute(sql`insert into spend_logs (call_id, request_id, call_type, api_key, model, model_group, provider, model_id, upstream_model, spend, start_time, end_time, status)
+    values (${callId}, ${callId}, 'chat', 'k', 'm', 'm', 'mock', 'd', 'm', 0.5, ${at}::timestamptz, ${at}::timestamptz, 'success')`);
+}
+
+const logIds = async (gw: TestGateway) => (await rows<{ call_id: string }>(gw.host!.store.db, sql`select call_id from spend_logs order by call_id`)).map((r) => r.call_id);
+
+async function until(check: () => Promise<boolean>, ms = 4000): Promise<boolean> {
+  for (const end = Date.now() + ms; Date.now() < end; await Bun.sleep(100)) if (await check()) return true;
+  return check();
+}
+
+for (const backend of BACKENDS) {
+  describe(`spend log retention (${backend})`, () => {
+    let gw: TestGateway;
+    beforeAll(async () => {
+      gw = await startBackendGateway(backend, config({ maximum_spend_logs_retention_period: "2d", maximum_spend_logs_retention_interval: "1s", disable_error_logs: true }), { dbPrefix: "gw_retention" });
+    });
+    afterAll(async () => gw?.stop());
+
+    test("rows older than the period are deleted; newer rows and the daily aggregates stay", async () => {
+      const now = await chat(gw, "m");
+      expect(now.status).toBe(200);
+      await gw.host!.spendWriter.flush();
+      for (const id of ["old-1", "old-2", "old-3"]) await oldRow(gw, id, 3 * DAY);
+      await oldRow(gw, "yesterday", DAY);
+      const day = new Date(Date.now() - 3 * DAY).toISOString().slice(0, 10);
+      await gw.host!.store.db.execute(sql`insert into daily_spend (entity_type, entity_id, date, spend, api_requests) values ('key', 'k', ${day}::date, 1.5, 3)`);
+      expect(await until(async () => !(await logIds(gw)).includes("old-1"))).toBe(true);
+      expect(await logIds(gw)).toEqual([now.callId, "yesterday"].sort());
+      const [aggregate] = await rows<{ spend: string; n: string | number }>(gw.host!.store.db, sql`select spend::text as spend, api_requests as n from daily_spend where entity_id = 'k' and date = ${day}::date`);
+      expect(aggregate).toEqual({ spend: "1.500000000000", n: backend === "postgres" ? "3" : 3 });
+      expect(gw.log.lines.some((l) => l.msg === "old spend log rows deleted" && (l.fields as { rows: number }).rows === 3)).toBe(true);
+    });
+
+    test("a reloaded period applies without a restart", async () => {
+      await oldRow(gw, "twelve-hours", 12 * 3_600_000);
+      await Bun.sleep(1500);
+      expect(await logIds(gw)).toContain("twelve-hours");
+      gw.writeConfig(config({ maximum_spend_logs_retention_period: "6h", maximum_spend_logs_retention_interval: "1s", disable_error_logs: true }));
+      expect((await gw.live.reload("test")).ok).toBe(true);
+      expect(await until(async () => !(await logIds(gw)).includes("twelve-hours"))).toBe(true);
+      // One day old is beyond 6 h now too.
+      expect(await logIds(gw)).not.toContain("yesterday");
+    });
+
+    test("disable_error_logs: a failed call that cost nothing leaves no log row; a successful one does", async () => {
+      const failed = await chat(gw, "broken");
+      expect(failed.status).toBe(503);
+      const ok = await chat(gw, "m");
+      expect(ok.status).toBe(200);
+      await gw.host!.spendWriter.flush();
+      const ids = await logIds(gw);
+      expect(ids).toContain(ok.callId);
+      expect(ids).not.toContain(failed.callId);
+    });
+  });
+}
+
+test("retention settings are validated with the path of a bad one", () => {
+  const result = parseConfig(stringify(config({ maximum_spend_logs_retention_period: "a week", disable_error_logs: "yes" })));
+  expect(result.ok).toBe(false);
+  const errors = result.ok ? "" : result.errors.join("\n");
+  expect(errors).toContain("/general_settings/maximum_spend_logs_retention_period");
+  expect(errors).toContain("/general_settings/disable_error_logs");
+});
