@@ -133,14 +133,14 @@ export async function startHost(opts: HostOptions): Promise<Host> {
         await rotator.stop();
         await lastActive.stop();
         await bus.stop();
-        await cooldowns?.stop();
+        cooldowns?.stop();
         await redis?.close();
         scripts?.close();
         await store.close();
       },
     };
   } catch (err) {
-    await cooldowns?.stop();
+    cooldowns?.stop();
     await redis?.close();
     scripts?.close();
     await store.close();

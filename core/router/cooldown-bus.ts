@@ -71,9 +71,9 @@ export class CooldownBus implements CooldownShare {
     this.redis.publish(CHANNEL, JSON.stringify(message)).catch(() => undefined);
   }
 
-  async stop(): Promise<void> {
-    const sub = this.subscriber;
+  stop(): void {
+    // disconnect, not quit: with Redis away a quit would wait in the offline queue.
+    this.subscriber?.disconnect();
     this.subscriber = undefined;
-    if (sub) await sub.quit().catch(() => sub.disconnect());
   }
 }
