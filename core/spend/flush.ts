@@ -85,7 +85,7 @@ with input as (
     (r->>16)::int as "completionTokens", (r->>17)::int as "cacheReadTokens", (r->>18)::int as "cacheCreationTokens",
     (r->>19)::int as "reasoningTokens", (r->>20)::bigint as "startTime", (r->>21)::bigint as "endTime",
     (r->>22)::bigint as "completionStartTime", r->>23 as status, (r->>24)::boolean as stream, (r->>25)::boolean as "cacheHit",
-    array(select jsonb_array_elements_text(r->26)) as tags, r->27 as metadata, r->28 as charges
+    array(select jsonb_array_elements_text(r->26)) as tags, nullif(r->27, 'null'::jsonb) as metadata, r->28 as charges
   from jsonb_array_elements($1::jsonb) as r
 ),
 ins as (

@@ -170,6 +170,16 @@ for (const backend of BACKENDS) {
       expect(row!.stream).toBe(false);
     });
 
+    test("a row without metadata is stored as {} through COPY and through the statement alike", async () => {
+      const { token } = await newKey(`no-meta-${backend}`);
+      const bulk = entry(token, 1, { metadata: {} });
+      const viaStatement = entry(token, 1, { metadata: {} });
+      expect(await writeBatch(tracked().store, [bulk])).toBe(1);
+      expect(await writeBatch({ db: store().db }, [viaStatement])).toBe(1);
+      const found = await q<{ kind: string }>(sql`select jsonb_typeof(metadata) as kind from spend_logs where call_id in (${bulk.callId}, ${viaStatement.callId})`);
+      expect(found).toEqual([{ kind: "object" }, { kind: "object" }]);
+    });
+
     test("a client sending a NUL in `user` is logged, and so are the calls around it", async () => {
       const { key, token } = await newKey(`nul-user-${backend}`);
       const call = (user: string) =>
