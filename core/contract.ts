@@ -308,6 +308,9 @@ export interface CallRecord {
   firstByteAt?: number;
   endedAt: number;
   error?: ErrorInfo;
+  /** With `store_prompts_in_spend_logs`: what was asked (`messages`, `prompt` or `input`) and the answer as the client got it (a stream assembled into one object). */
+  prompt?: unknown;
+  answer?: unknown;
 }
 
 export interface SpendRecorder {

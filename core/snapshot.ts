@@ -37,6 +37,8 @@ export interface Settings extends ClientCredentialSettings {
   /** Seconds before an upstream call is abandoned with 408. */
   requestTimeout: number;
   dropParams: boolean;
+  /** `general_settings.store_prompts_in_spend_logs`: the prompt and the answer go into the call's log row. */
+  storePrompts: boolean;
 }
 
 export interface Snapshot {
@@ -103,6 +105,7 @@ export function resolveSettings(config: GatewayConfig): Settings {
     masterKey: process.env.SVC_MASTER_KEY || config.general_settings?.master_key,
     requestTimeout: config.router_settings?.timeout ?? config.svc_settings?.request_timeout ?? DEFAULT_REQUEST_TIMEOUT_S,
     dropParams: config.svc_settings?.drop_params ?? false,
+    storePrompts: config.general_settings?.store_prompts_in_spend_logs === true,
     allowClientSideCredentials: config.svc_settings?.allow_client_side_credentials === true,
     clientSideApiBaseHosts: config.svc_settings?.client_side_api_base_hosts,
   };

@@ -9,6 +9,7 @@ import { groupCapacity } from "../limits/capacity.ts";
 import { picoToText } from "../cost/money.ts";
 import { GatewayError, errorInfo } from "../errors.ts";
 import type { Snapshot } from "../snapshot.ts";
+import { assembleStream } from "../stream/assemble.ts";
 import { withClientCredentials } from "./client-credentials.ts";
 import { supportedBody } from "./params.ts";
 import { dispatchRecord, settleAll } from "./record.ts";
@@ -157,7 +158,13 @@ function requestTags(body: WireRequest[Endpoint], principal: Principal): string[
 }
 
 /** What a call record says beyond who called what. */
-type RecordFields = Pick<CallRecord, "stream" | "status" | "usage" | "cost" | "priced" | "costSource" | "responseId" | "cacheHit" | "startedAt" | "firstByteAt" | "error">;
+type RecordFields = Pick<CallRecord, "stream" | "status" | "usage" | "cost" | "priced" | "costSource" | "responseId" | "cacheHit" | "startedAt" | "firstByteAt" | "error" | "prompt" | "answer">;
+
+/** What a request asked, for the spend log when prompts are stored: never the rest of the body (it may carry credentials). */
+function promptOf(body: WireRequest[Endpoint]): unknown {
+  const b = body as { messages?: unknown; prompt?: unknown; input?: unknown };
+  return b.messages ?? b.prompt ?? b.input;
+}
 
 /** The record of a finished call (an upstream attempt, or an answer from the cache). */
 export function callRecord(ctx: CallContext, endpoint: Endpoint, body: WireRequest[Endpoint], d: Deployment, f: RecordFields): CallRecord {
@@ -188,6 +195,10 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
   const wantsStream = endpoint !== "embeddings" && (body as { stream?: boolean | null }).stream === true;
   if (wantsStream && !ep.stream) throw GatewayError.of(400, `provider ${d.provider} does not support streaming ${endpoint}`, "invalid_request_error", "stream");
 
+  // With prompts stored: the answer as the client got it (a stream's text is assembled at its end).
+  const keepPrompt = snapshot.settings.storePrompts && ctx.record !== false;
+  const streamed: string[] | undefined = keepPrompt && wantsStream ? [] : undefined;
+  let answer: unknown;
   let finished = false;
   /** Ends the call once: prices it, tells the attempt, then hands the record on. Returns the cost. */
   const finish = (status: CallStatus, usage: Usage, error?: ErrorInfo, firstByteAt?: number, responseId?: string): bigint => {
@@ -207,6 +218,8 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
       startedAt,
       firstByteAt,
       error,
+      prompt: keepPrompt ? promptOf(body) : undefined,
+      answer: streamed ? assembleStream(streamed.join(""), endpoint as "chat" | "completions") : answer,
     });
     attempt.ended?.(record);
     ctx.release();
@@ -225,7 +238,14 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
       const transform = ep.stream as StreamTransform<"chat" | "completions", unknown>;
       const headers = responseHeaders(d, ctx.callId, "text/event-stream");
       if (attempt.headers) Object.assign(headers, attempt.headers);
-      return streamResponse({ res, deployment: d, transform, request: body as WireRequest["chat" | "completions"], deadline, headers, finish, tap: attempt.capture });
+      const capture = attempt.capture;
+      const tap = streamed
+        ? (text: string) => {
+            capture?.(text);
+            streamed.push(text);
+          }
+        : capture;
+      return streamResponse({ res, deployment: d, transform, request: body as WireRequest["chat" | "completions"], deadline, headers, finish, tap });
     }
     const { text, json } = await readJson(res, d, deadline);
     deadline.clear();
@@ -243,6 +263,8 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     // An adapter that hands the upstream body back unchanged lets the original bytes through.
     const out = mapped.body === json ? text : JSON.stringify(mapped.body);
     attempt.capture?.(out);
+    // Embedding vectors are not kept: the input says what was asked, the vectors are noise in a log.
+    if (keepPrompt && endpoint !== "embeddings") answer = mapped.body;
     const cost = finish("success", mapped.usage, undefined, Date.now(), typeof id === "string" ? id : undefined);
     const headers = responseHeaders(d, ctx.callId, "application/json");
     if (attempt.headers) Object.assign(headers, attempt.headers);

@@ -89,6 +89,9 @@ export function toSpendEntry(call: CallRecord, identity: IdentityCache | undefin
   const metadata: Record<string, unknown> = {};
   if (!call.priced) metadata.cost_note = `${call.costSource}: the call was logged at 0. Set model_info.input_cost_per_token / output_cost_per_token to price it.`;
   if (call.error) metadata.error_information = { error_code: String(call.error.status), error_class: storable(call.error.type), error_message: storable(call.error.message) };
+  // Stored prompts ride in the metadata column; reads lift them to the row's `messages` and `response`.
+  if (call.prompt !== undefined) metadata.messages = call.prompt;
+  if (call.answer !== undefined) metadata.response = call.answer;
   // Client-chosen text (`user`, tags, a wildcard model name, an upstream's error message) may hold
   // what the store cannot: cleaned here, before entries are grouped by these values.
   return {

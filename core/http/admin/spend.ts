@@ -67,9 +67,11 @@ const bySpendDesc = <R extends { spend: Pico }>(a: R, b: R) => (a.spend === b.sp
 /** A spend-log row as the API returns it: its column names, spend a number, times ISO. */
 function logApi(row: typeof spendLogs.$inferSelect): Record<string, unknown> {
   const { cacheReadTokens, cacheCreationTokens, ...rest } = row;
-  // The spec's metadata carries key_alias; the row keeps it (and status) in columns only.
-  const metadata = { key_alias: row.keyAlias, status: row.status, ...row.metadata };
-  return { ...toApi(rest), metadata, cache_read_input_tokens: cacheReadTokens, cache_creation_input_tokens: cacheCreationTokens };
+  // The spec's metadata carries key_alias; the row keeps it (and status) in columns only. Stored
+  // prompts are kept in the metadata column and shown as LiteLLM's `messages` and `response` ({} when not stored).
+  const { messages = {}, response = {}, ...stored } = row.metadata ?? {};
+  const metadata = { key_alias: row.keyAlias, status: row.status, ...stored };
+  return { ...toApi(rest), metadata, messages, response, cache_read_input_tokens: cacheReadTokens, cache_creation_input_tokens: cacheCreationTokens };
 }
 
 /**
