@@ -85,7 +85,11 @@ export async function startHost(opts: HostOptions): Promise<Host> {
     const onCross = alerts.notify.bind(alerts);
     const ledger = redis ? new RedisLedger(redis.client, opts.log, onCross) : new LocalLedger(onCross);
     cooldowns?.start();
-    const spendWriter = new SpendWriter(store, opts.log, { spillDir: join(opts.dataDir, "spend-spill"), ...opts.spend });
+    const spendWriter = new SpendWriter(store, opts.log, {
+      spillDir: join(opts.dataDir, "spend-spill"),
+      logRows: () => general()?.disable_spend_logs !== true,
+      ...opts.spend,
+    });
     // Entries a previous run could not write are written before the first call is served.
     await spendWriter.start();
     const services: HostServices = {

@@ -148,6 +148,8 @@ export const GeneralSettingsSchema = T.Object(
     maximum_spend_logs_retention_interval: T.Optional(Duration),
     /** The prompt and the answer of each call are kept in its spend-log row (off: neither is stored). */
     store_prompts_in_spend_logs: T.Optional(T.Boolean()),
+    /** No spend-log rows at all; spend counters, budgets and daily aggregates are kept as ever. */
+    disable_spend_logs: T.Optional(T.Boolean()),
     /** Failed calls that cost nothing are not logged (no spend-log row, not counted as failed requests). */
     disable_error_logs: T.Optional(T.Boolean()),
   },

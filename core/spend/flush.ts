@@ -9,7 +9,7 @@ import type { Store } from "../store/db.ts";
 import { rows } from "../store/sql.ts";
 import { picoToText } from "../cost/money.ts";
 import type { CounterTable, SpendEntry } from "./entry.ts";
-import { copyRows, SPEND_LOG_COLUMNS, storableJson } from "./row-text.ts";
+import { copyIds, copyRows, SPEND_LOG_COLUMNS, storableJson } from "./row-text.ts";
 
 /** UTC calendar day of an instant. */
 export function dayOf(ms: number): string {
@@ -70,25 +70,8 @@ const metrics = (f: string) =>
   `${f}.provider, (${at(`${f}."startTime"`)} at time zone 'UTC')::date as day, ${f}."promptTokens" as pt, ${f}."completionTokens" as ct,
    ${f}."cacheReadTokens" as cr, ${f}."cacheCreationTokens" as cc, ${f}."spendPico"::numeric / 1000000000000 as spend, ${f}.status`;
 
-/**
- * One statement per batch, atomic without a client-side transaction. Parameters: $1 the rows as
- * JSON, $2 their number, $3 the counter deltas and $4 the daily aggregates summed in memory for
- * the whole batch. When every row is new ($2 rows inserted, the normal case) those sums are
- * applied; when some rows had been written before (a replayed spill file, a retried batch), they
- * are ignored and the store derives counters and aggregates from exactly the rows it inserted.
- */
-const STATEMENT = `
-with input as (
-  select r->>0 as "callId", r->>1 as "requestId", r->>2 as "callType", r->>3 as "apiKey", r->>4 as "keyAlias", r->>5 as "userId",
-    r->>6 as "teamId", r->>7 as "organizationId", r->>8 as "endUser", r->>9 as model, r->>10 as "modelGroup", r->>11 as provider,
-    r->>12 as "modelId", r->>13 as "upstreamModel", (r->>14)::bigint as "spendPico", (r->>15)::int as "promptTokens",
-    (r->>16)::int as "completionTokens", (r->>17)::int as "cacheReadTokens", (r->>18)::int as "cacheCreationTokens",
-    (r->>19)::int as "reasoningTokens", (r->>20)::bigint as "startTime", (r->>21)::bigint as "endTime",
-    (r->>22)::bigint as "completionStartTime", r->>23 as status, (r->>24)::boolean as stream, (r->>25)::boolean as "cacheHit",
-    array(select jsonb_array_elements_text(r->26)) as tags, nullif(r->27, 'null'::jsonb) as metadata, r->28 as charges
-  from jsonb_array_elements($1::jsonb) as r
-),
-ins as (
+/** The rows go into the log, keyed by call id. */
+const INSERT_LOG_ROWS = `ins as (
   insert into spend_logs (call_id, request_id, call_type, api_key, key_alias, user_id, team_id, organization_id, end_user,
     model, model_group, provider, model_id, upstream_model, spend, prompt_tokens, completion_tokens, total_tokens,
     cache_read_input_tokens, cache_creation_input_tokens, reasoning_tokens, start_time, end_time, completion_start_time,
@@ -101,7 +84,34 @@ ins as (
   from input
   on conflict (call_id) do nothing
   returning call_id
+)`;
+
+/** With the log off (`disable_spend_logs`): only the call ids, so a batch written twice still counts once. */
+const INSERT_CALL_IDS = `ins as (
+  insert into spend_calls (call_id) select "callId" from input
+  on conflict (call_id) do nothing
+  returning call_id
+)`;
+
+/**
+ * One statement per batch, atomic without a client-side transaction. Parameters: $1 the rows as
+ * JSON, $2 their number, $3 the counter deltas and $4 the daily aggregates summed in memory for
+ * the whole batch. When every row is new ($2 rows inserted, the normal case) those sums are
+ * applied; when some rows had been written before (a replayed spill file, a retried batch), they
+ * are ignored and the store derives counters and aggregates from exactly the rows it inserted.
+ */
+const statement = (INSERT: string) => `
+with input as (
+  select r->>0 as "callId", r->>1 as "requestId", r->>2 as "callType", r->>3 as "apiKey", r->>4 as "keyAlias", r->>5 as "userId",
+    r->>6 as "teamId", r->>7 as "organizationId", r->>8 as "endUser", r->>9 as model, r->>10 as "modelGroup", r->>11 as provider,
+    r->>12 as "modelId", r->>13 as "upstreamModel", (r->>14)::bigint as "spendPico", (r->>15)::int as "promptTokens",
+    (r->>16)::int as "completionTokens", (r->>17)::int as "cacheReadTokens", (r->>18)::int as "cacheCreationTokens",
+    (r->>19)::int as "reasoningTokens", (r->>20)::bigint as "startTime", (r->>21)::bigint as "endTime",
+    (r->>22)::bigint as "completionStartTime", r->>23 as status, (r->>24)::boolean as stream, (r->>25)::boolean as "cacheHit",
+    array(select jsonb_array_elements_text(r->26)) as tags, nullif(r->27, 'null'::jsonb) as metadata, r->28 as charges
+  from jsonb_array_elements($1::jsonb) as r
 ),
+${INSERT},
 fast as (select count(*) = $2::int as ok from ins),
 fresh as (select i.* from input i join ins on ins.call_id = i."callId" where not (select ok from fast)),
 charge as (
@@ -255,7 +265,12 @@ function dailyRows(groups: RowGroup[]) {
   return [...out.values()].map((d) => ({ ...d, spend: picoToText(d.spend) }));
 }
 
-const [S1, S2, S3, S4, S5] = STATEMENT.split(/\$\d/) as [string, string, string, string, string];
+type StatementParts = [string, string, string, string, string];
+/** The statement around its parameters, for the log rows and for call ids only. */
+const PARTS = {
+  rows: statement(INSERT_LOG_ROWS).split(/\$\d/) as StatementParts,
+  ids: statement(INSERT_CALL_IDS).split(/\$\d/) as StatementParts,
+};
 
 /** A row as the statement reads it: an array (half the JSON of an object with names). */
 function rowArray(e: SpendEntry): unknown[] {
@@ -303,8 +318,9 @@ export type SpendStore = Pick<Store, "db" | "copyIn">;
  * half the store's work per row. COPY refuses a batch holding a row that is already stored (a
  * replayed spill file, a retry after a lost answer); that batch then takes the statement's path,
  * which keeps only the new rows. `copyText`: the batch's rows already in COPY text (`copyRows`).
+ * `logRows` false (`disable_spend_logs`): no log rows, only the call ids that keep it exactly once.
  */
-export async function writeBatch(store: SpendStore, batch: SpendEntry[], copyText?: string): Promise<number> {
+export async function writeBatch(store: SpendStore, batch: SpendEntry[], copyText?: string, logRows = true): Promise<number> {
   if (batch.length === 0) return 0;
   const groups = groupRows(batch);
   const counterDelta = counterDeltas(groups);
@@ -313,12 +329,16 @@ export async function writeBatch(store: SpendStore, batch: SpendEntry[], copyTex
   if (store.copyIn) {
     try {
       const sums = sumsStatement(new Set(counterDelta.map((d) => d.t)));
-      await store.copyIn({ table: "spend_logs", columns: SPEND_LOG_COLUMNS, text: copyText ?? copyRows(batch) }, { sql: sums, params: [deltas, daily] });
+      const load = logRows
+        ? { table: "spend_logs", columns: SPEND_LOG_COLUMNS, text: copyText ?? copyRows(batch) }
+        : { table: "spend_calls", columns: ["call_id"], text: copyIds(batch) };
+      await store.copyIn(load, { sql: sums, params: [deltas, daily] });
       return batch.length;
     } catch {
       // Rolled back as a whole; the statement below decides row by row.
     }
   }
+  const [S1, S2, S3, S4, S5] = logRows ? PARTS.rows : PARTS.ids;
   const [row] = await rows<{ inserted: number }>(
     store.db,
     sql`${sql.raw(S1)}${storableJson(batch.map(rowArray))}${sql.raw(S2)}${batch.length}${sql.raw(S3)}${deltas}${sql.raw(S4)}${daily}${sql.raw(S5)}`,

@@ -1,7 +1,8 @@
 /**
  * Spend-log retention (`general_settings.maximum_spend_logs_retention_period`): log rows that
  * started longer ago than the period are deleted in batches of 1,000, once soon after start and
- * then every `maximum_spend_logs_retention_interval` (default 24 h). Daily aggregates and spend
+ * then every `maximum_spend_logs_retention_interval` (default 24 h). The ids kept for calls
+ * counted without a log row (`disable_spend_logs`) are pruned after 7 days, period or not. Daily aggregates and spend
  * counters are kept, so reports and budgets over the deleted days do not change. Instances that
  * share a database may clean at the same time: each batch skips rows another one is deleting.
  * Settings are read at every check, so a reload changes them without a restart.
@@ -29,6 +30,32 @@ const BATCH = 1000;
 /** The first clean-up waits this long after start, out of the way of start-up work. */
 const FIRST_DELAY_MS = 5000;
 const MAX_CHECK_MS = 60_000;
+
+/** How long the ids of calls counted without a log row are kept: any retry or spill replay comes sooner. */
+export const CALL_ID_RETENTION_MS = 7 * 86_400_000;
+
+/** The text every UUIDv7 made at or after `ms` sorts at or after (its first 48 bits are the time). */
+export function uuidV7Floor(ms: number): string {
+  const hex = Math.floor(ms).toString(16).padStart(12, "0");
+  return `${hex.slice(0, 8)}-${hex.slice(8, 12)}`;
+}
+
+/** Deletes the ids of `spend_calls` made before `cutoff` (ms), a batch per statement; returns how many. */
+export async function deleteCallIdsBefore(db: Db, cutoff: number, batch = BATCH): Promise<number> {
+  let total = 0;
+  for (;;) {
+    const [r] = await rows<{ n: number | string }>(
+      db,
+      sql`with gone as (
+        delete from spend_calls where call_id in (select call_id from spend_calls where call_id < ${uuidV7Floor(cutoff)} limit ${batch} for update skip locked)
+        returning 1)
+      select count(*) as n from gone`,
+    );
+    const n = Number(r?.n ?? 0);
+    total += n;
+    if (n < batch) return total;
+  }
+}
 
 /** Deletes log rows that started before `cutoff`, a batch per statement; returns how many. */
 export async function deleteLogsBefore(db: Db, cutoff: Date, batch = BATCH): Promise<number> {
@@ -65,13 +92,13 @@ export class SpendLogRetention {
     this.schedule(Math.min(FIRST_DELAY_MS, this.settings().intervalMs));
   }
 
-  /** Cleans when the period is set and the interval has passed since the last clean-up. */
+  /** Cleans once the interval has passed since the last clean-up: log rows when a period is set, old call ids always. */
   async check(): Promise<void> {
     const s = this.settings();
     const now = this.clock();
-    if (s.periodMs === undefined || this.running || now - this.lastRun < s.intervalMs) return;
+    if (this.running || now - this.lastRun < s.intervalMs) return;
     this.lastRun = now;
-    this.running = this.clean(new Date(now - s.periodMs));
+    this.running = this.clean(now, s.periodMs);
     try {
       await this.running;
     } finally {
@@ -79,10 +106,14 @@ export class SpendLogRetention {
     }
   }
 
-  private async clean(cutoff: Date): Promise<void> {
+  private async clean(now: number, periodMs: number | undefined): Promise<void> {
     try {
-      const n = await deleteLogsBefore(this.db, cutoff);
-      if (n > 0) this.log.info("old spend log rows deleted", { rows: n, before: cutoff.toISOString() });
+      if (periodMs !== undefined) {
+        const cutoff = new Date(now - periodMs);
+        const n = await deleteLogsBefore(this.db, cutoff);
+        if (n > 0) this.log.info("old spend log rows deleted", { rows: n, before: cutoff.toISOString() });
+      }
+      await deleteCallIdsBefore(this.db, now - CALL_ID_RETENTION_MS);
     } catch (err) {
       // Tried again at the next check, not after a whole interval.
       this.lastRun = 0;

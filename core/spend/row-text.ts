@@ -84,3 +84,10 @@ export function copyRows(batch: readonly SpendEntry[]): string {
   for (const e of batch) out += copyRow(e);
   return out;
 }
+
+/** The batch's call ids in COPY text, for `spend_calls` when the log itself is off. */
+export function copyIds(batch: readonly SpendEntry[]): string {
+  let out = "";
+  for (const e of batch) out += `${field(e.callId)}\n`;
+  return out;
+}

@@ -19,6 +19,8 @@ export interface SpendWriterOptions {
   batchSize?: number;
   /** Entries kept in memory before new ones go to disk. */
   memoryLimit?: number;
+  /** False while `disable_spend_logs` is on: counters and aggregates only (read at every write). */
+  logRows?: () => boolean;
 }
 
 const MAX_BACKOFF_MS = 5000;
@@ -30,8 +32,9 @@ export class SpendWriter {
    * pay for their own row as they end, and writing a batch only joins the rows instead of holding
    * the event loop for milliseconds while it formats a thousand of them.
    */
-  private rowTexts: string[] = [];
+  private rowTexts: (string | undefined)[] = [];
   private readonly bulkLoads: boolean;
+  private readonly logRows: () => boolean;
   private timer: ReturnType<typeof setTimeout> | undefined;
   private running: Promise<void> | undefined;
   private failures = 0;
@@ -55,6 +58,7 @@ export class SpendWriter {
     this.batchSize = opts.batchSize ?? 1000;
     this.memoryLimit = opts.memoryLimit ?? 50_000;
     this.bulkLoads = store.copyIn !== undefined;
+    this.logRows = opts.logRows ?? (() => true);
   }
 
   /** Replays spill files left by an earlier run (when the store answers), then starts the timer. */
@@ -73,7 +77,7 @@ export class SpendWriter {
       return;
     }
     this.queue.push(entry);
-    if (this.bulkLoads) this.rowTexts.push(copyRow(entry));
+    if (this.bulkLoads) this.rowTexts.push(this.logRows() ? copyRow(entry) : undefined);
     // A full batch is written at once; the timer writes the rest. Writing only full batches here
     // keeps batches large under load: each write has a fixed cost, whatever its size.
     if (this.queue.length === this.batchSize && !this.running && !this.stopped) {
@@ -149,8 +153,10 @@ export class SpendWriter {
   private async drain(onlyFullBatches: boolean): Promise<void> {
     while (this.queue.length >= (onlyFullBatches ? this.batchSize : 1)) {
       const batch = this.queue.slice(0, this.batchSize);
-      const copyText = this.bulkLoads ? this.rowTexts.slice(0, batch.length).join("") : undefined;
-      await writeBatch(this.store, batch, copyText);
+      const logRows = this.logRows();
+      // (Rows queued while the log was off have no text yet.)
+      const copyText = this.bulkLoads && logRows ? batch.map((e, i) => this.rowTexts[i] ?? copyRow(e)).join("") : undefined;
+      await writeBatch(this.store, batch, copyText, logRows);
       // New entries are only ever appended, so the batch is still at the front.
       this.queue.splice(0, batch.length);
       if (this.bulkLoads) this.rowTexts.splice(0, batch.length);
@@ -196,7 +202,7 @@ export class SpendWriter {
           this.log.warn("skipped an unreadable spend spill line", { file });
         }
       }
-      for (let i = 0; i < entries.length; i += this.batchSize) await writeBatch(this.store, entries.slice(i, i + this.batchSize));
+      for (let i = 0; i < entries.length; i += this.batchSize) await writeBatch(this.store, entries.slice(i, i + this.batchSize), undefined, this.logRows());
       try {
         unlinkSync(file);
       } catch {

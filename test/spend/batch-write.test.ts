@@ -120,6 +120,26 @@ for (const backend of BACKENDS) {
       expect(exact!.sum).toBe("70.040000000790");
     });
 
+    test("with the log off, a batch written twice, then half again with new calls, still counts every call once", async () => {
+      const { token } = await newKey(`nolog-${backend}`);
+      const t0 = tracked();
+      const first = Array.from({ length: 30 }, (_, i) => entry(token, 1_000_000_000 + i, { callId: Bun.randomUUIDv7() }));
+      expect(await writeBatch(t0.store, first, undefined, false)).toBe(30);
+      expect(await writeBatch(t0.store, first, undefined, false)).toBe(0);
+      const fresh = Array.from({ length: 5 }, () => entry(token, 2_000_000_000, { callId: Bun.randomUUIDv7() }));
+      expect(await writeBatch(t0.store, [...first.slice(0, 10), ...fresh], undefined, false)).toBe(5);
+      expect(t0.seen).toEqual(backend === "pglite" ? { loaded: 1, refused: 2 } : { loaded: 0, refused: 0 });
+      const t = await totals(token);
+      // No log rows; the counter and the aggregates hold exactly the 35 calls.
+      expect(t.rows).toBe(0);
+      expect(t.dailyRequests).toBe(35);
+      // 30 × $0.001 + (0+…+29) pico-dollars + 5 × $0.002, to the pico-dollar.
+      const [key] = await q<{ spend: string }>(sql`select spend::text as spend from virtual_keys where token = ${token}`);
+      expect(key!.spend).toBe("0.040000000435");
+      const [ids] = await q<{ n: number }>(sql`select count(*)::int as n from spend_calls where call_id in (${sql.join([...first, ...fresh].map((e) => sql`${e.callId}`), sql`, `)})`);
+      expect(ids!.n).toBe(35);
+    });
+
     test("tabs, newlines, backslashes, quotes and non-ASCII come back exactly; NUL and lone surrogates become U+FFFD", async () => {
       const { token } = await newKey(`chars-${backend}`);
       const tricky = 'a\tb\nc\\d"e\r,{x} é 漢 👍';

@@ -1,11 +1,14 @@
 // Spend-log retention and error logs, on both stores. With maximum_spend_logs_retention_period,
 // log rows older than the period are deleted in the background while newer rows and the daily
 // aggregates stay; a reload changes the period without a restart. With
-// disable_error_logs, a failed call that cost nothing leaves no log row.
+// disable_error_logs, a failed call that cost nothing leaves no log row. With disable_spend_logs,
+// no call leaves a row, yet counters and daily aggregates count every call, and the ids that keep
+// them exact are pruned after 7 days.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { sql } from "drizzle-orm";
 import { stringify } from "yaml";
 import { parseConfig } from "../../core/config/load.ts";
+import { uuidV7Floor } from "../../core/spend/retention.ts";
 import { rows } from "../../core/store/sql.ts";
 import { BACKENDS, MASTER_KEY, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 
@@ -95,3 +98,55 @@ test("retention settings are validated with the path of a bad one", () => {
   expect(errors).toContain("/general_settings/maximum_spend_logs_retention_period");
   expect(errors).toContain("/general_settings/disable_error_logs");
 });
+
+for (const backend of BACKENDS) {
+  describe(`disable_spend_logs (${backend})`, () => {
+    let gw: TestGateway;
+    beforeAll(async () => {
+      gw = await startBackendGateway(
+        backend,
+        {
+          model_list: [{ model_name: "priced", svc_params: { model: "mock/priced" }, model_info: { input_cost_per_token: 0.000001, output_cost_per_token: 0.000002 } }],
+          general_settings: { master_key: MASTER_KEY, disable_spend_logs: true, maximum_spend_logs_retention_interval: "1s" },
+        },
+        { dbPrefix: "gw_nolog" },
+      );
+    });
+    afterAll(async () => gw?.stop());
+
+    test("no log rows; the key's spend and the daily aggregates still count every call exactly", async () => {
+      const created = await fetch(`${gw.url}/key/generate`, { method: "POST", headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" }, body: JSON.stringify({ max_budget: 10 }) });
+      const { key, token } = (await created.json()) as { key: string; token: string };
+      let charged = 0;
+      for (let i = 0; i < 3; i++) {
+        const res = await fetch(`${gw.baseURL}/chat/completions`, {
+          method: "POST",
+          headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+          body: JSON.stringify({ model: "priced", messages: [{ role: "user", content: `call number ${i}` }] }),
+        });
+        expect(res.status).toBe(200);
+        await res.arrayBuffer();
+        charged += Number(res.headers.get("x-svc-response-cost"));
+      }
+      await gw.host!.spendWriter.flush();
+      const db = gw.host!.store.db;
+      const [logs] = await rows<{ n: number }>(db, sql`select count(*)::int as n from spend_logs`);
+      expect(logs!.n).toBe(0);
+      const [k] = await rows<{ spend: string }>(db, sql`select spend::text as spend from virtual_keys where token = ${token}`);
+      expect(Number(k!.spend)).toBeCloseTo(charged, 12);
+      expect(charged).toBeGreaterThan(0);
+      const [daily] = await rows<{ n: number }>(db, sql`select sum(api_requests)::int as n from daily_spend where entity_type = 'key' and entity_id = ${token}`);
+      expect(daily!.n).toBe(3);
+    });
+
+    test("the ids that keep calls counted once are pruned after 7 days", async () => {
+      const db = gw.host!.store.db;
+      const old = `${uuidV7Floor(Date.now() - 8 * DAY)}-7000-8000-000000000000`;
+      const recent = Bun.randomUUIDv7();
+      await db.execute(sql`insert into spend_calls (call_id) values (${old}), (${recent})`);
+      const has = async (id: string) => (await rows(db, sql`select 1 from spend_calls where call_id = ${id}`)).length > 0;
+      expect(await until(async () => !(await has(old)))).toBe(true);
+      expect(await has(recent)).toBe(true);
+    });
+  });
+}

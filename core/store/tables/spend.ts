@@ -103,3 +103,13 @@ export const budgetAlerts = pgTable(
   },
   (t) => [primaryKey({ columns: [t.counterId, t.event, t.period] })],
 );
+
+/**
+ * The ids of calls counted while `disable_spend_logs` is on: no log row is written then, and this
+ * narrow key is what keeps a batch that is written twice (a retry after a lost answer, a replayed
+ * spill file) from being counted twice. Ids are time-ordered (UUIDv7), so the index grows at its
+ * right edge and old ids are pruned by range.
+ */
+export const spendCalls = pgTable("spend_calls", {
+  callId: text("call_id").primaryKey(),
+});

@@ -1,0 +1,3 @@
+CREATE TABLE "spend_calls" (
+	"call_id" text PRIMARY KEY NOT NULL
+);
