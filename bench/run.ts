@@ -42,6 +42,7 @@ const { values: flags } = parseArgs({
     "budget-key": { type: "boolean", default: false },
     "rate-limit-key": { type: "boolean", default: false },
     "plain-key": { type: "boolean", default: false },
+    "no-spend-logs": { type: "boolean", default: false },
     "redis-url": { type: "string" },
     "database-url": { type: "string" },
     help: { type: "boolean", short: "h", default: false },
@@ -70,6 +71,8 @@ const USAGE = `usage: bun bench/run.ts [options]
                       (every call counted on three windows)
   --plain-key         call the gateway with a virtual key without limits or budget (the baseline
                       for --rate-limit-key and --budget-key)
+  --no-spend-logs     run the gateway with general_settings.disable_spend_logs (counters and daily
+                      aggregates only, no log row per call)
   --redis-url URL     give the gateway REDIS_URL (limits and budgets counted in Redis)
   --database-url URL  run the gateway on this PostgreSQL database instead of the embedded store
                       (the database server is not pinned: like the upstream, it is outside the target)`;
@@ -662,7 +665,7 @@ async function main(): Promise<void> {
         `    svc_params: { model: openai/bench-model, api_base: ${backend.url}, api_key: ${UPSTREAM_KEY} }`,
         // Priced like gpt-4o, so every call is costed, logged with its spend and counted against budgets.
         "    model_info: { input_cost_per_token: 0.0000025, output_cost_per_token: 0.00001 }",
-        "general_settings: { master_key: os.environ/SVC_MASTER_KEY }",
+        `general_settings: { master_key: os.environ/SVC_MASTER_KEY${flags["no-spend-logs"] ? ", disable_spend_logs: true" : ""} }`,
         "",
       ].join("\n"),
     );
@@ -757,6 +760,7 @@ async function main(): Promise<void> {
   const checks = verdicts(sums);
   const notes = [`wall time of the matrix: ${Math.round((performance.now() - started) / 1000)} s`];
   if (GATEWAY_ROOT !== REPO) notes.push(`gateway run from ${GATEWAY_ROOT} (not this checkout)`);
+  if (flags["no-spend-logs"]) notes.push("gateway run with general_settings.disable_spend_logs: true (spend counters and daily aggregates, no log row per call)");
   const md = markdown(machine, sums, checks, memory, notes);
   mkdirSync(OUT_DIR, { recursive: true });
   writeFileSync(join(OUT_DIR, "latest.md"), `${md}\n`);
