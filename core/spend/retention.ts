@@ -7,7 +7,7 @@
  * share a database may clean at the same time: each batch skips rows another one is deleting.
  * Settings are read at every check, so a reload changes them without a restart.
  */
-import { sql } from "drizzle-orm";
+import { type SQL, sql } from "drizzle-orm";
 import type { Logger } from "../contract.ts";
 import type { Db } from "../store/db.ts";
 import { rows } from "../store/sql.ts";
@@ -40,14 +40,17 @@ export function uuidV7Floor(ms: number): string {
   return `${hex.slice(0, 8)}-${hex.slice(8, 12)}`;
 }
 
-/** Deletes the ids of `spend_calls` made before `cutoff` (ms), a batch per statement; returns how many. */
-export async function deleteCallIdsBefore(db: Db, cutoff: number, batch = BATCH): Promise<number> {
+/**
+ * Deletes the rows of `table` that `where` selects, `batch` per statement (rows another instance
+ * is deleting are skipped); returns how many.
+ */
+async function deleteInBatches(db: Db, table: "spend_logs" | "spend_calls", where: SQL, batch: number): Promise<number> {
   let total = 0;
   for (;;) {
     const [r] = await rows<{ n: number | string }>(
       db,
       sql`with gone as (
-        delete from spend_calls where call_id in (select call_id from spend_calls where call_id < ${uuidV7Floor(cutoff)} limit ${batch} for update skip locked)
+        delete from ${sql.identifier(table)} where call_id in (select call_id from ${sql.identifier(table)} where ${where} limit ${batch} for update skip locked)
         returning 1)
       select count(*) as n from gone`,
     );
@@ -57,22 +60,14 @@ export async function deleteCallIdsBefore(db: Db, cutoff: number, batch = BATCH)
   }
 }
 
-/** Deletes log rows that started before `cutoff`, a batch per statement; returns how many. */
-export async function deleteLogsBefore(db: Db, cutoff: Date, batch = BATCH): Promise<number> {
-  let total = 0;
-  for (;;) {
-    const [r] = await rows<{ n: number | string }>(
-      db,
-      sql`with gone as (
-        delete from spend_logs where call_id in (
-          select call_id from spend_logs where start_time < ${cutoff.toISOString()}::timestamptz limit ${batch} for update skip locked)
-        returning 1)
-      select count(*) as n from gone`,
-    );
-    const n = Number(r?.n ?? 0);
-    total += n;
-    if (n < batch) return total;
-  }
+/** Deletes the ids of `spend_calls` made before `cutoff` (ms); returns how many. */
+export function deleteCallIdsBefore(db: Db, cutoff: number, batch = BATCH): Promise<number> {
+  return deleteInBatches(db, "spend_calls", sql`call_id < ${uuidV7Floor(cutoff)}`, batch);
+}
+
+/** Deletes log rows that started before `cutoff`; returns how many. */
+export function deleteLogsBefore(db: Db, cutoff: Date, batch = BATCH): Promise<number> {
+  return deleteInBatches(db, "spend_logs", sql`start_time < ${cutoff.toISOString()}::timestamptz`, batch);
 }
 
 export class SpendLogRetention {
