@@ -3,9 +3,8 @@
  * requests (member = request id, score = start time in ms), a hash of their tokens (plus `sum`),
  * and a sorted set of requests in flight (score = when a lost one stops counting); per share pool, a
  * sorted set of its members (score = their last request), so a `dynamic` key's part is the same on
- * every instance. One Lua script
- * checks every counter of a request and counts it on all or none, using Redis's clock, so two
- * instances enforce one limit exactly. While Redis is unreachable the instance counts alone and
+ * every instance. One Lua script checks every counter of a request and counts it on all or none,
+ * using Redis's clock, so two instances enforce one limit exactly. While Redis is unreachable the instance counts alone and
  * says so; requests keep flowing.
  */
 import type { Logger, RateCounter, RateGrant, RateLimitKind, RateRefusal, RateWindows } from "../contract.ts";
