@@ -4,7 +4,7 @@
  * carries `x-svc-cache-hit: true` and `x-svc-cache-key`.
  */
 import type { CallRecord, Deployment, Endpoint, WireRequest } from "../contract.ts";
-import { type CallContext, callRecord, responseHeaders } from "../pipeline/call.ts";
+import { type CallContext, callRecord, promptOf, responseHeaders, storedAnswer } from "../pipeline/call.ts";
 import { dispatchRecord } from "../pipeline/record.ts";
 import type { CacheStore } from "./store.ts";
 
@@ -21,6 +21,7 @@ export async function cachedAnswer(endpoint: Endpoint, body: WireRequest[Endpoin
   const now = Date.now();
   if (!hit || (maxAgeMs !== undefined && now - hit.storedAt > maxAgeMs)) return undefined;
   const stream = endpoint !== "embeddings" && (body as { stream?: boolean | null }).stream === true;
+  const keepPrompt = ctx.snapshot.settings.storePrompts;
   const record = callRecord(ctx, endpoint, body, d, {
     stream,
     status: "success",
@@ -31,6 +32,8 @@ export async function cachedAnswer(endpoint: Endpoint, body: WireRequest[Endpoin
     cacheHit: true,
     startedAt: now,
     firstByteAt: now,
+    prompt: keepPrompt ? promptOf(body) : undefined,
+    answer: keepPrompt ? storedAnswer(endpoint, stream, hit.body) : undefined,
   });
   ctx.release();
   if (ctx.record !== false) dispatchRecord(ctx.snapshot, record, ctx.log);

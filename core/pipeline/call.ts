@@ -161,9 +161,20 @@ function requestTags(body: WireRequest[Endpoint], principal: Principal): string[
 type RecordFields = Pick<CallRecord, "stream" | "status" | "usage" | "cost" | "priced" | "costSource" | "responseId" | "cacheHit" | "startedAt" | "firstByteAt" | "error" | "prompt" | "answer">;
 
 /** What a request asked, for the spend log when prompts are stored: never the rest of the body (it may carry credentials). */
-function promptOf(body: WireRequest[Endpoint]): unknown {
+export function promptOf(body: WireRequest[Endpoint]): unknown {
   const b = body as { messages?: unknown; prompt?: unknown; input?: unknown };
   return b.messages ?? b.prompt ?? b.input;
+}
+
+/** The answer to keep with a stored prompt, from the text the client got (embedding vectors are not kept). */
+export function storedAnswer(endpoint: Endpoint, stream: boolean, text: string): unknown {
+  if (endpoint === "embeddings") return undefined;
+  if (stream) return assembleStream(text, endpoint as "chat" | "completions");
+  try {
+    return JSON.parse(text);
+  } catch {
+    return undefined;
+  }
 }
 
 /** The record of a finished call (an upstream attempt, or an answer from the cache). */

@@ -1,7 +1,7 @@
 // store_prompts_in_spend_logs, on both stores: with it on, a call's log row shows what was asked
 // (`messages`) and the answer the client got (`response`), a stream assembled into one
-// chat.completion; embeddings keep their input but not the vectors; off (the default, or after a
-// reload) neither is stored.
+// chat.completion; embeddings keep their input but not the vectors; cache hits keep both; off (the
+// default, or after a reload) neither is stored.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import OpenAI from "openai";
 import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
@@ -73,6 +73,22 @@ for (const backend of BACKENDS) {
       const row = await logOf(callId);
       expect(row.messages).toEqual(["first text", "second text"]);
       expect(row.response).toEqual({});
+    });
+
+    test("a cache hit's row holds them too", async () => {
+      const ask = () =>
+        fetch(`${gw.baseURL}/chat/completions`, {
+          method: "POST",
+          headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+          body: JSON.stringify({ model: "m", messages: [{ role: "user", content: "Cache me." }], caching: true }),
+        });
+      const first = (await (await ask()).json()) as { choices: { message: { content: string } }[] };
+      const second = await ask();
+      expect(second.headers.get("x-svc-cache-hit")).toBe("true");
+      await second.arrayBuffer();
+      const row = await logOf(second.headers.get("x-svc-call-id")!);
+      expect(row.messages).toEqual([{ role: "user", content: "Cache me." }]);
+      expect((row.response.choices as { message: { content: string } }[])[0]!.message.content).toBe(first.choices[0]!.message.content);
     });
 
     test("after a reload that turns it off, rows hold neither", async () => {
