@@ -230,7 +230,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
       firstByteAt,
       error,
       prompt: keepPrompt ? promptOf(body) : undefined,
-      answer: streamed ? assembleStream(streamed.join(""), endpoint as "chat" | "completions") : answer,
+      answer: streamed ? storedAnswer(endpoint, true, streamed.join("")) : answer,
     });
     attempt.ended?.(record);
     ctx.release();

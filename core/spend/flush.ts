@@ -66,6 +66,13 @@ const DAILY_COLUMNS = `y(type text, id text, day text, key text, model text, grp
     pt bigint, ct bigint, cr bigint, cc bigint, spend numeric, n bigint, ok bigint, failed bigint)`;
 
 const at = (ms: string) => `to_timestamp(${ms} / 1000.0)`;
+
+/** The batch's counter deltas, summed in memory and passed as JSON in `param`. */
+const deltaInput = (param: string) =>
+  `select t, id, case when p is null then null else ${at("p")} end as period_end, amount from jsonb_to_recordset(${param}::jsonb) as ${DELTA_COLUMNS}`;
+/** The batch's daily aggregates, summed in memory and passed as JSON in `param`. */
+const dailyInput = (param: string) =>
+  `select type, id, day::date as day, key, model, grp, provider, pt, ct, cr, cc, spend, n, ok, failed from jsonb_to_recordset(${param}::jsonb) as ${DAILY_COLUMNS}`;
 const metrics = (f: string) =>
   `${f}.provider, (${at(`${f}."startTime"`)} at time zone 'UTC')::date as day, ${f}."promptTokens" as pt, ${f}."completionTokens" as ct,
    ${f}."cacheReadTokens" as cr, ${f}."cacheCreationTokens" as cc, ${f}."spendPico"::numeric / 1000000000000 as spend, ${f}.status`;
@@ -120,8 +127,7 @@ charge as (
 ),
 latest as (select t, id, max(p) as p from charge group by t, id),
 delta as (
-  select t, id, case when p is null then null else ${at("p")} end as period_end, amount
-  from jsonb_to_recordset($3::jsonb) as ${DELTA_COLUMNS} where (select ok from fast)
+  ${deltaInput("$3")} where (select ok from fast)
   union all
   select c.t, c.id, case when l.p = -1 then null else ${at("l.p")} end, sum(c.pico)::numeric / 1000000000000
   from charge c join latest l on l.t = c.t and l.id = c.id and c.p = l.p
@@ -144,9 +150,7 @@ entity as (
   from fresh f cross join lateral (select distinct unnest(f.tags) as tag) tg
 ),
 daily_rows as (
-  select type, id, day::date as day, key, model, grp, provider, pt, ct, cr, cc, spend, n, ok, failed
-  from jsonb_to_recordset($4::jsonb) as ${DAILY_COLUMNS}
-  where (select ok from fast)
+  ${dailyInput("$4")} where (select ok from fast)
   union all
   select type, id, day, key, model, grp, provider, sum(pt), sum(ct), sum(cr), sum(cc), sum(spend), count(*),
     count(*) filter (where status = 'success'), count(*) filter (where status = 'failure')
@@ -295,10 +299,8 @@ function sumsStatement(tables: ReadonlySet<CounterTable>): string {
   let text = sumsStatements.get(cacheKey);
   if (text === undefined) {
     text = `with
-delta as (
-  select t, id, case when p is null then null else ${at("p")} end as period_end, amount from jsonb_to_recordset($1::jsonb) as ${DELTA_COLUMNS}
-),
-daily_rows as (select type, id, day::date as day, key, model, grp, provider, pt, ct, cr, cc, spend, n, ok, failed from jsonb_to_recordset($2::jsonb) as ${DAILY_COLUMNS}),
+delta as (${deltaInput("$1")}),
+daily_rows as (${dailyInput("$2")}),
 ${[...parts.map((t) => COUNTER_UPDATES[t]), DAILY_UPSERT].join(",\n")}
 select 1`;
     sumsStatements.set(cacheKey, text);
