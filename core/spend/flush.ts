@@ -175,16 +175,21 @@ interface RowGroup {
 
 const DAY_MS = 86_400_000;
 
-function groupRows(entries: SpendEntry[]): RowGroup[] {
-  const groups = new Map<string, RowGroup>();
-  for (const e of entries) {
+/**
+ * A batch's rows summed as they are queued: each call pays for its own share as it ends, so
+ * writing a batch of a thousand rows does not hold the event loop for milliseconds grouping them.
+ */
+export class BatchSums {
+  private readonly groups = new Map<string, RowGroup>();
+
+  add(e: SpendEntry): void {
     const dayNo = Math.floor(e.startTime / DAY_MS);
     let sig = `${e.apiKey}\u0000${e.teamId}\u0000${e.organizationId}\u0000${e.userId}\u0000${e.endUser}\u0000${e.upstreamModel}\u0000${e.modelGroup}\u0000${e.provider}\u0000${dayNo}\u0000${e.tags.join("\u0001")}`;
     for (const c of e.charges) sig += `\u0000${c.periodEnd}`;
-    let g = groups.get(sig);
+    let g = this.groups.get(sig);
     if (!g) {
       g = { sample: e, day: dayOf(e.startTime), n: 0, ok: 0, failed: 0, pt: 0, ct: 0, cr: 0, cc: 0, spend: 0n };
-      groups.set(sig, g);
+      this.groups.set(sig, g);
     }
     g.n++;
     if (e.status === "success") g.ok++;
@@ -195,7 +200,16 @@ function groupRows(entries: SpendEntry[]): RowGroup[] {
     g.cc += e.cacheCreationTokens;
     g.spend += BigInt(e.spendPico);
   }
-  return [...groups.values()];
+
+  get rowGroups(): RowGroup[] {
+    return [...this.groups.values()];
+  }
+
+  static of(entries: readonly SpendEntry[]): BatchSums {
+    const sums = new BatchSums();
+    for (const e of entries) sums.add(e);
+    return sums;
+  }
 }
 
 /** Per counter, the spend of the latest period present (an older period's spend stays in the log only). */
@@ -308,6 +322,16 @@ select 1`;
   return text;
 }
 
+/** What the writer already made of a batch while its calls were queued. */
+export interface PreparedBatch {
+  /** The rows in COPY text (`copyRows`). */
+  copyText?: string;
+  /** False (`disable_spend_logs`): no log rows, only the call ids that keep the batch exactly once. */
+  logRows?: boolean;
+  /** The rows' sums, exactly those of `batch`. */
+  sums?: BatchSums;
+}
+
 /** What a batch is written to: the store's SQL, and its bulk load where it has one. */
 export type SpendStore = Pick<Store, "db" | "copyIn">;
 
@@ -319,12 +343,12 @@ export type SpendStore = Pick<Store, "db" | "copyIn">;
  * statement, given no rows, applies the batch's in-memory sums in the same transaction: about
  * half the store's work per row. COPY refuses a batch holding a row that is already stored (a
  * replayed spill file, a retry after a lost answer); that batch then takes the statement's path,
- * which keeps only the new rows. `copyText`: the batch's rows already in COPY text (`copyRows`).
- * `logRows` false (`disable_spend_logs`): no log rows, only the call ids that keep it exactly once.
+ * which keeps only the new rows.
  */
-export async function writeBatch(store: SpendStore, batch: SpendEntry[], copyText?: string, logRows = true): Promise<number> {
+export async function writeBatch(store: SpendStore, batch: SpendEntry[], prepared: PreparedBatch = {}): Promise<number> {
   if (batch.length === 0) return 0;
-  const groups = groupRows(batch);
+  const { copyText, logRows = true } = prepared;
+  const groups = (prepared.sums ?? BatchSums.of(batch)).rowGroups;
   const counterDelta = counterDeltas(groups);
   const deltas = storableJson(counterDelta);
   const daily = storableJson(dailyRows(groups));

@@ -9,8 +9,8 @@ import { appendFileSync, mkdirSync, readdirSync, readFileSync, unlinkSync } from
 import { join } from "node:path";
 import type { Logger } from "../contract.ts";
 import type { SpendEntry } from "./entry.ts";
-import { type SpendStore, writeBatch } from "./flush.ts";
-import { copyRow } from "./row-text.ts";
+import { BatchSums, type SpendStore, writeBatch } from "./flush.ts";
+import { copyRow, copyRows } from "./row-text.ts";
 
 export interface SpendWriterOptions {
   /** Folder for spill files (created when first needed). */
@@ -25,14 +25,22 @@ export interface SpendWriterOptions {
 
 const MAX_BACKOFF_MS = 5000;
 
+/**
+ * Queued calls, in batches filled as they end. Each call pays for its own share of the batch's
+ * write as it is queued (its COPY row, its part of the sums), so writing a batch of a thousand
+ * does not hold the event loop for milliseconds.
+ */
+interface PendingBatch {
+  entries: SpendEntry[];
+  /** The rows in COPY text, when the store bulk-loads; null when some row has none (the log was off when it was queued). */
+  text: string | null;
+  sums: BatchSums;
+}
+
 export class SpendWriter {
-  private queue: SpendEntry[] = [];
-  /**
-   * Each queued entry's row in COPY text, made as it is queued when the store bulk-loads: calls
-   * pay for their own row as they end, and writing a batch only joins the rows instead of holding
-   * the event loop for milliseconds while it formats a thousand of them.
-   */
-  private rowTexts: (string | undefined)[] = [];
+  /** Oldest first. Only the last takes new calls; a batch being written has a newer one after it. */
+  private batches: PendingBatch[] = [];
+  private queued = 0;
   private readonly bulkLoads: boolean;
   private readonly logRows: () => boolean;
   private timer: ReturnType<typeof setTimeout> | undefined;
@@ -72,15 +80,22 @@ export class SpendWriter {
   }
 
   enqueue(entry: SpendEntry): void {
-    if (this.queue.length >= this.memoryLimit) {
+    if (this.queued >= this.memoryLimit) {
       this.spill([entry]);
       return;
     }
-    this.queue.push(entry);
-    if (this.bulkLoads) this.rowTexts.push(this.logRows() ? copyRow(entry) : undefined);
+    let open = this.batches.at(-1);
+    if (!open || open.entries.length >= this.batchSize) {
+      open = { entries: [], text: this.bulkLoads ? "" : null, sums: new BatchSums() };
+      this.batches.push(open);
+    }
+    open.entries.push(entry);
+    open.sums.add(entry);
+    if (open.text !== null) open.text = this.logRows() ? open.text + copyRow(entry) : null;
+    this.queued++;
     // A full batch is written at once; the timer writes the rest. Writing only full batches here
     // keeps batches large under load: each write has a fixed cost, whatever its size.
-    if (this.queue.length === this.batchSize && !this.running && !this.stopped) {
+    if (open.entries.length === this.batchSize && !this.running && !this.stopped) {
       clearTimeout(this.timer);
       this.timer = setTimeout(() => void this.tick(true), 0);
     }
@@ -88,7 +103,7 @@ export class SpendWriter {
 
   /** Entries waiting in memory and on disk. */
   get pending(): number {
-    return this.queue.length + this.spilledCount;
+    return this.queued + this.spilledCount;
   }
 
   /** Writes everything queued now; rejects when the store fails (the entries stay queued). */
@@ -119,15 +134,16 @@ export class SpendWriter {
     });
     try {
       const result = await Promise.race([this.flush().then(() => "ok" as const), timeout]);
-      if (result === "timeout") this.log.warn("spend flush did not finish at shutdown", { pending: this.queue.length });
+      if (result === "timeout") this.log.warn("spend flush did not finish at shutdown", { pending: this.queued });
     } catch (err) {
-      this.log.warn("spend flush failed at shutdown", { error: String(err), pending: this.queue.length });
+      this.log.warn("spend flush failed at shutdown", { error: String(err), pending: this.queued });
     } finally {
       clearTimeout(timer);
     }
-    if (this.queue.length > 0) {
-      this.rowTexts = [];
-      this.spill(this.queue.splice(0));
+    if (this.queued > 0) {
+      const left = this.batches.splice(0).flatMap((b) => b.entries);
+      this.queued = 0;
+      this.spill(left);
       this.log.warn("unwritten spend entries saved to disk; they are written at the next start", { dir: this.opts.spillDir });
     }
   }
@@ -151,16 +167,18 @@ export class SpendWriter {
   }
 
   private async drain(onlyFullBatches: boolean): Promise<void> {
-    while (this.queue.length >= (onlyFullBatches ? this.batchSize : 1)) {
-      const batch = this.queue.slice(0, this.batchSize);
+    for (;;) {
+      const batch = this.batches[0];
+      if (!batch || batch.entries.length < (onlyFullBatches ? this.batchSize : 1)) break;
+      // Calls that end while it is written go to a new batch.
+      if (batch === this.batches.at(-1)) this.batches.push({ entries: [], text: this.bulkLoads ? "" : null, sums: new BatchSums() });
       const logRows = this.logRows();
-      // (Rows queued while the log was off have no text yet.)
-      const copyText = this.bulkLoads && logRows ? batch.map((e, i) => this.rowTexts[i] ?? copyRow(e)).join("") : undefined;
-      await writeBatch(this.store, batch, copyText, logRows);
-      // New entries are only ever appended, so the batch is still at the front.
-      this.queue.splice(0, batch.length);
-      if (this.bulkLoads) this.rowTexts.splice(0, batch.length);
-      this.written += batch.length;
+      const copyText = this.bulkLoads && logRows ? (batch.text ?? copyRows(batch.entries)) : undefined;
+      await writeBatch(this.store, batch.entries, { copyText, logRows, sums: batch.sums });
+      // Only the last batch takes new calls, so this one is still at the front.
+      this.batches.shift();
+      this.queued -= batch.entries.length;
+      this.written += batch.entries.length;
     }
     await this.replaySpill();
   }
@@ -202,7 +220,7 @@ export class SpendWriter {
           this.log.warn("skipped an unreadable spend spill line", { file });
         }
       }
-      for (let i = 0; i < entries.length; i += this.batchSize) await writeBatch(this.store, entries.slice(i, i + this.batchSize), undefined, this.logRows());
+      for (let i = 0; i < entries.length; i += this.batchSize) await writeBatch(this.store, entries.slice(i, i + this.batchSize), { logRows: this.logRows() });
       try {
         unlinkSync(file);
       } catch {

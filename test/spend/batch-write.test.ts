@@ -124,10 +124,10 @@ for (const backend of BACKENDS) {
       const { token } = await newKey(`nolog-${backend}`);
       const t0 = tracked();
       const first = Array.from({ length: 30 }, (_, i) => entry(token, 1_000_000_000 + i, { callId: Bun.randomUUIDv7() }));
-      expect(await writeBatch(t0.store, first, undefined, false)).toBe(30);
-      expect(await writeBatch(t0.store, first, undefined, false)).toBe(0);
+      expect(await writeBatch(t0.store, first, { logRows: false })).toBe(30);
+      expect(await writeBatch(t0.store, first, { logRows: false })).toBe(0);
       const fresh = Array.from({ length: 5 }, () => entry(token, 2_000_000_000, { callId: Bun.randomUUIDv7() }));
-      expect(await writeBatch(t0.store, [...first.slice(0, 10), ...fresh], undefined, false)).toBe(5);
+      expect(await writeBatch(t0.store, [...first.slice(0, 10), ...fresh], { logRows: false })).toBe(5);
       expect(t0.seen).toEqual(backend === "pglite" ? { loaded: 1, refused: 2 } : { loaded: 0, refused: 0 });
       const t = await totals(token);
       // No log rows; the counter and the aggregates hold exactly the 35 calls.

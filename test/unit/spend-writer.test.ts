@@ -97,3 +97,48 @@ test("a steady stream of calls during slow writes is written in full batches", a
   // Every batch but the final flush's is full.
   expect(batches.slice(0, -1).every((b) => b.rows === 50)).toBe(true);
 });
+
+test("a batch whose write fails is written again whole; calls that end meanwhile follow it, each once", async () => {
+  const texts: string[] = [];
+  let failNext = true;
+  const store: SpendStore = {
+    db: undefined as unknown as Db,
+    copyIn: async (load) => {
+      await Bun.sleep(10);
+      if (failNext) {
+        failNext = false;
+        throw new Error("store unreachable");
+      }
+      texts.push(load.text);
+    },
+  };
+  writer = new SpendWriter(store, memoryLogger(), { spillDir: tempDir("spill-"), intervalMs: 50, batchSize: 10 });
+  await writer.start();
+  for (let i = 0; i < 10; i++) writer.enqueue(entry(i));
+  // The first write of the full batch is under way (and will fail) while these arrive.
+  await Bun.sleep(2);
+  for (let i = 10; i < 15; i++) writer.enqueue(entry(i));
+  await until(() => writer!.written === 15);
+  const ids = texts.join("").trimEnd().split("\n").map((row) => row.split("\t")[0]);
+  expect(ids).toEqual(Array.from({ length: 15 }, (_, i) => `call-${i}`));
+  expect(texts.map((t) => t.trimEnd().split("\n").length)).toEqual([10, 5]);
+});
+
+test("calls queued while the log was off are written as log rows once it is on", async () => {
+  const { store } = recordingStore(0);
+  const loads: { table: string; text: string }[] = [];
+  const copyIn = store.copyIn!;
+  store.copyIn = async (load, then) => {
+    loads.push({ table: load.table, text: load.text });
+    await copyIn(load, then);
+  };
+  let logOn = false;
+  writer = new SpendWriter(store, memoryLogger(), { spillDir: tempDir("spill-"), intervalMs: 60_000, batchSize: 100, logRows: () => logOn });
+  await writer.start();
+  for (let i = 0; i < 3; i++) writer.enqueue(entry(i));
+  logOn = true;
+  for (let i = 3; i < 5; i++) writer.enqueue(entry(i));
+  await writer.flush();
+  expect(loads.map((l) => l.table)).toEqual(["spend_logs"]);
+  expect(loads[0]!.text.trimEnd().split("\n").map((row) => row.split("\t")[0])).toEqual(["call-0", "call-1", "call-2", "call-3", "call-4"]);
+});
