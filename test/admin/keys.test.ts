@@ -33,6 +33,7 @@ interface R {
   spend: number;
   max_budget: number | null;
   tpm_limit: number | null;
+  rpm_limit: number | null;
   metadata: Record<string, unknown>;
   expires: string | null;
   budget_duration: string | null;
@@ -616,6 +617,13 @@ for (const backend of BACKENDS) {
         expect((await api("/key/generate", { body: { team_id: "team-a" }, key: as.member })).status).toBe(403);
         expect((await api("/key/update", { body: { key: teamKey.token, max_budget: 1 }, key: as.member })).status).toBe(403);
         expect((await api("/key/delete", { body: { keys: [teamKey.token] }, key: as.member })).status).toBe(403);
+        // Its own team key too: the limits a team admin set on it are not the member's to lift.
+        const ownTeamKey = await generate({ team_id: "team-a", user_id: "u-member", max_budget: 1, rpm_limit: 1 });
+        expect((await api(`/key/info?key=${ownTeamKey.token}`, { key: as.member })).status).toBe(200);
+        expect((await api("/key/update", { body: { key: ownTeamKey.token, max_budget: 1000, rpm_limit: 100000 }, key: as.member })).status).toBe(403);
+        expect((await api("/key/delete", { body: { keys: [ownTeamKey.token] }, key: as.member })).status).toBe(403);
+        const kept = await api(`/key/info?key=${ownTeamKey.token}`);
+        expect([kept.body.info.max_budget, kept.body.info.rpm_limit, kept.body.info.deleted_at ?? null]).toEqual([1, 1, null]);
         // team-p grants generate, update, info, list (not block or delete).
         const made = await api("/key/generate", { body: { team_id: "team-p" }, key: as.pmember });
         issued.push(made.body.key);

@@ -66,15 +66,21 @@ type KeyRoute =
   | "/key/{key_id}/regenerate"
   | "/key/{key_id}/reset_spend";
 
-/** What a key's own user may do with it without being a team admin. */
+/** What a key's own user may do with a personal key (one of no team). */
 const OWNER_ROUTES = new Set<KeyRoute>(["/key/info", "/key/list", "/key/update", "/key/delete"]);
 
+/**
+ * A team key is governed by its team, even for the member it belongs to: a `user` member changes
+ * or deletes it only where `team_member_permissions` allow (else the member could lift the limits
+ * a team admin set on it). The owner may always read it.
+ */
 function mayActOn(caller: Caller, row: KeyRow, route: KeyRoute): boolean {
   if (caller.isAdmin) return true;
   const read = route === "/key/info" || route === "/key/list";
   if (read && (caller.canReadAll || caller.keyHash === row.token)) return true;
   if (!read && caller.isViewer) return false;
-  if (caller.userId !== undefined && row.userId === caller.userId && OWNER_ROUTES.has(route)) return true;
+  const owner = caller.userId !== undefined && row.userId === caller.userId;
+  if (owner && OWNER_ROUTES.has(route) && (read || row.teamId === null)) return true;
   return caller.mayOnTeam(row.teamId, route);
 }
 
