@@ -239,6 +239,11 @@ export interface Lease {
   ok: true;
   /** `cost`: what the call really cost, in pico-dollars (1e-12 USD). */
   settle(actual: Usage, cost: bigint): void;
+  /**
+   * The call was refused before it went upstream (by a later gate, or no deployment could take it):
+   * undo what was counted, as if it had never been asked. Without it, `settle` with zero usage.
+   */
+  cancel?(): void;
   /** Headers the answer carries because of this lease (`x-ratelimit-*`). */
   headers?: Record<string, string>;
 }
@@ -404,6 +409,8 @@ export interface RateGrant {
   remaining: readonly { requests: number | undefined; tokens: number | undefined }[];
   /** Replaces the reserved token estimate with the real count and ends the in-flight request. */
   settle(actualTokens: number): void;
+  /** Takes the request back: a later check refused the call before it went out, so it counts for nothing. */
+  cancel(): void;
 }
 
 export interface RateRefusal {

@@ -41,6 +41,9 @@ export interface Settings extends ClientCredentialSettings {
   storePrompts: boolean;
 }
 
+/** One check a call passes before it goes upstream: a lease to settle when it ends, or a refusal. */
+export type Gate = (intent: CallIntent) => Lease | Denied | Promise<Lease | Denied>;
+
 export interface Snapshot {
   readonly version: number;
   readonly loadedAt: number;
@@ -54,8 +57,9 @@ export interface Snapshot {
   readonly auth: readonly AuthResolver[];
   readonly rateLimiters: readonly RateLimiter[];
   readonly budgets: readonly BudgetChecker[];
-  /** Rate limiters, then budgets, as one list of checks a call passes in order (built once per snapshot). */
-  readonly gates: readonly ((intent: CallIntent) => Lease | Denied | Promise<Lease | Denied>)[];
+  /** The rate limiters as checks a call passes in order (built once per snapshot); then the budgets'. */
+  readonly limitGates: readonly Gate[];
+  readonly budgetGates: readonly Gate[];
   readonly spend: readonly SpendRecorder[];
   readonly cache: ResponseCache;
   /** Rate-limit windows: the plugins' limits and the router's per-deployment rpm/tpm. */
@@ -264,7 +268,8 @@ export async function buildSnapshot(config: GatewayConfig, configPath: string, v
     auth: hooks.flatMap((h) => (h.auth ? [h.auth] : [])),
     rateLimiters,
     budgets,
-    gates: [...rateLimiters.map((r) => (i: CallIntent) => r.acquire(i)), ...budgets.map((b) => (i: CallIntent) => b.reserve(i))],
+    limitGates: rateLimiters.map((r) => (i: CallIntent) => r.acquire(i)),
+    budgetGates: budgets.map((b) => (i: CallIntent) => b.reserve(i)),
     spend: hooks.flatMap((h) => (h.spend ? [h.spend] : [])),
     rateWindows: services.rateWindows ?? processWindows,
     cooldowns: services.cooldowns,

@@ -175,7 +175,9 @@ export default definePlugin({
           if (counters.length === 0) return GRANTED;
           const tokens = counters.some((c) => c.tpm !== undefined || c.share?.tpm !== undefined) ? tokenEstimate(intent) : 0;
           const toLease = (r: RateGrant | RateRefusal): Lease | Denied =>
-            r.ok ? { ok: true, headers: rateHeaders(r.applied, r.remaining), settle: (usage) => r.settle(usage.promptTokens + usage.completionTokens) } : rateRefusal(r, tokens);
+            r.ok
+              ? { ok: true, headers: rateHeaders(r.applied, r.remaining), settle: (usage) => r.settle(usage.promptTokens + usage.completionTokens), cancel: () => r.cancel() }
+              : rateRefusal(r, tokens);
           const result = windows.acquire(counters, tokens);
           return result instanceof Promise ? result.then(toLease) : toLease(result);
         },

@@ -45,6 +45,11 @@ export class LocalWindows implements RateWindows {
         settled = true;
         for (const [i, w] of windows.entries()) w.settle(seqs[i]!, actual);
       },
+      cancel: () => {
+        if (settled) return;
+        settled = true;
+        for (const [i, w] of windows.entries()) w.cancel(seqs[i]!);
+      },
     };
   }
 

@@ -131,6 +131,21 @@ end
 return 0
 `);
 
+// KEYS as above. ARGV: request id. Takes the request out of every window, as if never counted.
+const CANCEL = new LuaScript(`
+for i = 1, #KEYS / 4 do
+  local z, h, p = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1]
+  redis.call('ZREM', z, ARGV[1])
+  local old = redis.call('HGET', h, ARGV[1])
+  if old then
+    redis.call('HDEL', h, ARGV[1])
+    if tonumber(old) ~= 0 then redis.call('HINCRBY', h, 'sum', 0 - tonumber(old)) end
+  end
+  redis.call('ZREM', p, ARGV[1])
+end
+return 0
+`);
+
 /** The counter's keys, hash-tagged so one counter's keys share a cluster slot; a share's members are kept per pool. */
 function keysOf(c: RateCounter): string[] {
   const tag = `${PREFIX}{${c.id}}`;
@@ -160,7 +175,7 @@ export class RedisWindows implements RateWindows {
   ) {}
 
   async acquire(counters: readonly RateCounter[], tokens: number): Promise<RateGrant | RateRefusal> {
-    if (counters.length === 0) return { ok: true, applied: [], remaining: [], settle: () => undefined };
+    if (counters.length === 0) return { ok: true, applied: [], remaining: [], settle: () => undefined, cancel: () => undefined };
     const keys = counters.flatMap(keysOf);
     const id = `${this.instance}:${++this.seq}`;
     const args: (string | number)[] = [this.windowMs, tokens, id, this.inFlightTtlMs];
@@ -186,19 +201,21 @@ export class RedisWindows implements RateWindows {
       requests: c.rpm === undefined ? undefined : c.rpm - Number(res[4 * i + 1]),
       tokens: c.tpm === undefined ? undefined : c.tpm - Number(res[4 * i + 2]),
     }));
-    let settled = false;
+    let ended = false;
+    const end = (script: LuaScript, args: (string | number)[], what: string) => {
+      if (ended) return;
+      ended = true;
+      this.redis.run(script, keys, args).catch((err) => {
+        // The window forgets the request on its own within 60 s (in flight: within the ttl).
+        this.log.warn(`rate-limit ${what} failed in redis`, { error: String(err) });
+      });
+    };
     return {
       ok: true,
       applied,
       remaining,
-      settle: (actual) => {
-        if (settled) return;
-        settled = true;
-        this.redis.run(SETTLE, keys, [id, Math.max(0, Math.round(actual))]).catch((err) => {
-          // The window forgets the request on its own within 60 s (in flight: within the ttl).
-          this.log.warn("rate-limit settle failed in redis", { error: String(err) });
-        });
-      },
+      settle: (actual) => end(SETTLE, [id, Math.max(0, Math.round(actual))], "settle"),
+      cancel: () => end(CANCEL, [id], "cancel"),
     };
   }
 

@@ -37,18 +37,24 @@ export class SlidingWindow {
   private head = 0;
   /** Sequence number of `times[0]`, so an entry keeps its number when the arrays are compacted. */
   private firstSeq = 0;
+  /** Entries taken back (`cancel`) still in the window: they hold their place in time but count for nothing. */
+  private readonly cancelled = new Set<number>();
   tokenSum = 0;
   inFlight = 0;
 
   get requests(): number {
-    return this.times.length - this.head;
+    return this.times.length - this.head - this.cancelled.size;
   }
 
   prune(now: number): void {
     const cutoff = now - WINDOW_MS;
     const times = this.times;
     let h = this.head;
-    while (h < times.length && times[h]! <= cutoff) this.tokenSum -= this.tokens[h++]!;
+    while (h < times.length && times[h]! <= cutoff) {
+      this.tokenSum -= this.tokens[h]!;
+      if (this.cancelled.size > 0) this.cancelled.delete(this.firstSeq + h);
+      h++;
+    }
     this.head = h;
     // Compact once the dead prefix dominates, so memory follows the live window.
     if (h > 256 && h * 2 > times.length) {
@@ -64,7 +70,7 @@ export class SlidingWindow {
     const count = this.requests;
     if (c.rpm !== undefined && count + 1 > c.rpm) {
       // The request fits once enough of the oldest requests leave the window.
-      const retryAfterMs = c.rpm === 0 ? WINDOW_MS : this.times[this.head + count - c.rpm]! + WINDOW_MS - now;
+      const retryAfterMs = c.rpm === 0 ? WINDOW_MS : this.counted(count - c.rpm) + WINDOW_MS - now;
       return { kind: "requests", limit: c.rpm, current: count, retryAfterMs };
     }
     if (c.tpm !== undefined && this.tokenSum + tokens > c.tpm) {
@@ -87,6 +93,16 @@ export class SlidingWindow {
     return undefined;
   }
 
+  /** Start time of the `n`th request still counted (0 = the oldest). */
+  private counted(n: number): number {
+    if (this.cancelled.size === 0) return this.times[this.head + n]!;
+    for (let i = this.head; i < this.times.length; i++) {
+      if (this.cancelled.has(this.firstSeq + i)) continue;
+      if (n-- === 0) return this.times[i]!;
+    }
+    return this.times[this.times.length - 1]!;
+  }
+
   /** Counts a request; returns its sequence number for `settle`. */
   add(tokens: number, now: number): number {
     this.times.push(now);
@@ -102,6 +118,17 @@ export class SlidingWindow {
     if (i >= this.head && i < this.tokens.length) {
       this.tokenSum += actualTokens - this.tokens[i]!;
       this.tokens[i] = actualTokens;
+    }
+    this.inFlight--;
+  }
+
+  /** Takes a request back (refused by a later check before it went out) and ends it: it counts for nothing. */
+  cancel(seq: number): void {
+    const i = seq - this.firstSeq;
+    if (i >= this.head && i < this.tokens.length && !this.cancelled.has(seq)) {
+      this.tokenSum -= this.tokens[i]!;
+      this.tokens[i] = 0;
+      this.cancelled.add(seq);
     }
     this.inFlight--;
   }

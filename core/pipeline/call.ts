@@ -8,11 +8,11 @@ import { estimatePromptTokens } from "../cost/estimate.ts";
 import { groupCapacity } from "../limits/capacity.ts";
 import { picoToText } from "../cost/money.ts";
 import { GatewayError, errorInfo } from "../errors.ts";
-import type { Snapshot } from "../snapshot.ts";
+import type { Gate, Snapshot } from "../snapshot.ts";
 import { assembleStream } from "../stream/assemble.ts";
 import { withClientCredentials } from "./client-credentials.ts";
 import { supportedBody } from "./params.ts";
-import { dispatchRecord, settleAll } from "./record.ts";
+import { cancelAll, dispatchRecord } from "./record.ts";
 import { streamResponse } from "./stream.ts";
 import { Deadline, send, timeoutError, upstreamError } from "./upstream.ts";
 
@@ -52,12 +52,11 @@ function denied(result: Denied): GatewayError {
 }
 
 /**
- * Asks every rate limiter and budget in turn; the first refusal releases what was granted. Stays
+ * Asks every gate in turn; the first refusal takes back what the others granted. Stays
  * synchronous while the gates answer synchronously (the common case: no budget applies), so a
  * call pays no extra event-loop turns for gates that have nothing to say.
  */
-export function acquireLeases(snapshot: Snapshot, intent: CallIntent): Lease[] | Promise<Lease[]> {
-  const gates = snapshot.gates;
+export function acquireLeases(gates: readonly Gate[], intent: CallIntent): Lease[] | Promise<Lease[]> {
   const granted: Lease[] = [];
   const step = (i: number): Lease[] | Promise<Lease[]> => {
     for (; i < gates.length; i++) {
@@ -66,7 +65,7 @@ export function acquireLeases(snapshot: Snapshot, intent: CallIntent): Lease[] |
         const next = i + 1;
         return result.then((r) => {
           if (!r.ok) {
-            settleAll(granted, ZERO, 0n);
+            cancelAll(granted);
             throw denied(r);
           }
           granted.push(r);
@@ -74,7 +73,7 @@ export function acquireLeases(snapshot: Snapshot, intent: CallIntent): Lease[] |
         });
       }
       if (!result.ok) {
-        settleAll(granted, ZERO, 0n);
+        cancelAll(granted);
         throw denied(result);
       }
       granted.push(result);

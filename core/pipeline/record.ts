@@ -46,3 +46,13 @@ export function dispatchRecord(snapshot: Snapshot, record: CallRecord, log: Logg
 export function settleAll(leases: readonly Lease[], usage: Usage, cost: bigint): void {
   for (const l of leases) l.settle(usage, cost);
 }
+
+const NOTHING: Usage = { promptTokens: 0, completionTokens: 0 };
+
+/** Takes back every lease of a call refused before it went upstream: it counts for nothing. */
+export function cancelAll(leases: readonly Lease[]): void {
+  for (const l of leases) {
+    if (l.cancel) l.cancel();
+    else l.settle(NOTHING, 0n);
+  }
+}

@@ -6,10 +6,10 @@
  * retries and fallbacks it took (`x-svc-attempted-retries`, `x-svc-attempted-fallbacks`).
  */
 import { authorizeModel } from "../access.ts";
-import type { CallRecord, Deployment, Endpoint, Lease, RateCounter, RateGrant, UpstreamErrorKind, WireRequest } from "../contract.ts";
+import type { CallRecord, Deployment, Endpoint, Lease, RateCounter, RateGrant, UpstreamErrorKind, Usage, WireRequest } from "../contract.ts";
 import { GatewayError, errorInfo } from "../errors.ts";
 import { type Attempt, type CallContext, Intent, ZERO, acquireLeases, callDeployment } from "../pipeline/call.ts";
-import { settleAll } from "../pipeline/record.ts";
+import { cancelAll, settleAll } from "../pipeline/record.ts";
 import { stateOf } from "./deployment-state.ts";
 import { type FallbackType, fallbacksFor } from "./fallbacks.ts";
 import { type RoutePolicy, backoffMs, routePolicy } from "./policy.ts";
@@ -173,10 +173,51 @@ async function callGroup<E extends Endpoint>(
   if (candidates.length === 0) throw new GroupFailure(allCoolingDown(group, deployments, startedAt), undefined);
   let d = pickDeployment(policy.strategy, candidates, snapshot.pricing, startedAt);
 
-  const intent = new Intent(ctx.principal, endpoint, group, d, startedAt, body, snapshot);
-  const leases: Lease[] = snapshot.gates.length === 0 ? [] : await acquireLeases(snapshot, intent);
+  let intent = new Intent(ctx.principal, endpoint, group, d, startedAt, body, snapshot);
+  const limitLeases: Lease[] = snapshot.limitGates.length === 0 ? [] : await acquireLeases(snapshot.limitGates, intent);
+  let budgetLeases: Lease[] = [];
+  if (snapshot.budgetGates.length > 0) {
+    try {
+      budgetLeases = await acquireLeases(snapshot.budgetGates, intent);
+    } catch (err) {
+      cancelAll(limitLeases);
+      throw err;
+    }
+  }
   const leaseHeaders: Record<string, string> = {};
-  for (const l of leases) if (l.headers) Object.assign(leaseHeaders, l.headers);
+  for (const l of [...limitLeases, ...budgetLeases]) if (l.headers) Object.assign(leaseHeaders, l.headers);
+  /** Whether an attempt reached the upstream: until one has, giving up takes every lease back (a refused call consumes nothing). */
+  let wentOut = false;
+  const settle = (usage: Usage, cost: bigint) => {
+    settleAll(limitLeases, usage, cost);
+    settleAll(budgetLeases, usage, cost);
+  };
+  const giveUp = () => {
+    if (wentOut) settle(ZERO, 0n);
+    else {
+      cancelAll(limitLeases);
+      cancelAll(budgetLeases);
+    }
+  };
+  /**
+   * Moving to another deployment of the group: the budgets must hold its worst case too (it may
+   * cost more, or spend another provider's budget). Refused: the call ends with that refusal.
+   */
+  const switchTo = async (next: Deployment): Promise<Deployment> => {
+    if (snapshot.budgetGates.length === 0 || next === intent.deployment) return next;
+    const nextIntent = new Intent(ctx.principal, endpoint, group, next, startedAt, body, snapshot);
+    if (next.provider === intent.deployment.provider && nextIntent.worstCaseCost <= intent.worstCaseCost) return next;
+    cancelAll(budgetLeases);
+    budgetLeases = [];
+    try {
+      budgetLeases = await acquireLeases(snapshot.budgetGates, nextIntent);
+    } catch (err) {
+      giveUp();
+      throw err;
+    }
+    intent = nextIntent;
+    return next;
+  };
 
   let capacityRetryMs = Number.POSITIVE_INFINITY;
   const atCapacity = new Set<string>();
@@ -192,10 +233,10 @@ async function callGroup<E extends Endpoint>(
         capacityRetryMs = Math.min(capacityRetryMs, got.retryAfterMs);
         const rest = available(Date.now()).filter((x) => !atCapacity.has(x.id));
         if (rest.length === 0) {
-          settleAll(leases, ZERO, 0n);
+          giveUp();
           throw new GroupFailure(noDeployments(group, "every deployment is at its rpm/tpm limit", capacityRetryMs), undefined);
         }
-        d = pickDeployment(policy.strategy, rest, snapshot.pricing, Date.now());
+        d = await switchTo(pickDeployment(policy.strategy, rest, snapshot.pricing, Date.now()));
         continue;
       }
       capacity = got;
@@ -218,6 +259,7 @@ async function callGroup<E extends Endpoint>(
         : undefined,
       ended: (record: CallRecord) => {
         recorded = true;
+        wentOut = true;
         if (save && record.status === "success") storeAnswer(snapshot.cache.store, save, captured, record, ctx);
         const tokens = record.usage.promptTokens + record.usage.completionTokens;
         state.ended(seq, tokens);
@@ -225,7 +267,7 @@ async function callGroup<E extends Endpoint>(
         if (record.status === "success") state.succeeded((record.firstByteAt ?? record.endedAt) - record.startedAt);
         // A failure before the answer started may still be retried: the leases stay held until the router gives up.
         if (record.status !== "failure" || returned) {
-          settleAll(leases, record.usage, record.cost);
+          settle(record.usage, record.cost);
           ctx.release();
         }
       },
@@ -241,18 +283,20 @@ async function callGroup<E extends Endpoint>(
       returned = true;
       return res;
     } catch (err) {
+      const fromUpstream = err instanceof GatewayError && err.headers["x-svc-call-id"] !== undefined;
+      if (fromUpstream) wentOut = true;
       if (!recorded) {
         // Refused before it reached the upstream (no adapter for the endpoint, unsupported stream): nothing else ends it.
         state.ended(seq, 0);
-        capacity?.settle(0);
+        if (fromUpstream) capacity?.settle(0);
+        else capacity?.cancel();
       }
       if (!(err instanceof GatewayError) || ctx.clientSignal.aborted) {
-        settleAll(leases, ZERO, 0n);
+        giveUp();
         throw err;
       }
       const status = err.info.status;
       const kind = kindOf(err);
-      const fromUpstream = err.headers["x-svc-call-id"] !== undefined;
       if (fromUpstream && !kind && COOLDOWN_STATUSES.has(status) && deployments.length > 1) {
         const cooldownMs = state.failed(policy, Date.now(), status === 429, retryAfterMs(err));
         if (cooldownMs > 0) {
@@ -264,7 +308,7 @@ async function callGroup<E extends Endpoint>(
       const retryable = fromUpstream && !kind && RETRYABLE.has(status);
       // Each group (the asked one, then each fallback) gets its own num_retries.
       if (!retryable || retriesHere >= policy.numRetries) {
-        settleAll(leases, ZERO, 0n);
+        giveUp();
         // A bad request is the client's to fix, whoever noticed it; other failures may fall back.
         if (!kind && (status === 400 || status === 422 || (!fromUpstream && status < 500))) throw err;
         throw new GroupFailure(err, kind);
@@ -274,10 +318,10 @@ async function callGroup<E extends Endpoint>(
       await sleep(backoffMs(policy, retriesHere, retryAfterMs(err)));
       candidates = available(Date.now());
       if (candidates.length === 0) {
-        settleAll(leases, ZERO, 0n);
+        giveUp();
         throw new GroupFailure(allCoolingDown(group, deployments, Date.now()), undefined);
       }
-      d = pickDeployment(policy.strategy, candidates, snapshot.pricing, Date.now());
+      d = await switchTo(pickDeployment(policy.strategy, candidates, snapshot.pricing, Date.now()));
     }
   }
 }

@@ -36,6 +36,7 @@ beforeAll(async () => {
     model_list: [
       { model_name: "fast", svc_params: { model: "mock/fast" } },
       { model_name: "other", svc_params: { model: "mock/other" } },
+      { model_name: "capped", svc_params: { model: "mock/capped", rpm: 1 } },
       { model_name: "slow", svc_params: { model: "openai/gpt-4o-mini", api_base: slow.url, api_key: "sk-up" } },
     ],
     general_settings: { master_key: MASTER_KEY },
@@ -154,6 +155,25 @@ describe("rate limits", () => {
     expect(refused.body.error!.message).toContain(`User=rl-ann in Team=${teamId}`);
     expect(Number(refused.headers.get("retry-after"))).toBeGreaterThan(0);
     for (let i = 0; i < 3; i++) expect((await call(bob)).status).toBe(200);
+  });
+
+  test("a call refused after its limits were counted (a budget, every deployment at its rpm) consumes nothing of them", async () => {
+    const key = await newKey({ rpm_limit: 2 });
+    expect((await call(key, "capped")).status).toBe(200);
+    const atCapacity = await call(key, "capped");
+    expect(atCapacity.status).toBe(429);
+    expect(atCapacity.body.error!.message).toContain("every deployment is at its rpm/tpm limit");
+    // The refused call took nothing: the key still has one request of its two.
+    const next = await call(key);
+    expect(next.status).toBe(200);
+    expect(next.headers.get("x-ratelimit-remaining-requests")).toBe("0");
+
+    const broke = await newKey({ rpm_limit: 1, max_budget: 1, spend: 5 });
+    for (let i = 0; i < 3; i++) expect((await call(broke)).body.error?.type).toBe("budget_exceeded");
+    expect((await requestJson(gw, "POST", "/key/update", { body: { key: broke, max_budget: 100 } })).status).toBe(200);
+    const paid = await call(broke);
+    expect(paid.status).toBe(200);
+    expect(paid.headers.get("x-ratelimit-remaining-requests")).toBe("0");
   });
 
   test("the master key and keys without limits carry no rate-limit headers and are never refused", async () => {

@@ -82,6 +82,29 @@ describe("in-memory sliding window", () => {
     expect(r.counter.id).toBe(team.id);
     expect(w.usage(key.id).requests).toBe(1);
   });
+
+  test("a request taken back (refused by a later check) frees its place, its tokens and its slot; retry-after skips it", () => {
+    const c: RateCounter = { id: `k:${uid()}`, label: "Key e", rpm: 2, tpm: 100, parallel: 2 };
+    const first = granted(w.acquire([c], 30));
+    now += 10_000;
+    const second = granted(w.acquire([c], 50));
+    second.cancel();
+    second.cancel(); // twice: taken back once
+    expect(w.usage(c.id)).toEqual({ requests: 1, tokens: 30, inFlight: 1 });
+    now += 10_000;
+    const third = granted(w.acquire([c], 40));
+    expect(third.remaining[0]).toEqual({ requests: 0, tokens: 30 });
+    const r = refused(w.acquire([c], 0));
+    expect(r).toMatchObject({ kind: "requests", current: 2 });
+    // The oldest request still counted is the first (20 s ago), not the one taken back.
+    expect(r.retryAfterMs).toBe(40_000);
+    first.settle(30);
+    now += 40_000;
+    // The first left the window; the one taken back holds nothing when it leaves.
+    expect(granted(w.acquire([c], 0)).remaining[0]).toEqual({ requests: 0, tokens: 60 });
+    now += 10_000;
+    expect(w.usage(c.id).tokens).toBe(40);
+  });
 });
 
 describe("redis sliding window", () => {
@@ -131,5 +154,17 @@ describe("redis sliding window", () => {
     expect(refused(await windows.acquire([key, team], 0)).counter.id).toBe(team.id);
     const solo = granted(await windows.acquire([key], 0));
     expect(solo.remaining[0]!.requests).toBe(8);
+  });
+
+  test("a request taken back frees its place, its tokens and its slot on every instance", async () => {
+    const c: RateCounter = { id: `k:${uid()}`, label: "Key u", rpm: 2, tpm: 100, parallel: 2 };
+    granted(await windows.acquire([c], 30));
+    const second = granted(await windows.acquire([c], 50));
+    second.cancel();
+    await Bun.sleep(50);
+    const other = new RedisWindows(redis, memoryLogger(), 60_000, 1500);
+    const third = granted(await other.acquire([c], 40));
+    expect(third.remaining[0]).toEqual({ requests: 0, tokens: 30 });
+    expect(refused(await other.acquire([c], 0))).toMatchObject({ kind: "requests", current: 2 });
   });
 });

@@ -259,6 +259,39 @@ describe("provider budgets (pglite)", () => {
   });
 });
 
+describe("retries and budgets (pglite)", () => {
+  test("a retry on a pricier deployment reserves its worst case first: the budget still holds", async () => {
+    const gw = await startBackendGateway("pglite", {
+      model_list: [
+        // Cheapest, so picked first, and unreachable: every call is retried on the $1 deployment.
+        {
+          model_name: "mixed",
+          svc_params: { model: "openai/cheap", api_base: "http://127.0.0.1:9/v1", api_key: "sk-x" },
+          model_info: { input_cost_per_token: 1e-12, output_cost_per_token: 1e-9 },
+        },
+        { ...DOLLAR, model_name: "mixed" },
+      ],
+      router_settings: { routing_strategy: "cost-based-routing", num_retries: 2 },
+      general_settings: { master_key: MASTER_KEY },
+    });
+    try {
+      const poor = await newKey(gw, { max_budget: 0.1 });
+      const refused = await call(gw, poor.key, "mixed");
+      expect(refused.status).toBe(400);
+      expect(refused.body.error.type).toBe("budget_exceeded");
+      expect(refused.body.error.message).toContain("may cost up to $1.");
+      expect(await spendOf(gw, "virtual_keys", "token", poor.token)).toBeLessThanOrEqual(0.1);
+
+      const rich = await newKey(gw, { max_budget: budgetFor(1) });
+      expect((await call(gw, rich.key, "mixed")).status).toBe(200);
+      expect((await call(gw, rich.key, "mixed")).body.error.type).toBe("budget_exceeded");
+      expect(await spendOf(gw, "virtual_keys", "token", rich.token)).toBeLessThanOrEqual(budgetFor(1));
+    } finally {
+      await gw.stop();
+    }
+  }, 20_000);
+});
+
 describe("two instances sharing PostgreSQL and Redis", () => {
   test("a key's budget for 10 calls holds across both: 100 calls at each, 10 succeed in all", async () => {
     const db = await freshDatabase("gw_budget2");
