@@ -38,6 +38,7 @@ const intent = (): CallIntent => ({
   modelGroup: "m",
   deployment,
   estimatedPromptTokens: 20,
+  promptTokenBound: 60,
   maxOutputTokens: 100,
   worstCaseCost: 0n,
   startedAt: Date.now(),

@@ -254,10 +254,12 @@ export interface CallIntent {
   modelGroup: string;
   /** The deployment the call will go to. */
   deployment: Deployment;
-  /** A conservative prompt size (an upper estimate, not a tokenizer's exact count). */
+  /** A conservative prompt size (an upper estimate, not a tokenizer's exact count): rate limits reserve it. */
   estimatedPromptTokens: number;
+  /** A prompt size the real count never exceeds (a token per UTF-8 byte): budgets reserve on it. */
+  promptTokenBound: number;
   maxOutputTokens: number | undefined;
-  /** The most the call can cost, in pico-dollars: prompt estimate and output bound at the model's prices (0 when unpriced). */
+  /** The most the call can cost, in pico-dollars: prompt bound and output bound at the model's prices (0 when unpriced). */
   worstCaseCost: bigint;
   /** Milliseconds since the epoch; budgets charge the call to the period it started in. */
   startedAt: number;

@@ -1,8 +1,16 @@
 /**
- * A prompt-size bound for reservations, before the upstream has counted anything. It errs high on
- * purpose: a budget reservation below the real cost could let concurrent calls overspend. Three
- * characters per token is above what common tokenizers produce for prose and code (about four
- * for OpenAI's, about 3.5 for Claude's), plus the per-message framing chat formats add.
+ * Prompt sizes before the upstream has counted anything, two of them:
+ *
+ * - the estimate (rate limits' `tpm` reservation, settled to the real count when the call ends):
+ *   three characters per token, above what common tokenizers produce for prose and code (about
+ *   four for OpenAI's, about 3.5 for Claude's);
+ * - the bound (budgets' worst case, which must never be below the real cost, or concurrent calls
+ *   could overspend): one token per UTF-8 byte. Byte-level tokenizers (OpenAI's, Llama's) and
+ *   SentencePiece with byte fallback (Gemini's) never make a token of less than a byte, while a
+ *   prompt of symbols, digits or emoji can take far more than a token per three characters.
+ *   Every string may add one token (a leading-space marker).
+ *
+ * Both add the per-message framing chat formats put around each message.
  */
 import type { Endpoint, WireRequest } from "../contract.ts";
 
@@ -12,49 +20,71 @@ const TOKENS_PER_REPLY = 3;
 /** An image in a prompt: the largest tile count OpenAI bills for a high-detail image is about this. */
 const TOKENS_PER_IMAGE = 1600;
 
-function size(v: unknown): { chars: number; images: number } {
-  if (typeof v === "string") return { chars: v.length, images: 0 };
+interface Size {
+  chars: number;
+  bytes: number;
+  strings: number;
+  images: number;
+}
+
+function add(into: Size, s: Size): void {
+  into.chars += s.chars;
+  into.bytes += s.bytes;
+  into.strings += s.strings;
+  into.images += s.images;
+}
+
+function text(s: string): Size {
+  return { chars: s.length, bytes: Buffer.byteLength(s, "utf8"), strings: 1, images: 0 };
+}
+
+function size(v: unknown): Size {
+  if (typeof v === "string") return text(v);
+  const out: Size = { chars: 0, bytes: 0, strings: 0, images: 0 };
   if (Array.isArray(v)) {
-    let chars = 0;
-    let images = 0;
-    for (const item of v) {
-      const s = size(item);
-      chars += s.chars;
-      images += s.images;
-    }
-    return { chars, images };
+    for (const item of v) add(out, size(item));
+    return out;
   }
   if (v !== null && typeof v === "object") {
     const o = v as Record<string, unknown>;
-    if (o.type === "image_url" || o.type === "input_image") return { chars: 0, images: 1 };
+    if (o.type === "image_url" || o.type === "input_image") return { ...out, images: 1 };
     // Every other member counts: tool calls, tool schemas and names are tokens too.
-    let chars = 0;
-    let images = 0;
     for (const [k, x] of Object.entries(o)) {
-      const s = size(x);
-      chars += s.chars + k.length;
-      images += s.images;
+      add(out, text(k));
+      add(out, size(x));
     }
-    return { chars, images };
+    return out;
   }
-  return { chars: typeof v === "number" || typeof v === "boolean" ? String(v).length : 0, images: 0 };
+  return typeof v === "number" || typeof v === "boolean" ? text(String(v)) : out;
 }
 
-function tokens(v: unknown): number {
+/** A prompt's estimated tokens and their upper bound. */
+export interface PromptSize {
+  estimate: number;
+  bound: number;
+}
+
+function tokens(v: unknown, framing: number): PromptSize {
   const s = size(v);
-  return Math.ceil(s.chars / CHARS_PER_TOKEN) + s.images * TOKENS_PER_IMAGE;
+  const images = s.images * TOKENS_PER_IMAGE;
+  return { estimate: Math.ceil(s.chars / CHARS_PER_TOKEN) + images + framing, bound: s.bytes + s.strings + images + framing };
 }
 
-export function estimatePromptTokens<E extends Endpoint>(endpoint: E, body: WireRequest[E]): number {
+export function promptSize<E extends Endpoint>(endpoint: E, body: WireRequest[E]): PromptSize {
   switch (endpoint) {
     case "chat": {
       const b = body as WireRequest["chat"];
       const tools = (b as { tools?: unknown }).tools;
-      return tokens(b.messages) + b.messages.length * TOKENS_PER_MESSAGE + TOKENS_PER_REPLY + (tools ? tokens(tools) : 0);
+      return tokens(tools ? [b.messages, tools] : b.messages, b.messages.length * TOKENS_PER_MESSAGE + TOKENS_PER_REPLY);
     }
     case "completions":
-      return tokens((body as WireRequest["completions"]).prompt) + TOKENS_PER_REPLY;
+      return tokens((body as WireRequest["completions"]).prompt, TOKENS_PER_REPLY);
     default:
-      return tokens((body as WireRequest["embeddings"]).input);
+      return tokens((body as WireRequest["embeddings"]).input, 0);
   }
+}
+
+/** The estimate alone (see above). */
+export function estimatePromptTokens<E extends Endpoint>(endpoint: E, body: WireRequest[E]): number {
+  return promptSize(endpoint, body).estimate;
 }

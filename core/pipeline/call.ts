@@ -4,7 +4,7 @@
  * decides which deployment, and holds the limits and budgets.
  */
 import type { CallIntent, CallRecord, GroupCapacity, HttpCall, CallStatus, Denied, Deployment, Endpoint, EndpointAdapter, ErrorInfo, Lease, Logger, Principal, StreamTransform, Usage, WireRequest } from "../contract.ts";
-import { estimatePromptTokens } from "../cost/estimate.ts";
+import { type PromptSize, promptSize } from "../cost/estimate.ts";
 import { groupCapacity } from "../limits/capacity.ts";
 import { picoToText } from "../cost/money.ts";
 import { GatewayError, errorInfo } from "../errors.ts";
@@ -85,7 +85,7 @@ export function acquireLeases(gates: readonly Gate[], intent: CallIntent): Lease
 
 /** The intent of a call; the prompt estimate and the worst case are computed only if a gate asks. */
 export class Intent implements CallIntent {
-  private prompt: number | undefined;
+  private prompt: PromptSize | undefined;
   private worst: bigint | undefined;
   private capacity: GroupCapacity | undefined;
   readonly maxOutputTokens: number | undefined;
@@ -108,18 +108,23 @@ export class Intent implements CallIntent {
   }
 
   get estimatedPromptTokens(): number {
-    this.prompt ??= estimatePromptTokens(this.endpoint, this.body);
-    return this.prompt;
+    this.prompt ??= promptSize(this.endpoint, this.body);
+    return this.prompt.estimate;
+  }
+
+  get promptTokenBound(): number {
+    this.prompt ??= promptSize(this.endpoint, this.body);
+    return this.prompt.bound;
   }
 
   get worstCaseCost(): bigint {
     if (this.worst === undefined) {
       const pricing = this.snapshot.pricing;
-      if (this.endpoint === "embeddings") this.worst = pricing.worstCase(this.deployment, this.estimatedPromptTokens, 0);
+      if (this.endpoint === "embeddings") this.worst = pricing.worstCase(this.deployment, this.promptTokenBound, 0);
       else {
         const choices = Math.max(1, (this.body as { n?: number | null }).n ?? 1);
         const max = this.maxOutputTokens;
-        this.worst = pricing.worstCase(this.deployment, this.estimatedPromptTokens, max === undefined ? undefined : max * choices);
+        this.worst = pricing.worstCase(this.deployment, this.promptTokenBound, max === undefined ? undefined : max * choices);
       }
     }
     return this.worst;

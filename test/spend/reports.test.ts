@@ -466,7 +466,7 @@ for (const backend of BACKENDS) {
     });
 
     test("/global/spend/reset sets every counter to 0, keeps the log, and budgets count from 0 again", async () => {
-      const limited = await must<{ key: string; token: string }>(gw, "POST", "/key/generate", { key_alias: "k-limited", max_budget: 0.00004 });
+      const limited = await must<{ key: string; token: string }>(gw, "POST", "/key/generate", { key_alias: "k-limited", max_budget: 0.0001 });
       let status = 200;
       for (let i = 0; i < 20 && status === 200; i++) status = await chat(gw, limited.key, "alpha-model", "spend it", { max_tokens: 5 });
       expect(status).toBe(400);
