@@ -23,7 +23,7 @@ const TABLES = [
   {
     name: "virtual_keys",
     id: "token",
-    // A key on a budget object without its own duration follows the budget's.
+    // A key (team, org) on a budget object without its own duration follows the budget's.
     due: sql`select k.token as id, k.budget_reset_at as reset_at, coalesce(k.budget_duration, b.budget_duration) as duration
       from virtual_keys k left join budgets b on b.budget_id = k.budget_id
       where k.budget_reset_at <= now() and k.deleted_at is null`,
@@ -32,7 +32,9 @@ const TABLES = [
   {
     name: "teams",
     id: "team_id",
-    due: sql`select team_id as id, budget_reset_at as reset_at, budget_duration as duration from teams where budget_reset_at <= now() and deleted_at is null`,
+    due: sql`select t.team_id as id, t.budget_reset_at as reset_at, coalesce(t.budget_duration, b.budget_duration) as duration
+      from teams t left join budgets b on b.budget_id = t.budget_id
+      where t.budget_reset_at <= now() and t.deleted_at is null`,
     change: (id: string): IdentityChange => ({ kind: "team", teamId: id }),
   },
   {

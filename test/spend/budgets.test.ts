@@ -204,6 +204,36 @@ describe("budget periods, alerts and temporary increases (pglite)", () => {
     expect(Date.parse(after.body.info.budget_reset_at)).toBeGreaterThan(resetAt);
   }, 15_000);
 
+  test("keys and teams on a budget object without a duration of their own reset on the budget's period", async () => {
+    const made = await requestJson<{ budget_id: string; budget_reset_at: string }>(gw, "POST", "/budget/new", { body: { max_budget: budgetFor(1), budget_duration: "2s" } });
+    expect(made.status).toBe(200);
+    const budgetId = made.body.budget_id;
+    const { key, token } = await newKey(gw, { budget_id: budgetId });
+    const team = await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: { budget_id: budgetId } });
+    const teamKey = await newKey(gw, { team_id: team.body.team_id });
+    for (const k of [key, teamKey.key]) {
+      expect((await call(gw, k)).status).toBe(200);
+      expect((await call(gw, k)).body.error.message).toContain("It resets at");
+    }
+    const info = await requestJson<{ info: { budget_reset_at: string } }>(gw, "GET", `/key/info?key=${token}`);
+    expect(Date.parse(info.body.info.budget_reset_at)).toBe(Date.parse(made.body.budget_reset_at));
+    const org = await requestJson<{ budget_reset_at: string }>(gw, "POST", "/organization/new", { body: { organization_alias: "on-budget", budget_id: budgetId } });
+    expect(org.status).toBe(200);
+    expect(Date.parse(org.body.budget_reset_at)).toBe(Date.parse(made.body.budget_reset_at));
+    await Bun.sleep(Math.max(0, Date.parse(made.body.budget_reset_at) - Date.now()) + 20);
+    for (const k of [key, teamKey.key]) expect((await call(gw, k)).status).toBe(200);
+
+    // A budget that gains a duration later takes the keys on it along.
+    const flat = await requestJson<{ budget_id: string }>(gw, "POST", "/budget/new", { body: { max_budget: budgetFor(1) } });
+    const onFlat = await newKey(gw, { budget_id: flat.body.budget_id });
+    expect((await call(gw, onFlat.key)).status).toBe(200);
+    expect((await call(gw, onFlat.key)).body.error.message).not.toContain("It resets at");
+    const updated = await requestJson<{ budget_reset_at: string }>(gw, "POST", "/budget/update", { body: { budget_id: flat.body.budget_id, budget_duration: "1s" } });
+    expect(updated.status).toBe(200);
+    await Bun.sleep(Math.max(0, Date.parse(updated.body.budget_reset_at) - Date.now()) + 20);
+    expect((await call(gw, onFlat.key)).status).toBe(200);
+  }, 20_000);
+
   test("soft_budget: one alert per period, delivered to the webhook, and calls are not blocked", async () => {
     const { key, token } = await newKey(gw, { soft_budget: 1.5, max_budget: 100, key_alias: "soft-one" });
     for (let i = 0; i < 4; i++) expect((await call(gw, key)).status).toBe(200);

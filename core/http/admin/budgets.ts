@@ -12,7 +12,8 @@ import { Elysia } from "elysia";
 import { badRequest, notFound } from "../../authz.ts";
 import { GatewayError } from "../../errors.ts";
 import { CountField, MoneyField, Nullable, resetAt } from "../../identity/fields.ts";
-import type { BudgetRow } from "../../identity/records.ts";
+import type { BudgetRow, IdentityChange } from "../../identity/records.ts";
+import { followedReset } from "../../identity/budget-period.ts";
 import { fromApi, toApi } from "../../identity/serialize.ts";
 import { budgets, organizations, orgMembers, teamMembers, teams, virtualKeys } from "../../store/schema.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
@@ -120,9 +121,27 @@ async function updateBudget(ctx: AdminCtx) {
     .where(eq(budgets.budgetId, body.budget_id))
     .returning();
   if (!after) throw notFound(`Budget '${body.budget_id}' not found: it was deleted meanwhile.`, "budget_id");
-  await ctx.changed({ kind: "budget", budgetId: body.budget_id });
+  await ctx.changed({ kind: "budget", budgetId: body.budget_id }, ...(await followNewPeriod(ctx, body, after)));
   await ctx.audit({ action: "updated", table: TABLE, objectId: body.budget_id, before, after });
   return toApi(after);
+}
+
+/** A new period on the budget object moves the keys, teams and orgs that follow it (no duration of their own). */
+async function followNewPeriod(ctx: AdminCtx, body: BudgetBody, after: BudgetRow): Promise<IdentityChange[]> {
+  if (body.budget_duration === undefined && body.budget_reset_at === undefined) return [];
+  const budgetResetAt = followedReset(after);
+  const followers = <T extends typeof virtualKeys | typeof teams | typeof organizations>(t: T) =>
+    and(eq(t.budgetId, after.budgetId), isNull(t.budgetDuration));
+  const [keys, teamRows, orgs] = await Promise.all([
+    ctx.db.update(virtualKeys).set({ budgetResetAt }).where(followers(virtualKeys)).returning({ id: virtualKeys.token }),
+    ctx.db.update(teams).set({ budgetResetAt }).where(followers(teams)).returning({ id: teams.teamId }),
+    ctx.db.update(organizations).set({ budgetResetAt }).where(followers(organizations)).returning({ id: organizations.organizationId }),
+  ]);
+  return [
+    ...keys.map((k): IdentityChange => ({ kind: "key", token: k.id })),
+    ...teamRows.map((t): IdentityChange => ({ kind: "team", teamId: t.id })),
+    ...orgs.map((o): IdentityChange => ({ kind: "org", orgId: o.id })),
+  ];
 }
 
 async function budgetInfo(ctx: AdminCtx) {

@@ -31,6 +31,7 @@ import { rotatedKeys, users, virtualKeys } from "../../store/schema.ts";
 import { checker } from "../validate.ts";
 import { counterId } from "../../spend/ledger.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
+import { followedReset, periodFromBudget } from "../../identity/budget-period.ts";
 import { guaranteedOverflow, type PlannedKey } from "../../limits/capacity.ts";
 
 const TABLE = "virtual_keys";
@@ -174,10 +175,13 @@ function checkTeamModels(ctx: AdminCtx, models: readonly string[], team: TeamRow
 }
 
 /** The period fields' derived timestamps: budget reset, rotation, temporary budget. */
-function derivedTimes(fields: Record<string, unknown>, merged: Partial<KeyRow>, touched: KeyBody, now: number): void {
+function derivedTimes(ctx: AdminCtx, fields: Record<string, unknown>, merged: Partial<KeyRow>, touched: KeyBody, now: number): void {
   if ("budget_duration" in touched) {
     const d = touched.budget_duration;
     fields.budgetResetAt = typeof d === "string" ? new Date(now + periodMs(d, "budget_duration")) : null;
+  }
+  if (periodFromBudget(touched, merged.budgetDuration)) {
+    fields.budgetResetAt = followedReset(merged.budgetId ? ctx.identity.budgets.get(merged.budgetId) : undefined);
   }
   if ("auto_rotate" in touched || "rotation_interval" in touched) {
     if (merged.autoRotate) {
@@ -283,7 +287,7 @@ export async function generateKey(ctx: AdminCtx, body: Record<string, unknown>, 
 
   checkGuaranteed(ctx, { token, models, teamId: team?.teamId ?? null, ...throughputOf(fields) });
   const merged = { autoRotate: false, rotationInterval: null, ...fields } as Partial<KeyRow>;
-  derivedTimes(fields, merged, input, now);
+  derivedTimes(ctx, fields, merged, input, now);
   withProjectId(fields, input, {});
   let serviceAccountId: string | null = null;
   if (serviceAccount) {
@@ -358,7 +362,7 @@ async function updateFields(ctx: AdminCtx, row: KeyRow, body: KeyBody): Promise<
     budgetId: fields.budgetId !== row.budgetId ? fields.budgetId : undefined,
   });
   if ("keyAlias" in fields) await assertAliasFree(ctx.db, fields.keyAlias as string | null, row.token);
-  derivedTimes(fields, { ...row, ...fields } as Partial<KeyRow>, body, now);
+  derivedTimes(ctx, fields, { ...row, ...fields } as Partial<KeyRow>, body, now);
   withProjectId(fields, body, row.metadata);
   const expires = expiresOf(body, now);
   if (expires !== undefined) fields.expires = expires;

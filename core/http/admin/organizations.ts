@@ -18,6 +18,7 @@ import type { BudgetRow, OrgMemberRow, OrgRow, UserRow } from "../../identity/re
 import { fromApi, toApi } from "../../identity/serialize.ts";
 import { budgets, orgMembers, organizations, teams, users, virtualKeys } from "../../store/schema.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
+import { followedReset, periodFromBudget } from "../../identity/budget-period.ts";
 
 const nullable = <S extends TSchema>(s: S) => T.Union([s, T.Null()]);
 const Money = nullable(T.Number({ minimum: 0 }));
@@ -167,9 +168,11 @@ async function createOrg(ctx: AdminCtx) {
           .values({ ...fromApi(budgets, body, BUDGET_COLUMNS), ...reset, budgetId, createdBy: who, updatedBy: who })
           .returning();
       }
+      // An org on an existing budget object without a duration of its own follows that budget's period.
+      const period = body.budget_id && !body.budget_duration ? { budgetResetAt: followedReset(ctx.identity.budgets.get(body.budget_id)) } : reset;
       const [org] = await tx
         .insert(organizations)
-        .values({ ...orgProps, ...reset, organizationId: orgId, organizationAlias: body.organization_alias, budgetId, createdBy: who, updatedBy: who })
+        .values({ ...orgProps, ...period, organizationId: orgId, organizationAlias: body.organization_alias, budgetId, createdBy: who, updatedBy: who })
         .returning();
       return { org: org!, budget };
     })
@@ -217,9 +220,11 @@ async function updateOrg(ctx: AdminCtx) {
         .set({ ...budgetPatch, ...reset, updatedAt: new Date(), updatedBy: who })
         .where(eq(budgets.budgetId, before.budgetId!));
     }
+    const ownDuration = body.budget_duration !== undefined ? body.budget_duration : before.budgetDuration;
+    const period = periodFromBudget(body, ownDuration) ? { budgetResetAt: followedReset(ctx.identity.budgets.get(body.budget_id ?? before.budgetId ?? "")) } : reset;
     const [row] = await tx
       .update(organizations)
-      .set({ ...patch, ...reset, updatedAt: new Date(), updatedBy: who })
+      .set({ ...patch, ...period, updatedAt: new Date(), updatedBy: who })
       .where(eq(organizations.organizationId, orgId))
       .returning();
     return row!;

@@ -33,6 +33,7 @@ import type { IdentityChange, KeyRow, TeamMemberRow, TeamRow, UserRow } from "..
 import { fromApi, toApi } from "../../identity/serialize.ts";
 import { budgets, organizations, teamMembers, teams, users, virtualKeys } from "../../store/schema.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
+import { followedReset, periodFromBudget } from "../../identity/budget-period.ts";
 
 const TeamRole = T.Union([T.Literal("admin"), T.Literal("user")]);
 type Role = "admin" | "user";
@@ -336,7 +337,7 @@ async function newTeam(ctx: AdminCtx): Promise<Record<string, unknown>> {
   const row = {
     ...props,
     teamId,
-    budgetResetAt: resetAt(body.budget_duration) ?? null,
+    budgetResetAt: resetAt(body.budget_duration) ?? followedReset(body.budget_id ? ctx.identity.budgets.get(body.budget_id) : undefined),
     memberSettings: memberSettings(raw, {}),
     createdBy: by,
     updatedBy: by,
@@ -373,6 +374,9 @@ async function updateTeam(ctx: AdminCtx): Promise<Record<string, unknown>> {
   if (reset !== undefined) props.budgetResetAt = reset;
   props.memberSettings = memberSettings(raw, before.memberSettings);
   const merged = { ...before, ...props };
+  if (periodFromBudget(raw, merged.budgetDuration)) {
+    props.budgetResetAt = merged.budgetResetAt = followedReset(merged.budgetId ? ctx.identity.budgets.get(merged.budgetId) : undefined);
+  }
   if (["organization_id", "models", "max_budget", "tpm_limit", "rpm_limit"].some((f) => f in raw)) {
     await checkOrgLimits(ctx, {
       organizationId: merged.organizationId ?? null,
