@@ -327,6 +327,23 @@ describe("embedded store (default)", () => {
   );
 });
 
+describe("the example config.yaml", () => {
+  test(
+    "serves a chat and an embedding through the SDK on the embedded store, as the README's first command runs it",
+    async () => {
+      const gw = await gateway(readFileSync(join(ROOT, "config.yaml"), "utf8"), { env: { OPENAI_API_KEY: undefined } });
+      const sdk = client(gw);
+      const chat = await sdk.chat.completions.create({ model: "gpt-4o-mini", messages: [{ role: "user", content: "hi" }] });
+      expect(chat.choices[0]?.message.content).toContain("hi");
+      expect(chat.usage?.total_tokens).toBeGreaterThan(0);
+      const emb = await sdk.embeddings.create({ model: "text-embedding-3-small", input: "hi", encoding_format: "float" });
+      expect(emb.data[0]?.embedding.length).toBeGreaterThan(0);
+      expect((await sdk.models.list()).data.map((m) => m.id)).toEqual(expect.arrayContaining(["gpt-4o-mini", "text-embedding-3-small"]));
+    },
+    SLOW,
+  );
+});
+
 describe("PostgreSQL (DATABASE_URL)", () => {
   let serverVersion: string;
   beforeAll(async () => {

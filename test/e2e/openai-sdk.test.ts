@@ -348,6 +348,28 @@ describe("legacy completions and embeddings", () => {
     expect(mock.requests.map((r) => (r.body as { model: string }).model)).toEqual(["gpt-3.5-turbo-instruct", "gpt-3.5-turbo-instruct"]);
   });
 
+  test("completions and embeddings answer in every path form; the path model overrides the body model", async () => {
+    const forms = (model: string): [string, string][] => [
+      [gw.url, model],
+      [gw.baseURL, model],
+      [`${gw.url}/openai/deployments/${model}`, "not-a-configured-model"],
+      [`${gw.url}/engines/${model}`, "not-a-configured-model"],
+    ];
+    for (const [baseURL, model] of forms("instruct")) {
+      const c = new OpenAI({ baseURL, apiKey: MASTER_KEY, maxRetries: 0 });
+      const { data, response } = await c.completions.create({ model, prompt: "paths" }).withResponse();
+      expect([baseURL, data.choices[0]?.text]).toEqual([baseURL, "Mock completion of: paths"]);
+      expect(response.headers.get("x-svc-model-id")).toBe("dep-instruct");
+    }
+    for (const [baseURL, model] of forms("embedder")) {
+      const c = new OpenAI({ baseURL, apiKey: MASTER_KEY, maxRetries: 0 });
+      const { data, response } = await c.embeddings.create({ model, input: "paths", encoding_format: "float" }).withResponse();
+      expect([baseURL, data.data[0]?.embedding]).toEqual([baseURL, mockEmbedding("paths")]);
+      expect(response.headers.get("x-svc-model-id")).toBe("dep-embed");
+    }
+    expect(mock.requests.map((r) => (r.body as { model: string }).model)).toEqual([...Array(4).fill("gpt-3.5-turbo-instruct"), ...Array(4).fill("text-embedding-3-small")]);
+  });
+
   test("embeddings as floats", async () => {
     const res = await client.embeddings.create({ model: "embedder", input: ["alpha", "beta"], encoding_format: "float" });
     expect(res.data.map((d) => d.embedding)).toEqual([mockEmbedding("alpha"), mockEmbedding("beta")]);
@@ -369,6 +391,15 @@ describe("models", () => {
     const ids: string[] = [];
     for await (const m of client.models.list()) ids.push(m.id);
     expect(ids.sort()).toEqual(["embedder", "gpt-dead", "gpt-hang", "gpt-public", "gpt-timeout", "instruct"]);
+  });
+
+  test("the models routes answer without /v1 too", async () => {
+    const list = await get("/models");
+    expect(list.status).toBe(200);
+    expect(((await list.json()) as { data: { id: string }[] }).data.map((m) => m.id)).toContain("gpt-public");
+    const one = await get("/models/gpt-public");
+    expect(((await one.json()) as { id: string }).id).toBe("gpt-public");
+    await expectErrorResponse(await get("/models/no-such-model"), 404);
   });
 
   test("retrieve a configured name, a wildcard-resolved name containing `/`, and an unknown one", async () => {
@@ -418,6 +449,15 @@ describe("gateway errors are typed SDK errors", () => {
     const err = await failure(bad.chat.completions.create({ model: "gpt-public", messages: user("hi") }));
     expectSdkError(err, AuthenticationError, 401);
     expect(mock.requests).toHaveLength(0);
+  });
+
+  test("the key may come in x-svc-api-key instead of Authorization, bare or as Bearer", async () => {
+    for (const value of [MASTER_KEY, `Bearer ${MASTER_KEY}`]) {
+      const res = await post("/v1/chat/completions", { model: "gpt-public", messages: user("header") }, { "x-svc-api-key": value });
+      expect([value, res.status]).toEqual([value, 200]);
+    }
+    const wrong = await post("/v1/chat/completions", { model: "gpt-public", messages: user("header") }, { "x-svc-api-key": "sk-wrong-key" });
+    expect((await expectErrorResponse(wrong, 401)).type).toBe("authentication_error");
   });
 
   test("no key → 401", async () => {
