@@ -467,6 +467,9 @@ for (const backend of BACKENDS) {
       expect(general.data.find((m) => m.id === "gpt-b")?.metadata).toEqual({ fallbacks: [] });
       const ctx = await get("?include_metadata=true&fallback_type=context_window");
       expect(ctx.data.find((m) => m.id === "gpt-a")?.metadata).toEqual({ fallbacks: ["gpt-c", "gpt-d"] });
+      // No content-policy list: such a failure goes to the general fallbacks, and metadata says so.
+      const policy = await get("?include_metadata=true&fallback_type=content_policy");
+      expect(policy.data.find((m) => m.id === "gpt-a")?.metadata).toEqual({ fallbacks: ["gpt-b"] });
       expect((await get("")).data.every((m) => m.metadata === undefined)).toBe(true);
       expect((await getStatus(gw, "/v1/models?include_metadata=true&fallback_type=sideways", k)).status).toBe(400);
     });

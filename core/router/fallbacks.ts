@@ -14,7 +14,7 @@ const SETTING: Record<FallbackType, "fallbacks" | "context_window_fallbacks" | "
 };
 
 /** `router_settings.<type>: [{group: [fallback, …]}, …]` → the fallbacks of `group`. */
-export function configuredFallbacks(config: GatewayConfig, type: FallbackType, group: string): string[] {
+function configuredFallbacks(config: GatewayConfig, type: FallbackType, group: string): string[] {
   const list = config.router_settings?.[SETTING[type]];
   for (const item of list ?? []) {
     const to = item[group];

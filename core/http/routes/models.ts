@@ -14,7 +14,7 @@ import { SECRET_PARAM } from "../../secrets.ts";
 import type { Snapshot } from "../../snapshot.ts";
 import type { AppDeps } from "../app.ts";
 import { authenticate } from "../auth.ts";
-import { configuredFallbacks, type FallbackType } from "../../router/fallbacks.ts";
+import { type FallbackType, fallbacksFor } from "../../router/fallbacks.ts";
 
 /** svc_params fields that say where the upstream is (credentials are `SECRET_PARAM`). */
 const ADDRESS_PARAM = /^(api_base|base_url|headers|extra_headers)$|(^|_)(url|endpoint)$/i;
@@ -171,7 +171,8 @@ function listModels(s: Snapshot, url: URL, rules: AccessRules | undefined, ident
   const fallbackType = (fallbackParam ?? "general") as FallbackType;
   for (const [id, owner] of models) {
     const m = modelObject(id, s.loadedAt, owner);
-    data.push(withMetadata ? { ...m, metadata: { fallbacks: configuredFallbacks(s.config, fallbackType, id) } } : m);
+    // The fallbacks a failure of that type would really go to (absent request overrides): a type with no list of its own uses the general one, then default_fallbacks.
+    data.push(withMetadata ? { ...m, metadata: { fallbacks: fallbacksFor(s.config, {}, id, fallbackType) } } : m);
   }
   if (truthy(url.searchParams.get("include_model_access_groups")) || truthy(url.searchParams.get("only_model_access_groups"))) {
     // A held group is listed when the caller may use every model in it (no level above forbids part).
