@@ -57,6 +57,22 @@ export const PluginEntrySchema = T.Object(
 /** `[{"gpt-4": ["gpt-4o-mini", …]}, …]`: per model group, the groups tried in order when it fails. */
 const FallbackList = T.Array(T.Record(T.String(), T.Array(T.String())));
 
+const Retries = T.Optional(T.Integer({ minimum: 0 }));
+/** LiteLLM's retry policy: retries per class of upstream error (a content-policy refusal goes to its fallbacks, never retried). */
+const RetryPolicySchema = T.Object(
+  {
+    BadRequestErrorRetries: Retries,
+    AuthenticationErrorRetries: Retries,
+    TimeoutErrorRetries: Retries,
+    RateLimitErrorRetries: Retries,
+    InternalServerErrorRetries: Retries,
+    ContentPolicyViolationErrorRetries: Retries,
+    max_retries: Retries,
+    num_retries: Retries,
+  },
+  { additionalProperties: false },
+);
+
 export const RouterSettingsSchema = T.Object(
   {
     routing_strategy: T.Optional(
@@ -70,6 +86,9 @@ export const RouterSettingsSchema = T.Object(
       ]),
     ),
     num_retries: T.Optional(T.Integer({ minimum: 0 })),
+    retry_policy: T.Optional(RetryPolicySchema),
+    /** A retry policy per model group (which may also set `max_retries`). */
+    model_group_retry_policy: T.Optional(T.Record(T.String(), RetryPolicySchema)),
     timeout: T.Optional(T.Number({ exclusiveMinimum: 0 })),
     /** Minimum seconds between retries; upstream `retry-after` and the exponential backoff can make it longer. */
     retry_after: T.Optional(T.Number({ minimum: 0 })),

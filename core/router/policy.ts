@@ -9,7 +9,6 @@ export type RoutingStrategy = "simple-shuffle" | "least-busy" | "latency-based-r
 
 export interface RoutePolicy {
   strategy: RoutingStrategy;
-  numRetries: number;
   /** Minimum wait between retries. */
   retryAfterMs: number;
   /** First backoff step; doubled per retry up to MAX_BACKOFF_MS. */
@@ -18,6 +17,8 @@ export interface RoutePolicy {
   cooldownMs: number;
   cooldowns: boolean;
   maxFallbacks: number;
+  /** Where retry policies are read when an attempt fails, most specific first (request, key, team, config). */
+  retrySources: readonly Loose[];
 }
 
 export const MAX_BACKOFF_MS = 8000;
@@ -43,13 +44,13 @@ function resolve(config: GatewayConfig, sources: Loose[], keyLevel: Loose[]): Ro
   const strategy = [...keyLevel, r].map((s) => s?.routing_strategy).find((v): v is RoutingStrategy => typeof v === "string" && STRATEGIES.has(v));
   return {
     strategy: strategy ?? "simple-shuffle",
-    numRetries: Math.floor(numberIn(sources, "num_retries") ?? DEFAULTS.numRetries),
     retryAfterMs: (numberIn([...keyLevel, r], "retry_after") ?? DEFAULTS.retryAfter) * 1000,
     initialDelayMs: (numberIn([r], "retry_initial_delay") ?? DEFAULTS.initialDelay) * 1000,
     allowedFails: numberIn([r], "allowed_fails") ?? DEFAULTS.allowedFails,
     cooldownMs: (numberIn([r], "cooldown_time") ?? DEFAULTS.cooldownTime) * 1000,
     cooldowns: r?.disable_cooldowns !== true,
     maxFallbacks: numberIn([r], "max_fallbacks") ?? DEFAULTS.maxFallbacks,
+    retrySources: sources,
   };
 }
 
@@ -68,6 +69,44 @@ export function routePolicy(config: GatewayConfig, principal: Principal, body: L
     return base;
   }
   return resolve(config, [body, key, team, r, svc], [key, team]);
+}
+
+/** LiteLLM's `retry_policy` fields: retries for one class of upstream error. */
+const ERROR_CLASSES: readonly [string, (status: number) => boolean][] = [
+  ["BadRequestErrorRetries", (s) => s === 400 || s === 422],
+  ["AuthenticationErrorRetries", (s) => s === 401 || s === 403],
+  ["TimeoutErrorRetries", (s) => s === 408 || s === 504],
+  ["RateLimitErrorRetries", (s) => s === 429],
+  ["InternalServerErrorRetries", (s) => s >= 500 && s !== 504],
+];
+
+function classRetries(policy: Loose, status: number): number | undefined {
+  if (!policy) return undefined;
+  for (const [field, matches] of ERROR_CLASSES) if (matches(status)) return numberIn([policy], field);
+  return undefined;
+}
+
+const asObject = (v: unknown): Loose => (v !== null && typeof v === "object" && !Array.isArray(v) ? (v as Record<string, unknown>) : undefined);
+
+/**
+ * How many retries a failure with `status` in `group` gets, from the most specific source that
+ * says: its `model_group_retry_policy[group]` (a class's retries, else `max_retries` /
+ * `num_retries`), its `retry_policy` (a class's retries), its `num_retries` / `max_retries`.
+ * `forced`: a retry policy named this class, so it is retried even when not retryable by default.
+ */
+export function retriesFor(policy: RoutePolicy, group: string, status: number): { max: number; forced: boolean } {
+  for (const source of policy.retrySources) {
+    const forGroup = asObject(asObject(source?.model_group_retry_policy)?.[group]);
+    const byGroupClass = classRetries(forGroup, status);
+    if (byGroupClass !== undefined) return { max: Math.floor(byGroupClass), forced: true };
+    const byGroup = numberIn([forGroup], "max_retries") ?? numberIn([forGroup], "num_retries");
+    if (byGroup !== undefined) return { max: Math.floor(byGroup), forced: false };
+    const byClass = classRetries(asObject(source?.retry_policy), status);
+    if (byClass !== undefined) return { max: Math.floor(byClass), forced: true };
+    const plain = numberIn([source], "num_retries") ?? numberIn([source], "max_retries");
+    if (plain !== undefined) return { max: Math.floor(plain), forced: false };
+  }
+  return { max: DEFAULTS.numRetries, forced: false };
 }
 
 /** Wait before retry number `n` (1-based): exponential with jitter, at least `retry_after` and the upstream's `retry-after`. */

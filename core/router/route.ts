@@ -12,7 +12,7 @@ import { type Attempt, type CallContext, Intent, ZERO, acquireLeases, callDeploy
 import { cancelAll, settleAll } from "../pipeline/record.ts";
 import { stateOf } from "./deployment-state.ts";
 import { type FallbackType, fallbacksFor } from "./fallbacks.ts";
-import { type RoutePolicy, backoffMs, routePolicy } from "./policy.ts";
+import { type RoutePolicy, backoffMs, retriesFor, routePolicy } from "./policy.ts";
 import { pickDeployment } from "./strategy.ts";
 import { retryAfterSeconds, tokenEstimate } from "../limits/window.ts";
 import { cacheUse } from "../cache/controls.ts";
@@ -305,9 +305,10 @@ async function callGroup<E extends Endpoint>(
         }
       }
       failedHere.add(d.id);
-      const retryable = fromUpstream && !kind && RETRYABLE.has(status);
-      // Each group (the asked one, then each fallback) gets its own num_retries.
-      if (!retryable || retriesHere >= policy.numRetries) {
+      const allowed = retriesFor(policy, group, status);
+      const retryable = fromUpstream && !kind && (RETRYABLE.has(status) || allowed.forced);
+      // Each group (the asked one, then each fallback) gets its own retries.
+      if (!retryable || retriesHere >= allowed.max) {
         giveUp();
         // A bad request is the client's to fix, whoever noticed it; other failures may fall back.
         if (!kind && (status === 400 || status === 422 || (!fromUpstream && status < 500))) throw err;

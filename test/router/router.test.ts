@@ -7,7 +7,7 @@
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from "bun:test";
 import OpenAI from "openai";
 import { resetDeploymentStates } from "../../core/router/deployment-state.ts";
-import { MASTER_KEY, startTestGateway, type TestGateway } from "../harness/gateway.ts";
+import { MASTER_KEY, requestJson, startTestGateway, type TestGateway } from "../harness/gateway.ts";
 import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
 
 const DEAD = "http://127.0.0.1:1/v1";
@@ -61,7 +61,8 @@ beforeAll(async () => {
       content_policy_fallbacks: [{ primary: ["big"] }],
     },
     general_settings: { master_key: MASTER_KEY },
-  });
+  // With a store: the retry-policy tests call with virtual keys.
+  }, { store: {} });
 });
 afterAll(async () => {
   await gw?.stop();
@@ -325,5 +326,50 @@ describe("retries per group", () => {
     expect(b.requests.length).toBe(2);
     expect(r.headers.get("x-svc-attempted-retries")).toBe("2");
     expect(r.headers.get("x-svc-attempted-fallbacks")).toBe("1");
+  });
+});
+
+describe("retry policies from a key's router_settings", () => {
+  async function keyWith(routerSettings: Record<string, unknown>): Promise<string> {
+    const r = await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: { router_settings: routerSettings } });
+    expect(r.status).toBe(200);
+    return r.body.key;
+  }
+  const as = (key: string) => ({ authorization: `Bearer ${key}` });
+
+  test("max_retries (the spec's name) retries like num_retries", async () => {
+    const key = await keyWith({ max_retries: 2 });
+    a.fault({ kind: "status", status: 500 }, { kind: "status", status: 500 });
+    const r = await post({ model: "primary" }, as(key));
+    expect(r.status).toBe(200);
+    expect(r.headers.get("x-svc-model-id")).toBe("primary-a");
+    expect(a.requests.length).toBe(3);
+    expect(r.headers.get("x-svc-attempted-retries")).toBe("2");
+  });
+
+  test("retry_policy sets retries per error class: none for 500s (straight to the fallback), two for 429s", async () => {
+    const key = await keyWith({ num_retries: 5, retry_policy: { InternalServerErrorRetries: 0, RateLimitErrorRetries: 2 } });
+    a.fault({ kind: "status", status: 500 });
+    const fellBack = await post({ model: "primary" }, as(key));
+    expect(fellBack.headers.get("x-svc-model-id")).toBe("backup-b");
+    expect([a.requests.length, b.requests.length]).toEqual([1, 1]);
+    a.reset();
+    a.fault({ kind: "status", status: 429 }, { kind: "status", status: 429 });
+    const retried = await post({ model: "primary" }, as(key));
+    expect(retried.headers.get("x-svc-model-id")).toBe("primary-a");
+    expect(a.requests.length).toBe(3);
+  });
+
+  test("model_group_retry_policy applies to its group only, and may retry a class not retried by default (400)", async () => {
+    const key = await keyWith({ model_group_retry_policy: { primary: { BadRequestErrorRetries: 1 } } });
+    a.fault({ kind: "status", status: 400 });
+    const r = await post({ model: "primary" }, as(key));
+    expect(r.status).toBe(200);
+    expect(r.headers.get("x-svc-attempted-retries")).toBe("1");
+    expect(a.requests.length).toBe(2);
+    // Another group keeps the default: an ordinary 400 goes back to the client.
+    b.fault({ kind: "status", status: 400 });
+    expect((await post({ model: "backup" }, as(key))).status).toBe(400);
+    expect(b.requests.length).toBe(1);
   });
 });
