@@ -373,3 +373,21 @@ describe("retry policies from a key's router_settings", () => {
     expect(b.requests.length).toBe(1);
   });
 });
+
+describe("/health", () => {
+  test("probes each deployment: live ones healthy, a dead one unhealthy saying why; no upstream key or address shown", async () => {
+    const res = await fetch(`${gw.url}/health?model=pair`, { headers: { authorization: `Bearer ${MASTER_KEY}` } });
+    expect(res.status).toBe(200);
+    const text = await res.text();
+    const body = JSON.parse(text) as { healthy_endpoints: { model_id: string }[]; unhealthy_endpoints: { model_id: string; error: string }[]; healthy_count: number };
+    expect(body.healthy_endpoints.map((e) => e.model_id)).toEqual(["pair-live"]);
+    expect(body.unhealthy_endpoints.map((e) => e.model_id)).toEqual(["pair-dead"]);
+    expect(body.unhealthy_endpoints[0]!.error).toContain("could not connect");
+    // The probe really reached the live upstream.
+    expect(b.requests.length).toBe(1);
+    for (const secret of ["sk-up", b.url, `127.0.0.1:${new URL(b.url).port}`, DEAD, "127.0.0.1:1"]) expect([secret, text.includes(secret)]).toEqual([secret, false]);
+
+    const all = (await (await fetch(`${gw.url}/health`, { headers: { authorization: `Bearer ${MASTER_KEY}` } })).json()) as { healthy_count: number; unhealthy_count: number };
+    expect(all.healthy_count + all.unhealthy_count).toBe(11);
+  });
+});
