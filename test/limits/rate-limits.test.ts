@@ -157,6 +157,69 @@ describe("rate limits", () => {
     for (let i = 0; i < 3; i++) expect((await call(bob)).status).toBe(200);
   });
 
+  describe("every limit kind on teams, organizations and users: the next call past it is refused, naming it", () => {
+    let n = 0;
+    /** A key governed by an entity of `level` that carries `limits`; returns the key and the entity's label. */
+    async function keyUnder(level: "team" | "org" | "user", limits: Record<string, unknown>): Promise<{ key: string; label: string }> {
+      const id = `grid-${level}-${++n}`;
+      if (level === "team") {
+        const team = await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: { team_id: id, ...limits } });
+        expect(team.status).toBe(200);
+        return { key: await newKey({ team_id: id }), label: `Team=${id}` };
+      }
+      if (level === "org") {
+        const org = await requestJson(gw, "POST", "/organization/new", { body: { organization_id: id, organization_alias: id, ...limits } });
+        expect(org.status).toBe(200);
+        const team = await requestJson(gw, "POST", "/team/new", { body: { team_id: `${id}-team`, organization_id: id } });
+        expect(team.status).toBe(200);
+        return { key: await newKey({ team_id: `${id}-team` }), label: `Organization=${id}` };
+      }
+      const user = await requestJson(gw, "POST", "/user/new", { body: { user_id: id, ...limits } });
+      expect(user.status).toBe(200);
+      return { key: await newKey({ user_id: id }), label: `User=${id}` };
+    }
+
+    for (const level of ["team", "org", "user"] as const) {
+      test(`${level}: rpm_limit, tpm_limit, max_parallel_requests`, async () => {
+        const rpm = await keyUnder(level, { rpm_limit: 1 });
+        expect((await call(rpm.key)).status).toBe(200);
+        const r1 = await call(rpm.key);
+        expect([r1.status, r1.body.error?.message]).toEqual([429, expect.stringContaining(`${rpm.label}: requests per minute limit 1`)]);
+
+        // "hello there" plus max_tokens 60 fits 100 tokens once; the real usage (a few tokens) is settled, so a second fits too, a third not.
+        const tpm = await keyUnder(level, { tpm_limit: 100 });
+        const results = [];
+        for (let i = 0; i < 3; i++) results.push(await call(tpm.key, "fast", { max_tokens: 60 }));
+        expect(results.map((r) => r.status)).toEqual([200, 200, 429]);
+        expect(results[2]!.body.error!.message).toContain(`${tpm.label}: tokens per minute limit 100`);
+
+        const parallel = await keyUnder(level, { max_parallel_requests: 1 });
+        slow.fault({ kind: "delay", ms: 500 });
+        const first = call(parallel.key, "slow");
+        await Bun.sleep(150);
+        const second = await call(parallel.key, "slow");
+        expect([second.status, second.body.error?.message]).toEqual([429, expect.stringContaining(`${parallel.label}: parallel requests limit 1`)]);
+        expect((await first).status).toBe(200);
+        expect((await call(parallel.key, "slow")).status).toBe(200);
+      });
+    }
+
+    for (const level of ["team", "org"] as const) {
+      test(`${level}: model_rpm_limit and model_tpm_limit hold one model group only`, async () => {
+        const rpm = await keyUnder(level, { model_rpm_limit: { fast: 1 } });
+        expect((await call(rpm.key)).status).toBe(200);
+        const refused = await call(rpm.key);
+        expect([refused.status, refused.body.error?.message]).toEqual([429, expect.stringContaining(`${rpm.label} for model=fast: requests per minute limit 1`)]);
+        expect((await call(rpm.key, "other")).status).toBe(200);
+
+        const tpm = await keyUnder(level, { model_tpm_limit: { fast: 50 } });
+        const big = await call(tpm.key, "fast", { max_tokens: 60 });
+        expect([big.status, big.body.error?.message]).toEqual([429, expect.stringContaining(`${tpm.label} for model=fast: tokens per minute limit 50`)]);
+        expect((await call(tpm.key, "other", { max_tokens: 60 })).status).toBe(200);
+      });
+    }
+  });
+
   test("a call refused after its limits were counted (a budget, every deployment at its rpm) consumes nothing of them", async () => {
     const key = await newKey({ rpm_limit: 2 });
     expect((await call(key, "capped")).status).toBe(200);
