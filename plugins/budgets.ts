@@ -79,7 +79,8 @@ function countersFor(intent: CallIntent, identity: IdentityView, history: SpendH
     const budget = key.budgetId ? identity.budgets.get(key.budgetId) : undefined;
     const temp = key.tempBudgetIncrease !== null && (key.tempBudgetExpiry?.getTime() ?? 0) > at ? columnToPico(key.tempBudgetIncrease) : 0n;
     add(rowCounter(counterId("key", key.token), keyLabel(p), key, budget, at, temp));
-    const perModel = key.modelMaxBudget?.[intent.modelGroup] as { budget_limit?: unknown; max_budget?: unknown; time_period?: unknown; budget_duration?: unknown } | undefined;
+    // The key's own per-model budgets, else its budget object's.
+    const perModel = (key.modelMaxBudget ?? budget?.modelMaxBudget)?.[intent.modelGroup] as { budget_limit?: unknown; max_budget?: unknown; time_period?: unknown; budget_duration?: unknown } | undefined;
     const limit = perModel?.budget_limit ?? perModel?.max_budget;
     if (typeof limit === "number" && history) {
       const period = String(perModel?.time_period ?? perModel?.budget_duration ?? "");

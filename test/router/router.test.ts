@@ -266,6 +266,23 @@ describe("strategies by config", () => {
     }
   });
 
+  test("usage-based-routing sends calls to the deployment with the fewest tokens in the last minute", async () => {
+    const g = await start("usage-based-routing-v2", [
+      { model_name: "m", svc_params: { model: "mock/wordy", mock_response: "word ".repeat(300) }, model_info: { id: "wordy" } },
+      { model_name: "m", svc_params: { model: "mock/terse", mock_response: "ok" }, model_info: { id: "terse" } },
+    ]);
+    try {
+      const ids = await ask(g, 14);
+      // Within two calls each has been tried; after wordy's ~300 tokens, terse takes every call until it catches up.
+      const firstWordy = ids.indexOf("wordy");
+      expect(firstWordy).toBeGreaterThanOrEqual(0);
+      expect(firstWordy).toBeLessThanOrEqual(1);
+      expect(ids.slice(firstWordy + 1, firstWordy + 11)).toEqual(Array(10).fill("terse"));
+    } finally {
+      await g.stop();
+    }
+  });
+
   test("latency-based-routing measures each deployment, then prefers the faster one", async () => {
     a.reset();
     b.reset();

@@ -160,6 +160,17 @@ for (const backend of BACKENDS) {
       const { key } = await newKey(gw, { budget_id: budget.body.budget_id });
       expect(await burst(gw, [key], 10)).toEqual({ ok: 1, refused: 9, other: [] });
     });
+
+    test("a budget object's model_max_budget limits that model for the keys on it", async () => {
+      const budget = await requestJson<{ budget_id: string }>(gw, "POST", "/budget/new", {
+        body: { model_max_budget: { dollar: { budget_limit: budgetFor(1), time_period: "1d" } } },
+      });
+      expect(budget.status).toBe(200);
+      const { key } = await newKey(gw, { budget_id: budget.body.budget_id });
+      expect(await burst(gw, [key], 5)).toEqual({ ok: 1, refused: 4, other: [] });
+      expect((await call(gw, key)).body.error.message).toContain("for model=dollar");
+      expect((await call(gw, key, "cheap")).status).toBe(200);
+    });
   });
 }
 
