@@ -19,15 +19,25 @@ import { usageFromOpenAI } from "./usage.ts";
 import { upstreamErrorKind } from "../shared/error-kind.ts";
 
 /**
- * The client's own bytes can go upstream when the upstream body would be the same: same model
- * name, no gateway-only fields, nothing to add (streams add `include_usage` unless the client did).
+ * The client's own bytes, when the upstream body would be the same: same model name, no
+ * gateway-only fields. A stream must ask upstream for its usage: when the client sent no
+ * `stream_options`, `include_usage` is spliced in front (no parse and serialize of the body).
+ * Undefined: the body has to be rebuilt.
  */
-function forwardable(req: WireJson, d: Deployment, raw: string | undefined): raw is string {
-  if (raw === undefined || req.model !== d.upstreamModel) return false;
-  if (req.stream === true && (req.stream_options as WireJson | undefined)?.include_usage !== true) return false;
-  for (const k of GatewayOnlyFields) if (k in req) return false;
-  return true;
+function forwardedBody(req: WireJson, d: Deployment, raw: string | undefined): string | undefined {
+  if (raw === undefined || req.model !== d.upstreamModel) return undefined;
+  for (const k of GatewayOnlyFields) if (k in req) return undefined;
+  if (req.stream !== true) return raw;
+  const options = req.stream_options;
+  if ((options as WireJson | undefined)?.include_usage === true) return raw;
+  if (options !== undefined) return undefined;
+  // The body is an object holding at least `stream`, so a member follows its opening brace.
+  return `{"stream_options":{"include_usage":true},${raw.slice(raw.indexOf("{") + 1)}`;
 }
+
+/** The upstream body: the client's bytes where they do, else rebuilt. */
+const bodyFor = (req: WireJson, d: Deployment, raw: string | undefined): string =>
+  forwardedBody(req, d, raw) ?? upstreamBody(req, d, req.stream ? { stream_options: { ...(req.stream_options as WireJson | undefined), include_usage: true } } : undefined);
 
 function upstreamBody(req: object, d: Deployment, extra?: WireJson): string {
   const body: WireJson = { ...req, model: d.upstreamModel, ...extra };
@@ -134,7 +144,7 @@ export function estimateTokens(v: unknown): number {
 export function openAIChat(): EndpointAdapter<"chat", StreamState> {
   return {
     request: (req, d, raw) =>
-      call(d, "/chat/completions", forwardable(req, d, raw) ? raw : upstreamBody(req, d, req.stream ? { stream_options: { ...req.stream_options, include_usage: true } } : undefined)),
+      call(d, "/chat/completions", bodyFor(req, d, raw)),
     response: (body) => {
       const b = asObject(body);
       return { body: b, usage: usageFromOpenAI(b.usage) };
@@ -146,7 +156,7 @@ export function openAIChat(): EndpointAdapter<"chat", StreamState> {
 export function openAICompletions(): EndpointAdapter<"completions", StreamState> {
   return {
     request: (req, d, raw) =>
-      call(d, "/completions", forwardable(req, d, raw) ? raw : upstreamBody(req, d, req.stream ? { stream_options: { ...req.stream_options, include_usage: true } } : undefined)),
+      call(d, "/completions", bodyFor(req, d, raw)),
     response: (body) => {
       const b = asObject(body);
       return { body: b, usage: usageFromOpenAI(b.usage) };
@@ -157,7 +167,7 @@ export function openAICompletions(): EndpointAdapter<"completions", StreamState>
 
 export function openAIEmbeddings(): EndpointAdapter<"embeddings"> {
   return {
-    request: (req, d, raw) => call(d, "/embeddings", forwardable(req, d, raw) ? raw : upstreamBody(req, d)),
+    request: (req, d, raw) => call(d, "/embeddings", forwardedBody(req, d, raw) ?? upstreamBody(req, d)),
     response: (body) => {
       const b = asObject(body);
       return { body: b, usage: usageFromOpenAI(b.usage) };

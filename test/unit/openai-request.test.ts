@@ -46,6 +46,17 @@ describe("OpenAI-compatible upstream body", () => {
     expect(chat.request(asked, deployment("gpt-x"), askedRaw).body).toBe(askedRaw);
   });
 
+  test("a stream without stream_options gets include_usage spliced into the client's own bytes", () => {
+    const streamRaw = ' \n{ "model": "gpt-x", "stream": true,\n  "messages": [{"role": "user", "content": "hi {"}] }';
+    const stream = JSON.parse(streamRaw) as ChatRequest;
+    const body = chat.request(stream, deployment("gpt-x"), streamRaw).body!;
+    expect(body).toBe(`{"stream_options":{"include_usage":true}, "model": "gpt-x", "stream": true,\n  "messages": [{"role": "user", "content": "hi {"}] }`);
+    expect(JSON.parse(body)).toEqual({ ...stream, stream_options: { include_usage: true } });
+    // Options the client set that leave usage out are rebuilt with it, keeping the rest.
+    const partial = { ...stream, stream_options: { include_usage: false, include_obfuscation: false } } as ChatRequest;
+    expect(JSON.parse(chat.request(partial, deployment("gpt-x"), JSON.stringify(partial)).body!).stream_options).toEqual({ include_usage: true, include_obfuscation: false });
+  });
+
   test("embeddings: the body's gateway parameters (api_key, api_base, timeout) stay in the gateway", () => {
     const e = { model: "emb", input: "x", api_key: "sk-client", api_base: "http://evil.example", timeout: 5 } as EmbeddingsRequest;
     const body = JSON.parse(openAIEmbeddings().request(e, deployment("emb"), JSON.stringify(e)).body!);
