@@ -8,8 +8,8 @@
 import { authorizeModel } from "../access.ts";
 import type { CallRecord, Deployment, Endpoint, Lease, RateCounter, RateGrant, UpstreamErrorKind, Usage, WireRequest } from "../contract.ts";
 import { GatewayError, errorInfo } from "../errors.ts";
-import { type Attempt, type CallContext, Intent, ZERO, acquireLeases, callDeployment } from "../pipeline/call.ts";
-import { cancelAll, settleAll } from "../pipeline/record.ts";
+import { type Attempt, type CallContext, Intent, ZERO, acquireLeases, callDeployment, callRecord, promptOf } from "../pipeline/call.ts";
+import { cancelAll, dispatchRecord, settleAll } from "../pipeline/record.ts";
 import { stateOf } from "./deployment-state.ts";
 import { type FallbackType, fallbacksFor } from "./fallbacks.ts";
 import { type RoutePolicy, backoffMs, retriesFor, routePolicy } from "./policy.ts";
@@ -40,6 +40,8 @@ interface CacheSave {
 
 interface Progress {
   attempts: number;
+  /** Whether some attempt was logged (reached, or tried to reach, an upstream). */
+  recorded: boolean;
   retries: number;
   fallbacks: number;
   save?: CacheSave;
@@ -76,6 +78,7 @@ function retryAfterMs(err: GatewayError): number | undefined {
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 export async function modelCall<E extends Endpoint>(endpoint: E, body: WireRequest[E], ctx: CallContext): Promise<Response> {
+  const startedAt = Date.now();
   const { snapshot, principal } = ctx;
   const group = authorizeModel(principal, body.model, snapshot.accessGroups);
   const deployments = snapshot.models.resolve(group);
@@ -92,7 +95,49 @@ export async function modelCall<E extends Endpoint>(endpoint: E, body: WireReque
     if (use.write) save = { key, ttlMs: use.ttlMs };
   }
   const policy = routePolicy(snapshot.config, principal, loose);
-  const progress: Progress = { attempts: 0, retries: 0, fallbacks: 0, save };
+  const progress: Progress = { attempts: 0, recorded: false, retries: 0, fallbacks: 0, save };
+  try {
+    return await withFallbacks(endpoint, body, group, deployments, ctx, policy, progress);
+  } catch (err) {
+    // Refused before any deployment was asked (a budget, a rate limit, none free): still a call, logged as a failure.
+    if (!progress.recorded && err instanceof GatewayError && !ctx.clientSignal.aborted) {
+      recordRefusal(endpoint, body, deployments[0]!, ctx, err, startedAt);
+      err.headers["x-svc-call-id"] = ctx.callId;
+    }
+    throw err;
+  }
+}
+
+/** A call refused before any deployment was asked: a failure that cost nothing, with no deployment. */
+function recordRefusal(endpoint: Endpoint, body: WireRequest[Endpoint], groupDeployment: Deployment, ctx: CallContext, err: GatewayError, startedAt: number): void {
+  if (ctx.record === false) return;
+  const stream = endpoint !== "embeddings" && (body as { stream?: boolean | null }).stream === true;
+  const record = callRecord(ctx, endpoint, body, { ...groupDeployment, id: "" }, {
+    stream,
+    status: "failure",
+    usage: ZERO,
+    cost: 0n,
+    priced: true,
+    costSource: "refused before any deployment was called",
+    cacheHit: false,
+    startedAt,
+    error: err.info,
+    prompt: ctx.snapshot.settings.storePrompts ? promptOf(body) : undefined,
+  });
+  dispatchRecord(ctx.snapshot, record, ctx.log);
+}
+
+/** The asked group, then its fallbacks in order. */
+async function withFallbacks<E extends Endpoint>(
+  endpoint: E,
+  body: WireRequest[E],
+  group: string,
+  deployments: readonly Deployment[],
+  ctx: CallContext,
+  policy: RoutePolicy,
+  progress: Progress,
+): Promise<Response> {
+  const { snapshot, principal } = ctx;
   try {
     return await callGroup(endpoint, body, group, deployments, ctx, policy, progress);
   } catch (first) {
@@ -259,6 +304,7 @@ async function callGroup<E extends Endpoint>(
         : undefined,
       ended: (record: CallRecord) => {
         recorded = true;
+        progress.recorded = true;
         wentOut = true;
         if (save && record.status === "success") storeAnswer(snapshot.cache.store, save, captured, record, ctx);
         const tokens = record.usage.promptTokens + record.usage.completionTokens;

@@ -178,6 +178,39 @@ for (const backend of BACKENDS) {
       expect(info.body.info.spend).toBeCloseTo(Number(total), 12);
     });
 
+    test("a call its budget or its rate limit refuses is logged as a failure at no cost, with no deployment, under its x-svc-call-id", async () => {
+      const refusedBy = async (body: Record<string, unknown>) => {
+        const made = await requestJson<{ key: string; token: string }>(gw, "POST", "/key/generate", { body });
+        const send = () =>
+          fetch(`${gw.baseURL}/chat/completions`, {
+            method: "POST",
+            headers: { authorization: `Bearer ${made.body.key}`, "content-type": "application/json" },
+            body: JSON.stringify({ model: "priced", messages: [{ role: "user", content: "x" }] }),
+          });
+        // A key over its budget is refused at once; one with rpm_limit 1 on its second call.
+        if (body.rpm_limit !== undefined) expect((await send()).status).toBe(200);
+        const res = await send();
+        return { res, token: made.body.token, error: ((await res.json()) as { error: { type: string } }).error };
+      };
+      const broke = await refusedBy({ max_budget: 1, spend: 5 });
+      const limited = await refusedBy({ rpm_limit: 1 });
+      expect([broke.res.status, broke.error.type]).toEqual([400, "budget_exceeded"]);
+      expect([limited.res.status, limited.error.type]).toEqual([429, "rate_limit_error"]);
+      await gw.host!.spendWriter.flush();
+      for (const r of [broke, limited]) {
+        const callId = r.res.headers.get("x-svc-call-id")!;
+        const [row] = await logs(sql`call_id = ${callId}`);
+        expect(row).toMatchObject({ status: "failure", api_key: r.token, model_group: "priced", model_id: "", prompt_tokens: 0 });
+        expect(Number(row!.spend)).toBe(0);
+        expect((row!.metadata.error_information as { error_code: string }).error_code).toBe(String(r.res.status));
+      }
+      const [daily] = await rows<{ failed: string }>(
+        gw.host!.store.db,
+        sql`select sum(failed_requests)::text as failed from daily_spend where entity_type = 'key' and entity_id in (${broke.token}, ${limited.token})`,
+      );
+      expect(daily!.failed).toBe("2");
+    });
+
     test("an unknown key's refused call is not logged; a bad request never reaches the log", async () => {
       const before = (await logs()).length;
       const bad = new OpenAI({ baseURL: gw.baseURL, apiKey: "sk-not-a-key", maxRetries: 0 });
