@@ -60,7 +60,7 @@ interface R {
   failed_updates: { key_info: Record<string, unknown>; failed_reason: string }[];
   key_hash: string;
   previous_spend: number;
-  logging_callbacks: { callbacks: string[]; status: string; details: string } | null;
+  logging_callbacks: { callbacks: string[]; status: string; details: string };
   audit_logs: { action: string; object_id: string; changed_by: string; before_value: Record<string, unknown> | null; updated_values: Record<string, unknown> | null }[];
   error: { message: string; type: string; param: string | null; code: string };
 }
@@ -528,7 +528,10 @@ for (const backend of BACKENDS) {
 
       test("health: healthy without key-level callbacks; honest about callbacks it cannot serve", async () => {
         const plain = await generate();
-        expect((await api("/key/health", { body: {}, key: plain.key })).body as unknown).toEqual({ key: "healthy", logging_callbacks: null });
+        expect((await api("/key/health", { body: {}, key: plain.key })).body as unknown).toEqual({
+          key: "healthy",
+          logging_callbacks: { callbacks: [], status: "healthy", details: "The key lists no logging callbacks of its own." },
+        });
         const logged = await generate({ metadata: { logging: [{ callback_name: "langfuse" }] } });
         const res = await api("/key/health", { method: "POST", key: logged.key });
         expect(res.body.key).toBe("unhealthy");

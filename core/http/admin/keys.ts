@@ -678,14 +678,14 @@ async function keyInfo(ctx: AdminCtx): Promise<Record<string, unknown>> {
 function keyHealth(ctx: AdminCtx): Record<string, unknown> {
   const logging = ctx.caller.principal.key?.metadata?.logging;
   const entries = Array.isArray(logging) ? logging : logging ? [logging] : [];
-  if (entries.length === 0) return { key: "healthy", logging_callbacks: null };
+  if (entries.length === 0) return { key: "healthy", logging_callbacks: { callbacks: [], status: "healthy", details: "The key lists no logging callbacks of its own." } };
   const names = entries.map((e) => (e && typeof e === "object" && "callback_name" in e ? String(e.callback_name) : String(e)));
   return {
     key: "unhealthy",
     logging_callbacks: {
       callbacks: names,
       status: "unhealthy",
-      details: "This gateway does not deliver logs to key-level callbacks (metadata.logging); no test log was sent and these callbacks receive nothing. Use team logging callbacks instead.",
+      details: "This gateway does not deliver logs to key-level callbacks (metadata.logging); no test log was sent and these callbacks receive nothing.",
     },
   };
 }
