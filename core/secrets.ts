@@ -4,6 +4,7 @@
  * credentials unreadable, so set SVC_SALT_KEY once and keep it.
  */
 import { createCipheriv, createDecipheriv, createHash, randomBytes } from "node:crypto";
+import type { Deployment } from "./contract.ts";
 
 const PREFIX = "enc:v1:";
 /** svc_params fields holding credentials: encrypted in the store, never returned by the API. */
@@ -48,4 +49,26 @@ export function redactSecrets(value: unknown, field = ""): unknown {
     return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, redactSecrets(v, k)]));
   }
   return value;
+}
+
+/** Shorter values are not worth replacing (and could be ordinary words). */
+const MIN_CREDENTIAL_LENGTH = 6;
+const credentialCache = new WeakMap<Deployment, string[]>();
+
+/** A deployment's credentials as an upstream could echo them: its api key, header values and credential fields. */
+function credentialsOf(d: Deployment): string[] {
+  let found = credentialCache.get(d);
+  if (!found) {
+    const values = [d.apiKey, ...Object.values(d.headers ?? {}), ...Object.entries(d.options).map(([k, v]) => (SECRET_PARAM.test(k) ? v : undefined))];
+    found = values.filter((v): v is string => typeof v === "string" && v.length >= MIN_CREDENTIAL_LENGTH);
+    credentialCache.set(d, found);
+  }
+  return found;
+}
+
+/** Upstream error text without the deployment's credentials in it (an upstream may quote what it was sent). */
+export function withoutCredentials(text: string, d: Deployment): string {
+  let out = text;
+  for (const c of credentialsOf(d)) if (out.includes(c)) out = out.replaceAll(c, "[redacted]");
+  return out;
 }

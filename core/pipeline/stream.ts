@@ -7,6 +7,7 @@
  */
 import type { CallStatus, Deployment, ErrorInfo, StreamTransform, Usage, WireRequest } from "../contract.ts";
 import { errorBody, errorInfo } from "../errors.ts";
+import { withoutCredentials } from "../secrets.ts";
 import { AwsEventStreamParser } from "../stream/aws-eventstream.ts";
 import { type EventParser, NdjsonParser, SseParser } from "../stream/framing.ts";
 import type { Deadline } from "./upstream.ts";
@@ -68,7 +69,7 @@ export function streamResponse(a: StreamArgs): Response {
       else if (part.type === "chunk") out += `data: ${JSON.stringify(part.chunk)}\n\n`;
       else if (part.type === "usage") usage = part.usage;
       else {
-        failure = new StreamFailure(part.error);
+        failure = new StreamFailure({ ...part.error, message: withoutCredentials(part.error.message, d) });
         return;
       }
     }

@@ -1,6 +1,7 @@
 /** The one place the gateway reaches an upstream: fetch with timeout and abort, errors mapped to the spec. */
 import type { Deployment, HttpCall, ProviderAdapter } from "../contract.ts";
 import { CredentialsRefused, GatewayError, errorInfo } from "../errors.ts";
+import { withoutCredentials } from "../secrets.ts";
 
 /**
  * Live deadlines, checked by one coarse ticker instead of a timer per request: arming and clearing
@@ -112,7 +113,7 @@ export async function send(adapter: ProviderAdapter, d: Deployment, built: HttpC
 export async function upstreamError(adapter: ProviderAdapter, d: Deployment, res: Response): Promise<GatewayError> {
   const text = await res.text().catch(() => "");
   const status = mapUpstreamStatus(res.status);
-  const detail = adapter.errorMessage ? adapter.errorMessage(res.status, text) : text.slice(0, 500);
+  const detail = withoutCredentials(adapter.errorMessage ? adapter.errorMessage(res.status, text) : text.slice(0, 500), d);
   const headers: Record<string, string> = {};
   const retryAfter = res.headers.get("retry-after");
   if (retryAfter) headers["retry-after"] = retryAfter;

@@ -234,6 +234,14 @@ describe("stream", () => {
     expect(err).toBeInstanceOf(APIError);
     expect((err as APIError).message).toContain("overloaded_error: Overloaded");
   });
+
+  test("an in-stream error that quotes the deployment's key reaches the client without it", async () => {
+    mock.fault({ kind: "streamError", afterEvents: 4, errorType: "authentication_error", message: `bad credential ${UPSTREAM_KEY}` });
+    const stream = await client.chat.completions.create({ model: "claude", messages: [{ role: "user", content: "hi" }], stream: true });
+    const err = await failure(collect(stream));
+    expect((err as APIError).message).toContain("bad credential [redacted]");
+    expect(JSON.stringify(err)).not.toContain(UPSTREAM_KEY);
+  });
 });
 
 describe("errors", () => {

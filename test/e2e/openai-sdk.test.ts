@@ -510,6 +510,15 @@ describe("upstream faults map to the spec's statuses", () => {
     expect(e.message).toContain("Invalid value for 'messages': the mock was told to reject this request.");
   });
 
+  test("an upstream error that quotes the deployment's key or header values reaches the client without them", async () => {
+    mock.fault({ kind: "status", status: 401, body: { error: { message: `Incorrect API key provided: ${UPSTREAM_KEY} with ${UPSTREAM_HEADER_VALUE}`, type: "invalid_request_error", param: null, code: "invalid_api_key" } } });
+    const res = await post("/v1/chat/completions", { model: "gpt-public", messages: user("hi") });
+    expect(res.status).toBe(401);
+    const text = await res.text();
+    expect(text).toContain("Incorrect API key provided: [redacted] with [redacted]");
+    for (const secret of [UPSTREAM_KEY, UPSTREAM_HEADER_VALUE]) expect(text).not.toContain(secret);
+  });
+
   test("upstream 401 → 401", async () => {
     mock.fault({ kind: "status", status: 401 });
     expectSdkError(await failure(chat()), AuthenticationError, 401);
