@@ -16,6 +16,7 @@ import { secretKey } from "./secrets.ts";
 import type { HostServices } from "./services.ts";
 import { SnapshotError } from "./snapshot.ts";
 import { BudgetAlerts } from "./spend/alerts.ts";
+import { WebhookSender, webhookTargets } from "./callbacks/team-webhooks.ts";
 import { toSpendEntry } from "./spend/entry.ts";
 import { StoreSpendHistory } from "./spend/history.ts";
 import { LocalLedger } from "./spend/ledger.ts";
@@ -81,7 +82,13 @@ export async function startHost(opts: HostOptions): Promise<Host> {
       const url = (general() as { alert_webhook_url?: unknown } | undefined)?.alert_webhook_url;
       return typeof url === "string" ? url : process.env.WEBHOOK_URL || undefined;
     };
-    const alerts = new BudgetAlerts(store.db, opts.log, webhook);
+    const teamSender = new WebhookSender(opts.log);
+    // A team's own budget alerts also go to the webhooks the team registered.
+    const teamAlerts = (teamId: string, payload: Record<string, unknown>) => {
+      const key = secretKey(process.env.SVC_SALT_KEY, live?.current.settings.masterKey);
+      for (const t of webhookTargets(identity.teams.get(teamId), key)) teamSender.post(t, payload);
+    };
+    const alerts = new BudgetAlerts(store.db, opts.log, webhook, teamAlerts);
     const onCross = alerts.notify.bind(alerts);
     const ledger = redis ? new RedisLedger(redis.client, opts.log, onCross) : new LocalLedger(onCross);
     cooldowns?.start();
@@ -132,6 +139,7 @@ export async function startHost(opts: HostOptions): Promise<Host> {
         // Calls that just ended hand their records over on the next turn of the event loop.
         await new Promise((r) => setImmediate(r));
         await spendWriter.stop();
+        await teamSender.idle(1000);
         await roller.stop();
         await retention.stop();
         await rotator.stop();

@@ -7,10 +7,11 @@ import authMasterKey from "../plugins/auth-master-key.ts";
 import authVirtualKeys from "../plugins/auth-virtual-keys.ts";
 import budgets from "../plugins/budgets.ts";
 import rateLimits from "../plugins/rate-limits.ts";
+import teamWebhooks from "../plugins/team-webhooks.ts";
 import { schemaErrors } from "./config/load.ts";
 import { definePlugin, type Hooks, type PluginContext, type PluginDef } from "./contract.ts";
 
-export const BUILTIN_PLUGINS: readonly PluginDef[] = [builtinProviders, authMasterKey, authVirtualKeys, rateLimits, budgets];
+export const BUILTIN_PLUGINS: readonly PluginDef[] = [builtinProviders, authMasterKey, authVirtualKeys, rateLimits, budgets, teamWebhooks];
 
 /** What a plugin module may default-export: a plugin, or a factory given the host's runtime. */
 export type PluginModuleExport = PluginDef | ((host: PluginHost) => PluginDef);

@@ -53,6 +53,8 @@ export class BudgetAlerts {
     private readonly db: Db,
     private readonly log: Logger,
     private readonly webhookUrl: () => string | undefined,
+    /** Also tells a team's own webhooks about the team's budget. */
+    private readonly toTeam?: (teamId: string, payload: Record<string, unknown>) => void,
   ) {}
 
   /** Fire-and-forget: never slows or fails the call that crossed the line. */
@@ -67,6 +69,7 @@ export class BudgetAlerts {
     if (inserted.length === 0) return;
     this.sent.push(payload);
     this.log.warn(String(payload.event_message), { budget: counter.label, spend: payload.spend, max_budget: payload.max_budget, soft_budget: payload.soft_budget });
+    if (typeof payload.team_id === "string") this.toTeam?.(payload.team_id, payload);
     const url = this.webhookUrl();
     if (!url) return;
     for (const [attempt, wait] of RETRIES.entries()) {

@@ -73,6 +73,9 @@ const MATRIX: Record<string, Row> = {
   "GET /team/permissions_list":                  [200, 200, 200, 403, 403, 403, 403],
   "POST /team/permissions_update":               [200, 200, 403, 403, 403, 403, 403],
   "POST /team/model/add":                        [200, 200, 403, 200, 403, 403, 403],
+  "POST /team/{team_id}/callback":               [200, 200, 403, 200, 403, 403, 403],
+  "GET /team/{team_id}/callback":                [200, 200, 200, 200, 403, 403, 403],
+  "POST /team/{team_id}/disable_logging":        [200, 200, 403, 200, 403, 403, 403],
   "POST /team/model/delete":                     [200, 200, 403, 200, 403, 403, 403],
   "POST /organization/new":                      [200, 200, 403, 403, 403, 403, 403],
   "PATCH /organization/update":                  [200, 200, 403, 403, 403, 403, 403],
@@ -469,6 +472,16 @@ const ENDPOINTS: Record<string, Endpoint> = {
   "POST /team/permissions_update": targeted((s) => {
     const team = s.team();
     return { method: "POST", path: "/team/permissions_update", body: { team_id: team, team_member_permissions: ["/key/info", "/key/list"] }, state: () => s.rows.team(team) };
+  }),
+  "POST /team/{team_id}/callback": targeted((s) => {
+    const team = s.team();
+    const body = { callbacks: [{ callback_type: "webhook", url: "http://127.0.0.1:9/hook", headers: { authorization: "Bearer mx" } }] };
+    return { method: "POST", path: `/team/${q(team)}/callback`, body, state: () => s.rows.team(team) };
+  }),
+  "GET /team/{team_id}/callback": targeted((s) => ({ method: "GET", path: `/team/${q(s.team())}/callback` })),
+  "POST /team/{team_id}/disable_logging": targeted((s) => {
+    const team = s.team();
+    return { method: "POST", path: `/team/${q(team)}/disable_logging`, state: () => s.rows.team(team) };
   }),
   "POST /team/model/add": targeted((s) => {
     const team = s.team();

@@ -8,6 +8,7 @@ import { keyRoutes } from "./keys.ts";
 import { modelAdminRoutes } from "./models.ts";
 import { organizationRoutes } from "./organizations.ts";
 import { spendRoutes } from "./spend.ts";
+import { teamCallbackRoutes } from "./team-callbacks.ts";
 import { teamRoutes } from "./teams.ts";
 import { userRoutes } from "./users.ts";
 
@@ -16,6 +17,7 @@ export function adminRoutes(deps: AdminDeps) {
     .use(keyRoutes(deps))
     .use(userRoutes(deps))
     .use(teamRoutes(deps))
+    .use(teamCallbackRoutes(deps))
     .use(organizationRoutes(deps))
     .use(modelAdminRoutes(deps))
     .use(accessGroupRoutes(deps))

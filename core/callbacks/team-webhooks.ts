@@ -1,0 +1,119 @@
+/**
+ * Delivery to a team's webhooks: each finished call of the team (billing metadata only: who,
+ * which model, tokens, cost, status; never the prompt or the answer) and the team's budget
+ * alerts, POSTed as JSON with the headers given at registration. Off the response path, two
+ * attempts each; past MAX_IN_FLIGHT deliveries waiting, new ones are dropped and that is logged.
+ */
+import type { CallRecord, Logger } from "../contract.ts";
+import { picoToUsd } from "../cost/money.ts";
+import type { TeamRow } from "../identity/records.ts";
+import { teamWebhooks } from "../identity/team-callbacks.ts";
+import { decrypt } from "../secrets.ts";
+
+export interface WebhookTarget {
+  url: string;
+  headers: Record<string, string>;
+}
+
+const MAX_IN_FLIGHT = 256;
+const TIMEOUT_MS = 10_000;
+const RETRY_AFTER_MS = 1000;
+
+/** The team's webhooks with their header values readable (none when they cannot be decrypted). */
+export function webhookTargets(team: TeamRow | undefined, key: Buffer | undefined): WebhookTarget[] {
+  if (!key) return [];
+  const out: WebhookTarget[] = [];
+  for (const w of teamWebhooks(team)) {
+    try {
+      out.push({ url: w.url, headers: Object.fromEntries(Object.entries(w.headers).map(([h, v]) => [h, decrypt(v, key)])) });
+    } catch {
+      // Encrypted under another key (SVC_SALT_KEY or the master key changed): not sent with wrong headers.
+    }
+  }
+  return out;
+}
+
+const iso = (ms: number | undefined) => (ms === undefined ? null : new Date(ms).toISOString());
+
+/** What a team webhook receives for one call. */
+export function callPayload(call: CallRecord): Record<string, unknown> {
+  const p = call.principal;
+  return {
+    event: "llm_call",
+    id: call.id,
+    call_type: call.endpoint,
+    status: call.status,
+    model: call.requestedModel,
+    model_group: call.modelGroup,
+    model_id: call.deploymentId,
+    provider: call.provider,
+    response_id: call.responseId ?? null,
+    response_cost: picoToUsd(call.cost),
+    prompt_tokens: call.usage.promptTokens,
+    completion_tokens: call.usage.completionTokens,
+    total_tokens: call.usage.promptTokens + call.usage.completionTokens,
+    cache_hit: call.cacheHit,
+    stream: call.stream,
+    start_time: iso(call.startedAt),
+    end_time: iso(call.endedAt),
+    api_key: p.keyHash,
+    key_alias: p.keyAlias ?? null,
+    team_id: p.teamId ?? null,
+    user_id: p.userId ?? null,
+    organization_id: p.orgId ?? null,
+    end_user: call.endUser ?? null,
+    request_tags: call.tags,
+    error: call.error ? { message: call.error.message, type: call.error.type, code: String(call.error.status) } : null,
+  };
+}
+
+export class WebhookSender {
+  private inFlight = 0;
+  private dropped = 0;
+  private idleWaiters: (() => void)[] = [];
+
+  constructor(private readonly log: Logger) {}
+
+  /** Fire-and-forget. */
+  post(target: WebhookTarget, payload: Record<string, unknown>): void {
+    if (this.inFlight >= MAX_IN_FLIGHT) {
+      if (this.dropped++ % 1000 === 0) this.log.warn("team webhook deliveries dropped: too many waiting", { url: target.url, dropped: this.dropped });
+      return;
+    }
+    this.inFlight++;
+    void this.deliver(target, JSON.stringify(payload)).finally(() => {
+      if (--this.inFlight === 0) for (const w of this.idleWaiters.splice(0)) w();
+    });
+  }
+
+  /** Resolves once nothing is being delivered (or after `ms`). */
+  idle(ms = 5000): Promise<void> {
+    if (this.inFlight === 0) return Promise.resolve();
+    return new Promise((resolve) => {
+      const timer = setTimeout(resolve, ms);
+      this.idleWaiters.push(() => {
+        clearTimeout(timer);
+        resolve();
+      });
+    });
+  }
+
+  private async deliver(target: WebhookTarget, body: string): Promise<void> {
+    for (let attempt = 1; attempt <= 2; attempt++) {
+      try {
+        const res = await fetch(target.url, {
+          method: "POST",
+          headers: { ...target.headers, "content-type": "application/json" },
+          body,
+          signal: AbortSignal.timeout(TIMEOUT_MS),
+        });
+        await res.arrayBuffer().catch(() => undefined);
+        if (res.ok) return;
+        this.log.warn("team webhook answered an error", { url: target.url, status: res.status, attempt });
+      } catch (err) {
+        this.log.warn("team webhook unreachable", { url: target.url, error: String(err), attempt });
+      }
+      if (attempt === 1) await new Promise((r) => setTimeout(r, RETRY_AFTER_MS));
+    }
+  }
+}

@@ -1,0 +1,109 @@
+/**
+ * A team's logging callbacks: `POST /team/{team_id}/callback` registers webhooks that get every
+ * finished call of the team (and its budget alerts), `GET` shows them (header values hidden),
+ * `POST /team/{team_id}/disable_logging` turns them all off. Proxy admins and the team's admins
+ * manage them. This gateway delivers team logs to webhooks only: a named logging provider
+ * (`langfuse`, `langsmith`, a storage bucket) is refused with a 400 rather than stored and never
+ * served. Header values are encrypted at rest like stored provider credentials.
+ */
+import { type Static, Type as T } from "@sinclair/typebox";
+import { and, eq, isNull } from "drizzle-orm";
+import { Elysia } from "elysia";
+import { badRequest, forbidden, notFound } from "../../authz.ts";
+import { type TeamCallbackSettings, teamWebhooks } from "../../identity/team-callbacks.ts";
+import type { TeamRow } from "../../identity/records.ts";
+import { encrypt, secretKey } from "../../secrets.ts";
+import { teams } from "../../store/schema.ts";
+import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
+
+const Webhook = T.Object(
+  {
+    callback_type: T.Literal("webhook"),
+    url: T.String({ pattern: "^https?://", maxLength: 2048 }),
+    headers: T.Optional(T.Record(T.String(), T.String())),
+  },
+  { additionalProperties: false },
+);
+const CallbackBody = T.Object(
+  {
+    callbacks: T.Optional(T.Array(Webhook, { minItems: 1, maxItems: 10 })),
+    callback_name: T.Optional(T.String()),
+    callback_type: T.Optional(T.Union([T.Literal("success"), T.Literal("failure"), T.Literal("success_and_failure")])),
+    callback_vars: T.Optional(T.Record(T.String(), T.Unknown())),
+  },
+  { additionalProperties: false },
+);
+type CallbackBody = Static<typeof CallbackBody>;
+
+/** The team named in the path, if the caller administers it (proxy admin or team admin; to read, also the admin viewer). */
+async function administeredTeam(ctx: AdminCtx, write: boolean): Promise<TeamRow> {
+  const teamId = decodeURIComponent(ctx.url.pathname.split("/")[2] ?? "");
+  const c = ctx.caller;
+  if (write) c.requireWriter();
+  if (!c.isTeamAdmin(teamId) && !(!write && c.canReadAll)) throw forbidden(`Only a proxy admin or an admin of team ${teamId} may manage its logging callbacks.`);
+  const [team] = await ctx.db
+    .select()
+    .from(teams)
+    .where(and(eq(teams.teamId, teamId), isNull(teams.deletedAt)));
+  if (!team) throw notFound(`Team ${teamId} not found.`, "team_id");
+  return team;
+}
+
+/** What GET answers: the callback names per kind and their variables, header values hidden. */
+function view(team: TeamRow): Record<string, unknown> {
+  const settings = (team.callbackSettings ?? {}) as TeamCallbackSettings;
+  return {
+    team_id: team.teamId,
+    success_callbacks: settings.success_callback ?? [],
+    failure_callbacks: settings.failure_callback ?? [],
+    callback_vars: {
+      webhooks: teamWebhooks(team).map((w) => ({ url: w.url, headers: Object.fromEntries(Object.keys(w.headers).map((h) => [h, "[redacted]"])) })),
+    },
+  };
+}
+
+async function save(ctx: AdminCtx, before: TeamRow, settings: TeamCallbackSettings): Promise<TeamRow> {
+  const [after] = await ctx.db
+    .update(teams)
+    .set({ callbackSettings: settings as Record<string, unknown>, updatedAt: new Date(), updatedBy: ctx.caller.changedBy })
+    .where(eq(teams.teamId, before.teamId))
+    .returning();
+  if (!after) throw notFound(`Team ${before.teamId} not found: it was deleted meanwhile.`, "team_id");
+  await ctx.changed({ kind: "team", teamId: before.teamId });
+  await ctx.audit({ action: "updated", table: "teams", objectId: before.teamId, before: view(before), after: view(after) });
+  return after;
+}
+
+async function addCallback(ctx: AdminCtx) {
+  const team = await administeredTeam(ctx, true);
+  const body: CallbackBody = await ctx.body(CallbackBody);
+  if (!body.callbacks) {
+    const name = body.callback_name ?? "(none)";
+    throw badRequest(
+      `callback_name '${name}' is not available: this gateway delivers team logs to webhooks only. Register them as {"callbacks": [{"callback_type": "webhook", "url": "https://…", "headers": {…}}]}.`,
+      body.callback_name ? "callback_name" : "callbacks",
+    );
+  }
+  const key = secretKey(process.env.SVC_SALT_KEY, ctx.snapshot.settings.masterKey);
+  if (!key) throw badRequest("A master key (or SVC_SALT_KEY) is needed to keep webhook headers encrypted.", "callbacks");
+  const webhooks = body.callbacks.map((c) => ({ url: c.url, headers: Object.fromEntries(Object.entries(c.headers ?? {}).map(([h, v]) => [h, encrypt(v, key)])) }));
+  const settings: TeamCallbackSettings = { success_callback: ["webhook"], failure_callback: ["webhook"], webhooks };
+  return { status: "success", data: view(await save(ctx, team, settings)) };
+}
+
+async function getCallbacks(ctx: AdminCtx) {
+  return { status: "success", data: view(await administeredTeam(ctx, false)) };
+}
+
+async function disableLogging(ctx: AdminCtx) {
+  const team = await administeredTeam(ctx, true);
+  const after = await save(ctx, team, { success_callback: [], failure_callback: [], webhooks: [] });
+  return { status: "success", message: `Logging disabled for team ${team.teamId}`, data: view(after) };
+}
+
+export function teamCallbackRoutes(deps: AdminDeps) {
+  return new Elysia()
+    .post("/team/:team_id/callback", adminRoute(deps, addCallback))
+    .get("/team/:team_id/callback", adminRoute(deps, getCallbacks))
+    .post("/team/:team_id/disable_logging", adminRoute(deps, disableLogging));
+}

@@ -1,0 +1,35 @@
+/**
+ * Team webhooks (`POST /team/{team_id}/callback`): every finished call of a team that registered
+ * webhooks is posted to them, off the response path (core/callbacks/team-webhooks.ts).
+ */
+import { Type } from "@sinclair/typebox";
+import { callPayload, WebhookSender, webhookTargets } from "../core/callbacks/team-webhooks.ts";
+import { definePlugin, type Hooks } from "../core/contract.ts";
+import { teamLogs } from "../core/identity/team-callbacks.ts";
+import { secretKey } from "../core/secrets.ts";
+
+export default definePlugin({
+  name: "team-webhooks",
+  config: Type.Object({}),
+  setup(_config, ctx): Hooks {
+    const identity = ctx.identity;
+    if (!identity) return {};
+    const key = secretKey(process.env.SVC_SALT_KEY, ctx.settings.masterKey);
+    const sender = new WebhookSender(ctx.log);
+    return {
+      spend: {
+        record(call) {
+          const teamId = call.principal.teamId;
+          if (!teamId) return;
+          const team = identity.teams.get(teamId);
+          if (!teamLogs(team, call.status === "success")) return;
+          const targets = webhookTargets(team, key);
+          if (targets.length === 0) return;
+          const payload = callPayload(call);
+          for (const t of targets) sender.post(t, payload);
+        },
+        flush: () => sender.idle(),
+      },
+    };
+  },
+});

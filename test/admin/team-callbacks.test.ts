@@ -1,0 +1,151 @@
+// A team's logging callbacks: its admin registers webhooks (header values encrypted at rest and
+// hidden on read), every finished call of the team, success or failure, is posted to them with
+// billing metadata only, other teams' calls are not, the team's budget alert goes there too, and
+// disable_logging stops it all. A named logging provider the gateway cannot deliver to is a 400;
+// only proxy admins and the team's admins may touch the settings.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { sql } from "drizzle-orm";
+import { rows } from "../../core/store/sql.ts";
+import { MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
+
+interface Delivery {
+  headers: Record<string, string>;
+  body: Record<string, unknown>;
+}
+
+const HOOK_TOKEN = "Bearer hook-secret-value-42";
+const PROMPT = "a prompt that must not leave the gateway";
+
+let gw: TestGateway;
+let hookServer: ReturnType<typeof Bun.serve>;
+const deliveries: Delivery[] = [];
+const keys: Record<"admin" | "member" | "otherAdmin" | "otherTeam", string> = { admin: "", member: "", otherAdmin: "", otherTeam: "" };
+
+async function newKey(body: Record<string, unknown>): Promise<string> {
+  const r = await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body });
+  expect(r.status).toBe(200);
+  return r.body.key;
+}
+
+async function chat(key: string, model: string): Promise<number> {
+  const res = await fetch(`${gw.url}/v1/chat/completions`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+    body: JSON.stringify({ model, messages: [{ role: "user", content: PROMPT }] }),
+  });
+  await res.text();
+  return res.status;
+}
+
+async function until(check: () => boolean, ms = 5000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!check() && Date.now() < end) await Bun.sleep(20);
+}
+
+beforeAll(async () => {
+  hookServer = Bun.serve({
+    port: 0,
+    async fetch(req) {
+      deliveries.push({ headers: Object.fromEntries(req.headers), body: (await req.json()) as Record<string, unknown> });
+      return new Response("ok");
+    },
+  });
+  gw = await startBackendGateway("pglite", {
+    model_list: [
+      { model_name: "chat", svc_params: { model: "mock/chat" }, model_info: { input_cost_per_token: 0.000001, output_cost_per_token: 0.000002 } },
+      { model_name: "broken", svc_params: { model: "openai/gpt-4o", api_base: "http://127.0.0.1:9/v1", api_key: "sk-upstream-0123456789" } },
+    ],
+    general_settings: { master_key: MASTER_KEY },
+  });
+  for (const user_id of ["cb-admin", "cb-member", "cb-other-admin"]) expect((await requestJson(gw, "POST", "/user/new", { body: { user_id } })).status).toBe(200);
+  const team = await requestJson(gw, "POST", "/team/new", {
+    body: { team_id: "cb-team", soft_budget: 0.0000001, members_with_roles: [{ role: "admin", user_id: "cb-admin" }, { role: "user", user_id: "cb-member" }] },
+  });
+  expect(team.status).toBe(200);
+  const other = await requestJson(gw, "POST", "/team/new", { body: { team_id: "cb-other", members_with_roles: [{ role: "admin", user_id: "cb-other-admin" }] } });
+  expect(other.status).toBe(200);
+  keys.admin = await newKey({ team_id: "cb-team", user_id: "cb-admin" });
+  keys.member = await newKey({ team_id: "cb-team", user_id: "cb-member" });
+  keys.otherAdmin = await newKey({ team_id: "cb-other", user_id: "cb-other-admin" });
+  keys.otherTeam = await newKey({ team_id: "cb-other" });
+});
+afterAll(async () => {
+  await gw?.stop();
+  hookServer?.stop(true);
+});
+
+describe("team logging callbacks", () => {
+  test("only proxy admins and the team's admins manage them; a provider the gateway cannot deliver to is a 400", async () => {
+    const body = { callbacks: [{ callback_type: "webhook", url: `http://127.0.0.1:${hookServer.port}/hook` }] };
+    for (const key of [keys.member, keys.otherAdmin, keys.otherTeam]) {
+      expect((await requestJson(gw, "POST", "/team/cb-team/callback", { key, body })).status).toBe(403);
+      expect((await requestJson(gw, "GET", "/team/cb-team/callback", { key })).status).toBe(403);
+    }
+    expect((await requestJson(gw, "POST", "/team/no-such-team/callback", { body })).status).toBe(404);
+    const langfuse = await requestJson<{ error: { message: string; param: string } }>(gw, "POST", "/team/cb-team/callback", {
+      body: { callback_name: "langfuse", callback_type: "success", callback_vars: { langfuse_public_key: "pk", langfuse_secret_key: "sk" } },
+    });
+    expect(langfuse.status).toBe(400);
+    expect(langfuse.body.error.message).toContain("webhooks only");
+    const badUrl = await requestJson(gw, "POST", "/team/cb-team/callback", { body: { callbacks: [{ callback_type: "webhook", url: "ftp://x" }] } });
+    expect(badUrl.status).toBe(422);
+  });
+
+  test("the team admin registers a webhook; its header value is encrypted at rest and hidden on read", async () => {
+    const url = `http://127.0.0.1:${hookServer.port}/hook`;
+    const added = await requestJson<{ status: string; data: Record<string, unknown> }>(gw, "POST", "/team/cb-team/callback", {
+      key: keys.admin,
+      body: { callbacks: [{ callback_type: "webhook", url, headers: { authorization: HOOK_TOKEN } }] },
+    });
+    expect(added.status).toBe(200);
+    const expected = {
+      team_id: "cb-team",
+      success_callbacks: ["webhook"],
+      failure_callbacks: ["webhook"],
+      callback_vars: { webhooks: [{ url, headers: { authorization: "[redacted]" } }] },
+    };
+    expect(added.body).toEqual({ status: "success", data: expected });
+    const read = await requestJson(gw, "GET", "/team/cb-team/callback", { key: keys.admin });
+    expect(read.body).toEqual({ status: "success", data: expected });
+    expect(JSON.stringify((await requestJson(gw, "GET", "/team/info?team_id=cb-team")).body)).not.toContain("hook-secret-value");
+    const [stored] = await rows<{ settings: string }>(gw.host!.store.db, sql`select callback_settings::text as settings from teams where team_id = 'cb-team'`);
+    expect(stored!.settings).not.toContain("hook-secret-value");
+    expect(stored!.settings).toContain("enc:v1:");
+  });
+
+  test("each finished call of the team reaches the webhook with its headers and billing metadata only; other teams' calls do not", async () => {
+    deliveries.length = 0;
+    expect(await chat(keys.member, "chat")).toBe(200);
+    expect(await chat(keys.member, "broken")).toBe(503);
+    expect(await chat(keys.otherTeam, "chat")).toBe(200);
+    await until(() => deliveries.filter((d) => d.body.event === "llm_call").length >= 2);
+    await Bun.sleep(200);
+    const calls = deliveries.filter((d) => d.body.event === "llm_call");
+    expect(calls.map((d) => [d.body.model_group, d.body.status])).toEqual([
+      ["chat", "success"],
+      ["broken", "failure"],
+    ]);
+    for (const d of calls) {
+      expect(d.headers.authorization).toBe(HOOK_TOKEN);
+      expect(d.body.team_id).toBe("cb-team");
+      expect(JSON.stringify(d.body)).not.toContain(PROMPT);
+    }
+    expect(calls[0]!.body.response_cost as number).toBeGreaterThan(0);
+    expect(calls[0]!.body.total_tokens as number).toBeGreaterThan(0);
+    expect((calls[1]!.body.error as { code: string }).code).toBe("503");
+    // The team crossed its soft budget with that first call: the alert went to its webhook too.
+    await until(() => deliveries.some((d) => d.body.event === "soft_budget_crossed"));
+    expect(deliveries.find((d) => d.body.event === "soft_budget_crossed")?.body).toMatchObject({ team_id: "cb-team", event_group: "team" });
+  });
+
+  test("disable_logging stops every delivery and leaves no callback", async () => {
+    const off = await requestJson<{ status: string; data: Record<string, unknown> }>(gw, "POST", "/team/cb-team/disable_logging", { key: keys.admin });
+    expect(off.status).toBe(200);
+    expect(off.body.data).toEqual({ team_id: "cb-team", success_callbacks: [], failure_callbacks: [], callback_vars: { webhooks: [] } });
+    deliveries.length = 0;
+    expect(await chat(keys.member, "chat")).toBe(200);
+    await gw.host!.spendWriter.flush();
+    await Bun.sleep(300);
+    expect(deliveries.filter((d) => d.body.event === "llm_call")).toEqual([]);
+  });
+});
