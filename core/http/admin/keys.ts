@@ -685,7 +685,7 @@ function keyHealth(ctx: AdminCtx): Record<string, unknown> {
     logging_callbacks: {
       callbacks: names,
       status: "unhealthy",
-      details: "This gateway does not deliver logs to key-level callbacks (metadata.logging); no test log was sent and these callbacks receive nothing.",
+      details: "This gateway does not deliver logs to key-level callbacks (metadata.logging); no test log was sent and these callbacks receive nothing. A team can register webhooks instead (POST /team/{team_id}/callback).",
     },
   };
 }
