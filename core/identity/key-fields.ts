@@ -102,7 +102,9 @@ const WRITABLE = new Set([
   "rpm_limit_type",
   "metadata",
   "allowed_cache_controls",
+  "duration",
   "permissions",
+  "send_invite_email",
   "guardrails",
   "policies",
   "disable_global_guardrails",
@@ -145,6 +147,8 @@ const COLUMNS = Object.entries(getTableColumns(virtualKeys));
  */
 export function keyFieldsOf(body: KeyBody): Record<string, unknown> {
   const out = fromApi(virtualKeys, body, WRITABLE);
+  // `duration: -1` (never expires) is kept as text, like every other duration.
+  if (typeof out.duration === "number") out.duration = String(out.duration);
   for (const [prop, column] of COLUMNS) {
     if (prop in out && out[prop] === null && column.notNull) out[prop] = emptyOf(column.columnType);
   }

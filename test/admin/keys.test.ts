@@ -37,6 +37,8 @@ interface R {
   metadata: Record<string, unknown>;
   expires: string | null;
   budget_duration: string | null;
+  duration: string | null;
+  send_invite_email: boolean;
   budget_reset_at: string | null;
   auto_rotate: boolean;
   key_rotation_at: string | null;
@@ -171,8 +173,13 @@ for (const backend of BACKENDS) {
         const again = await generate();
         expect(again.key).not.toBe(k.key);
         expect(again.expires).toBeNull();
-        const never = await generate({ duration: "-1" });
+        const never = await generate({ duration: -1, send_invite_email: true });
         expect(never.expires).toBeNull();
+        // duration and send_invite_email are stored and returned like every other field.
+        const stored = await api(`/key/info?key=${never.token}`);
+        expect([stored.body.info.duration, stored.body.info.send_invite_email]).toEqual(["-1", true]);
+        const plain = await api(`/key/info?key=${k.token}`);
+        expect([plain.body.info.duration, plain.body.info.send_invite_email]).toEqual(["1h", false]);
       });
 
       test("a custom key is accepted once; reusing it (live or deleted), a non-sk- value or the master key is a 400", async () => {
@@ -299,8 +306,10 @@ for (const backend of BACKENDS) {
         expect(Math.abs(Date.parse(res.body.budget_reset_at!) - (Date.now() + 86_400_000))).toBeLessThan(5000);
         const info = await api(`/key/info?key=${k.token}`);
         expect(info.body.info.max_budget).toBeNull();
+        expect(info.body.info.duration).toBe("2h");
         const cleared = await api("/key/update", { body: { key: k.token, duration: null, key_alias: null } });
         expect(cleared.body.expires).toBeNull();
+        expect(cleared.body.duration).toBeNull();
         expect(cleared.body.key_alias).toBeNull();
       });
 

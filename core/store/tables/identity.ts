@@ -158,7 +158,11 @@ export const virtualKeys = pgTable(
     metadata: json("metadata").notNull().default({}),
     allowedCacheControls: textArray("allowed_cache_controls"),
     expires: ts("expires"),
+    /** The validity last asked for (`30d`, `-1`); `expires` is the instant it gave. */
+    duration: text("duration"),
     permissions: json("permissions").notNull().default({}),
+    /** As asked at creation or update; this gateway sends no e-mail (README). */
+    sendInviteEmail: boolean("send_invite_email").notNull().default(false),
     guardrails: textArray("guardrails"),
     policies: textArray("policies"),
     disableGlobalGuardrails: boolean("disable_global_guardrails").notNull().default(false),
