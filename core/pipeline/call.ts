@@ -136,6 +136,16 @@ export function responseHeaders(d: Deployment, callId: string, contentType: stri
   return { "content-type": contentType, "x-svc-model-id": d.id, "x-svc-call-id": callId, "x-svc-model-group": d.modelName };
 }
 
+/** OpenAI's own rate-limit headers, passed on where no gateway limit of that kind applies (a gateway limit's headers win). */
+const UPSTREAM_LIMIT_HEADERS = ["x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens"] as const;
+
+function withUpstreamLimits(headers: Record<string, string>, upstream: Headers): void {
+  for (const h of UPSTREAM_LIMIT_HEADERS) {
+    const v = upstream.get(h);
+    if (v !== null) headers[h] = v;
+  }
+}
+
 /** What the router attaches to one attempt at a deployment. */
 export interface Attempt {
   /** Extra headers for the answer (rate limits, retries, fallbacks). */
@@ -252,6 +262,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     if (wantsStream && ep.stream) {
       const transform = ep.stream as StreamTransform<"chat" | "completions", unknown>;
       const headers = responseHeaders(d, ctx.callId, "text/event-stream");
+      withUpstreamLimits(headers, res.headers);
       if (attempt.headers) Object.assign(headers, attempt.headers);
       const capture = attempt.capture;
       const tap = streamed
@@ -282,6 +293,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     if (keepPrompt && endpoint !== "embeddings") answer = mapped.body;
     const cost = finish("success", mapped.usage, undefined, Date.now(), typeof id === "string" ? id : undefined);
     const headers = responseHeaders(d, ctx.callId, "application/json");
+    withUpstreamLimits(headers, res.headers);
     if (attempt.headers) Object.assign(headers, attempt.headers);
     headers["x-svc-response-cost"] = picoToText(cost);
     return new Response(out, { headers });

@@ -239,9 +239,22 @@ describe("rate limits", () => {
     expect(paid.headers.get("x-ratelimit-remaining-requests")).toBe("0");
   });
 
-  test("the master key and keys without limits carry no rate-limit headers and are never refused", async () => {
+  test("the master key and keys without limits carry no rate-limit headers of the gateway and are never refused", async () => {
     const r = await call(MASTER_KEY);
     expect(r.status).toBe(200);
     expect(r.headers.get("x-ratelimit-limit-requests")).toBeNull();
+  });
+
+  test("an OpenAI upstream's own rate-limit headers are passed on for the kinds no gateway limit covers", async () => {
+    const open = await call(MASTER_KEY, "slow");
+    expect(["limit-requests", "remaining-requests", "limit-tokens", "remaining-tokens"].map((h) => open.headers.get(`x-ratelimit-${h}`))).toEqual([
+      "10000",
+      "9999",
+      "30000000",
+      "29999990",
+    ]);
+    const limited = await call(await newKey({ rpm_limit: 5 }), "slow");
+    expect([limited.headers.get("x-ratelimit-limit-requests"), limited.headers.get("x-ratelimit-remaining-requests")]).toEqual(["5", "4"]);
+    expect(limited.headers.get("x-ratelimit-limit-tokens")).toBe("30000000");
   });
 });
