@@ -86,8 +86,7 @@ export class SpendWriter {
     }
     let open = this.batches.at(-1);
     if (!open || open.entries.length >= this.batchSize) {
-      open = { entries: [], text: this.bulkLoads ? "" : null, sums: new BatchSums() };
-      this.batches.push(open);
+      open = this.newBatch();
     }
     open.entries.push(entry);
     open.sums.add(entry);
@@ -99,6 +98,13 @@ export class SpendWriter {
       clearTimeout(this.timer);
       this.timer = setTimeout(() => void this.tick(true), 0);
     }
+  }
+
+  /** Opens the batch new calls go to. */
+  private newBatch(): PendingBatch {
+    const batch: PendingBatch = { entries: [], text: this.bulkLoads ? "" : null, sums: new BatchSums() };
+    this.batches.push(batch);
+    return batch;
   }
 
   /** Entries waiting in memory and on disk. */
@@ -171,7 +177,7 @@ export class SpendWriter {
       const batch = this.batches[0];
       if (!batch || batch.entries.length < (onlyFullBatches ? this.batchSize : 1)) break;
       // Calls that end while it is written go to a new batch.
-      if (batch === this.batches.at(-1)) this.batches.push({ entries: [], text: this.bulkLoads ? "" : null, sums: new BatchSums() });
+      if (batch === this.batches.at(-1)) this.newBatch();
       const logRows = this.logRows();
       const copyText = this.bulkLoads && logRows ? (batch.text ?? copyRows(batch.entries)) : undefined;
       await writeBatch(this.store, batch.entries, { copyText, logRows, sums: batch.sums });
