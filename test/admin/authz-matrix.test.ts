@@ -475,7 +475,7 @@ const ENDPOINTS: Record<string, Endpoint> = {
   }),
   "POST /team/{team_id}/callback": targeted((s) => {
     const team = s.team();
-    const body = { callbacks: [{ callback_type: "webhook", url: "http://127.0.0.1:9/hook", headers: { authorization: "Bearer mx" } }] };
+    const body = { callbacks: [{ callback_type: "webhook", url: "https://hooks.example.invalid/mx", headers: { authorization: "Bearer mx" } }] };
     return { method: "POST", path: `/team/${q(team)}/callback`, body, state: () => s.rows.team(team) };
   }),
   "GET /team/{team_id}/callback": targeted((s) => ({ method: "GET", path: `/team/${q(s.team())}/callback` })),

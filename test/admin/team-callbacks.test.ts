@@ -91,10 +91,20 @@ describe("team logging callbacks", () => {
     expect(badUrl.status).toBe(422);
   });
 
-  test("the team admin registers a webhook; its header value is encrypted at rest and hidden on read", async () => {
+  test("a team admin may not point a webhook at this machine or a private network (SSRF); a proxy admin may", async () => {
+    const hook = (url: string) => ({ callbacks: [{ callback_type: "webhook", url }] });
+    expect((await requestJson(gw, "POST", "/team/cb-team/callback", { key: keys.admin, body: hook("https://hooks.example.invalid/in") })).status).toBe(200);
+    for (const url of [`http://127.0.0.1:${hookServer.port}/hook`, "http://169.254.169.254/latest/meta-data", "http://[::1]:8080/", "http://localhost/x", "http://10.1.2.3/", "http://192.168.0.9/"]) {
+      const r = await requestJson<{ error: { message: string } }>(gw, "POST", "/team/cb-team/callback", { key: keys.admin, body: hook(url) });
+      expect([url, r.status]).toEqual([url, 400]);
+      expect(r.body.error.message).toContain("only a proxy admin");
+    }
+  });
+
+  test("a webhook's header value is encrypted at rest and hidden on read", async () => {
     const url = `http://127.0.0.1:${hookServer.port}/hook`;
+    // A test server on this machine: only a proxy admin may register it.
     const added = await requestJson<{ status: string; data: Record<string, unknown> }>(gw, "POST", "/team/cb-team/callback", {
-      key: keys.admin,
       body: { callbacks: [{ callback_type: "webhook", url, headers: { authorization: HOOK_TOKEN } }] },
     });
     expect(added.status).toBe(200);

@@ -6,6 +6,7 @@
  * (`langfuse`, `langsmith`, a storage bucket) is refused with a 400 rather than stored and never
  * served. Header values are encrypted at rest like stored provider credentials.
  */
+import { isIP } from "node:net";
 import { type Static, Type as T } from "@sinclair/typebox";
 import { and, eq, isNull } from "drizzle-orm";
 import { Elysia } from "elysia";
@@ -34,6 +35,19 @@ const CallbackBody = T.Object(
   { additionalProperties: false },
 );
 type CallbackBody = Static<typeof CallbackBody>;
+
+/** IPv4 ranges a webhook of a team admin may not point at: loopback, private, link-local (cloud metadata), unspecified. */
+const PRIVATE_V4 = [/^127\./, /^10\./, /^172\.(1[6-9]|2\d|3[01])\./, /^192\.168\./, /^169\.254\./, /^0\./];
+
+/** Whether a URL names this machine or a private network by name or address literal (a DNS name that resolves there is not caught). */
+function privateHost(url: string): boolean {
+  const host = new URL(url).hostname.replace(/^\[|\]$/g, "").toLowerCase();
+  if (host === "localhost" || host.endsWith(".localhost")) return true;
+  const v = isIP(host);
+  if (v === 4) return PRIVATE_V4.some((r) => r.test(host));
+  if (v === 6) return host === "::" || host === "::1" || /^f[cd]/.test(host) || /^fe[89ab]/.test(host) || /^::ffff:/.test(host);
+  return false;
+}
 
 /** The team named in the path, if the caller administers it (proxy admin or team admin; to read, also the admin viewer). */
 async function administeredTeam(ctx: AdminCtx, write: boolean): Promise<TeamRow> {
@@ -83,6 +97,11 @@ async function addCallback(ctx: AdminCtx) {
       `callback_name '${name}' is not available: this gateway delivers team logs to webhooks only. Register them as {"callbacks": [{"callback_type": "webhook", "url": "https://…", "headers": {…}}]}.`,
       body.callback_name ? "callback_name" : "callbacks",
     );
+  }
+  // A team admin must not make the gateway post to this machine or its private network (SSRF); a proxy admin may.
+  if (!ctx.caller.isAdmin) {
+    const inside = body.callbacks.find((c) => privateHost(c.url));
+    if (inside) throw badRequest(`Webhook ${inside.url} points at this machine or a private network; only a proxy admin may register such a webhook.`, "callbacks");
   }
   const key = secretKey(process.env.SVC_SALT_KEY, ctx.snapshot.settings.masterKey);
   if (!key) throw badRequest("A master key (or SVC_SALT_KEY) is needed to keep webhook headers encrypted.", "callbacks");
