@@ -35,6 +35,7 @@ const deployment = { id: "d", modelName: "m", provider: "openai", upstreamModel:
 const intent = (): CallIntent => ({
   principal,
   endpoint: "chat",
+  scope: "request",
   modelGroup: "m",
   deployment,
   estimatedPromptTokens: 20,

@@ -251,6 +251,13 @@ export interface Lease {
 export interface CallIntent {
   principal: Principal;
   endpoint: Endpoint;
+  /**
+   * A rate limiter is asked once per client request (`request`: the key's, user's, team's,
+   * member's and org's own limits, held until the request ends, whatever fallbacks it takes) and
+   * once per model group tried (`group`: per-model limits and model capacity shares). Budgets are
+   * asked per group only.
+   */
+  scope: "request" | "group";
   modelGroup: string;
   /** The deployment the call will go to. */
   deployment: Deployment;

@@ -101,25 +101,26 @@ function countersFor(intent: CallIntent, identity: IdentityView | undefined, thr
   if (!key) return out;
   const group = intent.modelGroup;
   const label = keyLabel(p);
+  const team = p.team ?? (p.teamId ? identity?.teams.get(p.teamId) : undefined);
+  const org = p.org ?? (p.orgId ? identity?.orgs.get(p.orgId) : undefined);
+  // Per model group tried: the per-model limits and the model's capacity shares.
+  if (intent.scope === "group") {
+    modelCounter(out, `key_model:${key.token}`, label, key, group);
+    throughput?.counters(intent, key, label, out);
+    if (team) modelCounter(out, `team_model:${team.teamId}`, `Team=${team.teamId}`, team, group);
+    if (org) modelCounter(out, `org_model:${org.organizationId}`, `Organization=${org.organizationId}`, org, group);
+    return out;
+  }
+  // Once per client request, however many groups it tries.
   rowCounter(out, `key:${key.token}`, label, key, key.budgetId ? identity?.budgets.get(key.budgetId) : undefined);
-  modelCounter(out, `key_model:${key.token}`, label, key, group);
-  throughput?.counters(intent, key, label, out);
   const user = p.user ?? (p.userId ? identity?.users.get(p.userId) : undefined);
   if (user) rowCounter(out, `user:${user.userId}`, `User=${user.userId}`, user);
-  const team = p.team ?? (p.teamId ? identity?.teams.get(p.teamId) : undefined);
-  if (team) {
-    rowCounter(out, `team:${team.teamId}`, `Team=${team.teamId}`, team, team.budgetId ? identity?.budgets.get(team.budgetId) : undefined);
-    modelCounter(out, `team_model:${team.teamId}`, `Team=${team.teamId}`, team, group);
-  }
+  if (team) rowCounter(out, `team:${team.teamId}`, `Team=${team.teamId}`, team, team.budgetId ? identity?.budgets.get(team.budgetId) : undefined);
   const member = p.teamId && p.userId ? identity?.teamMember(p.teamId, p.userId) : undefined;
   if (member && (member.rpmLimit !== null || member.tpmLimit !== null)) {
     out.push({ id: `team_member:${teamMemberId(member.teamId, member.userId)}`, label: `User=${member.userId} in Team=${member.teamId}`, rpm: num(member.rpmLimit), tpm: num(member.tpmLimit) });
   }
-  const org = p.org ?? (p.orgId ? identity?.orgs.get(p.orgId) : undefined);
-  if (org) {
-    rowCounter(out, `org:${org.organizationId}`, `Organization=${org.organizationId}`, org, org.budgetId ? identity?.budgets.get(org.budgetId) : undefined);
-    modelCounter(out, `org_model:${org.organizationId}`, `Organization=${org.organizationId}`, org, group);
-  }
+  if (org) rowCounter(out, `org:${org.organizationId}`, `Organization=${org.organizationId}`, org, org.budgetId ? identity?.budgets.get(org.budgetId) : undefined);
   return out;
 }
 

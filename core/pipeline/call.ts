@@ -98,6 +98,7 @@ export class Intent implements CallIntent {
     readonly startedAt: number,
     private readonly body: WireRequest[Endpoint],
     private readonly snapshot: Snapshot,
+    readonly scope: "request" | "group" = "group",
   ) {
     this.maxOutputTokens = maxOutput(body);
   }

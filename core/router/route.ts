@@ -38,7 +38,49 @@ interface CacheSave {
   ttlMs: number;
 }
 
+/** The request's own rate-limit leases (key, user, team, member, org): counted once, ended once, whatever groups it tries. */
+class RequestLeases {
+  private ended = false;
+  /** Their `x-ratelimit-*` headers. */
+  readonly headers: Record<string, string> = {};
+
+  constructor(private readonly leases: readonly Lease[]) {
+    for (const l of leases) if (l.headers) Object.assign(this.headers, l.headers);
+  }
+
+  /** The request ended with this call's usage. */
+  settle(usage: Usage, cost: bigint): void {
+    if (this.ended) return;
+    this.ended = true;
+    settleAll(this.leases, usage, cost);
+  }
+
+  /** The request failed: counted if some attempt went out, else taken back. */
+  giveUp(wentOut: boolean): void {
+    if (this.ended) return;
+    this.ended = true;
+    if (wentOut) settleAll(this.leases, ZERO, 0n);
+    else cancelAll(this.leases);
+  }
+}
+
+/** `x-ratelimit-*` of two grants: per kind, the one with less remaining. */
+function tightest(a: Record<string, string>, b: Record<string, string>): Record<string, string> {
+  const out = { ...a };
+  for (const kind of ["requests", "tokens"]) {
+    const remaining = b[`x-ratelimit-remaining-${kind}`];
+    if (remaining === undefined) continue;
+    const current = out[`x-ratelimit-remaining-${kind}`];
+    if (current !== undefined && Number(current) <= Number(remaining)) continue;
+    out[`x-ratelimit-remaining-${kind}`] = remaining;
+    const limit = b[`x-ratelimit-limit-${kind}`];
+    if (limit !== undefined) out[`x-ratelimit-limit-${kind}`] = limit;
+  }
+  return out;
+}
+
 interface Progress {
+  request: RequestLeases;
   attempts: number;
   /** Whether some attempt was logged (reached, or tried to reach, an upstream). */
   recorded: boolean;
@@ -95,10 +137,15 @@ export async function modelCall<E extends Endpoint>(endpoint: E, body: WireReque
     if (use.write) save = { key, ttlMs: use.ttlMs };
   }
   const policy = routePolicy(snapshot.config, principal, loose);
-  const progress: Progress = { attempts: 0, recorded: false, retries: 0, fallbacks: 0, save };
+  const progress: Progress = { request: new RequestLeases([]), attempts: 0, recorded: false, retries: 0, fallbacks: 0, save };
   try {
+    if (snapshot.limitGates.length > 0) {
+      const intent = new Intent(principal, endpoint, group, deployments[0]!, startedAt, body, snapshot, "request");
+      progress.request = new RequestLeases(await acquireLeases(snapshot.limitGates, intent));
+    }
     return await withFallbacks(endpoint, body, group, deployments, ctx, policy, progress);
   } catch (err) {
+    progress.request.giveUp(progress.recorded);
     // Refused before any deployment was asked (a budget, a rate limit, none free): still a call, logged as a failure.
     if (!progress.recorded && err instanceof GatewayError && !ctx.clientSignal.aborted) {
       recordRefusal(endpoint, body, deployments[0]!, ctx, err, startedAt);
@@ -218,7 +265,7 @@ async function callGroup<E extends Endpoint>(
   if (candidates.length === 0) throw new GroupFailure(allCoolingDown(group, deployments, startedAt), undefined);
   let d = pickDeployment(policy.strategy, candidates, snapshot.pricing, startedAt);
 
-  let intent = new Intent(ctx.principal, endpoint, group, d, startedAt, body, snapshot);
+  let intent = new Intent(ctx.principal, endpoint, group, d, startedAt, body, snapshot, "group");
   const limitLeases: Lease[] = snapshot.limitGates.length === 0 ? [] : await acquireLeases(snapshot.limitGates, intent);
   let budgetLeases: Lease[] = [];
   if (snapshot.budgetGates.length > 0) {
@@ -229,8 +276,8 @@ async function callGroup<E extends Endpoint>(
       throw err;
     }
   }
-  const leaseHeaders: Record<string, string> = {};
-  for (const l of [...limitLeases, ...budgetLeases]) if (l.headers) Object.assign(leaseHeaders, l.headers);
+  let leaseHeaders = progress.request.headers;
+  for (const l of [...limitLeases, ...budgetLeases]) if (l.headers) leaseHeaders = tightest(leaseHeaders, l.headers);
   /** Whether an attempt reached the upstream: until one has, giving up takes every lease back (a refused call consumes nothing). */
   let wentOut = false;
   const settle = (usage: Usage, cost: bigint) => {
@@ -250,7 +297,7 @@ async function callGroup<E extends Endpoint>(
    */
   const switchTo = async (next: Deployment): Promise<Deployment> => {
     if (snapshot.budgetGates.length === 0 || next === intent.deployment) return next;
-    const nextIntent = new Intent(ctx.principal, endpoint, group, next, startedAt, body, snapshot);
+    const nextIntent = new Intent(ctx.principal, endpoint, group, next, startedAt, body, snapshot, "group");
     if (next.provider === intent.deployment.provider && nextIntent.worstCaseCost <= intent.worstCaseCost) return next;
     cancelAll(budgetLeases);
     budgetLeases = [];
@@ -314,6 +361,7 @@ async function callGroup<E extends Endpoint>(
         // A failure before the answer started may still be retried: the leases stay held until the router gives up.
         if (record.status !== "failure" || returned) {
           settle(record.usage, record.cost);
+          progress.request.settle(record.usage, record.cost);
           ctx.release();
         }
       },

@@ -408,3 +408,23 @@ describe("/health", () => {
     expect(all.healthy_count + all.unhealthy_count).toBe(11);
   });
 });
+
+describe("limits across fallbacks", () => {
+  test("a request that falls back counts once against its key's rpm, while each group's per-model limit counts the group it tried", async () => {
+    const made = await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: { rpm_limit: 2, model_rpm_limit: { backup: 1 } } });
+    const key = made.body.key;
+    a.fault({ kind: "status", status: 500 });
+    const first = await post({ model: "primary" }, { authorization: `Bearer ${key}` });
+    expect(first.status).toBe(200);
+    expect(first.headers.get("x-svc-model-id")).toBe("backup-b");
+    expect(first.headers.get("x-ratelimit-remaining-requests")).toBe("0");
+    // One of the key's two requests is left, though the first tried two groups.
+    const second = await post({ model: "primary" }, { authorization: `Bearer ${key}` });
+    expect(second.status).toBe(200);
+    expect(second.headers.get("x-svc-model-id")).toBe("primary-a");
+    // backup's own limit (1) was used by the fallback; the key's two requests are used.
+    const third = await post({ model: "primary" }, { authorization: `Bearer ${key}` });
+    expect(third.status).toBe(429);
+    expect(third.body.error!.message).toContain("requests per minute limit 2");
+  });
+});
