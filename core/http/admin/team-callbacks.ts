@@ -98,6 +98,8 @@ async function addCallback(ctx: AdminCtx) {
       body.callback_name ? "callback_name" : "callbacks",
     );
   }
+  const unreadable = body.callbacks.find((c) => !URL.canParse(c.url));
+  if (unreadable) throw badRequest(`Webhook url ${JSON.stringify(unreadable.url)} is not a valid URL.`, "callbacks");
   // A team admin must not make the gateway post to this machine or its private network (SSRF); a proxy admin may.
   if (!ctx.caller.isAdmin) {
     const inside = body.callbacks.find((c) => privateHost(c.url));
