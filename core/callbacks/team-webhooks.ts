@@ -33,6 +33,9 @@ export function webhookTargets(team: TeamRow | undefined, key: Buffer | undefine
   return out;
 }
 
+/** Where a webhook is, for logs: its origin only (a path or query may carry a token). */
+const where = (url: string) => (URL.canParse(url) ? new URL(url).origin : "(unreadable url)");
+
 const iso = (ms: number | undefined) => (ms === undefined ? null : new Date(ms).toISOString());
 
 /** What a team webhook receives for one call. */
@@ -77,7 +80,7 @@ export class WebhookSender {
   /** Fire-and-forget. */
   post(target: WebhookTarget, payload: Record<string, unknown>): void {
     if (this.inFlight >= MAX_IN_FLIGHT) {
-      if (this.dropped++ % 1000 === 0) this.log.warn("team webhook deliveries dropped: too many waiting", { url: target.url, dropped: this.dropped });
+      if (this.dropped++ % 1000 === 0) this.log.warn("team webhook deliveries dropped: too many waiting", { webhook: where(target.url), dropped: this.dropped });
       return;
     }
     this.inFlight++;
@@ -109,9 +112,9 @@ export class WebhookSender {
         });
         await res.arrayBuffer().catch(() => undefined);
         if (res.ok) return;
-        this.log.warn("team webhook answered an error", { url: target.url, status: res.status, attempt });
+        this.log.warn("team webhook answered an error", { webhook: where(target.url), status: res.status, attempt });
       } catch (err) {
-        this.log.warn("team webhook unreachable", { url: target.url, error: String(err), attempt });
+        this.log.warn("team webhook unreachable", { webhook: where(target.url), error: String(err), attempt });
       }
       if (attempt === 1) await new Promise((r) => setTimeout(r, RETRY_AFTER_MS));
     }
