@@ -3,8 +3,8 @@
  * webhooks is posted to them, off the response path (core/callbacks/team-webhooks.ts).
  */
 import { Type } from "@sinclair/typebox";
-import { callPayload, WebhookSender, webhookTargets } from "../core/callbacks/team-webhooks.ts";
-import { definePlugin, type Hooks } from "../core/contract.ts";
+import { callPayload, WebhookSender, type WebhookTarget, webhookTargets } from "../core/callbacks/team-webhooks.ts";
+import { definePlugin, type Hooks, type TeamRow } from "../core/contract.ts";
 import { teamLogs } from "../core/identity/team-callbacks.ts";
 import { secretKey } from "../core/secrets.ts";
 
@@ -16,14 +16,24 @@ export default definePlugin({
     if (!identity) return {};
     const key = secretKey(process.env.SVC_SALT_KEY, ctx.settings.masterKey);
     const sender = new WebhookSender(ctx.log);
+    // Decrypted once per team row (a change to the team replaces the row).
+    const decrypted = new WeakMap<TeamRow, WebhookTarget[]>();
+    const targetsOf = (team: TeamRow) => {
+      let t = decrypted.get(team);
+      if (!t) {
+        t = webhookTargets(team, key);
+        decrypted.set(team, t);
+      }
+      return t;
+    };
     return {
       spend: {
         record(call) {
           const teamId = call.principal.teamId;
           if (!teamId) return;
           const team = identity.teams.get(teamId);
-          if (!teamLogs(team, call.status === "success")) return;
-          const targets = webhookTargets(team, key);
+          if (!team || !teamLogs(team, call.status === "success")) return;
+          const targets = targetsOf(team);
           if (targets.length === 0) return;
           const payload = callPayload(call);
           for (const t of targets) sender.post(t, payload);
