@@ -5,8 +5,10 @@
  * The background job rotates keys with `auto_rotate` whose `key_rotation_at` has passed, every
  * ~10 s on each instance (a key is rotated once: the update is conditional on the old token).
  * Nobody receives the new plaintext of an automatically rotated key: it is generated, hashed and
- * dropped, so the old value stops working and the owner must `/key/regenerate` to get a usable
- * one. The job logs the alias and the new hash, never a plaintext.
+ * dropped. The old value keeps working for SVC_KEY_ROTATION_GRACE_PERIOD (the grace
+ * `/key/regenerate` defaults to; none when unset), during which its owner calls
+ * `/key/regenerate` with it to get a usable key. The job logs the alias and the new hash, never
+ * a plaintext.
  */
 import { randomUUID } from "node:crypto";
 import { and, eq, isNull, lte, sql } from "drizzle-orm";
@@ -76,8 +78,15 @@ export async function rotateKey(db: Db, r: Rotation): Promise<{ row: KeyRow; cha
 const CHECK_INTERVAL_MS = 10_000;
 const SYSTEM_ACTOR = "system:auto-rotate";
 
+/** SVC_KEY_ROTATION_GRACE_PERIOD in ms; 0 when unset or unreadable. */
+function defaultGraceMs(): number {
+  const text = process.env.SVC_KEY_ROTATION_GRACE_PERIOD;
+  const ms = text ? parseDuration(text) : undefined;
+  return typeof ms === "number" && ms > 0 ? ms : 0;
+}
+
 /** Rotates every due key once and drops rotated hashes whose grace has ended; returns how many keys it rotated. */
-export async function rotateDueKeys(db: Db, bus: ChangeBus, log: Logger, now = Date.now()): Promise<number> {
+export async function rotateDueKeys(db: Db, bus: ChangeBus, log: Logger, now = Date.now(), graceMs = defaultGraceMs()): Promise<number> {
   const due = await db
     .select()
     .from(virtualKeys)
@@ -86,7 +95,7 @@ export async function rotateDueKeys(db: Db, bus: ChangeBus, log: Logger, now = D
   for (const old of due) {
     const fresh = newKeyValue();
     const newToken = hashKey(fresh);
-    const done = await rotateKey(db, { oldToken: old.token, newToken, newKeyName: keyName(fresh), graceMs: 0, set: { updatedBy: SYSTEM_ACTOR }, now });
+    const done = await rotateKey(db, { oldToken: old.token, newToken, newKeyName: keyName(fresh), graceMs, set: { updatedBy: SYSTEM_ACTOR }, now });
     if (!done) continue;
     rotated++;
     await db.insert(auditLog).values({
@@ -104,6 +113,7 @@ export async function rotateDueKeys(db: Db, bus: ChangeBus, log: Logger, now = D
       old_token: old.token,
       new_token: newToken,
       rotation_count: done.row.rotationCount,
+      old_value_valid_until: graceMs > 0 ? new Date(now + graceMs).toISOString() : null,
     });
   }
   const expired = await db.delete(rotatedKeys).where(lte(rotatedKeys.revokeAt, new Date(now))).returning({ token: rotatedKeys.token });

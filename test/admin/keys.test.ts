@@ -719,6 +719,19 @@ for (const backend of BACKENDS) {
         for (const plain of issued) expect(logged).not.toContain(plain);
         expect(logged).not.toMatch(/sk-[A-Za-z0-9_-]{32}/);
       });
+
+      test("with a grace period the old value keeps working, and regenerating with it gives its owner a usable key", async () => {
+        const k = await generate({ key_alias: uid("auto-grace"), auto_rotate: true, rotation_interval: "1s" });
+        await Bun.sleep(1100);
+        expect(await rotateDueKeys(db(), gw.host!.services.bus!, gw.log, Date.now(), 60_000)).toBeGreaterThanOrEqual(1);
+        expect((await api("/key/health", { body: {}, key: k.key })).status).toBe(200);
+        const regen = await api(`/key/${k.key}/regenerate`, { body: {} });
+        expect(regen.status).toBe(200);
+        issued.push(regen.body.key);
+        expect((await api("/key/health", { body: {}, key: regen.body.key })).status).toBe(200);
+        const line = gw.log.lines.find((l) => l.fields?.key_alias === k.key_alias);
+        expect(Date.parse(String(line?.fields?.old_value_valid_until))).toBeGreaterThan(Date.now());
+      });
     });
 
     test("no plaintext key is stored in any table", async () => {

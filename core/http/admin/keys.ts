@@ -7,7 +7,7 @@
  */
 import { randomUUID } from "node:crypto";
 import { Type as T, type TSchema } from "@sinclair/typebox";
-import { and, asc, desc, eq, ilike, inArray, isNotNull, isNull, or, type SQL, sql } from "drizzle-orm";
+import { and, asc, desc, eq, gt, ilike, inArray, isNotNull, isNull, or, type SQL, sql } from "drizzle-orm";
 import { Elysia } from "elysia";
 import { EVERYTHING, INHERIT, matchesEntry } from "../../access.ts";
 import { badRequest, type Caller, forbidden, notFound } from "../../authz.ts";
@@ -94,12 +94,18 @@ function isUniqueViolation(err: unknown): boolean {
 
 const aliasTaken = (alias: string) => badRequest(`Key alias "${alias}" is already used by another key. Aliases are unique; choose another.`, "key_alias");
 
+/** The live key of a token, following an old value to its rotated key while its grace period lasts. */
 async function liveKey(db: Db, token: string): Promise<KeyRow | undefined> {
   const [row] = await db
     .select()
     .from(virtualKeys)
     .where(and(eq(virtualKeys.token, token), isNull(virtualKeys.deletedAt)));
-  return row;
+  if (row) return row;
+  const [moved] = await db
+    .select({ active: rotatedKeys.activeToken })
+    .from(rotatedKeys)
+    .where(and(eq(rotatedKeys.token, token), gt(rotatedKeys.revokeAt, new Date())));
+  return moved ? liveKey(db, moved.active) : undefined;
 }
 
 /** The live key a caller names (plain or hashed), if the caller may `route` it; else 403 (404 for those who may see everything). */
