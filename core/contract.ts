@@ -246,18 +246,22 @@ export interface Lease {
   cancel?(): void;
   /** Headers the answer carries because of this lease (`x-ratelimit-*`). */
   headers?: Record<string, string>;
+  /** For a `both` intent: the request's part and the group's, settled (or taken back) separately. */
+  parts?: { request: Lease; group: Lease };
 }
 
 export interface CallIntent {
   principal: Principal;
   endpoint: Endpoint;
   /**
-   * A rate limiter is asked once per client request (`request`: the key's, user's, team's,
-   * member's and org's own limits, held until the request ends, whatever fallbacks it takes) and
-   * once per model group tried (`group`: per-model limits and model capacity shares). Budgets are
-   * asked per group only.
+   * What a rate limiter counts. A request's own limits (the key's, user's, team's, member's and
+   * org's) are counted once and held until the request ends, whatever fallbacks it takes; per-model
+   * limits and model capacity shares once per model group tried. The first group asks for both in
+   * one step (`both`; the lease then has `parts`, so each is ended at its own time), a fallback
+   * group for its own (`group`). `request` asks for the request's own alone. Budgets are asked per
+   * group and may ignore the scope.
    */
-  scope: "request" | "group";
+  scope: "request" | "group" | "both";
   modelGroup: string;
   /** The deployment the call will go to. */
   deployment: Deployment;
@@ -420,6 +424,8 @@ export interface RateGrant {
   settle(actualTokens: number): void;
   /** Takes the request back: a later check refused the call before it went out, so it counts for nothing. */
   cancel(): void;
+  /** The counters `from` to `to` (exclusive) alone, to be settled or taken back at their own time. */
+  part(from: number, to: number): { settle(actualTokens: number): void; cancel(): void };
 }
 
 export interface RateRefusal {

@@ -94,24 +94,32 @@ class Throughput {
   }
 }
 
-function countersFor(intent: CallIntent, identity: IdentityView | undefined, throughput: Throughput | undefined): RateCounter[] {
+/** Per model group tried: the per-model limits and the model's capacity shares. */
+function groupCounters(intent: CallIntent, identity: IdentityView | undefined, throughput: Throughput | undefined): RateCounter[] {
   const p = intent.principal;
   const out: RateCounter[] = [];
   const key = p.key;
   if (!key) return out;
   const group = intent.modelGroup;
   const label = keyLabel(p);
+  modelCounter(out, `key_model:${key.token}`, label, key, group);
+  throughput?.counters(intent, key, label, out);
+  const team = p.team ?? (p.teamId ? identity?.teams.get(p.teamId) : undefined);
+  if (team) modelCounter(out, `team_model:${team.teamId}`, `Team=${team.teamId}`, team, group);
+  const org = p.org ?? (p.orgId ? identity?.orgs.get(p.orgId) : undefined);
+  if (org) modelCounter(out, `org_model:${org.organizationId}`, `Organization=${org.organizationId}`, org, group);
+  return out;
+}
+
+/** Once per client request, however many groups it tries: the caller's own limits. */
+function requestCounters(intent: CallIntent, identity: IdentityView | undefined): RateCounter[] {
+  const p = intent.principal;
+  const out: RateCounter[] = [];
+  const key = p.key;
+  if (!key) return out;
+  const label = keyLabel(p);
   const team = p.team ?? (p.teamId ? identity?.teams.get(p.teamId) : undefined);
   const org = p.org ?? (p.orgId ? identity?.orgs.get(p.orgId) : undefined);
-  // Per model group tried: the per-model limits and the model's capacity shares.
-  if (intent.scope === "group") {
-    modelCounter(out, `key_model:${key.token}`, label, key, group);
-    throughput?.counters(intent, key, label, out);
-    if (team) modelCounter(out, `team_model:${team.teamId}`, `Team=${team.teamId}`, team, group);
-    if (org) modelCounter(out, `org_model:${org.organizationId}`, `Organization=${org.organizationId}`, org, group);
-    return out;
-  }
-  // Once per client request, however many groups it tries.
   rowCounter(out, `key:${key.token}`, label, key, key.budgetId ? identity?.budgets.get(key.budgetId) : undefined);
   const user = p.user ?? (p.userId ? identity?.users.get(p.userId) : undefined);
   if (user) rowCounter(out, `user:${user.userId}`, `User=${user.userId}`, user);
@@ -172,13 +180,26 @@ export default definePlugin({
     return {
       rateLimiter: {
         acquire(intent) {
-          const counters = countersFor(intent, identity, throughput);
+          const own = intent.scope === "group" ? [] : requestCounters(intent, identity);
+          const counters = intent.scope === "request" ? own : [...own, ...groupCounters(intent, identity, throughput)];
           if (counters.length === 0) return GRANTED;
           const tokens = counters.some((c) => c.tpm !== undefined || c.share?.tpm !== undefined) ? tokenEstimate(intent) : 0;
-          const toLease = (r: RateGrant | RateRefusal): Lease | Denied =>
-            r.ok
-              ? { ok: true, headers: rateHeaders(r.applied, r.remaining), settle: (usage) => r.settle(usage.promptTokens + usage.completionTokens), cancel: () => r.cancel() }
-              : rateRefusal(r, tokens);
+          const toLease = (r: RateGrant | RateRefusal): Lease | Denied => {
+            if (!r.ok) return rateRefusal(r, tokens);
+            const lease = (from: number, to: number, end: { settle(actual: number): void; cancel(): void }): Lease => ({
+              ok: true,
+              headers: rateHeaders(r.applied.slice(from, to), r.remaining.slice(from, to)),
+              settle: (usage) => end.settle(usage.promptTokens + usage.completionTokens),
+              cancel: () => end.cancel(),
+            });
+            const whole = lease(0, counters.length, r);
+            // Counted together (one step, all or nothing), ended apart: the request's part when it ends, the group's when the group does.
+            if (intent.scope === "both") {
+              const n = own.length;
+              whole.parts = { request: lease(0, n, r.part(0, n)), group: lease(n, counters.length, r.part(n, counters.length)) };
+            }
+            return whole;
+          };
           const result = windows.acquire(counters, tokens);
           return result instanceof Promise ? result.then(toLease) : toLease(result);
         },

@@ -50,6 +50,15 @@ export class LocalWindows implements RateWindows {
         settled = true;
         for (const [i, w] of windows.entries()) w.cancel(seqs[i]!);
       },
+      part: (from, to) => {
+        let ended = false;
+        const range = (fn: (w: SlidingWindow, seq: number) => void) => {
+          if (ended) return;
+          ended = true;
+          for (let i = from; i < to; i++) fn(windows[i]!, seqs[i]!);
+        };
+        return { settle: (actual) => range((w, seq) => w.settle(seq, actual)), cancel: () => range((w, seq) => w.cancel(seq)) };
+      },
     };
   }
 

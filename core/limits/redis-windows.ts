@@ -146,6 +146,8 @@ end
 return 0
 `);
 
+const NOTHING_TO_END = { settle: () => undefined, cancel: () => undefined };
+
 /** The counter's keys, hash-tagged so one counter's keys share a cluster slot; a share's members are kept per pool. */
 function keysOf(c: RateCounter): string[] {
   const tag = `${PREFIX}{${c.id}}`;
@@ -175,7 +177,7 @@ export class RedisWindows implements RateWindows {
   ) {}
 
   async acquire(counters: readonly RateCounter[], tokens: number): Promise<RateGrant | RateRefusal> {
-    if (counters.length === 0) return { ok: true, applied: [], remaining: [], settle: () => undefined, cancel: () => undefined };
+    if (counters.length === 0) return { ok: true, applied: [], remaining: [], settle: () => undefined, cancel: () => undefined, part: () => NOTHING_TO_END };
     const keys = counters.flatMap(keysOf);
     const id = `${this.instance}:${++this.seq}`;
     const args: (string | number)[] = [this.windowMs, tokens, id, this.inFlightTtlMs];
@@ -201,22 +203,23 @@ export class RedisWindows implements RateWindows {
       requests: c.rpm === undefined ? undefined : c.rpm - Number(res[4 * i + 1]),
       tokens: c.tpm === undefined ? undefined : c.tpm - Number(res[4 * i + 2]),
     }));
-    let ended = false;
-    const end = (script: LuaScript, args: (string | number)[], what: string) => {
-      if (ended) return;
-      ended = true;
-      this.redis.run(script, keys, args).catch((err) => {
-        // The window forgets the request on its own within 60 s (in flight: within the ttl).
-        this.log.warn(`rate-limit ${what} failed in redis`, { error: String(err) });
-      });
+    /** Ends the request on some of its counters' keys, once. */
+    const ender = (on: string[]) => {
+      let ended = false;
+      const end = (script: LuaScript, args: (string | number)[], what: string) => {
+        if (ended) return;
+        ended = true;
+        this.redis.run(script, on, args).catch((err) => {
+          // The window forgets the request on its own within 60 s (in flight: within the ttl).
+          this.log.warn(`rate-limit ${what} failed in redis`, { error: String(err) });
+        });
+      };
+      return {
+        settle: (actual: number) => end(SETTLE, [id, Math.max(0, Math.round(actual))], "settle"),
+        cancel: () => end(CANCEL, [id], "cancel"),
+      };
     };
-    return {
-      ok: true,
-      applied,
-      remaining,
-      settle: (actual) => end(SETTLE, [id, Math.max(0, Math.round(actual))], "settle"),
-      cancel: () => end(CANCEL, [id], "cancel"),
-    };
+    return { ok: true, applied, remaining, ...ender(keys), part: (from, to) => ender(counters.slice(from, to).flatMap(keysOf)) };
   }
 
   private degrade(err: unknown): void {

@@ -98,7 +98,7 @@ export class Intent implements CallIntent {
     readonly startedAt: number,
     private readonly body: WireRequest[Endpoint],
     private readonly snapshot: Snapshot,
-    readonly scope: "request" | "group" = "group",
+    readonly scope: "request" | "group" | "both" = "group",
   ) {
     this.maxOutputTokens = maxOutput(body);
   }

@@ -80,7 +80,8 @@ function tightest(a: Record<string, string>, b: Record<string, string>): Record<
 }
 
 interface Progress {
-  request: RequestLeases;
+  /** Taken with the first group's limits (in one step), then held until the request ends. */
+  request?: RequestLeases;
   attempts: number;
   /** Whether some attempt was logged (reached, or tried to reach, an upstream). */
   recorded: boolean;
@@ -137,15 +138,11 @@ export async function modelCall<E extends Endpoint>(endpoint: E, body: WireReque
     if (use.write) save = { key, ttlMs: use.ttlMs };
   }
   const policy = routePolicy(snapshot.config, principal, loose);
-  const progress: Progress = { request: new RequestLeases([]), attempts: 0, recorded: false, retries: 0, fallbacks: 0, save };
+  const progress: Progress = { attempts: 0, recorded: false, retries: 0, fallbacks: 0, save };
   try {
-    if (snapshot.limitGates.length > 0) {
-      const intent = new Intent(principal, endpoint, group, deployments[0]!, startedAt, body, snapshot, "request");
-      progress.request = new RequestLeases(await acquireLeases(snapshot.limitGates, intent));
-    }
     return await withFallbacks(endpoint, body, group, deployments, ctx, policy, progress);
   } catch (err) {
-    progress.request.giveUp(progress.recorded);
+    progress.request?.giveUp(progress.recorded);
     // Refused before any deployment was asked (a budget, a rate limit, none free): still a call, logged as a failure.
     if (!progress.recorded && err instanceof GatewayError && !ctx.clientSignal.aborted) {
       recordRefusal(endpoint, body, deployments[0]!, ctx, err, startedAt);
@@ -265,8 +262,15 @@ async function callGroup<E extends Endpoint>(
   if (candidates.length === 0) throw new GroupFailure(allCoolingDown(group, deployments, startedAt), undefined);
   let d = pickDeployment(policy.strategy, candidates, snapshot.pricing, startedAt);
 
-  let intent = new Intent(ctx.principal, endpoint, group, d, startedAt, body, snapshot, "group");
-  const limitLeases: Lease[] = snapshot.limitGates.length === 0 ? [] : await acquireLeases(snapshot.limitGates, intent);
+  // The first group counts the request's own limits too, in the same step; later groups only their own.
+  const scope = progress.request ? "group" : "both";
+  let intent = new Intent(ctx.principal, endpoint, group, d, startedAt, body, snapshot, scope);
+  const granted: Lease[] = snapshot.limitGates.length === 0 ? [] : await acquireLeases(snapshot.limitGates, intent);
+  let limitLeases = granted;
+  if (scope === "both") {
+    limitLeases = granted.map((l) => l.parts?.group ?? l);
+    progress.request = new RequestLeases(granted.flatMap((l) => (l.parts ? [l.parts.request] : [])));
+  }
   let budgetLeases: Lease[] = [];
   if (snapshot.budgetGates.length > 0) {
     try {
@@ -276,7 +280,7 @@ async function callGroup<E extends Endpoint>(
       throw err;
     }
   }
-  let leaseHeaders = progress.request.headers;
+  let leaseHeaders = progress.request?.headers ?? {};
   for (const l of [...limitLeases, ...budgetLeases]) if (l.headers) leaseHeaders = tightest(leaseHeaders, l.headers);
   /** Whether an attempt reached the upstream: until one has, giving up takes every lease back (a refused call consumes nothing). */
   let wentOut = false;
@@ -361,7 +365,7 @@ async function callGroup<E extends Endpoint>(
         // A failure before the answer started may still be retried: the leases stay held until the router gives up.
         if (record.status !== "failure" || returned) {
           settle(record.usage, record.cost);
-          progress.request.settle(record.usage, record.cost);
+          progress.request?.settle(record.usage, record.cost);
           ctx.release();
         }
       },

@@ -83,6 +83,19 @@ describe("in-memory sliding window", () => {
     expect(w.usage(key.id).requests).toBe(1);
   });
 
+  test("counted together, ended apart: one part of a grant settles or is taken back without the other", () => {
+    const own: RateCounter = { id: `k:${uid()}`, label: "Key f", rpm: 5, tpm: 100 };
+    const model: RateCounter = { id: `m:${uid()}`, label: "Key f for model=x", rpm: 5, tpm: 100 };
+    const g = granted(w.acquire([own, model], 40));
+    g.part(1, 2).cancel();
+    expect([w.usage(own.id), w.usage(model.id)]).toEqual([
+      { requests: 1, tokens: 40, inFlight: 1 },
+      { requests: 0, tokens: 0, inFlight: 0 },
+    ]);
+    g.part(0, 1).settle(7);
+    expect(w.usage(own.id)).toEqual({ requests: 1, tokens: 7, inFlight: 0 });
+  });
+
   test("a request taken back (refused by a later check) frees its place, its tokens and its slot; retry-after skips it", () => {
     const c: RateCounter = { id: `k:${uid()}`, label: "Key e", rpm: 2, tpm: 100, parallel: 2 };
     const first = granted(w.acquire([c], 30));
@@ -154,6 +167,16 @@ describe("redis sliding window", () => {
     expect(refused(await windows.acquire([key, team], 0)).counter.id).toBe(team.id);
     const solo = granted(await windows.acquire([key], 0));
     expect(solo.remaining[0]!.requests).toBe(8);
+  });
+
+  test("one part of a grant is taken back in redis without the other", async () => {
+    const own: RateCounter = { id: `k:${uid()}`, label: "Key v", rpm: 1 };
+    const model: RateCounter = { id: `m:${uid()}`, label: "Key v for model=x", rpm: 1 };
+    const g = granted(await windows.acquire([own, model], 0));
+    g.part(1, 2).cancel();
+    await Bun.sleep(50);
+    expect(refused(await windows.acquire([own], 0)).counter.id).toBe(own.id);
+    expect(granted(await windows.acquire([model], 0)).remaining[0]!.requests).toBe(0);
   });
 
   test("a request taken back frees its place, its tokens and its slot on every instance", async () => {
