@@ -186,19 +186,17 @@ export default definePlugin({
           const tokens = counters.some((c) => c.tpm !== undefined || c.share?.tpm !== undefined) ? tokenEstimate(intent) : 0;
           const toLease = (r: RateGrant | RateRefusal): Lease | Denied => {
             if (!r.ok) return rateRefusal(r, tokens);
-            const lease = (from: number, to: number, end: { settle(actual: number): void; cancel(): void }): Lease => ({
+            const lease = (end: { settle(actual: number): void; cancel(): void }, headers?: Record<string, string>): Lease => ({
               ok: true,
-              headers: rateHeaders(r.applied.slice(from, to), r.remaining.slice(from, to)),
+              headers,
               settle: (usage) => end.settle(usage.promptTokens + usage.completionTokens),
               cancel: () => end.cancel(),
             });
-            const whole = lease(0, counters.length, r);
+            if (intent.scope !== "both") return lease(r, rateHeaders(r.applied, r.remaining));
             // Counted together (one step, all or nothing), ended apart: the request's part when it ends, the group's when the group does.
-            if (intent.scope === "both") {
-              const n = own.length;
-              whole.parts = { request: lease(0, n, r.part(0, n)), group: lease(n, counters.length, r.part(n, counters.length)) };
-            }
-            return whole;
+            const n = own.length;
+            const part = (from: number, to: number) => lease(r.part(from, to), rateHeaders(r.applied.slice(from, to), r.remaining.slice(from, to)));
+            return { ...lease(r), parts: { request: part(0, n), group: part(n, counters.length) } };
           };
           const result = windows.acquire(counters, tokens);
           return result instanceof Promise ? result.then(toLease) : toLease(result);

@@ -4,7 +4,7 @@
  * carries `x-svc-cache-hit: true` and `x-svc-cache-key`.
  */
 import type { CallRecord, Deployment, Endpoint, WireRequest } from "../contract.ts";
-import { type CallContext, callRecord, promptOf, responseHeaders, storedAnswer } from "../pipeline/call.ts";
+import { type CallContext, callRecord, promptOf, responseHeaders, storedAnswer, wantsStream } from "../pipeline/call.ts";
 import { dispatchRecord } from "../pipeline/record.ts";
 import type { CacheStore } from "./store.ts";
 
@@ -20,7 +20,7 @@ export async function cachedAnswer(endpoint: Endpoint, body: WireRequest[Endpoin
   }
   const now = Date.now();
   if (!hit || (maxAgeMs !== undefined && now - hit.storedAt > maxAgeMs)) return undefined;
-  const stream = endpoint !== "embeddings" && (body as { stream?: boolean | null }).stream === true;
+  const stream = wantsStream(endpoint, body);
   const keepPrompt = ctx.snapshot.settings.storePrompts;
   const record = callRecord(ctx, endpoint, body, d, {
     stream,

@@ -35,31 +35,17 @@ export class LocalWindows implements RateWindows {
       requests: c.rpm === undefined ? undefined : c.rpm - windows[i]!.requests,
       tokens: c.tpm === undefined ? undefined : c.tpm - windows[i]!.tokenSum,
     }));
-    let settled = false;
-    return {
-      ok: true,
-      applied,
-      remaining,
-      settle: (actual) => {
-        if (settled) return;
-        settled = true;
-        for (const [i, w] of windows.entries()) w.settle(seqs[i]!, actual);
-      },
-      cancel: () => {
-        if (settled) return;
-        settled = true;
-        for (const [i, w] of windows.entries()) w.cancel(seqs[i]!);
-      },
-      part: (from, to) => {
-        let ended = false;
-        const range = (fn: (w: SlidingWindow, seq: number) => void) => {
-          if (ended) return;
-          ended = true;
-          for (let i = from; i < to; i++) fn(windows[i]!, seqs[i]!);
-        };
-        return { settle: (actual) => range((w, seq) => w.settle(seq, actual)), cancel: () => range((w, seq) => w.cancel(seq)) };
-      },
+    /** Ends the request on counters `from` to `to`, once. */
+    const ender = (from: number, to: number) => {
+      let ended = false;
+      const end = (fn: (w: SlidingWindow, seq: number) => void) => {
+        if (ended) return;
+        ended = true;
+        for (let i = from; i < to; i++) fn(windows[i]!, seqs[i]!);
+      };
+      return { settle: (actual: number) => end((w, seq) => w.settle(seq, actual)), cancel: () => end((w, seq) => w.cancel(seq)) };
     };
+    return { ok: true, applied, remaining, ...ender(0, windows.length), part: ender };
   }
 
   /** Marks the share's member active on its pool now; returns how many members are. */

@@ -172,6 +172,11 @@ function requestTags(body: WireRequest[Endpoint], principal: Principal): string[
   return tags;
 }
 
+/** Whether the client asked for a stream (embeddings never stream). */
+export function wantsStream(endpoint: Endpoint, body: WireRequest[Endpoint]): boolean {
+  return endpoint !== "embeddings" && (body as { stream?: boolean | null }).stream === true;
+}
+
 /** What a call record says beyond who called what. */
 type RecordFields = Pick<CallRecord, "stream" | "status" | "usage" | "cost" | "priced" | "costSource" | "responseId" | "cacheHit" | "startedAt" | "firstByteAt" | "error" | "prompt" | "answer">;
 
@@ -218,12 +223,12 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
   const adapter = snapshot.providers.get(d.provider)!;
   const ep = adapter.endpoints[endpoint] as EndpointAdapter<E, unknown> | undefined;
   if (!ep) throw GatewayError.of(400, `model ${body.model} (provider ${d.provider}) does not support ${endpoint}`, "invalid_request_error", "model");
-  const wantsStream = endpoint !== "embeddings" && (body as { stream?: boolean | null }).stream === true;
-  if (wantsStream && !ep.stream) throw GatewayError.of(400, `provider ${d.provider} does not support streaming ${endpoint}`, "invalid_request_error", "stream");
+  const streams = wantsStream(endpoint, body);
+  if (streams && !ep.stream) throw GatewayError.of(400, `provider ${d.provider} does not support streaming ${endpoint}`, "invalid_request_error", "stream");
 
   // With prompts stored: the answer as the client got it (a stream's text is assembled at its end).
   const keepPrompt = snapshot.settings.storePrompts && ctx.record !== false;
-  const streamed: string[] | undefined = keepPrompt && wantsStream ? [] : undefined;
+  const streamed: string[] | undefined = keepPrompt && streams ? [] : undefined;
   let answer: unknown;
   let finished = false;
   /** Ends the call once: prices it, tells the attempt, then hands the record on. Returns the cost. */
@@ -233,7 +238,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     // A failed call is not charged; a cancelled stream is charged for what it used.
     const priced = status === "failure" ? { cost: 0n, priced: true, source: "failed call" } : snapshot.pricing.costOf(d, usage);
     const record = callRecord(ctx, endpoint, body, d, {
-      stream: wantsStream,
+      stream: streams,
       status,
       usage,
       cost: priced.cost,
@@ -260,7 +265,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     const sent = ep.supportedParams ? supportedBody(body, ep.supportedParams, d, snapshot.settings.dropParams) : body;
     const res = await send(adapter, d, buildCall(ep, sent, d, sent === body ? ctx.rawBody : undefined), deadline);
     if (!res.ok) throw await upstreamError(adapter, d, res);
-    if (wantsStream && ep.stream) {
+    if (streams && ep.stream) {
       const transform = ep.stream as StreamTransform<"chat" | "completions", unknown>;
       const headers = responseHeaders(d, ctx.callId, "text/event-stream");
       withUpstreamLimits(headers, res.headers);

@@ -8,7 +8,7 @@
 import { authorizeModel } from "../access.ts";
 import type { CallRecord, Deployment, Endpoint, Lease, RateCounter, RateGrant, UpstreamErrorKind, Usage, WireRequest } from "../contract.ts";
 import { GatewayError, errorInfo } from "../errors.ts";
-import { type Attempt, type CallContext, Intent, ZERO, acquireLeases, callDeployment, callRecord, promptOf } from "../pipeline/call.ts";
+import { type Attempt, type CallContext, Intent, ZERO, acquireLeases, callDeployment, callRecord, promptOf, wantsStream } from "../pipeline/call.ts";
 import { cancelAll, dispatchRecord, settleAll } from "../pipeline/record.ts";
 import { stateOf } from "./deployment-state.ts";
 import { type FallbackType, fallbacksFor } from "./fallbacks.ts";
@@ -38,24 +38,27 @@ interface CacheSave {
   ttlMs: number;
 }
 
-/** The request's own rate-limit leases (key, user, team, member, org): counted once, ended once, whatever groups it tries. */
-class RequestLeases {
+/**
+ * Leases held while a call (or a whole request) runs, ended once: settled with the usage it had,
+ * or given up, counted if some attempt went out and taken back if none did.
+ */
+class HeldLeases {
   private ended = false;
-  /** Their `x-ratelimit-*` headers. */
-  readonly headers: Record<string, string> = {};
+  /** Their `x-ratelimit-*` headers, the tightest of each kind. */
+  readonly headers: Record<string, string>;
 
   constructor(private readonly leases: readonly Lease[]) {
-    for (const l of leases) if (l.headers) Object.assign(this.headers, l.headers);
+    let headers: Record<string, string> = {};
+    for (const l of leases) if (l.headers) headers = tightest(headers, l.headers);
+    this.headers = headers;
   }
 
-  /** The request ended with this call's usage. */
   settle(usage: Usage, cost: bigint): void {
     if (this.ended) return;
     this.ended = true;
     settleAll(this.leases, usage, cost);
   }
 
-  /** The request failed: counted if some attempt went out, else taken back. */
   giveUp(wentOut: boolean): void {
     if (this.ended) return;
     this.ended = true;
@@ -63,6 +66,8 @@ class RequestLeases {
     else cancelAll(this.leases);
   }
 }
+
+const NO_LEASES = new HeldLeases([]);
 
 /** `x-ratelimit-*` of two grants: per kind, the one with less remaining. */
 function tightest(a: Record<string, string>, b: Record<string, string>): Record<string, string> {
@@ -80,8 +85,8 @@ function tightest(a: Record<string, string>, b: Record<string, string>): Record<
 }
 
 interface Progress {
-  /** Taken with the first group's limits (in one step), then held until the request ends. */
-  request?: RequestLeases;
+  /** The request's own rate-limit leases (key, user, team, member, org): taken with the first group's limits, in one step, then held until the request ends. */
+  request?: HeldLeases;
   attempts: number;
   /** Whether some attempt was logged (reached, or tried to reach, an upstream). */
   recorded: boolean;
@@ -155,9 +160,8 @@ export async function modelCall<E extends Endpoint>(endpoint: E, body: WireReque
 /** A call refused before any deployment was asked: a failure that cost nothing, with no deployment. */
 function recordRefusal(endpoint: Endpoint, body: WireRequest[Endpoint], groupDeployment: Deployment, ctx: CallContext, err: GatewayError, startedAt: number): void {
   if (ctx.record === false) return;
-  const stream = endpoint !== "embeddings" && (body as { stream?: boolean | null }).stream === true;
   const record = callRecord(ctx, endpoint, body, { ...groupDeployment, id: "" }, {
-    stream,
+    stream: wantsStream(endpoint, body),
     status: "failure",
     usage: ZERO,
     cost: 0n,
@@ -266,34 +270,27 @@ async function callGroup<E extends Endpoint>(
   const scope = progress.request ? "group" : "both";
   let intent = new Intent(ctx.principal, endpoint, group, d, startedAt, body, snapshot, scope);
   const granted: Lease[] = snapshot.limitGates.length === 0 ? [] : await acquireLeases(snapshot.limitGates, intent);
-  let limitLeases = granted;
-  if (scope === "both") {
-    limitLeases = granted.map((l) => l.parts?.group ?? l);
-    progress.request = new RequestLeases(granted.flatMap((l) => (l.parts ? [l.parts.request] : [])));
-  }
-  let budgetLeases: Lease[] = [];
+  if (scope === "both") progress.request = new HeldLeases(granted.flatMap((l) => (l.parts ? [l.parts.request] : [])));
+  const limits = new HeldLeases(scope === "both" ? granted.map((l) => l.parts?.group ?? l) : granted);
+  let budgets = NO_LEASES;
   if (snapshot.budgetGates.length > 0) {
     try {
-      budgetLeases = await acquireLeases(snapshot.budgetGates, intent);
+      budgets = new HeldLeases(await acquireLeases(snapshot.budgetGates, intent));
     } catch (err) {
-      cancelAll(limitLeases);
+      limits.giveUp(false);
       throw err;
     }
   }
-  let leaseHeaders = progress.request?.headers ?? {};
-  for (const l of [...limitLeases, ...budgetLeases]) if (l.headers) leaseHeaders = tightest(leaseHeaders, l.headers);
+  const leaseHeaders = tightest(tightest(progress.request?.headers ?? {}, limits.headers), budgets.headers);
   /** Whether an attempt reached the upstream: until one has, giving up takes every lease back (a refused call consumes nothing). */
   let wentOut = false;
   const settle = (usage: Usage, cost: bigint) => {
-    settleAll(limitLeases, usage, cost);
-    settleAll(budgetLeases, usage, cost);
+    limits.settle(usage, cost);
+    budgets.settle(usage, cost);
   };
   const giveUp = () => {
-    if (wentOut) settle(ZERO, 0n);
-    else {
-      cancelAll(limitLeases);
-      cancelAll(budgetLeases);
-    }
+    limits.giveUp(wentOut);
+    budgets.giveUp(wentOut);
   };
   /**
    * Moving to another deployment of the group: the budgets must hold its worst case too (it may
@@ -303,10 +300,10 @@ async function callGroup<E extends Endpoint>(
     if (snapshot.budgetGates.length === 0 || next === intent.deployment) return next;
     const nextIntent = new Intent(ctx.principal, endpoint, group, next, startedAt, body, snapshot, "group");
     if (next.provider === intent.deployment.provider && nextIntent.worstCaseCost <= intent.worstCaseCost) return next;
-    cancelAll(budgetLeases);
-    budgetLeases = [];
+    budgets.giveUp(false);
+    budgets = NO_LEASES;
     try {
-      budgetLeases = await acquireLeases(snapshot.budgetGates, nextIntent);
+      budgets = new HeldLeases(await acquireLeases(snapshot.budgetGates, nextIntent));
     } catch (err) {
       giveUp();
       throw err;
