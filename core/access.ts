@@ -115,7 +115,8 @@ function forms(path: string): string[] {
   return path.startsWith("/v1/") ? [path, path.slice(3)] : [path, `/v1${path}`];
 }
 
-function routeMatches(pattern: string, path: string): boolean {
+/** Whether `path` is one `pattern` of an allowed-routes list names (exact, `prefix/*`, or a named group). */
+export function routeMatches(pattern: string, path: string): boolean {
   if (pattern === "llm_api_routes") return LLM_API_ROUTE.test(path);
   if (pattern === "management_routes") return !LLM_API_ROUTE.test(path);
   const prefix = pattern.endsWith("/*") ? pattern.slice(0, -1) : undefined;
@@ -127,4 +128,16 @@ export function authorizeRoute(principal: Principal, path: string): void {
   const routes = principal.access?.allowedRoutes;
   if (!routes || routes.length === 0 || routes.some((r) => routeMatches(r, path))) return;
   throw GatewayError.of(403, `This key may not call ${path}. Allowed routes: ${routes.join(", ")}`, "permission_error");
+}
+
+/**
+ * `allowed_passthrough_routes` (the key's, else its team's) for a pass-through route; ignored when
+ * the key has `allowed_routes`, which authorizeRoute already applied. Empty allows every one.
+ */
+export function authorizePassThrough(principal: Principal, path: string): void {
+  const access = principal.access;
+  if (!access || access.allowedRoutes.length > 0) return;
+  const routes = access.allowedPassthroughRoutes;
+  if (routes.length === 0 || routes.some((r) => routeMatches(r, path))) return;
+  throw GatewayError.of(403, `This key may not call the pass-through route ${path}. Allowed pass-through routes: ${routes.join(", ")}`, "permission_error");
 }

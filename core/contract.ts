@@ -12,6 +12,8 @@ export { teamMemberId } from "./identity/records.ts";
 export type { ChatRequest, CompletionRequest, EmbeddingsRequest, WireJson } from "./wire.ts";
 
 export type Endpoint = "chat" | "completions" | "embeddings";
+/** What a call is: a model endpoint, or a route forwarded as-is (`pass_through_endpoints`). */
+export type CallType = Endpoint | "pass_through";
 
 export interface WireRequest {
   chat: ChatRequest;
@@ -252,7 +254,7 @@ export interface Lease {
 
 export interface CallIntent {
   principal: Principal;
-  endpoint: Endpoint;
+  endpoint: CallType;
   /**
    * What a rate limiter counts. A request's own limits (the key's, user's, team's, member's and
    * org's) are counted once and held until the request ends, whatever fallbacks it takes; per-model
@@ -298,7 +300,7 @@ export type CallStatus = "success" | "failure" | "cancelled";
 /** One finished model call, handed to spend recorders and logging callbacks off the response path. */
 export interface CallRecord {
   id: string;
-  endpoint: Endpoint;
+  endpoint: CallType;
   principal: Principal;
   modelGroup: string;
   provider: string;

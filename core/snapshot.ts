@@ -30,6 +30,7 @@ import { type CacheStore, MemoryCache } from "./cache/store.ts";
 import { Pricing } from "./cost/pricing.ts";
 import { BUILTIN_PLUGINS, type LoadedPlugin, importPlugin, setupPlugin } from "./plugins.ts";
 import type { CooldownShare } from "./router/cooldown-bus.ts";
+import { buildPassThrough, type PassThroughTable } from "./pass-through/table.ts";
 import type { HostServices, SpendLog } from "./services.ts";
 
 export interface Settings extends ClientCredentialSettings {
@@ -71,6 +72,8 @@ export interface Snapshot {
   readonly successCallbacks: readonly LoggingCallback[];
   readonly failureCallbacks: readonly LoggingCallback[];
   readonly plugins: readonly LoadedPlugin[];
+  /** `general_settings.pass_through_endpoints`. */
+  readonly passThrough: PassThroughTable;
 }
 
 export class SnapshotError extends Error {
@@ -241,6 +244,7 @@ export async function buildSnapshot(config: GatewayConfig, configPath: string, v
   const models = buildModels(config.model_list, providers, errors, dbModels, log);
   const pricing = buildPricing(config, configPath, errors);
   const cache = buildCache(config, services, errors);
+  const passThrough = buildPassThrough(config.general_settings?.pass_through_endpoints, errors);
 
   const named = new Map<string, LoggingCallback>();
   for (const p of plugins) for (const [name, cb] of Object.entries(p.hooks.callbacks ?? {})) named.set(name, cb);
@@ -278,5 +282,6 @@ export async function buildSnapshot(config: GatewayConfig, configPath: string, v
     successCallbacks: [...new Set(success)],
     failureCallbacks: [...new Set(failure)],
     plugins,
+    passThrough,
   };
 }

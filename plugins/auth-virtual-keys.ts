@@ -102,7 +102,7 @@ function principalOf(identity: IdentityView, key: KeyRow, team: TeamRow | undefi
       levels,
       ...aliasesOf(key, team, orgs),
       allowedRoutes: key.allowedRoutes,
-      allowedPassthroughRoutes: key.allowedPassthroughRoutes,
+      allowedPassthroughRoutes: key.allowedPassthroughRoutes.length > 0 ? key.allowedPassthroughRoutes : (team?.allowedPassthroughRoutes ?? []),
     },
     key,
     team,

@@ -155,6 +155,31 @@ export const SvcSettingsSchema = T.Object(
   { additionalProperties: true },
 );
 
+/** `general_settings.pass_through_endpoints[]`: a route of the gateway forwarded as-is to another HTTP API. */
+export const PassThroughEndpointSchema = T.Object(
+  {
+    /** Names the endpoint in `/config/pass_through_endpoint` (default: its path). */
+    id: T.Optional(T.String({ minLength: 1 })),
+    path: T.String({ pattern: "^/[^?#\\s]*$", description: "a path starting with /" }),
+    target: HttpUrl,
+    /** Sent upstream with every call; `os.environ/NAME` anywhere in a value reads the environment. */
+    headers: T.Optional(T.Record(T.String({ minLength: 1 }), T.String())),
+    /** Also send the client's own headers (never the gateway credential it authenticated with). */
+    forward_headers: T.Optional(T.Boolean()),
+    /** `/path/anything…` is forwarded to `target/anything…` too. */
+    include_subpath: T.Optional(T.Boolean()),
+    /** USD charged for each successful call (spend, budgets). */
+    cost_per_request: T.Optional(NonNegative),
+    /** Default true: a gateway key is required. `false` makes the route public. */
+    auth: T.Optional(T.Boolean()),
+    /** Default: every method. */
+    methods: T.Optional(T.Array(T.Union([T.Literal("GET"), T.Literal("POST"), T.Literal("PUT"), T.Literal("PATCH"), T.Literal("DELETE")]), { minItems: 1 })),
+    /** Seconds without an answer (or between two parts of it) before 408; default the gateway's request timeout. */
+    timeout: T.Optional(T.Number({ exclusiveMinimum: 0 })),
+  },
+  { additionalProperties: false },
+);
+
 export const GeneralSettingsSchema = T.Object(
   {
     master_key: T.Optional(T.String({ pattern: "^sk-", description: "a key starting with sk-" })),
@@ -171,6 +196,7 @@ export const GeneralSettingsSchema = T.Object(
     disable_spend_logs: T.Optional(T.Boolean()),
     /** Failed calls that cost nothing are not logged (no spend-log row, not counted as failed requests). */
     disable_error_logs: T.Optional(T.Boolean()),
+    pass_through_endpoints: T.Optional(T.Array(PassThroughEndpointSchema)),
   },
   { additionalProperties: true },
 );
@@ -189,3 +215,4 @@ export const ConfigSchema = T.Object(
 
 export type GatewayConfig = Static<typeof ConfigSchema>;
 export type ModelEntry = Static<typeof ModelEntrySchema>;
+export type PassThroughEndpointConfig = Static<typeof PassThroughEndpointSchema>;

@@ -11,6 +11,7 @@ import { authenticate } from "./auth.ts";
 import { healthRoutes, type Probes } from "./routes/health.ts";
 import { geminiRoutes } from "./routes/gemini.ts";
 import { modelRoutes } from "./routes/models.ts";
+import { NO_SUCH_ROUTE, passThroughRoutes } from "./routes/pass-through.ts";
 import { utilsRoutes } from "./routes/utils.ts";
 import { readBodyWithText, validate } from "./validate.ts";
 
@@ -74,7 +75,7 @@ export function createApp(deps: AppDeps) {
   const app = new Elysia({ precompile: true })
     .onError(({ code, error }) => {
       if (error instanceof GatewayError) return errorResponse(error.info, error.headers);
-      if (code === "NOT_FOUND") return errorResponse(errorInfo(404, "Not found: no such route. Model calls live under /v1 (e.g. POST /v1/chat/completions).", "not_found_error"));
+      if (code === "NOT_FOUND") return errorResponse(errorInfo(404, NO_SUCH_ROUTE, "not_found_error"));
       if (code === "PARSE") return errorResponse(errorInfo(400, "Request body could not be parsed.", "invalid_request_error"));
       log.error("unhandled error", { error: error instanceof Error ? (error.stack ?? error.message) : String(error) });
       return errorResponse(errorInfo(500, "Internal server error. The gateway logged the details.", "internal_server_error"));
@@ -95,5 +96,6 @@ export function createApp(deps: AppDeps) {
       .post(`/openai/deployments/:model/${suffix}`, withModel, { parse: "none" })
       .post(`/engines/:model/${suffix}`, withModel, { parse: "none" });
   }
-  return app;
+  // Last: it takes every path the routes above do not serve.
+  return app.use(passThroughRoutes(deps));
 }

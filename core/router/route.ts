@@ -9,7 +9,8 @@ import { authorizeModel } from "../access.ts";
 import type { CallRecord, Deployment, Endpoint, Lease, RateCounter, RateGrant, UpstreamErrorKind, Usage, WireRequest } from "../contract.ts";
 import { GatewayError, errorInfo } from "../errors.ts";
 import { type Attempt, type CallContext, Intent, ZERO, acquireLeases, callDeployment, callRecord, promptOf, wantsStream } from "../pipeline/call.ts";
-import { cancelAll, dispatchRecord, settleAll } from "../pipeline/record.ts";
+import { dispatchRecord } from "../pipeline/record.ts";
+import { HeldLeases, NO_LEASES, tightest } from "../pipeline/held-leases.ts";
 import { stateOf } from "./deployment-state.ts";
 import { type FallbackType, fallbacksFor } from "./fallbacks.ts";
 import { type RoutePolicy, backoffMs, retriesFor, routePolicy } from "./policy.ts";
@@ -36,52 +37,6 @@ class GroupFailure {
 interface CacheSave {
   key: string;
   ttlMs: number;
-}
-
-/**
- * Leases held while a call (or a whole request) runs, ended once: settled with the usage it had,
- * or given up, counted if some attempt went out and taken back if none did.
- */
-class HeldLeases {
-  private ended = false;
-  /** Their `x-ratelimit-*` headers, the tightest of each kind. */
-  readonly headers: Record<string, string>;
-
-  constructor(private readonly leases: readonly Lease[]) {
-    let headers: Record<string, string> = {};
-    for (const l of leases) if (l.headers) headers = tightest(headers, l.headers);
-    this.headers = headers;
-  }
-
-  settle(usage: Usage, cost: bigint): void {
-    if (this.ended) return;
-    this.ended = true;
-    settleAll(this.leases, usage, cost);
-  }
-
-  giveUp(wentOut: boolean): void {
-    if (this.ended) return;
-    this.ended = true;
-    if (wentOut) settleAll(this.leases, ZERO, 0n);
-    else cancelAll(this.leases);
-  }
-}
-
-const NO_LEASES = new HeldLeases([]);
-
-/** `x-ratelimit-*` of two grants: per kind, the one with less remaining. */
-function tightest(a: Record<string, string>, b: Record<string, string>): Record<string, string> {
-  const out = { ...a };
-  for (const kind of ["requests", "tokens"]) {
-    const remaining = b[`x-ratelimit-remaining-${kind}`];
-    if (remaining === undefined) continue;
-    const current = out[`x-ratelimit-remaining-${kind}`];
-    if (current !== undefined && Number(current) <= Number(remaining)) continue;
-    out[`x-ratelimit-remaining-${kind}`] = remaining;
-    const limit = b[`x-ratelimit-limit-${kind}`];
-    if (limit !== undefined) out[`x-ratelimit-limit-${kind}`] = limit;
-  }
-  return out;
 }
 
 interface Progress {

@@ -110,6 +110,8 @@ const MATRIX: Record<string, Row> = {
   "POST /budget/delete":                         [200, 200, 403, 403, 403, 403, 403],
   "GET /global/spend/report":                    [200, 200, 200, 403, 403, 403, 403],
   "GET /global/spend/tags":                      [200, 200, 200, 403, 403, 403, 403],
+  "GET /config/pass_through_endpoint":           [200, 200, 200, 403, 403, 403, 403],
+  "GET /config/pass_through_endpoint/team/{team_id}": [200, 200, 200, 403, 403, 403, 403],
   "GET /spend/tags":                             [200, 200, 200, 403, 403, 403, 403],
   "GET /provider/budgets":                       [200, 200, 200, 403, 403, 403, 403],
   "POST /spend/calculate":                       [200, 200, 200, 403, 403, 403, 403],
@@ -606,6 +608,8 @@ const ENDPOINTS: Record<string, Endpoint> = {
   // ---- spend
   "GET /global/spend/report": targeted((s) => ({ method: "GET", path: `/global/spend/report?start_date=2020-01-01&end_date=2099-12-31&team_id=${q(s.team())}` })),
   "GET /global/spend/tags": untargeted("GET", "/global/spend/tags"),
+  "GET /config/pass_through_endpoint": untargeted("GET", "/config/pass_through_endpoint"),
+  "GET /config/pass_through_endpoint/team/{team_id}": targeted((s) => ({ method: "GET", path: `/config/pass_through_endpoint/team/${q(s.team())}` })),
   "GET /spend/tags": untargeted("GET", "/spend/tags"),
   "GET /provider/budgets": untargeted("GET", "/provider/budgets"),
   "POST /spend/calculate": { targeted: false, plan: () => ({ method: "POST", path: "/spend/calculate", body: { model: "chat-a", messages: [{ role: "user", content: "hi" }] } }) },

@@ -7,6 +7,7 @@ import type { AdminDeps } from "./context.ts";
 import { keyRoutes } from "./keys.ts";
 import { modelAdminRoutes } from "./models.ts";
 import { organizationRoutes } from "./organizations.ts";
+import { passThroughAdminRoutes } from "./pass-through.ts";
 import { spendRoutes } from "./spend.ts";
 import { teamCallbackRoutes } from "./team-callbacks.ts";
 import { teamRoutes } from "./teams.ts";
@@ -23,5 +24,6 @@ export function adminRoutes(deps: AdminDeps) {
     .use(accessGroupRoutes(deps))
     .use(budgetRoutes(deps))
     .use(spendRoutes(deps))
-    .use(auditRoutes(deps));
+    .use(auditRoutes(deps))
+    .use(passThroughAdminRoutes(deps));
 }

@@ -1,0 +1,43 @@
+/**
+ * Every path no other route serves: a configured pass-through endpoint (looked up in the snapshot
+ * the request pins, so a reload adds and removes them at once), or the 404 of an unknown route.
+ */
+import { Elysia } from "elysia";
+import { authorizePassThrough } from "../../access.ts";
+import type { Principal } from "../../contract.ts";
+import { GatewayError, errorInfo } from "../../errors.ts";
+import { forwardPassThrough } from "../../pass-through/forward.ts";
+import { newCallId } from "../../pipeline/call.ts";
+import type { AppDeps } from "../app.ts";
+import { authenticate } from "../auth.ts";
+
+export const NO_SUCH_ROUTE = "Not found: no such route. Model calls live under /v1 (e.g. POST /v1/chat/completions).";
+
+/** The caller of a public (`auth: false`) endpoint. */
+const ANONYMOUS: Principal = { keyHash: "", role: "internal_user", metadata: {} };
+
+export function passThroughRoutes(deps: AppDeps) {
+  const { live, log } = deps;
+  const handle = async ({ request }: { request: Request }): Promise<Response> => {
+    const url = new URL(request.url);
+    const pin = live.pin();
+    try {
+      const match = pin.snapshot.passThrough.match(url.pathname, request.method);
+      if (!match) throw GatewayError.of(404, NO_SUCH_ROUTE, "not_found_error");
+      if ("allowed" in match) {
+        throw new GatewayError(errorInfo(405, `${request.method} is not allowed on ${url.pathname}; use ${match.allowed.join(", ")}.`, "invalid_request_error"), { allow: match.allowed.join(", ") });
+      }
+      let principal = ANONYMOUS;
+      if (match.endpoint.auth) {
+        principal = await authenticate(pin.snapshot, request.headers, url.pathname);
+        authorizePassThrough(principal, url.pathname);
+
+      }
+      return await forwardPassThrough(match.endpoint, match.subpath, request, { snapshot: pin.snapshot, principal, callId: newCallId(), log, release: pin.release });
+    } catch (err) {
+      pin.release();
+      throw err;
+    }
+  };
+  return new Elysia().all("/*", handle, { parse: "none" });
+}

@@ -1,0 +1,231 @@
+/**
+ * One pass-through call, after the caller is known: the request's own rate limits and the budgets
+ * (reserving `cost_per_request`) → the request forwarded as it is, body streamed → the answer
+ * streamed back as it is → settled and logged once it ends, also when the client leaves or the
+ * target stalls. No translation: the target's status, headers and bytes reach the client.
+ */
+import type { CallIntent, CallRecord, CallStatus, Deployment, ErrorInfo, GroupCapacity, Lease, Logger, Principal } from "../contract.ts";
+import { GatewayError, errorInfo } from "../errors.ts";
+import { ZERO, acquireLeases } from "../pipeline/call.ts";
+import { HeldLeases } from "../pipeline/held-leases.ts";
+import { cancelAll, dispatchRecord } from "../pipeline/record.ts";
+import { Deadline } from "../pipeline/upstream.ts";
+import type { Snapshot } from "../snapshot.ts";
+import type { PassThroughEndpoint } from "./table.ts";
+
+export interface PassThroughContext {
+  snapshot: Snapshot;
+  principal: Principal;
+  callId: string;
+  log: Logger;
+  /** Releases the snapshot pin, once the answer has ended. */
+  release(): void;
+}
+
+/** Never forwarded either way: they describe one connection, not the message. */
+const HOP_BY_HOP = new Set(["connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length"]);
+/** The headers the gateway reads its own key from: not the target's business. */
+const GATEWAY_CREDENTIALS = new Set(["authorization", "x-svc-api-key"]);
+/** Sent on even without `forward_headers`: what the body is and what the client accepts. */
+const CONTENT_HEADERS = ["content-type", "accept"];
+
+/** What limits and budgets see: the request's own limits only (no model group), worst case the endpoint's price. */
+class PassThroughIntent implements CallIntent {
+  readonly endpoint = "pass_through";
+  readonly scope = "request";
+  readonly estimatedPromptTokens = 0;
+  readonly promptTokenBound = 0;
+  readonly maxOutputTokens = 0;
+  readonly groupCapacity: GroupCapacity = {};
+
+  constructor(
+    readonly principal: Principal,
+    readonly deployment: Deployment,
+    readonly startedAt: number,
+    readonly worstCaseCost: bigint,
+  ) {}
+
+  get modelGroup(): string {
+    return this.deployment.modelName;
+  }
+}
+
+/** The endpoint as the spend log and the budgets name it: provider `pass_through`, model its path. */
+function asDeployment(e: PassThroughEndpoint): Deployment {
+  return { id: e.id, modelName: e.path, provider: "pass_through", upstreamModel: "", options: {}, info: {} };
+}
+
+/** target + the part of the path after the endpoint's own + the client's query (after the target's own). */
+export function targetUrl(target: string, subpath: string, requestUrl: string): string {
+  const url = new URL(target);
+  if (subpath) url.pathname = url.pathname.replace(/\/+$/, "") + subpath;
+  const q = requestUrl.indexOf("?");
+  if (q >= 0) {
+    for (const [k, v] of new URLSearchParams(requestUrl.slice(q + 1))) url.searchParams.append(k, v);
+  }
+  return url.toString();
+}
+
+function upstreamHeaders(e: PassThroughEndpoint, incoming: Headers): Headers {
+  const out = new Headers();
+  if (e.forwardHeaders) {
+    for (const [name, value] of incoming) {
+      if (HOP_BY_HOP.has(name) || (e.auth && GATEWAY_CREDENTIALS.has(name))) continue;
+      out.set(name, value);
+    }
+  } else {
+    for (const name of CONTENT_HEADERS) {
+      const value = incoming.get(name);
+      if (value !== null) out.set(name, value);
+    }
+  }
+  for (const [name, value] of Object.entries(e.headers)) out.set(name, value);
+  return out;
+}
+
+function clientHeaders(upstream: Headers, extra: Record<string, string>): Headers {
+  const out = new Headers();
+  for (const [name, value] of upstream) {
+    // fetch has already decoded a compressed body, so its encoding and length no longer hold.
+    if (HOP_BY_HOP.has(name) || name === "content-encoding") continue;
+    out.append(name, value);
+  }
+  for (const [name, value] of Object.entries(extra)) out.set(name, value);
+  return out;
+}
+
+async function acquire(snapshot: Snapshot, intent: PassThroughIntent): Promise<HeldLeases> {
+  const limits: Lease[] = snapshot.limitGates.length === 0 ? [] : await acquireLeases(snapshot.limitGates, intent);
+  if (snapshot.budgetGates.length === 0) return new HeldLeases(limits);
+  try {
+    return new HeldLeases([...limits, ...(await acquireLeases(snapshot.budgetGates, intent))]);
+  } catch (err) {
+    cancelAll(limits);
+    throw err;
+  }
+}
+
+export async function forwardPassThrough(e: PassThroughEndpoint, subpath: string, request: Request, ctx: PassThroughContext): Promise<Response> {
+  const startedAt = Date.now();
+  const { snapshot } = ctx;
+  const intent = new PassThroughIntent(ctx.principal, asDeployment(e), startedAt, e.costPerRequest);
+  let firstByteAt: number | undefined;
+  let stream = false;
+  let finished = false;
+  const record = (status: CallStatus, cost: bigint, error?: ErrorInfo): void => {
+    const call: CallRecord = {
+      id: ctx.callId,
+      endpoint: "pass_through",
+      principal: ctx.principal,
+      modelGroup: e.path,
+      provider: "pass_through",
+      deploymentId: e.id,
+      upstreamModel: "",
+      requestedModel: e.path,
+      stream,
+      status,
+      usage: ZERO,
+      cost,
+      priced: true,
+      costSource: `cost_per_request of pass-through endpoint ${e.id}`,
+      tags: ctx.principal.key?.tags ?? [],
+      cacheHit: false,
+      startedAt,
+      firstByteAt,
+      endedAt: Date.now(),
+      error,
+    };
+    dispatchRecord(snapshot, call, ctx.log);
+  };
+
+  let leases: HeldLeases;
+  try {
+    leases = await acquire(snapshot, intent);
+  } catch (err) {
+    ctx.release();
+    if (err instanceof GatewayError) {
+      record("failure", 0n, err.info);
+      err.headers["x-svc-call-id"] = ctx.callId;
+    }
+    throw err;
+  }
+
+  const deadline = new Deadline(request.signal, e.timeout ?? snapshot.settings.requestTimeout);
+  /** Ends the call once: a target that answered 2xx/3xx is charged its price, even if the client left before the end. */
+  const finish = (status: CallStatus, accepted: boolean, error?: ErrorInfo): void => {
+    if (finished) return;
+    finished = true;
+    deadline.clear();
+    const cost = accepted ? e.costPerRequest : 0n;
+    leases.settle(ZERO, cost);
+    ctx.release();
+    record(status, cost, error);
+  };
+  const origin = new URL(e.target).origin;
+
+  let upstream: Response;
+  try {
+    const hasBody = request.method !== "GET" && request.body !== null;
+    upstream = await fetch(targetUrl(e.target, subpath, request.url), {
+      method: request.method,
+      headers: upstreamHeaders(e, request.headers),
+      body: hasBody ? request.body : undefined,
+      signal: deadline.signal,
+      redirect: "manual",
+    });
+  } catch (err) {
+    let error: GatewayError;
+    if (deadline.timedOut) error = GatewayError.of(408, `Request timed out: the pass-through target of ${e.path} (${origin}) did not answer within ${deadline.seconds}s`, "timeout_error");
+    else if (deadline.clientGone) {
+      finish("cancelled", false);
+      throw err;
+    } else {
+      const code = err instanceof Error && "code" in err ? String((err as { code: unknown }).code) : "connection failed";
+      error = GatewayError.of(503, `APIConnectionError: could not connect to the pass-through target of ${e.path} (${origin}): ${code}`, "api_connection_error");
+    }
+    error.headers["x-svc-call-id"] = ctx.callId;
+    finish("failure", false, error.info);
+    throw error;
+  }
+
+  const accepted = upstream.status < 400;
+  const refusal = accepted ? undefined : errorInfo(upstream.status, `The pass-through target of ${e.path} answered ${upstream.status}`, "upstream_error");
+  stream = (upstream.headers.get("content-type") ?? "").startsWith("text/event-stream");
+  const headers = clientHeaders(upstream.headers, { ...leases.headers, "x-svc-call-id": ctx.callId });
+  const reader = upstream.body?.getReader();
+  if (!reader) {
+    finish(accepted ? "success" : "failure", accepted, refusal);
+    return new Response(null, { status: upstream.status, statusText: upstream.statusText, headers });
+  }
+  deadline.arm();
+  const body = new ReadableStream<Uint8Array>(
+    {
+      async pull(controller) {
+        try {
+          const { done, value } = await reader.read();
+          if (done) {
+            controller.close();
+            finish(accepted ? "success" : "failure", accepted, refusal);
+            return;
+          }
+          firstByteAt ??= Date.now();
+          deadline.arm();
+          controller.enqueue(value);
+        } catch (err) {
+          if (deadline.clientGone) finish("cancelled", accepted);
+          else {
+            const why = deadline.timedOut ? `stalled for ${deadline.seconds}s` : "broke off";
+            finish("failure", accepted, errorInfo(deadline.timedOut ? 408 : 502, `The pass-through target of ${e.path} ${why} mid-answer`, "upstream_error"));
+          }
+          controller.error(err);
+        }
+      },
+      cancel(reason) {
+        finish("cancelled", accepted);
+        return reader.cancel(reason);
+      },
+    },
+    { highWaterMark: 0 },
+  );
+  return new Response(body, { status: upstream.status, statusText: upstream.statusText, headers });
+}

@@ -1,0 +1,149 @@
+/**
+ * The pass-through endpoints of one config (`general_settings.pass_through_endpoints`): gateway
+ * routes forwarded as they are to another HTTP API, behind the gateway's keys, limits, budgets and
+ * spend log. Built once per snapshot, so a reload adds or removes them like models.
+ */
+import type { PassThroughEndpointConfig } from "../config/schema.ts";
+import { usdToPico } from "../cost/money.ts";
+
+export type PassThroughMethod = "GET" | "POST" | "PUT" | "PATCH" | "DELETE";
+const EVERY_METHOD: readonly PassThroughMethod[] = ["GET", "POST", "PUT", "PATCH", "DELETE"];
+
+export interface PassThroughEndpoint {
+  /** `id` from the config, else the path. */
+  id: string;
+  /** Without a trailing slash. */
+  path: string;
+  target: string;
+  /** Configured headers with every `os.environ/NAME` resolved. */
+  headers: Readonly<Record<string, string>>;
+  forwardHeaders: boolean;
+  includeSubpath: boolean;
+  /** Pico-dollars charged per successful call. */
+  costPerRequest: bigint;
+  auth: boolean;
+  methods: readonly PassThroughMethod[];
+  /** Seconds; absent: the gateway's request timeout. */
+  timeout?: number;
+  /** The entry as written (header values hidden), for `/config/pass_through_endpoint`. */
+  shown: Record<string, unknown>;
+}
+
+export type PassThroughMatch =
+  | { endpoint: PassThroughEndpoint; subpath: string }
+  /** The path is served, but not for this method. */
+  | { allowed: readonly PassThroughMethod[] };
+
+const ENV_IN_TEXT = /os\.environ\/([A-Za-z_][A-Za-z0-9_]*)/g;
+
+/** A target URL for display: credentials in its user part or query are not shown. */
+function shownTarget(target: string): string {
+  const u = new URL(target);
+  if (!u.username && !u.password && !u.search) return target;
+  return `${u.origin}${u.pathname}${u.search ? "?[redacted]" : ""}`;
+}
+
+function normalPath(path: string): string {
+  return path.length > 1 && path.endsWith("/") ? path.replace(/\/+$/, "") || "/" : path;
+}
+
+export class PassThroughTable {
+  private readonly exact = new Map<string, PassThroughEndpoint[]>();
+  /** Endpoints with `include_subpath`, longest path first (the most specific wins). */
+  private readonly prefixed: PassThroughEndpoint[];
+
+  constructor(readonly endpoints: readonly PassThroughEndpoint[]) {
+    for (const e of endpoints) {
+      const list = this.exact.get(e.path) ?? [];
+      list.push(e);
+      this.exact.set(e.path, list);
+    }
+    this.prefixed = endpoints.filter((e) => e.includeSubpath).sort((a, b) => b.path.length - a.path.length);
+  }
+
+  get size(): number {
+    return this.endpoints.length;
+  }
+
+  byId(id: string): PassThroughEndpoint | undefined {
+    return this.endpoints.find((e) => e.id === id);
+  }
+
+  match(rawPath: string, method: string): PassThroughMatch | undefined {
+    const path = normalPath(rawPath);
+    const here = this.exact.get(path);
+    if (here) return pick(here, method, "");
+    for (const e of this.prefixed) {
+      const prefix = e.path === "/" ? "/" : `${e.path}/`;
+      if (!path.startsWith(prefix)) continue;
+      const same = this.prefixed.filter((x) => x.path === e.path);
+      return pick(same, method, path.slice(prefix.length - 1));
+    }
+    return undefined;
+  }
+}
+
+function pick(candidates: readonly PassThroughEndpoint[], method: string, subpath: string): PassThroughMatch {
+  const endpoint = candidates.find((e) => (e.methods as readonly string[]).includes(method));
+  if (endpoint) return { endpoint, subpath };
+  return { allowed: [...new Set(candidates.flatMap((e) => e.methods))] };
+}
+
+export const NO_PASS_THROUGH = new PassThroughTable([]);
+
+/** The config's list → the table; every problem goes to `errors` with its path. */
+export function buildPassThrough(list: readonly PassThroughEndpointConfig[] | undefined, errors: string[]): PassThroughTable {
+  if (!list || list.length === 0) return NO_PASS_THROUGH;
+  const endpoints: PassThroughEndpoint[] = [];
+  const ids = new Map<string, number>();
+  for (const [i, entry] of list.entries()) {
+    const where = `/general_settings/pass_through_endpoints/${i}`;
+    const headers: Record<string, string> = {};
+    for (const [name, value] of Object.entries(entry.headers ?? {})) {
+      headers[name] = value.replace(ENV_IN_TEXT, (_, env: string) => {
+        const v = process.env[env];
+        if (v === undefined) errors.push(`${where}/headers/${name}: environment variable ${env} is not set`);
+        return v ?? "";
+      });
+    }
+    const path = normalPath(entry.path);
+    const id = entry.id ?? path;
+    const methods = entry.methods ?? EVERY_METHOD;
+    const dupId = ids.get(id);
+    if (dupId !== undefined) {
+      const hint = entry.id === undefined ? " (an endpoint without an id is named by its path: give endpoints that share a path an id each)" : "";
+      errors.push(`${where}/id: '${id}' is already used by /general_settings/pass_through_endpoints/${dupId}${hint}`);
+    }
+    ids.set(id, i);
+    for (const [j, other] of endpoints.entries()) {
+      const overlap = other.path === path ? methods.filter((m) => other.methods.includes(m)) : [];
+      if (overlap.length > 0) errors.push(`${where}/path: '${path}' (${overlap.join(", ")}) is already served by /general_settings/pass_through_endpoints/${j}`);
+    }
+    const shown: Record<string, unknown> = {
+      id,
+      path,
+      target: shownTarget(entry.target),
+      headers: Object.fromEntries(Object.keys(headers).map((h) => [h, "[redacted]"])),
+      forward_headers: entry.forward_headers ?? false,
+      include_subpath: entry.include_subpath ?? false,
+      cost_per_request: entry.cost_per_request ?? 0,
+      auth: entry.auth ?? true,
+      methods,
+    };
+    if (entry.timeout !== undefined) shown.timeout = entry.timeout;
+    endpoints.push({
+      id,
+      path,
+      target: entry.target,
+      headers,
+      forwardHeaders: entry.forward_headers ?? false,
+      includeSubpath: entry.include_subpath ?? false,
+      costPerRequest: usdToPico(entry.cost_per_request ?? 0),
+      auth: entry.auth ?? true,
+      methods,
+      timeout: entry.timeout,
+      shown,
+    });
+  }
+  return new PassThroughTable(endpoints);
+}

@@ -1,0 +1,354 @@
+// Pass-through endpoints (`general_settings.pass_through_endpoints`): a gateway route forwarded as
+// it is to another HTTP API. The target gets the method, the rest of the path (with
+// include_subpath), the client's query after its own, the body and the configured headers (env
+// references resolved), and never the gateway key; the client gets the target's status, headers
+// and bytes, streamed. Keys, allowed_passthrough_routes (key's, else team's), allowed_routes, rate
+// limits and budgets apply; cost_per_request is charged per answered call and every call is in the
+// spend log. Timeouts, dead targets and departed clients end the call cleanly; reloads add and
+// remove endpoints; admins list them with header values hidden.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { sql } from "drizzle-orm";
+import { rows } from "../core/store/sql.ts";
+import { MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "./harness/gateway.ts";
+
+const SECRET = "pt-upstream-secret-7f3a9c";
+process.env.PT_TEST_SECRET = SECRET;
+
+interface Seen {
+  method: string;
+  path: string;
+  search: string;
+  headers: Record<string, string>;
+  body: string;
+}
+
+const seen: Seen[] = [];
+let releaseSecond: () => void = () => {};
+let stallAborted = false;
+let target: ReturnType<typeof Bun.serve>;
+let gw: TestGateway;
+
+function config(extra: Record<string, unknown>[] = []) {
+  const base = `http://127.0.0.1:${target.port}`;
+  return {
+    model_list: [{ model_name: "chat", svc_params: { model: "mock/chat" } }],
+    general_settings: {
+      master_key: MASTER_KEY,
+      pass_through_endpoints: [
+        { path: "/v1/rerank", target: `${base}/echo/rerank?api=1`, headers: { Authorization: "bearer os.environ/PT_TEST_SECRET", "x-static": "fixed" }, methods: ["POST"], cost_per_request: 0.25 },
+        { path: "/bria", target: `${base}/echo/bria/`, include_subpath: true, forward_headers: true },
+        { id: "public-status", path: "/status", target: `${base}/echo/status`, auth: false, forward_headers: true },
+        { path: "/events", target: `${base}/sse` },
+        { path: "/hang", target: `${base}/hang`, timeout: 0.3 },
+        { path: "/dead", target: "http://127.0.0.1:9/x", headers: { "x-api-key": "os.environ/PT_TEST_SECRET" } },
+        { path: "/stall", target: `${base}/stall` },
+        ...extra,
+      ],
+    },
+  };
+}
+
+const call = (path: string, init: RequestInit & { key?: string | null } = {}) => {
+  const headers = new Headers(init.headers);
+  if (init.key !== null && !headers.has("authorization")) headers.set("authorization", `Bearer ${init.key ?? MASTER_KEY}`);
+  return fetch(`${gw.url}${path}`, { ...init, headers });
+};
+
+async function newKey(body: Record<string, unknown>): Promise<string> {
+  const r = await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body });
+  expect(r.status).toBe(200);
+  return r.body.key;
+}
+
+async function logRow(callId: string): Promise<Record<string, unknown>> {
+  await gw.host!.spendWriter.flush();
+  const [row] = await rows<Record<string, unknown>>(
+    gw.host!.store.db,
+    sql`select call_type, model, status, spend::text as spend, api_key from spend_logs where call_id = ${callId}`,
+  );
+  return row!;
+}
+
+beforeAll(async () => {
+  target = Bun.serve({
+    port: 0,
+    hostname: "127.0.0.1",
+    idleTimeout: 30,
+    async fetch(req) {
+      const url = new URL(req.url);
+      seen.push({ method: req.method, path: url.pathname, search: url.search, headers: Object.fromEntries(req.headers), body: await req.text() });
+      if (url.pathname === "/sse") {
+        const wait = new Promise<void>((r) => {
+          releaseSecond = r;
+        });
+        const enc = new TextEncoder();
+        const body = new ReadableStream<Uint8Array>({
+          async start(c) {
+            c.enqueue(enc.encode("data: one\n\n"));
+            await wait;
+            c.enqueue(enc.encode("data: two\n\n"));
+            c.enqueue(enc.encode("data: [DONE]\n\n"));
+            c.close();
+          },
+        });
+        return new Response(body, { headers: { "content-type": "text/event-stream" } });
+      }
+      if (url.pathname === "/hang") {
+        await new Promise((r) => req.signal.addEventListener("abort", r));
+        return new Response("late");
+      }
+      if (url.pathname === "/stall") {
+        req.signal.addEventListener("abort", () => {
+          stallAborted = true;
+        });
+        const body = new ReadableStream<Uint8Array>({
+          start(c) {
+            c.enqueue(new TextEncoder().encode("first part "));
+          },
+        });
+        return new Response(body, { headers: { "content-type": "text/plain" } });
+      }
+      const status = Number(url.searchParams.get("status") ?? 200);
+      const headers: Record<string, string> = { "content-type": "application/json", "x-target": "yes" };
+      if (status === 429) headers["retry-after"] = "7";
+      return new Response(JSON.stringify({ echoed: url.pathname, status }), { status, headers });
+    },
+  });
+  gw = await startBackendGateway("pglite", config());
+});
+
+afterAll(async () => {
+  await gw?.stop();
+  target?.stop(true);
+});
+
+const last = (): Seen => seen[seen.length - 1]!;
+
+describe("forwarding", () => {
+  test("method, path, the client's query after the target's, body and configured headers reach the target; the gateway key does not", async () => {
+    const res = await call("/v1/rerank?top_n=3", { method: "POST", headers: { "content-type": "application/json", "x-client-only": "c" }, body: JSON.stringify({ query: "q", documents: ["a"] }) });
+    expect(res.status).toBe(200);
+    expect(res.headers.get("x-target")).toBe("yes");
+    expect(res.headers.get("x-svc-call-id")).toBeTruthy();
+    expect(await res.json()).toEqual({ echoed: "/echo/rerank", status: 200 });
+    const s = last();
+    expect(s).toMatchObject({ method: "POST", path: "/echo/rerank", search: "?api=1&top_n=3", body: JSON.stringify({ query: "q", documents: ["a"] }) });
+    expect(s.headers.authorization).toBe(`bearer ${SECRET}`);
+    expect(s.headers["x-static"]).toBe("fixed");
+    expect(s.headers["content-type"]).toBe("application/json");
+    // Without forward_headers only what the body is and what the client accepts go along.
+    expect(s.headers["x-client-only"]).toBeUndefined();
+    expect(JSON.stringify(s.headers)).not.toContain(MASTER_KEY);
+  });
+
+  test("forward_headers sends the client's headers on, except the gateway credential it authenticated with", async () => {
+    const key = await newKey({});
+    const res = await fetch(`${gw.url}/bria/v1/text-to-image/base/2.3`, { method: "POST", headers: { "x-svc-api-key": key, "x-client": "c1", "content-type": "text/plain" }, body: "hello" });
+    expect(res.status).toBe(200);
+    const s = last();
+    expect(s).toMatchObject({ method: "POST", path: "/echo/bria/v1/text-to-image/base/2.3", body: "hello" });
+    expect(s.headers["x-client"]).toBe("c1");
+    expect(s.headers["x-svc-api-key"]).toBeUndefined();
+    expect(s.headers.authorization).toBeUndefined();
+    expect(JSON.stringify(s.headers)).not.toContain(key);
+  });
+
+  test("include_subpath: only the endpoint that asks for it takes paths below its own; the others are unknown routes", async () => {
+    expect((await call("/bria", { method: "GET" })).status).toBe(200);
+    expect(last().path).toBe("/echo/bria/");
+    const res = await call("/v1/rerank/extra", { method: "POST", body: "{}" });
+    expect(res.status).toBe(404);
+    expect((await res.json()).error).toMatchObject({ type: "not_found_error", code: "404" });
+  });
+
+  test("a method the endpoint does not serve is a 405 naming the ones it does", async () => {
+    const res = await call("/v1/rerank", { method: "GET" });
+    expect(res.status).toBe(405);
+    expect(res.headers.get("allow")).toBe("POST");
+    expect((await res.json()).error.message).toContain("use POST");
+  });
+
+  test("the target's error status, body and retry-after reach the client; the call is logged as a failure and not charged", async () => {
+    const res = await call("/bria/fail?status=429", { method: "GET" });
+    expect(res.status).toBe(429);
+    expect(res.headers.get("retry-after")).toBe("7");
+    expect(await res.json()).toEqual({ echoed: "/echo/bria/fail", status: 429 });
+    expect(await logRow(res.headers.get("x-svc-call-id")!)).toMatchObject({ call_type: "pass_through", model: "/bria", status: "failure", spend: "0.000000000000" });
+  });
+
+  test("a streamed answer arrives as the target sends it, not at its end", async () => {
+    const res = await call("/events");
+    expect(res.headers.get("content-type")).toBe("text/event-stream");
+    const reader = res.body!.getReader();
+    const first = await reader.read();
+    expect(new TextDecoder().decode(first.value)).toBe("data: one\n\n");
+    releaseSecond();
+    let rest = "";
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      rest += new TextDecoder().decode(value);
+    }
+    expect(rest).toBe("data: two\n\ndata: [DONE]\n\n");
+  });
+});
+
+describe("who may call", () => {
+  test("no key: 401 in the spec's envelope; the target is not asked", async () => {
+    const before = seen.length;
+    const res = await call("/v1/rerank", { method: "POST", key: null, body: "{}" });
+    expect(res.status).toBe(401);
+    expect((await res.json()).error.type).toBe("authentication_error");
+    expect(seen.length).toBe(before);
+  });
+
+  test("auth: false makes an endpoint public, and the client's own Authorization goes to the target", async () => {
+    const res = await call("/status", { key: null, headers: { authorization: "Bearer upstream-token" } });
+    expect(res.status).toBe(200);
+    expect(last().headers.authorization).toBe("Bearer upstream-token");
+  });
+
+  test("a key's allowed_passthrough_routes limit which endpoints it may call", async () => {
+    const key = await newKey({ allowed_passthrough_routes: ["/bria/*"] });
+    expect((await call("/bria/x", { key })).status).toBe(200);
+    const refused = await call("/v1/rerank", { method: "POST", key, body: "{}" });
+    expect(refused.status).toBe(403);
+    expect((await refused.json()).error).toMatchObject({ type: "permission_error", message: expect.stringContaining("/bria/*") });
+  });
+
+  test("a key without its own list follows its team's allowed_passthrough_routes", async () => {
+    const team = await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: { allowed_passthrough_routes: ["/v1/rerank"] } });
+    expect(team.status).toBe(200);
+    const key = await newKey({ team_id: team.body.team_id });
+    expect((await call("/v1/rerank", { method: "POST", key, body: "{}" })).status).toBe(200);
+    expect((await call("/bria/x", { key })).status).toBe(403);
+  });
+
+  test("allowed_routes, when set, decide alone: llm_api_routes leaves out pass-through routes", async () => {
+    const key = await newKey({ allowed_routes: ["llm_api_routes"], allowed_passthrough_routes: ["/bria/*"] });
+    expect((await call("/bria/x", { key })).status).toBe(403);
+  });
+});
+
+describe("limits, budgets and spend", () => {
+  test("cost_per_request is reserved against the key's budget and charged exactly; the log names the route", async () => {
+    const key = await newKey({ max_budget: 0.5 });
+    const statuses: number[] = [];
+    const ids: string[] = [];
+    for (let i = 0; i < 3; i++) {
+      const res = await call("/v1/rerank", { method: "POST", key, body: "{}" });
+      statuses.push(res.status);
+      ids.push(res.headers.get("x-svc-call-id")!);
+      if (res.status === 400) expect((await res.json()).error.type).toBe("budget_exceeded");
+      else await res.arrayBuffer();
+    }
+    expect(statuses).toEqual([200, 200, 400]);
+    expect(await logRow(ids[0]!)).toMatchObject({ call_type: "pass_through", model: "/v1/rerank", status: "success", spend: "0.250000000000" });
+    const info = await requestJson<{ info: { spend: number } }>(gw, "GET", `/key/info?key=${key}`);
+    expect(info.body.info.spend).toBe(0.5);
+  });
+
+  test("a key's rpm_limit counts pass-through calls, with the rate-limit headers", async () => {
+    const key = await newKey({ rpm_limit: 2 });
+    const a = await call("/bria/a", { key });
+    expect(a.headers.get("x-ratelimit-remaining-requests")).toBe("1");
+    expect((await call("/bria/b", { key })).status).toBe(200);
+    const third = await call("/bria/c", { key });
+    expect(third.status).toBe(429);
+    expect(Number(third.headers.get("retry-after"))).toBeGreaterThan(0);
+  });
+});
+
+describe("when things go wrong", () => {
+  test("a target that does not answer within the endpoint's timeout: 408", async () => {
+    const started = Date.now();
+    const res = await call("/hang");
+    expect(res.status).toBe(408);
+    expect((await res.json()).error.type).toBe("timeout_error");
+    expect(Date.now() - started).toBeLessThan(5000);
+  });
+
+  test("a dead target: 503, and the configured credential appears in no answer and no log line", async () => {
+    const res = await call("/dead", { method: "POST", body: "{}" });
+    expect(res.status).toBe(503);
+    const text = await res.text();
+    expect(JSON.parse(text).error.type).toBe("api_connection_error");
+    expect(text).not.toContain(SECRET);
+    expect(JSON.stringify(gw.log.lines)).not.toContain(SECRET);
+  });
+
+  test("a client that leaves mid-answer aborts the target's request; the call is logged as cancelled", async () => {
+    stallAborted = false;
+    const controller = new AbortController();
+    const res = await call("/stall", { signal: controller.signal });
+    const callId = res.headers.get("x-svc-call-id")!;
+    const reader = res.body!.getReader();
+    expect(new TextDecoder().decode((await reader.read()).value)).toBe("first part ");
+    controller.abort();
+    const end = Date.now() + 3000;
+    while (!stallAborted && Date.now() < end) await Bun.sleep(20);
+    expect(stallAborted).toBe(true);
+    let row = await logRow(callId);
+    while (!row && Date.now() < end) row = await logRow(callId);
+    expect(row).toMatchObject({ call_type: "pass_through", status: "cancelled" });
+  });
+});
+
+describe("configuration", () => {
+  test("a reload adds and removes endpoints at once", async () => {
+    gw.writeConfig(config([{ path: "/extra", target: `http://127.0.0.1:${target.port}/echo/extra` }]));
+    expect((await gw.live.reload("test")).ok).toBe(true);
+    expect((await call("/extra")).status).toBe(200);
+    gw.writeConfig(config());
+    expect((await gw.live.reload("test")).ok).toBe(true);
+    expect((await call("/extra")).status).toBe(404);
+  });
+
+  test("a bad list is refused with every error and its path; the old one keeps serving", async () => {
+    gw.writeConfig(
+      config([
+        { path: "/v1/rerank", target: "http://127.0.0.1:1/x", methods: ["POST", "GET"] },
+        { path: "/unset", target: "http://127.0.0.1:1/x", headers: { Authorization: "Bearer os.environ/PT_TEST_UNSET_VAR" } },
+        { path: "/typo", target: "http://127.0.0.1:1/x", forward_header: true },
+      ]),
+    );
+    const r = await gw.live.reload("test");
+    expect(r.ok).toBe(false);
+    const errors = JSON.stringify(r);
+    expect(errors).toContain("/general_settings/pass_through_endpoints/9");
+    gw.writeConfig(config([{ path: "/v1/rerank", target: "http://127.0.0.1:1/x", methods: ["POST", "GET"] }, { path: "/unset", target: "http://127.0.0.1:1/x", headers: { Authorization: "Bearer os.environ/PT_TEST_UNSET_VAR" } }]));
+    const semantic = JSON.stringify(await gw.live.reload("test"));
+    expect(semantic).toContain("/general_settings/pass_through_endpoints/7/path: '/v1/rerank' (POST) is already served by /general_settings/pass_through_endpoints/0");
+    expect(semantic).toContain("/general_settings/pass_through_endpoints/8/headers/Authorization: environment variable PT_TEST_UNSET_VAR is not set");
+    gw.writeConfig(config());
+    expect((await call("/v1/rerank", { method: "POST", body: "{}" })).status).toBe(200);
+  });
+
+  test("admins list the endpoints (a team's: those it may call) with header values and target credentials hidden", async () => {
+    const all = await requestJson<{ endpoints: Record<string, unknown>[] }>(gw, "GET", "/config/pass_through_endpoint");
+    expect(all.status).toBe(200);
+    expect(all.body.endpoints.map((e) => e.id)).toEqual(["/v1/rerank", "/bria", "public-status", "/events", "/hang", "/dead", "/stall"]);
+    expect(all.body.endpoints[0]).toEqual({
+      id: "/v1/rerank",
+      path: "/v1/rerank",
+      target: `http://127.0.0.1:${target.port}/echo/rerank?[redacted]`,
+      headers: { Authorization: "[redacted]", "x-static": "[redacted]" },
+      forward_headers: false,
+      include_subpath: false,
+      cost_per_request: 0.25,
+      auth: true,
+      methods: ["POST"],
+    });
+    expect(all.text).not.toContain(SECRET);
+
+    const team = await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: { allowed_passthrough_routes: ["/bria/*", "/status"] } });
+    const mine = await requestJson<{ endpoints: { id: string }[] }>(gw, "GET", `/config/pass_through_endpoint/team/${team.body.team_id}`);
+    expect(mine.body.endpoints.map((e) => e.id)).toEqual(["/bria", "public-status"]);
+    const one = await requestJson<{ endpoints: { id: string }[] }>(gw, "GET", `/config/pass_through_endpoint/team/${team.body.team_id}?endpoint_id=public-status`);
+    expect(one.body.endpoints.map((e) => e.id)).toEqual(["public-status"]);
+    expect((await requestJson(gw, "GET", `/config/pass_through_endpoint/team/${team.body.team_id}?endpoint_id=/dead`)).status).toBe(404);
+    expect((await requestJson(gw, "GET", "/config/pass_through_endpoint/team/no-such-team")).status).toBe(404);
+    const plain = await newKey({});
+    expect((await requestJson(gw, "GET", "/config/pass_through_endpoint", { key: plain })).status).toBe(403);
+  });
+});
