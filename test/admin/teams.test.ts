@@ -412,6 +412,21 @@ for (const backend of BACKENDS) {
         expect(teamKeyForm.body.members_with_roles.find((m) => m.user_email === email2)?.role).toBe("admin");
       });
 
+      test("team_member_key_duration: a key generated in the team without a duration expires after it; an explicit duration wins", async () => {
+        const t = await newTeam({ team_member_key_duration: "1h" });
+        const before = Date.now();
+        const k = await post<{ expires: string | null; duration: string | null }>("/key/generate", { team_id: t.team_id });
+        expect(k.status).toBe(200);
+        expect(k.body.duration).toBe("1h");
+        const expires = Date.parse(k.body.expires!);
+        expect(expires).toBeGreaterThanOrEqual(before + 3600_000 - 1000);
+        expect(expires).toBeLessThanOrEqual(Date.now() + 3600_000 + 1000);
+        const own = await post<{ expires: string | null }>("/key/generate", { team_id: t.team_id, duration: "-1" });
+        expect(own.body.expires).toBeNull();
+        const elsewhere = await post<{ expires: string | null }>("/key/generate", {});
+        expect(elsewhere.body.expires).toBeNull();
+      });
+
       test("/team/member_add: an existing member is 400 team_member_already_in_team and nothing is added", async () => {
         const email = `${uid("d")}@example.com`;
         const u = await newUser({ user_email: email });

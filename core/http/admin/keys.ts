@@ -278,9 +278,12 @@ function checkGuaranteed(ctx: AdminCtx, key: PlannedKey): void {
 }
 
 export async function generateKey(ctx: AdminCtx, body: Record<string, unknown>, opts: { serviceAccount?: boolean } = {}): Promise<Record<string, unknown>> {
-  const input = check(GenerateKeySchema, body) as KeyBody;
+  const asked = check(GenerateKeySchema, body) as KeyBody;
   const serviceAccount = opts.serviceAccount === true;
-  const { userId, team } = authorizeGenerate(ctx, input, serviceAccount);
+  const { userId, team } = authorizeGenerate(ctx, asked, serviceAccount);
+  // A member's key in a team with `team_member_key_duration` lasts that long unless the body says otherwise.
+  const memberDuration = team && !serviceAccount && asked.duration === undefined ? team.memberSettings.team_member_key_duration : undefined;
+  const input: KeyBody = typeof memberDuration === "string" ? { ...asked, duration: memberDuration } : asked;
   const now = Date.now();
   const fields = keyFieldsOf(input);
   const models = (fields.models as string[] | null | undefined) ?? [];
