@@ -134,3 +134,24 @@ export const EmbeddingsRequestSchema = T.Object(
   { additionalProperties: true },
 );
 export type EmbeddingsRequest = Static<typeof EmbeddingsRequestSchema>;
+
+export const ImageRequestSchema = T.Object(
+  {
+    model: T.String({ minLength: 1 }),
+    prompt: T.String({ minLength: 1 }),
+    n: T.Optional(Nullable(T.Integer({ minimum: 1, maximum: 10 }))),
+    size: T.Optional(Nullable(T.String({ pattern: "^(auto|\\d+x\\d+)$", description: "auto or WIDTHxHEIGHT" }))),
+    quality: T.Optional(Nullable(T.String())),
+    response_format: T.Optional(Nullable(T.Union([T.Literal("url"), T.Literal("b64_json")]))),
+    style: T.Optional(Nullable(T.String())),
+    user: T.Optional(Nullable(T.String())),
+    metadata: T.Optional(Nullable(T.Record(T.String(), T.Unknown()))),
+  },
+  { additionalProperties: true },
+);
+export type ImageRequest = Static<typeof ImageRequestSchema>;
+
+/** The images an image request asks for: `n` (default 1) at its size and quality, as a call's usage counts them. */
+export function imagesAsked(req: ImageRequest): { count: number; size?: string; quality?: string } {
+  return { count: req.n ?? 1, size: req.size && req.size !== "auto" ? req.size : undefined, quality: req.quality ?? undefined };
+}

@@ -79,6 +79,8 @@ export function promptSize<E extends Endpoint>(endpoint: E, body: WireRequest[E]
     }
     case "completions":
       return tokens((body as WireRequest["completions"]).prompt, TOKENS_PER_REPLY);
+    case "images":
+      return tokens((body as WireRequest["images"]).prompt, 0);
     default:
       return tokens((body as WireRequest["embeddings"]).input, 0);
   }

@@ -23,7 +23,7 @@ export interface AppDeps {
 }
 
 /** The path forms the spec lists for each model-call endpoint. */
-const CALL_PATHS: Record<Endpoint, string> = { chat: "chat/completions", completions: "completions", embeddings: "embeddings" };
+const CALL_PATHS: Record<Endpoint, string> = { chat: "chat/completions", completions: "completions", embeddings: "embeddings", images: "images/generations" };
 
 /** The path of a request URL without building a URL object (this runs on every call). */
 function pathOf(url: string): string {

@@ -3,7 +3,7 @@ import { Kind, type TSchema } from "@sinclair/typebox";
 import { TypeCompiler } from "@sinclair/typebox/compiler";
 import { type ValueError, Value } from "@sinclair/typebox/value";
 import { GatewayError } from "../errors.ts";
-import { ChatRequestSchema, CompletionRequestSchema, EmbeddingsRequestSchema } from "../wire.ts";
+import { ChatRequestSchema, CompletionRequestSchema, EmbeddingsRequestSchema, ImageRequestSchema } from "../wire.ts";
 
 export function checker<S extends TSchema>(schema: S) {
   const compiled = TypeCompiler.Compile(schema);
@@ -30,6 +30,7 @@ export const validate = {
   chat: checker(ChatRequestSchema),
   completions: checker(CompletionRequestSchema),
   embeddings: checker(EmbeddingsRequestSchema),
+  images: checker(ImageRequestSchema),
 };
 
 /** The request body as a JSON object, or a 400 that says what is wrong. */

@@ -10,6 +10,7 @@ import { picoToText } from "../cost/money.ts";
 import { GatewayError, errorInfo } from "../errors.ts";
 import type { Gate, Snapshot } from "../snapshot.ts";
 import { assembleStream } from "../stream/assemble.ts";
+import { imagesAsked } from "../wire.ts";
 import { withClientCredentials } from "./client-credentials.ts";
 import { supportedBody } from "./params.ts";
 import { cancelAll, dispatchRecord } from "./record.ts";
@@ -122,6 +123,7 @@ export class Intent implements CallIntent {
     if (this.worst === undefined) {
       const pricing = this.snapshot.pricing;
       if (this.endpoint === "embeddings") this.worst = pricing.worstCase(this.deployment, this.promptTokenBound, 0);
+      else if (this.endpoint === "images") this.worst = pricing.costOf(this.deployment, { promptTokens: this.promptTokenBound, completionTokens: 0, images: imagesAsked(this.body as WireRequest["images"]) }).cost;
       else {
         const choices = Math.max(1, (this.body as { n?: number | null }).n ?? 1);
         const max = this.maxOutputTokens;
@@ -186,9 +188,12 @@ export function promptOf(body: WireRequest[Endpoint]): unknown {
   return b.messages ?? b.prompt ?? b.input;
 }
 
+/** Embedding vectors and generated images are not kept with a stored prompt: the input says what was asked, they are bulk in a log. */
+const keepsAnswer = (endpoint: Endpoint): boolean => endpoint !== "embeddings" && endpoint !== "images";
+
 /** The answer to keep with a stored prompt, from the text the client got (embedding vectors are not kept). */
 export function storedAnswer(endpoint: Endpoint, stream: boolean, text: string): unknown {
-  if (endpoint === "embeddings") return undefined;
+  if (!keepsAnswer(endpoint)) return undefined;
   if (stream) return assembleStream(text, endpoint as "chat" | "completions");
   try {
     return JSON.parse(text);
@@ -295,8 +300,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     // An adapter that hands the upstream body back unchanged lets the original bytes through.
     const out = mapped.body === json ? text : JSON.stringify(mapped.body);
     attempt.capture?.(out);
-    // Embedding vectors are not kept: the input says what was asked, the vectors are noise in a log.
-    if (keepPrompt && endpoint !== "embeddings") answer = mapped.body;
+    if (keepPrompt && keepsAnswer(endpoint)) answer = mapped.body;
     const cost = finish("success", mapped.usage, undefined, Date.now(), typeof id === "string" ? id : undefined);
     const headers = responseHeaders(d, ctx.callId, "application/json");
     withUpstreamLimits(headers, res.headers);

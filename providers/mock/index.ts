@@ -1,5 +1,5 @@
 import type { ProviderAdapter, WireJson } from "../../core/contract.ts";
-import { openAIChat, openAICompletions, openAIEmbeddings, openAIErrorMessage } from "../openai-compatible/adapter.ts";
+import { openAIChat, openAICompletions, openAIEmbeddings, openAIErrorMessage, openAIImages } from "../openai-compatible/adapter.ts";
 import { respond } from "./respond.ts";
 
 const MOCK_BASE = "mock://local";
@@ -9,7 +9,7 @@ const FIXED_REPLY = "x-mock-response";
 /** `mock/<anything>`: answers in OpenAI's wire format without leaving the process. */
 export const mockProvider: ProviderAdapter = {
   ids: ["mock"],
-  endpoints: { chat: openAIChat(), completions: openAICompletions(), embeddings: openAIEmbeddings() },
+  endpoints: { chat: openAIChat(), completions: openAICompletions(), embeddings: openAIEmbeddings(), images: openAIImages() },
   errorMessage: openAIErrorMessage,
   resolve(d) {
     const fixed = typeof d.options.mock_response === "string" ? d.options.mock_response : undefined;

@@ -121,7 +121,20 @@ function embeddings(body: WireJson): Response {
   return json({ object: "list", data, model: body.model, usage: { prompt_tokens: tokens, total_tokens: tokens } });
 }
 
+/** A 1×1 transparent PNG: what every mock image is. */
+const PIXEL_PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAQAAAC1HAwCAAAAC0lEQVR42mNkYAAAAAYAAjCB0C8AAAAASUVORK5CYII=";
+
+function images(body: WireJson): Response {
+  const n = typeof body.n === "number" ? body.n : 1;
+  const id = nextId("img");
+  const data = Array.from({ length: n }, (_, i) =>
+    body.response_format === "b64_json" ? { b64_json: PIXEL_PNG, revised_prompt: body.prompt } : { url: `https://mock.invalid/images/${id}-${i}.png`, revised_prompt: body.prompt },
+  );
+  return json({ created: now(), data });
+}
+
 export function respond(path: string, body: WireJson, fixedReply: string | undefined): Response {
+  if (path.endsWith("/images/generations")) return images(body);
   if (path.endsWith("/chat/completions")) return chat(body, fixedReply);
   if (path.endsWith("/completions")) return completion(body, fixedReply);
   if (path.endsWith("/embeddings")) return embeddings(body);

@@ -13,7 +13,7 @@ import type {
   Usage,
   WireJson,
 } from "../../core/contract.ts";
-import { GatewayOnlyFields } from "../../core/wire.ts";
+import { GatewayOnlyFields, imagesAsked } from "../../core/wire.ts";
 import type { OpenAICompatibleProvider } from "./table.ts";
 import { usageFromOpenAI } from "./usage.ts";
 import { upstreamErrorKind } from "../shared/error-kind.ts";
@@ -175,6 +175,19 @@ export function openAIEmbeddings(): EndpointAdapter<"embeddings"> {
   };
 }
 
+/** Image generation: the images returned, at the size and quality asked, are what is priced. */
+export function openAIImages(): EndpointAdapter<"images"> {
+  return {
+    request: (req, d, raw) => call(d, "/images/generations", forwardedBody(req, d, raw) ?? upstreamBody(req, d)),
+    response: (body, req) => {
+      const b = asObject(body);
+      const count = Array.isArray(b.data) ? b.data.length : 0;
+      const asked = req ? imagesAsked(req) : { count };
+      return { body: b, usage: { promptTokens: 0, completionTokens: 0, images: { ...asked, count } } };
+    },
+  };
+}
+
 /** OpenAI's error body `{error: {message}}` → its message. */
 export function openAIErrorMessage(_status: number, body: string): string {
   try {
@@ -193,7 +206,7 @@ export function openAICompatibleAdapter(rows: readonly OpenAICompatibleProvider[
   const byId = new Map(rows.map((r) => [r.id, r]));
   return {
     ids: rows.map((r) => r.id),
-    endpoints: { chat: openAIChat(), completions: openAICompletions(), embeddings: openAIEmbeddings() },
+    endpoints: { chat: openAIChat(), completions: openAICompletions(), embeddings: openAIEmbeddings(), images: openAIImages() },
     errorMessage: openAIErrorMessage,
     errorKind: upstreamErrorKind,
     resolve(d) {

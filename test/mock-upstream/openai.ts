@@ -765,6 +765,23 @@ function embeddings(ctx: RequestContext, body: JsonObject): Reply | Response {
   };
 }
 
+/** A 1×1 PNG, base64: every generated image. */
+const PIXEL_PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAQAAAC1HAwCAAAAC0lEQVR42mNkYAAAAAYAAjCB0C8AAAAASUVORK5CYII=";
+
+function imageGenerations(ctx: RequestContext, body: JsonObject): Reply | Response {
+  if (typeof body.model !== "string") return errorResponse(ctx, 400, invalidRequest("you must provide a model parameter"));
+  if (typeof body.prompt !== "string" || body.prompt === "") {
+    return errorResponse(ctx, 400, invalidRequest("Missing required parameter: 'prompt'.", "prompt", "missing_required_parameter"));
+  }
+  const n = positiveInt(body.n) || 1;
+  const data = Array.from({ length: n }, (_, i) =>
+    body.response_format === "b64_json"
+      ? { b64_json: PIXEL_PNG, revised_prompt: body.prompt }
+      : { url: `https://images.mock.invalid/${ctx.requestId}-${i}.png`, revised_prompt: body.prompt },
+  );
+  return { kind: "json", body: { created: Math.floor(Date.now() / 1000), data } };
+}
+
 // ---------------------------------------------------------------------------------------------
 // Models
 
@@ -953,6 +970,7 @@ const POST_ROUTES: Record<string, (ctx: RequestContext, body: JsonObject, hints:
   "/v1/chat/completions": chatCompletions,
   "/v1/completions": completions,
   "/v1/embeddings": (ctx, body) => embeddings(ctx, body),
+  "/v1/images/generations": (ctx, body) => imageGenerations(ctx, body),
 };
 
 function recordRequest(state: MockState, req: Request, url: URL, body: ParsedBody): void {

@@ -82,6 +82,8 @@ const CALL_TYPES: Record<string, Endpoint> = {
   atext_completion: "completions",
   embedding: "embeddings",
   aembedding: "embeddings",
+  image_generation: "images",
+  aimage_generation: "images",
 };
 
 /** Header and query names that carry credentials. */
