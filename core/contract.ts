@@ -4,14 +4,14 @@
  */
 import type { Static, TSchema } from "@sinclair/typebox";
 import type { BudgetRow, IdentityChange, KeyRow, OrgRow, TeamMemberRow, TeamRow, UserRow } from "./identity/records.ts";
-import type { ChatRequest, CompletionRequest, EmbeddingsRequest, ImageRequest, WireJson } from "./wire.ts";
+import type { ChatRequest, CompletionRequest, EmbeddingsRequest, ImageRequest, TranscriptionRequest, WireJson } from "./wire.ts";
 
 export type { BudgetRow, IdentityChange, KeyRow, OrgRow, TeamMemberRow, TeamRow, UserRow } from "./identity/records.ts";
 export { teamMemberId } from "./identity/records.ts";
 
-export type { ChatRequest, CompletionRequest, EmbeddingsRequest, ImageRequest, WireJson } from "./wire.ts";
+export type { ChatRequest, CompletionRequest, EmbeddingsRequest, ImageRequest, TranscriptionRequest, WireJson } from "./wire.ts";
 
-export type Endpoint = "chat" | "completions" | "embeddings" | "images";
+export type Endpoint = "chat" | "completions" | "embeddings" | "images" | "transcriptions";
 /** What a call is: a model endpoint, or a route forwarded as-is (`pass_through_endpoints`). */
 export type CallType = Endpoint | "pass_through";
 
@@ -20,6 +20,7 @@ export interface WireRequest {
   completions: CompletionRequest;
   embeddings: EmbeddingsRequest;
   images: ImageRequest;
+  transcriptions: TranscriptionRequest;
 }
 
 /** What a call consumed, in the OpenAI convention: the details are parts of the totals, not additions. */
@@ -71,6 +72,8 @@ export interface HttpCall {
   method?: "POST" | "GET";
   headers: Record<string, string>;
   body?: string;
+  /** A multipart body (an uploaded file) instead of `body`; fetch sets its content type. */
+  form?: FormData;
 }
 
 /** An error the gateway answers with, in the spec's envelope. */
@@ -127,7 +130,12 @@ export interface EndpointAdapter<E extends Endpoint, S = unknown> {
    * `req`, the client's request, is for what the upstream does not echo back (the model name,
    * `encoding_format`).
    */
-  response(body: unknown, req?: WireRequest[E]): { body: WireJson; usage: Usage };
+  response(body: unknown, req?: WireRequest[E]): { body: WireJson; usage: Usage; text?: TextAnswer };
+  /**
+   * An upstream answer that is not JSON (a transcript as plain text, SRT or VTT), passed on as it
+   * is. Absent: such an answer is an error.
+   */
+  textResponse?(text: string, contentType: string, req: WireRequest[E]): { text: TextAnswer; usage: Usage };
   stream?: StreamTransform<E, S>;
   /**
    * The OpenAI request fields this adapter translates (beyond `model`, `messages`/`prompt`/`input`
@@ -135,6 +143,12 @@ export interface EndpointAdapter<E extends Endpoint, S = unknown> {
    * are refused with a 400 naming them, or dropped with `drop_params`.
    */
   supportedParams?: readonly string[];
+}
+
+/** An answer sent as text rather than JSON (`response_format: text`, `srt`, `vtt`). */
+export interface TextAnswer {
+  body: string;
+  contentType: string;
 }
 
 /**

@@ -151,6 +151,24 @@ export const ImageRequestSchema = T.Object(
 );
 export type ImageRequest = Static<typeof ImageRequestSchema>;
 
+/** `POST /v1/audio/transcriptions`: the multipart form's fields (`file` is the uploaded audio). */
+export const TranscriptionRequestSchema = T.Object(
+  {
+    model: T.String({ minLength: 1 }),
+    /** Checked to be a Blob after the schema (see validate.ts). */
+    file: T.Any({ description: "an audio file" }),
+    language: T.Optional(T.String()),
+    prompt: T.Optional(T.String()),
+    response_format: T.Optional(T.Union([T.Literal("json"), T.Literal("text"), T.Literal("srt"), T.Literal("verbose_json"), T.Literal("vtt")])),
+    temperature: T.Optional(T.Number({ minimum: 0, maximum: 1 })),
+    timestamp_granularities: T.Optional(T.Array(T.Union([T.Literal("word"), T.Literal("segment")]))),
+    stream: T.Optional(T.Boolean()),
+    user: T.Optional(T.String()),
+  },
+  { additionalProperties: true },
+);
+export type TranscriptionRequest = Omit<Static<typeof TranscriptionRequestSchema>, "file"> & { file: Blob };
+
 /** The images an image request asks for: `n` (default 1) at its size and quality, as a call's usage counts them. */
 export function imagesAsked(req: ImageRequest): { count: number; size?: string; quality?: string } {
   return { count: req.n ?? 1, size: req.size && req.size !== "auto" ? req.size : undefined, quality: req.quality ?? undefined };

@@ -81,10 +81,26 @@ export function promptSize<E extends Endpoint>(endpoint: E, body: WireRequest[E]
       return tokens((body as WireRequest["completions"]).prompt, TOKENS_PER_REPLY);
     case "images":
       return tokens((body as WireRequest["images"]).prompt, 0);
+    case "transcriptions":
+      // The audio is priced by its length (see audioBound); only the optional text prompt is text.
+      return tokens((body as WireRequest["transcriptions"]).prompt ?? "", 0);
     default:
       return tokens((body as WireRequest["embeddings"]).input, 0);
   }
 }
+
+/**
+ * The most audio a file of `bytes` can hold, for budgets before the upstream says: seconds at
+ * 6 kbit/s (below the lowest bitrate speech codecs are used at), and as many audio tokens as
+ * OpenAI's transcription models count at most per second.
+ */
+export function audioBound(bytes: number): { seconds: number; tokens: number } {
+  const seconds = Math.ceil(bytes / 750);
+  return { seconds, tokens: seconds * AUDIO_TOKENS_PER_SECOND };
+}
+
+/** Generous: OpenAI's audio models count about 10 tokens per second of speech. */
+const AUDIO_TOKENS_PER_SECOND = 50;
 
 /** The estimate alone (see above). */
 export function estimatePromptTokens<E extends Endpoint>(endpoint: E, body: WireRequest[E]): number {

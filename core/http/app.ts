@@ -13,7 +13,7 @@ import { geminiRoutes } from "./routes/gemini.ts";
 import { modelRoutes } from "./routes/models.ts";
 import { NO_SUCH_ROUTE, passThroughRoutes } from "./routes/pass-through.ts";
 import { utilsRoutes } from "./routes/utils.ts";
-import { readBodyWithText, validate } from "./validate.ts";
+import { readBodyWithText, readForm, validate } from "./validate.ts";
 
 export interface AppDeps {
   live: Live;
@@ -23,7 +23,13 @@ export interface AppDeps {
 }
 
 /** The path forms the spec lists for each model-call endpoint. */
-const CALL_PATHS: Record<Endpoint, string> = { chat: "chat/completions", completions: "completions", embeddings: "embeddings", images: "images/generations" };
+const CALL_PATHS: Record<Endpoint, string> = {
+  chat: "chat/completions",
+  completions: "completions",
+  embeddings: "embeddings",
+  images: "images/generations",
+  transcriptions: "audio/transcriptions",
+};
 
 /** The path of a request URL without building a URL object (this runs on every call). */
 function pathOf(url: string): string {
@@ -40,7 +46,8 @@ export function createApp(deps: AppDeps) {
     const pin = live.pin();
     try {
       const principal = await authenticate(pin.snapshot, request.headers, pathOf(request.url));
-      const { body, text } = await readBodyWithText(request);
+      // An uploaded file comes as a multipart form; there are then no client bytes to forward as they are.
+      const { body, text } = endpoint === "transcriptions" ? { body: await readForm(request), text: undefined } : await readBodyWithText(request);
       let changed = false;
       if (pathModel && body.model !== pathModel) {
         body.model = pathModel;

@@ -3,7 +3,7 @@ import { Kind, type TSchema } from "@sinclair/typebox";
 import { TypeCompiler } from "@sinclair/typebox/compiler";
 import { type ValueError, Value } from "@sinclair/typebox/value";
 import { GatewayError } from "../errors.ts";
-import { ChatRequestSchema, CompletionRequestSchema, EmbeddingsRequestSchema, ImageRequestSchema } from "../wire.ts";
+import { ChatRequestSchema, CompletionRequestSchema, EmbeddingsRequestSchema, ImageRequestSchema, TranscriptionRequestSchema } from "../wire.ts";
 
 export function checker<S extends TSchema>(schema: S) {
   const compiled = TypeCompiler.Compile(schema);
@@ -26,12 +26,53 @@ function explain(error: ValueError): ValueError {
   return inner ? { ...inner, path: error.path + inner.path } : error;
 }
 
+const transcriptionFields = checker(TranscriptionRequestSchema);
+
 export const validate = {
   chat: checker(ChatRequestSchema),
   completions: checker(CompletionRequestSchema),
   embeddings: checker(EmbeddingsRequestSchema),
   images: checker(ImageRequestSchema),
+  transcriptions: (value: unknown) => {
+    const fields = transcriptionFields(value);
+    if (!(fields.file instanceof Blob)) throw GatewayError.of(422, "Invalid request: file: Expected an uploaded audio file", "validation_error", "file");
+    return fields;
+  },
 };
+
+/** Form fields that are numbers or booleans on the wire of a JSON request. */
+const NUMERIC_FIELDS = ["temperature"];
+
+/**
+ * A multipart form as a request object: files stay Blobs, `name[]` fields become lists, numbers
+ * and booleans are parsed (so the schema checks them as in a JSON body).
+ */
+export async function readForm(request: Request): Promise<Record<string, unknown>> {
+  if (!(request.headers.get("content-type") ?? "").startsWith("multipart/form-data")) {
+    throw GatewayError.of(400, "This endpoint takes multipart/form-data: the audio as `file`, and `model`.", "invalid_request_error");
+  }
+  let form: FormData;
+  try {
+    form = await request.formData();
+  } catch (err) {
+    throw GatewayError.of(400, `The multipart body could not be read: ${err instanceof Error ? err.message : String(err)}`, "invalid_request_error");
+  }
+  const out: Record<string, unknown> = {};
+  for (const [name, value] of form) {
+    if (name.endsWith("[]")) {
+      const key = name.slice(0, -2);
+      const list = Array.isArray(out[key]) ? (out[key] as unknown[]) : [];
+      list.push(value);
+      out[key] = list;
+    } else out[name] = value;
+  }
+  for (const k of NUMERIC_FIELDS) {
+    const v = out[k];
+    if (typeof v === "string" && v.trim() !== "" && Number.isFinite(Number(v))) out[k] = Number(v);
+  }
+  if (out.stream === "true" || out.stream === "false") out.stream = out.stream === "true";
+  return out;
+}
 
 /** The request body as a JSON object, or a 400 that says what is wrong. */
 export async function readBody(request: Request): Promise<Record<string, unknown>> {

@@ -4,7 +4,7 @@
  * decides which deployment, and holds the limits and budgets.
  */
 import type { CallIntent, CallRecord, GroupCapacity, HttpCall, CallStatus, Denied, Deployment, Endpoint, EndpointAdapter, ErrorInfo, Lease, Logger, Principal, StreamTransform, Usage, WireRequest } from "../contract.ts";
-import { type PromptSize, promptSize } from "../cost/estimate.ts";
+import { type PromptSize, audioBound, promptSize } from "../cost/estimate.ts";
 import { groupCapacity } from "../limits/capacity.ts";
 import { picoToText } from "../cost/money.ts";
 import { GatewayError, errorInfo } from "../errors.ts";
@@ -124,6 +124,12 @@ export class Intent implements CallIntent {
       const pricing = this.snapshot.pricing;
       if (this.endpoint === "embeddings") this.worst = pricing.worstCase(this.deployment, this.promptTokenBound, 0);
       else if (this.endpoint === "images") this.worst = pricing.costOf(this.deployment, { promptTokens: this.promptTokenBound, completionTokens: 0, images: imagesAsked(this.body as WireRequest["images"]) }).cost;
+      else if (this.endpoint === "transcriptions") {
+        const audio = audioBound((this.body as WireRequest["transcriptions"]).file.size);
+        const tokens = this.promptTokenBound + audio.tokens;
+        // Priced per second or per token, whichever the model uses; a transcript is shorter than its audio's tokens.
+        this.worst = pricing.costOf(this.deployment, { promptTokens: tokens, audioPromptTokens: audio.tokens, completionTokens: audio.tokens, audioSeconds: audio.seconds }).cost;
+      }
       else {
         const choices = Math.max(1, (this.body as { n?: number | null }).n ?? 1);
         const max = this.maxOutputTokens;
@@ -284,9 +290,26 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
         : capture;
       return streamResponse({ res, deployment: d, transform, request: body as WireRequest["chat" | "completions"], deadline, headers, finish, tap });
     }
+    /** Sends a finished answer: priced, recorded, with the call's headers. */
+    const reply = (out: string, contentType: string, usage: Usage, id: unknown): Response => {
+      attempt.capture?.(out);
+      const cost = finish("success", usage, undefined, Date.now(), typeof id === "string" ? id : undefined);
+      const headers = responseHeaders(d, ctx.callId, contentType);
+      withUpstreamLimits(headers, res.headers);
+      if (attempt.headers) Object.assign(headers, attempt.headers);
+      headers["x-svc-response-cost"] = picoToText(cost);
+      return new Response(out, { headers });
+    };
+    const upstreamType = res.headers.get("content-type") ?? "";
+    if (ep.textResponse && !upstreamType.includes("json")) {
+      const t = ep.textResponse(await readText(res, d, deadline), upstreamType, body);
+      deadline.clear();
+      if (keepPrompt) answer = t.text.body;
+      return reply(t.text.body, t.text.contentType, t.usage, undefined);
+    }
     const { text, json } = await readJson(res, d, deadline);
     deadline.clear();
-    let mapped: { body: unknown; usage: Usage };
+    let mapped: ReturnType<EndpointAdapter<E, unknown>["response"]>;
     try {
       mapped = ep.response(json, body);
     } catch (err) {
@@ -296,17 +319,10 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
       if (kind === "content_policy_violation" || kind === "context_window_exceeded") throw GatewayError.of(400, `${d.provider} refused the request for model ${d.modelName}: ${message}`, kind);
       throw GatewayError.of(500, `${d.provider} returned an unexpected response for model ${d.modelName}: ${message}`);
     }
-    const id = (mapped.body as { id?: unknown }).id;
+    if (keepPrompt && keepsAnswer(endpoint)) answer = mapped.text ? mapped.text.body : mapped.body;
+    if (mapped.text) return reply(mapped.text.body, mapped.text.contentType, mapped.usage, undefined);
     // An adapter that hands the upstream body back unchanged lets the original bytes through.
-    const out = mapped.body === json ? text : JSON.stringify(mapped.body);
-    attempt.capture?.(out);
-    if (keepPrompt && keepsAnswer(endpoint)) answer = mapped.body;
-    const cost = finish("success", mapped.usage, undefined, Date.now(), typeof id === "string" ? id : undefined);
-    const headers = responseHeaders(d, ctx.callId, "application/json");
-    withUpstreamLimits(headers, res.headers);
-    if (attempt.headers) Object.assign(headers, attempt.headers);
-    headers["x-svc-response-cost"] = picoToText(cost);
-    return new Response(out, { headers });
+    return reply(mapped.body === json ? text : JSON.stringify(mapped.body), "application/json", mapped.usage, (mapped.body as { id?: unknown }).id);
   } catch (err) {
     deadline.clear();
     const info = err instanceof GatewayError ? err.info : errorInfo(500, err instanceof Error ? err.message : String(err));
@@ -329,14 +345,17 @@ export function buildCall<E extends Endpoint>(ep: EndpointAdapter<E, unknown>, b
   }
 }
 
-async function readJson(res: Response, d: Deployment, deadline: Deadline): Promise<{ text: string; json: unknown }> {
-  let text: string;
+async function readText(res: Response, d: Deployment, deadline: Deadline): Promise<string> {
   try {
-    text = await res.text();
+    return await res.text();
   } catch (err) {
     if (deadline.timedOut) throw timeoutError(d, deadline.seconds);
     throw err;
   }
+}
+
+async function readJson(res: Response, d: Deployment, deadline: Deadline): Promise<{ text: string; json: unknown }> {
+  const text = await readText(res, d, deadline);
   try {
     return { text, json: JSON.parse(text) };
   } catch {

@@ -98,7 +98,7 @@ export async function send(adapter: ProviderAdapter, d: Deployment, built: HttpC
   try {
     const call = adapter.authorize ? await adapter.authorize(built, d) : built;
     if (adapter.transport) return await adapter.transport(call, deadline.signal);
-    return await fetch(call.url, { method: call.method ?? "POST", headers: call.headers, body: call.body, signal: deadline.signal });
+    return await fetch(call.url, { method: call.method ?? "POST", headers: call.headers, body: call.form ?? call.body, signal: deadline.signal });
   } catch (err) {
     if (deadline.timedOut) throw timeoutError(d, deadline.seconds);
     if (deadline.clientGone) throw err;

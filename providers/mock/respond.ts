@@ -133,8 +133,29 @@ function images(body: WireJson): Response {
   return json({ created: now(), data });
 }
 
+/**
+ * A transcript of the uploaded file: its length as if it were 16 kHz 16-bit mono PCM (32,000
+ * bytes a second), one segment, in the asked format.
+ */
+function transcription(body: WireJson, fixed: string | undefined): Response {
+  const file = body.file instanceof Blob ? body.file : new Blob([]);
+  const duration = Math.round((file.size / 32_000) * 100) / 100;
+  const text = fixed ?? `This is a mock transcript of ${file instanceof File ? file.name : "audio"}.`;
+  switch (body.response_format) {
+    case "verbose_json":
+      return json({ task: "transcribe", language: "english", duration, text, segments: [{ id: 0, seek: 0, start: 0, end: duration, text }] });
+    case "text":
+    case "srt":
+    case "vtt":
+      return new Response(text, { headers: { "content-type": "text/plain; charset=utf-8" } });
+    default:
+      return json({ text, usage: { type: "duration", seconds: Math.ceil(duration) } });
+  }
+}
+
 export function respond(path: string, body: WireJson, fixedReply: string | undefined): Response {
   if (path.endsWith("/images/generations")) return images(body);
+  if (path.endsWith("/audio/transcriptions")) return transcription(body, fixedReply);
   if (path.endsWith("/chat/completions")) return chat(body, fixedReply);
   if (path.endsWith("/completions")) return completion(body, fixedReply);
   if (path.endsWith("/embeddings")) return embeddings(body);

@@ -17,6 +17,7 @@ import { GatewayOnlyFields, imagesAsked } from "../../core/wire.ts";
 import type { OpenAICompatibleProvider } from "./table.ts";
 import { usageFromOpenAI } from "./usage.ts";
 import { upstreamErrorKind } from "../shared/error-kind.ts";
+import { openAITranscriptions } from "./transcriptions.ts";
 
 /**
  * The client's own bytes, when the upstream body would be the same: same model name, no
@@ -206,7 +207,7 @@ export function openAICompatibleAdapter(rows: readonly OpenAICompatibleProvider[
   const byId = new Map(rows.map((r) => [r.id, r]));
   return {
     ids: rows.map((r) => r.id),
-    endpoints: { chat: openAIChat(), completions: openAICompletions(), embeddings: openAIEmbeddings(), images: openAIImages() },
+    endpoints: { chat: openAIChat(), completions: openAICompletions(), embeddings: openAIEmbeddings(), images: openAIImages(), transcriptions: openAITranscriptions() },
     errorMessage: openAIErrorMessage,
     errorKind: upstreamErrorKind,
     resolve(d) {

@@ -782,6 +782,31 @@ function imageGenerations(ctx: RequestContext, body: JsonObject): Reply | Respon
   return { kind: "json", body: { created: Math.floor(Date.now() / 1000), data } };
 }
 
+/**
+ * OpenAI's transcription answers: whisper-1 reports the audio's length (`usage.seconds`, or
+ * `duration` in verbose_json), gpt-4o-transcribe its tokens. The file is taken as 16 kHz 16-bit
+ * mono PCM (32,000 bytes a second).
+ */
+function transcriptions(ctx: RequestContext, body: JsonObject): Reply | Response {
+  if (typeof body.model !== "string") return errorResponse(ctx, 400, invalidRequest("you must provide a model parameter"));
+  const file = isObject(body.file) ? body.file : undefined;
+  if (!file) return errorResponse(ctx, 400, invalidRequest("Missing required parameter: 'file'.", "file", "missing_required_parameter"));
+  const size = typeof file.size === "number" ? file.size : 0;
+  const duration = Math.round((size / 32_000) * 100) / 100;
+  const text = `Transcript of ${String(file.filename)} (${size} bytes).`;
+  const format = body.response_format ?? "json";
+  const tokens = body.model.startsWith("gpt-4o");
+  if (format === "verbose_json") {
+    if (tokens) return errorResponse(ctx, 400, invalidRequest(`response_format 'verbose_json' is not compatible with model '${body.model}'`, "response_format"));
+    return { kind: "json", body: { task: "transcribe", language: "english", duration, text, segments: [{ id: 0, seek: 0, start: 0, end: duration, text: ` ${text}` }] } };
+  }
+  if (format === "text") return new Response(`${text}\n`, { headers: successHeaders(ctx, "text/plain; charset=utf-8") });
+  const usage = tokens
+    ? { type: "tokens", input_tokens: Math.ceil(duration * 10) + 5, input_token_details: { text_tokens: 5, audio_tokens: Math.ceil(duration * 10) }, output_tokens: approxTokens(text), total_tokens: 0 }
+    : { type: "duration", seconds: Math.ceil(duration) };
+  return { kind: "json", body: { text, usage } };
+}
+
 // ---------------------------------------------------------------------------------------------
 // Models
 
@@ -902,6 +927,17 @@ interface MockState extends Counters {
 
 type ParsedBody = { ok: true; value: unknown } | { ok: false; raw: string };
 
+/** A multipart upload as an object: fields as strings, each file as `{filename, size, type}` (what the tests look at). */
+async function parseForm(req: Request): Promise<ParsedBody> {
+  try {
+    const value: JsonObject = {};
+    for (const [name, v] of await req.formData()) value[name] = typeof v === "string" ? v : { filename: v.name, size: v.size, type: v.type };
+    return { ok: true, value };
+  } catch {
+    return { ok: false, raw: "" };
+  }
+}
+
 function parseBody(raw: string): ParsedBody {
   if (raw === "") return { ok: true, value: undefined };
   try {
@@ -971,6 +1007,7 @@ const POST_ROUTES: Record<string, (ctx: RequestContext, body: JsonObject, hints:
   "/v1/completions": completions,
   "/v1/embeddings": (ctx, body) => embeddings(ctx, body),
   "/v1/images/generations": (ctx, body) => imageGenerations(ctx, body),
+  "/v1/audio/transcriptions": (ctx, body) => transcriptions(ctx, body),
 };
 
 function recordRequest(state: MockState, req: Request, url: URL, body: ParsedBody): void {
@@ -985,7 +1022,8 @@ function recordRequest(state: MockState, req: Request, url: URL, body: ParsedBod
 async function handle(req: Request, state: MockState, options: MockOpenAIOptions): Promise<Response> {
   const ctx: RequestContext = { started: performance.now(), requestId: requestId() };
   const url = new URL(req.url);
-  const body = parseBody(req.method === "GET" || req.method === "HEAD" ? "" : await req.text());
+  const multipart = (req.headers.get("content-type") ?? "").startsWith("multipart/form-data");
+  const body = multipart ? await parseForm(req) : parseBody(req.method === "GET" || req.method === "HEAD" ? "" : await req.text());
   if (options.record !== false) recordRequest(state, req, url, body);
 
   const fault = takeFault(state.faults, url.pathname);
