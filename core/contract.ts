@@ -4,14 +4,14 @@
  */
 import type { Static, TSchema } from "@sinclair/typebox";
 import type { BudgetRow, IdentityChange, KeyRow, OrgRow, TeamMemberRow, TeamRow, UserRow } from "./identity/records.ts";
-import type { ChatRequest, CompletionRequest, EmbeddingsRequest, ImageRequest, TranscriptionRequest, WireJson } from "./wire.ts";
+import type { ChatRequest, CompletionRequest, EmbeddingsRequest, ImageRequest, SpeechRequest, TranscriptionRequest, WireJson } from "./wire.ts";
 
 export type { BudgetRow, IdentityChange, KeyRow, OrgRow, TeamMemberRow, TeamRow, UserRow } from "./identity/records.ts";
 export { teamMemberId } from "./identity/records.ts";
 
-export type { ChatRequest, CompletionRequest, EmbeddingsRequest, ImageRequest, TranscriptionRequest, WireJson } from "./wire.ts";
+export type { ChatRequest, CompletionRequest, EmbeddingsRequest, ImageRequest, SpeechRequest, TranscriptionRequest, WireJson } from "./wire.ts";
 
-export type Endpoint = "chat" | "completions" | "embeddings" | "images" | "transcriptions";
+export type Endpoint = "chat" | "completions" | "embeddings" | "images" | "transcriptions" | "speech";
 /** What a call is: a model endpoint, or a route forwarded as-is (`pass_through_endpoints`). */
 export type CallType = Endpoint | "pass_through";
 
@@ -21,6 +21,7 @@ export interface WireRequest {
   embeddings: EmbeddingsRequest;
   images: ImageRequest;
   transcriptions: TranscriptionRequest;
+  speech: SpeechRequest;
 }
 
 /** What a call consumed, in the OpenAI convention: the details are parts of the totals, not additions. */
@@ -136,6 +137,11 @@ export interface EndpointAdapter<E extends Endpoint, S = unknown> {
    * is. Absent: such an answer is an error.
    */
   textResponse?(text: string, contentType: string, req: WireRequest[E]): { text: TextAnswer; usage: Usage };
+  /**
+   * The answer is binary (synthesized audio): passed on as the upstream sent it, with this usage
+   * (known from the request). Present: `response` is not called.
+   */
+  binaryUsage?(req: WireRequest[E]): Usage;
   stream?: StreamTransform<E, S>;
   /**
    * The OpenAI request fields this adapter translates (beyond `model`, `messages`/`prompt`/`input`

@@ -169,6 +169,26 @@ export const TranscriptionRequestSchema = T.Object(
 );
 export type TranscriptionRequest = Omit<Static<typeof TranscriptionRequestSchema>, "file"> & { file: Blob };
 
+/** `POST /v1/audio/speech`: text to speech; the answer is the audio itself. */
+export const SpeechRequestSchema = T.Object(
+  {
+    model: T.String({ minLength: 1 }),
+    input: T.String({ minLength: 1, maxLength: 4096 }),
+    voice: T.Union([T.String({ minLength: 1 }), T.Object({ id: T.String() }, { additionalProperties: true })]),
+    response_format: T.Optional(T.Union(["mp3", "opus", "aac", "flac", "wav", "pcm"].map((f) => T.Literal(f)))),
+    speed: T.Optional(T.Number({ minimum: 0.25, maximum: 4 })),
+    instructions: T.Optional(T.String()),
+    metadata: T.Optional(Nullable(T.Record(T.String(), T.Unknown()))),
+  },
+  { additionalProperties: true },
+);
+export type SpeechRequest = Static<typeof SpeechRequestSchema>;
+
+/** What speech synthesis is priced on: the characters of its input, known before the call. */
+export function speechUsage(req: SpeechRequest): { promptTokens: number; completionTokens: number; characters: number } {
+  return { promptTokens: 0, completionTokens: 0, characters: req.input.length };
+}
+
 /** The images an image request asks for: `n` (default 1) at its size and quality, as a call's usage counts them. */
 export function imagesAsked(req: ImageRequest): { count: number; size?: string; quality?: string } {
   return { count: req.n ?? 1, size: req.size && req.size !== "auto" ? req.size : undefined, quality: req.quality ?? undefined };

@@ -81,6 +81,8 @@ export function promptSize<E extends Endpoint>(endpoint: E, body: WireRequest[E]
       return tokens((body as WireRequest["completions"]).prompt, TOKENS_PER_REPLY);
     case "images":
       return tokens((body as WireRequest["images"]).prompt, 0);
+    case "speech":
+      return tokens((body as WireRequest["speech"]).input, 0);
     case "transcriptions":
       // The audio is priced by its length (see audioBound); only the optional text prompt is text.
       return tokens((body as WireRequest["transcriptions"]).prompt ?? "", 0);

@@ -29,6 +29,7 @@ const CALL_PATHS: Record<Endpoint, string> = {
   embeddings: "embeddings",
   images: "images/generations",
   transcriptions: "audio/transcriptions",
+  speech: "audio/speech",
 };
 
 /** The path of a request URL without building a URL object (this runs on every call). */

@@ -10,7 +10,7 @@ import { picoToText } from "../cost/money.ts";
 import { GatewayError, errorInfo } from "../errors.ts";
 import type { Gate, Snapshot } from "../snapshot.ts";
 import { assembleStream } from "../stream/assemble.ts";
-import { imagesAsked } from "../wire.ts";
+import { imagesAsked, speechUsage } from "../wire.ts";
 import { withClientCredentials } from "./client-credentials.ts";
 import { supportedBody } from "./params.ts";
 import { cancelAll, dispatchRecord } from "./record.ts";
@@ -124,6 +124,7 @@ export class Intent implements CallIntent {
       const pricing = this.snapshot.pricing;
       if (this.endpoint === "embeddings") this.worst = pricing.worstCase(this.deployment, this.promptTokenBound, 0);
       else if (this.endpoint === "images") this.worst = pricing.costOf(this.deployment, { promptTokens: this.promptTokenBound, completionTokens: 0, images: imagesAsked(this.body as WireRequest["images"]) }).cost;
+      else if (this.endpoint === "speech") this.worst = pricing.costOf(this.deployment, speechUsage(this.body as WireRequest["speech"])).cost;
       else if (this.endpoint === "transcriptions") {
         const audio = audioBound((this.body as WireRequest["transcriptions"]).file.size);
         const tokens = this.promptTokenBound + audio.tokens;
@@ -291,8 +292,8 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
       return streamResponse({ res, deployment: d, transform, request: body as WireRequest["chat" | "completions"], deadline, headers, finish, tap });
     }
     /** Sends a finished answer: priced, recorded, with the call's headers. */
-    const reply = (out: string, contentType: string, usage: Usage, id: unknown): Response => {
-      attempt.capture?.(out);
+    const reply = (out: string | ArrayBuffer, contentType: string, usage: Usage, id: unknown): Response => {
+      if (typeof out === "string") attempt.capture?.(out);
       const cost = finish("success", usage, undefined, Date.now(), typeof id === "string" ? id : undefined);
       const headers = responseHeaders(d, ctx.callId, contentType);
       withUpstreamLimits(headers, res.headers);
@@ -301,6 +302,17 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
       return new Response(out, { headers });
     };
     const upstreamType = res.headers.get("content-type") ?? "";
+    if (ep.binaryUsage) {
+      let audio: ArrayBuffer;
+      try {
+        audio = await res.arrayBuffer();
+      } catch (err) {
+        if (deadline.timedOut) throw timeoutError(d, deadline.seconds);
+        throw err;
+      }
+      deadline.clear();
+      return reply(audio, upstreamType || "application/octet-stream", ep.binaryUsage(body), undefined);
+    }
     if (ep.textResponse && !upstreamType.includes("json")) {
       const t = ep.textResponse(await readText(res, d, deadline), upstreamType, body);
       deadline.clear();

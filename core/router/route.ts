@@ -87,8 +87,8 @@ export async function modelCall<E extends Endpoint>(endpoint: E, body: WireReque
   const deployments = snapshot.models.resolve(group);
   if (!deployments || deployments.length === 0) throw invalidModel(body.model);
   const loose = body as unknown as Record<string, unknown>;
-  // An uploaded file is not part of the cache key (it is not JSON), so transcriptions are never cached.
-  const use = endpoint === "transcriptions" ? undefined : cacheUse(snapshot.cache.settings, loose, principal);
+  // An uploaded file is not part of the cache key (it is not JSON), and the cache keeps text, not audio.
+  const use = endpoint === "transcriptions" || endpoint === "speech" ? undefined : cacheUse(snapshot.cache.settings, loose, principal);
   let save: CacheSave | undefined;
   if (use) {
     const key = cacheKey(endpoint, group, loose, use.namespace);

@@ -153,7 +153,20 @@ function transcription(body: WireJson, fixed: string | undefined): Response {
   }
 }
 
+const AUDIO_TYPES: Record<string, string> = { mp3: "audio/mpeg", opus: "audio/ogg", aac: "audio/aac", flac: "audio/flac", wav: "audio/wav", pcm: "audio/pcm" };
+
+/** Silence: a RIFF/WAV header and 100 bytes of samples per character of input, in the asked format's content type. */
+function speech(body: WireJson): Response {
+  const samples = String(body.input ?? "").length * 100;
+  const bytes = new Uint8Array(44 + samples);
+  bytes.set(encoder.encode("RIFF"), 0);
+  bytes.set(encoder.encode("WAVE"), 8);
+  const format = typeof body.response_format === "string" ? body.response_format : "mp3";
+  return new Response(bytes, { headers: { "content-type": AUDIO_TYPES[format] ?? "audio/mpeg" } });
+}
+
 export function respond(path: string, body: WireJson, fixedReply: string | undefined): Response {
+  if (path.endsWith("/audio/speech")) return speech(body);
   if (path.endsWith("/images/generations")) return images(body);
   if (path.endsWith("/audio/transcriptions")) return transcription(body, fixedReply);
   if (path.endsWith("/chat/completions")) return chat(body, fixedReply);

@@ -13,7 +13,7 @@ import type {
   Usage,
   WireJson,
 } from "../../core/contract.ts";
-import { GatewayOnlyFields, imagesAsked } from "../../core/wire.ts";
+import { GatewayOnlyFields, imagesAsked, speechUsage } from "../../core/wire.ts";
 import type { OpenAICompatibleProvider } from "./table.ts";
 import { usageFromOpenAI } from "./usage.ts";
 import { upstreamErrorKind } from "../shared/error-kind.ts";
@@ -189,6 +189,17 @@ export function openAIImages(): EndpointAdapter<"images"> {
   };
 }
 
+/** Speech synthesis: the audio goes back as the upstream sent it; the input's characters are priced. */
+export function openAISpeech(): EndpointAdapter<"speech"> {
+  return {
+    request: (req, d, raw) => call(d, "/audio/speech", forwardedBody(req, d, raw) ?? upstreamBody(req, d)),
+    response: () => {
+      throw new Error("a speech answer is audio, not JSON");
+    },
+    binaryUsage: speechUsage,
+  };
+}
+
 /** OpenAI's error body `{error: {message}}` → its message. */
 export function openAIErrorMessage(_status: number, body: string): string {
   try {
@@ -207,7 +218,7 @@ export function openAICompatibleAdapter(rows: readonly OpenAICompatibleProvider[
   const byId = new Map(rows.map((r) => [r.id, r]));
   return {
     ids: rows.map((r) => r.id),
-    endpoints: { chat: openAIChat(), completions: openAICompletions(), embeddings: openAIEmbeddings(), images: openAIImages(), transcriptions: openAITranscriptions() },
+    endpoints: { chat: openAIChat(), completions: openAICompletions(), embeddings: openAIEmbeddings(), images: openAIImages(), transcriptions: openAITranscriptions(), speech: openAISpeech() },
     errorMessage: openAIErrorMessage,
     errorKind: upstreamErrorKind,
     resolve(d) {

@@ -807,6 +807,17 @@ function transcriptions(ctx: RequestContext, body: JsonObject): Reply | Response
   return { kind: "json", body: { text, usage } };
 }
 
+/** Speech: `ID3` and 10 bytes per character of input, as audio/mpeg (or the asked format's type). */
+function speech(ctx: RequestContext, body: JsonObject): Reply | Response {
+  if (typeof body.model !== "string") return errorResponse(ctx, 400, invalidRequest("you must provide a model parameter"));
+  if (typeof body.input !== "string" || body.input === "") return errorResponse(ctx, 400, invalidRequest("Missing required parameter: 'input'.", "input", "missing_required_parameter"));
+  if (body.voice === undefined) return errorResponse(ctx, 400, invalidRequest("Missing required parameter: 'voice'.", "voice", "missing_required_parameter"));
+  const bytes = new Uint8Array(3 + body.input.length * 10);
+  bytes.set([0x49, 0x44, 0x33]);
+  const type = body.response_format === "wav" ? "audio/wav" : "audio/mpeg";
+  return new Response(bytes, { headers: successHeaders(ctx, type) });
+}
+
 // ---------------------------------------------------------------------------------------------
 // Models
 
@@ -1008,6 +1019,7 @@ const POST_ROUTES: Record<string, (ctx: RequestContext, body: JsonObject, hints:
   "/v1/embeddings": (ctx, body) => embeddings(ctx, body),
   "/v1/images/generations": (ctx, body) => imageGenerations(ctx, body),
   "/v1/audio/transcriptions": (ctx, body) => transcriptions(ctx, body),
+  "/v1/audio/speech": (ctx, body) => speech(ctx, body),
 };
 
 function recordRequest(state: MockState, req: Request, url: URL, body: ParsedBody): void {
