@@ -107,7 +107,7 @@ export function mayUseModel(rules: AccessRules | undefined, model: string, group
  * Named route groups usable in `allowed_routes` (LiteLLM's names): model calls, and everything
  * else (management).
  */
-const LLM_API_ROUTE = /^\/(v1\/)?(chat\/completions|completions|embeddings|images\/generations|audio\/transcriptions|audio\/speech|models(\/.*)?|model\/info)$|^\/(openai\/deployments|engines|v1beta\/models)\/|^\/utils\/(token_counter|supported_openai_params|transform_request)$/;
+const LLM_API_ROUTE = /^\/(v1\/)?(chat\/completions|completions|embeddings|images\/generations|audio\/transcriptions|audio\/speech|moderations|models(\/.*)?|model\/info)$|^\/(openai\/deployments|engines|v1beta\/models)\/|^\/utils\/(token_counter|supported_openai_params|transform_request)$/;
 
 /** A model-call route is served with and without `/v1`, so a pattern naming either form matches both. */
 function forms(path: string): string[] {

@@ -4,14 +4,14 @@
  */
 import type { Static, TSchema } from "@sinclair/typebox";
 import type { BudgetRow, IdentityChange, KeyRow, OrgRow, TeamMemberRow, TeamRow, UserRow } from "./identity/records.ts";
-import type { ChatRequest, CompletionRequest, EmbeddingsRequest, ImageRequest, SpeechRequest, TranscriptionRequest, WireJson } from "./wire.ts";
+import type { ChatRequest, CompletionRequest, EmbeddingsRequest, ImageRequest, ModerationRequest, SpeechRequest, TranscriptionRequest, WireJson } from "./wire.ts";
 
 export type { BudgetRow, IdentityChange, KeyRow, OrgRow, TeamMemberRow, TeamRow, UserRow } from "./identity/records.ts";
 export { teamMemberId } from "./identity/records.ts";
 
-export type { ChatRequest, CompletionRequest, EmbeddingsRequest, ImageRequest, SpeechRequest, TranscriptionRequest, WireJson } from "./wire.ts";
+export type { ChatRequest, CompletionRequest, EmbeddingsRequest, ImageRequest, ModerationRequest, SpeechRequest, TranscriptionRequest, WireJson } from "./wire.ts";
 
-export type Endpoint = "chat" | "completions" | "embeddings" | "images" | "transcriptions" | "speech";
+export type Endpoint = "chat" | "completions" | "embeddings" | "images" | "transcriptions" | "speech" | "moderations";
 /** What a call is: a model endpoint, or a route forwarded as-is (`pass_through_endpoints`). */
 export type CallType = Endpoint | "pass_through";
 
@@ -22,6 +22,7 @@ export interface WireRequest {
   images: ImageRequest;
   transcriptions: TranscriptionRequest;
   speech: SpeechRequest;
+  moderations: ModerationRequest;
 }
 
 /** What a call consumed, in the OpenAI convention: the details are parts of the totals, not additions. */

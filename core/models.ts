@@ -71,6 +71,14 @@ export class ModelTable {
   }
 
   /** The deployments serving a requested model name, or undefined when nothing matches. */
+  /** The first model group that moderates (`model_info.mode: moderation`, or a `*moderation*` model): for a moderation request that names no model. */
+  moderationGroup(): string | undefined {
+    for (const [name, list] of this.groups) {
+      if (list.some((d) => d.info.mode === "moderation" || d.upstreamModel.includes("moderation"))) return name;
+    }
+    return undefined;
+  }
+
   resolve(name: string): readonly Deployment[] | undefined {
     const group = this.groups.get(name);
     if (group) return group;

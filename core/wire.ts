@@ -184,6 +184,17 @@ export const SpeechRequestSchema = T.Object(
 );
 export type SpeechRequest = Static<typeof SpeechRequestSchema>;
 
+/** `POST /v1/moderations`: `model` may be left out (the gateway then picks its moderation model). */
+export const ModerationRequestSchema = T.Object(
+  {
+    model: T.String({ minLength: 1 }),
+    input: T.Union([T.String(), T.Array(T.String(), { minItems: 1 }), T.Array(ContentPart, { minItems: 1 })]),
+    metadata: T.Optional(Nullable(T.Record(T.String(), T.Unknown()))),
+  },
+  { additionalProperties: true },
+);
+export type ModerationRequest = Static<typeof ModerationRequestSchema>;
+
 /** What speech synthesis is priced on: the characters of its input, known before the call. */
 export function speechUsage(req: SpeechRequest): { promptTokens: number; completionTokens: number; characters: number } {
   return { promptTokens: 0, completionTokens: 0, characters: req.input.length };

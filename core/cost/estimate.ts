@@ -81,6 +81,8 @@ export function promptSize<E extends Endpoint>(endpoint: E, body: WireRequest[E]
       return tokens((body as WireRequest["completions"]).prompt, TOKENS_PER_REPLY);
     case "images":
       return tokens((body as WireRequest["images"]).prompt, 0);
+    case "moderations":
+      return tokens((body as WireRequest["moderations"]).input, 0);
     case "speech":
       return tokens((body as WireRequest["speech"]).input, 0);
     case "transcriptions":

@@ -30,6 +30,7 @@ const CALL_PATHS: Record<Endpoint, string> = {
   images: "images/generations",
   transcriptions: "audio/transcriptions",
   speech: "audio/speech",
+  moderations: "moderations",
 };
 
 /** The path of a request URL without building a URL object (this runs on every call). */
@@ -59,6 +60,12 @@ export function createApp(deps: AppDeps) {
           body.model = queryModel;
           changed = true;
         }
+      }
+      if (endpoint === "moderations" && body.model === undefined) {
+        const group = pin.snapshot.models.moderationGroup();
+        if (!group) throw GatewayError.of(400, "No model given, and no moderation model is configured (a model with model_info.mode: moderation, or an omni-moderation / text-moderation model).", "invalid_request_error", "model");
+        body.model = group;
+        changed = true;
       }
       if (endpoint === "embeddings" && body.input === undefined) {
         body.input = [];

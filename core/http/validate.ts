@@ -3,7 +3,7 @@ import { Kind, type TSchema } from "@sinclair/typebox";
 import { TypeCompiler } from "@sinclair/typebox/compiler";
 import { type ValueError, Value } from "@sinclair/typebox/value";
 import { GatewayError } from "../errors.ts";
-import { ChatRequestSchema, CompletionRequestSchema, EmbeddingsRequestSchema, ImageRequestSchema, SpeechRequestSchema, TranscriptionRequestSchema } from "../wire.ts";
+import { ChatRequestSchema, CompletionRequestSchema, EmbeddingsRequestSchema, ImageRequestSchema, ModerationRequestSchema, SpeechRequestSchema, TranscriptionRequestSchema } from "../wire.ts";
 
 export function checker<S extends TSchema>(schema: S) {
   const compiled = TypeCompiler.Compile(schema);
@@ -34,6 +34,7 @@ export const validate = {
   embeddings: checker(EmbeddingsRequestSchema),
   images: checker(ImageRequestSchema),
   speech: checker(SpeechRequestSchema),
+  moderations: checker(ModerationRequestSchema),
   transcriptions: (value: unknown) => {
     const fields = transcriptionFields(value);
     if (!(fields.file instanceof Blob)) throw GatewayError.of(422, "Invalid request: file: Expected an uploaded audio file", "validation_error", "file");

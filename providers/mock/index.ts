@@ -1,5 +1,5 @@
 import type { ProviderAdapter, WireJson } from "../../core/contract.ts";
-import { openAIChat, openAICompletions, openAIEmbeddings, openAIErrorMessage, openAIImages, openAISpeech } from "../openai-compatible/adapter.ts";
+import { openAIChat, openAICompletions, openAIEmbeddings, openAIErrorMessage, openAIImages, openAIModerations, openAISpeech } from "../openai-compatible/adapter.ts";
 import { openAITranscriptions } from "../openai-compatible/transcriptions.ts";
 import { respond } from "./respond.ts";
 
@@ -10,7 +10,7 @@ const FIXED_REPLY = "x-mock-response";
 /** `mock/<anything>`: answers in OpenAI's wire format without leaving the process. */
 export const mockProvider: ProviderAdapter = {
   ids: ["mock"],
-  endpoints: { chat: openAIChat(), completions: openAICompletions(), embeddings: openAIEmbeddings(), images: openAIImages(), transcriptions: openAITranscriptions(), speech: openAISpeech() },
+  endpoints: { chat: openAIChat(), completions: openAICompletions(), embeddings: openAIEmbeddings(), images: openAIImages(), transcriptions: openAITranscriptions(), speech: openAISpeech(), moderations: openAIModerations() },
   errorMessage: openAIErrorMessage,
   resolve(d) {
     const fixed = typeof d.options.mock_response === "string" ? d.options.mock_response : undefined;

@@ -165,7 +165,23 @@ function speech(body: WireJson): Response {
   return new Response(bytes, { headers: { "content-type": AUDIO_TYPES[format] ?? "audio/mpeg" } });
 }
 
+const MODERATION_CATEGORIES = ["harassment", "hate", "self-harm", "sexual", "violence"];
+/** Words the mock flags as violence, so a test can see both answers. */
+const VIOLENT = /\b(kill|attack|hurt)\b/i;
+
+function moderations(body: WireJson): Response {
+  const inputs = Array.isArray(body.input) ? body.input.map((x) => (typeof x === "string" ? x : String((x as WireJson).text ?? ""))) : [String(body.input ?? "")];
+  const results = inputs.map((text) => {
+    const violent = VIOLENT.test(text);
+    const categories = Object.fromEntries(MODERATION_CATEGORIES.map((c) => [c, c === "violence" && violent]));
+    const scores = Object.fromEntries(MODERATION_CATEGORIES.map((c) => [c, c === "violence" && violent ? 0.97 : 0.0001]));
+    return { flagged: violent, categories, category_scores: scores };
+  });
+  return json({ id: nextId("modr"), model: body.model, results });
+}
+
 export function respond(path: string, body: WireJson, fixedReply: string | undefined): Response {
+  if (path.endsWith("/moderations")) return moderations(body);
   if (path.endsWith("/audio/speech")) return speech(body);
   if (path.endsWith("/images/generations")) return images(body);
   if (path.endsWith("/audio/transcriptions")) return transcription(body, fixedReply);

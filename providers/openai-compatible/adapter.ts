@@ -200,6 +200,14 @@ export function openAISpeech(): EndpointAdapter<"speech"> {
   };
 }
 
+/** Moderation: passed through; OpenAI does not charge for it or report usage. */
+export function openAIModerations(): EndpointAdapter<"moderations"> {
+  return {
+    request: (req, d, raw) => call(d, "/moderations", forwardedBody(req, d, raw) ?? upstreamBody(req, d)),
+    response: (body) => ({ body: asObject(body), usage: { promptTokens: 0, completionTokens: 0 } }),
+  };
+}
+
 /** OpenAI's error body `{error: {message}}` → its message. */
 export function openAIErrorMessage(_status: number, body: string): string {
   try {
@@ -218,7 +226,7 @@ export function openAICompatibleAdapter(rows: readonly OpenAICompatibleProvider[
   const byId = new Map(rows.map((r) => [r.id, r]));
   return {
     ids: rows.map((r) => r.id),
-    endpoints: { chat: openAIChat(), completions: openAICompletions(), embeddings: openAIEmbeddings(), images: openAIImages(), transcriptions: openAITranscriptions(), speech: openAISpeech() },
+    endpoints: { chat: openAIChat(), completions: openAICompletions(), embeddings: openAIEmbeddings(), images: openAIImages(), transcriptions: openAITranscriptions(), speech: openAISpeech(), moderations: openAIModerations() },
     errorMessage: openAIErrorMessage,
     errorKind: upstreamErrorKind,
     resolve(d) {

@@ -818,6 +818,17 @@ function speech(ctx: RequestContext, body: JsonObject): Reply | Response {
   return new Response(bytes, { headers: successHeaders(ctx, type) });
 }
 
+/** Moderation: flags violence when the text says "kill" (one result per input). */
+function moderations(ctx: RequestContext, body: JsonObject): Reply | Response {
+  const inputs = typeof body.input === "string" ? [body.input] : Array.isArray(body.input) ? body.input.map(String) : undefined;
+  if (!inputs) return errorResponse(ctx, 400, invalidRequest("Missing required parameter: 'input'.", "input", "missing_required_parameter"));
+  const results = inputs.map((text) => {
+    const violent = /kill/i.test(text);
+    return { flagged: violent, categories: { violence: violent, hate: false }, category_scores: { violence: violent ? 0.98 : 0.001, hate: 0.001 } };
+  });
+  return { kind: "json", body: { id: `modr-${ctx.requestId}`, model: body.model ?? "omni-moderation-latest", results } };
+}
+
 // ---------------------------------------------------------------------------------------------
 // Models
 
@@ -1020,6 +1031,7 @@ const POST_ROUTES: Record<string, (ctx: RequestContext, body: JsonObject, hints:
   "/v1/images/generations": (ctx, body) => imageGenerations(ctx, body),
   "/v1/audio/transcriptions": (ctx, body) => transcriptions(ctx, body),
   "/v1/audio/speech": (ctx, body) => speech(ctx, body),
+  "/v1/moderations": (ctx, body) => moderations(ctx, body),
 };
 
 function recordRequest(state: MockState, req: Request, url: URL, body: ParsedBody): void {
