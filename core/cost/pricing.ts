@@ -70,7 +70,9 @@ export class Pricing {
     // Image models are priced per size and quality: `hd/1024-x-1792/dall-e-3`, `1024-x-1024/dall-e-2`.
     if (variant?.size) {
       const size = sizeKey(variant.size);
-      const names = variant.quality ? [`${variant.quality}/${size}/${model}`, `${size}/${model}`] : [`standard/${size}/${model}`, `${size}/${model}`];
+      // A provider-named base model (`azure/dall-e-3`, LiteLLM's convention) has its variants under the provider: `azure/hd/…/dall-e-3`.
+      const bare = model.startsWith(`${provider}/`) ? model.slice(provider.length + 1) : model;
+      const names = variant.quality ? [`${variant.quality}/${size}/${bare}`, `${size}/${bare}`] : [`standard/${size}/${bare}`, `${size}/${bare}`];
       for (const name of names) {
         const found = this.table.find(provider, name);
         if (found) return found;

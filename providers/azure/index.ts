@@ -5,7 +5,8 @@
  * and in its content filter (see stream.ts; refusals are content-policy errors).
  */
 import type { Deployment, Endpoint, EndpointAdapter, ProviderAdapter } from "../../core/contract.ts";
-import { openAIChat, openAICompletions, openAIEmbeddings, openAIErrorMessage } from "../openai-compatible/adapter.ts";
+import { openAIChat, openAICompletions, openAIEmbeddings, openAIErrorMessage, openAIImages, openAISpeech } from "../openai-compatible/adapter.ts";
+import { openAITranscriptions } from "../openai-compatible/transcriptions.ts";
 import { upstreamErrorKind } from "../shared/error-kind.ts";
 import { azureAuth, findAzureAuth, staticAuthHeaders, withAzureAuth } from "./credentials.ts";
 import { EntraTokenCache } from "./entra-token.ts";
@@ -47,6 +48,8 @@ function onAzure<E extends Endpoint, S>(inner: EndpointAdapter<E, S>, path: stri
     response: (body, req) => inner.response(body, req),
   };
   if (inner.stream) adapter.stream = azureStream(inner.stream);
+  if (inner.textResponse) adapter.textResponse = inner.textResponse;
+  if (inner.binaryUsage) adapter.binaryUsage = inner.binaryUsage;
   return adapter;
 }
 
@@ -57,6 +60,9 @@ export function azureAdapter(tokens: EntraTokenCache): ProviderAdapter {
       chat: onAzure(openAIChat(), "/chat/completions"),
       completions: onAzure(openAICompletions(), "/completions"),
       embeddings: onAzure(openAIEmbeddings(), "/embeddings"),
+      images: onAzure(openAIImages(), "/images/generations"),
+      transcriptions: onAzure(openAITranscriptions(), "/audio/transcriptions"),
+      speech: onAzure(openAISpeech(), "/audio/speech"),
     },
     errorMessage: openAIErrorMessage,
     // Azure's refusals (`code: content_filter`, "content management policy") and `context_length_exceeded`.

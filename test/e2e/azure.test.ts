@@ -24,7 +24,7 @@ beforeAll(async () => {
     apiKey: API_KEY,
     clients: [CLIENT],
     staticTokens: [AD_TOKEN],
-    deployments: { "gpt-4o-prod": "gpt-4o-2024-08-06", "embed-prod": "text-embedding-3-small", "instruct-prod": "gpt-35-turbo-instruct" },
+    deployments: { "gpt-4o-prod": "gpt-4o-2024-08-06", "embed-prod": "text-embedding-3-small", "instruct-prod": "gpt-35-turbo-instruct", "dalle-prod": "dall-e-3" },
     blockedPrompt: "forbidden-topic",
     filteredOutput: "filtered-output",
   });
@@ -40,6 +40,7 @@ beforeAll(async () => {
   gw = await startTestGateway({
     model_list: [
       { model_name: "gpt", svc_params: azure("gpt-4o-prod"), model_info: { id: "dep-azure" } },
+      { model_name: "dalle", svc_params: azure("dalle-prod"), model_info: { base_model: "azure/dall-e-3" } },
       { model_name: "gpt-v1", svc_params: azure("gpt-4o-prod", { api_version: "v1" }) },
       { model_name: "gpt-old-version", svc_params: azure("gpt-4o-prod", { api_version: "2023-03-15-preview" }) },
       { model_name: "gpt-2024-06", svc_params: azure("gpt-4o-prod", { api_version: "2024-06-01" }) },
@@ -162,6 +163,16 @@ describe("embeddings", () => {
     expect(res.data[1]!.embedding).toEqual(mockEmbedding("second text", 8));
     expect(res.model).toBe("text-embedding-3-small");
     expect(mock.requests[0]!.path).toBe("/openai/deployments/embed-prod/embeddings?api-version=2024-10-21");
+  });
+});
+
+describe("images", () => {
+  test("image generation on an Azure deployment: its URL and api-version, priced by the base model at the asked size and quality", async () => {
+    const { data, response } = await client.images.generate({ model: "dalle", prompt: "a harbour at night", size: "1024x1792", quality: "hd" }).withResponse();
+    expect(data.data).toHaveLength(1);
+    expect(mock.requests.at(-1)!.path).toBe("/openai/deployments/dalle-prod/images/generations?api-version=2024-10-21");
+    // Azure's hd 1024x1792 dall-e-3: $6.539e-8 per pixel.
+    expect(Number(response.headers.get("x-svc-response-cost"))).toBeCloseTo(1024 * 1792 * 6.539e-8, 12);
   });
 });
 

@@ -146,7 +146,7 @@ function checkAuth(req: Request, opts: MockAzureOptions, tokens: TokenState): Re
 const defaultErrorReply = (status: number): Reply => ({ kind: "json", status, body: defaultError(status) });
 
 interface Target {
-  operation: "chat/completions" | "completions" | "embeddings";
+  operation: "chat/completions" | "completions" | "embeddings" | "images/generations";
   model: string;
   /** The api-version asked for; undefined on the v1 API. */
   version?: string;
@@ -154,9 +154,9 @@ interface Target {
 
 /** The operation and model a path addresses, or Azure's 404. */
 function target(url: URL, body: JsonObject, opts: MockAzureOptions): Target | Reply {
-  const v1 = /^\/openai\/v1\/(chat\/completions|completions|embeddings)$/.exec(url.pathname);
+  const v1 = /^\/openai\/v1\/(chat\/completions|completions|embeddings|images\/generations)$/.exec(url.pathname);
   if (v1) return { operation: v1[1] as Target["operation"], model: typeof body.model === "string" ? body.model : DEFAULT_MODEL };
-  const m = /^\/openai\/deployments\/([^/]+)\/(chat\/completions|completions|embeddings)$/.exec(url.pathname);
+  const m = /^\/openai\/deployments\/([^/]+)\/(chat\/completions|completions|embeddings|images\/generations)$/.exec(url.pathname);
   if (!m) return azureError(404, "404", "Resource not found");
   const version = url.searchParams.get("api-version");
   if (!version || !(opts.apiVersions ?? API_VERSIONS).includes(version)) return azureError(404, "404", "Resource not found");
@@ -276,6 +276,14 @@ function embeddings(body: JsonObject, model: string): Reply {
   };
 }
 
+/** Azure's image generation answer: `n` image URLs with the revised prompt. */
+function images(body: JsonObject): Reply {
+  if (typeof body.prompt !== "string") return azureError(400, "BadRequest", "'prompt' is a required property");
+  const n = typeof body.n === "number" ? body.n : 1;
+  const data = Array.from({ length: n }, (_, i) => ({ url: `https://dalle.mock.invalid/${i}.png`, revised_prompt: body.prompt }));
+  return { kind: "json", body: { created: Math.floor(Date.now() / 1000), data } };
+}
+
 export async function startMockAzure(opts: MockAzureOptions = {}): Promise<MockAzure> {
   const tokens: TokenState = { issued: new Set(), requests: 0 };
   const server = await startMockServer({
@@ -291,6 +299,7 @@ export async function startMockAzure(opts: MockAzureOptions = {}): Promise<MockA
       if ("kind" in t) return t;
       if (t.operation === "chat/completions") return chat(body, t, opts);
       if (t.operation === "completions") return completions(body, t.model);
+      if (t.operation === "images/generations") return images(body);
       return embeddings(body, t.model);
     },
   });

@@ -34,6 +34,22 @@ function deployment(over: Partial<Deployment>, adapter = azureProvider): Deploym
 
 const chatReq: ChatRequest = { model: "gpt", messages: [{ role: "user", content: "Hello" }], temperature: 0.5 };
 
+describe("audio on Azure", () => {
+  test("a transcription goes to the deployment as a form with the key in api-key; speech to its audio/speech, priced per character", () => {
+    const d = deployment({ apiBase: BASE, apiKey: "az-key", upstreamModel: "whisper-prod" });
+    const file = new File([new Uint8Array(16)], "a.wav");
+    const t = azureProvider.endpoints.transcriptions!.request({ model: "w", file }, d);
+    expect(t.url).toBe(`${BASE}/openai/deployments/whisper-prod/audio/transcriptions?api-version=2024-10-21`);
+    expect(t.headers["api-key"]).toBe("az-key");
+    expect(t.form?.get("file")).toBeInstanceOf(Blob);
+    expect(t.form?.get("model")).toBe("whisper-prod");
+    const speech = azureProvider.endpoints.speech!;
+    const s = speech.request({ model: "tts", input: "hello", voice: "alloy" }, { ...d, upstreamModel: "tts-prod" });
+    expect(s.url).toBe(`${BASE}/openai/deployments/tts-prod/audio/speech?api-version=2024-10-21`);
+    expect(speech.binaryUsage!({ model: "tts", input: "hello", voice: "alloy" }).characters).toBe(5);
+  });
+});
+
 describe("address and static credentials", () => {
   test("deployment URL with the default GA api-version, the key in api-key, never as a bearer token", () => {
     const call = azureProvider.endpoints.chat!.request(chatReq, deployment({ apiBase: `${BASE}/`, apiKey: "az-key" }));
