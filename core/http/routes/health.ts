@@ -1,6 +1,6 @@
 /** Liveness and readiness (public, for orchestrators) and `/health` (admin: probes every deployment). */
 import { Elysia } from "elysia";
-import type { Deployment } from "../../contract.ts";
+import type { Deployment, Endpoint, WireRequest } from "../../contract.ts";
 import { GatewayError } from "../../errors.ts";
 import { redact } from "../../log.ts";
 import { callDeployment, newCallId } from "../../pipeline/call.ts";
@@ -22,12 +22,49 @@ export interface Probes {
 
 const PROBE_TIMEOUT_S = 10;
 
+/** Half a second of silence: a 16 kHz 16-bit mono WAV (a header and zeroed samples). */
+function silentWav(): Blob {
+  const samples = 16_000;
+  const bytes = new Uint8Array(44 + samples);
+  const view = new DataView(bytes.buffer);
+  const text = (at: number, s: string) => bytes.set(new TextEncoder().encode(s), at);
+  text(0, "RIFF");
+  view.setUint32(4, 36 + samples, true);
+  text(8, "WAVEfmt ");
+  view.setUint32(16, 16, true);
+  view.setUint16(20, 1, true);
+  view.setUint16(22, 1, true);
+  view.setUint32(24, 16_000, true);
+  view.setUint32(28, 32_000, true);
+  view.setUint16(32, 2, true);
+  view.setUint16(34, 16, true);
+  text(36, "data");
+  view.setUint32(40, samples, true);
+  return new File([bytes], "health-check.wav", { type: "audio/wav" });
+}
+
+/** The smallest call of the deployment's kind (`model_info.mode`, LiteLLM's names); chat when it says none. */
+function probeCall(mode: unknown, model: string): { [E in Endpoint]: [E, WireRequest[E]] }[Endpoint] {
+  switch (mode) {
+    case "embedding":
+      return ["embeddings", { model, input: "ping" }];
+    case "completion":
+      return ["completions", { model, prompt: "ping", max_tokens: 1 }];
+    case "image_generation":
+      return ["images", { model, prompt: "ping" }];
+    case "audio_transcription":
+      return ["transcriptions", { model, file: silentWav() }];
+    case "audio_speech":
+      return ["speech", { model, input: "ping", voice: "alloy" }];
+    case "moderation":
+      return ["moderations", { model, input: "ping" }];
+    default:
+      return ["chat", { model, messages: [{ role: "user", content: "ping" }], max_tokens: 1 }];
+  }
+}
+
 async function probe(s: Snapshot, d: Deployment, log: AppDeps["log"]) {
-  const endpoint = s.models.findById(d.id)?.entry.model_info?.mode === "embedding" ? "embeddings" : "chat";
-  const body =
-    endpoint === "chat"
-      ? { model: d.modelName, messages: [{ role: "user" as const, content: "ping" }], max_tokens: 1 }
-      : { model: d.modelName, input: "ping" };
+  const [endpoint, body] = probeCall(s.models.findById(d.id)?.entry.model_info?.mode, d.modelName);
   const principal = { keyHash: "health-check", role: "proxy_admin" as const, metadata: {} };
   const base = { model: d.modelName, model_id: d.id, provider: d.provider };
   try {
