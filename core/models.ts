@@ -37,6 +37,9 @@ export function toDeployment(entry: ModelEntry): Deployment {
 
 const WILDCARD_CACHE_LIMIT = 1000;
 
+/** Model names that say their kind when `model_info.mode` does not. */
+const MODEL_NAMED = { moderation: /moderation/, image_generation: /dall-e|gpt-image|imagen/ } as const;
+
 export class ModelTable {
   readonly groups: ReadonlyMap<string, readonly Deployment[]>;
   readonly wildcards: readonly WildcardRoute[];
@@ -71,10 +74,13 @@ export class ModelTable {
   }
 
   /** The deployments serving a requested model name, or undefined when nothing matches. */
-  /** The first model group that moderates (`model_info.mode: moderation`, or a `*moderation*` model): for a moderation request that names no model. */
-  moderationGroup(): string | undefined {
+  /**
+   * The first model group of a kind (`model_info.mode`, or a model named like one): for the
+   * requests whose `model` is optional (moderations, image generation).
+   */
+  defaultGroup(mode: keyof typeof MODEL_NAMED): string | undefined {
     for (const [name, list] of this.groups) {
-      if (list.some((d) => d.info.mode === "moderation" || d.upstreamModel.includes("moderation"))) return name;
+      if (list.some((d) => d.info.mode === mode || MODEL_NAMED[mode].test(d.upstreamModel))) return name;
     }
     return undefined;
   }

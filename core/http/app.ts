@@ -33,6 +33,9 @@ const CALL_PATHS: Record<Endpoint, string> = {
   moderations: "moderations",
 };
 
+/** Endpoints whose `model` may be left out (the spec's), and the kind of model that then answers. */
+const OPTIONAL_MODEL: Partial<Record<Endpoint, "moderation" | "image_generation">> = { moderations: "moderation", images: "image_generation" };
+
 /** The path of a request URL without building a URL object (this runs on every call). */
 function pathOf(url: string): string {
   const start = url.indexOf("/", url.indexOf("//") + 2);
@@ -61,9 +64,10 @@ export function createApp(deps: AppDeps) {
           changed = true;
         }
       }
-      if (endpoint === "moderations" && body.model === undefined) {
-        const group = pin.snapshot.models.moderationGroup();
-        if (!group) throw GatewayError.of(400, "No model given, and no moderation model is configured (a model with model_info.mode: moderation, or an omni-moderation / text-moderation model).", "invalid_request_error", "model");
+      const mode = OPTIONAL_MODEL[endpoint];
+      if (mode && body.model === undefined) {
+        const group = pin.snapshot.models.defaultGroup(mode);
+        if (!group) throw GatewayError.of(400, `No model given, and no ${mode} model is configured (a model with model_info.mode: ${mode}).`, "invalid_request_error", "model");
         body.model = group;
         changed = true;
       }

@@ -96,6 +96,17 @@ describe("image generation", () => {
     expect((claude as BadRequestError).message).toContain("does not support images");
   });
 
+  test("without a model, the first image model answers (the spec makes model optional)", async () => {
+    const res = await fetch(`${gw.url}/v1/images/generations`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+      body: JSON.stringify({ prompt: "a kite" }),
+    });
+    expect(res.status).toBe(200);
+    expect(res.headers.get("x-svc-model-group")).toBe("dalle");
+    expect(((await res.json()) as { data: unknown[] }).data).toHaveLength(1);
+  });
+
   test("the path forms: without /v1 and Azure's /openai/deployments/{model}/…", async () => {
     for (const path of ["/images/generations", "/openai/deployments/mock-dalle/images/generations"]) {
       const r = await requestJson<{ data: unknown[] }>(gw, "POST", path, { body: { model: "mock-dalle", prompt: "x", n: 3 } });
