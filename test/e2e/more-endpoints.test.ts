@@ -1,0 +1,321 @@
+// The OpenAI endpoints beyond chat, completions and embeddings, through the official `openai` SDK,
+// against the mock OpenAI upstream (its wire format) and the built-in mock provider:
+// - images (`/v1/images/generations`): priced per image at the asked size and quality (dall-e-3 hd
+//   1024x1024: $7.629e-8 per pixel), `n` images reserved against budgets before the upstream is asked;
+// - transcriptions (`/v1/audio/transcriptions`, multipart; the mock takes the file as 16 kHz 16-bit
+//   PCM, 32,000 bytes a second): whisper-1 priced per second ($0.006 a minute), so the gateway asks
+//   it for verbose_json (which reports the duration) and makes json, text, SRT or VTT from it;
+//   gpt-4o-transcribe priced by its tokens ($6/M audio, $2.50/M text in, $10/M out); budgets hold
+//   the most a file of that size can cost;
+// - speech (`/v1/audio/speech`): the audio byte for byte (the mock answers `ID3` and 10 bytes per
+//   input character), priced per input character (tts-1: $15 per million);
+// - moderations (`/v1/moderations`): the mock flags texts that say "kill"; a request without a model
+//   goes to the configured moderation model, and without one it is a clear 400.
+// Every call is logged with its call_type.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { sql } from "drizzle-orm";
+import OpenAI, { BadRequestError, UnprocessableEntityError, toFile } from "openai";
+import { rows } from "../../core/store/sql.ts";
+import { MASTER_KEY, requestJson, startBackendGateway, startTestGateway, type TestGateway } from "../harness/gateway.ts";
+import { failure } from "../harness/util.ts";
+import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
+
+const UPSTREAM_KEY = "sk-upstream-endpoints-0123456789";
+/** dall-e-3, hd, 1024x1024: OpenAI's $0.08 per image, stated per pixel in the price file. */
+const HD_1024_USD = 1024 * 1024 * 7.629e-8;
+const TEN_SECONDS = 320_000;
+const WHISPER_PER_SECOND = 0.006 / 60;
+const TTS1_PER_CHARACTER = 15 / 1_000_000;
+
+let mock: MockOpenAI;
+let gw: TestGateway;
+let client: OpenAI;
+
+const audio = async (bytes: number, name = "speech.wav") => toFile(new Uint8Array(bytes), name, { type: "audio/wav" });
+
+beforeAll(async () => {
+  mock = await startMockOpenAI({ apiKey: UPSTREAM_KEY });
+  const upstream = (model: string) => ({ model, api_base: mock.url, api_key: UPSTREAM_KEY });
+  gw = await startBackendGateway("pglite", {
+    model_list: [
+      { model_name: "chat", svc_params: { model: "mock/chat" } },
+      { model_name: "dalle", svc_params: upstream("openai/dall-e-3") },
+      { model_name: "mock-dalle", svc_params: { model: "mock/dall-e-3" } },
+      { model_name: "claude", svc_params: { model: "anthropic/claude-3-5-sonnet", api_base: "http://127.0.0.1:9", api_key: "sk-ant-x" } },
+      { model_name: "whisper", svc_params: upstream("openai/whisper-1") },
+      { model_name: "transcribe", svc_params: upstream("openai/gpt-4o-transcribe") },
+      { model_name: "mock-whisper", svc_params: { model: "mock/whisper-1" } },
+      { model_name: "tts", svc_params: upstream("openai/tts-1") },
+      { model_name: "mock-tts", svc_params: { model: "mock/tts-1" } },
+      { model_name: "omni", svc_params: upstream("openai/omni-moderation-latest") },
+      { model_name: "mock-moderation", svc_params: { model: "mock/omni-moderation-latest" } },
+    ],
+    general_settings: { master_key: MASTER_KEY },
+  });
+  client = new OpenAI({ apiKey: MASTER_KEY, baseURL: gw.baseURL, maxRetries: 0 });
+});
+
+afterAll(async () => {
+  await gw?.stop();
+  await mock?.stop();
+});
+
+async function logRow(callId: string | null): Promise<Record<string, unknown> | undefined> {
+  await gw.host!.spendWriter.flush();
+  const [row] = await rows<Record<string, unknown>>(gw.host!.store.db, sql`select call_type, model, status, spend::text as spend from spend_logs where call_id = ${callId}`);
+  return row;
+}
+
+/** A client with a fresh virtual key holding `max_budget`. */
+async function budgeted(maxBudget: number): Promise<OpenAI> {
+  const key = await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: { max_budget: maxBudget } });
+  return new OpenAI({ apiKey: key.body.key, baseURL: gw.baseURL, maxRetries: 0 });
+}
+
+describe("image generation", () => {
+  test("the SDK gets the upstream's images; the upstream got the deployment's model and the prompt; the cost is n images at the asked size and quality", async () => {
+    mock.reset();
+    const { data: answer, response } = await client.images.generate({ model: "dalle", prompt: "a red fox in snow", n: 2, size: "1024x1024", quality: "hd" }).withResponse();
+    expect(answer.data).toHaveLength(2);
+    expect(answer.data?.[0]?.url).toMatch(/^https:\/\/images\.mock\.invalid\//);
+    const sent = mock.requests.at(-1)!;
+    expect(sent.path).toBe("/v1/images/generations");
+    expect(sent.body).toMatchObject({ model: "dall-e-3", prompt: "a red fox in snow", n: 2, size: "1024x1024", quality: "hd" });
+    expect(sent.headers.authorization).toBe(`Bearer ${UPSTREAM_KEY}`);
+    const cost = Number(response.headers.get("x-svc-response-cost"));
+    expect(cost).toBeCloseTo(2 * HD_1024_USD, 12);
+    const row = await logRow(response.headers.get("x-svc-call-id")!);
+    expect(row).toMatchObject({ call_type: "images", model: "dalle", status: "success" });
+    expect(Number(row!.spend)).toBeCloseTo(2 * HD_1024_USD, 12);
+  });
+
+  test("the built-in mock provider answers with base64 images when asked", async () => {
+    const answer = await client.images.generate({ model: "mock-dalle", prompt: "a lighthouse", response_format: "b64_json" });
+    expect(answer.data).toHaveLength(1);
+    const png = Buffer.from(answer.data![0]!.b64_json!, "base64");
+    expect(png.subarray(1, 4).toString()).toBe("PNG");
+  });
+
+  test("a key's budget holds the images' price before the upstream is asked: two hd images over $0.10 are refused, one fits", async () => {
+    const keyed = await budgeted(0.1);
+    mock.reset();
+    const refused = await failure(keyed.images.generate({ model: "dalle", prompt: "two foxes", n: 2, size: "1024x1024", quality: "hd" }));
+    expect(refused).toBeInstanceOf(BadRequestError);
+    expect((refused as BadRequestError).type).toBe("budget_exceeded");
+    expect(mock.requests).toHaveLength(0);
+    const one = await keyed.images.generate({ model: "dalle", prompt: "one fox", size: "1024x1024", quality: "hd" });
+    expect(one.data).toHaveLength(1);
+  });
+
+  test("bad requests: a missing prompt or n out of range is a 422 naming the field; a stream, or a provider without image generation, a 400", async () => {
+    const noPrompt = await failure(client.images.generate({ model: "dalle" } as never));
+    expect(noPrompt).toBeInstanceOf(UnprocessableEntityError);
+    expect((noPrompt as UnprocessableEntityError).param).toBe("prompt");
+    const tooMany = await failure(client.images.generate({ model: "dalle", prompt: "x", n: 11 }));
+    expect((tooMany as UnprocessableEntityError).param).toBe("n");
+    const res = await fetch(`${gw.url}/v1/images/generations`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+      body: JSON.stringify({ model: "dalle", prompt: "x", stream: true }),
+    });
+    expect(res.status).toBe(400);
+    const claude = await failure(client.images.generate({ model: "claude", prompt: "x" }));
+    expect(claude).toBeInstanceOf(BadRequestError);
+    expect((claude as BadRequestError).message).toContain("does not support images");
+  });
+
+  test("without a model, the first image model answers (the spec makes model optional)", async () => {
+    const res = await fetch(`${gw.url}/v1/images/generations`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+      body: JSON.stringify({ prompt: "a kite" }),
+    });
+    expect(res.status).toBe(200);
+    expect(res.headers.get("x-svc-model-group")).toBe("dalle");
+    expect(((await res.json()) as { data: unknown[] }).data).toHaveLength(1);
+  });
+
+  test("the path forms: without /v1 and Azure's /openai/deployments/{model}/…", async () => {
+    for (const path of ["/images/generations", "/openai/deployments/mock-dalle/images/generations"]) {
+      const r = await requestJson<{ data: unknown[] }>(gw, "POST", path, { body: { model: "mock-dalle", prompt: "x", n: 3 } });
+      expect(r.status).toBe(200);
+      expect(r.body.data).toHaveLength(3);
+    }
+  });
+});
+
+describe("whisper-1 (priced per second)", () => {
+  test("json: the file reaches the upstream as a form, the answer is {text, usage}, ten seconds cost $0.001 and are logged", async () => {
+    mock.reset();
+    const { data, response } = await client.audio.transcriptions.create({ file: await audio(TEN_SECONDS), model: "whisper", language: "en" }).withResponse();
+    expect(data.text).toBe(`Transcript of speech.wav (${TEN_SECONDS} bytes).`);
+    expect((data as unknown as { usage: unknown }).usage).toEqual({ type: "duration", seconds: 10 });
+    const sent = mock.requests.at(-1)!;
+    expect(sent.path).toBe("/v1/audio/transcriptions");
+    expect(sent.body).toMatchObject({ model: "whisper-1", language: "en", response_format: "verbose_json", file: { filename: "speech.wav", size: TEN_SECONDS } });
+    expect(sent.headers.authorization).toBe(`Bearer ${UPSTREAM_KEY}`);
+    expect(Number(response.headers.get("x-svc-response-cost"))).toBeCloseTo(10 * WHISPER_PER_SECOND, 12);
+    const row = await logRow(response.headers.get("x-svc-call-id")!);
+    expect(row).toMatchObject({ call_type: "transcriptions", model: "whisper", status: "success" });
+    expect(Number(row!.spend)).toBeCloseTo(10 * WHISPER_PER_SECOND, 12);
+  });
+
+  test("text, srt and vtt are made from the timed answer, and priced the same", async () => {
+    const text = `Transcript of speech.wav (${TEN_SECONDS} bytes).`;
+    const plain = await client.audio.transcriptions.create({ file: await audio(TEN_SECONDS), model: "whisper", response_format: "text" }).withResponse();
+    expect(plain.data as unknown as string).toBe(`${text}\n`);
+    expect(Number(plain.response.headers.get("x-svc-response-cost"))).toBeCloseTo(10 * WHISPER_PER_SECOND, 12);
+    const srt = await client.audio.transcriptions.create({ file: await audio(TEN_SECONDS), model: "whisper", response_format: "srt" });
+    expect(srt as unknown as string).toBe(`1\n00:00:00,000 --> 00:00:10,000\n${text}\n\n`);
+    const vtt = await client.audio.transcriptions.create({ file: await audio(TEN_SECONDS), model: "whisper", response_format: "vtt" });
+    expect(vtt as unknown as string).toBe(`WEBVTT\n\n00:00:00.000 --> 00:00:10.000\n${text}\n\n`);
+    const verbose = await client.audio.transcriptions.create({ file: await audio(TEN_SECONDS), model: "whisper", response_format: "verbose_json" });
+    expect(verbose).toMatchObject({ duration: 10, text, segments: [{ start: 0, end: 10 }] });
+  });
+
+  test("a budget holds what a file of that size can cost at most: a file too long for it is refused before the upstream is asked", async () => {
+    const keyed = await budgeted(0.01);
+    mock.reset();
+    const refused = await failure(keyed.audio.transcriptions.create({ file: await audio(TEN_SECONDS), model: "whisper" }));
+    expect(refused).toBeInstanceOf(BadRequestError);
+    expect((refused as BadRequestError).type).toBe("budget_exceeded");
+    expect(mock.requests).toHaveLength(0);
+    const short = await keyed.audio.transcriptions.create({ file: await audio(32_000), model: "whisper" });
+    expect(short.text).toContain("32000 bytes");
+  });
+});
+
+describe("gpt-4o-transcribe (priced by tokens)", () => {
+  test("json passes through with its token usage, priced per audio, text and output token", async () => {
+    const { data, response } = await client.audio.transcriptions.create({ file: await audio(TEN_SECONDS), model: "transcribe" }).withResponse();
+    const usage = (data as unknown as { usage: { input_tokens: number; output_tokens: number; input_token_details: { audio_tokens: number } } }).usage;
+    const audioTokens = usage.input_token_details.audio_tokens;
+    expect(audioTokens).toBe(100);
+    const expected = audioTokens * 6e-6 + (usage.input_tokens - audioTokens) * 2.5e-6 + usage.output_tokens * 1e-5;
+    expect(Number(response.headers.get("x-svc-response-cost"))).toBeCloseTo(expected, 12);
+    expect(mock.requests.at(-1)!.body).toMatchObject({ model: "gpt-4o-transcribe", response_format: "json" });
+  });
+
+  test("text is asked upstream as json (which carries the usage) and answered as text", async () => {
+    const { data, response } = await client.audio.transcriptions.create({ file: await audio(TEN_SECONDS), model: "transcribe", response_format: "text" }).withResponse();
+    expect(data as unknown as string).toBe(`Transcript of speech.wav (${TEN_SECONDS} bytes).\n`);
+    expect(Number(response.headers.get("x-svc-response-cost"))).toBeGreaterThan(0);
+  });
+});
+
+describe("requests", () => {
+  test("the built-in mock provider transcribes too", async () => {
+    const r = await client.audio.transcriptions.create({ file: await audio(64_000, "note.mp3"), model: "mock-whisper" });
+    expect(r.text).toBe("This is a mock transcript of note.mp3.");
+  });
+
+  test("bad requests: no file or a bad format is a 422 naming the field; a JSON body a 400 saying to send a form", async () => {
+    const post = (body: BodyInit, headers: Record<string, string> = {}) =>
+      fetch(`${gw.url}/v1/audio/transcriptions`, { method: "POST", headers: { authorization: `Bearer ${MASTER_KEY}`, ...headers }, body });
+    const noFile = new FormData();
+    noFile.append("model", "whisper");
+    const r1 = await post(noFile);
+    expect(r1.status).toBe(422);
+    expect((await r1.json()).error.param).toBe("file");
+    const badFormat = new FormData();
+    badFormat.append("model", "whisper");
+    badFormat.append("response_format", "mp3");
+    badFormat.append("file", new Blob([new Uint8Array(10)]), "a.wav");
+    const r2 = await post(badFormat);
+    expect(r2.status).toBe(422);
+    expect((await r2.json()).error.param).toBe("response_format");
+    const fileAsText = new FormData();
+    fileAsText.append("model", "whisper");
+    fileAsText.append("file", "not a file");
+    expect((await post(fileAsText)).status).toBe(422);
+    const json = await post(JSON.stringify({ model: "whisper" }), { "content-type": "application/json" });
+    expect(json.status).toBe(400);
+    expect((await json.json()).error.message).toContain("multipart/form-data");
+  });
+});
+
+describe("speech", () => {
+  test("the upstream's audio reaches the SDK unchanged; the input's characters are priced and logged", async () => {
+    mock.reset();
+    const input = "Hello from the gateway.";
+    const res = await client.audio.speech.create({ model: "tts", input, voice: "alloy" });
+    expect(res.headers.get("content-type")).toBe("audio/mpeg");
+    const audio = new Uint8Array(await res.arrayBuffer());
+    expect(audio.length).toBe(3 + input.length * 10);
+    expect(Buffer.from(audio.subarray(0, 3)).toString()).toBe("ID3");
+    expect(mock.requests.at(-1)!.body).toEqual({ model: "tts-1", input, voice: "alloy" });
+    const cost = Number(res.headers.get("x-svc-response-cost"));
+    expect(cost).toBeCloseTo(input.length * TTS1_PER_CHARACTER, 12);
+    const row = await logRow(res.headers.get("x-svc-call-id"));
+    expect(row).toMatchObject({ call_type: "speech", model: "tts", status: "success" });
+    expect(Number(row!.spend)).toBeCloseTo(input.length * TTS1_PER_CHARACTER, 12);
+  });
+
+  test("the built-in mock provider speaks in the asked format", async () => {
+    const res = await client.audio.speech.create({ model: "mock-tts", input: "abc", voice: "alloy", response_format: "wav" });
+    expect(res.headers.get("content-type")).toBe("audio/wav");
+    expect(Buffer.from(new Uint8Array(await res.arrayBuffer()).subarray(0, 4)).toString()).toBe("RIFF");
+  });
+
+  test("a key's budget holds the input's price before the upstream is asked", async () => {
+    const keyed = await budgeted(0.0001);
+    mock.reset();
+    // 10 characters: $0.00015, over the $0.0001 budget.
+    const refused = await failure(keyed.audio.speech.create({ model: "tts", input: "0123456789", voice: "alloy" }));
+    expect(refused).toBeInstanceOf(BadRequestError);
+    expect((refused as BadRequestError).type).toBe("budget_exceeded");
+    expect(mock.requests).toHaveLength(0);
+    const fits = await keyed.audio.speech.create({ model: "tts", input: "hi", voice: "alloy" });
+    expect(fits.status).toBe(200);
+  });
+
+  test("bad requests name the field: no voice, an input over 4,096 characters, a speed out of range", async () => {
+    for (const [body, field] of [
+      [{ model: "tts", input: "x" }, "voice"],
+      [{ model: "tts", input: "x".repeat(4097), voice: "alloy" }, "input"],
+      [{ model: "tts", input: "x", voice: "alloy", speed: 5 }, "speed"],
+    ] as const) {
+      const err = await failure(client.audio.speech.create(body as never));
+      expect(err).toBeInstanceOf(UnprocessableEntityError);
+      expect((err as UnprocessableEntityError).param).toBe(field);
+    }
+  });
+});
+
+describe("moderations", () => {
+  test("the upstream's verdict reaches the SDK; the upstream got the deployment's model; the call is logged, free", async () => {
+    mock.reset();
+    const { data, response } = await client.moderations.create({ model: "omni", input: "I will kill the process" }).withResponse();
+    expect(data.results[0]!.flagged).toBe(true);
+    expect(data.results[0]!.categories.violence).toBe(true);
+    expect(mock.requests.at(-1)!.body).toEqual({ model: "omni-moderation-latest", input: "I will kill the process" });
+    expect(await logRow(response.headers.get("x-svc-call-id"))).toEqual({ call_type: "moderations", model: "omni", status: "success", spend: "0.000000000000" });
+  });
+
+  test("without a model the configured moderation model answers, one result per input", async () => {
+    mock.reset();
+    const r = await client.moderations.create({ input: ["good morning", "kill it"] });
+    expect(r.results.map((x) => x.flagged)).toEqual([false, true]);
+    expect(mock.requests).toHaveLength(1);
+  });
+
+  test("the mock provider moderates too", async () => {
+    const r = await client.moderations.create({ model: "mock-moderation", input: "they attack at dawn" });
+    expect(r.results[0]!.flagged).toBe(true);
+  });
+
+  test("a missing input is a 422 naming it; no model and no moderation model configured is a 400 naming model", async () => {
+    const noInput = await failure(client.moderations.create({ model: "omni" } as never));
+    expect(noInput).toBeInstanceOf(UnprocessableEntityError);
+    expect((noInput as UnprocessableEntityError).param).toBe("input");
+    const bare = await startTestGateway({ model_list: [{ model_name: "chat", svc_params: { model: "mock/chat" } }], general_settings: { master_key: MASTER_KEY } });
+    try {
+      const other = new OpenAI({ apiKey: MASTER_KEY, baseURL: bare.baseURL, maxRetries: 0 });
+      const err = await failure(other.moderations.create({ input: "x" }));
+      expect(err).toBeInstanceOf(BadRequestError);
+      expect((err as BadRequestError).param).toBe("model");
+    } finally {
+      await bare.stop();
+    }
+  });
+});
