@@ -8,8 +8,17 @@ import { badRequest } from "../authz.ts";
 import { DURATION_HINT, endsAt } from "./duration.ts";
 
 export const Nullable = <S extends TSchema>(s: S) => T.Union([s, T.Null()]);
-const Money = Nullable(T.Number({ minimum: 0 }));
-const Count = Nullable(T.Integer({ minimum: 0 }));
+
+/**
+ * What the columns hold, as bounds of the body (past them the insert failed as a 500): money is
+ * numeric(30,12), below 1e18, and a body sets at most 1e15 so spend can still grow past it; rate
+ * limits are bigint read as numbers, exact to 2^53 - 1; max_parallel_requests is an integer.
+ */
+export const Amount = T.Number({ minimum: 0, maximum: 1e15 });
+export const Quantity = T.Integer({ minimum: 0, maximum: Number.MAX_SAFE_INTEGER });
+export const Parallel = T.Integer({ minimum: 0, maximum: 2_147_483_647 });
+const Money = Nullable(Amount);
+const Count = Nullable(Quantity);
 
 /** Limit fields of users and teams (the spec's virtual key table names them the same way). */
 export const LimitFields = {
@@ -19,7 +28,7 @@ export const LimitFields = {
   model_max_budget: T.Optional(Nullable(T.Record(T.String(), T.Unknown()))),
   tpm_limit: T.Optional(Count),
   rpm_limit: T.Optional(Count),
-  max_parallel_requests: T.Optional(Count),
+  max_parallel_requests: T.Optional(Nullable(Parallel)),
   model_tpm_limit: T.Optional(Nullable(T.Record(T.String(), T.Integer({ minimum: 0 })))),
   model_rpm_limit: T.Optional(Nullable(T.Record(T.String(), T.Integer({ minimum: 0 })))),
   metadata: T.Optional(Nullable(T.Record(T.String(), T.Unknown()))),
@@ -42,6 +51,7 @@ export const LIMIT_COLUMNS = [
 
 export const MoneyField = Money;
 export const CountField = Count;
+export const ParallelField = Nullable(Parallel);
 
 /**
  * `budget_reset_at` for a budget period given in a body: a 400 naming the field when the text is

@@ -8,14 +8,14 @@ import { getTableColumns } from "drizzle-orm";
 import { badRequest } from "../authz.ts";
 import { virtualKeys } from "../store/schema.ts";
 import { DURATION_HINT, endsAt, parseDuration } from "./duration.ts";
-import { LIMIT_COLUMNS } from "./fields.ts";
+import { Amount, LIMIT_COLUMNS, Parallel, Quantity } from "./fields.ts";
 import { fromApi } from "./serialize.ts";
 
 const Opt = <S extends TSchema>(s: S) => T.Optional(T.Union([s, T.Null()]));
 const Strings = T.Array(T.String());
 const Obj = T.Record(T.String(), T.Unknown());
-const NonNeg = T.Number({ minimum: 0 });
-const Count = T.Integer({ minimum: 0 });
+const NonNeg = Amount;
+const Count = Quantity;
 const LimitType = T.Union([T.Literal("best_effort_throughput"), T.Literal("guaranteed_throughput"), T.Literal("dynamic")]);
 /** A duration string, or `-1` (never) as a number for clients that send it that way. */
 const Duration = T.Union([T.String(), T.Literal(-1)]);
@@ -37,7 +37,7 @@ export const KEY_FIELDS = {
   soft_budget: Opt(NonNeg),
   model_max_budget: Opt(T.Record(T.String(), T.Object({ budget_limit: T.Number(), time_period: T.Optional(T.String()) }, { additionalProperties: true }))),
   budget_duration: Opt(T.String()),
-  max_parallel_requests: Opt(Count),
+  max_parallel_requests: Opt(Parallel),
   metadata: Opt(Obj),
   tpm_limit: Opt(Count),
   rpm_limit: Opt(Count),

@@ -36,7 +36,7 @@ export class PgliteBridge {
       if (!p) return;
       this.pending.delete(e.data.id);
       if (e.data.ok) p.resolve(e.data.value);
-      else p.reject(new Error(e.data.error));
+      else p.reject(Object.assign(new Error(e.data.error), e.data.code ? { code: e.data.code } : {}));
     };
     this.worker.onerror = (e) => {
       for (const p of this.pending.values()) p.reject(new Error(`PGlite worker failed: ${e.message}`));

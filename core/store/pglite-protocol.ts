@@ -8,7 +8,8 @@ export type WorkerRequest =
   | { id: number; op: "end"; tx: number; commit: boolean }
   | { id: number; op: "close" };
 
-export type WorkerReply = { id: number; ok: true; value: unknown } | { id: number; ok: false; error: string };
+/** A failure carries PostgreSQL's SQLSTATE (`code`), by which callers tell a duplicate (23505) from a fault. */
+export type WorkerReply = { id: number; ok: true; value: unknown } | { id: number; ok: false; error: string; code?: string };
 
 /** A query result as PGlite returns it (the parts drizzle reads). */
 export interface QueryResult {

@@ -93,7 +93,8 @@ self.onmessage = async (event: MessageEvent<WorkerRequest>) => {
   try {
     reply = { id: m.id, ok: true, value: await handle(m) };
   } catch (err) {
-    reply = { id: m.id, ok: false, error: err instanceof Error ? err.message : String(err) };
+    const code = (err as { code?: unknown } | null)?.code;
+    reply = { id: m.id, ok: false, error: err instanceof Error ? err.message : String(err), ...(typeof code === "string" ? { code } : {}) };
   }
   self.postMessage(reply);
 };

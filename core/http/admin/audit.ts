@@ -1,6 +1,7 @@
 /** The audit trail, readable by admins: who changed what, when, before and after (secrets redacted). */
 import { and, desc, eq, type SQL } from "drizzle-orm";
 import { Elysia } from "elysia";
+import { pageOf } from "../../identity/paging.ts";
 import { toApi } from "../../identity/serialize.ts";
 import { auditLog } from "../../store/schema.ts";
 import { type AdminDeps, adminRoute } from "./context.ts";
@@ -12,8 +13,8 @@ export function auditRoutes(deps: AdminDeps) {
     "/audit/logs",
     adminRoute(deps, async (ctx) => {
       ctx.caller.requireReadAll();
-      const page = Math.max(1, Number(ctx.query("page") ?? 1) || 1);
-      const pageSize = Math.min(MAX_PAGE_SIZE, Math.max(1, Number(ctx.query("page_size") ?? 50) || 50));
+      // Checked like the other lists' (422 naming the parameter): a fraction reached LIMIT as a 500.
+      const { page, pageSize, offset } = pageOf(ctx.query, 50, MAX_PAGE_SIZE);
       const filters: SQL[] = [];
       const table = ctx.query("table_name");
       const objectId = ctx.query("object_id");
@@ -27,7 +28,7 @@ export function auditRoutes(deps: AdminDeps) {
         .where(filters.length ? and(...filters) : undefined)
         .orderBy(desc(auditLog.at))
         .limit(pageSize)
-        .offset((page - 1) * pageSize);
+        .offset(offset);
       return { audit_logs: rows.map((r) => toApi(r)), page, page_size: pageSize };
     }),
   );

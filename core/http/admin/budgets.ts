@@ -11,7 +11,7 @@ import { and, asc, eq, inArray, isNull } from "drizzle-orm";
 import { Elysia } from "elysia";
 import { badRequest, notFound } from "../../authz.ts";
 import { GatewayError } from "../../errors.ts";
-import { CountField, MoneyField, Nullable, resetAt } from "../../identity/fields.ts";
+import { CountField, MoneyField, Nullable, ParallelField, resetAt } from "../../identity/fields.ts";
 import type { BudgetRow, IdentityChange } from "../../identity/records.ts";
 import { followedReset } from "../../identity/budget-period.ts";
 import { fromApi, toApi } from "../../identity/serialize.ts";
@@ -38,7 +38,7 @@ const BudgetFields = {
   soft_budget: T.Optional(MoneyField),
   budget_duration: T.Optional(Nullable(T.String())),
   budget_reset_at: T.Optional(Nullable(T.String({ minLength: 1 }))),
-  max_parallel_requests: T.Optional(CountField),
+  max_parallel_requests: T.Optional(ParallelField),
   tpm_limit: T.Optional(CountField),
   rpm_limit: T.Optional(CountField),
   model_max_budget: T.Optional(Nullable(T.Record(T.String(), ModelBudget))),

@@ -2,6 +2,10 @@
  * The frame of every management route: authenticate, resolve the caller's rights, validate the
  * body (422 naming the field), give access to the store and the identity cache, and write the
  * audit trail. Routes hold only their own rules.
+ *
+ * Text the store cannot hold is refused here, in the body, the query and the path alike: a NUL
+ * (PostgreSQL's text and jsonb refuse it) and a UTF-16 surrogate without its pair (jsonb refuses
+ * its escape). Let through, it fails the route's first query or insert as a 500.
  */
 import { randomUUID } from "node:crypto";
 import type { TSchema } from "@sinclair/typebox";
@@ -54,6 +58,46 @@ export interface AdminCtx {
 }
 
 const checkers = new WeakMap<TSchema, (v: unknown) => unknown>();
+
+// biome-ignore lint/suspicious/noControlCharactersInRegex: NUL is what is looked for
+const UNSTORABLE = /\u0000|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
+
+/** Where in a parsed body (a field path as the 422s name it) the first text the store cannot hold is. */
+function unstorableAt(body: Record<string, unknown>): string | undefined {
+  // Iterative: a body may nest deeper than the call stack.
+  const stack: [unknown, string][] = [[body, ""]];
+  for (let item = stack.pop(); item; item = stack.pop()) {
+    const [value, path] = item;
+    if (typeof value === "string") {
+      if (UNSTORABLE.test(value)) return path;
+    } else if (value && typeof value === "object") {
+      for (const [k, v] of Object.entries(value)) {
+        const at = path ? `${path}.${k}` : k;
+        if (UNSTORABLE.test(k)) return at;
+        stack.push([v, at]);
+      }
+    }
+  }
+  return undefined;
+}
+
+const unstorable = (where: string) =>
+  GatewayError.of(422, `Invalid request: ${where}: contains a NUL character or an unpaired surrogate, which cannot be stored`, "validation_error", where);
+
+/** The path's segments and the query must be valid percent-encoding of storable text. */
+function checkUrl(url: URL): void {
+  for (const segment of url.pathname.split("/")) {
+    let text: string;
+    try {
+      text = decodeURIComponent(segment);
+    } catch {
+      throw GatewayError.of(400, `The path segment ${JSON.stringify(segment.slice(0, 100))} is not valid percent-encoding.`, "invalid_request_error", "path");
+    }
+    if (UNSTORABLE.test(text)) throw GatewayError.of(400, "The path contains a NUL character or an unpaired surrogate.", "invalid_request_error", "path");
+  }
+  for (const [name, value] of url.searchParams) if (UNSTORABLE.test(name) || UNSTORABLE.test(value)) throw unstorable(name);
+}
+
 /** How long a management call may run before the store is checked for an outage. */
 const SLOW_CALL_MS = 5000;
 
@@ -65,6 +109,7 @@ export function adminRoute<R>(deps: AdminDeps, handler: (ctx: AdminCtx) => Promi
     requireMasterKeyConfigured(snapshot);
     const principal = await authenticate(snapshot, request.headers, url.pathname);
     if (!store || !identity || !bus) throw GatewayError.of(503, "The management API needs the store, which is not open.", "api_connection_error");
+    checkUrl(url);
     const changedBy = request.headers.get("svc-changed-by") ?? principal.userId ?? (principal.key ? `key:${principal.keyHash.slice(0, 12)}` : "proxy_admin");
     const caller = new Caller(principal, identity, changedBy);
     let parsed: Record<string, unknown> | undefined;
@@ -77,7 +122,11 @@ export function adminRoute<R>(deps: AdminDeps, handler: (ctx: AdminCtx) => Promi
       identity,
       log: deps.log,
       async body(schema) {
-        parsed ??= await readBody(request);
+        if (!parsed) {
+          parsed = await readBody(request);
+          const at = unstorableAt(parsed);
+          if (at !== undefined) throw unstorable(at);
+        }
         let check = checkers.get(schema);
         if (!check) {
           check = checker(schema);

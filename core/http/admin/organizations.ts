@@ -13,6 +13,7 @@ import { Elysia } from "elysia";
 import { badRequest, forbidden, notFound } from "../../authz.ts";
 import { GatewayError } from "../../errors.ts";
 import { endsAt, DURATION_HINT } from "../../identity/duration.ts";
+import { Amount, Parallel, Quantity } from "../../identity/fields.ts";
 import { modelsOutsideOrg } from "../../identity/org-rules.ts";
 import type { BudgetRow, OrgMemberRow, OrgRow, UserRow } from "../../identity/records.ts";
 import { fromApi, toApi } from "../../identity/serialize.ts";
@@ -21,8 +22,8 @@ import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { followedReset, periodFromBudget } from "../../identity/budget-period.ts";
 
 const nullable = <S extends TSchema>(s: S) => T.Union([s, T.Null()]);
-const Money = nullable(T.Number({ minimum: 0 }));
-const Count = nullable(T.Integer({ minimum: 0 }));
+const Money = nullable(Amount);
+const Count = nullable(Quantity);
 const Json = T.Record(T.String(), T.Unknown());
 const IntMap = nullable(T.Record(T.String(), T.Integer({ minimum: 0 })));
 
@@ -35,7 +36,7 @@ const orgFields = {
   soft_budget: Money,
   tpm_limit: Count,
   rpm_limit: Count,
-  max_parallel_requests: Count,
+  max_parallel_requests: nullable(Parallel),
   budget_duration: nullable(T.String()),
   model_max_budget: nullable(Json),
   model_rpm_limit: IntMap,

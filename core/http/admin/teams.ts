@@ -14,7 +14,7 @@ import { Elysia } from "elysia";
 import { badRequest, DEFAULT_TEAM_MEMBER_PERMISSIONS, forbidden, notFound, TEAM_MEMBER_PERMISSION_CHOICES } from "../../authz.ts";
 import { GatewayError } from "../../errors.ts";
 import { DURATION_HINT, parseDuration } from "../../identity/duration.ts";
-import { clearNulls, CountField, containing, LIMIT_COLUMNS, LimitFields, MoneyField, Nullable, resetAt } from "../../identity/fields.ts";
+import { Amount, clearNulls, CountField, containing, LIMIT_COLUMNS, LimitFields, MoneyField, Nullable, resetAt } from "../../identity/fields.ts";
 import {
   ensureUser,
   type Exec,
@@ -50,7 +50,7 @@ const TeamFields = {
   team_alias: T.Optional(Nullable(T.String())),
   organization_id: T.Optional(Nullable(T.String())),
   budget_id: T.Optional(Nullable(T.String())),
-  spend: T.Optional(T.Number({ minimum: 0 })),
+  spend: T.Optional(Amount),
   ...LimitFields,
   blocked: T.Optional(T.Boolean()),
   model_aliases: T.Optional(Nullable(T.Record(T.String(), T.Unknown()))),

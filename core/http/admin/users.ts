@@ -9,7 +9,7 @@ import { Type as T } from "@sinclair/typebox";
 import { and, asc, count, desc, eq, ilike, inArray, isNull, type SQL } from "drizzle-orm";
 import { Elysia } from "elysia";
 import { badRequest, forbidden, notFound } from "../../authz.ts";
-import { clearNulls, containing, LIMIT_COLUMNS, LimitFields, MoneyField, Nullable, resetAt } from "../../identity/fields.ts";
+import { Amount, clearNulls, containing, LIMIT_COLUMNS, LimitFields, MoneyField, Nullable, resetAt } from "../../identity/fields.ts";
 import { type Exec, findUserByEmail, membersByTeam, teamApi, userApi } from "../../identity/members.ts";
 import { choice, list, pageOf, paged } from "../../identity/paging.ts";
 import type { UserRow } from "../../identity/records.ts";
@@ -27,7 +27,7 @@ const UserFields = {
   user_alias: T.Optional(Nullable(T.String())),
   user_role: T.Optional(UserRole),
   organization_id: T.Optional(Nullable(T.String())),
-  spend: T.Optional(T.Number({ minimum: 0 })),
+  spend: T.Optional(Amount),
   ...LimitFields,
 };
 
