@@ -13,3 +13,11 @@ export async function rows<T = Record<string, unknown>>(db: Db, query: SQL): Pro
   }
   throw new Error("store: unexpected raw query result shape");
 }
+
+/** Whether a store error (or one it wraps) is a unique-key violation (SQLSTATE 23505), on either backend. */
+export function isUniqueViolation(err: unknown): boolean {
+  for (let e: unknown = err; e && typeof e === "object"; e = (e as { cause?: unknown }).cause) {
+    if ((e as { code?: unknown }).code === "23505") return true;
+  }
+  return false;
+}

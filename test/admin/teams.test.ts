@@ -412,6 +412,18 @@ for (const backend of BACKENDS) {
         expect(teamKeyForm.body.members_with_roles.find((m) => m.user_email === email2)?.role).toBe("admin");
       });
 
+      test("the same team, user or member created by five requests at once: one succeeds, the others get the duplicate's 400, none a 500", async () => {
+        const statuses = async (calls: Promise<{ status: number; body: unknown }>[]) => (await Promise.all(calls)).map((r) => r.status).sort();
+        const teamId = uid("race-team");
+        expect(await statuses(Array.from({ length: 5 }, () => post("/team/new", { team_id: teamId })))).toEqual([200, 400, 400, 400, 400]);
+        const userId = uid("race-user");
+        expect(await statuses(Array.from({ length: 5 }, () => post("/user/new", { user_id: userId, auto_create_key: false })))).toEqual([200, 400, 400, 400, 400]);
+        const member = uid("race-member");
+        expect(await statuses(Array.from({ length: 5 }, () => post("/team/member_add", { team_id: teamId, member: { role: "user", user_id: member } })))).toEqual([200, 400, 400, 400, 400]);
+        const t = await get<{ team_info: { members_with_roles: { user_id: string }[] } }>(`/team/info?team_id=${teamId}`);
+        expect(t.body.team_info.members_with_roles.map((m) => m.user_id)).toEqual([member]);
+      });
+
       test("team_member_key_duration: a key generated in the team without a duration expires after it; an explicit duration wins", async () => {
         const t = await newTeam({ team_member_key_duration: "1h" });
         const before = Date.now();

@@ -16,6 +16,7 @@ import { GatewayError } from "../../errors.ts";
 import type { AccessGroupRow } from "../../identity/records.ts";
 import type { Snapshot } from "../../snapshot.ts";
 import { accessGroups } from "../../store/schema.ts";
+import { isUniqueViolation } from "../../store/sql.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 
 const ModelNames = T.Array(T.String({ minLength: 1 }));
@@ -64,13 +65,6 @@ function requireModels(s: Snapshot, names: readonly string[]): void {
   if (names.length === 0) throw badRequest("model_names must list at least one model group.", "model_names");
   const unknown = names.filter((n) => !s.models.groups.has(n) && !s.models.wildcards.some((w) => w.pattern === n));
   if (unknown.length > 0) throw badRequest(`Unknown model group(s): ${unknown.join(", ")}. Call /model/info to list models.`, "model_names");
-}
-
-function isUniqueViolation(err: unknown): boolean {
-  for (let e: unknown = err; e && typeof e === "object"; e = (e as { cause?: unknown }).cause) {
-    if ((e as { code?: unknown }).code === "23505") return true;
-  }
-  return false;
 }
 
 /** Store failures are 500s that say so (the detail goes to the log, not the client). */

@@ -16,6 +16,7 @@ import type { BudgetRow, IdentityChange } from "../../identity/records.ts";
 import { followedReset } from "../../identity/budget-period.ts";
 import { fromApi, toApi } from "../../identity/serialize.ts";
 import { budgets, organizations, orgMembers, teamMembers, teams, virtualKeys } from "../../store/schema.ts";
+import { isUniqueViolation } from "../../store/sql.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 
 const TABLE = "budgets";
@@ -63,13 +64,6 @@ const SETTINGS: { field: keyof BudgetRow; name: string; type: string; descriptio
   { field: "rpmLimit", name: "rpm_limit", type: "Integer", description: "Requests per minute." },
   { field: "modelMaxBudget", name: "model_max_budget", type: "Object", description: "Per-model budgets: {<model>: {max_budget, budget_duration, tpm_limit, rpm_limit}}." },
 ];
-
-function isUniqueViolation(err: unknown): boolean {
-  for (let e: unknown = err; e && typeof e === "object"; e = (e as { cause?: unknown }).cause) {
-    if ((e as { code?: unknown }).code === "23505") return true;
-  }
-  return false;
-}
 
 /** The row props a body sets; `budget_reset_at` follows a new `budget_duration` unless given. */
 function budgetProps(body: BudgetBody): Record<string, unknown> {

@@ -30,6 +30,7 @@ import type { Db } from "../../store/db.ts";
 import { rotatedKeys, users, virtualKeys } from "../../store/schema.ts";
 import { checker } from "../validate.ts";
 import { counterId } from "../../spend/ledger.ts";
+import { isUniqueViolation } from "../../store/sql.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { followedReset, periodFromBudget } from "../../identity/budget-period.ts";
 import { guaranteedOverflow, type PlannedKey } from "../../limits/capacity.ts";
@@ -83,13 +84,6 @@ function mayActOn(caller: Caller, row: KeyRow, route: KeyRoute): boolean {
   const owner = caller.userId !== undefined && row.userId === caller.userId;
   if (owner && OWNER_ROUTES.has(route) && (read || row.teamId === null)) return true;
   return caller.mayOnTeam(row.teamId, route);
-}
-
-function isUniqueViolation(err: unknown): boolean {
-  for (let e: unknown = err; e && typeof e === "object"; e = (e as { cause?: unknown }).cause) {
-    if ((e as { code?: unknown }).code === "23505") return true;
-  }
-  return false;
 }
 
 const aliasTaken = (alias: string) => badRequest(`Key alias "${alias}" is already used by another key. Aliases are unique; choose another.`, "key_alias");

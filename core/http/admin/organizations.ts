@@ -18,6 +18,7 @@ import { modelsOutsideOrg } from "../../identity/org-rules.ts";
 import type { BudgetRow, OrgMemberRow, OrgRow, UserRow } from "../../identity/records.ts";
 import { fromApi, toApi } from "../../identity/serialize.ts";
 import { budgets, orgMembers, organizations, teams, users, virtualKeys } from "../../store/schema.ts";
+import { isUniqueViolation } from "../../store/sql.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { followedReset, periodFromBudget } from "../../identity/budget-period.ts";
 
@@ -79,13 +80,6 @@ const EMPTY: Record<string, unknown> = { models: [], tags: [], metadata: {}, mod
 function withEmptyDefaults(props: Record<string, unknown>): Record<string, unknown> {
   for (const [k, empty] of Object.entries(EMPTY)) if (k in props && props[k] === null) props[k] = empty;
   return props;
-}
-
-function isUniqueViolation(err: unknown): boolean {
-  for (let e: unknown = err; e && typeof e === "object"; e = (e as { cause?: unknown }).cause) {
-    if ((e as { code?: unknown }).code === "23505") return true;
-  }
-  return false;
 }
 
 /** A `budget_duration` must parse; its reset time starts now. */

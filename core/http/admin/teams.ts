@@ -32,6 +32,7 @@ import { choice, pageOf, paged } from "../../identity/paging.ts";
 import type { IdentityChange, KeyRow, TeamMemberRow, TeamRow, UserRow } from "../../identity/records.ts";
 import { fromApi, toApi } from "../../identity/serialize.ts";
 import { budgets, organizations, teamMembers, teams, users, virtualKeys } from "../../store/schema.ts";
+import { isUniqueViolation } from "../../store/sql.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { followedReset, periodFromBudget } from "../../identity/budget-period.ts";
 
@@ -287,6 +288,18 @@ async function admit(db: Exec, team: TeamRow, m: MemberValue, maxBudgetInTeam: n
   return { user, createdUser: created, membership: row! };
 }
 
+/**
+ * A unique violation while admitting members: another request added the same member, or created
+ * the same user, at the same moment (each request's own checks found nothing yet). Nothing of this
+ * request was kept.
+ */
+function concurrentMember(err: unknown): never {
+  if (isUniqueViolation(err)) {
+    throw GatewayError.of(400, "A member in this request was added, or its user created, by another request at the same moment; nothing was changed. Retry to see where things stand.", "team_member_already_in_team", "member");
+  }
+  throw err;
+}
+
 async function auditAdmitted(ctx: AdminCtx, admitted: readonly Admitted[]): Promise<void> {
   for (const a of admitted) {
     if (a.createdUser) await ctx.audit({ action: "created", table: "users", objectId: a.user.userId, after: userApi(a.user, [a.membership.teamId]) });
@@ -349,13 +362,21 @@ async function newTeam(ctx: AdminCtx): Promise<Record<string, unknown>> {
     tpmLimit: row.tpmLimit ?? null,
     rpmLimit: row.rpmLimit ?? null,
   });
-  const { team, admitted } = await ctx.db.transaction(async (tx) => {
-    const [team] = await tx.insert(teams).values(row).returning();
-    const admitted: Admitted[] = [];
-    // A user named twice is a 400 (team_member_already_in_team) and nothing is created.
-    for (const m of body.members_with_roles ?? []) admitted.push(await admit(tx, team!, m, undefined, by));
-    return { team: team!, admitted };
-  });
+  const { team, admitted } = await ctx.db
+    .transaction(async (tx) => {
+      const [team] = await tx.insert(teams).values(row).returning();
+      const admitted: Admitted[] = [];
+      // A user named twice is a 400 (team_member_already_in_team) and nothing is created.
+      for (const m of body.members_with_roles ?? []) admitted.push(await admit(tx, team!, m, undefined, by));
+      return { team: team!, admitted };
+    })
+    .catch(async (err) => {
+      // Another request created the same team at the same moment (its check above found nothing yet).
+      if (isUniqueViolation(err) && (await ctx.db.select({ id: teams.teamId }).from(teams).where(eq(teams.teamId, teamId))).length > 0) {
+        throw badRequest(`Team id = ${teamId} already exists. Please use a different team id.`, "team_id");
+      }
+      return concurrentMember(err);
+    });
   await ctx.changed({ kind: "team", teamId }, ...changesFor(teamId, admitted));
   const out = await withMembers(ctx.db, team);
   await ctx.audit({ action: "created", table: "teams", objectId: teamId, after: out });
@@ -546,11 +567,13 @@ async function memberAdd(ctx: AdminCtx): Promise<Record<string, unknown>> {
     members = [{ role: body.role ?? "user", user_id: body.user_id ?? null, user_email: body.member_email ?? body.user_email ?? null }];
   } else throw badRequest("Send the member to add: member {role, user_id | user_email} (or a list of them), or member_email with role.", "member");
   const by = ctx.caller.changedBy;
-  const admitted = await ctx.db.transaction(async (tx) => {
-    const out: Admitted[] = [];
-    for (const m of members) out.push(await admit(tx, team, m, body.max_budget_in_team, by));
-    return out;
-  });
+  const admitted = await ctx.db
+    .transaction(async (tx) => {
+      const out: Admitted[] = [];
+      for (const m of members) out.push(await admit(tx, team, m, body.max_budget_in_team, by));
+      return out;
+    })
+    .catch(concurrentMember);
   await ctx.changed(...changesFor(team.teamId, admitted));
   await auditAdmitted(ctx, admitted);
   const teamIds = await ctx.db.select({ userId: teamMembers.userId, teamId: teamMembers.teamId }).from(teamMembers).where(inArray(teamMembers.userId, admitted.map((a) => a.user.userId)));
@@ -627,7 +650,7 @@ async function bulkMemberAdd(ctx: AdminCtx): Promise<Record<string, unknown>> {
   // Each member on its own: one that cannot be added does not stop the others.
   for (const m of members) {
     try {
-      const a = await ctx.db.transaction((tx) => admit(tx, team, m, body.max_budget_in_team, ctx.caller.changedBy));
+      const a = await ctx.db.transaction((tx) => admit(tx, team, m, body.max_budget_in_team, ctx.caller.changedBy)).catch(concurrentMember);
       admitted.push(a);
       results.push({ user_id: a.user.userId, user_email: a.user.userEmail, success: true, error: null, updated_user: userApi(a.user, []), updated_team_membership: membershipApi(a.membership) });
     } catch (err) {

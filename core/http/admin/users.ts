@@ -15,6 +15,7 @@ import { choice, list, pageOf, paged } from "../../identity/paging.ts";
 import type { UserRow } from "../../identity/records.ts";
 import { fromApi, toApi } from "../../identity/serialize.ts";
 import { organizations, orgMembers, teamMembers, teams, users, virtualKeys } from "../../store/schema.ts";
+import { isUniqueViolation } from "../../store/sql.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { generateKey } from "./keys.ts";
 
@@ -137,11 +138,17 @@ async function newUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
     createdBy: by,
     updatedBy: by,
   } as typeof users.$inferInsert;
-  const user = await ctx.db.transaction(async (tx) => {
-    const [created] = await tx.insert(users).values(row).returning();
-    if (memberships.length > 0) await tx.insert(teamMembers).values(memberships.map((m) => ({ ...m, userId })));
-    return created!;
-  });
+  const user = await ctx.db
+    .transaction(async (tx) => {
+      const [created] = await tx.insert(users).values(row).returning();
+      if (memberships.length > 0) await tx.insert(teamMembers).values(memberships.map((m) => ({ ...m, userId })));
+      return created!;
+    })
+    .catch((err) => {
+      // Another request created the same user at the same moment (the check above found nothing yet).
+      if (isUniqueViolation(err)) throw badRequest(`User ${userId} already exists.`, "user_id");
+      throw err;
+    });
   await ctx.changed({ kind: "user", userId }, ...memberships.map((m) => ({ kind: "team_members" as const, teamId: m.teamId })));
 
   let keyFields: Record<string, unknown> = { key: null, token: null, key_name: null, expires: null };
