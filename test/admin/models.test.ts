@@ -127,6 +127,18 @@ for (const backend of ["pglite", "postgres"] as const) {
       expect(nothingStored).toEqual([]);
     });
 
+    test("concurrent writes of one model: every accepted write answers 200 (a later one may overtake it), duplicates a 400; the registry serves what is stored", async () => {
+      const id = name("race-1");
+      const creates = await Promise.all(Array.from({ length: 4 }, () => call("POST", "/model/new", { model_name: name("race"), svc_params: { model: "mock/chat" }, model_info: { id } })));
+      expect(creates.map((r) => r.status).sort()).toEqual([200, 400, 400, 400]);
+      const updates = await Promise.all(
+        [1, 2, 3, 4, 5].map((i) => call("POST", "/model/update", { model_name: name(`race-v${i}`), svc_params: { model: "mock/chat" }, model_info: { id } })),
+      );
+      expect(updates.map((r) => r.status)).toEqual([200, 200, 200, 200, 200]);
+      const [row] = await db().select().from(proxyModels).where(eq(proxyModels.modelId, id));
+      expect(gw.live.current.models.findById(id)?.entry.model_name).toBe(row!.modelName);
+    });
+
     test("/model/update replaces the whole deployment; PATCH changes only the given fields", async () => {
       await call("POST", "/model/new", {
         model_name: name("upd"),

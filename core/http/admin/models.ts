@@ -86,14 +86,37 @@ async function requireStored(ctx: AdminCtx, id: string): Promise<ModelRow> {
   throw notFound(`Model '${id}' not found.`, "id");
 }
 
-/** Publishes the change and waits until this instance's registry reflects it. */
-async function applied(ctx: AdminCtx, deps: AdminDeps, live: (s: Snapshot) => boolean): Promise<void> {
+/** What a model write expects: the registry serving it, and the stored row still being its own. */
+interface Expected {
+  serves(s: Snapshot): boolean;
+  stored(row: ModelRow | undefined): boolean;
+}
+
+const servesAs = (id: string, name: string): Expected => ({
+  serves: (s) => s.models.findById(id)?.entry.model_name === name,
+  stored: (row) => row?.modelName === name,
+});
+
+const gone = (id: string): Expected => ({ serves: (s) => !s.models.findById(id), stored: (row) => row === undefined });
+
+/**
+ * Publishes the change and waits until this instance's registry reflects it. A write that another
+ * write of the same model overtook (the store no longer holds it) has done its part: the registry
+ * serves the later one.
+ */
+async function applied(ctx: AdminCtx, deps: AdminDeps, id: string, expected: Expected): Promise<void> {
   await ctx.changed({ kind: "models" });
-  const result = await deps.live.storedModelsReload;
-  if (result && !result.ok) {
-    throw GatewayError.of(500, `The model change was saved, but the registry could not be rebuilt: ${result.errors.join("; ")}`, "internal_server_error");
+  // Wait out every rebuild started meanwhile: a later one may be the one that carries this change.
+  for (let reload = deps.live.storedModelsReload; ; ) {
+    const result = await reload;
+    if (result && !result.ok) {
+      throw GatewayError.of(500, `The model change was saved, but the registry could not be rebuilt: ${result.errors.join("; ")}`, "internal_server_error");
+    }
+    if (deps.live.storedModelsReload === reload) break;
+    reload = deps.live.storedModelsReload;
   }
-  if (!live(deps.live.current)) throw GatewayError.of(500, "The model change was saved, but the registry did not take it up; see the gateway log.", "internal_server_error");
+  if (expected.serves(deps.live.current) || !expected.stored(await findRow(ctx, id))) return;
+  throw GatewayError.of(500, "The model change was saved, but the registry did not take it up; see the gateway log.", "internal_server_error");
 }
 
 /** Encrypts credentials and writes the row (insert or full replace). */
@@ -108,7 +131,6 @@ function rowValues(ctx: AdminCtx, entry: ModelEntry) {
   };
 }
 
-const servesAs = (id: string, name: string) => (s: Snapshot) => s.models.findById(id)?.entry.model_name === name;
 
 async function createModel(ctx: AdminCtx, deps: AdminDeps) {
   ctx.caller.requireAdmin();
@@ -123,7 +145,7 @@ async function createModel(ctx: AdminCtx, deps: AdminDeps) {
     .returning();
   if (!row) throw badRequest(`A model with id '${id}' already exists.`, "model_info.id");
   await ctx.audit({ action: "created", table: "proxy_models", objectId: id, after: modelObject(row) });
-  await applied(ctx, deps, servesAs(id, row.modelName));
+  await applied(ctx, deps, id, servesAs(id, row.modelName));
   return modelObject(row);
 }
 
@@ -142,7 +164,7 @@ async function writeUpdate(ctx: AdminCtx, deps: AdminDeps, before: ModelRow, ent
   const [row] = await ctx.db.update(proxyModels).set(rowValues(ctx, entry)).where(eq(proxyModels.modelId, id)).returning();
   if (!row) throw notFound(`Model '${id}' not found.`, "id");
   await ctx.audit({ action: "updated", table: "proxy_models", objectId: id, before: modelObject(before), after: modelObject(row) });
-  await applied(ctx, deps, servesAs(id, row.modelName));
+  await applied(ctx, deps, id, servesAs(id, row.modelName));
   return modelObject(row);
 }
 
@@ -183,7 +205,7 @@ async function deleteModel(ctx: AdminCtx, deps: AdminDeps) {
   const before = await requireStored(ctx, id);
   await ctx.db.delete(proxyModels).where(eq(proxyModels.modelId, id));
   await ctx.audit({ action: "deleted", table: "proxy_models", objectId: id, before: modelObject(before) });
-  await applied(ctx, deps, (s) => !s.models.findById(id));
+  await applied(ctx, deps, id, gone(id));
   return { message: `Model: ${id} deleted successfully` };
 }
 
