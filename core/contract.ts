@@ -142,7 +142,7 @@ export interface EndpointAdapter<E extends Endpoint, S = unknown> {
    * The answer is binary (synthesized audio): passed on as the upstream sent it, with this usage
    * (known from the request). Present: `response` is not called.
    */
-  binaryUsage?(req: WireRequest[E]): Usage;
+  binaryUsage?(req: WireRequest[E], answer: { bytes: number; contentType: string }): Usage;
   stream?: StreamTransform<E, S>;
   /**
    * The OpenAI request fields this adapter translates (beyond `model`, `messages`/`prompt`/`input`

@@ -195,12 +195,45 @@ export const ModerationRequestSchema = T.Object(
 );
 export type ModerationRequest = Static<typeof ModerationRequestSchema>;
 
-/** What speech synthesis is priced on: the characters of its input, known before the call. */
-export function speechUsage(req: SpeechRequest): { promptTokens: number; completionTokens: number; characters: number } {
-  return { promptTokens: 0, completionTokens: 0, characters: req.input.length };
+/** Speech runs at about this many characters a second (English at speed 1). */
+const SPOKEN_CHARACTERS_PER_SECOND = 15;
+/** Slower than any voice speaks: for the most a call can cost. */
+const SLOWEST_CHARACTERS_PER_SECOND = 5;
+/** OpenAI's PCM (and WAV) speech: 24 kHz, 16-bit, mono. */
+const PCM_BYTES_PER_SECOND = 48_000;
+
+type SpeechUsage = { promptTokens: number; completionTokens: number; characters: number; audioSeconds: number };
+
+/**
+ * What speech synthesis is priced on: its input's characters (tts-1), or its text tokens and
+ * seconds of audio (gpt-4o-mini-tts). Seconds are measured from a PCM or WAV answer, else
+ * estimated from the text at the asked `speed`.
+ */
+export function speechUsage(req: SpeechRequest, answer?: { bytes: number; contentType: string }): SpeechUsage {
+  const characters = req.input.length;
+  let audioSeconds = characters / SPOKEN_CHARACTERS_PER_SECOND / (req.speed ?? 1);
+  if (answer && /pcm|wav/.test(answer.contentType)) audioSeconds = Math.max(0, answer.bytes - (answer.contentType.includes("wav") ? 44 : 0)) / PCM_BYTES_PER_SECOND;
+  return { promptTokens: Math.ceil(characters / 4), completionTokens: 0, characters, audioSeconds };
 }
 
-/** The images an image request asks for: `n` (default 1) at its size and quality, as a call's usage counts them. */
-export function imagesAsked(req: ImageRequest): { count: number; size?: string; quality?: string } {
-  return { count: req.n ?? 1, size: req.size && req.size !== "auto" ? req.size : undefined, quality: req.quality ?? undefined };
+/** The most a speech request can be priced on: a token per UTF-8 byte, and speech slower than any voice. */
+export function speechBound(req: SpeechRequest): SpeechUsage {
+  const characters = req.input.length;
+  const audioSeconds = characters / SLOWEST_CHARACTERS_PER_SECOND / Math.min(1, req.speed ?? 1);
+  return { promptTokens: new TextEncoder().encode(req.input).length, completionTokens: 0, characters, audioSeconds };
 }
+
+/**
+ * The images an image request asks for, as a call's usage counts them: `n` (default 1), its size
+ * and its quality (lower case). Undefined where the model picks (`auto`, or not given).
+ */
+export function imagesAsked(req: ImageRequest): { count: number; size?: string; quality?: string } {
+  const quality = req.quality?.toLowerCase();
+  // No size is OpenAI's default, 1024x1024; `auto` leaves it to the model.
+  const size = req.size === "auto" ? undefined : (req.size ?? "1024x1024");
+  return { count: req.n ?? 1, size, quality: quality && quality !== "auto" ? quality : undefined };
+}
+
+/** Sizes and qualities an image model may pick when the request leaves them to it (for the most a call can cost). */
+export const IMAGE_SIZES = ["1024x1024", "1024x1536", "1536x1024", "1024x1792", "1792x1024", "512x512", "256x256"] as const;
+export const IMAGE_QUALITIES = ["low", "medium", "standard", "hd", "high"] as const;

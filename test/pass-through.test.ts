@@ -136,6 +136,9 @@ describe("forwarding", () => {
     expect(s.headers.authorization).toBe(`bearer ${SECRET}`);
     expect(s.headers["x-static"]).toBe("fixed");
     expect(s.headers["content-type"]).toBe("application/json");
+    // A body of known length goes with its length, not chunked.
+    expect(s.headers["content-length"]).toBe(String(s.body.length));
+    expect(s.headers["transfer-encoding"]).toBeUndefined();
     // Without forward_headers only what the body is and what the client accepts go along.
     expect(s.headers["x-client-only"]).toBeUndefined();
     expect(JSON.stringify(s.headers)).not.toContain(MASTER_KEY);
@@ -153,6 +156,21 @@ describe("forwarding", () => {
     expect(JSON.stringify(s.headers)).not.toContain(key);
   });
 
+  test("a query parameter the target URL sets is the operator's: the client cannot override it", async () => {
+    expect((await call("/v1/rerank?api=evil&top_n=2", { method: "POST", body: "{}" })).status).toBe(200);
+    expect(last().search).toBe("?api=1&top_n=2");
+  });
+
+  test("an encoded slash or backslash in the path is refused, so it cannot step out of the endpoint or its allowed prefix", async () => {
+    const before = seen.length;
+    for (const path of ["/bria/..%2f..%2fadmin", "/bria/x%5C..%5Cy", "/bria/%2F"]) {
+      const res = await call(path);
+      expect(res.status).toBe(400);
+      expect((await res.json()).error.code).toBe("400");
+    }
+    expect(seen.length).toBe(before);
+  });
+
   test("include_subpath: only the endpoint that asks for it takes paths below its own; the others are unknown routes", async () => {
     expect((await call("/bria", { method: "GET" })).status).toBe(200);
     expect(last().path).toBe("/echo/bria/");
@@ -166,6 +184,13 @@ describe("forwarding", () => {
     expect(res.status).toBe(405);
     expect(res.headers.get("allow")).toBe("POST");
     expect((await res.json()).error.message).toContain("use POST");
+  });
+
+  test("a redirect reaches the client as it is (not followed) and is not charged", async () => {
+    const key = await newKey({});
+    const res = await call("/v1/rerank?status=302", { method: "POST", key, body: "{}" });
+    expect(res.status).toBe(302);
+    expect(await logRow(res.headers.get("x-svc-call-id")!)).toMatchObject({ call_type: "pass_through", status: "success", spend: "0.000000000000" });
   });
 
   test("the target's error status, body and retry-after reach the client; the call is logged as a failure and not charged", async () => {
@@ -202,10 +227,24 @@ describe("who may call", () => {
     expect(seen.length).toBe(before);
   });
 
-  test("auth: false makes an endpoint public, and the client's own Authorization goes to the target", async () => {
+  test("auth: false makes an endpoint public, and the client's own Authorization goes to the target, but never one of the gateway's keys", async () => {
     const res = await call("/status", { key: null, headers: { authorization: "Bearer upstream-token" } });
     expect(res.status).toBe(200);
     expect(last().headers.authorization).toBe("Bearer upstream-token");
+    const key = await newKey({});
+    for (const gatewayKey of [MASTER_KEY, key]) {
+      expect((await call("/status", { key: gatewayKey })).status).toBe(200);
+      expect(last().headers.authorization).toBeUndefined();
+      expect(JSON.stringify(last().headers)).not.toContain(gatewayKey);
+    }
+  });
+
+  test("with the gateway key in x-svc-api-key, the client's own Authorization still goes to a forward_headers target", async () => {
+    const key = await newKey({});
+    const res = await fetch(`${gw.url}/bria/y`, { headers: { "x-svc-api-key": key, authorization: "Bearer for-the-target" } });
+    expect(res.status).toBe(200);
+    expect(last().headers.authorization).toBe("Bearer for-the-target");
+    expect(last().headers["x-svc-api-key"]).toBeUndefined();
   });
 
   test("a key's allowed_passthrough_routes limit which endpoints it may call", async () => {

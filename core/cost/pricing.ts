@@ -68,11 +68,13 @@ export class Pricing {
 
   private lookup(provider: string, model: string, variant?: { size?: string; quality?: string }) {
     // Image models are priced per size and quality: `hd/1024-x-1792/dall-e-3`, `1024-x-1024/dall-e-2`.
-    if (variant?.size) {
-      const size = sizeKey(variant.size);
+    if (variant) {
+      // OpenAI's default size; an image model's price entries are per size.
+      const size = sizeKey(variant.size ?? "1024x1024");
       // A provider-named base model (`azure/dall-e-3`, LiteLLM's convention) has its variants under the provider: `azure/hd/…/dall-e-3`.
       const bare = model.startsWith(`${provider}/`) ? model.slice(provider.length + 1) : model;
-      const names = variant.quality ? [`${variant.quality}/${size}/${bare}`, `${size}/${bare}`] : [`standard/${size}/${bare}`, `${size}/${bare}`];
+      // Without a quality, the model's default: `standard` (dall-e-3), `medium` (gpt-image-1).
+      const names = variant.quality ? [`${variant.quality}/${size}/${bare}`, `${size}/${bare}`] : [`standard/${size}/${bare}`, `medium/${size}/${bare}`, `${size}/${bare}`];
       for (const name of names) {
         const found = this.table.find(provider, name);
         if (found) return found;

@@ -96,6 +96,8 @@ export function createApp(deps: AppDeps) {
       if (error instanceof GatewayError) return errorResponse(error.info, error.headers);
       if (code === "NOT_FOUND") return errorResponse(errorInfo(404, NO_SUCH_ROUTE, "not_found_error"));
       if (code === "PARSE") return errorResponse(errorInfo(400, "Request body could not be parsed.", "invalid_request_error"));
+      // The client left mid-call (its upstream request was aborted): nobody reads this answer, and nothing went wrong here.
+      if (error instanceof DOMException && error.name === "AbortError") return errorResponse(errorInfo(499, "The client closed the request.", "client_closed_request"));
       log.error("unhandled error", { error: error instanceof Error ? (error.stack ?? error.message) : String(error) });
       return errorResponse(errorInfo(500, "Internal server error. The gateway logged the details.", "internal_server_error"));
     })

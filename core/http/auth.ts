@@ -13,6 +13,22 @@ export function credentialOf(headers: Headers): string | undefined {
   return undefined;
 }
 
+/** The header `credentialOf` reads the credential from, if any. */
+export function credentialHeader(headers: Headers): "x-svc-api-key" | "authorization" | undefined {
+  if (headers.get("x-svc-api-key")) return "x-svc-api-key";
+  const auth = headers.get("authorization");
+  return auth && /^bearer /i.test(auth) ? "authorization" : undefined;
+}
+
+/** Whether the request carries a credential the gateway knows, usable or refused (a blocked key is still one of its keys). */
+export async function carriesGatewayCredential(snapshot: Snapshot, headers: Headers, path: string): Promise<boolean> {
+  const credential = credentialOf(headers);
+  if (!credential) return false;
+  const req = { credential, path, headers };
+  for (const resolver of snapshot.auth) if ((await resolver.resolve(req)) !== null) return true;
+  return false;
+}
+
 export const NO_MASTER_KEY =
   "No master key is configured, so management calls are refused and only existing virtual keys are accepted. Set the environment variable SVC_MASTER_KEY (or general_settings.master_key in config.yaml) to a key starting with sk- and restart or reload.";
 

@@ -20,12 +20,14 @@ export interface PassThroughContext {
   log: Logger;
   /** Releases the snapshot pin, once the answer has ended. */
   release(): void;
+  /** The request header that carried one of the gateway's own keys: never sent to the target. */
+  gatewayCredential?: string;
 }
 
 /** Never forwarded either way: they describe one connection, not the message. */
 const HOP_BY_HOP = new Set(["connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length"]);
-/** The headers the gateway reads its own key from: not the target's business. */
-const GATEWAY_CREDENTIALS = new Set(["authorization", "x-svc-api-key"]);
+/** The gateway's own request headers (`x-svc-api-key`, `x-svc-…`): not the target's business. */
+const GATEWAY_HEADER = /^x-svc-/;
 /** Sent on even without `forward_headers`: what the body is and what the client accepts. */
 const CONTENT_HEADERS = ["content-type", "accept"];
 
@@ -55,22 +57,26 @@ function asDeployment(e: PassThroughEndpoint): Deployment {
   return { id: e.id, modelName: e.path, provider: "pass_through", upstreamModel: "", options: {}, info: {} };
 }
 
-/** target + the part of the path after the endpoint's own + the client's query (after the target's own). */
+/**
+ * target + the part of the path after the endpoint's own + the client's query. A parameter the
+ * target URL sets itself (a key, a tier) is the operator's: the client's values for it are dropped.
+ */
 export function targetUrl(target: string, subpath: string, requestUrl: string): string {
   const url = new URL(target);
   if (subpath) url.pathname = url.pathname.replace(/\/+$/, "") + subpath;
   const q = requestUrl.indexOf("?");
   if (q >= 0) {
-    for (const [k, v] of new URLSearchParams(requestUrl.slice(q + 1))) url.searchParams.append(k, v);
+    const own = new Set(url.searchParams.keys());
+    for (const [k, v] of new URLSearchParams(requestUrl.slice(q + 1))) if (!own.has(k)) url.searchParams.append(k, v);
   }
   return url.toString();
 }
 
-function upstreamHeaders(e: PassThroughEndpoint, incoming: Headers): Headers {
+function upstreamHeaders(e: PassThroughEndpoint, incoming: Headers, gatewayCredential: string | undefined): Headers {
   const out = new Headers();
   if (e.forwardHeaders) {
     for (const [name, value] of incoming) {
-      if (HOP_BY_HOP.has(name) || (e.auth && GATEWAY_CREDENTIALS.has(name))) continue;
+      if (HOP_BY_HOP.has(name) || GATEWAY_HEADER.test(name) || name === gatewayCredential) continue;
       out.set(name, value);
     }
   } else {
@@ -151,12 +157,12 @@ export async function forwardPassThrough(e: PassThroughEndpoint, subpath: string
   }
 
   const deadline = new Deadline(request.signal, e.timeout ?? snapshot.settings.requestTimeout);
-  /** Ends the call once: a target that answered 2xx/3xx is charged its price, even if the client left before the end. */
-  const finish = (status: CallStatus, accepted: boolean, error?: ErrorInfo): void => {
+  /** Ends the call once: a target that answered 2xx is charged its price, even if the client left before the end. */
+  const finish = (status: CallStatus, charged: boolean, error?: ErrorInfo): void => {
     if (finished) return;
     finished = true;
     deadline.clear();
-    const cost = accepted ? e.costPerRequest : 0n;
+    const cost = charged ? e.costPerRequest : 0n;
     leases.settle(ZERO, cost);
     ctx.release();
     record(status, cost, error);
@@ -166,10 +172,12 @@ export async function forwardPassThrough(e: PassThroughEndpoint, subpath: string
   let upstream: Response;
   try {
     const hasBody = request.method !== "GET" && request.body !== null;
+    // A body of declared length goes whole, with its length (some targets refuse a chunked upload with 411); others stream.
+    const body = !hasBody ? undefined : request.headers.has("content-length") ? await request.arrayBuffer() : request.body;
     upstream = await fetch(targetUrl(e.target, subpath, request.url), {
       method: request.method,
-      headers: upstreamHeaders(e, request.headers),
-      body: hasBody ? request.body : undefined,
+      headers: upstreamHeaders(e, request.headers, ctx.gatewayCredential),
+      body,
       signal: deadline.signal,
       redirect: "manual",
     });
@@ -178,7 +186,7 @@ export async function forwardPassThrough(e: PassThroughEndpoint, subpath: string
     if (deadline.timedOut) error = GatewayError.of(408, `Request timed out: the pass-through target of ${e.path} (${origin}) did not answer within ${deadline.seconds}s`, "timeout_error");
     else if (deadline.clientGone) {
       finish("cancelled", false);
-      throw err;
+      throw GatewayError.of(499, "The client closed the request.", "client_closed_request");
     } else {
       const code = err instanceof Error && "code" in err ? String((err as { code: unknown }).code) : "connection failed";
       error = GatewayError.of(503, `APIConnectionError: could not connect to the pass-through target of ${e.path} (${origin}): ${code}`, "api_connection_error");
@@ -189,12 +197,13 @@ export async function forwardPassThrough(e: PassThroughEndpoint, subpath: string
   }
 
   const accepted = upstream.status < 400;
+  const charged = upstream.status >= 200 && upstream.status < 300;
   const refusal = accepted ? undefined : errorInfo(upstream.status, `The pass-through target of ${e.path} answered ${upstream.status}`, "upstream_error");
   stream = (upstream.headers.get("content-type") ?? "").startsWith("text/event-stream");
   const headers = clientHeaders(upstream.headers, { ...leases.headers, "x-svc-call-id": ctx.callId });
   const reader = upstream.body?.getReader();
   if (!reader) {
-    finish(accepted ? "success" : "failure", accepted, refusal);
+    finish(accepted ? "success" : "failure", charged, refusal);
     return new Response(null, { status: upstream.status, statusText: upstream.statusText, headers });
   }
   deadline.arm();
@@ -205,23 +214,23 @@ export async function forwardPassThrough(e: PassThroughEndpoint, subpath: string
           const { done, value } = await reader.read();
           if (done) {
             controller.close();
-            finish(accepted ? "success" : "failure", accepted, refusal);
+            finish(accepted ? "success" : "failure", charged, refusal);
             return;
           }
           firstByteAt ??= Date.now();
           deadline.arm();
           controller.enqueue(value);
         } catch (err) {
-          if (deadline.clientGone) finish("cancelled", accepted);
+          if (deadline.clientGone) finish("cancelled", charged);
           else {
             const why = deadline.timedOut ? `stalled for ${deadline.seconds}s` : "broke off";
-            finish("failure", accepted, errorInfo(deadline.timedOut ? 408 : 502, `The pass-through target of ${e.path} ${why} mid-answer`, "upstream_error"));
+            finish("failure", charged, errorInfo(deadline.timedOut ? 408 : 502, `The pass-through target of ${e.path} ${why} mid-answer`, "upstream_error"));
           }
           controller.error(err);
         }
       },
       cancel(reason) {
-        finish("cancelled", accepted);
+        finish("cancelled", charged);
         return reader.cancel(reason);
       },
     },

@@ -10,7 +10,7 @@ import { picoToText } from "../cost/money.ts";
 import { GatewayError, errorInfo } from "../errors.ts";
 import type { Gate, Snapshot } from "../snapshot.ts";
 import { assembleStream } from "../stream/assemble.ts";
-import { imagesAsked, speechUsage } from "../wire.ts";
+import { IMAGE_QUALITIES, IMAGE_SIZES, imagesAsked, speechBound } from "../wire.ts";
 import { withClientCredentials } from "./client-credentials.ts";
 import { supportedBody } from "./params.ts";
 import { cancelAll, dispatchRecord } from "./record.ts";
@@ -84,6 +84,19 @@ export function acquireLeases(gates: readonly Gate[], intent: CallIntent): Lease
   return step(0);
 }
 
+/** The most an image request can cost: over every size and quality the model may pick where the request leaves them open. */
+function worstImages(pricing: Snapshot["pricing"], d: Deployment, promptTokens: number, asked: ReturnType<typeof imagesAsked>): bigint {
+  let worst = 0n;
+  for (const size of asked.size ? [asked.size] : IMAGE_SIZES) {
+    for (const quality of asked.quality ? [asked.quality] : [undefined, ...IMAGE_QUALITIES]) {
+      const c = pricing.costOf(d, { promptTokens, completionTokens: 0, images: { count: asked.count, size, quality } });
+      // An entry the model has no price for (a size it does not make) says nothing.
+      if (c.priced && c.cost > worst) worst = c.cost;
+    }
+  }
+  return worst;
+}
+
 /** The intent of a call; the prompt estimate and the worst case are computed only if a gate asks. */
 export class Intent implements CallIntent {
   private prompt: PromptSize | undefined;
@@ -123,8 +136,8 @@ export class Intent implements CallIntent {
     if (this.worst === undefined) {
       const pricing = this.snapshot.pricing;
       if (this.endpoint === "embeddings") this.worst = pricing.worstCase(this.deployment, this.promptTokenBound, 0);
-      else if (this.endpoint === "images") this.worst = pricing.costOf(this.deployment, { promptTokens: this.promptTokenBound, completionTokens: 0, images: imagesAsked(this.body as WireRequest["images"]) }).cost;
-      else if (this.endpoint === "speech") this.worst = pricing.costOf(this.deployment, speechUsage(this.body as WireRequest["speech"])).cost;
+      else if (this.endpoint === "images") this.worst = worstImages(pricing, this.deployment, this.promptTokenBound, imagesAsked(this.body as WireRequest["images"]));
+      else if (this.endpoint === "speech") this.worst = pricing.costOf(this.deployment, speechBound(this.body as WireRequest["speech"])).cost;
       else if (this.endpoint === "transcriptions") {
         const audio = audioBound((this.body as WireRequest["transcriptions"]).file.size);
         const tokens = this.promptTokenBound + audio.tokens;
@@ -311,7 +324,8 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
         throw err;
       }
       deadline.clear();
-      return reply(audio, upstreamType || "application/octet-stream", ep.binaryUsage(body), undefined);
+      const contentType = upstreamType || "application/octet-stream";
+      return reply(audio, contentType, ep.binaryUsage(body, { bytes: audio.byteLength, contentType }), undefined);
     }
     if (ep.textResponse && !upstreamType.includes("json")) {
       const t = ep.textResponse(await readText(res, d, deadline), upstreamType, body);

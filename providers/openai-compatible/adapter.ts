@@ -184,7 +184,10 @@ export function openAIImages(): EndpointAdapter<"images"> {
       const b = asObject(body);
       const count = Array.isArray(b.data) ? b.data.length : 0;
       const asked = req ? imagesAsked(req) : { count };
-      return { body: b, usage: { promptTokens: 0, completionTokens: 0, images: { ...asked, count } } };
+      // gpt-image-1 says which size and quality it made (for `auto`); dall-e answers what was asked.
+      const size = typeof b.size === "string" && b.size !== "auto" ? b.size : asked.size;
+      const quality = typeof b.quality === "string" && b.quality !== "auto" ? b.quality.toLowerCase() : asked.quality;
+      return { body: b, usage: { promptTokens: 0, completionTokens: 0, images: { count, size, quality } } };
     },
   };
 }

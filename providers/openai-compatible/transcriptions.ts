@@ -14,8 +14,11 @@ const NOT_FORWARDED: ReadonlySet<string> = new Set(["model", "file", "response_f
 
 type Format = NonNullable<TranscriptionRequest["response_format"]>;
 
+/** By the model's name, or its `model_info.base_model` (an Azure deployment's name says nothing). */
+const reportsDuration = (d: Deployment): boolean => REPORTS_DURATION.test(d.upstreamModel) || REPORTS_DURATION.test(String(d.info.base_model ?? ""));
+
 function upstreamFormat(asked: Format, d: Deployment): Format {
-  if (REPORTS_DURATION.test(d.upstreamModel)) return "verbose_json";
+  if (reportsDuration(d)) return "verbose_json";
   return asked === "text" ? "json" : asked;
 }
 

@@ -46,6 +46,8 @@ beforeAll(async () => {
       { model_name: "transcribe", svc_params: upstream("openai/gpt-4o-transcribe") },
       { model_name: "mock-whisper", svc_params: { model: "mock/whisper-1" } },
       { model_name: "tts", svc_params: upstream("openai/tts-1") },
+      { model_name: "mini-tts", svc_params: upstream("openai/gpt-4o-mini-tts") },
+      { model_name: "stt-prod", svc_params: upstream("openai/prod-stt"), model_info: { base_model: "whisper-1" } },
       { model_name: "mock-tts", svc_params: { model: "mock/tts-1" } },
       { model_name: "omni", svc_params: upstream("openai/omni-moderation-latest") },
       { model_name: "mock-moderation", svc_params: { model: "mock/omni-moderation-latest" } },
@@ -87,6 +89,16 @@ describe("image generation", () => {
     const row = await logRow(response.headers.get("x-svc-call-id")!);
     expect(row).toMatchObject({ call_type: "images", model: "dalle", status: "success" });
     expect(Number(row!.spend)).toBeCloseTo(2 * HD_1024_USD, 12);
+  });
+
+  test("left to their defaults, size and quality are OpenAI's (1024x1024, standard); quality in any case", async () => {
+    const plain = await client.images.generate({ model: "dalle", prompt: "a plain fox" }).withResponse();
+    expect(Number(plain.response.headers.get("x-svc-response-cost"))).toBeCloseTo(1024 * 1024 * 3.81469e-8, 12);
+    const upper = await client.images.generate({ model: "dalle", prompt: "an HD fox", quality: "HD" as never, size: "1024x1024" }).withResponse();
+    expect(Number(upper.response.headers.get("x-svc-response-cost"))).toBeCloseTo(HD_1024_USD, 12);
+    // A budget that fits the asked image: the reservation is its price, not the dearest.
+    const keyed = await budgeted(0.05);
+    expect((await keyed.images.generate({ model: "dalle", prompt: "one standard fox", quality: "standard" })).data).toHaveLength(1);
   });
 
   test("the built-in mock provider answers with base64 images when asked", async () => {
@@ -185,6 +197,15 @@ describe("whisper-1 (priced per second)", () => {
   });
 });
 
+describe("a whisper deployment named otherwise (model_info.base_model: whisper-1)", () => {
+  test("is asked for verbose_json too, so an SRT answer is priced per second", async () => {
+    mock.reset();
+    const { response } = await client.audio.transcriptions.create({ file: await audio(TEN_SECONDS), model: "stt-prod", response_format: "srt" }).withResponse();
+    expect(mock.requests.at(-1)!.body).toMatchObject({ model: "prod-stt", response_format: "verbose_json" });
+    expect(Number(response.headers.get("x-svc-response-cost"))).toBeCloseTo(10 * WHISPER_PER_SECOND, 12);
+  });
+});
+
 describe("gpt-4o-transcribe (priced by tokens)", () => {
   test("json passes through with its token usage, priced per audio, text and output token", async () => {
     const { data, response } = await client.audio.transcriptions.create({ file: await audio(TEN_SECONDS), model: "transcribe" }).withResponse();
@@ -255,6 +276,22 @@ describe("speech", () => {
     const res = await client.audio.speech.create({ model: "mock-tts", input: "abc", voice: "alloy", response_format: "wav" });
     expect(res.headers.get("content-type")).toBe("audio/wav");
     expect(Buffer.from(new Uint8Array(await res.arrayBuffer()).subarray(0, 4)).toString()).toBe("RIFF");
+  });
+
+  test("gpt-4o-mini-tts is priced per text token and second of audio: seconds measured from a PCM answer, estimated from the text otherwise", async () => {
+    const input = "x".repeat(100);
+    const pcm = await client.audio.speech.create({ model: "mini-tts", input, voice: "alloy", response_format: "pcm" });
+    await pcm.arrayBuffer();
+    // 25 text tokens at $2.50/M and the answer's 10 s at $0.015 a minute.
+    expect(Number(pcm.headers.get("x-svc-response-cost"))).toBeCloseTo(25 * 2.5e-6 + 10 * 0.00025, 12);
+    const mp3 = await client.audio.speech.create({ model: "mini-tts", input, voice: "alloy" });
+    await mp3.arrayBuffer();
+    // The estimate (100 characters at 15 a second), priced to the millisecond.
+    expect(Number(mp3.headers.get("x-svc-response-cost"))).toBeCloseTo(25 * 2.5e-6 + (Math.round((100 / 15) * 1000) / 1000) * 0.00025, 12);
+    // Reserved at the slowest speech (5 characters a second): 20 s, over a $0.003 budget.
+    const keyed = await budgeted(0.003);
+    const refused = await failure(keyed.audio.speech.create({ model: "mini-tts", input, voice: "alloy" }));
+    expect((refused as BadRequestError).type).toBe("budget_exceeded");
   });
 
   test("a key's budget holds the input's price before the upstream is asked", async () => {

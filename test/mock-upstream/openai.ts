@@ -812,6 +812,8 @@ function speech(ctx: RequestContext, body: JsonObject): Reply | Response {
   if (typeof body.model !== "string") return errorResponse(ctx, 400, invalidRequest("you must provide a model parameter"));
   if (typeof body.input !== "string" || body.input === "") return errorResponse(ctx, 400, invalidRequest("Missing required parameter: 'input'.", "input", "missing_required_parameter"));
   if (body.voice === undefined) return errorResponse(ctx, 400, invalidRequest("Missing required parameter: 'voice'.", "voice", "missing_required_parameter"));
+  // PCM: 24 kHz 16-bit mono, a tenth of a second per character; otherwise an `ID3` tag and 10 bytes per character.
+  if (body.response_format === "pcm") return new Response(new Uint8Array(body.input.length * 4_800), { headers: successHeaders(ctx, "audio/pcm") });
   const bytes = new Uint8Array(3 + body.input.length * 10);
   bytes.set([0x49, 0x44, 0x33]);
   const type = body.response_format === "wav" ? "audio/wav" : "audio/mpeg";

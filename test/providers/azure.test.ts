@@ -46,7 +46,7 @@ describe("audio on Azure", () => {
     const speech = azureProvider.endpoints.speech!;
     const s = speech.request({ model: "tts", input: "hello", voice: "alloy" }, { ...d, upstreamModel: "tts-prod" });
     expect(s.url).toBe(`${BASE}/openai/deployments/tts-prod/audio/speech?api-version=2024-10-21`);
-    expect(speech.binaryUsage!({ model: "tts", input: "hello", voice: "alloy" }).characters).toBe(5);
+    expect(speech.binaryUsage!({ model: "tts", input: "hello", voice: "alloy" }, { bytes: 10, contentType: "audio/mpeg" }).characters).toBe(5);
   });
 });
 

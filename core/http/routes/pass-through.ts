@@ -9,9 +9,11 @@ import { GatewayError, errorInfo } from "../../errors.ts";
 import { forwardPassThrough } from "../../pass-through/forward.ts";
 import { newCallId } from "../../pipeline/call.ts";
 import type { AppDeps } from "../app.ts";
-import { authenticate } from "../auth.ts";
+import { authenticate, carriesGatewayCredential, credentialHeader } from "../auth.ts";
 
 export const NO_SUCH_ROUTE = "Not found: no such route. Model calls live under /v1 (e.g. POST /v1/chat/completions).";
+
+const ENCODED_SEPARATOR = /%2f|%5c/i;
 
 /** The caller of a public (`auth: false`) endpoint. */
 const ANONYMOUS: Principal = { keyHash: "", role: "internal_user", metadata: {} };
@@ -20,6 +22,8 @@ export function passThroughRoutes(deps: AppDeps) {
   const { live, log } = deps;
   const handle = async ({ request }: { request: Request }): Promise<Response> => {
     const url = new URL(request.url);
+    // An encoded slash or backslash would let a path step out of its endpoint (or its allowed prefix) at a target that decodes it.
+    if (ENCODED_SEPARATOR.test(url.pathname)) throw GatewayError.of(400, "Encoded slashes and backslashes (%2F, %5C) are not allowed in this path.", "invalid_request_error");
     const pin = live.pin();
     try {
       const match = pin.snapshot.passThrough.match(url.pathname, request.method);
@@ -28,12 +32,17 @@ export function passThroughRoutes(deps: AppDeps) {
         throw new GatewayError(errorInfo(405, `${request.method} is not allowed on ${url.pathname}; use ${match.allowed.join(", ")}.`, "invalid_request_error"), { allow: match.allowed.join(", ") });
       }
       let principal = ANONYMOUS;
+      let gatewayCredential: string | undefined;
       if (match.endpoint.auth) {
         principal = await authenticate(pin.snapshot, request.headers, url.pathname);
         authorizePassThrough(principal, url.pathname);
-
+        gatewayCredential = credentialHeader(request.headers);
+      } else if (await carriesGatewayCredential(pin.snapshot, request.headers, url.pathname)) {
+        // A public route still never hands one of the gateway's own keys to the target.
+        gatewayCredential = credentialHeader(request.headers);
       }
-      return await forwardPassThrough(match.endpoint, match.subpath, request, { snapshot: pin.snapshot, principal, callId: newCallId(), log, release: pin.release });
+      const ctx = { snapshot: pin.snapshot, principal, callId: newCallId(), log, release: pin.release, gatewayCredential };
+      return await forwardPassThrough(match.endpoint, match.subpath, request, ctx);
     } catch (err) {
       pin.release();
       throw err;
