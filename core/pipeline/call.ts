@@ -4,13 +4,13 @@
  * decides which deployment, and holds the limits and budgets.
  */
 import type { CallIntent, CallRecord, GroupCapacity, HttpCall, CallStatus, Denied, Deployment, Endpoint, EndpointAdapter, ErrorInfo, Lease, Logger, Principal, StreamTransform, Usage, WireRequest } from "../contract.ts";
-import { type PromptSize, audioBound, promptSize } from "../cost/estimate.ts";
+import { type PromptSize, promptSize } from "../cost/estimate.ts";
+import { worstCaseOf } from "../cost/worst-case.ts";
 import { groupCapacity } from "../limits/capacity.ts";
 import { picoToText } from "../cost/money.ts";
 import { GatewayError, errorInfo } from "../errors.ts";
 import type { Gate, Snapshot } from "../snapshot.ts";
 import { assembleStream } from "../stream/assemble.ts";
-import { IMAGE_QUALITIES, IMAGE_SIZES, imagesAsked, speechBound } from "../wire.ts";
 import { withClientCredentials } from "./client-credentials.ts";
 import { supportedBody } from "./params.ts";
 import { cancelAll, dispatchRecord } from "./record.ts";
@@ -84,19 +84,6 @@ export function acquireLeases(gates: readonly Gate[], intent: CallIntent): Lease
   return step(0);
 }
 
-/** The most an image request can cost: over every size and quality the model may pick where the request leaves them open. */
-function worstImages(pricing: Snapshot["pricing"], d: Deployment, promptTokens: number, asked: ReturnType<typeof imagesAsked>): bigint {
-  let worst = 0n;
-  for (const size of asked.size ? [asked.size] : IMAGE_SIZES) {
-    for (const quality of asked.quality ? [asked.quality] : [undefined, ...IMAGE_QUALITIES]) {
-      const c = pricing.costOf(d, { promptTokens, completionTokens: 0, images: { count: asked.count, size, quality } });
-      // An entry the model has no price for (a size it does not make) says nothing.
-      if (c.priced && c.cost > worst) worst = c.cost;
-    }
-  }
-  return worst;
-}
-
 /** The intent of a call; the prompt estimate and the worst case are computed only if a gate asks. */
 export class Intent implements CallIntent {
   private prompt: PromptSize | undefined;
@@ -133,23 +120,7 @@ export class Intent implements CallIntent {
   }
 
   get worstCaseCost(): bigint {
-    if (this.worst === undefined) {
-      const pricing = this.snapshot.pricing;
-      if (this.endpoint === "embeddings") this.worst = pricing.worstCase(this.deployment, this.promptTokenBound, 0);
-      else if (this.endpoint === "images") this.worst = worstImages(pricing, this.deployment, this.promptTokenBound, imagesAsked(this.body as WireRequest["images"]));
-      else if (this.endpoint === "speech") this.worst = pricing.costOf(this.deployment, speechBound(this.body as WireRequest["speech"])).cost;
-      else if (this.endpoint === "transcriptions") {
-        const audio = audioBound((this.body as WireRequest["transcriptions"]).file.size);
-        const tokens = this.promptTokenBound + audio.tokens;
-        // Priced per second or per token, whichever the model uses; a transcript is shorter than its audio's tokens.
-        this.worst = pricing.costOf(this.deployment, { promptTokens: tokens, audioPromptTokens: audio.tokens, completionTokens: audio.tokens, audioSeconds: audio.seconds }).cost;
-      }
-      else {
-        const choices = Math.max(1, (this.body as { n?: number | null }).n ?? 1);
-        const max = this.maxOutputTokens;
-        this.worst = pricing.worstCase(this.deployment, this.promptTokenBound, max === undefined ? undefined : max * choices);
-      }
-    }
+    this.worst ??= worstCaseOf(this.endpoint, this.body, this.deployment, this.snapshot.pricing, this.promptTokenBound, this.maxOutputTokens);
     return this.worst;
   }
 }

@@ -1,0 +1,48 @@
+/**
+ * The most a call can cost before it is made, per endpoint: what budgets reserve. It must never be
+ * below what the call is then charged, or concurrent calls could overspend.
+ */
+import type { Deployment, Endpoint, WireRequest } from "../contract.ts";
+import { IMAGE_QUALITIES, IMAGE_SIZES, imagesAsked, speechBound } from "../wire.ts";
+import { audioBound } from "./estimate.ts";
+import type { Pico } from "./money.ts";
+import type { Pricing } from "./pricing.ts";
+
+/** Over every size and quality the model may pick where the request leaves them open. */
+function worstImages(pricing: Pricing, d: Deployment, promptTokens: number, req: WireRequest["images"]): Pico {
+  const asked = imagesAsked(req);
+  let worst = 0n;
+  for (const size of asked.size ? [asked.size] : IMAGE_SIZES) {
+    for (const quality of asked.quality ? [asked.quality] : [undefined, ...IMAGE_QUALITIES]) {
+      const c = pricing.costOf(d, { promptTokens, completionTokens: 0, images: { count: asked.count, size, quality } });
+      // An entry the model has no price for (a size it does not make) says nothing.
+      if (c.priced && c.cost > worst) worst = c.cost;
+    }
+  }
+  return worst;
+}
+
+/** Priced per second or per token, whichever the model uses; a transcript is shorter than its audio's tokens. */
+function worstTranscription(pricing: Pricing, d: Deployment, promptTokens: number, req: WireRequest["transcriptions"]): Pico {
+  const audio = audioBound(req.file.size);
+  return pricing.costOf(d, { promptTokens: promptTokens + audio.tokens, audioPromptTokens: audio.tokens, completionTokens: audio.tokens, audioSeconds: audio.seconds }).cost;
+}
+
+/** `promptTokens`: the prompt's bound; `maxOutputTokens`: the request's limit, if it sets one. */
+export function worstCaseOf<E extends Endpoint>(endpoint: E, body: WireRequest[E], d: Deployment, pricing: Pricing, promptTokens: number, maxOutputTokens: number | undefined): Pico {
+  switch (endpoint) {
+    case "embeddings":
+    case "moderations":
+      return pricing.worstCase(d, promptTokens, 0);
+    case "images":
+      return worstImages(pricing, d, promptTokens, body as WireRequest["images"]);
+    case "speech":
+      return pricing.costOf(d, speechBound(body as WireRequest["speech"])).cost;
+    case "transcriptions":
+      return worstTranscription(pricing, d, promptTokens, body as WireRequest["transcriptions"]);
+    default: {
+      const choices = Math.max(1, (body as { n?: number | null }).n ?? 1);
+      return pricing.worstCase(d, promptTokens, maxOutputTokens === undefined ? undefined : maxOutputTokens * choices);
+    }
+  }
+}
