@@ -1,8 +1,9 @@
 /**
  * One pass-through call, after the caller is known: the request's own rate limits and the budgets
- * (reserving `cost_per_request`) → the request forwarded as it is, body streamed → the answer
- * streamed back as it is → settled and logged once it ends, also when the client leaves or the
- * target stalls. No translation: the target's status, headers and bytes reach the client.
+ * (reserving `cost_per_request`) → the request forwarded as it is (minus the gateway's own key
+ * and headers) → the answer streamed back as it is → settled and logged once it ends, also when
+ * the client leaves or the target stalls. No translation: the target's status, headers and bytes
+ * reach the client.
  */
 import type { CallIntent, CallRecord, CallStatus, Deployment, ErrorInfo, GroupCapacity, Lease, Logger, Principal } from "../contract.ts";
 import { GatewayError, errorInfo } from "../errors.ts";
