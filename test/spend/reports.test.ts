@@ -322,6 +322,22 @@ for (const backend of BACKENDS) {
       expect(total(after.body)).toBe(Number(logged!.n));
     });
 
+    test("a change to a past day (a late write) is seen by the next report, though that day's part was reused before", async () => {
+      const path = `/global/spend/report?start_date=${START}&end_date=${TODAY}&group_by=api_key`;
+      type Report = { group_by_day: string; api_keys: { total_requests: number }[] }[];
+      const requestsOn = (body: Report, day: string) => body.find((d) => d.group_by_day === day)?.api_keys.reduce((n, k) => n + k.total_requests, 0) ?? 0;
+      const before = await get<Report>(path);
+      const past = before.body.map((d) => d.group_by_day).find((d) => d !== TODAY)!;
+      expect((await get<Report>(path)).text).toBe(before.text);
+      const [row] = await q(sql`select entity_id, api_key, model, model_group, provider from daily_spend where entity_type = 'key' and date = ${past}::date limit 1`);
+      const thatRow = sql`entity_type = 'key' and date = ${past}::date and entity_id = ${row!.entity_id} and api_key = ${row!.api_key} and model = ${row!.model} and model_group = ${row!.model_group} and provider = ${row!.provider}`;
+      await q(sql`update daily_spend set api_requests = api_requests + 5 where ${thatRow}`);
+      const after = await get<Report>(path);
+      expect(requestsOn(after.body, past)).toBe(requestsOn(before.body, past) + 5);
+      await q(sql`update daily_spend set api_requests = api_requests - 5 where ${thatRow}`);
+      expect((await get<Report>(path)).text).toBe(before.text);
+    });
+
     test("daily activity asked again after more calls shows them", async () => {
       const path = `/team/daily/activity?start_date=${START}&end_date=${TODAY}&team_ids=${s.teamA}`;
       const requests = (body: { metadata: { total_api_requests: number }; results: { total_requests: number }[] }) => [

@@ -1,10 +1,11 @@
 /**
- * Reuse of per-day parts of spend reports. Finished days do not change, so each day's JSON is
- * kept and reused while that day's rows are unchanged. A day's stamp is its row count and request
- * total: every write of spend adds at least one request to some row of its day, so any write
- * changes the stamp (and the part is built again).
+ * Reuse of per-day parts of spend reports. Finished days rarely change, so each day's JSON is
+ * kept and reused while that day's rows are unchanged. A day's stamp is its version in
+ * `daily_spend_days`, which a trigger bumps on every write of the day's rows of that entity type:
+ * reading 30 stamps costs one index lookup, not a scan of the days' rows (tens of milliseconds
+ * over 150,000 rows).
  */
-import { type SQL, sql } from "drizzle-orm";
+import { sql } from "drizzle-orm";
 import type { IdentityView } from "../../contract.ts";
 import type { Db } from "../../store/db.ts";
 import { rows } from "../../store/sql.ts";
@@ -41,29 +42,46 @@ function remember(cache: FragmentCache, key: string, stamp: string, json: string
   }
 }
 
+/** The days a report covers: a range, or a list. */
+export type DaySpan = { start: string; end: string } | readonly string[];
+
 /**
- * The JSON part of each day that has rows under `where` (oldest first): reused when its stamp is
- * unchanged, else made by `build` (given the days to make).
+ * The JSON part of each day of `entityType` in `span` that `build` makes one for (oldest first):
+ * reused while the day's version is unchanged, else made by `build` (given the days to make). A day
+ * `build` makes no part for (no rows under the report's filters) is remembered as having none.
  */
-export async function reuseDays(db: Db, where: SQL, cacheKey: string, build: (days: string[]) => Promise<Map<string, string>>): Promise<Map<string, string>> {
-  const stamps = await rows<{ day: string; n: string | number; r: string | number }>(
+export async function reuseDays(
+  db: Db,
+  entityType: string,
+  span: DaySpan,
+  cacheKey: string,
+  build: (days: string[]) => Promise<Map<string, string>>,
+): Promise<Map<string, string>> {
+  const inSpan = Array.isArray(span)
+    ? span.length === 0
+      ? sql`false`
+      : sql`v.date in (${sql.join(span.map((d) => sql`${d}::date`), sql`, `)})`
+    : sql`v.date between ${(span as { start: string }).start}::date and ${(span as { end: string }).end}::date`;
+  const stamps = await rows<{ day: string; version: string | number }>(
     db,
-    sql`select d.date::text as day, count(*) as n, sum(d.api_requests) as r from daily_spend d where ${where} group by d.date order by d.date`,
+    sql`select v.date::text as day, v.version from daily_spend_days v where v.entity_type = ${entityType} and ${inSpan} order by v.date`,
   );
   const cache = cacheOf(db);
   const parts = new Map<string, string>();
   const missing: string[] = [];
   for (const s of stamps) {
-    const hit = cache.entries.get(`${cacheKey}\u0000${s.day}`);
-    if (hit && hit.stamp === `${s.n}/${s.r}`) {
+    const key = `${cacheKey}\u0000${s.day}`;
+    const hit = cache.entries.get(key);
+    if (hit && hit.stamp === String(s.version)) {
       parts.set(s.day, hit.json);
-      remember(cache, `${cacheKey}\u0000${s.day}`, hit.stamp, hit.json);
+      remember(cache, key, hit.stamp, hit.json);
     } else missing.push(s.day);
   }
   if (missing.length > 0) {
     const built = await build(missing);
-    const stampOf = new Map(stamps.map((s) => [s.day, `${s.n}/${s.r}`]));
-    for (const [day, json] of built) {
+    const stampOf = new Map(stamps.map((s) => [s.day, String(s.version)]));
+    for (const day of missing) {
+      const json = built.get(day) ?? "";
       parts.set(day, json);
       remember(cache, `${cacheKey}\u0000${day}`, stampOf.get(day) ?? "", json);
     }
@@ -71,7 +89,7 @@ export async function reuseDays(db: Db, where: SQL, cacheKey: string, build: (da
   const ordered = new Map<string, string>();
   for (const s of stamps) {
     const part = parts.get(s.day);
-    if (part !== undefined) ordered.set(s.day, part);
+    if (part) ordered.set(s.day, part);
   }
   return ordered;
 }

@@ -388,8 +388,7 @@ export async function dailyActivity(ctx: AdminCtx, kind: "team" | "org") {
   const pageDays = days.slice(p.offset, p.offset + p.pageSize);
   const totals = await dailyTotals(ctx.db, f);
   const cacheKey = JSON.stringify(["activity", kind, f, identityGeneration(ctx.identity)]);
-  const pageWhere = pageDays.length ? sql`${dailyWhere(f)} and d.date in (${sql.join(pageDays.map((x) => sql`${x}::date`), sql`, `)})` : sql`false`;
-  const parts = await reuseDays(ctx.db, pageWhere, cacheKey, async (missing) => {
+  const parts = await reuseDays(ctx.db, kind, pageDays, cacheKey, async (missing) => {
     const found = await dailyRows(ctx.db, f, missing);
     const byDay = new Map<string, Day>(missing.map((d) => [d, { m: emptyMetrics(), models: new Map(), groups: new Map(), providers: new Map(), keys: new Map(), entities: new Map() }]));
     for (const r of found) {

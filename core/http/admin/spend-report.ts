@@ -105,8 +105,8 @@ function whereOf(entityType: string, f: ReportFilter, extra: SQL[]): SQL {
 }
 
 /** `[day parts…]` for the days with rows, oldest first; only changed days are read and built. */
-async function report(db: Db, where: SQL, cacheKey: string, build: (found: DailyRow[]) => Map<string, string>): Promise<string> {
-  const parts = await reuseDays(db, where, cacheKey, async (missing) => {
+async function report(db: Db, entityType: string, f: ReportFilter, where: SQL, cacheKey: string, build: (found: DailyRow[]) => Map<string, string>): Promise<string> {
+  const parts = await reuseDays(db, entityType, { start: f.start, end: f.end }, cacheKey, async (missing) => {
     const found = await rows<DailyRow>(
       db,
       sql`select d.date::text as day, d.entity_id, d.api_key, d.model_group, d.spend::text as spend, d.prompt_tokens as i, d.completion_tokens as o, d.api_requests as n
@@ -146,7 +146,7 @@ async function byTeam(db: Db, f: ReportFilter): Promise<string> {
   for (const t of await db.select({ id: teams.teamId, alias: teams.teamAlias }).from(teams)) aliases.set(t.id, t.alias);
   // Team names are part of the cached text: a renamed team starts a new cache.
   const names = [...aliases.values()].join("\u0001").length;
-  return report(db, where, `team\u0000${f.apiKey}\u0000${f.teamId}\u0000${aliases.size}:${names}`, (found) => {
+  return report(db, "team", f, where, `team\u0000${f.apiKey}\u0000${f.teamId}\u0000${aliases.size}:${names}`, (found) => {
     const out = new Map<string, string>();
     for (const [day, d] of tree(found, (r) => r.api_key)) {
       const teamParts: string[] = [];
@@ -202,10 +202,11 @@ async function byDimension(db: Db, f: ReportFilter, dim: "api_key" | "customer")
   const extra: SQL[] = [];
   if (f.customerId) extra.push(sql`d.entity_id = ${f.customerId}`);
   if (f.teamId) extra.push(sql`exists (select 1 from daily_spend t where t.entity_type = 'team' and t.entity_id = ${f.teamId} and t.date = d.date and t.api_key = d.api_key)`);
-  const where = whereOf(dim === "api_key" ? "key" : "end_user", f, extra);
+  const entityType = dim === "api_key" ? "key" : "end_user";
+  const where = whereOf(entityType, f, extra);
   const list = dim === "api_key" ? "api_keys" : "customers";
   const model = (m: string, u: Usage) => `{"model":${quote(m)},"total_cost":${money(u.spend)},"total_input_tokens":${u.i},"total_output_tokens":${u.o},"requests":${u.n}}`;
-  return report(db, where, `${dim}\u0000${f.apiKey}\u0000${f.teamId}\u0000${f.customerId}`, (found) => {
+  return report(db, entityType, f, where, `${dim}\u0000${f.apiKey}\u0000${f.teamId}\u0000${f.customerId}`, (found) => {
     const out = new Map<string, string>();
     for (const [day, entries] of entriesByDay(found)) {
       const parts: string[] = [];

@@ -90,6 +90,21 @@ export const dailySpend = pgTable(
   ],
 );
 
+/**
+ * A version per entity type and day of `daily_spend`, bumped by a trigger on every write to it
+ * (migration 0005): a report reuses a day's part while that day's version is unchanged, without
+ * scanning the day's rows to find out.
+ */
+export const dailySpendDays = pgTable(
+  "daily_spend_days",
+  {
+    entityType: text("entity_type").notNull(),
+    date: date("date", { mode: "string" }).notNull(),
+    version: bigint("version", { mode: "number" }).notNull().default(1),
+  },
+  (t) => [primaryKey({ columns: [t.entityType, t.date] })],
+);
+
 /** Budget alerts already sent: one per (budget, event, period) across every instance. */
 export const budgetAlerts = pgTable(
   "budget_alerts",
