@@ -18,7 +18,7 @@ import { organizations, teams, virtualKeys } from "../../store/schema.ts";
 import { rows } from "../../store/sql.ts";
 import type { AdminCtx } from "./context.ts";
 import { dayOf } from "../../spend/flush.ts";
-import { identityGeneration, reuseDays } from "./day-cache.ts";
+import { identityGeneration, joinedParts, reuseDays } from "./day-cache.ts";
 import { quote } from "./json-text.ts";
 
 export function invalidParam(name: string, message: string): GatewayError {
@@ -471,8 +471,8 @@ export async function dailyActivity(ctx: AdminCtx, kind: "team" | "org") {
     total_pages: totalPages,
     has_more: p.page < totalPages,
   };
-  // Day parts are JSON already (reused across calls); the answer is assembled as text.
-  return new Response(`{"results":[${results.join(",")}],"metadata":${JSON.stringify(metadata)}}`, { headers: { "content-type": "application/json" } });
+  // Day parts are JSON already (reused across calls, kept as bytes); the answer is assembled from them.
+  return new Response(joinedParts(`{"results":[`, results, `],"metadata":${JSON.stringify(metadata)}}`), { headers: { "content-type": "application/json" } });
 }
 
 async function keyMetadata(db: Db, tokens: string[]): Promise<Map<string, Record<string, unknown>>> {

@@ -9,7 +9,7 @@ import { columnToPico, safePicoToText } from "../../cost/money.ts";
 import type { Db } from "../../store/db.ts";
 import { teams } from "../../store/schema.ts";
 import { rows } from "../../store/sql.ts";
-import { reuseDays } from "./day-cache.ts";
+import { joinedParts, reuseDays } from "./day-cache.ts";
 import { quote } from "./json-text.ts";
 
 export interface ReportFilter {
@@ -105,7 +105,7 @@ function whereOf(entityType: string, f: ReportFilter, extra: SQL[]): SQL {
 }
 
 /** `[day parts…]` for the days with rows, oldest first; only changed days are read and built. */
-async function report(db: Db, entityType: string, f: ReportFilter, where: SQL, cacheKey: string, build: (found: DailyRow[]) => Map<string, string>): Promise<string> {
+async function report(db: Db, entityType: string, f: ReportFilter, where: SQL, cacheKey: string, build: (found: DailyRow[]) => Map<string, string>): Promise<Blob> {
   const parts = await reuseDays(db, entityType, { start: f.start, end: f.end }, cacheKey, async (missing) => {
     const found = await rows<DailyRow>(
       db,
@@ -117,7 +117,7 @@ async function report(db: Db, entityType: string, f: ReportFilter, where: SQL, c
     );
     return build(found);
   });
-  return `[${[...parts.values()].join(",")}]`;
+  return joinedParts("[", parts.values(), "]");
 }
 
 /** Days (oldest first) → entity → key (or one '' level) → model group. */
@@ -139,7 +139,7 @@ function tree(found: DailyRow[], keyOf: (r: DailyRow) => string) {
 }
 
 /** `[{group_by_day, teams: [{team_name, team_id, spend, keys: [{key, spend, usage: {<model>: {cost, input_tokens, output_tokens, requests}}}]}]}]`. */
-async function byTeam(db: Db, f: ReportFilter): Promise<string> {
+async function byTeam(db: Db, f: ReportFilter): Promise<Blob> {
   // Calls of keys without a team are aggregated under team id '' (see spend/flush.ts).
   const where = whereOf("team", f, f.teamId ? [sql`d.entity_id = ${f.teamId}`] : []);
   const aliases = new Map<string, string | null>();
@@ -198,7 +198,7 @@ function entriesByDay(found: DailyRow[]): [string, Entry[]][] {
 }
 
 /** `[{group_by_day, api_keys|customers: [{api_key|customer, total_cost, total_input_tokens, total_output_tokens, total_requests, model_details: [...]}]}]`. */
-async function byDimension(db: Db, f: ReportFilter, dim: "api_key" | "customer"): Promise<string> {
+async function byDimension(db: Db, f: ReportFilter, dim: "api_key" | "customer"): Promise<Blob> {
   const extra: SQL[] = [];
   if (f.customerId) extra.push(sql`d.entity_id = ${f.customerId}`);
   if (f.teamId) extra.push(sql`exists (select 1 from daily_spend t where t.entity_type = 'team' and t.entity_id = ${f.teamId} and t.date = d.date and t.api_key = d.api_key)`);
@@ -227,8 +227,8 @@ async function byDimension(db: Db, f: ReportFilter, dim: "api_key" | "customer")
   });
 }
 
-/** The report as JSON text, or undefined when its sums are too large for the fast path (the caller then builds it exactly with bigint). */
-export async function spendReportJson(db: Db, f: ReportFilter, groupBy: "team" | "api_key" | "customer"): Promise<string | undefined> {
+/** The report as JSON, or undefined when its sums are too large for the fast path (the caller then builds it exactly with bigint). */
+export async function spendReportJson(db: Db, f: ReportFilter, groupBy: "team" | "api_key" | "customer"): Promise<Blob | undefined> {
   try {
     return await (groupBy === "team" ? byTeam(db, f) : byDimension(db, f, groupBy));
   } catch (err) {
