@@ -182,7 +182,7 @@ export function promptOf(body: WireRequest[Endpoint]): unknown {
 /** Embedding vectors and generated images are not kept with a stored prompt: the input says what was asked, they are bulk in a log. */
 const keepsAnswer = (endpoint: Endpoint): boolean => endpoint !== "embeddings" && endpoint !== "images";
 
-/** The answer to keep with a stored prompt, from the text the client got (embedding vectors are not kept). */
+/** The answer to keep with a stored prompt, from the text the client got (see keepsAnswer). */
 export function storedAnswer(endpoint: Endpoint, stream: boolean, text: string): unknown {
   if (!keepsAnswer(endpoint)) return undefined;
   if (stream) return assembleStream(text, endpoint as "chat" | "completions");
@@ -287,19 +287,13 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     };
     const upstreamType = res.headers.get("content-type") ?? "";
     if (ep.binaryUsage) {
-      let audio: ArrayBuffer;
-      try {
-        audio = await res.arrayBuffer();
-      } catch (err) {
-        if (deadline.timedOut) throw timeoutError(d, deadline.seconds);
-        throw err;
-      }
+      const audio = await readWithin(res.arrayBuffer(), d, deadline);
       deadline.clear();
       const contentType = upstreamType || "application/octet-stream";
       return reply(audio, contentType, ep.binaryUsage(body, { bytes: audio.byteLength, contentType }), undefined);
     }
     if (ep.textResponse && !upstreamType.includes("json")) {
-      const t = ep.textResponse(await readText(res, d, deadline), upstreamType, body);
+      const t = ep.textResponse(await readWithin(res.text(), d, deadline), upstreamType, body);
       deadline.clear();
       if (keepPrompt) answer = t.text.body;
       return reply(t.text.body, t.text.contentType, t.usage, undefined);
@@ -342,9 +336,10 @@ export function buildCall<E extends Endpoint>(ep: EndpointAdapter<E, unknown>, b
   }
 }
 
-async function readText(res: Response, d: Deployment, deadline: Deadline): Promise<string> {
+/** An upstream body being read; cut off by the deadline, it is the call's 408. */
+async function readWithin<T>(reading: Promise<T>, d: Deployment, deadline: Deadline): Promise<T> {
   try {
-    return await res.text();
+    return await reading;
   } catch (err) {
     if (deadline.timedOut) throw timeoutError(d, deadline.seconds);
     throw err;
@@ -352,7 +347,7 @@ async function readText(res: Response, d: Deployment, deadline: Deadline): Promi
 }
 
 async function readJson(res: Response, d: Deployment, deadline: Deadline): Promise<{ text: string; json: unknown }> {
-  const text = await readText(res, d, deadline);
+  const text = await readWithin(res.text(), d, deadline);
   try {
     return { text, json: JSON.parse(text) };
   } catch {
