@@ -180,6 +180,11 @@ export interface ProviderAdapter {
    * from the environment). Returns an error message when the deployment cannot work.
    */
   resolve?(deployment: Deployment): Deployment | string;
+  /**
+   * The upstream's own rate-limit state as OpenAI's `x-ratelimit-*` headers, passed on where no
+   * gateway limit of that kind applies. Absent: OpenAI's header names are read as they are.
+   */
+  rateLimitHeaders?(upstream: Headers): Record<string, string>;
   /** Maps an upstream error body to the message shown to the client. */
   errorMessage?(status: number, body: string): string;
   /** Recognises context-window and content-policy failures in an upstream error answer. */

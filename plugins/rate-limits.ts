@@ -15,6 +15,7 @@ import { Type } from "@sinclair/typebox";
 import { type CallIntent, type Denied, definePlugin, type Hooks, type IdentityView, type KeyRow, type Lease, type RateCounter, type RateGrant, type RateRefusal, type RateWindows, teamMemberId } from "../core/contract.ts";
 import { errorInfo } from "../core/errors.ts";
 import { guaranteedLimit, reservedOn, type ThroughputKind } from "../core/limits/capacity.ts";
+import { rateHeaders } from "../core/limits/headers.ts";
 import { retryAfterSeconds, tokenEstimate } from "../core/limits/window.ts";
 import { keyLabel } from "./shared/labels.ts";
 
@@ -130,28 +131,6 @@ function requestCounters(intent: CallIntent, identity: IdentityView | undefined)
   }
   if (org) rowCounter(out, `org:${org.organizationId}`, `Organization=${org.organizationId}`, org, org.budgetId ? identity?.budgets.get(org.budgetId) : undefined);
   return out;
-}
-
-/** The `x-ratelimit-*` headers for the tightest request and token limits of a grant. */
-export function rateHeaders(counters: readonly RateCounter[], remaining: RateGrant["remaining"]): Record<string, string> | undefined {
-  let req: [number, number] | undefined;
-  let tok: [number, number] | undefined;
-  for (const [i, c] of counters.entries()) {
-    const r = remaining[i]!;
-    if (c.rpm !== undefined && r.requests !== undefined && (!req || r.requests < req[1])) req = [c.rpm, r.requests];
-    if (c.tpm !== undefined && r.tokens !== undefined && (!tok || r.tokens < tok[1])) tok = [c.tpm, r.tokens];
-  }
-  if (!req && !tok) return undefined;
-  const h: Record<string, string> = {};
-  if (req) {
-    h["x-ratelimit-limit-requests"] = String(req[0]);
-    h["x-ratelimit-remaining-requests"] = String(Math.max(0, req[1]));
-  }
-  if (tok) {
-    h["x-ratelimit-limit-tokens"] = String(tok[0]);
-    h["x-ratelimit-remaining-tokens"] = String(Math.max(0, tok[1]));
-  }
-  return h;
 }
 
 const KIND_TEXT = { requests: "requests per minute", tokens: "tokens per minute", parallel_requests: "parallel requests" } as const;

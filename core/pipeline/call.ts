@@ -3,7 +3,7 @@
  * map the response or stream back → price and record the call. The router (core/router/route.ts)
  * decides which deployment, and holds the limits and budgets.
  */
-import type { CallIntent, CallRecord, GroupCapacity, HttpCall, CallStatus, Denied, Deployment, Endpoint, EndpointAdapter, ErrorInfo, Lease, Logger, Principal, StreamTransform, Usage, WireRequest } from "../contract.ts";
+import type { CallIntent, CallRecord, GroupCapacity, HttpCall, CallStatus, Denied, Deployment, Endpoint, EndpointAdapter, ErrorInfo, Lease, Logger, Principal, ProviderAdapter, StreamTransform, Usage, WireRequest } from "../contract.ts";
 import { type PromptSize, promptSize } from "../cost/estimate.ts";
 import { worstCaseOf } from "../cost/worst-case.ts";
 import { groupCapacity } from "../limits/capacity.ts";
@@ -133,7 +133,11 @@ export function responseHeaders(d: Deployment, callId: string, contentType: stri
 /** OpenAI's own rate-limit headers, passed on where no gateway limit of that kind applies (a gateway limit's headers win). */
 const UPSTREAM_LIMIT_HEADERS = ["x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens"] as const;
 
-function withUpstreamLimits(headers: Record<string, string>, upstream: Headers): void {
+function withUpstreamLimits(headers: Record<string, string>, upstream: Headers, adapter: ProviderAdapter): void {
+  if (adapter.rateLimitHeaders) {
+    Object.assign(headers, adapter.rateLimitHeaders(upstream));
+    return;
+  }
   for (const h of UPSTREAM_LIMIT_HEADERS) {
     const v = upstream.get(h);
     if (v !== null) headers[h] = v;
@@ -264,7 +268,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     if (streams && ep.stream) {
       const transform = ep.stream as StreamTransform<"chat" | "completions", unknown>;
       const headers = responseHeaders(d, ctx.callId, "text/event-stream");
-      withUpstreamLimits(headers, res.headers);
+      withUpstreamLimits(headers, res.headers, adapter);
       if (attempt.headers) Object.assign(headers, attempt.headers);
       const capture = attempt.capture;
       const tap = streamed
@@ -280,7 +284,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
       if (typeof out === "string") attempt.capture?.(out);
       const cost = finish("success", usage, undefined, Date.now(), typeof id === "string" ? id : undefined);
       const headers = responseHeaders(d, ctx.callId, contentType);
-      withUpstreamLimits(headers, res.headers);
+      withUpstreamLimits(headers, res.headers, adapter);
       if (attempt.headers) Object.assign(headers, attempt.headers);
       headers["x-svc-response-cost"] = picoToText(cost);
       return new Response(out, { headers });

@@ -15,6 +15,7 @@ import { stateOf } from "./deployment-state.ts";
 import { type FallbackType, fallbacksFor } from "./fallbacks.ts";
 import { type RoutePolicy, backoffMs, retriesFor, routePolicy } from "./policy.ts";
 import { pickDeployment } from "./strategy.ts";
+import { rateHeaders } from "../limits/headers.ts";
 import { retryAfterSeconds, tokenEstimate } from "../limits/window.ts";
 import { cacheUse } from "../cache/controls.ts";
 import { cacheKey } from "../cache/key.ts";
@@ -298,8 +299,10 @@ async function callGroup<E extends Endpoint>(
     let recorded = false;
     let captured = "";
     const save = progress.save;
+    // The deployment's own rpm/tpm are limits on this call too: their headers join the tightest.
+    const capacityHeaders = capacity ? rateHeaders(capacity.applied, capacity.remaining) : undefined;
     const attempt: Attempt = {
-      headers: { ...leaseHeaders, ...routerHeaders(progress) },
+      headers: { ...(capacityHeaders ? tightest(leaseHeaders, capacityHeaders) : leaseHeaders), ...routerHeaders(progress) },
       startedAt: n === 0 ? startedAt : undefined,
       capture: save
         ? (text) => {

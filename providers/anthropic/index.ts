@@ -18,6 +18,7 @@ import { anthropicChatResponse } from "./chat-response.ts";
 import { type AnthropicStreamState, anthropicChatStream } from "./chat-stream.ts";
 import { anthropicCountTokensBody, anthropicCountTokensResponse } from "./count-tokens.ts";
 import { anthropicErrorKind, anthropicErrorMessage } from "./errors.ts";
+import { anthropicRateLimitHeaders } from "./rate-limits.ts";
 
 export { ANTHROPIC_CHAT_PARAMS, DEFAULT_MAX_TOKENS, JSON_TOOL_NAME, anthropicMessagesBody } from "./chat-request.ts";
 export { anthropicChatResponse } from "./chat-response.ts";
@@ -69,6 +70,7 @@ export const anthropicProvider: ProviderAdapter = {
   }),
   errorMessage: anthropicErrorMessage,
   errorKind: anthropicErrorKind,
+  rateLimitHeaders: anthropicRateLimitHeaders,
   countTokens: {
     request: (req, d) => anthropicCall(d, "/v1/messages/count_tokens", anthropicCountTokensBody(req, d.upstreamModel)),
     response: anthropicCountTokensResponse,

@@ -80,6 +80,9 @@ describe("chat", () => {
     // Priced from the bundled table (claude-3-5-sonnet-20241022: $3 / $15 per million tokens).
     const cost = Number(response.headers.get("x-svc-response-cost"));
     expect(cost).toBeGreaterThan(0);
+    // Anthropic's own rate-limit state, under OpenAI's header names.
+    expect(response.headers.get("x-ratelimit-remaining-requests")).toBe("3999");
+    expect(response.headers.get("x-ratelimit-limit-tokens")).toBe("480000");
     expect(cost).toBeCloseTo((data.usage!.prompt_tokens * 3 + 7 * 15) / 1e6, 12);
   });
 

@@ -211,11 +211,16 @@ describe("cooldowns, timeouts and capacity", () => {
 
   test("deployments at their own rpm are skipped; when all are, 429 with retry-after", async () => {
     const ids: string[] = [];
+    const left: Record<string, string[]> = { "cap-1": [], "cap-2": [] };
     for (let i = 0; i < 3; i++) {
       const r = await post({ model: "capped" });
       expect(r.status).toBe(200);
       ids.push(r.headers.get("x-svc-model-id")!);
+      // The deployment's own rpm is the limit the answer's headers count down.
+      expect(r.headers.get("x-ratelimit-limit-requests")).toBe(r.headers.get("x-svc-model-id") === "cap-1" ? "2" : "1");
+      left[r.headers.get("x-svc-model-id")!]!.push(r.headers.get("x-ratelimit-remaining-requests")!);
     }
+    expect(left).toEqual({ "cap-1": ["1", "0"], "cap-2": ["0"] });
     expect(ids.filter((i) => i === "cap-1").length).toBe(2);
     expect(ids.filter((i) => i === "cap-2").length).toBe(1);
     const r = await post({ model: "capped" });
