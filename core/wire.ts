@@ -225,7 +225,8 @@ export function speechBound(req: SpeechRequest): SpeechUsage {
 
 /**
  * The images an image request asks for, as a call's usage counts them: `n` (default 1), its size
- * and its quality (lower case). Undefined where the model picks (`auto`, or not given).
+ * and its quality (lower case). Undefined where the model picks: a size of `auto`, a quality of
+ * `auto` or none.
  */
 export function imagesAsked(req: ImageRequest): { count: number; size?: string; quality?: string } {
   const quality = req.quality?.toLowerCase();
