@@ -45,10 +45,19 @@ export async function findUser(db: Exec, ref: MemberRef): Promise<UserRow | unde
 }
 
 /**
+ * Holds an address until the transaction ends, so requests that would each create a user for it
+ * at the same moment take turns (the second finds the first's user). Inside a transaction only.
+ */
+export async function lockEmail(db: Exec, email: string): Promise<void> {
+  await db.execute(sql`select pg_advisory_xact_lock(hashtextextended(lower(${email}), 0))`);
+}
+
+/**
  * The user a member reference names, created (role `internal_user`, nothing else) when missing:
  * admitting someone to a team must never mint a more privileged user.
  */
 export async function ensureUser(db: Exec, ref: MemberRef, by: string): Promise<{ user: UserRow; created: boolean }> {
+  if (ref.user_email) await lockEmail(db, ref.user_email);
   const found = await findUser(db, ref);
   if (found) return { user: found, created: false };
   if (ref.user_id && ref.user_email) {

@@ -8,7 +8,8 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { randomUUID } from "node:crypto";
 import OpenAI, { APIError } from "openai";
-import { organizations } from "../../core/store/schema.ts";
+import { eq } from "drizzle-orm";
+import { organizations, users } from "../../core/store/schema.ts";
 import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 import { sha256 } from "../harness/util.ts";
 
@@ -422,6 +423,13 @@ for (const backend of BACKENDS) {
         expect(await statuses(Array.from({ length: 5 }, () => post("/team/member_add", { team_id: teamId, member: { role: "user", user_id: member } })))).toEqual([200, 400, 400, 400, 400]);
         const t = await get<{ team_info: { members_with_roles: { user_id: string }[] } }>(`/team/info?team_id=${teamId}`);
         expect(t.body.team_info.members_with_roles.map((m) => m.user_id)).toEqual([member]);
+        // By e-mail: one user for one address, however many requests name it at once.
+        const email = `${uid("race")}@example.com`;
+        expect(await statuses(Array.from({ length: 5 }, () => post("/team/member_add", { team_id: teamId, member: { role: "user", user_email: email } })))).toEqual([200, 400, 400, 400, 400]);
+        expect(await statuses(Array.from({ length: 5 }, (_, i) => post("/user/new", { user_id: uid(`race-mail-${i}`), user_email: `new-${email}`, auto_create_key: false })))).toEqual([200, 400, 400, 400, 400]);
+        for (const address of [email, `new-${email}`]) {
+          expect(await gw.host!.store.db.select({ id: users.userId }).from(users).where(eq(users.userEmail, address))).toHaveLength(1);
+        }
       });
 
       test("team_member_key_duration: a key generated in the team without a duration expires after it; an explicit duration wins", async () => {

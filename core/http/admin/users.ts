@@ -10,7 +10,7 @@ import { and, asc, count, desc, eq, ilike, inArray, isNull, type SQL } from "dri
 import { Elysia } from "elysia";
 import { badRequest, forbidden, notFound } from "../../authz.ts";
 import { Amount, clearNulls, containing, LIMIT_COLUMNS, LimitFields, MoneyField, Nullable, resetAt } from "../../identity/fields.ts";
-import { type Exec, findUserByEmail, membersByTeam, teamApi, userApi } from "../../identity/members.ts";
+import { type Exec, findUserByEmail, lockEmail, membersByTeam, teamApi, userApi } from "../../identity/members.ts";
 import { choice, list, pageOf, paged } from "../../identity/paging.ts";
 import type { UserRow } from "../../identity/records.ts";
 import { fromApi, toApi } from "../../identity/serialize.ts";
@@ -140,6 +140,11 @@ async function newUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
   } as typeof users.$inferInsert;
   const user = await ctx.db
     .transaction(async (tx) => {
+      // Checked again under the address's lock: a concurrent request may have taken it since.
+      if (body.user_email) {
+        await lockEmail(tx, body.user_email);
+        await requireUniqueEmail(tx, body.user_email);
+      }
       const [created] = await tx.insert(users).values(row).returning();
       if (memberships.length > 0) await tx.insert(teamMembers).values(memberships.map((m) => ({ ...m, userId })));
       return created!;
