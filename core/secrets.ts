@@ -37,6 +37,11 @@ export function mapSecrets(params: Record<string, unknown>, fn: (v: string) => s
   return out;
 }
 
+/** Configured headers as shown to an admin: their names, never their values (any may carry a credential). */
+export function hiddenHeaderValues(headers: Record<string, string>): Record<string, string> {
+  return Object.fromEntries(Object.keys(headers).map((h) => [h, "[redacted]"]));
+}
+
 /** Secrets never reach the audit trail or a response: plaintext keys and credential fields are replaced. */
 export function redactSecrets(value: unknown, field = ""): unknown {
   if (typeof value === "string") {

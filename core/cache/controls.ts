@@ -5,7 +5,7 @@
  * write), `ttl` (seconds to keep this answer), `s-maxage` (accept only answers younger than this),
  * `namespace` — each allowed only when the key's `allowed_cache_controls` is empty or lists it.
  */
-import type { Principal } from "../contract.ts";
+import type { Endpoint, Principal } from "../contract.ts";
 import { GatewayError } from "../errors.ts";
 
 export interface CacheSettings {
@@ -26,8 +26,15 @@ export interface CacheUse {
 
 const CONTROLS = ["no-cache", "no-store", "ttl", "s-maxage", "namespace"] as const;
 
+/**
+ * What the cache can hold: answers that are text and whose request is all in its JSON body. An
+ * uploaded file is not part of the key (transcriptions), and speech answers are audio.
+ */
+const CACHEABLE: ReadonlySet<Endpoint> = new Set<Endpoint>(["chat", "completions", "embeddings", "images", "moderations"]);
+
 /** How this request uses the cache, or undefined when it does not. */
-export function cacheUse(settings: CacheSettings, body: Record<string, unknown>, principal: Principal): CacheUse | undefined {
+export function cacheUse(settings: CacheSettings, endpoint: Endpoint, body: Record<string, unknown>, principal: Principal): CacheUse | undefined {
+  if (!CACHEABLE.has(endpoint)) return undefined;
   const asked = body.caching === true;
   if (!asked && !(settings.enabled && settings.defaultOn)) return undefined;
   if (body.caching === false) return undefined;

@@ -15,9 +15,8 @@ export function credentialOf(headers: Headers): string | undefined {
 
 /** The header `credentialOf` reads the credential from, if any. */
 export function credentialHeader(headers: Headers): "x-svc-api-key" | "authorization" | undefined {
-  if (headers.get("x-svc-api-key")) return "x-svc-api-key";
-  const auth = headers.get("authorization");
-  return auth && /^bearer /i.test(auth) ? "authorization" : undefined;
+  if (credentialOf(headers) === undefined) return undefined;
+  return headers.get("x-svc-api-key") ? "x-svc-api-key" : "authorization";
 }
 
 /** Whether the request carries a credential the gateway knows, usable or refused (a blocked key is still one of its keys). */

@@ -168,7 +168,7 @@ export async function forwardPassThrough(e: PassThroughEndpoint, subpath: string
     ctx.release();
     record(status, cost, error);
   };
-  const origin = new URL(e.target).origin;
+  const { origin } = e;
 
   let upstream: Response;
   try {

@@ -5,6 +5,7 @@
  */
 import type { PassThroughEndpointConfig } from "../config/schema.ts";
 import { usdToPico } from "../cost/money.ts";
+import { hiddenHeaderValues } from "../secrets.ts";
 
 export type PassThroughMethod = "GET" | "POST" | "PUT" | "PATCH" | "DELETE";
 const EVERY_METHOD: readonly PassThroughMethod[] = ["GET", "POST", "PUT", "PATCH", "DELETE"];
@@ -15,6 +16,8 @@ export interface PassThroughEndpoint {
   /** Without a trailing slash. */
   path: string;
   target: string;
+  /** The target's origin: what errors may name (its path or query may hold a credential). */
+  origin: string;
   /** Configured headers with every `os.environ/NAME` resolved. */
   headers: Readonly<Record<string, string>>;
   forwardHeaders: boolean;
@@ -123,7 +126,7 @@ export function buildPassThrough(list: readonly PassThroughEndpointConfig[] | un
       id,
       path,
       target: shownTarget(entry.target),
-      headers: Object.fromEntries(Object.keys(headers).map((h) => [h, "[redacted]"])),
+      headers: hiddenHeaderValues(headers),
       forward_headers: entry.forward_headers ?? false,
       include_subpath: entry.include_subpath ?? false,
       cost_per_request: entry.cost_per_request ?? 0,
@@ -135,6 +138,7 @@ export function buildPassThrough(list: readonly PassThroughEndpointConfig[] | un
       id,
       path,
       target: entry.target,
+      origin: new URL(entry.target).origin,
       headers,
       forwardHeaders: entry.forward_headers ?? false,
       includeSubpath: entry.include_subpath ?? false,

@@ -8,13 +8,13 @@
  */
 import type { Deployment, Endpoint, WireRequest } from "../contract.ts";
 import { GatewayError } from "../errors.ts";
+import { isPrivateHost } from "../private-host.ts";
 
 export interface ClientCredentialSettings {
   allowClientSideCredentials: boolean;
   clientSideApiBaseHosts: readonly string[] | undefined;
 }
 
-const PRIVATE_HOST = /^(localhost|.*\.localhost|127\.|10\.|192\.168\.|169\.254\.|172\.(1[6-9]|2\d|3[01])\.|0\.|\[?::1\]?$|\[?f[cd][0-9a-f]{2}:|\[?fe80:)/i;
 
 function refuse(message: string, param: string): GatewayError {
   return GatewayError.of(400, message, "invalid_request_error", param);
@@ -41,7 +41,7 @@ export function withClientCredentials(endpoint: Endpoint, body: WireRequest[Endp
     const hosts = s.clientSideApiBaseHosts;
     const listed = hosts?.includes(url.hostname) ?? false;
     if (url.protocol !== "https:" && !listed) throw refuse("api_base must be an https URL (or name a host in svc_settings.client_side_api_base_hosts).", "api_base");
-    if (hosts ? !listed : PRIVATE_HOST.test(url.hostname)) {
+    if (hosts ? !listed : isPrivateHost(url.hostname)) {
       throw refuse(`api_base host ${url.hostname} is not allowed${hosts ? ` (allowed: ${hosts.join(", ")})` : ": loopback and private addresses are refused"}.`, "api_base");
     }
   }

@@ -51,6 +51,14 @@ interface Progress {
   save?: CacheSave;
 }
 
+/** One request through the router: what every model group it tries shares. */
+interface Run<E extends Endpoint> {
+  endpoint: E;
+  ctx: CallContext;
+  policy: RoutePolicy;
+  progress: Progress;
+}
+
 function routerHeaders(p: Progress): Record<string, string> {
   return { "x-svc-attempted-retries": String(p.retries), "x-svc-attempted-fallbacks": String(p.fallbacks) };
 }
@@ -88,8 +96,7 @@ export async function modelCall<E extends Endpoint>(endpoint: E, body: WireReque
   const deployments = snapshot.models.resolve(group);
   if (!deployments || deployments.length === 0) throw invalidModel(body.model);
   const loose = body as unknown as Record<string, unknown>;
-  // An uploaded file is not part of the cache key (it is not JSON), and the cache keeps text, not audio.
-  const use = endpoint === "transcriptions" || endpoint === "speech" ? undefined : cacheUse(snapshot.cache.settings, loose, principal);
+  const use = cacheUse(snapshot.cache.settings, endpoint, loose, principal);
   let save: CacheSave | undefined;
   if (use) {
     const key = cacheKey(endpoint, group, loose, use.namespace);
@@ -102,7 +109,7 @@ export async function modelCall<E extends Endpoint>(endpoint: E, body: WireReque
   const policy = routePolicy(snapshot.config, principal, loose);
   const progress: Progress = { attempts: 0, recorded: false, retries: 0, fallbacks: 0, save };
   try {
-    return await withFallbacks(endpoint, body, group, deployments, ctx, policy, progress);
+    return await withFallbacks({ endpoint, ctx, policy, progress }, body, group, deployments);
   } catch (err) {
     progress.request?.giveUp(progress.recorded);
     // Refused before any deployment was asked (a budget, a rate limit, none free): still a call, logged as a failure.
@@ -133,18 +140,11 @@ function recordRefusal(endpoint: Endpoint, body: WireRequest[Endpoint], groupDep
 }
 
 /** The asked group, then its fallbacks in order. */
-async function withFallbacks<E extends Endpoint>(
-  endpoint: E,
-  body: WireRequest[E],
-  group: string,
-  deployments: readonly Deployment[],
-  ctx: CallContext,
-  policy: RoutePolicy,
-  progress: Progress,
-): Promise<Response> {
+async function withFallbacks<E extends Endpoint>(run: Run<E>, body: WireRequest[E], group: string, deployments: readonly Deployment[]): Promise<Response> {
+  const { ctx, policy, progress } = run;
   const { snapshot, principal } = ctx;
   try {
-    return await callGroup(endpoint, body, group, deployments, ctx, policy, progress);
+    return await callGroup(run, body, group, deployments);
   } catch (first) {
     if (!(first instanceof GroupFailure)) throw first;
     let failure = first;
@@ -165,7 +165,7 @@ async function withFallbacks<E extends Endpoint>(
       if (!list || list.length === 0) continue;
       progress.fallbacks++;
       try {
-        return await callGroup(endpoint, { ...body, model: name }, target, list, ctx, policy, progress, false);
+        return await callGroup(run, { ...body, model: name }, target, list, false);
       } catch (err) {
         if (!(err instanceof GroupFailure)) throw err;
         failure = err;
@@ -197,16 +197,8 @@ function noDeployments(group: string, why: string, retryMs: number): GatewayErro
 }
 
 /** Calls within one model group, with retries; throws GroupFailure when the group gives up. */
-async function callGroup<E extends Endpoint>(
-  endpoint: E,
-  body: WireRequest[E],
-  group: string,
-  deployments: readonly Deployment[],
-  ctx: CallContext,
-  policy: RoutePolicy,
-  progress: Progress,
-  useRawBody = true,
-): Promise<Response> {
+async function callGroup<E extends Endpoint>(run: Run<E>, body: WireRequest[E], group: string, deployments: readonly Deployment[], useRawBody = true): Promise<Response> {
+  const { endpoint, ctx, policy, progress } = run;
   const { snapshot } = ctx;
   const startedAt = Date.now();
   const failedHere = new Set<string>();

@@ -5,8 +5,9 @@
  * always asked for it and the answer the client asked for (`json`, `text`, `srt`, `vtt`) is made
  * from it; other models are asked for `json` where the client wants `json` or `text`.
  */
-import type { Deployment, EndpointAdapter, TextAnswer, TranscriptionRequest, Usage, WireJson } from "../../core/contract.ts";
+import type { Deployment, EndpointAdapter, TextAnswer, TranscriptionRequest, WireJson } from "../../core/contract.ts";
 import { GatewayOnlyFields } from "../../core/wire.ts";
+import { num, usageFromTranscription } from "./usage.ts";
 
 /** Models that report a duration, not tokens (OpenAI's, Groq's, Deepgram's whisper). */
 const REPORTS_DURATION = /whisper/i;
@@ -20,25 +21,6 @@ const reportsDuration = (d: Deployment): boolean => REPORTS_DURATION.test(d.upst
 function upstreamFormat(asked: Format, d: Deployment): Format {
   if (reportsDuration(d)) return "verbose_json";
   return asked === "text" ? "json" : asked;
-}
-
-function num(v: unknown): number | undefined {
-  return typeof v === "number" && Number.isFinite(v) ? v : undefined;
-}
-
-/** `usage: {type: "duration", seconds}` or `{type: "tokens", input_tokens, output_tokens}`, else verbose_json's `duration`. */
-export function transcriptionUsage(b: WireJson): Usage {
-  const u = (b.usage ?? {}) as WireJson;
-  const usage: Usage = { promptTokens: 0, completionTokens: 0 };
-  if (u.type === "tokens") {
-    usage.promptTokens = num(u.input_tokens) ?? 0;
-    usage.completionTokens = num(u.output_tokens) ?? 0;
-    const audio = num((u.input_token_details as WireJson | undefined)?.audio_tokens);
-    if (audio) usage.audioPromptTokens = audio;
-  }
-  const seconds = u.type === "duration" ? num(u.seconds) : num(b.duration);
-  if (seconds !== undefined) usage.audioSeconds = seconds;
-  return usage;
 }
 
 function timestamp(seconds: number, decimal: "," | "."): string {
@@ -55,8 +37,8 @@ interface Segment {
 
 function segmentsOf(b: WireJson): Segment[] {
   const list = Array.isArray(b.segments) ? (b.segments as WireJson[]) : [];
-  const out = list.map((s) => ({ start: num(s.start) ?? 0, end: num(s.end) ?? 0, text: String(s.text ?? "").trim() }));
-  return out.length > 0 ? out : [{ start: 0, end: num(b.duration) ?? 0, text: String(b.text ?? "").trim() }];
+  const out = list.map((s) => ({ start: num(s.start), end: num(s.end), text: String(s.text ?? "").trim() }));
+  return out.length > 0 ? out : [{ start: 0, end: num(b.duration), text: String(b.text ?? "").trim() }];
 }
 
 /** A verbose_json answer as the text format the client asked for. */
@@ -89,13 +71,13 @@ export function openAITranscriptions(): EndpointAdapter<"transcriptions"> {
     response(body, req) {
       if (body === null || typeof body !== "object" || Array.isArray(body)) throw new Error("expected a JSON object");
       const b = body as WireJson;
-      const usage = transcriptionUsage(b);
+      const usage = usageFromTranscription(b);
       const asked = req?.response_format ?? "json";
       if (asked === "verbose_json") return { body: b, usage };
       if (asked === "json") {
         // A verbose_json answer (asked for its duration) is cut down to what json carries.
         if (b.duration === undefined) return { body: b, usage };
-        return { body: { text: b.text, usage: { type: "duration", seconds: Math.ceil(num(b.duration) ?? 0) } }, usage };
+        return { body: { text: b.text, usage: { type: "duration", seconds: Math.ceil(num(b.duration)) } }, usage };
       }
       return { body: b, usage, text: rendered(asked, b) };
     },

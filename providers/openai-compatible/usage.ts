@@ -1,6 +1,7 @@
 import type { Usage } from "../../core/contract.ts";
 
-function num(v: unknown): number {
+/** A finite number, else 0. */
+export function num(v: unknown): number {
   return typeof v === "number" && Number.isFinite(v) ? v : 0;
 }
 
@@ -17,5 +18,23 @@ export function usageFromOpenAI(raw: unknown): Usage {
   const reasoning = num(record(u.completion_tokens_details)?.reasoning_tokens);
   if (cached) usage.cachedPromptTokens = cached;
   if (reasoning) usage.reasoningTokens = reasoning;
+  return usage;
+}
+
+/**
+ * A transcription's usage: `usage: {type: "tokens", input_tokens, output_tokens}` (gpt-4o-transcribe)
+ * and the audio's length, from `usage: {type: "duration", seconds}` or verbose_json's `duration`.
+ */
+export function usageFromTranscription(body: Record<string, unknown>): Usage {
+  const u = record(body.usage);
+  const usage: Usage = { promptTokens: 0, completionTokens: 0 };
+  if (u?.type === "tokens") {
+    usage.promptTokens = num(u.input_tokens);
+    usage.completionTokens = num(u.output_tokens);
+    const audio = num(record(u.input_token_details)?.audio_tokens);
+    if (audio) usage.audioPromptTokens = audio;
+  }
+  const seconds = u?.type === "duration" ? u.seconds : body.duration;
+  if (typeof seconds === "number" && Number.isFinite(seconds)) usage.audioSeconds = seconds;
   return usage;
 }

@@ -6,14 +6,14 @@
  * (`langfuse`, `langsmith`, a storage bucket) is refused with a 400 rather than stored and never
  * served. Header values are encrypted at rest like stored provider credentials.
  */
-import { isIP } from "node:net";
 import { type Static, Type as T } from "@sinclair/typebox";
 import { and, eq, isNull } from "drizzle-orm";
 import { Elysia } from "elysia";
 import { badRequest, forbidden, notFound } from "../../authz.ts";
 import { type TeamCallbackSettings, teamWebhooks } from "../../identity/team-callbacks.ts";
 import type { TeamRow } from "../../identity/records.ts";
-import { encrypt, secretKey } from "../../secrets.ts";
+import { isPrivateHost } from "../../private-host.ts";
+import { encrypt, hiddenHeaderValues, secretKey } from "../../secrets.ts";
 import { teams } from "../../store/schema.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 
@@ -36,18 +36,6 @@ const CallbackBody = T.Object(
 );
 type CallbackBody = Static<typeof CallbackBody>;
 
-/** IPv4 ranges a webhook of a team admin may not point at: loopback, private, link-local (cloud metadata), unspecified. */
-const PRIVATE_V4 = [/^127\./, /^10\./, /^172\.(1[6-9]|2\d|3[01])\./, /^192\.168\./, /^169\.254\./, /^0\./];
-
-/** Whether a URL names this machine or a private network by name or address literal (a DNS name that resolves there is not caught). */
-function privateHost(url: string): boolean {
-  const host = new URL(url).hostname.replace(/^\[|\]$/g, "").toLowerCase();
-  if (host === "localhost" || host.endsWith(".localhost")) return true;
-  const v = isIP(host);
-  if (v === 4) return PRIVATE_V4.some((r) => r.test(host));
-  if (v === 6) return host === "::" || host === "::1" || /^f[cd]/.test(host) || /^fe[89ab]/.test(host) || /^::ffff:/.test(host);
-  return false;
-}
 
 /** The team named in the path, if the caller administers it (proxy admin or team admin; to read, also the admin viewer). */
 async function administeredTeam(ctx: AdminCtx, write: boolean): Promise<TeamRow> {
@@ -71,7 +59,7 @@ function view(team: TeamRow): Record<string, unknown> {
     success_callbacks: settings.success_callback ?? [],
     failure_callbacks: settings.failure_callback ?? [],
     callback_vars: {
-      webhooks: teamWebhooks(team).map((w) => ({ url: w.url, headers: Object.fromEntries(Object.keys(w.headers).map((h) => [h, "[redacted]"])) })),
+      webhooks: teamWebhooks(team).map((w) => ({ url: w.url, headers: hiddenHeaderValues(w.headers) })),
     },
   };
 }
@@ -102,7 +90,7 @@ async function addCallback(ctx: AdminCtx) {
   if (unreadable) throw badRequest(`Webhook url ${JSON.stringify(unreadable.url)} is not a valid URL.`, "callbacks");
   // A team admin must not make the gateway post to this machine or its private network (SSRF); a proxy admin may.
   if (!ctx.caller.isAdmin) {
-    const inside = body.callbacks.find((c) => privateHost(c.url));
+    const inside = body.callbacks.find((c) => isPrivateHost(new URL(c.url).hostname));
     if (inside) throw badRequest(`Webhook ${inside.url} points at this machine or a private network; only a proxy admin may register such a webhook.`, "callbacks");
   }
   const key = secretKey(process.env.SVC_SALT_KEY, ctx.snapshot.settings.masterKey);
