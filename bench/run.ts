@@ -56,7 +56,8 @@ const USAGE = `usage: bun bench/run.ts [options]
   --rates A,B         open-loop rates in req/s (default 500,1000)
   --concurrency C     wrk connections for the throughput run (default 64)
   --quick             smoke run: 1 round, 3 s per measurement
-  --targets LIST      subset of upstream,bare,gateway (default all)
+  --targets LIST      subset of upstream,bare,floor,gateway (default upstream,bare,gateway;
+                      floor: bench/floor-proxy.ts, the least a proxy that prices calls must do)
   --modes LIST        subset of json,stream (default both)
   --target-core N     core for the targets under test (default 0)
   --load-core N       core for wrk, the open-loop generator and the backend mock (default 1)
@@ -98,16 +99,17 @@ const OUT_DIR = resolve(flags.out ?? join(BENCH_DIR, "results"));
 const MASTER_KEY = "sk-bench-master-key-0123456789";
 const UPSTREAM_KEY = "sk-upstream";
 
-type TargetName = "upstream" | "bare" | "gateway";
+type TargetName = "upstream" | "bare" | "floor" | "gateway";
 type Mode = "json" | "stream";
-const ALL_TARGETS: TargetName[] = ["upstream", "bare", "gateway"];
-const TARGETS = (flags.targets?.split(",") ?? ALL_TARGETS) as TargetName[];
+/** `floor` is opt-in (`--targets upstream,bare,floor,gateway`): it is context, not part of the verdict. */
+const ALL_TARGETS: TargetName[] = ["upstream", "bare", "floor", "gateway"];
+const TARGETS = (flags.targets?.split(",") ?? ["upstream", "bare", "gateway"]) as TargetName[];
 const MODES = (flags.modes?.split(",") ?? ["json", "stream"]) as Mode[];
 for (const t of TARGETS) if (!ALL_TARGETS.includes(t)) throw new Error(`unknown target ${t}`);
 for (const m of MODES) if (m !== "json" && m !== "stream") throw new Error(`unknown mode ${m}`);
 for (const v of [ROUNDS, DURATION, WARMUP, CONCURRENCY, ...RATES]) if (!Number.isFinite(v) || v <= 0) throw new Error(`bad numeric option: ${v}`);
 
-const TARGET_LABEL: Record<TargetName, string> = { upstream: "upstream (direct)", bare: "bare proxy", gateway: "gateway" };
+const TARGET_LABEL: Record<TargetName, string> = { upstream: "upstream (direct)", bare: "bare proxy", floor: "floor (prices)", gateway: "gateway" };
 const MODE_LABEL: Record<Mode, string> = { json: "non-stream", stream: "stream" };
 
 const requestBody = (mode: Mode) =>
@@ -654,6 +656,9 @@ async function main(): Promise<void> {
   }
   if (TARGETS.includes("bare")) {
     services.bare = await startService("bare-proxy", TARGET_CORE, ["bun", join(BENCH_DIR, "bare-proxy.ts"), "--port", "0", "--upstream", backend.url], listening);
+  }
+  if (TARGETS.includes("floor")) {
+    services.floor = await startService("floor-proxy", TARGET_CORE, ["bun", join(BENCH_DIR, "floor-proxy.ts"), "--port", "0", "--upstream", backend.url], listening);
   }
   if (TARGETS.includes("gateway")) {
     const config = join(workDir, "config.yaml");
