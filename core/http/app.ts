@@ -13,7 +13,7 @@ import { geminiRoutes } from "./routes/gemini.ts";
 import { modelRoutes } from "./routes/models.ts";
 import { NO_SUCH_ROUTE, passThroughRoutes } from "./routes/pass-through.ts";
 import { utilsRoutes } from "./routes/utils.ts";
-import { readBodyWithText, readForm, validate } from "./validate.ts";
+import { invalidPathParam, readBodyWithText, readForm, validate } from "./validate.ts";
 
 export interface AppDeps {
   live: Live;
@@ -47,10 +47,12 @@ function pathOf(url: string): string {
 export function createApp(deps: AppDeps) {
   const { live, log } = deps;
 
-  async function handleCall(endpoint: Endpoint, request: Request, pathModel: string | undefined): Promise<Response> {
+  /** `pathModel`: the model the path names, decoded; null when its percent-encoding is invalid. */
+  async function handleCall(endpoint: Endpoint, request: Request, pathModel: string | null | undefined): Promise<Response> {
     const pin = live.pin();
     try {
       const principal = await authenticate(pin.snapshot, request.headers, pathOf(request.url));
+      if (pathModel === null) throw invalidPathParam("model");
       // An uploaded file comes as a multipart form; there are then no client bytes to forward as they are.
       const { body, text } = endpoint === "transcriptions" ? { body: await readForm(request), text: undefined } : await readBodyWithText(request);
       let changed = false;
@@ -110,7 +112,8 @@ export function createApp(deps: AppDeps) {
   for (const endpoint of Object.keys(CALL_PATHS) as Endpoint[]) {
     const suffix = CALL_PATHS[endpoint];
     const handler = ({ request }: { request: Request }) => handleCall(endpoint, request, undefined);
-    const withModel = ({ request, params }: { request: Request; params: { model: string } }) => handleCall(endpoint, request, decodeURIComponent(params.model));
+    // The router has decoded `:model` already (decoding again would turn `%2525` into `%` and throw on `%25`); it is null when the encoding is invalid.
+    const withModel = ({ request, params }: { request: Request; params: { model: string | null } }) => handleCall(endpoint, request, params.model);
     app
       .post(`/${suffix}`, handler, { parse: "none" })
       .post(`/v1/${suffix}`, handler, { parse: "none" })

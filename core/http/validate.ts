@@ -42,6 +42,23 @@ export const validate = {
   },
 };
 
+/**
+ * A path parameter the router left percent-encoded (a `*` tail), decoded; an encoding that does not
+ * decode (`%ZZ`, a cut-off UTF-8 sequence) is the client's mistake, answered with a 400 naming it.
+ */
+export function decodePathParam(raw: string, param: string): string {
+  try {
+    return decodeURIComponent(raw);
+  } catch {
+    throw invalidPathParam(param, raw);
+  }
+}
+
+export function invalidPathParam(param: string, raw?: string): GatewayError {
+  const shown = raw === undefined ? "" : ` (${JSON.stringify(raw.slice(0, 100))})`;
+  return GatewayError.of(400, `The ${param} in the path${shown} is not valid percent-encoding.`, "invalid_request_error", param);
+}
+
 /** Form fields that are numbers or booleans on the wire of a JSON request. */
 const NUMERIC_FIELDS = ["temperature"];
 

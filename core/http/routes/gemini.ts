@@ -21,7 +21,7 @@ import { canCountUpstream, countLocally, countUpstream, tokenizerModel } from ".
 import { deploymentFor } from "../../tokens/target.ts";
 import type { AppDeps } from "../app.ts";
 import { authenticate, credentialOf } from "../auth.ts";
-import { readBody, validate } from "../validate.ts";
+import { decodePathParam, readBody, validate } from "../validate.ts";
 
 type Action = "generateContent" | "streamGenerateContent" | "countTokens";
 const ACTIONS: ReadonlySet<string> = new Set<Action>(["generateContent", "streamGenerateContent", "countTokens"]);
@@ -97,7 +97,7 @@ export function geminiRoutes({ live, log }: AppDeps) {
     const pin = live.pin();
     try {
       const url = new URL(request.url);
-      const { model, action } = target(decodeURIComponent(params["*"] ?? ""));
+      const { model, action } = target(decodePathParam(params["*"] ?? "", "model"));
       if (action === "countTokens") {
         try {
           return await countTokens(request, url, pin, model);

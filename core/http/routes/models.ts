@@ -14,6 +14,7 @@ import { SECRET_PARAM } from "../../secrets.ts";
 import type { Snapshot } from "../../snapshot.ts";
 import type { AppDeps } from "../app.ts";
 import { authenticate } from "../auth.ts";
+import { decodePathParam } from "../validate.ts";
 import { type FallbackType, fallbacksFor } from "../../router/fallbacks.ts";
 
 /** svc_params fields that say where the upstream is (credentials are `SECRET_PARAM`). */
@@ -202,7 +203,7 @@ export function modelRoutes({ live, services }: AppDeps) {
   };
   const one = async ({ request, params }: { request: Request; params: Record<string, string> }) => {
     const { s, principal } = await guard(request);
-    const id = decodeURIComponent(params["*"] ?? "");
+    const id = decodePathParam(params["*"] ?? "", "model");
     const owner = ownerOf(s, principal.access, id);
     if (!owner || !mayUseModel(principal.access, id, s.accessGroups)) {
       throw GatewayError.of(404, `Model '${id}' does not exist or is not available to this key. Call /v1/models to list models.`, "not_found_error", "model");
