@@ -33,6 +33,27 @@ describe("encoding per model", () => {
   });
 });
 
+describe("text without a break", () => {
+  test("a run of 200,000 letters or symbols is counted in well under a second (the BPE is quadratic in a run: whole, it took a minute), close to the whole run's count", async () => {
+    for (const name of ["o200k_base", "cl100k_base"] as const) {
+      const enc = await getEncoding(name);
+      for (const [run, exact] of [
+        ["x", enc.count("x".repeat(2000)) / 2000],
+        ["!", enc.count("!".repeat(2000)) / 2000],
+        ["é", enc.count("é".repeat(2000)) / 2000],
+      ] as const) {
+        const started = performance.now();
+        const n = enc.count(`hello ${run.repeat(200_000)} world`);
+        expect(performance.now() - started).toBeLessThan(1000);
+        // A cut every 500 characters changes the count by a token at most.
+        expect(Math.abs(n - 2 - exact * 200_000)).toBeLessThanOrEqual(200_000 / 500 + 2);
+      }
+      // A cut never splits a surrogate pair: each emoji counts as it does alone.
+      expect(enc.count("😀".repeat(100_000))).toBe(enc.count("😀".repeat(250)) * 400);
+    }
+  });
+});
+
 describe("chat overhead", () => {
   test("3 per message + the role + the content, 1 more for a name, 3 to prime the reply", () => {
     expect(chatTokens(words, [{ role: "user", content: "hello world" }]).total).toBe(3 + 1 + 2 + 3);
