@@ -34,12 +34,21 @@ function mimeFromPath(url: string): string | undefined {
   return ext ? MIME_BY_EXTENSION[ext] : undefined;
 }
 
+/** The text of a data URL without `;base64`; the adapter's caller makes the thrown message a 400 (a bare "URI error" names nothing). */
+function percentDecoded(text: string): string {
+  try {
+    return decodeURIComponent(text);
+  } catch {
+    throw new Error("a data: URL's text is not valid percent-encoding (send it with ;base64, or encode it)");
+  }
+}
+
 /** A URL (data or remote) → a Gemini part; `mimeType` overrides what the URL says. */
 export function mediaPart(url: string, mimeType?: string): GeminiPart {
   const m = DATA_URL.exec(url);
   if (m) {
     const base64 = m[2]!.split(";").includes("base64");
-    const data = base64 ? m[3]! : Buffer.from(decodeURIComponent(m[3]!), "utf8").toString("base64");
+    const data = base64 ? m[3]! : Buffer.from(percentDecoded(m[3]!), "utf8").toString("base64");
     return { inlineData: { mimeType: mimeType ?? (m[1] || "application/octet-stream"), data } };
   }
   const type = mimeType ?? mimeFromPath(url);
