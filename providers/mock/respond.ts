@@ -28,6 +28,11 @@ function replyWords(body: WireJson, prompt: string, fixed: string | undefined): 
   return { words: all.slice(0, max), truncated: all.length > max };
 }
 
+/** A 400 in OpenAI's error format. */
+function invalid(message: string, param: string): Response {
+  return new Response(JSON.stringify({ error: { message, type: "invalid_request_error", param, code: null } }), { status: 400, headers: { "content-type": "application/json" } });
+}
+
 function json(body: WireJson): Response {
   return new Response(JSON.stringify(body), { headers: { "content-type": "application/json" } });
 }
@@ -109,9 +114,14 @@ function base64(v: number[]): string {
   return Buffer.from(new Float32Array(v).buffer).toString("base64");
 }
 
+/** The most dimensions OpenAI's embedding models give (text-embedding-3-large). */
+const MAX_DIMENSIONS = 3072;
+
 function embeddings(body: WireJson): Response {
   const inputs = Array.isArray(body.input) ? body.input.map(String) : [String(body.input ?? "")];
   const dims = typeof body.dimensions === "number" ? body.dimensions : 8;
+  // Refused as OpenAI refuses it; building the vectors would otherwise take the memory they ask for.
+  if (dims > MAX_DIMENSIONS) return invalid(`Invalid value for 'dimensions' = ${dims}. Must be less than or equal to ${MAX_DIMENSIONS}.`, "dimensions");
   const asBase64 = body.encoding_format === "base64";
   const data = inputs.map((text, index) => {
     const v = vector(text, dims);
