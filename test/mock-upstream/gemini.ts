@@ -239,6 +239,9 @@ function checkParts(parts: unknown, at: string): string | undefined {
   return undefined;
 }
 
+/** The most candidates Gemini gives for one request. */
+const MAX_CANDIDATES = 8;
+
 function checkGenerateRequest(body: Json): string | undefined {
   const bad = unknownKey(body, TOP_LEVEL, "");
   if (bad) return bad.replace(" at ''", "");
@@ -260,6 +263,9 @@ function checkGenerateRequest(body: Json): string | undefined {
     if (!isObject(body.generationConfig)) return "Invalid value at 'generation_config'";
     const gBad = unknownKey(body.generationConfig, GENERATION_CONFIG, "generation_config");
     if (gBad) return gBad;
+    // Google's own bound; the mock would otherwise build that many candidates.
+    const count = body.generationConfig.candidateCount;
+    if (typeof count === "number" && count > MAX_CANDIDATES) return `Invalid value at 'generation_config.candidate_count' (${count}): must be at most ${MAX_CANDIDATES}.`;
     if (body.generationConfig.responseSchema !== undefined) {
       const e = checkSchema(body.generationConfig.responseSchema, "generation_config.response_schema");
       if (e) return e;

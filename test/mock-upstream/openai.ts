@@ -545,6 +545,9 @@ function chatPayloads(plan: ChatPlan, streamOptions: unknown): string[] {
   return payloads;
 }
 
+/** The most choices (`n`) OpenAI gives for one chat request. */
+const MAX_CHOICES = 128;
+
 function chatCompletions(ctx: RequestContext, body: JsonObject, hints: GenerationHints): Reply | Response {
   if (typeof body.model !== "string") {
     return errorResponse(ctx, 400, invalidRequest("you must provide a model parameter"));
@@ -558,6 +561,10 @@ function chatCompletions(ctx: RequestContext, body: JsonObject, hints: Generatio
   }
   const streamError = checkStreamOptions(ctx, body);
   if (streamError) return streamError;
+  // OpenAI's own bound; the mock would otherwise build that many choices.
+  if (typeof body.n === "number" && body.n > MAX_CHOICES) {
+    return errorResponse(ctx, 400, invalidRequest(`Invalid 'n': integer above maximum value. Expected a value <= ${MAX_CHOICES}, but got ${body.n} instead.`, "n", "integer_above_max_value"));
+  }
   const plan = planChat(body, body.messages, hints);
   if (body.stream === true) return { kind: "sse", payloads: chatPayloads(plan, body.stream_options) };
   return { kind: "json", body: chatJson(plan) };
