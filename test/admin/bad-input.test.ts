@@ -15,6 +15,7 @@ import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { AdminDeps } from "../../core/http/admin/context.ts";
 import { adminRoutes } from "../../core/http/admin/index.ts";
+import { inParallel, refusalError, setAt, snippet, withBad } from "../harness/bad-input.ts";
 import { MASTER_KEY, ROOT, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 
 const CONFIG = { model_list: [{ model_name: "chat", svc_params: { model: "mock/chat" } }], general_settings: { master_key: MASTER_KEY } };
@@ -75,12 +76,6 @@ async function send(method: string, path: string, body?: string): Promise<Reply>
   }
 }
 
-function snippet(s: string, n = 160): string {
-  // biome-ignore lint/suspicious/noControlCharactersInRegex: NUL and the like shown escaped in failure messages
-  const clean = s.replace(/[\u0000-\u001f]/g, (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, "0")}`);
-  return clean.length > n ? `${clean.slice(0, n)}… (${s.length} chars)` : clean;
-}
-
 /**
  * What is wrong with a reply to bad input, if anything. `refuse`: the input is one the route must
  * refuse (a wrong type, not an object); otherwise it may also be accepted (a 2xx), as an empty list
@@ -91,16 +86,10 @@ function problem(r: Reply, refuse: boolean): string | undefined {
   if (r.status >= 500) return `answered ${r.status}`;
   if (r.status < 400) return refuse ? `accepted with ${r.status}` : undefined;
   if (!REFUSALS.has(r.status)) return `refused with ${r.status}`;
-  let body: unknown;
-  try {
-    body = JSON.parse(r.text);
-  } catch {
-    return `refused with ${r.status} but the body is not JSON`;
-  }
-  const error = (body as { error?: Record<string, unknown> } | null)?.error;
-  if (!error || typeof error.message !== "string" || !error.message || typeof error.type !== "string" || error.code !== String(r.status)) {
-    return `refused with ${r.status} but not in the error envelope`;
-  }
+  const refusal = refusalError(r.status, r.text);
+  if ("wrong" in refusal) return refusal.wrong;
+  const { error } = refusal;
+  if (typeof error.type !== "string" || error.code !== String(r.status)) return `refused with ${r.status} but not in the error envelope`;
   return undefined;
 }
 
@@ -119,15 +108,6 @@ class Probe {
     if (wrong) this.problems.push(`${this.method} ${path.length > 120 ? `${path.slice(0, 120)}…` : path} ← ${input}: ${wrong}: ${snippet(r.text)}`);
     return r;
   }
-}
-
-async function inParallel<T>(items: T[], run: (item: T) => Promise<unknown>, parallel = PARALLEL): Promise<void> {
-  let next = 0;
-  await Promise.all(
-    Array.from({ length: Math.min(parallel, items.length) }, async () => {
-      while (next < items.length) await run(items[next++]!);
-    }),
-  );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -221,25 +201,6 @@ const NOT_OBJECTS: { body: string; label: string; refuse: boolean }[] = [
 
 // ---------------------------------------------------------------------------------------------
 // Bodies
-
-/** Sets `value` at `path` in `target`, making the objects (or, for a number segment, arrays) on the way. */
-function setAt(target: Record<string, unknown>, path: string[], value: unknown): void {
-  let at: Record<string, unknown> = target;
-  for (let i = 0; i < path.length - 1; i++) {
-    const seg = path[i]!;
-    if (typeof at[seg] !== "object" || at[seg] === null) at[seg] = /^\d+$/.test(path[i + 1]!) ? [] : {};
-    at = at[seg] as Record<string, unknown>;
-  }
-  at[path[path.length - 1]!] = value;
-}
-
-const MARK = "\u0001bad-input\u0001";
-/** The JSON text of `base` with `bad` (JSON text) at `path`. */
-function withBad(base: Record<string, unknown>, path: string[], bad: string): string {
-  const body = structuredClone(base);
-  setAt(body, path, MARK);
-  return JSON.stringify(body).replace(JSON.stringify(MARK), () => bad);
-}
 
 /** The objects the injected bodies point at, so a bad value in one field reaches past the lookups of the others. */
 interface World {

@@ -22,6 +22,7 @@ import {
   ModerationRequestSchema,
   SpeechRequestSchema,
 } from "../../core/wire.ts";
+import { inParallel, refusalError, snippet, withBad } from "../harness/bad-input.ts";
 import { MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 import { type MockAnthropic, startMockAnthropic } from "../mock-upstream/anthropic.ts";
 import { type MockGemini, startMockGemini } from "../mock-upstream/gemini.ts";
@@ -51,8 +52,6 @@ const config = (openai: string, anthropic: string, gemini: string) => ({
 const REFUSALS = new Set([400, 401, 403, 404, 405, 408, 413, 415, 422, 429]);
 /** A request still unanswered after this is a hang. */
 const HANG_MS = 15_000;
-/** Requests in flight at once. */
-const PARALLEL = 8;
 
 // ---------------------------------------------------------------------------------------------
 // Requests and the rule
@@ -95,12 +94,6 @@ async function send(r: Req): Promise<Reply> {
   }
 }
 
-function snippet(s: string, n = 160): string {
-  // biome-ignore lint/suspicious/noControlCharactersInRegex: NUL and the like shown escaped in failure messages
-  const clean = s.replace(/[\u0000-\u001f]/g, (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, "0")}`);
-  return clean.length > n ? `${clean.slice(0, n)}… (${s.length} chars)` : clean;
-}
-
 /** What is wrong with a reply, if anything. */
 function problem(req: Req, r: Reply): string | undefined {
   if (r.status === 0) return "no answer (crash or hang)";
@@ -113,14 +106,9 @@ function problem(req: Req, r: Reply): string | undefined {
   }
   if (!REFUSALS.has(r.status)) return `refused with ${r.status}`;
   if (!r.type.includes("application/json")) return `refused with ${r.status} as ${r.type || "no content type"}`;
-  let body: unknown;
-  try {
-    body = JSON.parse(r.text);
-  } catch {
-    return `refused with ${r.status} but the body is not JSON`;
-  }
-  const error = (body as { error?: Record<string, unknown> } | null)?.error;
-  if (!error || typeof error.message !== "string" || !error.message) return `refused with ${r.status} but not in an error envelope`;
+  const refusal = refusalError(r.status, r.text);
+  if ("wrong" in refusal) return refusal.wrong;
+  const { error } = refusal;
   if (req.google) {
     if (error.code !== r.status || typeof error.status !== "string") return `refused with ${r.status} but not in Google's error envelope`;
   } else if (typeof error.type !== "string" || error.code !== String(r.status) || !("param" in error)) {
@@ -137,15 +125,6 @@ async function check(req: Req): Promise<Reply> {
   const wrong = problem(req, r);
   if (wrong) problems.push(`${req.method ?? "POST"} ${snippet(req.path, 100)} ← ${req.input}: ${wrong}: ${snippet(r.text)}`);
   return r;
-}
-
-async function inParallel<T>(items: T[], run: (item: T) => Promise<unknown>, parallel = PARALLEL): Promise<void> {
-  let next = 0;
-  await Promise.all(
-    Array.from({ length: Math.min(parallel, items.length) }, async () => {
-      while (next < items.length) await run(items[next++]!);
-    }),
-  );
 }
 
 /** Runs the requests and expects no problem among them. */
@@ -217,24 +196,6 @@ function parsed(json: string): { value: unknown } | undefined {
 
 // ---------------------------------------------------------------------------------------------
 // Bodies
-
-function setAt(target: Record<string, unknown>, path: string[], value: unknown): void {
-  let at: Record<string, unknown> = target;
-  for (let i = 0; i < path.length - 1; i++) {
-    const seg = path[i]!;
-    if (typeof at[seg] !== "object" || at[seg] === null) at[seg] = /^\d+$/.test(path[i + 1]!) ? [] : {};
-    at = at[seg] as Record<string, unknown>;
-  }
-  at[path[path.length - 1]!] = value;
-}
-
-const MARK = "\u0001bad-input\u0001";
-/** The JSON text of `base` with `json` (JSON text, inserted as it is) at `path`. */
-function withBad(base: Record<string, unknown>, path: string[], json: string): string {
-  const body = structuredClone(base);
-  setAt(body, path, MARK);
-  return JSON.stringify(body).replace(JSON.stringify(MARK), () => json);
-}
 
 interface Field {
   path: string[];
