@@ -46,6 +46,8 @@ export class ModelTable {
   readonly entries: readonly { entry: ModelEntry; deployment: Deployment }[];
   /** Deployments made for wildcard matches, so a hot model name allocates once per snapshot. */
   private readonly wildcardHits = new Map<string, readonly Deployment[]>();
+  /** `defaultGroup`'s answers: the table never changes, so each kind is looked up once. */
+  private readonly defaults = new Map<keyof typeof MODEL_NAMED, string | undefined>();
 
   constructor(entries: { entry: ModelEntry; deployment: Deployment }[]) {
     this.entries = entries;
@@ -73,18 +75,25 @@ export class ModelTable {
     this.wildcards = [...wildcards.values()].sort((a, b) => b.prefix.length + b.suffix.length - (a.prefix.length + a.suffix.length));
   }
 
-  /** The deployments serving a requested model name, or undefined when nothing matches. */
   /**
    * The first model group of a kind (`model_info.mode`, or a model named like one): for the
-   * requests whose `model` is optional (moderations, image generation).
+   * requests whose `model` is optional (moderations, image generation). Found once per table.
    */
   defaultGroup(mode: keyof typeof MODEL_NAMED): string | undefined {
-    for (const [name, list] of this.groups) {
-      if (list.some((d) => d.info.mode === mode || MODEL_NAMED[mode].test(d.upstreamModel))) return name;
+    if (!this.defaults.has(mode)) {
+      let found: string | undefined;
+      for (const [name, list] of this.groups) {
+        if (list.some((d) => d.info.mode === mode || MODEL_NAMED[mode].test(d.upstreamModel))) {
+          found = name;
+          break;
+        }
+      }
+      this.defaults.set(mode, found);
     }
-    return undefined;
+    return this.defaults.get(mode);
   }
 
+  /** The deployments serving a requested model name, or undefined when nothing matches. */
   resolve(name: string): readonly Deployment[] | undefined {
     const group = this.groups.get(name);
     if (group) return group;

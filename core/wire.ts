@@ -220,7 +220,7 @@ export function speechUsage(req: SpeechRequest, answer?: { bytes: number; conten
 export function speechBound(req: SpeechRequest): SpeechUsage {
   const characters = req.input.length;
   const audioSeconds = characters / SLOWEST_CHARACTERS_PER_SECOND / Math.min(1, req.speed ?? 1);
-  return { promptTokens: new TextEncoder().encode(req.input).length, completionTokens: 0, characters, audioSeconds };
+  return { promptTokens: Buffer.byteLength(req.input, "utf8"), completionTokens: 0, characters, audioSeconds };
 }
 
 /**

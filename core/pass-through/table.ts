@@ -52,16 +52,21 @@ function normalPath(path: string): string {
 
 export class PassThroughTable {
   private readonly exact = new Map<string, PassThroughEndpoint[]>();
-  /** Endpoints with `include_subpath`, longest path first (the most specific wins). */
-  private readonly prefixed: PassThroughEndpoint[];
+  /** Paths with `include_subpath` endpoints, as the prefix they serve, longest first (the most specific wins). */
+  private readonly prefixed: { prefix: string; endpoints: PassThroughEndpoint[] }[] = [];
 
   constructor(readonly endpoints: readonly PassThroughEndpoint[]) {
+    const byPrefix = new Map<string, PassThroughEndpoint[]>();
     for (const e of endpoints) {
       const list = this.exact.get(e.path) ?? [];
       list.push(e);
       this.exact.set(e.path, list);
+      if (!e.includeSubpath) continue;
+      const prefix = e.path === "/" ? "/" : `${e.path}/`;
+      byPrefix.set(prefix, [...(byPrefix.get(prefix) ?? []), e]);
     }
-    this.prefixed = endpoints.filter((e) => e.includeSubpath).sort((a, b) => b.path.length - a.path.length);
+    for (const [prefix, list] of byPrefix) this.prefixed.push({ prefix, endpoints: list });
+    this.prefixed.sort((a, b) => b.prefix.length - a.prefix.length);
   }
 
   get size(): number {
@@ -76,11 +81,8 @@ export class PassThroughTable {
     const path = normalPath(rawPath);
     const here = this.exact.get(path);
     if (here) return pick(here, method, "");
-    for (const e of this.prefixed) {
-      const prefix = e.path === "/" ? "/" : `${e.path}/`;
-      if (!path.startsWith(prefix)) continue;
-      const same = this.prefixed.filter((x) => x.path === e.path);
-      return pick(same, method, path.slice(prefix.length - 1));
+    for (const { prefix, endpoints } of this.prefixed) {
+      if (path.startsWith(prefix)) return pick(endpoints, method, path.slice(prefix.length - 1));
     }
     return undefined;
   }

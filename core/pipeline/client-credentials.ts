@@ -15,7 +15,6 @@ export interface ClientCredentialSettings {
   clientSideApiBaseHosts: readonly string[] | undefined;
 }
 
-
 function refuse(message: string, param: string): GatewayError {
   return GatewayError.of(400, message, "invalid_request_error", param);
 }

@@ -3,6 +3,9 @@ import type { Lease, Usage } from "../contract.ts";
 import { ZERO } from "./call.ts";
 import { cancelAll, settleAll } from "./record.ts";
 
+/** Shared by every holder without rate-limit headers; `tightest` copies before it adds any. */
+const NO_HEADERS: Readonly<Record<string, string>> = Object.freeze({});
+
 /**
  * Leases held while a call (or a whole request) runs, ended once: settled with the usage it had,
  * or given up, counted if some attempt went out and taken back if none did.
@@ -13,7 +16,7 @@ export class HeldLeases {
   readonly headers: Record<string, string>;
 
   constructor(private readonly leases: readonly Lease[]) {
-    let headers: Record<string, string> = {};
+    let headers = NO_HEADERS;
     for (const l of leases) if (l.headers) headers = tightest(headers, l.headers);
     this.headers = headers;
   }
@@ -34,17 +37,26 @@ export class HeldLeases {
 
 export const NO_LEASES = new HeldLeases([]);
 
-/** `x-ratelimit-*` of two grants: per kind, the one with less remaining. */
+const KINDS = [
+  { remaining: "x-ratelimit-remaining-requests", limit: "x-ratelimit-limit-requests" },
+  { remaining: "x-ratelimit-remaining-tokens", limit: "x-ratelimit-limit-tokens" },
+] as const;
+
+/**
+ * `x-ratelimit-*` of two grants: per kind, the one with less remaining. Neither argument is
+ * changed; when `b` tightens nothing, `a` itself is the answer (this runs on every call).
+ */
 export function tightest(a: Record<string, string>, b: Record<string, string>): Record<string, string> {
-  const out = { ...a };
-  for (const kind of ["requests", "tokens"]) {
-    const remaining = b[`x-ratelimit-remaining-${kind}`];
-    if (remaining === undefined) continue;
-    const current = out[`x-ratelimit-remaining-${kind}`];
-    if (current !== undefined && Number(current) <= Number(remaining)) continue;
-    out[`x-ratelimit-remaining-${kind}`] = remaining;
-    const limit = b[`x-ratelimit-limit-${kind}`];
-    if (limit !== undefined) out[`x-ratelimit-limit-${kind}`] = limit;
+  let out = a;
+  for (const { remaining, limit } of KINDS) {
+    const theirs = b[remaining];
+    if (theirs === undefined) continue;
+    const current = out[remaining];
+    if (current !== undefined && Number(current) <= Number(theirs)) continue;
+    if (out === a) out = { ...a };
+    out[remaining] = theirs;
+    const cap = b[limit];
+    if (cap !== undefined) out[limit] = cap;
   }
   return out;
 }

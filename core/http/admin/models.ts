@@ -131,7 +131,6 @@ function rowValues(ctx: AdminCtx, entry: ModelEntry) {
   };
 }
 
-
 async function createModel(ctx: AdminCtx, deps: AdminDeps) {
   ctx.caller.requireAdmin();
   const entry = await ctx.body(ModelEntrySchema);

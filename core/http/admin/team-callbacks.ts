@@ -36,7 +36,6 @@ const CallbackBody = T.Object(
 );
 type CallbackBody = Static<typeof CallbackBody>;
 
-
 /** The team named in the path, if the caller administers it (proxy admin or team admin; to read, also the admin viewer). */
 async function administeredTeam(ctx: AdminCtx, write: boolean): Promise<TeamRow> {
   const teamId = decodeURIComponent(ctx.url.pathname.split("/")[2] ?? "");
