@@ -1,4 +1,5 @@
 /** Request bodies checked against the wire schemas, compiled once; failures are 422s naming the field. */
+import { isUtf8 } from "node:buffer";
 import { Kind, type TSchema } from "@sinclair/typebox";
 import { TypeCompiler } from "@sinclair/typebox/compiler";
 import { type ValueError, Value } from "@sinclair/typebox/value";
@@ -98,9 +99,15 @@ export async function readBody(request: Request): Promise<Record<string, unknown
   return (await readBodyWithText(request)).body;
 }
 
+const utf8 = new TextDecoder();
+
 /** The body as a JSON object and the exact text it was parsed from. */
 export async function readBodyWithText(request: Request): Promise<{ body: Record<string, unknown>; text: string }> {
-  const text = await request.text();
+  const bytes = await request.bytes();
+  // Bytes that are not UTF-8 would be decoded with replacement characters: the prompt the caller
+  // sent would not be the one priced, forwarded and logged.
+  if (!isUtf8(bytes)) throw GatewayError.of(400, "Request body is not valid UTF-8: send JSON encoded as UTF-8.", "invalid_request_error");
+  const text = utf8.decode(bytes);
   let body: unknown;
   try {
     body = JSON.parse(text);

@@ -62,7 +62,7 @@ interface Reply {
 
 let gw: TestGateway;
 
-async function send(method: string, path: string, body?: string): Promise<Reply> {
+async function send(method: string, path: string, body?: string | Uint8Array<ArrayBuffer>): Promise<Reply> {
   try {
     const res = await fetch(`${gw.url}${path}`, {
       method,
@@ -101,7 +101,7 @@ class Probe {
     readonly path: string,
   ) {}
 
-  async call(input: string, refuse: boolean, opts: { path?: string; body?: string } = {}): Promise<Reply> {
+  async call(input: string, refuse: boolean, opts: { path?: string; body?: string | Uint8Array<ArrayBuffer> } = {}): Promise<Reply> {
     const path = opts.path ?? this.path;
     const r = await send(this.method, path, opts.body);
     const wrong = problem(r, refuse);
@@ -185,7 +185,7 @@ function badValues(f: Field): Bad[] {
 }
 
 /** Bodies that are not a JSON object. */
-const NOT_OBJECTS: { body: string; label: string; refuse: boolean }[] = [
+const NOT_OBJECTS: { body: string | Uint8Array<ArrayBuffer>; label: string; refuse: boolean }[] = [
   { body: "{", label: "{ (not JSON)", refuse: true },
   { body: '{"a":', label: "truncated JSON", refuse: true },
   { body: "[]", label: "a JSON array", refuse: true },
@@ -197,6 +197,8 @@ const NOT_OBJECTS: { body: string; label: string; refuse: boolean }[] = [
   { body: "true", label: "true", refuse: true },
   { body: "\u0000", label: "a NUL byte", refuse: true },
   { body: "\ufeff{}", label: "{} after a byte order mark", refuse: false },
+  { body: new Uint8Array([0x7b, 0x22, 0xff, 0xfe, 0x22, 0x3a, 0x31, 0x7d]), label: "an object whose key is invalid UTF-8", refuse: true },
+  { body: new Uint8Array([0x7b, 0x22, 0x61, 0x22, 0x3a, 0x22, 0x63, 0x61, 0x66, 0xe9, 0x22, 0x7d]), label: "a Latin-1 string value", refuse: true },
 ];
 
 // ---------------------------------------------------------------------------------------------

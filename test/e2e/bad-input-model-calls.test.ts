@@ -301,7 +301,7 @@ const NOT_OBJECTS: { body: string | Uint8Array<ArrayBuffer>; label: string; head
   { body: "1e309", label: "1e309" },
   { body: "true", label: "true" },
   { body: "\u0000", label: "a NUL byte" },
-  { body: new Uint8Array([0x7b, 0x22, 0xff, 0xfe, 0x22, 0x3a, 0x31, 0x7d]), label: "an object whose key is invalid UTF-8", object: true },
+  { body: new Uint8Array([0x7b, 0x22, 0xff, 0xfe, 0x22, 0x3a, 0x31, 0x7d]), label: "an object whose key is invalid UTF-8" },
   { body: DEEP_ARRAY, label: `an array nested ${DEPTH} deep` },
   { body: DEEP_OBJECT, label: `an object nested ${DEPTH} deep`, object: true },
   { body: new Uint8Array([0x22, 0xc3, 0x28, 0x22]), label: "a string of invalid UTF-8" },

@@ -65,4 +65,18 @@ describe("built-in mock provider (works with no network)", () => {
     expect(b.data[0]?.embedding[0]).toBeCloseTo(a.data[0]!.embedding[0]!, 6);
     expect(a.data[1]?.embedding[0]).not.toBeCloseTo(a.data[0]!.embedding[0]!, 6);
   });
+
+  test("a body that is not UTF-8 is refused with a 400 naming the encoding, not answered with replacement characters", async () => {
+    // "café" in Latin-1: the é is the lone byte 0xE9.
+    const latin1 = new Uint8Array([...new TextEncoder().encode('{"model":"chat-mock","messages":[{"role":"user","content":"caf'), 0xe9, ...new TextEncoder().encode('"}]}')]);
+    for (const path of ["/v1/chat/completions", "/chat/completions", "/utils/token_counter"]) {
+      const res = await fetch(gw.url + path, { method: "POST", headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" }, body: latin1 });
+      expect(res.status).toBe(400);
+      const { error } = (await res.json()) as { error: { message: string; type: string } };
+      expect(error.message).toContain("not valid UTF-8");
+      expect(error.type).toBe("invalid_request_error");
+    }
+    const utf8 = await client.chat.completions.create({ model: "chat-mock", messages: [{ role: "user", content: "café" }] });
+    expect(utf8.choices[0]?.message.content).toBe("This is a mock response to: café");
+  });
 });

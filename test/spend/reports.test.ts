@@ -338,6 +338,23 @@ for (const backend of BACKENDS) {
       expect((await get<Report>(path)).text).toBe(before.text);
     });
 
+    test("a team renamed to a name of the same length is shown under its new name on past days too", async () => {
+      const path = `/global/spend/report?start_date=${START}&end_date=${TODAY}`;
+      type Report = { group_by_day: string; teams: { team_id: string | null; team_name: string }[] }[];
+      const namesOf = (body: Report) => new Set(body.flatMap((d) => d.teams.filter((t) => t.team_id === s.teamB).map((t) => `${d.group_by_day} ${t.team_name}`)));
+      const before = await get<Report>(path);
+      const pastDays = before.body.filter((d) => d.group_by_day !== TODAY && d.teams.some((t) => t.team_id === s.teamB));
+      expect(pastDays.length).toBeGreaterThan(0);
+      await must(gw, "POST", "/team/update", { team_id: s.teamB, team_alias: "gamma-tmx" });
+      try {
+        const after = await get<Report>(path);
+        expect(namesOf(after.body)).toEqual(new Set([...namesOf(before.body)].map((n) => n.replace("beta-team", "gamma-tmx"))));
+      } finally {
+        await must(gw, "POST", "/team/update", { team_id: s.teamB, team_alias: "beta-team" });
+      }
+      expect((await get<Report>(path)).text).toBe(before.text);
+    });
+
     test("daily activity asked again after more calls shows them", async () => {
       const path = `/team/daily/activity?start_date=${START}&end_date=${TODAY}&team_ids=${s.teamA}`;
       const requests = (body: { metadata: { total_api_requests: number }; results: { total_requests: number }[] }) => [

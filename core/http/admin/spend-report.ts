@@ -143,10 +143,11 @@ async function byTeam(db: Db, f: ReportFilter): Promise<Blob> {
   // Calls of keys without a team are aggregated under team id '' (see spend/flush.ts).
   const where = whereOf("team", f, f.teamId ? [sql`d.entity_id = ${f.teamId}`] : []);
   const aliases = new Map<string, string | null>();
-  for (const t of await db.select({ id: teams.teamId, alias: teams.teamAlias }).from(teams)) aliases.set(t.id, t.alias);
-  // Team names are part of the cached text: a renamed team starts a new cache.
-  const names = [...aliases.values()].join("\u0001").length;
-  return report(db, "team", f, where, `team\u0000${f.apiKey}\u0000${f.teamId}\u0000${aliases.size}:${names}`, (found) => {
+  for (const t of await db.select({ id: teams.teamId, alias: teams.teamAlias }).from(teams).orderBy(teams.teamId)) aliases.set(t.id, t.alias);
+  // Team names are part of the cached text: a renamed team starts a new cache (a hash of every
+  // id and name, so a rename to a name of the same length counts too).
+  const names = Bun.hash([...aliases].join("\u0001")).toString(36);
+  return report(db, "team", f, where, `team\u0000${f.apiKey}\u0000${f.teamId}\u0000${names}`, (found) => {
     const out = new Map<string, string>();
     for (const [day, d] of tree(found, (r) => r.api_key)) {
       const teamParts: string[] = [];
