@@ -131,7 +131,11 @@ const counter = postgres(dbUrl, { max: 1, onnotice: () => {} });
 const [{ n: logRows } = { n: "0" }] = await counter<{ n: string }[]>`select count(*)::text as n from spend_logs`;
 // An open connection would keep this script alive after its report (with --keep, for good).
 await counter.end();
-const gw = await startGateway();
+// A reused database may hold report parts an earlier run stored: the first pass starts without them.
+const cleaner = postgres(dbUrl, { max: 1, onnotice: () => {} });
+await cleaner.unsafe("delete from report_parts").catch(() => undefined); // absent before the gateway's first start migrates
+await cleaner.end();
+let gw = await startGateway();
 const today = new Date();
 const ymd = (d: Date) => d.toISOString().slice(0, 10);
 const start = ymd(new Date(today.getTime() - 29 * DAY * 1000));
@@ -161,9 +165,20 @@ for (const p of probes) {
   }
   times.sort((a, b) => a - b);
   const q = (f: number) => times[Math.min(times.length - 1, Math.floor(f * times.length))]!.toFixed(1);
-  const line = `| ${p.name} | ${status} | ${(bytes / 1024).toFixed(0)} KiB | ${cold.toFixed(1)} | ${q(0.5)} | ${q(0.95)} | ${times[times.length - 1]!.toFixed(1)} | ${Number(q(0.95)) < 200 ? "pass" : "**miss**"} |`;
-  console.log(line);
-  lines.push(line);
+  lines.push(`| ${p.name} | ${status} | ${(bytes / 1024).toFixed(0)} KiB | ${cold.toFixed(1)} | %RESTART% | ${q(0.5)} | ${q(0.95)} | ${times[times.length - 1]!.toFixed(1)} |`);
+}
+gw.proc.kill();
+await gw.proc.exited;
+// A restart: the finished days' parts the first pass stored are read back instead of rebuilt.
+await Bun.sleep(1000); // the parts are stored after the answers
+gw = await startGateway();
+for (const [i, p] of probes.entries()) {
+  const s = performance.now();
+  const res = await fetch(gw.url + p.path, { headers: { authorization: `Bearer ${MASTER_KEY}` } });
+  await res.arrayBuffer();
+  const ms = performance.now() - s;
+  lines[i] = lines[i]!.replace("%RESTART%", ms.toFixed(1));
+  console.log(lines[i]);
 }
 gw.proc.kill();
 await gw.proc.exited;
@@ -171,10 +186,10 @@ await gw.proc.exited;
 const report = [
   "# Spend reports over a large log",
   "",
-  `${new Date().toISOString()}: ${Number(logRows).toLocaleString()} spend log rows over 40 days in PostgreSQL (1,000 keys, 100 teams, 10 orgs, 10 models, 5,000 customers, 20 tags), daily aggregates as the spend writer keeps them; the gateway freshly started on it. "First request" is the cold answer (every day read and built); then ${RUNS} timed requests after 2 warm-ups, when finished days are reused (today's part is rebuilt whenever it changes). From request to last byte, gateway and PostgreSQL on the same 2-core machine.`,
+  `${new Date().toISOString()}: ${Number(logRows).toLocaleString()} spend log rows over 40 days in PostgreSQL (1,000 keys, 100 teams, 10 orgs, 10 models, 5,000 customers, 20 tags), daily aggregates as the spend writer keeps them; the gateway freshly started on it, no report parts stored. "First ever" is the cold answer (every day read from the aggregates and built); then ${RUNS} timed requests after 2 warm-ups, when finished days are reused from memory (today's part is rebuilt whenever it changes). "First after a restart": the gateway restarted, each report asked once, its finished days read back from the parts the first pass stored. From request to last byte, gateway and PostgreSQL on the same 2-core machine.`,
   "",
-  "| request | status | body | first request ms | p50 ms | p95 ms | max ms | p95 < 200 ms |",
-  "|---|---:|---:|---:|---:|---:|---:|---|",
+  "| request | status | body | first ever ms | first after a restart ms | repeated p50 ms | p95 ms | max ms |",
+  "|---|---:|---:|---:|---:|---:|---:|---:|",
   ...lines,
   "",
 ].join("\n");

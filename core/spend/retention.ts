@@ -2,7 +2,8 @@
  * Spend-log retention (`general_settings.maximum_spend_logs_retention_period`): log rows that
  * started longer ago than the period are deleted in batches of 1,000, once soon after start and
  * then every `maximum_spend_logs_retention_interval` (default 24 h). The ids kept for calls
- * counted without a log row (`disable_spend_logs`) are pruned after 7 days, period or not. Daily aggregates and spend
+ * counted without a log row (`disable_spend_logs`) are pruned after 7 days, and the stored parts of spend
+ * reports 35 days after they were stored (a 30-day report needs none older), period or not. Daily aggregates and spend
  * counters are kept, so reports and budgets over the deleted days do not change. Instances that
  * share a database may clean at the same time: each batch skips rows another one is deleting.
  * Settings are read at every check, so a reload changes them without a restart.
@@ -60,6 +61,18 @@ async function deleteInBatches(db: Db, table: "spend_logs" | "spend_calls", wher
   }
 }
 
+/** Stored report parts are a cache: kept long enough for a 30-day report, rebuilt when asked after that. */
+export const REPORT_PART_RETENTION_MS = 35 * 86_400_000;
+
+/** Deletes the report parts stored before `cutoff` (ms); returns how many. */
+export async function deleteReportPartsBefore(db: Db, cutoff: number): Promise<number> {
+  const [r] = await rows<{ n: number | string }>(
+    db,
+    sql`with gone as (delete from report_parts where stored_at < ${new Date(cutoff).toISOString()}::timestamptz returning 1) select count(*) as n from gone`,
+  );
+  return Number(r?.n ?? 0);
+}
+
 /** Deletes the ids of `spend_calls` made before `cutoff` (ms); returns how many. */
 export function deleteCallIdsBefore(db: Db, cutoff: number, batch = BATCH): Promise<number> {
   return deleteInBatches(db, "spend_calls", sql`call_id < ${uuidV7Floor(cutoff)}`, batch);
@@ -109,6 +122,7 @@ export class SpendLogRetention {
         if (n > 0) this.log.info("old spend log rows deleted", { rows: n, before: cutoff.toISOString() });
       }
       await deleteCallIdsBefore(this.db, now - CALL_ID_RETENTION_MS);
+      await deleteReportPartsBefore(this.db, now - REPORT_PART_RETENTION_MS);
     } catch (err) {
       // Tried again at the next check, not after a whole interval.
       this.lastRun = 0;

@@ -22,3 +22,9 @@ export async function collect<T>(stream: AsyncIterable<T>): Promise<T[]> {
   for await (const item of stream) items.push(item);
   return items;
 }
+
+/** Whether `check` comes true within `ms` (polled every 100 ms): for effects that land after an answer. */
+export async function until(check: () => Promise<boolean>, ms = 4000): Promise<boolean> {
+  for (const end = Date.now() + ms; Date.now() < end; await Bun.sleep(100)) if (await check()) return true;
+  return check();
+}

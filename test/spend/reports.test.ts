@@ -13,8 +13,8 @@ import { estimatePromptTokens } from "../../core/cost/estimate.ts";
 import type { SpendEntry } from "../../core/spend/entry.ts";
 import { writeBatch } from "../../core/spend/flush.ts";
 import { rows } from "../../core/store/sql.ts";
-import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
-import { sha256 } from "../harness/util.ts";
+import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, startTestGateway, type TestGateway } from "../harness/gateway.ts";
+import { sha256, until } from "../harness/util.ts";
 
 const ALPHA = { model_name: "alpha-model", svc_params: { model: "mock/alpha" }, model_info: { input_cost_per_token: 0.000001, output_cost_per_token: 0.000002 } };
 const BETA = { model_name: "beta-model", svc_params: { model: "mock/beta" }, model_info: { input_cost_per_token: 0.0000031, output_cost_per_token: 0.0000057 } };
@@ -353,6 +353,60 @@ for (const backend of BACKENDS) {
         await must(gw, "POST", "/team/update", { team_id: s.teamB, team_alias: "beta-team" });
       }
       expect((await get<Report>(path)).text).toBe(before.text);
+    });
+
+    test("finished days' parts are stored; another instance serves them while they are current and sees renames made on the first", async () => {
+      const path = `/global/spend/report?start_date=${START}&end_date=${TODAY}`;
+      type Report = { group_by_day: string; teams: { team_id: string | null; team_name: string }[] }[];
+      const first = await get<Report>(path);
+      const pastDays = first.body.map((d) => d.group_by_day).filter((d) => d !== TODAY);
+      expect(pastDays.length).toBeGreaterThan(0);
+      const storedDays = async () => new Set((await q(sql`select day::text as day from report_parts where body like '{"group_by_day":%,"teams":%'`)).map((r) => String(r.day)));
+      const allStored = async () => {
+        const days = await storedDays();
+        return days.size === pastDays.length && pastDays.every((d) => days.has(d));
+      };
+      expect(await until(allStored)).toBe(true);
+      expect((await storedDays()).has(TODAY)).toBe(false); // today still changes: not stored
+      if (backend !== "postgres") return; // the embedded store has one instance
+
+      const day = pastDays[0]!;
+      const marker = `{"group_by_day":"${day}","teams":[{"team_name":"from the store","team_id":null,"spend":0,"keys":[]}]}`;
+      await q(sql`update report_parts set body = ${marker} where day = ${day}::date and body like '{"group_by_day":%,"teams":%'`);
+      const other = await startTestGateway(CONFIG, { store: { databaseUrl: (gw as TestGateway & { databaseUrl: string }).databaseUrl } });
+      try {
+        const otherGet = <T>(p: string) => requestJson<T>(other, "GET", p, { key: MASTER_KEY });
+        // The other instance reads the stored part (the altered one shows); the first keeps its own.
+        const served = await otherGet<Report>(path);
+        expect(served.body.find((d) => d.group_by_day === day)!.teams.map((t) => t.team_name)).toEqual(["from the store"]);
+        expect(served.body.filter((d) => d.group_by_day !== day)).toEqual(first.body.filter((d) => d.group_by_day !== day));
+        expect((await get<Report>(path)).text).toBe(first.text);
+        // A write to that day makes the stored part stale: it is rebuilt, and stored again.
+        await q(sql`update daily_spend set api_requests = api_requests where entity_type = 'team' and date = ${day}::date`);
+        expect((await otherGet<Report>(path)).text).toBe(first.text);
+        expect(await until(async () => (await q(sql`select 1 from report_parts where day = ${day}::date and body = ${marker}`)).length === 0)).toBe(true);
+        // A team renamed on the first instance is renamed in the other's answer, on past days too.
+        await must(gw, "POST", "/team/update", { team_id: s.teamB, team_alias: "renamed-beta" });
+        try {
+          const renamed = await otherGet<Report>(path);
+          const namesOfB = renamed.body.flatMap((d) => d.teams.filter((t) => t.team_id === s.teamB).map((t) => t.team_name));
+          expect(namesOfB.length).toBeGreaterThan(1);
+          expect(new Set(namesOfB)).toEqual(new Set(["renamed-beta"]));
+        } finally {
+          await must(gw, "POST", "/team/update", { team_id: s.teamB, team_alias: "beta-team" });
+        }
+        // Daily activity: the same parts on both instances; a key alias changed on the first shows on the other.
+        const activity = `/team/daily/activity?start_date=${START}&end_date=${TODAY}`;
+        expect((await otherGet<Json>(activity)).text).toBe((await get<Json>(activity)).text);
+        await must(gw, "POST", "/key/update", { key: s.keys.a1.token, key_alias: "k-a1-renamed" });
+        try {
+          expect((await otherGet<Json>(activity)).text).toContain('"key_alias":"k-a1-renamed"');
+        } finally {
+          await must(gw, "POST", "/key/update", { key: s.keys.a1.token, key_alias: "k-a1" });
+        }
+      } finally {
+        await other.stop();
+      }
     });
 
     test("daily activity asked again after more calls shows them", async () => {

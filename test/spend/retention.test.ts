@@ -11,6 +11,7 @@ import { parseConfig } from "../../core/config/load.ts";
 import { uuidV7Floor } from "../../core/spend/retention.ts";
 import { rows } from "../../core/store/sql.ts";
 import { BACKENDS, MASTER_KEY, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
+import { until } from "../harness/util.ts";
 
 const DAY = 86_400_000;
 const MODELS = [
@@ -38,11 +39,6 @@ async function oldRow(gw: TestGateway, callId: string, ageMs: number): Promise<v
 }
 
 const logIds = async (gw: TestGateway) => (await rows<{ call_id: string }>(gw.host!.store.db, sql`select call_id from spend_logs order by call_id`)).map((r) => r.call_id);
-
-async function until(check: () => Promise<boolean>, ms = 4000): Promise<boolean> {
-  for (const end = Date.now() + ms; Date.now() < end; await Bun.sleep(100)) if (await check()) return true;
-  return check();
-}
 
 for (const backend of BACKENDS) {
   describe(`spend log retention (${backend})`, () => {
@@ -147,6 +143,16 @@ for (const backend of BACKENDS) {
       const has = async (id: string) => (await rows(db, sql`select 1 from spend_calls where call_id = ${id}`)).length > 0;
       expect(await until(async () => !(await has(old)))).toBe(true);
       expect(await has(recent)).toBe(true);
+    });
+
+    test("stored report parts are pruned 35 days after they were stored; younger ones stay", async () => {
+      const db = gw.host!.store.db;
+      const at = (daysAgo: number) => new Date(Date.now() - daysAgo * DAY).toISOString();
+      await db.execute(sql`insert into report_parts (report, day, stamp, body, stored_at) values
+        ('old', '2026-01-01', '1', '{}', ${at(36)}::timestamptz), ('young', '2026-01-01', '1', '{}', ${at(34)}::timestamptz)`);
+      const has = async (report: string) => (await rows(db, sql`select 1 from report_parts where report = ${report}`)).length > 0;
+      expect(await until(async () => !(await has("old")))).toBe(true);
+      expect(await has("young")).toBe(true);
     });
   });
 }

@@ -18,7 +18,7 @@ import { organizations, teams, virtualKeys } from "../../store/schema.ts";
 import { rows } from "../../store/sql.ts";
 import type { AdminCtx } from "./context.ts";
 import { dayOf } from "../../spend/flush.ts";
-import { identityGeneration, joinedParts, reuseDays } from "./day-cache.ts";
+import { joinedParts, reuseDays } from "./day-cache.ts";
 import { quote } from "./json-text.ts";
 
 export function invalidParam(name: string, message: string): GatewayError {
@@ -332,6 +332,9 @@ function metricsText(m: Metrics): string {
 
 // ---- /team/daily/activity, /organization/daily/activity
 
+/** The JSON of a day part: bump when it changes, so parts stored by an older version are not served. */
+const ACTIVITY_PART_FORMAT = 1;
+
 /** One slice of a day's breakdown, with its per-key split. */
 interface Slice {
   m: Metrics;
@@ -387,8 +390,9 @@ export async function dailyActivity(ctx: AdminCtx, kind: "team" | "org") {
   const days = await dailyDays(ctx.db, f);
   const pageDays = days.slice(p.offset, p.offset + p.pageSize);
   const totals = await dailyTotals(ctx.db, f);
-  const cacheKey = JSON.stringify(["activity", kind, f, identityGeneration(ctx.identity)]);
-  const parts = await reuseDays(ctx.db, kind, pageDays, cacheKey, async (missing) => {
+  // A day's part is the same whatever the date range around it: the range is not in its key.
+  const partKey = JSON.stringify([`daily-activity/${ACTIVITY_PART_FORMAT}`, kind, f.entityIds, f.excludeIds, f.model, f.apiKey]);
+  const build = async (missing: string[]): Promise<Map<string, string>> => {
     const found = await dailyRows(ctx.db, f, missing);
     const byDay = new Map<string, Day>(missing.map((d) => [d, { m: emptyMetrics(), models: new Map(), groups: new Map(), providers: new Map(), keys: new Map(), entities: new Map() }]));
     for (const r of found) {
@@ -453,7 +457,9 @@ export async function dailyActivity(ctx: AdminCtx, kind: "team" | "org") {
       out.set(date, w.join(""));
     }
     return out;
-  });
+  };
+  // Key aliases and teams, team and org aliases are in the parts.
+  const parts = await reuseDays({ db: ctx.db, log: ctx.log, entityType: kind, span: pageDays, report: partKey, holdsNames: true, build });
   const results = pageDays.flatMap((day) => parts.get(day) ?? []);
   const all = metricsApi(addMetrics(emptyMetrics(), totals));
   const totalPages = Math.ceil(days.length / p.pageSize);

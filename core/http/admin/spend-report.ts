@@ -5,6 +5,7 @@
  * stays far below the cost of building it as objects or in SQL.
  */
 import { type SQL, sql } from "drizzle-orm";
+import type { Logger } from "../../contract.ts";
 import { columnToPico, safePicoToText } from "../../cost/money.ts";
 import type { Db } from "../../store/db.ts";
 import { teams } from "../../store/schema.ts";
@@ -104,18 +105,41 @@ function whereOf(entityType: string, f: ReportFilter, extra: SQL[]): SQL {
   return sql.join(where, sql` and `);
 }
 
+/** The JSON of a day part: bump when it changes, so parts stored by an older version are not served. */
+const PART_FORMAT = 1;
+
+interface Report {
+  db: Db;
+  log: Logger;
+  entityType: string;
+  f: ReportFilter;
+  where: SQL;
+  /** The report and its filters (not its date range: a day's part is the same in any range). */
+  key: string;
+  holdsNames: boolean;
+  build: (found: DailyRow[]) => Promise<Map<string, string>> | Map<string, string>;
+}
+
 /** `[day parts…]` for the days with rows, oldest first; only changed days are read and built. */
-async function report(db: Db, entityType: string, f: ReportFilter, where: SQL, cacheKey: string, build: (found: DailyRow[]) => Map<string, string>): Promise<Blob> {
-  const parts = await reuseDays(db, entityType, { start: f.start, end: f.end }, cacheKey, async (missing) => {
-    const found = await rows<DailyRow>(
-      db,
-      sql`select d.date::text as day, d.entity_id, d.api_key, d.model_group, d.spend::text as spend, d.prompt_tokens as i, d.completion_tokens as o, d.api_requests as n
-        from daily_spend d where ${where} and d.date in (${sql.join(
-          missing.map((day) => sql`${day}::date`),
-          sql`, `,
-        )})`,
-    );
-    return build(found);
+async function report(r: Report): Promise<Blob> {
+  const parts = await reuseDays({
+    db: r.db,
+    log: r.log,
+    entityType: r.entityType,
+    span: { start: r.f.start, end: r.f.end },
+    report: `global-spend-report/${PART_FORMAT}\u0000${r.key}`,
+    holdsNames: r.holdsNames,
+    build: async (missing) => {
+      const found = await rows<DailyRow>(
+        r.db,
+        sql`select d.date::text as day, d.entity_id, d.api_key, d.model_group, d.spend::text as spend, d.prompt_tokens as i, d.completion_tokens as o, d.api_requests as n
+          from daily_spend d where ${r.where} and d.date in (${sql.join(
+            missing.map((day) => sql`${day}::date`),
+            sql`, `,
+          )})`,
+      );
+      return r.build(found);
+    },
   });
   return joinedParts("[", parts.values(), "]");
 }
@@ -139,15 +163,13 @@ function tree(found: DailyRow[], keyOf: (r: DailyRow) => string) {
 }
 
 /** `[{group_by_day, teams: [{team_name, team_id, spend, keys: [{key, spend, usage: {<model>: {cost, input_tokens, output_tokens, requests}}}]}]}]`. */
-async function byTeam(db: Db, f: ReportFilter): Promise<Blob> {
+async function byTeam(db: Db, log: Logger, f: ReportFilter): Promise<Blob> {
   // Calls of keys without a team are aggregated under team id '' (see spend/flush.ts).
   const where = whereOf("team", f, f.teamId ? [sql`d.entity_id = ${f.teamId}`] : []);
-  const aliases = new Map<string, string | null>();
-  for (const t of await db.select({ id: teams.teamId, alias: teams.teamAlias }).from(teams).orderBy(teams.teamId)) aliases.set(t.id, t.alias);
-  // Team names are part of the cached text: a renamed team starts a new cache (a hash of every
-  // id and name, so a rename to a name of the same length counts too).
-  const names = Bun.hash([...aliases].join("\u0001")).toString(36);
-  return report(db, "team", f, where, `team\u0000${f.apiKey}\u0000${f.teamId}\u0000${names}`, (found) => {
+  // Team names are in the parts: they are stamped with the names' version too.
+  const build = async (found: DailyRow[]) => {
+    const aliases = new Map<string, string | null>();
+    for (const t of await db.select({ id: teams.teamId, alias: teams.teamAlias }).from(teams)) aliases.set(t.id, t.alias);
     const out = new Map<string, string>();
     for (const [day, d] of tree(found, (r) => r.api_key)) {
       const teamParts: string[] = [];
@@ -163,7 +185,8 @@ async function byTeam(db: Db, f: ReportFilter): Promise<Blob> {
       out.set(day, `{"group_by_day":"${day}","teams":[${teamParts.join(",")}]}`);
     }
     return out;
-  });
+  };
+  return report({ db, log, entityType: "team", f, where, key: `team\u0000${f.apiKey}\u0000${f.teamId}`, holdsNames: true, build });
 }
 
 /** One api key's or customer's day: totals, its first model inline, any further models in `more`. */
@@ -199,7 +222,7 @@ function entriesByDay(found: DailyRow[]): [string, Entry[]][] {
 }
 
 /** `[{group_by_day, api_keys|customers: [{api_key|customer, total_cost, total_input_tokens, total_output_tokens, total_requests, model_details: [...]}]}]`. */
-async function byDimension(db: Db, f: ReportFilter, dim: "api_key" | "customer"): Promise<Blob> {
+async function byDimension(db: Db, log: Logger, f: ReportFilter, dim: "api_key" | "customer"): Promise<Blob> {
   const extra: SQL[] = [];
   if (f.customerId) extra.push(sql`d.entity_id = ${f.customerId}`);
   if (f.teamId) extra.push(sql`exists (select 1 from daily_spend t where t.entity_type = 'team' and t.entity_id = ${f.teamId} and t.date = d.date and t.api_key = d.api_key)`);
@@ -207,7 +230,7 @@ async function byDimension(db: Db, f: ReportFilter, dim: "api_key" | "customer")
   const where = whereOf(entityType, f, extra);
   const list = dim === "api_key" ? "api_keys" : "customers";
   const model = (m: string, u: Usage) => `{"model":${quote(m)},"total_cost":${money(u.spend)},"total_input_tokens":${u.i},"total_output_tokens":${u.o},"requests":${u.n}}`;
-  return report(db, entityType, f, where, `${dim}\u0000${f.apiKey}\u0000${f.teamId}\u0000${f.customerId}`, (found) => {
+  const build = (found: DailyRow[]) => {
     const out = new Map<string, string>();
     for (const [day, entries] of entriesByDay(found)) {
       const parts: string[] = [];
@@ -225,13 +248,14 @@ async function byDimension(db: Db, f: ReportFilter, dim: "api_key" | "customer")
       out.set(day, `{"group_by_day":"${day}","${list}":[${parts.join(",")}]}`);
     }
     return out;
-  });
+  };
+  return report({ db, log, entityType, f, where, key: `${dim}\u0000${f.apiKey}\u0000${f.teamId}\u0000${f.customerId}`, holdsNames: false, build });
 }
 
 /** The report as JSON, or undefined when its sums are too large for the fast path (the caller then builds it exactly with bigint). */
-export async function spendReportJson(db: Db, f: ReportFilter, groupBy: "team" | "api_key" | "customer"): Promise<Blob | undefined> {
+export async function spendReportJson(db: Db, log: Logger, f: ReportFilter, groupBy: "team" | "api_key" | "customer"): Promise<Blob | undefined> {
   try {
-    return await (groupBy === "team" ? byTeam(db, f) : byDimension(db, f, groupBy));
+    return await (groupBy === "team" ? byTeam(db, log, f) : byDimension(db, log, f, groupBy));
   } catch (err) {
     if (err instanceof Overflow) return undefined;
     throw err;

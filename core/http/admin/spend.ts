@@ -241,7 +241,7 @@ async function spendReport(ctx: AdminCtx) {
   const teamId = ctx.query("team_id");
   if (!userId && !(groupByDim === "team" && customer)) {
     // The common reports are built by the store in one statement (see spend-report.ts).
-    const body = await spendReportJson(ctx.db, { start: range.start!, end: range.end!, apiKey: keyParam(ctx), teamId, customerId: customer }, groupByDim);
+    const body = await spendReportJson(ctx.db, ctx.log, { start: range.start!, end: range.end!, apiKey: keyParam(ctx), teamId, customerId: customer }, groupByDim);
     if (body !== undefined) return new Response(body, { headers: { "content-type": "application/json" } });
   }
   const entityType = groupByDim === "customer" || customer ? "end_user" : userId ? "user" : "key";

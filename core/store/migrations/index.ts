@@ -13,6 +13,7 @@ import m2_0002_spend from "./0002_spend.sql" with { type: "text" };
 import m3_0003_spend_calls from "./0003_spend_calls.sql" with { type: "text" };
 import m4_0004_key_duration_invite from "./0004_key_duration_invite.sql" with { type: "text" };
 import m5_0005_daily_spend_days from "./0005_daily_spend_days.sql" with { type: "text" };
+import m6_0006_report_parts from "./0006_report_parts.sql" with { type: "text" };
 
 const files: Record<string, string> = {
   "0000_init": m0_0000_init,
@@ -21,6 +22,7 @@ const files: Record<string, string> = {
   "0003_spend_calls": m3_0003_spend_calls,
   "0004_key_duration_invite": m4_0004_key_duration_invite,
   "0005_daily_spend_days": m5_0005_daily_spend_days,
+  "0006_report_parts": m6_0006_report_parts,
 };
 
 export const migrations: MigrationMeta[] = journal.entries.map((e) => {

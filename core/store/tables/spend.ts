@@ -105,6 +105,34 @@ export const dailySpendDays = pgTable(
   (t) => [primaryKey({ columns: [t.entityType, t.date] })],
 );
 
+/**
+ * Finished days' parts of spend reports, as JSON text, so that a restarted gateway (or another
+ * instance on the same database) answers a report over many days without rebuilding it from the
+ * aggregates. `report` is a hash of the report's kind, filters and part format; a part is served
+ * only while its `stamp` (the day's version in `daily_spend_days`, and for parts that hold names,
+ * `report_names.version`) is current. Pruned by the retention job some weeks after `stored_at`.
+ */
+export const reportParts = pgTable(
+  "report_parts",
+  {
+    report: text("report").notNull(),
+    day: date("day", { mode: "string" }).notNull(),
+    stamp: text("stamp").notNull(),
+    body: text("body").notNull(),
+    storedAt: ts("stored_at").notNull().defaultNow(),
+  },
+  (t) => [primaryKey({ columns: [t.report, t.day] })],
+);
+
+/**
+ * One row: a version bumped by triggers (migration 0006) whenever a name that report parts hold
+ * changes (key aliases and teams, team and organization aliases), on any instance.
+ */
+export const reportNames = pgTable("report_names", {
+  id: integer("id").primaryKey(),
+  version: bigint("version", { mode: "number" }).notNull().default(1),
+});
+
 /** Budget alerts already sent: one per (budget, event, period) across every instance. */
 export const budgetAlerts = pgTable(
   "budget_alerts",
