@@ -56,7 +56,7 @@ export function rateToPico(amount: bigint): Pico {
   return amount / PICO_PER_RATE + ((amount % PICO_PER_RATE) * 2n >= PICO_PER_RATE ? 1n : 0n);
 }
 
-const PICO_PER_USD = 1e12;
+export const PICO_PER_USD = 1e12;
 
 /** Exact decimal text of an amount in USD, without trailing zeros ("0.000125", "12", "0"). */
 export function picoToText(p: Pico): string {

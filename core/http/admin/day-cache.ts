@@ -14,7 +14,7 @@ import { createHash } from "node:crypto";
 import { type SQL, sql } from "drizzle-orm";
 import type { Logger } from "../../contract.ts";
 import type { Db } from "../../store/db.ts";
-import { rows } from "../../store/sql.ts";
+import { rowBytes, rows } from "../../store/sql.ts";
 
 /** UTF-8 bytes of a JSON part. */
 type Bytes = Uint8Array<ArrayBuffer>;
@@ -130,8 +130,8 @@ export async function reuseDays(p: DayParts): Promise<Map<string, Bytes>> {
     const unstored = finished.filter((m) => !stored.has(m.day));
     const builtFinished = await buildDays(p, unstored);
     for (const m of missing) {
-      const text = stored.get(m.day) ?? builtOpen.get(m.day) ?? builtFinished.get(m.day) ?? "";
-      const json = text ? encoder.encode(text) : EMPTY;
+      const text = builtOpen.get(m.day) ?? builtFinished.get(m.day) ?? "";
+      const json = stored.get(m.day) ?? (text ? encoder.encode(text) : EMPTY);
       parts.set(m.day, json);
       remember(cache, `${p.report}\u0000${m.day}`, m.stamp, json);
     }
@@ -153,24 +153,27 @@ async function buildDays(p: DayParts, days: { day: string }[]): Promise<Map<stri
   return days.length === 0 ? new Map() : p.build(days.map((d) => d.day));
 }
 
-/** The stored parts of `days` whose stamp is still the day's: day → JSON text. */
-async function readParts(db: Db, report: string, days: { day: string; stamp: string }[]): Promise<Map<string, string>> {
+const decoder = new TextDecoder();
+
+/** The stored parts of `days` whose stamp is still the day's: day → JSON as UTF-8 bytes. */
+async function readParts(db: Db, report: string, days: { day: string; stamp: string }[]): Promise<Map<string, Bytes>> {
   if (days.length === 0) return new Map();
-  const stored = await rows<{ day: string; body: string }>(
+  const stored = await rowBytes(
     db,
     sql`select p.day::text as day, p.body from report_parts p where p.report = ${report} and (p.day, p.stamp) in (${sql.join(
       days.map((d) => sql`(${d.day}::date, ${d.stamp})`),
       sql`, `,
     )})`,
   );
-  return new Map(stored.map((r) => [r.day, r.body]));
+  return new Map(stored.map(([day, body]) => [decoder.decode(day!), body!]));
 }
 
+/** One statement per day: a megabyte-sized message at a time (one message of them all cost twice the CPU to encode) and no long pause of the event loop. */
 async function storeParts(db: Db, report: string, parts: { day: string; stamp: string; body: string }[]): Promise<void> {
-  await db.execute(
-    sql`insert into report_parts (report, day, stamp, body) values ${sql.join(
-      parts.map((x) => sql`(${report}, ${x.day}::date, ${x.stamp}, ${x.body})`),
-      sql`, `,
-    )} on conflict (report, day) do update set stamp = excluded.stamp, body = excluded.body, stored_at = now()`,
-  );
+  for (const x of parts) {
+    await db.execute(
+      sql`insert into report_parts (report, day, stamp, body) values (${report}, ${x.day}::date, ${x.stamp}, ${x.body})
+        on conflict (report, day) do update set stamp = excluded.stamp, body = excluded.body, stored_at = now()`,
+    );
+  }
 }

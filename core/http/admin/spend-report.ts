@@ -6,10 +6,10 @@
  */
 import { type SQL, sql } from "drizzle-orm";
 import type { Logger } from "../../contract.ts";
-import { columnToPico, safePicoToText } from "../../cost/money.ts";
+import { PICO_PER_USD } from "../../cost/money.ts";
 import type { Db } from "../../store/db.ts";
 import { teams } from "../../store/schema.ts";
-import { rows } from "../../store/sql.ts";
+import { rowValues } from "../../store/sql.ts";
 import { joinedParts, reuseDays } from "./day-cache.ts";
 import { quote } from "./json-text.ts";
 
@@ -21,16 +21,8 @@ export interface ReportFilter {
   customerId?: string;
 }
 
-interface DailyRow {
-  day: string;
-  entity_id: string;
-  api_key: string;
-  model_group: string;
-  spend: string;
-  i: string | number;
-  o: string | number;
-  n: string | number;
-}
+/** A `daily_spend` row as the select's columns, in order (arrays: no object per row of hundreds of thousands). */
+type DailyRow = [day: string, entityId: string, apiKey: string, modelGroup: string, spendPico: string, input: string | number, output: string | number, requests: string | number];
 
 /**
  * Spend is summed as a plain number of pico-dollars: exact while below 2^53 (about $9,000 per
@@ -45,14 +37,13 @@ interface Usage {
 
 class Overflow extends Error {}
 
-/** Numeric(30,12) text → pico-dollars as a number, exact below 2^53 (else Overflow). */
+/** Whole pico-dollars as integer text (the store multiplies) → a number, exact below 2^53 (else Overflow). */
 function picoNumber(text: string): number {
-  const p = columnToPico(text);
-  if (p > MAX_SAFE) throw new Overflow();
-  return Number(p);
+  const p = Number(text);
+  // 2^53 + 1 parses as 2^53: the comparison still catches it.
+  if (!(p <= Number.MAX_SAFE_INTEGER && p >= -Number.MAX_SAFE_INTEGER)) throw new Overflow();
+  return p;
 }
-
-const MAX_SAFE = BigInt(Number.MAX_SAFE_INTEGER);
 
 /** A node of the report tree: its totals and its children by id. */
 interface Node<C> {
@@ -96,8 +87,12 @@ function bySpend<C extends { total: Usage } | Usage>(map: Map<string, C>): [stri
   return ranked.map((r) => [r.id, r.value]);
 }
 
-/** The builders' spend sums are whole pico-dollars below 2^53 (see `Overflow`). */
-const money = safePicoToText;
+/**
+ * The builders' spend sums are whole pico-dollars below 2^53 (see `Overflow`): divided as exact
+ * doubles, the quotient is the double nearest the exact amount, so it is written as the shortest
+ * text that parses back to the same number a client gets from the exact decimal.
+ */
+const money = (pico: number): number => pico / PICO_PER_USD;
 
 function whereOf(entityType: string, f: ReportFilter, extra: SQL[]): SQL {
   const where: SQL[] = [sql`d.entity_type = ${entityType}`, sql`d.date between ${f.start}::date and ${f.end}::date`, ...extra];
@@ -130,14 +125,14 @@ async function report(r: Report): Promise<Blob> {
     report: `global-spend-report/${PART_FORMAT}\u0000${r.key}`,
     holdsNames: r.holdsNames,
     build: async (missing) => {
-      const found = await rows<DailyRow>(
+      const found = (await rowValues(
         r.db,
-        sql`select d.date::text as day, d.entity_id, d.api_key, d.model_group, d.spend::text as spend, d.prompt_tokens as i, d.completion_tokens as o, d.api_requests as n
+        sql`select d.date::text as day, d.entity_id, d.api_key, d.model_group, (d.spend * 1000000000000)::numeric(30, 0)::text as spend, d.prompt_tokens as i, d.completion_tokens as o, d.api_requests as n
           from daily_spend d where ${r.where} and d.date in (${sql.join(
             missing.map((day) => sql`${day}::date`),
             sql`, `,
           )})`,
-      );
+      )) as DailyRow[];
       return r.build(found);
     },
   });
@@ -148,16 +143,17 @@ async function report(r: Report): Promise<Blob> {
 function tree(found: DailyRow[], keyOf: (r: DailyRow) => string) {
   const days = new Map<string, Node<Node<Node<Usage>>>>();
   for (const r of found) {
-    const spend = picoNumber(r.spend);
-    const i = Number(r.i);
-    const o = Number(r.o);
-    const n = Number(r.n);
-    const day = child(days, r.day, node<Node<Node<Usage>>>);
-    const entity = child(day.children, r.entity_id, node<Node<Usage>>);
+    const [dayText, entityId, , modelGroup, spendText, input, output, requests] = r;
+    const spend = picoNumber(spendText);
+    const i = Number(input);
+    const o = Number(output);
+    const n = Number(requests);
+    const day = child(days, dayText, node<Node<Node<Usage>>>);
+    const entity = child(day.children, entityId, node<Node<Usage>>);
     add(entity.total, spend, i, o, n);
     const sub = child(entity.children, keyOf(r), node<Usage>);
     add(sub.total, spend, i, o, n);
-    add(child(sub.children, r.model_group, usage), spend, i, o, n);
+    add(child(sub.children, modelGroup, usage), spend, i, o, n);
   }
   return [...days].sort(([a], [b]) => (a < b ? -1 : 1));
 }
@@ -171,7 +167,7 @@ async function byTeam(db: Db, log: Logger, f: ReportFilter): Promise<Blob> {
     const aliases = new Map<string, string | null>();
     for (const t of await db.select({ id: teams.teamId, alias: teams.teamAlias }).from(teams)) aliases.set(t.id, t.alias);
     const out = new Map<string, string>();
-    for (const [day, d] of tree(found, (r) => r.api_key)) {
+    for (const [day, d] of tree(found, (r) => r[2])) {
       const teamParts: string[] = [];
       for (const [teamId, t] of bySpend(d.children)) {
         const keyParts: string[] = [];
@@ -201,21 +197,22 @@ interface Entry extends Usage {
 function entriesByDay(found: DailyRow[]): [string, Entry[]][] {
   const days = new Map<string, Map<string, Entry>>();
   for (const r of found) {
-    const spend = picoNumber(r.spend);
-    const i = Number(r.i);
-    const o = Number(r.o);
-    const n = Number(r.n);
-    const day = child(days, r.day, () => new Map<string, Entry>());
-    const e = day.get(r.entity_id);
+    const [dayText, entityId, , modelGroup, spendText, input, output, requests] = r;
+    const spend = picoNumber(spendText);
+    const i = Number(input);
+    const o = Number(output);
+    const n = Number(requests);
+    const day = child(days, dayText, () => new Map<string, Entry>());
+    const e = day.get(entityId);
     if (!e) {
-      day.set(r.entity_id, { id: r.entity_id, spend, i, o, n, model: r.model_group, first: { spend, i, o, n }, more: undefined });
+      day.set(entityId, { id: entityId, spend, i, o, n, model: modelGroup, first: { spend, i, o, n }, more: undefined });
       continue;
     }
     add(e, spend, i, o, n);
-    if (r.model_group === e.model) add(e.first, spend, i, o, n);
+    if (modelGroup === e.model) add(e.first, spend, i, o, n);
     else {
       e.more ??= new Map();
-      add(child(e.more, r.model_group, usage), spend, i, o, n);
+      add(child(e.more, modelGroup, usage), spend, i, o, n);
     }
   }
   return [...days].sort(([a], [b]) => (a < b ? -1 : 1)).map(([day, m]) => [day, [...m.values()].sort(bySpendThenId)]);
