@@ -17,7 +17,7 @@ import type { Db } from "../../store/db.ts";
 import { rowBytes, rows } from "../../store/sql.ts";
 
 /** UTF-8 bytes of a JSON part. */
-type Bytes = Uint8Array<ArrayBuffer>;
+export type Bytes = Uint8Array<ArrayBuffer>;
 
 interface FragmentCache {
   /** Each part is kept as UTF-8 bytes: answers are assembled from them without building (and collecting) a string of tens of megabytes per request. */
@@ -55,6 +55,9 @@ function remember(cache: FragmentCache, key: string, stamp: string, json: Bytes)
 
 const encoder = new TextEncoder();
 const EMPTY: Bytes = new Uint8Array(0);
+
+/** A part's JSON text as the UTF-8 bytes parts are kept in. */
+export const partBytes = (json: string): Bytes => encoder.encode(json);
 const COMMA = encoder.encode(",");
 
 /** A JSON answer `head` + the parts joined by commas + `tail`, as a Blob of the cached bytes (no copy into one string). */
@@ -68,6 +71,23 @@ export function joinedParts(head: string, parts: Iterable<Bytes>, tail: string):
   }
   pieces.push(tail);
   return new Blob(pieces, { type: "application/json" });
+}
+
+const nextTurn = () => new Promise<void>((resolve) => setImmediate(resolve));
+
+/**
+ * `part` of each day, with a turn of the event loop between days: building a report of many
+ * large days at once (a 37 MB one takes most of a second) would hold every other request, model
+ * calls included, until it is done.
+ */
+export async function partsByDay<R>(days: readonly [string, R][], part: (day: string, rows: R) => string | undefined): Promise<Map<string, Bytes>> {
+  const out = new Map<string, Bytes>();
+  for (const [i, [day, rows]] of days.entries()) {
+    if (i > 0) await nextTurn();
+    const text = part(day, rows);
+    if (text) out.set(day, encoder.encode(text));
+  }
+  return out;
 }
 
 /** The days a report covers: a range, or a list. */
@@ -86,8 +106,8 @@ export interface DayParts {
   report: string;
   /** The parts hold names of keys, teams or orgs: a renamed one makes them stale. */
   holdsNames: boolean;
-  /** JSON parts of the days given (a day with no rows under the report's filters may have none). */
-  build: (days: string[]) => Promise<Map<string, string>>;
+  /** JSON parts of the days given, as UTF-8 (a day with no rows under the report's filters may have none). */
+  build: (days: string[]) => Promise<Map<string, Bytes>>;
 }
 
 const utcToday = () => new Date().toISOString().slice(0, 10);
@@ -130,14 +150,13 @@ export async function reuseDays(p: DayParts): Promise<Map<string, Bytes>> {
     const unstored = finished.filter((m) => !stored.has(m.day));
     const builtFinished = await buildDays(p, unstored);
     for (const m of missing) {
-      const text = builtOpen.get(m.day) ?? builtFinished.get(m.day) ?? "";
-      const json = stored.get(m.day) ?? (text ? encoder.encode(text) : EMPTY);
+      const json = stored.get(m.day) ?? builtOpen.get(m.day) ?? builtFinished.get(m.day) ?? EMPTY;
       parts.set(m.day, json);
       remember(cache, `${p.report}\u0000${m.day}`, m.stamp, json);
     }
     // Not awaited: the answer does not wait for a cache write, and a failed one costs a rebuild.
     if (unstored.length > 0) {
-      const toStore = unstored.map((m) => ({ ...m, body: builtFinished.get(m.day) ?? "" }));
+      const toStore = unstored.map((m) => ({ ...m, body: builtFinished.get(m.day) ?? EMPTY }));
       void storeParts(db, reportId, toStore).catch((err) => p.log.warn("report parts not stored", { error: err instanceof Error ? err.message : String(err) }));
     }
   }
@@ -149,7 +168,7 @@ export async function reuseDays(p: DayParts): Promise<Map<string, Bytes>> {
   return ordered;
 }
 
-async function buildDays(p: DayParts, days: { day: string }[]): Promise<Map<string, string>> {
+async function buildDays(p: DayParts, days: { day: string }[]): Promise<Map<string, Bytes>> {
   return days.length === 0 ? new Map() : p.build(days.map((d) => d.day));
 }
 
@@ -169,10 +188,10 @@ async function readParts(db: Db, report: string, days: { day: string; stamp: str
 }
 
 /** One statement per day: a megabyte-sized message at a time (one message of them all cost twice the CPU to encode) and no long pause of the event loop. */
-async function storeParts(db: Db, report: string, parts: { day: string; stamp: string; body: string }[]): Promise<void> {
+async function storeParts(db: Db, report: string, parts: { day: string; stamp: string; body: Bytes }[]): Promise<void> {
   for (const x of parts) {
     await db.execute(
-      sql`insert into report_parts (report, day, stamp, body) values (${report}, ${x.day}::date, ${x.stamp}, ${x.body})
+      sql`insert into report_parts (report, day, stamp, body) values (${report}, ${x.day}::date, ${x.stamp}, ${decoder.decode(x.body)})
         on conflict (report, day) do update set stamp = excluded.stamp, body = excluded.body, stored_at = now()`,
     );
   }

@@ -18,7 +18,7 @@ import { organizations, teams, virtualKeys } from "../../store/schema.ts";
 import { rows } from "../../store/sql.ts";
 import type { AdminCtx } from "./context.ts";
 import { dayOf } from "../../spend/flush.ts";
-import { joinedParts, reuseDays } from "./day-cache.ts";
+import { type Bytes, joinedParts, partsByDay, reuseDays } from "./day-cache.ts";
 import { quote } from "./json-text.ts";
 
 export function invalidParam(name: string, message: string): GatewayError {
@@ -392,7 +392,7 @@ export async function dailyActivity(ctx: AdminCtx, kind: "team" | "org") {
   const totals = await dailyTotals(ctx.db, f);
   // A day's part is the same whatever the date range around it: the range is not in its key.
   const partKey = JSON.stringify([`daily-activity/${ACTIVITY_PART_FORMAT}`, kind, f.entityIds, f.excludeIds, f.model, f.apiKey]);
-  const build = async (missing: string[]): Promise<Map<string, string>> => {
+  const build = async (missing: string[]): Promise<Map<string, Bytes>> => {
     const found = await dailyRows(ctx.db, f, missing);
     const byDay = new Map<string, Day>(missing.map((d) => [d, { m: emptyMetrics(), models: new Map(), groups: new Map(), providers: new Map(), keys: new Map(), entities: new Map() }]));
     for (const r of found) {
@@ -437,9 +437,7 @@ export async function dailyActivity(ctx: AdminCtx, kind: "team" | "org") {
       }
       w.push(sep === "{" ? "{}" : "}");
     };
-    const out = new Map<string, string>();
-    for (const date of missing) {
-      const d = byDay.get(date)!;
+    return partsByDay([...byDay], (date, d) => {
       const w: string[] = [
         `{"date":${quote(date)},"total_spend":${picoToUsd(d.m.spend)},"total_tokens":${d.m.prompt + d.m.completion},`,
         `"total_requests":${d.m.requests},"metrics":${metricsText(d.m)},"breakdown":{"models":`,
@@ -454,9 +452,8 @@ export async function dailyActivity(ctx: AdminCtx, kind: "team" | "org") {
       w.push(`,"entities":`);
       writeSplits(w, d.entities, entityMeta);
       w.push("}}");
-      out.set(date, w.join(""));
-    }
-    return out;
+      return w.join("");
+    });
   };
   // Key aliases and teams, team and org aliases are in the parts.
   const parts = await reuseDays({ db: ctx.db, log: ctx.log, entityType: kind, span: pageDays, report: partKey, holdsNames: true, build });

@@ -10,7 +10,7 @@ import { PICO_PER_USD } from "../../cost/money.ts";
 import type { Db } from "../../store/db.ts";
 import { teams } from "../../store/schema.ts";
 import { rowValues } from "../../store/sql.ts";
-import { joinedParts, reuseDays } from "./day-cache.ts";
+import { type Bytes, joinedParts, partBytes, reuseDays } from "./day-cache.ts";
 import { quote } from "./json-text.ts";
 
 export interface ReportFilter {
@@ -21,8 +21,8 @@ export interface ReportFilter {
   customerId?: string;
 }
 
-/** A `daily_spend` row as the select's columns, in order (arrays: no object per row of hundreds of thousands). */
-type DailyRow = [day: string, entityId: string, apiKey: string, modelGroup: string, spendPico: string, input: string | number, output: string | number, requests: string | number];
+/** A day's `daily_spend` row as the select's columns, in order (arrays: no object per row of thousands). */
+type DailyRow = [entityId: string, apiKey: string, modelGroup: string, spendPico: string, input: string | number, output: string | number, requests: string | number];
 
 /**
  * Spend is summed as a plain number of pico-dollars: exact while below 2^53 (about $9,000 per
@@ -112,7 +112,10 @@ interface Report {
   /** The report and its filters (not its date range: a day's part is the same in any range). */
   key: string;
   holdsNames: boolean;
-  build: (found: DailyRow[]) => Promise<Map<string, string>> | Map<string, string>;
+  /** Loads what the parts need besides the rows, once, before the first day is built. */
+  prepare?: () => Promise<void>;
+  /** A day's part (undefined: none) from its rows. */
+  buildDay: (day: string, found: DailyRow[]) => string | undefined;
 }
 
 /** `[day parts…]` for the days with rows, oldest first; only changed days are read and built. */
@@ -125,37 +128,45 @@ async function report(r: Report): Promise<Blob> {
     report: `global-spend-report/${PART_FORMAT}\u0000${r.key}`,
     holdsNames: r.holdsNames,
     build: async (missing) => {
-      const found = (await rowValues(
-        r.db,
-        sql`select d.date::text as day, d.entity_id, d.api_key, d.model_group, (d.spend * 1000000000000)::numeric(30, 0)::text as spend, d.prompt_tokens as i, d.completion_tokens as o, d.api_requests as n
-          from daily_spend d where ${r.where} and d.date in (${sql.join(
-            missing.map((day) => sql`${day}::date`),
-            sql`, `,
-          )})`,
-      )) as DailyRow[];
-      return r.build(found);
+      await r.prepare?.();
+      // A day at a time, the next day's rows asked for while this one is built: hundreds of
+      // thousands of rows in one answer would be decoded in one go, holding every other request.
+      const rowsOf = async (day: string) =>
+        (await rowValues(
+          r.db,
+          sql`select d.entity_id, d.api_key, d.model_group, (d.spend * 1000000000000)::numeric(30, 0)::text as spend, d.prompt_tokens as i, d.completion_tokens as o, d.api_requests as n
+            from daily_spend d where ${r.where} and d.date = ${day}::date`,
+        )) as DailyRow[];
+      const out = new Map<string, Bytes>();
+      let next = rowsOf(missing[0]!);
+      for (const [i, day] of missing.entries()) {
+        const found = await next;
+        if (i + 1 < missing.length) next = rowsOf(missing[i + 1]!);
+        const part = r.buildDay(day, found);
+        if (part) out.set(day, partBytes(part));
+      }
+      return out;
     },
   });
   return joinedParts("[", parts.values(), "]");
 }
 
-/** Days (oldest first) → entity → key (or one '' level) → model group. */
-function tree(found: DailyRow[], keyOf: (r: DailyRow) => string) {
-  const days = new Map<string, Node<Node<Node<Usage>>>>();
+/** One day's rows: entity → key (or one '' level) → model group. */
+function tree(found: DailyRow[], keyOf: (r: DailyRow) => string): Map<string, Node<Node<Usage>>> {
+  const entities = new Map<string, Node<Node<Usage>>>();
   for (const r of found) {
-    const [dayText, entityId, , modelGroup, spendText, input, output, requests] = r;
+    const [entityId, , modelGroup, spendText, input, output, requests] = r;
     const spend = picoNumber(spendText);
     const i = Number(input);
     const o = Number(output);
     const n = Number(requests);
-    const day = child(days, dayText, node<Node<Node<Usage>>>);
-    const entity = child(day.children, entityId, node<Node<Usage>>);
+    const entity = child(entities, entityId, node<Node<Usage>>);
     add(entity.total, spend, i, o, n);
     const sub = child(entity.children, keyOf(r), node<Usage>);
     add(sub.total, spend, i, o, n);
     add(child(sub.children, modelGroup, usage), spend, i, o, n);
   }
-  return [...days].sort(([a], [b]) => (a < b ? -1 : 1));
+  return entities;
 }
 
 /** `[{group_by_day, teams: [{team_name, team_id, spend, keys: [{key, spend, usage: {<model>: {cost, input_tokens, output_tokens, requests}}}]}]}]`. */
@@ -163,26 +174,24 @@ async function byTeam(db: Db, log: Logger, f: ReportFilter): Promise<Blob> {
   // Calls of keys without a team are aggregated under team id '' (see spend/flush.ts).
   const where = whereOf("team", f, f.teamId ? [sql`d.entity_id = ${f.teamId}`] : []);
   // Team names are in the parts: they are stamped with the names' version too.
-  const build = async (found: DailyRow[]) => {
-    const aliases = new Map<string, string | null>();
+  const aliases = new Map<string, string | null>();
+  const prepare = async () => {
     for (const t of await db.select({ id: teams.teamId, alias: teams.teamAlias }).from(teams)) aliases.set(t.id, t.alias);
-    const out = new Map<string, string>();
-    for (const [day, d] of tree(found, (r) => r[2])) {
-      const teamParts: string[] = [];
-      for (const [teamId, t] of bySpend(d.children)) {
-        const keyParts: string[] = [];
-        for (const [key, k] of bySpend(t.children)) {
-          const models = [...k.children].map(([m, u]) => `${quote(m)}:{"cost":${money(u.spend)},"input_tokens":${u.i},"output_tokens":${u.o},"requests":${u.n}}`);
-          keyParts.push(`{"key":${quote(key)},"spend":${money(k.total.spend)},"usage":{${models.join(",")}}}`);
-        }
-        const name = aliases.get(teamId) ?? (teamId === "" ? "Unassigned Team" : teamId);
-        teamParts.push(`{"team_name":${quote(name)},"team_id":${teamId === "" ? "null" : quote(teamId)},"spend":${money(t.total.spend)},"keys":[${keyParts.join(",")}]}`);
-      }
-      out.set(day, `{"group_by_day":"${day}","teams":[${teamParts.join(",")}]}`);
-    }
-    return out;
   };
-  return report({ db, log, entityType: "team", f, where, key: `team\u0000${f.apiKey}\u0000${f.teamId}`, holdsNames: true, build });
+  const buildDay = (day: string, found: DailyRow[]) => {
+    const teamParts: string[] = [];
+    for (const [teamId, t] of bySpend(tree(found, (r) => r[1]))) {
+      const keyParts: string[] = [];
+      for (const [key, k] of bySpend(t.children)) {
+        const models = [...k.children].map(([m, u]) => `${quote(m)}:{"cost":${money(u.spend)},"input_tokens":${u.i},"output_tokens":${u.o},"requests":${u.n}}`);
+        keyParts.push(`{"key":${quote(key)},"spend":${money(k.total.spend)},"usage":{${models.join(",")}}}`);
+      }
+      const name = aliases.get(teamId) ?? (teamId === "" ? "Unassigned Team" : teamId);
+      teamParts.push(`{"team_name":${quote(name)},"team_id":${teamId === "" ? "null" : quote(teamId)},"spend":${money(t.total.spend)},"keys":[${keyParts.join(",")}]}`);
+    }
+    return teamParts.length ? `{"group_by_day":"${day}","teams":[${teamParts.join(",")}]}` : undefined;
+  };
+  return report({ db, log, entityType: "team", f, where, key: `team\u0000${f.apiKey}\u0000${f.teamId}`, holdsNames: true, prepare, buildDay });
 }
 
 /** One api key's or customer's day: totals, its first model inline, any further models in `more`. */
@@ -193,19 +202,18 @@ interface Entry extends Usage {
   more: Map<string, Usage> | undefined;
 }
 
-/** Per day (oldest first), the entries by spend. Most entries have one model a day, so that one is kept without a map. */
-function entriesByDay(found: DailyRow[]): [string, Entry[]][] {
-  const days = new Map<string, Map<string, Entry>>();
+/** One day's entries by spend. Most entries have one model a day, so that one is kept without a map. */
+function entriesOf(found: DailyRow[]): Entry[] {
+  const entries = new Map<string, Entry>();
   for (const r of found) {
-    const [dayText, entityId, , modelGroup, spendText, input, output, requests] = r;
+    const [entityId, , modelGroup, spendText, input, output, requests] = r;
     const spend = picoNumber(spendText);
     const i = Number(input);
     const o = Number(output);
     const n = Number(requests);
-    const day = child(days, dayText, () => new Map<string, Entry>());
-    const e = day.get(entityId);
+    const e = entries.get(entityId);
     if (!e) {
-      day.set(entityId, { id: entityId, spend, i, o, n, model: modelGroup, first: { spend, i, o, n }, more: undefined });
+      entries.set(entityId, { id: entityId, spend, i, o, n, model: modelGroup, first: { spend, i, o, n }, more: undefined });
       continue;
     }
     add(e, spend, i, o, n);
@@ -215,7 +223,7 @@ function entriesByDay(found: DailyRow[]): [string, Entry[]][] {
       add(child(e.more, modelGroup, usage), spend, i, o, n);
     }
   }
-  return [...days].sort(([a], [b]) => (a < b ? -1 : 1)).map(([day, m]) => [day, [...m.values()].sort(bySpendThenId)]);
+  return [...entries.values()].sort(bySpendThenId);
 }
 
 /** `[{group_by_day, api_keys|customers: [{api_key|customer, total_cost, total_input_tokens, total_output_tokens, total_requests, model_details: [...]}]}]`. */
@@ -227,26 +235,22 @@ async function byDimension(db: Db, log: Logger, f: ReportFilter, dim: "api_key" 
   const where = whereOf(entityType, f, extra);
   const list = dim === "api_key" ? "api_keys" : "customers";
   const model = (m: string, u: Usage) => `{"model":${quote(m)},"total_cost":${money(u.spend)},"total_input_tokens":${u.i},"total_output_tokens":${u.o},"requests":${u.n}}`;
-  const build = (found: DailyRow[]) => {
-    const out = new Map<string, string>();
-    for (const [day, entries] of entriesByDay(found)) {
-      const parts: string[] = [];
-      for (const e of entries) {
-        let models: string;
-        if (!e.more) models = model(e.model, e.first);
-        else {
-          const all = new Map([[e.model, e.first], ...e.more]);
-          models = bySpend(all)
-            .map(([m, u]) => model(m, u))
-            .join(",");
-        }
-        parts.push(`{"${dim}":${quote(e.id)},"total_cost":${money(e.spend)},"total_input_tokens":${e.i},"total_output_tokens":${e.o},"total_requests":${e.n},"model_details":[${models}]}`);
+  const buildDay = (day: string, found: DailyRow[]) => {
+    const parts: string[] = [];
+    for (const e of entriesOf(found)) {
+      let models: string;
+      if (!e.more) models = model(e.model, e.first);
+      else {
+        const all = new Map([[e.model, e.first], ...e.more]);
+        models = bySpend(all)
+          .map(([m, u]) => model(m, u))
+          .join(",");
       }
-      out.set(day, `{"group_by_day":"${day}","${list}":[${parts.join(",")}]}`);
+      parts.push(`{"${dim}":${quote(e.id)},"total_cost":${money(e.spend)},"total_input_tokens":${e.i},"total_output_tokens":${e.o},"total_requests":${e.n},"model_details":[${models}]}`);
     }
-    return out;
+    return parts.length ? `{"group_by_day":"${day}","${list}":[${parts.join(",")}]}` : undefined;
   };
-  return report({ db, log, entityType, f, where, key: `${dim}\u0000${f.apiKey}\u0000${f.teamId}\u0000${f.customerId}`, holdsNames: false, build });
+  return report({ db, log, entityType, f, where, key: `${dim}\u0000${f.apiKey}\u0000${f.teamId}\u0000${f.customerId}`, holdsNames: false, buildDay });
 }
 
 /** The report as JSON, or undefined when its sums are too large for the fast path (the caller then builds it exactly with bigint). */
