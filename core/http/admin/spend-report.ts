@@ -6,7 +6,7 @@
  */
 import { type SQL, sql } from "drizzle-orm";
 import type { Logger } from "../../contract.ts";
-import { PICO_PER_USD } from "../../cost/money.ts";
+import { PICO_PER_USD, safePicoToText } from "../../cost/money.ts";
 import type { Db } from "../../store/db.ts";
 import { teams } from "../../store/schema.ts";
 import { rowValues } from "../../store/sql.ts";
@@ -87,12 +87,16 @@ function bySpend<C extends { total: Usage } | Usage>(map: Map<string, C>): [stri
   return ranked.map((r) => [r.id, r.value]);
 }
 
+/** Amounts with at most 15 significant digits are the ones a double holds exactly as decimals. */
+const FIFTEEN_DIGITS = 1e15;
+
 /**
- * The builders' spend sums are whole pico-dollars below 2^53 (see `Overflow`): divided as exact
- * doubles, the quotient is the double nearest the exact amount, so it is written as the shortest
- * text that parses back to the same number a client gets from the exact decimal.
+ * The builders' spend sums are whole pico-dollars below 2^53 (see `Overflow`). Below 10^15 (at most
+ * 15 significant digits) the quotient of the two exact doubles is written as the shortest text
+ * that parses back to it, which is the exact amount (possibly in exponent form, `1.2e-7`): no
+ * string work per number. Larger sums are written as their exact decimal text.
  */
-const money = (pico: number): number => pico / PICO_PER_USD;
+const money = (pico: number): number | string => (pico < FIFTEEN_DIGITS ? pico / PICO_PER_USD : safePicoToText(pico));
 
 function whereOf(entityType: string, f: ReportFilter, extra: SQL[]): SQL {
   const where: SQL[] = [sql`d.entity_type = ${entityType}`, sql`d.date between ${f.start}::date and ${f.end}::date`, ...extra];
