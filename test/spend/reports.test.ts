@@ -571,5 +571,22 @@ for (const backend of BACKENDS) {
       expect(audit!.n).toBe(1);
       expect((await requestJson(gw, "POST", "/global/spend/reset", { key: s.keys.admin.key })).status).toBe(403);
     });
+
+    test("report amounts are exact decimals: 16 significant digits too, not the nearest double's text", async () => {
+      const at = Date.now() - 2 * DAY;
+      const entry = (callId: string, spendPico: number): SpendEntry => ({
+        callId, requestId: `chatcmpl-${callId}`, callType: "chat", apiKey: s.keys.b1.token, keyAlias: "k-b1", userId: "u-bob", teamId: s.teamB, organizationId: null,
+        endUser: "cust-exact", model: "beta-model", modelGroup: "beta-model", provider: "mock", modelId: "past", upstreamModel: "beta", spendPico,
+        promptTokens: 1, completionTokens: 1, cacheReadTokens: 0, cacheCreationTokens: 0, reasoningTokens: 0, startTime: at, endTime: at + 5, completionStartTime: null,
+        status: "success", stream: false, cacheHit: false, tags: [], metadata: {}, charges: [],
+      });
+      // $8,847.415857622158 + $0.000000000001: 16 digits, whose nearest double prints as 8847.41585762216.
+      await writeBatch(gw.host!.store, [entry(randomUUID(), 8_847_415_857_622_158), entry(randomUUID(), 1)]);
+      const day = dayOf(at);
+      const byKey = await get(`/global/spend/report?start_date=${day}&end_date=${day}&group_by=api_key`);
+      expect(byKey.text).toContain(`{"api_key":"${s.keys.b1.token}","total_cost":8847.415857622159,`);
+      const byCustomer = await get(`/global/spend/report?start_date=${day}&end_date=${day}&group_by=customer`);
+      expect(byCustomer.text).toContain(`{"customer":"cust-exact","total_cost":8847.415857622159,`);
+    });
   });
 }
