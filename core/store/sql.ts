@@ -43,7 +43,12 @@ const utf8 = new TextEncoder();
 export async function rowBytes(db: Db, query: SQL): Promise<(Uint8Array<ArrayBuffer> | null)[][]> {
   const { sql: text, params } = dialect.sqlToQuery(query);
   const client = (db as unknown as { $client: ArrayClient }).$client;
-  if ("unsafe" in client) return (await client.unsafe(text, params).raw()) as (Uint8Array<ArrayBuffer> | null)[][];
+  if ("unsafe" in client) {
+    const found = (await client.unsafe(text, params).raw()) as (Uint8Array<ArrayBuffer> | null)[][];
+    // A value is a view into the buffer it arrived in (a whole socket read for small rows): kept
+    // as it is, a small value would keep that whole buffer alive.
+    return found.map((row) => row.map((v) => (v && v.buffer.byteLength > 2 * v.byteLength ? new Uint8Array(v) : v)));
+  }
   const { rows: found } = await client.query(text, params, { rowMode: "array" });
   return found.map((row) => row.map((v) => (v === null ? null : utf8.encode(String(v)))));
 }
