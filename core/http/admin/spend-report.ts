@@ -105,7 +105,7 @@ function whereOf(entityType: string, f: ReportFilter, extra: SQL[]): SQL {
 }
 
 /** The JSON of a day part: bump when it changes, so parts stored by an older version are not served. */
-const PART_FORMAT = 1;
+const PART_FORMAT = 2; // 2: keys as JSON; amounts of 16+ significant digits exact (parts stored by 4315e60–92946c1 wrote the nearest double)
 
 interface Report {
   db: Db;
@@ -113,7 +113,7 @@ interface Report {
   entityType: string;
   f: ReportFilter;
   where: SQL;
-  /** The report and its filters (not its date range: a day's part is the same in any range). */
+  /** The report and its filters (not its date range: a day's part is the same in any range), as JSON: an absent filter (null) is not the text "undefined". */
   key: string;
   holdsNames: boolean;
   /** Loads what the parts need besides the rows, once, before the first day is built. */
@@ -195,7 +195,7 @@ async function byTeam(db: Db, log: Logger, f: ReportFilter): Promise<Blob> {
     }
     return teamParts.length ? `{"group_by_day":"${day}","teams":[${teamParts.join(",")}]}` : undefined;
   };
-  return report({ db, log, entityType: "team", f, where, key: `team\u0000${f.apiKey}\u0000${f.teamId}`, holdsNames: true, prepare, buildDay });
+  return report({ db, log, entityType: "team", f, where, key: JSON.stringify(["team", f.apiKey ?? null, f.teamId ?? null]), holdsNames: true, prepare, buildDay });
 }
 
 /** One api key's or customer's day: totals, its first model inline, any further models in `more`. */
@@ -254,7 +254,7 @@ async function byDimension(db: Db, log: Logger, f: ReportFilter, dim: "api_key" 
     }
     return parts.length ? `{"group_by_day":"${day}","${list}":[${parts.join(",")}]}` : undefined;
   };
-  return report({ db, log, entityType, f, where, key: `${dim}\u0000${f.apiKey}\u0000${f.teamId}\u0000${f.customerId}`, holdsNames: false, buildDay });
+  return report({ db, log, entityType, f, where, key: JSON.stringify([dim, f.apiKey ?? null, f.teamId ?? null, f.customerId ?? null]), holdsNames: false, buildDay });
 }
 
 /** The report as JSON, or undefined when its sums are too large for the fast path (the caller then builds it exactly with bigint). */

@@ -23,10 +23,26 @@ BEGIN
   RETURN NULL;
 END $$;
 --> statement-breakpoint
--- A new key has no spend yet, so its insert changes no part; the spend writer's updates of a key
--- (spend, last use) name none of these columns and do not fire this.
+-- A new key, team or org has spent nothing, so its insert changes no part, unless its id has spend
+-- already (a key re-created with the value of a rotated-away one): then its names are new in parts.
+-- Arguments: the daily_spend entity type and the id column of the inserted rows.
+CREATE FUNCTION "report_names_bump_if_spent"() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF EXISTS (SELECT 1 FROM added a JOIN "daily_spend" d ON d."entity_type" = TG_ARGV[0] AND d."entity_id" = to_jsonb(a) ->> TG_ARGV[1]) THEN
+    UPDATE "report_names" SET "version" = "version" + 1 WHERE "id" = 1;
+  END IF;
+  RETURN NULL;
+END $$;
+--> statement-breakpoint
+-- The spend writer's updates of a key (spend, last use) name none of these columns and do not fire this.
 CREATE TRIGGER "report_names_on_keys" AFTER DELETE OR UPDATE OF "token", "key_alias", "team_id" ON "virtual_keys" FOR EACH STATEMENT EXECUTE FUNCTION "report_names_bump"();
 --> statement-breakpoint
-CREATE TRIGGER "report_names_on_teams" AFTER INSERT OR DELETE OR UPDATE OF "team_id", "team_alias" ON "teams" FOR EACH STATEMENT EXECUTE FUNCTION "report_names_bump"();
+CREATE TRIGGER "report_names_on_new_keys" AFTER INSERT ON "virtual_keys" REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION "report_names_bump_if_spent"('key', 'token');
 --> statement-breakpoint
-CREATE TRIGGER "report_names_on_orgs" AFTER INSERT OR DELETE OR UPDATE OF "organization_id", "organization_alias" ON "organizations" FOR EACH STATEMENT EXECUTE FUNCTION "report_names_bump"();
+CREATE TRIGGER "report_names_on_teams" AFTER DELETE OR UPDATE OF "team_id", "team_alias" ON "teams" FOR EACH STATEMENT EXECUTE FUNCTION "report_names_bump"();
+--> statement-breakpoint
+CREATE TRIGGER "report_names_on_new_teams" AFTER INSERT ON "teams" REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION "report_names_bump_if_spent"('team', 'team_id');
+--> statement-breakpoint
+CREATE TRIGGER "report_names_on_orgs" AFTER DELETE OR UPDATE OF "organization_id", "organization_alias" ON "organizations" FOR EACH STATEMENT EXECUTE FUNCTION "report_names_bump"();
+--> statement-breakpoint
+CREATE TRIGGER "report_names_on_new_orgs" AFTER INSERT ON "organizations" REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION "report_names_bump_if_spent"('org', 'organization_id');
