@@ -38,18 +38,24 @@ function cacheOf(db: Db): FragmentCache {
   return c;
 }
 
+/**
+ * What an entry costs: its part, and its key and bookkeeping, so that many small or empty parts
+ * (a report asked with ever new filters) are bounded too.
+ */
+const entrySize = (key: string, json: Bytes) => json.byteLength + 2 * key.length + 96;
+
 function remember(cache: FragmentCache, key: string, stamp: string, json: Bytes): void {
   const fragments = cache.entries;
   const old = fragments.get(key);
-  if (old) cache.bytes -= old.json.byteLength;
+  if (old) cache.bytes -= entrySize(key, old.json);
   fragments.delete(key);
   fragments.set(key, { stamp, json });
-  cache.bytes += json.byteLength;
+  cache.bytes += entrySize(key, json);
   // Oldest first out (a Map iterates in insertion order; reuse re-inserts).
   for (const [k, v] of fragments) {
     if (cache.bytes <= MAX_FRAGMENT_BYTES) break;
     fragments.delete(k);
-    cache.bytes -= v.json.byteLength;
+    cache.bytes -= entrySize(k, v.json);
   }
 }
 
@@ -155,10 +161,13 @@ export async function reuseDays(p: DayParts): Promise<Map<string, Bytes>> {
       remember(cache, `${p.report}\u0000${m.day}`, m.stamp, json);
     }
     // Not awaited: the answer does not wait for a cache write, and a failed one costs a rebuild.
-    if (unstored.length > 0) {
-      const toStore = unstored.map((m) => ({ ...m, body: builtFinished.get(m.day) ?? EMPTY }));
-      void storeParts(db, reportId, toStore).catch((err) => p.log.warn("report parts not stored", { error: err instanceof Error ? err.message : String(err) }));
-    }
+    // Days without a part are not stored: finding no rows again is cheap, and a report asked with
+    // ever new filters that match nothing then leaves nothing behind.
+    const toStore = unstored.flatMap((m) => {
+      const body = builtFinished.get(m.day);
+      return body && body.byteLength > 0 ? [{ ...m, body }] : [];
+    });
+    if (toStore.length > 0) void storeParts(db, reportId, toStore).catch((err) => p.log.warn("report parts not stored", { error: err instanceof Error ? err.message : String(err) }));
   }
   const ordered = new Map<string, Bytes>();
   for (const s of stamps) {
