@@ -389,7 +389,8 @@ export async function dailyActivity(ctx: AdminCtx, kind: "team" | "org") {
   const f: DailyFilter = { entityType: kind, entityIds: include, excludeIds: exclude, ...range, model: ctx.query("model") || undefined, apiKey: keyParam(ctx) };
   const days = await dailyDays(ctx.db, f);
   const pageDays = days.slice(p.offset, p.offset + p.pageSize);
-  const totals = await dailyTotals(ctx.db, f);
+  // The totals (every page) are summed by the store while the page's parts are found or built.
+  const totalling = dailyTotals(ctx.db, f);
   // A day's part is the same whatever the date range around it: the range is not in its key.
   const partKey = JSON.stringify([`daily-activity/${ACTIVITY_PART_FORMAT}`, kind, f.entityIds, f.excludeIds, f.model, f.apiKey]);
   const build = async (missing: string[]): Promise<Map<string, Bytes>> => {
@@ -456,7 +457,7 @@ export async function dailyActivity(ctx: AdminCtx, kind: "team" | "org") {
     });
   };
   // Key aliases and teams, team and org aliases are in the parts.
-  const parts = await reuseDays({ db: ctx.db, log: ctx.log, entityType: kind, span: pageDays, report: partKey, holdsNames: true, build });
+  const [parts, totals] = await Promise.all([reuseDays({ db: ctx.db, log: ctx.log, entityType: kind, span: pageDays, report: partKey, holdsNames: true, build }), totalling]);
   const results = pageDays.flatMap((day) => parts.get(day) ?? []);
   const all = metricsApi(addMetrics(emptyMetrics(), totals));
   const totalPages = Math.ceil(days.length / p.pageSize);
