@@ -290,6 +290,19 @@ export function rowMetrics(r: SumRow): Metrics {
   };
 }
 
+function sameMetrics(a: Metrics, b: Metrics): boolean {
+  return (
+    a.spend === b.spend &&
+    a.prompt === b.prompt &&
+    a.completion === b.completion &&
+    a.cacheRead === b.cacheRead &&
+    a.cacheCreation === b.cacheCreation &&
+    a.requests === b.requests &&
+    a.ok === b.ok &&
+    a.failed === b.failed
+  );
+}
+
 function addInto(m: Metrics, x: Metrics): Metrics {
   m.spend += x.spend;
   m.prompt += x.prompt;
@@ -420,10 +433,24 @@ export async function dailyActivity(ctx: AdminCtx, kind: "team" | "org") {
       }
       return text;
     };
+    const keyEntry = (k: string, m: Metrics) => `${quote(k)}:{"metrics":${metricsText(m)},"metadata":${keyMetaOf(k)}}`;
+    /** A key's entry in every breakdown of a day: most keys use one model, provider and entity a day, so the entry is the day's own. */
+    let dayKeys = new Map<string, Metrics>();
+    let dayEntries = new Map<string, string>();
+    const entryOf = (k: string, m: Metrics) => {
+      const whole = dayKeys.get(k);
+      if (!whole || !sameMetrics(m, whole)) return keyEntry(k, m);
+      let text = dayEntries.get(k);
+      if (text === undefined) {
+        text = keyEntry(k, whole);
+        dayEntries.set(k, text);
+      }
+      return text;
+    };
     const writeKeys = (w: string[], keys: Map<string, Metrics>) => {
       let sep = "{";
       for (const [k, m] of keys) {
-        w.push(`${sep}${quote(k)}:{"metrics":${metricsText(m)},"metadata":${keyMetaOf(k)}}`);
+        w.push(sep, entryOf(k, m));
         sep = ",";
       }
       w.push(sep === "{" ? "{}" : "}");
@@ -439,6 +466,8 @@ export async function dailyActivity(ctx: AdminCtx, kind: "team" | "org") {
       w.push(sep === "{" ? "{}" : "}");
     };
     return partsByDay([...byDay], (date, d) => {
+      dayKeys = d.keys;
+      dayEntries = new Map();
       const w: string[] = [
         `{"date":${quote(date)},"total_spend":${picoToUsd(d.m.spend)},"total_tokens":${d.m.prompt + d.m.completion},`,
         `"total_requests":${d.m.requests},"metrics":${metricsText(d.m)},"breakdown":{"models":`,
