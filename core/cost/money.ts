@@ -93,6 +93,15 @@ function bigPicoToText(p: Pico): string {
 
 
 /**
+ * For JSON answers that promise exact amounts (spend reports): the amount as a JSON number written
+ * with its exact decimal text, where a plain number would be the nearest double (from $8,192 up, a
+ * double cannot hold every 12-decimal amount). `JSON.stringify` writes it as it is.
+ */
+export function exactUsdJson(p: Pico): unknown {
+  return (JSON as JSON & { rawJSON(text: string): unknown }).rawJSON(picoToText(p));
+}
+
+/**
  * For JSON responses (the spec's `float` fields); exact values stay in the store. Below 2^53 the
  * division of two exact doubles is correctly rounded, so it gives the same double as parsing the
  * exact decimal text, without building the text.

@@ -273,3 +273,10 @@ export async function requestJson<T = Record<string, unknown>>(
   const text = await res.text();
   return { status: res.status, body: (text ? JSON.parse(text) : null) as T, text };
 }
+
+/** A management call that must answer 200: its body (else an error with the answer's status and text). */
+export async function requestOk<T = Record<string, unknown>>(gw: { url: string }, method: string, path: string, body?: unknown): Promise<T> {
+  const r = await requestJson<T>(gw, method, path, { body });
+  if (r.status !== 200) throw new Error(`${method} ${path} → ${r.status}: ${r.text}`);
+  return r.body;
+}

@@ -10,7 +10,7 @@ import { Elysia } from "elysia";
 import { badRequest } from "../../authz.ts";
 import type { Deployment, Usage } from "../../contract.ts";
 import { estimatePromptTokens } from "../../cost/estimate.ts";
-import { type Pico, picoToUsd } from "../../cost/money.ts";
+import { exactUsdJson, type Pico, picoToUsd } from "../../cost/money.ts";
 import { choice, list, pageOf } from "../../identity/paging.ts";
 import { teamMemberId } from "../../identity/records.ts";
 import { toApi } from "../../identity/serialize.ts";
@@ -192,10 +192,10 @@ function dimensionEntries(rs: AttributedRow[], dim: "api_key" | "customer"): Rec
   const groups = groupBy(rs, (r) => (dim === "api_key" ? r.api_key : r.entity_id));
   const entries = [...groups].map(([id, list]) => ({ id, spend: sumSpend(list), usage: usageOfRows(list) }));
   return entries.sort(bySpendDesc).map((e) => {
-    const models = [...e.usage].map(([model, u]) => ({ model, total_cost: picoToUsd(u.cost), total_input_tokens: u.input, total_output_tokens: u.output, requests: u.requests }));
+    const models = [...e.usage].map(([model, u]) => ({ model, total_cost: exactUsdJson(u.cost), total_input_tokens: u.input, total_output_tokens: u.output, requests: u.requests }));
     return {
       [dim]: e.id,
-      total_cost: picoToUsd(e.spend),
+      total_cost: exactUsdJson(e.spend),
       total_input_tokens: models.reduce((s, m) => s + m.total_input_tokens, 0),
       total_output_tokens: models.reduce((s, m) => s + m.total_output_tokens, 0),
       total_requests: models.reduce((s, m) => s + m.requests, 0),
@@ -213,12 +213,12 @@ function teamEntries(rs: AttributedRow[]): Record<string, unknown>[] {
     return {
       team_name: t.teamId === "" ? UNASSIGNED_TEAM : (t.alias ?? t.teamId),
       team_id: t.teamId === "" ? null : t.teamId,
-      spend: picoToUsd(t.spend),
+      spend: exactUsdJson(t.spend),
       keys: keys.map((k) => ({
         key: k.key,
-        spend: picoToUsd(k.spend),
+        spend: exactUsdJson(k.spend),
         usage: Object.fromEntries(
-          [...k.usage].map(([m, u]) => [m, { cost: picoToUsd(u.cost), input_tokens: u.input, output_tokens: u.output, requests: u.requests }]),
+          [...k.usage].map(([m, u]) => [m, { cost: exactUsdJson(u.cost), input_tokens: u.input, output_tokens: u.output, requests: u.requests }]),
         ),
       })),
     };
@@ -239,8 +239,10 @@ async function spendReport(ctx: AdminCtx) {
   const customer = ctx.query("customer_id");
   const userId = ctx.query("internal_user_id");
   const teamId = ctx.query("team_id");
-  if (!userId && !(groupByDim === "team" && customer)) {
-    // The common reports are built by the store in one statement (see spend-report.ts).
+  // A customer filter on another dimension (the customer's spend per key or team) is summed from
+  // the customers' rows below; the day parts of spend-report.ts filter only the rows they group.
+  if (!userId && !(groupByDim !== "customer" && customer)) {
+    // The common reports are built from reusable day parts (see spend-report.ts).
     const body = await spendReportJson(ctx.db, ctx.log, { start: range.start!, end: range.end!, apiKey: keyParam(ctx), teamId, customerId: customer }, groupByDim);
     if (body !== undefined) return new Response(body, { headers: { "content-type": "application/json" } });
   }

@@ -1,0 +1,42 @@
+/** Spend-log entries for suites that write calls of past days (or exact amounts) through the spend writer's own batch path (`writeBatch`). */
+import { randomUUID } from "node:crypto";
+import type { SpendEntry } from "../../core/spend/entry.ts";
+
+/**
+ * A finished chat call that started at `at` (ms): `fields` over plain defaults (no team, user, end
+ * user, tags or charges; 0 tokens and 0 spend; success).
+ */
+export function spendEntry(at: number, fields: Partial<SpendEntry> & Pick<SpendEntry, "apiKey">): SpendEntry {
+  const callId = fields.callId ?? randomUUID();
+  return {
+    callId,
+    requestId: `chatcmpl-${callId}`,
+    callType: "chat",
+    keyAlias: null,
+    userId: null,
+    teamId: null,
+    organizationId: null,
+    endUser: null,
+    model: "alpha-model",
+    modelGroup: "alpha-model",
+    provider: "mock",
+    modelId: "past",
+    upstreamModel: "alpha",
+    spendPico: 0,
+    promptTokens: 0,
+    completionTokens: 0,
+    cacheReadTokens: 0,
+    cacheCreationTokens: 0,
+    reasoningTokens: 0,
+    startTime: at,
+    endTime: at + 5,
+    completionStartTime: null,
+    status: "success",
+    stream: false,
+    cacheHit: false,
+    tags: [],
+    metadata: {},
+    charges: [],
+    ...fields,
+  };
+}
