@@ -257,8 +257,13 @@ async function byDimension(db: Db, log: Logger, f: ReportFilter, dim: "api_key" 
   return report({ db, log, entityType, f, where, key: JSON.stringify([dim, f.apiKey ?? null, f.teamId ?? null, f.customerId ?? null]), holdsNames: false, buildDay });
 }
 
-/** The report as JSON, or undefined when its sums are too large for the fast path (the caller then builds it exactly with bigint). */
+/**
+ * The report as JSON, or undefined when day parts cannot answer it: a customer filter on another
+ * dimension (it needs the customers' rows, not the rows the report groups), or sums too large for
+ * the fast path (the caller then builds it exactly with bigint).
+ */
 export async function spendReportJson(db: Db, log: Logger, f: ReportFilter, groupBy: "team" | "api_key" | "customer"): Promise<Blob | undefined> {
+  if (f.customerId && groupBy !== "customer") return undefined;
   try {
     return await (groupBy === "team" ? byTeam(db, log, f) : byDimension(db, log, f, groupBy));
   } catch (err) {

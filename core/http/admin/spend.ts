@@ -239,9 +239,7 @@ async function spendReport(ctx: AdminCtx) {
   const customer = ctx.query("customer_id");
   const userId = ctx.query("internal_user_id");
   const teamId = ctx.query("team_id");
-  // A customer filter on another dimension (the customer's spend per key or team) is summed from
-  // the customers' rows below; the day parts of spend-report.ts filter only the rows they group.
-  if (!userId && !(groupByDim !== "customer" && customer)) {
+  if (!userId) {
     // The common reports are built from reusable day parts (see spend-report.ts).
     const body = await spendReportJson(ctx.db, ctx.log, { start: range.start!, end: range.end!, apiKey: keyParam(ctx), teamId, customerId: customer }, groupByDim);
     if (body !== undefined) return new Response(body, { headers: { "content-type": "application/json" } });
