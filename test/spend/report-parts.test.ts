@@ -1,12 +1,13 @@
 // Report parts reused from memory or the store answer what a fresh build would: filters whose value is the
 // text "undefined" are not the absent filter, and a key re-created with an old value shows its new alias.
-import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { randomUUID } from "node:crypto";
-import type { SpendEntry } from "../../core/spend/entry.ts";
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { sql } from "drizzle-orm";
+import type { SpendEntry } from "../../core/spend/entry.ts";
 import { writeBatch } from "../../core/spend/flush.ts";
 import { rows } from "../../core/store/sql.ts";
 import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
+import { spendEntry } from "../harness/spend.ts";
 
 const ALPHA = { model_name: "alpha-model", svc_params: { model: "mock/alpha" }, model_info: { input_cost_per_token: 0.000001, output_cost_per_token: 0.000002 } };
 const CONFIG = { model_list: [ALPHA], general_settings: { master_key: MASTER_KEY } };
@@ -22,40 +23,9 @@ async function must<T = Json>(gw: TestGateway, method: string, path: string, bod
   return r.body;
 }
 
-function past(daysAgo: number, token: string, team: string | null, endUser: string | null): SpendEntry {
-  const at = Date.now() - daysAgo * DAY;
-  return {
-    callId: randomUUID(),
-    requestId: `chatcmpl-past-${randomUUID()}`,
-    callType: "chat",
-    apiKey: token,
-    keyAlias: null,
-    userId: null,
-    teamId: team,
-    organizationId: null,
-    endUser,
-    model: "alpha-model",
-    modelGroup: "alpha-model",
-    provider: "mock",
-    modelId: "past",
-    upstreamModel: "alpha",
-    spendPico: 1_000_000,
-    promptTokens: 10,
-    completionTokens: 5,
-    cacheReadTokens: 0,
-    cacheCreationTokens: 0,
-    reasoningTokens: 0,
-    startTime: at,
-    endTime: at + 5,
-    completionStartTime: null,
-    status: "success",
-    stream: false,
-    cacheHit: false,
-    tags: [],
-    metadata: {},
-    charges: [],
-  } as SpendEntry;
-}
+/** A call of `daysAgo` days ago: $0.000001, 10 + 5 tokens. */
+const past = (daysAgo: number, token: string, team: string | null, endUser: string | null): SpendEntry =>
+  spendEntry(Date.now() - daysAgo * DAY, { apiKey: token, teamId: team, endUser, spendPico: 1_000_000, promptTokens: 10, completionTokens: 5 });
 
 for (const backend of BACKENDS) {
   describe(`reused report parts (${backend})`, () => {

@@ -14,6 +14,7 @@ import type { SpendEntry } from "../../core/spend/entry.ts";
 import { writeBatch } from "../../core/spend/flush.ts";
 import { rows } from "../../core/store/sql.ts";
 import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, startTestGateway, type TestGateway } from "../harness/gateway.ts";
+import { spendEntry } from "../harness/spend.ts";
 import { sha256, until } from "../harness/util.ts";
 
 const ALPHA = { model_name: "alpha-model", svc_params: { model: "mock/alpha" }, model_info: { input_cost_per_token: 0.000001, output_cost_per_token: 0.000002 } };
@@ -86,41 +87,21 @@ async function seed(gw: TestGateway): Promise<Seed> {
     }
   }
   // Earlier days, through the writer's own batch path (the gateway only logs calls as they happen).
-  const past = (daysAgo: number, who: { token: string; alias: string; team: string | null; user: string }, spendPico: number, extra: Partial<SpendEntry> = {}): SpendEntry => {
-    const at = Date.now() - daysAgo * DAY;
-    return {
-      callId: randomUUID(),
+  const past = (daysAgo: number, who: { token: string; alias: string; team: string | null; user: string }, spendPico: number, extra: Partial<SpendEntry> = {}): SpendEntry =>
+    spendEntry(Date.now() - daysAgo * DAY, {
       requestId: `chatcmpl-past-${randomUUID()}`,
-      callType: "chat",
       apiKey: who.token,
       keyAlias: who.alias,
       userId: who.user,
       teamId: who.team,
       organizationId: who.team === teamA ? org : null,
-      endUser: null,
-      model: "alpha-model",
-      modelGroup: "alpha-model",
-      provider: "mock",
-      modelId: "past",
-      upstreamModel: "alpha",
       spendPico,
       promptTokens: 120,
       completionTokens: 80,
-      cacheReadTokens: 0,
-      cacheCreationTokens: 0,
-      reasoningTokens: 0,
-      startTime: at,
-      endTime: at + 5,
-      completionStartTime: null,
-      status: "success",
-      stream: false,
-      cacheHit: false,
-      tags: [],
       metadata: { key_alias: who.alias },
-      charges: [],
       ...extra,
-    };
-  };
+    });
+
   const a1 = { token: k.a1.token, alias: "k-a1", team: teamA, user: "u-ann" };
   const b1 = { token: k.b1.token, alias: "k-b1", team: teamB, user: "u-bob" };
   await writeBatch(gw.host!.store, [
@@ -574,14 +555,10 @@ for (const backend of BACKENDS) {
 
     test("report amounts are exact decimals: 16 significant digits too, not the nearest double's text", async () => {
       const at = Date.now() - 2 * DAY;
-      const entry = (callId: string, spendPico: number): SpendEntry => ({
-        callId, requestId: `chatcmpl-${callId}`, callType: "chat", apiKey: s.keys.b1.token, keyAlias: "k-b1", userId: "u-bob", teamId: s.teamB, organizationId: null,
-        endUser: "cust-exact", model: "beta-model", modelGroup: "beta-model", provider: "mock", modelId: "past", upstreamModel: "beta", spendPico,
-        promptTokens: 1, completionTokens: 1, cacheReadTokens: 0, cacheCreationTokens: 0, reasoningTokens: 0, startTime: at, endTime: at + 5, completionStartTime: null,
-        status: "success", stream: false, cacheHit: false, tags: [], metadata: {}, charges: [],
-      });
+      const entry = (spendPico: number): SpendEntry =>
+        spendEntry(at, { apiKey: s.keys.b1.token, keyAlias: "k-b1", userId: "u-bob", teamId: s.teamB, endUser: "cust-exact", model: "beta-model", modelGroup: "beta-model", upstreamModel: "beta", spendPico });
       // $8,847.415857622158 + $0.000000000001: 16 digits, whose nearest double prints as 8847.41585762216.
-      await writeBatch(gw.host!.store, [entry(randomUUID(), 8_847_415_857_622_158), entry(randomUUID(), 1)]);
+      await writeBatch(gw.host!.store, [entry(8_847_415_857_622_158), entry(1)]);
       const day = dayOf(at);
       const byKey = await get(`/global/spend/report?start_date=${day}&end_date=${day}&group_by=api_key`);
       expect(byKey.text).toContain(`{"api_key":"${s.keys.b1.token}","total_cost":8847.415857622159,`);

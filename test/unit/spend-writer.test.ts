@@ -8,39 +8,10 @@ import type { SpendStore } from "../../core/spend/flush.ts";
 import { SpendWriter } from "../../core/spend/writer.ts";
 import type { Db } from "../../core/store/db.ts";
 import { memoryLogger, tempDir } from "../harness/gateway.ts";
+import { spendEntry } from "../harness/spend.ts";
 
 function entry(i: number): SpendEntry {
-  return {
-    callId: `call-${i}`,
-    requestId: `req-${i}`,
-    callType: "chat",
-    apiKey: "k",
-    keyAlias: null,
-    userId: null,
-    teamId: null,
-    organizationId: null,
-    endUser: null,
-    model: "m",
-    modelGroup: "m",
-    provider: "mock",
-    modelId: "d",
-    upstreamModel: "m",
-    spendPico: 1,
-    promptTokens: 1,
-    completionTokens: 1,
-    cacheReadTokens: 0,
-    cacheCreationTokens: 0,
-    reasoningTokens: 0,
-    startTime: Date.now(),
-    endTime: Date.now(),
-    completionStartTime: null,
-    status: "success",
-    stream: false,
-    cacheHit: false,
-    tags: [],
-    metadata: {},
-    charges: [],
-  };
+  return spendEntry(Date.now(), { callId: `call-${i}`, requestId: `req-${i}`, apiKey: "k", spendPico: 1, promptTokens: 1, completionTokens: 1 });
 }
 
 /** A store whose bulk load records each batch's size and takes `writeMs` to answer. */
