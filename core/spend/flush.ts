@@ -175,6 +175,9 @@ interface RowGroup {
 
 const DAY_MS = 86_400_000;
 
+/** A nullable value in a group's signature: null, and any text (prefixed), never look alike. */
+const orNull = (v: string | null): string => (v === null ? "\u0001" : `\u0002${v}`);
+
 /**
  * A batch's rows summed as they are queued: each call pays for its own share as it ends, so
  * writing a batch of a thousand rows does not hold the event loop for milliseconds grouping them.
@@ -184,7 +187,9 @@ export class BatchSums {
 
   add(e: SpendEntry): void {
     const dayNo = Math.floor(e.startTime / DAY_MS);
-    let sig = `${e.apiKey}\u0000${e.teamId}\u0000${e.organizationId}\u0000${e.userId}\u0000${e.endUser}\u0000${e.upstreamModel}\u0000${e.modelGroup}\u0000${e.provider}\u0000${dayNo}\u0000${e.tags.join("\u0001")}`;
+    // Stored text holds no NUL, so NUL separates; null is marked apart from the text "null", and
+    // the tag count keeps [] apart from [""].
+    let sig = `${e.apiKey}\u0000${orNull(e.teamId)}\u0000${orNull(e.organizationId)}\u0000${orNull(e.userId)}\u0000${orNull(e.endUser)}\u0000${e.upstreamModel}\u0000${e.modelGroup}\u0000${e.provider}\u0000${dayNo}\u0000${e.tags.length}\u0000${e.tags.join("\u0000")}`;
     for (const c of e.charges) sig += `\u0000${c.periodEnd}`;
     let g = this.groups.get(sig);
     if (!g) {

@@ -16,6 +16,7 @@ import type { SpendEntry } from "../../core/spend/entry.ts";
 import { writeBatch } from "../../core/spend/flush.ts";
 import { rows } from "../../core/store/sql.ts";
 import { BACKENDS, MASTER_KEY, requestJson, requestOk, startBackendGateway, startTestGateway, type TestGateway } from "../harness/gateway.ts";
+import { Random, queryString } from "../harness/random.ts";
 import { spendEntry } from "../harness/spend.ts";
 import { sha256, until } from "../harness/util.ts";
 
@@ -28,40 +29,6 @@ const TODAY = dayOf(Date.now());
 const DAYS = Array.from({ length: 10 }, (_, i) => dayOf(Date.now() - (9 - i) * DAY));
 /** Request ranges reach a little before the data. */
 const RANGE_DAYS = [dayOf(Date.now() - 12 * DAY), ...DAYS];
-
-/** mulberry32: a small seeded generator, so a failing data set and request list come back with their seed. */
-class Random {
-  private state: number;
-  constructor(seed: number) {
-    this.state = seed >>> 0;
-  }
-  next(): number {
-    this.state = (this.state + 0x6d2b79f5) >>> 0;
-    let t = this.state;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4_294_967_296;
-  }
-  int(n: number): number {
-    return Math.floor(this.next() * n);
-  }
-  chance(p: number): boolean {
-    return this.next() < p;
-  }
-  pick<T>(items: readonly T[]): T {
-    return items[this.int(items.length)]!;
-  }
-  some<T>(items: readonly T[], max: number): T[] {
-    const left = [...items];
-    return Array.from({ length: 1 + this.int(Math.min(max, left.length)) }, () => left.splice(this.int(left.length), 1)[0]!);
-  }
-  /** Two days of `days`, in order. */
-  range(days: readonly string[]): [string, string] {
-    const a = this.pick(days);
-    const b = this.pick(days);
-    return a <= b ? [a, b] : [b, a];
-  }
-}
 
 // ---- exact money
 
@@ -232,19 +199,12 @@ interface ActivityAsk {
 
 type Ask = ReportAsk | ActivityAsk;
 
-function query(params: Record<string, string | number | undefined>): string {
-  return Object.entries(params)
-    .filter(([, v]) => v !== undefined)
-    .map(([k, v]) => `${k}=${encodeURIComponent(String(v))}`)
-    .join("&");
-}
-
 function pathOf(a: Ask): string {
   if (a.report === "spend") {
-    return `/global/spend/report?${query({ start_date: a.start, end_date: a.end, group_by: a.groupBy, api_key: a.apiKey, team_id: a.teamId, customer_id: a.customerId, internal_user_id: a.userId })}`;
+    return `/global/spend/report?${queryString({ start_date: a.start, end_date: a.end, group_by: a.groupBy, api_key: a.apiKey, team_id: a.teamId, customer_id: a.customerId, internal_user_id: a.userId })}`;
   }
   const [one, many, exclude] = a.report === "team" ? ["team_id", "team_ids", "exclude_team_ids"] : ["organization_id", "organization_ids", "exclude_organization_ids"];
-  return `/${a.report === "team" ? "team" : "organization"}/daily/activity?${query({
+  return `/${a.report === "team" ? "team" : "organization"}/daily/activity?${queryString({
     [one]: a.id,
     [many]: a.ids?.join(","),
     [exclude]: a.exclude?.join(","),

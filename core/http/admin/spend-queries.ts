@@ -82,7 +82,12 @@ export function instantParam(ctx: AdminCtx, name: string, end: boolean): { at: D
   const [h, min, s] = [Number(m?.[4] ?? 0), Number(m?.[5] ?? 0), Number(m?.[6] ?? 0)];
   if (!m || day === undefined || h > 23 || min > 59 || s > 59) throw invalidParam(name, `Expected YYYY-MM-DD or YYYY-MM-DD HH:MM:SS (UTC), got ${JSON.stringify(v)}`);
   if (m[4] === undefined) return { at: new Date(end ? day + DAY_MS : day), exclusive: end };
-  const frac = m[7] ? Math.round(Number(m[7]) * 1000) : 0;
+  // Times are kept to the millisecond: a finer start is rounded up and a finer end down, so the
+  // range never takes in an instant outside the one asked for.
+  const digits = (m[7] ?? ".").slice(1).padEnd(6, "0");
+  const ms = Number(digits.slice(0, 3));
+  const finer = Number(digits.slice(3)) > 0;
+  const frac = finer && !end ? ms + 1 : ms;
   return { at: new Date(day + ((h * 60 + min) * 60 + s) * 1000 + frac), exclusive: false };
 }
 
@@ -218,6 +223,41 @@ export async function dailyRows(db: Db, f: DailyFilter, days: string[]): Promise
   );
 }
 
+/** A team's spend of a day per key and model group, with the key's user that day (null: none, or more than one). */
+export interface TeamDayRow {
+  day: string;
+  api_key: string;
+  model_group: string;
+  spend: string;
+  user_id: string | null;
+}
+
+/**
+ * The spend of `teamIds` per day, key and model group, read from the team aggregates (so a key
+ * that changed teams during a day counts for each team what it spent while in it), each with the
+ * key's user that day when it had exactly one. `userId` keeps only that user's keys.
+ */
+export async function teamDayRows(db: Db, teamIds: string[], range: { start: string; end: string }, opts: { apiKey?: string; userId?: string } = {}): Promise<TeamDayRow[]> {
+  if (teamIds.length === 0) return [];
+  const where: SQL[] = [sql`t.entity_type = 'team'`, sql`t.entity_id in (${inList(teamIds)})`, sql`t.date >= ${range.start}::date`, sql`t.date <= ${range.end}::date`];
+  if (opts.apiKey) where.push(sql`t.api_key = ${opts.apiKey}`);
+  return rows<TeamDayRow>(
+    db,
+    sql`with team_rows as (
+        select t.date, t.api_key, t.model_group, sum(t.spend) as spend from daily_spend t where ${sql.join(where, sql` and `)}
+        group by t.date, t.api_key, t.model_group
+      ), key_user as (
+        select u.date, u.api_key, min(u.entity_id) as user_id from daily_spend u
+        where u.entity_type = 'user' and u.date >= ${range.start}::date and u.date <= ${range.end}::date
+        group by u.date, u.api_key having count(distinct u.entity_id) = 1
+      )
+      select r.date::text as day, r.api_key, r.model_group, r.spend::text as spend, ku.user_id
+      from team_rows r left join key_user ku on ku.date = r.date and ku.api_key = r.api_key
+      ${opts.userId ? sql`where ku.user_id = ${opts.userId}` : sql``}
+      order by r.date`,
+  );
+}
+
 /**
  * Rows for `/global/spend/report` and `/spend/logs?summarize=true`: the amounts of `base` per
  * (day, entity, key, model group), each with the team its key spent for that day (from the team
@@ -248,7 +288,9 @@ export async function attributedRows(db: Db, base: DailyFilter, opts: { teamIds?
         from daily_spend d where ${sql.join(where, sql` and `)}
         group by d.date, d.entity_id, d.api_key, d.model_group
       ), key_team as (
-        select t.date, t.api_key, max(t.entity_id) as team_id from daily_spend t where ${sql.join(teamDays, sql` and `)} group by t.date, t.api_key
+        -- A key that changed teams during a day: the team it spent for last (its row written last).
+        select distinct on (t.date, t.api_key) t.date, t.api_key, t.entity_id as team_id from daily_spend t where ${sql.join(teamDays, sql` and `)}
+        order by t.date, t.api_key, t.updated_at desc, t.entity_id desc
       )
       select b.date::text as day, b.entity_id, b.api_key, b.model_group, b.spend, b.prompt_tokens, b.completion_tokens, b.cache_read, b.cache_creation,
         b.api_requests, b.successful_requests, b.failed_requests, kt.team_id, tm.team_alias

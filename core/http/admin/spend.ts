@@ -36,6 +36,7 @@ import {
   num,
   numberParam,
   pico,
+  teamDayRows,
   teamScope,
 } from "./spend-queries.ts";
 
@@ -80,6 +81,20 @@ function logApi(row: typeof spendLogs.$inferSelect): Record<string, unknown> {
  * `[{startTime: "YYYY-MM-DD", spend, users: {<user_id>: spend}, models: {<model group>: spend}, api_keys: {<key hash>: spend}}]`,
  * from the daily aggregates. Otherwise the log rows themselves, newest first, at most `limit`.
  */
+/** One day of `/spend/logs` summarized: its spend, and per model group and key, from `amounts`; per user, `people`. */
+function summaryOfDay(day: string, amounts: readonly { model_group: string; api_key: string; spend: string | null }[], people: Map<string, Pico>) {
+  const models = new Map<string, Pico>();
+  const keys = new Map<string, Pico>();
+  let total = 0n;
+  for (const r of amounts) {
+    const spend = pico(r.spend);
+    total += spend;
+    bump(models, r.model_group, spend);
+    bump(keys, r.api_key, spend);
+  }
+  return { startTime: day, spend: picoToUsd(total), users: usdMap(people), models: usdMap(models), api_keys: usdMap(keys) };
+}
+
 async function spendLogsV1(ctx: AdminCtx) {
   const teamIds = teamScope(ctx);
   const range = dateRange(ctx);
@@ -88,23 +103,28 @@ async function spendLogsV1(ctx: AdminCtx) {
   const requestId = ctx.query("request_id");
   const apiKey = keyParam(ctx);
   const userId = ctx.query("user_id");
+  if (summarize && range.start && range.end && !requestId && teamIds) {
+    // A team's view: from its own aggregates, exact for a key that changed teams during a day.
+    const found = await teamDayRows(ctx.db, teamIds, { start: range.start, end: range.end }, { apiKey, userId });
+    const byDay = groupBy(found, (r) => r.day);
+    return daysBetween(range.start, range.end).map((day) => {
+      const amounts = byDay.get(day) ?? [];
+      const people = new Map<string, Pico>();
+      for (const r of amounts) if (r.user_id !== null) bump(people, r.user_id, pico(r.spend));
+      return summaryOfDay(day, amounts, people);
+    });
+  }
   if (summarize && range.start && range.end && !requestId) {
     const days = daysBetween(range.start, range.end);
     const base: DailyFilter = { entityType: userId ? "user" : "key", entityIds: userId ? [userId] : undefined, apiKey, ...range };
-    const amounts = await attributedRows(ctx.db, base, { teamIds });
-    const perUser = userId ? amounts : await attributedRows(ctx.db, { ...base, entityType: "user", entityIds: undefined }, { teamIds });
+    const amounts = await attributedRows(ctx.db, base);
+    const perUser = userId ? amounts : await attributedRows(ctx.db, { ...base, entityType: "user", entityIds: undefined });
     const byDay = groupBy(amounts, (r) => r.day);
     const usersByDay = groupBy(perUser, (r) => r.day);
     return days.map((day) => {
-      const models = new Map<string, Pico>();
-      const keys = new Map<string, Pico>();
       const people = new Map<string, Pico>();
-      for (const r of byDay.get(day) ?? []) {
-        bump(models, r.model_group, pico(r.spend));
-        bump(keys, r.api_key, pico(r.spend));
-      }
       for (const r of usersByDay.get(day) ?? []) bump(people, r.entity_id, pico(r.spend));
-      return { startTime: day, spend: picoToUsd(sumSpend(byDay.get(day) ?? [])), users: usdMap(people), models: usdMap(models), api_keys: usdMap(keys) };
+      return summaryOfDay(day, byDay.get(day) ?? [], people);
     });
   }
   const where: SQL[] = [];
