@@ -2,6 +2,17 @@
 import { randomUUID } from "node:crypto";
 import type { SpendEntry } from "../../core/spend/entry.ts";
 
+/** Who a seeded call is made by: a key (its hash), and the team, org and user it spends for. */
+export interface Caller {
+  label: string;
+  token: string;
+  /** The plain key (real keys only): `api_key=` accepts it too. */
+  key?: string;
+  teamId: string | null;
+  orgId: string | null;
+  userId: string | null;
+}
+
 /**
  * A finished chat call that started at `at` (ms): `fields` over plain defaults (no team, user, end
  * user, tags or charges; 0 tokens and 0 spend; success).

@@ -20,7 +20,7 @@ import { dayOf, writeBatch } from "../../core/spend/flush.ts";
 import { rows } from "../../core/store/sql.ts";
 import { BACKENDS, MASTER_KEY, requestJson, requestOk, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 import { queryString, Random } from "../harness/random.ts";
-import { spendEntry } from "../harness/spend.ts";
+import { type Caller, spendEntry } from "../harness/spend.ts";
 import { sha256 } from "../harness/util.ts";
 
 const CONFIG = { model_list: [{ model_name: "alpha-model", svc_params: { model: "mock/alpha" } }], general_settings: { master_key: MASTER_KEY } };
@@ -36,16 +36,6 @@ type Json = Record<string, unknown>;
 type Db = NonNullable<TestGateway["host"]>["store"]["db"];
 
 // ---- the data
-
-interface Caller {
-  label: string;
-  token: string;
-  /** The plain key (real keys only): `api_key=` accepts it too. */
-  key?: string;
-  teamId: string | null;
-  orgId: string | null;
-  userId: string | null;
-}
 
 interface World {
   teamA: string;

@@ -17,7 +17,7 @@ import { writeBatch } from "../../core/spend/flush.ts";
 import { rows } from "../../core/store/sql.ts";
 import { BACKENDS, MASTER_KEY, requestJson, requestOk, startBackendGateway, startTestGateway, type TestGateway } from "../harness/gateway.ts";
 import { Random, queryString } from "../harness/random.ts";
-import { spendEntry } from "../harness/spend.ts";
+import { type Caller, spendEntry } from "../harness/spend.ts";
 import { sha256, until } from "../harness/util.ts";
 
 const CONFIG = { model_list: [{ model_name: "alpha-model", svc_params: { model: "mock/alpha" } }], general_settings: { master_key: MASTER_KEY } };
@@ -59,16 +59,6 @@ function parseExact<T>(text: string): T {
 }
 
 // ---- the data
-
-interface Caller {
-  label: string;
-  token: string;
-  /** The plain key (real keys only): `api_key=` accepts it too. */
-  key?: string;
-  teamId: string | null;
-  orgId: string | null;
-  userId: string | null;
-}
 
 interface World {
   orgs: string[];
@@ -598,12 +588,15 @@ for (const backend of BACKENDS) {
 
     // Cases this test found (both fixed), checked on their own: the randomized rounds above leave them out.
 
+    /** The callers "k-two" and "k-four", and a call of `caller` at noon of `day` for `endUser`. */
+    const twoCallers = () => [w.callers.find((c) => c.label === "k-two")!, w.callers.find((c) => c.label === "k-four")!] as const;
+    const callAt = (day: string, endUser: string) => (c: Caller, spendPico: number) =>
+      spendEntry(Date.parse(`${day}T12:00:00Z`), { apiKey: c.token, teamId: c.teamId, organizationId: c.orgId, userId: c.userId, endUser, spendPico });
+
     test("/global/spend/report?group_by=api_key&customer_id=C answers C's spend per key (it answered [])", async () => {
       const day = dayOf(Date.now() - 25 * DAY);
-      const k1 = w.callers.find((c) => c.label === "k-two")!;
-      const k2 = w.callers.find((c) => c.label === "k-four")!;
-      const call = (c: Caller, spendPico: number) =>
-        spendEntry(Date.parse(`${day}T12:00:00Z`), { apiKey: c.token, teamId: c.teamId, organizationId: c.orgId, userId: c.userId, endUser: "cust-by-key", spendPico });
+      const [k1, k2] = twoCallers();
+      const call = callAt(day, "cust-by-key");
       await writeBatch(gw.host!.store, [call(k1, 1_500_000), call(k2, 2_500_000), call(k2, 7)]);
       // With internal_user_id the same filter takes the other path, which answers what the log says.
       await checkAll(gw, db, [{ report: "spend", groupBy: "api_key", start: day, end: day, customerId: "cust-by-key", userId: "u-cid" }], "the path with internal_user_id");
@@ -612,10 +605,8 @@ for (const backend of BACKENDS) {
 
     test("/global/spend/report writes amounts of $8,192 and more exactly on every path: internal_user_id, team with customer_id, a day summing over $9,007", async () => {
       const day = dayOf(Date.now() - 20 * DAY);
-      const k1 = w.callers.find((c) => c.label === "k-two")!;
-      const k2 = w.callers.find((c) => c.label === "k-four")!;
-      const call = (c: Caller, spendPico: number) =>
-        spendEntry(Date.parse(`${day}T12:00:00Z`), { apiKey: c.token, teamId: c.teamId, organizationId: c.orgId, userId: c.userId, endUser: "cust-big", spendPico });
+      const [k1, k2] = twoCallers();
+      const call = callAt(day, "cust-big");
       // $8,847.415857622159: 16 digits, whose nearest double prints as 8847.41585762216.
       await writeBatch(gw.host!.store, [call(k1, 8_847_415_857_622_159)]);
       const exact: ReportAsk = { report: "spend", groupBy: "api_key", start: day, end: day };
