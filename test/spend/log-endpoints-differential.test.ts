@@ -460,8 +460,8 @@ async function expectedV2(db: Db, a: V2Ask): Promise<Json> {
   if (given(a.requestId)) where.push(sql`l.request_id = ${a.requestId}`);
   if (given(a.keyAlias)) where.push(sql`l.key_alias = ${a.keyAlias}`);
   if (given(a.endUser)) where.push(sql`l.end_user = ${a.endUser}`);
-  // The public model name or the model the client asked for (not the upstream model).
-  if (given(a.model)) where.push(sql`(l.model_group = ${a.model} or l.model = ${a.model})`);
+  // The public model name, the model the client asked for, or the upstream model.
+  if (given(a.model)) where.push(sql`(l.model_group = ${a.model} or l.model = ${a.model} or l.upstream_model = ${a.model})`);
   if (a.status) where.push(sql`l.status = ${a.status}`);
   if (a.minSpend !== undefined) where.push(sql`l.spend >= ${a.minSpend}::numeric`);
   if (a.maxSpend !== undefined) where.push(sql`l.spend <= ${a.maxSpend}::numeric`);

@@ -168,7 +168,8 @@ async function spendLogsV2(ctx: AdminCtx) {
     if (v) where.push(eq(column, v));
   }
   const model = ctx.query("model");
-  if (model) where.push(or(eq(spendLogs.modelGroup, model), eq(spendLogs.model, model))!);
+  // The public model name, the name the client asked for, or the provider's model (as daily activity matches).
+  if (model) where.push(or(eq(spendLogs.modelGroup, model), eq(spendLogs.model, model), eq(spendLogs.upstreamModel, model))!);
   if (status) where.push(eq(spendLogs.status, status));
   if (minSpend !== undefined) where.push(sql`${spendLogs.spend} >= ${String(minSpend)}::numeric`);
   if (maxSpend !== undefined) where.push(sql`${spendLogs.spend} <= ${String(maxSpend)}::numeric`);
