@@ -75,12 +75,6 @@ function logApi(row: typeof spendLogs.$inferSelect): Record<string, unknown> {
   return { ...toApi(rest), metadata, messages, response, cache_read_input_tokens: cacheReadTokens, cache_creation_input_tokens: cacheCreationTokens };
 }
 
-/**
- * `GET /spend/logs` (deprecated). With both dates and `summarize` (default true), one entry per
- * day from start_date to end_date, zero-filled:
- * `[{startTime: "YYYY-MM-DD", spend, users: {<user_id>: spend}, models: {<model group>: spend}, api_keys: {<key hash>: spend}}]`,
- * from the daily aggregates. Otherwise the log rows themselves, newest first, at most `limit`.
- */
 /** One day of `/spend/logs` summarized: its spend, and per model group and key, from `amounts`; per user, `people`. */
 function summaryOfDay(day: string, amounts: readonly { model_group: string; api_key: string; spend: string | null }[], people: Map<string, Pico>) {
   const models = new Map<string, Pico>();
@@ -95,6 +89,12 @@ function summaryOfDay(day: string, amounts: readonly { model_group: string; api_
   return { startTime: day, spend: picoToUsd(total), users: usdMap(people), models: usdMap(models), api_keys: usdMap(keys) };
 }
 
+/**
+ * `GET /spend/logs` (deprecated). With both dates and `summarize` (default true), one entry per
+ * day from start_date to end_date, zero-filled:
+ * `[{startTime: "YYYY-MM-DD", spend, users: {<user_id>: spend}, models: {<model group>: spend}, api_keys: {<key hash>: spend}}]`,
+ * from the daily aggregates. Otherwise the log rows themselves, newest first, at most `limit`.
+ */
 async function spendLogsV1(ctx: AdminCtx) {
   const teamIds = teamScope(ctx);
   const range = dateRange(ctx);
