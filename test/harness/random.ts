@@ -22,6 +22,10 @@ export class Random {
   pick<T>(items: readonly T[]): T {
     return items[this.int(items.length)]!;
   }
+  /** With chance `p` one of `items`, else undefined (an optional parameter, sometimes given). */
+  maybe<T>(p: number, items: readonly T[]): T | undefined {
+    return this.chance(p) ? this.pick(items) : undefined;
+  }
   some<T>(items: readonly T[], max: number): T[] {
     const left = [...items];
     return Array.from({ length: 1 + this.int(Math.min(max, left.length)) }, () => left.splice(this.int(left.length), 1)[0]!);

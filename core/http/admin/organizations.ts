@@ -292,7 +292,7 @@ async function listOrgs(ctx: AdminCtx) {
     .select()
     .from(organizations)
     .where(filters.length ? and(...filters) : undefined)
-    .orderBy(organizations.createdAt);
+    .orderBy(organizations.createdAt, organizations.organizationId);
   return expandOrgs(ctx, rows);
 }
 
