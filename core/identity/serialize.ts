@@ -3,11 +3,18 @@
  * names; money (exact `numeric` in the store) is a JSON number; times are ISO 8601 strings.
  */
 import { getTableColumns, type Table } from "drizzle-orm";
+import { GatewayError } from "../errors.ts";
 
 const MONEY = new Set(["spend", "max_budget", "soft_budget", "temp_budget_increase", "max_budget_in_team", "max_budget_in_organization"]);
 
 function snake(prop: string): string {
   return prop.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`);
+}
+
+/** How many decimals a number's shortest text has (`1.5e-7`: 8). */
+function decimalsOf(v: number): number {
+  const [mantissa = "", exponent = "0"] = String(v).split("e");
+  return Math.max(0, (mantissa.split(".")[1]?.length ?? 0) - Number(exponent));
 }
 
 /** A row (camelCase properties) as the API returns it. */
@@ -32,7 +39,14 @@ export function fromApi(table: Table, body: Record<string, unknown>, fields?: Re
     if (!(column.name in body) || (fields && !fields.has(column.name))) continue;
     const value = body[column.name];
     if (value === undefined) continue;
-    if (value !== null && column.columnType === "PgNumeric") out[prop] = String(value);
+    if (value !== null && column.columnType === "PgNumeric") {
+      // The column keeps a fixed number of decimals: more would be rounded away without a word.
+      const scale = (column as { scale?: number }).scale ?? 0;
+      if (typeof value === "number" && decimalsOf(value) > scale) {
+        throw GatewayError.of(400, `${column.name} has more than ${scale} decimals (${value}): amounts are kept to ${scale} decimals.`, "invalid_request_error", column.name);
+      }
+      out[prop] = String(value);
+    }
     else if (value !== null && column.columnType === "PgTimestamp" && typeof value === "string") out[prop] = new Date(value);
     else out[prop] = value;
   }

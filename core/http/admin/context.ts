@@ -14,6 +14,7 @@ import type { Logger } from "../../contract.ts";
 import { GatewayError } from "../../errors.ts";
 import type { IdentityCache } from "../../identity/cache.ts";
 import type { IdentityChange } from "../../identity/records.ts";
+import { toApi } from "../../identity/serialize.ts";
 import type { Live } from "../../live.ts";
 import { redactSecrets } from "../../secrets.ts";
 import type { HostServices } from "../../services.ts";
@@ -55,6 +56,11 @@ export interface AdminCtx {
   /** Spend was set by hand: these budget counters start again from the stored figure. */
   forgetBudgets(counterIds: string[]): Promise<void>;
   audit(entry: AuditEntry): Promise<void>;
+}
+
+/** An audited value in the API's form (snake_case names, money as numbers), whichever form a route passes: rows and API objects alike. */
+function asApi(value: unknown): unknown {
+  return value !== null && typeof value === "object" && !Array.isArray(value) ? toApi(value as Record<string, unknown>) : value;
 }
 
 const checkers = new WeakMap<TSchema, (v: unknown) => unknown>();
@@ -146,8 +152,8 @@ export function adminRoute<R>(deps: AdminDeps, handler: (ctx: AdminCtx) => Promi
           action: e.action,
           tableName: e.table,
           objectId: e.objectId,
-          beforeValue: e.before === undefined ? null : redactSecrets(e.before),
-          updatedValues: e.after === undefined ? null : redactSecrets(e.after),
+          beforeValue: e.before === undefined ? null : redactSecrets(asApi(e.before)),
+          updatedValues: e.after === undefined ? null : redactSecrets(asApi(e.after)),
         });
       },
     };
