@@ -46,8 +46,7 @@ export function fromApi(table: Table, body: Record<string, unknown>, fields?: Re
         throw GatewayError.of(400, `${column.name} has more than ${scale} decimals (${value}): amounts are kept to ${scale} decimals.`, "invalid_request_error", column.name);
       }
       out[prop] = String(value);
-    }
-    else if (value !== null && column.columnType === "PgTimestamp" && typeof value === "string") out[prop] = new Date(value);
+    } else if (value !== null && column.columnType === "PgTimestamp" && typeof value === "string") out[prop] = new Date(value);
     else out[prop] = value;
   }
   return out;

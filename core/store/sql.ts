@@ -22,13 +22,18 @@ type ArrayClient =
   | { unsafe(text: string, params: unknown[]): { values(): Promise<unknown[][]>; raw(): Promise<(Uint8Array | null)[][]> } }
   | { query(text: string, params: unknown[], config: { rowMode: "array" }): Promise<{ rows: unknown[][] }> };
 
+/** The statement's text and parameters, and the client under `db` to run it on. */
+function prepared(db: Db, query: SQL): { text: string; params: unknown[]; client: ArrayClient } {
+  const { sql: text, params } = dialect.sqlToQuery(query);
+  return { text, params, client: (db as unknown as { $client: ArrayClient }).$client };
+}
+
 /**
  * Runs raw SQL and returns its rows as arrays of column values, in the select's order: no object
  * per row, for reads of hundreds of thousands of rows (a 30-day report's aggregates).
  */
 export async function rowValues(db: Db, query: SQL): Promise<unknown[][]> {
-  const { sql: text, params } = dialect.sqlToQuery(query);
-  const client = (db as unknown as { $client: ArrayClient }).$client;
+  const { text, params, client } = prepared(db, query);
   if ("unsafe" in client) return client.unsafe(text, params).values();
   return (await client.query(text, params, { rowMode: "array" })).rows;
 }
@@ -41,16 +46,15 @@ const utf8 = new TextEncoder();
  * hands them over as they are; the embedded store's strings are encoded once).
  */
 export async function rowBytes(db: Db, query: SQL): Promise<(Uint8Array<ArrayBuffer> | null)[][]> {
-  const { sql: text, params } = dialect.sqlToQuery(query);
-  const client = (db as unknown as { $client: ArrayClient }).$client;
-  if ("unsafe" in client) {
-    const found = (await client.unsafe(text, params).raw()) as (Uint8Array<ArrayBuffer> | null)[][];
-    // A value is a view into the buffer it arrived in (a whole socket read for small rows): kept
-    // as it is, a small value would keep that whole buffer alive.
-    return found.map((row) => row.map((v) => (v && v.buffer.byteLength > 2 * v.byteLength ? new Uint8Array(v) : v)));
+  const { text, params, client } = prepared(db, query);
+  if (!("unsafe" in client)) {
+    const { rows: found } = await client.query(text, params, { rowMode: "array" });
+    return found.map((row) => row.map((v) => (v === null ? null : utf8.encode(String(v)))));
   }
-  const { rows: found } = await client.query(text, params, { rowMode: "array" });
-  return found.map((row) => row.map((v) => (v === null ? null : utf8.encode(String(v)))));
+  const found = (await client.unsafe(text, params).raw()) as (Uint8Array<ArrayBuffer> | null)[][];
+  // A value is a view into the buffer it arrived in (a whole socket read for small rows): kept as
+  // it is, a small value would keep that whole buffer alive.
+  return found.map((row) => row.map((v) => (v && v.buffer.byteLength > 2 * v.byteLength ? new Uint8Array(v) : v)));
 }
 
 /** Whether a store error (or one it wraps) is a unique-key violation (SQLSTATE 23505), on either backend. */

@@ -61,10 +61,10 @@ function remember(cache: FragmentCache, key: string, stamp: string, json: Bytes)
 
 const encoder = new TextEncoder();
 const EMPTY: Bytes = new Uint8Array(0);
+const COMMA = encoder.encode(",");
 
 /** A part's JSON text as the UTF-8 bytes parts are kept in. */
 export const partBytes = (json: string): Bytes => encoder.encode(json);
-const COMMA = encoder.encode(",");
 
 /** A JSON answer `head` + the parts joined by commas + `tail`, as a Blob of the cached bytes (no copy into one string). */
 export function joinedParts(head: string, parts: Iterable<Bytes>, tail: string): Blob {
@@ -91,7 +91,7 @@ export async function partsByDay<R>(days: readonly [string, R][], part: (day: st
   for (const [i, [day, rows]] of days.entries()) {
     if (i > 0) await nextTurn();
     const text = part(day, rows);
-    if (text) out.set(day, encoder.encode(text));
+    if (text) out.set(day, partBytes(text));
   }
   return out;
 }
