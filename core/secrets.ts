@@ -42,7 +42,10 @@ export function hiddenHeaderValues(headers: Record<string, string>): Record<stri
   return Object.fromEntries(Object.keys(headers).map((h) => [h, "[redacted]"]));
 }
 
+const isRawJson = (JSON as JSON & { isRawJSON(v: unknown): boolean }).isRawJSON;
+
 /** Secrets never reach the audit trail or a response: plaintext keys and credential fields are replaced. */
+
 export function redactSecrets(value: unknown, field = ""): unknown {
   if (typeof value === "string") {
     if (value.startsWith("sk-") && value.length > 12) return `${value.slice(0, 5)}…[redacted]`;
@@ -50,6 +53,8 @@ export function redactSecrets(value: unknown, field = ""): unknown {
   }
   if (Array.isArray(value)) return value.map((v) => redactSecrets(v, field));
   if (value instanceof Date) return value.toISOString();
+  // Exact money (JSON.rawJSON): a number as far as JSON is concerned, not an object to copy.
+  if (isRawJson(value)) return value;
   if (value !== null && typeof value === "object") {
     return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, redactSecrets(v, k)]));
   }

@@ -101,6 +101,11 @@ export function exactUsdJson(p: Pico): unknown {
   return (JSON as JSON & { rawJSON(text: string): unknown }).rawJSON(picoToText(p));
 }
 
+/** `exactUsdJson` of a `numeric` column value (its text). */
+export function exactColumnJson(v: string): unknown {
+  return exactUsdJson(columnToPico(v));
+}
+
 /**
  * For JSON responses (the spec's `float` fields); exact values stay in the store. Below 2^53 the
  * division of two exact doubles is correctly rounded, so it gives the same double as parsing the

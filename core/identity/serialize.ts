@@ -3,6 +3,7 @@
  * names; money (exact `numeric` in the store) is a JSON number; times are ISO 8601 strings.
  */
 import { getTableColumns, type Table } from "drizzle-orm";
+import { exactColumnJson } from "../cost/money.ts";
 import { GatewayError } from "../errors.ts";
 
 const MONEY = new Set(["spend", "max_budget", "soft_budget", "temp_budget_increase", "max_budget_in_team", "max_budget_in_organization"]);
@@ -23,7 +24,8 @@ export function toApi(row: Record<string, unknown>): Record<string, unknown> {
   for (const [prop, value] of Object.entries(row)) {
     const name = snake(prop);
     if (value instanceof Date) out[name] = value.toISOString();
-    else if (MONEY.has(name) && typeof value === "string") out[name] = Number(value);
+    // Written with its exact decimals: from $8,192 up a double cannot hold every 12-decimal amount.
+    else if (MONEY.has(name) && typeof value === "string") out[name] = exactColumnJson(value);
     else out[name] = value;
   }
   return out;

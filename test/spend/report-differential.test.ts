@@ -628,5 +628,25 @@ for (const backend of BACKENDS) {
       await check(exact, "a day over $9,007");
       expect(failures).toEqual([]);
     });
+
+    test("daily activity, /key/info and /team/info write amounts of $8,192 and more exactly (they wrote the nearest double)", async () => {
+      const day = dayOf(Date.now() - 22 * DAY);
+      const [k1] = twoCallers();
+      // $8,847.415857622159 again: its nearest double prints as 8847.41585762216.
+      await writeBatch(gw.host!.store, [callAt(day, "cust-activity")(k1, 8_847_415_857_622_159)]);
+      const range = { start: day, end: day };
+      await checkAll(gw, db, [{ report: "team", id: k1.teamId!, ...range }, { report: "org", id: k1.orgId!, ...range }, { report: "team", ...range }], "activity over $8,192");
+      // The log's writer leaves the counters to the budget plugin: set them as it would.
+      await db.execute(sql`update virtual_keys set spend = 8847.415857622159 where token = ${k1.token}`);
+      await db.execute(sql`update teams set spend = 9007.199254740993 where team_id = ${k1.teamId}`);
+      const [stored] = await rows<{ key: string; team: string }>(
+        db,
+        sql`select k.spend::text as key, t.spend::text as team from virtual_keys k join teams t on t.team_id = k.team_id where k.token = ${k1.token}`,
+      );
+      const keyInfo = await requestJson(gw, "GET", `/key/info?key=${k1.token}`);
+      expect(parseExact<{ info: Json }>(keyInfo.text).info.spend, `seed ${SEED}: /key/info → ${keyInfo.text.slice(0, 300)}`).toBe(decimal(stored!.key));
+      const teamInfo = await requestJson(gw, "GET", `/team/info?team_id=${k1.teamId}`);
+      expect(parseExact<{ team_info: Json }>(teamInfo.text).team_info.spend, `seed ${SEED}: /team/info`).toBe(decimal(stored!.team));
+    });
   });
 }

@@ -9,7 +9,7 @@
  */
 import { inArray, type SQL, sql } from "drizzle-orm";
 import { badRequest, forbidden } from "../../authz.ts";
-import { columnToPico, type Pico, picoToUsd } from "../../cost/money.ts";
+import { columnToPico, exactUsdJson, type Pico, picoToText } from "../../cost/money.ts";
 import { GatewayError } from "../../errors.ts";
 import { tokenOf } from "../../identity/keys.ts";
 import { list, pageOf } from "../../identity/paging.ts";
@@ -364,7 +364,7 @@ export function addMetrics(m: Metrics, r: SumRow): Metrics {
 /** The spec's daily-activity metrics object. */
 export function metricsApi(m: Metrics) {
   return {
-    spend: picoToUsd(m.spend),
+    spend: exactUsdJson(m.spend),
     prompt_tokens: m.prompt,
     completion_tokens: m.completion,
     cache_read_input_tokens: m.cacheRead,
@@ -379,7 +379,7 @@ export function metricsApi(m: Metrics) {
 /** `metricsApi(m)` as JSON text, same members in the same order. */
 function metricsText(m: Metrics): string {
   return (
-    `{"spend":${picoToUsd(m.spend)},"prompt_tokens":${m.prompt},"completion_tokens":${m.completion},` +
+    `{"spend":${picoToText(m.spend)},"prompt_tokens":${m.prompt},"completion_tokens":${m.completion},` +
     `"cache_read_input_tokens":${m.cacheRead},"cache_creation_input_tokens":${m.cacheCreation},"total_tokens":${m.prompt + m.completion},` +
     `"successful_requests":${m.ok},"failed_requests":${m.failed},"api_requests":${m.requests}}`
   );
@@ -388,7 +388,7 @@ function metricsText(m: Metrics): string {
 // ---- /team/daily/activity, /organization/daily/activity
 
 /** The JSON of a day part: bump when it changes, so parts stored by an older version are not served. */
-const ACTIVITY_PART_FORMAT = 1;
+const ACTIVITY_PART_FORMAT = 2; // 2: amounts exact (1 wrote the nearest double)
 
 /** One slice of a day's breakdown, with its per-key split. */
 interface Slice {
@@ -511,7 +511,7 @@ export async function dailyActivity(ctx: AdminCtx, kind: "team" | "org") {
       dayKeys = d.keys;
       dayEntries = new Map();
       const w: string[] = [
-        `{"date":${quote(date)},"total_spend":${picoToUsd(d.m.spend)},"total_tokens":${d.m.prompt + d.m.completion},`,
+        `{"date":${quote(date)},"total_spend":${picoToText(d.m.spend)},"total_tokens":${d.m.prompt + d.m.completion},`,
         `"total_requests":${d.m.requests},"metrics":${metricsText(d.m)},"breakdown":{"models":`,
       ];
       writeSplits(w, d.models);

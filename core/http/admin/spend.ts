@@ -10,7 +10,7 @@ import { Elysia } from "elysia";
 import { badRequest } from "../../authz.ts";
 import type { Deployment, Usage } from "../../contract.ts";
 import { estimatePromptTokens } from "../../cost/estimate.ts";
-import { exactUsdJson, type Pico, picoToUsd } from "../../cost/money.ts";
+import { exactUsdJson, type Pico } from "../../cost/money.ts";
 import { choice, list, pageOf } from "../../identity/paging.ts";
 import { teamMemberId } from "../../identity/records.ts";
 import { toApi } from "../../identity/serialize.ts";
@@ -47,7 +47,7 @@ const UNASSIGNED_TEAM = "Unassigned Team";
 function bump(map: Map<string, Pico>, k: string, amount: Pico): void {
   map.set(k, (map.get(k) ?? 0n) + amount);
 }
-const usdMap = (map: Map<string, Pico>) => Object.fromEntries([...map].map(([k, v]) => [k, picoToUsd(v)]));
+const usdMap = (map: Map<string, Pico>) => Object.fromEntries([...map].map(([k, v]) => [k, exactUsdJson(v)]));
 
 function groupBy<R>(items: R[], keyOf: (r: R) => string): Map<string, R[]> {
   const out = new Map<string, R[]>();
@@ -86,7 +86,7 @@ function summaryOfDay(day: string, amounts: readonly { model_group: string; api_
     bump(models, r.model_group, spend);
     bump(keys, r.api_key, spend);
   }
-  return { startTime: day, spend: picoToUsd(total), users: usdMap(people), models: usdMap(models), api_keys: usdMap(keys) };
+  return { startTime: day, spend: exactUsdJson(total), users: usdMap(people), models: usdMap(models), api_keys: usdMap(keys) };
 }
 
 /**
@@ -291,7 +291,7 @@ async function spendTags(ctx: AdminCtx) {
     sql`select d.entity_id as tag, sum(d.api_requests)::text as log_count, sum(d.spend)::text as total_spend from daily_spend d
       where ${sql.join(where, sql` and `)} group by d.entity_id order by sum(d.spend) desc, d.entity_id`,
   );
-  return found.map((r) => ({ individual_request_tag: r.tag, log_count: num(r.log_count), total_spend: picoToUsd(pico(r.total_spend)) }));
+  return found.map((r) => ({ individual_request_tag: r.tag, log_count: num(r.log_count), total_spend: exactUsdJson(pico(r.total_spend)) }));
 }
 
 /** `GET /spend/keys`: live keys by spend, highest first. */
@@ -415,7 +415,7 @@ async function calculateSpend(ctx: AdminCtx) {
   else if (body.messages) usage = { promptTokens: estimatePromptTokens("chat", { model, messages: body.messages } as never), completionTokens: 0 };
   else throw badRequest("Send messages with model (an estimate), or completion_response (the cost of a finished call).", "messages");
   const deployment = deploymentFor(ctx.snapshot, model);
-  return { cost: deployment ? picoToUsd(ctx.snapshot.pricing.costOf(deployment, usage).cost) : 0 };
+  return { cost: deployment ? exactUsdJson(ctx.snapshot.pricing.costOf(deployment, usage).cost) : 0 };
 }
 
 /** `GET /provider/budgets`: each configured provider budget with the spend of its current period. */
@@ -429,7 +429,7 @@ async function providerBudgets(ctx: AdminCtx) {
   for (const [provider, b] of Object.entries(config)) {
     const period = gridPeriod(b.time_period, now);
     const spend = await history.sum({ provider, since: period?.start ?? 0 });
-    providers[provider] = { budget_limit: b.budget_limit, time_period: b.time_period, spend: picoToUsd(spend), budget_reset_at: period ? new Date(period.end).toISOString() : null };
+    providers[provider] = { budget_limit: b.budget_limit, time_period: b.time_period, spend: exactUsdJson(spend), budget_reset_at: period ? new Date(period.end).toISOString() : null };
   }
   return { providers };
 }
