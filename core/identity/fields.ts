@@ -5,7 +5,7 @@
  */
 import { type TSchema, Type as T } from "@sinclair/typebox";
 import { badRequest } from "../authz.ts";
-import { DURATION_HINT, endsAt } from "./duration.ts";
+import { DURATION_HINT, endsAt, parseDuration } from "./duration.ts";
 
 export const Nullable = <S extends TSchema>(s: S) => T.Union([s, T.Null()]);
 
@@ -57,10 +57,12 @@ export const ParallelField = Nullable(Parallel);
  * `budget_reset_at` for a budget period given in a body: a 400 naming the field when the text is
  * not a period, null when the period is cleared (or `-1`).
  */
-export function resetAt(period: string | null | undefined, field = "budget_duration"): Date | null | undefined {
+export function resetAt(period: string | null | undefined, field = "budget_duration", now = Date.now()): Date | null | undefined {
   if (period === undefined) return undefined;
   if (period === null) return null;
-  const at = endsAt(period);
+  // A period of no length would start again at every call: not a budget period.
+  if (parseDuration(period) === 0) throw badRequest(`${field} must be ${DURATION_HINT}, longer than 0; got ${JSON.stringify(period)}.`, field);
+  const at = endsAt(period, now);
   if (at === undefined) throw badRequest(`${field} must be ${DURATION_HINT}; got ${JSON.stringify(period)}.`, field);
   return at;
 }

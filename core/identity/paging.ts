@@ -11,7 +11,7 @@ function invalid(param: string, message: string): GatewayError {
   return GatewayError.of(422, `Invalid request: ${param}: ${message}`, "validation_error", param);
 }
 
-function integer(query: (name: string) => string | undefined, name: string, fallback: number, min: number, max: number): number {
+export function integer(query: (name: string) => string | undefined, name: string, fallback: number, min: number, max: number): number {
   const text = query(name);
   if (text === undefined || text === "") return fallback;
   const n = Number(text);
@@ -27,6 +27,14 @@ export function pageOf(query: (name: string) => string | undefined, defaultSize:
 
 export function paged<T>(items: T[], total: number, p: Page): { items: T[]; total: number; page: number; page_size: number; total_pages: number } {
   return { items, total, page: p.page, page_size: p.pageSize, total_pages: Math.ceil(total / p.pageSize) };
+}
+
+/** A boolean parameter: true or 1, false or 0 (absent: false), else a 422. */
+export function flag(query: (name: string) => string | undefined, name: string): boolean {
+  const v = query(name)?.toLowerCase();
+  if (v === undefined || v === "" || v === "false" || v === "0") return false;
+  if (v === "true" || v === "1") return true;
+  throw invalid(name, "Expected true or false");
 }
 
 /** One of `choices` (or the default when absent), else a 422. */

@@ -215,6 +215,15 @@ for (const backend of BACKENDS) {
         expect((await api("/key/generate", { body: { tpm_limit: 1.5 } })).status).toBe(422);
         expect((await api("/key/generate", { body: { duration: "forever" } })).status).toBe(400);
         expect((await api("/key/generate", { body: { budget_duration: "often" } })).status).toBe(400);
+        // As for teams, users and orgs: "-1" is a budget that never resets; a period of no length is refused (keys refused "-1").
+        const never = await api("/key/generate", { body: { budget_duration: "-1", max_budget: 5 } });
+        expect(never.status).toBe(200);
+        expect(never.body.budget_reset_at).toBeNull();
+        for (const path of ["/key/generate", "/team/new", "/user/new", "/organization/new", "/budget/new"]) {
+          const zero = await api(path, { body: { budget_duration: "0d", ...(path === "/organization/new" ? { organization_alias: "zero" } : {}) } });
+          expect(zero.status, path).toBe(400);
+          expect(zero.body.error.param, path).toBe("budget_duration");
+        }
         const noInterval = await api("/key/generate", { body: { auto_rotate: true } });
         expect(noInterval.status).toBe(400);
         expect(noInterval.body.error.param).toBe("rotation_interval");
@@ -397,9 +406,12 @@ for (const backend of BACKENDS) {
       test("bad paging or sorting is refused", async () => {
         expect((await api("/key/list?size=101")).status).toBe(422);
         expect((await api("/key/list?page=0")).status).toBe(422);
-        expect((await api("/key/list?sort_by=password")).status).toBe(400);
-        expect((await api("/key/list?sort_order=sideways")).status).toBe(400);
-        expect((await api("/key/list?status=zombie")).status).toBe(400);
+        // 422 naming the parameter, as on /v2/team/list and /user/list (it was a 400 here).
+        for (const bad of ["sort_by=password", "sort_order=sideways", "status=zombie", "include_team_keys=maybe"]) {
+          const r = await api(`/key/list?${bad}`);
+          expect(r.status, bad).toBe(422);
+          expect(r.body.error.param, bad).toBe(bad.slice(0, bad.indexOf("=")));
+        }
         const dflt = await api("/key/list");
         expect(dflt.body.keys.length).toBeLessThanOrEqual(10);
       });

@@ -120,10 +120,12 @@ function expectWithin(value: unknown, period: string, at: TimeWindow, label: str
 }
 
 /** `budget_duration`: kept as sent; a period sets `budget_reset_at` to now + period (unless the body gives it). */
-const budgetDuration = field("budget_duration", (rng) => rng.pick(PERIODS), NULL, {
+const budgetDuration = field("budget_duration", (rng) => rng.pick([...PERIODS, "-1"]), NULL, {
   moves: ["budget_reset_at"],
   derived(body, after, at, label) {
-    if (typeof body.budget_duration === "string" && !("budget_reset_at" in body)) expectWithin(after.budget_reset_at, body.budget_duration, at, `${label} budget_reset_at`);
+    if (typeof body.budget_duration !== "string" || "budget_reset_at" in body) return;
+    if (body.budget_duration === "-1") expect(after.budget_reset_at, `${label} budget_reset_at`).toBeNull();
+    else expectWithin(after.budget_reset_at, body.budget_duration, at, `${label} budget_reset_at`);
   },
 });
 

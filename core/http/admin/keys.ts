@@ -25,6 +25,7 @@ import {
 } from "../../identity/key-fields.ts";
 import type { IdentityChange, KeyRow, TeamRow } from "../../identity/records.ts";
 import { toApi } from "../../identity/serialize.ts";
+import { choice, flag, integer } from "../../identity/paging.ts";
 import { rotateKey } from "../../identity/rotation.ts";
 import type { Db } from "../../store/db.ts";
 import { rotatedKeys, users, virtualKeys } from "../../store/schema.ts";
@@ -33,6 +34,7 @@ import { counterId } from "../../spend/ledger.ts";
 import { isUniqueViolation } from "../../store/sql.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { followedReset, periodFromBudget } from "../../identity/budget-period.ts";
+import { resetAt } from "../../identity/fields.ts";
 import { guaranteedOverflow, type PlannedKey } from "../../limits/capacity.ts";
 
 const TABLE = "virtual_keys";
@@ -177,8 +179,7 @@ function checkTeamModels(ctx: AdminCtx, models: readonly string[], team: TeamRow
 /** The period fields' derived timestamps: budget reset, rotation, temporary budget. */
 function derivedTimes(ctx: AdminCtx, fields: Record<string, unknown>, merged: Partial<KeyRow>, touched: KeyBody, now: number): void {
   if ("budget_duration" in touched) {
-    const d = touched.budget_duration;
-    fields.budgetResetAt = typeof d === "string" ? new Date(now + periodMs(d, "budget_duration")) : null;
+    fields.budgetResetAt = resetAt(touched.budget_duration as string | null, "budget_duration", now) ?? null;
   }
   if (periodFromBudget(touched, merged.budgetDuration)) {
     fields.budgetResetAt = followedReset(merged.budgetId ? ctx.identity.budgets.get(merged.budgetId) : undefined);
@@ -537,25 +538,6 @@ async function bulkUpdate(ctx: AdminCtx): Promise<Record<string, unknown>> {
   return { total_requested: keys.length, successful_updates: successful, failed_updates: failed };
 }
 
-function invalidQuery(name: string, message: string): GatewayError {
-  return GatewayError.of(422, `Invalid request: ${name}: ${message}`, "validation_error", name);
-}
-
-function intQuery(ctx: AdminCtx, name: string, fallback: number, max: number): number {
-  const raw = ctx.query(name);
-  if (raw === undefined || raw === "") return fallback;
-  const n = Number(raw);
-  if (!Number.isInteger(n) || n < 1 || n > max) throw invalidQuery(name, `Expected an integer from 1 to ${max}`);
-  return n;
-}
-
-function boolQuery(ctx: AdminCtx, name: string): boolean {
-  const raw = ctx.query(name)?.toLowerCase();
-  if (raw === undefined || raw === "" || raw === "false" || raw === "0") return false;
-  if (raw === "true" || raw === "1") return true;
-  throw invalidQuery(name, "Expected true or false");
-}
-
 const SORTABLE = {
   created_at: virtualKeys.createdAt,
   updated_at: virtualKeys.updatedAt,
@@ -573,13 +555,9 @@ const SORTABLE = {
 } as const;
 
 function sortOf(ctx: AdminCtx): SQL[] {
-  const by = ctx.query("sort_by") ?? "created_at";
-  const order = (ctx.query("sort_order") ?? "desc").toLowerCase();
-  const column = SORTABLE[by as keyof typeof SORTABLE];
-  if (!column) throw badRequest(`sort_by must be one of ${Object.keys(SORTABLE).join(", ")}.`, "sort_by");
-  if (order !== "asc" && order !== "desc") throw badRequest("sort_order must be asc or desc.", "sort_order");
-  const dir = order === "asc" ? asc : desc;
-  return [dir(column), asc(virtualKeys.token)];
+  const column = SORTABLE[choice(ctx.query, "sort_by", Object.keys(SORTABLE) as (keyof typeof SORTABLE)[], "created_at")];
+  const order = choice((name) => ctx.query(name)?.toLowerCase(), "sort_order", ["asc", "desc"] as const, "desc");
+  return [(order === "asc" ? asc : desc)(column), asc(virtualKeys.token)];
 }
 
 /**
@@ -588,24 +566,26 @@ function sortOf(ctx: AdminCtx): SQL[] {
  * `include_created_by_keys` those they created. Asking for another user's or team's keys outside
  * that reach is a 403.
  */
-function visibility(ctx: AdminCtx, teamFilter: string | undefined, userFilter: string | undefined): SQL {
+function visibility(ctx: AdminCtx, teamFilter: string | undefined, userFilter: string | undefined, include: { teamKeys: boolean; createdKeys: boolean }): SQL {
   const caller = ctx.caller;
   const listTeams = [...(caller.userId ? (ctx.identity.userTeams.get(caller.userId)?.keys() ?? []) : [])].filter((t) => caller.mayOnTeam(t, "/key/list"));
   if (teamFilter && !listTeams.includes(teamFilter)) throw forbidden(`You may not list the keys of team ${teamFilter}: you are not its admin.`);
-  const teams = teamFilter ? [teamFilter] : boolQuery(ctx, "include_team_keys") ? listTeams : [];
+  const teams = teamFilter ? [teamFilter] : include.teamKeys ? listTeams : [];
   if (userFilter && userFilter !== caller.userId && teams.length === 0) throw forbidden("You may only list your own keys (and, as a team admin, your teams' keys).");
   const own = caller.userId ? eq(virtualKeys.userId, caller.userId) : eq(virtualKeys.token, caller.keyHash);
   const reach: SQL[] = [own];
   if (teams.length > 0) reach.push(inArray(virtualKeys.teamId, teams));
-  if (boolQuery(ctx, "include_created_by_keys") && caller.userId) reach.push(eq(virtualKeys.createdBy, caller.userId));
+  if (include.createdKeys && caller.userId) reach.push(eq(virtualKeys.createdBy, caller.userId));
   return or(...reach)!;
 }
 
 async function listKeys(ctx: AdminCtx): Promise<Record<string, unknown>> {
-  const page = intQuery(ctx, "page", 1, Number.MAX_SAFE_INTEGER);
-  const size = intQuery(ctx, "size", 10, 100);
-  const status = ctx.query("status");
-  if (status !== undefined && status !== "deleted" && status !== "active") throw badRequest("status must be deleted or active.", "status");
+  const page = integer(ctx.query, "page", 1, 1, Number.MAX_SAFE_INTEGER);
+  const size = integer(ctx.query, "size", 10, 1, 100);
+  const status = choice(ctx.query, "status", ["active", "deleted"] as const, "active");
+  // Read for every caller, so a bad value is refused whoever sends it (only callers who cannot read everything use them).
+  const withTeamKeys = flag(ctx.query, "include_team_keys");
+  const withCreatedKeys = flag(ctx.query, "include_created_by_keys");
   const where: SQL[] = [status === "deleted" ? isNotNull(virtualKeys.deletedAt) : isNull(virtualKeys.deletedAt)];
   const exact = { user_id: virtualKeys.userId, team_id: virtualKeys.teamId, organization_id: virtualKeys.organizationId, key_alias: virtualKeys.keyAlias };
   for (const [name, column] of Object.entries(exact)) {
@@ -618,10 +598,10 @@ async function listKeys(ctx: AdminCtx): Promise<Record<string, unknown>> {
   if (project) where.push(sql`${virtualKeys.metadata}->>'project_id' = ${project}`);
   const group = ctx.query("access_group_id");
   if (group) where.push(sql`${group} = any(${virtualKeys.accessGroupIds})`);
-  if (!ctx.caller.canReadAll) where.push(visibility(ctx, ctx.query("team_id"), ctx.query("user_id")));
+  if (!ctx.caller.canReadAll) where.push(visibility(ctx, ctx.query("team_id"), ctx.query("user_id"), { teamKeys: withTeamKeys, createdKeys: withCreatedKeys }));
   const order = sortOf(ctx);
   const expandUser = (ctx.query("expand") ?? "").split(",").includes("user");
-  const full = boolQuery(ctx, "return_full_object") || expandUser;
+  const full = flag(ctx.query, "return_full_object") || expandUser;
 
   const filter = and(...where);
   const [{ count } = { count: 0 }] = await ctx.db.select({ count: sql<number>`count(*)::int` }).from(virtualKeys).where(filter);
@@ -649,8 +629,8 @@ function likeEscape(s: string): string {
 
 async function listAliases(ctx: AdminCtx): Promise<Record<string, unknown>> {
   ctx.caller.requireReadAll();
-  const page = intQuery(ctx, "page", 1, Number.MAX_SAFE_INTEGER);
-  const size = intQuery(ctx, "size", 50, 100);
+  const page = integer(ctx.query, "page", 1, 1, Number.MAX_SAFE_INTEGER);
+  const size = integer(ctx.query, "size", 50, 1, 100);
   const search = ctx.query("search");
   const where = and(isNull(virtualKeys.deletedAt), isNotNull(virtualKeys.keyAlias), search ? ilike(virtualKeys.keyAlias, `%${likeEscape(search)}%`) : undefined);
   const [{ count } = { count: 0 }] = await ctx.db

@@ -12,8 +12,7 @@ import { and, eq, ilike, inArray, isNull, type SQL } from "drizzle-orm";
 import { Elysia } from "elysia";
 import { badRequest, forbidden, notFound } from "../../authz.ts";
 import { GatewayError } from "../../errors.ts";
-import { endsAt, DURATION_HINT } from "../../identity/duration.ts";
-import { Amount, Parallel, Quantity } from "../../identity/fields.ts";
+import { Amount, Parallel, Quantity, resetAt } from "../../identity/fields.ts";
 import { modelsOutsideOrg } from "../../identity/org-rules.ts";
 import type { BudgetRow, OrgMemberRow, OrgRow, UserRow } from "../../identity/records.ts";
 import { fromApi, toApi } from "../../identity/serialize.ts";
@@ -83,12 +82,9 @@ function withEmptyDefaults(props: Record<string, unknown>): Record<string, unkno
 }
 
 /** A `budget_duration` must parse; its reset time starts now. */
-function resetAt(body: { budget_duration?: string | null }): { budgetResetAt?: Date | null } {
-  if (body.budget_duration === undefined) return {};
-  if (body.budget_duration === null) return { budgetResetAt: null };
-  const at = endsAt(body.budget_duration);
-  if (at === undefined) throw badRequest(`budget_duration '${body.budget_duration}' is not ${DURATION_HINT}.`, "budget_duration");
-  return { budgetResetAt: at };
+function budgetReset(body: { budget_duration?: string | null }): { budgetResetAt?: Date | null } {
+  const at = resetAt(body.budget_duration);
+  return at === undefined ? {} : { budgetResetAt: at };
 }
 
 function orgRole(ctx: AdminCtx, orgId: string): string | undefined {
@@ -147,7 +143,7 @@ async function createOrg(ctx: AdminCtx) {
   ctx.caller.requireAdmin();
   const body = await ctx.body(NewOrgBody);
   const orgId = body.organization_id ?? randomUUID();
-  const reset = resetAt(body);
+  const reset = budgetReset(body);
   const [existing] = await ctx.db.select({ id: organizations.organizationId }).from(organizations).where(eq(organizations.organizationId, orgId));
   if (existing) throw badRequest(`Organization '${orgId}' already exists.`, "organization_id");
   if (body.budget_id) await requireBudget(ctx, body.budget_id);
@@ -197,7 +193,7 @@ async function updateOrg(ctx: AdminCtx) {
   const body = await ctx.body(UpdateOrgBody);
   const orgId = body.organization_id;
   const before = await loadOrg(ctx, orgId);
-  const reset = resetAt(body);
+  const reset = budgetReset(body);
   if (body.budget_id) await requireBudget(ctx, body.budget_id);
   const patch = withEmptyDefaults(fromApi(organizations, body, ORG_COLUMNS));
   if (Array.isArray(patch.models)) {
