@@ -31,6 +31,7 @@
  *   "prompt is too long" 400.
  */
 import type { Server } from "bun";
+import { renderedText, shapedStream, type WireShaper } from "./wire-shape.ts";
 
 // ---------------------------------------------------------------------------------------------
 // Public types
@@ -71,6 +72,7 @@ export type Fault = FaultTarget &
         errorType?: string;
         message?: string;
       }
+    | { /** A stream's bytes cut, replaced or ended as the shaper says (wire-shape.ts); a JSON answer is sent as usual. */ kind: "wire"; shape: WireShaper }
   );
 
 export interface RecordedRequest {
@@ -782,6 +784,7 @@ function deliverStream(ctx: RequestContext, plan: Plan, fault: Fault | undefined
     events = [...events.slice(0, fault.afterEvents), sseEvent("error", error)];
   }
   const headers = { ...successHeaders(ctx, "text/event-stream; charset=utf-8"), "cache-control": "no-cache" };
+  if (fault?.kind === "wire") return new Response(shapedStream(renderedText(events), fault.shape), { headers });
   return new Response(partStream(events, pacing, counters), { headers });
 }
 

@@ -18,6 +18,7 @@ import { EventStreamCodec, type MessageHeaders } from "@smithy/eventstream-codec
 import { AwsV4Signer } from "aws4fetch";
 import type { Server } from "bun";
 import { mockEmbedding } from "./openai.ts";
+import { renderedBytes, shapedStream, type WireShaper } from "./wire-shape.ts";
 
 // ---------------------------------------------------------------------------------------------
 // Public types
@@ -44,6 +45,7 @@ export type BedrockFault = { action?: BedrockAction } & (
     }
   | { /** Frame number `frame` (0-based) goes out with a broken message CRC. */ kind: "corruptFrame"; frame: number }
   | { /** The stream's bytes go out in pieces of this size, splitting frames anywhere. */ kind: "fragment"; bytes: number }
+  | { /** The stream's bytes cut, replaced or ended as the shaper says (wire-shape.ts); a JSON answer is sent as usual. */ kind: "wire"; shape: WireShaper }
 );
 
 export interface RecordedRequest {
@@ -391,7 +393,7 @@ function frame(headers: Record<string, string>, payload: string): Uint8Array {
 }
 
 /** An event frame; Bedrock puts its padding after the event's own fields. */
-const eventFrame = (type: string, payload: JsonObject) =>
+export const eventFrame = (type: string, payload: JsonObject) =>
   frame({ ":event-type": type, ":content-type": "application/json", ":message-type": "event" }, JSON.stringify({ ...payload, p: padding() }));
 
 export const exceptionFrame = (exceptionType: string, message: string) =>
@@ -511,9 +513,9 @@ function deliverFrames(frames: Uint8Array[], fault: BedrockFault | undefined): R
     pieces = pieces.map((p, i) => (i === fault.frame ? bad : p));
   }
   if (fault?.kind === "fragment") pieces = fragment(pieces, fault.bytes);
-  return new Response(byteStream(pieces, cutAfter), {
-    headers: { "content-type": "application/vnd.amazon.eventstream", "x-amzn-requestid": crypto.randomUUID() },
-  });
+  const headers = { "content-type": "application/vnd.amazon.eventstream", "x-amzn-requestid": crypto.randomUUID() };
+  if (fault?.kind === "wire") return new Response(shapedStream(renderedBytes(pieces), fault.shape), { headers });
+  return new Response(byteStream(pieces, cutAfter), { headers });
 }
 
 function deliverJson(body: JsonObject, fault: BedrockFault | undefined): Response {

@@ -25,6 +25,7 @@
  */
 import { createPublicKey, type KeyObject, verify } from "node:crypto";
 import type { Server } from "bun";
+import { renderedText, shapedStream, type WireShaper } from "./wire-shape.ts";
 
 // ---------------------------------------------------------------------------------------------
 // Public types
@@ -43,6 +44,7 @@ export type Fault = FaultTarget &
     | { /** Send this many SSE events, then reset the connection; a JSON answer is cut in half. */ kind: "cutStream"; afterEvents: number }
     | { /** Answer 200 with this JSON body (pretty printed, as Google does), whatever was asked. */ kind: "canned"; body: unknown }
     | { /** Answer 200 with an SSE stream of exactly these byte chunks (each written separately). */ kind: "cannedStream"; chunks: string[] }
+    | { /** A stream's bytes cut, replaced or ended as the shaper says (wire-shape.ts); a JSON answer is sent as usual. */ kind: "wire"; shape: WireShaper }
   );
 
 export interface RecordedRequest {
@@ -646,6 +648,7 @@ const sseEvent = (payload: Json) => `data: ${googleCompact(payload)}\r\n\r\n`;
 function deliverSse(started: number, parts: string[], fault: Fault | undefined, state: MockState): Response {
   const headers = googleHeaders("text/event-stream", started);
   if (fault?.kind === "invalidJson" && parts[0]) parts = [`${parts[0].slice(0, Math.floor(parts[0].length / 2))}\r\n\r\n`];
+  if (fault?.kind === "wire") return new Response(shapedStream(renderedText(parts), fault.shape), { headers });
   return new Response(partStream(parts, state, fault?.kind === "cutStream" ? fault.afterEvents : undefined), { headers });
 }
 
@@ -842,6 +845,7 @@ function routeAnthropic(started: number, t: Target, body: Json, fault: Fault | u
   const reply = claudeReply(t.model, body);
   if (t.method === "rawPredict" || body.stream !== true) return deliverJson(started, reply.message, fault, state);
   const events = claudeStream(reply);
+  if (fault?.kind === "wire") return new Response(shapedStream(renderedText(events), fault.shape), { headers: { "content-type": "text/event-stream; charset=utf-8" } });
   return new Response(partStream(events, state, fault?.kind === "cutStream" ? fault.afterEvents : undefined), { headers: { "content-type": "text/event-stream; charset=utf-8" } });
 }
 

@@ -6,6 +6,7 @@
  */
 import type { Server } from "bun";
 import { mockEmbedding } from "./openai.ts";
+import { renderedText, shapedStream, type WireShaper } from "./wire-shape.ts";
 
 export { mockEmbedding };
 
@@ -20,6 +21,8 @@ export type Fault = { path?: string } & (
   | { kind: "hang" }
   /** Send this many stream parts (a JSON body: half of it), then reset the connection. */
   | { kind: "cutStream"; afterParts: number }
+  /** A stream's bytes cut, replaced or ended as the shaper says (wire-shape.ts); a JSON answer is sent as usual. */
+  | { kind: "wire"; shape: WireShaper }
 );
 
 export interface RecordedRequest {
@@ -96,6 +99,7 @@ function partStream(parts: string[], cutAfter: number | undefined, counters: { s
 function deliver(reply: Reply, fault: Fault | undefined, counters: { streamsCancelled: number }): Response {
   const cut = fault?.kind === "cutStream" ? fault.afterParts : undefined;
   if (reply.kind === "stream") {
+    if (fault?.kind === "wire") return new Response(shapedStream(renderedText(reply.parts), fault.shape), { headers: { "content-type": reply.contentType, ...reply.headers } });
     return new Response(partStream(reply.parts, cut, counters), { headers: { "content-type": reply.contentType, ...reply.headers } });
   }
   const text = JSON.stringify(reply.body);

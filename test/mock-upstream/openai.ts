@@ -14,6 +14,7 @@
  * one SSE chunk per word; embeddings are derived from the input text.
  */
 import type { Server } from "bun";
+import { renderedText, shapedStream, type WireShaper } from "./wire-shape.ts";
 
 // ---------------------------------------------------------------------------------------------
 // Public types
@@ -53,6 +54,7 @@ export type Fault = FaultTarget &
         chunkDelayMs: number;
         chunks?: number;
       }
+    | { /** A stream's bytes cut, replaced or ended as the shaper says (wire-shape.ts); a JSON answer is sent as usual. */ kind: "wire"; shape: WireShaper }
   );
 
 export type FaultKind = Fault["kind"];
@@ -929,6 +931,7 @@ function deliverSse(ctx: RequestContext, payloads: string[], fault: Fault | unde
   if (fault?.kind === "invalidJson") parts = [ssePart(halfOf(payloads[0] ?? "{}")), ssePart(DONE)];
   if (fault?.kind === "cutStream") pacing.cutAfter = fault.afterChunks;
   if (fault?.kind === "slowStream") pacing.delayMs = fault.chunkDelayMs;
+  if (fault?.kind === "wire") return new Response(shapedStream(renderedText(parts), fault.shape), { headers });
   return new Response(partStream(parts, pacing, counters), { headers });
 }
 
