@@ -118,6 +118,12 @@ export interface StreamTransform<E extends Endpoint, S> {
   estimate(state: S): Usage;
   /** The response `id` the client saw in the stream, if any (spend logs key on it). */
   responseId?(state: S): string | undefined;
+  /**
+   * Whether the upstream's own end of the answer was seen (OpenAI's `[DONE]` or usage chunk,
+   * Anthropic's message_delta, a finish on every Gemini candidate, …). A body that ends before it
+   * is a stream that failed (the client gets an error event, not `[DONE]`). Absent: not checked.
+   */
+  complete?(state: S): boolean;
 }
 
 /** Pure transforms for one endpoint: no I/O. The core owns fetch, timeouts, abort and framing. */

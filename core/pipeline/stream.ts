@@ -139,10 +139,16 @@ export function streamResponse(a: StreamArgs): Response {
         }
         if (ended) return;
         if (next.done) {
+          const failedBefore = failure !== undefined;
           if (binary) feedBinary(binary, undefined);
           else {
             parser.push(decoder.decode(), onEvent);
             parser.end(onEvent);
+          }
+          // A body that ends before the upstream's end of answer was cut short (a half event left
+          // at the end is the same cut, not an unreadable event).
+          if (!failedBefore && transform.complete && !transform.complete(state)) {
+            return finishWith(errorInfo(503, `stream from ${d.provider} for model ${d.modelName} ended before the answer was complete`));
           }
           if (failure) return finishWith(failure.error);
           // Returning from pull ends a direct stream; Bun finishes the response natively.

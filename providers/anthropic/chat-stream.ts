@@ -48,6 +48,8 @@ export interface AnthropicStreamState {
   sawUsage: boolean;
   /** message_delta seen with its output count: the usage is final. */
   done: boolean;
+  /** message_delta (the stop reason) or message_stop seen: the answer is whole. */
+  stopped: boolean;
 }
 
 const CHOICE_OPEN = '"choices":[{"index":0,"delta":';
@@ -228,6 +230,7 @@ function blockStop(s: AnthropicStreamState, index: number): StreamPart[] {
 }
 
 function messageDelta(s: AnthropicStreamState, e: StreamEvent): StreamPart[] {
+  s.stopped = true;
   takeUsage(s, e.usage);
   if (typeof e.usage?.output_tokens === "number") s.done = true;
   const reason = finishReason(e.delta?.stop_reason, s.jsonAnswer && s.tools === 0);
@@ -255,6 +258,9 @@ function parsedEvent(data: string, s: AnthropicStreamState): StreamPart[] {
       return messageDelta(s, e);
     case "error":
       return [{ type: "error", error: streamErrorInfo(e.error?.type, e.error?.message) }];
+    case "message_stop":
+      s.stopped = true;
+      return NONE;
     default:
       // message_stop, ping, and event types added after this was written.
       return NONE;
@@ -280,6 +286,7 @@ export const anthropicChatStream: StreamTransform<"chat", AnthropicStreamState> 
     chars: 0,
     sawUsage: false,
     done: false,
+    stopped: false,
   }),
   event(data, s) {
     if (data.startsWith(DELTA_HEAD)) {
@@ -297,4 +304,5 @@ export const anthropicChatStream: StreamTransform<"chat", AnthropicStreamState> 
     return usage;
   },
   responseId: (s) => s.id,
+  complete: (s) => s.stopped,
 };

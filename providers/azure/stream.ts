@@ -39,5 +39,6 @@ export function azureStream<E extends Endpoint, S>(inner: StreamTransform<E, S>)
     },
     estimate: (s) => inner.estimate(s.inner),
     responseId: (s) => inner.responseId?.(s.inner),
+    complete: inner.complete ? (s) => inner.complete!(s.inner) : undefined,
   };
 }

@@ -26,6 +26,8 @@ export interface ConverseStreamState {
   roleSent: boolean;
   promptEstimate: number;
   outputChars: number;
+  /** messageStop came. */
+  stopped: boolean;
 }
 
 /** Exceptions a stream can end with → the status and type the client sees. */
@@ -122,6 +124,7 @@ export function converseStream(): StreamTransform<"chat", ConverseStreamState> {
       roleSent: false,
       promptEstimate: estimateTokens(req.messages.map((m) => m.content)),
       outputChars: 0,
+      stopped: false,
     }),
     event(data: string, s: ConverseStreamState): StreamPart[] {
       const e = JSON.parse(data) as AwsStreamEvent;
@@ -141,6 +144,7 @@ export function converseStream(): StreamTransform<"chat", ConverseStreamState> {
           blockDelta(s, p, parts);
           break;
         case "messageStop":
+          s.stopped = true;
           opening(s, parts);
           parts.push(chunk(s, {}, finishReason(p.stopReason, s.answeredInJson && s.toolCalls === 0)));
           break;
@@ -158,5 +162,6 @@ export function converseStream(): StreamTransform<"chat", ConverseStreamState> {
     },
     estimate: (s: ConverseStreamState): Usage => ({ promptTokens: s.promptEstimate, completionTokens: Math.ceil(s.outputChars / 4) }),
     responseId: (s: ConverseStreamState) => s.id,
+    complete: (s: ConverseStreamState) => s.stopped,
   };
 }

@@ -71,4 +71,5 @@ export const cohereChatStream: StreamTransform<"chat", CohereStreamState> = {
   },
   estimate: (s) => s.w.estimate(),
   responseId: (s) => s.w.id,
+  complete: (s) => s.w.finishedAnswer,
 };

@@ -143,5 +143,7 @@ export function geminiStream(): StreamTransform<"chat", GeminiStreamState> {
     event,
     estimate,
     responseId: (s) => s.id,
+    // Every candidate that started has its finish reason.
+    complete: (s) => s.finished > 0 && s.finished === s.candidates.size,
   };
 }

@@ -91,4 +91,5 @@ export const ollamaChatStream: StreamTransform<"chat", OllamaStreamState> = {
   },
   estimate: (s) => s.w.estimate(),
   responseId: (s) => s.w.id,
+  complete: (s) => s.w.finishedAnswer,
 };

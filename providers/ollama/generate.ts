@@ -71,6 +71,8 @@ export interface OllamaGenerateState {
   clientWantsUsage: boolean;
   promptEstimate: number;
   outputChars: number;
+  /** The `done: true` line came. */
+  done: boolean;
 }
 
 function chunk(s: OllamaGenerateState, text: string, finish: string | null): StreamPart {
@@ -87,6 +89,7 @@ export const ollamaGenerateStream: StreamTransform<"completions", OllamaGenerate
     clientWantsUsage: req.stream_options?.include_usage === true,
     promptEstimate: estimateTokens(req.prompt),
     outputChars: 0,
+    done: false,
   }),
   event(data, s) {
     const line = JSON.parse(data) as OllamaGenerateLine;
@@ -101,6 +104,7 @@ export const ollamaGenerateStream: StreamTransform<"completions", OllamaGenerate
       parts.push(chunk(s, line.response, null));
     }
     if (line.done) {
+      s.done = true;
       const usage = ollamaUsage(line);
       parts.push(chunk(s, "", finishReason(line)), { type: "usage", usage });
       if (s.clientWantsUsage) parts.push({ type: "chunk", chunk: { id: s.id, object: "text_completion", created: s.created, model: s.model, choices: [], usage: openAIUsage(usage) } });
@@ -110,4 +114,5 @@ export const ollamaGenerateStream: StreamTransform<"completions", OllamaGenerate
   // About four characters per token, for streams cut or cancelled before Ollama's counts.
   estimate: (s) => ({ promptTokens: s.promptEstimate, completionTokens: Math.ceil(s.outputChars / 4) }),
   responseId: (s) => s.id,
+  complete: (s) => s.done,
 };

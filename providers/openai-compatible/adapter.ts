@@ -65,6 +65,8 @@ interface StreamState {
   promptEstimate: number;
   /** The chunks' `id` (the same on every chunk), read from the first one. */
   id?: string;
+  /** `[DONE]` or the usage chunk (the gateway always asks for one) came: the answer is whole. */
+  ended: boolean;
 }
 
 const CHUNK_ID = /"id":"([^"\\]+)"/;
@@ -87,9 +89,13 @@ function openAIStream<E extends "chat" | "completions">(
       clientWantsUsage: wantsUsage(req),
       chunks: 0,
       promptEstimate: promptEstimate(req),
+      ended: false,
     }),
     event(data: string, s: StreamState): StreamPart[] {
-      if (data === "[DONE]") return [];
+      if (data === "[DONE]") {
+        s.ended = true;
+        return [];
+      }
       s.id ??= CHUNK_ID.exec(data)?.[1] ?? "";
       if (data.startsWith('{"error"')) {
         const e = asObject(asObject(JSON.parse(data)).error);
@@ -98,6 +104,7 @@ function openAIStream<E extends "chat" | "completions">(
       const parts: StreamPart[] = [];
       if (data.includes('"usage":{')) {
         const chunk = asObject(JSON.parse(data));
+        s.ended = true;
         parts.push({ type: "usage", usage: usageFromOpenAI(chunk.usage) });
         if (!s.clientWantsUsage) {
           if (Array.isArray(chunk.choices) && chunk.choices.length === 0) return parts;
@@ -117,6 +124,7 @@ function openAIStream<E extends "chat" | "completions">(
     // OpenAI sends about one token per content chunk, so the chunk count is a fair estimate.
     estimate: (s: StreamState): Usage => ({ promptTokens: s.promptEstimate, completionTokens: s.chunks }),
     responseId: (s: StreamState) => s.id || undefined,
+    complete: (s: StreamState) => s.ended,
   };
 }
 

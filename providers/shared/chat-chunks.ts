@@ -76,6 +76,11 @@ export class ChatChunkWriter implements ResponseHead {
     return parts;
   }
 
+  /** Whether the finish chunk was written (the provider's end of answer came). */
+  get finishedAnswer(): boolean {
+    return this.finished;
+  }
+
   /** About four characters per token, for streams cut or cancelled before the provider's usage. */
   estimate(): Usage {
     return { promptTokens: this.promptEstimate, completionTokens: Math.ceil(this.outputChars / 4) };

@@ -43,6 +43,10 @@ function dispatchStream(gemini: StreamTransform<"chat", unknown>, claude: Stream
       return a.transform.estimate(a.state);
     },
     responseId: (s) => (s.active ? s.active.transform.responseId?.(s.active.state) : undefined),
+    complete(s: DispatchState): boolean {
+      const a = active(s);
+      return a.transform.complete?.(a.state) ?? true;
+    },
   };
 }
 

@@ -3,8 +3,8 @@
  * fault): the mock renders its whole answer first, then the test's shaper sees those bytes and
  * says where to cut them into separate writes (mid-character, mid-line, between CR and LF,
  * inside a frame's prelude), what to send instead (an error event in the middle, say) and how the
- * stream ends: cleanly, by a connection reset, or by a stall that sends nothing more until the
- * client leaves. Without a `wire` fault the mocks send what they always did.
+ * stream ends: cleanly (at its end, or early), by a connection reset, or by a stall that sends
+ * nothing more until the client leaves. Without a `wire` fault the mocks send what they always did.
  */
 
 export interface WireShape {
@@ -12,8 +12,12 @@ export interface WireShape {
   bytes?: Uint8Array;
   /** Offsets into the bytes where one write ends and the next begins (any order; out of range ignored). */
   cuts: number[];
-  /** The end after `at` bytes: `reset` drops the connection, `stall` sends nothing more until the client leaves. Default: everything, then a clean end. */
-  end?: { at: number; how: "reset" | "stall" };
+  /**
+   * The end after `at` bytes: `reset` drops the connection, `close` ends the body cleanly (an
+   * upstream, or a proxy in front of it, that stops mid-answer as if it were done), `stall` sends
+   * nothing more until the client leaves. Default: everything, then a clean end.
+   */
+  end?: { at: number; how: "reset" | "close" | "stall" };
   /** Pause before every write but the first (default 1 ms): without one, writes made together can reach the client as one read. */
   gapMs?: number;
   /** Called once if the client leaves before the stream ended. */
@@ -51,7 +55,7 @@ export function shapedStream(rendered: Uint8Array, shaper: WireShaper): Readable
           controller.enqueue(pieces[sent++]!);
           return;
         }
-        if (!shape.end) {
+        if (!shape.end || shape.end.how === "close") {
           over = true;
           controller.close();
           return;

@@ -259,3 +259,51 @@ describe("cancelled and cut streams (pglite, OpenAI wire mock)", () => {
     }
   });
 });
+
+describe("a stream the upstream ends before its answer is whole (pglite)", () => {
+  test("an error event instead of [DONE], logged as a failure at cost 0 (OpenAI and Anthropic wire mocks)", async () => {
+    const { startMockOpenAI } = await import("../mock-upstream/openai.ts");
+    const { startMockAnthropic } = await import("../mock-upstream/anthropic.ts");
+    const openai = await startMockOpenAI({ apiKey: "sk-up" });
+    const anthropic = await startMockAnthropic({ apiKey: "sk-ant-up" });
+    const gw = await startBackendGateway("pglite", {
+      model_list: [
+        { model_name: "gpt-4o", svc_params: { model: "openai/gpt-4o", api_base: openai.url, api_key: "sk-up" } },
+        { model_name: "claude", svc_params: { model: "anthropic/claude-3-5-sonnet-20241022", api_base: anthropic.url, api_key: "sk-ant-up" } },
+      ],
+      general_settings: { master_key: MASTER_KEY },
+    });
+    try {
+      // The body ends cleanly right after the third event: no [DONE] (OpenAI), no message_delta (Anthropic).
+      const afterThirdEvent = (bytes: Uint8Array) => {
+        const text = new TextDecoder().decode(bytes);
+        let at = 0;
+        for (let i = 0; i < 3; i++) at = text.indexOf("\n\n", at) + 2;
+        return { cuts: [], end: { at: new TextEncoder().encode(text.slice(0, at)).length, how: "close" as const } };
+      };
+      openai.fault({ kind: "wire", shape: afterThirdEvent });
+      anthropic.fault({ kind: "wire", shape: afterThirdEvent });
+      for (const model of ["gpt-4o", "claude"]) {
+        const res = await fetch(`${gw.url}/v1/chat/completions`, {
+          method: "POST",
+          headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+          body: JSON.stringify({ model, stream: true, messages: [{ role: "user", content: "one two three four five six seven" }] }),
+        });
+        const text = await res.text();
+        expect(text, model).not.toContain("data: [DONE]");
+        const last = JSON.parse(text.trimEnd().split("\n\n").at(-1)!.slice("data: ".length)) as { error?: { code: string; message: string } };
+        expect(last.error?.code, model).toBe("503");
+        expect(last.error?.message, model).toContain("ended before the answer was complete");
+        await gw.host!.spendWriter.flush();
+        const callId = res.headers.get("x-svc-call-id");
+        const [row] = await rows<LogRow>(gw.host!.store.db, sql`select * from spend_logs where call_id = ${callId}`);
+        expect(row, model).toMatchObject({ status: "failure", stream: true });
+        expect(Number(row!.spend), model).toBe(0);
+      }
+    } finally {
+      await gw.stop();
+      await openai.stop();
+      await anthropic.stop();
+    }
+  });
+});
