@@ -65,11 +65,13 @@ interface StreamState {
   promptEstimate: number;
   /** The chunks' `id` (the same on every chunk), read from the first one. */
   id?: string;
-  /** `[DONE]` or the usage chunk (the gateway always asks for one) came: the answer is whole. */
+  /** `[DONE]`, the usage chunk (the gateway always asks for one) or a finish reason came: the answer is whole. */
   ended: boolean;
 }
 
 const CHUNK_ID = /"id":"([^"\\]+)"/;
+/** A chunk that ends a choice: servers that send neither `[DONE]` nor usage still end with one. */
+const FINISHED = /"finish_reason":\s*"/;
 
 function wantsUsage(req: { stream_options?: Record<string, unknown> | null }): boolean {
   return req.stream_options?.include_usage === true;
@@ -97,6 +99,7 @@ function openAIStream<E extends "chat" | "completions">(
         return [];
       }
       s.id ??= CHUNK_ID.exec(data)?.[1] ?? "";
+      if (!s.ended && FINISHED.test(data)) s.ended = true;
       if (data.startsWith('{"error"')) {
         const e = asObject(asObject(JSON.parse(data)).error);
         return [{ type: "error", error: { status: 500, type: "api_error", message: String(e.message ?? "upstream error") } }];

@@ -307,3 +307,40 @@ describe("a stream the upstream ends before its answer is whole (pglite)", () =>
     }
   });
 });
+
+describe("an OpenAI-compatible stream that ends after its finish reason, without [DONE] or usage (pglite)", () => {
+  test("is whole: the client gets the answer and [DONE], the call is a success", async () => {
+    const { startMockOpenAI } = await import("../mock-upstream/openai.ts");
+    const openai = await startMockOpenAI({ apiKey: "sk-up" });
+    const gw = await startBackendGateway("pglite", {
+      model_list: [{ model_name: "gpt-4o", svc_params: { model: "openai/gpt-4o", api_base: openai.url, api_key: "sk-up" } }],
+      general_settings: { master_key: MASTER_KEY },
+    });
+    try {
+      // Some servers stop right after the chunk with the finish reason: cut the mock's body there.
+      openai.fault({
+        kind: "wire",
+        shape: (bytes: Uint8Array) => {
+          const text = new TextDecoder().decode(bytes);
+          const finish = text.indexOf('"finish_reason":"stop"');
+          expect(finish).toBeGreaterThan(0);
+          return { cuts: [], end: { at: new TextEncoder().encode(text.slice(0, text.indexOf("\n\n", finish) + 2)).length, how: "close" as const } };
+        },
+      });
+      const res = await fetch(`${gw.url}/v1/chat/completions`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+        body: JSON.stringify({ model: "gpt-4o", stream: true, messages: [{ role: "user", content: "one two three" }] }),
+      });
+      const text = await res.text();
+      expect(text).toContain('"finish_reason":"stop"');
+      expect(text.trimEnd().endsWith("data: [DONE]")).toBe(true);
+      await gw.host!.spendWriter.flush();
+      const [row] = await rows<LogRow>(gw.host!.store.db, sql`select * from spend_logs where call_id = ${res.headers.get("x-svc-call-id")}`);
+      expect(row).toMatchObject({ status: "success", stream: true });
+    } finally {
+      await gw.stop();
+      await openai.stop();
+    }
+  });
+});
