@@ -63,11 +63,13 @@ beforeAll(async () => {
     general_settings: { master_key: MASTER_KEY },
   // With a store: the retry-policy tests call with virtual keys.
   }, { store: {} });
-});
+  // Its own timeout: bun applies the preload's default (test/harness/timeouts.ts) to the hooks of
+  // the first file only, and this gateway may be the run's first on the embedded store (initdb).
+}, 30_000);
 afterAll(async () => {
   await gw?.stop();
   await Promise.all([a, b, c].map((m) => m?.stop()));
-});
+}, 30_000);
 beforeEach(() => {
   for (const m of [a, b, c]) m.reset();
   resetDeploymentStates();
