@@ -112,6 +112,8 @@ export async function modelCall<E extends Endpoint>(endpoint: E, body: WireReque
     return await withFallbacks({ endpoint, ctx, policy, progress }, body, group, deployments);
   } catch (err) {
     progress.request?.giveUp(progress.recorded);
+    // Every answer says how many retries and fallbacks it took, also an error that ended the call at once (a 400).
+    if (err instanceof GatewayError) Object.assign(err.headers, routerHeaders(progress));
     // Refused before any deployment was asked (a budget, a rate limit, none free): still a call, logged as a failure.
     if (!progress.recorded && err instanceof GatewayError && !ctx.clientSignal.aborted) {
       recordRefusal(endpoint, body, deployments[0]!, ctx, err, startedAt);
@@ -171,7 +173,6 @@ async function withFallbacks<E extends Endpoint>(run: Run<E>, body: WireRequest[
         failure = err;
       }
     }
-    Object.assign(failure.error.headers, routerHeaders(progress));
     throw failure.error;
   }
 }

@@ -137,6 +137,20 @@ describe("retries and fallbacks", () => {
     expect(b.requests.length).toBe(0);
   });
 
+  test("a 400 that ends the call after a retry or a fallback still says how many it took", async () => {
+    a.fault({ kind: "status", status: 500 }, { kind: "status", status: 400 });
+    const retried = await post({ model: "primary", num_retries: 1 });
+    expect(retried.status).toBe(400);
+    expect(retried.headers.get("x-svc-model-id")).toBe("primary-a");
+    expect([retried.headers.get("x-svc-attempted-retries"), retried.headers.get("x-svc-attempted-fallbacks")]).toEqual(["1", "0"]);
+    a.fault({ kind: "status", status: 500 });
+    b.fault({ kind: "status", status: 400 });
+    const fellBack = await post({ model: "primary" });
+    expect(fellBack.status).toBe(400);
+    expect(fellBack.headers.get("x-svc-model-id")).toBe("backup-b");
+    expect([fellBack.headers.get("x-svc-attempted-retries"), fellBack.headers.get("x-svc-attempted-fallbacks")]).toEqual(["0", "1"]);
+  });
+
   test("when every fallback fails too, the last error is answered with the attempt counts", async () => {
     a.fault({ kind: "status", status: 500 });
     b.fault({ kind: "status", status: 502 });
