@@ -2,8 +2,11 @@
  * Which model groups to try when a group fails: general fallbacks for any failure, context-window
  * fallbacks when the prompt was too long for the model, content-policy fallbacks when the
  * provider's filter refused it. A specific list wins; without one, the general list applies.
+ * Each list is read from the most specific settings that have one for the group: the request,
+ * the key's `router_settings`, the team's, the config's.
  */
 import type { GatewayConfig } from "../config/schema.ts";
+import type { Principal } from "../contract.ts";
 
 export type FallbackType = "general" | "context_window" | "content_policy";
 
@@ -13,12 +16,22 @@ const SETTING: Record<FallbackType, "fallbacks" | "context_window_fallbacks" | "
   content_policy: "content_policy_fallbacks",
 };
 
-/** `router_settings.<type>: [{group: [fallback, …]}, …]` → the fallbacks of `group`. */
-function configuredFallbacks(config: GatewayConfig, type: FallbackType, group: string): string[] {
-  const list = config.router_settings?.[SETTING[type]];
-  for (const item of list ?? []) {
-    const to = item[group];
-    if (Array.isArray(to)) return to.filter((x): x is string => typeof x === "string");
+type Settings = Record<string, unknown> | null | undefined;
+
+/** The router_settings a caller's calls use, most specific first: its key's, its team's, the config's. */
+export function settingsOf(config: GatewayConfig, principal: Principal | undefined): Settings[] {
+  return [principal?.key?.routerSettings as Settings, principal?.team?.routerSettings as Settings, config.router_settings as Settings];
+}
+
+/** `<settings>.<type>: [{group: [fallback, …]}, …]` → the fallbacks of `group`, from the first settings that list it. */
+function configuredFallbacks(sources: readonly Settings[], type: FallbackType, group: string): string[] {
+  for (const settings of sources) {
+    const list = settings?.[SETTING[type]];
+    if (!Array.isArray(list)) continue;
+    for (const item of list) {
+      const to = item && typeof item === "object" ? (item as Record<string, unknown>)[group] : undefined;
+      if (Array.isArray(to)) return to.filter((x): x is string => typeof x === "string");
+    }
   }
   return [];
 }
@@ -34,22 +47,24 @@ function stringsOf(v: unknown): string[] {
   return out;
 }
 
-/** The fallbacks of `group` for a failure of `type`, request settings first. */
-export function fallbacksFor(config: GatewayConfig, body: Record<string, unknown>, group: string, type: FallbackType): string[] {
+/** The fallbacks of `group` for a failure of `type` of a call by `principal`: the request's first, then the key's, the team's, the config's. */
+export function fallbacksFor(config: GatewayConfig, body: Record<string, unknown>, group: string, type: FallbackType, principal?: Principal): string[] {
+  const sources = settingsOf(config, principal);
   if (type === "context_window") {
     const dict = body.context_window_fallback_dict;
     const target = dict && typeof dict === "object" ? (dict as Record<string, unknown>)[group] : undefined;
     if (typeof target === "string") return [target];
-    const configured = configuredFallbacks(config, "context_window", group);
+    const configured = configuredFallbacks(sources, "context_window", group);
     if (configured.length > 0) return configured;
   }
   if (type === "content_policy") {
-    const configured = configuredFallbacks(config, "content_policy", group);
+    const configured = configuredFallbacks(sources, "content_policy", group);
     if (configured.length > 0) return configured;
   }
   const fromRequest = stringsOf(body.fallbacks);
   if (fromRequest.length > 0) return fromRequest;
-  const configured = configuredFallbacks(config, "general", group);
+  const configured = configuredFallbacks(sources, "general", group);
   if (configured.length > 0) return configured;
-  return config.router_settings?.default_fallbacks ?? [];
+  for (const settings of sources) if (Array.isArray(settings?.default_fallbacks)) return stringsOf(settings.default_fallbacks);
+  return [];
 }

@@ -49,7 +49,7 @@ function resolve(config: GatewayConfig, sources: Loose[], keyLevel: Loose[]): Ro
     allowedFails: numberIn([r], "allowed_fails") ?? DEFAULTS.allowedFails,
     cooldownMs: (numberIn([r], "cooldown_time") ?? DEFAULTS.cooldownTime) * 1000,
     cooldowns: r?.disable_cooldowns !== true,
-    maxFallbacks: numberIn([r], "max_fallbacks") ?? DEFAULTS.maxFallbacks,
+    maxFallbacks: numberIn([...keyLevel, r], "max_fallbacks") ?? DEFAULTS.maxFallbacks,
     retrySources: sources,
   };
 }

@@ -151,7 +151,7 @@ async function withFallbacks<E extends Endpoint>(run: Run<E>, body: WireRequest[
     if (!(first instanceof GroupFailure)) throw first;
     let failure = first;
     const tried = new Set([group]);
-    const queue = fallbacksFor(snapshot.config, body as unknown as Record<string, unknown>, group, fallbackType(failure.kind));
+    const queue = fallbacksFor(snapshot.config, body as unknown as Record<string, unknown>, group, fallbackType(failure.kind), principal);
     for (const name of queue) {
       if (progress.fallbacks >= policy.maxFallbacks || ctx.clientSignal.aborted) break;
       if (tried.has(name)) continue;

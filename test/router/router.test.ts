@@ -398,6 +398,29 @@ describe("retry policies from a key's router_settings", () => {
     expect(a.requests.length).toBe(3);
   });
 
+  test("a key's (then its team's) fallbacks, context-window fallbacks and max_fallbacks override the config's", async () => {
+    const key = await keyWith({ fallbacks: [{ primary: ["big"] }], context_window_fallbacks: [{ primary: ["backup"] }] });
+    a.fault({ kind: "status", status: 500 });
+    const general = await post({ model: "primary" }, as(key));
+    expect(general.headers.get("x-svc-model-id")).toBe("big-c");
+    a.fault({ kind: "status", status: 400, body: CONTEXT_ERROR });
+    const context = await post({ model: "primary" }, as(key));
+    expect(context.headers.get("x-svc-model-id")).toBe("backup-b");
+    expect(b.requests.length).toBe(1);
+    // /v1/models shows the fallbacks the key's calls would take.
+    const listed = await fetch(`${gw.url}/v1/models?include_metadata=true`, { headers: as(key) });
+    const primary = ((await listed.json()) as { data: { id: string; metadata: { fallbacks: string[] } }[] }).data.find((m) => m.id === "primary");
+    expect(primary?.metadata.fallbacks).toEqual(["big"]);
+
+    const team = await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: { router_settings: { max_fallbacks: 0, fallbacks: [{ primary: ["big"] }] } } });
+    const made = await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: { team_id: team.body.team_id, router_settings: { num_retries: 0 } } });
+    a.fault({ kind: "status", status: 500 });
+    const none = await post({ model: "primary" }, as(made.body.key));
+    expect(none.status).toBe(500);
+    expect(none.headers.get("x-svc-attempted-fallbacks")).toBe("0");
+    expect([a.requests.length, b.requests.length, c.requests.length]).toEqual([3, 1, 1]);
+  });
+
   test("model_group_retry_policy applies to its group only, and may retry a class not retried by default (400)", async () => {
     const key = await keyWith({ model_group_retry_policy: { primary: { BadRequestErrorRetries: 1 } } });
     a.fault({ kind: "status", status: 400 });

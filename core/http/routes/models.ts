@@ -146,7 +146,7 @@ function ownerOf(s: Snapshot, rules: AccessRules | undefined, name: string): str
   return s.models.resolve(target)?.[0]?.provider;
 }
 
-function listModels(s: Snapshot, url: URL, rules: AccessRules | undefined, identity: IdentityCache | undefined) {
+function listModels(s: Snapshot, url: URL, rules: AccessRules | undefined, identity: IdentityCache | undefined, principal: Principal) {
   const fallbackParam = url.searchParams.get("fallback_type");
   if (fallbackParam !== null && !(FALLBACK_TYPES as readonly string[]).includes(fallbackParam)) {
     throw GatewayError.of(400, `Invalid fallback_type '${fallbackParam}': use one of ${FALLBACK_TYPES.join(", ")}.`, "invalid_request_error", "fallback_type");
@@ -172,8 +172,8 @@ function listModels(s: Snapshot, url: URL, rules: AccessRules | undefined, ident
   const fallbackType = (fallbackParam ?? "general") as FallbackType;
   for (const [id, owner] of models) {
     const m = modelObject(id, s.loadedAt, owner);
-    // The fallbacks a failure of that type would really go to (absent request overrides): a type with no list of its own uses the general one, then default_fallbacks.
-    data.push(withMetadata ? { ...m, metadata: { fallbacks: fallbacksFor(s.config, {}, id, fallbackType) } } : m);
+    // The fallbacks a failure of that type would really go to for the caller (absent request overrides; its key's and team's router_settings first): a type with no list of its own uses the general one, then default_fallbacks.
+    data.push(withMetadata ? { ...m, metadata: { fallbacks: fallbacksFor(s.config, {}, id, fallbackType, principal) } } : m);
   }
   if (truthy(url.searchParams.get("include_model_access_groups")) || truthy(url.searchParams.get("only_model_access_groups"))) {
     // A held group is listed when the caller may use every model in it (no level above forbids part).
@@ -199,7 +199,7 @@ export function modelRoutes({ live, services }: AppDeps) {
   const list = async ({ request }: { request: Request }) => {
     const { s, principal } = await guard(request);
     const url = new URL(request.url);
-    return listModels(s, url, listingRules(principal, url, services.identity), services.identity);
+    return listModels(s, url, listingRules(principal, url, services.identity), services.identity, principal);
   };
   const one = async ({ request, params }: { request: Request; params: Record<string, string> }) => {
     const { s, principal } = await guard(request);
