@@ -68,7 +68,9 @@ export function routePolicy(config: GatewayConfig, principal: Principal, body: L
     }
     return base;
   }
-  return resolve(config, [body, key, team, r, svc], [key, team]);
+  // A request sets only its `num_retries` (the spec's one retry field of a model call; the rest of the body is the upstream's).
+  const request = typeof body?.num_retries === "number" ? { num_retries: body.num_retries } : undefined;
+  return resolve(config, [request, key, team, r, svc], [key, team]);
 }
 
 /** LiteLLM's `retry_policy` fields: retries for one class of upstream error. */
@@ -80,8 +82,10 @@ const ERROR_CLASSES: readonly [string, (status: number) => boolean][] = [
   ["InternalServerErrorRetries", (s) => s >= 500 && s !== 504],
 ];
 
-function classRetries(policy: Loose, status: number): number | undefined {
+function classRetries(policy: Loose, status: number, kind: string | undefined): number | undefined {
   if (!policy) return undefined;
+  // A refusal with a fallback kind is no bad request to retry; content-policy ones have their own class.
+  if (kind) return kind === "content_policy_violation" ? numberIn([policy], "ContentPolicyViolationErrorRetries") : undefined;
   for (const [field, matches] of ERROR_CLASSES) if (matches(status)) return numberIn([policy], field);
   return undefined;
 }
@@ -94,14 +98,14 @@ const asObject = (v: unknown): Loose => (v !== null && typeof v === "object" && 
  * `num_retries`), its `retry_policy` (a class's retries), its `num_retries` / `max_retries`.
  * `forced`: a retry policy named this class, so it is retried even when not retryable by default.
  */
-export function retriesFor(policy: RoutePolicy, group: string, status: number): { max: number; forced: boolean } {
+export function retriesFor(policy: RoutePolicy, group: string, status: number, kind?: string): { max: number; forced: boolean } {
   for (const source of policy.retrySources) {
     const forGroup = asObject(asObject(source?.model_group_retry_policy)?.[group]);
-    const byGroupClass = classRetries(forGroup, status);
+    const byGroupClass = classRetries(forGroup, status, kind);
     if (byGroupClass !== undefined) return { max: Math.floor(byGroupClass), forced: true };
     const byGroup = numberIn([forGroup], "max_retries") ?? numberIn([forGroup], "num_retries");
     if (byGroup !== undefined) return { max: Math.floor(byGroup), forced: false };
-    const byClass = classRetries(asObject(source?.retry_policy), status);
+    const byClass = classRetries(asObject(source?.retry_policy), status, kind);
     if (byClass !== undefined) return { max: Math.floor(byClass), forced: true };
     const plain = numberIn([source], "num_retries") ?? numberIn([source], "max_retries");
     if (plain !== undefined) return { max: Math.floor(plain), forced: false };

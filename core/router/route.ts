@@ -352,8 +352,9 @@ async function callGroup<E extends Endpoint>(run: Run<E>, body: WireRequest[E], 
         }
       }
       failedHere.add(d.id);
-      const allowed = retriesFor(policy, group, status);
-      const retryable = fromUpstream && !kind && (RETRYABLE.has(status) || allowed.forced);
+      const allowed = retriesFor(policy, group, status, kind);
+      // A context-window or content-policy refusal goes to its fallbacks, unless a retry policy names its class.
+      const retryable = fromUpstream && (kind ? allowed.forced : RETRYABLE.has(status) || allowed.forced);
       // Each group (the asked one, then each fallback) gets its own retries.
       if (!retryable || retriesHere >= allowed.max) {
         giveUp();

@@ -435,6 +435,32 @@ describe("retry policies from a key's router_settings", () => {
   });
 });
 
+describe("content-policy refusals and retry policies", () => {
+  const as = (key: string) => ({ authorization: `Bearer ${key}` });
+
+  test("ContentPolicyViolationErrorRetries retries a content-policy refusal before its fallback (it was accepted and ignored); without it, straight to the fallback", async () => {
+    const made = await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: { router_settings: { retry_policy: { ContentPolicyViolationErrorRetries: 1, BadRequestErrorRetries: 3 } } } });
+    a.fault({ kind: "status", status: 400, body: POLICY_ERROR }, { kind: "status", status: 400, body: POLICY_ERROR });
+    const retried = await post({ model: "primary" }, as(made.body.key));
+    expect(retried.headers.get("x-svc-model-id")).toBe("big-c");
+    expect(retried.headers.get("x-svc-attempted-retries")).toBe("1");
+    expect([a.requests.length, c.requests.length]).toEqual([2, 1]);
+    a.reset();
+    c.reset();
+    a.fault({ kind: "status", status: 400, body: POLICY_ERROR });
+    const plain = await post({ model: "primary" });
+    expect(plain.headers.get("x-svc-model-id")).toBe("big-c");
+    expect([a.requests.length, c.requests.length]).toEqual([1, 1]);
+  });
+
+  test("a request's retry fields other than num_retries go upstream, not into its retry policy", async () => {
+    a.fault({ kind: "status", status: 400 });
+    const r = await post({ model: "primary", num_retries: 0, retry_policy: { BadRequestErrorRetries: 2 } });
+    expect(r.status).toBe(400);
+    expect(a.requests.length).toBe(1);
+  });
+});
+
 describe("/health", () => {
   test("probes each deployment: live ones healthy, a dead one unhealthy saying why; no upstream key or address shown", async () => {
     const res = await fetch(`${gw.url}/health?model=pair`, { headers: { authorization: `Bearer ${MASTER_KEY}` } });
