@@ -13,6 +13,13 @@ import { type EventParser, NdjsonParser, SseParser } from "../stream/framing.ts"
 import type { Deadline } from "./upstream.ts";
 
 const DONE = "data: [DONE]\n\n";
+/**
+ * Bun sends a response's status and headers with its first bytes. When the model is slow to its
+ * first event (a reasoning model, a long prompt), this SSE comment, which clients skip, sends them
+ * (the call id among them) instead of leaving the client with nothing.
+ */
+const WAITING = ": waiting for the model\n\n";
+const WAITING_AFTER_MS = 1000;
 /** Settles after any already-settled promise raced against it. */
 const NOT_READY = Symbol("not ready");
 
@@ -103,8 +110,14 @@ export function streamResponse(a: StreamArgs): Response {
   const source: Bun.DirectUnderlyingSource<Uint8Array> = {
     type: "direct",
     async pull(c) {
+      deadline.whenQuiet(WAITING_AFTER_MS, () => {
+        if (ended) return;
+        c.write(WAITING);
+        c.flush();
+      });
       /** Sends `text`; false once the client has gone. */
       const send = async (text: string): Promise<boolean> => {
+        deadline.cancelQuiet();
         a.tap?.(text);
         const written = c.write(text);
         const n = typeof written === "number" ? written : await written;

@@ -17,6 +17,7 @@ function tick(): void {
   for (const d of live) {
     if (d.expiresAt <= now) d.expire();
     else if (d.clientGone) d.clientLeft();
+    else if (d.quietAt <= now) d.quiet();
   }
   if (live.size === 0 && ticker) {
     clearInterval(ticker);
@@ -33,6 +34,9 @@ export class Deadline {
   readonly controller = new AbortController();
   timedOut = false;
   expiresAt = 0;
+  /** When `onQuiet` is due (see `whenQuiet`). */
+  quietAt = Number.POSITIVE_INFINITY;
+  private onQuiet: (() => void) | undefined;
 
   constructor(
     private readonly client: AbortSignal,
@@ -69,6 +73,23 @@ export class Deadline {
 
   clear(): void {
     live.delete(this);
+  }
+
+  /** Calls `then` once if, `ms` from now, the deadline is armed (waiting on the upstream) and `cancelQuiet` was not called. */
+  whenQuiet(ms: number, then: () => void): void {
+    this.quietAt = performance.now() + ms;
+    this.onQuiet = then;
+  }
+
+  cancelQuiet(): void {
+    this.quietAt = Number.POSITIVE_INFINITY;
+    this.onQuiet = undefined;
+  }
+
+  quiet(): void {
+    const then = this.onQuiet;
+    this.cancelQuiet();
+    then?.();
   }
 
   get clientGone(): boolean {

@@ -608,12 +608,16 @@ function finalUsageOf(chunks: ClientChunk[]): Received["finalUsage"] {
   return u ? { prompt: num(u.prompt_tokens), completion: num(u.completion_tokens), total: num(u.total_tokens) } : undefined;
 }
 
-/** Raw SSE text → its events; throws when it is not `data: <one line>\n\n` events (JSON, then `[DONE]` or an error last). */
+/**
+ * Raw SSE text → its events; throws when it is not `data: <one line>\n\n` events (JSON, then
+ * `[DONE]` or an error last), with at most one `: …\n\n` comment first (sent while the model is slow
+ * to its first event).
+ */
 function parseSseText(text: string): { chunks: ClientChunk[]; error?: Json; done: boolean } {
   const chunks: ClientChunk[] = [];
   let error: Json | undefined;
   let done = false;
-  let rest = text;
+  let rest = text.replace(/^: [^\n]*\n\n/, "");
   while (rest.length > 0) {
     const m = /^data: ([^\n]*)\n\n/.exec(rest);
     if (!m) throw new Error(`malformed SSE at ${JSON.stringify(rest.slice(0, 80))}`);
