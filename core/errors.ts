@@ -22,10 +22,13 @@ export function errorInfo(status: number, message: string, type?: string, param?
 export class GatewayError extends Error {
   readonly info: ErrorInfo;
   readonly headers: Record<string, string>;
-  constructor(info: ErrorInfo, headers: Record<string, string> = {}) {
+  /** The upstream's own status when it answered with an error (`info.status` is the mapped one). */
+  readonly upstreamStatus: number | undefined;
+  constructor(info: ErrorInfo, headers: Record<string, string> = {}, upstreamStatus?: number) {
     super(info.message);
     this.info = info;
     this.headers = headers;
+    this.upstreamStatus = upstreamStatus;
   }
   static of(status: number, message: string, type?: string, param?: string | null): GatewayError {
     return new GatewayError(errorInfo(status, message, type, param));

@@ -141,5 +141,5 @@ export async function upstreamError(adapter: ProviderAdapter, d: Deployment, res
   const kind = adapter.errorKind?.(res.status, text);
   // A context-window or content-policy refusal is the client's request, whatever status the provider used.
   const info = errorInfo(kind ? 400 : status, `${d.provider} returned ${res.status} for model ${d.modelName}: ${detail}`, kind);
-  return new GatewayError(info, headers);
+  return new GatewayError(info, headers, res.status);
 }

@@ -149,7 +149,14 @@ interface Scenario {
   requests: RequestSpec[];
 }
 
-const RETRY_CLASSES = ["BadRequestErrorRetries", "AuthenticationErrorRetries", "TimeoutErrorRetries", "RateLimitErrorRetries", "InternalServerErrorRetries"] as const;
+const RETRY_CLASSES = [
+  "BadRequestErrorRetries",
+  "AuthenticationErrorRetries",
+  "TimeoutErrorRetries",
+  "RateLimitErrorRetries",
+  "InternalServerErrorRetries",
+  "ContentPolicyViolationErrorRetries",
+] as const;
 const STRATEGIES = ["simple-shuffle", "simple-shuffle", "simple-shuffle", "least-busy", "latency-based-routing", "usage-based-routing-v2", "cost-based-routing"];
 
 function retryPolicy(rng: Random, withMax: boolean): Json {
@@ -289,8 +296,9 @@ const RETRYABLE = new Set([408, 429, 500, 502, 503, 504]);
 /** README: failures (401, 404, 408, 429, 5xx) count toward a cooldown. */
 const COUNTS_FOR_COOLDOWN = (status: number) => [401, 404, 408, 429].includes(status) || status >= 500;
 
-/** README's retry classes, by the status the gateway answers with. */
-function retryClass(status: number): (typeof RETRY_CLASSES)[number] | undefined {
+/** README's retry classes: by the status the gateway answers with (an upstream's 504, answered as 503, is a timeout), or the refusal's kind. */
+function retryClass(status: number, kind: string | undefined): (typeof RETRY_CLASSES)[number] | undefined {
+  if (kind) return kind === "content_policy" ? "ContentPolicyViolationErrorRetries" : undefined;
   if (status === 400 || status === 422) return "BadRequestErrorRetries";
   if (status === 401 || status === 403) return "AuthenticationErrorRetries";
   if (status === 408 || status === 504) return "TimeoutErrorRetries";
@@ -332,9 +340,9 @@ class Model {
   }
 
   /** Retries for a failure with `status` in `group`: README's most specific source (request, key, team, config), then within it group policy, retry_policy, num_retries. */
-  private retries(req: RequestSpec, group: string, status: number): { max: number; forced: boolean } {
+  private retries(req: RequestSpec, group: string, status: number, kind: string | undefined): { max: number; forced: boolean } {
     const sources: Json[] = [...(req.numRetries !== undefined ? [{ num_retries: req.numRetries }] : []), ...this.settings(req)];
-    const cls = retryClass(status);
+    const cls = retryClass(status, kind);
     for (const s of sources) {
       const forGroup = (s.model_group_retry_policy as Record<string, Json> | undefined)?.[group];
       if (forGroup) {
@@ -439,8 +447,8 @@ class Model {
         if (e.status === 408) out.minMs += this.timeoutOf(req, d) * 1000;
         this.failed(g, d, e);
         failedHere.add(d.id);
-        const policy = this.retries(req, g.name, e.status);
-        const retryable = !e.kind && (RETRYABLE.has(e.status) || policy.forced);
+        const policy = this.retries(req, g.name, e.cause === "504" ? 504 : e.status, e.kind);
+        const retryable = e.kind ? policy.forced : RETRYABLE.has(e.status) || policy.forced;
         if (!retryable || retriesHere >= policy.max) {
           // README: a 400 or 422 from the upstream (not context window or content policy) goes back as is.
           if (!e.kind && (e.status === 400 || e.status === 422)) return { final: e };

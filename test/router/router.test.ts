@@ -453,6 +453,18 @@ describe("content-policy refusals and retry policies", () => {
     expect([a.requests.length, c.requests.length]).toEqual([1, 1]);
   });
 
+  test("an upstream 504 is retried by TimeoutErrorRetries (it is answered as a 503, and was retried as a server error)", async () => {
+    const made = await requestJson<{ key: string }>(gw, "POST", "/key/generate", {
+      body: { router_settings: { retry_policy: { TimeoutErrorRetries: 2, InternalServerErrorRetries: 0 }, fallbacks: [] } },
+    });
+    a.fault({ kind: "status", status: 504 }, { kind: "status", status: 504 });
+    const r = await post({ model: "primary" }, as(made.body.key));
+    expect(r.status).toBe(200);
+    expect(r.headers.get("x-svc-model-id")).toBe("primary-a");
+    expect(r.headers.get("x-svc-attempted-retries")).toBe("2");
+    expect(a.requests.length).toBe(3);
+  });
+
   test("a request's retry fields other than num_retries go upstream, not into its retry policy", async () => {
     a.fault({ kind: "status", status: 400 });
     const r = await post({ model: "primary", num_retries: 0, retry_policy: { BadRequestErrorRetries: 2 } });
