@@ -113,7 +113,11 @@ export async function modelCall<E extends Endpoint>(endpoint: E, body: WireReque
   } catch (err) {
     progress.request?.giveUp(progress.recorded);
     // Every answer says how many retries and fallbacks it took, also an error that ended the call at once (a 400).
-    if (err instanceof GatewayError) Object.assign(err.headers, routerHeaders(progress));
+    if (err instanceof GatewayError) {
+      Object.assign(err.headers, routerHeaders(progress));
+      // An answer that no attempt gave (every deployment cooling down after retries) says the call's id too.
+      if (progress.recorded) err.headers["x-svc-call-id"] ??= ctx.callId;
+    }
     // Refused before any deployment was asked (a budget, a rate limit, none free): still a call, logged as a failure.
     if (!progress.recorded && err instanceof GatewayError && !ctx.clientSignal.aborted) {
       recordRefusal(endpoint, body, deployments[0]!, ctx, err, startedAt);
@@ -363,14 +367,15 @@ async function callGroup<E extends Endpoint>(run: Run<E>, body: WireRequest[E], 
         if (!kind && (status === 400 || status === 422 || (!fromUpstream && status < 500))) throw err;
         throw new GroupFailure(err, kind);
       }
-      progress.retries++;
-      retriesHere++;
-      await sleep(backoffMs(policy, retriesHere, retryAfterMs(err)));
+      await sleep(backoffMs(policy, retriesHere + 1, retryAfterMs(err)));
       candidates = available(Date.now());
       if (candidates.length === 0) {
         giveUp();
         throw new GroupFailure(allCoolingDown(group, deployments, Date.now()), undefined);
       }
+      // Counted once it is made: a retry left without a deployment is none.
+      progress.retries++;
+      retriesHere++;
       d = await switchTo(pickDeployment(policy.strategy, candidates, snapshot.pricing, Date.now()));
     }
   }

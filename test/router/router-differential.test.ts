@@ -454,11 +454,12 @@ class Model {
           if (!e.kind && (e.status === 400 || e.status === 422)) return { final: e };
           return { failed: e };
         }
-        retriesHere++;
-        out.retries++;
         out.minMs += Math.max(retryAfterMs, e.retryAfter ? Number(e.retryAfter) * 1000 : 0);
         list = candidates();
+        // A retry left without a deployment is not made, nor counted.
         if (list.length === 0) return { failed: coolingDown(g) };
+        retriesHere++;
+        out.retries++;
       }
     };
 

@@ -184,6 +184,26 @@ describe("cooldowns, timeouts and capacity", () => {
     expect(log[0]!.fields).toMatchObject({ deployment: "pair-dead" });
   });
 
+  test("a call whose retries leave every deployment cooling down answers 429 with its call id", async () => {
+    // The dead one cools down first (its second failure, allowed_fails: 1); calls retry onto the live one.
+    const cooled = () => gw.log.lines.filter((l) => l.msg === "deployment cooling down").length;
+    const before = cooled();
+    for (let i = 0; i < 20 && cooled() === before; i++) expect((await post({ model: "pair", num_retries: 1 })).status).toBe(200);
+    expect(cooled()).toBe(before + 1);
+    // Then the live one fails twice within one call: no deployment is left for its next retry.
+    b.fault({ kind: "status", status: 500 }, { kind: "status", status: 500 });
+    const res = await fetch(`${gw.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+      body: JSON.stringify({ model: "pair", num_retries: 3, messages: [{ role: "user", content: "hi" }] }),
+    });
+    expect(res.status).toBe(429);
+    expect(((await res.json()) as { error: { message: string } }).error.message).toContain("cooling down");
+    expect(res.headers.get("x-svc-attempted-retries")).toBe("1");
+    // The id of its first attempt: the others' are it with -1, -2, … (the spend log's call_id).
+    expect(res.headers.get("x-svc-call-id")).toMatch(/^[0-9a-f-]{36}$/);
+  });
+
   test("the only deployment of a group never cools down", async () => {
     for (let i = 0; i < 4; i++) {
       const r = await post({ model: "lonely" });
