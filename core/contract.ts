@@ -397,6 +397,11 @@ export interface BudgetCounter {
   limit: bigint;
   /** Alert (without blocking) when spend reaches this. */
   soft?: bigint;
+  /**
+   * Counted (reserved on and settled) but never refusing: a call that spends on this counter
+   * without being governed by its budget (a user's team key: its spend is the user's spend).
+   */
+  chargeOnly?: boolean;
   /** End of the current period (ms since the epoch), null for a budget that never resets. */
   periodEnd: number | null;
   /** Spend already in the store for this period; asked only when the ledger first meets the counter. */

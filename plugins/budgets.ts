@@ -8,7 +8,8 @@
  * - the team's, and the organization's (`max_budget`, or their budget object's);
  * - the user's budget inside the team (`max_budget_in_team`, or the membership's budget object's),
  *   for a key of a user in a team;
- * - the user's own `max_budget`, for keys without a team (a team key is governed by its team);
+ * - the user's own `max_budget`, for keys without a team (a team key is governed by its team, but
+ *   its spend is the user's too: it is charged to the user's counter without being checked);
  * - the provider's budget (`router_settings.provider_budget_config`).
  *
  * A refusal is HTTP 400 `budget_exceeded` naming the budget, its limit and its spend.
@@ -102,8 +103,11 @@ function countersFor(intent: CallIntent, identity: IdentityView, history: SpendH
   }
   const org = p.orgId ? identity.orgs.get(p.orgId) : undefined;
   if (org) add(rowCounter(counterId("org", org.organizationId), `Organization=${org.organizationId}`, org, org.budgetId ? identity.budgets.get(org.budgetId) : undefined, at));
-  const user = p.userId && !p.teamId ? identity.users.get(p.userId) : undefined;
-  if (user) add(rowCounter(counterId("user", user.userId), `User=${user.userId}`, user, undefined, at));
+  const user = p.userId ? identity.users.get(p.userId) : undefined;
+  const userCounter = user ? rowCounter(counterId("user", user.userId), `User=${user.userId}`, user, undefined, at) : undefined;
+  // A team key is governed by its team, not by its user's own budget; but what it spends is the
+  // user's spend (the stored counter counts every call of the user), so the ledger counts it too.
+  if (userCounter) add(p.teamId ? { ...userCounter, chargeOnly: true } : userCounter);
   const provider = providers[intent.deployment.provider];
   if (provider && history) {
     const name = intent.deployment.provider;

@@ -1,8 +1,9 @@
 /**
  * The in-process budget ledger. Per counter: spend settled this period and the amount reserved by
- * calls in flight. A reservation passes only if, on every counter, spend has not reached the
- * limit and spend + reserved + the call's worst case stays within it; then it is taken on all of
- * them in one synchronous step, so concurrent calls cannot pass the same check together.
+ * calls in flight. A reservation passes only if, on every counter (but those it is only charged
+ * to), spend has not reached the limit and spend + reserved + the call's worst case stays within
+ * it; then it is taken on all of them in one synchronous step, so concurrent calls cannot pass the
+ * same check together.
  */
 import type { BudgetCounter, BudgetLedger, LedgerGrant, LedgerRefusal } from "../contract.ts";
 
@@ -97,6 +98,7 @@ export class LocalLedger implements BudgetLedger {
     for (let i = 0; i < counters.length; i++) {
       const c = counters[i]!;
       const e = entries[i]!;
+      if (c.chargeOnly) continue;
       if (e.spend >= c.limit || e.spend + e.reserved + amount > c.limit) return { ok: false, counter: c, spend: e.spend, reserved: e.reserved };
     }
     for (const e of entries) e.reserved += amount;

@@ -10,7 +10,7 @@
  */
 import type Redis from "ioredis";
 import type { BudgetCounter, BudgetLedger, LedgerGrant, LedgerRefusal, Logger } from "../contract.ts";
-import { type CrossingListener, crossings, grantOnce, LocalLedger } from "./ledger.ts";
+import { type CrossingListener, crossings, grantOnce, LocalLedger, NO_LIMIT } from "./ledger.ts";
 
 const PREFIX = "svc:budget:";
 
@@ -102,7 +102,8 @@ export class RedisLedger implements BudgetLedger {
     try {
       for (let attempt = 0; attempt < 3; attempt++) {
         const args: string[] = [amount.toString()];
-        for (const [i, c] of counters.entries()) args.push(c.limit.toString(), periodText(c), known.get(i)?.toString() ?? "");
+        // A counter the call is only charged to is checked against a limit it cannot reach.
+        for (const [i, c] of counters.entries()) args.push((c.chargeOnly ? NO_LIMIT : c.limit).toString(), periodText(c), known.get(i)?.toString() ?? "");
         const res = await this.redis.svcBudgetReserve(keys.length, ...keys, ...args);
         this.recovered();
         const head = Number(res[0]);

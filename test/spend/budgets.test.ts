@@ -135,6 +135,25 @@ for (const backend of BACKENDS) {
       expect((await call(gw, key)).body.error.message).toContain(`User=u-budget-${backend}`);
     });
 
+    test("a user's own budget counts what their team keys spend (the user's spend), though it governs only their keys without a team", async () => {
+      const userId = `u-both-${backend}`;
+      await requestJson(gw, "POST", "/user/new", { body: { user_id: userId, max_budget: budgetFor(2) } });
+      const team = await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: {} });
+      expect((await requestJson(gw, "POST", "/team/member_add", { body: { team_id: team.body.team_id, member: { role: "user", user_id: userId } } })).status).toBe(200);
+      const own = await newKey(gw, { user_id: userId });
+      const inTeam = await newKey(gw, { user_id: userId, team_id: team.body.team_id });
+      expect((await call(gw, own.key)).status).toBe(200);
+      // The team key is governed by its team: past the user's budget, it is still served.
+      for (let i = 0; i < 2; i++) expect((await call(gw, inTeam.key)).status).toBe(200);
+      // $3 spent by the user in all: the key without a team is refused, as /user/info shows why.
+      const refused = await call(gw, own.key);
+      expect(refused.status).toBe(400);
+      expect(refused.body.error.message).toMatch(new RegExp(`^Budget has been exceeded! User=${userId}: spend \\$3\\.0000000000\\d+, max budget \\$2\\.0000001\\.$`));
+      await gw.host!.spendWriter.flush();
+      const info = await requestJson<{ user_info: { spend: number } }>(gw, "GET", `/user/info?user_id=${userId}`);
+      expect(info.body.user_info.spend).toBeGreaterThanOrEqual(3);
+    });
+
     test("a reservation larger than what is left is refused before spend reaches the budget, and says why", async () => {
       const { key } = await newKey(gw, { max_budget: 1.5 });
       expect((await call(gw, key)).status).toBe(200);
