@@ -491,6 +491,11 @@ export interface RateWindows {
 /** Sums of the stored spend log, for budgets whose spend is not kept on a row. */
 export interface SpendHistory {
   sum(filter: { apiKey?: string; modelGroup?: string; provider?: string; since: number }): Promise<bigint>;
+  /**
+   * A spend counter's row as stored once every call already ended is written (the identity
+   * mirror's copy is as old as the row's last change); undefined when the row is gone.
+   */
+  counter?(table: "key" | "team" | "org" | "user" | "team_member", id: string): Promise<{ spend: string; budgetResetAt: Date | null } | undefined>;
 }
 
 export interface Logger {

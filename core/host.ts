@@ -107,7 +107,7 @@ export async function startHost(opts: HostOptions): Promise<Host> {
       rateWindows: scripts ? new RedisWindows(scripts, opts.log) : new LocalWindows(),
       cooldowns,
       redisCache: redis ? new RedisCache(redis.client) : undefined,
-      spendHistory: new StoreSpendHistory(store.db),
+      spendHistory: new StoreSpendHistory(store.db, () => spendWriter.flush()),
       spendLog: {
         record: (call) => {
           // `disable_error_logs` drops failures that cost nothing; one that cost money is always logged.

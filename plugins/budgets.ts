@@ -57,15 +57,54 @@ function limitsOf(row: Limits, budget: BudgetRow | undefined) {
   };
 }
 
-/** A counter for a row that keeps its own spend (key, team, org, user). */
-function rowCounter(id: string, label: string, row: Limits, budget: BudgetRow | undefined, at: number, extra: Pico = 0n): BudgetCounter | undefined {
+/** How long the ledger waits for a counter's stored spend before it takes the identity mirror's copy (the store may be away). */
+const STORED_SPEND_WAIT_MS = 2000;
+
+type CounterTable = "key" | "team" | "org" | "user" | "team_member";
+
+/**
+ * A counter for a row that keeps its own spend (key, team, org, user, team member). The ledger
+ * reads its stored spend once and then counts on its own, so that reading comes from the store
+ * once the calls already ended are written (`history.counter`): the identity mirror's copy of the
+ * row is as old as its last change, which is stale when a budget appears on a row that has spent
+ * since (an update giving it one, a budget object gaining one). The mirror's copy is the fallback
+ * while the store does not answer.
+ */
+function rowCounter(
+  table: CounterTable,
+  id: string,
+  label: string,
+  row: Limits,
+  budget: BudgetRow | undefined,
+  at: number,
+  history: SpendHistory | undefined,
+  extra: Pico = 0n,
+): BudgetCounter | undefined {
   const l = limitsOf(row, budget);
   // A soft budget alone still needs a counter (for its alert), one that never refuses.
   if (l.max === undefined && l.soft === undefined) return undefined;
   const end = periodEnd(row.budgetResetAt, l.duration, at);
   // The row's spend belongs to the period its budget_reset_at closes; a later period starts at 0.
-  const stored = end === null || row.budgetResetAt?.getTime() === end ? columnToPico(row.spend) : 0n;
-  return { id, label, limit: l.max === undefined ? NO_LIMIT : l.max + extra, soft: l.soft, periodEnd: end, storedSpend: () => stored };
+  const inPeriod = (spend: string, resetAt: Date | null) => (end === null || resetAt?.getTime() === end ? columnToPico(spend) : 0n);
+  const cached = inPeriod(row.spend, row.budgetResetAt);
+  const read = history?.counter;
+  const storedSpend = read
+    ? async () => {
+        let timer: ReturnType<typeof setTimeout> | undefined;
+        const late = new Promise<undefined>((resolve) => {
+          timer = setTimeout(() => resolve(undefined), STORED_SPEND_WAIT_MS);
+        });
+        try {
+          const stored = await Promise.race([read.call(history, table, id), late]);
+          return stored ? inPeriod(stored.spend, stored.budgetResetAt) : cached;
+        } catch {
+          return cached;
+        } finally {
+          clearTimeout(timer);
+        }
+      }
+    : () => cached;
+  return { id: counterId(table, id), label, limit: l.max === undefined ? NO_LIMIT : l.max + extra, soft: l.soft, periodEnd: end, storedSpend };
 }
 
 function countersFor(intent: CallIntent, identity: IdentityView, history: SpendHistory | undefined, providers: Readonly<Record<string, ProviderBudget>>): BudgetCounter[] {
@@ -79,7 +118,7 @@ function countersFor(intent: CallIntent, identity: IdentityView, history: SpendH
   if (key) {
     const budget = key.budgetId ? identity.budgets.get(key.budgetId) : undefined;
     const temp = key.tempBudgetIncrease !== null && (key.tempBudgetExpiry?.getTime() ?? 0) > at ? columnToPico(key.tempBudgetIncrease) : 0n;
-    add(rowCounter(counterId("key", key.token), keyLabel(p), key, budget, at, temp));
+    add(rowCounter("key", key.token, keyLabel(p), key, budget, at, history, temp));
     // The key's own per-model budgets, else its budget object's.
     const perModel = (key.modelMaxBudget ?? budget?.modelMaxBudget)?.[intent.modelGroup] as { budget_limit?: unknown; max_budget?: unknown; time_period?: unknown; budget_duration?: unknown } | undefined;
     const limit = perModel?.budget_limit ?? perModel?.max_budget;
@@ -93,18 +132,18 @@ function countersFor(intent: CallIntent, identity: IdentityView, history: SpendH
     }
   }
   const team = p.teamId ? identity.teams.get(p.teamId) : undefined;
-  if (team) add(rowCounter(counterId("team", team.teamId), `Team=${team.teamId}`, team, team.budgetId ? identity.budgets.get(team.budgetId) : undefined, at));
+  if (team) add(rowCounter("team", team.teamId, `Team=${team.teamId}`, team, team.budgetId ? identity.budgets.get(team.budgetId) : undefined, at, history));
   const member = p.teamId && p.userId ? identity.teamMember(p.teamId, p.userId) : undefined;
   if (member) {
     // A membership's spend is never reset by a period (the team's period governs the team's budget).
     const maxBudget = member.maxBudgetInTeam ?? (member.budgetId ? (identity.budgets.get(member.budgetId)?.maxBudget ?? null) : null);
     const limits = { spend: member.spend, maxBudget, softBudget: null, budgetDuration: null, budgetResetAt: null };
-    add(rowCounter(counterId("team_member", teamMemberId(member.teamId, member.userId)), `User=${member.userId} in Team=${member.teamId}`, limits, undefined, at));
+    add(rowCounter("team_member", teamMemberId(member.teamId, member.userId), `User=${member.userId} in Team=${member.teamId}`, limits, undefined, at, history));
   }
   const org = p.orgId ? identity.orgs.get(p.orgId) : undefined;
-  if (org) add(rowCounter(counterId("org", org.organizationId), `Organization=${org.organizationId}`, org, org.budgetId ? identity.budgets.get(org.budgetId) : undefined, at));
+  if (org) add(rowCounter("org", org.organizationId, `Organization=${org.organizationId}`, org, org.budgetId ? identity.budgets.get(org.budgetId) : undefined, at, history));
   const user = p.userId ? identity.users.get(p.userId) : undefined;
-  const userCounter = user ? rowCounter(counterId("user", user.userId), `User=${user.userId}`, user, undefined, at) : undefined;
+  const userCounter = user ? rowCounter("user", user.userId, `User=${user.userId}`, user, undefined, at, history) : undefined;
   // A team key is governed by its team, not by its user's own budget; but what it spends is the
   // user's spend (the stored counter counts every call of the user), so the ledger counts it too.
   if (userCounter) add(p.teamId ? { ...userCounter, chargeOnly: true } : userCounter);

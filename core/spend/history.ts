@@ -1,6 +1,6 @@
 /**
- * Stored spend since an instant, for budgets kept on no row (per-model key budgets, provider
- * budgets). Whole UTC days come from the daily aggregates; a period starting inside a day reads
+ * Stored spend of a counter row (keys, teams, orgs, users, team members), and stored spend since
+ * an instant, for budgets kept on no row (per-model key budgets, provider budgets). Whole UTC days come from the daily aggregates; a period starting inside a day reads
  * that day's log rows (indexed by time), so the cost stays small whatever the period.
  */
 import { type SQL, sql } from "drizzle-orm";
@@ -8,14 +8,43 @@ import type { SpendHistory } from "../contract.ts";
 import { columnToPico } from "../cost/money.ts";
 import type { Db } from "../store/db.ts";
 import { rows } from "../store/sql.ts";
+import type { CounterTable } from "./entry.ts";
 import { dayOf } from "./flush.ts";
 
 const DAY_MS = 86_400_000;
 
+/** A counter row's table and id columns (a team member's id is `team_id\tuser_id`). */
+const COUNTER_ROWS: Record<CounterTable, (id: string) => SQL> = {
+  key: (id) => sql`select spend::text as spend, budget_reset_at as reset from virtual_keys where token = ${id}`,
+  team: (id) => sql`select spend::text as spend, budget_reset_at as reset from teams where team_id = ${id}`,
+  org: (id) => sql`select spend::text as spend, budget_reset_at as reset from organizations where organization_id = ${id}`,
+  user: (id) => sql`select spend::text as spend, budget_reset_at as reset from users where user_id = ${id}`,
+  team_member: (id) => {
+    const [teamId = "", userId = ""] = id.split("\t");
+    return sql`select spend::text as spend, null as reset from team_members where team_id = ${teamId} and user_id = ${userId}`;
+  },
+};
+
+/**
+ * Reads stored spend for the budget ledger, which reads a counter once and then counts on its
+ * own: `flushPending` first writes the calls that already ended (the spend writer's queue), so
+ * the reading includes them.
+ */
 export class StoreSpendHistory implements SpendHistory {
-  constructor(private readonly db: Db) {}
+  constructor(
+    private readonly db: Db,
+    private readonly flushPending: () => Promise<void> = async () => undefined,
+  ) {}
+
+  async counter(table: CounterTable, id: string): Promise<{ spend: string; budgetResetAt: Date | null } | undefined> {
+    await this.flushPending();
+    const [row] = await rows<{ spend: string; reset: Date | string | null }>(this.db, COUNTER_ROWS[table](id));
+    if (!row) return undefined;
+    return { spend: row.spend, budgetResetAt: row.reset === null ? null : new Date(row.reset) };
+  }
 
   async sum(filter: { apiKey?: string; modelGroup?: string; provider?: string; since: number }): Promise<bigint> {
+    await this.flushPending();
     const firstWholeDay = Math.ceil(filter.since / DAY_MS) * DAY_MS;
     let total = 0n;
     if (firstWholeDay > filter.since) {

@@ -154,6 +154,23 @@ for (const backend of BACKENDS) {
       expect(info.body.user_info.spend).toBeGreaterThanOrEqual(3);
     });
 
+    test("a budget given to a key, or to its budget object, after the key has spent counts that spend, written or not", async () => {
+      // Given right after the calls: they may not be written yet.
+      const { key, token } = await newKey(gw, {});
+      for (let i = 0; i < 3; i++) expect((await call(gw, key)).status).toBe(200);
+      expect((await requestJson(gw, "POST", "/key/update", { body: { key: token, max_budget: budgetFor(3) } })).status).toBe(200);
+      const refused = await call(gw, key);
+      expect(refused.status).toBe(400);
+      expect(refused.body.error.message).toMatch(/^Budget would be exceeded: Key .* \(spend \$3\.0000000000\d+, \$0 held by calls in flight\)/);
+      // A budget object gaining a max_budget: the identity mirror's copy of the key is older than its spend.
+      const budget = await requestJson<{ budget_id: string }>(gw, "POST", "/budget/new", { body: { rpm_limit: 1000 } });
+      const onBudget = await newKey(gw, { budget_id: budget.body.budget_id });
+      for (let i = 0; i < 2; i++) expect((await call(gw, onBudget.key)).status).toBe(200);
+      await gw.host!.spendWriter.flush();
+      expect((await requestJson(gw, "POST", "/budget/update", { body: { budget_id: budget.body.budget_id, max_budget: budgetFor(2) } })).status).toBe(200);
+      expect((await call(gw, onBudget.key)).body.error.message).toMatch(/^Budget would be exceeded: Key .* \(spend \$2\.0000000000\d+, \$0 held by calls in flight\)/);
+    });
+
     test("a reservation larger than what is left is refused before spend reaches the budget, and says why", async () => {
       const { key } = await newKey(gw, { max_budget: 1.5 });
       expect((await call(gw, key)).status).toBe(200);
