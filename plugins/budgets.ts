@@ -29,6 +29,7 @@ import {
   type LedgerRefusal,
   type ProviderBudget,
   type SpendHistory,
+  type TeamMemberRow,
   teamMemberId,
 } from "../core/contract.ts";
 import { columnToPico, picoToText, type Pico, usdToPico } from "../core/cost/money.ts";
@@ -136,8 +137,7 @@ function countersFor(intent: CallIntent, identity: IdentityView, history: SpendH
   const member = p.teamId && p.userId ? identity.teamMember(p.teamId, p.userId) : undefined;
   if (member) {
     // A membership's spend is never reset by a period (the team's period governs the team's budget).
-    const maxBudget = member.maxBudgetInTeam ?? (member.budgetId ? (identity.budgets.get(member.budgetId)?.maxBudget ?? null) : null);
-    const limits = { spend: member.spend, maxBudget, softBudget: null, budgetDuration: null, budgetResetAt: null };
+    const limits = { spend: member.spend, maxBudget: memberMaxBudget(member, identity), softBudget: null, budgetDuration: null, budgetResetAt: null };
     add(rowCounter("team_member", teamMemberId(member.teamId, member.userId), `User=${member.userId} in Team=${member.teamId}`, limits, undefined, at, history));
   }
   const org = p.orgId ? identity.orgs.get(p.orgId) : undefined;
@@ -154,6 +154,56 @@ function countersFor(intent: CallIntent, identity: IdentityView, history: SpendH
   }
   return out;
 }
+
+/** A membership's budget: its max_budget_in_team, else its budget object's. */
+function memberMaxBudget(member: TeamMemberRow, identity: IdentityView): string | null {
+  return member.maxBudgetInTeam ?? (member.budgetId ? (identity.budgets.get(member.budgetId)?.maxBudget ?? null) : null);
+}
+
+/** Whether a row has a budget (its own or its budget object's, max or soft): a counter in the ledger. */
+function budgeted(row: { maxBudget: string | null; softBudget: string | null; budgetId?: string | null }, identity: IdentityView): boolean {
+  const budget = row.budgetId ? identity.budgets.get(row.budgetId) : undefined;
+  return (row.maxBudget ?? budget?.maxBudget ?? row.softBudget ?? budget?.softBudget ?? null) !== null;
+}
+
+/** Whether the row of a row counter (an id `counterId` made) still has a budget; other counters (per model, provider) always. */
+function stillBudgeted(id: string, identity: IdentityView): boolean {
+  const at = id.indexOf(":");
+  const rest = id.slice(at + 1);
+  switch (id.slice(0, at)) {
+    case "key": {
+      const key = identity.keys.get(rest);
+      return key !== undefined && budgeted(key, identity);
+    }
+    case "team": {
+      const team = identity.teams.get(rest);
+      return team !== undefined && budgeted(team, identity);
+    }
+    case "org": {
+      const org = identity.orgs.get(rest);
+      return org !== undefined && budgeted(org, identity);
+    }
+    case "user": {
+      const user = identity.users.get(rest);
+      return user !== undefined && budgeted({ ...user, budgetId: null }, identity);
+    }
+    case "team_member": {
+      const [teamId = "", userId = ""] = rest.split("\t");
+      const member = identity.teamMember(teamId, userId);
+      return member !== undefined && memberMaxBudget(member, identity) !== null;
+    }
+    default:
+      return true;
+  }
+}
+
+/**
+ * Row counters the ledger has met, per ledger (kept across the plugin's rebuilds on reload). The
+ * ledger reads a counter's stored spend once and then counts its calls; a row whose budget goes
+ * away stops being counted (its calls no longer reserve on it), so its entry is dropped then, and
+ * a budget given to it again starts from the store rather than from what the ledger last had.
+ */
+const metCounters = new WeakMap<BudgetLedger, Set<string>>();
 
 /** A counter whose spend only the log knows (per-model key budgets, provider budgets), on a grid period (or none). */
 function historyCounter(id: string, label: string, limitUsd: number, duration: string, at: number, sumSince: (since: number) => Promise<bigint>): BudgetCounter {
@@ -186,11 +236,31 @@ export default definePlugin({
     const ledger: BudgetLedger | undefined = ctx.ledger;
     if (!identity || !ledger) return {};
     const providers = ctx.settings.providerBudgets;
+    const seen = metCounters.get(ledger) ?? new Set<string>();
+    metCounters.set(ledger, seen);
+    const unsubscribe = identity.onChange((change) => {
+      // A change of one key, team, org or user concerns its own counter; others (memberships, budget objects, all) any.
+      const one =
+        change.kind === "key" ? counterId("key", change.token)
+        : change.kind === "team" ? counterId("team", change.teamId)
+        : change.kind === "org" ? counterId("org", change.orgId)
+        : change.kind === "user" ? counterId("user", change.userId)
+        : undefined;
+      const gone: string[] = [];
+      for (const id of one === undefined ? seen : seen.has(one) ? [one] : []) {
+        if (stillBudgeted(id, identity)) continue;
+        seen.delete(id);
+        gone.push(id);
+      }
+      if (gone.length > 0) void Promise.resolve(ledger.forget(gone)).catch((err) => ctx.log.warn("budget counters of rows without a budget could not be dropped", { error: String(err) }));
+    });
     return {
+      dispose: unsubscribe,
       budget: {
         reserve(intent) {
           const counters = countersFor(intent, identity, ctx.spendHistory, providers);
           if (counters.length === 0) return GRANTED;
+          for (const c of counters) seen.add(c.id);
           const toLease = (r: LedgerGrant | LedgerRefusal): Lease | Denied => (r.ok ? { ok: true, settle: (_usage, cost) => r.settle(cost) } : refusal(r, intent));
           const result = ledger.reserve(counters, intent.worstCaseCost);
           return result instanceof Promise ? result.then(toLease) : toLease(result);

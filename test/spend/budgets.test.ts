@@ -171,6 +171,15 @@ for (const backend of BACKENDS) {
       expect((await call(gw, onBudget.key)).body.error.message).toMatch(/^Budget would be exceeded: Key .* \(spend \$2\.0000000000\d+, \$0 held by calls in flight\)/);
     });
 
+    test("a budget removed and given again counts what was spent without it", async () => {
+      const { key, token } = await newKey(gw, { max_budget: 0 });
+      expect((await call(gw, key)).body.error.type).toBe("budget_exceeded");
+      expect((await requestJson(gw, "POST", "/key/update", { body: { key: token, max_budget: null } })).status).toBe(200);
+      for (let i = 0; i < 2; i++) expect((await call(gw, key)).status).toBe(200);
+      expect((await requestJson(gw, "POST", "/key/update", { body: { key: token, max_budget: budgetFor(2) } })).status).toBe(200);
+      expect((await call(gw, key)).body.error.message).toMatch(/^Budget would be exceeded: Key .* \(spend \$2\.0000000000\d+, \$0 held by calls in flight\)/);
+    });
+
     test("a reservation larger than what is left is refused before spend reaches the budget, and says why", async () => {
       const { key } = await newKey(gw, { max_budget: 1.5 });
       expect((await call(gw, key)).status).toBe(200);
