@@ -488,6 +488,9 @@ export interface RateWindows {
   acquire(counters: readonly RateCounter[], tokens: number): RateGrant | RateRefusal | Promise<RateGrant | RateRefusal>;
 }
 
+/** The rows that keep their own spend, each a budget counter. */
+export type CounterTable = "key" | "team" | "org" | "user" | "team_member";
+
 /** Sums of the stored spend log, for budgets whose spend is not kept on a row. */
 export interface SpendHistory {
   sum(filter: { apiKey?: string; modelGroup?: string; provider?: string; since: number }): Promise<bigint>;
@@ -495,7 +498,7 @@ export interface SpendHistory {
    * A spend counter's row as stored once every call already ended is written (the identity
    * mirror's copy is as old as the row's last change); undefined when the row is gone.
    */
-  counter?(table: "key" | "team" | "org" | "user" | "team_member", id: string): Promise<{ spend: string; budgetResetAt: Date | null } | undefined>;
+  counter?(table: CounterTable, id: string): Promise<{ spend: string; budgetResetAt: Date | null } | undefined>;
 }
 
 export interface Logger {

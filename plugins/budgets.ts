@@ -20,6 +20,7 @@ import {
   type BudgetLedger,
   type BudgetRow,
   type CallIntent,
+  type CounterTable,
   type Denied,
   definePlugin,
   type Hooks,
@@ -60,8 +61,6 @@ function limitsOf(row: Limits, budget: BudgetRow | undefined) {
 
 /** How long the ledger waits for a counter's stored spend before it takes the identity mirror's copy (the store may be away). */
 const STORED_SPEND_WAIT_MS = 2000;
-
-type CounterTable = "key" | "team" | "org" | "user" | "team_member";
 
 /**
  * A counter for a row that keeps its own spend (key, team, org, user, team member). The ledger

@@ -3,13 +3,12 @@
  * each with the budget period it belongs to. Plain JSON (money as decimal text), so a queue that
  * outgrows memory can spill to disk and come back unchanged.
  */
-import type { CallRecord } from "../contract.ts";
+import type { CallRecord, CounterTable } from "../contract.ts";
 import type { IdentityCache } from "../identity/cache.ts";
 import { teamMemberId } from "../identity/records.ts";
 import { periodEnd } from "./period.ts";
 import { storable } from "./row-text.ts";
 
-export type CounterTable = "key" | "team" | "org" | "user" | "team_member";
 
 export interface Charge {
   table: CounterTable;

@@ -8,7 +8,8 @@ import { sql } from "drizzle-orm";
 import type { Store } from "../store/db.ts";
 import { rows } from "../store/sql.ts";
 import { picoToText } from "../cost/money.ts";
-import type { CounterTable, SpendEntry } from "./entry.ts";
+import type { CounterTable } from "../contract.ts";
+import type { SpendEntry } from "./entry.ts";
 import { copyIds, copyRows, SPEND_LOG_COLUMNS, storableJson } from "./row-text.ts";
 
 /** UTC calendar day of an instant. */

@@ -4,11 +4,10 @@
  * that day's log rows (indexed by time), so the cost stays small whatever the period.
  */
 import { type SQL, sql } from "drizzle-orm";
-import type { SpendHistory } from "../contract.ts";
+import type { CounterTable, SpendHistory } from "../contract.ts";
 import { columnToPico } from "../cost/money.ts";
 import type { Db } from "../store/db.ts";
 import { rows } from "../store/sql.ts";
-import type { CounterTable } from "./entry.ts";
 import { dayOf } from "./flush.ts";
 
 const DAY_MS = 86_400_000;
