@@ -13,7 +13,7 @@ function snake(prop: string): string {
 }
 
 /** How many decimals a number's shortest text has (`1.5e-7`: 8). */
-function decimalsOf(v: number): number {
+export function decimalsOf(v: number): number {
   const [mantissa = "", exponent = "0"] = String(v).split("e");
   return Math.max(0, (mantissa.split(".")[1]?.length ?? 0) - Number(exponent));
 }

@@ -516,6 +516,30 @@ for (const backend of BACKENDS) {
         expect((await api(`/key/info?key=${k.token}`)).body.info.spend).toBe(0);
         expect((await api(`/key/${sha256("missing")}/reset_spend`, { method: "POST" })).status).toBe(404);
       });
+
+      test("compares and stores amounts exactly: above $8,192 two amounts one pico-dollar apart are one double", async () => {
+        // Raw JSON text: in JavaScript 9000.000000000001 and 9000.000000000002 are the same number.
+        const raw = async (path: string, body: string) => {
+          const res = await fetch(gw.url + path, { method: "POST", headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" }, body });
+          return { status: res.status, text: await res.text() };
+        };
+        const k = await generate({});
+        const token = k.token as string;
+        // A spend as calls leave it, to the pico-dollar (a body's number is read as a double).
+        await db().execute(sql`update virtual_keys set spend = 9000.000000000001 where token = ${token}`);
+        await gw.host!.services.bus!.publish({ kind: "key", token });
+        // Higher by a pico-dollar: refused (compared as doubles it was accepted, and spend went up).
+        const higher = await raw(`/key/${token}/reset_spend`, '{"reset_to":9000.000000000002}');
+        expect(higher.status).toBe(400);
+        expect(higher.text).toContain('"param":"reset_to"');
+        const finer = await raw(`/key/${token}/reset_spend`, '{"reset_to":0.0000000000001}');
+        expect(finer.status).toBe(400);
+        expect(finer.text).toContain("decimals");
+        const lower = await raw(`/key/${token}/reset_spend`, '{"reset_to":8999.99999999}');
+        expect(lower.status).toBe(200);
+        expect(lower.text).toContain('"spend":8999.99999999');
+        expect(lower.text).toContain('"previous_spend":9000.000000000001');
+      });
     });
 
     describe("/key/block, /key/unblock, /key/delete, /key/health", () => {

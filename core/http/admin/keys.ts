@@ -24,7 +24,8 @@ import {
   UpdateKeySchema,
 } from "../../identity/key-fields.ts";
 import type { IdentityChange, KeyRow, TeamRow } from "../../identity/records.ts";
-import { toApi } from "../../identity/serialize.ts";
+import { decimalsOf, toApi } from "../../identity/serialize.ts";
+import { columnToPico, exactUsdJson, PICO_DIGITS, picoToText, usdToPico } from "../../cost/money.ts";
 import { choice, flag, integer } from "../../identity/paging.ts";
 import { rotateKey } from "../../identity/rotation.ts";
 import type { Db } from "../../store/db.ts";
@@ -353,7 +354,7 @@ async function updateFields(ctx: AdminCtx, row: KeyRow, body: KeyBody): Promise<
       }
     }
     if ("organizationId" in fields && fields.organizationId !== row.organizationId) throw forbidden("Only a proxy admin may change a key's organization.");
-    const spendChanged = "spend" in fields && Number(fields.spend) !== Number(row.spend);
+    const spendChanged = "spend" in fields && (fields.spend === null || usdToPico(String(fields.spend)) !== columnToPico(row.spend));
     const blockChanged = "blocked" in fields && fields.blocked !== row.blocked;
     if ((spendChanged || blockChanged) && !caller.isTeamAdmin(row.teamId)) {
       throw forbidden("Only a proxy admin or an admin of the key's team may change its spend or blocked state.");
@@ -502,20 +503,23 @@ async function resetSpend(ctx: AdminCtx): Promise<Record<string, unknown>> {
   ctx.caller.requireWriter();
   await ctx.flushSpend();
   const row = await keyInReach(ctx, pathKey(ctx), "/key/{key_id}/reset_spend");
-  const previous = Number(row.spend);
-  const to = input.reset_to ?? 0;
-  if (to > previous) throw badRequest(`reset_to (${to}) must be between 0 and the current spend (${previous}).`, "reset_to");
+  const asked = input.reset_to ?? 0;
+  if (decimalsOf(asked) > PICO_DIGITS) throw badRequest(`reset_to has more than ${PICO_DIGITS} decimals (${asked}): amounts are kept to ${PICO_DIGITS} decimals.`, "reset_to");
+  // Compared exactly: as doubles, amounts from $8,192 up that differ in their last decimals compare equal.
+  const previous = columnToPico(row.spend);
+  const to = usdToPico(asked);
+  if (to > previous) throw badRequest(`reset_to (${picoToText(to)}) must be between 0 and the current spend (${picoToText(previous)}).`, "reset_to");
   const [updated] = await ctx.db
     .update(virtualKeys)
-    .set({ spend: String(to), updatedBy: ctx.caller.changedBy, updatedAt: new Date() })
+    .set({ spend: picoToText(to), updatedBy: ctx.caller.changedBy, updatedAt: new Date() })
     .where(eq(virtualKeys.token, row.token))
     .returning();
   if (!updated) throw notFound("Key not found: it was deleted meanwhile.", "key");
   await ctx.changed({ kind: "key", token: row.token });
   await ctx.forgetBudgets([counterId("key", row.token)]);
-  await ctx.audit({ action: "spend_reset", table: TABLE, objectId: row.token, before: { spend: previous }, after: { spend: to } });
+  await ctx.audit({ action: "spend_reset", table: TABLE, objectId: row.token, before: { spend: exactUsdJson(previous) }, after: { spend: exactUsdJson(to) } });
   const out = toApi(updated);
-  return { key_hash: row.token, spend: out.spend, previous_spend: previous, max_budget: out.max_budget ?? null, budget_reset_at: out.budget_reset_at ?? null };
+  return { key_hash: row.token, spend: out.spend, previous_spend: exactUsdJson(previous), max_budget: out.max_budget ?? null, budget_reset_at: out.budget_reset_at ?? null };
 }
 
 async function bulkUpdate(ctx: AdminCtx): Promise<Record<string, unknown>> {
