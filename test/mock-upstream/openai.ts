@@ -24,6 +24,17 @@ interface FaultTarget {
   path?: string;
 }
 
+/** OpenAI's error bodies for a prompt over the context window and for a refusal by its safety system (sent with a 400). */
+export const CONTEXT_ERROR = {
+  error: {
+    message: "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens.",
+    type: "invalid_request_error",
+    param: "messages",
+    code: "context_length_exceeded",
+  },
+};
+export const POLICY_ERROR = { error: { message: "Your request was rejected as a result of our safety system.", type: "invalid_request_error", param: null, code: "content_policy_violation" } };
+
 /** One misbehaviour, applied to exactly one matching request (FIFO). */
 export type Fault = FaultTarget &
   (

@@ -157,21 +157,22 @@ function decodeOpenAI(events: WireEvent[]): Answer {
     if (e.data === "[DONE]") continue;
     const chunk = JSON.parse(e.data) as Json;
     if (chunk.usage) a.usage = { prompt: num(obj(chunk.usage).prompt_tokens), completion: num(obj(chunk.usage).completion_tokens) };
-    for (const ch of (chunk.choices as Json[] | undefined) ?? []) {
-      const c = choiceOf(a, num(ch.index));
-      const d = obj(ch.delta);
-      c.content += str(d.content);
-      for (const t of (d.tool_calls as Json[] | undefined) ?? []) {
-        const call = c.tools[num(t.index)] ?? { id: "", name: "", arguments: "" };
-        c.tools[num(t.index)] = call;
-        if (t.id) call.id = str(t.id);
-        const f = obj(t.function);
-        if (f.name) call.name = str(f.name);
-        call.arguments += str(f.arguments);
-      }
-    }
+    for (const ch of (chunk.choices as Json[] | undefined) ?? []) addDelta(choiceOf(a, num(ch.index)), obj(ch.delta));
   }
   return a;
+}
+
+/** An OpenAI chunk's delta (content, tool-call pieces) added to its choice. */
+function addDelta(c: ReturnType<typeof choiceOf>, d: Json): void {
+  c.content += str(d.content);
+  for (const t of (d.tool_calls as Json[] | undefined) ?? []) {
+    const call = c.tools[num(t.index)] ?? { id: "", name: "", arguments: "" };
+    c.tools[num(t.index)] = call;
+    if (t.id) call.id = str(t.id);
+    const f = obj(t.function);
+    if (f.name) call.name = str(f.name);
+    call.arguments += str(f.arguments);
+  }
 }
 
 function decodeAnthropic(events: WireEvent[]): Answer {
@@ -585,21 +586,7 @@ interface Received {
 
 function assembleClient(chunks: ClientChunk[]): Answer {
   const a: Answer = { choices: new Map() };
-  for (const ch of chunks) {
-    for (const choice of ch.choices ?? []) {
-      const c = choiceOf(a, choice.index);
-      const d = obj(choice.delta);
-      c.content += str(d.content);
-      for (const t of (d.tool_calls as Json[] | undefined) ?? []) {
-        const call = c.tools[num(t.index)] ?? { id: "", name: "", arguments: "" };
-        c.tools[num(t.index)] = call;
-        if (t.id) call.id = str(t.id);
-        const f = obj(t.function);
-        if (f.name) call.name = str(f.name);
-        call.arguments += str(f.arguments);
-      }
-    }
-  }
+  for (const ch of chunks) for (const choice of ch.choices ?? []) addDelta(choiceOf(a, choice.index), obj(choice.delta));
   return a;
 }
 

@@ -33,7 +33,7 @@ import { resetDeploymentStates } from "../../core/router/deployment-state.ts";
 import { MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 import { Random, queryString } from "../harness/random.ts";
 import { until } from "../harness/util.ts";
-import { closedPort, type Fault, type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
+import { CONTEXT_ERROR, closedPort, type Fault, type MockOpenAI, POLICY_ERROR, startMockOpenAI } from "../mock-upstream/openai.ts";
 
 const SEED = Number(process.env.ROUTER_DIFF_SEED ?? 5_170_031);
 const SCENARIOS = 24;
@@ -65,15 +65,6 @@ const STEPS: [Step, number][] = [
 /** Short-cooldown scenarios keep every request well under the cooldown: no waits. */
 const QUICK_STEPS = STEPS.filter(([s]) => s !== "hang" && s !== "429ra");
 
-const CONTEXT_ERROR = {
-  error: {
-    message: "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens.",
-    type: "invalid_request_error",
-    param: "messages",
-    code: "context_length_exceeded",
-  },
-};
-const POLICY_ERROR = { error: { message: "Your request was rejected as a result of our safety system.", type: "invalid_request_error", param: null, code: "content_policy_violation" } };
 
 function faultOf(step: Step): Fault {
   switch (step) {

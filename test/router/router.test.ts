@@ -8,7 +8,7 @@ import { afterAll, beforeAll, beforeEach, describe, expect, test } from "bun:tes
 import OpenAI from "openai";
 import { resetDeploymentStates } from "../../core/router/deployment-state.ts";
 import { MASTER_KEY, requestJson, startTestGateway, type TestGateway } from "../harness/gateway.ts";
-import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
+import { CONTEXT_ERROR, type MockOpenAI, POLICY_ERROR, startMockOpenAI } from "../mock-upstream/openai.ts";
 
 const DEAD = "http://127.0.0.1:1/v1";
 let a: MockOpenAI;
@@ -25,15 +25,6 @@ async function post(body: Record<string, unknown>, headers: Record<string, strin
   return { status: res.status, headers: res.headers, body: (await res.json()) as never };
 }
 
-const CONTEXT_ERROR = {
-  error: {
-    message: "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens.",
-    type: "invalid_request_error",
-    param: "messages",
-    code: "context_length_exceeded",
-  },
-};
-const POLICY_ERROR = { error: { message: "Your request was rejected as a result of our safety system.", type: "invalid_request_error", param: null, code: "content_policy_violation" } };
 
 beforeAll(async () => {
   [a, b, c] = await Promise.all([startMockOpenAI({ apiKey: "sk-up" }), startMockOpenAI({ apiKey: "sk-up" }), startMockOpenAI({ apiKey: "sk-up" })]);
