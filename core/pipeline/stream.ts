@@ -153,11 +153,14 @@ export function streamResponse(a: StreamArgs): Response {
         if (ended) return;
         if (next.done) {
           const failedBefore = failure !== undefined;
+          const wholeBefore = transform.complete?.(state) === true;
           if (binary) feedBinary(binary, undefined);
           else {
             parser.push(decoder.decode(), onEvent);
             parser.end(onEvent);
           }
+          // A torn event after the end of the answer (a body cut mid-way through `data: [DONE]`) loses nothing.
+          if (!failedBefore && wholeBefore) failure = undefined;
           // A body that ends before the upstream's end of answer was cut short (a half event left
           // at the end is the same cut, not an unreadable event).
           if (!failedBefore && transform.complete && !transform.complete(state)) {

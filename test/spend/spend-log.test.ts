@@ -344,3 +344,38 @@ describe("an OpenAI-compatible stream that ends after its finish reason, without
     }
   });
 });
+
+describe("a stream torn after its answer was whole (pglite)", () => {
+  test("a half event after the last chunk (a body cut inside `data: [DONE]`) still ends with [DONE], a success", async () => {
+    const { startMockOpenAI } = await import("../mock-upstream/openai.ts");
+    const openai = await startMockOpenAI({ apiKey: "sk-up" });
+    const gw = await startBackendGateway("pglite", {
+      model_list: [{ model_name: "gpt-4o", svc_params: { model: "openai/gpt-4o", api_base: openai.url, api_key: "sk-up" } }],
+      general_settings: { master_key: MASTER_KEY },
+    });
+    try {
+      openai.fault({
+        kind: "wire",
+        shape: (bytes: Uint8Array) => {
+          const text = new TextDecoder().decode(bytes);
+          const torn = new TextEncoder().encode(`${text.slice(0, text.indexOf("data: [DONE]"))}data: {"id":"chatcmpl-tor`);
+          return { bytes: torn, cuts: [], end: { at: torn.length, how: "close" as const } };
+        },
+      });
+      const res = await fetch(`${gw.url}/v1/chat/completions`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+        body: JSON.stringify({ model: "gpt-4o", stream: true, stream_options: { include_usage: true }, messages: [{ role: "user", content: "one two three" }] }),
+      });
+      const text = await res.text();
+      expect(text).not.toContain('"error"');
+      expect(text.trimEnd().endsWith("data: [DONE]")).toBe(true);
+      await gw.host!.spendWriter.flush();
+      const [row] = await rows<LogRow>(gw.host!.store.db, sql`select * from spend_logs where call_id = ${res.headers.get("x-svc-call-id")}`);
+      expect(row).toMatchObject({ status: "success", stream: true });
+    } finally {
+      await gw.stop();
+      await openai.stop();
+    }
+  });
+});
