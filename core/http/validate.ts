@@ -4,6 +4,7 @@ import { Kind, type TSchema } from "@sinclair/typebox";
 import { TypeCompiler } from "@sinclair/typebox/compiler";
 import { type ValueError, Value } from "@sinclair/typebox/value";
 import { GatewayError } from "../errors.ts";
+import { parseKeepingNumberText } from "../identity/exact-numbers.ts";
 import { ChatRequestSchema, CompletionRequestSchema, EmbeddingsRequestSchema, ImageRequestSchema, ModerationRequestSchema, SpeechRequestSchema, TranscriptionRequestSchema } from "../wire.ts";
 
 export function checker<S extends TSchema>(schema: S) {
@@ -99,10 +100,15 @@ export async function readBody(request: Request): Promise<Record<string, unknown
   return (await readBodyWithText(request)).body;
 }
 
+/** `readBody` that keeps the text of numbers a double cannot hold (exact-numbers.ts): for bodies that carry money. */
+export async function readBodyKeepingNumbers(request: Request): Promise<Record<string, unknown>> {
+  return (await readBodyWithText(request, parseKeepingNumberText)).body;
+}
+
 const utf8 = new TextDecoder();
 
 /** The body as a JSON object and the exact text it was parsed from. */
-export async function readBodyWithText(request: Request): Promise<{ body: Record<string, unknown>; text: string }> {
+export async function readBodyWithText(request: Request, parse: (text: string) => unknown = JSON.parse): Promise<{ body: Record<string, unknown>; text: string }> {
   const bytes = await request.bytes();
   // Bytes that are not UTF-8 would be decoded with replacement characters: the prompt the caller
   // sent would not be the one priced, forwarded and logged.
@@ -110,7 +116,7 @@ export async function readBodyWithText(request: Request): Promise<{ body: Record
   const text = utf8.decode(bytes);
   let body: unknown;
   try {
-    body = JSON.parse(text);
+    body = parse(text);
   } catch (err) {
     // Checked only on failure: trimming every body would copy large (base64 image) payloads.
     if (/^\s*$/.test(text)) throw GatewayError.of(400, "Request body is empty: send a JSON object.", "invalid_request_error");

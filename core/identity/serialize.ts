@@ -5,6 +5,7 @@
 import { getTableColumns, type Table } from "drizzle-orm";
 import { exactColumnJson } from "../cost/money.ts";
 import { GatewayError } from "../errors.ts";
+import { writtenNumber } from "./exact-numbers.ts";
 
 const MONEY = new Set(["spend", "max_budget", "soft_budget", "temp_budget_increase", "max_budget_in_team", "max_budget_in_organization"]);
 
@@ -12,10 +13,10 @@ function snake(prop: string): string {
   return prop.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`);
 }
 
-/** How many decimals a number's shortest text has (`1.5e-7`: 8). */
-export function decimalsOf(v: number): number {
-  const [mantissa = "", exponent = "0"] = String(v).split("e");
-  return Math.max(0, (mantissa.split(".")[1]?.length ?? 0) - Number(exponent));
+/** How many decimals a number has, as written or as its shortest text (`1.5e-7`: 8). */
+export function decimalsOf(v: number | string): number {
+  const [mantissa = "", exponent = "0"] = String(v).toLowerCase().split("e");
+  return Math.max(0, (mantissa.split(".")[1]?.replace(/0+$/, "").length ?? 0) - Number(exponent));
 }
 
 /** A row (camelCase properties) as the API returns it. */
@@ -42,12 +43,14 @@ export function fromApi(table: Table, body: Record<string, unknown>, fields?: Re
     const value = body[column.name];
     if (value === undefined) continue;
     if (value !== null && column.columnType === "PgNumeric") {
+      // As the body wrote it: the double it was read as may differ in its last digits.
+      const text = (typeof value === "number" && writtenNumber(body, column.name)) || String(value);
       // The column keeps a fixed number of decimals: more would be rounded away without a word.
       const scale = (column as { scale?: number }).scale ?? 0;
-      if (typeof value === "number" && decimalsOf(value) > scale) {
-        throw GatewayError.of(400, `${column.name} has more than ${scale} decimals (${value}): amounts are kept to ${scale} decimals.`, "invalid_request_error", column.name);
+      if (typeof value === "number" && decimalsOf(text) > scale) {
+        throw GatewayError.of(400, `${column.name} has more than ${scale} decimals (${text}): amounts are kept to ${scale} decimals.`, "invalid_request_error", column.name);
       }
-      out[prop] = String(value);
+      out[prop] = text;
     } else if (value !== null && column.columnType === "PgTimestamp" && typeof value === "string") out[prop] = new Date(value);
     else out[prop] = value;
   }

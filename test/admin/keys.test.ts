@@ -10,6 +10,7 @@ import { sql } from "drizzle-orm";
 import { rotateDueKeys } from "../../core/identity/rotation.ts";
 import type { Db } from "../../core/store/db.ts";
 import { teamMembers, teams, users } from "../../core/store/schema.ts";
+import { rows } from "../../core/store/sql.ts";
 import { BACKENDS, MASTER_KEY, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 import { sha256 } from "../harness/util.ts";
 
@@ -535,10 +536,34 @@ for (const backend of BACKENDS) {
         const finer = await raw(`/key/${token}/reset_spend`, '{"reset_to":0.0000000000001}');
         expect(finer.status).toBe(400);
         expect(finer.text).toContain("decimals");
-        const lower = await raw(`/key/${token}/reset_spend`, '{"reset_to":8999.99999999}');
+        // As written, not as the double it reads as (9000.000000000002): stored and answered exactly.
+        const lower = await raw(`/key/${token}/reset_spend`, '{"reset_to":9000.000000000001}');
         expect(lower.status).toBe(200);
-        expect(lower.text).toContain('"spend":8999.99999999');
+        expect(lower.text).toContain('"spend":9000.000000000001');
         expect(lower.text).toContain('"previous_spend":9000.000000000001');
+        const same = await raw(`/key/${token}/reset_spend`, '{"reset_to":8999.999999999999}');
+        expect(same.text).toContain('"spend":8999.999999999999');
+      });
+
+      test("money in a body is kept as written, not as the nearest double (9000.000000000001 read as 9000.000000000002)", async () => {
+        const res = await fetch(`${gw.url}/key/generate`, {
+          method: "POST",
+          headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+          body: '{"max_budget":9000.000000000001,"soft_budget":1.2345678901234e3}',
+        });
+        const made = (await res.json()) as { token: string; key: string };
+        issued.push(made.key);
+        const [row] = await rows<{ max_budget: string; soft_budget: string }>(db(), sql`select max_budget::text as max_budget, soft_budget::text as soft_budget from virtual_keys where token = ${made.token}`);
+        expect(row).toEqual({ max_budget: "9000.000000000001", soft_budget: "1234.567890123400" });
+        const info = await (await fetch(`${gw.url}/key/info?key=${made.token}`, { headers: { authorization: `Bearer ${MASTER_KEY}` } })).text();
+        expect(info).toContain('"max_budget":9000.000000000001');
+        // Too many decimals as written is refused, also when the double would hide them.
+        const finer = await fetch(`${gw.url}/key/generate`, {
+          method: "POST",
+          headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+          body: '{"max_budget":1.0000000000000001}',
+        });
+        expect(finer.status).toBe(400);
       });
     });
 

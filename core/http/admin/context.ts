@@ -22,7 +22,7 @@ import type { Snapshot } from "../../snapshot.ts";
 import type { Db } from "../../store/db.ts";
 import { auditLog } from "../../store/schema.ts";
 import { authenticate, requireMasterKeyConfigured } from "../auth.ts";
-import { checker, readBody } from "../validate.ts";
+import { checker, readBodyKeepingNumbers } from "../validate.ts";
 
 export interface AdminDeps {
   live: Live;
@@ -129,7 +129,7 @@ export function adminRoute<R>(deps: AdminDeps, handler: (ctx: AdminCtx) => Promi
       log: deps.log,
       async body(schema) {
         if (!parsed) {
-          parsed = await readBody(request);
+          parsed = await readBodyKeepingNumbers(request);
           const at = unstorableAt(parsed);
           if (at !== undefined) throw unstorable(at);
         }

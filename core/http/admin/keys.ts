@@ -25,6 +25,7 @@ import {
 } from "../../identity/key-fields.ts";
 import type { IdentityChange, KeyRow, TeamRow } from "../../identity/records.ts";
 import { decimalsOf, toApi } from "../../identity/serialize.ts";
+import { writtenNumber } from "../../identity/exact-numbers.ts";
 import { columnToPico, exactUsdJson, PICO_DIGITS, picoToText, usdToPico } from "../../cost/money.ts";
 import { choice, flag, integer } from "../../identity/paging.ts";
 import { rotateKey } from "../../identity/rotation.ts";
@@ -503,7 +504,7 @@ async function resetSpend(ctx: AdminCtx): Promise<Record<string, unknown>> {
   ctx.caller.requireWriter();
   await ctx.flushSpend();
   const row = await keyInReach(ctx, pathKey(ctx), "/key/{key_id}/reset_spend");
-  const asked = input.reset_to ?? 0;
+  const asked = writtenNumber(input, "reset_to") ?? input.reset_to ?? 0;
   if (decimalsOf(asked) > PICO_DIGITS) throw badRequest(`reset_to has more than ${PICO_DIGITS} decimals (${asked}): amounts are kept to ${PICO_DIGITS} decimals.`, "reset_to");
   // Compared exactly: as doubles, amounts from $8,192 up that differ in their last decimals compare equal.
   const previous = columnToPico(row.spend);
