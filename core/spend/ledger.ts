@@ -106,9 +106,14 @@ export class LocalLedger implements BudgetLedger {
       for (let i = 0; i < entries.length; i++) {
         const e = entries[i]!;
         e.reserved -= amount;
-        const before = e.spend;
-        e.spend += actual;
-        crossings(counters[i]!, before, e.spend, this.onCross);
+        // The counter was read again while the call ran (a spend reset, a budget given or removed):
+        // that reading could not hold this call's cost, nor its reservation; in the same period the
+        // call counts there (as it does in the stored spend).
+        const now = this.entries.get(counters[i]!.id);
+        const counted = now !== undefined && now !== e && now.periodEnd === e.periodEnd ? now : e;
+        const before = counted.spend;
+        counted.spend += actual;
+        crossings(counters[i]!, before, counted.spend, this.onCross);
       }
     });
   }

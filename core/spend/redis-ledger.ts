@@ -15,8 +15,10 @@ import { type CrossingListener, crossings, grantOnce, LocalLedger, NO_LIMIT } fr
 const PREFIX = "svc:budget:";
 
 // ARGV: amount, then per counter: limit, period, initial spend ('' when not known yet).
-// Returns {0} when granted, {-1, i…} for counters that need their stored spend first, or
-// {i, spend, reserved} for the counter that refused.
+// Returns {0, generation…} when granted, {-1, i…} for counters that need their stored spend
+// first, or {i, spend, reserved} for the counter that refused. A counter's generation (`g`) is
+// new each time it starts from a stored spend, so a settle can tell whether its reservation is
+// still there.
 const RESERVE = `
 local amount = ARGV[1]
 local amt = tonumber(amount)
@@ -31,7 +33,7 @@ for i = 1, #KEYS do
     if init == '' then
       missing[#missing + 1] = i
     else
-      redis.call('HSET', KEYS[i], 's', init, 'r', 0, 'p', want)
+      redis.call('HSET', KEYS[i], 's', init, 'r', 0, 'p', want, 'g', redis.call('INCR', 'svc:budget-generation'))
     end
   end
 end
@@ -48,19 +50,23 @@ for i = 1, #KEYS do
     return {i, s, r}
   end
 end
+local out = {0}
 for i = 1, #KEYS do
   redis.call('HINCRBY', KEYS[i], 'r', amount)
+  out[i + 1] = redis.call('HGET', KEYS[i], 'g') or ''
 end
-return {0}
+return out
 `;
 
-// ARGV: reserved amount, actual cost, then the period each reservation was taken in. A counter
-// that moved to a new period meanwhile keeps its fresh start: the old reservation is dropped.
+// ARGV: reserved amount, actual cost, then per counter the period and generation the reservation
+// was taken in. A counter that moved to a new period meanwhile keeps its fresh start: the old
+// reservation is dropped. One read again from the store in the same period (a spend reset) holds
+// no reservation of the call, but the call's cost counts there, as in the stored spend.
 const SETTLE = `
 local out = {}
 for i = 1, #KEYS do
-  if redis.call('HGET', KEYS[i], 'p') == ARGV[2 + i] then
-    if ARGV[1] ~= '0' then redis.call('HINCRBY', KEYS[i], 'r', '-' .. ARGV[1]) end
+  if redis.call('HGET', KEYS[i], 'p') == ARGV[1 + 2 * i] then
+    if ARGV[1] ~= '0' and (redis.call('HGET', KEYS[i], 'g') or '') == ARGV[2 + 2 * i] then redis.call('HINCRBY', KEYS[i], 'r', '-' .. ARGV[1]) end
     out[i] = tostring(redis.call('HINCRBY', KEYS[i], 's', ARGV[2]))
   else
     out[i] = ''
@@ -107,7 +113,7 @@ export class RedisLedger implements BudgetLedger {
         const res = await this.redis.svcBudgetReserve(keys.length, ...keys, ...args);
         this.recovered();
         const head = Number(res[0]);
-        if (head === 0) return this.grant(counters, keys, amount);
+        if (head === 0) return this.grant(counters, keys, amount, res.slice(1).map(String));
         if (head > 0) return { ok: false, counter: counters[head - 1]!, spend: BigInt(String(res[1])), reserved: BigInt(String(res[2])) };
         // Counters Redis has not seen this period: read their stored spend, then ask again.
         for (const i of res.slice(1).map(Number)) known.set(i - 1, await counters[i - 1]!.storedSpend());
@@ -123,7 +129,7 @@ export class RedisLedger implements BudgetLedger {
           local.settle(actual);
           if (!this.degraded) {
             void this.redis
-              .svcBudgetSettle(keys.length, ...keys, "0", actual.toString(), ...counters.map(periodText))
+              .svcBudgetSettle(keys.length, ...keys, "0", actual.toString(), ...counters.flatMap((c) => [periodText(c), ""]))
               .catch((err) => this.log.warn("budget settle failed in redis; the spend log still has the call", { error: String(err) }));
             return;
           }
@@ -144,17 +150,17 @@ export class RedisLedger implements BudgetLedger {
     this.unsynced = new Map();
     for (const { counter, amount } of pending) {
       try {
-        await this.redis.svcBudgetSettle(1, PREFIX + counter.id, "0", amount.toString(), periodText(counter));
+        await this.redis.svcBudgetSettle(1, PREFIX + counter.id, "0", amount.toString(), periodText(counter), "");
       } catch (err) {
         this.log.warn("could not add spend counted during the redis outage; the store still has it", { budget: counter.label, error: String(err) });
       }
     }
   }
 
-  private grant(counters: readonly BudgetCounter[], keys: string[], amount: bigint): LedgerGrant {
+  private grant(counters: readonly BudgetCounter[], keys: string[], amount: bigint, generations: string[]): LedgerGrant {
     return grantOnce((actual: bigint) => {
       this.redis
-        .svcBudgetSettle(keys.length, ...keys, amount.toString(), actual.toString(), ...counters.map(periodText))
+        .svcBudgetSettle(keys.length, ...keys, amount.toString(), actual.toString(), ...counters.flatMap((c, i) => [periodText(c), generations[i] ?? ""]))
         .then((after) => {
           for (const [i, s] of after.entries()) {
             if (s === "") continue;

@@ -1,0 +1,58 @@
+// The budget ledger (in memory and in Redis) when a counter is read again from the store while a
+// call that reserved on it is still running (an admin spend reset, a budget given again): the
+// call's cost counts in the new reading, as it does in the stored spend, and its reservation,
+// which the new reading never held, is not taken off it.
+import { afterAll, describe, expect, test } from "bun:test";
+import { randomUUID } from "node:crypto";
+import Redis from "ioredis";
+import type { BudgetCounter, BudgetLedger, LedgerGrant } from "../../core/contract.ts";
+import { LocalLedger } from "../../core/spend/ledger.ts";
+import { RedisLedger } from "../../core/spend/redis-ledger.ts";
+import { memoryLogger } from "../harness/gateway.ts";
+
+const redis = new Redis({ host: "127.0.0.1", port: 6379, maxRetriesPerRequest: 1 });
+afterAll(() => redis.disconnect());
+
+const LEDGERS: [string, () => BudgetLedger][] = [
+  ["in memory", () => new LocalLedger()],
+  ["in Redis", () => new RedisLedger(redis, memoryLogger())],
+];
+
+for (const [name, make] of LEDGERS) {
+  describe(`budget ledger ${name}`, () => {
+    test("a call in flight across a spend reset counts its cost after the reset, not its reservation", async () => {
+      const ledger = make();
+      let stored = 0n;
+      const counter: BudgetCounter = { id: `key:${randomUUID()}`, label: "Key test", limit: 10n, periodEnd: null, storedSpend: () => stored };
+      const first = (await ledger.reserve([counter], 4n)) as LedgerGrant;
+      expect(first.ok).toBe(true);
+      // The reset: the counter is dropped, its stored spend is 0, the next call reads it again.
+      await ledger.forget([counter.id]);
+      stored = 0n;
+      const second = (await ledger.reserve([counter], 4n)) as LedgerGrant;
+      expect(second.ok).toBe(true);
+      first.settle(3n);
+      second.settle(2n);
+      await Bun.sleep(50); // Redis settles asynchronously
+      // Spend 5 and nothing reserved: 6 more would pass the limit of 10, 5 would not.
+      const over = await ledger.reserve([counter], 6n);
+      expect(over.ok).toBe(false);
+      if (!over.ok) expect([over.spend, over.reserved]).toEqual([5n, 0n]);
+      expect((await ledger.reserve([counter], 5n)).ok).toBe(true);
+    });
+
+    test("a call in flight across a new period is not counted in the new one", async () => {
+      const ledger = make();
+      const id = `key:${randomUUID()}`;
+      const old: BudgetCounter = { id, label: "Key test", limit: 10n, periodEnd: 1_000, storedSpend: () => 0n };
+      const call = (await ledger.reserve([old], 4n)) as LedgerGrant;
+      const next: BudgetCounter = { ...old, periodEnd: 2_000 };
+      const fresh = (await ledger.reserve([next], 10n)) as LedgerGrant;
+      expect(fresh.ok).toBe(true);
+      call.settle(3n);
+      fresh.settle(0n);
+      await Bun.sleep(50);
+      expect((await ledger.reserve([next], 10n)).ok).toBe(true);
+    });
+  });
+}
