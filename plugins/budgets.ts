@@ -246,7 +246,9 @@ export default definePlugin({
         : change.kind === "user" ? counterId("user", change.userId)
         : undefined;
       const gone: string[] = [];
-      for (const id of one === undefined ? seen : seen.has(one) ? [one] : []) {
+      // One row's counter is dropped even if this instance never met it: with Redis another instance
+      // (or this one before a restart) may have left it there.
+      for (const id of one === undefined ? seen : [one]) {
         if (stillBudgeted(id, identity)) continue;
         seen.delete(id);
         gone.push(id);

@@ -420,6 +420,31 @@ describe("two instances sharing PostgreSQL and Redis", () => {
       await db.drop();
     }
   }, 60_000);
+
+  test("a budget removed on an instance that never met the key, then given again, counts what was spent without it", async () => {
+    const db = await freshDatabase("gw_budget_gone");
+    const redisUrl = process.env.TEST_REDIS_URL ?? "redis://127.0.0.1:6379";
+    const a = await startTestGateway(CONFIG, { store: { databaseUrl: db.url, redisUrl } });
+    let b: TestGateway | undefined;
+    try {
+      // a meets the key's counter (in Redis), then goes away.
+      const { key, token } = await newKey(a, { max_budget: 0 });
+      expect((await call(a, key)).body.error.type).toBe("budget_exceeded");
+      await a.stop();
+      // b never met it: the budget goes, $2 is spent, a budget of $2 comes back.
+      b = await startTestGateway(CONFIG, { store: { databaseUrl: db.url, redisUrl } });
+      expect((await requestJson(b, "POST", "/key/update", { body: { key: token, max_budget: null } })).status).toBe(200);
+      for (let i = 0; i < 2; i++) expect((await call(b, key)).status).toBe(200);
+      expect((await requestJson(b, "POST", "/key/update", { body: { key: token, max_budget: budgetFor(2) } })).status).toBe(200);
+      // Redis's counter from before the removal said $0; the store says $2.
+      const last = await call(b, key);
+      expect(last.body.error?.message, JSON.stringify(last.body).slice(0, 300)).toMatch(/^Budget would be exceeded: Key .* \(spend \$2\.0000000000\d+/);
+    } finally {
+      await a.stop();
+      await b?.stop();
+      await db.drop();
+    }
+  }, 60_000);
 });
 
 describe("Redis outage", () => {
