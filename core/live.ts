@@ -5,6 +5,7 @@
 import { type FSWatcher, watch } from "chokidar";
 import type { Logger } from "./contract.ts";
 import { readConfig } from "./config/load.ts";
+import type { GatewayConfig } from "./config/schema.ts";
 import type { HostServices } from "./services.ts";
 import { buildSnapshot, type Snapshot, SnapshotError } from "./snapshot.ts";
 
@@ -18,6 +19,8 @@ export interface Pin {
 export class Live {
   private snap: Snapshot;
   private text: string;
+  /** The config the current snapshot was built from (the last good file). */
+  private config: GatewayConfig;
   private readonly pins = new Map<Snapshot, number>();
   private readonly retired = new Set<Snapshot>();
   private chain: Promise<unknown> = Promise.resolve();
@@ -32,13 +35,16 @@ export class Live {
     private readonly services: HostServices,
     first: Snapshot,
     text: string,
+    config: GatewayConfig,
   ) {
     this.snap = first;
     this.text = text;
-    // Stored models changed (here or on another instance): rebuild with the same config.
+    this.config = config;
+    // Stored models changed (here or on another instance): rebuild with the config that serves,
+    // not the file, which may be half-edited or invalid right now (its own reload reports that).
     services.identity?.onChange((c) => {
       if (c.kind !== "models" && c.kind !== "all") return;
-      const run = this.reload("stored models changed", true);
+      const run = this.rebuildStoredModels();
       run.catch(() => undefined);
       this.modelsReload = run;
     });
@@ -54,7 +60,7 @@ export class Live {
     if (!result.ok) throw new SnapshotError(result.errors);
     for (const w of result.warnings) log.warn(`config: ${w}`);
     const snap = await buildSnapshot(result.config, configPath, 1, log, services);
-    return new Live(configPath, log, services, snap, result.text);
+    return new Live(configPath, log, services, snap, result.text, result.config);
   }
 
   get current(): Snapshot {
@@ -88,6 +94,13 @@ export class Live {
     return run;
   }
 
+  /** Rebuilds with the serving config (stored models are read again), queued like `reload`. */
+  private rebuildStoredModels(): Promise<ReloadResult> {
+    const run = this.chain.then(() => this.swap("stored models changed", this.config, this.text));
+    this.chain = run.catch(() => undefined);
+    return run;
+  }
+
   private async doReload(reason: string, force: boolean): Promise<ReloadResult> {
     const result = await readConfig(this.configPath);
     if (!result.ok) {
@@ -96,9 +109,13 @@ export class Live {
     }
     if (!force && result.text === this.text) return { ok: true, version: this.snap.version, changed: false };
     for (const w of result.warnings) this.log.warn(`config: ${w}`);
+    return this.swap(reason, result.config, result.text);
+  }
+
+  private async swap(reason: string, config: GatewayConfig, text: string): Promise<ReloadResult> {
     let next: Snapshot;
     try {
-      next = await buildSnapshot(result.config, this.configPath, this.snap.version + 1, this.log, this.services);
+      next = await buildSnapshot(config, this.configPath, this.snap.version + 1, this.log, this.services);
     } catch (err) {
       const errors = err instanceof SnapshotError ? err.errors : [String(err)];
       this.log.error("config reload rejected; the previous config keeps serving", { reason, errors });
@@ -106,7 +123,8 @@ export class Live {
     }
     const old = this.snap;
     this.snap = next;
-    this.text = result.text;
+    this.text = text;
+    this.config = config;
     this.retired.add(old);
     if (!this.pins.has(old)) void this.dispose(old);
     this.log.info("config reloaded", { reason, version: next.version, models: next.models.entries.length });

@@ -284,3 +284,40 @@ for (const backend of ["pglite", "postgres"] as const) {
     }
   });
 }
+
+describe("a stored model written while config.yaml on disk is invalid", () => {
+  test("serves at once on the last good config; the bad file is still refused and the good one accepted later", async () => {
+    const gw = await startTestGateway(CONFIG, { store: {} });
+    try {
+      const post = async (path: string, body: unknown) => {
+        const res = await fetch(gw.url + path, { method: "POST", headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" }, body: JSON.stringify(body) });
+        return { status: res.status, text: await res.text() };
+      };
+      const chat = async (model: string) => {
+        const res = await fetch(`${gw.baseURL}/chat/completions`, {
+          method: "POST",
+          headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+          body: JSON.stringify({ model, messages: [{ role: "user", content: "hi" }] }),
+        });
+        return { status: res.status, body: (await res.json()) as Json };
+      };
+      // An operator is half-way through an edit: the file does not parse, nothing reloaded it yet.
+      gw.writeConfig("model_list:\n  - model_name: [unclosed\n");
+      const created = await post("/model/new", { model_name: "while-bad", svc_params: { model: "mock/fixed", mock_response: "stored" }, model_info: { id: "while-bad-1" } });
+      expect(created.status, created.text).toBe(200);
+      expect((await chat("while-bad")).status).toBe(200);
+      expect((await chat("chat-mock")).status).toBe(200);
+      const deleted = await post("/model/delete", { id: "while-bad-1" });
+      expect(deleted.status, deleted.text).toBe(200);
+      expect((await chat("while-bad")).status).toBe(400);
+      // The bad file is still what a file reload sees: refused, the config keeps serving.
+      expect((await gw.live.reload("file changed")).ok).toBe(false);
+      expect((await chat("chat-mock")).status).toBe(200);
+      gw.writeConfig({ ...CONFIG, model_list: [...CONFIG.model_list, { model_name: "fixed-later", svc_params: { model: "mock/later" } }] });
+      expect((await gw.live.reload("file changed")).ok).toBe(true);
+      expect((await chat("fixed-later")).status).toBe(200);
+    } finally {
+      await gw.stop();
+    }
+  });
+});
