@@ -22,6 +22,8 @@ import { renderedText, shapedStream, type WireShaper } from "./wire-shape.ts";
 /** Fields every fault accepts: `path` restricts it to one endpoint ("/v1/chat/completions" or "/chat/completions"). */
 interface FaultTarget {
   path?: string;
+  /** Applies only to a request whose body text contains this (e.g. a marker in the prompt), so concurrent traffic cannot take it. */
+  match?: string;
 }
 
 /** OpenAI's error bodies for a prompt over the context window and for a refusal by its safety system (sent with a 400). */
@@ -996,8 +998,10 @@ function pathMatches(fault: Fault, pathname: string): boolean {
   return fault.path === undefined || fault.path === pathname || `/v1${fault.path}` === pathname;
 }
 
-function takeFault(faults: Fault[], pathname: string): Fault | undefined {
-  const index = faults.findIndex((f) => pathMatches(f, pathname));
+function takeFault(faults: Fault[], pathname: string, body: ParsedBody): Fault | undefined {
+  let text: string | undefined;
+  const bodyText = () => (text ??= body.ok ? (JSON.stringify(body.value) ?? "") : body.raw);
+  const index = faults.findIndex((f) => pathMatches(f, pathname) && (f.match === undefined || bodyText().includes(f.match)));
   return index === -1 ? undefined : faults.splice(index, 1)[0];
 }
 
@@ -1073,7 +1077,7 @@ async function handle(req: Request, state: MockState, options: MockOpenAIOptions
   const body = multipart ? await parseForm(req) : parseBody(req.method === "GET" || req.method === "HEAD" ? "" : await req.text());
   if (options.record !== false) recordRequest(state, req, url, body);
 
-  const fault = takeFault(state.faults, url.pathname);
+  const fault = takeFault(state.faults, url.pathname, body);
   if (fault) {
     const early = await applyEarlyFault(ctx, fault, req.signal);
     if (early) return early;
