@@ -4,7 +4,7 @@
  */
 import { type FSWatcher, watch } from "chokidar";
 import type { Logger } from "./contract.ts";
-import { readConfig } from "./config/load.ts";
+import { applyConfigEnv, readConfig } from "./config/load.ts";
 import type { GatewayConfig } from "./config/schema.ts";
 import type { HostServices } from "./services.ts";
 import { buildSnapshot, type Snapshot, SnapshotError } from "./snapshot.ts";
@@ -59,6 +59,7 @@ export class Live {
     const result = await readConfig(configPath);
     if (!result.ok) throw new SnapshotError(result.errors);
     for (const w of result.warnings) log.warn(`config: ${w}`);
+    applyConfigEnv(result.env);
     const snap = await buildSnapshot(result.config, configPath, 1, log, services);
     return new Live(configPath, log, services, snap, result.text, result.config);
   }
@@ -109,14 +110,17 @@ export class Live {
     }
     if (!force && result.text === this.text) return { ok: true, version: this.snap.version, changed: false };
     for (const w of result.warnings) this.log.warn(`config: ${w}`);
-    return this.swap(reason, result.config, result.text);
+    return this.swap(reason, result.config, result.text, result.env);
   }
 
-  private async swap(reason: string, config: GatewayConfig, text: string): Promise<ReloadResult> {
+  private async swap(reason: string, config: GatewayConfig, text: string, env: Record<string, string> = {}): Promise<ReloadResult> {
     let next: Snapshot;
+    // The new file's environment_variables are set for its build (plugins and providers read them), and taken back if it fails.
+    const undoEnv = applyConfigEnv(env);
     try {
       next = await buildSnapshot(config, this.configPath, this.snap.version + 1, this.log, this.services);
     } catch (err) {
+      undoEnv();
       const errors = err instanceof SnapshotError ? err.errors : [String(err)];
       this.log.error("config reload rejected; the previous config keeps serving", { reason, errors });
       return { ok: false, errors };

@@ -205,6 +205,37 @@ describe("a bad file written over a good one", () => {
   });
 });
 
+describe("environment_variables of a refused file", () => {
+  const LEAK = "GW_RELOAD_LEAK_TEST";
+  afterAll(() => {
+    delete process.env[LEAK];
+  });
+
+  test("are not applied: a later good file's os.environ/ reference stays unset; a good file's are applied", async () => {
+    delete process.env[LEAK];
+    const { gw, client } = await gateway(withModels("alpha"));
+    const refused = [
+      // A schema error, and an error only the registry build finds.
+      { environment_variables: { [LEAK]: "from-a-bad-file" }, model_list: [{ model_name: "x", svc_params: { model: "mock/x", rpm: 0 } }], general_settings: { master_key: MASTER_KEY } },
+      { environment_variables: { [LEAK]: "from-a-bad-file" }, model_list: [{ model_name: "x", svc_params: { model: "nosuch/x" } }], general_settings: { master_key: MASTER_KEY } },
+    ];
+    for (const bad of refused) {
+      gw.writeConfig(bad);
+      expect((await gw.live.reload("file changed")).ok).toBe(false);
+      expect(process.env[LEAK]).toBeUndefined();
+    }
+    const envModel = { model_name: "env-model", svc_params: { model: "mock/e", mock_response: `os.environ/${LEAK}` } };
+    gw.writeConfig({ model_list: [envModel], general_settings: { master_key: MASTER_KEY } });
+    expect((await gw.live.reload("file changed")).ok).toBe(true);
+    expect(await ask(client, "env-model")).not.toBe("from-a-bad-file");
+
+    gw.writeConfig({ environment_variables: { [LEAK]: "from-a-good-file" }, model_list: [envModel], general_settings: { master_key: MASTER_KEY } });
+    expect((await gw.live.reload("file changed")).ok).toBe(true);
+    expect(process.env[LEAK]).toBe("from-a-good-file");
+    expect(await ask(client, "env-model")).toBe("from-a-good-file");
+  });
+});
+
 describe("SIGHUP", () => {
   const ENV = "GW_RELOAD_TEST_REPLY";
   afterAll(() => {
