@@ -38,6 +38,8 @@ const WILD_CALLS = ["openai/q1", "openai/q2", "rd-x", "rd-yy"];
 const NEVER = ["nope", "openai", "alpha-2"];
 const LONG_CHUNKS = 40;
 const LONG_DELAY_MS = 45;
+/** Set only by refused files (`environment_variables`); good files send it as a header, which must stay unset. */
+const LEAK_ENV = `RD_DIFF_LEAK_${process.pid}`;
 
 type Json = Record<string, unknown>;
 
@@ -55,6 +57,8 @@ interface Dep {
   infoIn?: string;
   infoOut?: string;
   db: boolean;
+  /** Sends header x-rd-env: os.environ/LEAK_ENV. */
+  envHeader?: boolean;
 }
 
 interface State {
@@ -143,7 +147,7 @@ function randomConfig(rng: Random): Dep[] {
   for (const name of rng.some(NAMES, 4)) {
     for (let i = 1 + rng.int(3); i > 0; i--) {
       const explicit = rng.chance(0.75);
-      deps.push(pricedDep(rng, { name, id: explicit ? newId(name) : undefined, explicitId: explicit, upstream: rng.int(UPSTREAMS), svcModel: `openai/rd${++serial}`, db: false }));
+      deps.push(pricedDep(rng, { name, id: explicit ? newId(name) : undefined, explicitId: explicit, upstream: rng.int(UPSTREAMS), svcModel: `openai/rd${++serial}`, db: false, envHeader: rng.chance(0.3) }));
     }
   }
   for (const [pattern, prefix] of [
@@ -162,6 +166,7 @@ const num = (t: string | undefined) => (t === undefined ? undefined : Number(t))
 
 function entryOf(d: Dep, mocks: MockOpenAI[]): Json {
   const svc: Json = { model: d.svcModel, api_base: mocks[d.upstream]!.url, api_key: "sk-upstream" };
+  if (d.envHeader) svc.headers = { "x-rd-env": `os.environ/${LEAK_ENV}` };
   if (d.svcIn !== undefined) svc.input_cost_per_token = num(d.svcIn);
   if (d.svcOut !== undefined) svc.output_cost_per_token = num(d.svcOut);
   const info: Json = {};
@@ -182,6 +187,7 @@ function configOf(deps: Dep[], mocks: MockOpenAI[], rng: Random): Json {
 /** A file the gateway must refuse: bad YAML, or a config with a schema or registry error. */
 function invalidConfig(rng: Random, mocks: MockOpenAI[]): { text: string; kind: string } {
   const base = configOf(randomConfig(rng), mocks, rng);
+  if (rng.chance(0.5)) base.environment_variables = { [LEAK_ENV]: "from-a-refused-file" };
   const list = base.model_list as Json[];
   const first = (list[0] ?? { model_name: "x", svc_params: { model: "openai/x" } }) as { svc_params: Json; model_info?: Json };
   switch (rng.int(6)) {
@@ -294,6 +300,8 @@ function check(r: CallResult, states: State[], mocks: MockOpenAI[]): string | un
   if (candidates.length === 0) return `x-svc-model-id ${r.modelId} is no deployment of '${r.model}' (${JSON.stringify(routes.map((x) => x.map((c) => c.dep.id)))}): ${what}`;
   const hit = (u: number) => mocks[u]!.requests.find((q) => JSON.stringify(q.body).includes(r.marker));
   const served = candidates.filter((c) => (hit(c.dep.upstream)?.body as Json | undefined)?.model === c.upstreamModel);
+  const leaked = served.find((c) => c.dep.envHeader && hit(c.dep.upstream)?.headers["x-rd-env"] !== undefined);
+  if (leaked) return `the upstream got x-rd-env ${hit(leaked.dep.upstream)?.headers["x-rd-env"]}: a refused file's environment_variables were applied: ${what}`;
   if (served.length === 0) {
     const where = mocks.map((_m, i) => (hit(i) ? `mock ${i} as ${JSON.stringify((hit(i)!.body as Json).model)}` : "")).filter(Boolean);
     return `deployment ${r.modelId} did not send the call to its upstream with its model (${JSON.stringify(candidates.map((c) => [c.dep.upstream, c.upstreamModel]))}; seen at ${where.join(", ") || "no mock"}): ${what}`;
@@ -384,12 +392,31 @@ describe(`reload differential (RELOAD_DIFF_SEED=${SEED})`, () => {
     const callNames = (s: State) => [...NAMES, ...DB_NAMES, ...WILD_CALLS, ...NEVER, ...listed(s)];
     const randomCall = (s: State) => chat(rng.pick(instances()), rng.pick(callNames(s)), rng.chance(0.4));
 
+    const knownIds = new Set<string>();
+
     async function burst(s: State, n: number): Promise<void> {
       const results = await Promise.all(Array.from({ length: n }, () => randomCall(s)));
       stats.calls += n;
       for (const r of results) {
         const problem = check(r, [s], mocks);
         if (problem) fail(problem);
+      }
+      // One model by name, one deployment by id: present now, or not (404).
+      const gw = rng.pick(instances());
+      const name = rng.pick(callNames(s));
+      const one = await fetch(`${gw.url}/v1/models/${encodeURIComponent(name)}`, { headers: { authorization: `Bearer ${MASTER_KEY}` } });
+      const want = resolve(s, name).length > 0 ? 200 : 404;
+      if (one.status !== want) fail(`${gw.name} GET /v1/models/${name} → ${one.status} ${await one.text()}, want ${want}`);
+      await one.arrayBuffer().catch(() => undefined);
+      for (const d of all(s)) if (d.id) knownIds.add(d.id);
+      const id = rng.pick([...knownIds]);
+      const info = await fetch(`${gw.url}/model/info?svc_model_id=${encodeURIComponent(id)}`, { headers: { authorization: `Bearer ${MASTER_KEY}` } });
+      const present = all(s).find((d) => d.id === id);
+      const text = await info.text();
+      if (info.status !== (present ? 200 : 404)) fail(`${gw.name} GET /model/info?svc_model_id=${id} → ${info.status} ${text}, want ${present ? 200 : 404}`);
+      if (present) {
+        const e = (JSON.parse(text) as { data: { model_name: string; svc_params: Json }[] }).data[0];
+        if (e?.model_name !== present.name || e.svc_params.model !== present.svcModel) fail(`${gw.name} /model/info?svc_model_id=${id} → ${text}, want ${present.name} / ${present.svcModel}`);
       }
     }
 
@@ -453,55 +480,86 @@ describe(`reload differential (RELOAD_DIFF_SEED=${SEED})`, () => {
       }
 
       // The step, with calls racing it.
-      const kind = rng.pick(["config", "config", "config", "invalid", "sighup", "db-new", "db-new", "db-update", "db-patch", "db-delete"]);
+      const kind = rng.pick(["config", "config", "config", "config-twice", "config+db", "invalid", "invalid+db", "sighup", "db", "db", "db"]);
       const racing = Array.from({ length: 4 + rng.int(5) }, () => Bun.sleep(rng.int(120)).then(() => randomCall(before)));
       const rejectedBefore = instances().map((gw) => gw.rejections());
       let expectRejection = false;
       let label: string = kind;
-      const dbIds = [...state.db.keys()];
-      if (kind === "config") {
+      /** States a racing call may have met, besides the ones before and after the step. */
+      const between: State[] = [];
+
+      /** A random stored-model write, applied to `state` (the model) once the API answered 200. */
+      function dbOp(): { what: string; run: Promise<void> } {
+        const dbIds = [...state.db.keys()];
+        const op = dbIds.length === 0 ? "new" : rng.pick(["new", "new", "update", "patch", "delete"]);
+        const gw = rng.pick(instances());
+        const what = `db-${op} via ${gw.name}`;
+        if (op === "new") {
+          const d = pricedDep(rng, { name: rng.chance(0.3) ? rng.pick(NAMES) : rng.pick(DB_NAMES), id: `db-${++serial}`, explicitId: true, upstream: rng.int(UPSTREAMS), svcModel: `openai/rddb${serial}`, db: true });
+          return { what, run: storeModel(gw, "/model/new", "POST", d).then(() => void state.db.set(d.id!, d)) };
+        }
+        const id = rng.pick(dbIds);
+        if (op === "update") {
+          const d = pricedDep(rng, { name: rng.chance(0.3) ? rng.pick(NAMES) : rng.pick(DB_NAMES), id, explicitId: true, upstream: rng.int(UPSTREAMS), svcModel: `openai/rddb${++serial}`, db: true });
+          return { what, run: storeModel(gw, "/model/update", "POST", d).then(() => void state.db.set(id, d)) };
+        }
+        if (op === "patch") {
+          const d: Dep = { ...state.db.get(id)!, svcIn: price(rng), svcOut: price(rng), upstream: rng.int(UPSTREAMS) };
+          const body = { svc_params: { input_cost_per_token: num(d.svcIn), output_cost_per_token: num(d.svcOut), api_base: mocks[d.upstream]!.url } };
+          return { what, run: storeModel(gw, `/model/${id}/update`, "PATCH", undefined, body).then(() => void state.db.set(id, d)) };
+        }
+        return { what, run: storeModel(gw, "/model/delete", "POST", undefined, { id }).then(() => void state.db.delete(id)) };
+      }
+
+      if (kind === "config" || kind === "config+db") {
         const next = randomConfig(rng);
+        const db = kind === "config+db" ? dbOp() : undefined;
         await writeFile(configText(configOf(next, mocks, rng)));
         if (rng.chance(0.4)) {
-          label = "config+SIGHUP";
+          label += "+SIGHUP";
           await sighup();
+        }
+        if (db) {
+          label += ` (${db.what})`;
+          await db.run;
+          between.push({ config: before.config, db: state.db }, { config: next, db: before.db });
         }
         state.config = next;
         fileValid = true;
-      } else if (kind === "invalid") {
+      } else if (kind === "config-twice") {
+        const mid = randomConfig(rng);
+        const next = randomConfig(rng);
+        await writeFile(configText(configOf(mid, mocks, rng)));
+        await Bun.sleep(rng.int(80));
+        await writeFile(configText(configOf(next, mocks, rng)));
+        if (rng.chance(0.4)) {
+          label += "+SIGHUP";
+          await sighup();
+        }
+        between.push({ config: mid, db: state.db });
+        state.config = next;
+        fileValid = true;
+      } else if (kind === "invalid" || kind === "invalid+db") {
         const bad = invalidConfig(rng, mocks);
         label = `invalid (${bad.kind})`;
         await writeFile(bad.text);
         if (rng.chance(0.4)) await sighup();
+        if (kind === "invalid+db") {
+          const db = dbOp();
+          label += ` + ${db.what}`;
+          await db.run;
+        }
         fileValid = false;
         expectRejection = true;
       } else if (kind === "sighup") {
         await sighup();
         expectRejection = !fileValid;
-      } else if (kind === "db-new" || dbIds.length === 0) {
-        label = "db-new";
-        const d = pricedDep(rng, { name: rng.chance(0.3) ? rng.pick(NAMES) : rng.pick(DB_NAMES), id: `db-${++serial}`, explicitId: true, upstream: rng.int(UPSTREAMS), svcModel: `openai/rddb${serial}`, db: true });
-        await storeModel(rng.pick(instances()), "/model/new", "POST", d);
-        state.db.set(d.id!, d);
-      } else if (kind === "db-update") {
-        const id = rng.pick(dbIds);
-        const d = pricedDep(rng, { name: rng.chance(0.3) ? rng.pick(NAMES) : rng.pick(DB_NAMES), id, explicitId: true, upstream: rng.int(UPSTREAMS), svcModel: `openai/rddb${++serial}`, db: true });
-        await storeModel(rng.pick(instances()), "/model/update", "POST", d);
-        state.db.set(id, d);
-      } else if (kind === "db-patch") {
-        const id = rng.pick(dbIds);
-        const old = state.db.get(id)!;
-        const d: Dep = { ...old, svcIn: price(rng), svcOut: price(rng), upstream: rng.int(UPSTREAMS) };
-        await storeModel(rng.pick(instances()), `/model/${id}/update`, "PATCH", undefined, {
-          svc_params: { input_cost_per_token: num(d.svcIn), output_cost_per_token: num(d.svcOut), api_base: mocks[d.upstream]!.url },
-        });
-        state.db.set(id, d);
       } else {
-        const id = rng.pick(dbIds);
-        await storeModel(rng.pick(instances()), "/model/delete", "POST", undefined, { id });
-        state.db.delete(id);
+        const db = dbOp();
+        label = db.what;
+        await db.run;
       }
-      stats.steps[label] = (stats.steps[label] ?? 0) + 1;
+      stats.steps[label.replace(/ via [AB]/g, "")] = (stats.steps[label.replace(/ via [AB]/g, "")] ?? 0) + 1;
       const where = `step ${step} (${label})`;
 
       if (expectRejection) {
@@ -516,7 +574,7 @@ describe(`reload differential (RELOAD_DIFF_SEED=${SEED})`, () => {
       // Racing calls: the state before or after the step.
       for (const r of await Promise.all(racing)) {
         stats.during++;
-        const problem = check(r, [before, state], mocks);
+        const problem = check(r, [before, ...between, state], mocks);
         if (problem) fail(`${where}, racing: ${problem}`);
       }
       await burst(state, 10 + rng.int(8));
