@@ -144,7 +144,8 @@ function randomConfig(rng: Random): Dep[] {
     ids.add(id);
     return id;
   };
-  for (const name of rng.some(NAMES, 4)) {
+  // Sometimes no group at all (only wildcards, or an empty model_list: only the stored models serve).
+  for (const name of rng.chance(0.1) ? [] : rng.some(NAMES, 4)) {
     for (let i = 1 + rng.int(3); i > 0; i--) {
       const explicit = rng.chance(0.75);
       deps.push(pricedDep(rng, { name, id: explicit ? newId(name) : undefined, explicitId: explicit, upstream: rng.int(UPSTREAMS), svcModel: `openai/rd${++serial}`, db: false, envHeader: rng.chance(0.3) }));
@@ -497,7 +498,16 @@ describe(`reload differential (RELOAD_DIFF_SEED=${SEED})`, () => {
         const gw = rng.pick(instances());
         const what = `db-${op} via ${gw.name}`;
         if (op === "new") {
-          const d = pricedDep(rng, { name: rng.chance(0.3) ? rng.pick(NAMES) : rng.pick(DB_NAMES), id: `db-${++serial}`, explicitId: true, upstream: rng.int(UPSTREAMS), svcModel: `openai/rddb${serial}`, db: true });
+          // Sometimes a wildcard, merged into the config's route of the same pattern when there is one.
+          const wild = rng.chance(0.15);
+          const d = pricedDep(rng, {
+            name: wild ? "rd-*" : rng.chance(0.3) ? rng.pick(NAMES) : rng.pick(DB_NAMES),
+            id: `db-${++serial}`,
+            explicitId: true,
+            upstream: rng.int(UPSTREAMS),
+            svcModel: `openai/rddb${serial}${wild ? "-*" : ""}`,
+            db: true,
+          });
           return { what, run: storeModel(gw, "/model/new", "POST", d).then(() => void state.db.set(d.id!, d)) };
         }
         const id = rng.pick(dbIds);
