@@ -1,5 +1,6 @@
 // Hot reload and stored models under concurrent traffic, seeded random (RELOAD_DIFF_SEED=<n> runs
-// another sequence; every failure names the seed), against a model of what should serve kept here.
+// another sequence, RELOAD_DIFF_STEPS=<n> a longer one; every failure names the seed), against a
+// model of what should serve kept here.
 //
 // Two instances share one PostgreSQL database and one config.yaml: A runs in-process with the file
 // watch, B is a real `core/main.ts` process (its own watch, real SIGHUP); stored-model changes reach
@@ -30,7 +31,7 @@ import { Random } from "./harness/random.ts";
 import { type MockOpenAI, startMockOpenAI } from "./mock-upstream/openai.ts";
 
 const SEED = Number(process.env.RELOAD_DIFF_SEED ?? 20_261_126);
-const STEPS = 16;
+const STEPS = Number(process.env.RELOAD_DIFF_STEPS ?? 16);
 const UPSTREAMS = 3;
 const NAMES = ["alpha", "beta", "gamma", "delta"];
 const DB_NAMES = ["db-a", "db-b", "db-c"];
