@@ -340,13 +340,18 @@ export function buildCall<E extends Endpoint>(ep: EndpointAdapter<E, unknown>, b
   }
 }
 
-/** An upstream body being read; cut off by the deadline, it is the call's 408. */
+/**
+ * An upstream body being read; cut off by the deadline, it is the call's 408; cut by the upstream
+ * (the connection closed mid-way through the body), a 503 as a stream that ends early is.
+ */
 async function readWithin<T>(reading: Promise<T>, d: Deployment, deadline: Deadline): Promise<T> {
   try {
     return await reading;
   } catch (err) {
     if (deadline.timedOut) throw timeoutError(d, deadline.seconds);
-    throw err;
+    if (deadline.clientGone) throw err;
+    const code = err instanceof Error && "code" in err ? String((err as { code: unknown }).code) : err instanceof Error ? err.message : String(err);
+    throw GatewayError.of(503, `answer from ${d.provider} for model ${d.modelName} ended unexpectedly (${code})`, "api_connection_error");
   }
 }
 

@@ -566,6 +566,21 @@ describe("upstream faults map to the spec's statuses", () => {
     expect(e.message).toContain("gpt-public");
   });
 
+  test("JSON body cut mid-way (connection reset) → 503 naming the cut, with the call id; a retry may answer", async () => {
+    mock.fault({ kind: "cutStream", afterChunks: 1 });
+    const res = await post("/v1/chat/completions", { model: "gpt-public", messages: user("cut my answer") });
+    expect(res.status).toBe(503);
+    expect(res.headers.get("x-svc-call-id")).toBeTruthy();
+    const error = expectEnvelope(await res.json(), 503);
+    expect(error.message).toContain("ended unexpectedly");
+    expect(error.type).toBe("api_connection_error");
+    // Retryable as any connection failure: the second attempt answers.
+    mock.fault({ kind: "cutStream", afterChunks: 1 });
+    const retried = await post("/v1/chat/completions", { model: "gpt-public", messages: user("cut my answer"), num_retries: 1 });
+    expect(retried.status).toBe(200);
+    expect(retried.headers.get("x-svc-attempted-retries")).toBe("1");
+  });
+
   test("stream cut after 2 chunks: the client gets both, then an error event (raw)", async () => {
     mock.fault({ kind: "cutStream", afterChunks: 2 });
     const res = await post("/v1/chat/completions", { model: "gpt-public", messages: user("a fairly long message to stream"), stream: true });
