@@ -29,6 +29,8 @@ export async function cachedAnswer(endpoint: Endpoint, body: WireRequest[Endpoin
     cost: 0n,
     priced: true,
     costSource: "cache hit",
+    // The log's request_id is the response id the client got: the cached answer's.
+    responseId: hit.responseId,
     cacheHit: true,
     startedAt: now,
     firstByteAt: now,
@@ -47,6 +49,6 @@ export async function cachedAnswer(endpoint: Endpoint, body: WireRequest[Endpoin
 
 export function storeAnswer(store: CacheStore, save: { key: string; ttlMs: number }, body: string, record: CallRecord, ctx: CallContext): void {
   if (!body) return;
-  const value = { body, storedAt: Date.now(), promptTokens: record.usage.promptTokens, completionTokens: record.usage.completionTokens };
+  const value = { body, storedAt: Date.now(), promptTokens: record.usage.promptTokens, completionTokens: record.usage.completionTokens, responseId: record.responseId };
   store.set(save.key, value, save.ttlMs).catch((err) => ctx.log.warn("response cache write failed", { error: String(err) }));
 }

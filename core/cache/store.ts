@@ -9,6 +9,8 @@ export interface CachedResponse {
   /** The upstream's usage, for the cache-hit log entry. */
   promptTokens: number;
   completionTokens: number;
+  /** The answer's `id` (`chatcmpl-…`), for the cache-hit log entry's request_id; absent when it had none. */
+  responseId?: string;
 }
 
 export interface CacheStore {

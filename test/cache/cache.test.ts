@@ -60,6 +60,22 @@ describe("response cache (config on, in memory)", () => {
     expect(logged.map((l) => ({ hit: l.cache_hit, spend: Number(l.spend) }))).toEqual([{ hit: true, spend: 0 }]);
   });
 
+  test("a hit is logged with the response id the client got (the cached answer's), JSON and stream", async () => {
+    const messages = [{ role: "user", content: `which id ${uniq()}?` }];
+    const ids: string[] = [];
+    for (const stream of [false, true]) {
+      await chat(gw, { messages, stream });
+      const hit = await chat(gw, { messages, stream });
+      expect(hit.headers.get("x-svc-cache-hit")).toBe("true");
+      const id = stream ? (JSON.parse(hit.text.split("\n\n")[0]!.slice("data: ".length)) as { id: string }).id : (JSON.parse(hit.text) as { id: string }).id;
+      expect(id).toStartWith("chatcmpl-");
+      ids.push(hit.headers.get("x-svc-call-id")!, id);
+    }
+    await gw.host!.spendWriter.flush();
+    const logged = await rows<{ call_id: string; request_id: string }>(gw.host!.store.db, sql`select call_id, request_id from spend_logs where call_id in (${ids[0]!}, ${ids[2]!})`);
+    expect(Object.fromEntries(logged.map((l) => [l.call_id, l.request_id]))).toEqual({ [ids[0]!]: ids[1]!, [ids[2]!]: ids[3]! });
+  });
+
   test("a different parameter is a different answer", async () => {
     const messages = [{ role: "user", content: `hello ${uniq()}` }];
     await chat(gw, { messages, temperature: 0.1 });
