@@ -21,8 +21,9 @@
 // `x-svc-cache-key` (one per model key, different for different ones), `x-svc-response-cost: 0`
 // on a hit, how many requests reached the upstream, and after the spend writer flushes the
 // spend_logs row: cache_hit, status, spend (0 for a hit and a failure, more for a priced success),
-// tokens (a hit repeats the writer's), stream, end user, key hash, team, and request_id (the
-// response `id` the client got, else the call id).
+// tokens (a hit repeats the writer's), stream, end user, key hash, team, request_id (the response
+// `id` the client got, else the call id), and with store_prompts_in_spend_logs the prompt and the
+// answer kept (a hit keeps the answer it gave, as its writer's row did).
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { sql } from "drizzle-orm";
 import { rows } from "../../core/store/sql.ts";
@@ -109,6 +110,10 @@ interface RowExpectation {
   requestId?: string;
   /** A hit: the writer call ids whose tokens it repeats (one of). */
   writers?: string[];
+  /** What was asked (messages, prompt or input), kept with prompts stored. */
+  prompt: unknown;
+  /** A JSON success with prompts stored: the answer kept (chat and completions). */
+  answer?: unknown;
 }
 
 interface CacheConfig {
@@ -117,6 +122,8 @@ interface CacheConfig {
   type?: "local" | "redis";
   ttl?: number;
   namespace?: string;
+  /** general_settings.store_prompts_in_spend_logs: rows keep the prompt and the answer (a hit: the cached one). */
+  storePrompts: boolean;
 }
 
 function drawConfig(rng: Random, redis: boolean): CacheConfig {
@@ -127,6 +134,7 @@ function drawConfig(rng: Random, redis: boolean): CacheConfig {
     type: redis ? rng.pick(["redis", "redis", undefined, "local"] as const) : rng.pick(["local", undefined] as const),
     ttl: rng.pick([1.5, 2, 600, 600, undefined]),
     namespace: rng.maybe(0.3, ["cfg-ns", "other-cfg"]),
+    storePrompts: rng.chance(0.5),
   };
 }
 
@@ -137,7 +145,7 @@ function configOf(rng: Random, c: CacheConfig, upstream: string): Json {
   if (c.namespace !== undefined) params.namespace = c.namespace;
   if (!c.defaultOn) params.mode = "default_off";
   else if (rng.chance(0.5)) params.mode = "default_on";
-  return { model_list: models(upstream), svc_settings: { cache: c.enabled, cache_params: params }, general_settings: { master_key: MASTER_KEY } };
+  return { model_list: models(upstream), svc_settings: { cache: c.enabled, cache_params: params }, general_settings: { master_key: MASTER_KEY, store_prompts_in_spend_logs: c.storePrompts } };
 }
 
 /** A JSON text of `v` with its keys shuffled (at every level) and random whitespace. */
@@ -378,6 +386,8 @@ async function sequence(up: MockOpenAI, run: Run, rng: Random): Promise<void> {
           teamId: caller.teamId,
           requestId: answerId(p.got, spec.stream) ?? callId,
           writers: hit ? writers : undefined,
+          prompt: body.messages ?? body.prompt ?? body.input,
+          answer: spec.stream || spec.endpoint === "embeddings" ? undefined : JSON.parse(p.got),
         });
       }
       if (write && misses.length > 0) model.set(key, { bodies: missBodies, writers: missIds, storedMin: t0, storedMax: t1, ttlMs: (controls.ttl ?? run.config.ttl ?? 600) * 1000 });
@@ -420,6 +430,7 @@ async function sequence(up: MockOpenAI, run: Run, rng: Random): Promise<void> {
       endUser: typeof extra.user === "string" ? extra.user : null,
       keyHash: sha256(caller.key),
       teamId: caller.teamId,
+      prompt: body.messages ?? body.prompt ?? body.input,
     };
 
     if (hit) {
@@ -437,6 +448,7 @@ async function sequence(up: MockOpenAI, run: Run, rng: Random): Promise<void> {
       keysByHeader.set(header!, key);
       expectation.requestId = answerId(got, spec.stream) ?? callId!;
       expectation.writers = entry!.writers;
+      if (!spec.stream && spec.endpoint !== "embeddings") expectation.answer = JSON.parse(got);
       rowsExpected.push(expectation);
       continue;
     }
@@ -472,6 +484,7 @@ async function sequence(up: MockOpenAI, run: Run, rng: Random): Promise<void> {
     expectation.status = ok ? "success" : "failure";
     expectation.paid = ok;
     if (ok) expectation.requestId = answerId(got, spec.stream) ?? callId!;
+    if (ok && !spec.stream && spec.endpoint !== "embeddings") expectation.answer = JSON.parse(got);
     rowsExpected.push(expectation);
     if (ok && write) model.set(key, { bodies: [got], writers: [callId!], storedMin: t0, storedMax: t1, ttlMs: (controls.ttl ?? run.config.ttl ?? 600) * 1000 });
   }
@@ -479,13 +492,26 @@ async function sequence(up: MockOpenAI, run: Run, rng: Random): Promise<void> {
   // The spend log: one row per call, as the model says.
   const host = run.gw.host!;
   const ids = rowsExpected.map((r) => r.callId);
-  type Row = { call_id: string; request_id: string; cache_hit: boolean; status: string; spend: string; stream: boolean; end_user: string | null; api_key: string; team_id: string | null; prompt_tokens: number; completion_tokens: number };
+  type Row = {
+    call_id: string;
+    request_id: string;
+    cache_hit: boolean;
+    status: string;
+    spend: string;
+    stream: boolean;
+    end_user: string | null;
+    api_key: string;
+    team_id: string | null;
+    prompt_tokens: number;
+    completion_tokens: number;
+    metadata: { messages?: unknown; response?: unknown };
+  };
   let logged: Row[] = [];
   const complete = await until(async () => {
     await host.spendWriter.flush();
     logged = await rows<Row>(
       host.store.db,
-      sql`select call_id, request_id, cache_hit, status, spend::text as spend, stream, end_user, api_key, team_id, prompt_tokens, completion_tokens from spend_logs where call_id in ${sql.raw(`(${ids.map((i) => `'${i}'`).join(",")})`)}`,
+      sql`select call_id, request_id, cache_hit, status, spend::text as spend, stream, end_user, api_key, team_id, prompt_tokens, completion_tokens, metadata from spend_logs where call_id in ${sql.raw(`(${ids.map((i) => `'${i}'`).join(",")})`)}`,
     );
     return logged.length >= ids.length;
   }, 8000);
@@ -500,7 +526,13 @@ async function sequence(up: MockOpenAI, run: Run, rng: Random): Promise<void> {
     if (e.writers) {
       const writers = e.writers.map((w) => byId.get(w)!).map((w) => [w.prompt_tokens, w.completion_tokens]);
       expect(writers, `${e.step}: a hit logs the tokens of the answer it repeats`).toContainEqual([r.prompt_tokens, r.completion_tokens]);
+      // With prompts stored, a hit keeps the answer it gave: the writer's (a stream assembled the same way).
+      if (run.config.storePrompts) expect(e.writers.map((w) => byId.get(w)!.metadata.response), `${e.step}: a hit keeps the cached answer`).toContainEqual(r.metadata.response);
     }
+    if (run.config.storePrompts) {
+      expect(r.metadata.messages, `${e.step}: the prompt kept`).toEqual(e.prompt);
+      if (e.answer !== undefined) expect(r.metadata.response, `${e.step}: the answer kept`).toEqual(e.answer);
+    } else expect(r.metadata.messages, `${e.step}: no prompt kept`).toBeUndefined();
   }
   const hits = rowsExpected.filter((r) => r.hit).length;
   // A sequence that never hits checks little: the generator must make repeats.
