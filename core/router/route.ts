@@ -20,6 +20,7 @@ import { retryAfterSeconds, tokenEstimate } from "../limits/window.ts";
 import { cacheUse } from "../cache/controls.ts";
 import { cacheKey } from "../cache/key.ts";
 import { cachedAnswer, storeAnswer } from "../cache/answer.ts";
+import { withClientCredentials } from "../pipeline/client-credentials.ts";
 
 /** Statuses worth another attempt: the upstream may answer differently next time. */
 const RETRYABLE = new Set([408, 429, 500, 502, 503, 504]);
@@ -97,18 +98,19 @@ export async function modelCall<E extends Endpoint>(endpoint: E, body: WireReque
   if (!deployments || deployments.length === 0) throw invalidModel(body.model);
   const loose = body as unknown as Record<string, unknown>;
   const use = cacheUse(snapshot.cache.settings, endpoint, loose, principal);
-  let save: CacheSave | undefined;
-  if (use) {
-    const key = cacheKey(endpoint, group, loose, use.namespace);
-    if (use.read) {
-      const hit = await cachedAnswer(endpoint, body, key, use.maxAgeMs, deployments[0]!, ctx);
-      if (hit) return hit;
-    }
-    if (use.write) save = { key, ttlMs: use.ttlMs };
-  }
   const policy = routePolicy(snapshot.config, principal, loose);
-  const progress: Progress = { attempts: 0, recorded: false, retries: 0, fallbacks: 0, save };
+  const progress: Progress = { attempts: 0, recorded: false, retries: 0, fallbacks: 0 };
   try {
+    if (use) {
+      const key = cacheKey(endpoint, group, loose, use.namespace);
+      if (use.read) {
+        // A request the deployment would refuse (client-side credentials not allowed) is refused on a hit too.
+        withClientCredentials(endpoint, body, deployments[0]!, snapshot.settings);
+        const hit = await cachedAnswer(endpoint, body, key, use.maxAgeMs, deployments[0]!, ctx);
+        if (hit) return hit;
+      }
+      if (use.write) progress.save = { key, ttlMs: use.ttlMs };
+    }
     return await withFallbacks({ endpoint, ctx, policy, progress }, body, group, deployments);
   } catch (err) {
     progress.request?.giveUp(progress.recorded);

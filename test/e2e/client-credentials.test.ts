@@ -8,13 +8,13 @@ import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
 let configured: MockOpenAI;
 let clients: MockOpenAI;
 
-async function embed(gw: TestGateway, extra: Record<string, unknown>): Promise<{ status: number; body: { error?: { message: string; param: string } } }> {
+async function embed(gw: TestGateway, extra: Record<string, unknown>): Promise<{ status: number; hit: boolean; body: { error?: { message: string; param: string } } }> {
   const res = await fetch(`${gw.url}/v1/embeddings`, {
     method: "POST",
     headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
     body: JSON.stringify({ model: "emb", input: "hello", ...extra }),
   });
-  return { status: res.status, body: (await res.json()) as never };
+  return { status: res.status, hit: res.headers.get("x-svc-cache-hit") === "true", body: (await res.json()) as never };
 }
 
 const config = (svc: Record<string, unknown>) => ({
@@ -76,6 +76,37 @@ describe("client-side credentials", () => {
       expect((await embed(gw, { api_key: "sk-operator" })).status).toBe(200);
     } finally {
       await gw.stop();
+    }
+  });
+
+  test("with the response cache: credentials are refused on a hit too, and answers from another api_base or key are cached apart", async () => {
+    let input = `cached ${Math.random()}`;
+    const off = await startTestGateway(config({ cache: true }));
+    try {
+      expect((await embed(off, { input })).status).toBe(200);
+      expect((await embed(off, { input })).hit).toBe(true);
+      // Refused as without the cache: the cached answer does not let a forbidden field through.
+      const r = await embed(off, { input, api_base: clients.url, api_key: "sk-client" });
+      expect(r.status).toBe(400);
+      expect(r.body.error!.param).toBe("api_base");
+    } finally {
+      await off.stop();
+    }
+    const on = await startTestGateway(config({ cache: true, allow_client_side_credentials: true, client_side_api_base_hosts: ["127.0.0.1"] }));
+    try {
+      // Another input: the in-memory cache outlives a gateway in this process.
+      input = `${input} again`;
+      const before = { configured: configured.requests.length, clients: clients.requests.length };
+      // The client's own server answered: that answer is not one for callers of the configured deployment.
+      expect(await embed(on, { input, api_base: clients.url, api_key: "sk-client" })).toMatchObject({ status: 200, hit: false });
+      expect(await embed(on, { input })).toMatchObject({ status: 200, hit: false });
+      expect(await embed(on, { input, api_base: clients.url, api_key: "sk-client" })).toMatchObject({ status: 200, hit: true });
+      expect(await embed(on, { input })).toMatchObject({ status: 200, hit: true });
+      // Another key at the same address is asked itself (a wrong one is refused there, not answered from the cache).
+      expect(await embed(on, { input, api_base: clients.url, api_key: "sk-wrong" })).toMatchObject({ status: 401, hit: false });
+      expect({ configured: configured.requests.length - before.configured, clients: clients.requests.length - before.clients }).toEqual({ configured: 1, clients: 2 });
+    } finally {
+      await on.stop();
     }
   });
 });
