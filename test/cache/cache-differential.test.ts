@@ -2,16 +2,19 @@
 // another sequence; every failure names the seed and the step), in memory and in Redis.
 //
 // Each run draws cache settings (svc_settings.cache on or off, cache_params.mode, type, ttl of 1.5 s,
-// 2 s or 600 s, a config namespace) and a sequence of chat (JSON and streamed), completions and
+// 2 s or 600 s, a config namespace; prompts stored in the spend log or not; client-side
+// credentials allowed or not) and a sequence of chat (JSON and streamed), completions and
 // embeddings requests from a small space, so that many repeat: the same request again, or with its
 // keys in another order and other whitespace, or with fields the README leaves out of the key
-// (`user`, `metadata`, `caching: true`, `num_retries`, a field sent as null), from another key or team (the key does not
-// include the caller), or differing in a field that changes the answer (model, messages, prompt,
-// input, temperature, tools, max_tokens, encoding_format, stream, stream_options), with random
-// per-request controls (`caching: false`, `no-cache`, `no-store`, `ttl`, `s-maxage`, `namespace`;
-// a key with allowed_cache_controls gets a 403 for the others). A few sleeps let short ttls and
-// s-maxage run out. Some misses meet an upstream fault: a 500, or a stream (or JSON body) cut in
-// the middle; those answers must never be cached.
+// (`user`, `metadata`, `caching: true`, `num_retries`, a field sent as null), from another key or
+// team (the key does not include the caller), or differing in a field that changes the answer
+// (model, messages, prompt, input, temperature, tools, max_tokens, encoding_format, an embeddings
+// request's own api_base and api_key, stream, stream_options), with random per-request controls
+// (`caching: false`, `no-cache`, `no-store`, `ttl`, `s-maxage`, `namespace`; a key with
+// allowed_cache_controls gets a 403 for the others; own credentials are a 400, hit or not, unless
+// the operator allows them). A few sleeps let short ttls and s-maxage run out. Some requests go
+// twice at once. Some misses meet an upstream fault: a 500, or a stream (or JSON body) cut in the
+// middle, sometimes retried (num_retries: 1); a failed answer must never be cached.
 //
 // The model keeps, per (endpoint, model, namespace, fields that matter, stream), the last answer
 // written and when (a window: between the writer's send and its last byte). For every request it
@@ -63,6 +66,8 @@ interface Spec {
   tools?: boolean;
   maxTokens?: number;
   encodingFormat?: string;
+  /** An embeddings request with its own api_base and api_key (the same mock here, another cache entry). */
+  ownCredentials?: boolean;
   stream: boolean;
   includeUsage?: boolean;
 }
@@ -124,6 +129,8 @@ interface CacheConfig {
   namespace?: string;
   /** general_settings.store_prompts_in_spend_logs: rows keep the prompt and the answer (a hit: the cached one). */
   storePrompts: boolean;
+  /** svc_settings.allow_client_side_credentials (for 127.0.0.1): else an embeddings request with its own api_base is a 400, hit or not. */
+  clientCredentials: boolean;
 }
 
 function drawConfig(rng: Random, redis: boolean): CacheConfig {
@@ -135,6 +142,7 @@ function drawConfig(rng: Random, redis: boolean): CacheConfig {
     ttl: rng.pick([1.5, 2, 600, 600, undefined]),
     namespace: rng.maybe(0.3, ["cfg-ns", "other-cfg"]),
     storePrompts: rng.chance(0.5),
+    clientCredentials: rng.chance(0.6),
   };
 }
 
@@ -145,7 +153,7 @@ function configOf(rng: Random, c: CacheConfig, upstream: string): Json {
   if (c.namespace !== undefined) params.namespace = c.namespace;
   if (!c.defaultOn) params.mode = "default_off";
   else if (rng.chance(0.5)) params.mode = "default_on";
-  return { model_list: models(upstream), svc_settings: { cache: c.enabled, cache_params: params }, general_settings: { master_key: MASTER_KEY, store_prompts_in_spend_logs: c.storePrompts } };
+  return { model_list: models(upstream), svc_settings: { cache: c.enabled, cache_params: params, allow_client_side_credentials: c.clientCredentials, client_side_api_base_hosts: ["127.0.0.1"] }, general_settings: { master_key: MASTER_KEY, store_prompts_in_spend_logs: c.storePrompts } };
 }
 
 /** A JSON text of `v` with its keys shuffled (at every level) and random whitespace. */
@@ -245,13 +253,14 @@ async function sequence(up: MockOpenAI, run: Run, rng: Random): Promise<void> {
       if (field === 0) s.stream = s.endpoint !== "embeddings" && !s.stream;
       else if (field === 1) s.model = s.endpoint === "chat" ? (s.model === "gpt" ? "gpt-b" : "gpt") : s.endpoint === "embeddings" ? (s.model === "emb" ? "emb-b" : "emb") : s.model;
       else if (field === 2) s.prompt = (s.prompt + 1) % (s.endpoint === "chat" ? 4 : 3);
-      else if (s.endpoint === "embeddings") s.encodingFormat = s.encodingFormat ? undefined : "float";
+      else if (s.endpoint === "embeddings" && rng.chance(0.5)) s.encodingFormat = s.encodingFormat ? undefined : "float";
+      else if (s.endpoint === "embeddings") s.ownCredentials = s.ownCredentials ? undefined : true;
       else s.temperature = s.temperature === undefined ? 0.5 : undefined;
       if (!s.stream) delete s.includeUsage;
       return s;
     }
     const endpoint = rng.pick(["chat", "chat", "chat", "completions", "embeddings"] as const);
-    if (endpoint === "embeddings") return { endpoint, model: rng.pick(["emb", "emb-b"]), prompt: rng.int(3), encodingFormat: rng.maybe(0.3, ["float"]), stream: false };
+    if (endpoint === "embeddings") return { endpoint, model: rng.pick(["emb", "emb-b"]), prompt: rng.int(3), encodingFormat: rng.maybe(0.3, ["float"]), ownCredentials: rng.chance(0.2) ? true : undefined, stream: false };
     const stream = rng.chance(0.45);
     return {
       endpoint,
@@ -276,6 +285,7 @@ async function sequence(up: MockOpenAI, run: Run, rng: Random): Promise<void> {
     if (s.tools) b.tools = [WEATHER_TOOL];
     if (s.maxTokens !== undefined) b.max_tokens = s.maxTokens;
     if (s.encodingFormat !== undefined) b.encoding_format = s.encodingFormat;
+    if (s.ownCredentials) Object.assign(b, { api_base: up.url, api_key: "sk-up" });
     if (s.stream) b.stream = true;
     else if (s.endpoint !== "embeddings" && rng.chance(0.2)) b.stream = false;
     if (s.includeUsage) b.stream_options = { include_usage: true };
@@ -328,12 +338,14 @@ async function sequence(up: MockOpenAI, run: Run, rng: Random): Promise<void> {
     const read = use && controls["no-cache"] !== true;
     const write = use && controls["no-store"] !== true;
     const ns = controls.namespace ?? run.config.namespace ?? "";
-    const key = JSON.stringify([spec.endpoint, spec.model, ns, spec.prompt, spec.temperature, spec.tools, spec.maxTokens, spec.encodingFormat, spec.stream, spec.includeUsage]);
+    const key = JSON.stringify([spec.endpoint, spec.model, ns, spec.prompt, spec.temperature, spec.tools, spec.maxTokens, spec.encodingFormat, spec.ownCredentials, spec.stream, spec.includeUsage]);
     const entry = model.get(key);
     const before = up.requests.length;
 
     // A fault only where the upstream is surely asked (the fault waits for the next request that reaches it).
-    const surelyMiss = !refused && (!read || !entry || entry.dead === true);
+    // Own credentials the operator does not allow: a 400 (after the cache controls' 403), hit or not.
+    const credentialsRefused = !refused && spec.ownCredentials === true && !run.config.clientCredentials;
+    const surelyMiss = !refused && !credentialsRefused && (!read || !entry || entry.dead === true);
     let fault: "500" | "cut" | undefined;
     /** The fault is followed by a retry (a 500, or a JSON body cut: a stream cut once started is not retried). */
     let retried = false;
@@ -353,7 +365,7 @@ async function sequence(up: MockOpenAI, run: Run, rng: Random): Promise<void> {
     const post = () => fetch(`${run.gw.url}${PATHS[spec.endpoint]}`, { method: "POST", headers: { authorization: `Bearer ${caller.key}`, "content-type": "application/json" }, body: text });
 
     // Sometimes the same request twice at once (no fault): each a hit or a miss, the entry the last writer's.
-    if (!refused && !fault && rng.chance(0.07)) {
+    if (!refused && !credentialsRefused && !fault && rng.chance(0.07)) {
       stats.pairs++;
       const t0 = Date.now();
       const pair = await Promise.all([0, 1].map(async () => {
@@ -408,6 +420,27 @@ async function sequence(up: MockOpenAI, run: Run, rng: Random): Promise<void> {
       expect(res.status, label).toBe(403);
       expect(JSON.parse(got).error.message, label).toContain("allowed_cache_controls");
       expect(upstreamCalls, label).toBe(0);
+      continue;
+    }
+    if (credentialsRefused) {
+      stats.refused++;
+      expect(res.status, `${label}: ${got}`).toBe(400);
+      expect(JSON.parse(got).error.param, label).toBe("api_base");
+      expect(upstreamCalls, label).toBe(0);
+      const callId = res.headers.get("x-svc-call-id");
+      expect(callId, label).toBeTruthy();
+      rowsExpected.push({
+        step: label,
+        callId: callId!,
+        hit: false,
+        status: "failure",
+        paid: false,
+        stream: false,
+        endUser: typeof extra.user === "string" ? extra.user : null,
+        keyHash: sha256(caller.key),
+        teamId: caller.teamId,
+        prompt: body.input,
+      });
       continue;
     }
 
