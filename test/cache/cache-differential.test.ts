@@ -14,7 +14,8 @@
 // allowed_cache_controls gets a 403 for the others; own credentials are a 400, hit or not, unless
 // the operator allows them). A few sleeps let short ttls and s-maxage run out. Some requests go
 // twice at once. Some misses meet an upstream fault: a 500, or a stream (or JSON body) cut in the
-// middle, sometimes retried (num_retries: 1); a failed answer must never be cached.
+// middle, sometimes retried (num_retries: 1); some streams the client leaves after their first
+// piece; a failed or cancelled answer must never be cached.
 //
 // The model keeps, per (endpoint, model, namespace, fields that matter, stream), the last answer
 // written and when (a window: between the writer's send and its last byte). For every request it
@@ -104,9 +105,9 @@ interface RowExpectation {
   step: string;
   callId: string;
   hit: boolean;
-  status: "success" | "failure";
-  /** Priced success: spend > 0. */
-  paid: boolean;
+  status: "success" | "failure" | "cancelled";
+  /** Priced success: spend > 0 (undefined: not checked, a cancelled stream is charged for what it used). */
+  paid: boolean | undefined;
   stream: boolean;
   endUser: string | null;
   keyHash: string;
@@ -222,7 +223,7 @@ async function sequence(up: MockOpenAI, run: Run, rng: Random): Promise<void> {
   const rowsExpected: RowExpectation[] = [];
   let sleptMs = 0;
   const specs: Spec[] = [];
-  const stats = { refused: 0, pairs: 0, faults: 0, retried: 0, eitherWay: 0, noRead: 0 };
+  const stats = { refused: 0, pairs: 0, faults: 0, retried: 0, cancelled: 0, eitherWay: 0, noRead: 0 };
 
   const prompts = {
     chat: (i: number): Json[] =>
@@ -363,6 +364,35 @@ async function sequence(up: MockOpenAI, run: Run, rng: Random): Promise<void> {
     const text = looseJson(rng, body);
     const label = where(step, `${caller.label} ${text.replace(/\s+/g, " ").trim()}`);
     const post = () => fetch(`${run.gw.url}${PATHS[spec.endpoint]}`, { method: "POST", headers: { authorization: `Bearer ${caller.key}`, "content-type": "application/json" }, body: text });
+
+    // Sometimes a client leaves a stream after its first piece: a cancelled call, never cached.
+    if (surelyMiss && !fault && spec.stream && rng.chance(0.15)) {
+      stats.cancelled++;
+      up.fault({ kind: "slowStream", chunkDelayMs: 40, chunks: 30 });
+      const abort = new AbortController();
+      const res = await fetch(`${run.gw.url}${PATHS[spec.endpoint]}`, { method: "POST", headers: { authorization: `Bearer ${caller.key}`, "content-type": "application/json" }, body: text, signal: abort.signal });
+      expect(res.status, label).toBe(200);
+      expect(res.headers.get("x-svc-cache-hit"), label).toBeNull();
+      const reader = res.body!.getReader();
+      await reader.read();
+      abort.abort();
+      await reader.cancel().catch(() => undefined);
+      up.clearFaults();
+      expect(up.requests.length - before, label).toBe(1);
+      rowsExpected.push({
+        step: `${label} (left after the first piece)`,
+        callId: res.headers.get("x-svc-call-id")!,
+        hit: false,
+        status: "cancelled",
+        paid: undefined,
+        stream: true,
+        endUser: typeof extra.user === "string" ? extra.user : null,
+        keyHash: sha256(caller.key),
+        teamId: caller.teamId,
+        prompt: body.messages ?? body.prompt,
+      });
+      continue;
+    }
 
     // Sometimes the same request twice at once (no fault): each a hit or a miss, the entry the last writer's.
     if (!refused && !credentialsRefused && !fault && rng.chance(0.07)) {
@@ -552,7 +582,7 @@ async function sequence(up: MockOpenAI, run: Run, rng: Random): Promise<void> {
   const byId = new Map(logged.map((r) => [r.call_id, r]));
   for (const e of rowsExpected) {
     const r = byId.get(e.callId)!;
-    const actual = { hit: r.cache_hit, status: r.status, paid: Number(r.spend) > 0, stream: r.stream, endUser: r.end_user, keyHash: r.api_key, teamId: r.team_id };
+    const actual = { hit: r.cache_hit, status: r.status, paid: e.paid === undefined ? undefined : Number(r.spend) > 0, stream: r.stream, endUser: r.end_user, keyHash: r.api_key, teamId: r.team_id };
     expect(actual, e.step).toEqual({ hit: e.hit, status: e.status, paid: e.paid, stream: e.stream, endUser: e.endUser, keyHash: e.keyHash, teamId: e.teamId });
     if (e.hit) expect(Number(r.spend), e.step).toBe(0);
     if (e.requestId) expect(r.request_id, `${e.step}: request_id is the response id the client got (${e.hit ? "hit" : "miss"})`).toBe(e.requestId);
