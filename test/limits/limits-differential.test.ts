@@ -1,0 +1,690 @@
+// The rate limiter against an independent model of it, seeded random (LIMITS_DIFF_SEED=<n> runs
+// another set; every failure names the seed, the scenario and the step). Each scenario is a random
+// set of limits, all inside one 60 s window (nothing waits for a window to slide): 2 model groups of
+// 1–3 deployments with random `rpm` / `tpm` in `svc_params`, an organization, teams and users with
+// random `rpm_limit`, `tpm_limit`, `max_parallel_requests` (org and team also `model_rpm_limit` /
+// `model_tpm_limit`), team members with their own `rpm_limit` / `tpm_limit`, and 2–4 virtual keys
+// with random limits of their own (per-model ones too), some in a team, some of a user. Then random
+// steps: a call (JSON or streamed, a random prompt and `max_tokens`, so the token estimates vary),
+// a hold (streams kept in flight by the mock's slowStream while other calls are made, for
+// `max_parallel_requests`), or a burst (identical calls fired at once, held upstream by the mock's
+// delay, when the outcome does not depend on their order).
+//
+// The model follows the README ("### Rate limits"): a sliding log per counter; a request counts on
+// every counter that applies (key, user, team, member, org, and the group's per-model ones) or on
+// none; tokens are reserved from the estimate (the messages' characters, keys included, / 3, + 4 per
+// message, + 3 for the reply, + max_tokens) and replaced by the real usage (the mock's, computed here
+// from its rules and compared with what the answer says) when the call ends; a deployment at its
+// `rpm` / `tpm` is skipped, and when every one is, 429 "No deployments available". For every call
+// it predicts: allowed, or a 429 with the envelope {"error": {"message", "type": "rate_limit_error",
+// "param", "code": "429"}} naming one limit that refuses (label, kind, limit, what is used), with
+// `retry-after` in whole seconds when that limit has room again (bounded by when the requests it
+// waits for were sent and answered; 1 s for parallel limits, 60 s for a request above the whole
+// tpm limit), and the refusal's `x-ratelimit-*`; on an allowed call the four `x-ratelimit-*`
+// headers of the tightest limit of each kind (deployment included; the upstream's own where no
+// gateway limit covers a kind) and the deployment that answered one with room. A refused call
+// consumes nothing: the model does not count it, and every later prediction relies on that.
+//
+// Runs in memory, with Redis (127.0.0.1:6379), and with two instances sharing Redis and PostgreSQL.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import Redis from "ioredis";
+import { freshDatabase, MASTER_KEY, requestJson, startBackendGateway, startTestGateway, type TestGateway } from "../harness/gateway.ts";
+import { Random } from "../harness/random.ts";
+import { sha256 } from "../harness/util.ts";
+import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
+
+const SEED = Number(process.env.LIMITS_DIFF_SEED ?? 4_220_917);
+const REDIS_URL = process.env.REDIS_URL ?? "redis://127.0.0.1:6379";
+const WINDOW_MS = 60_000;
+/** Held streams: this many chunks, this far apart (long enough for the calls made while they are held). */
+const HOLD_CHUNKS = 10;
+const HOLD_CHUNK_MS = 70;
+/** Calls are made among held streams only this long after the first was sent (the streams end on their own after chunks × delay). */
+const HOLD_WINDOW_MS = 350;
+/** A burst's calls wait this long upstream, so none ends before all were counted. */
+const BURST_DELAY_MS = 250;
+
+const MODES = [
+  { mode: "memory", scenarios: 5 },
+  { mode: "redis", scenarios: 3 },
+  { mode: "two instances", scenarios: 2 },
+] as const;
+type Mode = (typeof MODES)[number]["mode"];
+
+type Json = Record<string, unknown>;
+
+// ---- scenarios
+
+interface DeploymentSpec {
+  id: string;
+  group: string;
+  rpm?: number;
+  tpm?: number;
+}
+
+interface Limits {
+  rpm_limit?: number;
+  tpm_limit?: number;
+  max_parallel_requests?: number;
+  model_rpm_limit?: Record<string, number>;
+  model_tpm_limit?: Record<string, number>;
+}
+
+interface KeySpec {
+  limits: Limits;
+  team?: string;
+  user?: string;
+}
+
+interface Scenario {
+  index: number;
+  tag: string;
+  groups: string[];
+  deployments: DeploymentSpec[];
+  org?: { id: string; limits: Limits };
+  teams: { id: string; inOrg: boolean; limits: Limits }[];
+  users: { id: string; limits: Limits }[];
+  /** Team member limits: `${team}/${user}` → limits. */
+  members: Map<string, { rpm_limit?: number; tpm_limit?: number }>;
+  keys: KeySpec[];
+}
+
+function limitsOf(rng: Random, groups: string[], opts: { parallel: boolean; model: boolean; p: number }): Limits {
+  const l: Limits = {};
+  if (rng.chance(opts.p)) l.rpm_limit = 1 + rng.int(8);
+  if (rng.chance(opts.p)) l.tpm_limit = 120 + rng.int(700);
+  if (opts.parallel && rng.chance(opts.p * 0.8)) l.max_parallel_requests = 1 + rng.int(3);
+  if (opts.model && rng.chance(opts.p)) l.model_rpm_limit = { [rng.pick(groups)]: 1 + rng.int(5) };
+  if (opts.model && rng.chance(opts.p * 0.8)) l.model_tpm_limit = { [rng.pick(groups)]: 100 + rng.int(500) };
+  return l;
+}
+
+function scenario(rng: Random, index: number, runTag: string): Scenario {
+  const tag = `ld${runTag}s${index}`;
+  const groups = [`${tag}-a`, `${tag}-b`];
+  const deployments: DeploymentSpec[] = [];
+  for (const group of groups) {
+    const n = 1 + rng.int(3);
+    for (let i = 0; i < n; i++) {
+      const d: DeploymentSpec = { id: `${group}-d${i}`, group };
+      if (rng.chance(0.55)) d.rpm = 1 + rng.int(6);
+      if (rng.chance(0.35)) d.tpm = 150 + rng.int(600);
+      deployments.push(d);
+    }
+  }
+  const org = rng.chance(0.5) ? { id: `${tag}-org`, limits: limitsOf(rng, groups, { parallel: true, model: true, p: 0.4 }) } : undefined;
+  const teams = Array.from({ length: rng.int(3) }, (_, i) => {
+    const team = { id: `${tag}-team${i}`, inOrg: org !== undefined && rng.chance(0.7), limits: limitsOf(rng, groups, { parallel: true, model: true, p: 0.4 }) };
+    // A team's rpm / tpm may not exceed its organization's (a 400 otherwise).
+    for (const f of ["rpm_limit", "tpm_limit"] as const) {
+      const cap = team.inOrg ? org!.limits[f] : undefined;
+      if (cap !== undefined && team.limits[f] !== undefined) team.limits[f] = Math.min(team.limits[f]!, cap);
+    }
+    return team;
+  });
+  const users = Array.from({ length: rng.int(3) }, (_, i) => ({ id: `${tag}-user${i}`, limits: limitsOf(rng, groups, { parallel: true, model: false, p: 0.4 }) }));
+  const members = new Map<string, { rpm_limit?: number; tpm_limit?: number }>();
+  const keys: KeySpec[] = [];
+  const nKeys = 2 + rng.int(3);
+  for (let i = 0; i < nKeys; i++) {
+    const k: KeySpec = { limits: limitsOf(rng, groups, { parallel: true, model: true, p: 0.5 }) };
+    if (teams.length > 0 && rng.chance(0.6)) k.team = rng.pick(teams).id;
+    if (users.length > 0 && rng.chance(0.5)) k.user = rng.pick(users).id;
+    if (k.team && k.user && !members.has(`${k.team}/${k.user}`)) {
+      const m: { rpm_limit?: number; tpm_limit?: number } = {};
+      if (rng.chance(0.4)) m.rpm_limit = 1 + rng.int(6);
+      if (rng.chance(0.3)) m.tpm_limit = 150 + rng.int(600);
+      members.set(`${k.team}/${k.user}`, m);
+    }
+    keys.push(k);
+  }
+  return { index, tag, groups, deployments, org, teams, users, members, keys };
+}
+
+// ---- the model
+
+/** One request as the model counts it: when it was sent and answered (the gateway started it in between), its tokens. */
+interface Entry {
+  sent: number;
+  answered: number;
+  tokens: number;
+  inFlight: boolean;
+}
+
+interface Counter {
+  id: string;
+  label: string;
+  rpm?: number;
+  tpm?: number;
+  parallel?: number;
+  entries: Entry[];
+}
+
+type Kind = "requests" | "tokens" | "parallel_requests";
+const KIND_TEXT: Record<Kind, string> = { requests: "requests per minute", tokens: "tokens per minute", parallel_requests: "parallel requests" };
+
+interface Violation {
+  counter: Counter;
+  kind: Kind;
+  limit: number;
+  current: number;
+  /** The entry that must leave the window before the request fits (undefined: parallel, or never fits). */
+  waitFor?: Entry;
+  tooLarge?: boolean;
+}
+
+const used = (c: Counter) => c.entries.reduce((s, e) => s + e.tokens, 0);
+const inFlight = (c: Counter) => c.entries.filter((e) => e.inFlight).length;
+
+function violations(c: Counter, tokens: number): Violation[] {
+  const out: Violation[] = [];
+  const count = c.entries.length;
+  if (c.rpm !== undefined && count + 1 > c.rpm) out.push({ counter: c, kind: "requests", limit: c.rpm, current: count, waitFor: c.rpm === 0 ? undefined : c.entries[count - c.rpm] });
+  const sum = used(c);
+  if (c.tpm !== undefined && sum + tokens > c.tpm) {
+    let waitFor: Entry | undefined;
+    if (tokens <= c.tpm) {
+      let freed = 0;
+      for (const e of c.entries) {
+        freed += e.tokens;
+        if (sum - freed + tokens <= c.tpm) {
+          waitFor = e;
+          break;
+        }
+      }
+    }
+    out.push({ counter: c, kind: "tokens", limit: c.tpm, current: sum, waitFor, tooLarge: tokens > c.tpm });
+  }
+  if (c.parallel !== undefined && inFlight(c) + 1 > c.parallel) out.push({ counter: c, kind: "parallel_requests", limit: c.parallel, current: inFlight(c) });
+  return out;
+}
+
+class Model {
+  readonly counters = new Map<string, Counter>();
+
+  counter(id: string, label: string, limits: { rpm?: number; tpm?: number; parallel?: number }): Counter {
+    let c = this.counters.get(id);
+    if (!c) {
+      c = { id, label, ...limits, entries: [] };
+      this.counters.set(id, c);
+    }
+    return c;
+  }
+}
+
+// ---- requests
+
+const WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima", "mike", "november", "oscar", "papa", "quebec"];
+
+interface Req {
+  key: number;
+  group: string;
+  stream: boolean;
+  messages: { role: string; content: string }[];
+  maxTokens?: number;
+}
+
+function randomReq(rng: Random, s: Scenario): Req {
+  const text = (n: number) => Array.from({ length: n }, () => rng.pick(WORDS)).join(" ");
+  const messages = [{ role: "user", content: text(1 + rng.int(rng.chance(0.3) ? 90 : 25)) }];
+  if (rng.chance(0.3)) messages.unshift({ role: "system", content: text(1 + rng.int(20)) });
+  return { key: rng.int(s.keys.length), group: rng.pick(s.groups), stream: rng.chance(0.4), messages, maxTokens: rng.chance(0.6) ? 1 + rng.int(60) : undefined };
+}
+
+/** The README's estimate: every character of the messages (their keys too) / 3, + 4 per message, + 3 for the reply, + max_tokens. */
+function estimate(r: Req): number {
+  let chars = 0;
+  for (const m of r.messages) chars += "role".length + m.role.length + "content".length + m.content.length;
+  return Math.ceil(chars / 3) + 4 * r.messages.length + 3 + (r.maxTokens ?? 0);
+}
+
+/** The mock's usage: prompt = characters / 4 + 3 per message; one completion token per word ("Mock reply to:" and up to 12 words of the prompt, or as many words as a slow stream has), cut at max_tokens. */
+function mockUsage(r: Req, slowWords?: number): { prompt: number; completion: number } {
+  const chars = r.messages.reduce((s, m) => s + m.content.length, 0);
+  const userWords = r.messages.at(-1)!.content.split(/\s+/).filter(Boolean).length;
+  const words = slowWords ?? 3 + Math.min(12, userWords);
+  return { prompt: Math.ceil(chars / 4) + 3 * r.messages.length, completion: r.maxTokens === undefined ? words : Math.min(words, r.maxTokens) };
+}
+
+// ---- a run of one scenario
+
+interface Ctx {
+  seed: number;
+  mode: Mode;
+  s: Scenario;
+  gws: TestGateway[];
+  mock: MockOpenAI;
+  keys: { key: string; name: string }[];
+  model: Model;
+  step: string;
+  log: string[];
+}
+
+function fail(ctx: Ctx, what: string): never {
+  throw new Error(
+    `LIMITS_DIFF_SEED=${ctx.seed} mode=${ctx.mode} scenario=${ctx.s.index} step ${ctx.step}: ${what}\n` +
+      `scenario: ${JSON.stringify({ deployments: ctx.s.deployments, org: ctx.s.org, teams: ctx.s.teams, users: ctx.s.users, members: [...ctx.s.members], keys: ctx.s.keys })}\n` +
+      `steps:\n${ctx.log.slice(-25).join("\n")}`,
+  );
+}
+
+function check(ctx: Ctx, ok: boolean, what: string): void {
+  if (!ok) fail(ctx, what);
+}
+
+/** Every counter a request of `key` to `group` counts on (own, then the group's), as the README lists them. */
+function countersFor(ctx: Ctx, r: Req): Counter[] {
+  const { s, model } = ctx;
+  const spec = s.keys[r.key]!;
+  const label = `Key ${ctx.keys[r.key]!.name}`;
+  const out: Counter[] = [];
+  const own = (id: string, lbl: string, l: Limits) => {
+    if (l.rpm_limit !== undefined || l.tpm_limit !== undefined || l.max_parallel_requests !== undefined) out.push(model.counter(id, lbl, { rpm: l.rpm_limit, tpm: l.tpm_limit, parallel: l.max_parallel_requests }));
+  };
+  const perModel = (id: string, lbl: string, l: Limits) => {
+    const rpm = l.model_rpm_limit?.[r.group];
+    const tpm = l.model_tpm_limit?.[r.group];
+    if (rpm !== undefined || tpm !== undefined) out.push(model.counter(`${id}:${r.group}`, `${lbl} for model=${r.group}`, { rpm, tpm }));
+  };
+  const team = spec.team ? s.teams.find((t) => t.id === spec.team) : undefined;
+  const org = team?.inOrg ? s.org : undefined;
+  const user = spec.user ? s.users.find((u) => u.id === spec.user) : undefined;
+  own(`key:${r.key}`, label, spec.limits);
+  if (user) own(`user:${user.id}`, `User=${user.id}`, user.limits);
+  if (team) own(`team:${team.id}`, `Team=${team.id}`, team.limits);
+  const member = team && user ? s.members.get(`${team.id}/${user.id}`) : undefined;
+  if (member && (member.rpm_limit !== undefined || member.tpm_limit !== undefined)) {
+    out.push(model.counter(`member:${team!.id}/${user!.id}`, `User=${user!.id} in Team=${team!.id}`, { rpm: member.rpm_limit, tpm: member.tpm_limit }));
+  }
+  if (org) own(`org:${org.id}`, `Organization=${org.id}`, org.limits);
+  perModel(`key_model:${r.key}`, label, spec.limits);
+  if (team) perModel(`team_model:${team.id}`, `Team=${team.id}`, team.limits);
+  if (org) perModel(`org_model:${org.id}`, `Organization=${org.id}`, org.limits);
+  return out;
+}
+
+function deploymentCounters(ctx: Ctx, group: string): { spec: DeploymentSpec; counter?: Counter }[] {
+  return ctx.s.deployments
+    .filter((d) => d.group === group)
+    .map((spec) => ({ spec, counter: spec.rpm === undefined && spec.tpm === undefined ? undefined : ctx.model.counter(`deployment:${spec.id}`, spec.id, { rpm: spec.rpm, tpm: spec.tpm }) }));
+}
+
+type Prediction =
+  | { kind: "ok"; counters: Counter[]; room: { spec: DeploymentSpec; counter?: Counter }[] }
+  | { kind: "limit"; refusing: Violation[] }
+  | { kind: "deployments"; waits: Violation[] };
+
+function predict(ctx: Ctx, r: Req): Prediction {
+  const tokens = estimate(r);
+  const counters = countersFor(ctx, r);
+  const refusing = counters.flatMap((c) => violations(c, tokens));
+  if (refusing.length > 0) return { kind: "limit", refusing };
+  const deps = deploymentCounters(ctx, r.group);
+  const room = deps.filter((d) => !d.counter || violations(d.counter, tokens).length === 0);
+  if (room.length === 0) return { kind: "deployments", waits: deps.map((d) => violations(d.counter!, tokens)[0]!) };
+  return { kind: "ok", counters, room };
+}
+
+interface Answer {
+  status: number;
+  headers: Headers;
+  body?: { error?: { message: string; type: string; param: unknown; code: string }; usage?: { prompt_tokens: number; completion_tokens: number } };
+  /** A held stream's body, read on release. */
+  rest?: Response;
+  sent: number;
+  answered: number;
+}
+
+function bodyOf(ctx: Ctx, r: Req, held: boolean): Json {
+  const b: Json = { model: r.group, messages: r.messages };
+  if (r.maxTokens !== undefined) b.max_tokens = r.maxTokens;
+  if (r.stream || held) b.stream = true;
+  void ctx;
+  return b;
+}
+
+async function send(ctx: Ctx, r: Req, held = false): Promise<Answer> {
+  const gw = ctx.gws[ctx.gws.length === 1 ? 0 : Math.floor(Math.random() * ctx.gws.length)]!;
+  const sent = Date.now();
+  const res = await fetch(`${gw.url}/v1/chat/completions`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${ctx.keys[r.key]!.key}`, "content-type": "application/json" },
+    body: JSON.stringify(bodyOf(ctx, r, held)),
+  });
+  const answered = Date.now();
+  if (held && res.status === 200) return { status: 200, headers: res.headers, rest: res, sent, answered };
+  const text = await res.text();
+  let body: Answer["body"];
+  if (res.headers.get("content-type")?.includes("json")) body = JSON.parse(text);
+  else if (res.status === 200 && !text.includes("data: [DONE]")) fail(ctx, `stream without [DONE]: ${text.slice(-200)}`);
+  return { status: res.status, headers: res.headers, body, sent, answered };
+}
+
+/** Whole seconds until `v` has room, bounded by when the requests involved were sent and answered. */
+function retryRange(v: Violation, a: { sent: number; answered: number }): [number, number] {
+  const s = (ms: number) => Math.max(1, Math.ceil(ms / 1000));
+  if (v.kind === "parallel_requests") return [1, 1];
+  if (!v.waitFor) return [60, 60];
+  return [s(v.waitFor.sent + WINDOW_MS - a.answered), s(v.waitFor.answered + WINDOW_MS - a.sent)];
+}
+
+const inRange = (n: number, [lo, hi]: [number, number]) => n >= lo && n <= hi;
+
+/** Checks a refusal against the prediction; returns nothing (a refusal changes no counter). */
+function checkRefusal(ctx: Ctx, p: Exclude<Prediction, { kind: "ok" }>, a: Answer, timing: { sent: number; answered: number } = a): void {
+  check(ctx, a.status === 429, `expected 429 (${explain(p)}), got ${a.status} ${JSON.stringify(a.body)?.slice(0, 300)}`);
+  const err = a.body?.error;
+  check(ctx, err !== undefined && err.type === "rate_limit_error" && err.code === "429" && "param" in err, `error envelope: ${JSON.stringify(a.body)}`);
+  const retry = Number(a.headers.get("retry-after"));
+  check(ctx, Number.isInteger(retry) && retry > 0 && retry <= 60, `retry-after ${a.headers.get("retry-after")}`);
+  const message = err!.message;
+  if (p.kind === "deployments") {
+    const group = /No deployments available for model (\S+): every deployment is at its rpm\/tpm limit\. Try again in (\d+) s\.$/.exec(message);
+    check(ctx, group !== null, `message "${message}", expected no deployments available`);
+    const ranges = p.waits.map((v) => retryRange(v, timing));
+    const lo = Math.min(...ranges.map((x) => x[0]));
+    const hi = Math.min(...ranges.map((x) => x[1]));
+    check(ctx, inRange(retry, [lo, hi]) && group![2] === String(retry), `retry-after ${retry} (message "${message}"), expected within [${lo}, ${hi}]`);
+    return;
+  }
+  const match = p.refusing.find((v) => message.startsWith(`Rate limit exceeded for ${v.counter.label}: ${KIND_TEXT[v.kind]} limit ${v.limit}, `));
+  check(ctx, match !== undefined, `message "${message}", expected one of: ${explain(p)}`);
+  const v = match!;
+  if (v.kind === "parallel_requests") check(ctx, message.endsWith(`, ${v.current} requests in flight.`), `message "${message}", expected ${v.current} in flight`);
+  else if (v.tooLarge) check(ctx, message.includes(`and this request alone may use`), `message "${message}", expected the request to be too large`);
+  else check(ctx, message.endsWith(`, ${v.current} used in the last 60 s. Try again in ${retry} s.`), `message "${message}", expected ${v.current} used, retry ${retry}`);
+  const range = retryRange(v, timing);
+  check(ctx, inRange(retry, range), `retry-after ${retry} for "${message}", expected within [${range}]`);
+  if (v.kind === "requests") {
+    check(ctx, a.headers.get("x-ratelimit-limit-requests") === String(v.limit) && a.headers.get("x-ratelimit-remaining-requests") === "0", `refusal headers ${headerText(a.headers)}`);
+  }
+  if (v.kind === "tokens") {
+    check(ctx, a.headers.get("x-ratelimit-limit-tokens") === String(v.limit) && a.headers.get("x-ratelimit-remaining-tokens") === String(Math.max(0, v.limit - v.current)), `refusal headers ${headerText(a.headers)}, expected tokens ${v.limit}/${v.limit - v.current}`);
+  }
+}
+
+function explain(p: Prediction): string {
+  if (p.kind === "ok") return `allowed (deployments with room: ${p.room.map((d) => d.spec.id)})`;
+  if (p.kind === "deployments") return "no deployment has room";
+  return p.refusing.map((v) => `${v.counter.label} ${v.kind} ${v.current}/${v.limit}`).join("; ");
+}
+
+function headerText(h: Headers): string {
+  return ["limit-requests", "remaining-requests", "limit-tokens", "remaining-tokens"].map((n) => `${n}=${h.get(`x-ratelimit-${n}`)}`).join(" ");
+}
+
+/** Counts a granted request on its counters and the deployment that took it; checks that deployment had room and the headers. */
+function admit(ctx: Ctx, r: Req, p: Extract<Prediction, { kind: "ok" }>, a: Answer, checkHeaders: boolean): Entry {
+  check(ctx, a.status === 200, `expected 200 (${explain(p)}), got ${a.status} ${JSON.stringify(a.body)?.slice(0, 300)}`);
+  const id = a.headers.get("x-svc-model-id");
+  const dep = p.room.find((d) => d.spec.id === id);
+  check(ctx, dep !== undefined, `answered by ${id}, expected one of ${p.room.map((d) => d.spec.id)}`);
+  const entry: Entry = { sent: a.sent, answered: a.answered, tokens: estimate(r), inFlight: true };
+  const all = dep!.counter ? [...p.counters, dep!.counter] : p.counters;
+  for (const c of all) c.entries.push(entry);
+  if (!checkHeaders) return entry;
+  for (const [kind, field] of [
+    ["requests", "rpm"],
+    ["tokens", "tpm"],
+  ] as const) {
+    const figures = all.filter((c) => c[field] !== undefined).map((c) => ({ limit: c[field]!, remaining: c[field]! - (kind === "requests" ? c.entries.length : used(c)) }));
+    const limit = a.headers.get(`x-ratelimit-limit-${kind}`);
+    const remaining = a.headers.get(`x-ratelimit-remaining-${kind}`);
+    if (figures.length === 0) {
+      // No gateway limit of this kind: the upstream's own figures (the mock's).
+      const mine = kind === "requests" ? ["10000", "9999"] : ["30000000", "29999990"];
+      check(ctx, limit === mine[0] && remaining === mine[1], `${kind} headers ${headerText(a.headers)}, expected the upstream's ${mine}`);
+      continue;
+    }
+    const least = Math.min(...figures.map((f) => f.remaining));
+    const limits = figures.filter((f) => f.remaining === least).map((f) => String(f.limit));
+    check(ctx, remaining === String(least) && limit !== null && limits.includes(limit), `${kind} headers ${headerText(a.headers)}, expected remaining ${least} of ${limits.join(" or ")}`);
+  }
+  return entry;
+}
+
+function settle(ctx: Ctx, r: Req, entry: Entry, a: Answer, slowWords?: number): void {
+  const u = mockUsage(r, slowWords);
+  if (a.body?.usage) check(ctx, a.body.usage.prompt_tokens === u.prompt && a.body.usage.completion_tokens === u.completion, `usage ${JSON.stringify(a.body.usage)}, the model says ${JSON.stringify(u)}`);
+  entry.tokens = u.prompt + u.completion;
+  entry.inFlight = false;
+}
+
+function reqText(r: Req): string {
+  return `key${r.key} ${r.group} ${r.stream ? "stream" : "json"} est=${estimate(r)} max_tokens=${r.maxTokens}`;
+}
+
+async function call(ctx: Ctx, r: Req): Promise<void> {
+  const p = predict(ctx, r);
+  ctx.log.push(`  call ${reqText(r)} → ${explain(p)}`);
+  const a = await send(ctx, r);
+  if (p.kind !== "ok") return checkRefusal(ctx, p, a);
+  const entry = admit(ctx, r, p, a, true);
+  settle(ctx, r, entry, a);
+}
+
+interface Held {
+  r: Req;
+  a: Answer;
+  entry: Entry;
+}
+
+async function hold(ctx: Ctx, r: Req, held: Held[]): Promise<void> {
+  const p = predict(ctx, r);
+  ctx.log.push(`  hold ${reqText(r)} → ${explain(p)}`);
+  if (p.kind === "ok") ctx.mock.fault({ kind: "slowStream", chunkDelayMs: HOLD_CHUNK_MS, chunks: HOLD_CHUNKS });
+  const a = await send(ctx, { ...r, stream: true }, true);
+  if (p.kind !== "ok") return checkRefusal(ctx, p, a);
+  held.push({ r, a, entry: admit(ctx, r, p, a, true) });
+}
+
+async function release(ctx: Ctx, held: Held[]): Promise<void> {
+  const started = held.length > 0 ? Math.min(...held.map((h) => h.a.sent)) : Date.now();
+  // Every held call had to stay in flight until now.
+  check(ctx, Date.now() - started < HOLD_CHUNKS * HOLD_CHUNK_MS, `the calls made while streams were held took too long (${Date.now() - started} ms): the model's in-flight counts may be stale`);
+  for (const h of held) {
+    const text = await h.a.rest!.text();
+    check(ctx, text.includes("data: [DONE]"), `held stream ended without [DONE]: ${text.slice(-200)}`);
+    settle(ctx, h.r, h.entry, h.a, HOLD_CHUNKS);
+  }
+  // A stream is settled right after its last bytes are sent.
+  await Bun.sleep(20);
+  ctx.log.push(`  released ${held.length}`);
+}
+
+/** Identical calls at once. Only when their outcome does not depend on their order (see below); else one after another. */
+async function burst(ctx: Ctx, r: Req, n: number): Promise<void> {
+  // Sequential prediction on a copy of the counters.
+  const saved = new Map([...ctx.model.counters].map(([id, c]) => [id, c.entries.slice()]));
+  const preds: Prediction[] = [];
+  /** The burst's own calls as the sequential prediction counted them: a refusal may wait for one of them. */
+  const mine: Entry[] = [];
+  for (let i = 0; i < n; i++) {
+    const p = predict(ctx, r);
+    preds.push(p);
+    if (p.kind === "ok") {
+      // Any deployment with room: with identical requests the total that fits does not depend on which.
+      const e: Entry = { sent: 0, answered: 0, tokens: estimate(r), inFlight: true };
+      mine.push(e);
+      for (const c of p.counters) c.entries.push(e);
+      const d = p.room.find((x) => x.counter) ?? p.room[0]!;
+      d.counter?.entries.push(e);
+    }
+  }
+  const restore = () => {
+    for (const [id, entries] of saved) ctx.model.counters.get(id)!.entries = entries.slice();
+    for (const c of ctx.model.counters.values()) if (!saved.has(c.id)) c.entries = [];
+  };
+  restore();
+  // A call that passes the caller's limits and then finds no deployment holds them for a moment (they
+  // are given back once it is refused): if that can refuse another call of the burst, which calls are
+  // refused, and by which limit, depends on the order. Counted as if every call held them:
+  let transient = false;
+  for (let i = 0; i < n && preds.some((p) => p.kind === "deployments"); i++) {
+    const counters = countersFor(ctx, r);
+    if (counters.some((c) => violations(c, estimate(r)).length > 0)) transient = true;
+    const e: Entry = { sent: 0, answered: 0, tokens: estimate(r), inFlight: true };
+    for (const c of counters) c.entries.push(e);
+  }
+  restore();
+  const kinds = new Set(preds.map((p) => p.kind));
+  const ok = preds.filter((p) => p.kind === "ok").length;
+  // Deployment choice for tpm: a deployment's room in calls depends on which ones the router picked.
+  const tpmDeployments = ctx.s.deployments.some((d) => d.group === r.group && d.tpm !== undefined);
+  if ((kinds.has("deployments") && transient) || tpmDeployments) {
+    for (let i = 0; i < n; i++) await call(ctx, r);
+    return;
+  }
+  ctx.log.push(`  burst ${n}× ${reqText(r)} → ${ok} allowed`);
+  ctx.mock.fault(...Array.from({ length: ok }, () => ({ kind: "delay" as const, ms: BURST_DELAY_MS })));
+  const sent = Date.now();
+  const answers = await Promise.all(Array.from({ length: n }, () => send(ctx, { ...r, stream: false })));
+  const answered = Date.now();
+  ctx.mock.clearFaults();
+  for (const e of mine) Object.assign(e, { sent, answered });
+  const statuses = answers.map((a) => a.status).sort();
+  check(ctx, statuses.filter((s) => s === 200).length === ok, `burst statuses ${statuses}, expected ${ok} allowed (${preds.map(explain).join(" | ")})`);
+  const refusal = preds.find((p) => p.kind !== "ok");
+  const admitted: { entry: Entry; a: Answer }[] = [];
+  for (const a of answers) {
+    a.sent = sent;
+    a.answered = answered;
+    if (a.status !== 200) {
+      checkRefusal(ctx, refusal as Exclude<Prediction, { kind: "ok" }>, a, { sent, answered });
+      continue;
+    }
+    const p = predict(ctx, r);
+    if (p.kind !== "ok") fail(ctx, `burst: the model has no room for an allowed call (${explain(p)})`);
+    // Their x-ratelimit-* depend on the order they were counted in: not compared.
+    admitted.push({ entry: admit(ctx, r, p, a, false), a });
+  }
+  for (const { entry, a } of admitted) settle(ctx, r, entry, a);
+}
+
+// ---- setup of a scenario through the management API
+
+async function ok(gw: TestGateway, path: string, body: Json): Promise<Json> {
+  const r = await requestJson<Json>(gw, "POST", path, { body });
+  if (r.status !== 200) throw new Error(`POST ${path} ${JSON.stringify(body)} → ${r.status}: ${r.text}`);
+  return r.body;
+}
+
+async function create(s: Scenario, gws: TestGateway[]): Promise<{ key: string; name: string }[]> {
+  const gw = gws[0]!;
+  if (s.org) await ok(gw, "/organization/new", { organization_id: s.org.id, organization_alias: s.org.id, ...s.org.limits });
+  for (const t of s.teams) await ok(gw, "/team/new", { team_id: t.id, ...(t.inOrg ? { organization_id: s.org!.id } : {}), ...t.limits });
+  for (const u of s.users) await ok(gw, "/user/new", { user_id: u.id, ...u.limits });
+  for (const [ref, limits] of s.members) {
+    const [team_id, user_id] = ref.split("/");
+    await ok(gw, "/team/member_add", { team_id, member: { role: "user", user_id } });
+    if (Object.keys(limits).length > 0) await ok(gw, "/team/member_update", { team_id, user_id, ...limits });
+  }
+  const keys: { key: string; name: string }[] = [];
+  for (const k of s.keys) {
+    const body = await ok(gw, "/key/generate", { ...k.limits, ...(k.team ? { team_id: k.team } : {}), ...(k.user ? { user_id: k.user } : {}) });
+    keys.push({ key: body.key as string, name: `sk-...${(body.key as string).slice(-4)}` });
+  }
+  // Every instance knows every key before the first call.
+  for (const other of gws.slice(1)) {
+    for (const k of keys) for (let i = 0; i < 200 && other.host!.services.identity!.lookupKey(sha256(k.key)) === undefined; i++) await Bun.sleep(20);
+  }
+  return keys;
+}
+
+async function run(seed: number, mode: Mode, s: Scenario, gws: TestGateway[], mock: MockOpenAI): Promise<void> {
+  const ctx: Ctx = { seed, mode, s, gws, mock, keys: await create(s, gws), model: new Model(), step: "setup", log: [] };
+  const rng = new Random(seed * 1000 + s.index * 7 + MODES.findIndex((m) => m.mode === mode));
+  const steps = 14 + rng.int(10);
+  for (let i = 0; i < steps; i++) {
+    ctx.step = `${i + 1}/${steps}`;
+    const roll = rng.next();
+    if (roll < 0.12) {
+      const held: Held[] = [];
+      const n = 1 + rng.int(3);
+      ctx.log.push(`${ctx.step} hold ${n}`);
+      const key = rng.int(s.keys.length);
+      const first = Date.now();
+      for (let j = 0; j < n; j++) await hold(ctx, { ...randomReq(rng, s), key: rng.chance(0.7) ? key : rng.int(s.keys.length) }, held);
+      const between = rng.int(4);
+      for (let j = 0; j < between; j++) {
+        const r: Req = { ...randomReq(rng, s), key: rng.chance(0.6) ? key : rng.int(s.keys.length), stream: false };
+        if (Date.now() - first < HOLD_WINDOW_MS) await call(ctx, r);
+      }
+      await release(ctx, held);
+    } else if (roll < 0.25) {
+      ctx.log.push(`${ctx.step} burst`);
+      await burst(ctx, randomReq(rng, s), 2 + rng.int(5));
+    } else {
+      ctx.log.push(`${ctx.step} call`);
+      const r = randomReq(rng, s);
+      await call(ctx, r);
+      if (r.stream) await Bun.sleep(10);
+    }
+  }
+}
+
+// ---- the suites
+
+function configOf(scenarios: Scenario[], mock: MockOpenAI): Json {
+  return {
+    model_list: scenarios.flatMap((s) =>
+      s.deployments.map((d) => ({
+        model_name: d.group,
+        svc_params: { model: "openai/gpt-4o-mini", api_base: mock.url, api_key: "sk-up", ...(d.rpm !== undefined ? { rpm: d.rpm } : {}), ...(d.tpm !== undefined ? { tpm: d.tpm } : {}) },
+        model_info: { id: d.id },
+      })),
+    ),
+    general_settings: { master_key: MASTER_KEY },
+  };
+}
+
+async function redisUp(): Promise<boolean> {
+  const probe = new Redis(REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null });
+  probe.on("error", () => undefined);
+  try {
+    await probe.connect();
+    return (await probe.ping()) === "PONG";
+  } catch {
+    return false;
+  } finally {
+    probe.disconnect();
+  }
+}
+
+const hasRedis = await redisUp();
+
+for (const { mode, scenarios: count } of MODES) {
+  describe.skipIf(mode !== "memory" && !hasRedis)(`rate limits against the model (${mode}), LIMITS_DIFF_SEED=${SEED}`, () => {
+    const runTag = `${(SEED % 100_000).toString(36)}${Math.random().toString(36).slice(2, 6)}`;
+    const rng = new Random(SEED + MODES.findIndex((m) => m.mode === mode));
+    const scenarios = Array.from({ length: count }, (_, i) => scenario(rng, i, runTag));
+    let mock: MockOpenAI;
+    const gws: TestGateway[] = [];
+    let drop: (() => Promise<void>) | undefined;
+
+    beforeAll(async () => {
+      mock = await startMockOpenAI({ apiKey: "sk-up" });
+      const config = configOf(scenarios, mock);
+      if (mode === "memory") gws.push(await startBackendGateway("pglite", config));
+      else if (mode === "redis") gws.push(await startBackendGateway("pglite", config, { redisUrl: REDIS_URL }));
+      else {
+        const db = await freshDatabase("gw_limits_diff");
+        drop = db.drop;
+        for (let i = 0; i < 2; i++) gws.push(await startTestGateway(config, { store: { databaseUrl: db.url, redisUrl: REDIS_URL } }));
+        await Promise.all(gws.map((g) => g.host!.services.bus!.subscribed()));
+      }
+    });
+    afterAll(async () => {
+      for (const g of gws) await g.stop();
+      await drop?.();
+      await mock?.stop();
+    });
+
+    for (const s of scenarios) {
+      test(`scenario ${s.index}`, async () => {
+        await run(SEED, mode, s, gws, mock);
+        expect(true).toBe(true);
+      }, 30_000);
+    }
+  });
+}
