@@ -74,6 +74,17 @@ interface KeySpec {
   limits: Limits;
   team?: string;
   user?: string;
+  /** On the scenario's budget object: its rpm / tpm / parallel limits apply where the key sets none. */
+  budget?: boolean;
+}
+
+interface TeamSpec {
+  id: string;
+  inOrg: boolean;
+  limits: Limits;
+  budget?: boolean;
+  /** `team_member_rpm_limit` / `team_member_tpm_limit`: what members get when added. */
+  memberDefaults: { team_member_rpm_limit?: number; team_member_tpm_limit?: number };
 }
 
 interface Scenario {
@@ -82,11 +93,14 @@ interface Scenario {
   groups: string[];
   deployments: DeploymentSpec[];
   org?: { id: string; limits: Limits };
-  teams: { id: string; inOrg: boolean; limits: Limits }[];
+  budget?: { id: string; limits: Limits };
+  teams: TeamSpec[];
   users: { id: string; limits: Limits }[];
   /** Team member limits: `${team}/${user}` → limits. */
   members: Map<string, { rpm_limit?: number; tpm_limit?: number }>;
   keys: KeySpec[];
+  /** `router_settings.fallbacks`: group → the group tried when it fails. */
+  fallbacks: Record<string, string>;
 }
 
 function limitsOf(rng: Random, groups: string[], opts: { parallel: boolean; model: boolean; p: number }): Limits {
@@ -113,8 +127,12 @@ function scenario(rng: Random, index: number, runTag: string): Scenario {
     }
   }
   const org = rng.chance(0.5) ? { id: `${tag}-org`, limits: limitsOf(rng, groups, { parallel: true, model: true, p: 0.4 }) } : undefined;
+  const budget = rng.chance(0.4) ? { id: `${tag}-budget`, limits: limitsOf(rng, groups, { parallel: true, model: false, p: 0.6 }) } : undefined;
   const teams = Array.from({ length: rng.int(3) }, (_, i) => {
-    const team = { id: `${tag}-team${i}`, inOrg: org !== undefined && rng.chance(0.7), limits: limitsOf(rng, groups, { parallel: true, model: true, p: 0.4 }) };
+    const team: TeamSpec = { id: `${tag}-team${i}`, inOrg: org !== undefined && rng.chance(0.7), limits: limitsOf(rng, groups, { parallel: true, model: true, p: 0.4 }), memberDefaults: {} };
+    if (budget && rng.chance(0.3)) team.budget = true;
+    if (rng.chance(0.3)) team.memberDefaults.team_member_rpm_limit = 1 + rng.int(6);
+    if (rng.chance(0.2)) team.memberDefaults.team_member_tpm_limit = 150 + rng.int(600);
     // A team's rpm / tpm may not exceed its organization's (a 400 otherwise).
     for (const f of ["rpm_limit", "tpm_limit"] as const) {
       const cap = team.inOrg ? org!.limits[f] : undefined;
@@ -130,6 +148,7 @@ function scenario(rng: Random, index: number, runTag: string): Scenario {
     const k: KeySpec = { limits: limitsOf(rng, groups, { parallel: true, model: true, p: 0.5 }) };
     if (teams.length > 0 && rng.chance(0.6)) k.team = rng.pick(teams).id;
     if (users.length > 0 && rng.chance(0.5)) k.user = rng.pick(users).id;
+    if (budget && rng.chance(0.4)) k.budget = true;
     if (k.team && k.user && !members.has(`${k.team}/${k.user}`)) {
       const m: { rpm_limit?: number; tpm_limit?: number } = {};
       if (rng.chance(0.4)) m.rpm_limit = 1 + rng.int(6);
@@ -138,7 +157,9 @@ function scenario(rng: Random, index: number, runTag: string): Scenario {
     }
     keys.push(k);
   }
-  return { index, tag, groups, deployments, org, teams, users, members, keys };
+  const fallbacks: Record<string, string> = {};
+  for (const [i, g] of groups.entries()) if (rng.chance(0.35)) fallbacks[g] = groups[1 - i]!;
+  return { index, tag, groups, deployments, org, budget, teams, users, members, keys, fallbacks };
 }
 
 // ---- the model
@@ -263,7 +284,7 @@ interface Ctx {
 function fail(ctx: Ctx, what: string): never {
   throw new Error(
     `LIMITS_DIFF_SEED=${ctx.seed} mode=${ctx.mode} scenario=${ctx.s.index} step ${ctx.step}: ${what}\n` +
-      `scenario: ${JSON.stringify({ deployments: ctx.s.deployments, org: ctx.s.org, teams: ctx.s.teams, users: ctx.s.users, members: [...ctx.s.members], keys: ctx.s.keys })}\n` +
+      `scenario: ${JSON.stringify({ fallbacks: ctx.s.fallbacks, deployments: ctx.s.deployments, org: ctx.s.org, budget: ctx.s.budget, teams: ctx.s.teams, users: ctx.s.users, members: [...ctx.s.members], keys: ctx.s.keys })}\n` +
       `steps:\n${ctx.log.slice(-25).join("\n")}`,
   );
 }
@@ -274,12 +295,31 @@ function check(ctx: Ctx, ok: boolean, what: string): void {
 
 /** Every counter a request of `key` to `group` counts on (own, then the group's), as the README lists them. */
 function countersFor(ctx: Ctx, r: Req): Counter[] {
+  return [...ownCounters(ctx, r), ...groupCounters(ctx, r, r.group)];
+}
+
+/** The caller's own counters: taken once per request, whatever groups it tries. */
+function ownCounters(ctx: Ctx, r: Req): Counter[] {
+  return limitCounters(ctx, r, r.group).filter((c) => !c.id.includes("_model:"));
+}
+
+/** A group's per-model counters: taken for every group the request tries. */
+function groupCounters(ctx: Ctx, r: Req, group: string): Counter[] {
+  return limitCounters(ctx, r, group).filter((c) => c.id.includes("_model:"));
+}
+
+function limitCounters(ctx: Ctx, req: Req, group: string): Counter[] {
   const { s, model } = ctx;
+  const r = { ...req, group };
   const spec = s.keys[r.key]!;
   const label = `Key ${ctx.keys[r.key]!.name}`;
   const out: Counter[] = [];
-  const own = (id: string, lbl: string, l: Limits) => {
-    if (l.rpm_limit !== undefined || l.tpm_limit !== undefined || l.max_parallel_requests !== undefined) out.push(model.counter(id, lbl, { rpm: l.rpm_limit, tpm: l.tpm_limit, parallel: l.max_parallel_requests }));
+  /** A row's rpm / tpm / parallel, each from its budget object when the row sets none. */
+  const own = (id: string, lbl: string, l: Limits, budget?: Limits) => {
+    const rpm = l.rpm_limit ?? budget?.rpm_limit;
+    const tpm = l.tpm_limit ?? budget?.tpm_limit;
+    const parallel = l.max_parallel_requests ?? budget?.max_parallel_requests;
+    if (rpm !== undefined || tpm !== undefined || parallel !== undefined) out.push(model.counter(id, lbl, { rpm, tpm, parallel }));
   };
   const perModel = (id: string, lbl: string, l: Limits) => {
     const rpm = l.model_rpm_limit?.[r.group];
@@ -289,12 +329,15 @@ function countersFor(ctx: Ctx, r: Req): Counter[] {
   const team = spec.team ? s.teams.find((t) => t.id === spec.team) : undefined;
   const org = team?.inOrg ? s.org : undefined;
   const user = spec.user ? s.users.find((u) => u.id === spec.user) : undefined;
-  own(`key:${r.key}`, label, spec.limits);
+  own(`key:${r.key}`, label, spec.limits, spec.budget ? s.budget!.limits : undefined);
   if (user) own(`user:${user.id}`, `User=${user.id}`, user.limits);
-  if (team) own(`team:${team.id}`, `Team=${team.id}`, team.limits);
+  if (team) own(`team:${team.id}`, `Team=${team.id}`, team.limits, team.budget ? s.budget!.limits : undefined);
   const member = team && user ? s.members.get(`${team.id}/${user.id}`) : undefined;
-  if (member && (member.rpm_limit !== undefined || member.tpm_limit !== undefined)) {
-    out.push(model.counter(`member:${team!.id}/${user!.id}`, `User=${user!.id} in Team=${team!.id}`, { rpm: member.rpm_limit, tpm: member.tpm_limit }));
+  // A member's own limits, else what the team gave its members when this one was added.
+  const memberRpm = member?.rpm_limit ?? team?.memberDefaults.team_member_rpm_limit;
+  const memberTpm = member?.tpm_limit ?? team?.memberDefaults.team_member_tpm_limit;
+  if (member && (memberRpm !== undefined || memberTpm !== undefined)) {
+    out.push(model.counter(`member:${team!.id}/${user!.id}`, `User=${user!.id} in Team=${team!.id}`, { rpm: memberRpm, tpm: memberTpm }));
   }
   if (org) own(`org:${org.id}`, `Organization=${org.id}`, org.limits);
   perModel(`key_model:${r.key}`, label, spec.limits);
@@ -309,20 +352,39 @@ function deploymentCounters(ctx: Ctx, group: string): { spec: DeploymentSpec; co
     .map((spec) => ({ spec, counter: spec.rpm === undefined && spec.tpm === undefined ? undefined : ctx.model.counter(`deployment:${spec.id}`, spec.id, { rpm: spec.rpm, tpm: spec.tpm }) }));
 }
 
-type Prediction =
+type Prediction = (
   | { kind: "ok"; counters: Counter[]; room: { spec: DeploymentSpec; counter?: Counter }[] }
   | { kind: "limit"; refusing: Violation[] }
-  | { kind: "deployments"; waits: Violation[] };
+  | { kind: "deployments"; group: string; waits: Violation[] }
+) & { /** Decided in the fallback group. */ fellBack?: boolean };
 
 function predict(ctx: Ctx, r: Req): Prediction {
   const tokens = estimate(r);
-  const counters = countersFor(ctx, r);
+  const own = ownCounters(ctx, r);
+  const counters = [...own, ...groupCounters(ctx, r, r.group)];
   const refusing = counters.flatMap((c) => violations(c, tokens));
   if (refusing.length > 0) return { kind: "limit", refusing };
-  const deps = deploymentCounters(ctx, r.group);
-  const room = deps.filter((d) => !d.counter || violations(d.counter, tokens).length === 0);
-  if (room.length === 0) return { kind: "deployments", waits: deps.map((d) => violations(d.counter!, tokens)[0]!) };
-  return { kind: "ok", counters, room };
+  const inGroup = (group: string, counters: Counter[], fellBack?: boolean): Prediction => {
+    const deps = deploymentCounters(ctx, group);
+    const room = deps.filter((d) => !d.counter || violations(d.counter, tokens).length === 0);
+    if (room.length === 0) return { kind: "deployments", group, waits: deps.map((d) => violations(d.counter!, tokens)[0]!), fellBack };
+    return { kind: "ok", counters, room, fellBack };
+  };
+  const first = inGroup(r.group, counters);
+  const fallback = ctx.s.fallbacks[r.group];
+  if (first.kind === "ok" || !fallback) return first;
+  // Every deployment at its limit: the group fails, and its fallback is tried with its own per-model
+  // counters, while the request's own stay counted.
+  const held: Entry = { sent: 0, answered: 0, tokens, inFlight: true };
+  for (const c of own) c.entries.push(held);
+  try {
+    const theirs = groupCounters(ctx, r, fallback);
+    const refusing = theirs.flatMap((c) => violations(c, tokens));
+    if (refusing.length > 0) return { kind: "limit", refusing, fellBack: true };
+    return inGroup(fallback, [...own, ...theirs], true);
+  } finally {
+    for (const c of own) c.entries.pop();
+  }
 }
 
 interface Answer {
@@ -380,7 +442,7 @@ function checkRefusal(ctx: Ctx, p: Exclude<Prediction, { kind: "ok" }>, a: Answe
   const message = err!.message;
   if (p.kind === "deployments") {
     const group = /No deployments available for model (\S+): every deployment is at its rpm\/tpm limit\. Try again in (\d+) s\.$/.exec(message);
-    check(ctx, group !== null, `message "${message}", expected no deployments available`);
+    check(ctx, group !== null && group[1] === p.group, `message "${message}", expected no deployments available for model ${p.group}`);
     const ranges = p.waits.map((v) => retryRange(v, timing));
     const lo = Math.min(...ranges.map((x) => x[0]));
     const hi = Math.min(...ranges.map((x) => x[1]));
@@ -404,8 +466,8 @@ function checkRefusal(ctx: Ctx, p: Exclude<Prediction, { kind: "ok" }>, a: Answe
 }
 
 function explain(p: Prediction): string {
-  if (p.kind === "ok") return `allowed (deployments with room: ${p.room.map((d) => d.spec.id)})`;
-  if (p.kind === "deployments") return "no deployment has room";
+  if (p.kind === "ok") return `allowed${p.fellBack ? " after falling back" : ""} (deployments with room: ${p.room.map((d) => d.spec.id)})`;
+  if (p.kind === "deployments") return `no deployment of ${p.group} has room${p.fellBack ? " (after falling back)" : ""}`;
   return p.refusing.map((v) => `${v.counter.label} ${v.kind} ${v.current}/${v.limit}`).join("; ");
 }
 
@@ -531,7 +593,8 @@ async function burst(ctx: Ctx, r: Req, n: number): Promise<void> {
   const ok = preds.filter((p) => p.kind === "ok").length;
   // Deployment choice for tpm: a deployment's room in calls depends on which ones the router picked.
   const tpmDeployments = ctx.s.deployments.some((d) => d.group === r.group && d.tpm !== undefined);
-  if ((kinds.has("deployments") && transient) || tpmDeployments) {
+  // A fallback holds the request's own counters while it is tried: as above.
+  if ((kinds.has("deployments") && transient) || tpmDeployments || preds.some((p) => p.fellBack)) {
     for (let i = 0; i < n; i++) await call(ctx, r);
     return;
   }
@@ -572,7 +635,10 @@ async function ok(gw: TestGateway, path: string, body: Json): Promise<Json> {
 async function create(s: Scenario, gws: TestGateway[]): Promise<{ key: string; name: string }[]> {
   const gw = gws[0]!;
   if (s.org) await ok(gw, "/organization/new", { organization_id: s.org.id, organization_alias: s.org.id, ...s.org.limits });
-  for (const t of s.teams) await ok(gw, "/team/new", { team_id: t.id, ...(t.inOrg ? { organization_id: s.org!.id } : {}), ...t.limits });
+  if (s.budget) await ok(gw, "/budget/new", { budget_id: s.budget.id, ...s.budget.limits });
+  for (const t of s.teams) {
+    await ok(gw, "/team/new", { team_id: t.id, ...(t.inOrg ? { organization_id: s.org!.id } : {}), ...(t.budget ? { budget_id: s.budget!.id } : {}), ...t.limits, ...t.memberDefaults });
+  }
   for (const u of s.users) await ok(gw, "/user/new", { user_id: u.id, ...u.limits });
   for (const [ref, limits] of s.members) {
     const [team_id, user_id] = ref.split("/");
@@ -581,7 +647,7 @@ async function create(s: Scenario, gws: TestGateway[]): Promise<{ key: string; n
   }
   const keys: { key: string; name: string }[] = [];
   for (const k of s.keys) {
-    const body = await ok(gw, "/key/generate", { ...k.limits, ...(k.team ? { team_id: k.team } : {}), ...(k.user ? { user_id: k.user } : {}) });
+    const body = await ok(gw, "/key/generate", { ...k.limits, ...(k.team ? { team_id: k.team } : {}), ...(k.user ? { user_id: k.user } : {}), ...(k.budget ? { budget_id: s.budget!.id } : {}) });
     keys.push({ key: body.key as string, name: `sk-...${(body.key as string).slice(-4)}` });
   }
   // Every instance knows every key before the first call.
@@ -634,6 +700,7 @@ function configOf(scenarios: Scenario[], mock: MockOpenAI): Json {
         model_info: { id: d.id },
       })),
     ),
+    router_settings: { fallbacks: scenarios.flatMap((s) => Object.entries(s.fallbacks).map(([from, to]) => ({ [from]: [to] }))) },
     general_settings: { master_key: MASTER_KEY },
   };
 }
