@@ -28,6 +28,8 @@
 // Runs in memory, with Redis (127.0.0.1:6379), and with two instances sharing Redis and PostgreSQL.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import Redis from "ioredis";
+import type { RateCounter } from "../../core/contract.ts";
+import { LocalWindows } from "../../core/limits/local-windows.ts";
 import { freshDatabase, MASTER_KEY, requestJson, startBackendGateway, startTestGateway, type TestGateway } from "../harness/gateway.ts";
 import { Random } from "../harness/random.ts";
 import { sha256 } from "../harness/util.ts";
@@ -105,10 +107,12 @@ interface Scenario {
 
 function limitsOf(rng: Random, groups: string[], opts: { parallel: boolean; model: boolean; p: number }): Limits {
   const l: Limits = {};
-  if (rng.chance(opts.p)) l.rpm_limit = 1 + rng.int(8);
-  if (rng.chance(opts.p)) l.tpm_limit = 120 + rng.int(700);
-  if (opts.parallel && rng.chance(opts.p * 0.8)) l.max_parallel_requests = 1 + rng.int(3);
-  if (opts.model && rng.chance(opts.p)) l.model_rpm_limit = { [rng.pick(groups)]: 1 + rng.int(5) };
+  // Now and then a limit of 0: nothing passes it.
+  const zero = () => rng.chance(0.04);
+  if (rng.chance(opts.p)) l.rpm_limit = zero() ? 0 : 1 + rng.int(8);
+  if (rng.chance(opts.p)) l.tpm_limit = zero() ? 0 : 120 + rng.int(700);
+  if (opts.parallel && rng.chance(opts.p * 0.8)) l.max_parallel_requests = zero() ? 0 : 1 + rng.int(3);
+  if (opts.model && rng.chance(opts.p)) l.model_rpm_limit = { [rng.pick(groups)]: zero() ? 0 : 1 + rng.int(5) };
   if (opts.model && rng.chance(opts.p * 0.8)) l.model_tpm_limit = { [rng.pick(groups)]: 100 + rng.int(500) };
   return l;
 }
@@ -192,6 +196,8 @@ interface Violation {
   /** The entry that must leave the window before the request fits (undefined: parallel, or never fits). */
   waitFor?: Entry;
   tooLarge?: boolean;
+  /** The request's reservation. */
+  tokens: number;
 }
 
 const used = (c: Counter) => c.entries.reduce((s, e) => s + e.tokens, 0);
@@ -200,7 +206,7 @@ const inFlight = (c: Counter) => c.entries.filter((e) => e.inFlight).length;
 function violations(c: Counter, tokens: number): Violation[] {
   const out: Violation[] = [];
   const count = c.entries.length;
-  if (c.rpm !== undefined && count + 1 > c.rpm) out.push({ counter: c, kind: "requests", limit: c.rpm, current: count, waitFor: c.rpm === 0 ? undefined : c.entries[count - c.rpm] });
+  if (c.rpm !== undefined && count + 1 > c.rpm) out.push({ counter: c, kind: "requests", limit: c.rpm, current: count, waitFor: c.rpm === 0 ? undefined : c.entries[count - c.rpm], tokens });
   const sum = used(c);
   if (c.tpm !== undefined && sum + tokens > c.tpm) {
     let waitFor: Entry | undefined;
@@ -214,9 +220,9 @@ function violations(c: Counter, tokens: number): Violation[] {
         }
       }
     }
-    out.push({ counter: c, kind: "tokens", limit: c.tpm, current: sum, waitFor, tooLarge: tokens > c.tpm });
+    out.push({ counter: c, kind: "tokens", limit: c.tpm, current: sum, waitFor, tooLarge: tokens > c.tpm, tokens });
   }
-  if (c.parallel !== undefined && inFlight(c) + 1 > c.parallel) out.push({ counter: c, kind: "parallel_requests", limit: c.parallel, current: inFlight(c) });
+  if (c.parallel !== undefined && inFlight(c) + 1 > c.parallel) out.push({ counter: c, kind: "parallel_requests", limit: c.parallel, current: inFlight(c), tokens });
   return out;
 }
 
@@ -453,7 +459,7 @@ function checkRefusal(ctx: Ctx, p: Exclude<Prediction, { kind: "ok" }>, a: Answe
   check(ctx, match !== undefined, `message "${message}", expected one of: ${explain(p)}`);
   const v = match!;
   if (v.kind === "parallel_requests") check(ctx, message.endsWith(`, ${v.current} requests in flight.`), `message "${message}", expected ${v.current} in flight`);
-  else if (v.tooLarge) check(ctx, message.includes(`and this request alone may use`), `message "${message}", expected the request to be too large`);
+  else if (v.tooLarge) check(ctx, message.endsWith(`, and this request alone may use ${v.tokens} tokens (lower max_tokens).`), `message "${message}", expected the request (${v.tokens} tokens) to be too large`);
   else check(ctx, message.endsWith(`, ${v.current} used in the last 60 s. Try again in ${retry} s.`), `message "${message}", expected ${v.current} used, retry ${retry}`);
   const range = retryRange(v, timing);
   check(ctx, inRange(retry, range), `retry-after ${retry} for "${message}", expected within [${range}]`);
@@ -522,6 +528,56 @@ async function call(ctx: Ctx, r: Req): Promise<void> {
   const a = await send(ctx, r);
   if (p.kind !== "ok") return checkRefusal(ctx, p, a);
   const entry = admit(ctx, r, p, a, true);
+  settle(ctx, r, entry, a);
+}
+
+/**
+ * A call whose first attempt fails upstream (a 500, no retries): it went out, so it counts (with no
+ * tokens) on the caller's own counters, the group's and the deployment's; then the group's fallback,
+ * if any, is tried with its own per-model counters. Only where the model knows which deployment the
+ * failed attempt went to (one with room, or none of them with limits of its own); else a plain call.
+ */
+async function failingCall(ctx: Ctx, r: Req): Promise<void> {
+  const p = predict(ctx, r);
+  if (p.kind !== "ok" || p.fellBack || (p.room.length > 1 && p.room.some((d) => d.counter))) return call(ctx, r);
+  const failed = p.room[0]!;
+  const fallback = ctx.s.fallbacks[r.group];
+  ctx.log.push(`  failing call ${reqText(r)} → fails at ${p.room.length === 1 ? failed.spec.id : "some deployment"}${fallback ? `, falls back to ${fallback}` : ""}`);
+  const own = ownCounters(ctx, r);
+  const mine = groupCounters(ctx, r, r.group);
+  const tokens = estimate(r);
+  ctx.mock.fault({ kind: "status", status: 500 });
+  const a = await send(ctx, r);
+  ctx.mock.clearFaults();
+  // The failed attempt: counted with no tokens on the group's and the deployment's counters.
+  const attempt: Entry = { sent: a.sent, answered: a.answered, tokens: 0, inFlight: false };
+  for (const c of failed.counter ? [...mine, failed.counter] : mine) c.entries.push(attempt);
+  const request: Entry = { sent: a.sent, answered: a.answered, tokens, inFlight: true };
+  for (const c of own) c.entries.push(request);
+  const ended = () => Object.assign(request, { tokens: 0, inFlight: false });
+  if (!fallback) {
+    check(ctx, a.status === 500, `expected the upstream's 500, got ${a.status} ${JSON.stringify(a.body)?.slice(0, 300)}`);
+    ended();
+    return;
+  }
+  const theirs = groupCounters(ctx, r, fallback);
+  const refusing = theirs.flatMap((c) => violations(c, tokens));
+  let then: Prediction;
+  if (refusing.length > 0) then = { kind: "limit", refusing, fellBack: true };
+  else {
+    const deps = deploymentCounters(ctx, fallback);
+    const room = deps.filter((d) => !d.counter || violations(d.counter, tokens).length === 0);
+    then = room.length === 0 ? { kind: "deployments", group: fallback, waits: deps.map((d) => violations(d.counter!, tokens)[0]!), fellBack: true } : { kind: "ok", counters: [...own, ...theirs], room, fellBack: true };
+  }
+  ctx.log.push(`    then ${explain(then)}`);
+  if (then.kind !== "ok") {
+    checkRefusal(ctx, then, a);
+    ended();
+    return;
+  }
+  // The request's own counters hold it already (since the first attempt): counted once.
+  for (const c of own) c.entries.pop();
+  const entry = admit(ctx, { ...r, group: fallback }, then, a, true);
   settle(ctx, r, entry, a);
 }
 
@@ -680,6 +736,9 @@ async function run(seed: number, mode: Mode, s: Scenario, gws: TestGateway[], mo
     } else if (roll < 0.25) {
       ctx.log.push(`${ctx.step} burst`);
       await burst(ctx, randomReq(rng, s), 2 + rng.int(5));
+    } else if (roll < 0.4) {
+      ctx.log.push(`${ctx.step} failing call`);
+      await failingCall(ctx, { ...randomReq(rng, s), stream: false });
     } else {
       ctx.log.push(`${ctx.step} call`);
       const r = randomReq(rng, s);
@@ -700,7 +759,8 @@ function configOf(scenarios: Scenario[], mock: MockOpenAI): Json {
         model_info: { id: d.id },
       })),
     ),
-    router_settings: { fallbacks: scenarios.flatMap((s) => Object.entries(s.fallbacks).map(([from, to]) => ({ [from]: [to] }))) },
+    // Cooldowns off: the failed attempts must not take deployments out of the model's sight.
+    router_settings: { disable_cooldowns: true, fallbacks: scenarios.flatMap((s) => Object.entries(s.fallbacks).map(([from, to]) => ({ [from]: [to] }))) },
     general_settings: { master_key: MASTER_KEY },
   };
 }
@@ -755,3 +815,158 @@ for (const { mode, scenarios: count } of MODES) {
     }
   });
 }
+
+// ---- the windows themselves, with a clock the test moves
+
+/**
+ * The in-memory windows (core/limits/local-windows.ts, the gateway's without Redis) against the same
+ * rules, past the 60 s window: random counters, acquires of random counter lists and token counts,
+ * settles and take-backs (whole, or in two parts as the router ends them), and clock steps (0 ms to
+ * past the window, so requests leave it, some while still in flight, and the log's expired prefix is
+ * compacted). Every answer is predicted exactly: which counter and kind refuses (the first in order,
+ * requests before tokens before parallel), what is used, the milliseconds until it fits, and what is
+ * left on each counter of a grant.
+ */
+describe(`in-memory windows against the model, with a clock the test moves, LIMITS_DIFF_SEED=${SEED}`, () => {
+  interface WEntry {
+    t: number;
+    tokens: number;
+  }
+  interface WCounter {
+    spec: RateCounter;
+    entries: WEntry[];
+    inFlight: number;
+  }
+  interface WLease {
+    counters: WCounter[];
+    entry: WEntry;
+    end: (how: "settle" | "cancel", actual: number, from: number, to: number) => void;
+    ended: boolean[];
+  }
+
+  for (let round = 0; round < 12; round++) {
+    test(`round ${round}`, () => {
+      const rng = new Random(SEED * 31 + round);
+      let now = 1_700_000_000_000;
+      const w = new LocalWindows(() => now);
+      const tag = `${round}-${Math.random()}`;
+      const counters: WCounter[] = Array.from({ length: 1 + rng.int(4) }, (_, i) => {
+        const spec: RateCounter = { id: `w${tag}:${i}`, label: `C${i}` };
+        if (rng.chance(0.7)) spec.rpm = rng.chance(0.05) ? 0 : 1 + rng.int(rng.chance(0.5) ? 600 : 12);
+        if (rng.chance(0.6)) spec.tpm = rng.chance(0.05) ? 0 : 50 + rng.int(rng.chance(0.5) ? 50_000 : 1500);
+        if (rng.chance(0.4)) spec.parallel = rng.chance(0.05) ? 0 : 1 + rng.int(rng.chance(0.5) ? 300 : 4);
+        return { spec, entries: [], inFlight: 0 };
+      });
+      const live: WLease[] = [];
+      const log: string[] = [];
+      const fail: (what: string) => never = (what) => {
+        throw new Error(`LIMITS_DIFF_SEED=${SEED} windows round ${round}: ${what}\ncounters: ${JSON.stringify(counters.map((c) => c.spec))}\n${log.slice(-15).join("\n")}`);
+      };
+      const prune = (c: WCounter) => {
+        c.entries = c.entries.filter((e) => e.t > now - WINDOW_MS);
+      };
+      const ops = 600 + rng.int(1200);
+      for (let op = 0; op < ops; op++) {
+        const roll = rng.next();
+        if (roll < 0.12) {
+          const step = rng.pick([0, 1, 7, 250, 999, 5000, 20_000, 59_999, 60_000, 61_000]);
+          now += step;
+          log.push(`+${step} ms`);
+        } else if (roll < 0.3 && live.length > 0) {
+          const lease = live.splice(rng.int(live.length), 1)[0]!;
+          const how = rng.chance(0.2) ? "cancel" : "settle";
+          const actual = rng.int(400);
+          // Whole, or in two parts at different times (the router ends the request's part and the group's apart).
+          const cut = rng.int(lease.counters.length + 1);
+          const parts: [number, number][] = rng.chance(0.5) ? [[0, lease.counters.length]] : [[0, cut], [cut, lease.counters.length]];
+          for (const [from, to] of parts) {
+            log.push(`${how} ${actual} on ${lease.counters.slice(from, to).map((c) => c.spec.label)}`);
+            lease.end(how, actual, from, to);
+            for (const c of lease.counters.slice(from, to)) {
+              prune(c);
+              const i = c.entries.indexOf(lease.entry);
+              if (how === "cancel" && i !== -1) c.entries.splice(i, 1);
+              c.inFlight--;
+            }
+            if (how === "settle") lease.entry.tokens = actual;
+          }
+        } else {
+          const asked = counters.filter(() => rng.chance(0.6));
+          if (asked.length === 0) continue;
+          const tokens = rng.chance(0.1) ? 0 : rng.int(rng.chance(0.2) ? 3000 : 300);
+          const got = w.acquire(
+            asked.map((c) => c.spec),
+            tokens,
+          );
+          if (got instanceof Promise) fail("the in-memory windows answered asynchronously");
+          const r = got as Exclude<typeof got, Promise<unknown>>;
+          // The model: the first counter, in order, whose limit the request breaks.
+          let refusal: { c: WCounter; kind: string; limit: number; current: number; retry: number } | undefined;
+          for (const c of asked) {
+            prune(c);
+            const { rpm, tpm, parallel } = c.spec;
+            const count = c.entries.length;
+            const sum = c.entries.reduce((x, e) => x + e.tokens, 0);
+            if (rpm !== undefined && count + 1 > rpm) {
+              refusal = { c, kind: "requests", limit: rpm, current: count, retry: rpm === 0 ? WINDOW_MS : c.entries[count - rpm]!.t + WINDOW_MS - now };
+            } else if (tpm !== undefined && sum + tokens > tpm) {
+              let retry = WINDOW_MS;
+              if (tokens <= tpm) {
+                let freed = 0;
+                for (const e of c.entries) {
+                  freed += e.tokens;
+                  if (sum - freed + tokens <= tpm) {
+                    retry = e.t + WINDOW_MS - now;
+                    break;
+                  }
+                }
+              }
+              refusal = { c, kind: "tokens", limit: tpm, current: sum, retry };
+            } else if (parallel !== undefined && c.inFlight + 1 > parallel) {
+              refusal = { c, kind: "parallel_requests", limit: parallel, current: c.inFlight, retry: 0 };
+            }
+            if (refusal) break;
+          }
+          log.push(`acquire ${tokens} on ${asked.map((c) => c.spec.label)} → ${refusal ? `${refusal.c.spec.label} ${refusal.kind} ${refusal.current}/${refusal.limit} retry ${refusal.retry}` : "granted"}`);
+          if (refusal) {
+            if (r.ok) fail(`granted, the model refuses: ${refusal.c.spec.label} ${refusal.kind} ${refusal.current}/${refusal.limit}`);
+            const got = { label: r.counter.label, kind: r.kind, limit: r.limit, current: r.current, retry: r.retryAfterMs };
+            const want = { label: refusal.c.spec.label, kind: refusal.kind, limit: refusal.limit, current: refusal.current, retry: refusal.retry };
+            if (JSON.stringify(got) !== JSON.stringify(want)) fail(`refusal ${JSON.stringify(got)}, the model says ${JSON.stringify(want)}`);
+            continue;
+          }
+          if (!r.ok) fail(`refused (${r.counter.label} ${r.kind} ${r.current}/${r.limit}), the model grants`);
+          const grant = r as Extract<typeof r, { ok: true }>;
+          const entry: WEntry = { t: now, tokens };
+          for (const c of asked) {
+            c.entries.push(entry);
+            c.inFlight++;
+          }
+          const want = asked.map((c) => ({
+            requests: c.spec.rpm === undefined ? undefined : c.spec.rpm - c.entries.length,
+            tokens: c.spec.tpm === undefined ? undefined : c.spec.tpm - c.entries.reduce((x, e) => x + e.tokens, 0),
+          }));
+          if (JSON.stringify(grant.remaining) !== JSON.stringify(want)) fail(`remaining ${JSON.stringify(grant.remaining)}, the model says ${JSON.stringify(want)}`);
+          live.push({
+            counters: asked,
+            entry,
+            ended: [],
+            end: (how, actual, from, to) => {
+              const part = from === 0 && to === asked.length ? grant : grant.part(from, to);
+              if (how === "settle") part.settle(actual);
+              else part.cancel();
+            },
+          });
+        }
+      }
+      // What is left: every counter as the model has it.
+      for (const c of counters) {
+        prune(c);
+        const u = w.usage(c.spec.id);
+        const want = { requests: c.entries.length, tokens: c.entries.reduce((x, e) => x + e.tokens, 0), inFlight: c.inFlight };
+        if (JSON.stringify(u) !== JSON.stringify(want)) fail(`${c.spec.label} holds ${JSON.stringify(u)}, the model says ${JSON.stringify(want)}`);
+      }
+      expect(true).toBe(true);
+    });
+  }
+});
