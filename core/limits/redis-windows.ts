@@ -28,7 +28,6 @@ local id = ARGV[3]
 local ttl = tonumber(ARGV[4])
 local n = #KEYS / 4
 local out = {0}
-local limits = {}
 for i = 1, n do
   local z, h, p, a = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
   local arg = 4 + 6 * (i - 1)
@@ -42,22 +41,18 @@ for i = 1, n do
     if ARGV[arg + 5] ~= '' then rpm = tostring(math.max(1, math.floor(tonumber(ARGV[arg + 5]) / members))) end
     if ARGV[arg + 6] ~= '' then tpm = tostring(math.max(1, math.floor(tonumber(ARGV[arg + 6]) / members))) end
   end
-  limits[i] = {rpm, tpm, par}
-  -- Token counts are kept only for counters with a tpm limit, in-flight requests only with a parallel one.
-  if tpm ~= '' then
-    local old = redis.call('ZRANGEBYSCORE', z, '-inf', now - win)
-    if #old > 0 then
-      local freed = 0
-      for _, m in ipairs(old) do
-        freed = freed + tonumber(redis.call('HGET', h, m) or '0')
-        redis.call('HDEL', h, m)
-      end
-      redis.call('ZREMRANGEBYSCORE', z, '-inf', now - win)
-      -- (a Lua -0 would reach Redis as '-0', which HINCRBY refuses)
-      if freed > 0 then redis.call('HINCRBY', h, 'sum', 0 - freed) end
+  -- Every counter keeps its requests' tokens and those in flight, whatever limits it has now: a
+  -- tpm or parallel limit set later counts what the window already holds (as in memory).
+  local old = redis.call('ZRANGEBYSCORE', z, '-inf', now - win)
+  if #old > 0 then
+    local freed = 0
+    for _, m in ipairs(old) do
+      freed = freed + tonumber(redis.call('HGET', h, m) or '0')
+      redis.call('HDEL', h, m)
     end
-  else
     redis.call('ZREMRANGEBYSCORE', z, '-inf', now - win)
+    -- (a Lua -0 would reach Redis as '-0', which HINCRBY refuses)
+    if freed > 0 then redis.call('HINCRBY', h, 'sum', 0 - freed) end
   end
   local count = redis.call('ZCARD', z)
   if rpm ~= '' and count + 1 > tonumber(rpm) then
@@ -103,15 +98,11 @@ for i = 1, n do
   local z, h, p = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1]
   redis.call('ZADD', z, now, id)
   redis.call('PEXPIRE', z, win + 1000)
-  if limits[i][2] ~= '' then
-    redis.call('HSET', h, id, tokens)
-    redis.call('HINCRBY', h, 'sum', tokens)
-    redis.call('PEXPIRE', h, win + 1000)
-  end
-  if limits[i][3] ~= '' then
-    redis.call('ZADD', p, now + ttl, id)
-    redis.call('PEXPIRE', p, ttl + 1000)
-  end
+  redis.call('HSET', h, id, tokens)
+  if tokens ~= 0 then redis.call('HINCRBY', h, 'sum', tokens) end
+  redis.call('PEXPIRE', h, win + 1000)
+  redis.call('ZADD', p, now + ttl, id)
+  redis.call('PEXPIRE', p, ttl + 1000)
 end
 return out
 `);

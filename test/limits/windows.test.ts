@@ -191,3 +191,33 @@ describe("redis sliding window", () => {
     expect(refused(await other.acquire([c], 0))).toMatchObject({ kind: "requests", current: 2 });
   });
 });
+
+// A limit set on a counter that is already counting (a key given a tpm_limit or a
+// max_parallel_requests while it has calls in the window): the requests it counted before hold
+// their tokens and slots for the new limit too, in memory and in Redis alike.
+describe("a limit added to a counter in use counts what the window already holds", () => {
+  let redis: ScriptRunner;
+  beforeAll(async () => {
+    redis = nativeScriptRunner("redis://127.0.0.1:6379");
+    await redis.ready();
+  });
+  afterAll(() => redis.close());
+
+  for (const kind of ["memory", "redis"] as const) {
+    test(`${kind}: tokens settled and calls in flight before the limit existed`, async () => {
+      const w: RateWindows = kind === "memory" ? new LocalWindows() : new RedisWindows(redis, memoryLogger());
+      const id = `k:${uid()}`;
+      // Only an rpm limit: no tokens reserved, the real count settled.
+      const before: RateCounter = { id, label: "Key w", rpm: 10 };
+      (granted(await w.acquire([before], 0))).settle(60);
+      const inFlight = granted(await w.acquire([before], 0));
+      await Bun.sleep(20);
+      // Now with tpm 100 and one call at a time: 60 tokens are used and one call is in flight.
+      const after: RateCounter = { id, label: "Key w", rpm: 10, tpm: 100 };
+      expect(refused(await w.acquire([after], 50))).toMatchObject({ kind: "tokens", current: 60 });
+      expect(granted(await w.acquire([after], 40)).remaining[0]).toEqual({ requests: 7, tokens: 0 });
+      expect(refused(await w.acquire([{ ...after, tpm: undefined, parallel: 2 }], 0))).toMatchObject({ kind: "parallel_requests", current: 2 });
+      inFlight.settle(0);
+    });
+  }
+});
