@@ -229,12 +229,14 @@ function violations(c: Counter, tokens: number): Violation[] {
 class Model {
   readonly counters = new Map<string, Counter>();
 
+  /** A counter with its limits as they are now (a key's may change); its log stays. */
   counter(id: string, label: string, limits: { rpm?: number; tpm?: number; parallel?: number }): Counter {
     let c = this.counters.get(id);
     if (!c) {
-      c = { id, label, ...limits, entries: [] };
+      c = { id, label, entries: [] };
       this.counters.set(id, c);
     }
+    Object.assign(c, { rpm: limits.rpm, tpm: limits.tpm, parallel: limits.parallel });
     return c;
   }
 }
@@ -713,6 +715,33 @@ async function create(s: Scenario, gws: TestGateway[]): Promise<{ key: string; n
   return keys;
 }
 
+/**
+ * New limits for a key, by /key/update (a limit it loses is cleared with null): the calls its
+ * counters already hold count for the new limits too.
+ */
+async function updateKey(ctx: Ctx, rng: Random): Promise<void> {
+  const i = rng.int(ctx.s.keys.length);
+  const spec = ctx.s.keys[i]!;
+  const next = limitsOf(rng, ctx.s.groups, { parallel: true, model: true, p: 0.5 });
+  const fields = ["rpm_limit", "tpm_limit", "max_parallel_requests", "model_rpm_limit", "model_tpm_limit"] as const;
+  const body: Json = { key: ctx.keys[i]!.key };
+  for (const f of fields) body[f] = next[f] ?? null;
+  ctx.log.push(`  key${i} limits ${JSON.stringify(spec.limits)} → ${JSON.stringify(next)}`);
+  await ok(ctx.gws[0]!, "/key/update", body);
+  spec.limits = next;
+  // Every instance serves the new limits before the next call.
+  const want = JSON.stringify([next.rpm_limit ?? null, next.tpm_limit ?? null, next.max_parallel_requests ?? null, next.model_rpm_limit ?? {}, next.model_tpm_limit ?? {}]);
+  for (const gw of ctx.gws) {
+    const seen = () => {
+      const row = gw.host!.services.identity!.lookupKey(sha256(ctx.keys[i]!.key));
+      const num = (v: unknown) => (v === null || v === undefined ? null : Number(v));
+      return row && JSON.stringify([num(row.rpmLimit), num(row.tpmLimit), num(row.maxParallelRequests), row.modelRpmLimit ?? {}, row.modelTpmLimit ?? {}]) === want;
+    };
+    for (let n = 0; n < 200 && !seen(); n++) await Bun.sleep(10);
+    check(ctx, seen() === true, `the key's new limits did not reach every instance`);
+  }
+}
+
 async function run(seed: number, mode: Mode, s: Scenario, gws: TestGateway[], mock: MockOpenAI): Promise<void> {
   const ctx: Ctx = { seed, mode, s, gws, mock, keys: await create(s, gws), model: new Model(), step: "setup", log: [] };
   const rng = new Random(seed * 1000 + s.index * 7 + MODES.findIndex((m) => m.mode === mode));
@@ -736,7 +765,10 @@ async function run(seed: number, mode: Mode, s: Scenario, gws: TestGateway[], mo
     } else if (roll < 0.25) {
       ctx.log.push(`${ctx.step} burst`);
       await burst(ctx, randomReq(rng, s), 2 + rng.int(5));
-    } else if (roll < 0.4) {
+    } else if (roll < 0.31) {
+      ctx.log.push(`${ctx.step} update`);
+      await updateKey(ctx, rng);
+    } else if (roll < 0.42) {
       ctx.log.push(`${ctx.step} failing call`);
       await failingCall(ctx, { ...randomReq(rng, s), stream: false });
     } else {
