@@ -1,31 +1,38 @@
 // The rate limiter against an independent model of it, seeded random (LIMITS_DIFF_SEED=<n> runs
-// another set; every failure names the seed, the scenario and the step). Each scenario is a random
-// set of limits, all inside one 60 s window (nothing waits for a window to slide): 2 model groups of
-// 1–3 deployments with random `rpm` / `tpm` in `svc_params`, an organization, teams and users with
-// random `rpm_limit`, `tpm_limit`, `max_parallel_requests` (org and team also `model_rpm_limit` /
-// `model_tpm_limit`), team members with their own `rpm_limit` / `tpm_limit`, and 2–4 virtual keys
-// with random limits of their own (per-model ones too), some in a team, some of a user. Then random
-// steps: a call (JSON or streamed, a random prompt and `max_tokens`, so the token estimates vary),
-// a hold (streams kept in flight by the mock's slowStream while other calls are made, for
-// `max_parallel_requests`), or a burst (identical calls fired at once, held upstream by the mock's
-// delay, when the outcome does not depend on their order).
+// another set; every failure names the seed, the mode, the scenario and the step, with the
+// scenario and its last steps). Each scenario is a random set of limits, all inside one 60 s window
+// (nothing waits for a window to slide): 2 model groups of 1–3 deployments with random `rpm` / `tpm`
+// in `svc_params`, sometimes a fallback from one group to the other; an organization, a budget
+// object, teams (some in the org, some on the budget, some with `team_member_rpm_limit` /
+// `team_member_tpm_limit`) and users with random `rpm_limit`, `tpm_limit`, `max_parallel_requests`
+// (org and team also `model_rpm_limit` / `model_tpm_limit`), team members with their own
+// `rpm_limit` / `tpm_limit`, and 2–4 virtual keys with random limits (per-model ones too; now and
+// then a limit of 0), some in a team, some of a user, some on the budget object. Then random steps:
+// a call (JSON or streamed, a random prompt and `max_tokens`, so the token estimates vary); a call
+// whose first attempt fails upstream (a 500: counted once with no tokens, then the fallback group);
+// new limits for a key (/key/update, mid-window); a hold (streams kept in flight by the mock's
+// slowStream while other calls are made, for `max_parallel_requests`); or a burst (identical calls
+// fired at once, held upstream by the mock's delay, when the outcome does not depend on their order).
 //
 // The model follows the README ("### Rate limits"): a sliding log per counter; a request counts on
 // every counter that applies (key, user, team, member, org, and the group's per-model ones) or on
-// none; tokens are reserved from the estimate (the messages' characters, keys included, / 3, + 4 per
-// message, + 3 for the reply, + max_tokens) and replaced by the real usage (the mock's, computed here
-// from its rules and compared with what the answer says) when the call ends; a deployment at its
-// `rpm` / `tpm` is skipped, and when every one is, 429 "No deployments available". For every call
-// it predicts: allowed, or a 429 with the envelope {"error": {"message", "type": "rate_limit_error",
-// "param", "code": "429"}} naming one limit that refuses (label, kind, limit, what is used), with
-// `retry-after` in whole seconds when that limit has room again (bounded by when the requests it
-// waits for were sent and answered; 1 s for parallel limits, 60 s for a request above the whole
-// tpm limit), and the refusal's `x-ratelimit-*`; on an allowed call the four `x-ratelimit-*`
-// headers of the tightest limit of each kind (deployment included; the upstream's own where no
-// gateway limit covers a kind) and the deployment that answered one with room. A refused call
-// consumes nothing: the model does not count it, and every later prediction relies on that.
+// none, its own once however many groups it tries; tokens are reserved from the estimate (the
+// messages' characters, keys included, / 3, + 4 per message, + 3 for the reply, + max_tokens) and
+// replaced by the real usage (the mock's, computed here from its rules and compared with what the
+// answer says) when the call ends; a deployment at its `rpm` / `tpm` is skipped, and when every one
+// is, 429 "No deployments available" (or the group's fallback). For every call it predicts: allowed,
+// or a 429 with the envelope {"error": {"message", "type": "rate_limit_error", "param", "code":
+// "429"}} naming one limit that refuses (label, kind, limit, what is used), with `retry-after` in
+// whole seconds when that limit has room again (bounded by when the requests it waits for were sent
+// and answered; 1 s for parallel limits, 60 s for a request above the whole tpm limit), and the
+// refusal's `x-ratelimit-*`; on an allowed call the four `x-ratelimit-*` headers of the tightest
+// limit of each kind (deployment included; the upstream's own where no gateway limit covers a kind)
+// and the deployment that answered one with room. A refused call consumes nothing: the model does
+// not count it, and every later prediction relies on that.
 //
-// Runs in memory, with Redis (127.0.0.1:6379), and with two instances sharing Redis and PostgreSQL.
+// Runs in memory, with Redis (REDIS_URL, else 127.0.0.1:6379; skipped when none answers), and with
+// two instances sharing Redis and PostgreSQL. Last, the in-memory windows themselves against the
+// same rules with a clock the test moves past the window (see the end of the file).
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import Redis from "ioredis";
 import type { RateCounter } from "../../core/contract.ts";
