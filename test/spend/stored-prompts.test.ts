@@ -80,14 +80,19 @@ for (const backend of BACKENDS) {
         fetch(`${gw.baseURL}/chat/completions`, {
           method: "POST",
           headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
-          body: JSON.stringify({ model: "m", messages: [{ role: "user", content: "Cache me." }], caching: true }),
+          // Its own prompt per backend: the in-memory cache is one per process, shared by its gateways.
+          body: JSON.stringify({ model: "m", messages: [{ role: "user", content: `Cache me (${backend}).` }], caching: true }),
         });
       const first = (await (await ask()).json()) as { choices: { message: { content: string } }[] };
       const second = await ask();
       expect(second.headers.get("x-svc-cache-hit")).toBe("true");
-      await second.arrayBuffer();
-      const row = await logOf(second.headers.get("x-svc-call-id")!);
-      expect(row.messages).toEqual([{ role: "user", content: "Cache me." }]);
+      const replayed = (await second.json()) as { id: string };
+      // The hit's row has the id of the answer it replayed (the first call's row has it too).
+      await gw.host!.spendWriter.flush();
+      const found = await requestJson<(ApiLog & { cache_hit: boolean })[]>(gw, "GET", `/spend/logs?request_id=${encodeURIComponent(replayed.id)}&summarize=false`);
+      expect(found.body.map((r) => r.cache_hit).sort()).toEqual([false, true]);
+      const row = found.body.find((r) => r.cache_hit)!;
+      expect(row.messages).toEqual([{ role: "user", content: `Cache me (${backend}).` }]);
       expect((row.response.choices as { message: { content: string } }[])[0]!.message.content).toBe(first.choices[0]!.message.content);
     });
 
