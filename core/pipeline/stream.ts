@@ -44,6 +44,17 @@ export interface StreamArgs {
   tap?(text: string): void;
 }
 
+/** Whether an event's data is whole: every provider's events are JSON, or OpenAI's `[DONE]`. */
+function isWholeEvent(data: string): boolean {
+  if (data === "[DONE]") return true;
+  try {
+    JSON.parse(data);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 /** An error in the stream, ending it: the client gets it as one last SSE event. */
 class StreamFailure {
   constructor(readonly error: ErrorInfo) {}
@@ -157,7 +168,12 @@ export function streamResponse(a: StreamArgs): Response {
           if (binary) feedBinary(binary, undefined);
           else {
             parser.push(decoder.decode(), onEvent);
-            parser.end(onEvent);
+            // The body ended inside an event (no blank line after it): kept if it is whole, else
+            // it is torn, not an answer to pass on (dropped after a whole answer, the cut otherwise).
+            parser.end((data) => {
+              if (isWholeEvent(data)) onEvent(data);
+              else if (!wholeBefore) failure ??= new StreamFailure(errorInfo(503, `stream from ${d.provider} for model ${d.modelName} ended inside an event`));
+            });
           }
           // A torn event after the end of the answer (a body cut mid-way through `data: [DONE]`) loses nothing.
           if (!failedBefore && wholeBefore) failure = undefined;

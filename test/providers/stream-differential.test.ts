@@ -304,6 +304,9 @@ interface Provider {
 
 const sse = (data: string, event?: string, nl = "\n") => enc.encode(`${event ? `event: ${event}${nl}` : ""}data: ${data}${nl}${nl}`);
 
+/** OpenAI's end of answer: `[DONE]`, the usage chunk, or a chunk with a finish reason (servers that send neither of the others). */
+const openAIEnds = (data: string) => data === "[DONE]" || data.includes('"usage":{') || /"finish_reason":\s*"/.test(data);
+
 function openAIEmptyDelta(after: WireEvent, first: WireEvent): Uint8Array | undefined {
   if (!after.data.includes('"delta":{"content":')) return undefined;
   const head = JSON.parse(first.data.includes('"object":""') ? after.data : first.data) as Json;
@@ -341,7 +344,7 @@ function buildProviders(): Provider[] {
       maxChoices: 3,
       upstreamToolIds: true,
       decode: decodeOpenAI,
-      ends: (data) => data === "[DONE]" || data.includes('"usage":{'),
+      ends: openAIEnds,
       shape: (shape) => m.openai.fault({ kind: "wire", shape }),
       errorEvent: sse(JSON.stringify({ error: { message: "The server had an error while processing your request. Sorry about that!", type: "server_error", param: null, code: null } })),
       emptyDelta: openAIEmptyDelta,
@@ -354,7 +357,7 @@ function buildProviders(): Provider[] {
       maxChoices: 1,
       upstreamToolIds: true,
       decode: decodeOpenAI,
-      ends: (data) => data === "[DONE]" || data.includes('"usage":{'),
+      ends: openAIEnds,
       shape: (shape) => m.azure.fault({ kind: "wire", shape }),
       errorEvent: sse(JSON.stringify({ error: { message: "The server had an error while processing your request.", type: "server_error", param: null, code: null } })),
       emptyDelta: openAIEmptyDelta,
