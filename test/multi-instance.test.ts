@@ -10,7 +10,7 @@ import type { IdentityChange } from "../core/identity/records.ts";
 import { teams, virtualKeys } from "../core/store/schema.ts";
 import { freshDatabase, MASTER_KEY, startTestGateway, type TestGateway } from "./harness/gateway.ts";
 import { TcpRelay } from "./harness/relay.ts";
-import { sha256 } from "./harness/util.ts";
+import { redisReachable, sha256 } from "./harness/util.ts";
 
 const REDIS_URL = "redis://127.0.0.1:6379";
 const CONFIG = {
@@ -20,18 +20,6 @@ const CONFIG = {
 const POLL_MS = 50;
 const LIMIT_MS = 1000;
 
-async function redisReachable(): Promise<boolean> {
-  const probe = new Redis(REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null, enableOfflineQueue: false });
-  probe.on("error", () => undefined);
-  try {
-    await probe.connect();
-    return (await probe.ping()) === "PONG";
-  } catch {
-    return false;
-  } finally {
-    probe.disconnect();
-  }
-}
 
 async function chatStatus(gw: TestGateway, key: string): Promise<number> {
   const res = await fetch(`${gw.baseURL}/chat/completions`, {
@@ -54,7 +42,7 @@ async function until(gw: TestGateway, key: string, status: number, since: number
   }
 }
 
-const redisUp = await redisReachable();
+const redisUp = await redisReachable(REDIS_URL);
 
 describe.skipIf(!redisUp)("two instances, one PostgreSQL, one Redis", () => {
   let a: TestGateway;

@@ -1,5 +1,6 @@
 /** Small helpers the suites share. */
 import { createHash } from "node:crypto";
+import Redis from "ioredis";
 
 /**
  * sha256 hex, computed here rather than with the gateway's own helper: tests check the stored
@@ -27,4 +28,18 @@ export async function collect<T>(stream: AsyncIterable<T>): Promise<T[]> {
 export async function until(check: () => Promise<boolean>, ms = 4000): Promise<boolean> {
   for (const end = Date.now() + ms; Date.now() < end; await Bun.sleep(100)) if (await check()) return true;
   return check();
+}
+
+/** Whether a Redis server answers at `url` (one connection attempt, no retries). */
+export async function redisReachable(url: string): Promise<boolean> {
+  const probe = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null, enableOfflineQueue: false });
+  probe.on("error", () => undefined);
+  try {
+    await probe.connect();
+    return (await probe.ping()) === "PONG";
+  } catch {
+    return false;
+  } finally {
+    probe.disconnect();
+  }
 }

@@ -34,12 +34,11 @@
 // two instances sharing Redis and PostgreSQL. Last, the in-memory windows themselves against the
 // same rules with a clock the test moves past the window (see the end of the file).
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import Redis from "ioredis";
 import type { RateCounter } from "../../core/contract.ts";
 import { LocalWindows } from "../../core/limits/local-windows.ts";
 import { freshDatabase, MASTER_KEY, requestJson, startBackendGateway, startTestGateway, type TestGateway } from "../harness/gateway.ts";
 import { Random } from "../harness/random.ts";
-import { sha256 } from "../harness/util.ts";
+import { redisReachable, sha256 } from "../harness/util.ts";
 import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
 
 const SEED = Number(process.env.LIMITS_DIFF_SEED ?? 4_220_917);
@@ -804,20 +803,8 @@ function configOf(scenarios: Scenario[], mock: MockOpenAI): Json {
   };
 }
 
-async function redisUp(): Promise<boolean> {
-  const probe = new Redis(REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null });
-  probe.on("error", () => undefined);
-  try {
-    await probe.connect();
-    return (await probe.ping()) === "PONG";
-  } catch {
-    return false;
-  } finally {
-    probe.disconnect();
-  }
-}
 
-const hasRedis = await redisUp();
+const hasRedis = await redisReachable(REDIS_URL);
 
 for (const { mode, scenarios: count } of MODES) {
   describe.skipIf(mode !== "memory" && !hasRedis)(`rate limits against the model (${mode}), LIMITS_DIFF_SEED=${SEED}`, () => {
