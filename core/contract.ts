@@ -7,7 +7,7 @@ import type { BudgetRow, IdentityChange, KeyRow, OrgRow, TeamMemberRow, TeamRow,
 import type { ChatRequest, CompletionRequest, EmbeddingsRequest, ImageRequest, ModerationRequest, SpeechRequest, TranscriptionRequest, WireJson } from "./wire.ts";
 
 export type { BudgetRow, IdentityChange, KeyRow, OrgRow, TeamMemberRow, TeamRow, UserRow } from "./identity/records.ts";
-export { teamMemberId } from "./identity/records.ts";
+export { teamMemberId, teamMemberOf } from "./identity/records.ts";
 
 export type { ChatRequest, CompletionRequest, EmbeddingsRequest, ImageRequest, ModerationRequest, SpeechRequest, TranscriptionRequest, WireJson } from "./wire.ts";
 

@@ -32,6 +32,7 @@ import {
   type SpendHistory,
   type TeamMemberRow,
   teamMemberId,
+  teamMemberOf,
 } from "../core/contract.ts";
 import { columnToPico, picoToText, type Pico, usdToPico } from "../core/cost/money.ts";
 import { errorInfo } from "../core/errors.ts";
@@ -58,6 +59,9 @@ function limitsOf(row: Limits, budget: BudgetRow | undefined) {
     duration: row.budgetDuration ?? budget?.budgetDuration ?? null,
   };
 }
+
+/** A row's budget object, if it has one. */
+const budgetOf = (id: string | null, identity: IdentityView): BudgetRow | undefined => (id ? identity.budgets.get(id) : undefined);
 
 /** How long the ledger waits for a counter's stored spend before it takes the identity mirror's copy (the store may be away). */
 const STORED_SPEND_WAIT_MS = 2000;
@@ -116,7 +120,7 @@ function countersFor(intent: CallIntent, identity: IdentityView, history: SpendH
   };
   const key = p.key ? (identity.lookupKey(p.key.token, at) ?? p.key) : undefined;
   if (key) {
-    const budget = key.budgetId ? identity.budgets.get(key.budgetId) : undefined;
+    const budget = budgetOf(key.budgetId, identity);
     const temp = key.tempBudgetIncrease !== null && (key.tempBudgetExpiry?.getTime() ?? 0) > at ? columnToPico(key.tempBudgetIncrease) : 0n;
     add(rowCounter("key", key.token, keyLabel(p), key, budget, at, history, temp));
     // The key's own per-model budgets, else its budget object's.
@@ -132,7 +136,7 @@ function countersFor(intent: CallIntent, identity: IdentityView, history: SpendH
     }
   }
   const team = p.teamId ? identity.teams.get(p.teamId) : undefined;
-  if (team) add(rowCounter("team", team.teamId, `Team=${team.teamId}`, team, team.budgetId ? identity.budgets.get(team.budgetId) : undefined, at, history));
+  if (team) add(rowCounter("team", team.teamId, `Team=${team.teamId}`, team, budgetOf(team.budgetId, identity), at, history));
   const member = p.teamId && p.userId ? identity.teamMember(p.teamId, p.userId) : undefined;
   if (member) {
     // A membership's spend is never reset by a period (the team's period governs the team's budget).
@@ -140,7 +144,7 @@ function countersFor(intent: CallIntent, identity: IdentityView, history: SpendH
     add(rowCounter("team_member", teamMemberId(member.teamId, member.userId), `User=${member.userId} in Team=${member.teamId}`, limits, undefined, at, history));
   }
   const org = p.orgId ? identity.orgs.get(p.orgId) : undefined;
-  if (org) add(rowCounter("org", org.organizationId, `Organization=${org.organizationId}`, org, org.budgetId ? identity.budgets.get(org.budgetId) : undefined, at, history));
+  if (org) add(rowCounter("org", org.organizationId, `Organization=${org.organizationId}`, org, budgetOf(org.budgetId, identity), at, history));
   const user = p.userId ? identity.users.get(p.userId) : undefined;
   const userCounter = user ? rowCounter("user", user.userId, `User=${user.userId}`, user, undefined, at, history) : undefined;
   // A team key is governed by its team, not by its user's own budget; but what it spends is the
@@ -156,13 +160,13 @@ function countersFor(intent: CallIntent, identity: IdentityView, history: SpendH
 
 /** A membership's budget: its max_budget_in_team, else its budget object's. */
 function memberMaxBudget(member: TeamMemberRow, identity: IdentityView): string | null {
-  return member.maxBudgetInTeam ?? (member.budgetId ? (identity.budgets.get(member.budgetId)?.maxBudget ?? null) : null);
+  return member.maxBudgetInTeam ?? budgetOf(member.budgetId, identity)?.maxBudget ?? null;
 }
 
-/** Whether a row has a budget (its own or its budget object's, max or soft): a counter in the ledger. */
-function budgeted(row: { maxBudget: string | null; softBudget: string | null; budgetId?: string | null }, identity: IdentityView): boolean {
-  const budget = row.budgetId ? identity.budgets.get(row.budgetId) : undefined;
-  return (row.maxBudget ?? budget?.maxBudget ?? row.softBudget ?? budget?.softBudget ?? null) !== null;
+/** Whether a row has a budget (its own or its budget object's, max or soft): what makes `rowCounter` give it a counter. */
+function budgeted(row: Limits, budget: BudgetRow | undefined): boolean {
+  const l = limitsOf(row, budget);
+  return l.max !== undefined || l.soft !== undefined;
 }
 
 /** Whether the row of a row counter (an id `counterId` made) still has a budget; other counters (per model, provider) always. */
@@ -172,22 +176,22 @@ function stillBudgeted(id: string, identity: IdentityView): boolean {
   switch (id.slice(0, at)) {
     case "key": {
       const key = identity.keys.get(rest);
-      return key !== undefined && budgeted(key, identity);
+      return key !== undefined && budgeted(key, budgetOf(key.budgetId, identity));
     }
     case "team": {
       const team = identity.teams.get(rest);
-      return team !== undefined && budgeted(team, identity);
+      return team !== undefined && budgeted(team, budgetOf(team.budgetId, identity));
     }
     case "org": {
       const org = identity.orgs.get(rest);
-      return org !== undefined && budgeted(org, identity);
+      return org !== undefined && budgeted(org, budgetOf(org.budgetId, identity));
     }
     case "user": {
       const user = identity.users.get(rest);
-      return user !== undefined && budgeted({ ...user, budgetId: null }, identity);
+      return user !== undefined && budgeted(user, undefined);
     }
     case "team_member": {
-      const [teamId = "", userId = ""] = rest.split("\t");
+      const { teamId, userId } = teamMemberOf(rest);
       const member = identity.teamMember(teamId, userId);
       return member !== undefined && memberMaxBudget(member, identity) !== null;
     }

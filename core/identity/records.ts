@@ -18,6 +18,11 @@ export type TeamRole = "admin" | "user";
  * rate-limit counters and the spend log's charge to `team_members` all use this one form.
  */
 export const teamMemberId = (teamId: string, userId: string): string => `${teamId}\t${userId}`;
+/** The team and user of a `teamMemberId`. */
+export const teamMemberOf = (id: string): { teamId: string; userId: string } => {
+  const tab = id.indexOf("\t");
+  return { teamId: id.slice(0, tab), userId: id.slice(tab + 1) };
+};
 
 /** What changed, so every instance reloads exactly that from the store. */
 export type IdentityChange =

@@ -15,7 +15,7 @@ import { withClientCredentials } from "./client-credentials.ts";
 import { supportedBody } from "./params.ts";
 import { cancelAll, dispatchRecord } from "./record.ts";
 import { streamResponse } from "./stream.ts";
-import { Deadline, send, timeoutError, upstreamError } from "./upstream.ts";
+import { Deadline, errorCode, send, timeoutError, upstreamError } from "./upstream.ts";
 
 /**
  * A new call id (`x-svc-call-id`, the spend log's key): UUIDv7, ordered by time, so the log's
@@ -350,8 +350,7 @@ async function readWithin<T>(reading: Promise<T>, d: Deployment, deadline: Deadl
   } catch (err) {
     if (deadline.timedOut) throw timeoutError(d, deadline.seconds);
     if (deadline.clientGone) throw err;
-    const code = err instanceof Error && "code" in err ? String((err as { code: unknown }).code) : err instanceof Error ? err.message : String(err);
-    throw GatewayError.of(503, `answer from ${d.provider} for model ${d.modelName} ended unexpectedly (${code})`, "api_connection_error");
+    throw GatewayError.of(503, `answer from ${d.provider} for model ${d.modelName} ended unexpectedly (${errorCode(err)})`, "api_connection_error");
   }
 }
 

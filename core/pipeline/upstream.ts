@@ -110,9 +110,13 @@ export function timeoutError(d: Deployment, seconds: number): GatewayError {
   return new GatewayError(errorInfo(408, `Request timed out: ${d.provider} did not answer for model ${d.modelName} within ${seconds}s`, "timeout_error"));
 }
 
+/** A network error's code (ECONNREFUSED, ECONNRESET, …), else its message. */
+export function errorCode(err: unknown): string {
+  return err instanceof Error && "code" in err ? String((err as { code: unknown }).code) : err instanceof Error ? err.message : String(err);
+}
+
 function connectionError(d: Deployment, err: unknown): GatewayError {
-  const code = err instanceof Error && "code" in err ? String((err as { code: unknown }).code) : err instanceof Error ? err.message : String(err);
-  return new GatewayError(errorInfo(503, `APIConnectionError: could not connect to ${d.provider} for model ${d.modelName} (${code})`, "api_connection_error"));
+  return new GatewayError(errorInfo(503, `APIConnectionError: could not connect to ${d.provider} for model ${d.modelName} (${errorCode(err)})`, "api_connection_error"));
 }
 
 export async function send(adapter: ProviderAdapter, d: Deployment, built: HttpCall, deadline: Deadline): Promise<Response> {

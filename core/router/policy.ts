@@ -73,39 +73,49 @@ export function routePolicy(config: GatewayConfig, principal: Principal, body: L
   return resolve(config, [request, key, team, r, svc], [key, team]);
 }
 
-/** LiteLLM's `retry_policy` fields: retries for one class of upstream error. */
-const ERROR_CLASSES: readonly [string, (status: number) => boolean][] = [
-  ["BadRequestErrorRetries", (s) => s === 400 || s === 422],
-  ["AuthenticationErrorRetries", (s) => s === 401 || s === 403],
-  ["TimeoutErrorRetries", (s) => s === 408 || s === 504],
-  ["RateLimitErrorRetries", (s) => s === 429],
-  ["InternalServerErrorRetries", (s) => s >= 500 && s !== 504],
+/** A failed attempt, as the retry classes see it: the status answered, the upstream's own, the refusal's kind. */
+export interface AttemptFailure {
+  status: number;
+  upstreamStatus?: number;
+  kind?: string;
+}
+
+/**
+ * LiteLLM's `retry_policy` fields: retries for one class of upstream error. An upstream's 504 is
+ * answered as a 503 but is the timeout it says.
+ */
+const ERROR_CLASSES: readonly [string, (f: AttemptFailure) => boolean][] = [
+  ["BadRequestErrorRetries", (f) => f.status === 400 || f.status === 422],
+  ["AuthenticationErrorRetries", (f) => f.status === 401 || f.status === 403],
+  ["TimeoutErrorRetries", (f) => f.status === 408 || f.upstreamStatus === 504],
+  ["RateLimitErrorRetries", (f) => f.status === 429],
+  ["InternalServerErrorRetries", (f) => f.status >= 500 && f.upstreamStatus !== 504],
 ];
 
-function classRetries(policy: Loose, status: number, kind: string | undefined): number | undefined {
+function classRetries(policy: Loose, failure: AttemptFailure): number | undefined {
   if (!policy) return undefined;
   // A refusal with a fallback kind is no bad request to retry; content-policy ones have their own class.
-  if (kind) return kind === "content_policy_violation" ? numberIn([policy], "ContentPolicyViolationErrorRetries") : undefined;
-  for (const [field, matches] of ERROR_CLASSES) if (matches(status)) return numberIn([policy], field);
+  if (failure.kind) return failure.kind === "content_policy_violation" ? numberIn([policy], "ContentPolicyViolationErrorRetries") : undefined;
+  for (const [field, matches] of ERROR_CLASSES) if (matches(failure)) return numberIn([policy], field);
   return undefined;
 }
 
 const asObject = (v: unknown): Loose => (v !== null && typeof v === "object" && !Array.isArray(v) ? (v as Record<string, unknown>) : undefined);
 
 /**
- * How many retries a failure with `status` in `group` gets, from the most specific source that
+ * How many retries `failure` in `group` gets, from the most specific source that
  * says: its `model_group_retry_policy[group]` (a class's retries, else `max_retries` /
  * `num_retries`), its `retry_policy` (a class's retries), its `num_retries` / `max_retries`.
  * `forced`: a retry policy named this class, so it is retried even when not retryable by default.
  */
-export function retriesFor(policy: RoutePolicy, group: string, status: number, kind?: string): { max: number; forced: boolean } {
+export function retriesFor(policy: RoutePolicy, group: string, failure: AttemptFailure): { max: number; forced: boolean } {
   for (const source of policy.retrySources) {
     const forGroup = asObject(asObject(source?.model_group_retry_policy)?.[group]);
-    const byGroupClass = classRetries(forGroup, status, kind);
+    const byGroupClass = classRetries(forGroup, failure);
     if (byGroupClass !== undefined) return { max: Math.floor(byGroupClass), forced: true };
     const byGroup = numberIn([forGroup], "max_retries") ?? numberIn([forGroup], "num_retries");
     if (byGroup !== undefined) return { max: Math.floor(byGroup), forced: false };
-    const byClass = classRetries(asObject(source?.retry_policy), status, kind);
+    const byClass = classRetries(asObject(source?.retry_policy), failure);
     if (byClass !== undefined) return { max: Math.floor(byClass), forced: true };
     const plain = numberIn([source], "num_retries") ?? numberIn([source], "max_retries");
     if (plain !== undefined) return { max: Math.floor(plain), forced: false };

@@ -358,8 +358,7 @@ async function callGroup<E extends Endpoint>(run: Run<E>, body: WireRequest[E], 
         }
       }
       failedHere.add(d.id);
-      // An upstream's 504 is answered as a 503 but retried as the timeout it is (TimeoutErrorRetries).
-      const allowed = retriesFor(policy, group, err.upstreamStatus === 504 ? 504 : status, kind);
+      const allowed = retriesFor(policy, group, { status, upstreamStatus: err.upstreamStatus, kind });
       // A context-window or content-policy refusal goes to its fallbacks, unless a retry policy names its class.
       const retryable = fromUpstream && (kind ? allowed.forced : RETRYABLE.has(status) || allowed.forced);
       // Each group (the asked one, then each fallback) gets its own retries.

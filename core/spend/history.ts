@@ -4,7 +4,7 @@
  * that day's log rows (indexed by time), so the cost stays small whatever the period.
  */
 import { type SQL, sql } from "drizzle-orm";
-import type { CounterTable, SpendHistory } from "../contract.ts";
+import { type CounterTable, type SpendHistory, teamMemberOf } from "../contract.ts";
 import { columnToPico } from "../cost/money.ts";
 import type { Db } from "../store/db.ts";
 import { rows } from "../store/sql.ts";
@@ -19,7 +19,7 @@ const COUNTER_ROWS: Record<CounterTable, (id: string) => SQL> = {
   org: (id) => sql`select spend::text as spend, budget_reset_at as reset from organizations where organization_id = ${id}`,
   user: (id) => sql`select spend::text as spend, budget_reset_at as reset from users where user_id = ${id}`,
   team_member: (id) => {
-    const [teamId = "", userId = ""] = id.split("\t");
+    const { teamId, userId } = teamMemberOf(id);
     return sql`select spend::text as spend, null as reset from team_members where team_id = ${teamId} and user_id = ${userId}`;
   },
 };

@@ -364,6 +364,19 @@ async function sequence(up: MockOpenAI, run: Run, rng: Random): Promise<void> {
     const text = looseJson(rng, body);
     const label = where(step, `${caller.label} ${text.replace(/\s+/g, " ").trim()}`);
     const post = () => fetch(`${run.gw.url}${PATHS[spec.endpoint]}`, { method: "POST", headers: { authorization: `Bearer ${caller.key}`, "content-type": "application/json" }, body: text });
+    /** The log row a successful call of this step leaves (what depends on its answer is added where it is known). */
+    const successRow = (rowStep: string, callId: string, hit: boolean): RowExpectation => ({
+      step: rowStep,
+      callId,
+      hit,
+      status: "success",
+      paid: !hit,
+      stream: spec.stream,
+      endUser: typeof extra.user === "string" ? extra.user : null,
+      keyHash: sha256(caller.key),
+      teamId: caller.teamId,
+      prompt: body.messages ?? body.prompt ?? body.input,
+    });
 
     // Sometimes a client leaves a stream after its first piece: a cancelled call, never cached.
     if (surelyMiss && !fault && spec.stream && rng.chance(0.15)) {
@@ -417,18 +430,9 @@ async function sequence(up: MockOpenAI, run: Run, rng: Random): Promise<void> {
         const writers = [...(entry?.writers ?? []), ...missIds];
         if (hit) expect([...(entry?.bodies ?? []), ...missBodies], `${label} (twice at once): a hit answers a stored answer`).toContain(p.got);
         rowsExpected.push({
-          step: `${label} (twice at once)`,
-          callId,
-          hit,
-          status: "success",
-          paid: !hit,
-          stream: spec.stream,
-          endUser: typeof extra.user === "string" ? extra.user : null,
-          keyHash: sha256(caller.key),
-          teamId: caller.teamId,
+          ...successRow(`${label} (twice at once)`, callId, hit),
           requestId: answerId(p.got, spec.stream) ?? callId,
           writers: hit ? writers : undefined,
-          prompt: body.messages ?? body.prompt ?? body.input,
           answer: spec.stream || spec.endpoint === "embeddings" ? undefined : JSON.parse(p.got),
         });
       }
@@ -483,18 +487,7 @@ async function sequence(up: MockOpenAI, run: Run, rng: Random): Promise<void> {
     else expect(hitHeader === null || hitHeader === "true", label).toBe(true);
     const callId = res.headers.get("x-svc-call-id");
     expect(callId, `${label}: ${res.status} ${got}`).toBeTruthy();
-    const expectation: RowExpectation = {
-      step: label,
-      callId: callId!,
-      hit,
-      status: "success",
-      paid: !hit,
-      stream: spec.stream,
-      endUser: typeof extra.user === "string" ? extra.user : null,
-      keyHash: sha256(caller.key),
-      teamId: caller.teamId,
-      prompt: body.messages ?? body.prompt ?? body.input,
-    };
+    const expectation = successRow(label, callId!, hit);
 
     if (hit) {
       expect(res.status, label).toBe(200);
