@@ -450,6 +450,11 @@ export interface RateCounter {
    * that set, so with Redis every instance sees the same members.
    */
   share?: { among: string; member: string; rpm?: number; tpm?: number };
+  /**
+   * Per kind, where a limit comes from when the counter's owner does not set it itself (a key's
+   * rpm_limit taken from its budget object: `Budget=b1`), for messages. Windows ignore it.
+   */
+  sources?: Partial<Record<RateLimitKind, string>>;
 }
 
 export type RateLimitKind = "requests" | "tokens" | "parallel_requests";

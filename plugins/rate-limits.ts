@@ -1,18 +1,37 @@
 /**
- * Rate limits: `rpm_limit`, `tpm_limit` and `max_parallel_requests` on the key (or its budget
- * object), its user, team and organization; a team member's `rpm_limit` / `tpm_limit` inside the
- * team (`/team/member_update`); `model_rpm_limit` / `model_tpm_limit` per model group
- * on the key, team and organization. Every limit counts over a sliding 60-second window; a request
- * is counted on all of its counters or on none (a refused request consumes nothing). Tokens are
- * reserved from the request's estimate (prompt estimate + `max_tokens`) and replaced by the real
- * usage when the call ends.
+ * Rate limits: `rpm_limit`, `tpm_limit` and `max_parallel_requests` on the key, its user, team and
+ * organization, and a team member's `rpm_limit` / `tpm_limit` inside the team
+ * (`/team/member_update`); `model_rpm_limit` / `model_tpm_limit` per model group on the key, user,
+ * team and organization. A key, team, organization or team membership on a budget object
+ * (`budget_id`) takes each limit it does not set itself from the budget: its rpm / tpm / parallel
+ * limits, and per model group its `model_rpm_limit` / `model_tpm_limit` or its `model_max_budget`
+ * entry's `rpm_limit` / `tpm_limit`. Such a limit is still the row's own (counted on the row's
+ * counter, as LiteLLM's combined view does): two keys on one budget with `rpm_limit: 2` have 2 each.
+ * Every limit counts over a sliding 60-second window; a request is counted on all of its counters
+ * or on none (a refused request consumes nothing). Tokens are reserved from the request's estimate
+ * (prompt estimate + `max_tokens`) and replaced by the real usage when the call ends.
  *
- * A refusal is HTTP 429 naming the limit, with `retry-after` = seconds until the request would fit.
- * Granted calls carry `x-ratelimit-{limit,remaining}-{requests,tokens}` for the tightest limit that
- * applies.
+ * A refusal is HTTP 429 naming the limit (and the budget object it comes from), with `retry-after`
+ * = seconds until the request would fit. Granted calls carry
+ * `x-ratelimit-{limit,remaining}-{requests,tokens}` for the tightest limit that applies.
  */
 import { Type } from "@sinclair/typebox";
-import { type CallIntent, type Denied, definePlugin, type Hooks, type IdentityView, type KeyRow, type Lease, type RateCounter, type RateGrant, type RateRefusal, type RateWindows, teamMemberId } from "../core/contract.ts";
+import {
+  type BudgetRow,
+  type CallIntent,
+  type Denied,
+  definePlugin,
+  type Hooks,
+  type IdentityView,
+  type KeyRow,
+  type Lease,
+  type RateCounter,
+  type RateGrant,
+  type RateLimitKind,
+  type RateRefusal,
+  type RateWindows,
+  teamMemberId,
+} from "../core/contract.ts";
 import { errorInfo } from "../core/errors.ts";
 import { guaranteedLimit, reservedOn, type ThroughputKind } from "../core/limits/capacity.ts";
 import { rateHeaders } from "../core/limits/headers.ts";
@@ -21,27 +40,60 @@ import { keyLabel } from "./shared/labels.ts";
 
 const GRANTED: Lease = { ok: true, settle: () => undefined };
 
-interface RowLimits {
+interface OwnLimits {
   rpmLimit: number | null;
   tpmLimit: number | null;
-  maxParallelRequests: number | null;
+  maxParallelRequests?: number | null;
+}
+
+interface ModelLimits {
   modelRpmLimit: Record<string, number> | null;
   modelTpmLimit: Record<string, number> | null;
 }
 
-const num = (v: number | null | undefined) => (v === null || v === undefined ? undefined : Number(v));
+const num = (v: unknown) => (typeof v === "number" ? v : typeof v === "string" && v !== "" && Number.isFinite(Number(v)) ? Number(v) : undefined);
 
-function rowCounter(out: RateCounter[], id: string, label: string, row: RowLimits, fallback?: RowLimits): void {
-  const rpm = num(row.rpmLimit ?? fallback?.rpmLimit);
-  const tpm = num(row.tpmLimit ?? fallback?.tpmLimit);
-  const parallel = num(row.maxParallelRequests ?? fallback?.maxParallelRequests);
-  if (rpm !== undefined || tpm !== undefined || parallel !== undefined) out.push({ id, label, rpm, tpm, parallel });
+/** A row's budget object, if it has one (and it exists). */
+const budgetOf = (id: string | null, identity: IdentityView | undefined): BudgetRow | undefined => (id ? identity?.budgets.get(id) : undefined);
+
+/** Picks each limit: the row's own, else its budget object's (noted in `sources`, for the refusal's message). */
+class Limits {
+  private sources: Partial<Record<RateLimitKind, string>> | undefined;
+
+  constructor(private readonly budget: BudgetRow | undefined) {}
+
+  pick(kind: RateLimitKind, own: unknown, inherited: (b: BudgetRow) => unknown): number | undefined {
+    const mine = num(own);
+    if (mine !== undefined || !this.budget) return mine;
+    const theirs = num(inherited(this.budget));
+    if (theirs !== undefined) this.sources = { ...this.sources, [kind]: `Budget=${this.budget.budgetId}` };
+    return theirs;
+  }
+
+  counter(id: string, label: string, limits: { rpm?: number; tpm?: number; parallel?: number }): RateCounter {
+    return this.sources ? { id, label, ...limits, sources: this.sources } : { id, label, ...limits };
+  }
 }
 
-function modelCounter(out: RateCounter[], id: string, label: string, row: RowLimits, group: string): void {
-  const rpm = num(row.modelRpmLimit?.[group]);
-  const tpm = num(row.modelTpmLimit?.[group]);
-  if (rpm !== undefined || tpm !== undefined) out.push({ id: `${id}:${group}`, label: `${label} for model=${group}`, rpm, tpm });
+function rowCounter(out: RateCounter[], id: string, label: string, row: OwnLimits, budget: BudgetRow | undefined): void {
+  const l = new Limits(budget);
+  const rpm = l.pick("requests", row.rpmLimit, (b) => b.rpmLimit);
+  const tpm = l.pick("tokens", row.tpmLimit, (b) => b.tpmLimit);
+  const parallel = l.pick("parallel_requests", row.maxParallelRequests, (b) => b.maxParallelRequests);
+  if (rpm !== undefined || tpm !== undefined || parallel !== undefined) out.push(l.counter(id, label, { rpm, tpm, parallel }));
+}
+
+/** A budget object's `model_max_budget` entry for a group: `{max_budget, budget_duration, tpm_limit, rpm_limit}`. */
+function modelEntry(b: BudgetRow, group: string): Record<string, unknown> | undefined {
+  const entry = b.modelMaxBudget?.[group];
+  return entry !== null && typeof entry === "object" ? (entry as Record<string, unknown>) : undefined;
+}
+
+function modelCounter(out: RateCounter[], id: string, label: string, row: ModelLimits, group: string, budget?: BudgetRow): void {
+  const l = new Limits(budget);
+  const rpm = l.pick("requests", row.modelRpmLimit?.[group], (b) => b.modelRpmLimit?.[group] ?? modelEntry(b, group)?.rpm_limit);
+  const tpm = l.pick("tokens", row.modelTpmLimit?.[group], (b) => b.modelTpmLimit?.[group] ?? modelEntry(b, group)?.tpm_limit);
+  if (rpm !== undefined || tpm !== undefined) out.push(l.counter(`${id}:${group}`, `${label} for model=${group}`, { rpm, tpm }));
 }
 
 /**
@@ -103,12 +155,14 @@ function groupCounters(intent: CallIntent, identity: IdentityView | undefined, t
   if (!key) return out;
   const group = intent.modelGroup;
   const label = keyLabel(p);
-  modelCounter(out, `key_model:${key.token}`, label, key, group);
+  modelCounter(out, `key_model:${key.token}`, label, key, group, budgetOf(key.budgetId, identity));
   throughput?.counters(intent, key, label, out);
+  const user = p.user ?? (p.userId ? identity?.users.get(p.userId) : undefined);
+  if (user) modelCounter(out, `user_model:${user.userId}`, `User=${user.userId}`, user, group);
   const team = p.team ?? (p.teamId ? identity?.teams.get(p.teamId) : undefined);
-  if (team) modelCounter(out, `team_model:${team.teamId}`, `Team=${team.teamId}`, team, group);
+  if (team) modelCounter(out, `team_model:${team.teamId}`, `Team=${team.teamId}`, team, group, budgetOf(team.budgetId, identity));
   const org = p.org ?? (p.orgId ? identity?.orgs.get(p.orgId) : undefined);
-  if (org) modelCounter(out, `org_model:${org.organizationId}`, `Organization=${org.organizationId}`, org, group);
+  if (org) modelCounter(out, `org_model:${org.organizationId}`, `Organization=${org.organizationId}`, org, group, budgetOf(org.budgetId, identity));
   return out;
 }
 
@@ -121,15 +175,14 @@ function requestCounters(intent: CallIntent, identity: IdentityView | undefined)
   const label = keyLabel(p);
   const team = p.team ?? (p.teamId ? identity?.teams.get(p.teamId) : undefined);
   const org = p.org ?? (p.orgId ? identity?.orgs.get(p.orgId) : undefined);
-  rowCounter(out, `key:${key.token}`, label, key, key.budgetId ? identity?.budgets.get(key.budgetId) : undefined);
+  rowCounter(out, `key:${key.token}`, label, key, budgetOf(key.budgetId, identity));
   const user = p.user ?? (p.userId ? identity?.users.get(p.userId) : undefined);
-  if (user) rowCounter(out, `user:${user.userId}`, `User=${user.userId}`, user);
-  if (team) rowCounter(out, `team:${team.teamId}`, `Team=${team.teamId}`, team, team.budgetId ? identity?.budgets.get(team.budgetId) : undefined);
+  if (user) rowCounter(out, `user:${user.userId}`, `User=${user.userId}`, user, undefined);
+  if (team) rowCounter(out, `team:${team.teamId}`, `Team=${team.teamId}`, team, budgetOf(team.budgetId, identity));
   const member = p.teamId && p.userId ? identity?.teamMember(p.teamId, p.userId) : undefined;
-  if (member && (member.rpmLimit !== null || member.tpmLimit !== null)) {
-    out.push({ id: `team_member:${teamMemberId(member.teamId, member.userId)}`, label: `User=${member.userId} in Team=${member.teamId}`, rpm: num(member.rpmLimit), tpm: num(member.tpmLimit) });
-  }
-  if (org) rowCounter(out, `org:${org.organizationId}`, `Organization=${org.organizationId}`, org, org.budgetId ? identity?.budgets.get(org.budgetId) : undefined);
+  // A membership's rpm / tpm (its own, else its budget object's; a parallel limit only from the budget).
+  if (member) rowCounter(out, `team_member:${teamMemberId(member.teamId, member.userId)}`, `User=${member.userId} in Team=${member.teamId}`, member, budgetOf(member.budgetId, identity));
+  if (org) rowCounter(out, `org:${org.organizationId}`, `Organization=${org.organizationId}`, org, budgetOf(org.budgetId, identity));
   return out;
 }
 
@@ -138,7 +191,8 @@ const KIND_TEXT = { requests: "requests per minute", tokens: "tokens per minute"
 export function rateRefusal(r: RateRefusal, tokens: number): Denied {
   const c = r.counter;
   const retry = retryAfterSeconds(r.retryAfterMs);
-  let message = `Rate limit exceeded for ${c.label}: ${KIND_TEXT[r.kind]} limit ${r.limit}`;
+  const from = c.sources?.[r.kind];
+  let message = `Rate limit exceeded for ${c.label}: ${KIND_TEXT[r.kind]} limit ${r.limit}${from ? ` (from ${from})` : ""}`;
   if (r.kind === "parallel_requests") message += `, ${r.current} requests in flight.`;
   else if (r.kind === "tokens" && tokens > r.limit) message += `, and this request alone may use ${tokens} tokens (lower max_tokens).`;
   else message += `, ${r.current} used in the last 60 s. Try again in ${retry} s.`;
