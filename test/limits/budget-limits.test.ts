@@ -161,6 +161,19 @@ describe("limits of a budget object", () => {
     expect(granted.headers.get("x-ratelimit-limit-tokens")).toBe("100000");
     expect((await call(annKey)).body.error!.message).toContain(`User=bl-ann in Team=${members.team_id}: requests per minute limit 1 (from Budget=${memberBudget})`);
   });
+
+  test("an organization's limits are its budget's: /budget/update on that budget changes what the org allows and shows", async () => {
+    const org = await post<{ organization_id: string; budget_id: string }>("/organization/new", { organization_alias: "bl-org", rpm_limit: 1 });
+    const team = await post<{ team_id: string }>("/team/new", { team_alias: "bl-org-team", organization_id: org.organization_id });
+    const key = await newKey({ team_id: team.team_id });
+    expect((await call(key)).status).toBe(200);
+    expect((await call(key)).body.error!.message).toContain(`Organization=${org.organization_id}: requests per minute limit 1, 1 used`);
+    await post("/budget/update", { budget_id: org.budget_id, rpm_limit: 2 });
+    expect((await call(key)).status).toBe(200);
+    expect((await call(key)).body.error!.message).toContain(`Organization=${org.organization_id}: requests per minute limit 2, 2 used`);
+    const info = await requestJson<{ rpm_limit: number; budget: { rpm_limit: number } }>(gw, "GET", `/organization/info?organization_id=${org.organization_id}`);
+    expect([info.body.rpm_limit, info.body.budget.rpm_limit]).toEqual([2, 2]);
+  });
 });
 
 describe("limits of a user", () => {

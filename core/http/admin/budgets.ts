@@ -2,8 +2,11 @@
  * Budget objects (`/budget/*`): named limit sets that keys, teams, organizations and memberships
  * point at by `budget_id`. All routes are Global Admin Only (reads also for the admin viewer).
  * `budget_reset_at` starts at creation (or at the update that sets a new `budget_duration`) plus
- * the duration, unless the body gives it. A budget still referenced by a live key, team, org or
- * membership cannot be deleted (400 naming the referrers): deleting it would silently lift limits.
+ * the duration, unless the body gives it. Every update reaches the calls of what points at the
+ * budget at once (rate limits and budgets read the cached budget row per call); its limit fields
+ * are also written to the organizations on it, whose rows mirror their budget. A budget still
+ * referenced by a live key, team, org or membership cannot be deleted (400 naming the referrers):
+ * deleting it would silently lift limits.
  */
 import { randomUUID } from "node:crypto";
 import { type Static, Type as T } from "@sinclair/typebox";
@@ -47,6 +50,12 @@ const BudgetFields = {
   model_rpm_limit: T.Optional(Nullable(T.Record(T.String(), T.Integer({ minimum: 0 })))),
 };
 const BUDGET_COLUMNS = new Set(Object.keys(BudgetFields));
+/**
+ * The limit fields an organization keeps on its row as well as in its budget: a budget update
+ * writes them to the organizations on that budget, as an organization update writes them to its
+ * budget (the period has its own rule: see followNewPeriod).
+ */
+const ORG_MIRRORED = new Set(["max_budget", "soft_budget", "tpm_limit", "rpm_limit", "max_parallel_requests", "model_max_budget"]);
 
 const NewBudgetBody = T.Object({ ...BudgetFields, budget_id: T.Optional(T.String({ minLength: 1 })) }, { additionalProperties: true });
 const UpdateBudgetBody = T.Object({ ...BudgetFields, budget_id: T.String({ minLength: 1 }) }, { additionalProperties: true });
@@ -109,13 +118,32 @@ async function updateBudget(ctx: AdminCtx) {
   const body = await ctx.body(UpdateBudgetBody);
   const before = await loadBudget(ctx, body.budget_id);
   const props = budgetProps(body);
-  const [after] = await ctx.db
-    .update(budgets)
-    .set({ ...props, updatedAt: new Date(), updatedBy: ctx.caller.changedBy })
-    .where(eq(budgets.budgetId, body.budget_id))
-    .returning();
+  const at = new Date();
+  const who = ctx.caller.changedBy;
+  const orgPatch = fromApi(organizations, body, ORG_MIRRORED);
+  const { after, orgs } = await ctx.db.transaction(async (tx) => {
+    const [after] = await tx
+      .update(budgets)
+      .set({ ...props, updatedAt: at, updatedBy: who })
+      .where(eq(budgets.budgetId, body.budget_id))
+      .returning();
+    // An organization's limits are its budget's (/organization/update writes both): they follow.
+    const orgs =
+      after && Object.keys(orgPatch).length > 0
+        ? await tx
+            .update(organizations)
+            .set({ ...orgPatch, updatedAt: at, updatedBy: who })
+            .where(eq(organizations.budgetId, body.budget_id))
+            .returning({ id: organizations.organizationId })
+        : [];
+    return { after, orgs };
+  });
   if (!after) throw notFound(`Budget '${body.budget_id}' not found: it was deleted meanwhile.`, "budget_id");
-  await ctx.changed({ kind: "budget", budgetId: body.budget_id }, ...(await followNewPeriod(ctx, body, after)));
+  await ctx.changed(
+    { kind: "budget", budgetId: body.budget_id },
+    ...orgs.map((o): IdentityChange => ({ kind: "org", orgId: o.id })),
+    ...(await followNewPeriod(ctx, body, after)),
+  );
   await ctx.audit({ action: "updated", table: TABLE, objectId: body.budget_id, before, after });
   return toApi(after);
 }
