@@ -2,7 +2,8 @@
 // here, so the test can kill it). 500 requests at a key with rpm_limit 100, split between the two
 // instances and fired at once: exactly 100 succeed. Redis killed mid-run and restarted: no request
 // fails because of it (each instance counts alone meanwhile and says so), and the limits are back
-// in Redis afterwards. A dynamic key's share counts the dynamic keys active on either instance.
+// in Redis afterwards. A dynamic key's share counts the dynamic keys active on either instance. A
+// budget object's limit holds its key across both, and a /budget/update through one reaches the other.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { createServer } from "node:net";
 import Redis from "ioredis";
@@ -95,6 +96,23 @@ describe.skipIf(!hasRedisServer)("rate limits across two instances on one Redis"
     const statuses = await Promise.all(Array.from({ length: 500 }, (_, i) => chat(i % 2 === 0 ? a : b, key)));
     expect(statuses.filter((s) => s === 200).length).toBe(100);
     expect(statuses.filter((s) => s === 429).length).toBe(400);
+  });
+
+  test("a budget object's rpm_limit holds its key across both instances; /budget/update through one instance moves it on the other", async () => {
+    const budget = await requestJson<{ budget_id: string }>(a, "POST", "/budget/new", { body: { rpm_limit: 10 } });
+    expect(budget.status).toBe(200);
+    const id = budget.body.budget_id;
+    const key = await newKey({ budget_id: id });
+    const first = await Promise.all(Array.from({ length: 30 }, (_, i) => call(i % 2 === 0 ? a : b, key, "m")));
+    expect(first.filter((r) => r.status === 200).length).toBe(10);
+    const refused = first.filter((r) => r.status === 429);
+    expect(refused.length).toBe(20);
+    for (const r of refused) expect(r.message).toContain(`requests per minute limit 10 (from Budget=${id})`);
+    expect((await requestJson(a, "POST", "/budget/update", { body: { budget_id: id, rpm_limit: 15 } })).status).toBe(200);
+    for (let i = 0; i < 100 && b.host!.services.identity!.budgets.get(id)?.rpmLimit !== 15; i++) await Bun.sleep(20);
+    const second = await Promise.all(Array.from({ length: 20 }, (_, i) => call(i % 2 === 0 ? a : b, key, "m")));
+    expect(second.filter((r) => r.status === 200).length).toBe(5);
+    expect(second.filter((r) => r.status === 429).every((r) => r.message?.includes("requests per minute limit 15 (from Budget="))).toBe(true);
   });
 
   test("a dynamic key's share of a model counts the dynamic keys active on the other instance", async () => {
