@@ -5,17 +5,20 @@
 // in `svc_params`, sometimes a fallback from one group to the other; an organization, a budget
 // object, teams (some in the org, some on the budget, some with `team_member_rpm_limit` /
 // `team_member_tpm_limit`) and users with random `rpm_limit`, `tpm_limit`, `max_parallel_requests`
-// (org and team also `model_rpm_limit` / `model_tpm_limit`), team members with their own
+// and `model_rpm_limit` / `model_tpm_limit` (the budget's per-model ones as such or as its
+// `model_max_budget` entries' `rpm_limit` / `tpm_limit`), team members with their own
 // `rpm_limit` / `tpm_limit`, and 2–4 virtual keys with random limits (per-model ones too; now and
 // then a limit of 0), some in a team, some of a user, some on the budget object. Then random steps:
 // a call (JSON or streamed, a random prompt and `max_tokens`, so the token estimates vary); a call
 // whose first attempt fails upstream (a 500: counted once with no tokens, then the fallback group);
-// new limits for a key (/key/update, mid-window); a hold (streams kept in flight by the mock's
+// new limits for a key (/key/update, mid-window); new limits for the budget object or the
+// organization's own budget (/budget/update, mid-window: the org's follow it); a hold (streams kept in flight by the mock's
 // slowStream while other calls are made, for `max_parallel_requests`); or a burst (identical calls
 // fired at once, held upstream by the mock's delay, when the outcome does not depend on their order).
 //
 // The model follows the README ("### Rate limits"): a sliding log per counter; a request counts on
-// every counter that applies (key, user, team, member, org, and the group's per-model ones) or on
+// every counter that applies (key, user, team, member, org, and the group's per-model ones; a limit
+// a row does not set comes from its budget object, and its refusal names that budget) or on
 // none, its own once however many groups it tries; tokens are reserved from the estimate (the
 // messages' characters, keys included, / 3, + 4 per message, + 3 for the reply, + max_tokens) and
 // replaced by the real usage (the mock's, computed here from its rules and compared with what the
@@ -76,13 +79,15 @@ interface Limits {
   max_parallel_requests?: number;
   model_rpm_limit?: Record<string, number>;
   model_tpm_limit?: Record<string, number>;
+  /** On the budget object only: per-model limits as its `model_max_budget` entries carry them. */
+  model_max_budget?: Record<string, { rpm_limit?: number; tpm_limit?: number }>;
 }
 
 interface KeySpec {
   limits: Limits;
   team?: string;
   user?: string;
-  /** On the scenario's budget object: its rpm / tpm / parallel limits apply where the key sets none. */
+  /** On the scenario's budget object: its limits (per-model ones too) apply where the key sets none. */
   budget?: boolean;
 }
 
@@ -100,7 +105,8 @@ interface Scenario {
   tag: string;
   groups: string[];
   deployments: DeploymentSpec[];
-  org?: { id: string; limits: Limits };
+  /** Created without a budget_id: its limits are those of a budget of its own (`budgetId`, known once created). */
+  org?: { id: string; limits: Limits; budgetId?: string };
   budget?: { id: string; limits: Limits };
   teams: TeamSpec[];
   users: { id: string; limits: Limits }[];
@@ -123,6 +129,23 @@ function limitsOf(rng: Random, groups: string[], opts: { parallel: boolean; mode
   return l;
 }
 
+/** A budget object's limits: per-model ones as `model_rpm_limit` / `model_tpm_limit`, or as its `model_max_budget` entries' limits. */
+function budgetLimitsOf(rng: Random, groups: string[]): Limits {
+  const l = limitsOf(rng, groups, { parallel: true, model: true, p: 0.6 });
+  if ((l.model_rpm_limit || l.model_tpm_limit) && rng.chance(0.5)) {
+    const entries: NonNullable<Limits["model_max_budget"]> = {};
+    for (const [f, e] of [
+      ["model_rpm_limit", "rpm_limit"],
+      ["model_tpm_limit", "tpm_limit"],
+    ] as const) {
+      for (const [g, n] of Object.entries(l[f] ?? {})) entries[g] = { ...entries[g], [e]: n };
+      delete l[f];
+    }
+    l.model_max_budget = entries;
+  }
+  return l;
+}
+
 function scenario(rng: Random, index: number, runTag: string): Scenario {
   const tag = `ld${runTag}s${index}`;
   const groups = [`${tag}-a`, `${tag}-b`];
@@ -137,7 +160,7 @@ function scenario(rng: Random, index: number, runTag: string): Scenario {
     }
   }
   const org = rng.chance(0.5) ? { id: `${tag}-org`, limits: limitsOf(rng, groups, { parallel: true, model: true, p: 0.4 }) } : undefined;
-  const budget = rng.chance(0.4) ? { id: `${tag}-budget`, limits: limitsOf(rng, groups, { parallel: true, model: false, p: 0.6 }) } : undefined;
+  const budget = rng.chance(0.4) ? { id: `${tag}-budget`, limits: budgetLimitsOf(rng, groups) } : undefined;
   const teams = Array.from({ length: rng.int(3) }, (_, i) => {
     const team: TeamSpec = { id: `${tag}-team${i}`, inOrg: org !== undefined && rng.chance(0.7), limits: limitsOf(rng, groups, { parallel: true, model: true, p: 0.4 }), memberDefaults: {} };
     if (budget && rng.chance(0.3)) team.budget = true;
@@ -150,7 +173,7 @@ function scenario(rng: Random, index: number, runTag: string): Scenario {
     }
     return team;
   });
-  const users = Array.from({ length: rng.int(3) }, (_, i) => ({ id: `${tag}-user${i}`, limits: limitsOf(rng, groups, { parallel: true, model: false, p: 0.4 }) }));
+  const users = Array.from({ length: rng.int(3) }, (_, i) => ({ id: `${tag}-user${i}`, limits: limitsOf(rng, groups, { parallel: true, model: true, p: 0.4 }) }));
   const members = new Map<string, { rpm_limit?: number; tpm_limit?: number }>();
   const keys: KeySpec[] = [];
   const nKeys = 2 + rng.int(3);
@@ -188,6 +211,8 @@ interface Counter {
   rpm?: number;
   tpm?: number;
   parallel?: number;
+  /** Per kind, the budget object a limit comes from (the row sets none): `Budget=<id>`. */
+  sources: Partial<Record<Kind, string>>;
   entries: Entry[];
 }
 
@@ -236,13 +261,13 @@ class Model {
   readonly counters = new Map<string, Counter>();
 
   /** A counter with its limits as they are now (a key's may change); its log stays. */
-  counter(id: string, label: string, limits: { rpm?: number; tpm?: number; parallel?: number }): Counter {
+  counter(id: string, label: string, limits: { rpm?: number; tpm?: number; parallel?: number }, sources: Partial<Record<Kind, string>> = {}): Counter {
     let c = this.counters.get(id);
     if (!c) {
-      c = { id, label, entries: [] };
+      c = { id, label, sources, entries: [] };
       this.counters.set(id, c);
     }
-    Object.assign(c, { rpm: limits.rpm, tpm: limits.tpm, parallel: limits.parallel });
+    Object.assign(c, { rpm: limits.rpm, tpm: limits.tpm, parallel: limits.parallel, sources });
     return c;
   }
 }
@@ -328,17 +353,27 @@ function limitCounters(ctx: Ctx, req: Req, group: string): Counter[] {
   const spec = s.keys[r.key]!;
   const label = `Key ${ctx.keys[r.key]!.name}`;
   const out: Counter[] = [];
-  /** A row's rpm / tpm / parallel, each from its budget object when the row sets none. */
-  const own = (id: string, lbl: string, l: Limits, budget?: Limits) => {
-    const rpm = l.rpm_limit ?? budget?.rpm_limit;
-    const tpm = l.tpm_limit ?? budget?.tpm_limit;
-    const parallel = l.max_parallel_requests ?? budget?.max_parallel_requests;
-    if (rpm !== undefined || tpm !== undefined || parallel !== undefined) out.push(model.counter(id, lbl, { rpm, tpm, parallel }));
+  /** Each limit: the row's own, else its budget object's (then named as the budget's). */
+  const from = (sources: Partial<Record<Kind, string>>, kind: Kind, own: number | undefined, theirs: number | undefined) => {
+    if (own !== undefined || theirs === undefined) return own;
+    sources[kind] = `Budget=${s.budget!.id}`;
+    return theirs;
   };
-  const perModel = (id: string, lbl: string, l: Limits) => {
-    const rpm = l.model_rpm_limit?.[r.group];
-    const tpm = l.model_tpm_limit?.[r.group];
-    if (rpm !== undefined || tpm !== undefined) out.push(model.counter(`${id}:${r.group}`, `${lbl} for model=${r.group}`, { rpm, tpm }));
+  /** A row's rpm / tpm / parallel. */
+  const own = (id: string, lbl: string, l: Limits, budget?: Limits) => {
+    const sources: Partial<Record<Kind, string>> = {};
+    const rpm = from(sources, "requests", l.rpm_limit, budget?.rpm_limit);
+    const tpm = from(sources, "tokens", l.tpm_limit, budget?.tpm_limit);
+    const parallel = from(sources, "parallel_requests", l.max_parallel_requests, budget?.max_parallel_requests);
+    if (rpm !== undefined || tpm !== undefined || parallel !== undefined) out.push(model.counter(id, lbl, { rpm, tpm, parallel }, sources));
+  };
+  /** A row's limits on the group; a budget's are its `model_rpm_limit` / `model_tpm_limit`, else its `model_max_budget` entry's. */
+  const perModel = (id: string, lbl: string, l: Limits, budget?: Limits) => {
+    const sources: Partial<Record<Kind, string>> = {};
+    const g = r.group;
+    const rpm = from(sources, "requests", l.model_rpm_limit?.[g], budget?.model_rpm_limit?.[g] ?? budget?.model_max_budget?.[g]?.rpm_limit);
+    const tpm = from(sources, "tokens", l.model_tpm_limit?.[g], budget?.model_tpm_limit?.[g] ?? budget?.model_max_budget?.[g]?.tpm_limit);
+    if (rpm !== undefined || tpm !== undefined) out.push(model.counter(`${id}:${g}`, `${lbl} for model=${g}`, { rpm, tpm }, sources));
   };
   const team = spec.team ? s.teams.find((t) => t.id === spec.team) : undefined;
   const org = team?.inOrg ? s.org : undefined;
@@ -354,8 +389,9 @@ function limitCounters(ctx: Ctx, req: Req, group: string): Counter[] {
     out.push(model.counter(`member:${team!.id}/${user!.id}`, `User=${user!.id} in Team=${team!.id}`, { rpm: memberRpm, tpm: memberTpm }));
   }
   if (org) own(`org:${org.id}`, `Organization=${org.id}`, org.limits);
-  perModel(`key_model:${r.key}`, label, spec.limits);
-  if (team) perModel(`team_model:${team.id}`, `Team=${team.id}`, team.limits);
+  perModel(`key_model:${r.key}`, label, spec.limits, spec.budget ? s.budget!.limits : undefined);
+  if (user) perModel(`user_model:${user.id}`, `User=${user.id}`, user.limits);
+  if (team) perModel(`team_model:${team.id}`, `Team=${team.id}`, team.limits, team.budget ? s.budget!.limits : undefined);
   if (org) perModel(`org_model:${org.id}`, `Organization=${org.id}`, org.limits);
   return out;
 }
@@ -463,7 +499,8 @@ function checkRefusal(ctx: Ctx, p: Exclude<Prediction, { kind: "ok" }>, a: Answe
     check(ctx, inRange(retry, [lo, hi]) && group![2] === String(retry), `retry-after ${retry} (message "${message}"), expected within [${lo}, ${hi}]`);
     return;
   }
-  const match = p.refusing.find((v) => message.startsWith(`Rate limit exceeded for ${v.counter.label}: ${KIND_TEXT[v.kind]} limit ${v.limit}, `));
+  const fromText = (v: Violation) => (v.counter.sources[v.kind] ? ` (from ${v.counter.sources[v.kind]})` : "");
+  const match = p.refusing.find((v) => message.startsWith(`Rate limit exceeded for ${v.counter.label}: ${KIND_TEXT[v.kind]} limit ${v.limit}${fromText(v)}, `));
   check(ctx, match !== undefined, `message "${message}", expected one of: ${explain(p)}`);
   const v = match!;
   if (v.kind === "parallel_requests") check(ctx, message.endsWith(`, ${v.current} requests in flight.`), `message "${message}", expected ${v.current} in flight`);
@@ -482,7 +519,7 @@ function checkRefusal(ctx: Ctx, p: Exclude<Prediction, { kind: "ok" }>, a: Answe
 function explain(p: Prediction): string {
   if (p.kind === "ok") return `allowed${p.fellBack ? " after falling back" : ""} (deployments with room: ${p.room.map((d) => d.spec.id)})`;
   if (p.kind === "deployments") return `no deployment of ${p.group} has room${p.fellBack ? " (after falling back)" : ""}`;
-  return p.refusing.map((v) => `${v.counter.label} ${v.kind} ${v.current}/${v.limit}`).join("; ");
+  return p.refusing.map((v) => `${v.counter.label} ${v.kind} ${v.current}/${v.limit}${v.counter.sources[v.kind] ? ` (from ${v.counter.sources[v.kind]})` : ""}`).join("; ");
 }
 
 function headerText(h: Headers): string {
@@ -698,7 +735,7 @@ async function ok(gw: TestGateway, path: string, body: Json): Promise<Json> {
 
 async function create(s: Scenario, gws: TestGateway[]): Promise<{ key: string; name: string }[]> {
   const gw = gws[0]!;
-  if (s.org) await ok(gw, "/organization/new", { organization_id: s.org.id, organization_alias: s.org.id, ...s.org.limits });
+  if (s.org) s.org.budgetId = (await ok(gw, "/organization/new", { organization_id: s.org.id, organization_alias: s.org.id, ...s.org.limits })).budget_id as string;
   if (s.budget) await ok(gw, "/budget/new", { budget_id: s.budget.id, ...s.budget.limits });
   for (const t of s.teams) {
     await ok(gw, "/team/new", { team_id: t.id, ...(t.inOrg ? { organization_id: s.org!.id } : {}), ...(t.budget ? { budget_id: s.budget!.id } : {}), ...t.limits, ...t.memberDefaults });
@@ -748,6 +785,51 @@ async function updateKey(ctx: Ctx, rng: Random): Promise<void> {
   }
 }
 
+/**
+ * New limits for the budget object (its keys and teams take those they do not set themselves), or
+ * for the organization's own budget (the org's limits follow it), by /budget/update: the calls the
+ * counters already hold count for the new limits too.
+ */
+async function updateBudget(ctx: Ctx, rng: Random): Promise<void> {
+  const { s } = ctx;
+  const num = (v: unknown) => (v === null || v === undefined ? null : Number(v));
+  const orEmpty = (v: unknown) => v ?? {};
+  let seen: (gw: TestGateway) => boolean;
+  if (s.budget && (!s.org || rng.chance(0.6))) {
+    const budget = s.budget;
+    const next = budgetLimitsOf(rng, s.groups);
+    const body: Json = { budget_id: budget.id };
+    for (const f of ["rpm_limit", "tpm_limit", "max_parallel_requests", "model_rpm_limit", "model_tpm_limit", "model_max_budget"] as const) body[f] = next[f] ?? null;
+    ctx.log.push(`  budget limits ${JSON.stringify(budget.limits)} → ${JSON.stringify(next)}`);
+    await ok(ctx.gws[0]!, "/budget/update", body);
+    budget.limits = next;
+    const want = [next.rpm_limit ?? null, next.tpm_limit ?? null, next.max_parallel_requests ?? null, next.model_rpm_limit ?? {}, next.model_tpm_limit ?? {}, next.model_max_budget ?? {}];
+    seen = (gw) => {
+      const row = gw.host!.services.identity!.budgets.get(budget.id);
+      return row !== undefined && Bun.deepEquals([num(row.rpmLimit), num(row.tpmLimit), num(row.maxParallelRequests), orEmpty(row.modelRpmLimit), orEmpty(row.modelTpmLimit), orEmpty(row.modelMaxBudget)], want);
+    };
+  } else if (s.org?.budgetId) {
+    const org = s.org;
+    const next = limitsOf(rng, s.groups, { parallel: true, model: false, p: 0.4 });
+    const body: Json = { budget_id: org.budgetId };
+    for (const f of ["rpm_limit", "tpm_limit", "max_parallel_requests"] as const) body[f] = next[f] ?? null;
+    ctx.log.push(`  org budget limits ${JSON.stringify(org.limits)} → ${JSON.stringify(next)}`);
+    await ok(ctx.gws[0]!, "/budget/update", body);
+    // The org's per-model limits are its row's own: they stay.
+    org.limits = { ...org.limits, rpm_limit: next.rpm_limit, tpm_limit: next.tpm_limit, max_parallel_requests: next.max_parallel_requests };
+    const want = [next.rpm_limit ?? null, next.tpm_limit ?? null, next.max_parallel_requests ?? null];
+    seen = (gw) => {
+      const row = gw.host!.services.identity!.orgs.get(org.id);
+      return row !== undefined && Bun.deepEquals([num(row.rpmLimit), num(row.tpmLimit), num(row.maxParallelRequests)], want);
+    };
+  } else return updateKey(ctx, rng);
+  // Every instance serves the new limits before the next call.
+  for (const gw of ctx.gws) {
+    for (let n = 0; n < 200 && !seen(gw); n++) await Bun.sleep(10);
+    check(ctx, seen(gw), "the budget's new limits did not reach every instance");
+  }
+}
+
 async function run(seed: number, mode: Mode, s: Scenario, gws: TestGateway[], mock: MockOpenAI): Promise<void> {
   const ctx: Ctx = { seed, mode, s, gws, mock, keys: await create(s, gws), model: new Model(), step: "setup", log: [] };
   const rng = new Random(seed * 1000 + s.index * 7 + MODES.findIndex((m) => m.mode === mode));
@@ -771,10 +853,13 @@ async function run(seed: number, mode: Mode, s: Scenario, gws: TestGateway[], mo
     } else if (roll < 0.25) {
       ctx.log.push(`${ctx.step} burst`);
       await burst(ctx, randomReq(rng, s), 2 + rng.int(5));
-    } else if (roll < 0.31) {
+    } else if (roll < 0.29) {
       ctx.log.push(`${ctx.step} update`);
       await updateKey(ctx, rng);
-    } else if (roll < 0.42) {
+    } else if (roll < 0.33) {
+      ctx.log.push(`${ctx.step} budget update`);
+      await updateBudget(ctx, rng);
+    } else if (roll < 0.44) {
       ctx.log.push(`${ctx.step} failing call`);
       await failingCall(ctx, { ...randomReq(rng, s), stream: false });
     } else {
