@@ -1,8 +1,9 @@
 /**
  * Organizations (`/organization/*`): the top of the identity tree. An org's limits live on its row
  * and in its budget (created from the limit fields when no `budget_id` is given, and kept in step
- * by updates, as LiteLLM does); `blocked` stops every key of the org on the next request (the auth
- * plugin reads the cached org). Writes are proxy-admin only; reads are for admins and viewers, and
+ * by updates of either: /budget/update writes them to its orgs; LiteLLM keeps them in the budget
+ * alone); `blocked` stops every key of the org on the next request (the auth plugin reads the
+ * cached org). Writes are proxy-admin only; reads are for admins and viewers, and
  * an `org_admin` member may read its own org. Deleting an org that still has teams or keys is
  * refused (400) rather than orphaning them.
  */
