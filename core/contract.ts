@@ -309,6 +309,11 @@ export interface CallIntent {
   worstCaseCost: bigint;
   /** Milliseconds since the epoch; budgets charge the call to the period it started in. */
   startedAt: number;
+  /**
+   * The answer comes from the response cache: it costs nothing (`worstCaseCost` is 0) and calls no
+   * provider, so a budget refuses it only when already spent, and provider budgets do not apply.
+   */
+  cacheHit?: boolean;
   /** The model group's capacity: the sum of its deployments' `rpm` / `tpm` (absent when any deployment has none). */
   groupCapacity: GroupCapacity;
 }

@@ -150,7 +150,8 @@ function countersFor(intent: CallIntent, identity: IdentityView, history: SpendH
   // A team key is governed by its team, not by its user's own budget; but what it spends is the
   // user's spend (the stored counter counts every call of the user), so the ledger counts it too.
   if (userCounter) add(p.teamId ? { ...userCounter, chargeOnly: true } : userCounter);
-  const provider = providers[intent.deployment.provider];
+  // A cache hit calls no provider: its budget is not the caller's to be refused by.
+  const provider = intent.cacheHit ? undefined : providers[intent.deployment.provider];
   if (provider && history) {
     const name = intent.deployment.provider;
     add(historyCounter(`provider:${name}`, `Provider=${name}`, provider.budget_limit, provider.time_period, at, (since) => history.sum({ provider: name, since })));

@@ -1,25 +1,51 @@
 /**
  * Answers from the response cache: a hit replays the stored bytes (a JSON body, or a whole SSE
  * stream), costs nothing, consumes no limit or budget, and is logged as a cache hit; the answer
- * carries `x-svc-cache-hit: true` and `x-svc-cache-key`.
+ * carries `x-svc-cache-hit: true` and `x-svc-cache-key`. A caller already over a budget is refused
+ * a hit as it would be a miss (the router checks access before it reads the cache).
  */
-import type { CallRecord, Deployment, Endpoint, WireRequest } from "../contract.ts";
-import { type CallContext, callRecord, promptOf, responseHeaders, storedAnswer, wantsStream } from "../pipeline/call.ts";
-import { dispatchRecord } from "../pipeline/record.ts";
-import type { CacheStore } from "./store.ts";
+import type { CallRecord, Deployment, Endpoint, Logger, WireRequest } from "../contract.ts";
+import { type CallContext, Intent, acquireLeases, callRecord, promptOf, responseHeaders, storedAnswer, wantsStream } from "../pipeline/call.ts";
+import { cancelAll, dispatchRecord } from "../pipeline/record.ts";
+import type { CachedResponse, CacheStore } from "./store.ts";
 
-export async function cachedAnswer(endpoint: Endpoint, body: WireRequest[Endpoint], key: string, maxAgeMs: number | undefined, d: Deployment, ctx: CallContext): Promise<Response | undefined> {
-  const store = ctx.snapshot.cache.store;
-  let hit: Awaited<ReturnType<CacheStore["get"]>>;
+/** The entry stored under `key`, unless it is older than `maxAgeMs` (`s-maxage`); an unreachable cache is a miss. */
+export async function cachedEntry(store: CacheStore, key: string, maxAgeMs: number | undefined, log: Logger): Promise<CachedResponse | undefined> {
+  let hit: CachedResponse | undefined;
   try {
     hit = await store.get(key);
   } catch (err) {
     // An unreachable cache is a miss, not a failed call.
-    ctx.log.warn("response cache unreachable; calling the model", { error: String(err) });
+    log.warn("response cache unreachable; calling the model", { error: String(err) });
     return undefined;
   }
+  if (!hit || (maxAgeMs !== undefined && Date.now() - hit.storedAt > maxAgeMs)) return undefined;
+  return hit;
+}
+
+/** The intent of a call answered from the cache: it costs nothing and calls no provider. */
+class CacheHitIntent extends Intent {
+  readonly cacheHit = true;
+  override get worstCaseCost(): bigint {
+    return 0n;
+  }
+}
+
+/**
+ * Refuses a hit to a caller over a budget (key, its budget object, team, member, user, org; a
+ * per-model key budget), with the refusal a miss gets: the budgets are asked for a call of no
+ * cost, which only a budget already spent refuses, and the grant is taken back at once.
+ */
+export async function requireBudgetsForHit(endpoint: Endpoint, body: WireRequest[Endpoint], group: string, d: Deployment, ctx: CallContext): Promise<void> {
+  const { snapshot } = ctx;
+  if (snapshot.budgetGates.length === 0) return;
+  const intent = new CacheHitIntent(ctx.principal, endpoint, group, d, Date.now(), body, snapshot, "group");
+  cancelAll(await acquireLeases(snapshot.budgetGates, intent));
+}
+
+/** The answer to a request from a cache entry (the caller has passed its budget check), logged as a hit. */
+export function cachedAnswer(endpoint: Endpoint, body: WireRequest[Endpoint], key: string, hit: CachedResponse, d: Deployment, ctx: CallContext): Response {
   const now = Date.now();
-  if (!hit || (maxAgeMs !== undefined && now - hit.storedAt > maxAgeMs)) return undefined;
   const stream = wantsStream(endpoint, body);
   const keepPrompt = ctx.snapshot.settings.storePrompts;
   const record = callRecord(ctx, endpoint, body, d, {

@@ -19,7 +19,7 @@ import { rateHeaders } from "../limits/headers.ts";
 import { retryAfterSeconds, tokenEstimate } from "../limits/window.ts";
 import { cacheUse } from "../cache/controls.ts";
 import { cacheKey } from "../cache/key.ts";
-import { cachedAnswer, storeAnswer } from "../cache/answer.ts";
+import { cachedAnswer, cachedEntry, requireBudgetsForHit, storeAnswer } from "../cache/answer.ts";
 import { withClientCredentials } from "../pipeline/client-credentials.ts";
 
 /** Statuses worth another attempt: the upstream may answer differently next time. */
@@ -106,8 +106,12 @@ export async function modelCall<E extends Endpoint>(endpoint: E, body: WireReque
       if (use.read) {
         // A request the deployment would refuse (client-side credentials not allowed) is refused on a hit too.
         withClientCredentials(endpoint, body, deployments[0]!, snapshot.settings);
-        const hit = await cachedAnswer(endpoint, body, key, use.maxAgeMs, deployments[0]!, ctx);
-        if (hit) return hit;
+        const hit = await cachedEntry(snapshot.cache.store, key, use.maxAgeMs, ctx.log);
+        if (hit) {
+          // A caller over a budget gets the refusal a miss would get (access was checked above).
+          await requireBudgetsForHit(endpoint, body, group, deployments[0]!, ctx);
+          return cachedAnswer(endpoint, body, key, hit, deployments[0]!, ctx);
+        }
       }
       if (use.write) progress.save = { key, ttlMs: use.ttlMs };
     }

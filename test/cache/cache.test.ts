@@ -7,7 +7,7 @@ import { afterAll, beforeAll, beforeEach, describe, expect, test } from "bun:tes
 import { sql } from "drizzle-orm";
 import OpenAI from "openai";
 import { rows } from "../../core/store/sql.ts";
-import { freshDatabase, MASTER_KEY, requestJson, startBackendGateway, startTestGateway, type TestGateway } from "../harness/gateway.ts";
+import { freshDatabase, MASTER_KEY, requestJson, requestOk, startBackendGateway, startTestGateway, type TestGateway } from "../harness/gateway.ts";
 import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
 
 let up: MockOpenAI;
@@ -149,6 +149,94 @@ describe("response cache (config on, in memory)", () => {
     expect(denied.status).toBe(403);
     expect(JSON.parse(denied.text).error.message).toContain("allowed_cache_controls");
     expect((await chat(gw, { messages, cache: { "max-age": 5 } })).status).toBe(400);
+  });
+});
+
+describe("a hit is refused as a miss would be", () => {
+  type Owner = { label: string; key: string; lower: () => Promise<unknown> };
+  const TINY = 0.000000001;
+  /** A key whose budget (its own, or its budget object's, team's, user's or org's) starts roomy and is lowered below its spend later. */
+  const owners: Record<string, () => Promise<Owner>> = {
+    key: async () => {
+      const { key } = await requestOk<{ key: string }>(gw, "POST", "/key/generate", { max_budget: 10 });
+      return { label: "key", key, lower: () => requestOk(gw, "POST", "/key/update", { key, max_budget: TINY }) };
+    },
+    "budget object": async () => {
+      const { budget_id } = await requestOk<{ budget_id: string }>(gw, "POST", "/budget/new", { max_budget: 10 });
+      const { key } = await requestOk<{ key: string }>(gw, "POST", "/key/generate", { budget_id });
+      return { label: "budget object", key, lower: () => requestOk(gw, "POST", "/budget/update", { budget_id, max_budget: TINY }) };
+    },
+    team: async () => {
+      const { team_id } = await requestOk<{ team_id: string }>(gw, "POST", "/team/new", { max_budget: 10 });
+      const { key } = await requestOk<{ key: string }>(gw, "POST", "/key/generate", { team_id });
+      return { label: "team", key, lower: () => requestOk(gw, "POST", "/team/update", { team_id, max_budget: TINY }) };
+    },
+    user: async () => {
+      const user_id = `cache-user-${uniq()}`;
+      await requestOk(gw, "POST", "/user/new", { user_id, max_budget: 10 });
+      const { key } = await requestOk<{ key: string }>(gw, "POST", "/key/generate", { user_id });
+      return { label: "user", key, lower: () => requestOk(gw, "POST", "/user/update", { user_id, max_budget: TINY }) };
+    },
+    organization: async () => {
+      const { organization_id } = await requestOk<{ organization_id: string }>(gw, "POST", "/organization/new", { organization_alias: `cache-org-${uniq()}`, max_budget: 10 });
+      const { team_id } = await requestOk<{ team_id: string }>(gw, "POST", "/team/new", { organization_id });
+      const { key } = await requestOk<{ key: string }>(gw, "POST", "/key/generate", { team_id });
+      return { label: "organization", key, lower: () => requestOk(gw, "PATCH", "/organization/update", { organization_id, max_budget: TINY }) };
+    },
+  };
+
+  for (const [name, make] of Object.entries(owners)) {
+    test(`a caller over its ${name}'s budget gets the 400 budget_exceeded a miss gets, not the cached answer`, async () => {
+      const owner = await make();
+      const messages = [{ role: "user", content: `budget ${name} ${uniq()}` }];
+      // Spent by the owner itself, then its budget lowered below what it spent.
+      expect((await chat(gw, { messages }, owner.key)).status).toBe(200);
+      await owner.lower();
+      // The entry is there: another caller gets it.
+      expect((await chat(gw, { messages })).headers.get("x-svc-cache-hit")).toBe("true");
+      const calls = up.requests.length;
+      const hit = await chat(gw, { messages }, owner.key);
+      const miss = await chat(gw, { messages: [{ role: "user", content: `another ${uniq()}` }] }, owner.key);
+      expect(miss.status).toBe(400);
+      const missError = JSON.parse(miss.text).error;
+      expect(missError).toMatchObject({ type: "budget_exceeded", code: "400" });
+      expect(missError.message).toStartWith("Budget has been exceeded!");
+      expect({ status: hit.status, hit: hit.headers.get("x-svc-cache-hit"), error: JSON.parse(hit.text).error }).toEqual({ status: 400, hit: null, error: missError });
+      expect(up.requests.length).toBe(calls);
+      // Logged as a refused call, as the miss is.
+      await gw.host!.spendWriter.flush();
+      const logged = await rows<{ status: string; cache_hit: boolean }>(gw.host!.store.db, sql`select status, cache_hit from spend_logs where call_id = ${hit.headers.get("x-svc-call-id")}`);
+      expect(logged).toEqual([{ status: "failure", cache_hit: false }]);
+    });
+  }
+
+  test("a caller with budget left gets the hit, even when a miss's worst case would not fit", async () => {
+    const { key } = await requestOk<{ key: string }>(gw, "POST", "/key/generate", { max_budget: 10 });
+    const messages = [{ role: "user", content: `room ${uniq()}` }];
+    expect((await chat(gw, { messages, max_tokens: 5 }, key)).status).toBe(200);
+    // Spent less than this, but a call may cost far more at max_tokens=1000000.
+    await requestOk(gw, "POST", "/key/update", { key, max_budget: 0.001 });
+    await chat(gw, { messages, max_tokens: 5 });
+    expect((await chat(gw, { messages: [{ role: "user", content: `big ${uniq()}` }], max_tokens: 1_000_000 }, key)).status).toBe(400);
+    const hit = await chat(gw, { messages, max_tokens: 5 }, key);
+    expect(hit.status).toBe(200);
+    expect(hit.headers.get("x-svc-cache-hit")).toBe("true");
+  });
+
+  test("a blocked key and a model the key may not use are refused before the cache", async () => {
+    const messages = [{ role: "user", content: `access ${uniq()}` }];
+    expect((await chat(gw, { messages })).status).toBe(200);
+    expect((await chat(gw, { messages })).headers.get("x-svc-cache-hit")).toBe("true");
+    const { key: blocked } = await requestOk<{ key: string }>(gw, "POST", "/key/generate", {});
+    await requestOk(gw, "POST", "/key/block", { key: blocked });
+    const refusedBlocked = await chat(gw, { messages }, blocked);
+    expect(refusedBlocked.status).toBe(401);
+    expect(JSON.parse(refusedBlocked.text).error.message).toContain("blocked");
+    const { key: other } = await requestOk<{ key: string }>(gw, "POST", "/key/generate", { models: ["emb"] });
+    const refusedModel = await chat(gw, { messages }, other);
+    expect(refusedModel.status).toBe(401);
+    expect(JSON.parse(refusedModel.text).error.type).toBe("key_model_access_denied");
+    expect(refusedModel.headers.get("x-svc-cache-hit")).toBeNull();
   });
 });
 
