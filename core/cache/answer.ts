@@ -7,6 +7,7 @@
 import type { CallRecord, Deployment, Endpoint, Logger, WireRequest } from "../contract.ts";
 import { type CallContext, Intent, acquireLeases, callRecord, promptOf, responseHeaders, storedAnswer, wantsStream } from "../pipeline/call.ts";
 import { cancelAll, dispatchRecord } from "../pipeline/record.ts";
+import type { ModelTable } from "../models.ts";
 import type { CachedResponse, CacheStore } from "./store.ts";
 
 /** The entry stored under `key`, unless it is older than `maxAgeMs` (`s-maxage`); an unreachable cache is a miss. */
@@ -21,6 +22,18 @@ export async function cachedEntry(store: CacheStore, key: string, maxAgeMs: numb
   }
   if (!hit || (maxAgeMs !== undefined && Date.now() - hit.storedAt > maxAgeMs)) return undefined;
   return hit;
+}
+
+/**
+ * The deployment a hit is answered as: the one that produced the entry (of the asked group, or of
+ * the fallback group that answered), while it still serves; else (an entry stored without it, or
+ * a deployment since removed) the asked group's first.
+ */
+export function answeredBy(hit: CachedResponse, group: string, deployments: readonly Deployment[], models: ModelTable): Deployment {
+  const id = hit.deploymentId;
+  if (id === undefined) return deployments[0]!;
+  const list = hit.modelGroup === undefined || hit.modelGroup === group ? deployments : (models.resolve(hit.modelGroup) ?? []);
+  return list.find((d) => d.id === id) ?? deployments[0]!;
 }
 
 /** The intent of a call answered from the cache: it costs nothing and calls no provider. */
@@ -75,6 +88,14 @@ export function cachedAnswer(endpoint: Endpoint, body: WireRequest[Endpoint], ke
 
 export function storeAnswer(store: CacheStore, save: { key: string; ttlMs: number }, body: string, record: CallRecord, ctx: CallContext): void {
   if (!body) return;
-  const value = { body, storedAt: Date.now(), promptTokens: record.usage.promptTokens, completionTokens: record.usage.completionTokens, responseId: record.responseId };
+  const value: CachedResponse = {
+    body,
+    storedAt: Date.now(),
+    promptTokens: record.usage.promptTokens,
+    completionTokens: record.usage.completionTokens,
+    responseId: record.responseId,
+    deploymentId: record.deploymentId,
+    modelGroup: record.modelGroup,
+  };
   store.set(save.key, value, save.ttlMs).catch((err) => ctx.log.warn("response cache write failed", { error: String(err) }));
 }

@@ -11,6 +11,12 @@ export interface CachedResponse {
   completionTokens: number;
   /** The answer's `id` (`chatcmpl-…`), for the cache-hit log entry's request_id; absent when it had none. */
   responseId?: string;
+  /**
+   * The deployment that answered (`x-svc-model-id` on a hit) and its model group (a fallback's,
+   * when one answered); absent in entries stored before they were kept.
+   */
+  deploymentId?: string;
+  modelGroup?: string;
 }
 
 export interface CacheStore {

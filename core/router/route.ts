@@ -19,7 +19,7 @@ import { rateHeaders } from "../limits/headers.ts";
 import { retryAfterSeconds, tokenEstimate } from "../limits/window.ts";
 import { cacheUse } from "../cache/controls.ts";
 import { cacheKey } from "../cache/key.ts";
-import { cachedAnswer, cachedEntry, requireBudgetsForHit, storeAnswer } from "../cache/answer.ts";
+import { answeredBy, cachedAnswer, cachedEntry, requireBudgetsForHit, storeAnswer } from "../cache/answer.ts";
 import { withClientCredentials } from "../pipeline/client-credentials.ts";
 
 /** Statuses worth another attempt: the upstream may answer differently next time. */
@@ -109,8 +109,9 @@ export async function modelCall<E extends Endpoint>(endpoint: E, body: WireReque
         const hit = await cachedEntry(snapshot.cache.store, key, use.maxAgeMs, ctx.log);
         if (hit) {
           // A caller over a budget gets the refusal a miss would get (access was checked above).
-          await requireBudgetsForHit(endpoint, body, group, deployments[0]!, ctx);
-          return cachedAnswer(endpoint, body, key, hit, deployments[0]!, ctx);
+          const by = answeredBy(hit, group, deployments, snapshot.models);
+          await requireBudgetsForHit(endpoint, body, group, by, ctx);
+          return cachedAnswer(endpoint, body, key, hit, by, ctx);
         }
       }
       if (use.write) progress.save = { key, ttlMs: use.ttlMs };

@@ -5,6 +5,7 @@
 // allowed_cache_controls; entries expire after their ttl; in Redis, two instances share it.
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from "bun:test";
 import { sql } from "drizzle-orm";
+import Redis from "ioredis";
 import OpenAI from "openai";
 import { rows } from "../../core/store/sql.ts";
 import { freshDatabase, MASTER_KEY, requestJson, requestOk, startBackendGateway, startTestGateway, type TestGateway } from "../harness/gateway.ts";
@@ -238,6 +239,60 @@ describe("a hit is refused as a miss would be", () => {
     expect(JSON.parse(refusedModel.text).error.type).toBe("key_model_access_denied");
     expect(refusedModel.headers.get("x-svc-cache-hit")).toBeNull();
   });
+});
+
+describe("a hit names the deployment that answered (x-svc-model-id)", () => {
+  // Two deployments of one group, the second almost always picked; a group whose only deployment
+  // is down and falls back to it.
+  const pairModels = (url: string, tag: string) => [
+    { model_name: `pair-${tag}`, svc_params: { model: "openai/gpt-4o-mini", api_base: url, api_key: "sk-up", weight: 0.000001 }, model_info: { id: `pair-a-${tag}` } },
+    { model_name: `pair-${tag}`, svc_params: { model: "openai/gpt-4o-mini", api_base: url, api_key: "sk-up", weight: 1000 }, model_info: { id: `pair-b-${tag}` } },
+    { model_name: `down-${tag}`, svc_params: { model: "openai/gpt-4o-mini", api_base: "http://127.0.0.1:9", api_key: "sk-up" }, model_info: { id: `down-${tag}` } },
+  ];
+  const REDIS_URL = "redis://127.0.0.1:6379";
+
+  for (const kind of ["memory", "redis"] as const) {
+    test(`in ${kind}: the hit says the deployment (and group) the miss said, also when a fallback answered`, async () => {
+      const tag = `${kind}-${uniq()}`;
+      const config = { model_list: pairModels(up.url, tag), svc_settings: { cache: true, cache_params: { type: kind === "redis" ? "redis" : "local" } }, general_settings: { master_key: MASTER_KEY } };
+      const g = kind === "redis" ? await startTestGateway(config, { store: { redisUrl: REDIS_URL } }) : await startTestGateway(config);
+      try {
+        const cases = [
+          { model: `pair-${tag}`, extra: {}, id: `pair-b-${tag}`, group: `pair-${tag}` },
+          { model: `down-${tag}`, extra: { fallbacks: [`pair-${tag}`], num_retries: 0 }, id: `pair-b-${tag}`, group: `pair-${tag}` },
+        ];
+        for (const c of cases) {
+          for (const stream of [false, true]) {
+            const messages = [{ role: "user", content: `which deployment ${uniq()}` }];
+            const miss = await chat(g, { model: c.model, messages, stream, ...c.extra });
+            expect(miss.status).toBe(200);
+            const hit = await chat(g, { model: c.model, messages, stream, ...c.extra });
+            expect(hit.headers.get("x-svc-cache-hit")).toBe("true");
+            const seen = (r: { headers: Headers }) => ({ id: r.headers.get("x-svc-model-id"), group: r.headers.get("x-svc-model-group") });
+            expect(seen(miss)).toEqual({ id: c.id, group: c.group });
+            expect(seen(hit)).toEqual(seen(miss));
+          }
+        }
+        if (kind === "redis") {
+          // An entry stored before the deployment was kept with it is still served, as the group's first.
+          const messages = [{ role: "user", content: `old entry ${uniq()}` }];
+          await chat(g, { model: `pair-${tag}`, messages });
+          const key = (await chat(g, { model: `pair-${tag}`, messages })).headers.get("x-svc-cache-key")!;
+          const redis = new Redis(REDIS_URL);
+          try {
+            const { deploymentId: _d, modelGroup: _g, ...old } = JSON.parse((await redis.get(`svc:cache:${key}`))!);
+            await redis.set(`svc:cache:${key}`, JSON.stringify(old), "PX", 60_000);
+          } finally {
+            redis.disconnect();
+          }
+          const hit = await chat(g, { model: `pair-${tag}`, messages });
+          expect({ status: hit.status, hit: hit.headers.get("x-svc-cache-hit"), id: hit.headers.get("x-svc-model-id") }).toEqual({ status: 200, hit: "true", id: `pair-a-${tag}` });
+        }
+      } finally {
+        await g.stop();
+      }
+    });
+  }
 });
 
 describe("response cache opt-in and in Redis", () => {
