@@ -107,6 +107,7 @@ export const CompletionRequestSchema = T.Object(
     stream_options: T.Optional(Nullable(T.Record(T.String(), T.Unknown()))),
     user: T.Optional(Nullable(T.String())),
     metadata: T.Optional(Nullable(T.Record(T.String(), T.Unknown()))),
+    caching: T.Optional(Nullable(T.Boolean())),
   },
   { additionalProperties: true },
 );
@@ -146,6 +147,7 @@ export const ImageRequestSchema = T.Object(
     style: T.Optional(Nullable(T.String())),
     user: T.Optional(Nullable(T.String())),
     metadata: T.Optional(Nullable(T.Record(T.String(), T.Unknown()))),
+    caching: T.Optional(Nullable(T.Boolean())),
   },
   { additionalProperties: true },
 );
@@ -190,6 +192,7 @@ export const ModerationRequestSchema = T.Object(
     model: T.String({ minLength: 1 }),
     input: T.Union([T.String(), T.Array(T.String(), { minItems: 1 }), T.Array(ContentPart, { minItems: 1 })]),
     metadata: T.Optional(Nullable(T.Record(T.String(), T.Unknown()))),
+    caching: T.Optional(Nullable(T.Boolean())),
   },
   { additionalProperties: true },
 );

@@ -153,6 +153,53 @@ describe("response cache (config on, in memory)", () => {
   });
 });
 
+describe("malformed cache controls are a 400 naming the field", () => {
+  const MALFORMED: { cache: unknown; field: string }[] = [
+    { cache: { ttl: "abc" }, field: "cache.ttl" },
+    { cache: { ttl: -5 }, field: "cache.ttl" },
+    { cache: { "s-maxage": "1" }, field: "cache.s-maxage" },
+    { cache: { "s-maxage": -1 }, field: "cache.s-maxage" },
+    { cache: { "no-cache": "yes" }, field: "cache.no-cache" },
+    { cache: { "no-store": 1 }, field: "cache.no-store" },
+    { cache: { namespace: 5 }, field: "cache.namespace" },
+    { cache: "no-cache", field: "cache" },
+    { cache: ["ttl"], field: "cache" },
+    { cache: 60, field: "cache" },
+  ];
+
+  test("with the cache on, and off (nothing is called upstream); unset controls (null) are fine", async () => {
+    const off = await startTestGateway({ model_list: models(up.url), general_settings: { master_key: MASTER_KEY } });
+    try {
+      for (const [where, g] of [["on", gw], ["off", off]] as const) {
+        for (const { cache, field } of MALFORMED) {
+          const r = await chat(g, { messages: [{ role: "user", content: `bad ${uniq()}` }], cache });
+          const what = `cache ${where}: ${JSON.stringify(cache)}`;
+          expect({ what, status: r.status }).toEqual({ what, status: 400 });
+          const error = JSON.parse(r.text).error;
+          expect({ what, type: error.type, param: error.param, code: error.code }).toEqual({ what, type: "invalid_request_error", param: field, code: "400" });
+          expect(error.message).toContain(field);
+        }
+        expect(up.requests.length).toBe(0);
+        // On every cacheable endpoint.
+        const emb = await requestJson<{ error: { param: string } }>(g, "POST", "/v1/embeddings", { body: { model: "emb", input: "x", cache: { "no-store": "yes" } } });
+        expect({ status: emb.status, param: emb.body.error.param }).toEqual({ status: 400, param: "cache.no-store" });
+        const inst = await requestJson<{ error: { param: string } }>(g, "POST", "/v1/completions", { body: { model: "inst", prompt: "x", cache: { ttl: "1h" } } });
+        expect({ status: inst.status, param: inst.body.error.param }).toEqual({ status: 400, param: "cache.ttl" });
+        // `caching` is checked as chat's is on every cacheable endpoint.
+        const caching = await requestJson<{ error: { param: string } }>(g, "POST", "/v1/completions", { body: { model: "inst", prompt: "x", caching: "yes" } });
+        expect({ status: caching.status, param: caching.body.error.param }).toEqual({ status: 422, param: "caching" });
+        expect(up.requests.length).toBe(0);
+        for (const cache of [null, { ttl: null, "no-cache": null }, {}]) {
+          expect((await chat(g, { messages: [{ role: "user", content: `fine ${uniq()}` }], cache })).status).toBe(200);
+        }
+        up.reset();
+      }
+    } finally {
+      await off.stop();
+    }
+  });
+});
+
 describe("a hit is refused as a miss would be", () => {
   type Owner = { label: string; key: string; lower: () => Promise<unknown> };
   const TINY = 0.000000001;
