@@ -187,8 +187,18 @@ function buildModels(list: ModelEntry[], providers: Map<string, ProviderAdapter>
   // config) must not stop the config from loading: it is skipped with a warning.
   for (const entry of dbModels) {
     const d = resolveEntry(entry, providers);
-    if ("message" in d || seen.has(d.id)) {
-      log.warn("stored model skipped", { model_id: entry.model_info?.id, problem: "message" in d ? d.message : `id already used by ${seen.get(d.id)}` });
+    if ("message" in d) {
+      log.warn("stored model skipped", { model_id: entry.model_info?.id, model_name: entry.model_name, problem: d.message });
+      continue;
+    }
+    const clash = seen.get(d.id);
+    if (clash !== undefined) {
+      // /model/new refuses a config model's id, but the file may gain one later (here, or on
+      // another instance whose file differs).
+      log.warn(
+        `stored model '${d.id}' is not served: config.yaml's model at ${clash} has the same id, and config.yaml wins. Delete the stored model (/model/delete) or give the config model another model_info.id.`,
+        { model_id: d.id, stored_model_name: entry.model_name, config_entry: clash },
+      );
       continue;
     }
     seen.set(d.id, `stored model ${d.id}`);

@@ -321,3 +321,69 @@ describe("a stored model written while config.yaml on disk is invalid", () => {
     }
   });
 });
+
+describe("a stored model and a config.yaml model with the same id", () => {
+  test("/model/new refuses a config model's id (given or derived) naming it; a reload that gives a stored model's id to a config model serves the config's, warns, and refuses changes to the stored one but lets it be deleted", async () => {
+    const gw = await startTestGateway(CONFIG, { store: {} });
+    try {
+      const call = async (method: string, path: string, body?: unknown) => {
+        const res = await fetch(gw.url + path, { method, headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" }, body: body === undefined ? undefined : JSON.stringify(body) });
+        return { status: res.status, body: (await res.json()) as Json };
+      };
+      const chat = async (model: string) => {
+        const res = await call("POST", "/v1/chat/completions", { model, messages: [{ role: "user", content: "hi" }] });
+        return res.status === 200 ? (res.body.choices as { message: { content: string } }[])[0]!.message.content : `${res.status}: ${res.body.error?.message}`;
+      };
+
+      const given = await call("POST", "/model/new", { model_name: "x", svc_params: { model: "mock/chat" }, model_info: { id: "cfg-chat" } });
+      expect({ status: given.status, param: given.body.error?.param, message: given.body.error?.message }).toEqual({
+        status: 400,
+        param: "model_info.id",
+        message: "A model with id 'cfg-chat' already exists in config.yaml: 'chat-mock' (/model_list/0). Give this model another model_info.id.",
+      });
+      // A config model without model_info.id has a derived id (a hash), shown by /model/info.
+      gw.writeConfig({ ...CONFIG, model_list: [...CONFIG.model_list, { model_name: "hashed", svc_params: { model: "mock/hashed" } }] });
+      expect((await gw.live.reload("file changed")).ok).toBe(true);
+      const info = await call("GET", "/model/info");
+      const hashed = (info.body.data as { model_name: string; model_info: { id: string } }[]).find((m) => m.model_name === "hashed")!.model_info.id;
+      const derived = await call("POST", "/model/new", { model_name: "x", svc_params: { model: "mock/chat" }, model_info: { id: hashed } });
+      expect({ status: derived.status, message: derived.body.error?.message }).toEqual({
+        status: 400,
+        message: `A model with id '${hashed}' already exists in config.yaml: 'hashed' (/model_list/1). Give this model another model_info.id.`,
+      });
+      expect(await gw.host!.store.db.select().from(proxyModels)).toEqual([]);
+
+      // Stored first; then the file gains a model with its id.
+      const stored = await call("POST", "/model/new", { model_name: "stored-later", svc_params: { model: "mock/s", mock_response: "from the store" }, model_info: { id: "later" } });
+      expect(stored.status).toBe(200);
+      expect(await chat("stored-later")).toBe("from the store");
+      gw.writeConfig({ ...CONFIG, model_list: [...CONFIG.model_list, { model_name: "config-later", svc_params: { model: "mock/c", mock_response: "from the config" }, model_info: { id: "later" } }] });
+      expect((await gw.live.reload("file changed")).ok).toBe(true);
+      expect(await chat("config-later")).toBe("from the config");
+      expect(await chat("stored-later")).toStartWith("400: Invalid model name");
+      const warned = gw.log.lines.filter((l) => l.level === "warn" && l.fields?.model_id === "later");
+      expect(warned.at(-1)).toEqual({
+        level: "warn",
+        msg: "stored model 'later' is not served: config.yaml's model at /model_list/1 has the same id, and config.yaml wins. Delete the stored model (/model/delete) or give the config model another model_info.id.",
+        fields: { model_id: "later", stored_model_name: "stored-later", config_entry: "/model_list/1" },
+      });
+      for (const [method, path, body] of [
+        ["POST", "/model/update", { model_name: "stored-later", svc_params: { model: "mock/s", mock_response: "changed" }, model_info: { id: "later" } }],
+        ["PATCH", "/model/later/update", { svc_params: { mock_response: "changed" } }],
+      ] as const) {
+        const r = await call(method, path, body);
+        expect({ status: r.status, message: r.body.error?.message }).toEqual({
+          status: 400,
+          message:
+            "Model 'later' is stored, but config.yaml's model 'config-later' (/model_list/1) has the same id and serves instead (config.yaml wins): a change to the stored one would not take effect. Delete it with /model/delete, or give the config model another model_info.id.",
+        });
+      }
+      const deleted = await call("POST", "/model/delete", { id: "later" });
+      expect(deleted.status).toBe(200);
+      expect(await gw.host!.store.db.select().from(proxyModels).where(eq(proxyModels.modelId, "later"))).toEqual([]);
+      expect(await chat("config-later")).toBe("from the config");
+    } finally {
+      await gw.stop();
+    }
+  });
+});

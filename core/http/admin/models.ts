@@ -78,11 +78,29 @@ async function findRow(ctx: AdminCtx, id: string): Promise<ModelRow | undefined>
   return row;
 }
 
-/** The stored row for `id`; a config model is a 400 (edit the file), anything else a 404. */
-async function requireStored(ctx: AdminCtx, id: string): Promise<ModelRow> {
+/** The config.yaml model whose deployment id is `id`, named for messages (`'name' (/model_list/2)`). */
+function configModel(snapshot: Snapshot, id: string): string | undefined {
+  const found = snapshot.models.findById(id);
+  const at = found ? snapshot.config.model_list.indexOf(found.entry) : -1;
+  return at < 0 ? undefined : `'${found!.entry.model_name}' (/model_list/${at})`;
+}
+
+/**
+ * The stored row for `id`; a config model is a 400 (edit the file), anything else a 404. A stored
+ * model that a config.yaml model of the same id shadows (the file gained it later) may be deleted,
+ * but a change to it would not serve: that is a 400 saying so.
+ */
+async function requireStored(ctx: AdminCtx, id: string, forChange = true): Promise<ModelRow> {
   const row = await findRow(ctx, id);
+  const config = configModel(ctx.snapshot, id);
+  if (row && config && forChange) {
+    throw badRequest(
+      `Model '${id}' is stored, but config.yaml's model ${config} has the same id and serves instead (config.yaml wins): a change to the stored one would not take effect. Delete it with /model/delete, or give the config model another model_info.id.`,
+      "id",
+    );
+  }
   if (row) return row;
-  if (ctx.snapshot.models.findById(id)) throw badRequest(`Model '${id}' is defined in config.yaml; edit the file to change it.`, "id");
+  if (config) throw badRequest(`Model '${id}' is defined in config.yaml; edit the file to change it.`, "id");
   throw notFound(`Model '${id}' not found.`, "id");
 }
 
@@ -92,12 +110,18 @@ interface Expected {
   stored(row: ModelRow | undefined): boolean;
 }
 
+/** The stored model the registry serves as `id` (not a config.yaml model of that id). */
+function servedStored(s: Snapshot, id: string): ModelEntry | undefined {
+  const found = s.models.findById(id);
+  return found && !s.config.model_list.includes(found.entry) ? found.entry : undefined;
+}
+
 const servesAs = (id: string, name: string): Expected => ({
-  serves: (s) => s.models.findById(id)?.entry.model_name === name,
+  serves: (s) => servedStored(s, id)?.model_name === name,
   stored: (row) => row?.modelName === name,
 });
 
-const gone = (id: string): Expected => ({ serves: (s) => !s.models.findById(id), stored: (row) => row === undefined });
+const gone = (id: string): Expected => ({ serves: (s) => !servedStored(s, id), stored: (row) => row === undefined });
 
 /**
  * Publishes the change and waits until this instance's registry reflects it. A write that another
@@ -136,6 +160,9 @@ async function createModel(ctx: AdminCtx, deps: AdminDeps) {
   const entry = await ctx.body(ModelEntrySchema);
   requireDeployable(ctx.snapshot, entry);
   const id = entry.model_info?.id ?? randomUUID();
+  const config = configModel(ctx.snapshot, id);
+  // Stored under a config model's id, it would never serve: config.yaml's wins when they are merged.
+  if (config) throw badRequest(`A model with id '${id}' already exists in config.yaml: ${config}. Give this model another model_info.id.`, "model_info.id");
   if (ctx.snapshot.models.findById(id) || (await findRow(ctx, id))) throw badRequest(`A model with id '${id}' already exists.`, "model_info.id");
   const [row] = await ctx.db
     .insert(proxyModels)
@@ -201,7 +228,7 @@ async function patchModel(ctx: AdminCtx, deps: AdminDeps, id: string) {
 async function deleteModel(ctx: AdminCtx, deps: AdminDeps) {
   ctx.caller.requireAdmin();
   const { id } = await ctx.body(DeleteBody);
-  const before = await requireStored(ctx, id);
+  const before = await requireStored(ctx, id, false);
   await ctx.db.delete(proxyModels).where(eq(proxyModels.modelId, id));
   await ctx.audit({ action: "deleted", table: "proxy_models", objectId: id, before: modelObject(before) });
   await applied(ctx, deps, id, gone(id));
