@@ -4,7 +4,7 @@
  */
 import { type FSWatcher, watch } from "chokidar";
 import type { Logger } from "./contract.ts";
-import { applyConfigEnv, readConfig } from "./config/load.ts";
+import { applyConfigEnv, type ConfigEnv, readConfig } from "./config/load.ts";
 import type { GatewayConfig } from "./config/schema.ts";
 import type { HostServices } from "./services.ts";
 import { buildSnapshot, type Snapshot, SnapshotError } from "./snapshot.ts";
@@ -36,6 +36,8 @@ export class Live {
     first: Snapshot,
     text: string,
     config: GatewayConfig,
+    /** The `environment_variables` the serving config set: a reload changes or drops them. */
+    private readonly configEnv: ConfigEnv,
   ) {
     this.snap = first;
     this.text = text;
@@ -59,9 +61,10 @@ export class Live {
     const result = await readConfig(configPath);
     if (!result.ok) throw new SnapshotError(result.errors);
     for (const w of result.warnings) log.warn(`config: ${w}`);
-    applyConfigEnv(result.env);
+    const configEnv: ConfigEnv = new Map();
+    applyConfigEnv(result.env, configEnv);
     const snap = await buildSnapshot(result.config, configPath, 1, log, services);
-    return new Live(configPath, log, services, snap, result.text, result.config);
+    return new Live(configPath, log, services, snap, result.text, result.config, configEnv);
   }
 
   get current(): Snapshot {
@@ -103,7 +106,7 @@ export class Live {
   }
 
   private async doReload(reason: string, force: boolean): Promise<ReloadResult> {
-    const result = await readConfig(this.configPath);
+    const result = await readConfig(this.configPath, this.configEnv);
     if (!result.ok) {
       this.log.error("config reload rejected; the previous config keeps serving", { reason, errors: result.errors });
       return { ok: false, errors: result.errors };
@@ -113,10 +116,12 @@ export class Live {
     return this.swap(reason, result.config, result.text, result.env);
   }
 
-  private async swap(reason: string, config: GatewayConfig, text: string, env: Record<string, string> = {}): Promise<ReloadResult> {
+  /** `env`: the new file's environment_variables; none for a rebuild with the serving config (they stay as they are). */
+  private async swap(reason: string, config: GatewayConfig, text: string, env?: Record<string, string>): Promise<ReloadResult> {
     let next: Snapshot;
-    // The new file's environment_variables are set for its build (plugins and providers read them), and taken back if it fails.
-    const undoEnv = applyConfigEnv(env);
+    // The new file's environment_variables are set for its build (plugins and providers read them),
+    // those the old file set and the new one does not are unset, and all is taken back if it fails.
+    const undoEnv = env ? applyConfigEnv(env, this.configEnv) : () => undefined;
     try {
       next = await buildSnapshot(config, this.configPath, this.snap.version + 1, this.log, this.services);
     } catch (err) {

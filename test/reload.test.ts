@@ -8,7 +8,7 @@ import { renameSync, writeFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import OpenAI from "openai";
 import { slowEvents } from "./fixtures/plugins/slow-provider.ts";
-import { configText, MASTER_KEY, type SpawnedGateway, spawnGateway, startTestGateway, type TestGateway } from "./harness/gateway.ts";
+import { configText, freshDatabase, MASTER_KEY, type SpawnedGateway, spawnGateway, startTestGateway, type TestGateway } from "./harness/gateway.ts";
 
 // Watch-driven tests poll for up to a few seconds each; bun's 5 s default is too tight under load.
 setDefaultTimeout(20_000);
@@ -233,6 +233,68 @@ describe("environment_variables of a refused file", () => {
     expect((await gw.live.reload("file changed")).ok).toBe(true);
     expect(process.env[LEAK]).toBe("from-a-good-file");
     expect(await ask(client, "env-model")).toBe("from-a-good-file");
+  });
+});
+
+describe("environment_variables a later file no longer sets", () => {
+  const DROPPED = "GW_RELOAD_ENV_DROPPED";
+  const CHANGED = "GW_RELOAD_ENV_CHANGED";
+  const OUTSIDE = "GW_RELOAD_ENV_OUTSIDE";
+  const names = [DROPPED, CHANGED, OUTSIDE];
+  afterAll(() => {
+    for (const n of names) delete process.env[n];
+  });
+  const envModels = names.map((n) => ({ model_name: n.toLowerCase(), svc_params: { model: `mock/${n.toLowerCase()}`, mock_response: `os.environ/${n}` } }));
+  const withEnv = (env?: Record<string, string>) => ({ ...(env ? { environment_variables: env } : {}), model_list: envModels, general_settings: { master_key: MASTER_KEY } });
+
+  test("are unset on reload (a changed one takes its new value); the environment's own are never touched; a stored-model rebuild keeps them", async () => {
+    for (const n of names) delete process.env[n];
+    process.env[OUTSIDE] = "from the environment";
+    const db = await freshDatabase("gw_reload_env");
+    try {
+      const gw = await startTestGateway(withEnv({ [DROPPED]: "dropped-1", [CHANGED]: "changed-1", [OUTSIDE]: "from the file" }), { store: { databaseUrl: db.url } });
+      running.push(gw);
+      const client = new OpenAI({ baseURL: gw.baseURL, apiKey: MASTER_KEY, maxRetries: 0 });
+      const env = () => Object.fromEntries(names.map((n) => [n, process.env[n]]));
+      const answers = async () => Object.fromEntries(await Promise.all(names.map(async (n) => [n, await ask(client, n.toLowerCase())])));
+      expect(env()).toEqual({ [DROPPED]: "dropped-1", [CHANGED]: "changed-1", [OUTSIDE]: "from the environment" });
+      expect(await answers()).toEqual(env());
+
+      // A stored-model change rebuilds with the serving config: its variables stay.
+      const stored = await fetch(`${gw.url}/model/new`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+        body: JSON.stringify({ model_name: "stored", svc_params: { model: "mock/stored" } }),
+      });
+      expect(stored.status).toBe(200);
+      expect(env()).toEqual({ [DROPPED]: "dropped-1", [CHANGED]: "changed-1", [OUTSIDE]: "from the environment" });
+
+      gw.writeConfig(withEnv({ [CHANGED]: "changed-2", [OUTSIDE]: "from the file, again" }));
+      expect((await gw.live.reload("file changed")).ok).toBe(true);
+      expect(env()).toEqual({ [DROPPED]: undefined, [CHANGED]: "changed-2", [OUTSIDE]: "from the environment" });
+      const second = await answers();
+      expect(second[DROPPED]).not.toBe("dropped-1");
+      expect(second).toMatchObject({ [CHANGED]: "changed-2", [OUTSIDE]: "from the environment" });
+
+      // A refused file changes nothing.
+      gw.writeConfig({ ...withEnv({ [DROPPED]: "from a refused file" }), model_list: [{ model_name: "x", svc_params: { model: "nosuch/x" } }] });
+      expect((await gw.live.reload("file changed")).ok).toBe(false);
+      expect(env()).toEqual({ [DROPPED]: undefined, [CHANGED]: "changed-2", [OUTSIDE]: "from the environment" });
+
+      gw.writeConfig(withEnv());
+      expect((await gw.live.reload("file changed")).ok).toBe(true);
+      expect(env()).toEqual({ [DROPPED]: undefined, [CHANGED]: undefined, [OUTSIDE]: "from the environment" });
+      expect((await answers())[CHANGED]).not.toBe("changed-2");
+
+      // Given again, set again.
+      gw.writeConfig(withEnv({ [DROPPED]: "dropped-3" }));
+      expect((await gw.live.reload("file changed")).ok).toBe(true);
+      expect(process.env[DROPPED]).toBe("dropped-3");
+      expect(await ask(client, DROPPED.toLowerCase())).toBe("dropped-3");
+    } finally {
+      await Promise.allSettled(running.splice(0).map((g) => g.stop()));
+      await db.drop();
+    }
   });
 });
 

@@ -10,7 +10,7 @@ export type ConfigResult =
       config: GatewayConfig;
       warnings: string[];
       text: string;
-      /** `environment_variables` not set in the environment: set them (`applyConfigEnv`) once the config is taken. */
+      /** `environment_variables` not set by the environment itself: set them (`applyConfigEnv`) once the config is taken. */
       env: Record<string, string>;
     }
   | { ok: false; errors: string[] };
@@ -22,20 +22,33 @@ const RENAMED: Record<string, string> = {
   litellm_settings: "svc_settings",
 };
 
+/**
+ * The `environment_variables` a config has set in the process (name → the value it set), kept by
+ * the live registry across reloads: a later config may change or drop them. The environment's own
+ * variables (set before a config set them, or since) are never touched.
+ */
+export type ConfigEnv = Map<string, string>;
+
+/** `name`'s value in the environment, unless it is the one a config set. */
+function environmentOwn(name: string, configSet: ReadonlyMap<string, string>): string | undefined {
+  const v = process.env[name];
+  return v !== undefined && configSet.get(name) === v ? undefined : v;
+}
+
 /** Replaces every `os.environ/NAME` string; unset variables drop the field and are reported. */
-function substituteEnv(value: unknown, path: string, warnings: string[], fileEnv: Record<string, string>): unknown {
+function substituteEnv(value: unknown, path: string, warnings: string[], fileEnv: Record<string, string>, configSet: ReadonlyMap<string, string>): unknown {
   if (typeof value === "string") {
     const ref = ENV_REF.exec(value);
     if (!ref) return value;
-    const resolved = process.env[ref[1]!] ?? fileEnv[ref[1]!];
+    const resolved = environmentOwn(ref[1]!, configSet) ?? fileEnv[ref[1]!];
     if (resolved === undefined) warnings.push(`${path}: environment variable ${ref[1]} is not set`);
     return resolved;
   }
-  if (Array.isArray(value)) return value.map((v, i) => substituteEnv(v, `${path}/${i}`, warnings, fileEnv));
+  if (Array.isArray(value)) return value.map((v, i) => substituteEnv(v, `${path}/${i}`, warnings, fileEnv, configSet));
   if (value !== null && typeof value === "object") {
     const out: Record<string, unknown> = {};
     for (const [k, v] of Object.entries(value)) {
-      const resolved = substituteEnv(v, `${path}/${k}`, warnings, fileEnv);
+      const resolved = substituteEnv(v, `${path}/${k}`, warnings, fileEnv, configSet);
       if (resolved !== undefined) out[k] = resolved;
     }
     return out;
@@ -55,7 +68,8 @@ export function schemaErrors(schema: TSchema, value: unknown, prefix = ""): stri
   return [...new Set(out)];
 }
 
-export function parseConfig(text: string): ConfigResult {
+/** `configSet`: the variables the serving config set (`ConfigEnv`), read as this file sets them, or as unset when it does not. */
+export function parseConfig(text: string, configSet: ReadonlyMap<string, string> = new Map()): ConfigResult {
   let raw: unknown;
   try {
     raw = parse(text) ?? {};
@@ -70,10 +84,10 @@ export function parseConfig(text: string): ConfigResult {
   const env: Record<string, string> = {};
   const envVars = (raw as Record<string, unknown>).environment_variables;
   if (envVars && typeof envVars === "object") {
-    for (const [k, v] of Object.entries(envVars)) if (typeof v === "string" && process.env[k] === undefined) env[k] = v;
+    for (const [k, v] of Object.entries(envVars)) if (typeof v === "string" && environmentOwn(k, configSet) === undefined) env[k] = v;
   }
   const warnings: string[] = [];
-  const substituted = substituteEnv(raw, "", warnings, env);
+  const substituted = substituteEnv(raw, "", warnings, env, configSet);
   const withDefaults = Value.Default(ConfigSchema, substituted);
   const errors = schemaErrors(ConfigSchema, withDefaults);
   if (errors.length > 0) return { ok: false, errors };
@@ -82,18 +96,45 @@ export function parseConfig(text: string): ConfigResult {
 
 /**
  * Sets a config's `environment_variables` that the environment lacks (providers and plugins read
- * them, e.g. `OPENAI_API_KEY`); returns what takes them back, for a config the build refuses.
+ * them, e.g. `OPENAI_API_KEY`), recorded in `configSet`. Those the previous config set (in
+ * `configSet`) take this config's value, or, when it no longer sets them, are restored to what
+ * they were before a config set them: unset. Returns what takes this back, for a config the build
+ * refuses.
  */
-export function applyConfigEnv(env: Record<string, string>): () => void {
-  const set = Object.entries(env).filter(([k]) => process.env[k] === undefined);
-  for (const [k, v] of set) process.env[k] = v;
+export function applyConfigEnv(env: Record<string, string>, configSet: ConfigEnv = new Map()): () => void {
+  const previous = new Map(configSet);
+  /** Variables changed here (each once): the value before, and the one set. */
+  const changed = new Map<string, { before: string | undefined; after: string | undefined }>();
+  const put = (k: string, v: string | undefined) => {
+    changed.set(k, { before: process.env[k], after: v });
+    if (v === undefined) delete process.env[k];
+    else process.env[k] = v;
+  };
+  for (const [k, v] of previous) {
+    if (Object.hasOwn(env, k)) continue;
+    // Still the value it set: unset, as before it was set (changed since by someone else: theirs, left alone).
+    if (process.env[k] === v) put(k, undefined);
+    configSet.delete(k);
+  }
+  for (const [k, v] of Object.entries(env)) {
+    const current = process.env[k];
+    if (current !== undefined && previous.get(k) !== current) continue;
+    if (current !== v) put(k, v);
+    configSet.set(k, v);
+  }
   return () => {
-    for (const [k, v] of set) if (process.env[k] === v) delete process.env[k];
+    for (const [k, { before, after }] of changed) {
+      if (process.env[k] !== after) continue;
+      if (before === undefined) delete process.env[k];
+      else process.env[k] = before;
+    }
+    configSet.clear();
+    for (const [k, v] of previous) configSet.set(k, v);
   };
 }
 
-export async function readConfig(path: string): Promise<ConfigResult> {
+export async function readConfig(path: string, configSet?: ReadonlyMap<string, string>): Promise<ConfigResult> {
   const file = Bun.file(path);
   if (!(await file.exists())) return { ok: false, errors: [`config file not found: ${path}`] };
-  return parseConfig(await file.text());
+  return parseConfig(await file.text(), configSet);
 }
