@@ -69,6 +69,11 @@ export class MemoryCache implements CacheStore {
 }
 
 const PREFIX = "svc:cache:";
+/**
+ * Redis refuses an expiry past what its millisecond clock holds (a `ttl` of 1e20 s), which would
+ * leave the answer silently uncached: a longer ttl is kept for a century instead.
+ */
+const REDIS_MAX_TTL_MS = 100 * 365 * 86_400_000;
 
 export class RedisCache implements CacheStore {
   readonly kind = "redis";
@@ -80,6 +85,6 @@ export class RedisCache implements CacheStore {
   }
 
   async set(key: string, value: CachedResponse, ttlMs: number): Promise<void> {
-    await this.redis.set(PREFIX + key, JSON.stringify(value), "PX", Math.max(1, Math.round(ttlMs)));
+    await this.redis.set(PREFIX + key, JSON.stringify(value), "PX", Math.min(REDIS_MAX_TTL_MS, Math.max(1, Math.round(ttlMs))));
   }
 }

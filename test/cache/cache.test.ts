@@ -374,6 +374,24 @@ describe("response cache opt-in and in Redis", () => {
     }
   });
 
+  test("in Redis, a ttl beyond Redis's clock (1e20 s) still caches the answer", async () => {
+    const config = { model_list: models(up.url), svc_settings: { cache: true, cache_params: { type: "redis" } }, general_settings: { master_key: MASTER_KEY } };
+    const g = await startTestGateway(config, { store: { redisUrl: "redis://127.0.0.1:6379" } });
+    try {
+      const messages = [{ role: "user", content: `long ttl ${uniq()}` }];
+      await chat(g, { messages, cache: { ttl: 1e20 } });
+      // The write goes off the response path: the hit may take a moment to be there.
+      let hit = "";
+      for (let i = 0; i < 50 && hit !== "true"; i++) {
+        if (i > 0) await Bun.sleep(20);
+        hit = (await chat(g, { messages, cache: { "no-store": true } })).headers.get("x-svc-cache-hit") ?? "";
+      }
+      expect(hit).toBe("true");
+    } finally {
+      await g.stop();
+    }
+  });
+
   test("cache_params.type redis without Redis is a config error", async () => {
     await expect(startTestGateway({ model_list: models(up.url), svc_settings: { cache: true, cache_params: { type: "redis" } }, general_settings: { master_key: MASTER_KEY } })).rejects.toThrow(
       "needs REDIS_URL",
