@@ -23,13 +23,19 @@ export function googleStatus(code: number): string {
   return STATUS_NAMES[code] ?? (code >= 500 ? "INTERNAL" : code >= 400 ? "FAILED_PRECONDITION" : "UNKNOWN");
 }
 
+/**
+ * The HTTP status Google answers with: INVALID_ARGUMENT is always a 400 on Google's APIs, so the
+ * gateway's 422 (a request field out of its range or of the wrong type) is one too.
+ */
+const googleCode = (status: number) => (status === 422 ? 400 : status);
+
 export function googleErrorBody(status: number, message: string): { error: { code: number; message: string; status: string } } {
-  return { error: { code: status, message, status: googleStatus(status) } };
+  return { error: { code: googleCode(status), message, status: googleStatus(status) } };
 }
 
 export function googleErrorResponse(info: ErrorInfo, headers: Record<string, string> = {}): Response {
   return new Response(JSON.stringify(googleErrorBody(info.status, info.message)), {
-    status: info.status,
+    status: googleCode(info.status),
     headers: { ...headers, "content-type": "application/json; charset=UTF-8" },
   });
 }

@@ -4,6 +4,7 @@
  */
 import type { ChatRequest } from "../contract.ts";
 import { GatewayError } from "../errors.ts";
+import { checkGenerateContentRequest } from "./check.ts";
 import { toJsonSchema } from "./schema.ts";
 import { field, isObject, type Json, type RenderOptions } from "./types.ts";
 
@@ -228,6 +229,7 @@ export function renderOptions(body: Json): RenderOptions {
 
 /** The Gemini request's messages and tools, for token counting as well as for calls. */
 export function geminiMessages(body: Json): { messages: Message[]; tools: Json[] | undefined } {
+  checkGenerateContentRequest(body);
   const messages: Message[] = [];
   const system = systemText(field(body, "systemInstruction"));
   if (system !== undefined) messages.push({ role: "system", content: system });

@@ -315,7 +315,12 @@ describe("errors in Google's shape", () => {
     const admin = { "x-goog-api-key": MASTER_KEY };
     expect(await expectGoogleError(await post("/v1beta/models/no-such-model:generateContent", { contents: [{ parts: [{ text: "hi" }] }] }, admin), 400, "INVALID_ARGUMENT")).toContain("no-such-model");
     await expectGoogleError(await post("/v1beta/models/gpt-public:generateContent", { contents: [] }, admin), 400, "INVALID_ARGUMENT");
-    await expectGoogleError(await post("/v1beta/models/gpt-public:generateContent", { contents: [{ parts: [{ text: "hi" }] }], generationConfig: { temperature: 5 } }, admin), 422, "INVALID_ARGUMENT");
+    const range = await expectGoogleError(await post("/v1beta/models/gpt-public:generateContent", { contents: [{ parts: [{ text: "hi" }] }], generationConfig: { temperature: 5 } }, admin), 400, "INVALID_ARGUMENT");
+    expect(range).toContain("generation_config.temperature");
+    const type = await expectGoogleError(await post("/v1beta/models/gpt-public:generateContent", { contents: [{ parts: [{ text: 5 }] }] }, admin), 400, "INVALID_ARGUMENT");
+    expect(type).toBe("Invalid value at 'contents[0].parts[0].text' (TYPE_STRING), 5");
+    // The gateway's own range checks (an OpenAI field's) answer INVALID_ARGUMENT with Google's 400 as well.
+    await expectGoogleError(await post("/v1beta/models/gpt-public:generateContent", { contents: [{ parts: [{ text: "hi" }] }], generationConfig: { presencePenalty: 9 } }, admin), 400, "INVALID_ARGUMENT");
     await expectGoogleError(await post("/v1beta/models/gpt-public:embedContent", { content: { parts: [{ text: "hi" }] } }, admin), 404, "NOT_FOUND");
   });
 

@@ -249,6 +249,23 @@ describe("Gemini request → OpenAI chat request", () => {
     const hosted = refusal(() => geminiToChat({ contents: [{ parts: [{ text: "x" }] }], tools: [{ googleSearch: {} }] }, "m", false));
     expect(hosted.info.message).toContain("googleSearch is a Google-hosted tool");
   });
+
+  test("fields of the wrong type or out of range are refused, naming the field as Google does", () => {
+    const refused = (body: object) => refusal(() => geminiToChat(body as Record<string, unknown>, "m", false)).info;
+    const hi = [{ role: "user", parts: [{ text: "hi" }] }];
+    expect(refused({ contents: [{ role: "user", parts: "hi" }] })).toMatchObject({ status: 400, message: "Invalid value at 'contents[0].parts' (type.googleapis.com/google.ai.generativelanguage.v1beta.Part), \"hi\"" });
+    expect(refused({ contents: [{ role: 7, parts: [{ text: "hi" }] }] }).message).toBe("Invalid value at 'contents[0].role' (TYPE_STRING), 7");
+    expect(refused({ contents: [{ role: "user", parts: [] }] }).message).toBe("* GenerateContentRequest.contents[0].parts: contents.parts must not be empty.");
+    expect(refused({ contents: hi, generationConfig: { temperature: "hot" } }).message).toBe("Invalid value at 'generation_config.temperature' (TYPE_FLOAT), \"hot\"");
+    expect(refused({ contents: hi, generation_config: { max_output_tokens: 1.5 } }).message).toBe("Invalid value at 'generation_config.max_output_tokens' (TYPE_INT32), 1.5");
+    expect(refused({ contents: hi, generationConfig: { topP: 1.5 } }).message).toBe("* GenerateContentRequest.generation_config.top_p: must be between 0 and 1, got 1.5.");
+    expect(refused({ contents: hi, tools: [{ functionDeclarations: [{ description: "no name" }] }] }).message).toBe("* GenerateContentRequest.tools[0].function_declarations[0].name: Name cannot be empty.");
+    expect(refused({ contents: hi, tools: [{ functionDeclarations: [{ name: "f" }] }], toolConfig: { functionCallingConfig: { mode: "SOMETIMES" } } }).message).toContain("tool_config.function_calling_config.mode");
+    expect(refused({ contents: [{ role: "model", parts: [{ functionCall: { name: "f", args: "x" } }] }, ...hi] }).message).toBe("Invalid value at 'contents[0].parts[0].function_call.args' (type.googleapis.com/google.protobuf.Struct), \"x\"");
+    expect(refused({ contents: hi, systemInstruction: 5 }).message).toBe("Invalid value at 'system_instruction' (type.googleapis.com/google.ai.generativelanguage.v1beta.Content), 5");
+    // Fields the gateway does not read are not looked at; null is "not set"; a string system instruction is its text.
+    expect(geminiToChat({ contents: hi, labels: 5, generationConfig: { temperature: null }, systemInstruction: "be brief" }, "m", false).messages[0]).toEqual({ role: "system", content: "be brief" });
+  });
 });
 
 describe("Gemini Schema → JSON Schema", () => {
