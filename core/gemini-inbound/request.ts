@@ -47,6 +47,13 @@ class CallIds {
 /** Audio formats OpenAI's `input_audio` takes, by MIME type. */
 const AUDIO_FORMATS: Record<string, string> = { "audio/wav": "wav", "audio/x-wav": "wav", "audio/wave": "wav", "audio/mp3": "mp3", "audio/mpeg": "mp3" };
 
+/** Google runs code execution itself: its parts, in any turn, are a conversation no other model can continue. */
+function refuseCodeExecution(part: Json, where: string): void {
+  if (field(part, "executableCode") !== undefined || field(part, "codeExecutionResult") !== undefined) {
+    throw invalid(`${where}: code execution parts are not supported by this gateway.`, "contents");
+  }
+}
+
 /** A user part with media or text → an OpenAI content part. */
 function contentPart(part: Json, where: string): Json | undefined {
   const text = str(part.text);
@@ -67,9 +74,7 @@ function contentPart(part: Json, where: string): Json | undefined {
     if (mime.startsWith("image/") || mime === "") return { type: "image_url", image_url: { url: uri } };
     return { type: "file", file: { file_id: uri, format: mime } };
   }
-  if (field(part, "executableCode") !== undefined || field(part, "codeExecutionResult") !== undefined) {
-    throw invalid(`${where}: code execution parts are not supported by this gateway.`, "contents");
-  }
+  refuseCodeExecution(part, where);
   // thoughtSignature-only and unknown parts carry nothing an OpenAI model can read.
   return undefined;
 }
@@ -91,8 +96,9 @@ function contentMessages(content: Json, index: number, ids: CallIds): Message[] 
   if (role === "model") {
     let text = "";
     const calls: Json[] = [];
-    for (const p of parts) {
+    for (const [j, p] of parts.entries()) {
       if (!isObject(p)) continue;
+      refuseCodeExecution(p, `${where}.parts[${j}]`);
       const fc = field(p, "functionCall");
       if (isObject(fc)) {
         const name = str(fc.name) ?? "";

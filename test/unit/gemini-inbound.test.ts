@@ -248,6 +248,12 @@ describe("Gemini request → OpenAI chat request", () => {
     expect(refusal(() => geminiToChat({ contents: [{ role: "assistant", parts: [{ text: "x" }] }] }, "m", false)).info.message).toContain("contents[0].role");
     const hosted = refusal(() => geminiToChat({ contents: [{ parts: [{ text: "x" }] }], tools: [{ googleSearch: {} }] }, "m", false));
     expect(hosted.info.message).toContain("googleSearch is a Google-hosted tool");
+    for (const part of [{ executableCode: { language: "PYTHON", code: "print(1)" } }, { codeExecutionResult: { outcome: "OUTCOME_OK", output: "1" } }]) {
+      for (const role of ["user", "model"]) {
+        const turns = [{ role: "user", parts: [{ text: "run it" }] }, { role, parts: [part] }, { role: "user", parts: [{ text: "and?" }] }];
+        expect(refusal(() => geminiToChat({ contents: turns }, "m", false)).info.message).toBe("contents[1].parts[0]: code execution parts are not supported by this gateway.");
+      }
+    }
   });
 
   test("fields of the wrong type or out of range are refused, naming the field as Google does", () => {
