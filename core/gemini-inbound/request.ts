@@ -163,18 +163,27 @@ function openAITools(tools: unknown): Json[] | undefined {
   return out.length > 0 ? out : undefined;
 }
 
-function toolChoice(config: unknown): ChatRequest["tool_choice"] | undefined {
+/**
+ * toolConfig → OpenAI's tool_choice, and the tools to offer. ANY with allowedFunctionNames lets the
+ * model call only those functions: one name is OpenAI's forced function; several are offered alone,
+ * with "required" (OpenAI's tool_choice names one function or none).
+ */
+function toolChoice(config: unknown, tools: Json[]): { choice?: ChatRequest["tool_choice"]; tools: Json[] } {
   const fcc = isObject(config) ? field(config, "functionCallingConfig") : undefined;
-  if (!isObject(fcc)) return undefined;
+  if (!isObject(fcc)) return { tools };
   const mode = str(fcc.mode)?.toUpperCase();
+  if (mode === "NONE") return { choice: "none", tools };
+  if (mode === "AUTO" || mode === "VALIDATED") return { choice: "auto", tools };
+  if (mode !== "ANY") return { tools };
   const allowed = field(fcc, "allowedFunctionNames");
-  if (mode === "NONE") return "none";
-  if (mode === "ANY") {
-    if (Array.isArray(allowed) && allowed.length === 1 && typeof allowed[0] === "string") return { type: "function", function: { name: allowed[0] } };
-    return "required";
+  if (!Array.isArray(allowed) || allowed.length === 0) return { choice: "required", tools };
+  const nameOf = (t: Json) => (t.function as Json).name;
+  const unknown = allowed.filter((name) => !tools.some((t) => nameOf(t) === name));
+  if (unknown.length > 0) {
+    throw invalid(`toolConfig.functionCallingConfig.allowedFunctionNames: ${unknown.map((n) => JSON.stringify(n)).join(", ")} ${unknown.length === 1 ? "is" : "are"} not among the declared functions.`, "toolConfig");
   }
-  if (mode === "AUTO" || mode === "VALIDATED") return "auto";
-  return undefined;
+  if (allowed.length === 1) return { choice: { type: "function", function: { name: allowed[0] as string } }, tools };
+  return { choice: "required", tools: tools.filter((t) => allowed.includes(nameOf(t))) };
 }
 
 function responseFormat(config: Json): Json | undefined {
@@ -255,8 +264,8 @@ export function geminiToChat(body: Json, model: string, stream: boolean): ChatRe
   if (!messages.some((m) => m.role !== "system")) throw invalid("* GenerateContentRequest.contents: contents is not specified", "contents");
   const req: ChatRequest = { model, messages, ...generationFields(field(body, "generationConfig")) };
   if (tools) {
-    req.tools = tools;
-    const choice = toolChoice(field(body, "toolConfig"));
+    const { choice, tools: offered } = toolChoice(field(body, "toolConfig"), tools);
+    req.tools = offered;
     if (choice !== undefined) req.tool_choice = choice;
   }
   if (stream) {

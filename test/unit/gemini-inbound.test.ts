@@ -205,12 +205,21 @@ describe("Gemini request → OpenAI chat request", () => {
     expect(effort({ thinkingBudget: -1 })).toBeUndefined();
   });
 
-  test("tool modes: AUTO → auto, ANY with several names → required", () => {
-    const choice = (functionCallingConfig: object) =>
-      geminiToChat({ contents: [{ parts: [{ text: "x" }] }], tools: [{ functionDeclarations: [{ name: "a" }, { name: "b" }] }], toolConfig: { functionCallingConfig } }, "m", false).tool_choice;
-    expect(choice({ mode: "AUTO" })).toBe("auto");
-    expect(choice({ mode: "ANY", allowedFunctionNames: ["a", "b"] })).toBe("required");
-    expect(choice({ mode: "ANY" })).toBe("required");
+  test("tool modes: AUTO → auto, ANY → required, offering only the allowed functions when several are named", () => {
+    const chat = (functionCallingConfig: object) =>
+      geminiToChat({ contents: [{ parts: [{ text: "x" }] }], tools: [{ functionDeclarations: [{ name: "a" }, { name: "b" }, { name: "c" }] }], toolConfig: { functionCallingConfig } }, "m", false);
+    const offered = (functionCallingConfig: object) => chat(functionCallingConfig).tools?.map((t) => (t.function as { name: string }).name);
+    expect(chat({ mode: "AUTO" }).tool_choice).toBe("auto");
+    expect(chat({ mode: "ANY" }).tool_choice).toBe("required");
+    expect(offered({ mode: "ANY" })).toEqual(["a", "b", "c"]);
+    expect(chat({ mode: "ANY", allowedFunctionNames: ["c", "a"] }).tool_choice).toBe("required");
+    expect(offered({ mode: "ANY", allowedFunctionNames: ["c", "a"] })).toEqual(["a", "c"]);
+    expect(chat({ mode: "ANY", allowedFunctionNames: ["b"] }).tool_choice).toEqual({ type: "function", function: { name: "b" } });
+    expect(offered({ mode: "ANY", allowedFunctionNames: ["b"] })).toEqual(["a", "b", "c"]);
+    expect(refusal(() => chat({ mode: "ANY", allowedFunctionNames: ["a", "nope"] })).info).toMatchObject({
+      status: 400,
+      message: 'toolConfig.functionCallingConfig.allowedFunctionNames: "nope" is not among the declared functions.',
+    });
   });
 
   test("audio and documents become input_audio and file parts; a file URI image stays a URL", () => {
