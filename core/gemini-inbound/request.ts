@@ -245,6 +245,10 @@ export function renderOptions(body: Json): RenderOptions {
 /** The Gemini request's messages and tools, for token counting as well as for calls. */
 export function geminiMessages(body: Json): { messages: Message[]; tools: Json[] | undefined } {
   checkGenerateContentRequest(body);
+  const cache = field(body, "cachedContent");
+  if (typeof cache === "string" && cache !== "") {
+    throw invalid(`cachedContent: ${JSON.stringify(cache)} is a context cache kept by Google that this gateway cannot read; send its contents in the request instead.`, "cachedContent");
+  }
   const messages: Message[] = [];
   const system = systemText(field(body, "systemInstruction"));
   if (system !== undefined) messages.push({ role: "system", content: system });

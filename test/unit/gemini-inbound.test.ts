@@ -251,12 +251,14 @@ describe("Gemini request → OpenAI chat request", () => {
     expect(req.stream_options).toEqual({ include_usage: true });
   });
 
-  test("refusals: no contents, an unknown role, a Google-hosted tool", () => {
+  test("refusals: no contents, an unknown role, a Google-hosted tool, a Google context cache, code execution", () => {
     expect(refusal(() => geminiToChat({ contents: [] }, "m", false)).info).toMatchObject({ status: 400, message: "* GenerateContentRequest.contents: contents is not specified" });
     expect(refusal(() => geminiToChat({ systemInstruction: { parts: [{ text: "s" }] } }, "m", false)).info.status).toBe(400);
     expect(refusal(() => geminiToChat({ contents: [{ role: "assistant", parts: [{ text: "x" }] }] }, "m", false)).info.message).toContain("contents[0].role");
     const hosted = refusal(() => geminiToChat({ contents: [{ parts: [{ text: "x" }] }], tools: [{ googleSearch: {} }] }, "m", false));
     expect(hosted.info.message).toContain("googleSearch is a Google-hosted tool");
+    const cached = refusal(() => geminiToChat({ contents: [{ parts: [{ text: "x" }] }], cachedContent: "cachedContents/abc123" }, "m", false));
+    expect(cached.info.message).toStartWith('cachedContent: "cachedContents/abc123" is a context cache kept by Google that this gateway cannot read');
     for (const part of [{ executableCode: { language: "PYTHON", code: "print(1)" } }, { codeExecutionResult: { outcome: "OUTCOME_OK", output: "1" } }]) {
       for (const role of ["user", "model"]) {
         const turns = [{ role: "user", parts: [{ text: "run it" }] }, { role, parts: [part] }, { role: "user", parts: [{ text: "and?" }] }];
