@@ -42,8 +42,8 @@ export type Fault = FaultTarget &
     | { /** Never answer: the request stays open until the client aborts. */ kind: "hang" }
     | { /** 200 whose JSON (or first SSE event) is cut in half. */ kind: "invalidJson" }
     | { /** Send this many SSE events, then reset the connection; a JSON answer is cut in half. */ kind: "cutStream"; afterEvents: number }
-    | { /** Answer 200 with this JSON body (pretty printed, as Google does), whatever was asked. */ kind: "canned"; body: unknown }
-    | { /** Answer 200 with an SSE stream of exactly these byte chunks (each written separately). */ kind: "cannedStream"; chunks: string[] }
+    | { /** Answer 200 with this JSON body (pretty printed, as Google does), whatever was asked (with `checked`: a generateContent request Google would refuse gets its 400 instead). */ kind: "canned"; body: unknown; checked?: boolean }
+    | { /** Answer 200 with an SSE stream of exactly these byte chunks (each written separately); `checked` as for canned. */ kind: "cannedStream"; chunks: string[]; checked?: boolean }
     | { /** A stream's bytes cut, replaced or ended as the shaper says (wire-shape.ts); a JSON answer is sent as usual. */ kind: "wire"; shape: WireShaper }
   );
 
@@ -880,6 +880,10 @@ async function handle(req: Request, state: MockState, options: MockGeminiOptions
   const denied = checkAuth(started, req, url, t, state, options);
   if (denied) return denied;
 
+  if ((fault?.kind === "canned" || fault?.kind === "cannedStream") && fault.checked) {
+    const e = isObject(parsed) ? checkGenerateRequest(parsed) : "Invalid JSON payload received.";
+    if (e) return invalid(started, e);
+  }
   if (fault?.kind === "canned") return new Response(typeof fault.body === "string" ? fault.body : pretty(fault.body), { headers: googleHeaders("application/json; charset=UTF-8", started) });
   if (fault?.kind === "cannedStream") return new Response(partStream(fault.chunks, state), { headers: googleHeaders("text/event-stream", started) });
   if (!isObject(parsed)) return invalid(started, `Invalid JSON payload received. Unexpected token.\n${raw.slice(0, 40)}\n^`);

@@ -11,7 +11,8 @@
  * `listening http://127.0.0.1:9001/v1` and records nothing.
  *
  * Replies are deterministic: chat answers "Mock reply to: <first words of the last user message>",
- * one SSE chunk per word; embeddings are derived from the input text.
+ * one SSE chunk per word (or what an `answer` fault scripts: text, reasoning, tool calls, finish
+ * reason and usage); embeddings are derived from the input text.
  */
 import type { Server } from "bun";
 import { renderedText, shapedStream, type WireShaper } from "./wire-shape.ts";
@@ -68,7 +69,23 @@ export type Fault = FaultTarget &
         chunks?: number;
       }
     | { /** A stream's bytes cut, replaced or ended as the shaper says (wire-shape.ts); a JSON answer is sent as usual. */ kind: "wire"; shape: WireShaper }
+    | {
+        /**
+         * A chat request is answered with exactly this (in OpenAI's format: a chat.completion, or
+         * chunks with the content a few characters at a time, each call's arguments in pieces,
+         * choices interleaved, and the usage chunk when asked), whatever the prompt.
+         */
+        kind: "answer";
+        answer: ScriptedAnswer;
+      }
   );
+
+/** What a scripted chat answer says: per choice its text and tool calls and finish reason, and the usage object as OpenAI writes it. */
+export interface ScriptedAnswer {
+  /** `reasoning`: the `reasoning_content` some OpenAI-compatible providers (DeepSeek) send beside the answer. */
+  choices: { content: string | null; reasoning?: string; toolCalls?: { id: string; name: string; arguments: string }[]; finishReason: string }[];
+  usage: Record<string, unknown>;
+}
 
 export type FaultKind = Fault["kind"];
 
@@ -312,6 +329,8 @@ type Reply = { kind: "json"; body: unknown } | { kind: "sse"; payloads: string[]
 interface GenerationHints {
   /** slowStream: stretch the reply to this many words. */
   words?: number;
+  /** answer: what to say instead. */
+  answer?: ScriptedAnswer;
 }
 
 const DONE = "[DONE]";
@@ -560,6 +579,48 @@ function chatPayloads(plan: ChatPlan, streamOptions: unknown): string[] {
   return payloads;
 }
 
+/** Text in pieces of up to 5 characters (a piece never splits a UTF-16 surrogate pair). */
+function textPieces(text: string): string[] {
+  const chars = [...text];
+  const out: string[] = [];
+  for (let i = 0; i < chars.length; i += 5) out.push(chars.slice(i, i + 5).join(""));
+  return out;
+}
+
+/** A scripted answer as OpenAI sends it: one chat.completion, or chunks (choices interleaved step by step). */
+function scriptedReply(plan: ChatPlan, answer: ScriptedAnswer, body: JsonObject): Reply {
+  if (body.stream !== true) {
+    const choices = answer.choices.map((c, index) => {
+      const message: JsonObject = { role: "assistant", content: c.content };
+      if (c.reasoning !== undefined) message.reasoning_content = c.reasoning;
+      if (c.toolCalls?.length) message.tool_calls = c.toolCalls.map((t) => ({ id: t.id, type: "function", function: { name: t.name, arguments: t.arguments } }));
+      Object.assign(message, { refusal: null, annotations: [] });
+      return { index, message, logprobs: null, finish_reason: c.finishReason };
+    });
+    return {
+      kind: "json",
+      body: { id: plan.id, object: "chat.completion", created: plan.created, model: plan.model, choices, usage: answer.usage, service_tier: "default", system_fingerprint: SYSTEM_FINGERPRINT },
+    };
+  }
+  const write = chatChunkWriter(plan, body.stream_options);
+  const steps = answer.choices.map((c, index) => {
+    const deltas: unknown[] = [deltaChoice(index, { role: "assistant", content: "", refusal: null })];
+    for (const piece of textPieces(c.reasoning ?? "")) deltas.push(deltaChoice(index, { reasoning_content: piece }));
+    for (const piece of textPieces(c.content ?? "")) deltas.push(deltaChoice(index, { content: piece }));
+    for (const [i, t] of (c.toolCalls ?? []).entries()) {
+      deltas.push(deltaChoice(index, { tool_calls: [{ index: i, id: t.id, type: "function", function: { name: t.name, arguments: "" } }] }));
+      for (const piece of argumentPieces(t.arguments)) deltas.push(deltaChoice(index, { tool_calls: [{ index: i, function: { arguments: piece } }] }));
+    }
+    deltas.push(deltaChoice(index, {}, c.finishReason));
+    return deltas;
+  });
+  const payloads: string[] = [];
+  for (let step = 0; steps.some((d) => step < d.length); step++) for (const d of steps) if (step < d.length) payloads.push(write([d[step]]));
+  if (isObject(body.stream_options) && body.stream_options.include_usage === true) payloads.push(write([], answer.usage));
+  payloads.push(DONE);
+  return { kind: "sse", payloads };
+}
+
 /** The most choices (`n`) OpenAI gives for one chat request. */
 const MAX_CHOICES = 128;
 
@@ -581,6 +642,7 @@ function chatCompletions(ctx: RequestContext, body: JsonObject, hints: Generatio
     return errorResponse(ctx, 400, invalidRequest(`Invalid 'n': integer above maximum value. Expected a value <= ${MAX_CHOICES}, but got ${body.n} instead.`, "n", "integer_above_max_value"));
   }
   const plan = planChat(body, body.messages, hints);
+  if (hints.answer) return scriptedReply(plan, hints.answer, body);
   if (body.stream === true) return { kind: "sse", payloads: chatPayloads(plan, body.stream_options) };
   return { kind: "json", body: chatJson(plan) };
 }
@@ -1085,7 +1147,7 @@ async function handle(req: Request, state: MockState, options: MockOpenAIOptions
   const denied = checkAuth(ctx, req, options.apiKey);
   if (denied) return denied;
 
-  const hints: GenerationHints = fault?.kind === "slowStream" ? { words: fault.chunks ?? SLOW_STREAM_CHUNKS } : {};
+  const hints: GenerationHints = fault?.kind === "slowStream" ? { words: fault.chunks ?? SLOW_STREAM_CHUNKS } : fault?.kind === "answer" ? { answer: fault.answer } : {};
   const reply = route(ctx, req.method, url.pathname, body, hints);
   if (reply instanceof Response) return reply;
   if (reply.kind === "sse") return deliverSse(ctx, reply.payloads, fault, state);
