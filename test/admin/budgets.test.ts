@@ -98,6 +98,20 @@ for (const backend of BACKENDS) {
       expect(missing.body.error).toMatchObject({ type: "not_found_error", code: "404" });
     });
 
+    test("a new period on an organization's budget is the organization's too (its own duration mirrors its budget)", async () => {
+      const org = await call<Json>("POST", "/organization/new", { organization_alias: "org-own-period", max_budget: 50, budget_duration: "30d" });
+      expect(org.status).toBe(200);
+      const budgetId = String(org.body.budget_id);
+      const r = await call("POST", "/budget/update", { budget_id: budgetId, budget_duration: "1h" });
+      expect(r.status).toBe(200);
+      const info = await call<Json>("GET", `/organization/info?organization_id=${org.body.organization_id}`);
+      expect(info.status).toBe(200);
+      expect(info.body.budget_duration).toBe("1h");
+      expect(Math.abs(Date.parse(String(info.body.budget_reset_at)) - (Date.now() + HOUR))).toBeLessThan(60_000);
+      // The org's spend resets on the budget's new period, not the old 30 days.
+      expect(Date.parse(String(info.body.budget_reset_at))).toBe(Date.parse(String(r.body.budget_reset_at)));
+    });
+
     test("/budget/info, /budget/list and /budget/settings", async () => {
       const info = await call<Json[]>("POST", "/budget/info", { budgets: ["b-monthly"] });
       expect(info.status).toBe(200);

@@ -10,7 +10,7 @@
  */
 import { randomUUID } from "node:crypto";
 import { type Static, Type as T } from "@sinclair/typebox";
-import { and, asc, eq, inArray, isNull } from "drizzle-orm";
+import { and, asc, eq, inArray, isNotNull, isNull } from "drizzle-orm";
 import { Elysia } from "elysia";
 import { badRequest, notFound } from "../../authz.ts";
 import { GatewayError } from "../../errors.ts";
@@ -53,7 +53,8 @@ const BUDGET_COLUMNS = new Set(Object.keys(BudgetFields));
 /**
  * The limit fields an organization keeps on its row as well as in its budget: a budget update
  * writes them to the organizations on that budget, as an organization update writes them to its
- * budget (the period has its own rule: see followNewPeriod).
+ * budget; an organization with a period of its own takes the budget's new one too (those without
+ * follow it: see followNewPeriod).
  */
 const ORG_MIRRORED = new Set(["max_budget", "soft_budget", "tpm_limit", "rpm_limit", "max_parallel_requests", "model_max_budget"]);
 
@@ -136,12 +137,22 @@ async function updateBudget(ctx: AdminCtx) {
             .where(eq(organizations.budgetId, body.budget_id))
             .returning({ id: organizations.organizationId })
         : [];
-    return { after, orgs };
+    // So is an organization's own period: one that has a duration takes the budget's new one
+    // (those without follow it, see followNewPeriod).
+    const periodOrgs =
+      after && (body.budget_duration !== undefined || body.budget_reset_at !== undefined)
+        ? await tx
+            .update(organizations)
+            .set({ budgetDuration: after.budgetDuration, budgetResetAt: after.budgetResetAt, updatedAt: at, updatedBy: who })
+            .where(and(eq(organizations.budgetId, body.budget_id), isNotNull(organizations.budgetDuration)))
+            .returning({ id: organizations.organizationId })
+        : [];
+    return { after, orgs: [...new Set([...orgs, ...periodOrgs].map((o) => o.id))] };
   });
   if (!after) throw notFound(`Budget '${body.budget_id}' not found: it was deleted meanwhile.`, "budget_id");
   await ctx.changed(
     { kind: "budget", budgetId: body.budget_id },
-    ...orgs.map((o): IdentityChange => ({ kind: "org", orgId: o.id })),
+    ...orgs.map((orgId): IdentityChange => ({ kind: "org", orgId })),
     ...(await followNewPeriod(ctx, body, after)),
   );
   await ctx.audit({ action: "updated", table: TABLE, objectId: body.budget_id, before, after });
