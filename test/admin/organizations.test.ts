@@ -140,6 +140,22 @@ for (const backend of BACKENDS) {
       expect((await call("PATCH", "/organization/update", { organization_id: id, budget_id: "nope" })).status).toBe(400);
     });
 
+    test("PATCH /organization/update on an org whose budget others share changes that org alone", async () => {
+      expect((await call("POST", "/budget/new", { budget_id: "b-shared-orgs", max_budget: 10 })).status).toBe(200);
+      const a = (await call("POST", "/organization/new", { organization_alias: "shares-a", budget_id: "b-shared-orgs" })).body.organization_id as string;
+      const b = (await call("POST", "/organization/new", { organization_alias: "shares-b", budget_id: "b-shared-orgs" })).body.organization_id as string;
+      const res = await call("PATCH", "/organization/update", { organization_id: a, max_budget: 0 });
+      expect(res.status).toBe(200);
+      expect(res.body.max_budget).toBe(0);
+      // The shared budget, and so org b, keep their limit.
+      expect((res.body.budget as Record<string, unknown>).max_budget).toBe(10);
+      const [budget] = await db().select().from(budgets).where(eq(budgets.budgetId, "b-shared-orgs"));
+      expect(Number(budget?.maxBudget)).toBe(10);
+      const err = await chat(await makeKey({ organizationId: a })).catch((e: unknown) => e as { status?: number; error?: { type?: string } });
+      expect(err).toMatchObject({ status: 400, error: { type: "budget_exceeded" } });
+      expect((await chat(await makeKey({ organizationId: b }))).choices.length).toBe(1);
+    });
+
     test("an org's models must keep covering its teams' models", async () => {
       const org = await call("POST", "/organization/new", { organization_alias: "narrow", models: ["chat-mock", "fixed-mock"] });
       const id = org.body.organization_id as string;

@@ -211,8 +211,8 @@ async function budgetSettings(ctx: AdminCtx) {
   }));
 }
 
-/** Who still points at a budget: live keys, live teams, orgs and memberships. */
-async function referrers(ctx: AdminCtx, budgetId: string): Promise<string[]> {
+/** Who points at a budget: live keys, live teams, orgs and memberships. */
+export async function budgetUsers(ctx: AdminCtx, budgetId: string) {
   const [keys, teamRows, orgRows, teamMemberRows, orgMemberRows] = await Promise.all([
     ctx.db
       .select({ id: virtualKeys.token, alias: virtualKeys.keyAlias })
@@ -226,6 +226,12 @@ async function referrers(ctx: AdminCtx, budgetId: string): Promise<string[]> {
     ctx.db.select({ team: teamMembers.teamId, user: teamMembers.userId }).from(teamMembers).where(eq(teamMembers.budgetId, budgetId)),
     ctx.db.select({ org: orgMembers.organizationId, user: orgMembers.userId }).from(orgMembers).where(eq(orgMembers.budgetId, budgetId)),
   ]);
+  return { keys, teamRows, orgRows, teamMemberRows, orgMemberRows };
+}
+
+/** Who still points at a budget, for a message. */
+async function referrers(ctx: AdminCtx, budgetId: string): Promise<string[]> {
+  const { keys, teamRows, orgRows, teamMemberRows, orgMemberRows } = await budgetUsers(ctx, budgetId);
   const out: string[] = [];
   if (keys.length) out.push(`keys: ${keys.map((k) => k.alias ?? k.id).join(", ")}`);
   if (teamRows.length) out.push(`teams: ${teamRows.map((t) => t.id).join(", ")}`);

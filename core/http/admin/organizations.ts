@@ -20,6 +20,7 @@ import { fromApi, toApi } from "../../identity/serialize.ts";
 import { budgets, orgMembers, organizations, teams, users, virtualKeys } from "../../store/schema.ts";
 import { isUniqueViolation } from "../../store/sql.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
+import { budgetUsers } from "./budgets.ts";
 import { followedReset, periodFromBudget } from "../../identity/budget-period.ts";
 
 const nullable = <S extends TSchema>(s: S) => T.Union([s, T.Null()]);
@@ -203,8 +204,10 @@ async function updateOrg(ctx: AdminCtx) {
   }
   const who = ctx.caller.changedBy;
   const budgetPatch = fromApi(budgets, body, BUDGET_COLUMNS);
-  // The org's limits live in its budget too: keep it in step unless this call moves the org to another budget.
-  const mirrorBudget = body.budget_id === undefined && before.budgetId !== null && Object.keys(budgetPatch).length > 0;
+  // The org's limits live in its budget too: keep it in step unless this call moves the org to
+  // another budget, or others use that budget (a shared budget is changed by /budget/update; the
+  // org's own values, on its row, win over it).
+  const mirrorBudget = body.budget_id === undefined && before.budgetId !== null && Object.keys(budgetPatch).length > 0 && !(await sharedBudget(ctx, before.budgetId, orgId));
   const after = await ctx.db.transaction(async (tx) => {
     if (mirrorBudget) {
       await tx
@@ -226,6 +229,12 @@ async function updateOrg(ctx: AdminCtx) {
   const action = body.blocked === true && !before.blocked ? "blocked" : body.blocked === false && before.blocked ? "unblocked" : "updated";
   await ctx.audit({ action, table: "organizations", objectId: orgId, before, after });
   return orgObject(after, await loadBudget(ctx, after.budgetId));
+}
+
+/** Whether anything besides organization `orgId` uses budget `budgetId`. */
+async function sharedBudget(ctx: AdminCtx, budgetId: string, orgId: string): Promise<boolean> {
+  const u = await budgetUsers(ctx, budgetId);
+  return u.keys.length + u.teamRows.length + u.teamMemberRows.length + u.orgMemberRows.length > 0 || u.orgRows.some((o) => o.id !== orgId);
 }
 
 async function deleteOrgs(ctx: AdminCtx) {
