@@ -176,7 +176,8 @@ export function anthropicMessages(input: readonly ChatMessage[]): TranslatedMess
         const blocks = [...thinkingBlocks(m), ...contentBlocks(message.content)];
         markLast(blocks, m);
         blocks.push(...toolUseBlocks(message.tool_calls));
-        const plain = blocks.length === 1 && typeof message.content === "string" && !cacheControlOf(m) ? message.content : undefined;
+        // Plain only when the one block is the content's text (with content "" it is a tool call or thinking).
+        const plain = blocks.length === 1 && typeof message.content === "string" && message.content !== "" && !cacheControlOf(m) ? message.content : undefined;
         pushTurn(turns, "assistant", blocks, plain);
         break;
       }

@@ -143,7 +143,7 @@ describe("request: OpenAI chat → Messages API body", () => {
     ]);
   });
 
-  test("consecutive user turns merge; an assistant with only tool calls has no empty text block", () => {
+  test("consecutive user turns merge; an assistant with only tool calls (content null or \"\") has no empty text block", () => {
     const b = body({
       messages: [
         { role: "user", content: "one" },
@@ -157,6 +157,15 @@ describe("request: OpenAI chat → Messages API body", () => {
       { role: "assistant", content: [{ type: "tool_use", id: "t1", name: "f", input: {} }] },
       { role: "user", content: [{ type: "tool_result", tool_use_id: "t1", content: "ok" }] },
     ]);
+    // Content "" (as some clients send it back) is no text either: the call is the turn.
+    const empty = body({
+      messages: [
+        { role: "user", content: "one" },
+        { role: "assistant", content: "", tool_calls: [{ id: "t1", type: "function", function: { name: "f", arguments: "{}" } }] },
+        { role: "tool", tool_call_id: "t1", content: "ok" },
+      ],
+    });
+    expect((empty.messages as WireJson[])[1]).toEqual({ role: "assistant", content: [{ type: "tool_use", id: "t1", name: "f", input: {} }] });
   });
 
   test("thinking blocks echoed on an assistant turn go back first, signature intact", () => {
