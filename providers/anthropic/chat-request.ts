@@ -118,9 +118,9 @@ export function anthropicMessagesBody(req: ChatRequest, model: string | undefine
   let choice = toolList.length > 0 ? toolChoice(req.tool_choice, req.parallel_tool_calls) : undefined;
   const json = isObject(req.response_format) ? jsonTool(req.response_format) : undefined;
   if (json) {
-    // Forced only when nothing else competes: the client's own tools keep their choice, and
-    // Anthropic refuses a forced tool while thinking.
-    if (toolList.length === 0 && budget === 0) choice = { type: "tool", name: JSON_TOOL_NAME };
+    // Forced only when nothing else competes: the client's own tools keep their choice (unless it
+    // is "none", which would forbid the JSON tool too), and Anthropic refuses a forced tool while thinking.
+    if ((toolList.length === 0 || req.tool_choice === "none") && budget === 0) choice = { type: "tool", name: JSON_TOOL_NAME };
     toolList.push(json);
   }
   if (toolList.length > 0) body.tools = toolList;

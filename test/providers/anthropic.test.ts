@@ -253,6 +253,8 @@ describe("request: OpenAI chat → Messages API body", () => {
     const withTools = body({ tools: [tool], tool_choice: "auto", response_format: { type: "json_object" } });
     expect(withTools.tool_choice).toEqual({ type: "auto" });
     expect((withTools.tools as WireJson[]).map((t) => t.name)).toEqual(["f", "json_tool_call"]);
+    // "none" forbids the client's tools, not the JSON answer.
+    expect(body({ tools: [tool], tool_choice: "none", response_format: { type: "json_object" } }).tool_choice).toEqual({ type: "tool", name: "json_tool_call" });
   });
 
   test("the HttpCall: /v1/messages on the base URL, x-api-key, anthropic-version, operator headers last", () => {
