@@ -161,8 +161,10 @@ function toolConfig(req: ChatRequest, messages: ConverseMessage[]): WireJson | u
   let choice = tools.length > 0 ? toolChoice(req.tool_choice) : undefined;
   const formatTool = responseFormatTool(req.response_format);
   if (formatTool) {
-    // With tools of its own the model may still call those; otherwise it must answer in JSON.
-    choice = tools.length > 0 ? (choice ?? { any: {} }) : { tool: { name: RESPONSE_FORMAT_TOOL } };
+    // The answer is that tool's input, so a tool call is required: the JSON tool, or one of the
+    // client's own where the client lets the model call them (auto or unset, required, a named one).
+    const own = tools.length > 0 && req.tool_choice !== "none";
+    choice = !own ? { tool: { name: RESPONSE_FORMAT_TOOL } } : choice && !("auto" in choice) ? choice : { any: {} };
     tools.push(formatTool);
   }
   if (tools.length === 0) return undefined;

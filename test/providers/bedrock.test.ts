@@ -306,6 +306,14 @@ describe("OpenAI chat → Converse request", () => {
       tools: [{ toolSpec: { name: "json_tool_call", description: "Respond with a JSON object.", inputSchema: { json: schema } } }],
       toolChoice: { tool: { name: "json_tool_call" } },
     });
+    // With the client's own tools: one of them or the JSON tool must be called ("auto" as when unset); "none" leaves only the JSON tool.
+    const messages = [{ role: "user" as const, content: "Weather?" }];
+    const choiceWith = (tool_choice: ChatRequest["tool_choice"]) => (requestBody({ messages, tools: [weatherTool], tool_choice, response_format: { type: "json_object" } }).toolConfig as WireJson).toolChoice;
+    expect(choiceWith(undefined)).toEqual({ any: {} });
+    expect(choiceWith("auto")).toEqual({ any: {} });
+    expect(choiceWith("required")).toEqual({ any: {} });
+    expect(choiceWith({ type: "function", function: { name: "get_weather" } })).toEqual({ tool: { name: "get_weather" } });
+    expect(choiceWith("none")).toEqual({ tool: { name: "json_tool_call" } });
   });
 
   test("reasoning_effort → Claude's thinking budget, with room left for the answer", () => {
