@@ -156,6 +156,12 @@ export interface EndpointAdapter<E extends Endpoint, S = unknown> {
    * are refused with a 400 naming them, or dropped with `drop_params`.
    */
   supportedParams?: readonly string[];
+  /**
+   * The fields translated for one deployment, where that depends on it (one provider id serving
+   * two APIs, as `vertex_ai` serves Gemini and Claude); `supportedParams` then lists them all, for
+   * callers without a deployment at hand.
+   */
+  supportedParamsFor?(deployment: Deployment): readonly string[];
 }
 
 /** An answer sent as text rather than JSON (`response_format: text`, `srt`, `vtt`). */

@@ -12,7 +12,7 @@ import { GatewayError, errorInfo } from "../errors.ts";
 import type { Gate, Snapshot } from "../snapshot.ts";
 import { assembleStream } from "../stream/assemble.ts";
 import { withClientCredentials } from "./client-credentials.ts";
-import { supportedBody } from "./params.ts";
+import { paramsFor, supportedBody } from "./params.ts";
 import { cancelAll, dispatchRecord } from "./record.ts";
 import { streamResponse } from "./stream.ts";
 import { Deadline, errorCode, send, timeoutError, upstreamError } from "./upstream.ts";
@@ -262,7 +262,8 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
   const deadline = new Deadline(ctx.clientSignal, timeoutSeconds);
   try {
     // Fields the adapter does not translate: refused, or dropped (then the client's bytes no longer match).
-    const sent = ep.supportedParams ? supportedBody(body, ep.supportedParams, d, snapshot.settings.dropParams) : body;
+    const supported = paramsFor(ep, d);
+    const sent = supported ? supportedBody(body, supported, d, snapshot.settings.dropParams) : body;
     const res = await send(adapter, d, buildCall(ep, sent, d, sent === body ? ctx.rawBody : undefined), deadline);
     if (!res.ok) throw await upstreamError(adapter, d, res);
     if (streams && ep.stream) {

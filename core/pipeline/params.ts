@@ -72,6 +72,11 @@ export function unsupportedParams(body: object, supported: readonly string[]): s
   return out;
 }
 
+/** The fields `ep` translates for `d` (undefined: everything OpenAI accepts). */
+export function paramsFor(ep: { supportedParams?: readonly string[]; supportedParamsFor?(d: Deployment): readonly string[] }, d: Deployment): readonly string[] | undefined {
+  return ep.supportedParamsFor?.(d) ?? ep.supportedParams;
+}
+
 /** Python's list repr (`['seed', 'n']`), as LiteLLM's message shows it: clients match on it. */
 function pyList(names: readonly string[]): string {
   return `[${names.map((n) => `'${n}'`).join(", ")}]`;

@@ -57,8 +57,9 @@ export function dispatchChat(isClaude: (d: Deployment) => boolean, isClaudeAnswe
     request: (req, d) => (isClaude(d) ? claude.request(req, d) : gemini.request(req, d)),
     response: (body, req) => (isClaudeAnswer(body) ? claude : gemini).response(body, req),
     stream: dispatchStream(gemini.stream!, claude.stream!),
-    // Each API ignores the other's parameters (Gemini's `seed` for Claude, Claude's `top_k` for Gemini).
+    // Each deployment is held to its own API's list: Claude has no `seed` or `n`, Gemini no `top_k`.
     supportedParams: params,
+    supportedParamsFor: (d) => (isClaude(d) ? claude : gemini).supportedParams ?? params,
   };
 }
 

@@ -10,7 +10,7 @@ import type { ChatRequest, Endpoint, EndpointAdapter, HttpCall, Principal, WireR
 import { GatewayError } from "../../errors.ts";
 import { geminiMessages } from "../../gemini-inbound/request.ts";
 import { buildCall } from "../../pipeline/call.ts";
-import { OPENAI_CHAT_PARAMS, OPENAI_EMBEDDING_PARAMS, supportedBody } from "../../pipeline/params.ts";
+import { OPENAI_CHAT_PARAMS, OPENAI_EMBEDDING_PARAMS, paramsFor, supportedBody } from "../../pipeline/params.ts";
 import { invalidModel } from "../../router/route.ts";
 import type { Snapshot } from "../../snapshot.ts";
 import { canCountUpstream, countLocally, countUpstream, type TokenCount, tokenizerModel } from "../../tokens/count.ts";
@@ -62,13 +62,14 @@ function supportedParams(s: Snapshot, principal: Principal, model: string | null
   const d = deploymentFor(s, principal, model);
   if (!d) throw invalidModel(model);
   const endpoints = s.providers.get(d.provider)?.endpoints ?? {};
-  if (d.info.mode === "embedding") return [...(endpoints.embeddings?.supportedParams ?? OPENAI_EMBEDDING_PARAMS)];
+  if (d.info.mode === "embedding") return [...((endpoints.embeddings && paramsFor(endpoints.embeddings, d)) ?? OPENAI_EMBEDDING_PARAMS)];
   const chat = endpoints.chat;
   if (!chat) return [];
-  if (!chat.supportedParams) return [...OPENAI_CHAT_PARAMS];
+  const supported = paramsFor(chat, d);
+  if (!supported) return [...OPENAI_CHAT_PARAMS];
   // Streaming is accepted by every adapter that streams, whatever it declares.
   const streaming = chat.stream ? ["stream", "stream_options"] : [];
-  return [...new Set([...chat.supportedParams, ...streaming])];
+  return [...new Set([...supported, ...streaming])];
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -129,7 +130,8 @@ function transformRequest(s: Snapshot, principal: Principal, body: Record<string
   if (!d) throw invalidModel(req.model);
   const ep = s.providers.get(d.provider)?.endpoints[endpoint] as EndpointAdapter<typeof endpoint> | undefined;
   if (!ep) throw badRequest(`model ${req.model} (provider ${d.provider}) does not support ${endpoint}`, "model");
-  const sent = ep.supportedParams ? supportedBody(req, ep.supportedParams, d, s.settings.dropParams) : req;
+  const supported = paramsFor(ep, d);
+  const sent = supported ? supportedBody(req, supported, d, s.settings.dropParams) : req;
   const call = buildCall(ep, sent, d, undefined);
   return { raw_request_api_base: redactUrl(call.url), raw_request_body: parsedBody(call), raw_request_headers: redactHeaders(call.headers) };
 }
