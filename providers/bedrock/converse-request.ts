@@ -155,7 +155,7 @@ const hasToolBlocks = (messages: ConverseMessage[]) => messages.some((m) => m.co
  * Converse needs `toolConfig` whenever the conversation holds tool blocks; `tool_choice: "none"`
  * (which Converse lacks) therefore drops the tools only from conversations without any.
  */
-function toolConfig(req: ChatRequest, messages: ConverseMessage[]): WireJson | undefined {
+function toolConfig(req: ChatRequest, messages: ConverseMessage[], thinking: boolean): WireJson | undefined {
   const dropTools = req.tool_choice === "none" && !hasToolBlocks(messages);
   const tools = dropTools ? [] : (req.tools ?? []).map(toolSpec);
   let choice = tools.length > 0 ? toolChoice(req.tool_choice) : undefined;
@@ -163,8 +163,9 @@ function toolConfig(req: ChatRequest, messages: ConverseMessage[]): WireJson | u
   if (formatTool) {
     // The answer is that tool's input, so a tool call is required: the JSON tool, or one of the
     // client's own where the client lets the model call them (auto or unset, required, a named one).
+    // Claude refuses a forced tool while thinking: then the JSON tool is only offered.
     const own = tools.length > 0 && req.tool_choice !== "none";
-    choice = !own ? { tool: { name: RESPONSE_FORMAT_TOOL } } : choice && !("auto" in choice) ? choice : { any: {} };
+    if (!thinking) choice = !own ? { tool: { name: RESPONSE_FORMAT_TOOL } } : choice && !("auto" in choice) ? choice : { any: {} };
     tools.push(formatTool);
   }
   if (tools.length === 0) return undefined;
@@ -202,7 +203,7 @@ export function converseBody(req: ChatRequest, d: Deployment): WireJson {
   }
   const inference = inferenceConfig(req, thinkingBudget);
   if (inference) body.inferenceConfig = inference;
-  const tools = toolConfig(req, messages);
+  const tools = toolConfig(req, messages, thinkingBudget !== undefined);
   if (tools) body.toolConfig = tools;
   // A deployment-level guardrail (`svc_params.guardrailConfig`), passed as Converse expects it.
   if (isObject(d.options.guardrailConfig)) body.guardrailConfig = d.options.guardrailConfig;

@@ -314,6 +314,9 @@ describe("OpenAI chat → Converse request", () => {
     expect(choiceWith("required")).toEqual({ any: {} });
     expect(choiceWith({ type: "function", function: { name: "get_weather" } })).toEqual({ tool: { name: "get_weather" } });
     expect(choiceWith("none")).toEqual({ tool: { name: "json_tool_call" } });
+    // Claude refuses a forced tool while thinking: the JSON tool is then only offered.
+    const thinking = requestBody({ messages, reasoning_effort: "low", response_format: { type: "json_object" } }).toolConfig as WireJson;
+    expect(thinking).toEqual({ tools: [expect.objectContaining({ toolSpec: expect.objectContaining({ name: "json_tool_call" }) })] });
   });
 
   test("reasoning_effort → Claude's thinking budget, with room left for the answer", () => {
