@@ -91,6 +91,25 @@ function toolResultBlock(m: ChatMessage): Block {
   return { toolResult: { toolUseId: m.tool_call_id ?? "", content } };
 }
 
+/**
+ * Thinking blocks the client echoes back on an assistant turn (as the gateway returned them in
+ * `thinking_blocks`): Claude wants them, signature intact, before the tool use they led to.
+ */
+function reasoningBlocks(m: ChatMessage): Block[] {
+  const blocks = (m as Record<string, unknown>).thinking_blocks;
+  if (!Array.isArray(blocks)) return [];
+  const out: Block[] = [];
+  for (const b of blocks) {
+    if (!isObject(b)) continue;
+    if (b.type === "thinking" && typeof b.thinking === "string") {
+      const text: WireJson = { text: b.thinking };
+      if (typeof b.signature === "string") text.signature = b.signature;
+      out.push({ reasoningContent: { reasoningText: text } });
+    } else if (b.type === "redacted_thinking" && typeof b.data === "string") out.push({ reasoningContent: { redactedContent: b.data } });
+  }
+  return out;
+}
+
 /** One OpenAI message → a Converse message (undefined for system messages, collected apart). */
 function converseMessage(m: ChatMessage): ConverseMessage | undefined {
   switch (m.role) {
@@ -100,7 +119,7 @@ function converseMessage(m: ChatMessage): ConverseMessage | undefined {
     case "user":
       return { role: "user", content: contentBlocks(m.content) };
     case "assistant":
-      return { role: "assistant", content: [...contentBlocks(m.content), ...(m.tool_calls ?? []).map(toolUseBlock)] };
+      return { role: "assistant", content: [...reasoningBlocks(m), ...contentBlocks(m.content), ...(m.tool_calls ?? []).map(toolUseBlock)] };
     case "tool":
       return { role: "user", content: [toolResultBlock(m)] };
     default:

@@ -42,12 +42,26 @@ export function converseUsage(raw: unknown): Usage {
   return usage;
 }
 
+/**
+ * A Converse `reasoningContent` block → Claude's thinking block as the Anthropic API writes it
+ * (`thinking` with its signature, or `redacted_thinking`): what the client sends back.
+ */
+export function thinkingBlock(r: Record<string, unknown>): WireJson | undefined {
+  if (isObject(r.reasoningText) && typeof r.reasoningText.text === "string") {
+    const block: WireJson = { type: "thinking", thinking: r.reasoningText.text };
+    if (typeof r.reasoningText.signature === "string") block.signature = r.reasoningText.signature;
+    return block;
+  }
+  return typeof r.redactedContent === "string" ? { type: "redacted_thinking", data: r.redactedContent } : undefined;
+}
+
 export function converseResponse(body: unknown, req?: ChatRequest): { body: WireJson; usage: Usage } {
   const b = asObject(body, "the Converse response");
   const message = asObject(asObject(b.output, "output").message, "output.message");
   const content = Array.isArray(message.content) ? message.content : [];
   let text = "";
   let reasoning = "";
+  const thinkingBlocks: WireJson[] = [];
   const toolCalls: OpenAIToolCall[] = [];
   let answeredInJson = false;
   // Without the request at hand, the reserved tool name alone tells the answer apart.
@@ -62,14 +76,15 @@ export function converseResponse(body: unknown, req?: ChatRequest): { body: Wire
         text += args;
         answeredInJson = true;
       } else toolCalls.push({ id: String(use.toolUseId ?? ""), type: "function", function: { name: String(use.name ?? ""), arguments: args } });
-    } else if (isObject(block.reasoningContent) && isObject(block.reasoningContent.reasoningText)) {
-      const t = block.reasoningContent.reasoningText.text;
-      if (typeof t === "string") reasoning += t;
+    } else if (isObject(block.reasoningContent)) {
+      const thinking = thinkingBlock(block.reasoningContent);
+      if (thinking?.type === "thinking") reasoning += String(thinking.thinking);
+      if (thinking) thinkingBlocks.push(thinking);
     }
   }
   const usage = converseUsage(b.usage);
   const head = { id: chatCompletionId(), created: nowSeconds(), model: req?.model ?? "" };
-  const answer = { content: text === "" && toolCalls.length > 0 ? null : text, toolCalls, reasoning: reasoning || undefined, refusal: null };
+  const answer = { content: text === "" && toolCalls.length > 0 ? null : text, toolCalls, reasoning: reasoning || undefined, thinkingBlocks, refusal: null };
   return {
     body: chatCompletion(head, answer, finishReason(b.stopReason, answeredInJson && toolCalls.length === 0), usage),
     usage,

@@ -8,7 +8,7 @@ import { estimateTokens } from "../openai-compatible/adapter.ts";
 import { chatCompletionId, nowSeconds } from "../shared/chat-completion.ts";
 import { openAIUsage } from "../shared/openai-usage.ts";
 import { RESPONSE_FORMAT_TOOL, wantsJsonResponse } from "./converse-request.ts";
-import { asObject, converseUsage, finishReason } from "./converse-response.ts";
+import { asObject, converseUsage, finishReason, thinkingBlock } from "./converse-response.ts";
 
 /** Marks the content block that carries the response-format answer. */
 const JSON_ANSWER = -1;
@@ -28,6 +28,8 @@ export interface ConverseStreamState {
   outputChars: number;
   /** messageStop came. */
   stopped: boolean;
+  /** The open reasoning block's text, sent whole with its signature in `thinking_blocks`. */
+  thinking: string;
 }
 
 /** Exceptions a stream can end with → the status and type the client sees. */
@@ -101,11 +103,18 @@ function blockDelta(s: ConverseStreamState, p: Record<string, unknown>, parts: S
   }
   const reasoning = delta.reasoningContent;
   if (reasoning !== null && typeof reasoning === "object") {
-    const text = (reasoning as Record<string, unknown>).text;
-    if (typeof text === "string") {
-      s.outputChars += text.length;
-      parts.push(chunk(s, { reasoning_content: text }));
+    const r = reasoning as Record<string, unknown>;
+    if (typeof r.text === "string") {
+      s.outputChars += r.text.length;
+      s.thinking += r.text;
+      parts.push(chunk(s, { reasoning_content: r.text }));
     }
+    // The signature ends a thinking block: the whole block, signed, is what the client sends back.
+    if (typeof r.signature === "string") {
+      parts.push(chunk(s, { thinking_blocks: [thinkingBlock({ reasoningText: { text: s.thinking, signature: r.signature } })] }));
+      s.thinking = "";
+    }
+    if (typeof r.redactedContent === "string") parts.push(chunk(s, { thinking_blocks: [thinkingBlock(r)] }));
   }
 }
 
@@ -125,6 +134,7 @@ export function converseStream(): StreamTransform<"chat", ConverseStreamState> {
       promptEstimate: estimateTokens(req.messages.map((m) => m.content)),
       outputChars: 0,
       stopped: false,
+      thinking: "",
     }),
     event(data: string, s: ConverseStreamState): StreamPart[] {
       const e = JSON.parse(data) as AwsStreamEvent;

@@ -25,6 +25,12 @@ export interface AssistantMessage {
   toolCalls?: OpenAIToolCall[];
   /** Thinking text, under `reasoning_content` as the gateway's clients expect it. */
   reasoning?: string;
+  /**
+   * Claude's signed thinking blocks (`{type: "thinking", thinking, signature}` or
+   * `{type: "redacted_thinking", data}`), under `thinking_blocks`: the client sends them back with
+   * its next turn, and Claude wants them before the tool calls they led to.
+   */
+  thinkingBlocks?: WireJson[];
   /** OpenAI's `refusal` field, for adapters that send it (null: no refusal). */
   refusal?: string | null;
 }
@@ -48,6 +54,7 @@ export const nowSeconds = (): number => Math.floor(Date.now() / 1000);
 export function chatCompletion(head: ResponseHead, message: AssistantMessage, finish: OpenAIFinishReason, usage: Usage): WireJson {
   const msg: WireJson = { role: "assistant", content: message.content };
   if (message.reasoning) msg.reasoning_content = message.reasoning;
+  if (message.thinkingBlocks && message.thinkingBlocks.length > 0) msg.thinking_blocks = message.thinkingBlocks;
   if (message.toolCalls && message.toolCalls.length > 0) msg.tool_calls = message.toolCalls;
   if (message.refusal !== undefined) msg.refusal = message.refusal;
   return {

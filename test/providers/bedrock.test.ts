@@ -327,6 +327,34 @@ describe("OpenAI chat → Converse request", () => {
     expect(other.additionalModelRequestFields).toEqual({ reasoning_effort: "low" });
   });
 
+  test("thinking blocks echoed on an assistant turn go back first as reasoning content, signature intact", () => {
+    const body = requestBody({
+      messages: [
+        { role: "user", content: "Weather?" },
+        {
+          role: "assistant",
+          content: null,
+          thinking_blocks: [
+            { type: "thinking", thinking: "Need the weather.", signature: "EqQBCgIYAh" },
+            { type: "redacted_thinking", data: "RWQ=" },
+          ],
+          tool_calls: [{ id: "t1", type: "function", function: { name: "get_weather", arguments: "{}" } }],
+        },
+        { role: "tool", tool_call_id: "t1", content: "sunny" },
+      ],
+      tools: [weatherTool],
+      reasoning_effort: "low",
+    });
+    expect((body.messages as WireJson[])[1]).toEqual({
+      role: "assistant",
+      content: [
+        { reasoningContent: { reasoningText: { text: "Need the weather.", signature: "EqQBCgIYAh" } } },
+        { reasoningContent: { redactedContent: "RWQ=" } },
+        { toolUse: { toolUseId: "t1", name: "get_weather", input: {} } },
+      ],
+    });
+  });
+
   test("cache_control on a part becomes a cache point after it", () => {
     const body = requestBody({
       messages: [
@@ -451,16 +479,28 @@ describe("Converse response → OpenAI chat.completion", () => {
     expect(finish("content_filtered")).toBe("content_filter");
   });
 
-  test("reasoning content comes back as reasoning_content", () => {
+  test("reasoning content comes back as reasoning_content, and signed in thinking_blocks for the next turn", () => {
     const { body } = chat.response(
       {
-        output: { message: { role: "assistant", content: [{ reasoningContent: { reasoningText: { text: "Two plus two.", signature: "EqQB" } } }, { text: "4" }] } },
+        output: {
+          message: {
+            role: "assistant",
+            content: [{ reasoningContent: { reasoningText: { text: "Two plus two.", signature: "EqQB" } } }, { reasoningContent: { redactedContent: "RWQ=" } }, { text: "4" }],
+          },
+        },
         stopReason: "end_turn",
         usage: { inputTokens: 5, outputTokens: 9, totalTokens: 14 },
       },
       req(),
     );
-    expect((body.choices as { message: WireJson }[])[0]!.message).toMatchObject({ content: "4", reasoning_content: "Two plus two." });
+    expect((body.choices as { message: WireJson }[])[0]!.message).toMatchObject({
+      content: "4",
+      reasoning_content: "Two plus two.",
+      thinking_blocks: [
+        { type: "thinking", thinking: "Two plus two.", signature: "EqQB" },
+        { type: "redacted_thinking", data: "RWQ=" },
+      ],
+    });
   });
 
   test("the response-format tool's input is the answer's content", () => {
@@ -534,18 +574,27 @@ describe("ConverseStream → OpenAI chunks", () => {
     expect(validation[0]).toMatchObject({ type: "error", error: { status: 400 } });
   });
 
-  test("reasoning deltas stream as reasoning_content; signatures are not text", () => {
+  test("reasoning deltas stream as reasoning_content; the signature is not text but closes the signed block in thinking_blocks", () => {
     const { parts } = runStream(
       [
         event("messageStart", '{"role":"assistant"}'),
-        event("contentBlockDelta", '{"contentBlockIndex":0,"delta":{"reasoningContent":{"text":"Hmm."}}}'),
+        event("contentBlockDelta", '{"contentBlockIndex":0,"delta":{"reasoningContent":{"text":"Hmm"}}}'),
+        event("contentBlockDelta", '{"contentBlockIndex":0,"delta":{"reasoningContent":{"text":"."}}}'),
         event("contentBlockDelta", '{"contentBlockIndex":0,"delta":{"reasoningContent":{"signature":"EqQBCkgIARABGAIiQ"}}}'),
-        event("contentBlockDelta", '{"contentBlockIndex":1,"delta":{"text":"4"}}'),
+        event("contentBlockDelta", '{"contentBlockIndex":1,"delta":{"reasoningContent":{"redactedContent":"RWQ="}}}'),
+        event("contentBlockDelta", '{"contentBlockIndex":2,"delta":{"text":"4"}}'),
         event("messageStop", '{"stopReason":"end_turn"}'),
       ],
       req({ stream: true }),
     );
-    expect(deltas(parts).slice(1)).toEqual([{ reasoning_content: "Hmm.", finish: null }, { content: "4", finish: null }, { finish: "stop" }]);
+    expect(deltas(parts).slice(1)).toEqual([
+      { reasoning_content: "Hmm", finish: null },
+      { reasoning_content: ".", finish: null },
+      { thinking_blocks: [{ type: "thinking", thinking: "Hmm.", signature: "EqQBCkgIARABGAIiQ" }], finish: null },
+      { thinking_blocks: [{ type: "redacted_thinking", data: "RWQ=" }], finish: null },
+      { content: "4", finish: null },
+      { finish: "stop" },
+    ]);
   });
 
   test("with response_format, the forced tool's input streams as content and finishes with stop", () => {
