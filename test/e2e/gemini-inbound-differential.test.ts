@@ -821,7 +821,7 @@ async function runCase(i: number): Promise<void> {
   let choices: AnswerChoice[];
   if (d.kind === "openai") {
     choices = randomChoices(rng, n, plan.functions, d.reasoning === true);
-    openai.fault({ kind: "answer", answer: scripted(choices, openAIUsage(usage, rng)) });
+    openai.fault({ kind: "scripted", answer: scripted(choices, openAIUsage(usage, rng)) });
   } else {
     const native = nativeAnswer(rng, n, plan.functions, d.upstream, usage);
     choices = native.choices;

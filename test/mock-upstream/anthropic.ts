@@ -24,7 +24,8 @@
  *     answers in text. Arguments are filled from the input_schema (strings "mock", a
  *     location-like key "Paris", numbers 1, enums their first value) and streamed in small pieces.
  * - Thinking (`thinking.type: "enabled"`): a thinking block "Considering: <words>" with a signature
- *   comes first.
+ *   comes first. The last assistant turn, when it calls tools, must start with its thinking block
+ *   (Anthropic's 400 otherwise).
  * - Prompt caching: the prompt up to the last `cache_control` breakpoint (tools, system, messages
  *   in that order) is written to the cache the first time and read from it after that.
  * - A prompt above `contextWindow` tokens (4 characters per token) gets Anthropic's
@@ -73,6 +74,7 @@ export type Fault = FaultTarget &
         message?: string;
       }
     | { /** A stream's bytes cut, replaced or ended as the shaper says (wire-shape.ts); a JSON answer is sent as usual. */ kind: "wire"; shape: WireShaper }
+    | { /** 200 with this JSON body instead of the planned answer, once the request passed the mock's checks (a test's own answer). */ kind: "answer"; body: unknown }
   );
 
 export interface RecordedRequest {
@@ -373,7 +375,18 @@ function validateThinking(body: Json): string | undefined {
   if (body.temperature !== undefined && body.temperature !== 1) return "`temperature` may only be set to 1 when thinking is enabled. Please consult our documentation at https://docs.claude.com/en/docs/build-with-claude/extended-thinking#important-considerations-when-using-extended-thinking";
   const choice = body.tool_choice;
   if (isObject(choice) && (choice.type === "any" || choice.type === "tool")) return "Thinking may not be enabled when `tool_choice` forces tool use.";
-  return undefined;
+  return thinkingFirst(Array.isArray(body.messages) ? body.messages : [], (m) => blocksOf(m.content).map((b) => String(b.type)));
+}
+
+/**
+ * With thinking on, the tool loop in progress must carry the thinking that led to it: the last
+ * assistant turn, when it calls tools, starts with its thinking block (Claude's rule, on Bedrock too).
+ */
+export function thinkingFirst(messages: unknown[], blockTypes: (m: Json) => string[]): string | undefined {
+  const i = messages.findLastIndex((m) => isObject(m) && m.role === "assistant");
+  const types = i < 0 ? [] : blockTypes(messages[i] as Json);
+  if (!types.includes("tool_use") || types[0] === "thinking" || types[0] === "redacted_thinking") return undefined;
+  return `messages.${i}.content.0.type: Expected \`thinking\` or \`redacted_thinking\`, but found \`${types[0]}\`. When \`thinking\` is enabled, a final \`assistant\` message must start with a thinking block (preceeding the lastmost set of \`tool_use\` and \`tool_result\` blocks). We recommend you include thinking blocks from previous turns. To avoid this requirement, disable \`thinking\`. Please consult our documentation at https://docs.claude.com/en/docs/build-with-claude/extended-thinking`;
 }
 
 function validateSystem(system: unknown): string | undefined {
@@ -826,6 +839,7 @@ function messages(ctx: RequestContext, body: Json, r: Route): Response | Promise
   if (!String(body.model).startsWith("claude-")) return errorResponse(ctx, 404, "not_found_error", `model: ${String(body.model)}`);
   const tooLong = contextCheck(ctx, body, r);
   if (tooLong) return tooLong;
+  if (r.fault?.kind === "answer") return deliverJson(ctx, r.fault.body, undefined, r.state);
   const words = r.fault?.kind === "slowStream" ? (r.fault.words ?? 50) : r.options.replyWords;
   const plan = planReply(body, r.state.cache, words);
   if (body.stream === true) return deliverStream(ctx, plan, r.fault, r.state, r.options.deltaDelayMs ?? 0);

@@ -13,10 +13,13 @@
  *
  * Replies are deterministic: "Mock reply to: <first words of the last user text>", one stream
  * delta per word; a tool is called when forced, or when the last user text mentions the weather.
+ * With Claude's thinking on, the last assistant turn, when it calls tools, must start with its
+ * reasoning block, as Bedrock requires.
  */
 import { EventStreamCodec, type MessageHeaders } from "@smithy/eventstream-codec";
 import { AwsV4Signer } from "aws4fetch";
 import type { Server } from "bun";
+import { thinkingFirst } from "./anthropic.ts";
 import { mockEmbedding } from "./openai.ts";
 import { renderedBytes, shapedStream, type WireShaper } from "./wire-shape.ts";
 
@@ -46,6 +49,7 @@ export type BedrockFault = { action?: BedrockAction } & (
   | { /** Frame number `frame` (0-based) goes out with a broken message CRC. */ kind: "corruptFrame"; frame: number }
   | { /** The stream's bytes go out in pieces of this size, splitting frames anywhere. */ kind: "fragment"; bytes: number }
   | { /** The stream's bytes cut, replaced or ended as the shaper says (wire-shape.ts); a JSON answer is sent as usual. */ kind: "wire"; shape: WireShaper }
+  | { /** 200 with this JSON body instead of the planned answer, once the request passed the mock's checks (a test's own answer). */ kind: "answer"; body: unknown }
 );
 
 export interface RecordedRequest {
@@ -229,6 +233,9 @@ function blockText(block: unknown): string {
 
 const contentOf = (m: unknown): unknown[] => (isObject(m) && Array.isArray(m.content) ? m.content : []);
 
+/** A Converse block's type in Claude's terms (what Bedrock hands on to an Anthropic model). */
+const claudeType = (b: unknown): string => (isObject(b) ? ("toolUse" in b ? "tool_use" : "toolResult" in b ? "tool_result" : "reasoningContent" in b ? (isObject(b.reasoningContent) && "redactedContent" in b.reasoningContent ? "redacted_thinking" : "thinking") : "image" in b ? "image" : "text") : "text");
+
 function validateConverse(body: JsonObject): Response | undefined {
   const messages = body.messages;
   if (!Array.isArray(messages) || messages.length === 0) return bedrockError(400, "ValidationException", "The messages field is required and must contain at least one message.");
@@ -251,6 +258,11 @@ function validateConverse(body: JsonObject): Response | undefined {
         return bedrockError(400, "ValidationException", "The toolConfig field must be defined when using toolUse and toolResult content blocks.");
       }
     }
+  }
+  const extra = isObject(body.additionalModelRequestFields) ? body.additionalModelRequestFields : {};
+  if (isObject(extra.thinking) && extra.thinking.type === "enabled") {
+    const problem = thinkingFirst(messages, (m) => contentOf(m).map(claudeType));
+    if (problem) return bedrockError(400, "ValidationException", `The model returned the following errors: ${problem}`);
   }
   return undefined;
 }
@@ -583,6 +595,7 @@ async function handle(req: Request, state: MockState, options: MockBedrockOption
   }
   const invalid = validateConverse(body);
   if (invalid) return invalid;
+  if (fault?.kind === "answer") return deliverJson(fault.body as JsonObject, undefined);
   const plan = planConverse(body, state.cache);
   return action === "converse-stream" ? deliverFrames(converseFrames(plan), fault) : deliverJson(converseJson(plan), fault);
 }

@@ -45,6 +45,7 @@ export type Fault = FaultTarget &
     | { /** Answer 200 with this JSON body (pretty printed, as Google does), whatever was asked (with `checked`: a generateContent request Google would refuse gets its 400 instead). */ kind: "canned"; body: unknown; checked?: boolean }
     | { /** Answer 200 with an SSE stream of exactly these byte chunks (each written separately); `checked` as for canned. */ kind: "cannedStream"; chunks: string[]; checked?: boolean }
     | { /** A stream's bytes cut, replaced or ended as the shaper says (wire-shape.ts); a JSON answer is sent as usual. */ kind: "wire"; shape: WireShaper }
+    | { /** 200 with this JSON body instead of the planned answer, once the request passed the mock's checks (a test's own answer). */ kind: "answer"; body: unknown }
   );
 
 export interface RecordedRequest {
@@ -823,6 +824,7 @@ function routeGoogle(started: number, t: Target, url: URL, body: Json, fault: Fa
       const max = options.maxInputTokens ?? 1_048_576;
       const input = approxTokens(" ".repeat(promptChars(body)));
       if (input > max) return invalid(started, `The input token count (${input}) exceeds the maximum number of tokens allowed (${max}).`);
+      if (fault?.kind === "answer") return deliverJson(started, fault.body, undefined, state);
       const p = plan(t.model, body);
       if (t.method === "generateContent") return deliverJson(started, generateResponse(p), fault, state);
       if (url.searchParams.get("alt") !== "sse") return deliverJson(started, streamEvents(p), fault, state);
@@ -842,6 +844,7 @@ function routeAnthropic(started: number, t: Target, body: Json, fault: Fault | u
   if (body.anthropic_version !== "vertex-2023-10-16") return anthropicError(400, "invalid_request_error", "anthropic_version: vertex-2023-10-16 is the only version Vertex AI accepts");
   if (body.model !== undefined) return anthropicError(400, "invalid_request_error", "model: Extra inputs are not permitted");
   if (!Array.isArray(body.messages) || typeof body.max_tokens !== "number") return anthropicError(400, "invalid_request_error", "messages and max_tokens are required");
+  if (fault?.kind === "answer") return deliverJson(started, fault.body, undefined, state);
   const reply = claudeReply(t.model, body);
   if (t.method === "rawPredict" || body.stream !== true) return deliverJson(started, reply.message, fault, state);
   const events = claudeStream(reply);

@@ -23,6 +23,8 @@ export type Fault = { path?: string } & (
   | { kind: "cutStream"; afterParts: number }
   /** A stream's bytes cut, replaced or ended as the shaper says (wire-shape.ts); a JSON answer is sent as usual. */
   | { kind: "wire"; shape: WireShaper }
+  /** 200 with this JSON body instead of the route's answer, once the request passed the mock's checks (a test's own answer). */
+  | { kind: "answer"; body: unknown }
 );
 
 export interface RecordedRequest {
@@ -151,6 +153,7 @@ export async function startMockServer(spec: MockSpec): Promise<MockServer> {
       }
       const reply = await spec.route(req, url, body);
       if (reply instanceof Response) return reply;
+      if (fault?.kind === "answer" && reply.kind === "json" && (reply.status ?? 200) === 200) return deliver({ kind: "json", body: fault.body, headers: spec.headers?.() }, undefined, state);
       return deliver({ ...reply, headers: { ...spec.headers?.(), ...reply.headers } }, fault, state);
     },
   });

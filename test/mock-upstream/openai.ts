@@ -75,9 +75,10 @@ export type Fault = FaultTarget &
          * chunks with the content a few characters at a time, each call's arguments in pieces,
          * choices interleaved, and the usage chunk when asked), whatever the prompt.
          */
-        kind: "answer";
+        kind: "scripted";
         answer: ScriptedAnswer;
       }
+    | { /** 200 with this JSON body instead of the planned answer, once the request passed the mock's checks (a test's own answer). */ kind: "answer"; body: unknown }
   );
 
 /** What a scripted chat answer says: per choice its text and tool calls and finish reason, and the usage object as OpenAI writes it. */
@@ -1147,9 +1148,10 @@ async function handle(req: Request, state: MockState, options: MockOpenAIOptions
   const denied = checkAuth(ctx, req, options.apiKey);
   if (denied) return denied;
 
-  const hints: GenerationHints = fault?.kind === "slowStream" ? { words: fault.chunks ?? SLOW_STREAM_CHUNKS } : fault?.kind === "answer" ? { answer: fault.answer } : {};
+  const hints: GenerationHints = fault?.kind === "slowStream" ? { words: fault.chunks ?? SLOW_STREAM_CHUNKS } : fault?.kind === "scripted" ? { answer: fault.answer } : {};
   const reply = route(ctx, req.method, url.pathname, body, hints);
   if (reply instanceof Response) return reply;
+  if (fault?.kind === "answer") return deliverJson(ctx, fault.body, undefined, state);
   if (reply.kind === "sse") return deliverSse(ctx, reply.payloads, fault, state);
   return deliverJson(ctx, reply.body, fault, state);
 }
