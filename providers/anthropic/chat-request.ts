@@ -118,9 +118,14 @@ export function anthropicMessagesBody(req: ChatRequest, model: string | undefine
   let choice = toolList.length > 0 ? toolChoice(req.tool_choice, req.parallel_tool_calls) : undefined;
   const json = isObject(req.response_format) ? jsonTool(req.response_format) : undefined;
   if (json) {
-    // Forced only when nothing else competes: the client's own tools keep their choice (unless it
-    // is "none", which would forbid the JSON tool too), and Anthropic refuses a forced tool while thinking.
-    if ((toolList.length === 0 || req.tool_choice === "none") && budget === 0) choice = { type: "tool", name: JSON_TOOL_NAME };
+    // The answer is that tool's input, so a tool call is required: the JSON tool, or one of the
+    // client's own where the client lets the model call them (auto or unset becomes "any"; "none"
+    // would forbid the JSON tool too). Anthropic refuses a forced tool while thinking: then the
+    // JSON tool is only offered.
+    if (budget === 0) {
+      if (toolList.length === 0 || req.tool_choice === "none") choice = { type: "tool", name: JSON_TOOL_NAME };
+      else if (!choice || choice.type === "auto") choice = { ...choice, type: "any" };
+    }
     toolList.push(json);
   }
   if (toolList.length > 0) body.tools = toolList;

@@ -248,11 +248,14 @@ describe("request: OpenAI chat → Messages API body", () => {
     expect(body({ response_format: { type: "text" } }).tools).toBeUndefined();
   });
 
-  test("response_format is not forced while thinking (Anthropic refuses that) or when the client has tools of its own", () => {
+  test("response_format is not forced while thinking (Anthropic refuses that); with the client's own tools a tool call is required, theirs or the JSON one", () => {
     expect(body({ reasoning_effort: "medium", response_format: { type: "json_object" } }).tool_choice).toBeUndefined();
     const withTools = body({ tools: [tool], tool_choice: "auto", response_format: { type: "json_object" } });
-    expect(withTools.tool_choice).toEqual({ type: "auto" });
+    expect(withTools.tool_choice).toEqual({ type: "any" });
     expect((withTools.tools as WireJson[]).map((t) => t.name)).toEqual(["f", "json_tool_call"]);
+    expect(body({ tools: [tool], response_format: { type: "json_object" }, parallel_tool_calls: false }).tool_choice).toEqual({ type: "any", disable_parallel_tool_use: true });
+    // A function the client names stays the one called.
+    expect(body({ tools: [tool], tool_choice: { type: "function", function: { name: "f" } }, response_format: { type: "json_object" } }).tool_choice).toEqual({ type: "tool", name: "f" });
     // "none" forbids the client's tools, not the JSON answer.
     expect(body({ tools: [tool], tool_choice: "none", response_format: { type: "json_object" } }).tool_choice).toEqual({ type: "tool", name: "json_tool_call" });
   });

@@ -498,9 +498,12 @@ const CLAUDE: Family = {
       if (req.parallel_tool_calls === false && choice.kind !== "none") toolChoice = { ...(toolChoice ?? { type: "auto" }), disable_parallel_tool_use: true };
     }
     if (jsonFormat(req)) {
-      // JSON output is a tool the model is made to call, unless the client's own tools may be called instead.
-      // Anthropic refuses a forced tool while thinking.
-      if ((tools.length === 0 || choice.kind === "none") && budget === undefined) toolChoice = { type: "tool", name: JSON_TOOL };
+      // JSON output is a tool the model is made to call; with the client's own tools callable, any
+      // tool call (theirs or the JSON one). Anthropic refuses a forced tool while thinking.
+      if (budget === undefined) {
+        if (tools.length === 0 || choice.kind === "none") toolChoice = { type: "tool", name: JSON_TOOL };
+        else if (choice.kind === "auto" || choice.kind === "absent") toolChoice = { ...toolChoice, type: "any" };
+      }
       tools.push({ name: JSON_TOOL, input_schema: formatSchema(req) ?? { type: "object" } });
     }
     defined(body, { tools: tools.length > 0 ? tools : undefined, tool_choice: toolChoice, metadata: req.user === undefined ? undefined : { user_id: req.user } });
