@@ -136,9 +136,10 @@ export interface EndpointAdapter<E extends Endpoint, S = unknown> {
   request(req: WireRequest[E], deployment: Deployment, raw?: string): HttpCall;
   /**
    * `req`, the client's request, is for what the upstream does not echo back (the model name,
-   * `encoding_format`).
+   * `encoding_format`); `headers`, the upstream's response headers, for what it says only there
+   * (Bedrock's InvokeModel token counts).
    */
-  response(body: unknown, req?: WireRequest[E]): { body: WireJson; usage: Usage; text?: TextAnswer };
+  response(body: unknown, req?: WireRequest[E], headers?: Headers): { body: WireJson; usage: Usage; text?: TextAnswer };
   /**
    * An upstream answer that is not JSON (a transcript as plain text, SRT or VTT), passed on as it
    * is. Absent: such an answer is an error.

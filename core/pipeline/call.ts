@@ -307,7 +307,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     deadline.clear();
     let mapped: ReturnType<EndpointAdapter<E, unknown>["response"]>;
     try {
-      mapped = ep.response(json, body);
+      mapped = ep.response(json, body, res.headers);
     } catch (err) {
       const message = err instanceof Error ? err.message : String(err);
       // An adapter may recognise a refusal inside a 200 answer (a prompt blocked by the provider's filter).

@@ -56,14 +56,22 @@ function vectors(b: Record<string, unknown>): number[][] {
   throw new Error("expected `embedding` or `embeddings` in the InvokeModel response");
 }
 
-export function embeddingResponse(body: unknown, req?: EmbeddingsRequest): { body: WireJson; usage: Usage } {
+/** InvokeModel's own count of the input, in a response header (absent: undefined). */
+function headerCount(headers: Headers | undefined): number | undefined {
+  const text = headers?.get("x-amzn-bedrock-input-token-count");
+  const n = text ? Number(text) : Number.NaN;
+  return Number.isInteger(n) && n >= 0 ? n : undefined;
+}
+
+export function embeddingResponse(body: unknown, req?: EmbeddingsRequest, headers?: Headers): { body: WireJson; usage: Usage } {
   if (body === null || typeof body !== "object" || Array.isArray(body)) throw new Error("expected a JSON object");
   const b = body as Record<string, unknown>;
   const asBase64 = req?.encoding_format === "base64";
   const data = vectors(b).map((v, index) => ({ object: "embedding", index, embedding: asBase64 ? base64Floats(v) : v }));
-  // Titan counts its input; Cohere's count travels only in a response header, so it is estimated.
+  // Titan counts its input in the body; for Cohere, Bedrock counts it in the
+  // `X-Amzn-Bedrock-Input-Token-Count` header. Only without either is it estimated.
   const counted = b.inputTextTokenCount;
-  const promptTokens = typeof counted === "number" ? counted : estimateTokens(Array.isArray(b.texts) ? b.texts : (req?.input ?? ""));
+  const promptTokens = typeof counted === "number" ? counted : (headerCount(headers) ?? estimateTokens(Array.isArray(b.texts) ? b.texts : (req?.input ?? "")));
   const usage: Usage = { promptTokens, completionTokens: 0 };
   return { body: { object: "list", data, model: req?.model ?? "", usage: { prompt_tokens: promptTokens, total_tokens: promptTokens } }, usage };
 }

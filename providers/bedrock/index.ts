@@ -34,7 +34,7 @@ const chat: EndpointAdapter<"chat", ConverseStreamState> = {
 
 const embeddings: EndpointAdapter<"embeddings"> = {
   request: (req, d) => call(d, "invoke", embeddingBody(req, { ...d, upstreamModel: modelId(d) })),
-  response: (body, req?: EmbeddingsRequest) => embeddingResponse(body, req),
+  response: (body, req?: EmbeddingsRequest, headers?: Headers) => embeddingResponse(body, req, headers),
   supportedParams: EMBEDDING_PARAMS,
 };
 

@@ -640,7 +640,7 @@ describe("embeddings via InvokeModel", () => {
     expect(embed(["a", "b"], "cohere.embed-english-v3").body).toEqual({ texts: ["a", "b"], input_type: "search_document" });
   });
 
-  test("answers → OpenAI's list, with Titan's token count or an estimate for Cohere", () => {
+  test("answers → OpenAI's list, with Titan's token count, Bedrock's count for Cohere, or an estimate", () => {
     const titan = embeddings.response({ embedding: [0.5, -0.25], embeddingsByType: { float: [0.5, -0.25] }, inputTextTokenCount: 3 }, { model: "embedder", input: "hi there" });
     expect(titan.body).toEqual({ object: "list", data: [{ object: "embedding", index: 0, embedding: [0.5, -0.25] }], model: "embedder", usage: { prompt_tokens: 3, total_tokens: 3 } });
     expect(titan.usage).toEqual({ promptTokens: 3, completionTokens: 0 });
@@ -653,6 +653,14 @@ describe("embeddings via InvokeModel", () => {
       [1, [0, 1]],
     ]);
     expect(cohere.usage.promptTokens).toBe(Math.ceil("first textsecond".length / 4));
+    // Bedrock counts Cohere's input in a response header: that count, not the estimate.
+    const counted = embeddings.response(
+      { embeddings: [[1, 0]], id: "5d4b6f0e", response_type: "embeddings_floats", texts: ["first text"] },
+      { model: "embedder", input: ["first text"] },
+      new Headers({ "x-amzn-bedrock-input-token-count": "17", "x-amzn-bedrock-invocation-latency": "31" }),
+    );
+    expect(counted.usage.promptTokens).toBe(17);
+    expect(counted.body.usage).toEqual({ prompt_tokens: 17, total_tokens: 17 });
     const byType = embeddings.response({ embeddings: { float: [[0.25]] }, response_type: "embeddings_by_type", texts: ["x"] }, { model: "e", input: ["x"] });
     expect((byType.body.data as { embedding: number[] }[])[0]!.embedding).toEqual([0.25]);
   });
