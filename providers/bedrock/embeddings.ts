@@ -6,9 +6,17 @@ import type { Deployment, EmbeddingsRequest, Usage, WireJson } from "../../core/
 import { GatewayError } from "../../core/errors.ts";
 import { estimateTokens } from "../openai-compatible/adapter.ts";
 
-export const EMBEDDING_PARAMS = ["dimensions", "encoding_format", "user"] as const;
+/** Titan's; Cohere's models also take the client's `input_type` (what the text is for), as `cohere/` does. */
+const TITAN_PARAMS = ["dimensions", "encoding_format", "user"] as const;
+const COHERE_PARAMS = [...TITAN_PARAMS, "input_type"] as const;
+export const EMBEDDING_PARAMS: readonly string[] = COHERE_PARAMS;
 
 type Family = "titan" | "cohere";
+
+/** The fields the deployment's model family takes (an unknown family takes Titan's; its call is refused anyway). */
+export function embeddingParamsFor(modelId: string): readonly string[] {
+  return modelId.includes("cohere.embed") ? COHERE_PARAMS : TITAN_PARAMS;
+}
 
 function family(modelId: string): Family {
   if (modelId.includes("titan-embed")) return "titan";
@@ -33,8 +41,10 @@ export function embeddingBody(req: EmbeddingsRequest, d: Deployment): WireJson {
     if (req.dimensions) body.dimensions = req.dimensions;
     return body;
   }
-  // `input_type` matters to Cohere's v3+ models; documents is the right default for indexing.
-  const body: WireJson = { texts: inputs, input_type: typeof d.options.input_type === "string" ? d.options.input_type : "search_document" };
+  // `input_type` matters to Cohere's v3+ models: the client's, else the deployment's; documents is the right default for indexing.
+  const asked = (req as WireJson).input_type;
+  const inputType = typeof asked === "string" ? asked : typeof d.options.input_type === "string" ? d.options.input_type : "search_document";
+  const body: WireJson = { texts: inputs, input_type: inputType };
   if (req.dimensions) body.output_dimension = req.dimensions;
   return body;
 }

@@ -9,7 +9,7 @@ import { converseResponse } from "./converse-response.ts";
 import { type ConverseStreamState, converseStream } from "./converse-stream.ts";
 import { authorizeBedrock, resolveBedrock } from "./credentials.ts";
 import { bedrockErrorMessage } from "./errors.ts";
-import { EMBEDDING_PARAMS, embeddingBody, embeddingResponse } from "./embeddings.ts";
+import { EMBEDDING_PARAMS, embeddingBody, embeddingParamsFor, embeddingResponse } from "./embeddings.ts";
 
 /** `bedrock/converse/<id>` names the API explicitly; Converse is the only chat API served. */
 const modelId = (d: Deployment) => d.upstreamModel.replace(/^converse\//, "");
@@ -36,6 +36,7 @@ const embeddings: EndpointAdapter<"embeddings"> = {
   request: (req, d) => call(d, "invoke", embeddingBody(req, { ...d, upstreamModel: modelId(d) })),
   response: (body, req?: EmbeddingsRequest, headers?: Headers) => embeddingResponse(body, req, headers),
   supportedParams: EMBEDDING_PARAMS,
+  supportedParamsFor: (d) => embeddingParamsFor(modelId(d)),
 };
 
 export const bedrockProvider: ProviderAdapter = {

@@ -636,8 +636,11 @@ describe("embeddings via InvokeModel", () => {
     expect(badRequest(() => embed(["a", "b"], "amazon.titan-embed-text-v2:0")).info.message).toContain("one input per call");
   });
 
-  test("Cohere: the whole batch in texts, with an input_type", () => {
+  test("Cohere: the whole batch in texts, with an input_type (the client's, else the deployment's, else search_document)", () => {
     expect(embed(["a", "b"], "cohere.embed-english-v3").body).toEqual({ texts: ["a", "b"], input_type: "search_document" });
+    expect(embed(["q"], "cohere.embed-english-v3", { input_type: "search_query" } as Partial<EmbeddingsRequest>).body).toEqual({ texts: ["q"], input_type: "search_query" });
+    expect(embeddings.supportedParamsFor!(deployment("cohere.embed-english-v3"))).toContain("input_type");
+    expect(embeddings.supportedParamsFor!(deployment("amazon.titan-embed-text-v2:0"))).not.toContain("input_type");
   });
 
   test("answers → OpenAI's list, with Titan's token count, Bedrock's count for Cohere, or an estimate", () => {
