@@ -152,6 +152,14 @@ export interface EndpointAdapter<E extends Endpoint, S = unknown> {
   binaryUsage?(req: WireRequest[E], answer: { bytes: number; contentType: string }): Usage;
   stream?: StreamTransform<E, S>;
   /**
+   * For an upstream that takes fewer inputs per call than a client may send (Titan embeddings: one
+   * text per call): the request as the parts to send instead, one call each (built by `request`,
+   * mapped by `response`), one after another; the first that fails ends the call. `join` makes the
+   * client's answer of their answers. Undefined (or absent): one call. Never for streams.
+   */
+  split?(req: WireRequest[E], deployment: Deployment): WireRequest[E][] | undefined;
+  join?(answers: { body: WireJson; usage: Usage }[], req: WireRequest[E]): { body: WireJson; usage: Usage };
+  /**
    * The OpenAI request fields this adapter translates (beyond `model`, `messages`/`prompt`/`input`
    * and `stream`). Absent means "everything OpenAI accepts" (pass-through adapters). Other fields
    * are refused with a 400 naming them, or dropped with `drop_params`.

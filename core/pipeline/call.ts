@@ -3,7 +3,7 @@
  * map the response or stream back → price and record the call. The router (core/router/route.ts)
  * decides which deployment, and holds the limits and budgets.
  */
-import type { CallIntent, CallRecord, GroupCapacity, HttpCall, CallStatus, Denied, Deployment, Endpoint, EndpointAdapter, ErrorInfo, Lease, Logger, Principal, ProviderAdapter, StreamTransform, Usage, WireRequest } from "../contract.ts";
+import type { CallIntent, CallRecord, GroupCapacity, HttpCall, CallStatus, Denied, Deployment, Endpoint, EndpointAdapter, ErrorInfo, Lease, Logger, Principal, ProviderAdapter, StreamTransform, Usage, WireJson, WireRequest } from "../contract.ts";
 import { type PromptSize, promptSize } from "../cost/estimate.ts";
 import { worstCaseOf } from "../cost/worst-case.ts";
 import { groupCapacity } from "../limits/capacity.ts";
@@ -264,6 +264,32 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     // Fields the adapter does not translate: refused, or dropped (then the client's bytes no longer match).
     const supported = paramsFor(ep, d);
     const sent = supported ? supportedBody(body, supported, d, snapshot.settings.dropParams) : body;
+    /** Sends a finished answer: priced, recorded, with the call's headers. */
+    const reply = (out: string | ArrayBuffer, contentType: string, usage: Usage, id: unknown, upstream: Headers): Response => {
+      if (typeof out === "string") attempt.capture?.(out);
+      const cost = finish("success", usage, undefined, Date.now(), typeof id === "string" ? id : undefined);
+      const headers = responseHeaders(d, ctx.callId, contentType);
+      withUpstreamLimits(headers, upstream, adapter);
+      if (attempt.headers) Object.assign(headers, attempt.headers);
+      headers["x-svc-response-cost"] = picoToText(cost);
+      return new Response(out, { headers });
+    };
+    // An upstream that takes fewer inputs per call than were sent: one call per part, in order.
+    const parts = streams || !ep.join ? undefined : ep.split?.(sent, d);
+    if (parts && ep.join) {
+      const answers: { body: WireJson; usage: Usage }[] = [];
+      let last = new Headers();
+      for (const part of parts) {
+        const res = await send(adapter, d, buildCall(ep, part, d, undefined), deadline);
+        if (!res.ok) throw await upstreamError(adapter, d, res);
+        answers.push(mapAnswer(ep, (await readJson(res, d, deadline)).json, part, res.headers, d));
+        last = res.headers;
+      }
+      deadline.clear();
+      const joined = ep.join(answers, body);
+      if (keepPrompt && keepsAnswer(endpoint)) answer = joined.body;
+      return reply(JSON.stringify(joined.body), "application/json", joined.usage, joined.body.id, last);
+    }
     const res = await send(adapter, d, buildCall(ep, sent, d, sent === body ? ctx.rawBody : undefined), deadline);
     if (!res.ok) throw await upstreamError(adapter, d, res);
     if (streams && ep.stream) {
@@ -280,45 +306,26 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
         : capture;
       return streamResponse({ res, deployment: d, transform, request: body as WireRequest["chat" | "completions"], deadline, headers, finish, tap });
     }
-    /** Sends a finished answer: priced, recorded, with the call's headers. */
-    const reply = (out: string | ArrayBuffer, contentType: string, usage: Usage, id: unknown): Response => {
-      if (typeof out === "string") attempt.capture?.(out);
-      const cost = finish("success", usage, undefined, Date.now(), typeof id === "string" ? id : undefined);
-      const headers = responseHeaders(d, ctx.callId, contentType);
-      withUpstreamLimits(headers, res.headers, adapter);
-      if (attempt.headers) Object.assign(headers, attempt.headers);
-      headers["x-svc-response-cost"] = picoToText(cost);
-      return new Response(out, { headers });
-    };
     const upstreamType = res.headers.get("content-type") ?? "";
     if (ep.binaryUsage) {
       const audio = await readWithin(res.arrayBuffer(), d, deadline);
       deadline.clear();
       const contentType = upstreamType || "application/octet-stream";
-      return reply(audio, contentType, ep.binaryUsage(body, { bytes: audio.byteLength, contentType }), undefined);
+      return reply(audio, contentType, ep.binaryUsage(body, { bytes: audio.byteLength, contentType }), undefined, res.headers);
     }
     if (ep.textResponse && !upstreamType.includes("json")) {
       const t = ep.textResponse(await readWithin(res.text(), d, deadline), upstreamType, body);
       deadline.clear();
       if (keepPrompt) answer = t.text.body;
-      return reply(t.text.body, t.text.contentType, t.usage, undefined);
+      return reply(t.text.body, t.text.contentType, t.usage, undefined, res.headers);
     }
     const { text, json } = await readJson(res, d, deadline);
     deadline.clear();
-    let mapped: ReturnType<EndpointAdapter<E, unknown>["response"]>;
-    try {
-      mapped = ep.response(json, body, res.headers);
-    } catch (err) {
-      const message = err instanceof Error ? err.message : String(err);
-      // An adapter may recognise a refusal inside a 200 answer (a prompt blocked by the provider's filter).
-      const kind = (err as { kind?: unknown }).kind;
-      if (kind === "content_policy_violation" || kind === "context_window_exceeded") throw GatewayError.of(400, `${d.provider} refused the request for model ${d.modelName}: ${message}`, kind);
-      throw GatewayError.of(500, `${d.provider} returned an unexpected response for model ${d.modelName}: ${message}`);
-    }
+    const mapped = mapAnswer(ep, json, body, res.headers, d);
     if (keepPrompt && keepsAnswer(endpoint)) answer = mapped.text ? mapped.text.body : mapped.body;
-    if (mapped.text) return reply(mapped.text.body, mapped.text.contentType, mapped.usage, undefined);
+    if (mapped.text) return reply(mapped.text.body, mapped.text.contentType, mapped.usage, undefined, res.headers);
     // An adapter that hands the upstream body back unchanged lets the original bytes through.
-    return reply(mapped.body === json ? text : JSON.stringify(mapped.body), "application/json", mapped.usage, (mapped.body as { id?: unknown }).id);
+    return reply(mapped.body === json ? text : JSON.stringify(mapped.body), "application/json", mapped.usage, (mapped.body as { id?: unknown }).id, res.headers);
   } catch (err) {
     deadline.clear();
     const info = err instanceof GatewayError ? err.info : errorInfo(500, err instanceof Error ? err.message : String(err));
@@ -328,6 +335,19 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
       err.headers["x-svc-call-id"] = ctx.callId;
     }
     throw err;
+  }
+}
+
+/** The adapter's mapping of an upstream JSON answer; one it cannot read is a 500 (a refusal it recognises inside a 200, a 400). */
+function mapAnswer<E extends Endpoint>(ep: EndpointAdapter<E, unknown>, json: unknown, req: WireRequest[E], headers: Headers, d: Deployment): ReturnType<EndpointAdapter<E, unknown>["response"]> {
+  try {
+    return ep.response(json, req, headers);
+  } catch (err) {
+    const message = err instanceof Error ? err.message : String(err);
+    // An adapter may recognise a refusal inside a 200 answer (a prompt blocked by the provider's filter).
+    const kind = (err as { kind?: unknown }).kind;
+    if (kind === "content_policy_violation" || kind === "context_window_exceeded") throw GatewayError.of(400, `${d.provider} refused the request for model ${d.modelName}: ${message}`, kind);
+    throw GatewayError.of(500, `${d.provider} returned an unexpected response for model ${d.modelName}: ${message}`);
   }
 }
 

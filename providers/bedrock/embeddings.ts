@@ -30,12 +30,22 @@ function texts(input: EmbeddingsRequest["input"]): string[] {
   throw GatewayError.of(400, "bedrock: embeddings input must be a string or an array of strings (token arrays are not supported)", "invalid_request_error", "input");
 }
 
+/**
+ * Titan takes one text per call: a list of several is sent as one call per text (in order) and
+ * answered as one list, as LiteLLM does. Undefined: one call.
+ */
+export function embeddingParts(req: EmbeddingsRequest, modelId: string): EmbeddingsRequest[] | undefined {
+  if (family(modelId) !== "titan" || !Array.isArray(req.input) || req.input.length < 2) return undefined;
+  return texts(req.input).map((input) => ({ ...req, input }));
+}
+
 /** The InvokeModel body for the deployment's model family. */
 export function embeddingBody(req: EmbeddingsRequest, d: Deployment): WireJson {
   const inputs = texts(req.input);
+  if (inputs.length === 0) throw GatewayError.of(400, "bedrock: embeddings input is empty: send a text to embed", "invalid_request_error", "input");
   if (family(d.upstreamModel) === "titan") {
     if (inputs.length !== 1) {
-      throw GatewayError.of(400, `bedrock: Titan embedding models take one input per call, got ${inputs.length}; send one string, or use a Cohere model for batches`, "invalid_request_error", "input");
+      throw GatewayError.of(400, `bedrock: Titan embedding models take one input per call, got ${inputs.length}`, "invalid_request_error", "input");
     }
     const body: WireJson = { inputText: inputs[0] };
     if (req.dimensions) body.dimensions = req.dimensions;

@@ -9,7 +9,8 @@ import { converseResponse } from "./converse-response.ts";
 import { type ConverseStreamState, converseStream } from "./converse-stream.ts";
 import { authorizeBedrock, resolveBedrock } from "./credentials.ts";
 import { bedrockErrorMessage } from "./errors.ts";
-import { EMBEDDING_PARAMS, embeddingBody, embeddingParamsFor, embeddingResponse } from "./embeddings.ts";
+import { joinEmbeddingLists } from "../shared/embedding-list.ts";
+import { EMBEDDING_PARAMS, embeddingBody, embeddingParamsFor, embeddingParts, embeddingResponse } from "./embeddings.ts";
 
 /** `bedrock/converse/<id>` names the API explicitly; Converse is the only chat API served. */
 const modelId = (d: Deployment) => d.upstreamModel.replace(/^converse\//, "");
@@ -35,6 +36,9 @@ const chat: EndpointAdapter<"chat", ConverseStreamState> = {
 const embeddings: EndpointAdapter<"embeddings"> = {
   request: (req, d) => call(d, "invoke", embeddingBody(req, { ...d, upstreamModel: modelId(d) })),
   response: (body, req?: EmbeddingsRequest, headers?: Headers) => embeddingResponse(body, req, headers),
+  // Titan: one call per text.
+  split: (req, d) => embeddingParts(req, modelId(d)),
+  join: (answers, req) => joinEmbeddingLists(answers, req.model),
   supportedParams: EMBEDDING_PARAMS,
   supportedParamsFor: (d) => embeddingParamsFor(modelId(d)),
 };

@@ -1,5 +1,5 @@
 /** OpenAI's embeddings answer (`{object: "list", data, model, usage}`) from a native provider's vectors. */
-import type { EmbeddingsRequest, WireJson } from "../../core/contract.ts";
+import type { EmbeddingsRequest, Usage, WireJson } from "../../core/contract.ts";
 
 /** Little-endian float32 bytes in base64: what OpenAI sends for `encoding_format: "base64"`. */
 function float32Base64(vector: readonly number[]): string {
@@ -22,4 +22,11 @@ export function embeddingTexts(input: EmbeddingsRequest["input"], provider: stri
   if (typeof input === "string") return [input];
   if (Array.isArray(input) && input.every((x): x is string => typeof x === "string")) return input;
   throw new Error(`${provider} embeddings take text input (a string or an array of strings), not token ids`);
+}
+
+/** One OpenAI list of the lists a request sent in parts got: the vectors in order, indexed anew, the usage summed. */
+export function joinEmbeddingLists(answers: readonly { body: WireJson; usage: Usage }[], model: string): { body: WireJson; usage: Usage } {
+  const data = answers.flatMap((a) => (Array.isArray(a.body.data) ? (a.body.data as WireJson[]) : [])).map((e, index) => ({ ...e, index }));
+  const promptTokens = answers.reduce((n, a) => n + a.usage.promptTokens, 0);
+  return { body: { object: "list", data, model, usage: { prompt_tokens: promptTokens, total_tokens: promptTokens } }, usage: { promptTokens, completionTokens: 0 } };
 }

@@ -213,11 +213,19 @@ describe("embeddings", () => {
     expect(mock.requests[0]!.body).toEqual({ inputText: "hello titan", dimensions: 256 });
   });
 
-  test("Titan: a batch is refused with a 400 that says why", async () => {
-    const err = await failure(client.embeddings.create({ model: "titan", input: ["a", "b"] }));
-    expect(err).toBeInstanceOf(BadRequestError);
-    expect((err as APIError).message).toContain("one input per call");
-    expect(mock.requests).toHaveLength(0);
+  test("Titan: a list is sent as one call per text, in order, and answered as one list", async () => {
+    const res = await client.embeddings.create({ model: "titan", input: ["first", "second text", "third"] });
+    expect(res.data.map((d) => d.index)).toEqual([0, 1, 2]);
+    expect(res.data[1]!.embedding).toEqual(mockEmbedding("second text", 1024));
+    expect(res.usage.prompt_tokens).toBe(2 + 3 + 2);
+    expect(mock.requests.map((r) => r.body)).toEqual([{ inputText: "first" }, { inputText: "second text" }, { inputText: "third" }]);
+  });
+
+  test("Titan: a list whose second call fails gets that failure, and no third call is made", async () => {
+    mock.fault({ kind: "answer", body: { embedding: [0.5], inputTextTokenCount: 1 }, action: "invoke" }, { kind: "status", status: 429, action: "invoke" });
+    const err = await failure(client.embeddings.create({ model: "titan", input: ["a", "b", "c"] }));
+    expect(err).toBeInstanceOf(RateLimitError);
+    expect(mock.requests).toHaveLength(2);
   });
 
   test("Cohere: a batch in one call, vectors in input order", async () => {

@@ -49,7 +49,15 @@ export type BedrockFault = { action?: BedrockAction } & (
   | { /** Frame number `frame` (0-based) goes out with a broken message CRC. */ kind: "corruptFrame"; frame: number }
   | { /** The stream's bytes go out in pieces of this size, splitting frames anywhere. */ kind: "fragment"; bytes: number }
   | { /** The stream's bytes cut, replaced or ended as the shaper says (wire-shape.ts); a JSON answer is sent as usual. */ kind: "wire"; shape: WireShaper }
-  | { /** 200 with this JSON body instead of the planned answer, once the request passed the mock's checks (a test's own answer). */ kind: "answer"; body: unknown }
+  | {
+      /**
+       * 200 with this JSON body instead of the planned answer, once the request passed the mock's
+       * checks (a test's own answer); `headers` replace InvokeModel's token-count headers.
+       */
+      kind: "answer";
+      body: unknown;
+      headers?: Record<string, string>;
+    }
 );
 
 export interface RecordedRequest {
@@ -440,12 +448,19 @@ function converseFrames(plan: Plan): Uint8Array[] {
 
 const TITAN_KEYS = new Set(["inputText", "dimensions", "normalize", "embeddingTypes"]);
 
-function titanEmbedding(modelId: string, body: JsonObject): Response {
+/** A test's own answer to an InvokeModel request that passed the checks (Bedrock's headers, the test's body and token count). */
+type InvokeAnswer = Extract<BedrockFault, { kind: "answer" }> | undefined;
+
+function titanEmbedding(modelId: string, body: JsonObject, answered: InvokeAnswer): Response {
   for (const key of Object.keys(body)) {
     if (!TITAN_KEYS.has(key)) return bedrockError(400, "ValidationException", `Malformed input request: extraneous key [${key}] is not permitted, please reformat your input and try again.`);
   }
   if (typeof body.inputText !== "string") return bedrockError(400, "ValidationException", "Malformed input request: #: required key [inputText] not found, please reformat your input and try again.");
   const v2 = modelId.includes("v2");
+  if (body.dimensions !== undefined && (!v2 || ![256, 512, 1024].includes(body.dimensions as number))) {
+    return bedrockError(400, "ValidationException", `Malformed input request: #/dimensions: ${JSON.stringify(body.dimensions)} is not a valid enum value, please reformat your input and try again.`);
+  }
+  if (answered) return invokeAnswer(answered.body as JsonObject, 0, answered.headers ?? {});
   const dimensions = typeof body.dimensions === "number" ? body.dimensions : v2 ? 1024 : 1536;
   const embedding = mockEmbedding(body.inputText, dimensions);
   const tokens = Math.max(1, approxTokens(body.inputText));
@@ -453,12 +468,13 @@ function titanEmbedding(modelId: string, body: JsonObject): Response {
   return invokeAnswer(answer, tokens);
 }
 
-function cohereEmbedding(body: JsonObject): Response {
+function cohereEmbedding(body: JsonObject, answered: InvokeAnswer): Response {
   const texts = body.texts;
   if (!Array.isArray(texts) || !texts.every((t) => typeof t === "string")) {
     return bedrockError(400, "ValidationException", "Malformed input request: #: required key [texts] not found, please reformat your input and try again.");
   }
   if (typeof body.input_type !== "string") return bedrockError(400, "ValidationException", "Malformed input request: #: required key [input_type] not found, please reformat your input and try again.");
+  if (answered) return invokeAnswer(answered.body as JsonObject, 0, answered.headers ?? {});
   const dimensions = typeof body.output_dimension === "number" ? body.output_dimension : 1024;
   const vectors = texts.map((t) => mockEmbedding(t, dimensions));
   const byType = Array.isArray(body.embedding_types);
@@ -466,13 +482,12 @@ function cohereEmbedding(body: JsonObject): Response {
   return invokeAnswer(answer, texts.reduce((n, t) => n + Math.max(1, approxTokens(t)), 0));
 }
 
-function invokeAnswer(answer: JsonObject, inputTokens: number): Response {
+function invokeAnswer(answer: JsonObject, inputTokens: number, headers?: Record<string, string>): Response {
   return new Response(JSON.stringify(answer), {
     headers: {
       "content-type": "application/json",
       "x-amzn-requestid": crypto.randomUUID(),
-      "x-amzn-bedrock-input-token-count": String(inputTokens),
-      "x-amzn-bedrock-invocation-latency": String(latency()),
+      ...(headers ?? { "x-amzn-bedrock-input-token-count": String(inputTokens), "x-amzn-bedrock-invocation-latency": String(latency()) }),
     },
   });
 }
@@ -589,8 +604,9 @@ async function handle(req: Request, state: MockState, options: MockBedrockOption
   }
   if (!isObject(body)) return bedrockError(400, "SerializationException", "Unexpected character at the start of the body: expected a JSON object.", CORAL);
   if (action === "invoke") {
-    if (modelId.includes("titan-embed")) return titanEmbedding(modelId, body);
-    if (modelId.includes("cohere.embed")) return cohereEmbedding(body);
+    const answered = fault?.kind === "answer" ? fault : undefined;
+    if (modelId.includes("titan-embed")) return titanEmbedding(modelId, body, answered);
+    if (modelId.includes("cohere.embed")) return cohereEmbedding(body, answered);
     return bedrockError(400, "ValidationException", "The provided model identifier is invalid.");
   }
   const invalid = validateConverse(body);

@@ -628,12 +628,38 @@ describe("embeddings via InvokeModel", () => {
     return { url: call.url, body: JSON.parse(call.body!) as WireJson };
   };
 
-  test("Titan: one inputText per call, dimensions passed; a batch is refused", () => {
+  test("Titan: one inputText per call, dimensions passed; a list is sent as one call per text", () => {
+    const titan = deployment("amazon.titan-embed-text-v2:0");
     const { url, body } = embed("hello world", "amazon.titan-embed-text-v2:0", { dimensions: 256 });
     expect(url).toEndWith("/model/amazon.titan-embed-text-v2%3A0/invoke");
     expect(body).toEqual({ inputText: "hello world", dimensions: 256 });
     expect(embed(["only one"], "amazon.titan-embed-text-v2:0").body).toEqual({ inputText: "only one" });
-    expect(badRequest(() => embed(["a", "b"], "amazon.titan-embed-text-v2:0")).info.message).toContain("one input per call");
+    expect(embeddings.split!({ model: "embedder", input: ["a", "b"], dimensions: 256 }, titan)).toEqual([
+      { model: "embedder", input: "a", dimensions: 256 },
+      { model: "embedder", input: "b", dimensions: 256 },
+    ]);
+    expect(embeddings.split!({ model: "embedder", input: "a" }, titan)).toBeUndefined();
+    expect(embeddings.split!({ model: "embedder", input: ["a"] }, titan)).toBeUndefined();
+    expect(embeddings.split!({ model: "embedder", input: ["a", "b"] }, deployment("cohere.embed-english-v3"))).toBeUndefined();
+    expect(badRequest(() => embeddings.split!({ model: "embedder", input: [[1, 2], [3]] }, titan)).info.message).toContain("token arrays");
+    expect(badRequest(() => embed([], "amazon.titan-embed-text-v2:0")).info.message).toContain("empty");
+    const joined = embeddings.join!(
+      [
+        embeddings.response({ embedding: [0.5], inputTextTokenCount: 3 }, { model: "embedder", input: "a" }),
+        embeddings.response({ embedding: [-0.25], inputTextTokenCount: 4 }, { model: "embedder", input: "b" }),
+      ],
+      { model: "embedder", input: ["a", "b"] },
+    );
+    expect(joined.body).toEqual({
+      object: "list",
+      data: [
+        { object: "embedding", index: 0, embedding: [0.5] },
+        { object: "embedding", index: 1, embedding: [-0.25] },
+      ],
+      model: "embedder",
+      usage: { prompt_tokens: 7, total_tokens: 7 },
+    });
+    expect(joined.usage).toEqual({ promptTokens: 7, completionTokens: 0 });
   });
 
   test("Cohere: the whole batch in texts, with an input_type (the client's, else the deployment's, else search_document)", () => {

@@ -132,7 +132,8 @@ function transformRequest(s: Snapshot, principal: Principal, body: Record<string
   if (!ep) throw badRequest(`model ${req.model} (provider ${d.provider}) does not support ${endpoint}`, "model");
   const supported = paramsFor(ep, d);
   const sent = supported ? supportedBody(req, supported, d, s.settings.dropParams) : req;
-  const call = buildCall(ep, sent, d, undefined);
+  // A request the provider takes in parts (one call per input): the first part's call.
+  const call = buildCall(ep, ep.split?.(sent, d)?.[0] ?? sent, d, undefined);
   return { raw_request_api_base: redactUrl(call.url), raw_request_body: parsedBody(call), raw_request_headers: redactHeaders(call.headers) };
 }
 
