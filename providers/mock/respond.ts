@@ -117,17 +117,28 @@ function base64(v: number[]): string {
 /** The most dimensions OpenAI's embedding models give (text-embedding-3-large). */
 const MAX_DIMENSIONS = 3072;
 
+/**
+ * The inputs to embed, as OpenAI reads `input`: a string, a list of strings, one text as token
+ * ids (number[]), or several (number[][]); with the tokens each counts (a token list, its length).
+ */
+function embeddingInputs(input: unknown): { text: string; tokens: number }[] {
+  const one = (x: unknown) => (Array.isArray(x) ? { text: x.join(" "), tokens: x.length } : { text: String(x ?? ""), tokens: estimateTokens(String(x ?? "")) });
+  if (!Array.isArray(input)) return [one(input)];
+  if (input.length > 0 && input.every((x) => typeof x === "number")) return [one(input)];
+  return input.map(one);
+}
+
 function embeddings(body: WireJson): Response {
-  const inputs = Array.isArray(body.input) ? body.input.map(String) : [String(body.input ?? "")];
+  const inputs = embeddingInputs(body.input);
   const dims = typeof body.dimensions === "number" ? body.dimensions : 8;
   // Refused as OpenAI refuses it; building the vectors would otherwise take the memory they ask for.
   if (dims > MAX_DIMENSIONS) return invalid(`Invalid value for 'dimensions' = ${dims}. Must be less than or equal to ${MAX_DIMENSIONS}.`, "dimensions");
   const asBase64 = body.encoding_format === "base64";
-  const data = inputs.map((text, index) => {
+  const data = inputs.map(({ text }, index) => {
     const v = vector(text, dims);
     return { object: "embedding", index, embedding: asBase64 ? base64(v) : v };
   });
-  const tokens = inputs.reduce((n, t) => n + estimateTokens(t), 0);
+  const tokens = inputs.reduce((n, t) => n + t.tokens, 0);
   return json({ object: "list", data, model: body.model, usage: { prompt_tokens: tokens, total_tokens: tokens } });
 }
 

@@ -66,6 +66,15 @@ describe("built-in mock provider (works with no network)", () => {
     expect(a.data[1]?.embedding[0]).not.toBeCloseTo(a.data[0]!.embedding[0]!, 6);
   });
 
+  test("token ids embed as OpenAI reads them: number[] is one text, number[][] one per list, each counted by its length", async () => {
+    const one = await client.embeddings.create({ model: "embed-mock", input: [1212, 318, 257, 1332] });
+    expect(one.data.map((d) => d.index)).toEqual([0]);
+    expect(one.usage.prompt_tokens).toBe(4);
+    const two = await client.embeddings.create({ model: "embed-mock", input: [[1212, 318], [257]] });
+    expect(two.data.map((d) => d.index)).toEqual([0, 1]);
+    expect(two.usage.prompt_tokens).toBe(3);
+  });
+
   test("a body that is not UTF-8 is refused with a 400 naming the encoding, not answered with replacement characters", async () => {
     // "café" in Latin-1: the é is the lone byte 0xE9.
     const latin1 = new Uint8Array([...new TextEncoder().encode('{"model":"chat-mock","messages":[{"role":"user","content":"caf'), 0xe9, ...new TextEncoder().encode('"}]}')]);
