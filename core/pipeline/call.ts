@@ -275,7 +275,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
       return new Response(out, { headers });
     };
     // An upstream that takes fewer inputs per call than were sent: one call per part, in order.
-    const parts = streams || !ep.join ? undefined : ep.split?.(sent, d);
+    const parts = streams || !ep.join ? undefined : splitCall(ep, sent, d);
     if (parts && ep.join) {
       const answers: { body: WireJson; usage: Usage }[] = [];
       let last = new Headers();
@@ -348,6 +348,16 @@ function mapAnswer<E extends Endpoint>(ep: EndpointAdapter<E, unknown>, json: un
     const kind = (err as { kind?: unknown }).kind;
     if (kind === "content_policy_violation" || kind === "context_window_exceeded") throw GatewayError.of(400, `${d.provider} refused the request for model ${d.modelName}: ${message}`, kind);
     throw GatewayError.of(500, `${d.provider} returned an unexpected response for model ${d.modelName}: ${message}`);
+  }
+}
+
+/** The parts the adapter sends a request in (undefined: one call); an input it cannot split is refused as `buildCall` refuses it. */
+export function splitCall<E extends Endpoint>(ep: EndpointAdapter<E, unknown>, body: WireRequest[E], d: Deployment): WireRequest[E][] | undefined {
+  try {
+    return ep.split?.(body, d);
+  } catch (err) {
+    if (err instanceof GatewayError) throw err;
+    throw GatewayError.of(400, `${d.provider} cannot take this request for model ${d.modelName}: ${err instanceof Error ? err.message : String(err)}`, "invalid_request_error");
   }
 }
 

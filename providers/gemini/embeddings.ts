@@ -28,6 +28,15 @@ export function batchEmbedBody(req: EmbeddingsRequest, d: Deployment, modelPath:
   };
 }
 
+/**
+ * Vertex AI's Gemini embedding models take one instance per `predict` call ("batchSize must be 1"):
+ * a list of several texts is sent as one call per text (in order), and answered as one list.
+ */
+export function predictEmbedParts(req: EmbeddingsRequest, d: Deployment): EmbeddingsRequest[] | undefined {
+  if (!d.upstreamModel.startsWith("gemini-embedding") || !Array.isArray(req.input) || req.input.length < 2) return undefined;
+  return embeddingTexts(req.input, d.provider).map((input) => ({ ...req, input }));
+}
+
 /** Vertex AI's `predict` body for text embedding models. */
 export function predictEmbedBody(req: EmbeddingsRequest, d: Deployment): WireJson {
   const task = taskType(d);

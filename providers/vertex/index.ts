@@ -9,7 +9,8 @@
  * `vertex_credentials`; `api_base` replaces the regional host, `api_version` the `v1` path segment.
  */
 import type { Deployment, EndpointAdapter, ProviderAdapter } from "../../core/contract.ts";
-import { GEMINI_EMBEDDING_PARAMS, predictEmbedBody, predictEmbedResponse } from "../gemini/embeddings.ts";
+import { GEMINI_EMBEDDING_PARAMS, predictEmbedBody, predictEmbedParts, predictEmbedResponse } from "../gemini/embeddings.ts";
+import { joinEmbeddingLists } from "../shared/embedding-list.ts";
 import { type GoogleModelApi, geminiChat, geminiCountTokens, googleCall } from "../gemini/endpoints.ts";
 import { googleErrorKind, googleErrorMessage } from "../gemini/errors.ts";
 import { claudeChat, claudeCountTokens, isAnthropicMessage, isClaude } from "./claude.ts";
@@ -29,6 +30,9 @@ const vertexGemini: GoogleModelApi = {
 const embeddings: EndpointAdapter<"embeddings"> = {
   request: (req, d) => googleCall(vertexGemini, d, "predict", predictEmbedBody(req, d)),
   response: predictEmbedResponse,
+  // gemini-embedding-*: one text per call.
+  split: predictEmbedParts,
+  join: (answers, req) => joinEmbeddingLists(answers, req.model),
   supportedParams: GEMINI_EMBEDDING_PARAMS,
 };
 

@@ -788,8 +788,12 @@ function batchEmbed(started: number, t: Target, body: Json, options: MockGeminiO
   return options.embeddingUsage ? { embeddings, usageMetadata: { promptTokenCount: tokens, totalTokenCount: tokens } } : { embeddings };
 }
 
-function predictEmbed(started: number, body: Json): Response | Json {
+function predictEmbed(started: number, t: Target, body: Json): Response | Json {
   if (!Array.isArray(body.instances) || body.instances.length === 0) return invalid(started, "instances must not be empty");
+  // Vertex's Gemini embedding models take one text per request.
+  if (t.model.startsWith("gemini-embedding") && body.instances.length > 1) {
+    return invalid(started, `Unable to submit request because it included too many instances. Reduce the number of instances and try again. Learn more: https://cloud.google.com/vertex-ai/generative-ai/docs/model-reference/text-embeddings: Unable to submit request because batchSize must be 1 but the entered value was ${body.instances.length}. Update the batchSize value and try again.`);
+  }
   const params = isObject(body.parameters) ? body.parameters : {};
   const dims = typeof params.outputDimensionality === "number" ? params.outputDimensionality : 768;
   let chars = 0;
@@ -811,11 +815,13 @@ function routeGoogle(started: number, t: Target, url: URL, body: Json, fault: Fa
       return countTokens(started, t, body);
     case "batchEmbedContents": {
       const r = batchEmbed(started, t, body, options);
-      return r instanceof Response ? r : deliverJson(started, r, fault, state);
+      if (r instanceof Response) return r;
+      return fault?.kind === "answer" ? deliverJson(started, fault.body, undefined, state) : deliverJson(started, r, fault, state);
     }
     case "predict": {
-      const r = predictEmbed(started, body);
-      return r instanceof Response ? r : deliverJson(started, r, fault, state);
+      const r = predictEmbed(started, t, body);
+      if (r instanceof Response) return r;
+      return fault?.kind === "answer" ? deliverJson(started, fault.body, undefined, state) : deliverJson(started, r, fault, state);
     }
     case "generateContent":
     case "streamGenerateContent": {

@@ -143,6 +143,31 @@ describe("Gemini on Vertex", () => {
       [0.5, 0.5],
       [0, 1],
     ]);
+    expect(embeddings.split!(req, d)).toBeUndefined();
+  });
+
+  test("embeddings: Gemini embedding models take one instance per predict call, so a list goes one text per call", () => {
+    const d = deployment({ upstreamModel: "gemini-embedding-001" });
+    const req = { model: "emb", input: ["alpha", "beta gamma"], dimensions: 64 } as EmbeddingsRequest;
+    const parts = embeddings.split!(req, d)!;
+    expect(parts).toEqual([
+      { model: "emb", input: "alpha", dimensions: 64 },
+      { model: "emb", input: "beta gamma", dimensions: 64 },
+    ]);
+    expect(JSON.parse(embeddings.request(parts[1]!, d).body!)).toEqual({ instances: [{ content: "beta gamma" }], parameters: { outputDimensionality: 64 } });
+    expect(embeddings.split!({ model: "emb", input: "alpha" }, d)).toBeUndefined();
+    const joined = embeddings.join!(
+      [
+        embeddings.response({ predictions: [{ embeddings: { statistics: { token_count: 2 }, values: [0.5] } }] }, parts[0]),
+        embeddings.response({ predictions: [{ embeddings: { statistics: { token_count: 3 }, values: [-1] } }] }, parts[1]),
+      ],
+      req,
+    );
+    expect((joined.body.data as WireJson[]).map((e) => [e.index, e.embedding])).toEqual([
+      [0, [0.5]],
+      [1, [-1]],
+    ]);
+    expect(joined.usage).toEqual({ promptTokens: 5, completionTokens: 0 });
   });
 });
 

@@ -9,7 +9,7 @@ import { Elysia } from "elysia";
 import type { ChatRequest, Endpoint, EndpointAdapter, HttpCall, Principal, WireRequest } from "../../contract.ts";
 import { GatewayError } from "../../errors.ts";
 import { geminiMessages } from "../../gemini-inbound/request.ts";
-import { buildCall } from "../../pipeline/call.ts";
+import { buildCall, splitCall } from "../../pipeline/call.ts";
 import { OPENAI_CHAT_PARAMS, OPENAI_EMBEDDING_PARAMS, paramsFor, supportedBody } from "../../pipeline/params.ts";
 import { invalidModel } from "../../router/route.ts";
 import type { Snapshot } from "../../snapshot.ts";
@@ -133,7 +133,7 @@ function transformRequest(s: Snapshot, principal: Principal, body: Record<string
   const supported = paramsFor(ep, d);
   const sent = supported ? supportedBody(req, supported, d, s.settings.dropParams) : req;
   // A request the provider takes in parts (one call per input): the first part's call.
-  const call = buildCall(ep, ep.split?.(sent, d)?.[0] ?? sent, d, undefined);
+  const call = buildCall(ep, splitCall(ep, sent, d)?.[0] ?? sent, d, undefined);
   return { raw_request_api_base: redactUrl(call.url), raw_request_body: parsedBody(call), raw_request_headers: redactHeaders(call.headers) };
 }
 
