@@ -1,10 +1,11 @@
 /**
  * Embeddings through Bedrock's InvokeModel, whose body is the model family's own: Amazon Titan
- * (`inputText`, one text per call) and Cohere (`texts`, a batch per call).
+ * (`inputText`, one text per call) and Cohere (`texts`, a batch of up to 96 per call).
  */
 import type { Deployment, EmbeddingsRequest, Usage, WireJson } from "../../core/contract.ts";
 import { GatewayError } from "../../core/errors.ts";
 import { estimateTokens } from "../openai-compatible/adapter.ts";
+import { embeddingBatches } from "../shared/embedding-list.ts";
 
 /** Titan's; Cohere's models also take the client's `input_type` (what the text is for), as `cohere/` does. */
 const TITAN_PARAMS = ["dimensions", "encoding_format", "user"] as const;
@@ -30,13 +31,17 @@ function texts(input: EmbeddingsRequest["input"]): string[] {
   throw GatewayError.of(400, "bedrock: embeddings input must be a string or an array of strings (token arrays are not supported)", "invalid_request_error", "input");
 }
 
+/** Cohere's embed models on Bedrock take at most 96 texts per call. */
+const COHERE_BATCH = 96;
+
 /**
- * Titan takes one text per call: a list of several is sent as one call per text (in order) and
- * answered as one list, as LiteLLM does. Undefined: one call.
+ * Titan takes one text per call, Cohere 96: a longer list is sent in parts, one call each (in
+ * order), and answered as one list, as LiteLLM does for Titan. Undefined: one call.
  */
 export function embeddingParts(req: EmbeddingsRequest, modelId: string): EmbeddingsRequest[] | undefined {
-  if (family(modelId) !== "titan" || !Array.isArray(req.input) || req.input.length < 2) return undefined;
-  return texts(req.input).map((input) => ({ ...req, input }));
+  const size = family(modelId) === "titan" ? 1 : COHERE_BATCH;
+  if (!Array.isArray(req.input) || req.input.length <= size) return undefined;
+  return embeddingBatches(req, texts(req.input), size);
 }
 
 /** The InvokeModel body for the deployment's model family. */

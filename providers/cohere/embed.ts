@@ -1,11 +1,20 @@
 /** OpenAI embeddings ↔ Cohere's `POST /v2/embed` (`texts` in, `embeddings.float` and billed input tokens out). */
 import type { Deployment, EmbeddingsRequest, Usage, WireJson } from "../../core/contract.ts";
-import { embeddingList, embeddingTexts } from "../shared/embedding-list.ts";
+import { embeddingBatches, embeddingList, embeddingTexts } from "../shared/embedding-list.ts";
 
 /** Cohere's v3+ embedding models need to know what the text is for; a stored document by default. */
 const DEFAULT_INPUT_TYPE = "search_document";
 
 export const COHERE_EMBED_PARAMS = ["encoding_format", "dimensions", "input_type", "user"] as const;
+
+/** Cohere's embed endpoint takes at most 96 texts per call. */
+const MAX_TEXTS = 96;
+
+/** A list longer than one call takes, in batches of 96 (in order; answered as one list). */
+export function cohereEmbedParts(req: EmbeddingsRequest): EmbeddingsRequest[] | undefined {
+  if (!Array.isArray(req.input) || req.input.length <= MAX_TEXTS) return undefined;
+  return embeddingBatches(req, embeddingTexts(req.input, "Cohere"), MAX_TEXTS);
+}
 
 export function cohereEmbedBody(req: EmbeddingsRequest, d: Deployment): WireJson {
   const inputType = (req as WireJson).input_type ?? d.options.input_type ?? DEFAULT_INPUT_TYPE;

@@ -8,7 +8,8 @@ import { upstreamErrorKind } from "../shared/error-kind.ts";
 import { COHERE_CHAT_PARAMS, cohereChatBody } from "./chat-request.ts";
 import { cohereChatResponse } from "./chat-response.ts";
 import { type CohereStreamState, cohereChatStream } from "./chat-stream.ts";
-import { COHERE_EMBED_PARAMS, cohereEmbedBody, cohereEmbedResponse } from "./embed.ts";
+import { joinEmbeddingLists } from "../shared/embedding-list.ts";
+import { COHERE_EMBED_PARAMS, cohereEmbedBody, cohereEmbedParts, cohereEmbedResponse } from "./embed.ts";
 
 export const COHERE_API_BASE = "https://api.cohere.com";
 
@@ -28,6 +29,9 @@ const chat: EndpointAdapter<"chat", CohereStreamState> = {
 const embeddings: EndpointAdapter<"embeddings"> = {
   request: (req: EmbeddingsRequest, d) => post(d, "/v2/embed", cohereEmbedBody(req, d)),
   response: (body, req) => cohereEmbedResponse(body, req),
+  // More than 96 texts: in batches of 96.
+  split: (req) => cohereEmbedParts(req),
+  join: (answers, req) => joinEmbeddingLists(answers, req.model),
   supportedParams: COHERE_EMBED_PARAMS,
 };
 

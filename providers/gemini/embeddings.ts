@@ -4,7 +4,7 @@
  */
 import type { Deployment, EmbeddingsRequest, Usage, WireJson } from "../../core/contract.ts";
 import { estimateTokens } from "../openai-compatible/adapter.ts";
-import { embeddingList, embeddingTexts } from "../shared/embedding-list.ts";
+import { embeddingBatches, embeddingList, embeddingTexts } from "../shared/embedding-list.ts";
 
 const isObject = (v: unknown): v is WireJson => typeof v === "object" && v !== null && !Array.isArray(v);
 
@@ -28,13 +28,22 @@ export function batchEmbedBody(req: EmbeddingsRequest, d: Deployment, modelPath:
   };
 }
 
-/**
- * Vertex AI's Gemini embedding models take one instance per `predict` call ("batchSize must be 1"):
- * a list of several texts is sent as one call per text (in order), and answered as one list.
- */
+/** AI Studio takes at most 100 requests in one `batchEmbedContents` call. */
+const BATCH_EMBED_MAX = 100;
+/** Vertex's text embedding models take at most 250 instances per `predict` call; its Gemini embedding models one ("batchSize must be 1"). */
+const PREDICT_MAX = 250;
+
+/** A list longer than one `batchEmbedContents` call takes, in parts (in order; answered as one list). */
+export function batchEmbedParts(req: EmbeddingsRequest, d: Deployment): EmbeddingsRequest[] | undefined {
+  if (!Array.isArray(req.input) || req.input.length <= BATCH_EMBED_MAX) return undefined;
+  return embeddingBatches(req, embeddingTexts(req.input, d.provider), BATCH_EMBED_MAX);
+}
+
+/** A list longer than one `predict` call takes (for Gemini embedding models, more than one text), in parts. */
 export function predictEmbedParts(req: EmbeddingsRequest, d: Deployment): EmbeddingsRequest[] | undefined {
-  if (!d.upstreamModel.startsWith("gemini-embedding") || !Array.isArray(req.input) || req.input.length < 2) return undefined;
-  return embeddingTexts(req.input, d.provider).map((input) => ({ ...req, input }));
+  const size = d.upstreamModel.startsWith("gemini-embedding") ? 1 : PREDICT_MAX;
+  if (!Array.isArray(req.input) || req.input.length <= size) return undefined;
+  return embeddingBatches(req, embeddingTexts(req.input, d.provider), size);
 }
 
 /** Vertex AI's `predict` body for text embedding models. */

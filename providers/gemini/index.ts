@@ -3,7 +3,8 @@
  * (`svc_params.api_key`, else GEMINI_API_KEY) in the `x-goog-api-key` header.
  */
 import type { Deployment, ProviderAdapter } from "../../core/contract.ts";
-import { batchEmbedBody, batchEmbedResponse, GEMINI_EMBEDDING_PARAMS } from "./embeddings.ts";
+import { joinEmbeddingLists } from "../shared/embedding-list.ts";
+import { batchEmbedBody, batchEmbedParts, batchEmbedResponse, GEMINI_EMBEDDING_PARAMS } from "./embeddings.ts";
 import { type GoogleModelApi, geminiChat, geminiCountTokens, googleCall } from "./endpoints.ts";
 import { googleErrorKind, googleErrorMessage } from "./errors.ts";
 
@@ -28,6 +29,9 @@ export const geminiProvider: ProviderAdapter = {
     embeddings: {
       request: (req, d) => googleCall(aiStudio, d, "batchEmbedContents", batchEmbedBody(req, d, modelResource(d))),
       response: batchEmbedResponse,
+      // More than 100 texts: in batches of 100.
+      split: batchEmbedParts,
+      join: (answers, req) => joinEmbeddingLists(answers, req.model),
       supportedParams: GEMINI_EMBEDDING_PARAMS,
     },
   },

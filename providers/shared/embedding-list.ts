@@ -24,6 +24,17 @@ export function embeddingTexts(input: EmbeddingsRequest["input"], provider: stri
   throw new Error(`${provider} embeddings take text input (a string or an array of strings), not token ids`);
 }
 
+/**
+ * A request with more texts than the upstream takes per call, as parts of at most `size` texts
+ * (one text alone when `size` is 1), in order; undefined when one call takes them all.
+ */
+export function embeddingBatches(req: EmbeddingsRequest, texts: readonly string[], size: number): EmbeddingsRequest[] | undefined {
+  if (texts.length <= size) return undefined;
+  const parts: EmbeddingsRequest[] = [];
+  for (let i = 0; i < texts.length; i += size) parts.push({ ...req, input: size === 1 ? texts[i]! : texts.slice(i, i + size) });
+  return parts;
+}
+
 /** One OpenAI list of the lists a request sent in parts got: the vectors in order, indexed anew, the usage summed. */
 export function joinEmbeddingLists(answers: readonly { body: WireJson; usage: Usage }[], model: string): { body: WireJson; usage: Usage } {
   const data = answers.flatMap((a) => (Array.isArray(a.body.data) ? (a.body.data as WireJson[]) : [])).map((e, index) => ({ ...e, index }));

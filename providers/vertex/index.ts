@@ -30,7 +30,7 @@ const vertexGemini: GoogleModelApi = {
 const embeddings: EndpointAdapter<"embeddings"> = {
   request: (req, d) => googleCall(vertexGemini, d, "predict", predictEmbedBody(req, d)),
   response: predictEmbedResponse,
-  // gemini-embedding-*: one text per call.
+  // At most 250 texts per call; gemini-embedding-*: one.
   split: predictEmbedParts,
   join: (answers, req) => joinEmbeddingLists(answers, req.model),
   supportedParams: GEMINI_EMBEDDING_PARAMS,

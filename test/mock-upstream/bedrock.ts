@@ -474,6 +474,7 @@ function cohereEmbedding(body: JsonObject, answered: InvokeAnswer): Response {
     return bedrockError(400, "ValidationException", "Malformed input request: #: required key [texts] not found, please reformat your input and try again.");
   }
   if (typeof body.input_type !== "string") return bedrockError(400, "ValidationException", "Malformed input request: #: required key [input_type] not found, please reformat your input and try again.");
+  if (texts.length > 96) return bedrockError(400, "ValidationException", `Malformed input request: #/texts: expected maximum item count: 96, found: ${texts.length}, please reformat your input and try again.`);
   if (answered) return invokeAnswer(answered.body as JsonObject, 0, answered.headers ?? {});
   const dimensions = typeof body.output_dimension === "number" ? body.output_dimension : 1024;
   const vectors = texts.map((t) => mockEmbedding(t, dimensions));

@@ -185,6 +185,7 @@ function embed(body: JsonObject): Reply {
   if (typeof body.model !== "string") return errorReply(400, "invalid request: model must be specified");
   if (!Array.isArray(body.texts) || !body.texts.every((t) => typeof t === "string")) return errorReply(400, "invalid request: texts must be a list of strings");
   if (typeof body.input_type !== "string") return errorReply(400, "invalid request: valid input_type must be provided with the provided model");
+  if (body.texts.length > 96) return errorReply(400, `invalid request: texts cannot have more than 96 elements, received ${body.texts.length}`);
   const types = Array.isArray(body.embedding_types) ? body.embedding_types : ["float"];
   const dims = typeof body.output_dimension === "number" ? body.output_dimension : DEFAULT_DIMENSIONS;
   const texts = body.texts as string[];

@@ -773,6 +773,7 @@ function batchEmbed(started: number, t: Target, body: Json, options: MockGeminiO
   const bad = unknownKey(body, ["requests"], "");
   if (bad) return invalid(started, bad.replace(" at ''", ""));
   if (!Array.isArray(body.requests) || body.requests.length === 0) return invalid(started, "* BatchEmbedContentsRequest.requests: at least one request is required\n");
+  if (body.requests.length > 100) return invalid(started, "* BatchEmbedContentsRequest.requests: at most 100 requests can be in one batch\n");
   const embeddings: Json[] = [];
   let tokens = 0;
   for (const [i, r] of (body.requests as unknown[]).entries()) {
@@ -790,6 +791,7 @@ function batchEmbed(started: number, t: Target, body: Json, options: MockGeminiO
 
 function predictEmbed(started: number, t: Target, body: Json): Response | Json {
   if (!Array.isArray(body.instances) || body.instances.length === 0) return invalid(started, "instances must not be empty");
+  if (body.instances.length > 250) return invalid(started, `Unable to submit request because it included too many instances. Reduce the number of instances and try again: at most 250 instances per request, got ${body.instances.length}.`);
   // Vertex's Gemini embedding models take one text per request.
   if (t.model.startsWith("gemini-embedding") && body.instances.length > 1) {
     return invalid(started, `Unable to submit request because it included too many instances. Reduce the number of instances and try again. Learn more: https://cloud.google.com/vertex-ai/generative-ai/docs/model-reference/text-embeddings: Unable to submit request because batchSize must be 1 but the entered value was ${body.instances.length}. Update the batchSize value and try again.`);

@@ -641,6 +641,9 @@ describe("embeddings via InvokeModel", () => {
     expect(embeddings.split!({ model: "embedder", input: "a" }, titan)).toBeUndefined();
     expect(embeddings.split!({ model: "embedder", input: ["a"] }, titan)).toBeUndefined();
     expect(embeddings.split!({ model: "embedder", input: ["a", "b"] }, deployment("cohere.embed-english-v3"))).toBeUndefined();
+    // Cohere: at most 96 texts per call.
+    const texts = Array.from({ length: 100 }, (_, i) => `t${i}`);
+    expect(embeddings.split!({ model: "embedder", input: texts }, deployment("cohere.embed-english-v3"))!.map((p) => p.input)).toEqual([texts.slice(0, 96), texts.slice(96)]);
     expect(badRequest(() => embeddings.split!({ model: "embedder", input: [[1, 2], [3]] }, titan)).info.message).toContain("token arrays");
     expect(badRequest(() => embed([], "amazon.titan-embed-text-v2:0")).info.message).toContain("empty");
     const joined = embeddings.join!(

@@ -338,6 +338,10 @@ describe("embeddings ↔ /v2/embed", () => {
     const configured = embeddings.request({ model: "embedder", input: "q" }, deployment({ upstreamModel: "embed-v4.0", options: { input_type: "classification" } }));
     expect((JSON.parse(configured.body!) as WireJson).input_type).toBe("classification");
     expect(() => embeddings.request({ model: "embedder", input: [1, 2, 3] }, deployment())).toThrow(/text input/);
+    // At most 96 texts per call: more go in batches of 96, in order.
+    const texts = Array.from({ length: 200 }, (_, i) => `t${i}`);
+    expect(embeddings.split!({ model: "embedder", input: texts }, deployment())!.map((p) => p.input)).toEqual([texts.slice(0, 96), texts.slice(96, 192), texts.slice(192)]);
+    expect(embeddings.split!({ model: "embedder", input: texts.slice(0, 96) }, deployment())).toBeUndefined();
   });
 
   test("embeddings by type → OpenAI's list, usage from billed units; base64 when asked", () => {

@@ -587,6 +587,13 @@ describe("embeddings", () => {
     });
   });
 
+  test("more than 100 texts (one batchEmbedContents call's most) go in batches of 100, in order", () => {
+    const texts = Array.from({ length: 230 }, (_, i) => `text ${i}`);
+    const parts = embeddings.split!(req({ input: texts }), d)!;
+    expect(parts.map((p) => p.input)).toEqual([texts.slice(0, 100), texts.slice(100, 200), texts.slice(200)]);
+    expect(embeddings.split!(req({ input: texts.slice(0, 100) }), d)).toBeUndefined();
+  });
+
   test("token-id input is refused: Gemini embeds text", () => {
     expect(() => embeddings.request(req({ input: [1, 2, 3] }), d)).toThrow(/text input/);
   });

@@ -144,6 +144,9 @@ describe("Gemini on Vertex", () => {
       [0, 1],
     ]);
     expect(embeddings.split!(req, d)).toBeUndefined();
+    // At most 250 instances per call.
+    const texts = Array.from({ length: 260 }, (_, i) => `t${i}`);
+    expect(embeddings.split!({ model: "emb", input: texts }, d)!.map((p) => p.input)).toEqual([texts.slice(0, 250), texts.slice(250)]);
   });
 
   test("embeddings: Gemini embedding models take one instance per predict call, so a list goes one text per call", () => {
