@@ -12,7 +12,9 @@ import type {
   StreamPart,
   Usage,
   WireJson,
+  WireRequest,
 } from "../../core/contract.ts";
+import { promptSize } from "../../core/cost/estimate.ts";
 import { GatewayOnlyFields, imagesAsked, speechUsage } from "../../core/wire.ts";
 import type { OpenAICompatibleProvider } from "./table.ts";
 import { usageFromOpenAI } from "./usage.ts";
@@ -153,13 +155,41 @@ export function estimateTokens(v: unknown): number {
   return Math.ceil(textLength(v) / 4);
 }
 
+/** The text of an answer's choices: message content and tool-call arguments (chat), or `text` (completions). */
+function answerText(b: WireJson): string[] {
+  const out: string[] = [];
+  for (const c of Array.isArray(b.choices) ? b.choices : []) {
+    if (c === null || typeof c !== "object") continue;
+    const choice = c as WireJson;
+    if (typeof choice.text === "string") out.push(choice.text);
+    const m = choice.message as WireJson | undefined;
+    if (m === null || typeof m !== "object") continue;
+    if (typeof m.content === "string") out.push(m.content);
+    for (const t of Array.isArray(m.tool_calls) ? m.tool_calls : []) {
+      const args = (t as { function?: { arguments?: unknown } } | null)?.function?.arguments;
+      if (typeof args === "string") out.push(args);
+    }
+  }
+  return out;
+}
+
+/**
+ * An answer's usage. Some OpenAI-compatible servers (self-hosted ones) send none: such a call is
+ * not free, its tokens are estimated as a cut stream's are (the prompt as budgets estimate it, the
+ * answer at four characters a token).
+ */
+function answerUsage<E extends "chat" | "completions" | "embeddings">(endpoint: E, b: WireJson, req: WireRequest[E] | undefined): Usage {
+  if ((b.usage !== undefined && b.usage !== null) || !req) return usageFromOpenAI(b.usage);
+  return { promptTokens: promptSize(endpoint, req).estimate, completionTokens: estimateTokens(answerText(b)) };
+}
+
 export function openAIChat(): EndpointAdapter<"chat", StreamState> {
   return {
     request: (req, d, raw) =>
       call(d, "/chat/completions", bodyFor(req, d, raw)),
-    response: (body) => {
+    response: (body, req) => {
       const b = asObject(body);
-      return { body: b, usage: usageFromOpenAI(b.usage) };
+      return { body: b, usage: answerUsage("chat", b, req) };
     },
     stream: openAIStream<"chat">((req) => estimateTokens(req.messages.map((m) => m.content))),
   };
@@ -169,9 +199,9 @@ export function openAICompletions(): EndpointAdapter<"completions", StreamState>
   return {
     request: (req, d, raw) =>
       call(d, "/completions", bodyFor(req, d, raw)),
-    response: (body) => {
+    response: (body, req) => {
       const b = asObject(body);
-      return { body: b, usage: usageFromOpenAI(b.usage) };
+      return { body: b, usage: answerUsage("completions", b, req) };
     },
     stream: openAIStream<"completions">((req) => estimateTokens(req.prompt)),
   };
@@ -180,9 +210,9 @@ export function openAICompletions(): EndpointAdapter<"completions", StreamState>
 export function openAIEmbeddings(): EndpointAdapter<"embeddings"> {
   return {
     request: (req, d, raw) => call(d, "/embeddings", forwardedBody(req, d, raw) ?? upstreamBody(req, d)),
-    response: (body) => {
+    response: (body, req) => {
       const b = asObject(body);
-      return { body: b, usage: usageFromOpenAI(b.usage) };
+      return { body: b, usage: answerUsage("embeddings", b, req) };
     },
   };
 }

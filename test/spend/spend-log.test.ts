@@ -260,6 +260,42 @@ describe("cancelled and cut streams (pglite, OpenAI wire mock)", () => {
   });
 });
 
+describe("an answer without usage (pglite, OpenAI wire mock)", () => {
+  test("is not free: its tokens are estimated from the prompt and the answer, priced and logged", async () => {
+    const { startMockOpenAI } = await import("../mock-upstream/openai.ts");
+    const mock = await startMockOpenAI({ apiKey: "sk-up" });
+    const gw = await startBackendGateway("pglite", {
+      model_list: [
+        { model_name: "self-hosted", svc_params: { model: "openai/llama", api_base: mock.url, api_key: "sk-up" }, model_info: { input_cost_per_token: 0.000001, output_cost_per_token: 0.000002 } },
+      ],
+      general_settings: { master_key: MASTER_KEY },
+    });
+    try {
+      // 40 characters of answer: 10 tokens at four characters a token.
+      const content = "0123456789".repeat(4);
+      mock.fault({ kind: "answer", body: { id: "chatcmpl-nousage", object: "chat.completion", created: 1, model: "llama", choices: [{ index: 0, message: { role: "assistant", content }, finish_reason: "stop" }] } });
+      const res = await fetch(`${gw.url}/v1/chat/completions`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+        body: JSON.stringify({ model: "self-hosted", messages: [{ role: "user", content: "a prompt of some forty characters or so." }] }),
+      });
+      expect(res.status).toBe(200);
+      expect(((await res.json()) as { choices: { message: { content: string } }[] }).choices[0]!.message.content).toBe(content);
+      const cost = Number(res.headers.get("x-svc-response-cost"));
+      expect(cost).toBeGreaterThan(0);
+      await gw.host!.spendWriter.flush();
+      const [row] = await rows<LogRow>(gw.host!.store.db, sql`select * from spend_logs where request_id = 'chatcmpl-nousage'`);
+      expect(row!.completion_tokens).toBe(10);
+      expect(row!.prompt_tokens).toBeGreaterThanOrEqual(10);
+      expect(Number(row!.spend)).toBeCloseTo(usd(row!.prompt_tokens, row!.completion_tokens), 12);
+      expect(Number(row!.spend)).toBeCloseTo(cost, 12);
+    } finally {
+      await gw.stop();
+      await mock.stop();
+    }
+  });
+});
+
 describe("a stream the upstream ends before its answer is whole (pglite)", () => {
   test("an error event instead of [DONE], logged as a failure at cost 0 (OpenAI and Anthropic wire mocks)", async () => {
     const { startMockOpenAI } = await import("../mock-upstream/openai.ts");
