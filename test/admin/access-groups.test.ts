@@ -157,6 +157,22 @@ for (const backend of BACKENDS) {
       expect(trail.map((r) => r.action).sort()).toEqual(["created", "deleted", "updated", "updated"]);
     });
 
+    test("a team whose models name a group (config or stored) may have keys listing the group's models", async () => {
+      const stored = await call("POST", "/access_group/new", { access_group: "team-listed", model_names: ["other-mock"] });
+      expect(stored.status).toBe(200);
+      const team = await call("POST", "/team/new", { models: ["cfg-group", "team-listed"] });
+      expect(team.status).toBe(200);
+      const team_id = team.body.team_id as string;
+      for (const model of ["fixed-mock", "other-mock"]) {
+        const made = await call("POST", "/key/generate", { team_id, models: [model] });
+        expect(made.status).toBe(200);
+        expect((await chat(made.body.key as string, model)).choices).toHaveLength(1);
+      }
+      const outside = await call("POST", "/key/generate", { team_id, models: ["chat-mock"] });
+      expect(outside.status).toBe(400);
+      expect(outside.body.error?.param).toBe("models");
+    });
+
     test("DELETE /v1/access_group/{id} deletes by id", async () => {
       const created = await call("POST", "/access_group/new", { access_group: "by-id", model_names: ["other-mock"] });
       const id = created.body.access_group_id as string;

@@ -144,13 +144,17 @@ async function assertNewKeyValue(ctx: AdminCtx, value: string, field: string): P
   return token;
 }
 
-/** Team-level model names the key may list: the team's models, wildcards and access groups. */
+/**
+ * Team-level model names the key may list: the team's models, wildcards and access groups (those
+ * declared on deployments as well as stored ones, as the gateway path reads them).
+ */
 function outsideTeamModels(ctx: AdminCtx, models: readonly string[], team: TeamRow): string[] {
   if (team.models.length === 0 && team.accessGroupIds.length === 0) return [];
   if (team.models.some((m) => EVERYTHING.has(m))) return [];
+  const groups = ctx.snapshot.accessGroups;
   const allowed = [...team.models];
-  for (const name of team.models) allowed.push(...(ctx.identity.accessGroupByName(name)?.modelNames ?? []));
-  for (const id of team.accessGroupIds) allowed.push(...(ctx.identity.accessGroups.get(id)?.modelNames ?? []));
+  for (const name of team.models) allowed.push(...(groups.byName(name) ?? []));
+  for (const id of team.accessGroupIds) allowed.push(...(groups.byId(id) ?? []));
   return models.filter((m) => !INHERIT.has(m) && !allowed.some((a) => matchesEntry(a, m)));
 }
 
