@@ -20,6 +20,54 @@ const CONFIG = {
 const POLL_MS = 50;
 const LIMIT_MS = 1000;
 
+/** A management call that must answer 200. */
+async function admin(gw: TestGateway, path: string, body: Record<string, unknown>): Promise<Record<string, unknown>> {
+  const res = await fetch(gw.url + path, {
+    method: "POST",
+    headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+    body: JSON.stringify(body),
+  });
+  const text = await res.text();
+  if (res.status !== 200) throw new Error(`POST ${path} → ${res.status}: ${text}`);
+  return JSON.parse(text) as Record<string, unknown>;
+}
+
+/**
+ * Management calls through B right after calls through A returned, while B applies every change
+ * it hears of 150 ms late (its store reads slowed down): each must see what A wrote, as if there
+ * were one instance.
+ */
+async function readsAfterWrites(a: TestGateway, b: TestGateway): Promise<void> {
+  const identity = b.host!.services.identity! as unknown as { reload(c: IdentityChange): Promise<void> };
+  const reload = identity.reload;
+  identity.reload = async function (this: unknown, c: IdentityChange) {
+    await Bun.sleep(150);
+    return reload.call(this, c);
+  };
+  try {
+    const tag = randomUUID().slice(0, 8);
+    const group = await admin(a, "/access_group/new", { access_group: `lag-${tag}`, model_names: ["gpt-a"] });
+    // The group A just made exists for B; so do A's team and org.
+    const team = await admin(b, "/team/new", { access_group_ids: [group.access_group_id] });
+    const org = await admin(a, "/organization/new", { organization_alias: `lag-${tag}` });
+    const other = await admin(a, "/team/new", { organization_id: org.organization_id, models: ["gpt-a"] });
+    const { key } = (await admin(b, "/key/generate", { team_id: other.team_id, models: ["gpt-a"] })) as { key: string };
+    await admin(b, "/key/generate", { organization_id: org.organization_id });
+    // A team moved into the org through A binds what B lets the org narrow to.
+    await admin(a, "/team/update", { team_id: team.team_id, organization_id: org.organization_id, models: ["gpt-a"] });
+    const narrowed = await fetch(`${b.url}/organization/update`, {
+      method: "PATCH",
+      headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+      body: JSON.stringify({ organization_id: org.organization_id, models: ["gpt-b"] }),
+    });
+    expect(narrowed.status).toBe(400);
+    await narrowed.arrayBuffer();
+    expect(await chatStatus(b, key)).toBe(200);
+  } finally {
+    identity.reload = reload;
+  }
+}
+
 
 async function chatStatus(gw: TestGateway, key: string): Promise<number> {
   const res = await fetch(`${gw.baseURL}/chat/completions`, {
@@ -158,6 +206,10 @@ describe.skipIf(!redisUp)("two instances, one PostgreSQL, one Redis", () => {
     }
   });
 
+  test("a management call through B sees what a call through A wrote just before, even while B's cache lags", async () => {
+    await readsAfterWrites(a, b);
+  });
+
   test("B resynchronises after losing Redis: a change made while it was cut off is honoured after reconnect", async () => {
     const key = await newKey();
     await publishA({ kind: "key", token: sha256(key) });
@@ -253,6 +305,10 @@ describe("two instances, one PostgreSQL, no Redis (LISTEN/NOTIFY)", () => {
     t0 = performance.now();
     await admin(a, "/key/block", { key });
     expect(await until(b, key, 401, t0)).toBeLessThan(LIMIT_MS);
+  });
+
+  test("a management call through B sees what a call through A wrote just before, even while B's cache lags", async () => {
+    await readsAfterWrites(a, b);
   });
 
   test("a model stored through A is served by B within a second", async () => {

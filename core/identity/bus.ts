@@ -16,6 +16,8 @@ const PG_CHANNEL = "svc_identity_changes";
 const PG_PAYLOAD_MAX = 7900;
 /** Unpublished changes kept while Redis is unreachable; beyond this, one full reload is sent instead. */
 const MAX_PENDING = 1000;
+/** How long `caughtUp` waits for its marker before going on without it (the channel is down or reconnecting). */
+const CATCH_UP_MS = 1000;
 
 export class ChangeBus {
   private readonly instanceId = crypto.randomUUID();
@@ -23,6 +25,8 @@ export class ChangeBus {
   /** Changes made here that could not be published yet (Redis down); sent when it is back. */
   private pending: IdentityChange[] = [];
   private subscribedOnce: Promise<void> = Promise.resolve();
+  /** Markers sent by `caughtUp`, resolved when they come back on the channel. */
+  private readonly markers = new Map<string, () => void>();
 
   constructor(
     private readonly cache: IdentityCache,
@@ -96,12 +100,48 @@ export class ChangeBus {
 
   private async receive(message: string): Promise<void> {
     try {
-      const { origin, changes } = JSON.parse(message) as { origin: string; changes: IdentityChange[] };
-      if (origin === this.instanceId) return;
-      for (const change of changes) await this.cache.apply(change);
+      const { origin, changes, marker } = JSON.parse(message) as { origin: string; changes?: IdentityChange[]; marker?: string };
+      if (origin === this.instanceId) {
+        if (marker) this.markers.get(marker)?.();
+        return;
+      }
+      // Queued at once, in order: a marker that arrives after this message finds them all in the cache's queue.
+      await Promise.all((changes ?? []).map((change) => this.cache.apply(change)));
     } catch (err) {
       this.log.error("bad identity change message", { error: String(err) });
     }
+  }
+
+  /**
+   * Resolves once every change other instances published before this call has been applied here:
+   * a marker sent on the channel comes back after all of them (Redis delivers a channel's messages
+   * in order, PostgreSQL its notifications in commit order), then the cache's queue is awaited. So
+   * a management call sees what a call through another instance has already written, not a cache
+   * a few milliseconds behind. Best effort: without a channel (or while Redis is not connected), or
+   * when the marker is not back within a second, it resolves without it.
+   */
+  async caughtUp(): Promise<void> {
+    if (!this.redis && !this.pg) return;
+    // With Redis away, nothing comes back: don't hold every management call for the timeout.
+    if (this.redis && (this.redis.status !== "ready" || this.subscriber?.status !== "ready")) return this.cache.settled();
+    const marker = crypto.randomUUID();
+    const back = new Promise<void>((resolve) => this.markers.set(marker, resolve));
+    // An empty change list too: an instance of an earlier version reads the message as nothing to do.
+    const payload = JSON.stringify({ origin: this.instanceId, changes: [], marker });
+    const sent = this.redis ? this.redis.publish(CHANNEL, payload) : this.pg!.notify(PG_CHANNEL, payload);
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const late = new Promise<void>((resolve) => {
+      timer = setTimeout(resolve, CATCH_UP_MS);
+    });
+    try {
+      await Promise.race([sent.then(() => back), late]);
+    } catch {
+      // Not sent (the channel is down): nothing to wait for.
+    } finally {
+      clearTimeout(timer);
+      this.markers.delete(marker);
+    }
+    await this.cache.settled();
   }
 
   /** Applies changes locally, then tells the other instances. */

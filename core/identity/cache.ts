@@ -118,6 +118,11 @@ export class IdentityCache implements IdentityView {
     return run;
   }
 
+  /** Resolves once every change queued so far has been applied. */
+  settled(): Promise<void> {
+    return this.queue;
+  }
+
   /** Reloads every identity row (queued like `apply`), without notifying listeners. */
   refresh(): Promise<void> {
     const run = this.queue.then(() => this.loadAll());

@@ -110,6 +110,11 @@ const SLOW_CALL_MS = 5000;
 export function adminRoute<R>(deps: AdminDeps, handler: (ctx: AdminCtx) => Promise<R>) {
   return async ({ request }: { request: Request }): Promise<R> => {
     const { store, identity, bus } = deps.services;
+    // What other instances wrote before this call first (identity rows, and stored models with the
+    // registry they rebuild), so it is authorized and checked against them, not a cache a few
+    // milliseconds behind.
+    await bus?.caughtUp();
+    await deps.live.storedModelsReload?.catch(() => undefined);
     const snapshot = deps.live.current;
     const url = new URL(request.url);
     requireMasterKeyConfigured(snapshot);
