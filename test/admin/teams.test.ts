@@ -202,6 +202,15 @@ for (const backend of BACKENDS) {
         expect(again.body.error.param).toBe("team_id");
       });
 
+      test("budget_duration -1 on a team with a budget object: the team never resets (it does not take the budget's period)", async () => {
+        const budgetId = uid("b30d");
+        expect((await post("/budget/new", { budget_id: budgetId, budget_duration: "30d", max_budget: 5 })).status).toBe(200);
+        const never = await newTeam({ budget_id: budgetId, budget_duration: "-1" });
+        expect(never.budget_reset_at).toBeNull();
+        const follows = await newTeam({ budget_id: budgetId });
+        expect(Date.parse(String(follows.budget_reset_at))).toBeGreaterThan(Date.now() + 29 * 86_400_000);
+      });
+
       test("bad input: member role → 422; unknown permission → 400; bad period → 400; a member twice → 400 and no team", async () => {
         expect((await post<ErrorBody>("/team/new", { members_with_roles: [{ role: "owner", user_id: "x" }] })).status).toBe(422);
         const perm = await post<ErrorBody>("/team/new", { team_member_permissions: ["/team/delete"] });

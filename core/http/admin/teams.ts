@@ -350,7 +350,8 @@ async function newTeam(ctx: AdminCtx): Promise<Record<string, unknown>> {
   const row = {
     ...props,
     teamId,
-    budgetResetAt: resetAt(body.budget_duration) ?? followedReset(body.budget_id ? ctx.identity.budgets.get(body.budget_id) : undefined),
+    // A period of its own (`-1`: never resets) is the team's; without one it follows its budget object's.
+    budgetResetAt: typeof body.budget_duration === "string" ? resetAt(body.budget_duration) : followedReset(body.budget_id ? ctx.identity.budgets.get(body.budget_id) : undefined),
     memberSettings: memberSettings(raw, {}),
     createdBy: by,
     updatedBy: by,
