@@ -458,7 +458,8 @@ const WRITES: { name: string; weight: (w: World) => number; make: (w: World, rng
       if (rng.chance(0.08)) body.blocked = true;
       const team = (body.team_id as string | undefined) ?? null;
       const models = (body.models as string[] | undefined) ?? [];
-      const refused = (team && !w.teams.has(team)) || (body.organization_id && !w.orgs.has(body.organization_id as string)) || outsideTeam(w, models, team);
+      const unknownGroup = ((body.access_group_ids as string[] | undefined) ?? []).some((g) => !w.groups.has(g));
+      const refused = (team && !w.teams.has(team)) || (body.organization_id && !w.orgs.has(body.organization_id as string)) || outsideTeam(w, models, team) || unknownGroup;
       return {
         what: `key/generate ${JSON.stringify(body)}`,
         method: "POST",
@@ -512,6 +513,8 @@ const WRITES: { name: string; weight: (w: World) => number; make: (w: World, rng
       else if (teamChanged && team && !w.teams.has(team)) expect = 400;
       else if (org && org !== k.org && !w.orgs.has(org)) expect = 400;
       else if ((teamChanged || "models" in body) && outsideTeam(w, models, team)) expect = 400;
+      // Ids the key already has may name groups deleted since; a new one must exist.
+      else if (((body.access_group_ids as string[] | undefined) ?? []).some((g) => !k.groupIds.includes(g) && !w.groups.has(g))) expect = 400;
       return {
         what: `key/update ${k.label} ${JSON.stringify({ ...body, key: undefined })}`,
         method: "POST",

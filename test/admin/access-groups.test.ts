@@ -173,6 +173,23 @@ for (const backend of BACKENDS) {
       expect(outside.body.error?.param).toBe("models");
     });
 
+    test("a key naming an access group id that does not exist is a 400, as a team's is", async () => {
+      const made = await call("POST", "/access_group/new", { access_group: "known-for-keys", model_names: ["chat-mock"] });
+      const id = made.body.access_group_id as string;
+      const bad = await call("POST", "/key/generate", { access_group_ids: [id, "no-such-group"] });
+      expect(bad.status).toBe(400);
+      expect(bad.body.error).toMatchObject({ param: "access_group_ids" });
+      expect(bad.body.error!.message).toContain("no-such-group");
+      const good = await call("POST", "/key/generate", { access_group_ids: [id] });
+      expect(good.status).toBe(200);
+      const update = await call("POST", "/key/update", { key: good.body.key, access_group_ids: [id, "no-such-group"] });
+      expect(update.status).toBe(400);
+      expect(update.body.error).toMatchObject({ param: "access_group_ids" });
+      // A group deleted since it was given does not stop other updates of the key.
+      expect((await call("DELETE", `/access_group/known-for-keys/delete`)).status).toBe(200);
+      expect((await call("POST", "/key/update", { key: good.body.key, access_group_ids: [id], key_alias: "keeps-deleted-group" })).status).toBe(200);
+    });
+
     test("DELETE /v1/access_group/{id} deletes by id", async () => {
       const created = await call("POST", "/access_group/new", { access_group: "by-id", model_names: ["other-mock"] });
       const id = created.body.access_group_id as string;

@@ -160,6 +160,8 @@ interface World {
   /** Budget objects keys, teams and users point at (orgs get their own: an org update writes through to its budget). */
   budgets: string[];
   orgBudgets: string[];
+  /** Access group ids a key may name (they must exist). */
+  accessGroups: string[];
   /** Plaintext keys answered by /key/generate and /user/new. */
   secrets: string[];
   /** Every management answer read, as text, for the secrets check. */
@@ -254,7 +256,7 @@ const keyKind: Kind = {
       NULL,
     ),
     field("router_settings", (rng) => jsonObject(rng), NULL),
-    list("access_group_ids", ["ag-1", "ag-ü"]),
+    field("access_group_ids", (rng, w) => rng.some(w.accessGroups, 2), []),
     field("key_type", (rng) => rng.pick(["default", "llm_api", "management", "read_only"]), "default"),
     {
       // After metadata: it lands in the metadata sent in the same body, else the stored one.
@@ -544,7 +546,8 @@ async function roundTrip(gw: TestGateway, db: Db, kind: Kind, rng: Random, w: Wo
 }
 
 async function seedWorld(gw: TestGateway): Promise<World> {
-  const w: World = { freeTeams: [], orgs: [], budgets: [], orgBudgets: [], secrets: [], answers: [] };
+  const w: World = { freeTeams: [], orgs: [], budgets: [], orgBudgets: [], accessGroups: [], secrets: [], answers: [] };
+  for (const name of ["ag-1", "ag-ü"]) w.accessGroups.push((await requestOk<{ access_group_id: string }>(gw, "POST", "/access_group/new", { access_group: name, model_names: ["alpha-model"] })).access_group_id);
   for (const id of ['rb "q"', "rb-ü-😀"]) w.budgets.push((await requestOk<{ budget_id: string }>(gw, "POST", "/budget/new", { budget_id: id, budget_duration: "30d", max_budget: 10 })).budget_id);
   for (const id of ["ob-1", "ob-ü"]) w.orgBudgets.push((await requestOk<{ budget_id: string }>(gw, "POST", "/budget/new", { budget_id: id })).budget_id);
   for (const alias of ['ref org "q"', "ref-org-ü"]) w.orgs.push((await requestOk<{ organization_id: string }>(gw, "POST", "/organization/new", { organization_alias: alias })).organization_id);

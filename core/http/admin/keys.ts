@@ -166,12 +166,15 @@ function teamOrFail(ctx: AdminCtx, teamId: string): TeamRow {
   throw forbidden(`You are not an admin of team ${teamId}.`);
 }
 
-/** Referenced organization and budget must exist (callers who may name them are told plainly). */
+/** Referenced organization, budget and access groups must exist (callers who may name them are told plainly), as for a team. */
 function checkReferences(ctx: AdminCtx, fields: Record<string, unknown>): void {
   const org = fields.organizationId;
   if (typeof org === "string" && !ctx.identity.orgs.has(org)) throw badRequest(`Organization ${org} does not exist.`, "organization_id");
   const budget = fields.budgetId;
   if (typeof budget === "string" && !ctx.identity.budgets.has(budget)) throw badRequest(`Budget ${budget} does not exist.`, "budget_id");
+  const groups = Array.isArray(fields.accessGroupIds) ? (fields.accessGroupIds as unknown[]) : [];
+  const unknownGroups = groups.filter((id) => typeof id !== "string" || !ctx.identity.accessGroups.has(id));
+  if (unknownGroups.length > 0) throw badRequest(`Access group(s) ${unknownGroups.join(", ")} do not exist.`, "access_group_ids");
 }
 
 function checkTeamModels(ctx: AdminCtx, models: readonly string[], team: TeamRow | undefined): void {
@@ -370,6 +373,8 @@ async function updateFields(ctx: AdminCtx, row: KeyRow, body: KeyBody): Promise<
   checkReferences(ctx, {
     organizationId: fields.organizationId !== row.organizationId ? fields.organizationId : undefined,
     budgetId: fields.budgetId !== row.budgetId ? fields.budgetId : undefined,
+    // Ids the key already had may name groups deleted since (they grant nothing): only new ones must exist.
+    accessGroupIds: Array.isArray(fields.accessGroupIds) ? (fields.accessGroupIds as string[]).filter((id) => !row.accessGroupIds.includes(id)) : undefined,
   });
   if ("keyAlias" in fields) await assertAliasFree(ctx.db, fields.keyAlias as string | null, row.token);
   derivedTimes(ctx, fields, { ...row, ...fields } as Partial<KeyRow>, body, now);
