@@ -247,6 +247,22 @@ describe("who may call", () => {
     expect(last().headers["x-svc-api-key"]).toBeUndefined();
   });
 
+  test("a gateway key in Authorization never reaches a forward_headers target, also when x-svc-api-key authenticated the call", async () => {
+    const key = await newKey({});
+    // An SDK's apiKey plus a default x-svc-api-key header; or another of the gateway's keys; bare or as Bearer.
+    for (const [path, svc, auth] of [
+      ["/bria/both", key, `Bearer ${key}`],
+      ["/bria/both", key, `Bearer ${MASTER_KEY}`],
+      ["/bria/both", key, key],
+      ["/status", key, `bearer ${key}`],
+    ]) {
+      const res = await fetch(`${gw.url}${path}`, { headers: { "x-svc-api-key": svc!, authorization: auth! } });
+      expect(res.status).toBe(200);
+      expect(last().headers.authorization).toBeUndefined();
+      expect(JSON.stringify(last().headers)).not.toContain(key);
+    }
+  });
+
   test("a key's allowed_passthrough_routes limit which endpoints it may call", async () => {
     const key = await newKey({ allowed_passthrough_routes: ["/bria/*"] });
     expect((await call("/bria/x", { key })).status).toBe(200);

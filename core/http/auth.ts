@@ -13,15 +13,16 @@ export function credentialOf(headers: Headers): string | undefined {
   return undefined;
 }
 
-/** The header `credentialOf` reads the credential from, if any. */
-export function credentialHeader(headers: Headers): "x-svc-api-key" | "authorization" | undefined {
-  if (credentialOf(headers) === undefined) return undefined;
-  return headers.get("x-svc-api-key") ? "x-svc-api-key" : "authorization";
-}
-
-/** Whether the request carries a credential the gateway knows, usable or refused (a blocked key is still one of its keys). */
-export async function carriesGatewayCredential(snapshot: Snapshot, headers: Headers, path: string): Promise<boolean> {
-  const credential = credentialOf(headers);
+/**
+ * Whether the request's Authorization header carries one of the gateway's keys (usable or refused:
+ * a blocked key is still one of its keys), as `Bearer <key>` or bare. It may do so even when
+ * x-svc-api-key authenticated the call (a client that sets both), so a pass-through target is
+ * never handed it.
+ */
+export async function authorizationCarriesGatewayKey(snapshot: Snapshot, headers: Headers, path: string): Promise<boolean> {
+  const auth = headers.get("authorization");
+  if (!auth) return false;
+  const credential = (/^bearer /i.test(auth) ? auth.slice(7) : auth).trim();
   if (!credential) return false;
   const req = { credential, path, headers };
   for (const resolver of snapshot.auth) if ((await resolver.resolve(req)) !== null) return true;

@@ -21,8 +21,8 @@ export interface PassThroughContext {
   log: Logger;
   /** Releases the snapshot pin, once the answer has ended. */
   release(): void;
-  /** The request header that carried one of the gateway's own keys: never sent to the target. */
-  gatewayCredential?: string;
+  /** The request's Authorization header carries one of the gateway's own keys: never sent to the target. */
+  dropAuthorization: boolean;
 }
 
 /** Never forwarded either way: they describe one connection, not the message. */
@@ -73,11 +73,11 @@ export function targetUrl(target: string, subpath: string, requestUrl: string): 
   return url.toString();
 }
 
-function upstreamHeaders(e: PassThroughEndpoint, incoming: Headers, gatewayCredential: string | undefined): Headers {
+function upstreamHeaders(e: PassThroughEndpoint, incoming: Headers, dropAuthorization: boolean): Headers {
   const out = new Headers();
   if (e.forwardHeaders) {
     for (const [name, value] of incoming) {
-      if (HOP_BY_HOP.has(name) || GATEWAY_HEADER.test(name) || name === gatewayCredential) continue;
+      if (HOP_BY_HOP.has(name) || GATEWAY_HEADER.test(name) || (dropAuthorization && name === "authorization")) continue;
       out.set(name, value);
     }
   } else {
@@ -177,7 +177,7 @@ export async function forwardPassThrough(e: PassThroughEndpoint, subpath: string
     const body = !hasBody ? undefined : request.headers.has("content-length") ? await request.arrayBuffer() : request.body;
     upstream = await fetch(targetUrl(e.target, subpath, request.url), {
       method: request.method,
-      headers: upstreamHeaders(e, request.headers, ctx.gatewayCredential),
+      headers: upstreamHeaders(e, request.headers, ctx.dropAuthorization),
       body,
       signal: deadline.signal,
       redirect: "manual",

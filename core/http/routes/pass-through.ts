@@ -9,7 +9,7 @@ import { GatewayError, errorInfo } from "../../errors.ts";
 import { forwardPassThrough } from "../../pass-through/forward.ts";
 import { newCallId } from "../../pipeline/call.ts";
 import type { AppDeps } from "../app.ts";
-import { authenticate, carriesGatewayCredential, credentialHeader } from "../auth.ts";
+import { authenticate, authorizationCarriesGatewayKey } from "../auth.ts";
 
 export const NO_SUCH_ROUTE = "Not found: no such route. Model calls live under /v1 (e.g. POST /v1/chat/completions).";
 
@@ -32,16 +32,14 @@ export function passThroughRoutes(deps: AppDeps) {
         throw new GatewayError(errorInfo(405, `${request.method} is not allowed on ${url.pathname}; use ${match.allowed.join(", ")}.`, "invalid_request_error"), { allow: match.allowed.join(", ") });
       }
       let principal = ANONYMOUS;
-      let gatewayCredential: string | undefined;
       if (match.endpoint.auth) {
         principal = await authenticate(pin.snapshot, request.headers, url.pathname);
         authorizePassThrough(principal, url.pathname);
-        gatewayCredential = credentialHeader(request.headers);
-      } else if (await carriesGatewayCredential(pin.snapshot, request.headers, url.pathname)) {
-        // A public route still never hands one of the gateway's own keys to the target.
-        gatewayCredential = credentialHeader(request.headers);
       }
-      const ctx = { snapshot: pin.snapshot, principal, callId: newCallId(), log, release: pin.release, gatewayCredential };
+      // x-svc-* headers never go to the target; Authorization does not when it carries one of the
+      // gateway's keys, whichever header authenticated the call, and on a public route too.
+      const dropAuthorization = match.endpoint.forwardHeaders && (await authorizationCarriesGatewayKey(pin.snapshot, request.headers, url.pathname));
+      const ctx = { snapshot: pin.snapshot, principal, callId: newCallId(), log, release: pin.release, dropAuthorization };
       return await forwardPassThrough(match.endpoint, match.subpath, request, ctx);
     } catch (err) {
       pin.release();
