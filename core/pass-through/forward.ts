@@ -221,13 +221,17 @@ export async function forwardPassThrough(e: PassThroughEndpoint, subpath: string
           firstByteAt ??= Date.now();
           deadline.arm();
           controller.enqueue(value);
-        } catch (err) {
+        } catch {
           if (deadline.clientGone) finish("cancelled", charged);
           else {
             const why = deadline.timedOut ? `stalled for ${deadline.seconds}s` : "broke off";
             finish("failure", charged, errorInfo(deadline.timedOut ? 408 : 502, `The pass-through target of ${e.path} ${why} mid-answer`, "upstream_error"));
+            ctx.log.warn("pass-through answer cut short", { call: ctx.callId, endpoint: e.id, origin, reason: `the target ${why} mid-answer` });
           }
-          controller.error(err);
+          // Cuts the client's connection, so it sees the answer is incomplete. Without a reason: Bun
+          // prints a stream's error as it is, and fetch's names the target's whole URL, whose path or
+          // query may hold a credential.
+          controller.error();
         }
       },
       cancel(reason) {
