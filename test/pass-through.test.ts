@@ -179,6 +179,18 @@ describe("forwarding", () => {
     expect((await res.json()).error).toMatchObject({ type: "not_found_error", code: "404" });
   });
 
+  test("an endpoint path with non-ASCII letters serves the requests that name it (percent-encoded, as clients send it)", async () => {
+    gw.writeConfig(config([{ path: "/résumé", target: `http://127.0.0.1:${target.port}/echo/cv`, include_subpath: true }]));
+    expect((await gw.live.reload("test")).ok).toBe(true);
+    try {
+      for (const path of ["/résumé", "/r%C3%A9sum%C3%A9/t%C3%AAte"]) expect((await call(`${path}?x=1`)).status).toBe(200);
+      expect(last()).toMatchObject({ path: "/echo/cv/t%C3%AAte", search: "?x=1" });
+    } finally {
+      gw.writeConfig(config());
+      expect((await gw.live.reload("test")).ok).toBe(true);
+    }
+  });
+
   test("a method the endpoint does not serve is a 405 naming the ones it does", async () => {
     const res = await call("/v1/rerank", { method: "GET" });
     expect(res.status).toBe(405);

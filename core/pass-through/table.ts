@@ -13,8 +13,13 @@ const EVERY_METHOD: readonly PassThroughMethod[] = ["GET", "POST", "PUT", "PATCH
 export interface PassThroughEndpoint {
   /** `id` from the config, else the path. */
   id: string;
-  /** Without a trailing slash. */
+  /** As configured, without a trailing slash (what the spend log and the listings name). */
   path: string;
+  /**
+   * The path as requests spell it: non-ASCII letters and other characters a URL cannot hold
+   * percent-encoded, dot segments resolved, without a trailing slash. What matching compares.
+   */
+  route: string;
   target: string;
   /** The target's origin: what errors may name (its path or query may hold a credential). */
   origin: string;
@@ -50,6 +55,11 @@ function normalPath(path: string): string {
   return path.length > 1 && path.endsWith("/") ? path.replace(/\/+$/, "") || "/" : path;
 }
 
+/** `path` as a request's URL spells it (`/résumé` → `/r%C3%A9sum%C3%A9`). */
+function routeOf(path: string): string {
+  return normalPath(new URL(`http://x${path}`).pathname);
+}
+
 export class PassThroughTable {
   private readonly exact = new Map<string, PassThroughEndpoint[]>();
   /** Paths with `include_subpath` endpoints, as the prefix they serve, longest first (the most specific wins). */
@@ -58,11 +68,11 @@ export class PassThroughTable {
   constructor(readonly endpoints: readonly PassThroughEndpoint[]) {
     const byPrefix = new Map<string, PassThroughEndpoint[]>();
     for (const e of endpoints) {
-      const list = this.exact.get(e.path) ?? [];
+      const list = this.exact.get(e.route) ?? [];
       list.push(e);
-      this.exact.set(e.path, list);
+      this.exact.set(e.route, list);
       if (!e.includeSubpath) continue;
-      const prefix = e.path === "/" ? "/" : `${e.path}/`;
+      const prefix = e.route === "/" ? "/" : `${e.route}/`;
       byPrefix.set(prefix, [...(byPrefix.get(prefix) ?? []), e]);
     }
     for (const [prefix, list] of byPrefix) this.prefixed.push({ prefix, endpoints: list });
@@ -112,6 +122,7 @@ export function buildPassThrough(list: readonly PassThroughEndpointConfig[] | un
       });
     }
     const path = normalPath(entry.path);
+    const route = routeOf(path);
     const id = entry.id ?? path;
     const methods = entry.methods ?? EVERY_METHOD;
     const dupId = ids.get(id);
@@ -121,7 +132,7 @@ export function buildPassThrough(list: readonly PassThroughEndpointConfig[] | un
     }
     ids.set(id, i);
     for (const [j, other] of endpoints.entries()) {
-      const overlap = other.path === path ? methods.filter((m) => other.methods.includes(m)) : [];
+      const overlap = other.route === route ? methods.filter((m) => other.methods.includes(m)) : [];
       if (overlap.length > 0) errors.push(`${where}/path: '${path}' (${overlap.join(", ")}) is already served by /general_settings/pass_through_endpoints/${j}`);
     }
     const shown: Record<string, unknown> = {
@@ -139,6 +150,7 @@ export function buildPassThrough(list: readonly PassThroughEndpointConfig[] | un
     endpoints.push({
       id,
       path,
+      route,
       target: entry.target,
       origin: new URL(entry.target).origin,
       headers,

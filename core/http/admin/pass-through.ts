@@ -29,7 +29,7 @@ async function teamEndpoints(ctx: AdminCtx) {
   const team = ctx.identity.teams.get(teamId);
   if (!team) throw notFound(`Team ${teamId} not found.`, "team_id");
   const allowed = team.allowedPassthroughRoutes;
-  const endpoints = ctx.snapshot.passThrough.endpoints.filter((e) => allowed.length === 0 || allowed.some((r) => routeMatches(r, e.path)));
+  const endpoints = ctx.snapshot.passThrough.endpoints.filter((e) => allowed.length === 0 || allowed.some((r) => routeMatches(r, e.route)));
   return answer(ctx, endpoints);
 }
 
