@@ -23,6 +23,7 @@ interface Seen {
 }
 
 const seen: Seen[] = [];
+const ENCODED_TEXT = new TextEncoder().encode("an answer the target encoded ".repeat(8));
 let releaseSecond: () => void = () => {};
 let stallAborted = false;
 let target: ReturnType<typeof Bun.serve>;
@@ -108,6 +109,10 @@ beforeAll(async () => {
         });
         return new Response(body, { headers: { "content-type": "text/plain" } });
       }
+      if (url.pathname.endsWith("/encoded")) {
+        const encoding = url.searchParams.get("encoding")!;
+        return new Response(encoding === "gzip" ? Bun.gzipSync(ENCODED_TEXT) : ENCODED_TEXT, { headers: { "content-type": "text/plain", "content-encoding": encoding } });
+      }
       const status = Number(url.searchParams.get("status") ?? 200);
       const headers: Record<string, string> = { "content-type": "application/json", "x-target": "yes" };
       if (status === 429) headers["retry-after"] = "7";
@@ -189,6 +194,24 @@ describe("forwarding", () => {
       gw.writeConfig(config());
       expect((await gw.live.reload("test")).ok).toBe(true);
     }
+  });
+
+  test("an encoded answer reaches the client as the target sent it, with its content-encoding; without forward_headers the target is asked for identity", async () => {
+    for (const encoding of ["gzip", "x-custom"]) {
+      const init = { decompress: false } as RequestInit;
+      const res = await call(`/bria/encoded?encoding=${encoding}`, init);
+      expect(res.status).toBe(200);
+      expect(res.headers.get("content-encoding")).toBe(encoding);
+      const bytes = new Uint8Array(await res.arrayBuffer());
+      expect(bytes).toEqual(encoding === "gzip" ? Bun.gzipSync(ENCODED_TEXT) : ENCODED_TEXT);
+    }
+    // forward_headers: the client's accept-encoding, or none (fetch adds none of its own).
+    await (await call("/bria/plain", { headers: { "accept-encoding": "br" } })).arrayBuffer();
+    expect(last().headers["accept-encoding"]).toBe("br");
+    await (await call("/bria/plain", { decompress: false } as RequestInit)).arrayBuffer();
+    expect(last().headers["accept-encoding"]).toBeUndefined();
+    await (await call("/v1/rerank", { method: "POST", body: "{}", headers: { "accept-encoding": "gzip" } })).arrayBuffer();
+    expect(last().headers["accept-encoding"]).toBe("identity");
   });
 
   test("a method the endpoint does not serve is a 405 naming the ones it does", async () => {

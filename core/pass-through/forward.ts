@@ -31,6 +31,12 @@ const HOP_BY_HOP = new Set(["connection", "keep-alive", "proxy-authenticate", "p
 const GATEWAY_HEADER = /^x-svc-/;
 /** Sent on even without `forward_headers`: what the body is and what the client accepts. */
 const CONTENT_HEADERS = ["content-type", "accept"];
+/**
+ * The target's answer is passed on as its bytes, compressed or not, with its content-encoding
+ * (`decompress: false`, a documented Bun fetch option its typings lack): decoding it here would
+ * change the bytes, and drop the label of an encoding fetch does not decode.
+ */
+type ProxyFetchInit = RequestInit & { decompress: false };
 
 /** What limits and budgets see: the request's own limits only (no model group), worst case the endpoint's price. */
 class PassThroughIntent implements CallIntent {
@@ -85,6 +91,8 @@ function upstreamHeaders(e: PassThroughEndpoint, incoming: Headers, dropAuthoriz
       const value = incoming.get(name);
       if (value !== null) out.set(name, value);
     }
+    // The client's accept-encoding is not sent, so it gets the answer uncompressed (an encoded one is still passed on as it is).
+    out.set("accept-encoding", "identity");
   }
   for (const [name, value] of Object.entries(e.headers)) out.set(name, value);
   return out;
@@ -93,8 +101,7 @@ function upstreamHeaders(e: PassThroughEndpoint, incoming: Headers, dropAuthoriz
 function clientHeaders(upstream: Headers, extra: Record<string, string>): Headers {
   const out = new Headers();
   for (const [name, value] of upstream) {
-    // fetch has already decoded a compressed body, so its encoding and length no longer hold.
-    if (HOP_BY_HOP.has(name) || name === "content-encoding") continue;
+    if (HOP_BY_HOP.has(name)) continue;
     out.append(name, value);
   }
   for (const [name, value] of Object.entries(extra)) out.set(name, value);
@@ -175,13 +182,15 @@ export async function forwardPassThrough(e: PassThroughEndpoint, subpath: string
     const hasBody = request.method !== "GET" && request.body !== null;
     // A body of declared length goes whole, with its length (some targets refuse a chunked upload with 411); others stream.
     const body = !hasBody ? undefined : request.headers.has("content-length") ? await request.arrayBuffer() : request.body;
-    upstream = await fetch(targetUrl(e.target, subpath, request.url), {
+    const init: ProxyFetchInit = {
       method: request.method,
       headers: upstreamHeaders(e, request.headers, ctx.dropAuthorization),
       body,
       signal: deadline.signal,
       redirect: "manual",
-    });
+      decompress: false,
+    };
+    upstream = await fetch(targetUrl(e.target, subpath, request.url), init);
   } catch (err) {
     let error: GatewayError;
     if (deadline.timedOut) error = GatewayError.of(408, `Request timed out: the pass-through target of ${e.path} (${origin}) did not answer within ${deadline.seconds}s`, "timeout_error");
