@@ -109,6 +109,7 @@ beforeAll(async () => {
         });
         return new Response(body, { headers: { "content-type": "text/plain" } });
       }
+      if (url.pathname.endsWith("/conn")) return new Response("ok", { headers: { connection: "x-gone", "x-gone": "1", "keep-alive": "timeout=9", "x-stays": "1" } });
       if (url.pathname.endsWith("/encoded")) {
         const encoding = url.searchParams.get("encoding")!;
         return new Response(encoding === "gzip" ? Bun.gzipSync(ENCODED_TEXT) : ENCODED_TEXT, { headers: { "content-type": "text/plain", "content-encoding": encoding } });
@@ -212,6 +213,16 @@ describe("forwarding", () => {
     expect(last().headers["accept-encoding"]).toBeUndefined();
     await (await call("/v1/rerank", { method: "POST", body: "{}", headers: { "accept-encoding": "gzip" } })).arrayBuffer();
     expect(last().headers["accept-encoding"]).toBe("identity");
+  });
+
+  test("hop-by-hop headers, and those a Connection header names, are not passed on either way", async () => {
+    const res = await call("/bria/conn", { headers: { connection: "keep-alive, x-hop", "x-hop": "1", "keep-alive": "timeout=5", "x-kept": "2" } });
+    expect(await res.text()).toBe("ok");
+    expect(last().headers["x-hop"]).toBeUndefined();
+    expect(last().headers["x-kept"]).toBe("2");
+    expect(res.headers.get("x-gone")).toBeNull();
+    expect(res.headers.get("keep-alive")).toBeNull();
+    expect(res.headers.get("x-stays")).toBe("1");
   });
 
   test("a method the endpoint does not serve is a 405 naming the ones it does", async () => {

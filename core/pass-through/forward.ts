@@ -27,6 +27,17 @@ export interface PassThroughContext {
 
 /** Never forwarded either way: they describe one connection, not the message. */
 const HOP_BY_HOP = new Set(["connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length"]);
+/** The hop-by-hop headers of one message: the standard ones, and those its Connection header names (RFC 9110 §7.6.1). */
+function hopByHopOf(headers: Headers): ReadonlySet<string> {
+  const connection = headers.get("connection");
+  if (!connection) return HOP_BY_HOP;
+  const named = new Set(HOP_BY_HOP);
+  for (const token of connection.split(",")) {
+    const name = token.trim().toLowerCase();
+    if (name) named.add(name);
+  }
+  return named;
+}
 /** The gateway's own request headers (`x-svc-api-key`, `x-svc-…`): not the target's business. */
 const GATEWAY_HEADER = /^x-svc-/;
 /** Sent on even without `forward_headers`: what the body is and what the client accepts. */
@@ -82,8 +93,9 @@ export function targetUrl(target: string, subpath: string, requestUrl: string): 
 function upstreamHeaders(e: PassThroughEndpoint, incoming: Headers, dropAuthorization: boolean): Headers {
   const out = new Headers();
   if (e.forwardHeaders) {
+    const hop = hopByHopOf(incoming);
     for (const [name, value] of incoming) {
-      if (HOP_BY_HOP.has(name) || GATEWAY_HEADER.test(name) || (dropAuthorization && name === "authorization")) continue;
+      if (hop.has(name) || GATEWAY_HEADER.test(name) || (dropAuthorization && name === "authorization")) continue;
       out.set(name, value);
     }
   } else {
@@ -100,8 +112,9 @@ function upstreamHeaders(e: PassThroughEndpoint, incoming: Headers, dropAuthoriz
 
 function clientHeaders(upstream: Headers, extra: Record<string, string>): Headers {
   const out = new Headers();
+  const hop = hopByHopOf(upstream);
   for (const [name, value] of upstream) {
-    if (HOP_BY_HOP.has(name)) continue;
+    if (hop.has(name)) continue;
     out.append(name, value);
   }
   for (const [name, value] of Object.entries(extra)) out.set(name, value);
