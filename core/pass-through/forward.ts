@@ -75,19 +75,29 @@ function asDeployment(e: PassThroughEndpoint): Deployment {
   return { id: e.id, modelName: e.path, provider: "pass_through", upstreamModel: "", options: {}, info: {} };
 }
 
+/** The name of one `name=value` query parameter, decoded as a form decoder reads it (`ap%69_key` is `api_key`). */
+function parameterName(part: string): string {
+  return new URLSearchParams(part).keys().next().value ?? "";
+}
+
 /**
  * target + the part of the path after the endpoint's own + the client's query. A parameter the
  * target URL sets itself (a key, a tier) is the operator's: the client's values for it are dropped.
+ * Every parameter goes as it was written (not decoded and encoded again, which would turn `%20`
+ * into `+`, a literal plus to many targets, and break signed queries).
  */
 export function targetUrl(target: string, subpath: string, requestUrl: string): string {
   const url = new URL(target);
   if (subpath) url.pathname = url.pathname.replace(/\/+$/, "") + subpath;
+  url.hash = "";
   const q = requestUrl.indexOf("?");
-  if (q >= 0) {
-    const own = new Set(url.searchParams.keys());
-    for (const [k, v] of new URLSearchParams(requestUrl.slice(q + 1))) if (!own.has(k)) url.searchParams.append(k, v);
-  }
-  return url.toString();
+  const theirs = q < 0 ? [] : requestUrl.slice(q + 1).split("&").filter((part) => part !== "");
+  if (theirs.length === 0) return url.toString();
+  const own = url.search.slice(1).split("&").filter((part) => part !== "");
+  const taken = new Set(own.map(parameterName));
+  const query = [...own, ...theirs.filter((part) => !taken.has(parameterName(part)))].join("&");
+  url.search = "";
+  return query ? `${url.toString()}?${query}` : url.toString();
 }
 
 function upstreamHeaders(e: PassThroughEndpoint, incoming: Headers, dropAuthorization: boolean): Headers {

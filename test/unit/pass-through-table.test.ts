@@ -61,4 +61,10 @@ describe("target URL", () => {
     expect(targetUrl("http://t/base?key=k", "", "http://gw/p?b=2")).toBe("http://t/base?key=k&b=2");
     expect(targetUrl("http://t", "/x", "http://gw/p/x")).toBe("http://t/x");
   });
+
+  test("every parameter as it was written, in order; the client's for a name the target sets (however encoded) dropped", () => {
+    expect(targetUrl("http://t/b?tier=a%20b&api_key=k", "", "http://gw/p?q=a%20b&f&api_key=evil&ap%69_key=evil&q=+~&s=a/b?c")).toBe("http://t/b?tier=a%20b&api_key=k&q=a%20b&f&q=+~&s=a/b?c");
+    expect(targetUrl("http://t/b?flag", "", "http://gw/p?&&flag=1")).toBe("http://t/b?flag");
+    expect(targetUrl("http://t/b?x=%7E", "", "http://gw/p?")).toBe("http://t/b?x=%7E");
+  });
 });
