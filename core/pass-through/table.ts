@@ -92,7 +92,8 @@ export class PassThroughTable {
     const here = this.exact.get(path);
     if (here) return pick(here, method, "");
     for (const { prefix, endpoints } of this.prefixed) {
-      if (path.startsWith(prefix)) return pick(endpoints, method, path.slice(prefix.length - 1));
+      // The rest of the path as the client sent it, trailing slash included (`/items/` and `/items` may differ at the target).
+      if (path.startsWith(prefix)) return pick(endpoints, method, rawPath.slice(prefix.length - 1));
     }
     return undefined;
   }

@@ -24,9 +24,11 @@ describe("matching", () => {
     return m && "endpoint" in m ? `${m.endpoint.target} ${m.subpath}` : m;
   };
 
-  test("the most specific prefix wins, and a trailing slash in the config or the request does not matter", () => {
+  test("the most specific prefix wins; a trailing slash after the endpoint's own path does not matter, one after a subpath is kept", () => {
     expect(target("/a/b/c")).toBe("http://t/ab /c");
     expect(target("/a/x/y")).toBe("http://t/a /x/y");
+    expect(target("/a/x/y/")).toBe("http://t/a /x/y/");
+    expect(target("/a/x//")).toBe("http://t/a /x//");
     expect(target("/a/b/")).toBe("http://t/ab ");
     expect(target("/ab")).toBeUndefined();
   });
