@@ -317,6 +317,17 @@ describe("who may call", () => {
     expect((await refused.json()).error).toMatchObject({ type: "permission_error", message: expect.stringContaining("/bria/*") });
   });
 
+  test("a trailing slash after an endpoint's path is that endpoint, for a key's route lists too", async () => {
+    const key = await newKey({ allowed_passthrough_routes: ["/v1/rerank"] });
+    for (const path of ["/v1/rerank", "/v1/rerank/", "/v1/rerank//"]) {
+      const res = await call(path, { method: "POST", key, body: "{}" });
+      expect(res.status).toBe(200);
+      expect(last().path).toBe("/echo/rerank");
+    }
+    const routes = await newKey({ allowed_routes: ["/v1/rerank"] });
+    expect((await call("/v1/rerank/", { method: "POST", key: routes, body: "{}" })).status).toBe(200);
+  });
+
   test("a key without its own list follows its team's allowed_passthrough_routes", async () => {
     const team = await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: { allowed_passthrough_routes: ["/v1/rerank"] } });
     expect(team.status).toBe(200);

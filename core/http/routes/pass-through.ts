@@ -33,8 +33,10 @@ export function passThroughRoutes(deps: AppDeps) {
       }
       let principal = ANONYMOUS;
       if (match.endpoint.auth) {
-        principal = await authenticate(pin.snapshot, request.headers, url.pathname);
-        authorizePassThrough(principal, url.pathname);
+        // A key's route lists judge what the call reaches: the endpoint (`/v1/rerank/` is `/v1/rerank`), and what follows it.
+        const route = match.endpoint.route + match.subpath;
+        principal = await authenticate(pin.snapshot, request.headers, route);
+        authorizePassThrough(principal, route);
       }
       // x-svc-* headers never go to the target; Authorization does not when it carries one of the
       // gateway's keys, whichever header authenticated the call, and on a public route too.
