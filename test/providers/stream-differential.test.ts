@@ -26,18 +26,12 @@
 // leaves at a random point: the upstream request is aborted (the mock sees its client go) and the
 // call is logged as cancelled, charged for the tokens its row shows at the deployment's prices.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { generateKeyPairSync } from "node:crypto";
 import OpenAI from "openai";
 import { MASTER_KEY, requestJson, startTestGateway, type TestGateway } from "../harness/gateway.ts";
+import { providerDeployments, type ProviderMocks, type StartedProviderMocks, startProviderMocks } from "../harness/provider-mocks.ts";
 import { Random } from "../harness/random.ts";
 import { until } from "../harness/util.ts";
-import { type MockAnthropic, startMockAnthropic } from "../mock-upstream/anthropic.ts";
-import { type MockAzure, startMockAzure } from "../mock-upstream/azure.ts";
-import { eventFrame, exceptionFrame, type MockBedrock, startMockBedrock } from "../mock-upstream/bedrock.ts";
-import { type MockCohere, startMockCohere } from "../mock-upstream/cohere.ts";
-import { type MockGemini, startMockGemini } from "../mock-upstream/gemini.ts";
-import { type MockOllama, startMockOllama } from "../mock-upstream/ollama.ts";
-import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
+import { eventFrame, exceptionFrame } from "../mock-upstream/bedrock.ts";
 import type { WireShape, WireShaper } from "../mock-upstream/wire-shape.ts";
 
 const SEED = Number(process.env.STREAM_DIFF_SEED ?? 5_170_443);
@@ -314,7 +308,8 @@ function openAIEmptyDelta(after: WireEvent, first: WireEvent): Uint8Array | unde
   return sse(JSON.stringify(chunk));
 }
 
-let mocks: { openai: MockOpenAI; azure: MockAzure; anthropic: MockAnthropic; gemini: MockGemini; bedrock: MockBedrock; cohere: MockCohere; ollama: MockOllama };
+let started: StartedProviderMocks;
+let mocks: ProviderMocks;
 let gw: TestGateway;
 let client: OpenAI;
 let providers: Provider[] = [];
@@ -750,57 +745,16 @@ async function expectLogged(p: Provider, calls: Logged[]) {
 // Setup
 
 beforeAll(async () => {
-  const { privateKey, publicKey } = generateKeyPairSync("rsa", { modulusLength: 2048 });
-  const SA_EMAIL = "stream-diff@acme.iam.gserviceaccount.com";
-  mocks = {
-    openai: await startMockOpenAI({ apiKey: "sk-up-openai" }),
-    azure: await startMockAzure({ apiKey: "azure-key", deployments: { "gpt-4o-prod": "gpt-4o-2024-08-06" } }),
-    anthropic: await startMockAnthropic({ apiKey: "sk-ant-up" }),
-    gemini: await startMockGemini({ apiKey: "AIza-up", serviceAccounts: [{ email: SA_EMAIL, publicKey: publicKey.export({ type: "spki", format: "pem" }) as string }] }),
-    bedrock: await startMockBedrock({ region: "us-west-2", credentials: { accessKeyId: "AKIAIOSFODNN7EXAMPLE", secretAccessKey: "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY" } }),
-    cohere: await startMockCohere({ apiKey: "co-up" }),
-    ollama: await startMockOllama({ models: ["llama3.2:latest"] }),
-  };
-  const vertexCredentials = JSON.stringify({
-    type: "service_account",
-    project_id: "acme",
-    private_key_id: "1",
-    private_key: privateKey.export({ type: "pkcs8", format: "pem" }),
-    client_email: SA_EMAIL,
-    token_uri: mocks.gemini.tokenUrl,
-  });
-  const vertex = (model: string) => ({ model: `vertex_ai/${model}`, api_base: mocks.gemini.url, vertex_credentials: vertexCredentials, vertex_location: "us-east5" });
-  const deployment = (name: string, params: Json) => ({ model_name: name, svc_params: { timeout: TIMEOUT_S, ...params }, model_info: { id: `dep-${name}`, ...PRICES } });
-  gw = await startTestGateway(
-    {
-      model_list: [
-        deployment("openai", { model: "openai/gpt-4o", api_base: mocks.openai.url, api_key: "sk-up-openai" }),
-        deployment("azure", { model: "azure/gpt-4o-prod", api_base: mocks.azure.url, api_key: "azure-key" }),
-        deployment("anthropic", { model: "anthropic/claude-3-5-sonnet-20241022", api_base: mocks.anthropic.url, api_key: "sk-ant-up" }),
-        deployment("gemini", { model: "gemini/gemini-2.5-flash", api_base: mocks.gemini.url, api_key: "AIza-up" }),
-        deployment("vertex-gemini", vertex("gemini-2.5-pro")),
-        deployment("vertex-claude", vertex("claude-sonnet-4@20250514")),
-        deployment("bedrock", {
-          model: "bedrock/anthropic.claude-3-haiku-20240307-v1:0",
-          api_base: mocks.bedrock.url,
-          aws_region_name: "us-west-2",
-          aws_access_key_id: "AKIAIOSFODNN7EXAMPLE",
-          aws_secret_access_key: "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY",
-        }),
-        deployment("cohere", { model: "cohere/command-a-03-2025", api_base: mocks.cohere.url, api_key: "co-up" }),
-        deployment("ollama", { model: "ollama_chat/llama3.2", api_base: mocks.ollama.url }),
-      ],
-      general_settings: { master_key: MASTER_KEY },
-    },
-    { store: {} },
-  );
+  started = await startProviderMocks({ serviceAccount: "stream-diff@acme.iam.gserviceaccount.com" });
+  mocks = started.mocks;
+  gw = await startTestGateway({ model_list: providerDeployments(started, PRICES, { timeout: TIMEOUT_S }), general_settings: { master_key: MASTER_KEY } }, { store: {} });
   client = new OpenAI({ baseURL: gw.baseURL, apiKey: MASTER_KEY, maxRetries: 0 });
   providers = buildProviders();
 }, 30_000);
 
 afterAll(async () => {
   await gw?.stop();
-  await Promise.all(Object.values(mocks ?? {}).map((m) => m.stop()));
+  await started?.stop();
 });
 
 // ---------------------------------------------------------------------------------------------
