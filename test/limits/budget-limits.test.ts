@@ -7,24 +7,14 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { sql } from "drizzle-orm";
 import { MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
+import { chatCall, type LimitReply } from "./chat-call.ts";
 
-interface Reply {
-  status: number;
-  headers: Headers;
-  body: { error?: { message: string; type: string; code: string } };
-}
+type Reply = LimitReply;
 
 let gw: TestGateway;
 let slow: MockOpenAI;
 
-async function call(key: string, model = "fast", extra: Record<string, unknown> = {}): Promise<Reply> {
-  const res = await fetch(`${gw.url}/v1/chat/completions`, {
-    method: "POST",
-    headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
-    body: JSON.stringify({ model, messages: [{ role: "user", content: "hello there" }], ...extra }),
-  });
-  return { status: res.status, headers: res.headers, body: (await res.json()) as Reply["body"] };
-}
+const call = (key: string, model = "fast", extra: Record<string, unknown> = {}): Promise<Reply> => chatCall(gw, key, model, extra);
 
 async function post<T = Record<string, unknown>>(path: string, body: Record<string, unknown>): Promise<T> {
   const r = await requestJson<T>(gw, "POST", path, { body });
