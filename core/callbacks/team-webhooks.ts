@@ -16,8 +16,12 @@ export interface WebhookTarget {
 }
 
 const MAX_IN_FLIGHT = 256;
-const TIMEOUT_MS = 10_000;
-const RETRY_AFTER_MS = 1000;
+
+/**
+ * How long one attempt may take, and the pause before the second one. These are the defaults;
+ * a test shortens them on this object (read at every attempt) to exercise webhooks that hang.
+ */
+export const webhookTiming = { timeoutMs: 10_000, retryAfterMs: 1000 };
 
 /** The team's webhooks with their header values readable (none when they cannot be decrypted). */
 export function webhookTargets(team: TeamRow | undefined, key: Buffer | undefined): WebhookTarget[] {
@@ -108,7 +112,7 @@ export class WebhookSender {
           method: "POST",
           headers: { ...target.headers, "content-type": "application/json" },
           body,
-          signal: AbortSignal.timeout(TIMEOUT_MS),
+          signal: AbortSignal.timeout(webhookTiming.timeoutMs),
         });
         await res.arrayBuffer().catch(() => undefined);
         if (res.ok) return;
@@ -116,7 +120,7 @@ export class WebhookSender {
       } catch (err) {
         this.log.warn("team webhook unreachable", { webhook: where(target.url), error: String(err), attempt });
       }
-      if (attempt === 1) await new Promise((r) => setTimeout(r, RETRY_AFTER_MS));
+      if (attempt === 1) await new Promise((r) => setTimeout(r, webhookTiming.retryAfterMs));
     }
   }
 }
