@@ -113,6 +113,9 @@ export class WebhookSender {
           headers: { ...target.headers, "content-type": "application/json" },
           body,
           signal: AbortSignal.timeout(webhookTiming.timeoutMs),
+          // A redirect is not followed: it would let a webhook send the gateway (and its headers) to
+          // an address the team could not register, this machine or a private network among them.
+          redirect: "manual",
         });
         await res.arrayBuffer().catch(() => undefined);
         if (res.ok) return;
