@@ -95,7 +95,13 @@ async function addCallback(ctx: AdminCtx) {
   const key = secretKey(process.env.SVC_SALT_KEY, ctx.snapshot.settings.masterKey);
   if (!key) throw badRequest("A master key (or SVC_SALT_KEY) is needed to keep webhook headers encrypted.", "callbacks");
   const webhooks = body.callbacks.map((c) => ({ url: c.url, headers: Object.fromEntries(Object.entries(c.headers ?? {}).map(([h, v]) => [h, encrypt(v, key)])) }));
-  const settings: TeamCallbackSettings = { success_callback: ["webhook"], failure_callback: ["webhook"], webhooks };
+  // LiteLLM's callback_type: which calls the webhooks get (a cancelled call counts with the failures); both when absent.
+  const type = body.callback_type ?? "success_and_failure";
+  const settings: TeamCallbackSettings = {
+    success_callback: type === "failure" ? [] : ["webhook"],
+    failure_callback: type === "success" ? [] : ["webhook"],
+    webhooks,
+  };
   return { status: "success", data: view(await save(ctx, team, settings)) };
 }
 
