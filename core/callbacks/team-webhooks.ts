@@ -2,7 +2,10 @@
  * Delivery to a team's webhooks: each finished call of the team (billing metadata only: who,
  * which model, tokens, cost, status; never the prompt or the answer) and the team's budget
  * alerts, POSTed as JSON with the headers given at registration. Off the response path, two
- * attempts each; past MAX_IN_FLIGHT deliveries waiting, new ones are dropped and that is logged.
+ * attempts each, in order per webhook, a few at a time (PER_WEBHOOK), and at most MAX_ACTIVE for all
+ * webhooks together. Past MAX_WAITING deliveries waiting for one webhook, its new ones are dropped
+ * (and that is logged): a webhook that hangs costs only itself events, never another webhook (of
+ * its team or another one) nor the gateway's own upstream calls, which share Bun's fetch.
  */
 import type { CallRecord, Logger } from "../contract.ts";
 import { picoToUsd } from "../cost/money.ts";
@@ -15,7 +18,16 @@ export interface WebhookTarget {
   headers: Record<string, string>;
 }
 
-const MAX_IN_FLIGHT = 256;
+/** Deliveries one webhook may have under way at once; the others wait their turn in its queue. */
+const PER_WEBHOOK = 16;
+/**
+ * Deliveries under way for all webhooks together. Bun's fetch makes at most 256 requests at once
+ * (BUN_CONFIG_MAX_HTTP_REQUESTS) and queues the rest, upstream model calls included: webhooks that
+ * hang must never hold them all.
+ */
+const MAX_ACTIVE = 128;
+/** Deliveries one webhook may have under way or waiting; past that its new events are dropped. */
+const MAX_WAITING = 256;
 
 /**
  * How long one attempt may take, and the pause before the second one. These are the defaults;
@@ -74,8 +86,20 @@ export function callPayload(call: CallRecord): Record<string, unknown> {
   };
 }
 
+interface Queue {
+  /** Deliveries of this webhook under way. */
+  active: number;
+  /** Deliveries of this webhook waiting for a turn, in order. */
+  waiting: { target: WebhookTarget; body: string }[];
+}
+
 export class WebhookSender {
-  private inFlight = 0;
+  /** One queue per webhook URL (removed when empty). */
+  private readonly queues = new Map<string, Queue>();
+  /** Deliveries under way, all webhooks together. */
+  private active = 0;
+  /** Deliveries under way or waiting. */
+  private pending = 0;
   private dropped = 0;
   private idleWaiters: (() => void)[] = [];
 
@@ -83,19 +107,46 @@ export class WebhookSender {
 
   /** Fire-and-forget. */
   post(target: WebhookTarget, payload: Record<string, unknown>): void {
-    if (this.inFlight >= MAX_IN_FLIGHT) {
+    let q = this.queues.get(target.url);
+    if (!q) {
+      q = { active: 0, waiting: [] };
+      this.queues.set(target.url, q);
+    }
+    if (q.active + q.waiting.length >= MAX_WAITING) {
       if (this.dropped++ % 1000 === 0) this.log.warn("team webhook deliveries dropped: too many waiting", { webhook: where(target.url), dropped: this.dropped });
       return;
     }
-    this.inFlight++;
-    void this.deliver(target, JSON.stringify(payload)).finally(() => {
-      if (--this.inFlight === 0) for (const w of this.idleWaiters.splice(0)) w();
-    });
+    q.waiting.push({ target, body: JSON.stringify(payload) });
+    this.pending++;
+    this.pump();
   }
 
-  /** Resolves once nothing is being delivered (or after `ms`). */
+  /** Starts what may start: a turn for each webhook in order, while it and all webhooks together are under their bounds. */
+  private pump(): void {
+    for (let started = true; started && this.active < MAX_ACTIVE; ) {
+      started = false;
+      for (const [url, q] of this.queues) {
+        if (this.active >= MAX_ACTIVE) return;
+        const next = q.active < PER_WEBHOOK ? q.waiting.shift() : undefined;
+        if (!next) continue;
+        started = true;
+        q.active++;
+        this.active++;
+        void this.deliver(next.target, next.body).finally(() => {
+          q.active--;
+          this.active--;
+          this.pending--;
+          if (q.active === 0 && q.waiting.length === 0) this.queues.delete(url);
+          if (this.pending === 0) for (const w of this.idleWaiters.splice(0)) w();
+          this.pump();
+        });
+      }
+    }
+  }
+
+  /** Resolves once nothing is being delivered or waiting (or after `ms`). */
   idle(ms = 5000): Promise<void> {
-    if (this.inFlight === 0) return Promise.resolve();
+    if (this.pending === 0) return Promise.resolve();
     return new Promise((resolve) => {
       const timer = setTimeout(resolve, ms);
       this.idleWaiters.push(() => {
