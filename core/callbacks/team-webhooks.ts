@@ -161,7 +161,8 @@ export class WebhookSender {
       try {
         const res = await fetch(target.url, {
           method: "POST",
-          headers: { ...target.headers, "content-type": "application/json" },
+          // A content type the team registered is sent as it is, instead of the gateway's (never both).
+          headers: Object.keys(target.headers).some((h) => h.toLowerCase() === "content-type") ? target.headers : { ...target.headers, "content-type": "application/json" },
           body,
           signal: AbortSignal.timeout(webhookTiming.timeoutMs),
           // A redirect is not followed: it would let a webhook send the gateway (and its headers) to

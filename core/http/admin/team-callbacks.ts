@@ -75,6 +75,29 @@ async function save(ctx: AdminCtx, before: TeamRow, settings: TeamCallbackSettin
   return after;
 }
 
+/** Headers HTTP itself sets (the body's length, where it goes, the connection): not a webhook's to choose. */
+const HTTP_HEADERS = new Set(["host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te", "trailer", "proxy-connection"]);
+
+/**
+ * A webhook's headers must be ones a request can carry: refused here, with the header named,
+ * rather than stored and found out at every delivery (which would then fail without a word).
+ */
+function checkHeaders(url: string, headers: Record<string, string>): void {
+  const seen = new Set<string>();
+  for (const [name, value] of Object.entries(headers)) {
+    const lower = name.toLowerCase();
+    const bad = (why: string) => badRequest(`Webhook ${url}: header ${JSON.stringify(name)} ${why}.`, "callbacks");
+    if (seen.has(lower)) throw bad("is given twice (header names are case-insensitive)");
+    seen.add(lower);
+    if (HTTP_HEADERS.has(lower)) throw bad("is set by HTTP itself, not by a webhook");
+    try {
+      new Headers([[name, value]]);
+    } catch {
+      throw bad(/^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/.test(name) ? "has a value no HTTP request can carry (a line break or NUL)" : "is not a valid HTTP header name");
+    }
+  }
+}
+
 async function addCallback(ctx: AdminCtx) {
   const team = await administeredTeam(ctx, true);
   const body: CallbackBody = await ctx.body(CallbackBody);
@@ -87,6 +110,7 @@ async function addCallback(ctx: AdminCtx) {
   }
   const unreadable = body.callbacks.find((c) => !URL.canParse(c.url));
   if (unreadable) throw badRequest(`Webhook url ${JSON.stringify(unreadable.url)} is not a valid URL.`, "callbacks");
+  for (const c of body.callbacks) checkHeaders(c.url, c.headers ?? {});
   // A team admin must not make the gateway post to this machine or its private network (SSRF); a proxy admin may.
   if (!ctx.caller.isAdmin) {
     const inside = body.callbacks.find((c) => isPrivateHost(new URL(c.url).hostname));
