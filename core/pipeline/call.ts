@@ -329,7 +329,8 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
   } catch (err) {
     deadline.clear();
     const info = err instanceof GatewayError ? err.info : errorInfo(500, err instanceof Error ? err.message : String(err));
-    finish(deadline.clientGone ? "cancelled" : "failure", ZERO, info);
+    // A client that left ends the call as cancelled, with no error (as a cancelled stream): nothing failed.
+    finish(deadline.clientGone ? "cancelled" : "failure", ZERO, deadline.clientGone ? undefined : info);
     if (err instanceof GatewayError) {
       err.headers["x-svc-model-id"] = d.id;
       err.headers["x-svc-call-id"] = ctx.callId;
