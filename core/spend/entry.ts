@@ -6,6 +6,7 @@
 import type { CallRecord, CounterTable } from "../contract.ts";
 import type { IdentityCache } from "../identity/cache.ts";
 import { teamMemberId } from "../identity/records.ts";
+import { parseDuration } from "../identity/duration.ts";
 import { periodEnd } from "./period.ts";
 import { storable } from "./row-text.ts";
 
@@ -54,7 +55,27 @@ export interface SpendEntry {
   charges: Charge[];
 }
 
-/** The counters a call charges, with their periods as of the call's start. */
+interface PeriodFields {
+  budgetResetAt: Date | null;
+}
+
+/**
+ * The period a call that started at `at` is charged to, from its row as the call found it
+ * (`then`) and as it is now (with their budget durations). A period that ended while the call ran
+ * has moved the row on by whole periods: the call stays in the period it started in. A budget
+ * given or changed meanwhile starts a new grid, in whose current period the call counts (as it
+ * does in the ledger); so does a row that did not move.
+ */
+function chargedPeriod(then: PeriodFields | undefined, thenDuration: string | null | undefined, now: PeriodFields | undefined, nowDuration: string | null | undefined, at: number): number | null {
+  const current = now ? periodEnd(now.budgetResetAt, nowDuration, at) : null;
+  if (!then?.budgetResetAt || !now?.budgetResetAt || !thenDuration || thenDuration !== nowDuration) return current;
+  const ms = parseDuration(thenDuration);
+  const moved = now.budgetResetAt.getTime() - then.budgetResetAt.getTime();
+  if (!ms || moved <= 0 || moved % ms !== 0) return current;
+  return periodEnd(then.budgetResetAt, thenDuration, at);
+}
+
+/** The counters a call charges, with their periods as of the call's start (see chargedPeriod). */
 export function chargesOf(call: CallRecord, identity: IdentityCache | undefined): Charge[] {
   const p = call.principal;
   const at = call.startedAt;
@@ -66,17 +87,25 @@ export function chargesOf(call: CallRecord, identity: IdentityCache | undefined)
   }
   if (p.userId) {
     const user = identity?.users.get(p.userId);
-    charges.push({ table: "user", id: p.userId, periodEnd: user ? periodEnd(user.budgetResetAt, user.budgetDuration, at) : null });
+    const then = p.user?.userId === p.userId ? p.user : undefined;
+    charges.push({ table: "user", id: p.userId, periodEnd: user ? chargedPeriod(then, then?.budgetDuration, user, user.budgetDuration, at) : null });
   }
   if (p.teamId) {
     const team = identity?.teams.get(p.teamId);
-    charges.push({ table: "team", id: p.teamId, periodEnd: team ? periodEnd(team.budgetResetAt, team.budgetDuration, at) : null });
+    const then = p.team?.teamId === p.teamId ? p.team : undefined;
+    charges.push({ table: "team", id: p.teamId, periodEnd: team ? chargedPeriod(then, then?.budgetDuration, team, team.budgetDuration, at) : null });
     if (p.userId) charges.push({ table: "team_member", id: teamMemberId(p.teamId, p.userId), periodEnd: null });
   }
   if (p.orgId) {
     const org = identity?.orgs.get(p.orgId);
     const budget = org?.budgetId ? identity?.budgets.get(org.budgetId) : undefined;
-    charges.push({ table: "org", id: p.orgId, periodEnd: org ? periodEnd(org.budgetResetAt, org.budgetDuration ?? budget?.budgetDuration, at) : null });
+    const then = p.org?.organizationId === p.orgId ? p.org : undefined;
+    const thenBudget = then?.budgetId ? identity?.budgets.get(then.budgetId) : undefined;
+    charges.push({
+      table: "org",
+      id: p.orgId,
+      periodEnd: org ? chargedPeriod(then, then?.budgetDuration ?? thenBudget?.budgetDuration, org, org.budgetDuration ?? budget?.budgetDuration, at) : null,
+    });
   }
   return charges;
 }
