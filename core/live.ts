@@ -22,6 +22,9 @@ export class Live {
   /** The config the current snapshot was built from (the last good file). */
   private config: GatewayConfig;
   private readonly pins = new Map<Snapshot, number>();
+  /** Requests and streams holding a snapshot, and who waits for there to be none (shutdown). */
+  private inFlight = 0;
+  private idleWaiters: (() => void)[] = [];
   private readonly retired = new Set<Snapshot>();
   private chain: Promise<unknown> = Promise.resolve();
   private watcher: FSWatcher | undefined;
@@ -75,12 +78,14 @@ export class Live {
   pin(): Pin {
     const snapshot = this.snap;
     this.pins.set(snapshot, (this.pins.get(snapshot) ?? 0) + 1);
+    this.inFlight++;
     let released = false;
     return {
       snapshot,
       release: () => {
         if (released) return;
         released = true;
+        if (--this.inFlight === 0) for (const wake of this.idleWaiters.splice(0)) wake();
         const left = (this.pins.get(snapshot) ?? 1) - 1;
         if (left > 0) this.pins.set(snapshot, left);
         else {
@@ -89,6 +94,25 @@ export class Live {
         }
       },
     };
+  }
+
+  /**
+   * Resolves true once no request or stream holds a snapshot (a call releases it as it hands its
+   * record to the spend log), false when some still do after `ms`.
+   */
+  idle(ms: number): Promise<boolean> {
+    if (this.inFlight === 0) return Promise.resolve(true);
+    return new Promise((resolve) => {
+      const wake = () => {
+        clearTimeout(timer);
+        resolve(true);
+      };
+      const timer = setTimeout(() => {
+        this.idleWaiters = this.idleWaiters.filter((w) => w !== wake);
+        resolve(false);
+      }, ms);
+      this.idleWaiters.push(wake);
+    });
   }
 
   /** Rebuilds from the file; an invalid file leaves the current snapshot serving. */

@@ -7,6 +7,8 @@ import { createLogger } from "./log.ts";
 import { SnapshotError } from "./snapshot.ts";
 
 const log = createLogger("gateway");
+/** How long shutdown waits, after closing the connections left at the drain deadline, for their calls to end. */
+const CUT_CALLS_MS = 1000;
 
 function fatal(message: string, errors?: string[]): never {
   console.error(`gateway: ${message}`);
@@ -57,6 +59,9 @@ async function main(): Promise<void> {
       log.warn("drain timeout reached; closing remaining connections");
       await server.stop(true);
     }
+    // Calls cut at the deadline end (logged as cancelled) once they notice their client has gone,
+    // within a tick: their records must reach the spend writer before it flushes.
+    if (!(await live.idle(CUT_CALLS_MS))) log.warn("calls still running after the drain; their spend may not be logged", { waitedMs: CUT_CALLS_MS });
     const snap = live.current;
     await Promise.allSettled([...snap.spend.map((s) => s.flush()), ...[...snap.successCallbacks, ...snap.failureCallbacks].map((c) => c.flush?.())]);
     await host.close();
