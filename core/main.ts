@@ -52,8 +52,9 @@ async function main(): Promise<void> {
   const shutdown = async (signal: string) => {
     if (stopping) return;
     stopping = true;
-    log.info(`${signal}: draining in-flight requests`, { timeoutSeconds: opts.drainSeconds });
+    // Closes the listener at once; logged after, so whoever reads the line finds new connections refused.
     const drained = server.stop(false).then(() => true);
+    log.info(`${signal}: draining in-flight requests`, { timeoutSeconds: opts.drainSeconds });
     const timedOut = new Promise<false>((r) => setTimeout(() => r(false), opts.drainSeconds * 1000));
     if (!(await Promise.race([drained, timedOut]))) {
       log.warn("drain timeout reached; closing remaining connections");
