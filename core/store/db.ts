@@ -164,7 +164,10 @@ async function openPostgres(url: string, log?: StoreLog): Promise<Store> {
       db,
       kind: "postgres",
       ping: pinger(db),
-      close: once(() => client.end({ timeout: 5 })),
+      // Everything that writes has stopped by now. The bound matters: postgres.js 3.4.9 never ends
+      // a connection whose query was cut by the server (a restart, pg_terminate_backend), so end()
+      // always waited out its whole timeout then (porsager/postgres#1097).
+      close: once(() => client.end({ timeout: 1 })),
       notifications: {
         // postgres.js keeps one dedicated listening connection and re-listens after a reconnect.
         listen: async (channel, onMessage, onListen) => {
