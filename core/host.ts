@@ -32,6 +32,16 @@ import { SpendWriter } from "./spend/writer.ts";
 import { openStore, type Store } from "./store/db.ts";
 import { join } from "node:path";
 
+/** How long stopping waits for the store's background jobs once spend is flushed (or spilled). */
+const STOP_JOBS_MS = 2000;
+
+/** Waits for `p`, at most `ms`. */
+async function within(ms: number, p: Promise<unknown>): Promise<void> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  await Promise.race([p.catch(() => undefined), new Promise((resolve) => (timer = setTimeout(resolve, ms)))]);
+  clearTimeout(timer);
+}
+
 export interface HostOptions {
   configPath: string;
   dataDir: string;
@@ -140,10 +150,10 @@ export async function startHost(opts: HostOptions): Promise<Host> {
         await new Promise((r) => setImmediate(r));
         await spendWriter.stop();
         await teamSender.idle(1000);
-        await roller.stop();
-        await retention.stop();
-        await rotator.stop();
-        await lastActive.stop();
+        // Best effort from here (last_active marks, a budget-period roll, a clean-up or a key
+        // rotation under way): with the store away every query waits out the driver's reconnect
+        // back-off (up to 20 s each), which must not hold the exit. Together they get 2 s.
+        await within(STOP_JOBS_MS, Promise.allSettled([roller.stop(), retention.stop(), rotator.stop(), lastActive.stop()]));
         await bus.stop();
         cooldowns?.stop();
         await redis?.close();
