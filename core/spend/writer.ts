@@ -130,20 +130,39 @@ export class SpendWriter {
     }
   }
 
-  /** Final flush within `timeoutMs`; what cannot be written is spilled to disk for the next start. */
+  /**
+   * Final flush within `timeoutMs`, retried while time is left (a store that has just dropped its
+   * connections, restarted or failed over, answers on a new one); what cannot be written is
+   * spilled to disk for the next start.
+   */
   async stop(timeoutMs = 5000): Promise<void> {
     this.stopped = true;
     clearTimeout(this.timer);
+    const until = Date.now() + timeoutMs;
     let timer: ReturnType<typeof setTimeout> | undefined;
+    let over = false;
     const timeout = new Promise<"timeout">((resolve) => {
       timer = setTimeout(() => resolve("timeout"), timeoutMs);
     });
+    const flushing = async (): Promise<"ok"> => {
+      for (let attempt = 0; ; attempt++) {
+        try {
+          await this.flush();
+          return "ok";
+        } catch (err) {
+          const wait = Math.min(100 * 2 ** attempt, 1000);
+          if (over || Date.now() + wait >= until) throw err;
+          await new Promise((resolve) => setTimeout(resolve, wait));
+        }
+      }
+    };
     try {
-      const result = await Promise.race([this.flush().then(() => "ok" as const), timeout]);
+      const result = await Promise.race([flushing(), timeout]);
       if (result === "timeout") this.log.warn("spend flush did not finish at shutdown", { pending: this.queued });
     } catch (err) {
       this.log.warn("spend flush failed at shutdown", { error: String(err), pending: this.queued });
     } finally {
+      over = true;
       clearTimeout(timer);
     }
     if (this.queued > 0) {
