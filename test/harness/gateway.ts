@@ -69,7 +69,7 @@ let pgliteTemplate: Promise<string> | undefined;
  * store start from a copy of it (tens of milliseconds) instead of running initdb (seconds each).
  * A store's first boot is still tested where it matters (test/store.test.ts opens fresh folders).
  */
-function initializedPgFolder(): Promise<string> {
+export function initializedPgFolder(): Promise<string> {
   pgliteTemplate ??= (async () => {
     const dir = tempDir("gw-pglite-template-");
     process.on("exit", () => rmSync(dir, { recursive: true, force: true }));
