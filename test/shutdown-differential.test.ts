@@ -47,6 +47,7 @@ import { rows } from "../core/store/sql.ts";
 import { freshDatabase, initializedPgFolder, MASTER_KEY, requestOk, spawnGateway, tempDir } from "./harness/gateway.ts";
 import { Random } from "./harness/random.ts";
 import { TcpRelay } from "./harness/relay.ts";
+import { scaledExact } from "./harness/spend.ts";
 import { sha256 } from "./harness/util.ts";
 import { type MockOpenAI, startMockOpenAI } from "./mock-upstream/openai.ts";
 
@@ -73,18 +74,7 @@ const CLEAN_ENV = { DATABASE_URL: undefined, REDIS_URL: undefined, PORT: undefin
 
 const PICO = 10n ** 12n;
 
-/** A decimal text (exponent form too) as an integer count of 10^-digits; throws when it does not fit. */
-function scaled(text: string, digits: number): bigint {
-  const m = /^(\d+)(?:\.(\d+))?(?:[eE]([+-]?\d+))?$/.exec(text);
-  if (!m) throw new Error(`not a decimal number: ${text}`);
-  const shift = Number(m[3] ?? 0) - (m[2]?.length ?? 0) + digits;
-  const n = BigInt(`${m[1]}${m[2] ?? ""}`);
-  if (shift >= 0) return n * 10n ** BigInt(shift);
-  const div = 10n ** BigInt(-shift);
-  if (n % div !== 0n) throw new Error(`${text} has more than ${digits} decimals`);
-  return n / div;
-}
-const pico = (text: string) => scaled(text, 12);
+const pico = (text: string) => scaledExact(text, 12);
 const usd = (p: bigint) => {
   const frac = (p % PICO).toString().padStart(12, "0").replace(/0+$/, "");
   return frac ? `${p / PICO}.${frac}` : `${p / PICO}`;
@@ -101,7 +91,7 @@ interface Dep {
 /** The cost of `pt` prompt and `ct` completion tokens at `d`'s prices: exact, rounded half up to pico-dollars once. */
 function costOf(d: Dep | undefined, pt: number, ct: number): bigint {
   if (!d) return 0n;
-  const y = BigInt(pt) * scaled(d.inPrice, 24) + BigInt(ct) * scaled(d.outPrice, 24);
+  const y = BigInt(pt) * scaledExact(d.inPrice, 24) + BigInt(ct) * scaledExact(d.outPrice, 24);
   return y / PICO + ((y % PICO) * 2n >= PICO ? 1n : 0n);
 }
 
@@ -452,7 +442,7 @@ describe(`shutdown differential (SHUTDOWN_DIFF_SEED=${SEED})`, () => {
       });
 
       // The world: teams, users, keys (budgets a few calls' worst case, none, $0 or plenty).
-      const dearest = (price: (d: Dep) => string) => deps.map((d) => scaled(price(d), 24)).sort((a, b) => (a < b ? 1 : a > b ? -1 : 0))[0]!;
+      const dearest = (price: (d: Dep) => string) => deps.map((d) => scaledExact(price(d), 24)).sort((a, b) => (a < b ? 1 : a > b ? -1 : 0))[0]!;
       const worstPico = (BigInt(MAX_TOKENS) * dearest((d) => d.outPrice) + 200n * dearest((d) => d.inPrice)) / PICO + 1n;
       const someCalls = (n: number) => {
         const p = worstPico * BigInt(n);

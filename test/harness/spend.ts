@@ -51,3 +51,15 @@ export function spendEntry(at: number, fields: Partial<SpendEntry> & Pick<SpendE
     ...fields,
   };
 }
+
+/** A decimal text (exponent form too) as an integer count of 10^-digits; throws when it does not fit exactly. */
+export function scaledExact(text: string, digits: number): bigint {
+  const m = /^(\d+)(?:\.(\d+))?(?:[eE]([+-]?\d+))?$/.exec(text);
+  if (!m) throw new Error(`not a decimal number: ${text}`);
+  const shift = Number(m[3] ?? 0) - (m[2]?.length ?? 0) + digits;
+  const n = BigInt(`${m[1]}${m[2] ?? ""}`);
+  if (shift >= 0) return n * 10n ** BigInt(shift);
+  const div = 10n ** BigInt(-shift);
+  if (n % div !== 0n) throw new Error(`${text} has more than ${digits} decimals`);
+  return n / div;
+}

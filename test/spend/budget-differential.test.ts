@@ -38,6 +38,7 @@ import { rows } from "../../core/store/sql.ts";
 import { closedPort } from "../mock-upstream/openai.ts";
 import { BACKENDS, MASTER_KEY, requestJson, requestOk, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 import { queryString, Random } from "../harness/random.ts";
+import { scaledExact } from "../harness/spend.ts";
 import { until } from "../harness/util.ts";
 
 const SEED = Number(process.env.BUDGET_DIFF_SEED ?? 4_120_771);
@@ -50,17 +51,6 @@ const REDIS_URL = process.env.TEST_REDIS_URL ?? "redis://127.0.0.1:6379";
 const PICO_DIGITS = 12;
 const YOCTO_DIGITS = 24;
 
-/** A decimal text (exponent form too) as an integer count of 10^-digits; throws when it does not fit exactly. */
-function scaledExact(text: string, digits: number): bigint {
-  const m = /^(\d+)(?:\.(\d+))?(?:[eE]([+-]?\d+))?$/.exec(text);
-  if (!m) throw new Error(`not a decimal number: ${text}`);
-  const shift = Number(m[3] ?? 0) - (m[2]?.length ?? 0) + digits;
-  const n = BigInt(`${m[1]}${m[2] ?? ""}`);
-  if (shift >= 0) return n * 10n ** BigInt(shift);
-  const div = 10n ** BigInt(-shift);
-  if (n % div !== 0n) throw new Error(`${text} has more than ${digits} decimals`);
-  return n / div;
-}
 const pico = (text: string) => scaledExact(text, PICO_DIGITS);
 /** A JSON number the API wrote: money of at most 12 decimals and 15 significant digits, whose shortest text is that decimal. */
 const picoOfNumber = (v: unknown) => pico(String(v));
