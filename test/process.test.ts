@@ -10,6 +10,7 @@ import OpenAI from "openai";
 import postgres from "postgres";
 import { migrations } from "../core/store/migrations/index.ts";
 import { type ConfigInput, configText, MASTER_KEY, ROOT, type SpawnedGateway, spawnGateway, tempDir } from "./harness/gateway.ts";
+import { accepts } from "./harness/util.ts";
 
 // A PGlite first boot runs initdb: a few seconds, much more on a loaded machine.
 const SLOW = 90_000;
@@ -99,16 +100,6 @@ function freePort(): number {
   return port;
 }
 
-/** Whether a new TCP connection to the port is accepted. */
-async function accepts(port: number): Promise<boolean> {
-  try {
-    const socket = await Bun.connect({ hostname: "127.0.0.1", port, socket: { data() {} } });
-    socket.end();
-    return true;
-  } catch {
-    return false;
-  }
-}
 
 /**
  * The harness's `exited` can resolve before the last output is read from the pipes:

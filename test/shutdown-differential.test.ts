@@ -48,7 +48,7 @@ import { freshDatabase, initializedPgFolder, MASTER_KEY, requestOk, spawnGateway
 import { Random } from "./harness/random.ts";
 import { TcpRelay } from "./harness/relay.ts";
 import { scaledExact } from "./harness/spend.ts";
-import { sha256 } from "./harness/util.ts";
+import { accepts, sha256 } from "./harness/util.ts";
 import { type MockOpenAI, startMockOpenAI } from "./mock-upstream/openai.ts";
 
 const SEED = Number(process.env.SHUTDOWN_DIFF_SEED ?? 20_261_201);
@@ -328,15 +328,6 @@ function dailyFromRows(logs: Row[]): Map<string, string> {
 
 // ---- helpers
 
-async function accepts(port: number): Promise<boolean> {
-  try {
-    const socket = await Bun.connect({ hostname: "127.0.0.1", port, socket: { data() {} } });
-    socket.end();
-    return true;
-  } catch {
-    return false;
-  }
-}
 
 function spillFiles(dataDir: string): string[] {
   const dir = join(dataDir, "spend-spill");

@@ -43,3 +43,14 @@ export async function redisReachable(url: string): Promise<boolean> {
     probe.disconnect();
   }
 }
+
+/** Whether a new TCP connection to the port on 127.0.0.1 is accepted. */
+export async function accepts(port: number): Promise<boolean> {
+  try {
+    const socket = await Bun.connect({ hostname: "127.0.0.1", port, socket: { data() {} } });
+    socket.end();
+    return true;
+  } catch {
+    return false;
+  }
+}
