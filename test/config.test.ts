@@ -104,6 +104,19 @@ describe("schema errors", () => {
     expect(await startErrors(text)).toEqual(errors);
   });
 
+  test("a YAML syntax error names its line and column, not the line's text (which may hold a secret)", () => {
+    const text = 'model_list:\n  - model_name: a\n    svc_params: { model: openai/a, api_key: "sk-do-not-print-me-12345 }\n';
+    const errors = parseErrors(text);
+    expect(errors).toHaveLength(1);
+    expect(errors[0]).toMatch(/^YAML syntax error: .* at line \d+, column \d+$/);
+    expect(errors[0]).not.toContain("do-not-print-me");
+  });
+
+  test("two YAML documents in one file are refused as such", () => {
+    const errors = parseErrors("model_list: []\n---\nmodel_list: []\n");
+    expect(errors).toEqual(["YAML syntax error: the file holds more than one YAML document (a second '---'); config.yaml is one document at line 2, column 1"]);
+  });
+
   test("a document that is not a mapping is rejected at /", () => {
     expect(parseErrors("- just\n- a list\n")).toEqual(["/: the config must be a YAML mapping"]);
   });

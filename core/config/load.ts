@@ -68,14 +68,26 @@ export function schemaErrors(schema: TSchema, value: unknown, prefix = ""): stri
   return [...new Set(out)];
 }
 
+/**
+ * A YAML error's message and position, without the excerpt of the file the parser appends: the
+ * line may hold a key or a password, and the error is printed and logged.
+ */
+function yamlErrorText(err: unknown): string {
+  if (!(err instanceof YAMLParseError)) return String(err);
+  const pos = err.linePos?.[0];
+  const where = pos ? ` at line ${pos.line}, column ${pos.col}` : "";
+  if (err.code === "MULTIPLE_DOCS") return `the file holds more than one YAML document (a second '---'); config.yaml is one document${where}`;
+  const first = err.message.split("\n")[0]!.replace(/:$/, "");
+  return first.includes(" at line ") ? first : `${first}${where}`;
+}
+
 /** `configSet`: the variables the serving config set (`ConfigEnv`), read as this file sets them, or as unset when it does not. */
 export function parseConfig(text: string, configSet: ReadonlyMap<string, string> = new Map()): ConfigResult {
   let raw: unknown;
   try {
     raw = parse(text) ?? {};
   } catch (err) {
-    const msg = err instanceof YAMLParseError ? err.message : String(err);
-    return { ok: false, errors: [`YAML syntax error: ${msg}`] };
+    return { ok: false, errors: [`YAML syntax error: ${yamlErrorText(err)}`] };
   }
   if (typeof raw !== "object" || raw === null || Array.isArray(raw)) {
     return { ok: false, errors: ["/: the config must be a YAML mapping"] };
