@@ -179,7 +179,11 @@ function buildModels(list: ModelEntry[], providers: Map<string, ProviderAdapter>
       continue;
     }
     const dup = seen.get(d.id);
-    if (dup !== undefined) errors.push(`/model_list/${i}/model_info/id: '${d.id}' is already used by ${dup}`);
+    if (dup !== undefined) {
+      // Without model_info.id the id is derived from the entry: an equal entry has the same one.
+      if (entry.model_info?.id === undefined) errors.push(`/model_list/${i}: the same deployment as ${dup} (same model_name and svc_params, so the same derived id): give one of them a model_info.id`);
+      else errors.push(`/model_list/${i}/model_info/id: '${d.id}' is already used by ${dup}`);
+    }
     seen.set(d.id, `/model_list/${i}`);
     entries.push({ entry, deployment: d });
   }

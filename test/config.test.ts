@@ -141,6 +141,12 @@ describe("errors found when the registry is built", () => {
     expect(errors).toEqual(["/model_list/2/model_info/id: 'same-id' is already used by /model_list/0"]);
   });
 
+  test("two equal entries without model_info.id are named by the entry (they have no model_info to point at)", async () => {
+    const entry = { model_name: "a", svc_params: { model: "mock/a" } };
+    const errors = await startErrors({ model_list: [entry, { model_name: "b", svc_params: { model: "mock/b" } }, entry] });
+    expect(errors).toEqual(["/model_list/2: the same deployment as /model_list/0 (same model_name and svc_params, so the same derived id): give one of them a model_info.id"]);
+  });
+
   test("hosted_vllm without api_base is rejected with the path; with api_base it loads", async () => {
     const errors = await startErrors({ model_list: [{ model_name: "v", svc_params: { model: "hosted_vllm/llama" } }] });
     expect(errors).toEqual(["/model_list/0/svc_params: provider hosted_vllm needs svc_params.api_base"]);
