@@ -104,6 +104,21 @@ describe("schema errors", () => {
     expect(await startErrors(text)).toEqual(errors);
   });
 
+  test("a duration must be longer than 0 and at most 100 years (retention, provider budget periods)", () => {
+    const errors = parseErrors(
+      stringify({
+        router_settings: { provider_budget_config: { openai: { budget_limit: 10, time_period: "0d" }, groq: { budget_limit: 10, time_period: "100y" } } },
+        general_settings: { maximum_spend_logs_retention_period: "999999999999d", maximum_spend_logs_retention_interval: "0s" },
+      }),
+    );
+    const tooShortOrLong = "Expected a duration longer than 0 and at most 100y (expected a duration such as 1h, 1d, 30d)";
+    expect(errors).toEqual([
+      `/router_settings/provider_budget_config/openai/time_period: ${tooShortOrLong}`,
+      `/general_settings/maximum_spend_logs_retention_period: ${tooShortOrLong}`,
+      `/general_settings/maximum_spend_logs_retention_interval: ${tooShortOrLong}`,
+    ]);
+  });
+
   test("a YAML syntax error names its line and column, not the line's text (which may hold a secret)", () => {
     const text = 'model_list:\n  - model_name: a\n    svc_params: { model: openai/a, api_key: "sk-do-not-print-me-12345 }\n';
     const errors = parseErrors(text);

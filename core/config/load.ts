@@ -2,7 +2,7 @@
 import type { TSchema } from "@sinclair/typebox";
 import { Value } from "@sinclair/typebox/value";
 import { parse, YAMLParseError } from "yaml";
-import { ConfigSchema, type GatewayConfig } from "./schema.ts";
+import { ConfigSchema, FORMAT_ERRORS, type GatewayConfig } from "./schema.ts";
 
 export type ConfigResult =
   | {
@@ -61,9 +61,11 @@ export function schemaErrors(schema: TSchema, value: unknown, prefix = ""): stri
   const out: string[] = [];
   for (const e of Value.Errors(schema, value)) {
     const key = e.path.split("/").pop() ?? "";
-    const hint = e.message === "Unexpected property" && RENAMED[key] ? ` (use ${RENAMED[key]})` : "";
+    const format = typeof e.schema.format === "string" && e.message.endsWith("format") ? FORMAT_ERRORS[e.schema.format] : undefined;
+    const message = format ?? e.message;
+    const hint = message === "Unexpected property" && RENAMED[key] ? ` (use ${RENAMED[key]})` : "";
     const expected = typeof e.schema.description === "string" ? ` (expected ${e.schema.description})` : "";
-    out.push(`${prefix}${e.path || "/"}: ${e.message}${expected}${hint}`);
+    out.push(`${prefix}${e.path || "/"}: ${message}${expected}${hint}`);
   }
   return [...new Set(out)];
 }
