@@ -104,6 +104,19 @@ describe("schema errors", () => {
     expect(await startErrors(text)).toEqual(errors);
   });
 
+  test("an http(s) URL must parse (api_base, a pass-through target), and the error does not show it", async () => {
+    const config = {
+      model_list: [{ model_name: "a", svc_params: { model: "openai/a", api_base: "http://" } }],
+      general_settings: { pass_through_endpoints: [{ path: "/x", target: "http://admin:hunter2@[::1" }] },
+    };
+    const expected = [
+      "/model_list/0/svc_params/api_base: Expected a URL that parses (expected an http(s) URL)",
+      "/general_settings/pass_through_endpoints/0/target: Expected a URL that parses (expected an http(s) URL)",
+    ];
+    expect(parseErrors(stringify(config))).toEqual(expected);
+    expect(await startErrors(config)).toEqual(expected);
+  });
+
   test("a duration must be longer than 0 and at most 100 years (retention, provider budget periods)", () => {
     const errors = parseErrors(
       stringify({

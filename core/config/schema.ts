@@ -1,6 +1,7 @@
 /** TypeBox schema of `config.yaml`: LiteLLM's proxy config format with `svc_params`. */
 import { FormatRegistry, type Static, Type as T } from "@sinclair/typebox";
 
+const HTTP_URL = /^https?:\/\//;
 const DURATION = /^(\d+)\s*(s|m|h|d|w|mo|y)$/;
 const DAYS_PER_UNIT: Record<string, number> = { s: 1 / 86_400, m: 1 / 1440, h: 1 / 24, d: 1, w: 7, mo: 30, y: 365 };
 /** The longest duration taken: periods and retention longer than a century are typos (and past ~270,000 years no date can hold their end). */
@@ -9,8 +10,19 @@ const MAX_DURATION_DAYS = 100 * 365;
 // Checks a pattern cannot express. Each passes what its field's pattern refuses, so one mistake is one error.
 /** What a value that fails one of these formats is told (the field's description follows). */
 export const FORMAT_ERRORS: Record<string, string> = {
+  "svc-url": "Expected a URL that parses",
   "svc-duration": "Expected a duration longer than 0 and at most 100y",
 };
+/** An http(s) URL must also parse: `http://` or `http://a b` pass the pattern, then fail every call (or the registry build). */
+FormatRegistry.Set("svc-url", (v) => {
+  if (!HTTP_URL.test(v)) return true;
+  try {
+    new URL(v);
+    return true;
+  } catch {
+    return false;
+  }
+});
 /** A duration longer than 0 and at most 100 years: `0d` would make a retention job run without pause, a budget period never end. */
 FormatRegistry.Set("svc-duration", (v) => {
   const m = DURATION.exec(v.trim());
@@ -19,7 +31,7 @@ FormatRegistry.Set("svc-duration", (v) => {
   return days > 0 && days <= MAX_DURATION_DAYS;
 });
 
-const HttpUrl = T.String({ pattern: "^https?://", description: "an http(s) URL" });
+const HttpUrl = T.String({ pattern: "^https?://", format: "svc-url", description: "an http(s) URL" });
 const NonNegative = T.Number({ minimum: 0 });
 const PositiveInt = T.Integer({ minimum: 1 });
 const Duration = T.String({ pattern: "^\\d+\\s*(s|m|h|d|w|mo|y)$", format: "svc-duration", description: "a duration such as 1h, 1d, 30d" });
