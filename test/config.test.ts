@@ -117,6 +117,28 @@ describe("schema errors", () => {
     expect(await startErrors(config)).toEqual(expected);
   });
 
+  test("headers (svc_params, pass-through) and api_key must be what HTTP can send; a line break at either end is fine", async () => {
+    const config = {
+      model_list: [
+        { model_name: "a", svc_params: { model: "openai/a", api_key: "sk-a\nsk-b", headers: { "x-ok": "fine\n", "bad header": "x", "x-crlf": "a\r\nInjected: 1", "x-wide": "模型" } } },
+        { model_name: "b", svc_params: { model: "openai/b", api_base: "http://127.0.0.1:9/v1", api_key: "sk-from-a-file\n" } },
+      ],
+      general_settings: { pass_through_endpoints: [{ path: "/x", target: "http://127.0.0.1:9", headers: { "": "x", "x-nul": "a\u0000b" } }] },
+    };
+    const value = "Expected text a header can carry (expected a header value: Latin-1 text, no line break inside, no NUL)";
+    const name = "Unexpected property (expected a header name: letters, digits and !#$%&'*+-.^_`|~)";
+    expect(parseErrors(stringify(config)).sort()).toEqual(
+      [
+        "/model_list/0/svc_params/api_key: Expected text a header can carry (expected a key sent in a header: Latin-1 text, no line break inside, no NUL)",
+        `/model_list/0/svc_params/headers/bad header: ${name}`,
+        `/model_list/0/svc_params/headers/x-crlf: ${value}`,
+        `/model_list/0/svc_params/headers/x-wide: ${value}`,
+        `/general_settings/pass_through_endpoints/0/headers/: ${name}`,
+        `/general_settings/pass_through_endpoints/0/headers/x-nul: ${value}`,
+      ].sort(),
+    );
+  });
+
   test("a duration must be longer than 0 and at most 100 years (retention, provider budget periods)", () => {
     const errors = parseErrors(
       stringify({

@@ -62,7 +62,8 @@ export function schemaErrors(schema: TSchema, value: unknown, prefix = ""): stri
   for (const e of Value.Errors(schema, value)) {
     const key = e.path.split("/").pop() ?? "";
     const format = typeof e.schema.format === "string" && e.message.endsWith("format") ? FORMAT_ERRORS[e.schema.format] : undefined;
-    const message = format ?? e.message;
+    // A key a record refuses (a header name) fails a Never schema: to the operator, an unexpected property.
+    const message = e.message === "Never" ? "Unexpected property" : (format ?? e.message);
     const hint = message === "Unexpected property" && RENAMED[key] ? ` (use ${RENAMED[key]})` : "";
     const expected = typeof e.schema.description === "string" ? ` (expected ${e.schema.description})` : "";
     out.push(`${prefix}${e.path || "/"}: ${message}${expected}${hint}`);

@@ -12,7 +12,16 @@ const MAX_DURATION_DAYS = 100 * 365;
 export const FORMAT_ERRORS: Record<string, string> = {
   "svc-url": "Expected a URL that parses",
   "svc-duration": "Expected a duration longer than 0 and at most 100y",
+  "svc-header-value": "Expected text a header can carry",
 };
+/**
+ * What fetch sends as a header value (it refuses the rest when the call is made, every call): Latin-1
+ * text without a NUL, and without line breaks but at either end, which it strips (a key read from a
+ * file or a variable often ends with one).
+ */
+// biome-ignore lint/suspicious/noControlCharactersInRegex: NUL is what is refused
+export const HEADER_VALUE = /^[\t\n\r ]*[^\r\n\u0000\u0100-\uffff]*?[\t\n\r ]*$/;
+FormatRegistry.Set("svc-header-value", (v) => HEADER_VALUE.test(v));
 /** An http(s) URL must also parse: `http://` or `http://a b` pass the pattern, then fail every call (or the registry build). */
 FormatRegistry.Set("svc-url", (v) => {
   if (!HTTP_URL.test(v)) return true;
@@ -35,12 +44,17 @@ const HttpUrl = T.String({ pattern: "^https?://", format: "svc-url", description
 const NonNegative = T.Number({ minimum: 0 });
 const PositiveInt = T.Integer({ minimum: 1 });
 const Duration = T.String({ pattern: "^\\d+\\s*(s|m|h|d|w|mo|y)$", format: "svc-duration", description: "a duration such as 1h, 1d, 30d" });
+const HeaderValue = T.String({ format: "svc-header-value", description: "a header value: Latin-1 text, no line break inside, no NUL" });
+/** Header names and values as fetch sends them: a name is an HTTP token (RFC 9110). */
+const HttpHeaders = T.Record(T.String({ pattern: "^[!#$%&'*+\\-.^_`|~0-9A-Za-z]+$" }), HeaderValue, {
+  additionalProperties: T.Never({ description: "a header name: letters, digits and !#$%&'*+-.^_`|~" }),
+});
 
 export const SvcParamsSchema = T.Object(
   {
     model: T.String({ pattern: "^[^/\\s]+/\\S+$", description: "<provider>/<model>" }),
     api_base: T.Optional(HttpUrl),
-    api_key: T.Optional(T.String()),
+    api_key: T.Optional(T.String({ format: "svc-header-value", description: "a key sent in a header: Latin-1 text, no line break inside, no NUL" })),
     api_version: T.Optional(T.String()),
     rpm: T.Optional(PositiveInt),
     tpm: T.Optional(PositiveInt),
@@ -49,7 +63,7 @@ export const SvcParamsSchema = T.Object(
     weight: T.Optional(NonNegative),
     input_cost_per_token: T.Optional(NonNegative),
     output_cost_per_token: T.Optional(NonNegative),
-    headers: T.Optional(T.Record(T.String(), T.String())),
+    headers: T.Optional(HttpHeaders),
     mock_response: T.Optional(T.String()),
   },
   { additionalProperties: true },
@@ -193,7 +207,7 @@ export const PassThroughEndpointSchema = T.Object(
     path: T.String({ pattern: "^/[^?#\\s]*$", description: "a path starting with /" }),
     target: HttpUrl,
     /** Sent upstream with every call; `os.environ/NAME` anywhere in a value reads the environment. */
-    headers: T.Optional(T.Record(T.String({ minLength: 1 }), T.String())),
+    headers: T.Optional(HttpHeaders),
     /** Also send the client's own headers (never the gateway credential it authenticated with). */
     forward_headers: T.Optional(T.Boolean()),
     /** `/path/anything…` is forwarded to `target/anything…` too. */
