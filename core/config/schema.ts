@@ -13,6 +13,7 @@ export const FORMAT_ERRORS: Record<string, string> = {
   "svc-url": "Expected a URL that parses",
   "svc-duration": "Expected a duration longer than 0 and at most 100y",
   "svc-header-value": "Expected text a header can carry",
+  "svc-header-name": "Expected Latin-1 text without control characters (answers carry it in x-svc-model-group / x-svc-model-id)",
 };
 /**
  * What fetch sends as a header value (it refuses the rest when the call is made, every call): Latin-1
@@ -22,6 +23,8 @@ export const FORMAT_ERRORS: Record<string, string> = {
 // biome-ignore lint/suspicious/noControlCharactersInRegex: NUL is what is refused
 export const HEADER_VALUE = /^[\t\n\r ]*[^\r\n\u0000\u0100-\uffff]*?[\t\n\r ]*$/;
 FormatRegistry.Set("svc-header-value", (v) => HEADER_VALUE.test(v));
+// biome-ignore lint/suspicious/noControlCharactersInRegex: control characters are what is refused
+FormatRegistry.Set("svc-header-name", (v) => !/[\u0000-\u001f\u007f\u0100-\uffff]/.test(v));
 /** An http(s) URL must also parse: `http://` or `http://a b` pass the pattern, then fail every call (or the registry build). */
 FormatRegistry.Set("svc-url", (v) => {
   if (!HTTP_URL.test(v)) return true;
@@ -50,6 +53,9 @@ const HttpHeaders = T.Record(T.String({ pattern: "^[!#$%&'*+\\-.^_`|~0-9A-Za-z]+
   additionalProperties: T.Never({ description: "a header name: letters, digits and !#$%&'*+-.^_`|~" }),
 });
 
+/** A name the gateway sends back in a header (x-svc-model-group, x-svc-model-id). */
+const HeaderSafeName = T.String({ minLength: 1, format: "svc-header-name" });
+
 export const SvcParamsSchema = T.Object(
   {
     model: T.String({ pattern: "^[^/\\s]+/\\S+$", description: "<provider>/<model>" }),
@@ -71,7 +77,7 @@ export const SvcParamsSchema = T.Object(
 
 export const ModelInfoSchema = T.Object(
   {
-    id: T.Optional(T.String({ minLength: 1 })),
+    id: T.Optional(HeaderSafeName),
     mode: T.Optional(T.String()),
     base_model: T.Optional(T.String()),
     input_cost_per_token: T.Optional(NonNegative),
@@ -83,7 +89,7 @@ export const ModelInfoSchema = T.Object(
 
 export const ModelEntrySchema = T.Object(
   {
-    model_name: T.String({ minLength: 1 }),
+    model_name: HeaderSafeName,
     svc_params: SvcParamsSchema,
     model_info: T.Optional(ModelInfoSchema),
   },

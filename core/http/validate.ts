@@ -3,6 +3,7 @@ import { isUtf8 } from "node:buffer";
 import { Kind, type TSchema } from "@sinclair/typebox";
 import { TypeCompiler } from "@sinclair/typebox/compiler";
 import { type ValueError, Value } from "@sinclair/typebox/value";
+import { FORMAT_ERRORS } from "../config/schema.ts";
 import { GatewayError } from "../errors.ts";
 import { parseKeepingNumberText } from "../identity/exact-numbers.ts";
 import { ChatRequestSchema, CompletionRequestSchema, EmbeddingsRequestSchema, ImageRequestSchema, ModerationRequestSchema, SpeechRequestSchema, TranscriptionRequestSchema } from "../wire.ts";
@@ -14,7 +15,10 @@ export function checker<S extends TSchema>(schema: S) {
     const first = explain(compiled.Errors(value).First()!);
     const field = first.path.replace(/^\//, "").replaceAll("/", ".") || "body";
     const bound = typeof first.schema.minimum === "number" && typeof first.schema.maximum === "number" ? ` (allowed range ${first.schema.minimum} to ${first.schema.maximum})` : "";
-    throw GatewayError.of(422, `Invalid request: ${field}: ${first.message}${bound}`, "validation_error", field);
+    // The config's own checks (shared with /model/new) say what they expect, not the format's name.
+    const format = typeof first.schema.format === "string" && first.message.endsWith("format") ? FORMAT_ERRORS[first.schema.format] : undefined;
+    const message = first.message === "Never" ? "Unexpected property" : (format ?? first.message);
+    throw GatewayError.of(422, `Invalid request: ${field}: ${message}${bound}`, "validation_error", field);
   };
 }
 
