@@ -151,6 +151,24 @@ describe("schema errors", () => {
     expect(await startErrors(config)).toEqual([`/model_list/0/model_name: ${expected}`, `/model_list/1/model_name: ${expected}`, `/model_list/2/model_info/id: ${expected}`]);
   });
 
+  test("prices are numbers from 0 to $1 a token ($1,000 a second or image, $1,000,000 a pass-through call), every price field the README names", () => {
+    const errors = parseErrors(
+      stringify({
+        model_list: [
+          { model_name: "a", svc_params: { model: "mock/a", input_cost_per_token: 1e300, cache_read_input_token_cost: "0.001" }, model_info: { output_cost_per_reasoning_token: -1, input_cost_per_second: 5000 } },
+        ],
+        general_settings: { pass_through_endpoints: [{ path: "/x", target: "http://127.0.0.1:9", cost_per_request: 1e300 }] },
+      }),
+    );
+    expect(errors).toEqual([
+      "/model_list/0/svc_params/input_cost_per_token: Expected number to be less or equal to 1 (expected USD per token, at most 1)",
+      "/model_list/0/svc_params/cache_read_input_token_cost: Expected number (expected USD per token, at most 1)",
+      "/model_list/0/model_info/output_cost_per_reasoning_token: Expected number to be greater or equal to 0 (expected USD per token, at most 1)",
+      "/model_list/0/model_info/input_cost_per_second: Expected number to be less or equal to 1000 (expected USD per unit, at most 1000)",
+      "/general_settings/pass_through_endpoints/0/cost_per_request: Expected number to be less or equal to 1000000 (expected USD per call, at most 1000000)",
+    ]);
+  });
+
   test("a duration must be longer than 0 and at most 100 years (retention, provider budget periods)", () => {
     const errors = parseErrors(
       stringify({

@@ -53,6 +53,37 @@ const HttpHeaders = T.Record(T.String({ pattern: "^[!#$%&'*+\\-.^_`|~0-9A-Za-z]+
   additionalProperties: T.Never({ description: "a header name: letters, digits and !#$%&'*+-.^_`|~" }),
 });
 
+/**
+ * Price overrides (svc_params, model_info): every field of the price file the gateway reads, in USD.
+ * Bounded so that one call stays within what the spend log stores (2^63 pico-dollars, about $9.2M
+ * a row): a larger price made every call of the deployment fail to be logged and charged.
+ */
+const PerToken = T.Number({ minimum: 0, maximum: 1, description: "USD per token, at most 1" });
+const PerUnit = T.Number({ minimum: 0, maximum: 1000, description: "USD per unit, at most 1000" });
+const TIERS = ["1000k", "272k", "256k", "200k", "128k"];
+const PRICE_FIELDS = {
+  input_cost_per_token: T.Optional(PerToken),
+  output_cost_per_token: T.Optional(PerToken),
+  cache_read_input_token_cost: T.Optional(PerToken),
+  cache_creation_input_token_cost: T.Optional(PerToken),
+  output_cost_per_reasoning_token: T.Optional(PerToken),
+  input_cost_per_audio_token: T.Optional(PerToken),
+  output_cost_per_audio_token: T.Optional(PerToken),
+  input_cost_per_character: T.Optional(PerToken),
+  output_cost_per_character: T.Optional(PerToken),
+  input_cost_per_pixel: T.Optional(PerToken),
+  output_cost_per_pixel: T.Optional(PerToken),
+  input_cost_per_second: T.Optional(PerUnit),
+  output_cost_per_second: T.Optional(PerUnit),
+  input_cost_per_image: T.Optional(PerUnit),
+  output_cost_per_image: T.Optional(PerUnit),
+  ...Object.fromEntries(
+    TIERS.flatMap((k) =>
+      ["input_cost_per_token", "output_cost_per_token", "cache_read_input_token_cost", "cache_creation_input_token_cost"].map((f) => [`${f}_above_${k}_tokens`, T.Optional(PerToken)]),
+    ),
+  ),
+};
+
 /** A name the gateway sends back in a header (x-svc-model-group, x-svc-model-id). */
 const HeaderSafeName = T.String({ minLength: 1, format: "svc-header-name" });
 
@@ -67,8 +98,7 @@ export const SvcParamsSchema = T.Object(
     timeout: T.Optional(T.Number({ exclusiveMinimum: 0 })),
     stream_timeout: T.Optional(T.Number({ exclusiveMinimum: 0 })),
     weight: T.Optional(NonNegative),
-    input_cost_per_token: T.Optional(NonNegative),
-    output_cost_per_token: T.Optional(NonNegative),
+    ...PRICE_FIELDS,
     headers: T.Optional(HttpHeaders),
     mock_response: T.Optional(T.String()),
   },
@@ -80,8 +110,7 @@ export const ModelInfoSchema = T.Object(
     id: T.Optional(HeaderSafeName),
     mode: T.Optional(T.String()),
     base_model: T.Optional(T.String()),
-    input_cost_per_token: T.Optional(NonNegative),
-    output_cost_per_token: T.Optional(NonNegative),
+    ...PRICE_FIELDS,
     access_groups: T.Optional(T.Array(T.String())),
   },
   { additionalProperties: true },
@@ -219,7 +248,7 @@ export const PassThroughEndpointSchema = T.Object(
     /** `/path/anything…` is forwarded to `target/anything…` too. */
     include_subpath: T.Optional(T.Boolean()),
     /** USD charged for each successful call (spend, budgets). */
-    cost_per_request: T.Optional(NonNegative),
+    cost_per_request: T.Optional(T.Number({ minimum: 0, maximum: 1_000_000, description: "USD per call, at most 1000000" })),
     /** Default true: a gateway key is required. `false` makes the route public. */
     auth: T.Optional(T.Boolean()),
     /** Default: every method. */
