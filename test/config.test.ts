@@ -169,6 +169,18 @@ describe("schema errors", () => {
     ]);
   });
 
+  test("a model_list written as a mapping (entries without their dashes) is refused, not read as an empty list", async () => {
+    const text = "model_list:\n  model_name: gpt-4o\n  svc_params:\n    model: mock/gpt-4o\n";
+    expect(parseErrors(text)).toEqual(["/model_list: Expected array"]);
+    expect(await startErrors(text)).toEqual(["/model_list: Expected array"]);
+    const { live } = await startOk("general_settings: {}\n");
+    try {
+      expect(live.current.models.entries).toHaveLength(0);
+    } finally {
+      await live.close();
+    }
+  });
+
   test("a duration must be longer than 0 and at most 100 years (retention, provider budget periods)", () => {
     const errors = parseErrors(
       stringify({

@@ -102,7 +102,9 @@ export function parseConfig(text: string, configSet: ReadonlyMap<string, string>
     for (const [k, v] of Object.entries(envVars)) if (typeof v === "string" && environmentOwn(k, configSet) === undefined) env[k] = v;
   }
   const warnings: string[] = [];
-  const substituted = substituteEnv(raw, "", warnings, env, configSet);
+  const substituted = substituteEnv(raw, "", warnings, env, configSet) as Record<string, unknown>;
+  // Only a missing model_list is empty: one written as a mapping (the entries without their dashes) is an error.
+  if (substituted.model_list === undefined) substituted.model_list = [];
   const withDefaults = Value.Default(ConfigSchema, substituted);
   const errors = schemaErrors(ConfigSchema, withDefaults);
   if (errors.length > 0) return { ok: false, errors };

@@ -282,7 +282,8 @@ export const GeneralSettingsSchema = T.Object(
 
 export const ConfigSchema = T.Object(
   {
-    model_list: T.Array(ModelEntrySchema, { default: [] }),
+    /** Required by the type; a file without one gets [] (set by the loader, not a schema default: TypeBox's would turn a mapping written here into []). */
+    model_list: T.Array(ModelEntrySchema),
     router_settings: T.Optional(RouterSettingsSchema),
     svc_settings: T.Optional(SvcSettingsSchema),
     general_settings: T.Optional(GeneralSettingsSchema),
