@@ -332,6 +332,35 @@ describe("os.environ/NAME", () => {
   });
 });
 
+describe("os.environ/NAME in pass-through headers", () => {
+  const NAME = "GW_CONFIG_TEST_PT_VAR";
+  afterAll(() => {
+    delete process.env[NAME];
+  });
+  const config = (value: string) => ({ general_settings: { pass_through_endpoints: [{ path: "/x", target: "http://127.0.0.1:9", headers: { Authorization: value } }] } });
+
+  test("an unset variable is an error whether it is the whole value or part of it (it was dropped with a warning when whole)", async () => {
+    delete process.env[NAME];
+    const error = `/general_settings/pass_through_endpoints/0/headers/Authorization: environment variable ${NAME} is not set`;
+    expect(await startErrors(config(`os.environ/${NAME}`))).toEqual([error]);
+    expect(await startErrors(config(`Bearer os.environ/${NAME}`))).toEqual([error]);
+  });
+
+  test("a variable that puts a line break inside the value is refused; one at its end is stripped as HTTP does", async () => {
+    process.env[NAME] = "token\nInjected: 1";
+    expect(await startErrors(config(`Bearer os.environ/${NAME}`))).toEqual([
+      `/general_settings/pass_through_endpoints/0/headers/Authorization: with ${NAME} read in, the value has a line break inside, a NUL or a character beyond Latin-1, which a header cannot carry`,
+    ]);
+    process.env[NAME] = "token-from-a-file\n";
+    const { live } = await startOk(config(`os.environ/${NAME}`));
+    try {
+      expect(live.current.passThrough.endpoints[0]?.headers.Authorization).toBe("token-from-a-file\n");
+    } finally {
+      await live.close();
+    }
+  });
+});
+
 describe("gateway process with an invalid config", () => {
   test("refuses to start, exits non-zero and prints every error with its path", async () => {
     const gw = await spawnGateway(THREE_ERRORS, { waitForListen: false });

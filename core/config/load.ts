@@ -35,9 +35,13 @@ function environmentOwn(name: string, configSet: ReadonlyMap<string, string>): s
   return v !== undefined && configSet.get(name) === v ? undefined : v;
 }
 
+/** Pass-through header values: read where the endpoints are built, `os.environ/NAME` anywhere in the text, an unset one an error. */
+const PASS_THROUGH_HEADER = /^\/general_settings\/pass_through_endpoints\/\d+\/headers\/[^/]+$/;
+
 /** Replaces every `os.environ/NAME` string; unset variables drop the field and are reported. */
 function substituteEnv(value: unknown, path: string, warnings: string[], fileEnv: Record<string, string>, configSet: ReadonlyMap<string, string>): unknown {
   if (typeof value === "string") {
+    if (PASS_THROUGH_HEADER.test(path)) return value;
     const ref = ENV_REF.exec(value);
     if (!ref) return value;
     const resolved = environmentOwn(ref[1]!, configSet) ?? fileEnv[ref[1]!];

@@ -3,7 +3,7 @@
  * routes forwarded as they are to another HTTP API, behind the gateway's keys, limits, budgets and
  * spend log. Built once per snapshot, so a reload adds or removes them like models.
  */
-import type { PassThroughEndpointConfig } from "../config/schema.ts";
+import { HEADER_VALUE, type PassThroughEndpointConfig } from "../config/schema.ts";
 import { usdToPico } from "../cost/money.ts";
 import { hiddenHeaderValues } from "../secrets.ts";
 
@@ -116,11 +116,16 @@ export function buildPassThrough(list: readonly PassThroughEndpointConfig[] | un
     const where = `/general_settings/pass_through_endpoints/${i}`;
     const headers: Record<string, string> = {};
     for (const [name, value] of Object.entries(entry.headers ?? {})) {
+      const read: string[] = [];
       headers[name] = value.replace(ENV_IN_TEXT, (_, env: string) => {
         const v = process.env[env];
         if (v === undefined) errors.push(`${where}/headers/${name}: environment variable ${env} is not set`);
+        else read.push(env);
         return v ?? "";
       });
+      if (read.length > 0 && !HEADER_VALUE.test(headers[name]!)) {
+        errors.push(`${where}/headers/${name}: with ${read.join(", ")} read in, the value has a line break inside, a NUL or a character beyond Latin-1, which a header cannot carry`);
+      }
     }
     const path = normalPath(entry.path);
     const route = routeOf(path);
