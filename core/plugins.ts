@@ -30,11 +30,28 @@ export async function importPlugin(path: string, configPath: string): Promise<Pl
   const abs = isAbsolute(path) ? path : resolve(dirname(configPath), path);
   const file = Bun.file(abs);
   if (!(await file.exists())) throw new Error(`plugin file not found: ${abs}`);
-  // The query makes an edited plugin file load anew on reload instead of from the module cache.
-  const mod = (await import(`${abs}?v=${file.lastModified}`)) as { default?: unknown };
+  let mod: { default?: unknown };
+  try {
+    // The query makes an edited plugin file load anew on reload instead of from the module cache.
+    mod = (await import(`${abs}?v=${file.lastModified}`)) as { default?: unknown };
+  } catch (err) {
+    throw new Error(`${abs} cannot be loaded: ${loadFailure(err)}`);
+  }
   const exported = typeof mod.default === "function" ? (mod.default as (h: PluginHost) => unknown)({ definePlugin, Type }) : mod.default;
   if (!isPluginDef(exported)) throw new Error(`${abs} does not default-export a plugin (definePlugin({...}))`);
   return exported;
+}
+
+/**
+ * Why a module did not load. Bun reports one that does not compile as an AggregateError ("109 errors
+ * building …"): its first message and position say what (the line's text is left out: it may hold a secret).
+ */
+function loadFailure(err: unknown): string {
+  const all = err instanceof AggregateError && err.errors.length > 0 ? err.errors : [err];
+  const first = all[0] as { message?: unknown; position?: { line?: number; column?: number } | null } | null;
+  const at = first?.position?.line ? ` at line ${first.position.line}, column ${first.position.column}` : "";
+  const more = all.length > 1 ? ` (and ${all.length - 1} more)` : "";
+  return `${String(first?.message ?? err)}${at}${more}`;
 }
 
 export interface LoadedPlugin {

@@ -184,6 +184,19 @@ describe("plugin load errors", () => {
     expect(errors[0]).toContain("does not default-export a plugin");
   });
 
+  test("a plugin file that does not compile is named at /plugins/N/path with the first error and its position, never the file's text", async () => {
+    const errors = await loadErrors((dir) => {
+      writeFileSync(join(dir, "broken.ts"), "export default {\n  name: 'x', setup( {\n");
+      // Not a module at all (a credentials file named by mistake): Bun reports dozens of build errors.
+      writeFileSync(join(dir, "credentials.js"), "deploy:sk-not-for-the-log-123456:0:0::/home/deploy:/bin/sh\nbackup:x:34:34::/var/backups:/bin/false\n");
+      return { plugins: [{ path: "./broken.ts" }, { path: "./credentials.js" }] };
+    });
+    expect(errors).toHaveLength(2);
+    expect(errors[0]).toMatch(/^\/plugins\/0\/path: \S*broken\.ts cannot be loaded: .+ at line \d+, column \d+$/);
+    expect(errors[1]).toMatch(/^\/plugins\/1\/path: \S*credentials\.js cannot be loaded: .+ at line 1, column \d+( \(and \d+ more\))?$/);
+    expect(errors.join("\n")).not.toContain("not-for-the-log");
+  });
+
   test("a plugin registering an existing provider id (openai) is a load error", async () => {
     const errors = await loadErrors((dir) => ({ plugins: [{ path: relative(dir, join(FIXTURES, "dup-openai.ts")) }] }));
     expect(errors).toEqual(["plugin dup-openai: provider 'openai' is already registered by plugin builtin-providers"]);
