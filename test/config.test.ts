@@ -204,6 +204,13 @@ describe("schema errors", () => {
     expect(errors[0]).not.toContain("do-not-print-me");
   });
 
+  test("a file nested deeper than the parser can follow is refused with the same error wherever it is read", async () => {
+    const text = `router_settings:\n  deep: ${"[".repeat(50_000)}${"]".repeat(50_000)}\n`;
+    const error = "YAML syntax error: the file nests too deeply to be read (thousands of levels)";
+    expect(parseErrors(text)).toEqual([error]);
+    expect(await startErrors(text)).toEqual([error]);
+  });
+
   test("two YAML documents in one file are refused as such", () => {
     const errors = parseErrors("model_list: []\n---\nmodel_list: []\n");
     expect(errors).toEqual(["YAML syntax error: the file holds more than one YAML document (a second '---'); config.yaml is one document at line 2, column 1"]);

@@ -80,6 +80,8 @@ export function schemaErrors(schema: TSchema, value: unknown, prefix = ""): stri
  * line may hold a key or a password, and the error is printed and logged.
  */
 function yamlErrorText(err: unknown): string {
+  // Where the parser runs out of stack depends on how deep the stack already is: no position, so a start and a reload say the same.
+  if (err instanceof RangeError || (err instanceof YAMLParseError && err.code === "RESOURCE_EXHAUSTION")) return "the file nests too deeply to be read (thousands of levels)";
   if (!(err instanceof YAMLParseError)) return String(err);
   const pos = err.linePos?.[0];
   const where = pos ? ` at line ${pos.line}, column ${pos.col}` : "";
