@@ -181,6 +181,14 @@ describe("schema errors", () => {
     }
   });
 
+  test("router_settings.max_retries and general_settings.alert_webhook_url, which the README documents, are validated", () => {
+    const errors = parseErrors(stringify({ router_settings: { max_retries: -1 }, general_settings: { alert_webhook_url: 42 } }));
+    expect(errors).toEqual([
+      "/router_settings/max_retries: Expected integer to be greater or equal to 0",
+      "/general_settings/alert_webhook_url: Expected string (expected an http(s) URL)",
+    ]);
+  });
+
   test("a duration must be longer than 0 and at most 100 years (retention, provider budget periods)", () => {
     const errors = parseErrors(
       stringify({

@@ -165,6 +165,8 @@ export const RouterSettingsSchema = T.Object(
       ]),
     ),
     num_retries: T.Optional(T.Integer({ minimum: 0 })),
+    /** LiteLLM's other name for num_retries. */
+    max_retries: T.Optional(T.Integer({ minimum: 0 })),
     retry_policy: T.Optional(RetryPolicySchema),
     /** A retry policy per model group (which may also set `max_retries`). */
     model_group_retry_policy: T.Optional(T.Record(T.String(), RetryPolicySchema)),
@@ -265,6 +267,8 @@ export const GeneralSettingsSchema = T.Object(
     database_url: T.Optional(T.String({ pattern: "^postgres(ql)?://", description: "a postgres:// URL" })),
     redis_url: T.Optional(T.String({ pattern: "^rediss?://", description: "a redis:// URL" })),
     max_request_size_mb: T.Optional(T.Number({ exclusiveMinimum: 0 })),
+    /** Budget alerts are POSTed here (else WEBHOOK_URL). */
+    alert_webhook_url: T.Optional(HttpUrl),
     /** Spend-log rows older than this are deleted (daily aggregates and counters stay). */
     maximum_spend_logs_retention_period: T.Optional(Duration),
     /** How often the retention clean-up runs (default 24h). */
