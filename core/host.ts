@@ -11,7 +11,7 @@ import { loadDbModels } from "./identity/db-models.ts";
 import { LastActiveWriter } from "./identity/last-active.ts";
 import { KeyRotator } from "./identity/rotation.ts";
 import { connectRedis, type RedisHandle } from "./kv/redis.ts";
-import { Live } from "./live.ts";
+import { Live, refusalErrors } from "./live.ts";
 import { secretKey } from "./secrets.ts";
 import type { HostServices } from "./services.ts";
 import { SnapshotError } from "./snapshot.ts";
@@ -65,7 +65,7 @@ export interface Host {
 
 export async function startHost(opts: HostOptions): Promise<Host> {
   const first = await readConfig(opts.configPath);
-  if (!first.ok) throw new SnapshotError(first.errors);
+  if (!first.ok) throw new SnapshotError(await refusalErrors(first, opts.configPath, opts.log));
   const general = first.config.general_settings ?? {};
 
   const store = await openStore({

@@ -4,7 +4,7 @@
  */
 import { type FSWatcher, watch } from "chokidar";
 import type { Logger } from "./contract.ts";
-import { applyConfigEnv, type ConfigEnv, readConfig } from "./config/load.ts";
+import { applyConfigEnv, type ConfigEnv, type ConfigResult, readConfig } from "./config/load.ts";
 import type { GatewayConfig } from "./config/schema.ts";
 import type { HostServices } from "./services.ts";
 import { buildSnapshot, type Snapshot, SnapshotError } from "./snapshot.ts";
@@ -14,6 +14,33 @@ export type ReloadResult = { ok: true; version: number; changed: boolean } | { o
 export interface Pin {
   snapshot: Snapshot;
   release(): void;
+}
+
+/**
+ * Every problem of a file the schema refuses: the schema's errors, then what the registry build finds
+ * in the parts of the file the schema accepts (unknown providers and callbacks, duplicate ids and
+ * pass-through endpoints, unset variables in their headers, plugin configs), so one start or reload
+ * lists them all. The check's plugins are disposed, and its environment_variables taken back.
+ */
+export async function refusalErrors(
+  result: Extract<ConfigResult, { ok: false }>,
+  configPath: string,
+  log: Logger,
+  services: HostServices = {},
+  configEnv: ConfigEnv = new Map(),
+): Promise<string[]> {
+  if (!result.usable) return result.errors;
+  const undoEnv = applyConfigEnv(result.usable.env, configEnv);
+  try {
+    // Stored models are not the file's: left out of the check (they only ever warn).
+    const snap = await buildSnapshot(result.usable.config, configPath, 0, log, { ...services, loadDbModels: undefined });
+    await Promise.allSettled(snap.plugins.map((p) => p.hooks.dispose?.()));
+    return result.errors;
+  } catch (err) {
+    return err instanceof SnapshotError ? [...result.errors, ...err.errors] : result.errors;
+  } finally {
+    undoEnv();
+  }
 }
 
 export class Live {
@@ -62,7 +89,7 @@ export class Live {
   /** Loads the first config; throws SnapshotError listing every problem when it is invalid. */
   static async start(configPath: string, log: Logger, services: HostServices = {}): Promise<Live> {
     const result = await readConfig(configPath);
-    if (!result.ok) throw new SnapshotError(result.errors);
+    if (!result.ok) throw new SnapshotError(await refusalErrors(result, configPath, log, services));
     for (const w of result.warnings) log.warn(`config: ${w}`);
     const configEnv: ConfigEnv = new Map();
     applyConfigEnv(result.env, configEnv);
@@ -132,8 +159,9 @@ export class Live {
   private async doReload(reason: string, force: boolean): Promise<ReloadResult> {
     const result = await readConfig(this.configPath, this.configEnv);
     if (!result.ok) {
-      this.log.error("config reload rejected; the previous config keeps serving", { reason, errors: result.errors });
-      return { ok: false, errors: result.errors };
+      const errors = await refusalErrors(result, this.configPath, this.log, this.services, this.configEnv);
+      this.log.error("config reload rejected; the previous config keeps serving", { reason, errors });
+      return { ok: false, errors };
     }
     if (!force && result.text === this.text) return { ok: true, version: this.snap.version, changed: false };
     for (const w of result.warnings) this.log.warn(`config: ${w}`);

@@ -131,6 +131,7 @@ async function loadPlugins(config: GatewayConfig, configPath: string, settings: 
   const loaded: LoadedPlugin[] = [];
   for (const plugin of BUILTIN_PLUGINS) loaded.push(await setupPlugin(plugin, {}, ctx, `/builtin/${plugin.name}`));
   for (const [i, entry] of (config.plugins ?? []).entries()) {
+    if (entry === undefined) continue;
     try {
       const def = await importPlugin(entry.path, configPath);
       loaded.push(await setupPlugin(def, entry.config, ctx, `/plugins/${i}/config`));
@@ -173,6 +174,8 @@ function buildModels(list: ModelEntry[], providers: Map<string, ProviderAdapter>
   const seen = new Map<string, string>();
   const entries: { entry: ModelEntry; deployment: Deployment }[] = [];
   for (const [i, entry] of list.entries()) {
+    // A refused file's check leaves the entries the schema refused out, as holes at their index.
+    if (entry === undefined) continue;
     const d = resolveEntry(entry, providers);
     if ("message" in d) {
       errors.push(`/model_list/${i}/${d.field}: ${d.message}`);

@@ -295,6 +295,61 @@ describe("errors found when the registry is built", () => {
   });
 });
 
+describe("every problem of a file in one list", () => {
+  /** Schema errors and errors only the registry build finds, mixed. */
+  const MIXED = {
+    model_list: [
+      { model_name: "a", svc_params: { model: "mock/a", timeout: "fast" } },
+      { model_name: "b", svc_params: { model: "nosuch/b" } },
+      { model_name: "c", svc_params: { model: "mock/c" }, model_info: { id: "same" } },
+      { model_name: "d", svc_params: { model: "mock/d" }, model_info: { id: "same" } },
+    ],
+    svc_settings: { callbacks: ["ghost"], request_timeout: -1 },
+    general_settings: {
+      pass_through_endpoints: [
+        { path: "/p", target: "http://127.0.0.1:9" },
+        { path: "/q", target: "http://127.0.0.1:9", timeout: "slow" },
+        { path: "/p", target: "http://127.0.0.1:9" },
+      ],
+    },
+  };
+  const PATHS = [
+    "/model_list/0/svc_params/timeout",
+    "/svc_settings/request_timeout",
+    "/general_settings/pass_through_endpoints/1/timeout",
+    "/model_list/1/svc_params/model",
+    "/model_list/3/model_info/id",
+    "/general_settings/pass_through_endpoints/2/id",
+    "/general_settings/pass_through_endpoints/2/path",
+    "/svc_settings/callbacks/0",
+  ];
+
+  test("a start lists the schema's errors and the registry's (unknown provider and callback, duplicate ids and paths) together", async () => {
+    const errors = await startErrors(MIXED);
+    expect(errors.map((e) => e.slice(0, e.indexOf(": ")))).toEqual(PATHS);
+    expect(errors).toContain("/model_list/3/model_info/id: 'same' is already used by /model_list/2");
+    expect(errors).toContain("/general_settings/pass_through_endpoints/2/path: '/p' (GET, POST, PUT, PATCH, DELETE) is already served by /general_settings/pass_through_endpoints/0");
+  });
+
+  test("a reload lists the same, and the config that serves is untouched", async () => {
+    const { live } = await startOk({ model_list: [{ model_name: "ok", svc_params: { model: "mock/ok" } }] });
+    try {
+      writeFileSync(live.configPath, configText(MIXED));
+      const r = await live.reload("test");
+      expect(r.ok).toBe(false);
+      expect(r.ok ? [] : r.errors.map((e) => e.slice(0, e.indexOf(": ")))).toEqual(PATHS);
+      expect(live.current.models.resolve("ok")).toHaveLength(1);
+    } finally {
+      await live.close();
+    }
+  });
+
+  test("plugins that cannot be read leave only the schema's errors (what they provide cannot be checked)", async () => {
+    const errors = await startErrors({ ...MIXED, plugins: [{ path: 42 }] });
+    expect(errors.map((e) => e.slice(0, e.indexOf(": ")))).toEqual(["/model_list/0/svc_params/timeout", "/svc_settings/request_timeout", "/general_settings/pass_through_endpoints/1/timeout", "/plugins/0/path"]);
+  });
+});
+
 describe("os.environ/NAME", () => {
   const SET = "GW_CONFIG_TEST_SET_VAR";
   const UNSET = "GW_CONFIG_TEST_UNSET_VAR";

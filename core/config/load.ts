@@ -1,5 +1,5 @@
 /** Reads config.yaml: YAML → `os.environ/NAME` substitution → defaults → full validation by path. */
-import type { TSchema } from "@sinclair/typebox";
+import { KindGuard, type TObject, type TSchema } from "@sinclair/typebox";
 import { Value } from "@sinclair/typebox/value";
 import { parse, YAMLParseError } from "yaml";
 import { ConfigSchema, FORMAT_ERRORS, type GatewayConfig } from "./schema.ts";
@@ -13,7 +13,16 @@ export type ConfigResult =
       /** `environment_variables` not set by the environment itself: set them (`applyConfigEnv`) once the config is taken. */
       env: Record<string, string>;
     }
-  | { ok: false; errors: string[] };
+  | {
+      ok: false;
+      errors: string[];
+      /**
+       * The parts of the file the schema accepts, for the registry build to check too (`refusalErrors`
+       * in live.ts), so one start or reload lists every problem; absent when the file is no mapping,
+       * or its plugins are invalid (what they provide cannot be checked without them).
+       */
+      usable?: { config: GatewayConfig; env: Record<string, string> };
+    };
 
 const ENV_REF = /^os\.environ\/([A-Za-z_][A-Za-z0-9_]*)$/;
 
@@ -113,8 +122,37 @@ export function parseConfig(text: string, configSet: ReadonlyMap<string, string>
   if (substituted.model_list === undefined) substituted.model_list = [];
   const withDefaults = Value.Default(ConfigSchema, substituted);
   const errors = schemaErrors(ConfigSchema, withDefaults);
-  if (errors.length > 0) return { ok: false, errors };
+  if (errors.length > 0) return { ok: false, errors, usable: usablePart(withDefaults as Record<string, unknown>, env) };
   return { ok: true, config: withDefaults as GatewayConfig, warnings, text, env };
+}
+
+const isMapping = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);
+
+/**
+ * What the schema accepts of `value` (an object of `schema`): each known field that is valid on its
+ * own; a list of mappings (model_list, pass_through_endpoints) keeps its valid entries at their own
+ * index (a sparse list), so the registry's errors name the file's paths; a mapping is pruned the same
+ * way, any other field is kept whole or dropped.
+ */
+function prune(schema: TObject, value: Record<string, unknown>): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const [key, field] of Object.entries(schema.properties)) {
+    const v = value[key];
+    if (v === undefined) continue;
+    if (Value.Check(field, v)) out[key] = v;
+    else if (KindGuard.IsArray(field) && KindGuard.IsObject(field.items) && Array.isArray(v)) {
+      const kept: unknown[] = [];
+      for (const [i, item] of (v as unknown[]).entries()) if (Value.Check(field.items, item)) kept[i] = item;
+      out[key] = kept;
+    } else if (KindGuard.IsObject(field) && isMapping(v)) out[key] = prune(field, v);
+  }
+  return out;
+}
+
+function usablePart(value: Record<string, unknown>, env: Record<string, string>): { config: GatewayConfig; env: Record<string, string> } | undefined {
+  const plugins = ConfigSchema.properties.plugins;
+  if (value.plugins !== undefined && !Value.Check(plugins, value.plugins)) return undefined;
+  return { config: { model_list: [], ...prune(ConfigSchema, value) } as GatewayConfig, env };
 }
 
 /**

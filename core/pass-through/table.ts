@@ -111,8 +111,11 @@ export const NO_PASS_THROUGH = new PassThroughTable([]);
 export function buildPassThrough(list: readonly PassThroughEndpointConfig[] | undefined, errors: string[]): PassThroughTable {
   if (!list || list.length === 0) return NO_PASS_THROUGH;
   const endpoints: PassThroughEndpoint[] = [];
+  /** Each endpoint's index in the file's list (a refused file's check leaves out entries the schema refused). */
+  const index = new Map<PassThroughEndpoint, number>();
   const ids = new Map<string, number>();
   for (const [i, entry] of list.entries()) {
+    if (entry === undefined) continue;
     const where = `/general_settings/pass_through_endpoints/${i}`;
     const headers: Record<string, string> = {};
     for (const [name, value] of Object.entries(entry.headers ?? {})) {
@@ -137,9 +140,9 @@ export function buildPassThrough(list: readonly PassThroughEndpointConfig[] | un
       errors.push(`${where}/id: '${id}' is already used by /general_settings/pass_through_endpoints/${dupId}${hint}`);
     }
     ids.set(id, i);
-    for (const [j, other] of endpoints.entries()) {
+    for (const other of endpoints) {
       const overlap = other.route === route ? methods.filter((m) => other.methods.includes(m)) : [];
-      if (overlap.length > 0) errors.push(`${where}/path: '${path}' (${overlap.join(", ")}) is already served by /general_settings/pass_through_endpoints/${j}`);
+      if (overlap.length > 0) errors.push(`${where}/path: '${path}' (${overlap.join(", ")}) is already served by /general_settings/pass_through_endpoints/${index.get(other)}`);
     }
     const shown: Record<string, unknown> = {
       id,
@@ -153,7 +156,7 @@ export function buildPassThrough(list: readonly PassThroughEndpointConfig[] | un
       methods,
     };
     if (entry.timeout !== undefined) shown.timeout = entry.timeout;
-    endpoints.push({
+    const endpoint: PassThroughEndpoint = {
       id,
       path,
       route,
@@ -167,7 +170,9 @@ export function buildPassThrough(list: readonly PassThroughEndpointConfig[] | un
       methods,
       timeout: entry.timeout,
       shown,
-    });
+    };
+    endpoints.push(endpoint);
+    index.set(endpoint, i);
   }
   return new PassThroughTable(endpoints);
 }
