@@ -126,8 +126,18 @@ export class Intent implements CallIntent {
 }
 
 /** The headers every model-call answer carries, with its content type. */
+/** Not sendable in a header: control characters and anything beyond Latin-1. */
+// biome-ignore lint/suspicious/noControlCharactersInRegex: control characters are what is matched
+const UNSENDABLE = /[\u0000-\u001f\u007f\u0100-\uffff]/;
+
+/**
+ * A name as a header value: a wildcard group answers under the model the client asked for
+ * (`openai/模型`), which a header cannot carry as it is; such a name goes percent-encoded.
+ */
+const headerText = (name: string) => (UNSENDABLE.test(name) ? encodeURIComponent(name) : name);
+
 export function responseHeaders(d: Deployment, callId: string, contentType: string): Record<string, string> {
-  return { "content-type": contentType, "x-svc-model-id": d.id, "x-svc-call-id": callId, "x-svc-model-group": d.modelName };
+  return { "content-type": contentType, "x-svc-model-id": headerText(d.id), "x-svc-call-id": callId, "x-svc-model-group": headerText(d.modelName) };
 }
 
 /** OpenAI's own rate-limit headers, passed on where no gateway limit of that kind applies (a gateway limit's headers win). */

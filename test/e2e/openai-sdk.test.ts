@@ -420,6 +420,13 @@ describe("models", () => {
     expect(sentModel(0)).toBe("gpt-x");
   });
 
+  test("a wildcard call for a model name a header cannot carry (openai/模型) is answered, the group percent-encoded in x-svc-model-group", async () => {
+    const { response } = await client.chat.completions.create({ model: "openai/模型", messages: user("hi") }).withResponse();
+    expect(response.status).toBe(200);
+    expect(response.headers.get("x-svc-model-group")).toBe(encodeURIComponent("openai/模型"));
+    expect(sentModel(0)).toBe("模型");
+  });
+
   test("/model/info lists every entry and reveals no upstream address or key", async () => {
     const res = await get("/model/info");
     expect(res.status).toBe(200);
