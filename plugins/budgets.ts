@@ -38,6 +38,7 @@ import { columnToPico, picoToText, type Pico, usdToPico } from "../core/cost/mon
 import { errorInfo } from "../core/errors.ts";
 import { counterId, NO_LIMIT } from "../core/spend/ledger.ts";
 import { gridPeriod, periodEnd } from "../core/spend/period.ts";
+import { budgetOf } from "./shared/budget-object.ts";
 import { keyLabel } from "./shared/labels.ts";
 
 const GRANTED: Lease = { ok: true, settle: () => undefined };
@@ -59,9 +60,6 @@ function limitsOf(row: Limits, budget: BudgetRow | undefined) {
     duration: row.budgetDuration ?? budget?.budgetDuration ?? null,
   };
 }
-
-/** A row's budget object, if it has one. */
-const budgetOf = (id: string | null, identity: IdentityView): BudgetRow | undefined => (id ? identity.budgets.get(id) : undefined);
 
 /** How long the ledger waits for a counter's stored spend before it takes the identity mirror's copy (the store may be away). */
 const STORED_SPEND_WAIT_MS = 2000;

@@ -36,6 +36,7 @@ import { errorInfo } from "../core/errors.ts";
 import { guaranteedLimit, reservedOn, type ThroughputKind } from "../core/limits/capacity.ts";
 import { rateHeaders } from "../core/limits/headers.ts";
 import { retryAfterSeconds, tokenEstimate } from "../core/limits/window.ts";
+import { budgetOf } from "./shared/budget-object.ts";
 import { keyLabel } from "./shared/labels.ts";
 
 const GRANTED: Lease = { ok: true, settle: () => undefined };
@@ -53,8 +54,6 @@ interface ModelLimits {
 
 const num = (v: unknown) => (typeof v === "number" ? v : typeof v === "string" && v !== "" && Number.isFinite(Number(v)) ? Number(v) : undefined);
 
-/** A row's budget object, if it has one (and it exists). */
-const budgetOf = (id: string | null, identity: IdentityView | undefined): BudgetRow | undefined => (id ? identity?.budgets.get(id) : undefined);
 
 /** Picks each limit: the row's own, else its budget object's (noted in `sources`, for the refusal's message). */
 class Limits {

@@ -9,7 +9,7 @@ import { converseResponse } from "./converse-response.ts";
 import { type ConverseStreamState, converseStream } from "./converse-stream.ts";
 import { authorizeBedrock, resolveBedrock } from "./credentials.ts";
 import { bedrockErrorMessage } from "./errors.ts";
-import { joinEmbeddingLists } from "../shared/embedding-list.ts";
+import { joinEmbeddings } from "../shared/embedding-list.ts";
 import { EMBEDDING_PARAMS, embeddingBody, embeddingParamsFor, embeddingParts, embeddingResponse } from "./embeddings.ts";
 
 /** `bedrock/converse/<id>` names the API explicitly; Converse is the only chat API served. */
@@ -38,7 +38,7 @@ const embeddings: EndpointAdapter<"embeddings"> = {
   response: (body, req?: EmbeddingsRequest, headers?: Headers) => embeddingResponse(body, req, headers),
   // Titan: one call per text.
   split: (req, d) => embeddingParts(req, modelId(d)),
-  join: (answers, req) => joinEmbeddingLists(answers, req.model),
+  join: joinEmbeddings,
   supportedParams: EMBEDDING_PARAMS,
   supportedParamsFor: (d) => embeddingParamsFor(modelId(d)),
 };

@@ -8,7 +8,7 @@ import { upstreamErrorKind } from "../shared/error-kind.ts";
 import { COHERE_CHAT_PARAMS, cohereChatBody } from "./chat-request.ts";
 import { cohereChatResponse } from "./chat-response.ts";
 import { type CohereStreamState, cohereChatStream } from "./chat-stream.ts";
-import { joinEmbeddingLists } from "../shared/embedding-list.ts";
+import { joinEmbeddings } from "../shared/embedding-list.ts";
 import { COHERE_EMBED_PARAMS, cohereEmbedBody, cohereEmbedParts, cohereEmbedResponse } from "./embed.ts";
 
 export const COHERE_API_BASE = "https://api.cohere.com";
@@ -31,7 +31,7 @@ const embeddings: EndpointAdapter<"embeddings"> = {
   response: (body, req) => cohereEmbedResponse(body, req),
   // More than 96 texts: in batches of 96.
   split: (req) => cohereEmbedParts(req),
-  join: (answers, req) => joinEmbeddingLists(answers, req.model),
+  join: joinEmbeddings,
   supportedParams: COHERE_EMBED_PARAMS,
 };
 

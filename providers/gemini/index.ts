@@ -3,7 +3,7 @@
  * (`svc_params.api_key`, else GEMINI_API_KEY) in the `x-goog-api-key` header.
  */
 import type { Deployment, ProviderAdapter } from "../../core/contract.ts";
-import { joinEmbeddingLists } from "../shared/embedding-list.ts";
+import { joinEmbeddings } from "../shared/embedding-list.ts";
 import { batchEmbedBody, batchEmbedParts, batchEmbedResponse, GEMINI_EMBEDDING_PARAMS } from "./embeddings.ts";
 import { type GoogleModelApi, geminiChat, geminiCountTokens, googleCall } from "./endpoints.ts";
 import { googleErrorKind, googleErrorMessage } from "./errors.ts";
@@ -31,7 +31,7 @@ export const geminiProvider: ProviderAdapter = {
       response: batchEmbedResponse,
       // More than 100 texts: in batches of 100.
       split: batchEmbedParts,
-      join: (answers, req) => joinEmbeddingLists(answers, req.model),
+      join: joinEmbeddings,
       supportedParams: GEMINI_EMBEDDING_PARAMS,
     },
   },

@@ -41,3 +41,6 @@ export function joinEmbeddingLists(answers: readonly { body: WireJson; usage: Us
   const promptTokens = answers.reduce((n, a) => n + a.usage.promptTokens, 0);
   return { body: { object: "list", data, model, usage: { prompt_tokens: promptTokens, total_tokens: promptTokens } }, usage: { promptTokens, completionTokens: 0 } };
 }
+
+/** An embeddings adapter's `join`: the parts' lists as one, under the model the client asked for. */
+export const joinEmbeddings = (answers: readonly { body: WireJson; usage: Usage }[], req: EmbeddingsRequest) => joinEmbeddingLists(answers, req.model);

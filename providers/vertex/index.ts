@@ -10,7 +10,7 @@
  */
 import type { Deployment, EndpointAdapter, ProviderAdapter } from "../../core/contract.ts";
 import { GEMINI_EMBEDDING_PARAMS, predictEmbedBody, predictEmbedParts, predictEmbedResponse } from "../gemini/embeddings.ts";
-import { joinEmbeddingLists } from "../shared/embedding-list.ts";
+import { joinEmbeddings } from "../shared/embedding-list.ts";
 import { type GoogleModelApi, geminiChat, geminiCountTokens, googleCall } from "../gemini/endpoints.ts";
 import { googleErrorKind, googleErrorMessage } from "../gemini/errors.ts";
 import { claudeChat, claudeCountTokens, isAnthropicMessage, isClaude } from "./claude.ts";
@@ -32,7 +32,7 @@ const embeddings: EndpointAdapter<"embeddings"> = {
   response: predictEmbedResponse,
   // At most 250 texts per call; gemini-embedding-*: one.
   split: predictEmbedParts,
-  join: (answers, req) => joinEmbeddingLists(answers, req.model),
+  join: joinEmbeddings,
   supportedParams: GEMINI_EMBEDDING_PARAMS,
 };
 
