@@ -71,20 +71,38 @@ export async function openStore(opts: OpenStoreOptions): Promise<Store> {
 /** A readiness probe must answer quickly even while a lost database is being reconnected. */
 const PING_TIMEOUT_MS = 2000;
 
-function pinger(db: Db): Store["ping"] {
+type PingResult = { ok: boolean; detail: string; timedOut?: boolean };
+
+function pinger(db: Db): () => Promise<PingResult> {
   return async () => {
     let timer: ReturnType<typeof setTimeout> | undefined;
-    const timeout = new Promise<never>((_, reject) => {
-      timer = setTimeout(() => reject(new Error(`no answer within ${PING_TIMEOUT_MS} ms`)), PING_TIMEOUT_MS);
+    const timeout = new Promise<"timeout">((resolve) => {
+      timer = setTimeout(() => resolve("timeout"), PING_TIMEOUT_MS);
     });
     try {
-      const [row] = await Promise.race([rows<{ version: string }>(db, sql`select version() as version`), timeout]);
-      return { ok: true, detail: row?.version ?? "unknown version" };
+      const answer = await Promise.race([rows<{ version: string }>(db, sql`select version() as version`), timeout]);
+      if (answer === "timeout") return { ok: false, detail: `no answer within ${PING_TIMEOUT_MS} ms`, timedOut: true };
+      return { ok: true, detail: answer[0]?.version ?? "unknown version" };
     } catch (e) {
       return { ok: false, detail: e instanceof Error ? e.message : String(e) };
     } finally {
       clearTimeout(timer);
     }
+  };
+}
+
+/**
+ * The embedded store is a thread of this process with one connection: a ping queued behind a long
+ * statement or a large batch is late because the store is busy, not because it is unreachable.
+ * Only a failed or closed worker, or an error from the query itself, is down.
+ */
+function pglitePinger(db: Db, bridge: PgliteBridge): Store["ping"] {
+  const ping = pinger(db);
+  return async () => {
+    if (bridge.failed) return { ok: false, detail: bridge.failed };
+    const r = await ping();
+    if (r.ok || !r.timedOut || bridge.failed) return { ok: r.ok, detail: bridge.failed ?? r.detail };
+    return { ok: true, detail: `embedded PGlite, busy (the probe had ${r.detail})` };
   };
 }
 
@@ -121,7 +139,7 @@ async function openPglite(dataDir: string, log?: StoreLog): Promise<Store> {
     return {
       db,
       kind: "pglite",
-      ping: pinger(db),
+      ping: pglitePinger(db, bridge),
       copyIn: (load, then) => bridge.copyThen(`copy ${load.table} (${load.columns.join(", ")}) from '/dev/blob'`, load.text, then),
       close: once(async () => {
         try {

@@ -28,6 +28,8 @@ export class PgliteBridge {
   private readonly worker: Worker;
   private readonly pending = new Map<number, Pending>();
   private nextId = 1;
+  /** Why the worker can no longer answer (it failed or was closed); undefined while it runs. */
+  private failure: string | undefined;
 
   constructor() {
     this.worker = new Worker(workerSpecifier());
@@ -39,6 +41,7 @@ export class PgliteBridge {
       else p.reject(Object.assign(new Error(e.data.error), e.data.code ? { code: e.data.code } : {}));
     };
     this.worker.onerror = (e) => {
+      this.failure = `PGlite worker failed: ${e.message}`;
       for (const p of this.pending.values()) p.reject(new Error(`PGlite worker failed: ${e.message}`));
       this.pending.clear();
     };
@@ -89,7 +92,13 @@ export class PgliteBridge {
     return result;
   }
 
+  /** Why the worker cannot answer, or undefined while it runs. */
+  get failed(): string | undefined {
+    return this.failure;
+  }
+
   async close(): Promise<void> {
+    this.failure ??= "the embedded store is closed";
     try {
       await this.call({ op: "close" });
     } finally {
