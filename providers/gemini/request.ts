@@ -6,7 +6,7 @@ import type { ChatRequest, Deployment } from "../../core/contract.ts";
 import { argumentsObject, type ChatMessage, type ContentPart, contentText, functionTools, imageUrl, type SamplingNames, samplingSettings, toolCallsOf, toolChoice, toolNamesById } from "../shared/openai-request.ts";
 import { audioMime, mediaPart } from "./media.ts";
 import { geminiSchema, isEmptyParameters } from "./schema.ts";
-import { signatureOf } from "./tool-ids.ts";
+import { geminiCallId, signatureOf } from "./tool-ids.ts";
 import type { GeminiContent, GeminiFunctionDeclaration, GeminiGenerationConfig, GeminiPart, GeminiTool, GeminiToolConfig, GenerateContentRequest } from "./wire.ts";
 
 type Json = Record<string, unknown>;
@@ -85,8 +85,11 @@ function assistantParts(m: ChatMessage): GeminiPart[] {
   const parts: GeminiPart[] = [];
   const text = contentText(m.content);
   if (text !== "") parts.push({ text });
+  // A legacy `function_call` has no id of its own (toolCallsOf names it by the function).
+  const ids = new Set((m.tool_calls ?? []).map((c) => c.id));
   for (const call of toolCallsOf(m)) {
-    const part: GeminiPart = { functionCall: { name: call.function.name, args: argumentsObject(call.function.arguments) } };
+    const id = call.id !== "" && ids.has(call.id) ? geminiCallId(call.id) : undefined;
+    const part: GeminiPart = { functionCall: { ...(id ? { id } : {}), name: call.function.name, args: argumentsObject(call.function.arguments) } };
     const signature = signatureOf(call.id);
     if (signature) part.thoughtSignature = signature;
     parts.push(part);
@@ -136,7 +139,9 @@ function conversation(messages: ChatRequest["messages"]): { contents: GeminiCont
       case "tool":
       case "function": {
         const name = (m.tool_call_id ? toolNames.get(m.tool_call_id) : undefined) ?? m.name ?? m.tool_call_id ?? "";
-        push(contents, "user", [{ functionResponse: { name, response: toolResult(m.content) } }]);
+        // The call's id pairs the result with its call: parallel calls of one function share the name.
+        const id = m.tool_call_id ? geminiCallId(m.tool_call_id) : undefined;
+        push(contents, "user", [{ functionResponse: { ...(id ? { id } : {}), name, response: toolResult(m.content) } }]);
         break;
       }
     }

@@ -44,7 +44,7 @@ export function sortParts(parts: readonly GeminiPart[] | undefined): SortedParts
   for (const p of parts ?? []) {
     if (p.functionCall) {
       out.calls.push({
-        id: toolCallId(p.thoughtSignature),
+        id: toolCallId(p.thoughtSignature, typeof p.functionCall.id === "string" ? p.functionCall.id : undefined),
         type: "function",
         function: { name: p.functionCall.name, arguments: JSON.stringify(p.functionCall.args ?? {}) },
       });

@@ -133,7 +133,7 @@ describe("gemini/… (AI Studio)", () => {
     expect(new Set(chunks.map((c) => c.id)).size).toBe(1);
   });
 
-  test("tools: a function call comes back as a tool call; its result goes back as a functionResponse named after it", async () => {
+  test("tools: a function call comes back as a tool call; its result goes back as a functionResponse named after it, both with the call's id", async () => {
     const first = await client.chat.completions.create({ model: "gemini-flash", messages: user("What is the weather in Paris?"), tools: [weatherTool] });
     const choice = first.choices[0]!;
     expect(choice.finish_reason).toBe("tool_calls");
@@ -152,8 +152,8 @@ describe("gemini/… (AI Studio)", () => {
     });
     expect(second.choices[0]!.message.content).toBe('Tool said: {"temp_c":21,"sky":"clear"}');
     const contents = sent(1).body.contents as { role: string; parts: Record<string, unknown>[] }[];
-    expect(contents.at(-2)).toEqual({ role: "model", parts: [{ functionCall: { name: "get_weather", args: { location: "Paris", unit: "celsius" } } }] });
-    expect(contents.at(-1)).toEqual({ role: "user", parts: [{ functionResponse: { name: "get_weather", response: { temp_c: 21, sky: "clear" } } }] });
+    expect(contents.at(-2)).toEqual({ role: "model", parts: [{ functionCall: { id: call.id, name: "get_weather", args: { location: "Paris", unit: "celsius" } } }] });
+    expect(contents.at(-1)).toEqual({ role: "user", parts: [{ functionResponse: { id: call.id, name: "get_weather", response: { temp_c: 21, sky: "clear" } } }] });
   });
 
   test("tools in a stream: the call arrives as one tool-call delta with its whole arguments", async () => {

@@ -323,7 +323,11 @@ function promptChars(body: Json): number {
     for (const p of Array.isArray(parts) ? parts : []) {
       if (!isObject(p)) continue;
       if (typeof p.text === "string") chars += p.text.length;
-      if (p.functionCall || p.functionResponse) chars += JSON.stringify(p.functionCall ?? p.functionResponse).length;
+      if (isObject(p.functionCall) || isObject(p.functionResponse)) {
+        // The id only pairs a call with its result: the model reads the name and the arguments or result.
+        const { id: _, ...read } = (p.functionCall ?? p.functionResponse) as Json;
+        chars += JSON.stringify(read).length;
+      }
       if (p.inlineData || p.fileData) chars += 1032; // Google counts an image as 258 tokens
     }
   };

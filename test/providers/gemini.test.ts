@@ -119,7 +119,7 @@ describe("request: messages", () => {
     ]);
   });
 
-  test("tool calls become functionCall parts; results become functionResponse parts named after their call, in one turn", () => {
+  test("tool calls become functionCall parts; results become functionResponse parts named after their call and with its id, in one turn", () => {
     const body = upstreamBody(
       chatRequest({
         messages: [
@@ -141,14 +141,14 @@ describe("request: messages", () => {
       { role: "user", parts: [{ text: "Weather in Paris and Rome?" }] },
       {
         role: "model",
-        parts: [{ functionCall: { name: "get_weather", args: { location: "Paris" } } }, { functionCall: { name: "get_time", args: { city: "Rome" } } }],
+        parts: [{ functionCall: { id: "call_a", name: "get_weather", args: { location: "Paris" } } }, { functionCall: { id: "call_b", name: "get_time", args: { city: "Rome" } } }],
       },
       {
         role: "user",
         parts: [
-          { functionResponse: { name: "get_weather", response: { temp_c: 21 } } },
+          { functionResponse: { id: "call_a", name: "get_weather", response: { temp_c: 21 } } },
           // Text results are wrapped: Gemini's response is an object.
-          { functionResponse: { name: "get_time", response: { content: "14:05" } } },
+          { functionResponse: { id: "call_b", name: "get_time", response: { content: "14:05" } } },
         ],
       },
     ]);
@@ -168,7 +168,74 @@ describe("request: messages", () => {
         ],
       }),
     );
-    expect((body.contents as WireJson[])[1]).toEqual({ role: "model", parts: [{ functionCall: { name: "lookup", args: { q: "x" } }, thoughtSignature: "CsQBAb4+9vt0" }] });
+    // The id Gemini is sent is the call's own, without the signature it carries.
+    const id = call.id.slice(0, call.id.indexOf("__thought__"));
+    expect(id).toMatch(/^call_[A-Za-z0-9]{24}$/);
+    expect((body.contents as WireJson[])[1]).toEqual({ role: "model", parts: [{ functionCall: { id, name: "lookup", args: { q: "x" } }, thoughtSignature: "CsQBAb4+9vt0" }] });
+    expect((body.contents as WireJson[])[2]).toEqual({ role: "user", parts: [{ functionResponse: { id, name: "lookup", response: { content: "found" } } }] });
+  });
+
+  test("parallel calls of one function: Gemini's functionCall ids are the tool call ids, and pair each result with its call when sent back", () => {
+    const answer = chat.response({
+      candidates: [
+        {
+          content: {
+            role: "model",
+            parts: [
+              { functionCall: { id: "fc-paris", name: "get_weather", args: { location: "Paris" } }, thoughtSignature: "sig-1" },
+              { functionCall: { id: "fc-rome", name: "get_weather", args: { location: "Rome" } } },
+            ],
+          },
+          finishReason: "STOP",
+          index: 0,
+        },
+      ],
+    });
+    const calls = ((answer.body.choices as WireJson[])[0]!.message as { tool_calls: { id: string; type: "function"; function: { name: string; arguments: string } }[] }).tool_calls;
+    expect(calls.map((c) => c.id)).toEqual(["fc-paris__thought__sig-1", "fc-rome"]);
+    const body = upstreamBody(
+      chatRequest({
+        messages: [
+          { role: "user", content: "Weather in Paris and Rome?" },
+          { role: "assistant", content: null, tool_calls: calls },
+          // Answered in the other order: only the ids say which result is whose.
+          { role: "tool", tool_call_id: "fc-rome", content: '{"temp_c":18}' },
+          { role: "tool", tool_call_id: "fc-paris__thought__sig-1", content: '{"temp_c":21}' },
+        ],
+      }),
+    );
+    expect((body.contents as WireJson[]).slice(1)).toEqual([
+      {
+        role: "model",
+        parts: [
+          { functionCall: { id: "fc-paris", name: "get_weather", args: { location: "Paris" } }, thoughtSignature: "sig-1" },
+          { functionCall: { id: "fc-rome", name: "get_weather", args: { location: "Rome" } } },
+        ],
+      },
+      {
+        role: "user",
+        parts: [
+          { functionResponse: { id: "fc-rome", name: "get_weather", response: { temp_c: 18 } } },
+          { functionResponse: { id: "fc-paris", name: "get_weather", response: { temp_c: 21 } } },
+        ],
+      },
+    ]);
+  });
+
+  test("a legacy function_call and its function result carry no id (OpenAI gives them none)", () => {
+    const body = upstreamBody(
+      chatRequest({
+        messages: [
+          { role: "user", content: "Weather?" },
+          { role: "assistant", content: null, function_call: { name: "get_weather", arguments: '{"location":"Paris"}' } },
+          { role: "function", name: "get_weather", content: '{"temp_c":21}' },
+        ],
+      }),
+    );
+    expect((body.contents as WireJson[]).slice(1)).toEqual([
+      { role: "model", parts: [{ functionCall: { name: "get_weather", args: { location: "Paris" } } }] },
+      { role: "user", parts: [{ functionResponse: { name: "get_weather", response: { temp_c: 21 } } }] },
+    ]);
   });
 });
 
@@ -502,6 +569,15 @@ describe("stream → chat.completion.chunk", () => {
     expect(calls[0]!.id).toMatch(/^call_/);
     expect(calls[0]!.id).not.toBe(calls[1]!.id);
     expect(out[2]!.choices[0]).toEqual({ index: 0, delta: {}, logprobs: null, finish_reason: "tool_calls" });
+  });
+
+  test("a streamed function call's Gemini id is its tool call id", () => {
+    const event = {
+      candidates: [{ content: { parts: [{ functionCall: { id: "fc-1", name: "get_weather", args: { location: "Paris" } } }], role: "model" }, finishReason: "STOP", index: 0 }],
+      usageMetadata: { promptTokenCount: 30, candidatesTokenCount: 8, totalTokenCount: 38 },
+    };
+    const out = chunks(run(req, [`data: ${JSON.stringify(event)}\r\n\r\n`]).parts);
+    expect((out[0]!.choices[0]!.delta as { tool_calls: WireJson[] }).tool_calls[0]).toMatchObject({ index: 0, id: "fc-1", type: "function" });
   });
 
   test("thought parts stream as reasoning_content; thinking tokens count as reasoning inside completion", () => {

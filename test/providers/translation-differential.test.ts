@@ -305,6 +305,9 @@ interface Call {
 
 /** Tool-call id the client got → the thought signature Gemini sent with that call. */
 const signatures = new Map<string, string>();
+/** Tool-call id the client got → the id Gemini must get with that call and its result: Gemini's own, else the one the gateway made up. */
+const geminiIds = new Map<string, string>();
+const geminiId = (id: string) => geminiIds.get(id) ?? id;
 
 interface Plan {
   text: string;
@@ -347,9 +350,8 @@ interface Family {
   normalize?(body: Json): Json;
   /** Provider finish reasons for text answers and for tool calls, with their OpenAI meaning; `empty`: those that may come with no content at all. */
   finishes: { text: [string, string][]; tools: [string, string][]; json?: [string, string]; empty?: string[] };
-  /** Usage details the provider reports; whether it answers thinking; whether tool calls carry its ids; how many choices. */
+  /** Usage details the provider reports; whether it answers thinking; how many choices. */
   reports: Partial<Record<"cached" | "cacheWrite" | "reasoning" | "toolPrompt" | "thinking", boolean>>;
-  upstreamIds: boolean;
   choices: (req: Json) => number;
   /** Whether the upstream request turns thinking on (then the answer starts with it). */
   thinks?: (upstream: Json) => boolean;
@@ -359,6 +361,7 @@ interface Family {
   signs?: boolean;
   /** Whether the upstream request forces the response-format tool. */
   forcesJson?: (upstream: Json) => boolean;
+  /** The provider's id for a call ("": none, the gateway makes one up); absent: the provider gives calls no ids. */
   newId?: (rng: Random) => string;
   render(plans: Plan[], counts: Counts, req: Json, d: Dep, rng: Random): Rendered;
 }
@@ -391,7 +394,6 @@ const OPENAI: Family = {
   },
   finishes: { text: [["stop", "stop"], ["length", "length"], ["content_filter", "content_filter"]], tools: [["tool_calls", "tool_calls"]] },
   reports: { cached: true, reasoning: true },
-  upstreamIds: true,
   choices: (req) => (typeof req.n === "number" ? req.n : 1),
   newId: (rng) => `call_${alnum(rng, 24)}`,
   render(plans, u, _req, d, rng) {
@@ -516,7 +518,6 @@ const CLAUDE: Family = {
     json: ["tool_use", "stop"],
   },
   reports: { cached: true, cacheWrite: true, thinking: true },
-  upstreamIds: true,
   choices: () => 1,
   forcesJson: (up) => obj(up.tool_choice).name === JSON_TOOL,
   thinks: (up) => up.thinking !== undefined,
@@ -613,8 +614,8 @@ const GEMINI: Family = {
       messages
         .filter((m) => !instructions(m))
         .map((m) => {
-          if (m.role === "tool") return { role: "user", content: [{ functionResponse: { name: names.get(String(m.tool_call_id)), response: functionResponse(textOf(m.content)) } }] };
-          const calls = callsOf(m).map((c) => defined({ functionCall: { name: c.name, args: c.args } }, { thoughtSignature: signatures.get(c.id) }));
+          if (m.role === "tool") return { role: "user", content: [{ functionResponse: { id: geminiId(String(m.tool_call_id)), name: names.get(String(m.tool_call_id)), response: functionResponse(textOf(m.content)) } }] };
+          const calls = callsOf(m).map((c) => defined({ functionCall: { id: geminiId(c.id), name: c.name, args: c.args } }, { thoughtSignature: signatures.get(c.id) }));
           return { role: m.role === "assistant" ? "model" : "user", content: [...partsOf(m.content).map(geminiPart), ...calls] };
         }),
       "parts",
@@ -666,7 +667,8 @@ const GEMINI: Family = {
     empty: ["SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII"],
   },
   reports: { cached: true, reasoning: true, toolPrompt: true, thinking: true },
-  upstreamIds: false,
+  // Gemini gives a call an id only sometimes.
+  newId: (rng) => (rng.chance(0.5) ? alnum(rng, 12) : ""),
   signs: true,
   choices: (req) => (typeof req.n === "number" ? req.n : 1),
   render(plans, u, _req, d, rng) {
@@ -674,7 +676,7 @@ const GEMINI: Family = {
       const parts: Json[] = [];
       if (p.reasoning) parts.push({ text: p.reasoning, thought: true });
       if (p.text) for (const text of pieces(rng, p.text)) parts.push({ text });
-      for (const c of p.calls) parts.push(defined({ functionCall: { name: c.name, args: c.args } }, { thoughtSignature: c.signature }));
+      for (const c of p.calls) parts.push(defined({ functionCall: defined({ name: c.name, args: c.args }, { id: c.id || undefined }) }, { thoughtSignature: c.signature }));
       // A candidate its filters stopped before any output has no content at all.
       return parts.length > 0 ? { content: { parts, role: "model" }, finishReason: p.finish[0], index } : { finishReason: p.finish[0], index };
     });
@@ -764,7 +766,6 @@ const BEDROCK: Family = {
     json: ["tool_use", "stop"],
   },
   reports: { cached: true, cacheWrite: true, thinking: true },
-  upstreamIds: true,
   choices: () => 1,
   forcesJson: (up) => obj(obj(obj(up.toolConfig).toolChoice).tool).name === JSON_TOOL,
   thinks: (up) => obj(up.additionalModelRequestFields).thinking !== undefined,
@@ -829,7 +830,6 @@ const COHERE: Family = {
   },
   finishes: { text: [["COMPLETE", "stop"], ["STOP_SEQUENCE", "stop"], ["MAX_TOKENS", "length"]], tools: [["TOOL_CALL", "tool_calls"]] },
   reports: { thinking: true },
-  upstreamIds: true,
   choices: () => 1,
   newId: (rng) => `${ascii(rng)}_${alnum(rng, 12)}`,
   render([p], u, req) {
@@ -873,7 +873,6 @@ const OLLAMA: Family = {
   },
   finishes: { text: [["stop", "stop"], ["length", "length"]], tools: [["stop", "tool_calls"]] },
   reports: { thinking: true },
-  upstreamIds: false,
   choices: () => 1,
   render([p], u, _req, d) {
     const message = defined({ role: "assistant", content: p!.text }, { thinking: p!.reasoning || undefined });
@@ -947,6 +946,12 @@ function randomCounts(rng: Random, f: Family): Counts {
 /** A call id the gateway makes up (what follows is its own business: Gemini's signature rides there). */
 const MADE_UP_CALL_ID = /^call_[A-Za-z0-9]{24}/;
 
+/** The tool call id the client must get: the provider's (a signature may ride after it), else one the gateway made up. */
+function expectedCallId(c: Call): unknown {
+  if (c.id === "") return expect.stringMatching(MADE_UP_CALL_ID);
+  return c.signature ? expect.stringMatching(new RegExp(`^${c.id}`)) : c.id;
+}
+
 function expectedAnswer(f: Family, plans: Plan[], u: Counts, r: Rendered): Json {
   const thinking = (index: number) => {
     const blocks = index === 0 ? (f.thinkingBlocks?.(r.body) ?? []) : [];
@@ -963,7 +968,7 @@ function expectedAnswer(f: Family, plans: Plan[], u: Counts, r: Rendered): Json 
       content: p.json ? JSON.stringify(p.json) : p.text !== "" ? p.text : null,
       reasoning: p.reasoning || undefined,
       thinking_blocks: thinking(index),
-      tool_calls: p.calls.map((c) => ({ id: f.upstreamIds ? c.id : expect.stringMatching(MADE_UP_CALL_ID), type: "function", name: c.name, arguments: JSON.stringify(c.args) })),
+      tool_calls: p.calls.map((c) => ({ id: expectedCallId(c), type: "function", name: c.name, arguments: JSON.stringify(c.args) })),
     })),
     usage: {
       prompt_tokens: u.prompt,
@@ -1155,8 +1160,10 @@ async function exchange(d: Dep, req: Json, rng: Random, problem: (text: string) 
     check("the cost header", /^\d+(\.\d+)?$/.test(response.headers.get("x-svc-response-cost") ?? ""), true);
     // The thought signatures the client must hand back with these calls (it only sees their ids).
     for (const [i, t] of list(obj(list(answer.choices)[0]?.message).tool_calls).entries()) {
-      const signature = plans[0]?.calls[i]?.signature;
-      if (signature) signatures.set(String(t.id), signature);
+      const call = plans[0]?.calls[i];
+      if (call?.signature) signatures.set(String(t.id), call.signature);
+      const id = call?.id || MADE_UP_CALL_ID.exec(String(t.id))?.[0];
+      if (id) geminiIds.set(String(t.id), id);
     }
     return answer;
   } catch (e) {
