@@ -77,6 +77,7 @@ export function cachedAnswer(endpoint: Endpoint, body: WireRequest[Endpoint], ke
     answer: keepPrompt ? storedAnswer(endpoint, stream, hit.body) : undefined,
   });
   ctx.release();
+  ctx.onRecord?.(record);
   if (ctx.record !== false) dispatchRecord(ctx.snapshot, record, ctx.log);
   const headers = responseHeaders(d, ctx.callId, stream ? "text/event-stream" : "application/json");
   headers["x-svc-cache-hit"] = "true";

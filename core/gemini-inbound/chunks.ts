@@ -2,10 +2,11 @@
  * OpenAI `chat.completion.chunk`s → Gemini stream chunks. Text goes out as it comes; a function
  * call goes out whole once its choice finishes (Gemini never splits one); the finishing chunk is
  * held back until the usage chunk that follows it, so the last Gemini chunk carries both
- * finishReason and usageMetadata, as Google's do.
+ * finishReason and usageMetadata, as Google's do. A stream whose upstream reported no usage ends
+ * with the usage the gateway estimated and logged.
  */
 import { finishReason, parseArgs, reasoningText, usageMetadata } from "./response.ts";
-import { type GeminiCandidate, type GeminiPart, type GeminiResponse, isObject, type Json, type RenderOptions } from "./types.ts";
+import { type GeminiCandidate, type GeminiPart, type GeminiResponse, type GeminiUsage, isObject, type Json, type RenderOptions } from "./types.ts";
 
 interface OpenCall {
   id?: string;
@@ -19,6 +20,7 @@ export class GeminiChunks {
   /** Tool calls being assembled: choice index → tool-call index → call. */
   private readonly calls = new Map<number, Map<number, OpenCall>>();
   private held: GeminiResponse | undefined;
+  private usageSent = false;
 
   constructor(private readonly opts: RenderOptions) {}
 
@@ -98,12 +100,16 @@ export class GeminiChunks {
       last.usageMetadata = usage;
       out.push(last);
       this.held = undefined;
+      this.usageSent = true;
     }
     return out;
   }
 
-  /** What is still held when the stream ends: the finishing chunk without usage, calls never finished. */
-  end(): GeminiResponse[] {
+  /**
+   * What is still held when the stream ends: the finishing chunk, calls never finished; the last
+   * chunk carries `recorded` (the usage the call was logged with) when the upstream sent none.
+   */
+  end(recorded?: GeminiUsage): GeminiResponse[] {
     const out: GeminiResponse[] = [];
     if (this.held) out.push(this.held);
     this.held = undefined;
@@ -113,6 +119,11 @@ export class GeminiChunks {
       if (parts.length > 0) unfinished.push({ content: { parts, role: "model" }, index });
     }
     if (unfinished.length > 0) out.push(this.response(unfinished));
+    if (recorded && !this.usageSent) {
+      if (out.length === 0) out.push(this.response([]));
+      out[out.length - 1]!.usageMetadata = recorded;
+      this.usageSent = true;
+    }
     return out;
   }
 }

@@ -1,4 +1,5 @@
 /** An OpenAI chat completion → Gemini's `GenerateContentResponse`. */
+import type { Usage } from "../contract.ts";
 import { type GeminiCandidate, type GeminiPart, type GeminiResponse, type GeminiUsage, isObject, type Json, type RenderOptions } from "./types.ts";
 
 /** OpenAI finish_reason → Gemini finishReason (a function call ends with STOP in Gemini too). */
@@ -18,24 +19,31 @@ export function finishReason(reason: unknown): string | undefined {
 const num = (v: unknown): number => (typeof v === "number" && Number.isFinite(v) ? v : 0);
 
 /**
- * OpenAI usage → usageMetadata. OpenAI counts reasoning inside completion_tokens; Gemini counts
- * thoughts apart from the candidates, so the candidates' count is the completion minus reasoning.
- * Zero details are left out, as Google leaves them out.
+ * The gateway's usage → usageMetadata. Reasoning is inside the completion (OpenAI's convention);
+ * Gemini counts thoughts apart from the candidates, so the candidates' count is the completion
+ * minus reasoning. Zero details are left out, as Google leaves them out.
  */
-export function usageMetadata(usage: unknown): GeminiUsage | undefined {
-  if (!isObject(usage)) return undefined;
-  const prompt = num(usage.prompt_tokens);
-  const completion = num(usage.completion_tokens);
-  const reasoning = isObject(usage.completion_tokens_details) ? num(usage.completion_tokens_details.reasoning_tokens) : 0;
-  const cached = isObject(usage.prompt_tokens_details) ? num(usage.prompt_tokens_details.cached_tokens) : 0;
+export function geminiUsage(u: Usage, total = u.promptTokens + u.completionTokens): GeminiUsage {
+  const reasoning = u.reasoningTokens ?? 0;
+  const cached = u.cachedPromptTokens ?? 0;
   const out: GeminiUsage = {
-    promptTokenCount: prompt,
-    candidatesTokenCount: Math.max(0, completion - reasoning),
-    totalTokenCount: num(usage.total_tokens) || prompt + completion,
+    promptTokenCount: u.promptTokens,
+    candidatesTokenCount: Math.max(0, u.completionTokens - reasoning),
+    totalTokenCount: total,
   };
   if (cached > 0) out.cachedContentTokenCount = cached;
   if (reasoning > 0) out.thoughtsTokenCount = reasoning;
   return out;
+}
+
+/** OpenAI usage → usageMetadata. */
+export function usageMetadata(usage: unknown): GeminiUsage | undefined {
+  if (!isObject(usage)) return undefined;
+  const promptTokens = num(usage.prompt_tokens);
+  const completionTokens = num(usage.completion_tokens);
+  const reasoningTokens = isObject(usage.completion_tokens_details) ? num(usage.completion_tokens_details.reasoning_tokens) : 0;
+  const cachedPromptTokens = isObject(usage.prompt_tokens_details) ? num(usage.prompt_tokens_details.cached_tokens) : 0;
+  return geminiUsage({ promptTokens, completionTokens, reasoningTokens, cachedPromptTokens }, num(usage.total_tokens) || promptTokens + completionTokens);
 }
 
 /** Tool-call arguments (a JSON text) → Gemini's `args` object. */
@@ -74,7 +82,11 @@ function messageParts(m: Json, opts: RenderOptions): GeminiPart[] {
   return parts.length > 0 ? parts : [{ text: "" }];
 }
 
-export function chatToGemini(body: unknown, opts: RenderOptions): GeminiResponse {
+/**
+ * `recorded`: the usage the call was logged with, for an answer that carries none (an
+ * OpenAI-compatible server that sends no usage: the gateway's estimate).
+ */
+export function chatToGemini(body: unknown, opts: RenderOptions, recorded?: Usage): GeminiResponse {
   const b = isObject(body) ? body : {};
   const candidates: GeminiCandidate[] = [];
   for (const [i, choice] of (Array.isArray(b.choices) ? b.choices : []).entries()) {
@@ -87,7 +99,7 @@ export function chatToGemini(body: unknown, opts: RenderOptions): GeminiResponse
     });
   }
   const out: GeminiResponse = { candidates };
-  const usage = usageMetadata(b.usage);
+  const usage = usageMetadata(b.usage) ?? (recorded && geminiUsage(recorded));
   if (usage) out.usageMetadata = usage;
   if (typeof b.model === "string") out.modelVersion = b.model;
   if (typeof b.id === "string") out.responseId = b.id;

@@ -4,9 +4,11 @@
  * underneath, so backpressure holds, and a client that leaves cancels it (which aborts the
  * upstream call and records what was used).
  */
+import type { Usage } from "../contract.ts";
 import { SseParser } from "../stream/framing.ts";
 import { GeminiChunks } from "./chunks.ts";
 import { googleErrorBody } from "./errors.ts";
+import { geminiUsage } from "./response.ts";
 import { isObject, type RenderOptions } from "./types.ts";
 
 export type GeminiStreamFormat = "sse" | "json";
@@ -40,7 +42,8 @@ function googleError(error: unknown): string {
   return JSON.stringify(googleErrorBody(status >= 400 && status < 600 ? status : 500, typeof e.message === "string" ? e.message : "stream failed"));
 }
 
-export function geminiStream(inner: Response, format: GeminiStreamFormat, opts: RenderOptions, headers: Record<string, string>): Response {
+/** `recorded`: the usage the call was logged with, known once the gateway stream has ended. */
+export function geminiStream(inner: Response, format: GeminiStreamFormat, opts: RenderOptions, headers: Record<string, string>, recorded: () => Usage | undefined = () => undefined): Response {
   const reader = inner.body!.getReader();
   const decoder = new TextDecoder();
   const parser = new SseParser();
@@ -89,7 +92,10 @@ export function geminiStream(inner: Response, format: GeminiStreamFormat, opts: 
           if (!next.done) parser.push(decoder.decode(next.value, { stream: true }), onEvent);
           if (next.done) {
             parser.end(onEvent);
-            if (!failed) emit(chunks.end());
+            if (!failed) {
+              const usage = recorded();
+              emit(chunks.end(usage && geminiUsage(usage)));
+            }
             out += framer.close();
             over = true;
             controller.enqueue(encoder.encode(out));

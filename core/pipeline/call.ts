@@ -37,6 +37,11 @@ export interface CallContext {
   record?: boolean;
   /** The client's body text when the gateway changed nothing in it (see EndpointAdapter.request). */
   rawBody?: string;
+  /**
+   * Hears every record of the call as it is made (a stream's at its end, before the stream
+   * closes): a route that answers in another format reports the usage the call was logged with.
+   */
+  onRecord?(record: CallRecord): void;
 }
 
 export const ZERO: Usage = { promptTokens: 0, completionTokens: 0 };
@@ -264,6 +269,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     });
     attempt.ended?.(record);
     ctx.release();
+    ctx.onRecord?.(record);
     if (ctx.record !== false) dispatchRecord(snapshot, record, ctx.log);
     return priced.cost;
   };

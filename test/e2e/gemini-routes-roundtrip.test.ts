@@ -1,8 +1,11 @@
 // Google's SDK (@google/genai) on the gateway's Gemini-style routes, for what a tool-using client
-// depends on: parallel calls of one function keep their ids on the way to an OpenAI upstream and
-// to a Gemini upstream (gemini/…) and back.
+// and its bill depend on: parallel calls of one function keep their ids on the way to an OpenAI
+// upstream and to a Gemini upstream (gemini/…) and back, and an upstream that reports no usage
+// still gives the client a usageMetadata, the same counts as the spend log row, in a stream too.
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from "bun:test";
-import { type Content, type GenerateContentResponse, GoogleGenAI, Type } from "@google/genai";
+import { type Content, FinishReason, type GenerateContentResponse, GoogleGenAI, Type } from "@google/genai";
+import { sql } from "drizzle-orm";
+import { rows } from "../../core/store/sql.ts";
 import { MASTER_KEY, startTestGateway, type TestGateway } from "../harness/gateway.ts";
 import { type MockGemini, startMockGemini } from "../mock-upstream/gemini.ts";
 import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
@@ -11,6 +14,7 @@ const OPENAI_KEY = "sk-upstream-openai-0123456789";
 const GEMINI_KEY = "AIza-upstream-gemini-0123456789";
 // $1 per million input tokens, $2 per million output tokens.
 const PRICES = { input_cost_per_token: 0.000001, output_cost_per_token: 0.000002 };
+const usd = (prompt: number, completion: number) => (prompt * 1 + completion * 2) / 1_000_000;
 
 let openai: MockOpenAI;
 let gemini: MockGemini;
@@ -122,5 +126,61 @@ describe("parallel calls of one function, paired by their ids", () => {
     gemini.fault({ kind: "cannedStream", chunks: [`data: ${JSON.stringify(event)}\r\n\r\n`], checked: true });
     const chunks = await collect(await ai.models.generateContentStream({ model: "gemini-public", contents: "Weather in Paris and Rome?", config: { tools: [weatherTool] } }));
     expect(chunks.flatMap((c) => c.functionCalls ?? []).map((c) => c.id)).toEqual(["g-paris", "g-rome"]);
+  });
+});
+
+interface LogRow {
+  prompt_tokens: number;
+  completion_tokens: number;
+  spend: string;
+  status: string;
+  stream: boolean;
+}
+
+async function logRow(requestId: string): Promise<LogRow | undefined> {
+  await gw.host!.spendWriter.flush();
+  const [row] = await rows<LogRow>(gw.host!.store.db, sql`select * from spend_logs where request_id = ${requestId}`);
+  return row;
+}
+
+/** The usage the client got is the one logged and priced, and it is not nothing. */
+async function expectLoggedAs(res: GenerateContentResponse, stream: boolean): Promise<void> {
+  const usage = res.usageMetadata!;
+  expect(usage.promptTokenCount).toBeGreaterThan(0);
+  expect(usage.candidatesTokenCount).toBeGreaterThan(0);
+  expect(usage.totalTokenCount).toBe(usage.promptTokenCount! + usage.candidatesTokenCount!);
+  const row = await logRow(res.responseId!);
+  expect(row).toMatchObject({ status: "success", stream, prompt_tokens: usage.promptTokenCount, completion_tokens: usage.candidatesTokenCount });
+  expect(Number(row!.spend)).toBeCloseTo(usd(usage.promptTokenCount!, usage.candidatesTokenCount!), 12);
+}
+
+describe("an OpenAI-compatible upstream that reports no usage", () => {
+  test("generateContent: usageMetadata carries the estimate the call was logged and priced with", async () => {
+    // 40 characters of answer: 10 tokens at four characters a token.
+    const text = "0123456789".repeat(4);
+    openai.fault({ kind: "answer", body: { id: "chatcmpl-gem-nousage", object: "chat.completion", created: 1, model: "llama", choices: [{ index: 0, message: { role: "assistant", content: text }, finish_reason: "stop" }] } });
+    const res = await ai.models.generateContent({ model: "gpt-public", contents: "a prompt of some forty characters or so." });
+    expect(res.text).toBe(text);
+    expect(res.usageMetadata?.candidatesTokenCount).toBe(10);
+    await expectLoggedAs(res, false);
+  });
+
+  test("generateContentStream: the last chunk has finishReason and the estimated usageMetadata, the counts of the log row", async () => {
+    // A server that ignores include_usage: no usage chunk, no usage key, then [DONE].
+    openai.fault({
+      kind: "wire",
+      shape: (bytes) => {
+        const events = new TextDecoder().decode(bytes).split("\n\n");
+        const kept = events.filter((e) => !e.includes('"usage":{')).map((e) => e.replace(',"usage":null', ""));
+        const body = new TextEncoder().encode(kept.join("\n\n"));
+        return { bytes: body, cuts: [] };
+      },
+    });
+    const chunks = await collect(await ai.models.generateContentStream({ model: "gpt-public", contents: "stream these five words" }));
+    expect(chunks.map((c) => c.text ?? "").join("")).toBe("Mock reply to: stream these five words");
+    expect(chunks.slice(0, -1).every((c) => c.usageMetadata === undefined)).toBe(true);
+    const last = chunks.at(-1)!;
+    expect(last.candidates?.[0]?.finishReason).toBe(FinishReason.STOP);
+    await expectLoggedAs(last, true);
   });
 });

@@ -435,6 +435,29 @@ describe("OpenAI chunks → Gemini stream chunks", () => {
     expect(cut.end()).toEqual([{ candidates: [{ content: { parts: [{ functionCall: { id: "call_Y", name: "f", args: { a: 1 } } }], role: "model" }, index: 0 }], modelVersion: "gpt-4o-mini", responseId: "chatcmpl-S1" }]);
   });
 
+  test("a stream the upstream sent no usage for ends with the recorded usage on its last chunk; reported usage is never replaced", () => {
+    const recorded = { promptTokenCount: 5, candidatesTokenCount: 2, totalTokenCount: 7 };
+    const g = new GeminiChunks({ includeThoughts: false });
+    g.push(chunk([delta({ content: "x" })]));
+    g.push(chunk([delta({}, "stop")]));
+    expect(g.end(recorded)).toEqual([
+      { candidates: [{ content: { parts: [{ text: "" }], role: "model" }, finishReason: "STOP", index: 0 }], modelVersion: "gpt-4o-mini", responseId: "chatcmpl-S1", usageMetadata: recorded },
+    ]);
+
+    // Two choices finishing in different chunks: the first finishing chunk went out already, so the usage goes alone.
+    const two = new GeminiChunks({ includeThoughts: false });
+    two.push(chunk([delta({}, "stop", 0)]));
+    expect(two.push(chunk([delta({}, "stop", 1)]))).toHaveLength(1);
+    expect(two.end(recorded)).toEqual([
+      { candidates: [{ content: { parts: [{ text: "" }], role: "model" }, finishReason: "STOP", index: 1 }], modelVersion: "gpt-4o-mini", responseId: "chatcmpl-S1", usageMetadata: recorded },
+    ]);
+
+    const reported = new GeminiChunks({ includeThoughts: false });
+    reported.push(chunk([delta({}, "stop")]));
+    expect(reported.push(chunk([], USAGE))[0]!.usageMetadata?.totalTokenCount).toBe(12);
+    expect(reported.end(recorded)).toEqual([]);
+  });
+
   test("reasoning deltas become thought parts only when includeThoughts was asked", () => {
     const withThoughts = new GeminiChunks({ includeThoughts: true });
     expect(withThoughts.push(chunk([delta({ reasoning_content: "hmm" })]))[0]!.candidates[0]!.content.parts).toEqual([{ text: "hmm", thought: true }]);

@@ -6,7 +6,7 @@
  * are in Google's shape. The key may also come as `x-goog-api-key` or `?key=`, as Google's SDKs send it.
  */
 import { Elysia } from "elysia";
-import type { ChatRequest } from "../../contract.ts";
+import type { ChatRequest, Usage } from "../../contract.ts";
 import { GatewayError, errorInfo } from "../../errors.ts";
 import { countTokensResponse } from "../../gemini-inbound/count.ts";
 import { googleErrorResponse } from "../../gemini-inbound/errors.ts";
@@ -61,6 +61,8 @@ export function geminiRoutes({ live, log }: AppDeps) {
     const principal = await authenticate(pin.snapshot, withGoogleKey(request, url), url.pathname);
     const body = await readBody(request);
     const req = validate.chat(geminiToChat(body, model, stream)) as ChatRequest;
+    // The last record is the answering attempt's: its usage is what was logged and priced.
+    let recorded: Usage | undefined;
     const res = await modelCall("chat", req, {
       snapshot: pin.snapshot,
       principal,
@@ -68,10 +70,13 @@ export function geminiRoutes({ live, log }: AppDeps) {
       callId: newCallId(),
       log,
       release: pin.release,
+      onRecord: (record) => {
+        recorded = record.usage;
+      },
     });
     const opts = renderOptions(body);
-    if (stream) return geminiStream(res, url.searchParams.get("alt") === "sse" ? "sse" : "json", opts, passHeaders(res));
-    const out = chatToGemini(await res.json(), opts);
+    if (stream) return geminiStream(res, url.searchParams.get("alt") === "sse" ? "sse" : "json", opts, passHeaders(res), () => recorded);
+    const out = chatToGemini(await res.json(), opts, recorded);
     return new Response(JSON.stringify(out), { headers: { ...passHeaders(res), "content-type": "application/json; charset=UTF-8" } });
   }
 
