@@ -12,6 +12,7 @@ import { picoToUsd } from "../cost/money.ts";
 import type { TeamRow } from "../identity/records.ts";
 import { teamWebhooks } from "../identity/team-callbacks.ts";
 import { decrypt } from "../secrets.ts";
+import { postNotification } from "./post.ts";
 
 export interface WebhookTarget {
   url: string;
@@ -159,17 +160,9 @@ export class WebhookSender {
   private async deliver(target: WebhookTarget, body: string): Promise<void> {
     for (let attempt = 1; attempt <= 2; attempt++) {
       try {
-        const res = await fetch(target.url, {
-          method: "POST",
-          // A content type the team registered is sent as it is, instead of the gateway's (never both).
-          headers: Object.keys(target.headers).some((h) => h.toLowerCase() === "content-type") ? target.headers : { ...target.headers, "content-type": "application/json" },
-          body,
-          signal: AbortSignal.timeout(webhookTiming.timeoutMs),
-          // A redirect is not followed: it would let a webhook send the gateway (and its headers) to
-          // an address the team could not register, this machine or a private network among them.
-          redirect: "manual",
-        });
-        await res.arrayBuffer().catch(() => undefined);
+        // A content type the team registered is sent as it is, instead of the gateway's (never both).
+        const headers = Object.keys(target.headers).some((h) => h.toLowerCase() === "content-type") ? target.headers : { ...target.headers, "content-type": "application/json" };
+        const res = await postNotification(target.url, headers, body, webhookTiming.timeoutMs);
         if (res.ok) return;
         this.log.warn("team webhook answered an error", { webhook: where(target.url), status: res.status, attempt });
       } catch (err) {

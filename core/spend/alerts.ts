@@ -3,9 +3,10 @@
  * period, across every instance (the `budget_alerts` row decides who sends it). The event is
  * logged, kept in the store, and POSTed to the alert webhook when one is configured
  * (`general_settings.alert_webhook_url` or `WEBHOOK_URL`), in LiteLLM's WebhookEvent shape, with
- * retries.
+ * retries (a redirect is not followed: it is a failed attempt, see callbacks/post.ts).
  */
 import type { BudgetCounter, Logger } from "../contract.ts";
+import { postNotification } from "../callbacks/post.ts";
 import { picoToUsd } from "../cost/money.ts";
 import type { Db } from "../store/db.ts";
 import { budgetAlerts } from "../store/schema.ts";
@@ -43,7 +44,11 @@ export function alertPayload(counter: BudgetCounter, event: BudgetEvent, spend: 
   };
 }
 
-const RETRIES = [0, 1000, 5000];
+/**
+ * The pause before each attempt (three in all) and how long one may take. These are the defaults;
+ * a test shortens them on this object (read at every attempt).
+ */
+export const alertTiming = { pausesMs: [0, 1000, 5000], timeoutMs: 10_000 };
 
 export class BudgetAlerts {
   /** Alerts sent by this instance (tests read it). */
@@ -72,10 +77,10 @@ export class BudgetAlerts {
     if (typeof payload.team_id === "string") this.toTeam?.(payload.team_id, payload);
     const url = this.webhookUrl();
     if (!url) return;
-    for (const [attempt, wait] of RETRIES.entries()) {
+    for (const [attempt, wait] of alertTiming.pausesMs.entries()) {
       if (wait) await new Promise((r) => setTimeout(r, wait));
       try {
-        const res = await fetch(url, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(payload), signal: AbortSignal.timeout(10_000) });
+        const res = await postNotification(url, { "content-type": "application/json" }, JSON.stringify(payload), alertTiming.timeoutMs);
         if (res.ok) return;
         this.log.warn("budget alert webhook answered an error", { status: res.status, attempt: attempt + 1 });
       } catch (err) {

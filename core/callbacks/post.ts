@@ -1,0 +1,12 @@
+/**
+ * One POST of a notification the gateway sends on its own (a team webhook's event, a budget
+ * alert). A redirect is not followed: it would let the receiver send the gateway, and the headers
+ * it carries, to an address the operator or team never chose (this machine or a private network
+ * among them). A 3xx is then an answer other than 2xx: a failed attempt like any other.
+ */
+export async function postNotification(url: string, headers: Record<string, string>, body: string, timeoutMs: number): Promise<Response> {
+  const res = await fetch(url, { method: "POST", headers, body, signal: AbortSignal.timeout(timeoutMs), redirect: "manual" });
+  // Read to the end, so the connection is free for the next delivery.
+  await res.arrayBuffer().catch(() => undefined);
+  return res;
+}
