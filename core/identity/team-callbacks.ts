@@ -14,11 +14,33 @@ export interface TeamCallbackSettings {
   webhooks?: TeamWebhook[];
 }
 
-/** The team's registered webhooks (none when it has no settings, or malformed ones). */
+/**
+ * Which endpoint a webhook URL names: two spellings that reach the same one (scheme and host in
+ * any case, the default port written out, no path, a fragment, which is never sent) give the same.
+ */
+export function webhookEndpoint(url: string): string {
+  if (!URL.canParse(url)) return url;
+  const u = new URL(url);
+  u.hash = "";
+  return u.href;
+}
+
+/**
+ * The team's registered webhooks (none when it has no settings, or malformed ones), each endpoint
+ * once: a team whose settings list one twice (stored before registration refused that) would
+ * otherwise get every event twice.
+ */
 export function teamWebhooks(team: TeamRow | undefined): TeamWebhook[] {
   const hooks = (team?.callbackSettings as TeamCallbackSettings | null | undefined)?.webhooks;
   if (!Array.isArray(hooks)) return [];
-  return hooks.filter((w): w is TeamWebhook => typeof w?.url === "string" && w.headers !== null && typeof w.headers === "object");
+  const seen = new Set<string>();
+  return hooks.filter((w): w is TeamWebhook => {
+    if (typeof w?.url !== "string" || w.headers === null || typeof w.headers !== "object") return false;
+    const endpoint = webhookEndpoint(w.url);
+    if (seen.has(endpoint)) return false;
+    seen.add(endpoint);
+    return true;
+  });
 }
 
 /** Whether the team logs calls that ended with `status` (`success`, or anything else as a failure). */

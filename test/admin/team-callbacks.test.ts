@@ -153,6 +153,43 @@ describe("team logging callbacks", () => {
     expect(deliveries.find((d) => d.body.event === "soft_budget_crossed")?.body).toMatchObject({ team_id: "cb-team", event_group: "team" });
   });
 
+  test("a webhook listed twice, in any spelling of its URL, is a 400 naming it, and the team's set is unchanged", async () => {
+    const url = `http://127.0.0.1:${hookServer.port}/hook`;
+    const before = await requestJson(gw, "GET", "/team/cb-team/callback");
+    for (const again of [url, `HTTP://127.0.0.1:${hookServer.port}/hook#again`, `http://127.0.0.1:${hookServer.port}/hook`.replace("/hook", "/other")]) {
+      const twice = await requestJson<{ error: Record<string, unknown> }>(gw, "POST", "/team/cb-team/callback", {
+        body: { callbacks: [{ callback_type: "webhook", url }, { callback_type: "webhook", url: again }, { callback_type: "webhook", url: `HTTP://127.0.0.1:${hookServer.port}/hook` }] },
+      });
+      expect(twice.status).toBe(400);
+      const duplicate = again.endsWith("/other") ? `HTTP://127.0.0.1:${hookServer.port}/hook` : again;
+      expect(twice.body).toEqual({ error: { message: expect.stringContaining(`Webhook ${duplicate} is listed twice`), type: "invalid_request_error", param: "callbacks", code: "400" } });
+      if (duplicate !== url) expect(twice.body.error.message).toContain(`(as ${url})`);
+    }
+    // On https, :443 is the same endpoint as no port.
+    const https = await requestJson(gw, "POST", "/team/cb-team/callback", {
+      body: { callbacks: [{ callback_type: "webhook", url: "https://hooks.example.invalid/in" }, { callback_type: "webhook", url: "https://Hooks.Example.Invalid:443/in" }] },
+    });
+    expect(https.status).toBe(400);
+    expect((await requestJson(gw, "GET", "/team/cb-team/callback")).body).toEqual(before.body);
+  });
+
+  test("a webhook stored twice (before registration refused it) gets each call once", async () => {
+    const [stored] = await rows<{ settings: string }>(gw.host!.store.db, sql`select callback_settings::text as settings from teams where team_id = 'cb-team'`);
+    const before = JSON.parse(stored!.settings) as { webhooks: { url: string; headers: Record<string, string> }[] };
+    const [hook] = before.webhooks;
+    const settings = { ...before, webhooks: [hook, { ...hook, url: hook!.url.replace("http://", "HTTP://") }, hook] };
+    await gw.host!.store.db.execute(sql`update teams set callback_settings = ${JSON.stringify(settings)}::json where team_id = 'cb-team'`);
+    await gw.host!.services.identity!.apply({ kind: "team", teamId: "cb-team" });
+    const read = await requestJson<{ data: { callback_vars: { webhooks: unknown[] } } }>(gw, "GET", "/team/cb-team/callback");
+    expect(read.body.data.callback_vars.webhooks).toEqual([{ url: hook!.url, headers: { authorization: "[redacted]" } }]);
+    deliveries.length = 0;
+    expect(await chat(keys.member, "chat")).toBe(200);
+    await until(() => deliveries.some((d) => d.body.event === "llm_call"));
+    await gw.host!.spendWriter.flush();
+    await Bun.sleep(300);
+    expect(deliveries.filter((d) => d.body.event === "llm_call").length).toBe(1);
+  });
+
   test("disable_logging stops every delivery and leaves no callback", async () => {
     const off = await requestJson<{ status: string; data: Record<string, unknown> }>(gw, "POST", "/team/cb-team/disable_logging", { key: keys.admin });
     expect(off.status).toBe(200);

@@ -10,7 +10,7 @@ import { type Static, Type as T } from "@sinclair/typebox";
 import { and, eq, isNull } from "drizzle-orm";
 import { Elysia } from "elysia";
 import { badRequest, forbidden, notFound } from "../../authz.ts";
-import { type TeamCallbackSettings, teamWebhooks } from "../../identity/team-callbacks.ts";
+import { type TeamCallbackSettings, teamWebhooks, webhookEndpoint } from "../../identity/team-callbacks.ts";
 import type { TeamRow } from "../../identity/records.ts";
 import { isPrivateHost } from "../../private-host.ts";
 import { encrypt, hiddenHeaderValues, secretKey } from "../../secrets.ts";
@@ -20,7 +20,8 @@ import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 const Webhook = T.Object(
   {
     callback_type: T.Literal("webhook"),
-    url: T.String({ pattern: "^https?://", maxLength: 2048 }),
+    // The scheme in any case, as URLs allow (then compared as the same webhook, see checkDistinct).
+    url: T.String({ pattern: "^[Hh][Tt][Tt][Pp][Ss]?://", maxLength: 2048 }),
     headers: T.Optional(T.Record(T.String(), T.String())),
   },
   { additionalProperties: false },
@@ -98,6 +99,23 @@ function checkHeaders(url: string, headers: Record<string, string>): void {
   }
 }
 
+/**
+ * Each endpoint once: a webhook listed twice would get every event twice. A POST replaces the set,
+ * so only the list itself can repeat one (a webhook registered before is simply listed again).
+ */
+function checkDistinct(urls: string[]): void {
+  const first = new Map<string, string>();
+  for (const url of urls) {
+    const endpoint = webhookEndpoint(url);
+    const earlier = first.get(endpoint);
+    if (earlier === undefined) first.set(endpoint, url);
+    else {
+      const spelled = earlier === url ? "" : ` (as ${earlier})`;
+      throw badRequest(`Webhook ${url} is listed twice${spelled}: each webhook gets every event once, list it once.`, "callbacks");
+    }
+  }
+}
+
 async function addCallback(ctx: AdminCtx) {
   const team = await administeredTeam(ctx, true);
   const body: CallbackBody = await ctx.body(CallbackBody);
@@ -110,6 +128,7 @@ async function addCallback(ctx: AdminCtx) {
   }
   const unreadable = body.callbacks.find((c) => !URL.canParse(c.url));
   if (unreadable) throw badRequest(`Webhook url ${JSON.stringify(unreadable.url)} is not a valid URL.`, "callbacks");
+  checkDistinct(body.callbacks.map((c) => c.url));
   for (const c of body.callbacks) checkHeaders(c.url, c.headers ?? {});
   // A team admin must not make the gateway post to this machine or its private network (SSRF); a proxy admin may.
   if (!ctx.caller.isAdmin) {
