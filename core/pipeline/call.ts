@@ -14,6 +14,7 @@ import { assembleStream } from "../stream/assemble.ts";
 import { withClientCredentials } from "./client-credentials.ts";
 import { paramsFor, supportedBody } from "./params.ts";
 import { cancelAll, dispatchRecord } from "./record.ts";
+import { errorWithoutPrompt } from "./prompt-echo.ts";
 import { streamResponse } from "./stream.ts";
 import { Deadline, errorCode, send, timeoutError, upstreamError } from "./upstream.ts";
 
@@ -227,6 +228,8 @@ export function callRecord(ctx: CallContext, endpoint: Endpoint, body: WireReque
     tags: requestTags(body, ctx.principal),
     endedAt: Date.now(),
     ...f,
+    // Kept in the spend log and sent to webhooks and callbacks: never with the prompt an upstream quoted.
+    error: f.error && errorWithoutPrompt(f.error, body),
   };
 }
 
