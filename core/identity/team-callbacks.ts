@@ -15,8 +15,9 @@ export interface TeamCallbackSettings {
 }
 
 /**
- * Which endpoint a webhook URL names: two spellings that reach the same one (scheme and host in
- * any case, the default port written out, no path, a fragment, which is never sent) give the same.
+ * Which endpoint a webhook URL names, so two spellings of one give the same: the scheme and host
+ * in any case, the default port written out or not, an empty path or `/`, and a fragment (never
+ * sent) make no difference.
  */
 export function webhookEndpoint(url: string): string {
   if (!URL.canParse(url)) return url;
