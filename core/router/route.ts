@@ -152,40 +152,56 @@ function recordRefusal(endpoint: Endpoint, body: WireRequest[Endpoint], groupDep
   dispatchRecord(ctx.snapshot, record, ctx.log);
 }
 
-/** The asked group, then its fallbacks in order. */
+/**
+ * The asked group, then its fallbacks depth first, as LiteLLM chains them: a fallback that fails
+ * tries its own fallbacks (the list for how it failed) before the next one of its parent's list.
+ * A group is tried at most once per call (fallbacks that name each other end), and at most
+ * `max_fallbacks` fallback groups in all.
+ */
 async function withFallbacks<E extends Endpoint>(run: Run<E>, body: WireRequest[E], group: string, deployments: readonly Deployment[]): Promise<Response> {
-  const { ctx, policy, progress } = run;
-  const { snapshot, principal } = ctx;
+  const tried = new Set([body.model, group]);
   try {
     return await callGroup(run, body, group, deployments);
   } catch (first) {
     if (!(first instanceof GroupFailure)) throw first;
-    let failure = first;
-    const tried = new Set([group]);
-    const queue = fallbacksFor(snapshot.config, body as unknown as Record<string, unknown>, group, fallbackType(failure.kind), principal);
-    for (const name of queue) {
-      if (progress.fallbacks >= policy.maxFallbacks || ctx.clientSignal.aborted) break;
-      if (tried.has(name)) continue;
-      tried.add(name);
-      let target: string;
-      try {
-        target = authorizeModel(principal, name, snapshot.accessGroups);
-      } catch {
-        ctx.log.warn("fallback skipped: the key may not use it", { model: name });
-        continue;
-      }
-      const list = snapshot.models.resolve(target);
-      if (!list || list.length === 0) continue;
-      progress.fallbacks++;
-      try {
-        return await callGroup(run, { ...body, model: name }, target, list, false);
-      } catch (err) {
-        if (!(err instanceof GroupFailure)) throw err;
-        failure = err;
-      }
-    }
-    throw failure.error;
+    const answer = await fallBack(run, body, group, first, tried);
+    if (answer instanceof GroupFailure) throw answer.error;
+    return answer;
   }
+}
+
+/** The fallbacks of `failed`, each followed by its own: the first answer, else the last failure. */
+async function fallBack<E extends Endpoint>(run: Run<E>, body: WireRequest[E], failed: string, failure: GroupFailure, tried: Set<string>): Promise<Response | GroupFailure> {
+  const { ctx, policy, progress } = run;
+  const { snapshot, principal } = ctx;
+  let last = failure;
+  for (const name of fallbacksFor(snapshot.config, body as unknown as Record<string, unknown>, failed, fallbackType(failure.kind), principal)) {
+    if (progress.fallbacks >= policy.maxFallbacks || ctx.clientSignal.aborted) break;
+    if (tried.has(name)) continue;
+    tried.add(name);
+    let target: string;
+    try {
+      target = authorizeModel(principal, name, snapshot.accessGroups);
+    } catch {
+      ctx.log.warn("fallback skipped: the key may not use it", { model: name });
+      continue;
+    }
+    // An alias naming a group already tried is that group again.
+    if (target !== name && tried.has(target)) continue;
+    tried.add(target);
+    const list = snapshot.models.resolve(target);
+    if (!list || list.length === 0) continue;
+    progress.fallbacks++;
+    try {
+      return await callGroup(run, { ...body, model: name }, target, list, false);
+    } catch (err) {
+      if (!(err instanceof GroupFailure)) throw err;
+      const deeper = await fallBack(run, body, target, err, tried);
+      if (!(deeper instanceof GroupFailure)) return deeper;
+      last = deeper;
+    }
+  }
+  return last;
 }
 
 const capacityCounters = new WeakMap<Deployment, RateCounter | null>();

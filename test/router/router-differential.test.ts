@@ -455,27 +455,26 @@ class Model {
     };
 
     const asked = this.byName.get(req.group)!;
-    const first = callGroup(asked);
-    if ("ok" in first) out.answer = { ok: first.ok };
-    else if ("final" in first) out.answer = { error: first.final };
-    else {
-      let failure = first.failed;
-      /** The asked group's list in the most specific settings that have one. */
-      const configured = (setting: string): string[] => {
-        for (const s of sources) for (const item of (s[setting] as Record<string, string[]>[] | undefined) ?? []) if (item[asked.name]?.length) return item[asked.name]!;
-        return [];
-      };
-      const defaults = (): string[] => (sources.map((s) => s.default_fallbacks).find((v) => Array.isArray(v)) as string[] | undefined) ?? [];
-      const general = () => (req.fallbacks?.length ? req.fallbacks : configured("fallbacks").length > 0 ? configured("fallbacks") : defaults());
-      let queue: string[];
+    /** A group's list in the most specific settings that have one. */
+    const configured = (setting: string, group: string): string[] => {
+      for (const s of sources) for (const item of (s[setting] as Record<string, string[]>[] | undefined) ?? []) if (item[group]?.length) return item[group]!;
+      return [];
+    };
+    const defaults = (): string[] => (sources.map((s) => s.default_fallbacks).find((v) => Array.isArray(v)) as string[] | undefined) ?? [];
+    const queueOf = (group: string, failure: ExpectedError): string[] => {
+      const general = () => (req.fallbacks?.length ? req.fallbacks : configured("fallbacks", group).length > 0 ? configured("fallbacks", group) : defaults());
       if (failure.kind === "context_window") {
-        const fromRequest = req.contextWindowFallbacks?.[asked.name];
-        queue = fromRequest ? [fromRequest] : configured("context_window_fallbacks").length > 0 ? configured("context_window_fallbacks") : general();
-      } else if (failure.kind === "content_policy") queue = configured("content_policy_fallbacks").length > 0 ? configured("content_policy_fallbacks") : general();
-      else queue = general();
-      const tried = new Set([asked.name]);
-      let answered = false;
-      for (const name of queue) {
+        const fromRequest = req.contextWindowFallbacks?.[group];
+        return fromRequest ? [fromRequest] : configured("context_window_fallbacks", group).length > 0 ? configured("context_window_fallbacks", group) : general();
+      }
+      if (failure.kind === "content_policy") return configured("content_policy_fallbacks", group).length > 0 ? configured("content_policy_fallbacks", group) : general();
+      return general();
+    };
+    const tried = new Set([asked.name]);
+    // README: depth first, each group once per call, at most max_fallbacks fallback groups.
+    const fallBack = (group: string, failure: ExpectedError): GroupResult => {
+      let last: GroupResult = { failed: failure };
+      for (const name of queueOf(group, failure)) {
         if (out.fallbacks >= maxFallbacks) break;
         if (tried.has(name)) continue;
         tried.add(name);
@@ -483,20 +482,15 @@ class Model {
         if (!g) continue;
         out.fallbacks++;
         const res = callGroup(g);
-        if ("ok" in res) {
-          out.answer = { ok: res.ok };
-          answered = true;
-          break;
-        }
-        if ("final" in res) {
-          out.answer = { error: res.final };
-          answered = true;
-          break;
-        }
-        failure = res.failed;
+        if (!("failed" in res)) return res;
+        last = fallBack(name, res.failed);
+        if (!("failed" in last)) return last;
       }
-      if (!answered) out.answer = { error: failure };
-    }
+      return last;
+    };
+    const first = callGroup(asked);
+    const result = "failed" in first ? fallBack(asked.name, first.failed) : first;
+    out.answer = "ok" in result ? { ok: result.ok } : { error: "final" in result ? result.final : result.failed };
     if (next !== observed.length) throw new Mismatch(`the model expects ${next} attempts; the spend log has ${observed.length} (${observed.join(", ")})`);
     return out;
   }
