@@ -5,6 +5,7 @@ import { createApp } from "./http/app.ts";
 import { type Host, startHost } from "./host.ts";
 import { createLogger } from "./log.ts";
 import { SnapshotError } from "./snapshot.ts";
+import { delay } from "./timer.ts";
 
 const log = createLogger("gateway");
 /** How long shutdown waits, after closing the connections left at the drain deadline, for their calls to end. */
@@ -55,7 +56,7 @@ async function main(): Promise<void> {
     // Closes the listener at once; logged after, so whoever reads the line finds new connections refused.
     const drained = server.stop(false).then(() => true);
     log.info(`${signal}: draining in-flight requests`, { timeoutSeconds: opts.drainSeconds });
-    const timedOut = new Promise<false>((r) => setTimeout(() => r(false), opts.drainSeconds * 1000));
+    const timedOut = delay(opts.drainSeconds * 1000).then(() => false as const);
     if (!(await Promise.race([drained, timedOut]))) {
       log.warn("drain timeout reached; closing remaining connections");
       await server.stop(true);

@@ -474,11 +474,15 @@ describe("SIGTERM", () => {
     };
   }
 
-  test(
-    "drains: the in-flight request completes with 200, new connections are refused, exit 0 after 'stopped'",
-    async () => {
+  // A drain timeout past what one timer holds (~24.8 days) is no timeout at all, not an instant one.
+  test.each([
+    ["", {}],
+    [" (SVC_DRAIN_TIMEOUT of 35 days)", { SVC_DRAIN_TIMEOUT: String(35 * 86_400) }],
+  ])(
+    "drains%s: the in-flight request completes with 200, new connections are refused, exit 0 after 'stopped'",
+    async (_label, env) => {
       const upstream = slowUpstream(1500);
-      const gw = await gateway(upstream.config);
+      const gw = await gateway(upstream.config, { env });
       const port = Number(new URL(gw.url).port);
       const inFlight = client(gw)
         .chat.completions.create({ model: "slow", messages: [{ role: "user", content: "take your time" }] })

@@ -172,10 +172,10 @@ export interface Attempt {
   ended?(record: CallRecord): void;
 }
 
-/** The request's own `timeout` (seconds), on every endpoint. */
-function requestTimeout(body: WireRequest[Endpoint]): number | undefined {
+/** Seconds an attempt at `d` may take: the request's own `timeout` (on every endpoint), the deployment's, the gateway's. */
+export function attemptTimeout(body: WireRequest[Endpoint], d: Deployment, snapshot: Snapshot): number {
   const t = (body as { timeout?: unknown }).timeout;
-  return typeof t === "number" && t > 0 ? t : undefined;
+  return typeof t === "number" && t > 0 ? t : (d.timeout ?? snapshot.settings.requestTimeout);
 }
 
 function requestTags(body: WireRequest[Endpoint], principal: Principal): string[] {
@@ -277,8 +277,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     return priced.cost;
   };
 
-  const timeoutSeconds = requestTimeout(body) ?? d.timeout ?? snapshot.settings.requestTimeout;
-  const deadline = new Deadline(ctx.clientSignal, timeoutSeconds);
+  const deadline = new Deadline(ctx.clientSignal, attemptTimeout(body, d, snapshot));
   try {
     // Fields the adapter does not translate: refused, or dropped (then the client's bytes no longer match).
     const supported = paramsFor(ep, d);

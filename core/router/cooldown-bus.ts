@@ -6,11 +6,9 @@
  */
 import type Redis from "ioredis";
 import type { Logger } from "../contract.ts";
-import { stateOf } from "./deployment-state.ts";
+import { MAX_COOLDOWN_MS, stateOf } from "./deployment-state.ts";
 
 const CHANNEL = "svc:deployment-cooldowns";
-/** Longer than any sensible cooldown; a message asking for more is not believed. */
-const MAX_COOLDOWN_MS = 24 * 3_600_000;
 
 export interface CooldownShare {
   /** Tells the other instances that `deploymentId` cools down for `ms` from now. */

@@ -7,6 +7,11 @@ import { SlidingWindow } from "../limits/window.ts";
 import type { RoutePolicy } from "./policy.ts";
 
 const FAILURE_WINDOW_MS = 60_000;
+/**
+ * The longest cooldown: an upstream's `retry-after` (or `cooldown_time`) may ask for years, which
+ * would take a deployment out of routing until a restart; other instances believe no longer.
+ */
+export const MAX_COOLDOWN_MS = 24 * 3_600_000;
 /** Weight of the newest sample in the latency average. */
 const LATENCY_ALPHA = 0.3;
 
@@ -46,8 +51,9 @@ export class DeploymentState {
 
   /**
    * Counts a failure that may cool the deployment down: more than `allowed_fails` in a minute, or
-   * at once on an upstream 429 (its `retry-after` when longer). The caller never asks this for a
-   * group's only deployment: with nowhere else to go, cooling it down would only add failures.
+   * at once on an upstream 429 (its `retry-after` when longer, up to MAX_COOLDOWN_MS). The caller
+   * never asks this for a group's only deployment: with nowhere else to go, cooling it down would
+   * only add failures.
    * Returns the cooldown in ms when this failure started one, else 0.
    */
   failed(policy: RoutePolicy, now: number, rateLimited: boolean, upstreamRetryAfterMs: number | undefined): number {
@@ -56,7 +62,7 @@ export class DeploymentState {
     this.failures = this.failures.filter((t) => t > cutoff);
     this.failures.push(now);
     if (rateLimited || this.failures.length > policy.allowedFails) {
-      const ms = Math.max(policy.cooldownMs, upstreamRetryAfterMs ?? 0);
+      const ms = Math.min(MAX_COOLDOWN_MS, Math.max(policy.cooldownMs, upstreamRetryAfterMs ?? 0));
       this.coolUntil(now + ms);
       this.failures = [];
       return ms;

@@ -9,7 +9,7 @@ export type RoutingStrategy = "simple-shuffle" | "least-busy" | "latency-based-r
 
 export interface RoutePolicy {
   strategy: RoutingStrategy;
-  /** Minimum wait between retries. */
+  /** Minimum wait between retries (`retry_after`). */
   retryAfterMs: number;
   /** First backoff step; doubled per retry up to MAX_BACKOFF_MS. */
   initialDelayMs: number;
@@ -123,9 +123,8 @@ export function retriesFor(policy: RoutePolicy, group: string, failure: AttemptF
   return { max: DEFAULTS.numRetries, forced: false };
 }
 
-/** Wait before retry number `n` (1-based): exponential with jitter, at least `retry_after` and the upstream's `retry-after`. */
-export function backoffMs(policy: RoutePolicy, n: number, upstreamRetryAfterMs: number | undefined): number {
+/** Wait before retry number `n` (1-based): exponential with jitter (at most MAX_BACKOFF_MS), at least `atLeastMs`. */
+export function backoffMs(policy: RoutePolicy, n: number, atLeastMs: number): number {
   const exp = Math.min(MAX_BACKOFF_MS, policy.initialDelayMs * 2 ** (n - 1));
-  const jittered = exp * (0.75 + Math.random() * 0.25);
-  return Math.max(policy.retryAfterMs, Math.min(MAX_BACKOFF_MS, upstreamRetryAfterMs ?? 0), jittered);
+  return Math.max(atLeastMs, exp * (0.75 + Math.random() * 0.25));
 }

@@ -8,13 +8,15 @@
 import { authorizeModel } from "../access.ts";
 import type { CallRecord, Deployment, Endpoint, Lease, RateCounter, RateGrant, UpstreamErrorKind, Usage, WireRequest } from "../contract.ts";
 import { GatewayError, errorInfo } from "../errors.ts";
-import { type Attempt, type CallContext, Intent, ZERO, acquireLeases, callDeployment, callRecord, promptOf, wantsStream } from "../pipeline/call.ts";
+import { type Attempt, type CallContext, Intent, ZERO, acquireLeases, attemptTimeout, callDeployment, callRecord, promptOf, wantsStream } from "../pipeline/call.ts";
 import { dispatchRecord } from "../pipeline/record.ts";
 import { HeldLeases, NO_LEASES, tightest } from "../pipeline/held-leases.ts";
 import { stateOf } from "./deployment-state.ts";
 import { type FallbackType, fallbacksFor } from "./fallbacks.ts";
 import { type RoutePolicy, backoffMs, retriesFor, routePolicy } from "./policy.ts";
 import { pickDeployment } from "./strategy.ts";
+import { requiredWaitMs, upstreamRetryAfterMs } from "./waits.ts";
+import { delay } from "../timer.ts";
 import { rateHeaders } from "../limits/headers.ts";
 import { retryAfterSeconds, tokenEstimate } from "../limits/window.ts";
 import { cacheUse } from "../cache/controls.ts";
@@ -77,18 +79,6 @@ function kindOf(err: GatewayError): UpstreamErrorKind | undefined {
 function fallbackType(kind: UpstreamErrorKind | undefined): FallbackType {
   return kind === "context_window_exceeded" ? "context_window" : kind === "content_policy_violation" ? "content_policy" : "general";
 }
-
-/** An upstream `retry-after` (seconds or an HTTP date) in ms. */
-function retryAfterMs(err: GatewayError): number | undefined {
-  const v = err.headers["retry-after"];
-  if (!v) return undefined;
-  const s = Number(v);
-  if (Number.isFinite(s)) return s * 1000;
-  const at = Date.parse(v);
-  return Number.isNaN(at) ? undefined : Math.max(0, at - Date.now());
-}
-
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 export async function modelCall<E extends Endpoint>(endpoint: E, body: WireRequest[E], ctx: CallContext): Promise<Response> {
   const startedAt = Date.now();
@@ -372,7 +362,7 @@ async function callGroup<E extends Endpoint>(run: Run<E>, body: WireRequest[E], 
       const status = err.info.status;
       const kind = kindOf(err);
       if (fromUpstream && !kind && COOLDOWN_STATUSES.has(status) && deployments.length > 1) {
-        const cooldownMs = state.failed(policy, Date.now(), status === 429, retryAfterMs(err));
+        const cooldownMs = state.failed(policy, Date.now(), status === 429, upstreamRetryAfterMs(err));
         if (cooldownMs > 0) {
           ctx.log.warn("deployment cooling down", { deployment: d.id, model: group, status });
           snapshot.cooldowns?.cooledDown(d.id, cooldownMs);
@@ -382,14 +372,21 @@ async function callGroup<E extends Endpoint>(run: Run<E>, body: WireRequest[E], 
       const allowed = retriesFor(policy, group, { status, upstreamStatus: err.upstreamStatus, kind });
       // A context-window or content-policy refusal goes to its fallbacks, unless a retry policy names its class.
       const retryable = fromUpstream && (kind ? allowed.forced : RETRYABLE.has(status) || allowed.forced);
-      // Each group (the asked one, then each fallback) gets its own retries.
-      if (!retryable || retriesHere >= allowed.max) {
+      const required = retryable ? requiredWaitMs(policy, err, d, available(Date.now())) : 0;
+      // Each group (the asked one, then each fallback) gets its own retries. A retry that must wait
+      // longer than an attempt may take is not made: the client hears now what the upstream said
+      // (its 429 and retry-after), unless a fallback answers.
+      if (!retryable || retriesHere >= allowed.max || required > attemptTimeout(body, d, snapshot) * 1000) {
         giveUp();
         // A bad request is the client's to fix, whoever noticed it; other failures may fall back.
         if (!kind && (status === 400 || status === 422 || (!fromUpstream && status < 500))) throw err;
         throw new GroupFailure(err, kind);
       }
-      await sleep(backoffMs(policy, retriesHere + 1, retryAfterMs(err)));
+      await delay(backoffMs(policy, retriesHere + 1, required), ctx.clientSignal);
+      if (ctx.clientSignal.aborted) {
+        giveUp();
+        throw err;
+      }
       candidates = available(Date.now());
       if (candidates.length === 0) {
         giveUp();

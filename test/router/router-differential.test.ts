@@ -440,13 +440,17 @@ class Model {
         failedHere.add(d.id);
         const policy = this.retries(req, g.name, e.cause === "504" ? 504 : e.status, e.kind);
         const retryable = e.kind ? policy.forced : RETRYABLE.has(e.status) || policy.forced;
-        if (!retryable || retriesHere >= policy.max) {
+        list = candidates();
+        // README: the upstream's retry-after binds a retry going back to the deployment that said it (else at most 8 s); a retry that must wait longer than the timeout is not made.
+        const upstreamWait = e.retryAfter ? Number(e.retryAfter) * 1000 : 0;
+        const sameAgain = list.length > 0 && list.every((x) => x.id === d.id);
+        const required = Math.max(retryAfterMs, sameAgain ? upstreamWait : Math.min(8000, upstreamWait));
+        if (!retryable || retriesHere >= policy.max || required > this.timeoutOf(req, d) * 1000) {
           // README: a 400 or 422 from the upstream (not context window or content policy) goes back as is.
           if (!e.kind && (e.status === 400 || e.status === 422)) return { final: e };
           return { failed: e };
         }
-        out.minMs += Math.max(retryAfterMs, e.retryAfter ? Number(e.retryAfter) * 1000 : 0);
-        list = candidates();
+        out.minMs += required;
         // A retry left without a deployment is not made, nor counted.
         if (list.length === 0) return { failed: coolingDown(g) };
         retriesHere++;

@@ -1,0 +1,27 @@
+/**
+ * Waits that come from settings or upstream answers. setTimeout holds at most 2^31-1 ms (~24.8
+ * days): a longer delay fires at once (Bun and Node warn and use 1 ms), so a huge wait would
+ * become no wait at all. Longer waits are made of several timers instead.
+ */
+export const MAX_TIMER_MS = 2 ** 31 - 1;
+
+/** Resolves after `ms` (NaN or negative: at once), or as soon as `signal` aborts. */
+export function delay(ms: number, signal?: AbortSignal): Promise<void> {
+  if (!(ms > 0) || signal?.aborted) return Promise.resolve();
+  return new Promise((resolve) => {
+    const until = performance.now() + ms;
+    let timer: ReturnType<typeof setTimeout>;
+    const done = () => {
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", done);
+      resolve();
+    };
+    const step = () => {
+      const left = until - performance.now();
+      if (left <= 0) done();
+      else timer = setTimeout(step, Math.min(MAX_TIMER_MS, left));
+    };
+    signal?.addEventListener("abort", done, { once: true });
+    step();
+  });
+}
