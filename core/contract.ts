@@ -283,6 +283,12 @@ export interface Denied {
   retryAfterSeconds?: number;
   /** Extra response headers (`x-ratelimit-*`). */
   headers?: Record<string, string>;
+  /**
+   * The refused limit is a share of the model group's own capacity (a dynamic share, what
+   * guaranteed keys leave): the refusal already names the group's capacity, so the router does not
+   * answer for the deployments instead when they are at their rpm/tpm too.
+   */
+  groupCapacity?: boolean;
 }
 
 export interface Lease {
@@ -511,6 +517,8 @@ export interface RateRefusal {
  */
 export interface RateWindows {
   acquire(counters: readonly RateCounter[], tokens: number): RateGrant | RateRefusal | Promise<RateGrant | RateRefusal>;
+  /** What `acquire` would refuse now, counting nothing (undefined: it would grant). */
+  refusal(counters: readonly RateCounter[], tokens: number): RateRefusal | undefined | Promise<RateRefusal | undefined>;
 }
 
 /** The rows that keep their own spend, each a budget counter. */

@@ -106,6 +106,9 @@ function modelCounter(out: RateCounter[], id: string, label: string, row: ModelL
  *   shrink as keys come and go.
  * - `best_effort_throughput` (default): only the key's own limit, and the shared remainder.
  */
+/** The counter of what guaranteed keys leave of a group's capacity: `group_shared:<group>`. */
+const SHARED_POOL = "group_shared:";
+
 class Throughput {
   private readonly reserved = new Map<string, number>();
 
@@ -129,7 +132,7 @@ class Throughput {
     const cap = intent.groupCapacity;
     if (cap.rpm === undefined && cap.tpm === undefined) return;
     const group = intent.modelGroup;
-    const shared: RateCounter = { id: `group_shared:${group}`, label: `Model ${group} (capacity left after guaranteed keys)` };
+    const shared: RateCounter = { id: `${SHARED_POOL}${group}`, label: `Model ${group} (capacity left after guaranteed keys)` };
     const pools: { rpm?: number; tpm?: number } = {};
     for (const kind of ["rpm", "tpm"] as const) {
       const capacity = cap[kind];
@@ -198,7 +201,7 @@ export function rateRefusal(r: RateRefusal, tokens: number): Denied {
   const headers: Record<string, string> = {};
   if (r.kind === "requests") Object.assign(headers, { "x-ratelimit-limit-requests": String(r.limit), "x-ratelimit-remaining-requests": "0" });
   if (r.kind === "tokens") Object.assign(headers, { "x-ratelimit-limit-tokens": String(r.limit), "x-ratelimit-remaining-tokens": String(Math.max(0, r.limit - r.current)) });
-  return { ok: false, error: errorInfo(429, message, "rate_limit_error"), retryAfterSeconds: retry, headers };
+  return { ok: false, error: errorInfo(429, message, "rate_limit_error"), retryAfterSeconds: retry, headers, groupCapacity: c.share !== undefined || c.id.startsWith(SHARED_POOL) };
 }
 
 export default definePlugin({

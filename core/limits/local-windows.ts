@@ -12,8 +12,13 @@ export class LocalWindows implements RateWindows {
 
   constructor(private readonly clock: () => number = Date.now) {}
 
-  acquire(counters: readonly RateCounter[], tokens: number): RateGrant | RateRefusal {
-    const now = this.clock();
+  refusal(counters: readonly RateCounter[], tokens: number): RateRefusal | undefined {
+    const checked = this.check(counters, tokens, this.clock());
+    return "ok" in checked ? checked : undefined;
+  }
+
+  /** Every counter's window, or the first refusal. */
+  private check(counters: readonly RateCounter[], tokens: number, now: number): RateRefusal | { windows: SlidingWindow[]; applied: RateCounter[] } {
     if (now - this.lastSweep > SWEEP_MS) this.sweep(now);
     const windows: SlidingWindow[] = [];
     const applied: RateCounter[] = [];
@@ -30,6 +35,14 @@ export class LocalWindows implements RateWindows {
       if (refused) return { ok: false, counter: c, ...refused };
       windows.push(w);
     }
+    return { windows, applied };
+  }
+
+  acquire(counters: readonly RateCounter[], tokens: number): RateGrant | RateRefusal {
+    const now = this.clock();
+    const checked = this.check(counters, tokens, now);
+    if ("ok" in checked) return checked;
+    const { windows, applied } = checked;
     const seqs = windows.map((w) => w.add(tokens, now));
     const remaining = applied.map((c, i) => ({
       requests: c.rpm === undefined ? undefined : c.rpm - windows[i]!.requests,

@@ -18,7 +18,8 @@ const PREFIX = "svc:rl:";
 // ms, tokens, request id, in-flight ttl ms, then per counter rpm, tpm, parallel ('' = no limit),
 // share member, share rpm pool, share tpm pool ('' = not a share).
 // Returns {0, requests1, tokens1, rpm1, tpm1, …} when counted (limits as applied, '' = none), else
-// {i, kind, current, retry-after ms, limit}.
+// {i, kind, current, retry-after ms, limit}. An empty request id only checks: no request is counted
+// (a share still marks its member active).
 const ACQUIRE = new LuaScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -94,6 +95,7 @@ for i = 1, n do
   out[4 * i] = rpm
   out[4 * i + 1] = tpm
 end
+if id == '' then return out end
 for i = 1, n do
   local z, h, p = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1]
   redis.call('ZADD', z, now, id)
@@ -167,28 +169,45 @@ export class RedisWindows implements RateWindows {
     private readonly windowMs = WINDOW_MS,
   ) {}
 
+  /** Runs ACQUIRE (`id` empty: only checks); undefined when Redis did not answer. */
+  private async run(counters: readonly RateCounter[], tokens: number, id: string): Promise<(number | string)[] | undefined> {
+    const args: (string | number)[] = [this.windowMs, tokens, id, this.inFlightTtlMs];
+    for (const c of counters) args.push(limitArg(c.rpm), limitArg(c.tpm), limitArg(c.parallel), c.share?.member ?? "", limitArg(c.share?.rpm), limitArg(c.share?.tpm));
+    try {
+      const res = (await this.redis.run(ACQUIRE, counters.flatMap(keysOf), args)) as (number | string)[];
+      this.recovered();
+      return res;
+    } catch (err) {
+      this.degrade(err);
+      return undefined;
+    }
+  }
+
+  /** The refusal ACQUIRE answered, if it refused. */
+  private refused(counters: readonly RateCounter[], res: (number | string)[]): RateRefusal | undefined {
+    const head = Number(res[0]);
+    if (head === 0) return undefined;
+    const asked = counters[head - 1]!;
+    const kind = String(res[1]) as RateLimitKind;
+    const limit = Number(res[4]);
+    const counter = !asked.share ? asked : kind === "requests" ? { ...asked, rpm: limit } : kind === "tokens" ? { ...asked, tpm: limit } : asked;
+    return { ok: false, counter, kind, limit, current: Number(res[2]), retryAfterMs: Number(res[3]) };
+  }
+
+  async refusal(counters: readonly RateCounter[], tokens: number): Promise<RateRefusal | undefined> {
+    if (counters.length === 0) return undefined;
+    const res = await this.run(counters, tokens, "");
+    return res ? this.refused(counters, res) : this.local.refusal(counters, tokens);
+  }
+
   async acquire(counters: readonly RateCounter[], tokens: number): Promise<RateGrant | RateRefusal> {
     if (counters.length === 0) return { ok: true, applied: [], remaining: [], settle: () => undefined, cancel: () => undefined, part: () => NOTHING_TO_END };
     const keys = counters.flatMap(keysOf);
     const id = `${this.instance}:${++this.seq}`;
-    const args: (string | number)[] = [this.windowMs, tokens, id, this.inFlightTtlMs];
-    for (const c of counters) args.push(limitArg(c.rpm), limitArg(c.tpm), limitArg(c.parallel), c.share?.member ?? "", limitArg(c.share?.rpm), limitArg(c.share?.tpm));
-    let res: (number | string)[];
-    try {
-      res = (await this.redis.run(ACQUIRE, keys, args)) as (number | string)[];
-    } catch (err) {
-      this.degrade(err);
-      return this.local.acquire(counters, tokens);
-    }
-    this.recovered();
-    const head = Number(res[0]);
-    if (head > 0) {
-      const asked = counters[head - 1]!;
-      const kind = String(res[1]) as RateLimitKind;
-      const limit = Number(res[4]);
-      const counter = !asked.share ? asked : kind === "requests" ? { ...asked, rpm: limit } : kind === "tokens" ? { ...asked, tpm: limit } : asked;
-      return { ok: false, counter, kind, limit, current: Number(res[2]), retryAfterMs: Number(res[3]) };
-    }
+    const res = await this.run(counters, tokens, id);
+    if (!res) return this.local.acquire(counters, tokens);
+    const refused = this.refused(counters, res);
+    if (refused) return refused;
     const applied = counters.map((c, i) => (c.share ? { ...c, rpm: limitOf(res[4 * i + 3]), tpm: limitOf(res[4 * i + 4]) } : c));
     const remaining = applied.map((c, i) => ({
       requests: c.rpm === undefined ? undefined : c.rpm - Number(res[4 * i + 1]),

@@ -52,10 +52,22 @@ function maxOutput(body: WireRequest[Endpoint]): number | undefined {
   return b.max_completion_tokens ?? b.max_tokens ?? undefined;
 }
 
-function denied(result: Denied): GatewayError {
+/** A gate's refusal of a call, as answered. */
+export class Refusal extends GatewayError {
+  constructor(
+    info: ErrorInfo,
+    headers: Record<string, string>,
+    /** See Denied.groupCapacity. */
+    readonly groupCapacity: boolean,
+  ) {
+    super(info, headers);
+  }
+}
+
+function denied(result: Denied): Refusal {
   const headers: Record<string, string> = { ...result.headers };
   if (result.retryAfterSeconds !== undefined) headers["retry-after"] = String(result.retryAfterSeconds);
-  return new GatewayError(result.error, headers);
+  return new Refusal(result.error, headers, result.groupCapacity === true);
 }
 
 /**

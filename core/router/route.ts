@@ -6,11 +6,13 @@
  * retries and fallbacks it took (`x-svc-attempted-retries`, `x-svc-attempted-fallbacks`).
  */
 import { authorizeModel } from "../access.ts";
-import type { CallRecord, Deployment, Endpoint, Lease, RateCounter, RateGrant, UpstreamErrorKind, Usage, WireRequest } from "../contract.ts";
-import { GatewayError, errorInfo } from "../errors.ts";
-import { type Attempt, type CallContext, Intent, ZERO, acquireLeases, attemptTimeout, callDeployment, callRecord, promptOf, wantsStream } from "../pipeline/call.ts";
+import type { CallRecord, Deployment, Endpoint, Lease, RateGrant, UpstreamErrorKind, Usage, WireRequest } from "../contract.ts";
+import { GatewayError } from "../errors.ts";
+import type { Snapshot } from "../snapshot.ts";
+import { type Attempt, type CallContext, Intent, Refusal, ZERO, acquireLeases, attemptTimeout, callDeployment, callRecord, promptOf, wantsStream } from "../pipeline/call.ts";
 import { dispatchRecord } from "../pipeline/record.ts";
 import { HeldLeases, NO_LEASES, tightest } from "../pipeline/held-leases.ts";
+import { AT_CAPACITY, capacityCounter, capacityWaitMs, noDeployments } from "./capacity.ts";
 import { stateOf } from "./deployment-state.ts";
 import { type FallbackType, fallbacksFor } from "./fallbacks.ts";
 import { type RoutePolicy, backoffMs, retriesFor, routePolicy } from "./policy.ts";
@@ -18,7 +20,7 @@ import { pickDeployment } from "./strategy.ts";
 import { requiredWaitMs, upstreamRetryAfterMs } from "./waits.ts";
 import { delay } from "../timer.ts";
 import { rateHeaders } from "../limits/headers.ts";
-import { retryAfterSeconds, tokenEstimate } from "../limits/window.ts";
+import { tokenEstimate } from "../limits/window.ts";
 import { cacheUse } from "../cache/controls.ts";
 import { cacheKey } from "../cache/key.ts";
 import { answeredBy, cachedAnswer, cachedEntry, requireBudgetsForHit, storeAnswer } from "../cache/answer.ts";
@@ -194,24 +196,23 @@ async function fallBack<E extends Endpoint>(run: Run<E>, body: WireRequest[E], f
   return last;
 }
 
-const capacityCounters = new WeakMap<Deployment, RateCounter | null>();
-
-/** The router's own counter for a deployment's `rpm` / `tpm` (null when it sets neither), built once per deployment. */
-function capacityCounter(d: Deployment): RateCounter | null {
-  let c = capacityCounters.get(d);
-  if (c === undefined) {
-    const rpm = typeof d.options.rpm === "number" ? d.options.rpm : undefined;
-    const tpm = typeof d.options.tpm === "number" ? d.options.tpm : undefined;
-    c = rpm === undefined && tpm === undefined ? null : { id: `deployment:${d.id}`, label: `Deployment ${d.id} of model ${d.modelName}`, rpm, tpm };
-    capacityCounters.set(d, c);
+/**
+ * The caller's rate limits for a call to `group`. A refusal while every deployment of the group is
+ * at its own rpm/tpm names the deployments (a GroupFailure, as when they refuse it later): under a
+ * burst, calls the deployments then refuse count against the caller's limits until they give them
+ * back, so the caller's refusal would blame limits the caller has not used.
+ */
+async function limitLeases(snapshot: Snapshot, intent: Intent, group: string, candidates: readonly Deployment[]): Promise<Lease[]> {
+  try {
+    return await acquireLeases(snapshot.limitGates, intent);
+  } catch (err) {
+    if (!(err instanceof Refusal) || err.info.status !== 429 || err.groupCapacity) throw err;
+    const waitMs = await capacityWaitMs(snapshot.rateWindows, candidates, tokenEstimate(intent));
+    if (waitMs === undefined) throw err;
+    // Either may still hold the call back: it fits when both have room.
+    const callerMs = (Number(err.headers["retry-after"]) || 0) * 1000;
+    throw new GroupFailure(noDeployments(group, AT_CAPACITY, Math.max(waitMs, callerMs)), undefined);
   }
-  return c;
-}
-
-/** 429: no deployment of the group can take the call now, and when one can. */
-function noDeployments(group: string, why: string, retryMs: number): GatewayError {
-  const seconds = retryAfterSeconds(retryMs);
-  return new GatewayError(errorInfo(429, `No deployments available for model ${group}: ${why}. Try again in ${seconds} s.`, "rate_limit_error"), { "retry-after": String(seconds) });
 }
 
 /** Calls within one model group, with retries; throws GroupFailure when the group gives up. */
@@ -236,7 +237,7 @@ async function callGroup<E extends Endpoint>(run: Run<E>, body: WireRequest[E], 
   // The first group counts the request's own limits too, in the same step; later groups only their own.
   const scope = progress.request ? "group" : "both";
   let intent = new Intent(ctx.principal, endpoint, group, d, startedAt, body, snapshot, scope);
-  const granted: Lease[] = snapshot.limitGates.length === 0 ? [] : await acquireLeases(snapshot.limitGates, intent);
+  const granted = snapshot.limitGates.length === 0 ? [] : await limitLeases(snapshot, intent, group, candidates);
   if (scope === "both") progress.request = new HeldLeases(granted.flatMap((l) => (l.parts ? [l.parts.request] : [])));
   const limits = new HeldLeases(scope === "both" ? granted.map((l) => l.parts?.group ?? l) : granted);
   let budgets = NO_LEASES;
@@ -294,7 +295,7 @@ async function callGroup<E extends Endpoint>(run: Run<E>, body: WireRequest[E], 
         const rest = available(Date.now()).filter((x) => !atCapacity.has(x.id));
         if (rest.length === 0) {
           giveUp();
-          throw new GroupFailure(noDeployments(group, "every deployment is at its rpm/tpm limit", capacityRetryMs), undefined);
+          throw new GroupFailure(noDeployments(group, AT_CAPACITY, capacityRetryMs), undefined);
         }
         d = await switchTo(pickDeployment(policy.strategy, rest, snapshot.pricing, Date.now()));
         continue;

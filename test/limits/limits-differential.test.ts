@@ -405,36 +405,35 @@ function deploymentCounters(ctx: Ctx, group: string): { spec: DeploymentSpec; co
 type Prediction = (
   | { kind: "ok"; counters: Counter[]; room: { spec: DeploymentSpec; counter?: Counter }[] }
   | { kind: "limit"; refusing: Violation[] }
-  | { kind: "deployments"; group: string; waits: Violation[] }
+  /** `caller`: the caller's limits refused too; retry-after is the later of the two. */
+  | { kind: "deployments"; group: string; waits: Violation[]; caller?: Violation[] }
 ) & { /** Decided in the fallback group. */ fellBack?: boolean };
 
 function predict(ctx: Ctx, r: Req): Prediction {
   const tokens = estimate(r);
   const own = ownCounters(ctx, r);
-  const counters = [...own, ...groupCounters(ctx, r, r.group)];
-  const refusing = counters.flatMap((c) => violations(c, tokens));
-  if (refusing.length > 0) return { kind: "limit", refusing };
-  const inGroup = (group: string, counters: Counter[], fellBack?: boolean): Prediction => {
+  const fallback = ctx.s.fallbacks[r.group];
+  /** `held`: the request's own counters are counted already (a fallback after the deployments refused). */
+  const inGroup = (group: string, held: boolean, fellBack?: boolean): Prediction => {
+    const theirs = groupCounters(ctx, r, group);
+    const refusing = (held ? theirs : [...own, ...theirs]).flatMap((c) => violations(c, tokens));
     const deps = deploymentCounters(ctx, group);
     const room = deps.filter((d) => !d.counter || violations(d.counter, tokens).length === 0);
-    if (room.length === 0) return { kind: "deployments", group, waits: deps.map((d) => violations(d.counter!, tokens)[0]!), fellBack };
-    return { kind: "ok", counters, room, fellBack };
+    if (room.length > 0) return refusing.length > 0 ? { kind: "limit", refusing, fellBack } : { kind: "ok", counters: [...own, ...theirs], room, fellBack };
+    // README: every deployment at its limit answers for the group, the caller's refusal included; then the fallback.
+    const failed: Prediction = { kind: "deployments", group, waits: deps.map((d) => violations(d.counter!, tokens)[0]!), caller: refusing.length > 0 ? refusing : undefined, fellBack };
+    if (fellBack || !fallback) return failed;
+    if (refusing.length > 0) return inGroup(fallback, false, true);
+    // The fallback is tried with its own per-model counters, while the request's own stay counted.
+    const entry: Entry = { sent: 0, answered: 0, tokens, inFlight: true };
+    for (const c of own) c.entries.push(entry);
+    try {
+      return inGroup(fallback, true, true);
+    } finally {
+      for (const c of own) c.entries.pop();
+    }
   };
-  const first = inGroup(r.group, counters);
-  const fallback = ctx.s.fallbacks[r.group];
-  if (first.kind === "ok" || !fallback) return first;
-  // Every deployment at its limit: the group fails, and its fallback is tried with its own per-model
-  // counters, while the request's own stay counted.
-  const held: Entry = { sent: 0, answered: 0, tokens, inFlight: true };
-  for (const c of own) c.entries.push(held);
-  try {
-    const theirs = groupCounters(ctx, r, fallback);
-    const refusing = theirs.flatMap((c) => violations(c, tokens));
-    if (refusing.length > 0) return { kind: "limit", refusing, fellBack: true };
-    return inGroup(fallback, [...own, ...theirs], true);
-  } finally {
-    for (const c of own) c.entries.pop();
-  }
+  return inGroup(r.group, false);
 }
 
 interface Answer {
@@ -494,8 +493,10 @@ function checkRefusal(ctx: Ctx, p: Exclude<Prediction, { kind: "ok" }>, a: Answe
     const group = /No deployments available for model (\S+): every deployment is at its rpm\/tpm limit\. Try again in (\d+) s\.$/.exec(message);
     check(ctx, group !== null && group[1] === p.group, `message "${message}", expected no deployments available for model ${p.group}`);
     const ranges = p.waits.map((v) => retryRange(v, timing));
-    const lo = Math.min(...ranges.map((x) => x[0]));
-    const hi = Math.min(...ranges.map((x) => x[1]));
+    // The caller's retry-after is one of its refusing limits', when later.
+    const caller = (p.caller ?? []).map((v) => retryRange(v, timing));
+    const lo = Math.max(Math.min(...ranges.map((x) => x[0])), ...(caller.length ? [Math.min(...caller.map((x) => x[0]))] : []));
+    const hi = Math.max(Math.min(...ranges.map((x) => x[1])), ...(caller.length ? [Math.max(...caller.map((x) => x[1]))] : []));
     check(ctx, inRange(retry, [lo, hi]) && group![2] === String(retry), `retry-after ${retry} (message "${message}"), expected within [${lo}, ${hi}]`);
     return;
   }
@@ -607,13 +608,12 @@ async function failingCall(ctx: Ctx, r: Req): Promise<void> {
   }
   const theirs = groupCounters(ctx, r, fallback);
   const refusing = theirs.flatMap((c) => violations(c, tokens));
+  const deps = deploymentCounters(ctx, fallback);
+  const room = deps.filter((d) => !d.counter || violations(d.counter, tokens).length === 0);
   let then: Prediction;
-  if (refusing.length > 0) then = { kind: "limit", refusing, fellBack: true };
-  else {
-    const deps = deploymentCounters(ctx, fallback);
-    const room = deps.filter((d) => !d.counter || violations(d.counter, tokens).length === 0);
-    then = room.length === 0 ? { kind: "deployments", group: fallback, waits: deps.map((d) => violations(d.counter!, tokens)[0]!), fellBack: true } : { kind: "ok", counters: [...own, ...theirs], room, fellBack: true };
-  }
+  if (room.length === 0) then = { kind: "deployments", group: fallback, waits: deps.map((d) => violations(d.counter!, tokens)[0]!), caller: refusing.length > 0 ? refusing : undefined, fellBack: true };
+  else if (refusing.length > 0) then = { kind: "limit", refusing, fellBack: true };
+  else then = { kind: "ok", counters: [...own, ...theirs], room, fellBack: true };
   ctx.log.push(`    then ${explain(then)}`);
   if (then.kind !== "ok") {
     checkRefusal(ctx, then, a);
