@@ -1,7 +1,6 @@
 /** Loading plugins: the built-ins, and third-party modules named by path in config.yaml. */
 import { dirname, isAbsolute, resolve } from "node:path";
 import { Type } from "@sinclair/typebox";
-import { Value } from "@sinclair/typebox/value";
 import builtinProviders from "../providers/index.ts";
 import authMasterKey from "../plugins/auth-master-key.ts";
 import authVirtualKeys from "../plugins/auth-virtual-keys.ts";
@@ -10,6 +9,7 @@ import rateLimits from "../plugins/rate-limits.ts";
 import teamWebhooks from "../plugins/team-webhooks.ts";
 import { schemaErrors } from "./config/load.ts";
 import { definePlugin, type Hooks, type PluginContext, type PluginDef } from "./contract.ts";
+import { withDefaults } from "./plugin-defaults.ts";
 
 export const BUILTIN_PLUGINS: readonly PluginDef[] = [builtinProviders, authMasterKey, authVirtualKeys, rateLimits, budgets, teamWebhooks];
 
@@ -59,9 +59,9 @@ export interface LoadedPlugin {
   hooks: Hooks;
 }
 
-/** Validates a plugin's config against its own schema, then runs its setup. */
+/** Fills in a plugin's config defaults, validates it against its own schema, then runs its setup. */
 export async function setupPlugin(plugin: PluginDef, rawConfig: unknown, ctx: PluginContext, where: string): Promise<LoadedPlugin> {
-  const cfg = Value.Default(plugin.config, Value.Clone(rawConfig ?? {}));
+  const cfg = withDefaults(plugin.config, rawConfig ?? {});
   const errors = schemaErrors(plugin.config, cfg, `${where}`);
   if (errors.length > 0) throw new AggregateError([], errors.map((e) => `plugin ${plugin.name}: ${e}`).join("\n"));
   return { name: plugin.name, hooks: await plugin.setup(cfg, ctx) };

@@ -16,6 +16,7 @@ import { type ConfigInput, configText, MASTER_KEY, memoryLogger, startTestGatewa
 const FIXTURES = resolve(import.meta.dir, "fixtures/plugins");
 const ECHO = join(FIXTURES, "echo.ts");
 const FACTORY = join(FIXTURES, "factory-greet.ts");
+const DEFAULTS = join(FIXTURES, "defaults-probe.ts");
 const SINK = "plugins-test";
 
 /**
@@ -127,6 +128,38 @@ describe("third-party plugin loaded from a path relative to config.yaml", () => 
   test("a plugin default-exported as a factory (host) => host.definePlugin(...) works", async () => {
     const res = await client.chat.completions.create({ model: "greeter", messages: [{ role: "user", content: "hi" }] });
     expect(res.choices[0]?.message.content).toBe("hello from a factory plugin");
+  });
+});
+
+describe("a plugin's config gets the defaults its schema declares", () => {
+  const configWith = (pluginConfig: Record<string, unknown>) => ({
+    model_list: [{ model_name: "probe", svc_params: { model: "defaults/any" } }],
+    plugins: [{ path: fromTempConfig(DEFAULTS), config: pluginConfig }],
+    general_settings: { master_key: MASTER_KEY },
+  });
+  /** What the plugin's setup received, as its provider tells it. */
+  const received = async (gateway: TestGateway) => {
+    const sdk = new OpenAI({ baseURL: gateway.baseURL, apiKey: MASTER_KEY, maxRetries: 0 });
+    const res = await sdk.chat.completions.create({ model: "probe", messages: [{ role: "user", content: "config?" }] });
+    return JSON.parse(res.choices[0]?.message.content ?? "null") as unknown;
+  };
+
+  test("on start and on reload: left-out fields, a left-out object and Record values are filled, given values kept", async () => {
+    const probe = await startTestGateway(configWith({ tiers: { gold: { label: "Gold" }, free: { label: "Free", weight: 0 } } }));
+    try {
+      expect(await received(probe)).toEqual({
+        retries: 5,
+        greeting: "hi",
+        backoff: { base_ms: 100, factor: 2 },
+        tiers: { gold: { label: "Gold", weight: 1 }, free: { label: "Free", weight: 0 } },
+      });
+
+      probe.writeConfig(configWith({ retries: 2, backoff: { factor: 3 } }));
+      expect((await probe.live.reload("test")).ok).toBe(true);
+      expect(await received(probe)).toEqual({ retries: 2, greeting: "hi", backoff: { base_ms: 100, factor: 3 } });
+    } finally {
+      await probe.stop();
+    }
   });
 });
 
