@@ -326,9 +326,9 @@ function valid(rule: Rule, v: unknown): boolean {
     case "nonEmptyString":
       return typeof v === "string" && v.length > 0;
     case "name":
-      // Sent back in x-svc-model-group / x-svc-model-id: what a header value may hold, and no control characters.
+      // Sent back in x-svc-model-group / x-svc-model-id (percent-encoded beyond Latin-1): any text but control characters.
       // biome-ignore lint/suspicious/noControlCharactersInRegex: control characters are what is looked for
-      return typeof v === "string" && v.length > 0 && !/[\u0000-\u001f\u007f\u0100-\uffff]/.test(v);
+      return typeof v === "string" && v.length > 0 && !/[\u0000-\u001f\u007f]/.test(v);
     case "credential":
       return typeof v === "string" && headerValueOk(v);
     case "url":

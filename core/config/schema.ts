@@ -1,5 +1,6 @@
 /** TypeBox schema of `config.yaml`: LiteLLM's proxy config format with `svc_params`. */
 import { FormatRegistry, type Static, Type as T } from "@sinclair/typebox";
+import { CONTROL_CHARS } from "../header-text.ts";
 
 const HTTP_URL = /^https?:\/\//;
 const DURATION = /^(\d+)\s*(s|m|h|d|w|mo|y)$/;
@@ -13,7 +14,7 @@ export const FORMAT_ERRORS: Record<string, string> = {
   "svc-url": "Expected a URL that parses",
   "svc-duration": "Expected a duration longer than 0 and at most 100y",
   "svc-header-value": "Expected text a header can carry",
-  "svc-header-name": "Expected Latin-1 text without control characters (answers carry it in x-svc-model-group / x-svc-model-id)",
+  "svc-model-name": "Expected text without control characters (answers carry it in x-svc-model-group / x-svc-model-id)",
 };
 /**
  * What fetch sends as a header value (it refuses the rest when the call is made, every call): Latin-1
@@ -23,8 +24,7 @@ export const FORMAT_ERRORS: Record<string, string> = {
 // biome-ignore lint/suspicious/noControlCharactersInRegex: NUL is what is refused
 export const HEADER_VALUE = /^[\t\n\r ]*[^\r\n\u0000\u0100-\uffff]*?[\t\n\r ]*$/;
 FormatRegistry.Set("svc-header-value", (v) => HEADER_VALUE.test(v));
-// biome-ignore lint/suspicious/noControlCharactersInRegex: control characters are what is refused
-FormatRegistry.Set("svc-header-name", (v) => !/[\u0000-\u001f\u007f\u0100-\uffff]/.test(v));
+FormatRegistry.Set("svc-model-name", (v) => !CONTROL_CHARS.test(v));
 /** An http(s) URL must also parse: `http://` or `http://a b` pass the pattern, then fail every call (or the registry build). */
 FormatRegistry.Set("svc-url", (v) => {
   if (!HTTP_URL.test(v)) return true;
@@ -84,8 +84,8 @@ const PRICE_FIELDS = {
   ),
 };
 
-/** A name the gateway sends back in a header (x-svc-model-group, x-svc-model-id). */
-const HeaderSafeName = T.String({ minLength: 1, format: "svc-header-name" });
+/** A name the gateway sends back in x-svc-model-group / x-svc-model-id (percent-encoded when a header cannot carry it as it is). */
+const ModelName = T.String({ minLength: 1, format: "svc-model-name" });
 
 export const SvcParamsSchema = T.Object(
   {
@@ -107,7 +107,7 @@ export const SvcParamsSchema = T.Object(
 
 export const ModelInfoSchema = T.Object(
   {
-    id: T.Optional(HeaderSafeName),
+    id: T.Optional(ModelName),
     mode: T.Optional(T.String()),
     base_model: T.Optional(T.String()),
     ...PRICE_FIELDS,
@@ -118,7 +118,7 @@ export const ModelInfoSchema = T.Object(
 
 export const ModelEntrySchema = T.Object(
   {
-    model_name: HeaderSafeName,
+    model_name: ModelName,
     svc_params: SvcParamsSchema,
     model_info: T.Optional(ModelInfoSchema),
   },

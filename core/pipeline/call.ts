@@ -9,6 +9,7 @@ import { worstCaseOf } from "../cost/worst-case.ts";
 import { groupCapacity } from "../limits/capacity.ts";
 import { picoToText } from "../cost/money.ts";
 import { GatewayError, errorInfo } from "../errors.ts";
+import { headerText } from "../header-text.ts";
 import type { Gate, Snapshot } from "../snapshot.ts";
 import { assembleStream } from "../stream/assemble.ts";
 import { withClientCredentials } from "./client-credentials.ts";
@@ -144,16 +145,6 @@ export class Intent implements CallIntent {
 }
 
 /** The headers every model-call answer carries, with its content type. */
-/** Not sendable in a header: control characters and anything beyond Latin-1. */
-// biome-ignore lint/suspicious/noControlCharactersInRegex: control characters are what is matched
-const UNSENDABLE = /[\u0000-\u001f\u007f\u0100-\uffff]/;
-
-/**
- * A name as a header value: a wildcard group answers under the model the client asked for
- * (`openai/模型`), which a header cannot carry as it is; such a name goes percent-encoded.
- */
-const headerText = (name: string) => (UNSENDABLE.test(name) ? encodeURIComponent(name) : name);
-
 export function responseHeaders(d: Deployment, callId: string, contentType: string): Record<string, string> {
   return { "content-type": contentType, "x-svc-model-id": headerText(d.id), "x-svc-call-id": callId, "x-svc-model-group": headerText(d.modelName) };
 }
@@ -362,7 +353,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     // A client that left ends the call as cancelled, with no error (as a cancelled stream): nothing failed.
     finish(deadline.clientGone ? "cancelled" : "failure", ZERO, deadline.clientGone ? undefined : info);
     if (err instanceof GatewayError) {
-      err.headers["x-svc-model-id"] = d.id;
+      err.headers["x-svc-model-id"] = headerText(d.id);
       err.headers["x-svc-call-id"] = ctx.callId;
     }
     throw err;
