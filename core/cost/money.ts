@@ -58,6 +58,16 @@ export function rateToPico(amount: bigint): Pico {
 
 export const PICO_PER_USD = 1e12;
 
+/**
+ * Pico-dollars in plain JSON (which has no bigint): a number while one holds them exactly (below
+ * 2^53, about $9,007: nearly every call, and cheap), else the integer's decimal text.
+ */
+export type PicoJson = number | string;
+
+export function picoJson(p: Pico): PicoJson {
+  return p <= MAX_EXACT_PICO && p >= -MAX_EXACT_PICO ? Number(p) : p.toString();
+}
+
 /** Exact decimal text of an amount in USD, without trailing zeros ("0.000125", "12", "0"). */
 export function picoToText(p: Pico): string {
   // Below 2^53 plain number arithmetic is exact and several times faster than bigint division.

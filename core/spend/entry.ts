@@ -4,6 +4,7 @@
  * outgrows memory can spill to disk and come back unchanged.
  */
 import type { CallRecord, CounterTable } from "../contract.ts";
+import { type PicoJson, picoJson } from "../cost/money.ts";
 import type { IdentityCache } from "../identity/cache.ts";
 import { teamMemberId } from "../identity/records.ts";
 import { parseDuration } from "../identity/duration.ts";
@@ -34,11 +35,8 @@ export interface SpendEntry {
   provider: string;
   modelId: string;
   upstreamModel: string;
-  /**
-   * Cost in integer pico-dollars (1e-12 USD). A plain number: one call costs far below 2^53 pico-
-   * dollars (about $9,000), so it is exact, and it stays cheap to serialize.
-   */
-  spendPico: number;
+  /** Cost in integer pico-dollars (1e-12 USD): a number, or its decimal text past $9,007 (picoJson). */
+  spendPico: PicoJson;
   promptTokens: number;
   completionTokens: number;
   cacheReadTokens: number;
@@ -137,7 +135,7 @@ export function toSpendEntry(call: CallRecord, identity: IdentityCache | undefin
     provider: call.provider,
     modelId: call.deploymentId,
     upstreamModel: storable(call.upstreamModel),
-    spendPico: Number(call.cost),
+    spendPico: picoJson(call.cost),
     promptTokens: u.promptTokens,
     completionTokens: u.completionTokens,
     cacheReadTokens: u.cachedPromptTokens ?? 0,

@@ -66,7 +66,7 @@ function timestamp(ms: number | null): string {
 
 /** One spend-log row in COPY text format (with its newline), columns as in `SPEND_LOG_COLUMNS`. */
 export function copyRow(e: SpendEntry): string {
-  const spend = Number.isSafeInteger(e.spendPico) && e.spendPico >= 0 ? safePicoToText(e.spendPico) : picoToText(BigInt(e.spendPico));
+  const spend = typeof e.spendPico === "number" && Number.isSafeInteger(e.spendPico) && e.spendPico >= 0 ? safePicoToText(e.spendPico) : picoToText(BigInt(e.spendPico));
   return (
     `${field(e.callId)}\t${field(e.requestId)}\t${field(e.callType)}\t${field(e.apiKey)}\t${field(e.keyAlias)}\t` +
     `${field(e.userId)}\t${field(e.teamId)}\t${field(e.organizationId)}\t${field(e.endUser)}\t${field(e.model)}\t` +

@@ -1,0 +1,76 @@
+// A single call costing more than 2^53 pico-dollars (about $9,007): its cost is exact to the
+// pico-dollar everywhere a user reads it (the cost header, its spend-log row, /spend/logs and its
+// daily summary, the key's spend), not the nearest double.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import OpenAI from "openai";
+import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
+import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
+
+const UPSTREAM_KEY = "sk-upstream-large-cost";
+const PROMPT_TOKENS = 199_999;
+// Within the README's bound of $1 a token; 199,999 of them cost $123,456.171728400538272, rounded to
+// $123,456.171728400538: an amount of pico-dollars a double cannot hold (it is read as …400544).
+const PRICE = "0.617283945061728";
+const ONE_CALL = "123456.171728400538";
+const TWO_CALLS = "246912.343456801076";
+
+/** The amounts `field` takes in a JSON text, as written (JSON.parse would round them to doubles). */
+const amounts = (text: string, field: string) => [...text.matchAll(new RegExp(`"${field}":(-?[0-9.eE+-]+)`, "g"))].map((m) => m[1]);
+
+// The embedded store writes rows with COPY, PostgreSQL with one statement: both paths are covered.
+for (const backend of BACKENDS) describe(`a call that costs more than $9,007 (${backend})`, () => {
+  let mock: MockOpenAI;
+  let gw: TestGateway;
+  let client: OpenAI;
+  let token: string;
+
+  beforeAll(async () => {
+    mock = await startMockOpenAI({ apiKey: UPSTREAM_KEY });
+    gw = await startBackendGateway(
+      backend,
+      `model_list:
+  - model_name: pricey
+    svc_params: { model: openai/gpt-pricey, api_base: "${mock.url}", api_key: ${UPSTREAM_KEY} }
+    model_info: { input_cost_per_token: ${PRICE}, output_cost_per_token: 0 }
+general_settings: { master_key: ${MASTER_KEY} }
+`,
+      { dbPrefix: "gw_largecost" },
+    );
+    const created = await requestJson<{ key: string; token: string }>(gw, "POST", "/key/generate", { body: { key_alias: "big-spender" } });
+    expect(created.status).toBe(200);
+    token = created.body.token;
+    client = new OpenAI({ baseURL: gw.baseURL, apiKey: created.body.key, maxRetries: 0 });
+    // The embedded store's first start in a run makes its template folder (tens of seconds on a busy machine).
+  }, 120_000);
+  afterAll(async () => {
+    await gw?.stop();
+    await mock?.stop();
+  });
+
+  const call = () => {
+    mock.fault({ kind: "scripted", answer: { choices: [{ content: "ok", finishReason: "stop" }], usage: { prompt_tokens: PROMPT_TOKENS, completion_tokens: 1, total_tokens: PROMPT_TOKENS + 1 } } });
+    return client.chat.completions.create({ model: "pricey", messages: [{ role: "user", content: "hi" }] }).withResponse();
+  };
+
+  test("the cost header, the spend log, /spend/logs and the key's spend are exact to the pico-dollar", async () => {
+    const first = await call();
+    const second = await call();
+    expect([first.response.headers.get("x-svc-response-cost"), second.response.headers.get("x-svc-response-cost")]).toEqual([ONE_CALL, ONE_CALL]);
+    await gw.host!.spendWriter.flush();
+
+    for (const { data } of [first, second]) {
+      const log = await requestJson(gw, "GET", `/spend/logs?request_id=${data.id}&summarize=false`);
+      expect(amounts(log.text, "spend")).toEqual([ONE_CALL]);
+    }
+    const day = new Date().toISOString().slice(0, 10);
+    const v2 = await requestJson(gw, "GET", `/spend/logs/v2?api_key=${token}&start_date=${day}&end_date=${day}`);
+    expect(amounts(v2.text, "spend")).toEqual([ONE_CALL, ONE_CALL]);
+
+    const summary = await requestJson(gw, "GET", `/spend/logs?start_date=${day}&end_date=${day}`);
+    expect(amounts(summary.text, "spend")).toEqual([TWO_CALLS]);
+    expect(summary.text).toContain(`"${token}":${TWO_CALLS}`);
+
+    const info = await requestJson(gw, "GET", `/key/info?key=${token}`);
+    expect(amounts(info.text, "spend")).toEqual([TWO_CALLS]);
+  });
+});
