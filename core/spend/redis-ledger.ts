@@ -61,13 +61,16 @@ return out
 // ARGV: reserved amount, actual cost, then per counter the period and generation the reservation
 // was taken in. A counter that moved to a new period meanwhile keeps its fresh start: the old
 // reservation is dropped. One read again from the store in the same period (a spend reset) holds
-// no reservation of the call, but the call's cost counts there, as in the stored spend.
+// no reservation of the call, but the call's cost counts there, as in the stored spend. The new
+// spend is read back as the stored text: HINCRBY's reply is a Lua double, which tostring writes
+// with 14 digits ("1.2345678901234e+14" from $123.45 up), not the integer.
 const SETTLE = `
 local out = {}
 for i = 1, #KEYS do
   if redis.call('HGET', KEYS[i], 'p') == ARGV[1 + 2 * i] then
     if ARGV[1] ~= '0' and (redis.call('HGET', KEYS[i], 'g') or '') == ARGV[2 + 2 * i] then redis.call('HINCRBY', KEYS[i], 'r', '-' .. ARGV[1]) end
-    out[i] = tostring(redis.call('HINCRBY', KEYS[i], 's', ARGV[2]))
+    redis.call('HINCRBY', KEYS[i], 's', ARGV[2])
+    out[i] = redis.call('HGET', KEYS[i], 's')
   else
     out[i] = ''
   end

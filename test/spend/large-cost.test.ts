@@ -1,10 +1,12 @@
 // A single call costing more than 2^53 pico-dollars (about $9,007): its cost is exact to the
 // pico-dollar everywhere a user reads it (the cost header, its spend-log row, /spend/logs and its
-// daily summary, the key's spend), not the nearest double.
+// daily summary, the key's spend, the budget that refuses the next call), not the nearest double,
+// and its budget alerts are sent, with the ledger in memory or in Redis.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import OpenAI from "openai";
+import OpenAI, { type APIError } from "openai";
 import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
+import { failure } from "../harness/util.ts";
 
 const UPSTREAM_KEY = "sk-upstream-large-cost";
 const PROMPT_TOKENS = 199_999;
@@ -17,8 +19,12 @@ const TWO_CALLS = "246912.343456801076";
 /** The amounts `field` takes in a JSON text, as written (JSON.parse would round them to doubles). */
 const amounts = (text: string, field: string) => [...text.matchAll(new RegExp(`"${field}":(-?[0-9.eE+-]+)`, "g"))].map((m) => m[1]);
 
-// The embedded store writes rows with COPY, PostgreSQL with one statement: both paths are covered.
-for (const backend of BACKENDS) describe(`a call that costs more than $9,007 (${backend})`, () => {
+const REDIS_URL = process.env.TEST_REDIS_URL ?? "redis://127.0.0.1:6379";
+// The embedded store writes rows with COPY, PostgreSQL with one statement; the budget ledger is in
+// memory, or in Redis (which counts in its own Lua).
+const VARIANTS = [...BACKENDS.map((backend) => ({ backend, redis: false })), { backend: "postgres" as const, redis: true }];
+
+for (const { backend, redis } of VARIANTS) describe(`a call that costs more than $9,007 (${backend}${redis ? ", Redis ledger" : ""})`, () => {
   let mock: MockOpenAI;
   let gw: TestGateway;
   let client: OpenAI;
@@ -34,9 +40,15 @@ for (const backend of BACKENDS) describe(`a call that costs more than $9,007 (${
     model_info: { input_cost_per_token: ${PRICE}, output_cost_per_token: 0 }
 general_settings: { master_key: ${MASTER_KEY} }
 `,
-      { dbPrefix: "gw_largecost" },
+      { dbPrefix: "gw_largecost", redisUrl: redis ? REDIS_URL : undefined },
     );
-    const created = await requestJson<{ key: string; token: string }>(gw, "POST", "/key/generate", { body: { key_alias: "big-spender" } });
+    // Raw JSON: the max budget is two calls' cost to the pico-dollar, more digits than a double holds.
+    const res = await fetch(`${gw.url}/key/generate`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+      body: `{"key_alias": "big-spender", "soft_budget": 1000, "max_budget": ${TWO_CALLS}}`,
+    });
+    const created = { status: res.status, body: (await res.json()) as { key: string; token: string } };
     expect(created.status).toBe(200);
     token = created.body.token;
     client = new OpenAI({ baseURL: gw.baseURL, apiKey: created.body.key, maxRetries: 0 });
@@ -72,5 +84,20 @@ general_settings: { master_key: ${MASTER_KEY} }
 
     const info = await requestJson(gw, "GET", `/key/info?key=${token}`);
     expect(amounts(info.text, "spend")).toEqual([TWO_CALLS]);
+    expect(amounts(info.text, "max_budget")).toEqual([TWO_CALLS]);
+
+    // Spent to the last pico-dollar of its budget: the next call is refused, with that spend.
+    const refused = await failure(call());
+    expect((refused as APIError).status).toBe(400);
+    expect((refused as APIError).message).toContain(`spend $${TWO_CALLS}, max budget $${TWO_CALLS}.`);
+
+    // The first call crossed the soft budget ($1,000), the second reached the budget: one alert each.
+    for (let i = 0; i < 100 && gw.host!.alerts.sent.length < 2; i++) await Bun.sleep(20);
+    const sent = gw.host!.alerts.sent.map((a) => ({ event: a.event, token: a.token, spend: a.spend }));
+    expect(sent.sort((a, b) => String(a.event).localeCompare(String(b.event)))).toEqual([
+      { event: "budget_crossed", token, spend: Number(TWO_CALLS) },
+      { event: "soft_budget_crossed", token, spend: Number(ONE_CALL) },
+    ]);
+    expect(gw.log.lines.filter((l) => l.level === "error")).toEqual([]);
   });
 });
