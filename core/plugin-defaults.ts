@@ -11,21 +11,26 @@ const isMapping = (v: unknown): v is Record<string, unknown> => v !== null && ty
  * schema that has its own `default`, never the fields inside one).
  */
 export function withDefaults(schema: TSchema, raw: unknown): unknown {
-  const value = Value.Default(schema, Value.Clone(raw));
+  return fill(schema, Value.Clone(raw));
+}
+
+/** Value.Default writes into the value it is given (the caller's copy). */
+function fill(schema: TSchema, raw: unknown): unknown {
+  const value = Value.Default(schema, raw);
   if (!isMapping(value)) return value;
   if (KindGuard.IsObject(schema)) {
     const required = new Set(schema.required ?? []);
     for (const [key, field] of Object.entries(schema.properties)) {
-      if (value[key] !== undefined) value[key] = withDefaults(field, value[key]);
+      if (value[key] !== undefined) value[key] = fill(field, value[key]);
       else if (required.has(key) && KindGuard.IsObject(field)) {
-        const built = withDefaults(field, {});
+        const built = fill(field, {});
         // Left out still when some field has no default: the error then names the object the file lacks.
         if (Value.Check(field, built)) value[key] = built;
       }
     }
   } else if (KindGuard.IsRecord(schema)) {
     const field = Object.values(schema.patternProperties)[0];
-    if (field) for (const key of Object.keys(value)) value[key] = withDefaults(field, value[key]);
+    if (field) for (const key of Object.keys(value)) value[key] = fill(field, value[key]);
   }
   return value;
 }

@@ -157,6 +157,11 @@ describe("a plugin's config gets the defaults its schema declares", () => {
       probe.writeConfig(configWith({ retries: 2, backoff: { factor: 3 } }));
       expect((await probe.live.reload("test")).ok).toBe(true);
       expect(await received(probe)).toEqual({ retries: 2, greeting: "hi", backoff: { base_ms: 100, factor: 3 } });
+
+      // A field without a default is still required where defaults fill the rest.
+      probe.writeConfig(configWith({ tiers: { bronze: {} } }));
+      const refused = await probe.live.reload("test");
+      expect(refused.ok ? "" : refused.errors.join("\n")).toContain("plugin defaults-probe: /plugins/0/config/tiers/bronze/label: Expected required property");
     } finally {
       await probe.stop();
     }
