@@ -30,7 +30,7 @@ function tmp(prefix: string): string {
 
 async function start(): Promise<{ gw: SpawnedGateway; ms: number }> {
   const started = performance.now();
-  const gw = await spawnGateway(CONFIG, { cmd: [binary], dir: runDir, env: CLEAN_ENV });
+  const gw = await spawnGateway(CONFIG, { cmd: [binary], dir: runDir, env: CLEAN_ENV, freshStore: true });
   gateways.push(gw);
   return { gw, ms: Math.round(performance.now() - started) };
 }

@@ -38,7 +38,7 @@ function newDir(): string {
 /** spawnGateway in a tracked temp dir with a clean environment. */
 async function gateway(
   config: ConfigInput,
-  opts: { env?: Record<string, string | undefined>; args?: string[]; waitForListen?: boolean; dir?: string } = {},
+  opts: { env?: Record<string, string | undefined>; args?: string[]; waitForListen?: boolean; dir?: string; freshStore?: boolean } = {},
 ): Promise<SpawnedGateway> {
   const dir = opts.dir ?? newDir();
   const gw = await spawnGateway(config, { ...opts, dir, env: { ...CLEAN_ENV, ...opts.env } });
@@ -270,7 +270,8 @@ describe("embedded store (default)", () => {
       const dir = newDir();
       const dataDir = join(dir, "data");
       const lock = join(dataDir, "gateway.lock");
-      const gw = await gateway(MOCK_CONFIG, { dir });
+      // An empty folder, as a new user's: the first boot creates the store.
+      const gw = await gateway(MOCK_CONFIG, { dir, freshStore: true });
 
       const ready = await readiness(gw);
       expect(ready.status).toBe(200);
@@ -322,7 +323,7 @@ describe("the example config.yaml", () => {
   test(
     "serves a chat and an embedding through the SDK on the embedded store, as the README's first command runs it",
     async () => {
-      const gw = await gateway(readFileSync(join(ROOT, "config.yaml"), "utf8"), { env: { OPENAI_API_KEY: undefined } });
+      const gw = await gateway(readFileSync(join(ROOT, "config.yaml"), "utf8"), { env: { OPENAI_API_KEY: undefined }, freshStore: true });
       const sdk = client(gw);
       const chat = await sdk.chat.completions.create({ model: "gpt-4o-mini", messages: [{ role: "user", content: "hi" }] });
       expect(chat.choices[0]?.message.content).toContain("hi");

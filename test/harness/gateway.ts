@@ -2,7 +2,7 @@
  * Test gateways. `startTestGateway` runs the real app in-process on a random port (fast, most
  * tests); `spawnGateway` runs `core/main.ts` as its own process (signals, store, run interface).
  */
-import { cpSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { cpSync, existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { stringify } from "yaml";
@@ -160,12 +160,19 @@ export interface SpawnedGateway {
   stop(signal?: NodeJS.Signals): Promise<number>;
 }
 
-/** Runs the gateway as a process: `bun core/main.ts` (or `cmd` such as a compiled binary). */
+/**
+ * Runs the gateway as a process: `bun core/main.ts` (or `cmd` such as a compiled binary). On the
+ * embedded store its data folder starts as a copy of the initialized template (a first boot runs
+ * initdb, ~8 s of CPU each) unless `freshStore` asks for an empty folder, as a new user has.
+ */
 export async function spawnGateway(
   config: ConfigInput,
-  opts: { env?: Record<string, string | undefined>; args?: string[]; cmd?: string[]; dir?: string; waitForListen?: boolean } = {},
+  opts: { env?: Record<string, string | undefined>; args?: string[]; cmd?: string[]; dir?: string; waitForListen?: boolean; freshStore?: boolean } = {},
 ): Promise<SpawnedGateway> {
   const dir = opts.dir ?? tempDir();
+  const pgDir = join(dir, "data", "pg");
+  const embedded = !(opts.env && "DATABASE_URL" in opts.env ? opts.env.DATABASE_URL : process.env.DATABASE_URL);
+  if (embedded && !opts.freshStore && !existsSync(pgDir)) cpSync(await initializedPgFolder(), pgDir, { recursive: true });
   const configPath = join(dir, "config.yaml");
   writeFileSync(configPath, configText(config));
   const cmd = opts.cmd ?? [process.execPath, join(ROOT, "core/main.ts")];
