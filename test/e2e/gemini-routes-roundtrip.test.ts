@@ -4,8 +4,7 @@
 // still gives the client a usageMetadata, the same counts as the spend log row, in a stream too.
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from "bun:test";
 import { type Content, FinishReason, type GenerateContentResponse, GoogleGenAI, Type } from "@google/genai";
-import { sql } from "drizzle-orm";
-import { rows } from "../../core/store/sql.ts";
+import { spendLogRow } from "../harness/spend.ts";
 import { MASTER_KEY, startTestGateway, type TestGateway } from "../harness/gateway.ts";
 import { type MockGemini, startMockGemini } from "../mock-upstream/gemini.ts";
 import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
@@ -137,11 +136,7 @@ interface LogRow {
   stream: boolean;
 }
 
-async function logRow(requestId: string): Promise<LogRow | undefined> {
-  await gw.host!.spendWriter.flush();
-  const [row] = await rows<LogRow>(gw.host!.store.db, sql`select * from spend_logs where request_id = ${requestId}`);
-  return row;
-}
+const logRow = (requestId: string) => spendLogRow<LogRow>(gw, requestId);
 
 /** The usage the client got is the one logged and priced, and it is not nothing. */
 async function expectLoggedAs(res: GenerateContentResponse, stream: boolean): Promise<void> {

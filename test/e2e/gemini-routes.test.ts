@@ -4,8 +4,7 @@
 // the spend log row each call leaves. Errors come back in Google's shape.
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from "bun:test";
 import { ApiError, type Content, FinishReason, FunctionCallingConfigMode, GoogleGenAI, Type } from "@google/genai";
-import { sql } from "drizzle-orm";
-import { rows } from "../../core/store/sql.ts";
+import { spendLogRow } from "../harness/spend.ts";
 import { MASTER_KEY, requestJson, startTestGateway, type TestGateway } from "../harness/gateway.ts";
 import { failure } from "../harness/util.ts";
 import { type MockAnthropic, startMockAnthropic } from "../mock-upstream/anthropic.ts";
@@ -73,11 +72,7 @@ interface LogRow {
   stream: boolean;
 }
 
-async function logRow(requestId: string): Promise<LogRow | undefined> {
-  await gw.host!.spendWriter.flush();
-  const [row] = await rows<LogRow>(gw.host!.store.db, sql`select * from spend_logs where request_id = ${requestId}`);
-  return row;
-}
+const logRow = (requestId: string) => spendLogRow<LogRow>(gw, requestId);
 
 const usd = (prompt: number, completion: number) => (prompt * 1 + completion * 2) / 1_000_000;
 

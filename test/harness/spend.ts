@@ -1,6 +1,9 @@
 /** Spend-log entries for suites that write calls of past days (or exact amounts) through the spend writer's own batch path (`writeBatch`). */
 import { randomUUID } from "node:crypto";
+import { sql } from "drizzle-orm";
 import type { SpendEntry } from "../../core/spend/entry.ts";
+import { rows } from "../../core/store/sql.ts";
+import type { TestGateway } from "./gateway.ts";
 
 /** Who a seeded call is made by: a key (its hash), and the team, org and user it spends for. */
 export interface Caller {
@@ -62,4 +65,11 @@ export function scaledExact(text: string, digits: number): bigint {
   const div = 10n ** BigInt(-shift);
   if (n % div !== 0n) throw new Error(`${text} has more than ${digits} decimals`);
   return n / div;
+}
+
+/** The spend-log row of the call answered with `requestId` (the response `id`), once the writer has flushed. */
+export async function spendLogRow<T>(gw: TestGateway, requestId: string): Promise<T | undefined> {
+  await gw.host!.spendWriter.flush();
+  const [row] = await rows<T>(gw.host!.store.db, sql`select * from spend_logs where request_id = ${requestId}`);
+  return row;
 }
