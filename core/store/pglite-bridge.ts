@@ -3,10 +3,25 @@
  * (`query` and `transaction`), forwarded to the worker thread. Transactions hold PGlite's own
  * lock in the worker, so statements outside them wait their turn there, as they would in-process.
  */
+// Embedded in a compiled binary as a file, as the worker's other assets are (see pglite-worker.ts).
+import pgliteWasm from "@electric-sql/pglite/pglite.wasm" with { type: "file" };
 import type { QueryResult, RawStatement, WorkerReply, WorkerRequest } from "./pglite-protocol.ts";
 
 /** First boot (initdb) takes a few seconds; far longer means the worker is not running. */
 const OPEN_TIMEOUT_MS = 120_000;
+
+/**
+ * PGlite's WebAssembly module (9 MB), compiled once per process and handed to each worker: a
+ * first boot opens two workers, and a process that opens many stores (the tests) paid ~0.3 s of
+ * compiling for each.
+ */
+let compiledWasm: Promise<WebAssembly.Module> | undefined;
+function pgliteModule(): Promise<WebAssembly.Module> {
+  compiledWasm ??= Bun.file(pgliteWasm)
+    .arrayBuffer()
+    .then((bytes) => WebAssembly.compile(bytes));
+  return compiledWasm;
+}
 
 type Pending = { resolve(value: unknown): void; reject(err: Error): void };
 type Payload = WorkerRequest extends infer R ? (R extends WorkerRequest ? Omit<R, "id"> : never) : never;
@@ -62,7 +77,7 @@ export class PgliteBridge {
       timer = setTimeout(() => reject(new Error(`the PGlite worker did not open ${dataDir} within ${OPEN_TIMEOUT_MS / 1000} s`)), OPEN_TIMEOUT_MS);
     });
     try {
-      await Promise.race([this.call({ op: "open", dataDir }), timeout]);
+      await Promise.race([pgliteModule().then((wasm) => this.call({ op: "open", dataDir, wasm })), timeout]);
     } finally {
       clearTimeout(timer);
     }

@@ -1,7 +1,8 @@
 /** Messages between the gateway and the worker thread that holds the embedded PGlite. */
 
 export type WorkerRequest =
-  | { id: number; op: "open"; dataDir: string }
+  /** `wasm`: PGlite's module, compiled once per process (see pglite-bridge.ts) */
+  | { id: number; op: "open"; dataDir: string; wasm: WebAssembly.Module }
   | { id: number; op: "query"; sql: string; params: unknown[]; rowMode: "array" | "object"; rawTypes: number[]; tx?: number }
   | { id: number; op: "copy"; copy: string; text: string; then: RawStatement }
   | { id: number; op: "begin" }

@@ -6,10 +6,9 @@
  */
 import { PGlite, type Transaction } from "@electric-sql/pglite";
 import initdbWasm from "@electric-sql/pglite/initdb.wasm" with { type: "file" };
-import pgliteData from "@electric-sql/pglite/pglite.data" with { type: "file" };
 // PGlite locates these through `new URL(..., import.meta.url)`, which the bundler does not
 // follow, so a compiled binary would miss them. Imported as files they get embedded.
-import pgliteWasm from "@electric-sql/pglite/pglite.wasm" with { type: "file" };
+import pgliteData from "@electric-sql/pglite/pglite.data" with { type: "file" };
 import type { QueryResult, WorkerReply, WorkerRequest } from "./pglite-protocol.ts";
 
 declare const self: Worker;
@@ -30,7 +29,7 @@ async function handle(m: WorkerRequest): Promise<unknown> {
   switch (m.op) {
     case "open": {
       pg = await PGlite.create(m.dataDir, {
-        pgliteWasmModule: await WebAssembly.compile(await Bun.file(pgliteWasm).arrayBuffer()),
+        pgliteWasmModule: m.wasm,
         initdbWasmModule: await WebAssembly.compile(await Bun.file(initdbWasm).arrayBuffer()),
         fsBundle: Bun.file(pgliteData),
       });
