@@ -4,6 +4,7 @@
  * or add its own version field before serializing.
  */
 import type { ChatRequest, WireJson } from "../../core/contract.ts";
+import { THINKING_BUDGET } from "../shared/reasoning-effort.ts";
 import { anthropicMessages } from "./messages.ts";
 import type { AnthropicTool, AnthropicToolChoice } from "./wire.ts";
 
@@ -35,8 +36,6 @@ export const ANTHROPIC_CHAT_PARAMS = [
   "stream_options",
 ] as const;
 
-/** `reasoning_effort` → thinking budget in tokens (Anthropic's minimum budget is 1024). */
-const THINKING_BUDGET: Record<string, number> = { minimal: 1024, low: 1024, medium: 2048, high: 4096 };
 
 type Json = Record<string, unknown>;
 const isObject = (v: unknown): v is Json => typeof v === "object" && v !== null && !Array.isArray(v);

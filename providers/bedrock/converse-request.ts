@@ -6,6 +6,7 @@
 import type { ChatRequest, Deployment, WireJson } from "../../core/contract.ts";
 import { GatewayError } from "../../core/errors.ts";
 import { type SamplingNames, samplingSettings } from "../shared/openai-request.ts";
+import { THINKING_BUDGET } from "../shared/reasoning-effort.ts";
 
 type Block = WireJson;
 interface ConverseMessage {
@@ -36,8 +37,6 @@ export const CONVERSE_PARAMS = [
   "user",
 ] as const;
 
-/** Thinking budgets for Claude's extended thinking, per OpenAI effort level. */
-const THINKING_BUDGET: Record<string, number> = { minimal: 1024, low: 1024, medium: 2048, high: 4096 };
 /** Room for the answer itself when the client set no max_tokens but asked for thinking. */
 const ANSWER_TOKENS_AFTER_THINKING = 4096;
 

@@ -1,6 +1,7 @@
 /** An OpenAI chat request → Cohere's `POST /v2/chat` body. */
-import type { ChatRequest, WireJson } from "../../core/contract.ts";
+import type { ChatRequest, Deployment, WireJson } from "../../core/contract.ts";
 import { type ChatMessage, contentParts, contentText, functionTools, imageUrl, SAMPLING_AND_TOOL_PARAMS, type SamplingNames, samplingSettings, toolCallsOf, toolChoice } from "../shared/openai-request.ts";
+import { THINKING_BUDGET, reasoningEffort } from "../shared/reasoning-effort.ts";
 
 /** Cohere's names for the OpenAI sampling fields. */
 const COHERE_SAMPLING: SamplingNames = {
@@ -13,8 +14,24 @@ const COHERE_SAMPLING: SamplingNames = {
   presence_penalty: "presence_penalty",
 };
 
-/** The OpenAI fields this translation understands. */
-export const COHERE_CHAT_PARAMS = SAMPLING_AND_TOOL_PARAMS;
+/** The OpenAI fields this translation understands, for some model or other. */
+export const COHERE_CHAT_PARAMS: readonly string[] = [...SAMPLING_AND_TOOL_PARAMS, "reasoning_effort"];
+const NON_REASONING_CHAT_PARAMS: readonly string[] = SAMPLING_AND_TOOL_PARAMS;
+
+/**
+ * Only Cohere's reasoning models (`command-a-reasoning-…`) take `thinking`; the others refuse it, so
+ * for them `reasoning_effort` is the client's 400 (or dropped with `drop_params`), named as ours.
+ */
+export function cohereChatParams(d: Deployment): readonly string[] {
+  return d.upstreamModel.includes("reasoning") ? COHERE_CHAT_PARAMS : NON_REASONING_CHAT_PARAMS;
+}
+
+/** `reasoning_effort` → Cohere's `thinking`: `none` switches it off, other levels cap it with a budget. */
+function thinking(req: ChatRequest): WireJson | undefined {
+  const effort = reasoningEffort(req, "cohere");
+  if (effort === undefined) return undefined;
+  return effort === "none" ? { type: "disabled" } : { type: "enabled", token_budget: THINKING_BUDGET[effort]! };
+}
 
 /** User content: a plain string stays one; parts keep text and images (Cohere v2 takes OpenAI's `image_url` part). */
 function userContent(content: ChatMessage["content"]): string | WireJson[] {
@@ -76,5 +93,7 @@ export function cohereChatBody(req: ChatRequest, model: string): WireJson {
   samplingSettings(req, COHERE_SAMPLING, body);
   const format = req.response_format ? responseFormat(req.response_format) : undefined;
   if (format) body.response_format = format;
+  const t = thinking(req);
+  if (t) body.thinking = t;
   return body;
 }

@@ -5,7 +5,7 @@
 import type { ChatRequest, Deployment, EmbeddingsRequest, EndpointAdapter, HttpCall, ProviderAdapter, WireJson } from "../../core/contract.ts";
 import { openAIErrorMessage } from "../openai-compatible/adapter.ts";
 import { upstreamErrorKind } from "../shared/error-kind.ts";
-import { COHERE_CHAT_PARAMS, cohereChatBody } from "./chat-request.ts";
+import { COHERE_CHAT_PARAMS, cohereChatBody, cohereChatParams } from "./chat-request.ts";
 import { cohereChatResponse } from "./chat-response.ts";
 import { type CohereStreamState, cohereChatStream } from "./chat-stream.ts";
 import { joinEmbeddings } from "../shared/embedding-list.ts";
@@ -24,6 +24,7 @@ const chat: EndpointAdapter<"chat", CohereStreamState> = {
   response: (body, req) => cohereChatResponse(body, req?.model ?? ""),
   stream: cohereChatStream,
   supportedParams: COHERE_CHAT_PARAMS,
+  supportedParamsFor: cohereChatParams,
 };
 
 const embeddings: EndpointAdapter<"embeddings"> = {

@@ -15,9 +15,31 @@ import {
   toolNamesById,
   SAMPLING_AND_TOOL_PARAMS,
 } from "../shared/openai-request.ts";
+import { reasoningEffort } from "../shared/reasoning-effort.ts";
 
 /** The OpenAI fields this translation understands. */
-export const OLLAMA_CHAT_PARAMS = SAMPLING_AND_TOOL_PARAMS;
+export const OLLAMA_CHAT_PARAMS: readonly string[] = [...SAMPLING_AND_TOOL_PARAMS, "reasoning_effort"];
+
+/**
+ * `reasoning_effort` → Ollama's `think`, as LiteLLM maps it. gpt-oss takes a level; Ollama refuses
+ * a level for any other model, which thinks or not (on from "low" up). gpt-oss always reasons, so
+ * `none` sends false (which it ignores) and `minimal` its lowest level, as Ollama knows no "minimal".
+ */
+const THINK: Record<string, { level: string | false; on: boolean }> = {
+  none: { level: false, on: false },
+  minimal: { level: "low", on: false },
+  low: { level: "low", on: true },
+  medium: { level: "medium", on: true },
+  high: { level: "high", on: true },
+};
+
+function think(req: ChatRequest, d: Deployment): unknown {
+  const effort = reasoningEffort(req, "ollama");
+  // The client's effort wins over the deployment's default (`svc_params.think`).
+  if (effort === undefined) return d.options.think;
+  const t = THINK[effort]!;
+  return /^gpt-oss/i.test(d.upstreamModel) ? t.level : t.on;
+}
 
 /** Images go as bare base64 in `images`; Ollama cannot fetch a link, so only data URLs can be sent. */
 function images(content: ChatMessage["content"]): string[] {
@@ -98,6 +120,7 @@ export function ollamaChatBody(req: ChatRequest, d: Deployment): WireJson {
   const o = ollamaOptions(req, d);
   if (o) body.options = o;
   if (d.options.keep_alive !== undefined) body.keep_alive = d.options.keep_alive;
-  if (d.options.think !== undefined) body.think = d.options.think;
+  const t = think(req, d);
+  if (t !== undefined) body.think = t;
   return body;
 }

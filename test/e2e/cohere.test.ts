@@ -25,6 +25,7 @@ beforeAll(async () => {
       { model_name: "command", svc_params: cohere("command-a-03-2025"), model_info: { id: "dep-command" } },
       { model_name: "command-crlf", svc_params: cohere("command-a-03-2025", { api_base: crlfMock.url }) },
       { model_name: "command-chat", svc_params: { model: "cohere_chat/command-r", api_base: mock.url, api_key: KEY } },
+      { model_name: "command-reasoning", svc_params: cohere("command-a-reasoning-08-2025") },
       { model_name: "command-wrong-key", svc_params: cohere("command-a-03-2025", { api_key: "co-wrong" }) },
       { model_name: "embed", svc_params: cohere("embed-v4.0"), model_info: { mode: "embedding" } },
     ],
@@ -126,6 +127,39 @@ describe("chat", () => {
       response_format: { type: "json_schema", json_schema: { name: "a", schema: { type: "object", properties: { a: { type: "string" } } } } },
     });
     expect((mock.requests[0]!.body as { response_format: unknown }).response_format).toEqual({ type: "json_object", json_schema: { type: "object", properties: { a: { type: "string" } } } });
+  });
+});
+
+describe("reasoning_effort", () => {
+  const reasoningOf = (m: unknown) => (m as { reasoning_content?: string }).reasoning_content;
+  const thinkingSent = (i: number) => (mock.requests[i]!.body as { thinking?: unknown }).thinking;
+
+  test("a reasoning model thinks within the effort's token budget, answered as reasoning_content; none turns thinking off", async () => {
+    const res = await client.chat.completions.create({ model: "command-reasoning", messages: user("why is the sky blue"), reasoning_effort: "low" });
+    expect(thinkingSent(0)).toEqual({ type: "enabled", token_budget: 1024 });
+    expect(reasoningOf(res.choices[0]!.message)).toBe("The user wants a reply; I will give one.");
+    expect(res.choices[0]!.message.content).toBe("Mock reply to: why is the sky blue");
+    const off = await client.chat.completions.create({ model: "command-reasoning", messages: user("just answer"), reasoning_effort: "none" });
+    expect(thinkingSent(1)).toEqual({ type: "disabled" });
+    expect(reasoningOf(off.choices[0]!.message)).toBeUndefined();
+    expect(off.choices[0]!.message.content).toBe("Mock reply to: just answer");
+  });
+
+  test("streamed: thinking deltas arrive as reasoning_content, then the text", async () => {
+    const chunks = await collect(await client.chat.completions.create({ model: "command-reasoning", messages: user("stream it"), reasoning_effort: "high", stream: true }));
+    expect(thinkingSent(0)).toEqual({ type: "enabled", token_budget: 4096 });
+    expect(chunks.map((c) => reasoningOf(c.choices[0]?.delta) ?? "").join("")).toBe("The user wants a reply; I will give one.");
+    expect(textOf(chunks)).toBe("Mock reply to: stream it");
+  });
+
+  test("a model that cannot think: 400 naming reasoning_effort before any call to Cohere; dropped with drop_params", async () => {
+    const err = await failure(client.chat.completions.create({ model: "command", messages: user("hi"), reasoning_effort: "low" }));
+    expect(err).toBeInstanceOf(BadRequestError);
+    expect((err as BadRequestError).message).toContain("cohere does not support parameters: ['reasoning_effort']");
+    expect(mock.requests).toHaveLength(0);
+    const dropped = await client.chat.completions.create({ model: "command", messages: user("hi"), reasoning_effort: "low", drop_params: true } as never);
+    expect(dropped.choices[0]!.message.content).toBe("Mock reply to: hi");
+    expect(thinkingSent(0)).toBeUndefined();
   });
 });
 

@@ -16,13 +16,15 @@ let gw: TestGateway;
 let client: OpenAI;
 
 beforeAll(async () => {
-  mock = await startMockOllama({ models: ["llama3.2:latest", "qwen3", "all-minilm"], contextChars: 2000 });
+  mock = await startMockOllama({ models: ["llama3.2:latest", "qwen3", "gpt-oss:20b", "all-minilm"], contextChars: 2000 });
   const ollama = (model: string, extra: Record<string, unknown> = {}) => ({ model, api_base: mock.url, ...extra });
   gw = await startTestGateway({
     model_list: [
       { model_name: "llama", svc_params: ollama("ollama/llama3.2"), model_info: { id: "dep-llama" } },
       { model_name: "llama-chat", svc_params: ollama("ollama_chat/llama3.2", { num_ctx: 8192 }) },
       { model_name: "qwen-think", svc_params: ollama("ollama_chat/qwen3", { think: true }) },
+      { model_name: "qwen", svc_params: ollama("ollama_chat/qwen3") },
+      { model_name: "gpt-oss", svc_params: ollama("ollama_chat/gpt-oss:20b") },
       { model_name: "missing", svc_params: ollama("ollama/mistral") },
       { model_name: "minilm", svc_params: ollama("ollama/all-minilm"), model_info: { mode: "embedding" } },
     ],
@@ -105,6 +107,30 @@ describe("chat", () => {
     const res = await client.chat.completions.create({ model: "qwen-think", messages: user("think first") });
     expect((res.choices[0]!.message as unknown as { reasoning_content: string }).reasoning_content).toBe("Let me think.");
     expect(res.choices[0]!.message.content).toBe("Mock reply to: think first");
+  });
+});
+
+describe("reasoning_effort", () => {
+  const reasoningOf = (m: unknown) => (m as { reasoning_content?: string }).reasoning_content;
+  const reasoningDeltas = (chunks: ChatCompletionChunk[]) => chunks.map((c) => reasoningOf(c.choices[0]?.delta) ?? "").join("");
+
+  test("turns thinking on (or off, over the deployment's think) and the thoughts come back as reasoning_content", async () => {
+    const on = await client.chat.completions.create({ model: "qwen", messages: user("think first"), reasoning_effort: "high" });
+    expect((mock.requests[0]!.body as { think: unknown }).think).toBe(true);
+    expect(reasoningOf(on.choices[0]!.message)).toBe("Let me think.");
+    expect(on.choices[0]!.message.content).toBe("Mock reply to: think first");
+    const off = await client.chat.completions.create({ model: "qwen-think", messages: user("no thinking"), reasoning_effort: "none" });
+    expect((mock.requests[1]!.body as { think: unknown }).think).toBe(false);
+    expect(reasoningOf(off.choices[0]!.message)).toBeUndefined();
+  });
+
+  test("gpt-oss gets the level; streamed, its thoughts arrive as reasoning_content deltas before the text", async () => {
+    const chunks = await collect(await client.chat.completions.create({ model: "gpt-oss", messages: user("quick one"), reasoning_effort: "low", stream: true }));
+    expect((mock.requests[0]!.body as { think: unknown }).think).toBe("low");
+    expect(reasoningDeltas(chunks)).toBe("Quick check.");
+    expect(textOf(chunks)).toBe("Mock reply to: quick one");
+    const firstText = chunks.findIndex((c) => (c.choices[0]?.delta.content ?? "") !== "");
+    expect(chunks.findLastIndex((c) => reasoningOf(c.choices[0]?.delta) !== undefined)).toBeLessThan(firstText);
   });
 });
 

@@ -2,6 +2,8 @@
  * A mock Cohere v2 upstream: `POST /v2/chat` (JSON, or SSE whose `event:` line names each event)
  * and `POST /v2/embed`, with Cohere's error body `{id, message}`. It refuses OpenAI-only fields the
  * way Cohere does (`unknown field`), so an untranslated request fails here as it would there.
+ * Reasoning models (`command-a-reasoning-…`) think unless `thinking: {type: "disabled"}`, up to its
+ * `token_budget`, answered as `thinking` content before the text; other models refuse `thinking`.
  *
  *   const mock = await startMockCohere({ apiKey: "co-test" });
  *   mock.fault({ kind: "status", status: 429 });
@@ -108,6 +110,7 @@ function checkMessages(messages: unknown): Reply | undefined {
 
 interface ChatPlan {
   id: string;
+  thinking: string[];
   text: string[];
   plan: string[];
   tool?: { id: string; name: string; pieces: string[] };
@@ -115,7 +118,22 @@ interface ChatPlan {
   usage: JsonObject;
 }
 
-function planChat(body: JsonObject): ChatPlan {
+const THINKING = ["The", " user", " wants", " a", " reply", ";", " I", " will", " give", " one", "."];
+
+/** What a chat's `thinking` asks for, or Cohere's 400 for a malformed one or a model that cannot think. */
+function thinkingFor(body: JsonObject): string[] | Reply {
+  const t = body.thinking;
+  const reasoning = String(body.model).includes("reasoning");
+  if (t === undefined) return reasoning ? THINKING : [];
+  if (!reasoning) return errorReply(400, `invalid request: thinking is not supported by model '${String(body.model)}'`);
+  if (!isObject(t) || (t.type !== "enabled" && t.type !== "disabled")) return errorReply(400, "invalid request: thinking.type must be one of enabled, disabled");
+  if (t.token_budget !== undefined && !(Number.isInteger(t.token_budget) && (t.token_budget as number) >= 1)) return errorReply(400, "invalid request: thinking.token_budget must be a positive integer");
+  if (t.type === "disabled") return [];
+  // Past the budget the model stops thinking and answers (a token a piece here).
+  return typeof t.token_budget === "number" ? THINKING.slice(0, t.token_budget) : THINKING;
+}
+
+function planChat(body: JsonObject, thinking: string[]): ChatPlan {
   const prompt = lastUserText(body.messages);
   const tool = body.tool_choice === "NONE" ? undefined : chosenTool(body.tools, prompt, body.tool_choice === "REQUIRED");
   const billedIn = approxTokens(promptText(body.messages));
@@ -125,10 +143,10 @@ function planChat(body: JsonObject): ChatPlan {
     const plan = ["I", " will", " look", " up", " the", " weather", "."];
     const args = JSON.stringify(mockArguments(tool.parameters));
     const pieces = jsonPieces(args);
-    return { id, text: [], plan, tool: { id: `${tool.name}_${crypto.randomUUID().slice(0, 12)}`, name: tool.name, pieces }, finish: "TOOL_CALL", usage: usage(plan.length + pieces.length) };
+    return { id, thinking, text: [], plan, tool: { id: `${tool.name}_${crypto.randomUUID().slice(0, 12)}`, name: tool.name, pieces }, finish: "TOOL_CALL", usage: usage(thinking.length + plan.length + pieces.length) };
   }
   const { pieces, truncated } = replyPieces(prompt, typeof body.max_tokens === "number" ? body.max_tokens : undefined);
-  return { id, text: pieces, plan: [], finish: truncated ? "MAX_TOKENS" : "COMPLETE", usage: usage(pieces.length) };
+  return { id, thinking, text: pieces, plan: [], finish: truncated ? "MAX_TOKENS" : "COMPLETE", usage: usage(thinking.length + pieces.length) };
 }
 
 function chatJson(p: ChatPlan): JsonObject {
@@ -139,6 +157,7 @@ function chatJson(p: ChatPlan): JsonObject {
   } else {
     message.content = [{ type: "text", text: p.text.join("") }];
   }
+  if (p.thinking.length > 0) message.content = [{ type: "thinking", thinking: p.thinking.join("") }, ...((message.content as JsonObject[] | undefined) ?? [])];
   return { id: p.id, message, finish_reason: p.finish, usage: p.usage };
 }
 
@@ -146,15 +165,21 @@ function chatEvents(p: ChatPlan): JsonObject[] {
   const events: JsonObject[] = [
     { id: p.id, type: "message-start", delta: { message: { role: "assistant", content: [], tool_plan: "", tool_calls: [], citations: [] } } },
   ];
+  if (p.thinking.length > 0) {
+    events.push({ type: "content-start", index: 0, delta: { message: { content: { type: "thinking", thinking: "" } } } });
+    for (const piece of p.thinking) events.push({ type: "content-delta", index: 0, delta: { message: { content: { thinking: piece } } } });
+    events.push({ type: "content-end", index: 0 });
+  }
+  const textIndex = p.thinking.length > 0 ? 1 : 0;
   if (p.tool) {
     for (const piece of p.plan) events.push({ type: "tool-plan-delta", delta: { message: { tool_plan: piece } } });
     events.push({ type: "tool-call-start", index: 0, delta: { message: { tool_calls: { id: p.tool.id, type: "function", function: { name: p.tool.name, arguments: "" } } } } });
     for (const piece of p.tool.pieces) events.push({ type: "tool-call-delta", index: 0, delta: { message: { tool_calls: { function: { arguments: piece } } } } });
     events.push({ type: "tool-call-end", index: 0 });
   } else {
-    events.push({ type: "content-start", index: 0, delta: { message: { content: { type: "text", text: "" } } } });
-    for (const piece of p.text) events.push({ type: "content-delta", index: 0, delta: { message: { content: { text: piece } } } });
-    events.push({ type: "content-end", index: 0 });
+    events.push({ type: "content-start", index: textIndex, delta: { message: { content: { type: "text", text: "" } } } });
+    for (const piece of p.text) events.push({ type: "content-delta", index: textIndex, delta: { message: { content: { text: piece } } } });
+    events.push({ type: "content-end", index: textIndex });
   }
   events.push({ type: "message-end", delta: { finish_reason: p.finish, usage: p.usage } });
   return events;
@@ -172,7 +197,9 @@ function chat(body: JsonObject, opts: MockCohereOptions): Reply {
   if (chars > limit) {
     return errorReply(400, `too many tokens: total number of tokens in the prompt cannot exceed ${Math.ceil(limit / 4)} - received ${Math.ceil(chars / 4)}. Try using a shorter prompt, or enabling prompt truncating. See https://docs.cohere.com/reference/chat for more details.`);
   }
-  const plan = planChat(body);
+  const thinking = thinkingFor(body);
+  if (!Array.isArray(thinking)) return thinking;
+  const plan = planChat(body, thinking);
   if (body.stream !== true) return { kind: "json", body: chatJson(plan), headers: { num_tokens: String(approxTokens(promptText(body.messages))) } };
   const nl = opts.lineEnd ?? "\n";
   const parts = chatEvents(plan).map((e) => `event: ${String(e.type)}${nl}data: ${JSON.stringify(e)}${nl}${nl}`);

@@ -1,7 +1,8 @@
 /**
  * A mock Ollama server: `POST /api/chat` and `POST /api/generate` (JSON, or NDJSON lines ending in
  * `\n` — Ollama streams unless the body says `"stream": false`), `POST /api/embed`, `GET /api/tags`, with Ollama's
- * error body `{"error": "<text>"}`.
+ * error body `{"error": "<text>"}`. `think` is honoured as Ollama documents it: thinking comes back as
+ * `message.thinking` (true for most models; a level, and always some thinking, for gpt-oss).
  *
  *   const mock = await startMockOllama({ models: ["llama3.2"] });
  */
@@ -31,6 +32,12 @@ export interface MockOllamaOptions {
 
 const DEFAULT_DIMENSIONS = 8;
 const THINKING = ["Let", " me", " think", "."];
+/** gpt-oss reasons at a level ("medium" unless told), longer the higher; a boolean does not change it. */
+const LEVEL_THINKING: Record<string, string[]> = {
+  low: ["Quick", " check", "."],
+  medium: THINKING,
+  high: ["Let", " me", " think", " this", " through", " step", " by", " step", "."],
+};
 
 const errorReply = (status: number, error: string): Reply => ({ kind: "json", status, body: { error } });
 
@@ -65,9 +72,27 @@ function checkModel(body: JsonObject, models: string[] | undefined): Reply | und
   return undefined;
 }
 
+/**
+ * The thinking `think` asks for, or Ollama's 400: a level ("low"/"medium"/"high") only for gpt-oss,
+ * which thinks whatever a boolean says; any other model thinks only when `think` is true.
+ */
+function thinkingFor(model: string, think: unknown): string[] | Reply {
+  const gptOss = model.startsWith("gpt-oss");
+  if (typeof think === "string") {
+    if (!Object.hasOwn(LEVEL_THINKING, think)) return errorReply(400, `invalid think value: "${think}" (must be "high", "medium", "low", true, or false)`);
+    if (!gptOss) return errorReply(400, `think value "${think}" is not supported for this model`);
+    return LEVEL_THINKING[think]!;
+  }
+  if (think !== undefined && typeof think !== "boolean") return errorReply(400, "json: cannot unmarshal think value");
+  if (gptOss) return LEVEL_THINKING.medium!;
+  return think === true ? THINKING : [];
+}
+
 function chat(body: JsonObject, opts: MockOllamaOptions): Reply {
   const bad = checkModel(body, opts.models);
   if (bad) return bad;
+  const thinking = thinkingFor(body.model as string, body.think);
+  if (!Array.isArray(thinking)) return thinking;
   if (!Array.isArray(body.messages)) return errorReply(400, "messages is required");
   const text = promptText(body.messages);
   if (text.length > (opts.contextChars ?? 20_000)) return errorReply(400, "the input length exceeds the context length");
@@ -76,7 +101,6 @@ function chat(body: JsonObject, opts: MockOllamaOptions): Reply {
   const tool = chosenTool(body.tools, prompt, false);
   const model = body.model as string;
   const createdAt = new Date().toISOString();
-  const thinking = body.think === true ? THINKING : [];
   let pieces: string[] = [];
   let doneReason = "stop";
   if (!tool) {

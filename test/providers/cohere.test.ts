@@ -3,6 +3,7 @@
 // cut mid-JSON and across CRLF) → what an OpenAI client receives.
 import { afterEach, describe, expect, test } from "bun:test";
 import type { ChatRequest, Deployment, EmbeddingsRequest, WireJson } from "../../core/contract.ts";
+import { paramsFor, supportedBody } from "../../core/pipeline/params.ts";
 import { cohereProvider } from "../../providers/cohere/index.ts";
 import { assemble, chunks, cutAtCR, cutEvery, runStream, usageOf } from "./run-stream.ts";
 
@@ -120,6 +121,30 @@ describe("OpenAI request → Cohere /v2/chat", () => {
       max_tokens: 50,
       response_format: { type: "json_object" },
     });
+  });
+});
+
+describe("reasoning_effort → thinking", () => {
+  const ask = (effort: unknown): ChatRequest => ({ model: "command", messages: [{ role: "user", content: "why?" }], reasoning_effort: effort }) as ChatRequest;
+  const reasoningModel = () => deployment({ upstreamModel: "command-a-reasoning-08-2025" });
+
+  test("a reasoning model: none disables thinking, other levels enable it with a token budget", () => {
+    const sent = (effort: string) => (JSON.parse(chat.request(ask(effort), reasoningModel()).body!) as WireJson).thinking;
+    expect(sent("none")).toEqual({ type: "disabled" });
+    expect(sent("minimal")).toEqual({ type: "enabled", token_budget: 1024 });
+    expect(sent("low")).toEqual({ type: "enabled", token_budget: 1024 });
+    expect(sent("medium")).toEqual({ type: "enabled", token_budget: 2048 });
+    expect(sent("high")).toEqual({ type: "enabled", token_budget: 4096 });
+    expect("thinking" in (JSON.parse(chat.request(ask(undefined), reasoningModel()).body!) as WireJson)).toBe(false);
+    expect(() => chat.request(ask("max"), reasoningModel())).toThrow(/reasoning_effort "max" is not one of/);
+  });
+
+  test("accepted for a reasoning model; a model that cannot think refuses it by name, or drops it with drop_params", () => {
+    const d = reasoningModel();
+    expect(supportedBody(ask("low"), paramsFor(chat, d)!, d, false)).toMatchObject({ reasoning_effort: "low" });
+    const plain = deployment();
+    expect(() => supportedBody(ask("low"), paramsFor(chat, plain)!, plain, false)).toThrow("cohere does not support parameters: ['reasoning_effort'], for model=command-a-03-2025");
+    expect("reasoning_effort" in supportedBody(ask("low"), paramsFor(chat, plain)!, plain, true)).toBe(false);
   });
 });
 

@@ -2,6 +2,7 @@
 // documents, and Ollama's answers and NDJSON streams (cut mid-line) → what an OpenAI client receives.
 import { afterEach, describe, expect, test } from "bun:test";
 import type { ChatRequest, Deployment, WireJson } from "../../core/contract.ts";
+import { paramsFor, supportedBody } from "../../core/pipeline/params.ts";
 import { ollamaProvider } from "../../providers/ollama/index.ts";
 import { assemble, chunks, cutEvery, runStream, usageOf } from "./run-stream.ts";
 
@@ -80,6 +81,35 @@ describe("OpenAI request → Ollama /api/chat", () => {
   test("an image link cannot be sent (Ollama fetches nothing): the error says so", () => {
     const req: ChatRequest = { model: "llama", messages: [{ role: "user", content: parts({ type: "image_url", image_url: { url: "https://example.com/cat.png" } }) }] };
     expect(() => chat.request(req, deployment())).toThrow(/base64 data URLs/);
+  });
+});
+
+describe("reasoning_effort → think", () => {
+  const ask = (effort: unknown): ChatRequest => ({ model: "llama", messages: [{ role: "user", content: "why?" }], reasoning_effort: effort }) as ChatRequest;
+  const sentThink = (effort: unknown, d: Deployment) => (JSON.parse(chat.request(ask(effort), d).body!) as WireJson).think;
+
+  test("is accepted, not refused as a parameter Ollama lacks", () => {
+    const d = deployment();
+    expect(supportedBody(ask("high"), paramsFor(chat, d)!, d, false)).toMatchObject({ reasoning_effort: "high" });
+  });
+
+  test("a thinking model thinks from low up (minimal and none do not); gpt-oss gets the level, minimal as its lowest", () => {
+    const qwen = deployment({ upstreamModel: "qwen3" });
+    const gptOss = deployment({ upstreamModel: "gpt-oss:20b" });
+    const levels = ["none", "minimal", "low", "medium", "high"];
+    expect(levels.map((e) => sentThink(e, qwen))).toEqual([false, false, true, true, true]);
+    expect(levels.map((e) => sentThink(e, gptOss))).toEqual([false, "low", "low", "medium", "high"]);
+  });
+
+  test("the client's effort overrides svc_params.think, which still applies when the client sets none", () => {
+    const d = deployment({ upstreamModel: "qwen3", options: { think: true } });
+    expect(sentThink("none", d)).toBe(false);
+    expect(sentThink(undefined, d)).toBe(true);
+    expect("think" in (JSON.parse(chat.request(ask(undefined), deployment()).body!) as WireJson)).toBe(false);
+  });
+
+  test("a level OpenAI does not know is the client's 400", () => {
+    expect(() => chat.request(ask("extreme"), deployment())).toThrow(/reasoning_effort "extreme" is not one of none, minimal, low, medium, high/);
   });
 });
 

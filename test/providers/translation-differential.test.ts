@@ -847,8 +847,11 @@ const COHERE: Family = {
   },
 };
 
+/** reasoning_effort → Ollama's think for a model other than gpt-oss: on from "low" up. */
+const OLLAMA_THINKS = new Set(["low", "medium", "high"]);
+
 const OLLAMA: Family = {
-  accepts: SAMPLING_AND_TOOLS,
+  accepts: [...SAMPLING_AND_TOOLS, "reasoning_effort"],
   linkRefusal: (d) => `${d.provider} cannot take this request for model ${d.name}: Ollama takes images as base64 data URLs (data:image/png;base64,...), not links`,
   request(req, d) {
     const names = callNames(req.messages as Json[]);
@@ -869,10 +872,12 @@ const OLLAMA: Family = {
     if (format) body.format = formatSchema(req) ?? "json";
     const options = defined({}, { temperature: req.temperature, top_p: req.top_p, num_predict: maxTokens(req), stop: stopList(req), seed: req.seed, frequency_penalty: req.frequency_penalty, presence_penalty: req.presence_penalty });
     if (Object.keys(options).length > 0) body.options = options;
+    if (req.reasoning_effort != null) body.think = OLLAMA_THINKS.has(String(req.reasoning_effort));
     return body;
   },
   finishes: { text: [["stop", "stop"], ["length", "length"]], tools: [["stop", "tool_calls"]] },
   reports: { thinking: true },
+  thinks: (up) => up.think === true,
   choices: () => 1,
   render([p], u, _req, d) {
     const message = defined({ role: "assistant", content: p!.text }, { thinking: p!.reasoning || undefined });
