@@ -6,11 +6,11 @@
 import { randomUUID } from "node:crypto";
 import { and, eq, inArray, sql } from "drizzle-orm";
 import { badRequest } from "../authz.ts";
-import { redactSecrets } from "../secrets.ts";
 import type { Db } from "../store/db.ts";
 import { teamMembers, users } from "../store/schema.ts";
 import type { TeamMemberRow, TeamRow, UserRow } from "./records.ts";
 import { toApi } from "./serialize.ts";
+import { shownCallbackSettings } from "./team-callbacks.ts";
 
 /** The database or a transaction on it: every helper here works inside either. */
 export type Exec = Db | Parameters<Parameters<Db["transaction"]>[0]>[0];
@@ -108,7 +108,7 @@ export function teamApi(row: TeamRow, members: readonly MemberWithRole[]): Recor
   const out = toApi(row);
   const settings = row.memberSettings;
   for (const f of MEMBER_SETTING_FIELDS) out[f] = settings[f] ?? null;
-  out.callback_settings = row.callbackSettings ? redactSecrets(row.callbackSettings) : null;
+  out.callback_settings = shownCallbackSettings(row);
   out.members_with_roles = members;
   return out;
 }

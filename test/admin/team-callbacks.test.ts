@@ -174,7 +174,7 @@ describe("team logging callbacks", () => {
     expect((await requestJson(gw, "GET", "/team/cb-team/callback")).body).toEqual(before.body);
   });
 
-  test("a webhook stored twice (before registration refused it) gets each call once", async () => {
+  test("a webhook stored twice (before registration refused it) gets each call once and is shown once wherever the team's settings are read", async () => {
     const [stored] = await rows<{ settings: string }>(gw.host!.store.db, sql`select callback_settings::text as settings from teams where team_id = 'cb-team'`);
     const before = JSON.parse(stored!.settings) as { webhooks: { url: string; headers: Record<string, string> }[] };
     const [hook] = before.webhooks;
@@ -183,6 +183,17 @@ describe("team logging callbacks", () => {
     await gw.host!.services.identity!.apply({ kind: "team", teamId: "cb-team" });
     const read = await requestJson<{ data: { callback_vars: { webhooks: unknown[] } } }>(gw, "GET", "/team/cb-team/callback");
     expect(read.body.data.callback_vars.webhooks).toEqual([{ url: hook!.url, headers: { authorization: "[redacted]" } }]);
+    // The settings as a team's info, the team list and its organization's info show them: that webhook once, as stored.
+    const once = { ...before, webhooks: [hook] };
+    const info = await requestJson<{ team_info: { callback_settings: unknown } }>(gw, "GET", "/team/info?team_id=cb-team");
+    expect(info.body.team_info.callback_settings).toEqual(once);
+    const list = await requestJson<{ team_id: string; callback_settings: unknown }[]>(gw, "GET", "/team/list");
+    expect(list.body.find((t) => t.team_id === "cb-team")?.callback_settings).toEqual(once);
+    expect((await requestJson(gw, "POST", "/organization/new", { body: { organization_id: "cb-org", organization_alias: "cb-org" } })).status).toBe(200);
+    await gw.host!.store.db.execute(sql`update teams set organization_id = 'cb-org' where team_id = 'cb-team'`);
+    const org = await requestJson<{ teams: { team_id: string; callback_settings: unknown }[] }>(gw, "GET", "/organization/info?organization_id=cb-org");
+    await gw.host!.store.db.execute(sql`update teams set organization_id = null where team_id = 'cb-team'`);
+    expect(org.body.teams.map((t) => [t.team_id, t.callback_settings])).toEqual([["cb-team", once]]);
     deliveries.length = 0;
     expect(await chat(keys.member, "chat")).toBe(200);
     await until(() => deliveries.some((d) => d.body.event === "llm_call"));

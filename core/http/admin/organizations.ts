@@ -17,6 +17,7 @@ import { Amount, Parallel, Quantity, resetAt } from "../../identity/fields.ts";
 import { modelsOutsideOrg } from "../../identity/org-rules.ts";
 import type { BudgetRow, OrgMemberRow, OrgRow, UserRow } from "../../identity/records.ts";
 import { fromApi, toApi } from "../../identity/serialize.ts";
+import { shownCallbackSettings } from "../../identity/team-callbacks.ts";
 import { budgets, orgMembers, organizations, teams, users, virtualKeys } from "../../store/schema.ts";
 import { isUniqueViolation } from "../../store/sql.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
@@ -137,7 +138,7 @@ async function expandOrgs(ctx: AdminCtx, orgs: OrgRow[]): Promise<Record<string,
   return orgs.map((org) => ({
     ...orgObject(org, org.budgetId ? budgetById.get(org.budgetId) : undefined),
     members: memberRows.filter((m) => m.member.organizationId === org.organizationId).map((m) => ({ ...toApi(m.member), user_email: m.userEmail })),
-    teams: teamRows.filter((t) => t.organizationId === org.organizationId).map((t) => toApi(t)),
+    teams: teamRows.filter((t) => t.organizationId === org.organizationId).map((t) => ({ ...toApi(t), callback_settings: shownCallbackSettings(t) })),
   }));
 }
 
