@@ -5,7 +5,8 @@
 // sent back as received (content null or "") and answered by tool messages, function tools with
 // hand-written or Pydantic JSON schemas, tool_choice, response_format, sampling settings under both
 // max-token names, stop, user, seed, n, penalties, logprobs, reasoning_effort, fields sent as null,
-// now and then drop_params), sent through the openai SDK to a random deployment. A model kept
+// now and then drop_params), sent through the openai SDK to a random deployment (one per provider,
+// and a Cohere reasoning model, the one kind of Cohere model that takes thinking). A model kept
 // here, written from each provider's documented API and not from the gateway's transforms, predicts:
 // - the refusals: a parameter the adapter does not translate is the 400 naming it (unless
 //   drop_params), an image link where the provider only takes inline bytes is a 400, and then
@@ -847,6 +848,27 @@ const COHERE: Family = {
   },
 };
 
+/**
+ * reasoning_effort → a Cohere reasoning model's `thinking` (README: LiteLLM's mapping): "none"
+ * switches it off, the other levels cap it at a budget in tokens.
+ */
+const COHERE_THINKING: Record<string, number> = { minimal: 1024, low: 1024, medium: 2048, high: 4096 };
+
+/** Cohere's reasoning models (`command-a-reasoning-…`): the same API, and `thinking`, which they alone take. */
+const COHERE_REASONING: Family = {
+  ...COHERE,
+  accepts: [...SAMPLING_AND_TOOLS, "reasoning_effort"],
+  request(req, d) {
+    const body = COHERE.request(req, d);
+    const effort = req.reasoning_effort;
+    if (effort === "none") body.thinking = { type: "disabled" };
+    else if (effort != null) body.thinking = { type: "enabled", token_budget: COHERE_THINKING[String(effort)] };
+    return body;
+  },
+  // A reasoning model thinks unless told not to.
+  thinks: (up) => obj(up.thinking).type !== "disabled",
+};
+
 /** reasoning_effort → Ollama's think for a model other than gpt-oss: on from "low" up. */
 const OLLAMA_THINKS = new Set(["low", "medium", "high"]);
 
@@ -1026,6 +1048,7 @@ let client: OpenAI;
 let deps: Dep[] = [];
 
 const PRICES = { input_cost_per_token: 0.000_001_25, output_cost_per_token: 0.000_01 };
+const COHERE_REASONING_MODEL = "command-a-reasoning-08-2025";
 const VERTEX_PROJECT = UPSTREAM.vertexProject;
 const VERTEX_LOCATION = UPSTREAM.vertexLocation;
 const vertexPath = (publisher: string, model: string, method: string) => `/v1/projects/${VERTEX_PROJECT}/locations/${VERTEX_LOCATION}/publishers/${publisher}/models/${model}:${method}`;
@@ -1098,6 +1121,16 @@ function buildDeps(): Dep[] {
       answerNext: (body) => m.bedrock.fault({ kind: "answer", body, action: "converse" }),
     },
     { name: "cohere", provider: "cohere", upstreamModel: "command-a-03-2025", family: COHERE, path: "/v2/chat", auth: { authorization: "Bearer co-up" }, mock: m.cohere, answerNext: (body) => m.cohere.fault({ kind: "answer", body }) },
+    {
+      name: "cohere-reasoning",
+      provider: "cohere",
+      upstreamModel: COHERE_REASONING_MODEL,
+      family: COHERE_REASONING,
+      path: "/v2/chat",
+      auth: { authorization: "Bearer co-up" },
+      mock: m.cohere,
+      answerNext: (body) => m.cohere.fault({ kind: "answer", body }),
+    },
     { name: "ollama", provider: "ollama_chat", upstreamModel: "llama3.2", family: OLLAMA, path: "/api/chat", auth: { authorization: undefined }, mock: m.ollama, answerNext: (body) => m.ollama.fault({ kind: "answer", body }) },
   ];
 }
@@ -1105,7 +1138,13 @@ function buildDeps(): Dep[] {
 beforeAll(async () => {
   started = await startProviderMocks({ serviceAccount: "translation-diff@acme.iam.gserviceaccount.com", contextChars: 1_000_000 });
   mocks = started.mocks;
-  gw = await startTestGateway({ model_list: providerDeployments(started, PRICES), general_settings: { master_key: MASTER_KEY } });
+  // Beside the deployment per provider, a Cohere reasoning model (the one kind of Cohere model that takes `thinking`).
+  const cohereReasoning = {
+    model_name: "cohere-reasoning",
+    svc_params: { model: `cohere/${COHERE_REASONING_MODEL}`, api_base: mocks.cohere.url, api_key: UPSTREAM.cohereKey },
+    model_info: { id: "dep-cohere-reasoning", ...PRICES },
+  };
+  gw = await startTestGateway({ model_list: [...providerDeployments(started, PRICES), cohereReasoning], general_settings: { master_key: MASTER_KEY } });
   client = new OpenAI({ baseURL: gw.baseURL, apiKey: MASTER_KEY, maxRetries: 0 });
   deps = buildDeps();
 }, 30_000);
