@@ -1,5 +1,5 @@
 /** A team's logging callbacks as stored in `teams.callback_settings`. */
-import { redactSecrets } from "../secrets.ts";
+import { hiddenHeaderValues, redactSecrets } from "../secrets.ts";
 import type { TeamRow } from "./records.ts";
 
 export interface TeamWebhook {
@@ -47,13 +47,15 @@ export function teamWebhooks(team: TeamRow | undefined): TeamWebhook[] {
 
 /**
  * The team's callback settings as every response (and the audit trail) shows them: as stored, but
- * with its webhooks as they are delivered to (teamWebhooks: each endpoint once) and secrets
- * redacted; null when the team has none.
+ * with its webhooks as they are delivered to (teamWebhooks: each endpoint once), their header
+ * values hidden and other secrets redacted; null when the team has none.
  */
 export function shownCallbackSettings(team: TeamRow): unknown {
   const s = team.callbackSettings as TeamCallbackSettings | null;
   if (!s) return null;
-  return redactSecrets(Array.isArray(s.webhooks) ? { ...s, webhooks: teamWebhooks(team) } : s);
+  // Header values (a receiver's token, encrypted at rest) are shown as GET /team/{id}/callback shows them: hidden.
+  const webhooks = teamWebhooks(team).map((w) => ({ url: w.url, headers: hiddenHeaderValues(w.headers) }));
+  return redactSecrets(Array.isArray(s.webhooks) ? { ...s, webhooks } : s);
 }
 
 /** Whether the team logs calls that ended with `status` (`success`, or anything else as a failure). */

@@ -183,8 +183,8 @@ describe("team logging callbacks", () => {
     await gw.host!.services.identity!.apply({ kind: "team", teamId: "cb-team" });
     const read = await requestJson<{ data: { callback_vars: { webhooks: unknown[] } } }>(gw, "GET", "/team/cb-team/callback");
     expect(read.body.data.callback_vars.webhooks).toEqual([{ url: hook!.url, headers: { authorization: "[redacted]" } }]);
-    // The settings as a team's info, the team list and its organization's info show them: that webhook once, as stored.
-    const once = { ...before, webhooks: [hook] };
+    // The settings as a team's info, the team list and its organization's info show them: that webhook once, its header value hidden.
+    const once = { ...before, webhooks: [{ url: hook!.url, headers: { authorization: "[redacted]" } }] };
     const info = await requestJson<{ team_info: { callback_settings: unknown } }>(gw, "GET", "/team/info?team_id=cb-team");
     expect(info.body.team_info.callback_settings).toEqual(once);
     const list = await requestJson<{ team_id: string; callback_settings: unknown }[]>(gw, "GET", "/team/list");
