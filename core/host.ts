@@ -28,12 +28,15 @@ import { RedisWindows } from "./limits/redis-windows.ts";
 import { CooldownBus } from "./router/cooldown-bus.ts";
 import { nativeScriptRunner } from "./kv/scripts.ts";
 import { PeriodRoller } from "./spend/roller.ts";
+import { ReportPrebuild } from "./http/admin/report-prebuild.ts";
 import { SpendWriter } from "./spend/writer.ts";
 import { openStore, type Store } from "./store/db.ts";
 import { join } from "node:path";
 
 /** How long stopping waits for the store's background jobs once spend is flushed (or spilled). */
 const STOP_JOBS_MS = 2000;
+/** The spend dashboard's usual range: a month. */
+const DEFAULT_PREBUILD_DAYS = 30;
 
 /** Waits for `p`, at most `ms`. */
 async function within(ms: number, p: Promise<unknown>): Promise<void> {
@@ -58,6 +61,7 @@ export interface Host {
   redis: RedisHandle | undefined;
   services: HostServices;
   spendWriter: SpendWriter;
+  reportPrebuild: ReportPrebuild;
   alerts: BudgetAlerts;
   /** Flushes pending writes and closes everything, in reverse order. */
   close(): Promise<void>;
@@ -136,6 +140,8 @@ export async function startHost(opts: HostOptions): Promise<Host> {
     roller.start();
     const retention = new SpendLogRetention(store.db, opts.log, () => retentionSettings(general()));
     retention.start();
+    const reportPrebuild = new ReportPrebuild(store.db, opts.log, () => general()?.spend_report_prebuild_days ?? DEFAULT_PREBUILD_DAYS);
+    reportPrebuild.start();
     const started = live;
     return {
       live: started,
@@ -143,6 +149,7 @@ export async function startHost(opts: HostOptions): Promise<Host> {
       redis,
       services,
       spendWriter,
+      reportPrebuild,
       alerts,
       async close() {
         await started.close();
@@ -153,7 +160,7 @@ export async function startHost(opts: HostOptions): Promise<Host> {
         // Best effort from here (last_active marks, a budget-period roll, a clean-up or a key
         // rotation under way): with the store away every query waits out the driver's reconnect
         // back-off (up to 20 s each), which must not hold the exit. Together they get 2 s.
-        await within(STOP_JOBS_MS, Promise.allSettled([roller.stop(), retention.stop(), rotator.stop(), lastActive.stop()]));
+        await within(STOP_JOBS_MS, Promise.allSettled([roller.stop(), retention.stop(), rotator.stop(), lastActive.stop(), reportPrebuild.stop()]));
         await bus.stop();
         cooldowns?.stop();
         await redis?.close();

@@ -280,6 +280,8 @@ export const GeneralSettingsSchema = T.Object(
     /** Failed calls that cost nothing are not logged (no spend-log row, not counted as failed requests). */
     disable_error_logs: T.Optional(T.Boolean()),
     pass_through_endpoints: T.Optional(T.Array(PassThroughEndpointSchema)),
+    /** The unfiltered spend reports' finished days of this many days back are built in the background, at start and after each UTC midnight (default 30; 0: only when asked). */
+    spend_report_prebuild_days: T.Optional(T.Integer({ minimum: 0, maximum: 366 })),
   },
   { additionalProperties: true },
 );

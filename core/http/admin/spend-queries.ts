@@ -13,6 +13,7 @@ import { columnToPico, exactUsdJson, type Pico, picoToText } from "../../cost/mo
 import { GatewayError } from "../../errors.ts";
 import { tokenOf } from "../../identity/keys.ts";
 import { list, pageOf } from "../../identity/paging.ts";
+import type { Logger } from "../../contract.ts";
 import type { Db } from "../../store/db.ts";
 import { organizations, teams, virtualKeys } from "../../store/schema.ts";
 import { rows } from "../../store/sql.ts";
@@ -446,10 +447,38 @@ export async function dailyActivity(ctx: AdminCtx, kind: "team" | "org") {
   const pageDays = days.slice(p.offset, p.offset + p.pageSize);
   // The totals (every page) are summed by the store while the page's parts are found or built.
   const totalling = dailyTotals(ctx.db, f);
+  const [parts, totals] = await Promise.all([activityParts(ctx.db, ctx.log, kind, f, pageDays), totalling]);
+  const results = pageDays.flatMap((day) => parts.get(day) ?? []);
+  const all = metricsApi(addMetrics(emptyMetrics(), totals));
+  const totalPages = Math.ceil(days.length / p.pageSize);
+  const metadata = {
+    total_spend: all.spend,
+    total_prompt_tokens: all.prompt_tokens,
+    total_completion_tokens: all.completion_tokens,
+    total_cache_read_input_tokens: all.cache_read_input_tokens,
+    total_cache_creation_input_tokens: all.cache_creation_input_tokens,
+    total_tokens: all.total_tokens,
+    total_api_requests: all.api_requests,
+    total_successful_requests: all.successful_requests,
+    total_failed_requests: all.failed_requests,
+    page: p.page,
+    total_pages: totalPages,
+    has_more: p.page < totalPages,
+  };
+  // Day parts are JSON already (reused across calls, kept as bytes); the answer is assembled from them.
+  return new Response(joinedParts(`{"results":[`, results, `],"metadata":${JSON.stringify(metadata)}}`), { headers: { "content-type": "application/json" } });
+}
+
+/**
+ * The JSON part of each of `days` of a daily activity report under `f` (from memory, the store's
+ * finished-day parts, or built; see day-cache.ts). Key aliases and teams, team and org aliases
+ * are in the parts.
+ */
+export function activityParts(db: Db, log: Logger, kind: "team" | "org", f: DailyFilter, days: string[]): Promise<Map<string, Bytes>> {
   // A day's part is the same whatever the date range around it: the range is not in its key.
   const partKey = JSON.stringify([`daily-activity/${ACTIVITY_PART_FORMAT}`, kind, f.entityIds, f.excludeIds, f.model, f.apiKey]);
   const build = async (missing: string[]): Promise<Map<string, Bytes>> => {
-    const found = await dailyRows(ctx.db, f, missing);
+    const found = await dailyRows(db, f, missing);
     const byDay = new Map<string, Day>(missing.map((d) => [d, { m: emptyMetrics(), models: new Map(), groups: new Map(), providers: new Map(), keys: new Map(), entities: new Map() }]));
     for (const r of found) {
       const d = byDay.get(r.day);
@@ -462,8 +491,8 @@ export async function dailyActivity(ctx: AdminCtx, kind: "team" | "org") {
       slice(d.entities, r.entity_id, r.api_key, x);
       addInto(d.keys.get(r.api_key) ?? d.keys.set(r.api_key, emptyMetrics()).get(r.api_key)!, x);
     }
-    const keyMeta = await keyMetadata(ctx.db, [...new Set(found.map((r) => r.api_key))]);
-    const entityMeta = await entityMetadata(ctx.db, kind, [...new Set(found.map((r) => r.entity_id))]);
+    const keyMeta = await keyMetadata(db, [...new Set(found.map((r) => r.api_key))]);
+    const entityMeta = await entityMetadata(db, kind, [...new Set(found.map((r) => r.entity_id))]);
     // Written as JSON text into one array per day, joined once: these parts reach tens of megabytes,
     // and building objects to stringify (or strings by `+=`, which stay ropes) costs several times more.
     const keyMetaText = new Map<string, string>();
@@ -527,27 +556,7 @@ export async function dailyActivity(ctx: AdminCtx, kind: "team" | "org") {
       return w.join("");
     });
   };
-  // Key aliases and teams, team and org aliases are in the parts.
-  const [parts, totals] = await Promise.all([reuseDays({ db: ctx.db, log: ctx.log, entityType: kind, span: pageDays, report: partKey, holdsNames: true, build }), totalling]);
-  const results = pageDays.flatMap((day) => parts.get(day) ?? []);
-  const all = metricsApi(addMetrics(emptyMetrics(), totals));
-  const totalPages = Math.ceil(days.length / p.pageSize);
-  const metadata = {
-    total_spend: all.spend,
-    total_prompt_tokens: all.prompt_tokens,
-    total_completion_tokens: all.completion_tokens,
-    total_cache_read_input_tokens: all.cache_read_input_tokens,
-    total_cache_creation_input_tokens: all.cache_creation_input_tokens,
-    total_tokens: all.total_tokens,
-    total_api_requests: all.api_requests,
-    total_successful_requests: all.successful_requests,
-    total_failed_requests: all.failed_requests,
-    page: p.page,
-    total_pages: totalPages,
-    has_more: p.page < totalPages,
-  };
-  // Day parts are JSON already (reused across calls, kept as bytes); the answer is assembled from them.
-  return new Response(joinedParts(`{"results":[`, results, `],"metadata":${JSON.stringify(metadata)}}`), { headers: { "content-type": "application/json" } });
+  return reuseDays({ db, log, entityType: kind, span: days, report: partKey, holdsNames: true, build });
 }
 
 async function keyMetadata(db: Db, tokens: string[]): Promise<Map<string, Record<string, unknown>>> {
