@@ -3,6 +3,7 @@
 // anyone asks, only days in the window and never today, and answers from them equal a fresh build.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { sql } from "drizzle-orm";
+import { reuseDays } from "../../core/http/admin/day-cache.ts";
 import { writeBatch } from "../../core/spend/flush.ts";
 import { rows } from "../../core/store/sql.ts";
 import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
@@ -107,5 +108,46 @@ describe("stopping while a prebuild runs", () => {
     await pass;
     expect(Date.now() - started).toBeLessThan(5000);
     expect(gw.log.lines.filter((l) => l.level === "warn" || l.level === "error")).toEqual([]);
+  }, 40_000);
+});
+
+describe("a report asked while the same days are being built", () => {
+  test("waits for that build instead of building them again, and gets the same parts", async () => {
+    const gw = await startBackendGateway("pglite", { model_list: [ALPHA], general_settings: { master_key: MASTER_KEY, spend_report_prebuild_days: 0 } });
+    try {
+      await writeCalls(gw);
+      const built: string[][] = [];
+      let release = () => {};
+      const gate = new Promise<void>((resolve) => {
+        release = resolve;
+      });
+      // A report of its own (its parts are no other report's), built slowly: the second ask comes while the first builds.
+      const ask = () =>
+        reuseDays({
+          db: gw.host!.store.db,
+          log: gw.log,
+          entityType: "key",
+          span: { start: daysAgo(29), end: TODAY },
+          report: "test/concurrent-asks",
+          holdsNames: false,
+          build: async (days) => {
+            built.push(days);
+            await gate;
+            return new Map(days.map((d) => [d, new TextEncoder().encode(`{"day":"${d}"}`)]));
+          },
+        });
+      const first = ask();
+      await Bun.sleep(50);
+      const second = ask();
+      await Bun.sleep(50);
+      release();
+      const [a, b] = await Promise.all([first, second]);
+      expect(built.flat().sort()).toEqual([...IN_WINDOW, TODAY].sort());
+      expect([...b.keys()]).toEqual([...a.keys()]);
+      expect([...b.values()].map((x) => new TextDecoder().decode(x))).toEqual([...a.values()].map((x) => new TextDecoder().decode(x)));
+      expect(a.size).toBe(IN_WINDOW.length + 1);
+    } finally {
+      await gw.stop();
+    }
   }, 40_000);
 });

@@ -23,6 +23,11 @@ interface FragmentCache {
   /** Each part is kept as UTF-8 bytes: answers are assembled from them without building (and collecting) a string of tens of megabytes per request. */
   entries: Map<string, { stamp: string; json: Bytes }>;
   bytes: number;
+  /**
+   * Parts being read or built: a request that needs one of them waits for it instead of building
+   * it a second time (a dashboard opened while the prebuild runs, a client retrying a slow report).
+   */
+  pending: Map<string, { stamp: string; part: Promise<Bytes> }>;
 }
 /** One cache per store (tests run several gateways in one process). */
 const caches = new WeakMap<Db, FragmentCache>();
@@ -32,7 +37,7 @@ const MAX_FRAGMENT_BYTES = 192 * 1024 * 1024;
 function cacheOf(db: Db): FragmentCache {
   let c = caches.get(db);
   if (!c) {
-    c = { entries: new Map(), bytes: 0 };
+    c = { entries: new Map(), bytes: 0, pending: new Map() };
     caches.set(db, c);
   }
   return c;
@@ -121,8 +126,9 @@ const dayList = (days: readonly string[]) => sql.join(days.map((d) => sql`${d}::
 
 /**
  * The JSON part of each day of the span that has one, oldest first: from memory while the day's
- * stamp is unchanged, else from the store's finished-day parts, else built (and finished days
- * stored, after the answer). A day with no part is remembered as having none.
+ * stamp is unchanged, else from a read or build of it already under way, else from the store's
+ * finished-day parts, else built (and finished days stored, after the answer). A day with no part
+ * is remembered as having none.
  */
 export async function reuseDays(p: DayParts): Promise<Map<string, Bytes>> {
   const { db, span } = p;
@@ -137,44 +143,77 @@ export async function reuseDays(p: DayParts): Promise<Map<string, Bytes>> {
     sql`select v.date::text as day, v.version::text${names} as stamp from daily_spend_days v where v.entity_type = ${p.entityType} and ${inSpan} order by v.date`,
   );
   const cache = cacheOf(db);
+  const keyOf = (day: string) => `${p.report}\u0000${day}`;
   const parts = new Map<string, Bytes>();
   const missing: { day: string; stamp: string }[] = [];
+  const underWay: [string, Promise<Bytes>][] = [];
   for (const s of stamps) {
-    const key = `${p.report}\u0000${s.day}`;
+    const key = keyOf(s.day);
     const hit = cache.entries.get(key);
+    const pending = cache.pending.get(key);
     if (hit && hit.stamp === s.stamp) {
       parts.set(s.day, hit.json);
       remember(cache, key, hit.stamp, hit.json);
-    } else missing.push(s);
+    } else if (pending && pending.stamp === s.stamp) underWay.push([s.day, pending.part]);
+    else missing.push(s);
   }
   if (missing.length > 0) {
-    const reportId = createHash("sha256").update(p.report).digest("base64url");
-    const today = utcToday();
-    const finished = missing.filter((m) => m.day < today);
-    // Days not finished yet are never stored: they are built while the finished ones are read.
-    const [builtOpen, stored] = await Promise.all([buildDays(p, missing.filter((m) => m.day >= today)), readParts(db, reportId, finished)]);
-    const unstored = finished.filter((m) => !stored.has(m.day));
-    const builtFinished = await buildDays(p, unstored);
+    const promised = new Map(missing.map((m) => [m.day, Promise.withResolvers<Bytes>()]));
     for (const m of missing) {
-      const json = stored.get(m.day) ?? builtOpen.get(m.day) ?? builtFinished.get(m.day) ?? EMPTY;
-      parts.set(m.day, json);
-      remember(cache, `${p.report}\u0000${m.day}`, m.stamp, json);
+      const { promise } = promised.get(m.day)!;
+      // Nobody may be waiting: a failed build must not become an unhandled rejection.
+      promise.catch(() => undefined);
+      cache.pending.set(keyOf(m.day), { stamp: m.stamp, part: promise });
     }
-    // Not awaited: the answer does not wait for a cache write, and a failed one costs a rebuild.
-    // Days without a part are not stored: finding no rows again is cheap, and a report asked with
-    // ever new filters that match nothing then leaves nothing behind.
-    const toStore = unstored.flatMap((m) => {
-      const body = builtFinished.get(m.day);
-      return body && body.byteLength > 0 ? [{ ...m, body }] : [];
-    });
-    if (toStore.length > 0) void storeParts(db, reportId, toStore).catch((err) => p.log.warn("report parts not stored", { error: err instanceof Error ? err.message : String(err) }));
+    try {
+      for (const [day, json] of await findParts(p, cache, missing)) {
+        parts.set(day, json);
+        promised.get(day)!.resolve(json);
+      }
+    } catch (err) {
+      for (const w of promised.values()) w.reject(err);
+      throw err;
+    } finally {
+      for (const m of missing) if (cache.pending.get(keyOf(m.day))?.part === promised.get(m.day)!.promise) cache.pending.delete(keyOf(m.day));
+    }
   }
+  for (const [day, part] of underWay) parts.set(day, await part);
   const ordered = new Map<string, Bytes>();
   for (const s of stamps) {
     const part = parts.get(s.day);
     if (part && part.byteLength > 0) ordered.set(s.day, part);
   }
   return ordered;
+}
+
+/**
+ * The parts of `missing` days: finished days from the store's parts, the others built (and the
+ * finished ones built stored, after the answer); each is remembered. Day → JSON (empty: none).
+ */
+async function findParts(p: DayParts, cache: FragmentCache, missing: { day: string; stamp: string }[]): Promise<Map<string, Bytes>> {
+  const { db } = p;
+  const reportId = createHash("sha256").update(p.report).digest("base64url");
+  const today = utcToday();
+  const finished = missing.filter((m) => m.day < today);
+  // Days not finished yet are never stored: they are built while the finished ones are read.
+  const [builtOpen, stored] = await Promise.all([buildDays(p, missing.filter((m) => m.day >= today)), readParts(db, reportId, finished)]);
+  const unstored = finished.filter((m) => !stored.has(m.day));
+  const builtFinished = await buildDays(p, unstored);
+  const found = new Map<string, Bytes>();
+  for (const m of missing) {
+    const json = stored.get(m.day) ?? builtOpen.get(m.day) ?? builtFinished.get(m.day) ?? EMPTY;
+    found.set(m.day, json);
+    remember(cache, `${p.report}\u0000${m.day}`, m.stamp, json);
+  }
+  // Not awaited: the answer does not wait for a cache write, and a failed one costs a rebuild.
+  // Days without a part are not stored: finding no rows again is cheap, and a report asked with
+  // ever new filters that match nothing then leaves nothing behind.
+  const toStore = unstored.flatMap((m) => {
+    const body = builtFinished.get(m.day);
+    return body && body.byteLength > 0 ? [{ ...m, body }] : [];
+  });
+  if (toStore.length > 0) void storeParts(db, reportId, toStore).catch((err) => p.log.warn("report parts not stored", { error: err instanceof Error ? err.message : String(err) }));
+  return found;
 }
 
 async function buildDays(p: DayParts, days: { day: string }[]): Promise<Map<string, Bytes>> {
