@@ -119,6 +119,12 @@ export interface DayParts {
   holdsNames: boolean;
   /** JSON parts of the days given, as UTF-8 (a day with no rows under the report's filters may have none). */
   build: (days: string[]) => Promise<Map<string, Bytes>>;
+  /**
+   * Only make sure the finished days have a current part in the store (the prebuild): build and
+   * store the ones that have none, keep nothing in memory (an idle gateway does not hold tens of
+   * megabytes for reports nobody asked), answer nothing.
+   */
+  storeOnly?: boolean;
 }
 
 const utcToday = () => new Date().toISOString().slice(0, 10);
@@ -144,9 +150,15 @@ export async function reuseDays(p: DayParts): Promise<Map<string, Bytes>> {
   );
   const cache = cacheOf(db);
   const keyOf = (day: string) => `${p.report}\u0000${day}`;
+  if (p.storeOnly) {
+    const today = utcToday();
+    const finished = stamps.filter((s) => s.day < today && cache.entries.get(keyOf(s.day))?.stamp !== s.stamp && cache.pending.get(keyOf(s.day))?.stamp !== s.stamp);
+    await claimed(cache, keyOf, finished, (days) => storeMissing(p, days));
+    return new Map();
+  }
   const parts = new Map<string, Bytes>();
   const missing: { day: string; stamp: string }[] = [];
-  const underWay: [string, Promise<Bytes>][] = [];
+  const underWay: { day: string; stamp: string; part: Promise<Bytes> }[] = [];
   for (const s of stamps) {
     const key = keyOf(s.day);
     const hit = cache.entries.get(key);
@@ -154,36 +166,66 @@ export async function reuseDays(p: DayParts): Promise<Map<string, Bytes>> {
     if (hit && hit.stamp === s.stamp) {
       parts.set(s.day, hit.json);
       remember(cache, key, hit.stamp, hit.json);
-    } else if (pending && pending.stamp === s.stamp) underWay.push([s.day, pending.part]);
+    } else if (pending && pending.stamp === s.stamp) underWay.push({ ...s, part: pending.part });
     else missing.push(s);
   }
-  if (missing.length > 0) {
-    const promised = new Map(missing.map((m) => [m.day, Promise.withResolvers<Bytes>()]));
-    for (const m of missing) {
-      const { promise } = promised.get(m.day)!;
-      // Nobody may be waiting: a failed build must not become an unhandled rejection.
-      promise.catch(() => undefined);
-      cache.pending.set(keyOf(m.day), { stamp: m.stamp, part: promise });
-    }
-    try {
-      for (const [day, json] of await findParts(p, cache, missing)) {
-        parts.set(day, json);
-        promised.get(day)!.resolve(json);
-      }
-    } catch (err) {
-      for (const w of promised.values()) w.reject(err);
-      throw err;
-    } finally {
-      for (const m of missing) if (cache.pending.get(keyOf(m.day))?.part === promised.get(m.day)!.promise) cache.pending.delete(keyOf(m.day));
-    }
+  for (const [day, json] of await claimed(cache, keyOf, missing, (days) => findParts(p, cache, days))) parts.set(day, json);
+  for (const u of underWay) {
+    const json = await u.part;
+    parts.set(u.day, json);
+    // The prebuild keeps what it builds in the store only: a request that waited for it keeps it.
+    remember(cache, keyOf(u.day), u.stamp, json);
   }
-  for (const [day, part] of underWay) parts.set(day, await part);
   const ordered = new Map<string, Bytes>();
   for (const s of stamps) {
     const part = parts.get(s.day);
     if (part && part.byteLength > 0) ordered.set(s.day, part);
   }
   return ordered;
+}
+
+/**
+ * Runs `work` for `days` while announcing their parts as under way (`pending`), so that a request
+ * needing one of them waits for it; waiters get what `work` found, or its error.
+ */
+async function claimed(
+  cache: FragmentCache,
+  keyOf: (day: string) => string,
+  days: { day: string; stamp: string }[],
+  work: (days: { day: string; stamp: string }[]) => Promise<Map<string, Bytes>>,
+): Promise<Map<string, Bytes>> {
+  if (days.length === 0) return new Map();
+  const promised = new Map(days.map((d) => [d.day, Promise.withResolvers<Bytes>()]));
+  for (const d of days) {
+    const { promise } = promised.get(d.day)!;
+    // Nobody may be waiting: a failed build must not become an unhandled rejection.
+    promise.catch(() => undefined);
+    cache.pending.set(keyOf(d.day), { stamp: d.stamp, part: promise });
+  }
+  try {
+    const found = await work(days);
+    for (const d of days) promised.get(d.day)!.resolve(found.get(d.day) ?? EMPTY);
+    return found;
+  } catch (err) {
+    for (const w of promised.values()) w.reject(err);
+    throw err;
+  } finally {
+    for (const d of days) if (cache.pending.get(keyOf(d.day))?.part === promised.get(d.day)!.promise) cache.pending.delete(keyOf(d.day));
+  }
+}
+
+/** Builds and stores the finished `days` that have no current part in the store; day → the parts built. */
+async function storeMissing(p: DayParts, days: { day: string; stamp: string }[]): Promise<Map<string, Bytes>> {
+  const reportId = createHash("sha256").update(p.report).digest("base64url");
+  const stored = await storedDays(p.db, reportId, days);
+  const unstored = days.filter((d) => !stored.has(d.day));
+  const built = await buildDays(p, unstored);
+  const toStore = unstored.flatMap((d) => {
+    const body = built.get(d.day);
+    return body && body.byteLength > 0 ? [{ ...d, body }] : [];
+  });
+  await storeParts(p.db, reportId, toStore);
+  return built;
 }
 
 /**
@@ -222,17 +264,31 @@ async function buildDays(p: DayParts, days: { day: string }[]): Promise<Map<stri
 
 const decoder = new TextDecoder();
 
+/** The stored parts (`p`) of `days` whose stamp is still the day's. */
+const currentIn = (days: { day: string; stamp: string }[]): SQL =>
+  sql`(p.day, p.stamp) in (${sql.join(
+    days.map((d) => sql`(${d.day}::date, ${d.stamp})`),
+    sql`, `,
+  )})`;
+
 /** The stored parts of `days` whose stamp is still the day's: day → JSON as UTF-8 bytes. */
 async function readParts(db: Db, report: string, days: { day: string; stamp: string }[]): Promise<Map<string, Bytes>> {
   if (days.length === 0) return new Map();
   const stored = await rowBytes(
     db,
-    sql`select p.day::text as day, p.body from report_parts p where p.report = ${report} and (p.day, p.stamp) in (${sql.join(
-      days.map((d) => sql`(${d.day}::date, ${d.stamp})`),
-      sql`, `,
-    )})`,
+    sql`select p.day::text as day, p.body from report_parts p where p.report = ${report} and ${currentIn(days)}`,
   );
   return new Map(stored.map(([day, body]) => [decoder.decode(day!), body!]));
+}
+
+/** Which of `days` have a stored part whose stamp is still the day's (their bodies not read). */
+async function storedDays(db: Db, report: string, days: { day: string; stamp: string }[]): Promise<Set<string>> {
+  if (days.length === 0) return new Set();
+  const found = await rows<{ day: string }>(
+    db,
+    sql`select p.day::text as day from report_parts p where p.report = ${report} and ${currentIn(days)}`,
+  );
+  return new Set(found.map((r) => r.day));
 }
 
 /** One statement per day: a megabyte-sized message at a time (one message of them all cost twice the CPU to encode) and no long pause of the event loop. */

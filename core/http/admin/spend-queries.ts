@@ -471,10 +471,10 @@ export async function dailyActivity(ctx: AdminCtx, kind: "team" | "org") {
 
 /**
  * The JSON part of each of `days` of a daily activity report under `f` (from memory, the store's
- * finished-day parts, or built; see day-cache.ts). Key aliases and teams, team and org aliases
- * are in the parts.
+ * finished-day parts, or built; see day-cache.ts; `storeOnly`: see DayParts). Key aliases and
+ * teams, team and org aliases are in the parts.
  */
-export function activityParts(db: Db, log: Logger, kind: "team" | "org", f: DailyFilter, days: string[]): Promise<Map<string, Bytes>> {
+export function activityParts(db: Db, log: Logger, kind: "team" | "org", f: DailyFilter, days: string[], storeOnly = false): Promise<Map<string, Bytes>> {
   // A day's part is the same whatever the date range around it: the range is not in its key.
   const partKey = JSON.stringify([`daily-activity/${ACTIVITY_PART_FORMAT}`, kind, f.entityIds, f.excludeIds, f.model, f.apiKey]);
   const build = async (missing: string[]): Promise<Map<string, Bytes>> => {
@@ -556,7 +556,7 @@ export function activityParts(db: Db, log: Logger, kind: "team" | "org", f: Dail
       return w.join("");
     });
   };
-  return reuseDays({ db, log, entityType: kind, span: days, report: partKey, holdsNames: true, build });
+  return reuseDays({ db, log, entityType: kind, span: days, report: partKey, holdsNames: true, build, storeOnly });
 }
 
 async function keyMetadata(db: Db, tokens: string[]): Promise<Map<string, Record<string, unknown>>> {

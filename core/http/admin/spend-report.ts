@@ -120,6 +120,8 @@ interface Report {
   prepare?: () => Promise<void>;
   /** A day's part (undefined: none) from its rows. */
   buildDay: (day: string, found: DailyRow[]) => string | undefined;
+  /** See DayParts.storeOnly (the prebuild). */
+  storeOnly?: boolean;
 }
 
 /** `[day parts…]` for the days with rows, oldest first; only changed days are read and built. */
@@ -131,6 +133,7 @@ async function report(r: Report): Promise<Blob> {
     span: { start: r.f.start, end: r.f.end },
     report: `global-spend-report/${PART_FORMAT}\u0000${r.key}`,
     holdsNames: r.holdsNames,
+    storeOnly: r.storeOnly,
     build: async (missing) => {
       await r.prepare?.();
       // A day at a time, the next day's rows asked for while this one is built: hundreds of
@@ -180,7 +183,7 @@ function tree(found: DailyRow[], keyOf: (r: DailyRow) => string): Map<string, No
 }
 
 /** `[{group_by_day, teams: [{team_name, team_id, spend, keys: [{key, spend, usage: {<model>: {cost, input_tokens, output_tokens, requests}}}]}]}]`. */
-async function byTeam(db: Db, log: Logger, f: ReportFilter): Promise<Blob> {
+async function byTeam(db: Db, log: Logger, f: ReportFilter, storeOnly: boolean): Promise<Blob> {
   // Calls of keys without a team are aggregated under team id '' (see spend/flush.ts).
   const where = whereOf("team", f, f.teamId ? [sql`d.entity_id = ${f.teamId}`] : []);
   // Team names are in the parts: they are stamped with the names' version too.
@@ -201,7 +204,7 @@ async function byTeam(db: Db, log: Logger, f: ReportFilter): Promise<Blob> {
     }
     return teamParts.length ? `{"group_by_day":"${day}","teams":[${teamParts.join(",")}]}` : undefined;
   };
-  return report({ db, log, entityType: "team", f, where, key: JSON.stringify(["team", f.apiKey ?? null, f.teamId ?? null]), holdsNames: true, prepare, buildDay });
+  return report({ db, log, entityType: "team", f, where, key: JSON.stringify(["team", f.apiKey ?? null, f.teamId ?? null]), holdsNames: true, prepare, buildDay, storeOnly });
 }
 
 /** One api key's or customer's day: totals, its first model inline, any further models in `more`. */
@@ -237,7 +240,7 @@ function entriesOf(found: DailyRow[]): Entry[] {
 }
 
 /** `[{group_by_day, api_keys|customers: [{api_key|customer, total_cost, total_input_tokens, total_output_tokens, total_requests, model_details: [...]}]}]`. */
-async function byDimension(db: Db, log: Logger, f: ReportFilter, dim: "api_key" | "customer"): Promise<Blob> {
+async function byDimension(db: Db, log: Logger, f: ReportFilter, dim: "api_key" | "customer", storeOnly: boolean): Promise<Blob> {
   const extra: SQL[] = [];
   if (f.customerId) extra.push(sql`d.entity_id = ${f.customerId}`);
   if (f.teamId) extra.push(sql`exists (select 1 from daily_spend t where t.entity_type = 'team' and t.entity_id = ${f.teamId} and t.date = d.date and t.api_key = d.api_key)`);
@@ -260,18 +263,19 @@ async function byDimension(db: Db, log: Logger, f: ReportFilter, dim: "api_key" 
     }
     return parts.length ? `{"group_by_day":"${day}","${list}":[${parts.join(",")}]}` : undefined;
   };
-  return report({ db, log, entityType, f, where, key: JSON.stringify([dim, f.apiKey ?? null, f.teamId ?? null, f.customerId ?? null]), holdsNames: false, buildDay });
+  return report({ db, log, entityType, f, where, key: JSON.stringify([dim, f.apiKey ?? null, f.teamId ?? null, f.customerId ?? null]), holdsNames: false, buildDay, storeOnly });
 }
 
 /**
  * The report as JSON, or undefined when day parts cannot answer it: a customer filter on another
  * dimension (it needs the customers' rows, not the rows the report groups), or sums too large for
- * the fast path (the caller then builds it exactly with bigint).
+ * the fast path (the caller then builds it exactly with bigint). `storeOnly`: see DayParts (the
+ * answer is then empty).
  */
-export async function spendReportJson(db: Db, log: Logger, f: ReportFilter, groupBy: "team" | "api_key" | "customer"): Promise<Blob | undefined> {
+export async function spendReportJson(db: Db, log: Logger, f: ReportFilter, groupBy: "team" | "api_key" | "customer", storeOnly = false): Promise<Blob | undefined> {
   if (f.customerId && groupBy !== "customer") return undefined;
   try {
-    return await (groupBy === "team" ? byTeam(db, log, f) : byDimension(db, log, f, groupBy));
+    return await (groupBy === "team" ? byTeam(db, log, f, storeOnly) : byDimension(db, log, f, groupBy, storeOnly));
   } catch (err) {
     if (err instanceof Overflow) return undefined;
     throw err;
