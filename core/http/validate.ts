@@ -44,6 +44,8 @@ export const validate = {
   transcriptions: (value: unknown) => {
     const fields = transcriptionFields(value);
     if (!(fields.file instanceof Blob)) throw GatewayError.of(422, "Invalid request: file: Expected an uploaded audio file", "validation_error", "file");
+    // No upstream transcribes nothing (OpenAI refuses it as too short): refused here, before any cost.
+    if (fields.file.size === 0) throw GatewayError.of(422, "Invalid request: file: The uploaded audio file is empty", "validation_error", "file");
     return fields;
   },
 };
