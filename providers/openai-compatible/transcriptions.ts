@@ -61,6 +61,8 @@ export function openAITranscriptions(): EndpointAdapter<"transcriptions"> {
       for (const [k, v] of Object.entries(req)) {
         if (NOT_FORWARDED.has(k) || v === undefined || v === null) continue;
         if (Array.isArray(v)) for (const x of v) form.append(`${k}[]`, String(x));
+        // Another file the client sent (a field this gateway does not know) goes on as a file, not as "{}".
+        else if (v instanceof Blob) form.append(k, v, v instanceof File ? v.name : k);
         else form.append(k, typeof v === "object" ? JSON.stringify(v) : String(v));
       }
       form.append("file", req.file, req.file instanceof File ? req.file.name : "audio");
