@@ -75,17 +75,25 @@ const NUMERIC_FIELDS = ["temperature"];
  * and booleans are parsed (so the schema checks them as in a JSON body).
  */
 export async function readForm(request: Request): Promise<Record<string, unknown>> {
-  if (!(request.headers.get("content-type") ?? "").startsWith("multipart/form-data")) {
+  const contentType = request.headers.get("content-type") ?? "";
+  if (!contentType.startsWith("multipart/form-data")) {
     throw GatewayError.of(400, "This endpoint takes multipart/form-data: the audio as `file`, and `model`.", "invalid_request_error");
   }
+  const bytes = await request.bytes();
   let form: FormData;
   try {
-    form = await request.formData();
+    form = await new Response(bytes, { headers: { "content-type": contentType } }).formData();
   } catch (err) {
     throw GatewayError.of(400, `The multipart body could not be read: ${err instanceof Error ? err.message : String(err)}`, "invalid_request_error");
   }
+  const entries = [...form];
+  const declared = declaredPartTypes(bytes, contentType);
   const out: Record<string, unknown> = {};
-  for (const [name, value] of form) {
+  for (const [i, [name, parsed]] of entries.entries()) {
+    // Bun types a file by its name's extension, not by its part's Content-Type: the client's type
+    // (audio/webm for `rec.webm`, audio/ogg for a `blob`) is put back, so the upstream gets it.
+    const type = declared.length === entries.length ? declared[i] : undefined;
+    const value = typeof parsed === "string" || type === undefined || type === parsed.type ? parsed : parsed instanceof File ? new File([parsed], parsed.name, { type }) : new Blob([parsed], { type });
     if (name.endsWith("[]")) {
       const key = name.slice(0, -2);
       const list = Array.isArray(out[key]) ? (out[key] as unknown[]) : [];
@@ -99,6 +107,30 @@ export async function readForm(request: Request): Promise<Record<string, unknown
   }
   if (out.stream === "true" || out.stream === "false") out.stream = out.stream === "true";
   return out;
+}
+
+/**
+ * The Content-Type each part of a multipart body declares (undefined where it declares none), in
+ * order; empty when the body's boundary cannot be found.
+ */
+function declaredPartTypes(bytes: Uint8Array, contentType: string): (string | undefined)[] {
+  const boundary = /boundary=(?:"([^"]+)"|([^;\s]+))/i.exec(contentType);
+  if (!boundary) return [];
+  const body = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const delimiter = `\r\n--${boundary[1] ?? boundary[2]}`;
+  const types: (string | undefined)[] = [];
+  // The first delimiter may open the body without the CRLF in front of it; `--` after one closes the body.
+  let at = body.indexOf(delimiter.slice(2));
+  while (at >= 0 && body.toString("latin1", at + delimiter.length - 2, at + delimiter.length) !== "--") {
+    const headersStart = body.indexOf("\r\n", at);
+    const headersEnd = body.indexOf("\r\n\r\n", headersStart);
+    if (headersStart < 0 || headersEnd < 0) break;
+    const headers = body.toString("latin1", headersStart, headersEnd + 2);
+    types.push(/\r\ncontent-type:[ \t]*([^\r]*?)[ \t]*\r\n/i.exec(headers)?.[1]);
+    at = body.indexOf(delimiter, headersEnd);
+    if (at >= 0) at += 2;
+  }
+  return types;
 }
 
 /** The request body as a JSON object, or a 400 that says what is wrong. */

@@ -3,6 +3,7 @@
  *
  *   POST /openai/deployments/{deployment}/{chat/completions|completions|embeddings}?api-version=…
  *   POST /openai/v1/{chat/completions|completions|embeddings}        (the version-less v1 API)
+ *   (also images/generations, audio/transcriptions (multipart) and audio/speech, on both forms)
  *   POST /{tenant}/oauth2/v2.0/token                                  (client credentials grant)
  *
  * Answers are OpenAI's format as Azure writes it: keys in alphabetical order, content filter
@@ -146,7 +147,7 @@ function checkAuth(req: Request, opts: MockAzureOptions, tokens: TokenState): Re
 const defaultErrorReply = (status: number): Reply => ({ kind: "json", status, body: defaultError(status) });
 
 interface Target {
-  operation: "chat/completions" | "completions" | "embeddings" | "images/generations";
+  operation: "chat/completions" | "completions" | "embeddings" | "images/generations" | "audio/transcriptions" | "audio/speech";
   model: string;
   /** The api-version asked for; undefined on the v1 API. */
   version?: string;
@@ -154,9 +155,9 @@ interface Target {
 
 /** The operation and model a path addresses, or Azure's 404. */
 function target(url: URL, body: JsonObject, opts: MockAzureOptions): Target | Reply {
-  const v1 = /^\/openai\/v1\/(chat\/completions|completions|embeddings|images\/generations)$/.exec(url.pathname);
+  const v1 = /^\/openai\/v1\/(chat\/completions|completions|embeddings|images\/generations|audio\/transcriptions|audio\/speech)$/.exec(url.pathname);
   if (v1) return { operation: v1[1] as Target["operation"], model: typeof body.model === "string" ? body.model : DEFAULT_MODEL };
-  const m = /^\/openai\/deployments\/([^/]+)\/(chat\/completions|completions|embeddings|images\/generations)$/.exec(url.pathname);
+  const m = /^\/openai\/deployments\/([^/]+)\/(chat\/completions|completions|embeddings|images\/generations|audio\/transcriptions|audio\/speech)$/.exec(url.pathname);
   if (!m) return azureError(404, "404", "Resource not found");
   const version = url.searchParams.get("api-version");
   if (!version || !(opts.apiVersions ?? API_VERSIONS).includes(version)) return azureError(404, "404", "Resource not found");
@@ -284,6 +285,26 @@ function images(body: JsonObject): Reply {
   return { kind: "json", body: { created: Math.floor(Date.now() / 1000), data } };
 }
 
+/** Whisper on Azure: OpenAI's answers; the file taken as 16 kHz 16-bit mono PCM (32,000 bytes a second). */
+function transcription(body: JsonObject): Reply | Response {
+  const file = isObject(body.file) ? body.file : undefined;
+  if (!file) return azureError(400, "BadRequest", "'file' is a required property");
+  const size = typeof file.size === "number" ? file.size : 0;
+  const duration = Math.round((size / 32_000) * 100) / 100;
+  const text = `Azure transcript of ${String(file.filename)} (${size} bytes).`;
+  if (body.response_format === "verbose_json") return { kind: "json", body: { duration, language: "english", segments: [{ end: duration, id: 0, seek: 0, start: 0, text: ` ${text}` }], task: "transcribe", text } };
+  if (body.response_format === "text") return new Response(`${text}\n`, { headers: { "content-type": "text/plain; charset=utf-8" } });
+  return { kind: "json", body: { text } };
+}
+
+/** Speech on Azure: an `ID3` tag and 10 bytes per character, as audio/mpeg (audio/wav for wav). */
+function speech(body: JsonObject): Reply | Response {
+  if (typeof body.input !== "string" || body.input === "") return azureError(400, "BadRequest", "'input' is a required property");
+  const bytes = new Uint8Array(3 + body.input.length * 10);
+  bytes.set([0x49, 0x44, 0x33]);
+  return new Response(bytes, { headers: { "content-type": body.response_format === "wav" ? "audio/wav" : "audio/mpeg", "apim-request-id": crypto.randomUUID() } });
+}
+
 export async function startMockAzure(opts: MockAzureOptions = {}): Promise<MockAzure> {
   const tokens: TokenState = { issued: new Set(), requests: 0 };
   const server = await startMockServer({
@@ -300,6 +321,8 @@ export async function startMockAzure(opts: MockAzureOptions = {}): Promise<MockA
       if (t.operation === "chat/completions") return chat(body, t, opts);
       if (t.operation === "completions") return completions(body, t.model);
       if (t.operation === "images/generations") return images(body);
+      if (t.operation === "audio/transcriptions") return transcription(body);
+      if (t.operation === "audio/speech") return speech(body);
       return embeddings(body, t.model);
     },
   });

@@ -5,6 +5,7 @@
  * routes and its provider's error body.
  */
 import type { Server } from "bun";
+import { type RecordedPart, rawParts } from "./multipart.ts";
 import { mockEmbedding } from "./openai.ts";
 import { renderedText, shapedStream, type WireShaper } from "./wire-shape.ts";
 
@@ -33,8 +34,10 @@ export interface RecordedRequest {
   path: string;
   /** Header names lower-cased. */
   headers: Record<string, string>;
-  /** Parsed JSON; the raw text when not JSON (form bodies); undefined when empty. */
+  /** Parsed JSON; the raw text when not JSON (form bodies); undefined when empty. A multipart upload: its fields, each file as `{filename, size, type}`. */
   body: unknown;
+  /** A multipart upload's parts as they came on the wire, in order. */
+  parts?: RecordedPart[];
 }
 
 export type Reply =
@@ -124,6 +127,13 @@ function untilAborted(signal: AbortSignal): Promise<void> {
   });
 }
 
+/** A multipart upload as the routes read it: each field's text, each file as `{filename, size, type}`. */
+function formFields(parts: RecordedPart[]): JsonObject {
+  const fields: JsonObject = {};
+  for (const p of parts) fields[p.name] = p.filename === undefined ? new TextDecoder().decode(p.bytes) : { filename: p.filename, size: p.bytes.length, type: p.contentType };
+  return fields;
+}
+
 function parseBody(raw: string): unknown {
   if (raw === "") return undefined;
   try {
@@ -141,8 +151,10 @@ export async function startMockServer(spec: MockSpec): Promise<MockServer> {
     idleTimeout: 0,
     async fetch(req) {
       const url = new URL(req.url);
-      const body = parseBody(req.method === "GET" ? "" : await req.text());
-      if (spec.record !== false) state.requests.push({ method: req.method, path: url.pathname + url.search, headers: Object.fromEntries(req.headers), body });
+      const contentType = req.headers.get("content-type") ?? "";
+      const parts = contentType.startsWith("multipart/form-data") ? rawParts(await req.bytes(), contentType) : undefined;
+      const body = parts ? formFields(parts) : parseBody(req.method === "GET" ? "" : await req.text());
+      if (spec.record !== false) state.requests.push({ method: req.method, path: url.pathname + url.search, headers: Object.fromEntries(req.headers), body, ...(parts ? { parts } : {}) });
       const at = state.faults.findIndex((f) => f.path === undefined || f.path === url.pathname);
       const fault = at < 0 ? undefined : state.faults.splice(at, 1)[0];
       if (fault?.kind === "status") return statusFault(spec, fault);

@@ -15,7 +15,10 @@
  * reason and usage); embeddings are derived from the input text.
  */
 import type { Server } from "bun";
+import { type RecordedPart, rawParts } from "./multipart.ts";
 import { renderedText, shapedStream, type WireShaper } from "./wire-shape.ts";
+
+export type { RecordedPart };
 
 // ---------------------------------------------------------------------------------------------
 // Public types
@@ -98,7 +101,10 @@ export interface RecordedRequest {
   headers: Record<string, string>;
   /** Parsed JSON body; the raw text when it is not JSON; undefined when empty. */
   body: unknown;
+  /** A multipart upload's parts as they came on the wire, in order (repeated names and declared types kept). */
+  parts?: RecordedPart[];
 }
+
 
 export interface MockOpenAIOptions {
   /** Default 0: any free port. */
@@ -1038,10 +1044,11 @@ interface MockState extends Counters {
 type ParsedBody = { ok: true; value: unknown } | { ok: false; raw: string };
 
 /** A multipart upload as an object: fields as strings, each file as `{filename, size, type}` (what the tests look at). */
-async function parseForm(req: Request): Promise<ParsedBody> {
+async function parseForm(req: Request, bytes: Uint8Array<ArrayBuffer>): Promise<ParsedBody> {
   try {
     const value: JsonObject = {};
-    for (const [name, v] of await req.formData()) value[name] = typeof v === "string" ? v : { filename: v.name, size: v.size, type: v.type };
+    const form = await new Response(bytes, { headers: { "content-type": req.headers.get("content-type") ?? "" } }).formData();
+    for (const [name, v] of form) value[name] = typeof v === "string" ? v : { filename: v.name, size: v.size, type: v.type };
     return { ok: true, value };
   } catch {
     return { ok: false, raw: "" };
@@ -1124,21 +1131,23 @@ const POST_ROUTES: Record<string, (ctx: RequestContext, body: JsonObject, hints:
   "/v1/moderations": (ctx, body) => moderations(ctx, body),
 };
 
-function recordRequest(state: MockState, req: Request, url: URL, body: ParsedBody): void {
+function recordRequest(state: MockState, req: Request, url: URL, body: ParsedBody, parts?: RecordedPart[]): void {
   state.requests.push({
     method: req.method,
     path: url.pathname + url.search,
     headers: Object.fromEntries(req.headers),
     body: body.ok ? body.value : body.raw,
+    ...(parts ? { parts } : {}),
   });
 }
 
 async function handle(req: Request, state: MockState, options: MockOpenAIOptions): Promise<Response> {
   const ctx: RequestContext = { started: performance.now(), requestId: requestId() };
   const url = new URL(req.url);
-  const multipart = (req.headers.get("content-type") ?? "").startsWith("multipart/form-data");
-  const body = multipart ? await parseForm(req) : parseBody(req.method === "GET" || req.method === "HEAD" ? "" : await req.text());
-  if (options.record !== false) recordRequest(state, req, url, body);
+  const contentType = req.headers.get("content-type") ?? "";
+  const multipart = contentType.startsWith("multipart/form-data") ? await req.bytes() : undefined;
+  const body = multipart ? await parseForm(req, multipart) : parseBody(req.method === "GET" || req.method === "HEAD" ? "" : await req.text());
+  if (options.record !== false) recordRequest(state, req, url, body, multipart && rawParts(multipart, contentType));
 
   const fault = takeFault(state.faults, url.pathname, body);
   if (fault) {
