@@ -13,7 +13,7 @@ import { geminiRoutes } from "./routes/gemini.ts";
 import { modelRoutes } from "./routes/models.ts";
 import { NO_SUCH_ROUTE, passThroughRoutes } from "./routes/pass-through.ts";
 import { utilsRoutes } from "./routes/utils.ts";
-import { invalidPathParam, readBodyWithText, readForm, validate } from "./validate.ts";
+import { MAX_REQUEST_BYTES, bodyTooLarge, invalidPathParam, readBodyWithText, readForm, validate } from "./validate.ts";
 
 export interface AppDeps {
   live: Live;
@@ -94,6 +94,10 @@ export function createApp(deps: AppDeps) {
   }
 
   const app = new Elysia({ precompile: true })
+    // An announced body over the limit is refused before it is read, on every route (pass-through too).
+    .onRequest(({ request }) => {
+      if (Number(request.headers.get("content-length") ?? 0) > MAX_REQUEST_BYTES) return errorResponse(bodyTooLarge().info);
+    })
     .onError(({ code, error }) => {
       if (error instanceof GatewayError) return errorResponse(error.info, error.headers);
       if (code === "NOT_FOUND") return errorResponse(errorInfo(404, NO_SUCH_ROUTE, "not_found_error"));

@@ -67,6 +67,34 @@ export function invalidPathParam(param: string, raw?: string): GatewayError {
   return GatewayError.of(400, `The ${param} in the path${shown} is not valid percent-encoding.`, "invalid_request_error", param);
 }
 
+/** The largest request body the gateway takes (a 25 MB audio upload fits twice over). */
+export const MAX_REQUEST_BYTES = 64 * 1024 * 1024;
+
+export function bodyTooLarge(): GatewayError {
+  return GatewayError.of(413, `Request body is larger than the gateway takes (${MAX_REQUEST_BYTES / 1024 / 1024} MiB).`, "invalid_request_error");
+}
+
+/**
+ * The body's bytes, refused with a 413 past MAX_REQUEST_BYTES: an announced length is checked
+ * before anything is read, a chunked body as it comes (it has no length to check first).
+ */
+async function requestBytes(request: Request): Promise<Uint8Array<ArrayBuffer>> {
+  const announced = request.headers.get("content-length");
+  if (announced !== null) {
+    if (Number(announced) > MAX_REQUEST_BYTES) throw bodyTooLarge();
+    return request.bytes();
+  }
+  if (!request.body) return new Uint8Array(0);
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  for await (const chunk of request.body) {
+    size += chunk.byteLength;
+    if (size > MAX_REQUEST_BYTES) throw bodyTooLarge();
+    chunks.push(chunk);
+  }
+  return new Uint8Array(Buffer.concat(chunks, size));
+}
+
 /** Form fields that are numbers or booleans on the wire of a JSON request. */
 const NUMERIC_FIELDS = ["temperature"];
 
@@ -79,7 +107,7 @@ export async function readForm(request: Request): Promise<Record<string, unknown
   if (!contentType.startsWith("multipart/form-data")) {
     throw GatewayError.of(400, "This endpoint takes multipart/form-data: the audio as `file`, and `model`.", "invalid_request_error");
   }
-  const bytes = await request.bytes();
+  const bytes = await requestBytes(request);
   let form: FormData;
   try {
     form = await new Response(bytes, { headers: { "content-type": contentType } }).formData();
@@ -147,7 +175,7 @@ const utf8 = new TextDecoder();
 
 /** The body as a JSON object and the exact text it was parsed from. */
 export async function readBodyWithText(request: Request, parse: (text: string) => unknown = JSON.parse): Promise<{ body: Record<string, unknown>; text: string }> {
-  const bytes = await request.bytes();
+  const bytes = await requestBytes(request);
   // Bytes that are not UTF-8 would be decoded with replacement characters: the prompt the caller
   // sent would not be the one priced, forwarded and logged.
   if (!isUtf8(bytes)) throw GatewayError.of(400, "Request body is not valid UTF-8: send JSON encoded as UTF-8.", "invalid_request_error");

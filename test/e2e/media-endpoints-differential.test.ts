@@ -18,7 +18,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { sql } from "drizzle-orm";
 import OpenAI, { toFile } from "openai";
 import { rows } from "../../core/store/sql.ts";
-import { MASTER_KEY, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
+import { MASTER_KEY, spawnGateway, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 import { Random } from "../harness/random.ts";
 import { type MockAzure, startMockAzure } from "../mock-upstream/azure.ts";
 import { type RecordedPart, rawParts } from "../mock-upstream/multipart.ts";
@@ -416,6 +416,45 @@ describe(`media endpoints differential (seed ${SEED}, MEDIA_DIFF_SEED)`, () => {
       expect(upstream.model).toEqual([model.upstream]);
     }
   });
+
+  test("a file over the gateway's 64 MiB is a 413 in the error envelope, with its length announced or chunked", async () => {
+    resetMocks();
+    const boundary = "----media-too-large";
+    const head = new TextEncoder().encode(`--${boundary}\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper\r\n--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="long.wav"\r\nContent-Type: audio/wav\r\n\r\n`);
+    const tail = new TextEncoder().encode(`\r\n--${boundary}--\r\n`);
+    const mib = new Uint8Array(1024 * 1024);
+    const chunked = () =>
+      new ReadableStream<Uint8Array>({
+        start(c) {
+          c.enqueue(head);
+          for (let i = 0; i < 65; i++) c.enqueue(mib);
+          c.enqueue(tail);
+          c.close();
+        },
+      });
+    const whole = await new Blob([head, ...Array.from({ length: 65 }, () => mib), tail]).bytes();
+    for (const body of [whole, chunked()]) {
+      const res = await fetch(`${gw.baseURL}/audio/transcriptions`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": `multipart/form-data; boundary=${boundary}` },
+        body,
+        duplex: "half",
+      } as RequestInit);
+      expect(res.status).toBe(413);
+      expect(((await res.json()) as { error: { message: string; type: string } }).error).toMatchObject({ type: "invalid_request_error", message: expect.stringContaining("larger") });
+    }
+    expect(openai.requests).toEqual([]);
+    // The gateway as it runs (core/main.ts): Bun's own limit must not answer first with a bare 413.
+    const proc = await spawnGateway({ model_list: [{ model_name: "whisper", svc_params: { model: "openai/whisper-1", api_base: openai.url, api_key: UPSTREAM_KEY } }] });
+    try {
+      const res = await fetch(`${proc.baseURL}/audio/transcriptions`, { method: "POST", headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": `multipart/form-data; boundary=${boundary}` }, body: whole });
+      expect(res.status).toBe(413);
+      expect(await res.text()).toContain('"type":"invalid_request_error"');
+    } finally {
+      await proc.stop();
+    }
+    expect(openai.requests).toEqual([]);
+  }, 30_000);
 
   test("bad input is a 4xx in the error envelope, reaches no upstream and charges nothing", async () => {
     await gw.host!.spendWriter.flush();
