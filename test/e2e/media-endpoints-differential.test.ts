@@ -75,6 +75,8 @@ beforeAll(async () => {
       { model_name: "dalle", svc_params: up("openai/dall-e-3") },
       { model_name: "az-dalle", svc_params: az("img-deploy"), model_info: { base_model: "dall-e-3" } },
       { model_name: "omni", svc_params: up("openai/omni-moderation-latest"), model_info: { mode: "moderation" } },
+      // README: moderations on OpenAI-shaped providers and mock/, not Azure.
+      { model_name: "az-moderation", svc_params: az("mod-deploy") },
     ],
     general_settings: { master_key: MASTER_KEY },
   });
@@ -178,7 +180,10 @@ async function spendRow(callId: string | null): Promise<SpendRow | undefined> {
 
 /** The log row says what the client was told: the call type and group, success, the header's cost; money when the call is priced and did something. */
 async function expectLogged(headers: Headers, callType: string, m: Model, charged: boolean): Promise<void> {
-  const cost = Number(headers.get("x-svc-response-cost"));
+  // README: every non-stream answer carries its cost (audio and text answers too).
+  const header = headers.get("x-svc-response-cost");
+  expect(header).not.toBeNull();
+  const cost = Number(header);
   expect(Number.isFinite(cost)).toBe(true);
   const row = await spendRow(headers.get("x-svc-call-id"));
   expect(row).toMatchObject({ call_type: callType, model: m.group, status: "success" });
@@ -201,12 +206,13 @@ function stamp(seconds: number, decimal: string): string {
 /** What the client must get: the upstream's transcript (the mock's text names the file it got) in the asked format. */
 function expectedTranscript(m: Model, format: Format, filename: string, size: number): unknown {
   const duration = Math.round((size / 32_000) * 100) / 100;
-  const said = `${m.provider === "azure" ? "Azure transcript" : "Transcript"} of ${filename} (${size} bytes).`;
+  const said = m.provider === "mock" ? `This is a mock transcript of ${filename}.` : `${m.provider === "azure" ? "Azure transcript" : "Transcript"} of ${filename} (${size} bytes).`;
   if (format === "text") return `${said}\n`;
   if (!m.perSecond) return { text: said, usage: { type: "tokens", input_tokens: Math.ceil(duration * 10) + 5, input_token_details: { text_tokens: 5, audio_tokens: Math.ceil(duration * 10) }, output_tokens: Math.max(1, Math.ceil(said.length / 4)), total_tokens: 0 } };
   if (format === "json") return { text: said, usage: { type: "duration", seconds: Math.ceil(duration) } };
   if (format === "srt") return `1\n${stamp(0, ",")} --> ${stamp(duration, ",")}\n${said}\n\n`;
   if (format === "vtt") return `WEBVTT\n\n${stamp(0, ".")} --> ${stamp(duration, ".")}\n${said}\n\n`;
+  if (m.provider === "mock") return { task: "transcribe", language: "english", duration, text: said, segments: [{ id: 0, seek: 0, start: 0, end: duration, text: said }] };
   return m.provider === "azure"
     ? { duration, language: "english", segments: [{ end: duration, id: 0, seek: 0, start: 0, text: ` ${said}` }], task: "transcribe", text: said }
     : { task: "transcribe", language: "english", duration, text: said, segments: [{ id: 0, seek: 0, start: 0, end: duration, text: ` ${said}` }] };
@@ -261,20 +267,18 @@ async function runTranscription(c: TranscriptionCase): Promise<void> {
   expect(clientFile![1]).toBe(c.type.toLowerCase());
   expect(clientFile![2]).toBe(Buffer.from(c.bytes).toString("hex"));
   const format = c.format ?? "json";
-  if (c.model.provider === "mock") {
-    expect(response.status).toBe(200);
-  } else {
+  if (c.model.provider !== "mock") {
     const got = lastRequest(c.model);
     expectUpstreamCall(c.model, got, "audio/transcriptions", MASTER_KEY);
     expect(got!.parts).toBeDefined();
     const upstreamFormat = c.model.perSecond ? "verbose_json" : format === "text" ? "json" : format;
     const expected: Record<string, unknown[]> = { ...clientParts, model: [c.model.upstream], response_format: [upstreamFormat] };
     expect(byName(got!.parts!)).toEqual(expected);
-    const answer = typeof data === "string" ? data : JSON.parse(JSON.stringify(data));
-    expect(answer).toEqual(expectedTranscript(c.model, format, clientFile![0], c.bytes.length));
-    const contentType = response.headers.get("content-type") ?? "";
-    expect(contentType).toMatch(format === "vtt" ? /^text\/vtt/ : format === "text" || format === "srt" ? /^text\/plain/ : /^application\/json/);
   }
+  const answer = typeof data === "string" ? data : JSON.parse(JSON.stringify(data));
+  expect(answer).toEqual(expectedTranscript(c.model, format, clientFile![0], c.bytes.length));
+  const contentType = response.headers.get("content-type") ?? "";
+  expect(contentType).toMatch(format === "vtt" ? /^text\/vtt/ : format === "text" || format === "srt" ? /^text\/plain/ : /^application\/json/);
   // Whisper is priced per second: a file shorter than a hundredth of a second costs nothing.
   const charged = !c.model.perSecond || c.bytes.length >= 160;
   await expectLogged(response.headers, "transcriptions", c.model, charged);
@@ -417,6 +421,34 @@ describe(`media endpoints differential (seed ${SEED}, MEDIA_DIFF_SEED)`, () => {
     }
   });
 
+  test("an upstream's refusal reaches the client as a 4xx in the envelope, logged as a failure at no cost", async () => {
+    const r = new Random(SEED + 2);
+    const audio = () => toFile(fileBytes(r), "refused.wav", { type: "audio/wav" });
+    const calls: [string, Model, () => Promise<unknown>][] = [
+      ["/v1/audio/transcriptions", WHISPER, async () => client.audio.transcriptions.create({ model: "whisper", file: await audio(), response_format: r.pick(["json", "text", "srt"] as const) }).withResponse()],
+      ["/v1/audio/transcriptions", TRANSCRIBE, async () => client.audio.transcriptions.create({ model: "transcribe", file: await audio() }).withResponse()],
+      ["/v1/audio/speech", TTS, () => client.audio.speech.create({ model: "tts", input: text(r), voice: "alloy" }).withResponse()],
+      ["/v1/images/generations", DALLE, () => client.images.generate({ model: "dalle", prompt: text(r) }).withResponse()],
+      ["/v1/moderations", OMNI, () => client.moderations.create({ model: "omni", input: text(r) }).withResponse()],
+    ];
+    for (const [path, m, call] of calls) {
+      resetMocks();
+      const status = r.pick([400, 401, 403, 404, 422]);
+      openai.fault({ kind: "status", status, path });
+      const err = (await call().then(
+        () => undefined,
+        (e: unknown) => e,
+      )) as (Error & { status?: number; headers?: Headers; error?: { message?: unknown; type?: unknown } }) | undefined;
+      expect(err, `${m.group} ${status}`).toBeInstanceOf(OpenAI.APIError);
+      expect(err!.status).toBe(status);
+      expect(typeof err!.error?.message).toBe("string");
+      expect(typeof err!.error?.type).toBe("string");
+      const row = await spendRow(err!.headers?.get("x-svc-call-id") ?? null);
+      expect(row).toMatchObject({ call_type: m.group === "dalle" ? "images" : path.split("/").at(-1) === "transcriptions" ? "transcriptions" : path.endsWith("speech") ? "speech" : "moderations", model: m.group, status: "failure" });
+      expect(Number(row!.spend)).toBe(0);
+    }
+  });
+
   test("a file over the gateway's 64 MiB is a 413 in the error envelope, with its length announced or chunked", async () => {
     resetMocks();
     const boundary = "----media-too-large";
@@ -494,6 +526,7 @@ describe(`media endpoints differential (seed ${SEED}, MEDIA_DIFF_SEED)`, () => {
       ["moderations: input a number", "moderations", json({ model: "omni", input: 5 }), "input"],
       ["moderations: input empty list", "moderations", json({ model: "omni", input: [] }), "input"],
       ["moderations: an unknown model", "moderations", json({ model: "no-such-moderation", input: "hi" })],
+      ["moderations on Azure", "moderations", json({ model: "az-moderation", input: "hi" }), "model"],
       // Not served (README's route list): a clear 404, not an upstream call.
       ["translations", "audio/translations", { body: form([["model", "whisper"], ["file", audio, "a.wav"]]) }],
       ["image edits", "images/edits", { body: form([["model", "dalle"], ["prompt", "x"], ["image", new Blob([new Uint8Array(10)], { type: "image/png" }), "a.png"]]) }],
