@@ -52,6 +52,7 @@ const TRANSCRIBE: Model = { group: "transcribe", provider: "openai", upstream: "
 const AZ_WHISPER: Model = { group: "az-whisper", provider: "azure", upstream: "stt-deploy", perSecond: true };
 const MOCK_WHISPER: Model = { group: "mock-whisper", provider: "mock", upstream: "whisper-1", perSecond: true };
 const TTS: Model = { group: "tts", provider: "openai", upstream: "tts-1" };
+const MINI_TTS: Model = { group: "mini-tts", provider: "openai", upstream: "gpt-4o-mini-tts" };
 const AZ_TTS: Model = { group: "az-tts", provider: "azure", upstream: "tts-deploy" };
 const MOCK_TTS: Model = { group: "mock-tts", provider: "mock", upstream: "tts-1" };
 const DALLE: Model = { group: "dalle", provider: "openai", upstream: "dall-e-3" };
@@ -72,6 +73,7 @@ beforeAll(async () => {
       { model_name: "az-whisper", svc_params: az("stt-deploy"), model_info: { base_model: "whisper-1" } },
       { model_name: "mock-whisper", svc_params: { model: "mock/whisper-1" } },
       { model_name: "tts", svc_params: up("openai/tts-1") },
+      { model_name: "mini-tts", svc_params: up("openai/gpt-4o-mini-tts") },
       { model_name: "az-tts", svc_params: az("tts-deploy"), model_info: { base_model: "tts-1" } },
       { model_name: "mock-tts", svc_params: { model: "mock/tts-1" } },
       { model_name: "dalle", svc_params: up("openai/dall-e-3") },
@@ -297,7 +299,7 @@ interface SpeechCase {
 }
 
 function speechCase(r: Random): SpeechCase {
-  const model = r.pick([TTS, TTS, AZ_TTS, MOCK_TTS]);
+  const model = r.pick([TTS, MINI_TTS, AZ_TTS, MOCK_TTS]);
   const body: Record<string, unknown> = { model: model.group, input: text(r), voice: r.pick(["alloy", "nova", "verse", "shimmer"]) };
   const format = r.maybe(0.6, model.provider === "openai" ? ["mp3", "wav", "pcm", "flac"] : ["mp3", "wav"]);
   if (format) body.response_format = format;
