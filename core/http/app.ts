@@ -13,7 +13,7 @@ import { geminiRoutes } from "./routes/gemini.ts";
 import { modelRoutes } from "./routes/models.ts";
 import { NO_SUCH_ROUTE, passThroughRoutes } from "./routes/pass-through.ts";
 import { utilsRoutes } from "./routes/utils.ts";
-import { MAX_REQUEST_BYTES, bodyTooLarge, invalidPathParam, readBodyWithText, readForm, validate } from "./validate.ts";
+import { bodyLimit, bodyTooLarge, invalidPathParam, readBodyWithText, readForm, validate } from "./validate.ts";
 
 export interface AppDeps {
   live: Live;
@@ -54,7 +54,8 @@ export function createApp(deps: AppDeps) {
       const principal = await authenticate(pin.snapshot, request.headers, pathOf(request.url));
       if (pathModel === null) throw invalidPathParam("model");
       // An uploaded file comes as a multipart form; there are then no client bytes to forward as they are.
-      const { body, text } = endpoint === "transcriptions" ? { body: await readForm(request), text: undefined } : await readBodyWithText(request);
+      const limit = bodyLimit(pin.snapshot.config.general_settings);
+      const { body, text } = endpoint === "transcriptions" ? { body: await readForm(request, limit), text: undefined } : await readBodyWithText(request, JSON.parse, limit);
       let changed = false;
       if (pathModel && body.model !== pathModel) {
         body.model = pathModel;
@@ -96,7 +97,8 @@ export function createApp(deps: AppDeps) {
   const app = new Elysia({ precompile: true })
     // An announced body over the limit is refused before it is read, on every route (pass-through too).
     .onRequest(({ request }) => {
-      if (Number(request.headers.get("content-length") ?? 0) > MAX_REQUEST_BYTES) return errorResponse(bodyTooLarge().info);
+      const limit = bodyLimit(live.current.config.general_settings);
+      if (Number(request.headers.get("content-length") ?? 0) > limit) return errorResponse(bodyTooLarge(limit).info);
     })
     .onError(({ code, error }) => {
       if (error instanceof GatewayError) return errorResponse(error.info, error.headers);

@@ -70,18 +70,25 @@ export function invalidPathParam(param: string, raw?: string): GatewayError {
 /** The largest request body the gateway takes (a 25 MB audio upload fits twice over). */
 export const MAX_REQUEST_BYTES = 64 * 1024 * 1024;
 
-export function bodyTooLarge(): GatewayError {
-  return GatewayError.of(413, `Request body is larger than the gateway takes (${MAX_REQUEST_BYTES / 1024 / 1024} MiB).`, "invalid_request_error");
+/** The body limit in force: `general_settings.max_request_size_mb` (at most 64, as validated), else MAX_REQUEST_BYTES. */
+export function bodyLimit(general: { max_request_size_mb?: number } | undefined): number {
+  const mb = general?.max_request_size_mb;
+  return mb === undefined ? MAX_REQUEST_BYTES : Math.min(MAX_REQUEST_BYTES, Math.floor(mb * 1024 * 1024));
+}
+
+export function bodyTooLarge(limit: number): GatewayError {
+  const size = limit % (1024 * 1024) === 0 ? `${limit / 1024 / 1024} MiB` : `${limit} bytes`;
+  return GatewayError.of(413, `Request body is larger than the gateway takes (${size}).`, "invalid_request_error");
 }
 
 /**
- * The body's bytes, refused with a 413 past MAX_REQUEST_BYTES: an announced length is checked
- * before anything is read, a chunked body as it comes (it has no length to check first).
+ * The body's bytes, refused with a 413 past `limit`: an announced length is checked before
+ * anything is read, a chunked body as it comes (it has no length to check first).
  */
-async function requestBytes(request: Request): Promise<Uint8Array<ArrayBuffer>> {
+async function requestBytes(request: Request, limit: number): Promise<Uint8Array<ArrayBuffer>> {
   const announced = request.headers.get("content-length");
   if (announced !== null) {
-    if (Number(announced) > MAX_REQUEST_BYTES) throw bodyTooLarge();
+    if (Number(announced) > limit) throw bodyTooLarge(limit);
     return request.bytes();
   }
   if (!request.body) return new Uint8Array(0);
@@ -89,7 +96,7 @@ async function requestBytes(request: Request): Promise<Uint8Array<ArrayBuffer>> 
   let size = 0;
   for await (const chunk of request.body) {
     size += chunk.byteLength;
-    if (size > MAX_REQUEST_BYTES) throw bodyTooLarge();
+    if (size > limit) throw bodyTooLarge(limit);
     chunks.push(chunk);
   }
   return new Uint8Array(Buffer.concat(chunks, size));
@@ -102,12 +109,12 @@ const NUMERIC_FIELDS = ["temperature"];
  * A multipart form as a request object: files stay Blobs, `name[]` fields become lists, numbers
  * and booleans are parsed (so the schema checks them as in a JSON body).
  */
-export async function readForm(request: Request): Promise<Record<string, unknown>> {
+export async function readForm(request: Request, limit = MAX_REQUEST_BYTES): Promise<Record<string, unknown>> {
   const contentType = request.headers.get("content-type") ?? "";
   if (!contentType.startsWith("multipart/form-data")) {
     throw GatewayError.of(400, "This endpoint takes multipart/form-data: the audio as `file`, and `model`.", "invalid_request_error");
   }
-  const bytes = await requestBytes(request);
+  const bytes = await requestBytes(request, limit);
   let form: FormData;
   try {
     form = await new Response(bytes, { headers: { "content-type": contentType } }).formData();
@@ -162,8 +169,8 @@ function declaredPartTypes(bytes: Uint8Array, contentType: string): (string | un
 }
 
 /** The request body as a JSON object, or a 400 that says what is wrong. */
-export async function readBody(request: Request): Promise<Record<string, unknown>> {
-  return (await readBodyWithText(request)).body;
+export async function readBody(request: Request, limit = MAX_REQUEST_BYTES): Promise<Record<string, unknown>> {
+  return (await readBodyWithText(request, JSON.parse, limit)).body;
 }
 
 /** `readBody` that keeps the text of numbers a double cannot hold (exact-numbers.ts): for bodies that carry money. */
@@ -174,8 +181,12 @@ export async function readBodyKeepingNumbers(request: Request): Promise<Record<s
 const utf8 = new TextDecoder();
 
 /** The body as a JSON object and the exact text it was parsed from. */
-export async function readBodyWithText(request: Request, parse: (text: string) => unknown = JSON.parse): Promise<{ body: Record<string, unknown>; text: string }> {
-  const bytes = await requestBytes(request);
+export async function readBodyWithText(
+  request: Request,
+  parse: (text: string) => unknown = JSON.parse,
+  limit = MAX_REQUEST_BYTES,
+): Promise<{ body: Record<string, unknown>; text: string }> {
+  const bytes = await requestBytes(request, limit);
   // Bytes that are not UTF-8 would be decoded with replacement characters: the prompt the caller
   // sent would not be the one priced, forwarded and logged.
   if (!isUtf8(bytes)) throw GatewayError.of(400, "Request body is not valid UTF-8: send JSON encoded as UTF-8.", "invalid_request_error");

@@ -1,0 +1,65 @@
+// general_settings.max_request_size_mb: a body over it is a 413 in the error envelope (announced
+// or chunked, model calls and management alike), one under it is served, and a reload applies it.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { readConfig } from "../../core/config/load.ts";
+import { configText, MASTER_KEY, startTestGateway, type TestGateway, tempDir } from "../harness/gateway.ts";
+
+const model = { model_name: "chat-mock", svc_params: { model: "mock/chat" } };
+const config = (mb: number) => ({ model_list: [model], general_settings: { master_key: MASTER_KEY, max_request_size_mb: mb } });
+const MIB = 1024 * 1024;
+
+/** A chat body of about `bytes` bytes (one long user message). */
+const chatBody = (bytes: number) => JSON.stringify({ model: "chat-mock", messages: [{ role: "user", content: "x".repeat(bytes) }] });
+
+const chunked = (text: string) =>
+  new ReadableStream<Uint8Array>({
+    start(c) {
+      const bytes = new TextEncoder().encode(text);
+      for (let i = 0; i < bytes.length; i += 64 * 1024) c.enqueue(bytes.subarray(i, i + 64 * 1024));
+      c.close();
+    },
+  });
+
+describe("max_request_size_mb", () => {
+  let gw: TestGateway;
+  beforeAll(async () => {
+    gw = await startTestGateway(config(1));
+  });
+  afterAll(() => gw.stop());
+
+  const post = (path: string, body: BodyInit) =>
+    fetch(`${gw.url}${path}`, { method: "POST", headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" }, body, duplex: "half" } as RequestInit);
+
+  test("a model call over the limit is a 413 naming it, announced or chunked; one under it is served", async () => {
+    for (const body of [chatBody(1.5 * MIB), chunked(chatBody(1.5 * MIB))]) {
+      const res = await post("/v1/chat/completions", body);
+      expect(res.status).toBe(413);
+      expect(((await res.json()) as { error: unknown }).error).toMatchObject({ type: "invalid_request_error", message: expect.stringContaining("(1 MiB)") });
+    }
+    expect((await post("/v1/chat/completions", chatBody(0.5 * MIB))).status).toBe(200);
+    expect((await post("/v1/chat/completions", chunked(chatBody(0.5 * MIB)))).status).toBe(200);
+  });
+
+  test("a management body over the limit is refused before it is read", async () => {
+    const res = await post("/key/generate", JSON.stringify({ metadata: { note: "x".repeat(1.5 * MIB) } }));
+    expect(res.status).toBe(413);
+    expect(await res.text()).toContain('"type":"invalid_request_error"');
+  });
+
+  test("a reload applies a new limit", async () => {
+    gw.writeConfig(config(2));
+    expect((await gw.live.reload("test")).ok).toBe(true);
+    expect((await post("/v1/chat/completions", chatBody(1.5 * MIB))).status).toBe(200);
+    const over = await post("/v1/chat/completions", chatBody(2.5 * MIB));
+    expect(over.status).toBe(413);
+    expect(await over.text()).toContain("(2 MiB)");
+  });
+
+  test("a limit above the 64 MiB the gateway takes at most is refused by validation, naming the setting", async () => {
+    const path = `${tempDir()}/config.yaml`;
+    await Bun.write(path, configText(config(65)));
+    const read = await readConfig(path);
+    expect(read.ok).toBe(false);
+    expect(JSON.stringify(read)).toContain("/general_settings/max_request_size_mb");
+  });
+});
