@@ -92,12 +92,15 @@ function mayActOn(caller: Caller, row: KeyRow, route: KeyRoute): boolean {
 
 const aliasTaken = (alias: string) => badRequest(`Key alias "${alias}" is already used by another key. Aliases are unique; choose another.`, "key_alias");
 
+/**
+ * The row of `token` while the key is live. Writes name it too: a key deleted (or rotated) by a
+ * concurrent call after this one read it must not be changed, or reported changed, afterwards.
+ */
+const live = (token: string) => and(eq(virtualKeys.token, token), isNull(virtualKeys.deletedAt));
+
 /** The live key of a token, following an old value to its rotated key while its grace period lasts. */
 async function liveKey(db: Db, token: string): Promise<KeyRow | undefined> {
-  const [row] = await db
-    .select()
-    .from(virtualKeys)
-    .where(and(eq(virtualKeys.token, token), isNull(virtualKeys.deletedAt)));
+  const [row] = await db.select().from(virtualKeys).where(live(token));
   if (row) return row;
   const [moved] = await db
     .select({ active: rotatedKeys.activeToken })
@@ -393,7 +396,7 @@ async function updateKey(ctx: AdminCtx, row: KeyRow, body: KeyBody): Promise<Key
   checkGuaranteed(ctx, { ...row, ...(fields as Partial<KeyRow>) });
   let updated: KeyRow | undefined;
   try {
-    [updated] = await ctx.db.update(virtualKeys).set(fields).where(eq(virtualKeys.token, row.token)).returning();
+    [updated] = await ctx.db.update(virtualKeys).set(fields).where(live(row.token)).returning();
   } catch (err) {
     if (isUniqueViolation(err)) throw aliasTaken(String(fields.keyAlias));
     throw err;
@@ -425,7 +428,7 @@ async function blockKey(ctx: AdminCtx, blocked: boolean): Promise<Record<string,
   const [updated] = await ctx.db
     .update(virtualKeys)
     .set({ blocked, updatedBy: ctx.caller.changedBy, updatedAt: new Date() })
-    .where(eq(virtualKeys.token, row.token))
+    .where(live(row.token))
     .returning();
   if (!updated) throw notFound("Key not found: it was deleted meanwhile.", "key");
   await ctx.changed({ kind: "key", token: row.token });
@@ -493,10 +496,14 @@ async function deleteKeys(ctx: AdminCtx): Promise<{ deleted_keys: string[] }> {
   const now = new Date();
   const changes: IdentityChange[] = tokens.map((token) => ({ kind: "key", token }));
   await ctx.db.transaction(async (tx) => {
-    await tx
+    const deleted = await tx
       .update(virtualKeys)
       .set({ deletedAt: now, deletedBy: ctx.caller.changedBy, updatedAt: now, updatedBy: ctx.caller.changedBy })
-      .where(inArray(virtualKeys.token, tokens));
+      .where(and(inArray(virtualKeys.token, tokens), isNull(virtualKeys.deletedAt)))
+      .returning({ token: virtualKeys.token });
+    // A key another call deleted, or rotated to a new token, since it was read: answered as if
+    // that call had come first (a 404, nothing deleted), not a 200 that deleted nothing.
+    if (deleted.length < tokens.length) throw notFound("Key not found: it was deleted or rotated meanwhile; nothing was deleted.", "keys");
     // Old hashes of a rotated key still in their grace period die with it.
     const dropped = await tx.delete(rotatedKeys).where(inArray(rotatedKeys.activeToken, tokens)).returning({ token: rotatedKeys.token });
     for (const d of dropped) changes.push({ kind: "rotated_key", token: d.token });
@@ -522,7 +529,7 @@ async function resetSpend(ctx: AdminCtx): Promise<Record<string, unknown>> {
   const [updated] = await ctx.db
     .update(virtualKeys)
     .set({ spend: picoToText(to), updatedBy: ctx.caller.changedBy, updatedAt: new Date() })
-    .where(eq(virtualKeys.token, row.token))
+    .where(live(row.token))
     .returning();
   if (!updated) throw notFound("Key not found: it was deleted meanwhile.", "key");
   await ctx.changed({ kind: "key", token: row.token });

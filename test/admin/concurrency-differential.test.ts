@@ -1,0 +1,261 @@
+// Concurrent management requests, as automation sends them (Terraform applying a plan, scripts,
+// several admins at once), on both stores, seeded random (CONCURRENCY_SEED=<n> runs another set;
+// every failure names the seed and the round). Each scenario fires a burst of requests with
+// Promise.all, in a random order with random values, a few rounds each, and then checks what a
+// user would notice:
+// - no answer is a 5xx, and every refusal is the error envelope ({error: {message, type, param,
+//   code}} with code the status);
+// - the outcome is one a serial order of the same requests could give: one creation of an id or
+//   an alias wins and the others are 400s; a key deleted twice is deleted once (the other call is
+//   a 404, as it would be after the first); updates of different fields of one object are all
+//   kept (none lost to another's stale read);
+// - the state read back agrees: no duplicate members or users, a deleted key answers 401 on a
+//   model call, a regenerated key's old value stops working and the new one works, spend and
+//   budgets are not moved by metadata races.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { BACKENDS, type JsonReply, requestJson, requestOk, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
+import { Random } from "../harness/random.ts";
+
+const SEED = Number(process.env.CONCURRENCY_SEED || 20_261_127);
+/** Rounds per scenario: each a new burst with new values and order. */
+const ROUNDS = 4;
+const CONFIG = {
+  model_list: [
+    { model_name: "chat-mock", svc_params: { model: "mock/chat" } },
+    { model_name: "other-mock", svc_params: { model: "mock/other" } },
+  ],
+  general_settings: { master_key: "sk-test-master-key" },
+};
+
+type Json = Record<string, unknown>;
+type Reply = JsonReply<Json & { error?: { message: string; type: string; param: string | null; code: string } }>;
+
+for (const backend of BACKENDS) {
+  describe(`concurrent management requests (${backend}, CONCURRENCY_SEED=${SEED})`, () => {
+    let gw: TestGateway;
+    const rng = new Random(SEED + (backend === "postgres" ? 1 : 0));
+    let serial = 0;
+    const uniq = (p: string) => `${p}-${SEED}-${++serial}`;
+    const where = (scenario: string, round: number, extra = "") => `CONCURRENCY_SEED=${SEED} ${backend} ${scenario} round ${round}${extra ? `: ${extra}` : ""}`;
+
+    beforeAll(async () => {
+      gw = await startBackendGateway(backend, CONFIG, { dbPrefix: "gw_concurrency" });
+    });
+    afterAll(async () => {
+      await gw?.stop();
+    });
+
+    const call = (method: string, path: string, body?: unknown, key?: string) => requestJson(gw, method, path, { body, key }) as Promise<Reply>;
+    const post = (path: string, body: unknown) => call("POST", path, body);
+
+    /** Every answer of a burst: no 5xx, and each refusal in the error envelope with its status as code. */
+    function clean(replies: readonly Reply[], label: string): void {
+      for (const r of replies) {
+        expect(r.status, `${label}: ${r.text}`).toBeLessThan(500);
+        if (r.status === 200) continue;
+        expect(r.status, `${label}: ${r.text}`).toBeGreaterThanOrEqual(400);
+        expect(r.body?.error?.code, `${label}: ${r.text}`).toBe(String(r.status));
+        expect(typeof r.body?.error?.message, `${label}: ${r.text}`).toBe("string");
+      }
+    }
+
+    /** The burst in a random order, all at once. */
+    async function burst(calls: (() => Promise<Reply>)[], label: string): Promise<Reply[]> {
+      const order = calls.map((_, i) => i).sort(() => rng.next() - 0.5);
+      const replies: Reply[] = new Array(calls.length);
+      await Promise.all(order.map(async (i) => (replies[i] = await calls[i]!())));
+      clean(replies, label);
+      return replies;
+    }
+
+    /** One request won (200) and every other was refused with `status`. */
+    function oneWins(replies: readonly Reply[], label: string, status = 400): Reply {
+      const won = replies.filter((r) => r.status === 200);
+      expect(won.length, `${label}: ${replies.map((r) => `${r.status} ${r.text.slice(0, 200)}`).join(" | ")}`).toBe(1);
+      for (const r of replies) if (r.status !== 200) expect(r.status, `${label}: ${r.text}`).toBe(status);
+      return won[0]!;
+    }
+
+    /** A model call with a key: 200 when it is live, 401 when it is not. */
+    const modelCall = async (key: string) =>
+      (await requestJson(gw, "POST", "/v1/chat/completions", { key, body: { model: "chat-mock", messages: [{ role: "user", content: "hi" }] } })).status;
+
+    const newKey = (body: Json = {}) => requestOk<Json & { key: string; token_id: string }>(gw, "POST", "/key/generate", body);
+    const keyInfo = async (key: string) => (await requestOk<{ info: Json }>(gw, "GET", `/key/info?key=${encodeURIComponent(key)}`)).info;
+
+    test("one custom key value, one alias: the first /key/generate wins, the others are 400s", async () => {
+      for (let round = 0; round < ROUNDS; round++) {
+        const n = 2 + rng.int(3);
+        const value = `sk-${uniq("custom")}`;
+        const label = where("same key", round, `${n} requests`);
+        const replies = await burst(
+          Array.from({ length: n }, (_, i) => () => post("/key/generate", { key: value, ...(rng.chance(0.5) ? { key_alias: uniq(`a${i}`) } : {}) })),
+          label,
+        );
+        oneWins(replies, label);
+        expect(await modelCall(value), label).toBe(200);
+
+        const alias = uniq("alias");
+        const aliasLabel = where("same alias", round, `${n} requests`);
+        const byAlias = await burst(
+          Array.from({ length: n }, () => () => post("/key/generate", { key_alias: alias, max_budget: rng.pick([1, 5, 10]) })),
+          aliasLabel,
+        );
+        const won = oneWins(byAlias, aliasLabel);
+        const listed = await requestOk<{ keys: string[]; total_count: number }>(gw, "GET", `/key/list?key_alias=${encodeURIComponent(alias)}`);
+        expect(listed.total_count, aliasLabel).toBe(1);
+        expect(listed.keys, aliasLabel).toEqual([won.body.token_id as string]);
+      }
+    });
+
+    test("concurrent /key/update of different fields of one key keeps every change; spend and budget unmoved", async () => {
+      for (let round = 0; round < ROUNDS; round++) {
+        const k = await newKey({ max_budget: 50, metadata: { start: round } });
+        await requestOk(gw, "POST", "/key/update", { key: k.key, spend: 1.25 });
+        // Each request sets one field (metadata and project_id both live in metadata: at most one of them per burst).
+        const updates: Json[] = rng.some(
+          [
+            { rpm_limit: 10 + rng.int(100) },
+            { tpm_limit: 1000 + rng.int(1000) },
+            { models: rng.some(["chat-mock", "other-mock"], 2) },
+            { key_alias: uniq("upd") },
+            rng.pick<Json>([{ metadata: { team: `t${rng.int(9)}`, n: rng.int(99) } }, { project_id: uniq("proj") }]),
+            { tags: [uniq("tag")] },
+            { max_parallel_requests: 1 + rng.int(20) },
+            { blocked: rng.chance(0.5) },
+          ],
+          8,
+        );
+        const label = where("key update", round, JSON.stringify(updates));
+        const replies = await burst(
+          updates.map((u) => () => post("/key/update", { key: k.key, ...u })),
+          label,
+        );
+        for (const r of replies) expect(r.status, `${label}: ${r.text}`).toBe(200);
+        const info = await keyInfo(k.key);
+        for (const u of updates) {
+          for (const [f, v] of Object.entries(u)) {
+            if (f === "project_id") expect((info.metadata as Json).project_id, label).toBe(v);
+            else expect(info[f], `${label}: ${f}`).toEqual(v);
+          }
+        }
+        expect(info.spend, label).toBe(1.25);
+        expect(info.max_budget, label).toBe(50);
+      }
+    });
+
+    test("/key/delete of one key, concurrently: deleted once (one 200, the others 404) and it answers 401", async () => {
+      for (let round = 0; round < ROUNDS; round++) {
+        const k = await newKey({ key_alias: uniq("del") });
+        const n = 2 + rng.int(3);
+        const label = where("double delete", round, `${n} requests`);
+        const replies = await burst(
+          Array.from({ length: n }, () => () => post("/key/delete", rng.chance(0.5) ? { keys: [rng.chance(0.5) ? k.key : k.token_id] } : { key_aliases: [k.key_alias] })),
+          label,
+        );
+        oneWins(replies, label, 404);
+        expect(await modelCall(k.key), label).toBe(401);
+        const audit = await requestOk<{ audit_logs: unknown[] }>(gw, "GET", `/audit/logs?table_name=virtual_keys&action=deleted&object_id=${k.token_id}`);
+        expect(audit.audit_logs.length, label).toBe(1);
+      }
+    });
+
+    test("/key/update or /key/block racing /key/delete: the key ends deleted, and a 200 is an update before the deletion", async () => {
+      for (let round = 0; round < ROUNDS; round++) {
+        const k = await newKey();
+        const change = rng.pick([
+          { path: "/key/update", body: { key: k.key, rpm_limit: 7 } },
+          { path: "/key/update", body: { key: k.key, metadata: { late: true } } },
+          { path: "/key/block", body: { key: k.key } },
+          { path: "/key/unblock", body: { key: k.key } },
+        ]);
+        const label = where("update vs delete", round, change.path);
+        const [changed, deleted] = await burst([() => post(change.path, change.body), () => post("/key/delete", { keys: [k.key] })], label);
+        expect(deleted!.status, label).toBe(200);
+        expect([200, 404], `${label}: ${changed!.text}`).toContain(changed!.status);
+        // A change that succeeded was applied to the live key (serially, before the deletion).
+        if (changed!.status === 200) expect(changed!.body.deleted_at ?? null, `${label}: ${changed!.text}`).toBeNull();
+        expect(await modelCall(k.key), label).toBe(401);
+        const listed = await requestOk<{ keys: string[] }>(gw, "GET", `/key/list?status=deleted&key_hash=${k.token_id}`);
+        expect(listed.keys, label).toEqual([k.token_id]);
+      }
+    });
+
+    test("/key/regenerate racing /key/delete, /key/update, /key/block and itself: old value dead, new value as answered", async () => {
+      for (let round = 0; round < ROUNDS; round++) {
+        const k = await newKey({ max_budget: 20 });
+        const others = rng.some(["delete", "update", "block", "regenerate"] as const, 3);
+        const calls: (() => Promise<Reply>)[] = [() => post(`/key/${k.key}/regenerate`, {})];
+        for (const o of others) {
+          if (o === "delete") calls.push(() => post("/key/delete", { keys: [k.key] }));
+          if (o === "update") calls.push(() => post("/key/update", { key: k.key, tpm_limit: 4321 }));
+          if (o === "block") calls.push(() => post("/key/block", { key: k.key }));
+          if (o === "regenerate") calls.push(() => post("/key/regenerate", { key: k.key }));
+        }
+        const label = where("regenerate race", round, others.join(", "));
+        const replies = await burst(calls, label);
+        const status = Object.fromEntries(others.map((o, i) => [o, replies[i + 1]!]));
+        const regenerated = [replies[0]!, ...(status.regenerate ? [status.regenerate] : [])].filter((r) => r.status === 200);
+        for (const r of replies) expect([200, 404], `${label}: ${r.text}`).toContain(r.status);
+        expect(await modelCall(k.key), `${label}: the old value`).toBe(401);
+        // One rotation at most: two would each hand out a value, and one of them could not work.
+        expect(regenerated.length, label).toBeLessThanOrEqual(1);
+        const deletedOk = status.delete?.status === 200;
+        // Deleted (the key is gone whatever else happened) or regenerated: one of them, never neither.
+        expect(deletedOk || regenerated.length === 1, `${label}: ${replies.map((r) => r.status).join(",")}`).toBe(true);
+        const fresh = regenerated[0]?.body.key as string | undefined;
+        if (fresh) {
+          if (deletedOk) expect(await modelCall(fresh), `${label}: deleted after its rotation`).toBe(401);
+          else {
+            const blocked = status.block?.status === 200;
+            expect(await modelCall(fresh), `${label}: the new value`).toBe(blocked ? 401 : 200);
+            const info = await keyInfo(fresh);
+            expect(info.max_budget, label).toBe(20);
+            if (status.update?.status === 200) expect(info.tpm_limit, label).toBe(4321);
+            expect(info.blocked, label).toBe(blocked);
+          }
+        }
+      }
+    });
+
+    test("concurrent /team/member_add of one user: added once, no duplicate member", async () => {
+      for (let round = 0; round < ROUNDS; round++) {
+        const team = await requestOk<{ team_id: string }>(gw, "POST", "/team/new", { team_alias: uniq("team") });
+        const n = 2 + rng.int(3);
+        const byEmail = rng.chance(0.5);
+        const user = byEmail ? { user_email: `${uniq("m")}@example.com` } : { user_id: uniq("member") };
+        if (rng.chance(0.5)) await requestOk(gw, "POST", "/user/new", { ...(byEmail ? user : user), auto_create_key: false });
+        const label = where("member_add", round, `${n} requests, ${JSON.stringify(user)}`);
+        const replies = await burst(
+          Array.from({ length: n }, () => () => post("/team/member_add", { team_id: team.team_id, member: { role: rng.pick(["user", "admin"]), ...user } })),
+          label,
+        );
+        oneWins(replies, label);
+        const info = await requestOk<{ team_info: { members_with_roles: { user_id: string }[] } }>(gw, "GET", `/team/info?team_id=${team.team_id}`);
+        expect(info.team_info.members_with_roles.length, label).toBe(1);
+      }
+    });
+
+    test("/budget/new, /organization/new and /model/new with one id: one wins, the others are 400s", async () => {
+      for (let round = 0; round < ROUNDS; round++) {
+        const n = 2 + rng.int(3);
+        const budgetId = uniq("budget");
+        const bl = where("budget/new", round, `${n} requests`);
+        oneWins(await burst(Array.from({ length: n }, () => () => post("/budget/new", { budget_id: budgetId, max_budget: rng.pick([1, 2, 3]) })), bl), bl);
+
+        const orgId = uniq("org");
+        const ol = where("organization/new", round, `${n} requests`);
+        oneWins(await burst(Array.from({ length: n }, () => () => post("/organization/new", { organization_id: orgId, organization_alias: uniq("o"), max_budget: 10 })), ol), ol);
+        const orgs = await requestOk<unknown[]>(gw, "GET", `/organization/list?org_id=${orgId}`);
+        expect(orgs.length, ol).toBe(1);
+
+        const modelId = uniq("model");
+        const ml = where("model/new", round, `${n} requests`);
+        oneWins(
+          await burst(Array.from({ length: n }, () => () => post("/model/new", { model_name: uniq("stored"), svc_params: { model: "mock/stored" }, model_info: { id: modelId } })), ml),
+          ml,
+        );
+      }
+    });
+  });
+}
