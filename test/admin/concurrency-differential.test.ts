@@ -144,6 +144,19 @@ for (const backend of BACKENDS) {
       }
     });
 
+    test("/key/update of metadata racing /key/update of project_id (kept in metadata): the result of one serial order", async () => {
+      for (let round = 0; round < ROUNDS; round++) {
+        const k = await newKey({ metadata: { start: round } });
+        const metadata = { set: uniq("meta") };
+        const project = uniq("proj");
+        const label = where("metadata vs project_id", round);
+        const replies = await burst([() => post("/key/update", { key: k.key, metadata }), () => post("/key/update", { key: k.key, project_id: project })], label);
+        for (const r of replies) expect(r.status, `${label}: ${r.text}`).toBe(200);
+        // metadata last: it replaces the whole object; project_id last: it is set over the new metadata.
+        expect([metadata, { ...metadata, project_id: project }] as unknown[], label).toContainEqual((await keyInfo(k.key)).metadata);
+      }
+    });
+
     test("/key/delete of one key, concurrently: deleted once (one 200, the others 404) and it answers 401", async () => {
       for (let round = 0; round < ROUNDS; round++) {
         const k = await newKey({ key_alias: uniq("del") });

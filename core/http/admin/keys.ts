@@ -210,10 +210,22 @@ function derivedTimes(ctx: AdminCtx, fields: Record<string, unknown>, merged: Pa
   }
 }
 
-/** `project_id` has no column: it lives in `metadata.project_id`. */
-function withProjectId(fields: Record<string, unknown>, body: KeyBody, current: Record<string, unknown>): void {
+/**
+ * `project_id` has no column: it lives in `metadata.project_id`, over the metadata of the same
+ * body, else (`stored`: an update) over the stored metadata as it is when the row is written. Set
+ * in the copy read at the start of the call, it would write back that copy over the metadata a
+ * concurrent update set meanwhile.
+ */
+function withProjectId(fields: Record<string, unknown>, body: KeyBody, stored: boolean): void {
   if (!("project_id" in body) || body.project_id === undefined) return;
-  const metadata = { ...((fields.metadata as Record<string, unknown> | undefined) ?? current) };
+  if (stored && fields.metadata === undefined) {
+    fields.metadata =
+      body.project_id === null
+        ? sql`${virtualKeys.metadata} - 'project_id'`
+        : sql`${virtualKeys.metadata} || jsonb_build_object('project_id', ${body.project_id}::text)`;
+    return;
+  }
+  const metadata = { ...((fields.metadata as Record<string, unknown> | undefined) ?? {}) };
   if (body.project_id === null) delete metadata.project_id;
   else metadata.project_id = body.project_id;
   fields.metadata = metadata;
@@ -304,7 +316,7 @@ export async function generateKey(ctx: AdminCtx, body: Record<string, unknown>, 
   checkGuaranteed(ctx, { token, models, teamId: team?.teamId ?? null, ...throughputOf(fields) });
   const merged = { autoRotate: false, rotationInterval: null, ...fields } as Partial<KeyRow>;
   derivedTimes(ctx, fields, merged, input, now);
-  withProjectId(fields, input, {});
+  withProjectId(fields, input, false);
   let serviceAccountId: string | null = null;
   if (serviceAccount) {
     serviceAccountId = alias ?? `sa-${randomUUID()}`;
@@ -381,7 +393,7 @@ async function updateFields(ctx: AdminCtx, row: KeyRow, body: KeyBody): Promise<
   });
   if ("keyAlias" in fields) await assertAliasFree(ctx.db, fields.keyAlias as string | null, row.token);
   derivedTimes(ctx, fields, { ...row, ...fields } as Partial<KeyRow>, body, now);
-  withProjectId(fields, body, row.metadata);
+  withProjectId(fields, body, true);
   const expires = expiresOf(body, now);
   if (expires !== undefined) fields.expires = expires;
   fields.updatedBy = caller.changedBy;
