@@ -157,6 +157,27 @@ for (const backend of BACKENDS) {
       }
     });
 
+    test("/team/member_add or /key/generate racing /team/delete: nothing of the team lives on", async () => {
+      for (let round = 0; round < ROUNDS; round++) {
+        const team = await requestOk<{ team_id: string }>(gw, "POST", "/team/new", { team_alias: uniq("doomed") });
+        const member = uniq("late-member");
+        const label = where("team delete race", round);
+        const [added, generated, deleted] = await burst(
+          [
+            () => post("/team/member_add", { team_id: team.team_id, member: { role: rng.pick(["user", "admin"]), user_id: member } }),
+            () => post("/key/generate", { team_id: team.team_id }),
+            () => post("/team/delete", { team_ids: [team.team_id] }),
+          ],
+          label,
+        );
+        expect(deleted!.status, `${label}: ${deleted!.text}`).toBe(200);
+        for (const r of [added!, generated!]) expect([200, 400, 404], `${label}: ${r.text}`).toContain(r.status);
+        const user = await requestOk<{ user_info: { teams: string[] } }>(gw, "GET", `/user/info?user_id=${member}`).catch(() => undefined);
+        expect(user?.user_info.teams ?? [], `${label}: the member's teams`).not.toContain(team.team_id);
+        if (generated!.status === 200) expect(await modelCall(generated!.body.key as string), `${label}: the team's key`).toBe(401);
+      }
+    });
+
     test("/key/delete of one key, concurrently: deleted once (one 200, the others 404) and it answers 401", async () => {
       for (let round = 0; round < ROUNDS; round++) {
         const k = await newKey({ key_alias: uniq("del") });
@@ -246,6 +267,39 @@ for (const backend of BACKENDS) {
         oneWins(replies, label);
         const info = await requestOk<{ team_info: { members_with_roles: { user_id: string }[] } }>(gw, "GET", `/team/info?team_id=${team.team_id}`);
         expect(info.team_info.members_with_roles.length, label).toBe(1);
+      }
+    });
+
+    test("concurrent /team/update of different fields and /team/model/add of different models keep every change", async () => {
+      for (let round = 0; round < ROUNDS; round++) {
+        const team = await requestOk<{ team_id: string }>(gw, "POST", "/team/new", { team_alias: uniq("t"), models: ["chat-mock"], team_member_budget: 3 });
+        const updates: Json[] = rng.some(
+          [
+            { team_alias: uniq("alias") },
+            { max_budget: 100 + rng.int(100) },
+            { rpm_limit: 10 + rng.int(10) },
+            { team_member_rpm_limit: 1 + rng.int(9) },
+            { team_member_tpm_limit: 100 + rng.int(900) },
+            { team_member_key_duration: rng.pick(["1d", "7d", "30d"]) },
+            { metadata: { n: rng.int(100) } },
+            { tags: [uniq("tag")] },
+          ],
+          8,
+        );
+        const added = rng.some(["other-mock", "gpt-x", "claude-y", "openai/*"], 4);
+        const label = where("team update", round, `${JSON.stringify(updates)} + models ${added.join(",")}`);
+        const replies = await burst(
+          [
+            ...updates.map((u) => () => post("/team/update", { team_id: team.team_id, ...u })),
+            ...added.map((m) => () => post("/team/model/add", { team_id: team.team_id, models: [m] })),
+          ],
+          label,
+        );
+        for (const r of replies) expect(r.status, `${label}: ${r.text}`).toBe(200);
+        const info = (await requestOk<{ team_info: Json }>(gw, "GET", `/team/info?team_id=${team.team_id}`)).team_info;
+        for (const u of updates) for (const [f, v] of Object.entries(u)) expect(info[f], `${label}: ${f}`).toEqual(v);
+        expect(info.team_member_budget, `${label}: the setting nobody touched`).toBe(3);
+        expect([...(info.models as string[])].sort(), label).toEqual(["chat-mock", ...added].sort());
       }
     });
 

@@ -180,6 +180,25 @@ async function liveTeam(db: Exec, teamId: string): Promise<TeamRow | undefined> 
   return row;
 }
 
+/**
+ * Runs `write` on the live team's row as it is now, locked until the transaction ends. Routes that
+ * merge into a stored value (the member defaults, the models list) must merge into this one: from
+ * the row read at the start of the call, they would write back the value a concurrent call
+ * replaced meanwhile, and lose its change. `write` uses `tx` only (on the embedded store a
+ * statement outside the transaction would wait for it).
+ */
+async function lockedTeam<T>(ctx: AdminCtx, teamId: string, write: (tx: Exec, current: TeamRow) => Promise<T>): Promise<T> {
+  return ctx.db.transaction(async (tx) => {
+    const [current] = await tx
+      .select()
+      .from(teams)
+      .where(and(eq(teams.teamId, teamId), isNull(teams.deletedAt)))
+      .for("update");
+    if (!current) throw notFound(`Team ${teamId} not found: it was deleted meanwhile.`, "team_id");
+    return write(tx, current);
+  });
+}
+
 async function withMembers(db: Exec, team: TeamRow): Promise<Record<string, unknown>> {
   return teamApi(team, (await membersByTeam(db, [team.teamId])).get(team.teamId) ?? []);
 }
@@ -394,7 +413,9 @@ async function updateTeam(ctx: AdminCtx): Promise<Record<string, unknown>> {
   const props = clearNulls(fromApi(teams, raw, TEAM_COLUMNS), EMPTY) as Partial<typeof teams.$inferInsert>;
   const reset = resetAt(body.budget_duration);
   if (reset !== undefined) props.budgetResetAt = reset;
-  props.memberSettings = memberSettings(raw, before.memberSettings);
+  // Checked here (a 400 before anything is written), merged into the locked row below.
+  const settingsTouched = "member_settings" in raw || MEMBER_SETTING_FIELDS.some((f) => f in raw);
+  if (settingsTouched) memberSettings(raw, before.memberSettings);
   const merged = { ...before, ...props };
   if (periodFromBudget(raw, merged.budgetDuration)) {
     props.budgetResetAt = merged.budgetResetAt = followedReset(merged.budgetId ? ctx.identity.budgets.get(merged.budgetId) : undefined);
@@ -408,11 +429,14 @@ async function updateTeam(ctx: AdminCtx): Promise<Record<string, unknown>> {
       rpmLimit: merged.rpmLimit ?? null,
     });
   }
-  const [team] = await ctx.db
-    .update(teams)
-    .set({ ...props, updatedAt: new Date(), updatedBy: ctx.caller.changedBy })
-    .where(eq(teams.teamId, before.teamId))
-    .returning();
+  const [team] = await lockedTeam(ctx, before.teamId, (tx, current) => {
+    if (settingsTouched) props.memberSettings = memberSettings(raw, current.memberSettings);
+    return tx
+      .update(teams)
+      .set({ ...props, updatedAt: new Date(), updatedBy: ctx.caller.changedBy })
+      .where(eq(teams.teamId, before.teamId))
+      .returning();
+  });
   await ctx.changed({ kind: "team", teamId: before.teamId });
   const out = await withMembers(ctx.db, team!);
   await ctx.audit({ action: "updated", table: "teams", objectId: before.teamId, before: await withMembers(ctx.db, before), after: out });
@@ -568,13 +592,12 @@ async function memberAdd(ctx: AdminCtx): Promise<Record<string, unknown>> {
     members = [{ role: body.role ?? "user", user_id: body.user_id ?? null, user_email: body.member_email ?? body.user_email ?? null }];
   } else throw badRequest("Send the member to add: member {role, user_id | user_email} (or a list of them), or member_email with role.", "member");
   const by = ctx.caller.changedBy;
-  const admitted = await ctx.db
-    .transaction(async (tx) => {
-      const out: Admitted[] = [];
-      for (const m of members) out.push(await admit(tx, team, m, body.max_budget_in_team, by));
-      return out;
-    })
-    .catch(concurrentMember);
+  // Under the team's lock: a /team/delete at the same moment removes its members, and would miss one added after it read them.
+  const admitted = await lockedTeam(ctx, team.teamId, async (tx, current) => {
+    const out: Admitted[] = [];
+    for (const m of members) out.push(await admit(tx, current, m, body.max_budget_in_team, by));
+    return out;
+  }).catch(concurrentMember);
   await ctx.changed(...changesFor(team.teamId, admitted));
   await auditAdmitted(ctx, admitted);
   const teamIds = await ctx.db.select({ userId: teamMembers.userId, teamId: teamMembers.teamId }).from(teamMembers).where(inArray(teamMembers.userId, admitted.map((a) => a.user.userId)));
@@ -651,7 +674,7 @@ async function bulkMemberAdd(ctx: AdminCtx): Promise<Record<string, unknown>> {
   // Each member on its own: one that cannot be added does not stop the others.
   for (const m of members) {
     try {
-      const a = await ctx.db.transaction((tx) => admit(tx, team, m, body.max_budget_in_team, ctx.caller.changedBy)).catch(concurrentMember);
+      const a = await lockedTeam(ctx, team.teamId, (tx, current) => admit(tx, current, m, body.max_budget_in_team, ctx.caller.changedBy)).catch(concurrentMember);
       admitted.push(a);
       results.push({ user_id: a.user.userId, user_email: a.user.userEmail, success: true, error: null, updated_user: userApi(a.user, []), updated_team_membership: membershipApi(a.membership) });
     } catch (err) {
@@ -697,21 +720,24 @@ async function permissionsUpdate(ctx: AdminCtx): Promise<Record<string, unknown>
 function changeModels(adding: boolean) {
   return async (ctx: AdminCtx): Promise<Record<string, unknown>> => {
     const body = await ctx.body(ModelsBody);
-    const before = await teamFor(ctx, body.team_id, "team_admin");
-    let models: string[];
-    if (adding) {
-      models = [...new Set([...before.models, ...body.models])];
-      await checkOrgLimits(ctx, { ...before, models });
-    } else {
-      const present = body.models.filter((m) => before.models.includes(m));
-      if (present.length === 0) throw badRequest(`None of ${JSON.stringify(body.models)} is in team ${before.teamId}'s models ${JSON.stringify(before.models)}.`, "models");
-      models = before.models.filter((m) => !body.models.includes(m));
-      // An empty list means "every model": removing the last one must not widen the team's access.
-      if (models.length === 0) {
-        throw badRequest("Removing every model would give the team access to all models (an empty list means no restriction). Keep at least one, or have a proxy admin set models: [] with /team/update.", "models");
+    const read = await teamFor(ctx, body.team_id, "team_admin");
+    // The models added are within the organization's (the models already there were checked when they came).
+    if (adding) await checkOrgLimits(ctx, { ...read, models: [...new Set([...read.models, ...body.models])] });
+    const { before, models, team } = await lockedTeam(ctx, read.teamId, async (tx, before) => {
+      let models: string[];
+      if (adding) models = [...new Set([...before.models, ...body.models])];
+      else {
+        const present = body.models.filter((m) => before.models.includes(m));
+        if (present.length === 0) throw badRequest(`None of ${JSON.stringify(body.models)} is in team ${before.teamId}'s models ${JSON.stringify(before.models)}.`, "models");
+        models = before.models.filter((m) => !body.models.includes(m));
+        // An empty list means "every model": removing the last one must not widen the team's access.
+        if (models.length === 0) {
+          throw badRequest("Removing every model would give the team access to all models (an empty list means no restriction). Keep at least one, or have a proxy admin set models: [] with /team/update.", "models");
+        }
       }
-    }
-    const [team] = await ctx.db.update(teams).set({ models, updatedAt: new Date(), updatedBy: ctx.caller.changedBy }).where(eq(teams.teamId, before.teamId)).returning();
+      const [team] = await tx.update(teams).set({ models, updatedAt: new Date(), updatedBy: ctx.caller.changedBy }).where(eq(teams.teamId, before.teamId)).returning();
+      return { before, models, team };
+    });
     await ctx.changed({ kind: "team", teamId: before.teamId });
     await ctx.audit({ action: "updated", table: "teams", objectId: before.teamId, before: { models: before.models }, after: { models } });
     return withMembers(ctx.db, team!);
