@@ -303,6 +303,36 @@ for (const backend of BACKENDS) {
       }
     });
 
+    test("/user/new with one user_id or one e-mail, /user/update to one e-mail: one user per id and per address", async () => {
+      for (let round = 0; round < ROUNDS; round++) {
+        const n = 2 + rng.int(3);
+        const id = uniq("user");
+        const idLabel = where("user/new same id", round, `${n} requests`);
+        oneWins(await burst(Array.from({ length: n }, () => () => post("/user/new", { user_id: id, auto_create_key: rng.chance(0.5) })), idLabel), idLabel);
+
+        const email = `${uniq("same")}@example.com`;
+        const emailLabel = where("user/new same e-mail", round, `${n} requests`);
+        oneWins(
+          await burst(
+            Array.from({ length: n }, () => () => post("/user/new", { user_id: uniq("u"), user_email: rng.chance(0.5) ? email : email.toUpperCase(), auto_create_key: false })),
+            emailLabel,
+          ),
+          emailLabel,
+        );
+
+        // Other users taking one new address at once (by /user/update, or one of them by /user/new).
+        const target = `${uniq("moved")}@example.com`;
+        const ids = [uniq("u"), uniq("u")];
+        for (const u of ids) await requestOk(gw, "POST", "/user/new", { user_id: u, auto_create_key: false });
+        const moveLabel = where("user/update same e-mail", round);
+        const calls = ids.map((u) => () => post("/user/update", { user_id: u, user_email: target }));
+        if (rng.chance(0.5)) calls.push(() => post("/user/new", { user_id: uniq("u"), user_email: target, auto_create_key: false }));
+        oneWins(await burst(calls, moveLabel), moveLabel);
+        const listed = await requestOk<{ users: { user_email: string }[] }>(gw, "GET", `/user/list?user_email=${encodeURIComponent(target)}`);
+        expect(listed.users.length, moveLabel).toBe(1);
+      }
+    });
+
     test("/budget/new, /organization/new and /model/new with one id: one wins, the others are 400s", async () => {
       for (let round = 0; round < ROUNDS; round++) {
         const n = 2 + rng.int(3);

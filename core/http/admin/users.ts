@@ -243,11 +243,20 @@ async function updateUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
   const reset = resetAt(body.budget_duration);
   if (reset !== undefined) props.budgetResetAt = reset;
 
-  const [updated] = await ctx.db
-    .update(users)
-    .set({ ...props, updatedAt: new Date(), updatedBy: caller.changedBy })
-    .where(eq(users.userId, target.userId))
-    .returning();
+  const newEmail = !byEmail && body.user_email ? body.user_email : undefined;
+  const [updated] = await ctx.db.transaction(async (tx) => {
+    // Checked again under the address's lock, as /user/new does: calls giving one address to
+    // different users at the same moment would each have found it free above.
+    if (newEmail) {
+      await lockEmail(tx, newEmail);
+      await requireUniqueEmail(tx, newEmail, target.userId);
+    }
+    return tx
+      .update(users)
+      .set({ ...props, updatedAt: new Date(), updatedBy: caller.changedBy })
+      .where(eq(users.userId, target.userId))
+      .returning();
+  });
   await ctx.changed({ kind: "user", userId: target.userId });
   const teamIds = (await teamIdsOf(ctx.db, [target.userId])).get(target.userId) ?? [];
   const out = userApi(updated!, teamIds);
