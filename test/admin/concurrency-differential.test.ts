@@ -354,5 +354,27 @@ for (const backend of BACKENDS) {
         );
       }
     });
+
+    test("concurrent /organization/member_add of one user: added once, the others are 400s", async () => {
+      for (let round = 0; round < ROUNDS; round++) {
+        const org = await requestOk<{ organization_id: string }>(gw, "POST", "/organization/new", { organization_alias: uniq("org") });
+        const n = 2 + rng.int(3);
+        const byEmail = rng.chance(0.5);
+        const member = byEmail ? { user_email: `${uniq("om")}@example.com` } : { user_id: uniq("orgmember") };
+        if (rng.chance(0.5)) await requestOk(gw, "POST", "/user/new", { ...member, auto_create_key: false });
+        const label = where("organization/member_add", round, `${n} requests, ${JSON.stringify(member)}`);
+        const replies = await burst(
+          Array.from({ length: n }, () => () => post("/organization/member_add", { organization_id: org.organization_id, member: { role: "internal_user", ...member } })),
+          label,
+        );
+        oneWins(replies, label);
+        const [info] = await requestOk<{ members: { user_id: string }[] }[]>(gw, "GET", `/organization/list?org_id=${org.organization_id}`);
+        expect(info!.members.length, label).toBe(1);
+        if (byEmail) {
+          const users = await requestOk<{ users: unknown[] }>(gw, "GET", `/user/list?user_email=${encodeURIComponent(member.user_email!)}`);
+          expect(users.users.length, `${label}: users with the address`).toBe(1);
+        }
+      }
+    });
   });
 }

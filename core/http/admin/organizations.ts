@@ -14,6 +14,7 @@ import { Elysia } from "elysia";
 import { badRequest, forbidden, notFound } from "../../authz.ts";
 import { GatewayError } from "../../errors.ts";
 import { Amount, Parallel, Quantity, resetAt } from "../../identity/fields.ts";
+import { findUserByEmail, lockEmail } from "../../identity/members.ts";
 import { modelsOutsideOrg } from "../../identity/org-rules.ts";
 import type { BudgetRow, OrgMemberRow, OrgRow, UserRow } from "../../identity/records.ts";
 import { fromApi, toApi } from "../../identity/serialize.ts";
@@ -313,8 +314,8 @@ interface MemberUser {
 
 async function resolveMemberUser(ctx: AdminCtx, m: { user_id?: string; user_email?: string }, create: boolean): Promise<MemberUser> {
   if (!m.user_id && !m.user_email) throw badRequest("A member needs user_id or user_email.", "member");
-  const where = m.user_id ? eq(users.userId, m.user_id) : eq(users.userEmail, m.user_email!);
-  const [user] = await ctx.db.select().from(users).where(where).limit(1);
+  // By address, as everywhere: whatever its case.
+  const [user] = m.user_id ? await ctx.db.select().from(users).where(eq(users.userId, m.user_id)) : [await findUserByEmail(ctx.db, m.user_email!)];
   if (user) return { user, isNew: false, userId: user.userId };
   if (!create) throw notFound(`User '${m.user_id ?? m.user_email}' not found.`, m.user_id ? "user_id" : "user_email");
   return { user: undefined, isNew: true, userId: m.user_id ?? randomUUID(), email: m.user_email };
@@ -339,23 +340,38 @@ async function addMembers(ctx: AdminCtx) {
   if (already.length > 0) throw badRequest(`Already a member of organization '${orgId}': ${already.map((a) => a.userId).join(", ")}; use /organization/member_update.`, "member");
   const who = ctx.caller.changedBy;
   const budget = body.max_budget_in_organization;
-  const { newUsers, memberships } = await ctx.db.transaction(async (tx) => {
-    const newUsers: UserRow[] = [];
-    const memberships: OrgMemberRow[] = [];
-    for (const r of resolved) {
-      if (r.isNew) {
-        const userRole = r.role === "internal_user_viewer" ? "internal_user_viewer" : "internal_user";
-        const [u] = await tx.insert(users).values({ userId: r.userId, userEmail: r.email, userRole, organizationId: orgId, createdBy: who, updatedBy: who }).returning();
-        newUsers.push(u!);
+  const { newUsers, memberships } = await ctx.db
+    .transaction(async (tx) => {
+      const newUsers: UserRow[] = [];
+      const memberships: OrgMemberRow[] = [];
+      for (const r of resolved) {
+        if (r.isNew && r.email) {
+          // Calls admitting one new address at the same moment take turns: the later one finds the
+          // first one's user instead of creating a second user with that address.
+          await lockEmail(tx, r.email);
+          const created = await findUserByEmail(tx, r.email);
+          if (created) Object.assign(r, { user: created, isNew: false, userId: created.userId });
+        }
+        if (r.isNew) {
+          const userRole = r.role === "internal_user_viewer" ? "internal_user_viewer" : "internal_user";
+          const [u] = await tx.insert(users).values({ userId: r.userId, userEmail: r.email, userRole, organizationId: orgId, createdBy: who, updatedBy: who }).returning();
+          newUsers.push(u!);
+        }
+        const [row] = await tx
+          .insert(orgMembers)
+          .values({ organizationId: orgId, userId: r.userId, userRole: r.role, maxBudgetInOrganization: budget === undefined || budget === null ? null : String(budget) })
+          .returning();
+        memberships.push(row!);
       }
-      const [row] = await tx
-        .insert(orgMembers)
-        .values({ organizationId: orgId, userId: r.userId, userRole: r.role, maxBudgetInOrganization: budget === undefined || budget === null ? null : String(budget) })
-        .returning();
-      memberships.push(row!);
-    }
-    return { newUsers, memberships };
-  });
+      return { newUsers, memberships };
+    })
+    .catch((err: unknown) => {
+      // Another request added the same member, or created the same user, at the same moment (the checks above found nothing yet).
+      if (isUniqueViolation(err)) {
+        throw badRequest(`A member in this request was added to organization '${orgId}', or its user created, by another request at the same moment; nothing was changed.`, "member");
+      }
+      throw err;
+    });
   for (const u of newUsers) await ctx.changed({ kind: "user", userId: u.userId });
   await ctx.changed({ kind: "org_members", orgId });
   for (const m of memberships) await ctx.audit({ action: "created", table: "org_members", objectId: `${orgId}:${m.userId}`, after: m });
