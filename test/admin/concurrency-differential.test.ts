@@ -376,5 +376,34 @@ for (const backend of BACKENDS) {
         }
       }
     });
+
+    test("concurrent PATCH /model/{id}/update of different fields keeps every change", async () => {
+      for (let round = 0; round < ROUNDS; round++) {
+        const id = uniq("patched");
+        await requestOk(gw, "POST", "/model/new", { model_name: uniq("pm"), svc_params: { model: "mock/patched" }, model_info: { id } });
+        const patches: Json[] = rng.some(
+          [
+            { svc_params: { rpm: 10 + rng.int(90) } },
+            { svc_params: { tpm: 1000 + rng.int(9000) } },
+            { model_info: { tier: rng.pick(["a", "b"]) } },
+            { model_info: { team: uniq("mt") } },
+          ],
+          4,
+        );
+        const label = where("model patch", round, JSON.stringify(patches));
+        const replies = await burst(
+          patches.map((p) => () => call("PATCH", `/model/${id}/update`, p)),
+          label,
+        );
+        for (const r of replies) expect(r.status, `${label}: ${r.text}`).toBe(200);
+        const info = await requestOk<{ data: { model_info: Json; svc_params: Json }[] }>(gw, "GET", `/model/info?svc_model_id=${id}`);
+        const model = info.data.find((m) => m.model_info.id === id);
+        expect(model, label).toBeDefined();
+        for (const p of patches) {
+          if (p.svc_params) for (const [f, v] of Object.entries(p.svc_params as Json)) expect(model!.svc_params[f], `${label}: ${f}`).toEqual(v);
+          if (p.model_info) for (const [f, v] of Object.entries(p.model_info as Json)) expect(model!.model_info[f], `${label}: ${f}`).toEqual(v);
+        }
+      }
+    });
   });
 }

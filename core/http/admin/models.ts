@@ -189,6 +189,11 @@ async function writeUpdate(ctx: AdminCtx, deps: AdminDeps, before: ModelRow, ent
   const id = before.modelId;
   const [row] = await ctx.db.update(proxyModels).set(rowValues(ctx, entry)).where(eq(proxyModels.modelId, id)).returning();
   if (!row) throw notFound(`Model '${id}' not found.`, "id");
+  return updated(ctx, deps, before, row);
+}
+
+async function updated(ctx: AdminCtx, deps: AdminDeps, before: ModelRow, row: ModelRow) {
+  const id = row.modelId;
   await ctx.audit({ action: "updated", table: "proxy_models", objectId: id, before: modelObject(before), after: modelObject(row) });
   await applied(ctx, deps, id, servesAs(id, row.modelName));
   return modelObject(row);
@@ -207,22 +212,30 @@ function merge(base: Record<string, unknown>, patch: Record<string, unknown> | u
 async function patchModel(ctx: AdminCtx, deps: AdminDeps, id: string) {
   ctx.caller.requireAdmin();
   const body = await ctx.body(PatchBody);
-  const before = await requireStored(ctx, id);
+  await requireStored(ctx, id);
   if (body.model_info?.id !== undefined && body.model_info.id !== id) throw badRequest("model_info.id cannot change; it is the model's identity.", "model_info.id");
   const key = cryptoKey(ctx);
-  let stored: Record<string, unknown>;
-  try {
-    stored = mapSecrets(before.svcParams as Record<string, unknown>, (v) => decrypt(v, key));
-  } catch {
-    throw GatewayError.of(500, "The stored credentials of this model cannot be decrypted (was SVC_SALT_KEY or the master key changed?). Replace them with /model/update.", "internal_server_error");
-  }
-  const merged = checkEntry({
-    model_name: body.model_name ?? before.modelName,
-    svc_params: merge(stored, body.svc_params),
-    model_info: storedInfo(merge(before.modelInfo as Record<string, unknown>, body.model_info)),
-  }) as ModelEntry;
-  requireDeployable(ctx.snapshot, merged);
-  return writeUpdate(ctx, deps, before, merged);
+  // Merged into the row as it is now, locked until written: merged into the row read above, a
+  // concurrent PATCH's change to another field would be written back over and lost.
+  const { before, row } = await ctx.db.transaction(async (tx) => {
+    const [before] = await tx.select().from(proxyModels).where(eq(proxyModels.modelId, id)).for("update");
+    if (!before) throw notFound(`Model '${id}' not found: it was deleted meanwhile.`, "id");
+    let stored: Record<string, unknown>;
+    try {
+      stored = mapSecrets(before.svcParams as Record<string, unknown>, (v) => decrypt(v, key));
+    } catch {
+      throw GatewayError.of(500, "The stored credentials of this model cannot be decrypted (was SVC_SALT_KEY or the master key changed?). Replace them with /model/update.", "internal_server_error");
+    }
+    const merged = checkEntry({
+      model_name: body.model_name ?? before.modelName,
+      svc_params: merge(stored, body.svc_params),
+      model_info: storedInfo(merge(before.modelInfo as Record<string, unknown>, body.model_info)),
+    }) as ModelEntry;
+    requireDeployable(ctx.snapshot, merged);
+    const [row] = await tx.update(proxyModels).set(rowValues(ctx, merged)).where(eq(proxyModels.modelId, id)).returning();
+    return { before, row: row! };
+  });
+  return updated(ctx, deps, before, row);
 }
 
 async function deleteModel(ctx: AdminCtx, deps: AdminDeps) {
