@@ -157,6 +157,30 @@ for (const backend of BACKENDS) {
       }
     });
 
+    test("a second concurrent delete of a team, user, organization or stored model is a 404, not a second deletion", async () => {
+      for (let round = 0; round < ROUNDS; round++) {
+        const n = 2 + rng.int(2);
+        const team = await requestOk<{ team_id: string }>(gw, "POST", "/team/new", { team_alias: uniq("gone") });
+        const tl = where("double team delete", round, `${n} requests`);
+        oneWins(await burst(Array.from({ length: n }, () => () => post("/team/delete", { team_ids: [team.team_id] })), tl), tl, 404);
+        const user = uniq("gone-user");
+        await requestOk(gw, "POST", "/user/new", { user_id: user, auto_create_key: false });
+        const ul = where("double user delete", round, `${n} requests`);
+        oneWins(await burst(Array.from({ length: n }, () => () => post("/user/delete", { user_ids: [user] })), ul), ul, 404);
+        const org = await requestOk<{ organization_id: string }>(gw, "POST", "/organization/new", { organization_alias: uniq("gone-org") });
+        const ol = where("double organization delete", round, `${n} requests`);
+        oneWins(await burst(Array.from({ length: n }, () => () => call("DELETE", "/organization/delete", { organization_ids: [org.organization_id] })), ol), ol, 404);
+        const id = uniq("gone-model");
+        await requestOk(gw, "POST", "/model/new", { model_name: uniq("gm"), svc_params: { model: "mock/gone" }, model_info: { id } });
+        const ml = where("double model delete", round, `${n} requests`);
+        oneWins(await burst(Array.from({ length: n }, () => () => post("/model/delete", { id })), ml), ml, 404);
+        for (const [table, objectId, label] of [["teams", team.team_id, tl], ["users", user, ul], ["organizations", org.organization_id, ol], ["proxy_models", id, ml]] as const) {
+          const audit = await requestOk<{ audit_logs: unknown[] }>(gw, "GET", `/audit/logs?table_name=${table}&action=deleted&object_id=${objectId}`);
+          expect(audit.audit_logs.length, `${label}: audit rows`).toBe(1);
+        }
+      }
+    });
+
     test("/team/member_add or /key/generate racing /team/delete: nothing of the team lives on", async () => {
       for (let round = 0; round < ROUNDS; round++) {
         const team = await requestOk<{ team_id: string }>(gw, "POST", "/team/new", { team_alias: uniq("doomed") });

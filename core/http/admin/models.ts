@@ -242,7 +242,9 @@ async function deleteModel(ctx: AdminCtx, deps: AdminDeps) {
   ctx.caller.requireAdmin();
   const { id } = await ctx.body(DeleteBody);
   const before = await requireStored(ctx, id, false);
-  await ctx.db.delete(proxyModels).where(eq(proxyModels.modelId, id));
+  const [deleted] = await ctx.db.delete(proxyModels).where(eq(proxyModels.modelId, id)).returning({ id: proxyModels.modelId });
+  // Another call deleted it since it was read: answered as if it had come first.
+  if (!deleted) throw notFound(`Model '${id}' not found: it was deleted meanwhile.`, "id");
   await ctx.audit({ action: "deleted", table: "proxy_models", objectId: id, before: modelObject(before) });
   await applied(ctx, deps, id, gone(id));
   return { message: `Model: ${id} deleted successfully` };

@@ -265,7 +265,11 @@ async function deleteOrgs(ctx: AdminCtx) {
       .set({ organizationId: null, updatedAt: new Date(), updatedBy: ctx.caller.changedBy })
       .where(inArray(users.organizationId, unique))
       .returning({ userId: users.userId });
-    await tx.delete(organizations).where(inArray(organizations.organizationId, unique));
+    const deleted = await tx.delete(organizations).where(inArray(organizations.organizationId, unique)).returning({ id: organizations.organizationId });
+    // Another call deleted one of them since it was read: answered as if it had come first.
+    if (deleted.length < unique.length) {
+      throw notFound(`Organization(s) not found: ${unique.filter((id) => !deleted.some((d) => d.id === id)).join(", ")} (deleted meanwhile); nothing was deleted.`, "organization_ids");
+    }
     return detached;
   });
   for (const orgId of unique) await ctx.changed({ kind: "org", orgId }, { kind: "org_members", orgId });

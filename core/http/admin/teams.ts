@@ -456,7 +456,13 @@ async function deleteTeams(ctx: AdminCtx): Promise<Record<string, unknown>> {
   const by = ctx.caller.changedBy;
   const keys = await ctx.db.transaction(async (tx) => {
     const now = new Date();
-    await tx.update(teams).set({ deletedAt: now, deletedBy: by, updatedAt: now, updatedBy: by }).where(inArray(teams.teamId, ids));
+    const deleted = await tx
+      .update(teams)
+      .set({ deletedAt: now, deletedBy: by, updatedAt: now, updatedBy: by })
+      .where(and(inArray(teams.teamId, ids), isNull(teams.deletedAt)))
+      .returning({ id: teams.teamId });
+    // Another call deleted one of them since it was read: answered as if it had come first.
+    if (deleted.length < ids.length) throw notFound(`Team(s) ${ids.filter((id) => !deleted.some((d) => d.id === id)).join(", ")} not found: deleted meanwhile; nothing was deleted.`, "team_ids");
     const keys = await softDeleteKeys(tx, inArray(virtualKeys.teamId, ids), by);
     // Membership ends with the team: no admin rights linger on a deleted team.
     await tx.delete(teamMembers).where(inArray(teamMembers.teamId, ids));

@@ -282,7 +282,9 @@ async function deleteUsers(ctx: AdminCtx): Promise<Record<string, unknown>> {
       .returning();
     const tm = await tx.delete(teamMembers).where(inArray(teamMembers.userId, ids)).returning({ teamId: teamMembers.teamId });
     const om = await tx.delete(orgMembers).where(inArray(orgMembers.userId, ids)).returning({ orgId: orgMembers.organizationId });
-    await tx.delete(users).where(inArray(users.userId, ids));
+    const deleted = await tx.delete(users).where(inArray(users.userId, ids)).returning({ id: users.userId });
+    // Another call deleted one of them since it was read: answered as if it had come first.
+    if (deleted.length < ids.length) throw notFound(`User(s) ${ids.filter((id) => !deleted.some((d) => d.id === id)).join(", ")} not found: deleted meanwhile; nothing was deleted.`, "user_ids");
     return { keys, teamsTouched: new Set(tm.map((r) => r.teamId)), orgsTouched: new Set(om.map((r) => r.orgId)) };
   });
   await ctx.changed(
