@@ -181,6 +181,53 @@ for (const backend of BACKENDS) {
       }
     });
 
+    test("an update racing the deletion of its object: a 200 that happened before it, or a 404, never a 5xx", async () => {
+      // More rounds than the others: the moment an update can land in (after the deletion read the object, before it wrote) is short.
+      for (let round = 0; round < 3 * ROUNDS; round++) {
+        const team = await requestOk<{ team_id: string }>(gw, "POST", "/team/new", { team_alias: uniq("ud") });
+        const member = uniq("ud-member");
+        await requestOk(gw, "POST", "/team/member_add", { team_id: team.team_id, member: { role: "user", user_id: member } });
+        const org = await requestOk<{ organization_id: string }>(gw, "POST", "/organization/new", { organization_alias: uniq("ud-org") });
+        const orgMember = uniq("ud-org-member");
+        await requestOk(gw, "POST", "/organization/member_add", { organization_id: org.organization_id, member: { role: "internal_user", user_id: orgMember } });
+        const user = uniq("ud-user");
+        await requestOk(gw, "POST", "/user/new", { user_id: user, auto_create_key: false });
+        const budget = uniq("ud-budget");
+        await requestOk(gw, "POST", "/budget/new", { budget_id: budget, max_budget: 5 });
+        const pairs: [string, () => Promise<Reply>, () => Promise<Reply>][] = [
+          [
+            "team member_update vs member_delete",
+            () => post("/team/member_update", { team_id: team.team_id, user_id: member, role: "admin", max_budget_in_team: rng.pick([1, 2]) }),
+            () => post("/team/member_delete", { team_id: team.team_id, user_id: member }),
+          ],
+          [
+            "organization member_update vs member_delete",
+            () => call("PATCH", "/organization/member_update", { organization_id: org.organization_id, user_id: orgMember, role: "org_admin" }),
+            () => call("DELETE", "/organization/member_delete", { organization_id: org.organization_id, user_id: orgMember }),
+          ],
+          ["user update vs delete", () => post("/user/update", { user_id: user, user_alias: uniq("alias") }), () => post("/user/delete", { user_ids: [user] })],
+          [
+            "organization update vs delete",
+            () => call("PATCH", "/organization/update", { organization_id: org.organization_id, organization_alias: uniq("renamed") }),
+            () => call("DELETE", "/organization/delete", { organization_ids: [org.organization_id] }),
+          ],
+          [
+            "team update vs delete",
+            () => post(rng.pick(["/team/update", "/team/block", "/team/permissions_update"]), { team_id: team.team_id, team_alias: uniq("late"), team_member_permissions: ["/key/info"] }),
+            () => post("/team/delete", { team_ids: [team.team_id] }),
+          ],
+          ["budget update vs delete", () => post("/budget/update", { budget_id: budget, max_budget: 9 }), () => post("/budget/delete", { id: budget })],
+        ];
+        for (const [name, update, remove] of pairs) {
+          const label = where("update vs delete", round, name);
+          // Several updates: more of them land in the moment between the deletion's read and its write.
+          const [removed, ...updates] = await burst([remove, update, update, update, update], label);
+          expect(removed!.status, `${label}: ${removed!.text}`).toBe(200);
+          for (const u of updates) expect([200, 400, 404], `${label}: ${u.text}`).toContain(u.status);
+        }
+      }
+    });
+
     test("/team/member_add or /key/generate racing /team/delete: nothing of the team lives on", async () => {
       for (let round = 0; round < ROUNDS; round++) {
         const team = await requestOk<{ team_id: string }>(gw, "POST", "/team/new", { team_alias: uniq("doomed") });

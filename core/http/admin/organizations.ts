@@ -224,7 +224,9 @@ async function updateOrg(ctx: AdminCtx) {
       .set({ ...patch, ...period, updatedAt: new Date(), updatedBy: who })
       .where(eq(organizations.organizationId, orgId))
       .returning();
-    return row!;
+    // Deleted by a concurrent /organization/delete since it was read: the answer that call's coming first gives.
+    if (!row) throw notFound(`Organization '${orgId}' not found.`, "organization_id");
+    return row;
   });
   if (mirrorBudget) await ctx.changed({ kind: "budget", budgetId: before.budgetId! });
   await ctx.changed({ kind: "org", orgId });
@@ -411,9 +413,11 @@ async function updateMember(ctx: AdminCtx) {
     .set(patch)
     .where(and(eq(orgMembers.organizationId, orgId), eq(orgMembers.userId, userId)))
     .returning();
+  // Removed by a concurrent /organization/member_delete since it was read: the answer that call's coming first gives.
+  if (!after) throw notFound(`User '${userId}' is not a member of organization '${orgId}'.`, "user_id");
   await ctx.changed({ kind: "org_members", orgId });
   await ctx.audit({ action: "updated", table: "org_members", objectId: `${orgId}:${userId}`, before, after });
-  return toApi(after!);
+  return toApi(after);
 }
 
 async function deleteMember(ctx: AdminCtx) {

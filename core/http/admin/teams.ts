@@ -646,11 +646,14 @@ async function memberUpdate(ctx: AdminCtx): Promise<Record<string, unknown>> {
   if ("rpm_limit" in raw) set.rpmLimit = body.rpm_limit ?? null;
   let updated = current;
   if (Object.keys(set).length > 0) {
-    [updated] = (await ctx.db
+    const [row] = await ctx.db
       .update(teamMembers)
       .set(set)
       .where(and(eq(teamMembers.teamId, team.teamId), eq(teamMembers.userId, user.userId)))
-      .returning()) as [TeamMemberRow];
+      .returning();
+    // Removed by a concurrent /team/member_delete since it was read: the answer that call's coming first gives.
+    if (!row) throw badRequest(`User ${user.userId} is not a member of team ${team.teamId}.`, "user_id");
+    updated = row;
     await ctx.changed({ kind: "team_members", teamId: team.teamId });
     await ctx.audit({ action: "updated", table: "team_members", objectId: `${team.teamId}:${user.userId}`, before: membershipApi(current), after: membershipApi(updated) });
   }

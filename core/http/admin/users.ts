@@ -257,9 +257,11 @@ async function updateUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
       .where(eq(users.userId, target.userId))
       .returning();
   });
+  // Deleted by a concurrent /user/delete since it was read: the answer that call's coming first gives.
+  if (!updated) throw notFound(`User ${target.userId} not found.`, "user_id");
   await ctx.changed({ kind: "user", userId: target.userId });
   const teamIds = (await teamIdsOf(ctx.db, [target.userId])).get(target.userId) ?? [];
-  const out = userApi(updated!, teamIds);
+  const out = userApi(updated, teamIds);
   await ctx.audit({ action: "updated", table: "users", objectId: target.userId, before: userApi(target, teamIds), after: out });
   return { user_id: target.userId, data: out };
 }
