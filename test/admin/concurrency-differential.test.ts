@@ -174,7 +174,28 @@ for (const backend of BACKENDS) {
         await requestOk(gw, "POST", "/model/new", { model_name: uniq("gm"), svc_params: { model: "mock/gone" }, model_info: { id } });
         const ml = where("double model delete", round, `${n} requests`);
         oneWins(await burst(Array.from({ length: n }, () => () => post("/model/delete", { id })), ml), ml, 404);
-        for (const [table, objectId, label] of [["teams", team.team_id, tl], ["users", user, ul], ["organizations", org.organization_id, ol], ["proxy_models", id, ml]] as const) {
+        // Memberships: a second removal is what a removal of a non-member is (400 for a team, 404 for an organization).
+        const teamUser = uniq("m-gone-user");
+        const mteam = await requestOk<{ team_id: string }>(gw, "POST", "/team/new", { team_alias: uniq("m-gone"), members_with_roles: [{ role: "user", user_id: teamUser }] });
+        const tml = where("double team member_delete", round, `${n} requests`);
+        oneWins(await burst(Array.from({ length: n }, () => () => post("/team/member_delete", { team_id: mteam.team_id, user_id: teamUser })), tml), tml, 400);
+        const morg = await requestOk<{ organization_id: string }>(gw, "POST", "/organization/new", { organization_alias: uniq("m-gone-org") });
+        const orgUser = uniq("m-gone-org-user");
+        await requestOk(gw, "POST", "/organization/member_add", { organization_id: morg.organization_id, member: { role: "internal_user", user_id: orgUser } });
+        const oml = where("double organization member_delete", round, `${n} requests`);
+        oneWins(
+          await burst(Array.from({ length: n }, () => () => call("DELETE", "/organization/member_delete", { organization_id: morg.organization_id, user_id: orgUser })), oml),
+          oml,
+          404,
+        );
+        for (const [table, objectId, label] of [
+          ["teams", team.team_id, tl],
+          ["users", user, ul],
+          ["organizations", org.organization_id, ol],
+          ["proxy_models", id, ml],
+          ["team_members", `${mteam.team_id}:${teamUser}`, tml],
+          ["org_members", `${morg.organization_id}:${orgUser}`, oml],
+        ] as const) {
           const audit = await requestOk<{ audit_logs: unknown[] }>(gw, "GET", `/audit/logs?table_name=${table}&action=deleted&object_id=${objectId}`);
           expect(audit.audit_logs.length, `${label}: audit rows`).toBe(1);
         }

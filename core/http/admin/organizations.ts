@@ -427,7 +427,12 @@ async function deleteMember(ctx: AdminCtx) {
   await loadOrg(ctx, orgId);
   const { userId } = await resolveMemberUser(ctx, body, false);
   const before = await membership(ctx, orgId, userId);
-  await ctx.db.delete(orgMembers).where(and(eq(orgMembers.organizationId, orgId), eq(orgMembers.userId, userId)));
+  const removed = await ctx.db
+    .delete(orgMembers)
+    .where(and(eq(orgMembers.organizationId, orgId), eq(orgMembers.userId, userId)))
+    .returning({ userId: orgMembers.userId });
+  // Removed by a concurrent call since it was read: the answer that call's coming first gives.
+  if (removed.length === 0) throw notFound(`User '${userId}' is not a member of organization '${orgId}'.`, "user_id");
   await ctx.changed({ kind: "org_members", orgId });
   await ctx.audit({ action: "deleted", table: "org_members", objectId: `${orgId}:${userId}`, before });
   return { organization_id: orgId, user_id: userId, deleted: toApi(before) };

@@ -622,7 +622,12 @@ async function memberDelete(ctx: AdminCtx): Promise<Record<string, unknown>> {
   if (!current) throw badRequest(`User ${user.userId} is not a member of team ${team.teamId}.`, "user_id");
   const by = ctx.caller.changedBy;
   const keys = await ctx.db.transaction(async (tx) => {
-    await tx.delete(teamMembers).where(and(eq(teamMembers.teamId, team.teamId), eq(teamMembers.userId, user.userId)));
+    const removed = await tx
+      .delete(teamMembers)
+      .where(and(eq(teamMembers.teamId, team.teamId), eq(teamMembers.userId, user.userId)))
+      .returning({ userId: teamMembers.userId });
+    // Removed by a concurrent call since it was read: the answer that call's coming first gives.
+    if (removed.length === 0) throw badRequest(`User ${user.userId} is not a member of team ${team.teamId}.`, "user_id");
     // A removed member's keys in the team go with it: they would otherwise keep spending the team's budget.
     return softDeleteKeys(tx, and(eq(virtualKeys.teamId, team.teamId), eq(virtualKeys.userId, user.userId))!, by);
   });
