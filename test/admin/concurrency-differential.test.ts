@@ -249,6 +249,26 @@ for (const backend of BACKENDS) {
       }
     });
 
+    test("/key/generate for a user racing /user/delete of that user: no live key of a deleted user", async () => {
+      // More rounds than the others: the moment a key can land in (after the deletion deleted the user's keys, before it deleted the user) is short.
+      for (let round = 0; round < 3 * ROUNDS; round++) {
+        const user = uniq("doomed-user");
+        await requestOk(gw, "POST", "/user/new", { user_id: user, auto_create_key: false, models: ["chat-mock"] });
+        const label = where("key generate vs user delete", round);
+        const [deleted, ...generated] = await burst(
+          [() => post("/user/delete", { user_ids: [user] }), ...Array.from({ length: 4 }, () => () => post("/key/generate", { user_id: user }))],
+          label,
+        );
+        expect(deleted!.status, `${label}: ${deleted!.text}`).toBe(200);
+        const exists = (await call("GET", `/user/info?user_id=${user}`)).status === 200;
+        for (const g of generated) {
+          expect(g.status, `${label}: ${g.text}`).toBe(200);
+          // Generated before the deletion: deleted with the user. After it: the user is created again (as /key/generate does for a new user_id).
+          if (await modelCall(g.body.key as string) === 200) expect(exists, `${label}: a live key of user ${user}, who does not exist`).toBe(true);
+        }
+      }
+    });
+
     test("/team/member_add or /key/generate racing /team/delete: nothing of the team lives on", async () => {
       for (let round = 0; round < ROUNDS; round++) {
         const team = await requestOk<{ team_id: string }>(gw, "POST", "/team/new", { team_alias: uniq("doomed") });

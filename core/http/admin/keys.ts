@@ -23,7 +23,8 @@ import {
   RegenerateKeySchema,
   UpdateKeySchema,
 } from "../../identity/key-fields.ts";
-import type { IdentityChange, KeyRow, TeamRow } from "../../identity/records.ts";
+import type { IdentityChange, KeyRow, TeamRow, UserRow } from "../../identity/records.ts";
+import type { Exec } from "../../identity/members.ts";
 import { decimalsOf, toApi } from "../../identity/serialize.ts";
 import { writtenNumber } from "../../identity/exact-numbers.ts";
 import { columnToPico, exactUsdJson, PICO_DIGITS, picoToText, usdToPico } from "../../cost/money.ts";
@@ -231,16 +232,30 @@ function withProjectId(fields: Record<string, unknown>, body: KeyBody, stored: b
   fields.metadata = metadata;
 }
 
-/** Creates the user row a key names when it does not exist yet (as LiteLLM does). */
+/** The user row a key names, created when it does not exist yet (as LiteLLM does). */
+const newUser = (ctx: AdminCtx, userId: string) => ({ userId, userRole: "internal_user", createdBy: ctx.caller.changedBy, updatedBy: ctx.caller.changedBy });
+
 async function ensureUser(ctx: AdminCtx, userId: string | null | undefined): Promise<IdentityChange[]> {
   if (!userId || ctx.identity.users.has(userId)) return [];
-  const inserted = await ctx.db
-    .insert(users)
-    .values({ userId, userRole: "internal_user", createdBy: ctx.caller.changedBy, updatedBy: ctx.caller.changedBy })
-    .onConflictDoNothing()
-    .returning();
+  const inserted = await ctx.db.insert(users).values(newUser(ctx, userId)).onConflictDoNothing().returning();
   if (inserted[0]) await ctx.audit({ action: "created", table: "users", objectId: userId, after: toApi(inserted[0]) });
   return [{ kind: "user", userId }];
+}
+
+/**
+ * The new key's user, created when missing, and held (FOR UPDATE) until `tx` ends, so a
+ * /user/delete at the same moment (which holds its users first) either comes first, and the user
+ * is created again here, or comes after and deletes the new key with the user. Checked against
+ * the cache only, a key stored just after the user's deletion lived on without its user. Returns
+ * the user row when it was created.
+ */
+async function holdUser(tx: Exec, ctx: AdminCtx, userId: string): Promise<UserRow | undefined> {
+  const held = () => tx.select({ id: users.userId }).from(users).where(eq(users.userId, userId)).for("update");
+  if ((await held()).length > 0) return undefined;
+  const [inserted] = await tx.insert(users).values(newUser(ctx, userId)).onConflictDoNothing().returning();
+  // Not inserted: a concurrent call created the user meanwhile; hold that one.
+  if (!inserted) await held();
+  return inserted;
 }
 
 /** Who the new key may belong to: non-admins generate for themselves, or (team admins) for members of their team. */
@@ -323,29 +338,35 @@ export async function generateKey(ctx: AdminCtx, body: Record<string, unknown>, 
     fields.metadata = { ...((fields.metadata as Record<string, unknown> | undefined) ?? {}), service_account_id: serviceAccountId };
   }
   const expires = expiresOf(input, now) ?? null;
-  const changes = await ensureUser(ctx, userId);
 
   let row: KeyRow | undefined;
+  let createdUser: UserRow | undefined;
   try {
-    [row] = await ctx.db
-      .insert(virtualKeys)
-      .values({
-        ...fields,
-        token,
-        keyName: keyName(plaintext),
-        userId,
-        teamId: team?.teamId ?? null,
-        serviceAccountId,
-        expires,
-        createdBy: ctx.caller.changedBy,
-        updatedBy: ctx.caller.changedBy,
-      } as typeof virtualKeys.$inferInsert)
-      .returning();
+    [row, createdUser] = await ctx.db.transaction(async (tx) => {
+      const createdUser = userId ? await holdUser(tx, ctx, userId) : undefined;
+      const [row] = await tx
+        .insert(virtualKeys)
+        .values({
+          ...fields,
+          token,
+          keyName: keyName(plaintext),
+          userId,
+          teamId: team?.teamId ?? null,
+          serviceAccountId,
+          expires,
+          createdBy: ctx.caller.changedBy,
+          updatedBy: ctx.caller.changedBy,
+        } as typeof virtualKeys.$inferInsert)
+        .returning();
+      return [row, createdUser] as const;
+    });
   } catch (err) {
     if (isUniqueViolation(err)) throw alias ? aliasTaken(alias) : badRequest("This key already exists.", "key");
     throw err;
   }
   if (!row) throw GatewayError.of(500, "The key was not stored.", "internal_server_error");
+  if (createdUser) await ctx.audit({ action: "created", table: "users", objectId: createdUser.userId, after: toApi(createdUser) });
+  const changes: IdentityChange[] = userId && (createdUser || !ctx.identity.users.has(userId)) ? [{ kind: "user", userId }] : [];
   await ctx.changed(...changes, { kind: "key", token });
   const created = toApi(row);
   await ctx.audit({ action: "created", table: TABLE, objectId: token, after: created });
