@@ -23,6 +23,8 @@ const CONFIG = {
   model_list: [
     { model_name: "chat-mock", svc_params: { model: "mock/chat" } },
     { model_name: "other-mock", svc_params: { model: "mock/other" } },
+    // Capacity 100 rpm, for guaranteed_throughput keys.
+    { model_name: "capped-mock", svc_params: { model: "mock/capped", rpm: 100 } },
   ],
   general_settings: { master_key: "sk-test-master-key" },
 };
@@ -287,6 +289,26 @@ for (const backend of BACKENDS) {
         const user = await requestOk<{ user_info: { teams: string[] } }>(gw, "GET", `/user/info?user_id=${member}`).catch(() => undefined);
         expect(user?.user_info.teams ?? [], `${label}: the member's teams`).not.toContain(team.team_id);
         if (generated!.status === 200) expect(await modelCall(generated!.body.key as string), `${label}: the team's key`).toBe(401);
+      }
+    });
+
+    test("concurrent guaranteed_throughput keys on one model group: together they never reserve more than its capacity", async () => {
+      for (let round = 0; round < ROUNDS; round++) {
+        const n = 3 + rng.int(3);
+        const rpm = rng.pick([30, 40, 60]);
+        const guaranteed = { models: ["capped-mock"], rpm_limit: rpm, rpm_limit_type: "guaranteed_throughput" };
+        // Some of them new keys, the others existing best-effort keys updated to guaranteed.
+        const existing = await Promise.all(Array.from({ length: rng.int(n) }, () => newKey({ models: ["capped-mock"] })));
+        const label = where("guaranteed capacity", round, `${n} keys (${existing.length} updated) of ${rpm} rpm on 100`);
+        const replies = await burst(
+          Array.from({ length: n }, (_, i) => () => (existing[i] ? post("/key/update", { key: existing[i]!.key, ...guaranteed }) : post("/key/generate", guaranteed))),
+          label,
+        );
+        const won = replies.filter((r) => r.status === 200);
+        for (const r of replies) if (r.status !== 200) expect(r.status, `${label}: ${r.text}`).toBe(400);
+        // As one after the other: as many as fit, and the rest refused.
+        expect(won.length, label).toBe(Math.min(n, Math.floor(100 / rpm)));
+        await requestOk(gw, "POST", "/key/delete", { keys: [...existing.map((k) => k.token_id), ...replies.filter((r, i) => r.status === 200 && !existing[i]).map((r) => r.body.token_id)] });
       }
     });
 

@@ -304,11 +304,29 @@ function throughputOf(fields: Record<string, unknown>): Pick<KeyRow, "rpmLimit" 
   return { rpmLimit: f.rpmLimit ?? null, tpmLimit: f.tpmLimit ?? null, rpmLimitType: f.rpmLimitType ?? null, tpmLimitType: f.tpmLimitType ?? null };
 }
 
+const isGuaranteed = (key: PlannedKey) => key.rpmLimitType === "guaranteed_throughput" || key.tpmLimitType === "guaranteed_throughput";
+
 /** A guaranteed limit must fit in what the key's models can serve (and its team's limit), or the write is a 400. */
-function checkGuaranteed(ctx: AdminCtx, key: PlannedKey): void {
-  if (key.rpmLimitType !== "guaranteed_throughput" && key.tpmLimitType !== "guaranteed_throughput") return;
-  const problem = guaranteedOverflow(key, ctx.snapshot.models.groups, ctx.identity.keys.values(), ctx.identity.teams);
+function checkGuaranteed(ctx: AdminCtx, key: PlannedKey, keys: Iterable<KeyRow> = ctx.identity.keys.values()): void {
+  if (!isGuaranteed(key)) return;
+  const problem = guaranteedOverflow(key, ctx.snapshot.models.groups, keys, ctx.identity.teams);
   if (problem) throw badRequest(problem, key.rpmLimitType === "guaranteed_throughput" ? "rpm_limit" : "tpm_limit");
+}
+
+/** The advisory lock that guaranteed-throughput writes take in turn (any number no other lock uses). */
+const GUARANTEED_LOCK = 7_301_940_221;
+
+/**
+ * `checkGuaranteed` again inside the transaction that writes the key, against the guaranteed keys
+ * stored, under a lock every such write takes: each of two keys written at the same moment fits
+ * beside the keys the cache knows, and together they would reserve more than the capacity (the
+ * cache learns of the other only after it is written).
+ */
+async function checkGuaranteedStored(tx: Exec, ctx: AdminCtx, key: PlannedKey): Promise<void> {
+  if (!isGuaranteed(key)) return;
+  await tx.execute(sql`select pg_advisory_xact_lock(${GUARANTEED_LOCK})`);
+  const guaranteed = or(eq(virtualKeys.rpmLimitType, "guaranteed_throughput"), eq(virtualKeys.tpmLimitType, "guaranteed_throughput"));
+  checkGuaranteed(ctx, key, await tx.select().from(virtualKeys).where(and(isNull(virtualKeys.deletedAt), guaranteed)));
 }
 
 export async function generateKey(ctx: AdminCtx, body: Record<string, unknown>, opts: { serviceAccount?: boolean } = {}): Promise<Record<string, unknown>> {
@@ -344,6 +362,7 @@ export async function generateKey(ctx: AdminCtx, body: Record<string, unknown>, 
   try {
     [row, createdUser] = await ctx.db.transaction(async (tx) => {
       const createdUser = userId ? await holdUser(tx, ctx, userId) : undefined;
+      await checkGuaranteedStored(tx, ctx, { token, models, teamId: team?.teamId ?? null, ...throughputOf(fields) });
       const [row] = await tx
         .insert(virtualKeys)
         .values({
@@ -426,10 +445,14 @@ async function updateFields(ctx: AdminCtx, row: KeyRow, body: KeyBody): Promise<
 async function updateKey(ctx: AdminCtx, row: KeyRow, body: KeyBody): Promise<KeyRow> {
   if ("spend" in body) await ctx.flushSpend();
   const { fields, changes } = await updateFields(ctx, row, body);
-  checkGuaranteed(ctx, { ...row, ...(fields as Partial<KeyRow>) });
+  const planned = { ...row, ...(fields as Partial<KeyRow>) };
+  checkGuaranteed(ctx, planned);
   let updated: KeyRow | undefined;
   try {
-    [updated] = await ctx.db.update(virtualKeys).set(fields).where(live(row.token)).returning();
+    [updated] = await ctx.db.transaction(async (tx) => {
+      await checkGuaranteedStored(tx, ctx, planned);
+      return tx.update(virtualKeys).set(fields).where(live(row.token)).returning();
+    });
   } catch (err) {
     if (isUniqueViolation(err)) throw aliasTaken(String(fields.keyAlias));
     throw err;
