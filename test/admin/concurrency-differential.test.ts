@@ -159,7 +159,7 @@ for (const backend of BACKENDS) {
       }
     });
 
-    test("a second concurrent delete of a team, user, organization or stored model is a 404, not a second deletion", async () => {
+    test("a second concurrent delete of a team, user, organization, stored model, access group or membership is refused, not a second deletion", async () => {
       for (let round = 0; round < ROUNDS; round++) {
         const n = 2 + rng.int(2);
         const team = await requestOk<{ team_id: string }>(gw, "POST", "/team/new", { team_alias: uniq("gone") });
@@ -176,6 +176,9 @@ for (const backend of BACKENDS) {
         await requestOk(gw, "POST", "/model/new", { model_name: uniq("gm"), svc_params: { model: "mock/gone" }, model_info: { id } });
         const ml = where("double model delete", round, `${n} requests`);
         oneWins(await burst(Array.from({ length: n }, () => () => post("/model/delete", { id })), ml), ml, 404);
+        const group = await requestOk<{ access_group_id: string; access_group: string }>(gw, "POST", "/access_group/new", { access_group: uniq("gone-group"), model_names: ["chat-mock"] });
+        const gl = where("double access group delete", round, `${n} requests`);
+        oneWins(await burst(Array.from({ length: n }, () => () => call("DELETE", `/access_group/${group.access_group}/delete`)), gl), gl, 404);
         // Memberships: a second removal is what a removal of a non-member is (400 for a team, 404 for an organization).
         const teamUser = uniq("m-gone-user");
         const mteam = await requestOk<{ team_id: string }>(gw, "POST", "/team/new", { team_alias: uniq("m-gone"), members_with_roles: [{ role: "user", user_id: teamUser }] });
@@ -195,6 +198,7 @@ for (const backend of BACKENDS) {
           ["users", user, ul],
           ["organizations", org.organization_id, ol],
           ["proxy_models", id, ml],
+          ["access_groups", group.access_group_id, gl],
           ["team_members", `${mteam.team_id}:${teamUser}`, tml],
           ["org_members", `${morg.organization_id}:${orgUser}`, oml],
         ] as const) {

@@ -161,7 +161,11 @@ async function updateGroup(ctx: AdminCtx, at: Lookup) {
 async function deleteGroup(ctx: AdminCtx, at: Lookup) {
   ctx.caller.requireAdmin();
   const before = await requireWritable(ctx, at);
-  await storeWrite(ctx, "delete the access group", () => ctx.db.delete(accessGroups).where(eq(accessGroups.accessGroupId, before.accessGroupId)));
+  const deleted = await storeWrite(ctx, "delete the access group", () =>
+    ctx.db.delete(accessGroups).where(eq(accessGroups.accessGroupId, before.accessGroupId)).returning({ id: accessGroups.accessGroupId }),
+  );
+  // Deleted by a concurrent call since it was read: the answer that call's coming first gives.
+  if (deleted.length === 0) throw missing(at);
   await ctx.changed({ kind: "access_group", accessGroupId: before.accessGroupId });
   await ctx.audit({ action: "deleted", table: "access_groups", objectId: before.accessGroupId, before });
   return {
