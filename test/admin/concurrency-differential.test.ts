@@ -275,6 +275,27 @@ for (const backend of BACKENDS) {
       }
     });
 
+    test("/team/new or /key/generate in an organization racing /organization/delete: no team or key is left in a deleted organization", async () => {
+      for (let round = 0; round < 2 * ROUNDS; round++) {
+        const org = await requestOk<{ organization_id: string }>(gw, "POST", "/organization/new", { organization_alias: uniq("shrinking") });
+        const label = where("team new vs organization delete", round);
+        const [deleted, ...created] = await burst(
+          [
+            () => call("DELETE", "/organization/delete", { organization_ids: [org.organization_id] }),
+            ...Array.from({ length: 3 }, (_, i) => () =>
+              i === 0 ? post("/key/generate", { organization_id: org.organization_id }) : post("/team/new", { team_alias: uniq("late"), organization_id: org.organization_id }),
+            ),
+          ],
+          label,
+        );
+        const live = created.filter((r) => r.status === 200);
+        for (const r of created) if (r.status !== 200) expect(r.status, `${label}: ${r.text}`).toBe(400);
+        // The organization is deleted only when it has no team or key: then none was created in it afterwards.
+        if (deleted!.status === 200) expect(live.map((r) => r.body.team_id ?? r.body.token_id), `${label}: teams and keys of the deleted organization`).toEqual([]);
+        else expect(deleted!.status, `${label}: ${deleted!.text}`).toBe(400);
+      }
+    });
+
     test("/team/member_add or /key/generate racing /team/delete: nothing of the team lives on", async () => {
       for (let round = 0; round < ROUNDS; round++) {
         const team = await requestOk<{ team_id: string }>(gw, "POST", "/team/new", { team_alias: uniq("doomed") });

@@ -39,6 +39,7 @@ import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { followedReset, periodFromBudget } from "../../identity/budget-period.ts";
 import { resetAt } from "../../identity/fields.ts";
 import { guaranteedOverflow, type PlannedKey } from "../../limits/capacity.ts";
+import { holdOrg } from "../../identity/org-rules.ts";
 
 const TABLE = "virtual_keys";
 const BULK_MAX = 500;
@@ -170,10 +171,18 @@ function teamOrFail(ctx: AdminCtx, teamId: string): TeamRow {
   throw forbidden(`You are not an admin of team ${teamId}.`);
 }
 
+const orgGone = (orgId: string) => badRequest(`Organization ${orgId} does not exist.`, "organization_id");
+
+/** The organization a write puts the key in, held until the write's transaction ends (see holdOrg): a 400 when it is gone. */
+async function holdKeyOrg(tx: Exec, fields: Record<string, unknown>): Promise<void> {
+  const orgId = fields.organizationId;
+  if (typeof orgId === "string" && !(await holdOrg(tx, orgId))) throw orgGone(orgId);
+}
+
 /** Referenced organization, budget and access groups must exist (callers who may name them are told plainly), as for a team. */
 function checkReferences(ctx: AdminCtx, fields: Record<string, unknown>): void {
   const org = fields.organizationId;
-  if (typeof org === "string" && !ctx.identity.orgs.has(org)) throw badRequest(`Organization ${org} does not exist.`, "organization_id");
+  if (typeof org === "string" && !ctx.identity.orgs.has(org)) throw orgGone(org);
   const budget = fields.budgetId;
   if (typeof budget === "string" && !ctx.identity.budgets.has(budget)) throw badRequest(`Budget ${budget} does not exist.`, "budget_id");
   const groups = Array.isArray(fields.accessGroupIds) ? (fields.accessGroupIds as unknown[]) : [];
@@ -362,6 +371,7 @@ export async function generateKey(ctx: AdminCtx, body: Record<string, unknown>, 
   try {
     [row, createdUser] = await ctx.db.transaction(async (tx) => {
       const createdUser = userId ? await holdUser(tx, ctx, userId) : undefined;
+      await holdKeyOrg(tx, fields);
       await checkGuaranteedStored(tx, ctx, { token, models, teamId: team?.teamId ?? null, ...throughputOf(fields) });
       const [row] = await tx
         .insert(virtualKeys)
@@ -450,6 +460,7 @@ async function updateKey(ctx: AdminCtx, row: KeyRow, body: KeyBody): Promise<Key
   let updated: KeyRow | undefined;
   try {
     [updated] = await ctx.db.transaction(async (tx) => {
+      if (fields.organizationId !== row.organizationId) await holdKeyOrg(tx, fields);
       await checkGuaranteedStored(tx, ctx, planned);
       return tx.update(virtualKeys).set(fields).where(live(row.token)).returning();
     });

@@ -14,7 +14,7 @@ import { Elysia } from "elysia";
 import { badRequest, forbidden, notFound } from "../../authz.ts";
 import { GatewayError } from "../../errors.ts";
 import { Amount, Parallel, Quantity, resetAt } from "../../identity/fields.ts";
-import { findUserByEmail, lockEmail } from "../../identity/members.ts";
+import { type Exec, findUserByEmail, lockEmail } from "../../identity/members.ts";
 import { modelsOutsideOrg } from "../../identity/org-rules.ts";
 import type { BudgetRow, OrgMemberRow, OrgRow, UserRow } from "../../identity/records.ts";
 import { fromApi, toApi } from "../../identity/serialize.ts";
@@ -241,16 +241,11 @@ async function sharedBudget(ctx: AdminCtx, budgetId: string, orgId: string): Pro
   return u.keys.length + u.teamRows.length + u.teamMemberRows.length + u.orgMemberRows.length > 0 || u.orgRows.some((o) => o.id !== orgId);
 }
 
-async function deleteOrgs(ctx: AdminCtx) {
-  ctx.caller.requireAdmin();
-  const { organization_ids: ids } = await ctx.body(DeleteOrgBody);
-  const unique = [...new Set(ids)];
-  const found = await ctx.db.select().from(organizations).where(inArray(organizations.organizationId, unique));
-  const missing = unique.filter((id) => !found.some((o) => o.organizationId === id));
-  if (missing.length > 0) throw notFound(`Organization(s) not found: ${missing.join(", ")}.`, "organization_ids");
+/** An organization that still has live teams or keys is not deleted: a 400 naming them. */
+async function refuseInUse(db: Exec, ids: string[]): Promise<void> {
   const [liveTeams, liveKeys] = await Promise.all([
-    ctx.db.select({ id: teams.teamId, org: teams.organizationId }).from(teams).where(and(inArray(teams.organizationId, unique), isNull(teams.deletedAt))),
-    ctx.db.select({ org: virtualKeys.organizationId }).from(virtualKeys).where(and(inArray(virtualKeys.organizationId, unique), isNull(virtualKeys.deletedAt))),
+    db.select({ id: teams.teamId, org: teams.organizationId }).from(teams).where(and(inArray(teams.organizationId, ids), isNull(teams.deletedAt))),
+    db.select({ org: virtualKeys.organizationId }).from(virtualKeys).where(and(inArray(virtualKeys.organizationId, ids), isNull(virtualKeys.deletedAt))),
   ]);
   if (liveTeams.length > 0 || liveKeys.length > 0) {
     const teamList = liveTeams.map((t) => `${t.id} (org ${t.org})`).join(", ");
@@ -259,8 +254,22 @@ async function deleteOrgs(ctx: AdminCtx) {
       "organization_ids",
     );
   }
+}
+
+async function deleteOrgs(ctx: AdminCtx) {
+  ctx.caller.requireAdmin();
+  const { organization_ids: ids } = await ctx.body(DeleteOrgBody);
+  const unique = [...new Set(ids)];
+  const found = await ctx.db.select().from(organizations).where(inArray(organizations.organizationId, unique));
+  const missing = unique.filter((id) => !found.some((o) => o.organizationId === id));
+  if (missing.length > 0) throw notFound(`Organization(s) not found: ${missing.join(", ")}.`, "organization_ids");
+  await refuseInUse(ctx.db, unique);
   const expanded = await expandOrgs(ctx, found);
   const detachedUsers = await ctx.db.transaction(async (tx) => {
+    // Checked again with the orgs locked: a team or key put in one meanwhile (it holds its org, see
+    // holdOrg) is seen now, or comes after this deletion and finds no org.
+    await tx.select({ id: organizations.organizationId }).from(organizations).where(inArray(organizations.organizationId, unique)).orderBy(organizations.organizationId).for("update");
+    await refuseInUse(tx, unique);
     await tx.delete(orgMembers).where(inArray(orgMembers.organizationId, unique));
     const detached = await tx
       .update(users)

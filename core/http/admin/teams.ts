@@ -27,7 +27,7 @@ import {
   teamApi,
   userApi,
 } from "../../identity/members.ts";
-import { modelsOutsideOrg } from "../../identity/org-rules.ts";
+import { holdOrg, modelsOutsideOrg } from "../../identity/org-rules.ts";
 import { choice, pageOf, paged } from "../../identity/paging.ts";
 import type { IdentityChange, KeyRow, TeamMemberRow, TeamRow, UserRow } from "../../identity/records.ts";
 import { fromApi, toApi } from "../../identity/serialize.ts";
@@ -214,11 +214,14 @@ async function teamsApi(db: Exec, rows: readonly TeamRow[]): Promise<Record<stri
 // ---------------------------------------------------------------------------------------------
 // Rules on team fields
 
+/** The refusal of a team in an organization that does not exist (or was deleted while the call ran). */
+const orgGone = (orgId: string) => badRequest(`Organization ${orgId} does not exist.`, "organization_id");
+
 /** A team inside an organization stays inside its limits: models within the org's, budget and rates at most the org's. */
 async function checkOrgLimits(ctx: AdminCtx, team: { organizationId: string | null; models: string[]; maxBudget: string | null; tpmLimit: number | null; rpmLimit: number | null }): Promise<void> {
   if (!team.organizationId) return;
   const [org] = await ctx.db.select().from(organizations).where(eq(organizations.organizationId, team.organizationId));
-  if (!org) throw badRequest(`Organization ${team.organizationId} does not exist.`, "organization_id");
+  if (!org) throw orgGone(team.organizationId);
   const outside = modelsOutsideOrg(org, team.models, ctx.snapshot.accessGroups);
   if (outside.length > 0) {
     throw badRequest(`Team models ${JSON.stringify(outside)} are not within organization ${org.organizationId}'s models ${JSON.stringify(org.models)}.`, "models");
@@ -384,6 +387,7 @@ async function newTeam(ctx: AdminCtx): Promise<Record<string, unknown>> {
   });
   const { team, admitted } = await ctx.db
     .transaction(async (tx) => {
+      if (row.organizationId && !(await holdOrg(tx, row.organizationId))) throw orgGone(row.organizationId);
       const [team] = await tx.insert(teams).values(row).returning();
       const admitted: Admitted[] = [];
       // A user named twice is a 400 (team_member_already_in_team) and nothing is created.
@@ -429,7 +433,8 @@ async function updateTeam(ctx: AdminCtx): Promise<Record<string, unknown>> {
       rpmLimit: merged.rpmLimit ?? null,
     });
   }
-  const [team] = await lockedTeam(ctx, before.teamId, (tx, current) => {
+  const [team] = await lockedTeam(ctx, before.teamId, async (tx, current) => {
+    if (props.organizationId && !(await holdOrg(tx, props.organizationId))) throw orgGone(props.organizationId);
     if (settingsTouched) props.memberSettings = memberSettings(raw, current.memberSettings);
     return tx
       .update(teams)
