@@ -1,17 +1,20 @@
 // Concurrent management requests, as automation sends them (Terraform applying a plan, scripts,
 // several admins at once), on both stores, seeded random (CONCURRENCY_SEED=<n> runs another set;
 // every failure names the seed and the round). Each scenario fires a burst of requests with
-// Promise.all, in a random order with random values, a few rounds each, and then checks what a
-// user would notice:
+// Promise.all, in a random order with random values, a few rounds each (more where the moment a
+// race needs is short), and then checks what a user would notice:
 // - no answer is a 5xx, and every refusal is the error envelope ({error: {message, type, param,
 //   code}} with code the status);
 // - the outcome is one a serial order of the same requests could give: one creation of an id or
-//   an alias wins and the others are 400s; a key deleted twice is deleted once (the other call is
-//   a 404, as it would be after the first); updates of different fields of one object are all
-//   kept (none lost to another's stale read);
-// - the state read back agrees: no duplicate members or users, a deleted key answers 401 on a
-//   model call, a regenerated key's old value stops working and the new one works, spend and
-//   budgets are not moved by metadata races.
+//   an alias wins and the others are 400s; an object deleted twice is deleted once (the other call
+//   gets what it gets after the first, and the audit trail has one row); an update racing a
+//   deletion is a 200 (before it) or a 4xx (after it); updates of different fields of one object
+//   are all kept (none lost to another's stale read); guaranteed keys written at once fit the
+//   capacity together, as they would one after the other;
+// - the state read back agrees: no duplicate members or users with one address, a deleted key
+//   answers 401 on a model call, a regenerated key's old value stops working and the new one works
+//   (unless a racing delete won), spend and budget are not moved by metadata races, and nothing
+//   (member, key, team) is left attached to a deleted user, team or organization.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { BACKENDS, type JsonReply, requestJson, requestOk, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 import { Random } from "../harness/random.ts";
