@@ -3,22 +3,8 @@
  * only name models the org itself allows. Used by the organization routes (an org's models must
  * keep covering its teams) and by the team routes (a team's models must fit its org).
  */
-import { eq } from "drizzle-orm";
 import { type AccessGroupLookup, EVERYTHING, INHERIT, matchesEntry as entryCovers } from "../access.ts";
-import { organizations } from "../store/schema.ts";
-import type { Exec } from "./members.ts";
 import type { OrgRow } from "./records.ts";
-
-/**
- * Whether organization `orgId` exists, holding it (FOR SHARE) until `tx` ends: a write that puts a
- * team or key in it takes this in its transaction, and /organization/delete, which refuses an org
- * that still has teams or keys, locks its orgs first. So a team created at the same moment as the
- * org's deletion is either seen by the deletion's check or refused, never left in a deleted org.
- */
-export async function holdOrg(tx: Exec, orgId: string): Promise<boolean> {
-  const rows = await tx.select({ id: organizations.organizationId }).from(organizations).where(eq(organizations.organizationId, orgId)).for("share");
-  return rows.length > 0;
-}
 
 function orgCovers(orgModels: readonly string[], model: string, groups: AccessGroupLookup | undefined): boolean {
   for (const entry of orgModels) {

@@ -299,6 +299,29 @@ for (const backend of BACKENDS) {
       }
     });
 
+    test("/key/generate, /team/new or /organization/new on a budget object racing /budget/delete: nothing is left on a deleted budget", async () => {
+      for (let round = 0; round < 2 * ROUNDS; round++) {
+        const budget = uniq("shared-budget");
+        await requestOk(gw, "POST", "/budget/new", { budget_id: budget, max_budget: 3 });
+        const label = where("key/team vs budget delete", round);
+        const [deleted, ...created] = await burst(
+          [
+            () => post("/budget/delete", { id: budget }),
+            () => post("/team/new", { team_alias: uniq("b"), budget_id: budget }),
+            () => post("/organization/new", { organization_alias: uniq("b"), budget_id: budget }),
+            () => post("/key/generate", { budget_id: budget }),
+            () => post("/key/generate", { budget_id: budget }),
+          ],
+          label,
+        );
+        for (const r of created) if (r.status !== 200) expect(r.status, `${label}: ${r.text}`).toBe(400);
+        const live = created.filter((r) => r.status === 200);
+        // The budget is deleted only when nothing uses it: then nothing was put on it afterwards.
+        if (deleted!.status === 200) expect(live.map((r) => r.body.team_id ?? r.body.organization_id ?? r.body.token_id), `${label}: keys, teams and orgs on the deleted budget`).toEqual([]);
+        else expect(deleted!.status, `${label}: ${deleted!.text}`).toBe(400);
+      }
+    });
+
     test("/team/member_add or /key/generate racing /team/delete: nothing of the team lives on", async () => {
       for (let round = 0; round < ROUNDS; round++) {
         const team = await requestOk<{ team_id: string }>(gw, "POST", "/team/new", { team_alias: uniq("doomed") });

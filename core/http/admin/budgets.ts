@@ -16,6 +16,7 @@ import { badRequest, notFound } from "../../authz.ts";
 import { GatewayError } from "../../errors.ts";
 import { CountField, MoneyField, Nullable, ParallelField, resetAt } from "../../identity/fields.ts";
 import type { BudgetRow, IdentityChange } from "../../identity/records.ts";
+import type { Exec } from "../../identity/members.ts";
 import { followedReset } from "../../identity/budget-period.ts";
 import { fromApi, toApi } from "../../identity/serialize.ts";
 import { budgets, organizations, orgMembers, teamMembers, teams, virtualKeys } from "../../store/schema.ts";
@@ -212,26 +213,26 @@ async function budgetSettings(ctx: AdminCtx) {
 }
 
 /** Who points at a budget: live keys, live teams, orgs and memberships. */
-export async function budgetUsers(ctx: AdminCtx, budgetId: string) {
+export async function budgetUsers(db: Exec, budgetId: string) {
   const [keys, teamRows, orgRows, teamMemberRows, orgMemberRows] = await Promise.all([
-    ctx.db
+    db
       .select({ id: virtualKeys.token, alias: virtualKeys.keyAlias })
       .from(virtualKeys)
       .where(and(eq(virtualKeys.budgetId, budgetId), isNull(virtualKeys.deletedAt))),
-    ctx.db
+    db
       .select({ id: teams.teamId })
       .from(teams)
       .where(and(eq(teams.budgetId, budgetId), isNull(teams.deletedAt))),
-    ctx.db.select({ id: organizations.organizationId }).from(organizations).where(eq(organizations.budgetId, budgetId)),
-    ctx.db.select({ team: teamMembers.teamId, user: teamMembers.userId }).from(teamMembers).where(eq(teamMembers.budgetId, budgetId)),
-    ctx.db.select({ org: orgMembers.organizationId, user: orgMembers.userId }).from(orgMembers).where(eq(orgMembers.budgetId, budgetId)),
+    db.select({ id: organizations.organizationId }).from(organizations).where(eq(organizations.budgetId, budgetId)),
+    db.select({ team: teamMembers.teamId, user: teamMembers.userId }).from(teamMembers).where(eq(teamMembers.budgetId, budgetId)),
+    db.select({ org: orgMembers.organizationId, user: orgMembers.userId }).from(orgMembers).where(eq(orgMembers.budgetId, budgetId)),
   ]);
   return { keys, teamRows, orgRows, teamMemberRows, orgMemberRows };
 }
 
 /** Who still points at a budget, for a message. */
-async function referrers(ctx: AdminCtx, budgetId: string): Promise<string[]> {
-  const { keys, teamRows, orgRows, teamMemberRows, orgMemberRows } = await budgetUsers(ctx, budgetId);
+async function referrers(db: Exec, budgetId: string): Promise<string[]> {
+  const { keys, teamRows, orgRows, teamMemberRows, orgMemberRows } = await budgetUsers(db, budgetId);
   const out: string[] = [];
   if (keys.length) out.push(`keys: ${keys.map((k) => k.alias ?? k.id).join(", ")}`);
   if (teamRows.length) out.push(`teams: ${teamRows.map((t) => t.id).join(", ")}`);
@@ -245,9 +246,18 @@ async function deleteBudget(ctx: AdminCtx) {
   ctx.caller.requireAdmin();
   const { id } = await ctx.body(DeleteBody);
   const before = await loadBudget(ctx, id, "id");
-  const refs = await referrers(ctx, id);
-  if (refs.length > 0) throw badRequest(`Budget '${id}' is still in use (${refs.join("; ")}). Move them to another budget first.`, "id");
-  const [deleted] = await ctx.db.delete(budgets).where(eq(budgets.budgetId, id)).returning();
+  const refuseInUse = async (db: Exec) => {
+    const refs = await referrers(db, id);
+    if (refs.length > 0) throw badRequest(`Budget '${id}' is still in use (${refs.join("; ")}). Move them to another budget first.`, "id");
+  };
+  await refuseInUse(ctx.db);
+  const [deleted] = await ctx.db.transaction(async (tx) => {
+    // Checked again with the budget locked: a key or team put on it meanwhile (it holds the budget,
+    // see holds.ts) is seen now, or comes after this deletion and finds no budget.
+    await tx.select({ id: budgets.budgetId }).from(budgets).where(eq(budgets.budgetId, id)).for("update");
+    await refuseInUse(tx);
+    return tx.delete(budgets).where(eq(budgets.budgetId, id)).returning();
+  });
   if (!deleted) throw notFound(`Budget '${id}' not found: it was deleted meanwhile.`, "id");
   await ctx.changed({ kind: "budget", budgetId: id });
   await ctx.audit({ action: "deleted", table: TABLE, objectId: id, before });

@@ -39,7 +39,7 @@ import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { followedReset, periodFromBudget } from "../../identity/budget-period.ts";
 import { resetAt } from "../../identity/fields.ts";
 import { guaranteedOverflow, type PlannedKey } from "../../limits/capacity.ts";
-import { holdOrg } from "../../identity/org-rules.ts";
+import { holdBudget, holdOrg } from "../../identity/holds.ts";
 
 const TABLE = "virtual_keys";
 const BULK_MAX = 500;
@@ -172,11 +172,16 @@ function teamOrFail(ctx: AdminCtx, teamId: string): TeamRow {
 }
 
 const orgGone = (orgId: string) => badRequest(`Organization ${orgId} does not exist.`, "organization_id");
+const budgetGone = (budgetId: string) => badRequest(`Budget ${budgetId} does not exist.`, "budget_id");
 
-/** The organization a write puts the key in, held until the write's transaction ends (see holdOrg): a 400 when it is gone. */
-async function holdKeyOrg(tx: Exec, fields: Record<string, unknown>): Promise<void> {
-  const orgId = fields.organizationId;
-  if (typeof orgId === "string" && !(await holdOrg(tx, orgId))) throw orgGone(orgId);
+/**
+ * The organization and budget object a write puts the key on (those it names anew), held until
+ * the write's transaction ends (see holds.ts): a 400 when one was deleted meanwhile.
+ */
+async function holdReferences(tx: Exec, fields: Record<string, unknown>, row?: KeyRow): Promise<void> {
+  const { organizationId: orgId, budgetId } = fields;
+  if (typeof orgId === "string" && orgId !== row?.organizationId && !(await holdOrg(tx, orgId))) throw orgGone(orgId);
+  if (typeof budgetId === "string" && budgetId !== row?.budgetId && !(await holdBudget(tx, budgetId))) throw budgetGone(budgetId);
 }
 
 /** Referenced organization, budget and access groups must exist (callers who may name them are told plainly), as for a team. */
@@ -184,7 +189,7 @@ function checkReferences(ctx: AdminCtx, fields: Record<string, unknown>): void {
   const org = fields.organizationId;
   if (typeof org === "string" && !ctx.identity.orgs.has(org)) throw orgGone(org);
   const budget = fields.budgetId;
-  if (typeof budget === "string" && !ctx.identity.budgets.has(budget)) throw badRequest(`Budget ${budget} does not exist.`, "budget_id");
+  if (typeof budget === "string" && !ctx.identity.budgets.has(budget)) throw budgetGone(budget);
   const groups = Array.isArray(fields.accessGroupIds) ? (fields.accessGroupIds as unknown[]) : [];
   const unknownGroups = groups.filter((id) => typeof id !== "string" || !ctx.identity.accessGroups.has(id));
   if (unknownGroups.length > 0) throw badRequest(`Access group(s) ${unknownGroups.join(", ")} do not exist.`, "access_group_ids");
@@ -371,7 +376,7 @@ export async function generateKey(ctx: AdminCtx, body: Record<string, unknown>, 
   try {
     [row, createdUser] = await ctx.db.transaction(async (tx) => {
       const createdUser = userId ? await holdUser(tx, ctx, userId) : undefined;
-      await holdKeyOrg(tx, fields);
+      await holdReferences(tx, fields);
       await checkGuaranteedStored(tx, ctx, { token, models, teamId: team?.teamId ?? null, ...throughputOf(fields) });
       const [row] = await tx
         .insert(virtualKeys)
@@ -460,7 +465,7 @@ async function updateKey(ctx: AdminCtx, row: KeyRow, body: KeyBody): Promise<Key
   let updated: KeyRow | undefined;
   try {
     [updated] = await ctx.db.transaction(async (tx) => {
-      if (fields.organizationId !== row.organizationId) await holdKeyOrg(tx, fields);
+      await holdReferences(tx, fields, row);
       await checkGuaranteedStored(tx, ctx, planned);
       return tx.update(virtualKeys).set(fields).where(live(row.token)).returning();
     });

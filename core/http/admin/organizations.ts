@@ -14,6 +14,7 @@ import { Elysia } from "elysia";
 import { badRequest, forbidden, notFound } from "../../authz.ts";
 import { GatewayError } from "../../errors.ts";
 import { Amount, Parallel, Quantity, resetAt } from "../../identity/fields.ts";
+import { holdBudget } from "../../identity/holds.ts";
 import { type Exec, findUserByEmail, lockEmail } from "../../identity/members.ts";
 import { modelsOutsideOrg } from "../../identity/org-rules.ts";
 import type { BudgetRow, OrgMemberRow, OrgRow, UserRow } from "../../identity/records.ts";
@@ -113,8 +114,15 @@ async function loadBudget(ctx: AdminCtx, budgetId: string | null): Promise<Budge
   return row;
 }
 
+const budgetGone = (budgetId: string) => badRequest(`Budget '${budgetId}' does not exist; create it with /budget/new or leave budget_id out.`, "budget_id");
+
 async function requireBudget(ctx: AdminCtx, budgetId: string): Promise<void> {
-  if (!(await loadBudget(ctx, budgetId))) throw badRequest(`Budget '${budgetId}' does not exist; create it with /budget/new or leave budget_id out.`, "budget_id");
+  if (!(await loadBudget(ctx, budgetId))) throw budgetGone(budgetId);
+}
+
+/** The budget object an org is put on, held until the write's transaction ends (see holds.ts): a 400 when it was deleted meanwhile. */
+async function holdOrgBudget(tx: Exec, budgetId: string | undefined | null): Promise<void> {
+  if (budgetId && !(await holdBudget(tx, budgetId))) throw budgetGone(budgetId);
 }
 
 function orgObject(org: OrgRow, budget: BudgetRow | undefined): Record<string, unknown> {
@@ -156,6 +164,7 @@ async function createOrg(ctx: AdminCtx) {
   const orgProps = withEmptyDefaults(fromApi(organizations, body, ORG_COLUMNS));
   const { org, budget } = await ctx.db
     .transaction(async (tx) => {
+      await holdOrgBudget(tx, body.budget_id);
       let budget: BudgetRow | undefined;
       if (!body.budget_id) {
         [budget] = await tx
@@ -211,6 +220,7 @@ async function updateOrg(ctx: AdminCtx) {
   // org's own values, on its row, win over it).
   const mirrorBudget = body.budget_id === undefined && before.budgetId !== null && Object.keys(budgetPatch).length > 0 && !(await sharedBudget(ctx, before.budgetId, orgId));
   const after = await ctx.db.transaction(async (tx) => {
+    await holdOrgBudget(tx, body.budget_id);
     if (mirrorBudget) {
       await tx
         .update(budgets)
@@ -237,7 +247,7 @@ async function updateOrg(ctx: AdminCtx) {
 
 /** Whether anything besides organization `orgId` uses budget `budgetId`. */
 async function sharedBudget(ctx: AdminCtx, budgetId: string, orgId: string): Promise<boolean> {
-  const u = await budgetUsers(ctx, budgetId);
+  const u = await budgetUsers(ctx.db, budgetId);
   return u.keys.length + u.teamRows.length + u.teamMemberRows.length + u.orgMemberRows.length > 0 || u.orgRows.some((o) => o.id !== orgId);
 }
 
@@ -267,7 +277,7 @@ async function deleteOrgs(ctx: AdminCtx) {
   const expanded = await expandOrgs(ctx, found);
   const detachedUsers = await ctx.db.transaction(async (tx) => {
     // Checked again with the orgs locked: a team or key put in one meanwhile (it holds its org, see
-    // holdOrg) is seen now, or comes after this deletion and finds no org.
+    // holds.ts) is seen now, or comes after this deletion and finds no org.
     await tx.select({ id: organizations.organizationId }).from(organizations).where(inArray(organizations.organizationId, unique)).orderBy(organizations.organizationId).for("update");
     await refuseInUse(tx, unique);
     await tx.delete(orgMembers).where(inArray(orgMembers.organizationId, unique));

@@ -27,7 +27,8 @@ import {
   teamApi,
   userApi,
 } from "../../identity/members.ts";
-import { holdOrg, modelsOutsideOrg } from "../../identity/org-rules.ts";
+import { holdBudget, holdOrg } from "../../identity/holds.ts";
+import { modelsOutsideOrg } from "../../identity/org-rules.ts";
 import { choice, pageOf, paged } from "../../identity/paging.ts";
 import type { IdentityChange, KeyRow, TeamMemberRow, TeamRow, UserRow } from "../../identity/records.ts";
 import { fromApi, toApi } from "../../identity/serialize.ts";
@@ -216,6 +217,13 @@ async function teamsApi(db: Exec, rows: readonly TeamRow[]): Promise<Record<stri
 
 /** The refusal of a team in an organization that does not exist (or was deleted while the call ran). */
 const orgGone = (orgId: string) => badRequest(`Organization ${orgId} does not exist.`, "organization_id");
+const budgetGone = (budgetId: string) => badRequest(`Budget ${budgetId} does not exist.`, "budget_id");
+
+/** The organization and budget object a write puts the team in (those it names), held until its transaction ends (see holds.ts). */
+async function holdReferences(tx: Exec, team: { organizationId?: string | null; budgetId?: string | null }): Promise<void> {
+  if (team.organizationId && !(await holdOrg(tx, team.organizationId))) throw orgGone(team.organizationId);
+  if (team.budgetId && !(await holdBudget(tx, team.budgetId))) throw budgetGone(team.budgetId);
+}
 
 /** A team inside an organization stays inside its limits: models within the org's, budget and rates at most the org's. */
 async function checkOrgLimits(ctx: AdminCtx, team: { organizationId: string | null; models: string[]; maxBudget: string | null; tpmLimit: number | null; rpmLimit: number | null }): Promise<void> {
@@ -253,7 +261,7 @@ async function checkReferences(ctx: AdminCtx, body: { access_group_ids?: string[
   if (unknownGroups.length > 0) throw badRequest(`Access group(s) ${unknownGroups.join(", ")} do not exist.`, "access_group_ids");
   if (body.budget_id) {
     const [b] = await ctx.db.select({ id: budgets.budgetId }).from(budgets).where(eq(budgets.budgetId, body.budget_id));
-    if (!b) throw badRequest(`Budget ${body.budget_id} does not exist.`, "budget_id");
+    if (!b) throw budgetGone(body.budget_id);
   }
 }
 
@@ -387,7 +395,7 @@ async function newTeam(ctx: AdminCtx): Promise<Record<string, unknown>> {
   });
   const { team, admitted } = await ctx.db
     .transaction(async (tx) => {
-      if (row.organizationId && !(await holdOrg(tx, row.organizationId))) throw orgGone(row.organizationId);
+      await holdReferences(tx, row);
       const [team] = await tx.insert(teams).values(row).returning();
       const admitted: Admitted[] = [];
       // A user named twice is a 400 (team_member_already_in_team) and nothing is created.
@@ -434,7 +442,7 @@ async function updateTeam(ctx: AdminCtx): Promise<Record<string, unknown>> {
     });
   }
   const [team] = await lockedTeam(ctx, before.teamId, async (tx, current) => {
-    if (props.organizationId && !(await holdOrg(tx, props.organizationId))) throw orgGone(props.organizationId);
+    await holdReferences(tx, props);
     if (settingsTouched) props.memberSettings = memberSettings(raw, current.memberSettings);
     return tx
       .update(teams)

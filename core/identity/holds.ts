@@ -1,0 +1,22 @@
+/**
+ * Rows a write refers to, held (FOR SHARE) until the write's transaction ends. A deletion that
+ * refuses an object still in use (an organization with teams or keys, a budget object with keys,
+ * teams or organizations on it) locks it first and checks again in its transaction, so a write
+ * putting something on it at the same moment is either seen by that check or finds the object
+ * gone (a 400), as one after the other; never left referring to a deleted one.
+ */
+import { eq } from "drizzle-orm";
+import { budgets, organizations } from "../store/schema.ts";
+import type { Exec } from "./members.ts";
+
+/** Whether organization `orgId` exists, held until `tx` ends. */
+export async function holdOrg(tx: Exec, orgId: string): Promise<boolean> {
+  const rows = await tx.select({ id: organizations.organizationId }).from(organizations).where(eq(organizations.organizationId, orgId)).for("share");
+  return rows.length > 0;
+}
+
+/** Whether budget object `budgetId` exists, held until `tx` ends. */
+export async function holdBudget(tx: Exec, budgetId: string): Promise<boolean> {
+  const rows = await tx.select({ id: budgets.budgetId }).from(budgets).where(eq(budgets.budgetId, budgetId)).for("share");
+  return rows.length > 0;
+}
