@@ -593,7 +593,10 @@ function setBlocked(blocked: boolean) {
   return async (ctx: AdminCtx): Promise<Record<string, unknown>> => {
     const { team_id } = await ctx.body(TeamIdBody);
     const before = await teamFor(ctx, team_id, "global");
-    const [team] = await ctx.db.update(teams).set({ blocked, updatedAt: new Date(), updatedBy: ctx.caller.changedBy }).where(eq(teams.teamId, team_id)).returning();
+    // On the live row only: a team deleted meanwhile is the 404 it would be after the deletion.
+    const [team] = await lockedTeam(ctx, team_id, (tx) =>
+      tx.update(teams).set({ blocked, updatedAt: new Date(), updatedBy: ctx.caller.changedBy }).where(eq(teams.teamId, team_id)).returning(),
+    );
     // Every key of the team is checked against the cached team: this stops (or restarts) them all at once.
     await ctx.changed({ kind: "team", teamId: team_id });
     const out = await withMembers(ctx.db, team!);
@@ -738,7 +741,9 @@ async function permissionsUpdate(ctx: AdminCtx): Promise<Record<string, unknown>
   const before = await teamFor(ctx, body.team_id, "global");
   checkPermissions(body.team_member_permissions);
   const perms = [...new Set(body.team_member_permissions)];
-  const [team] = await ctx.db.update(teams).set({ teamMemberPermissions: perms, updatedAt: new Date(), updatedBy: ctx.caller.changedBy }).where(eq(teams.teamId, before.teamId)).returning();
+  const [team] = await lockedTeam(ctx, before.teamId, (tx) =>
+    tx.update(teams).set({ teamMemberPermissions: perms, updatedAt: new Date(), updatedBy: ctx.caller.changedBy }).where(eq(teams.teamId, before.teamId)).returning(),
+  );
   await ctx.changed({ kind: "team", teamId: before.teamId });
   await ctx.audit({ action: "updated", table: "teams", objectId: before.teamId, before: { team_member_permissions: before.teamMemberPermissions }, after: { team_member_permissions: perms } });
   return withMembers(ctx.db, team!);
