@@ -1,17 +1,28 @@
 /**
  * Rows a write refers to, held (FOR SHARE) until the write's transaction ends. A deletion that
  * refuses an object still in use (an organization with teams or keys, a budget object with keys,
- * teams or organizations on it) locks it first and checks again in its transaction, so a write
- * putting something on it at the same moment is either seen by that check or finds the object
- * gone (a 400), as one after the other; never left referring to a deleted one.
+ * teams or organizations on it) locks it first and checks again in its transaction, and a team's
+ * deletion (which deletes its keys) writes the team's row first, so a write putting something on
+ * it at the same moment is either seen by the deletion or finds the object gone (a 400), as one
+ * after the other; never left referring to a deleted one.
  */
-import { eq } from "drizzle-orm";
-import { budgets, organizations } from "../store/schema.ts";
+import { and, eq, isNull } from "drizzle-orm";
+import { budgets, organizations, teams } from "../store/schema.ts";
 import type { Exec } from "./members.ts";
 
 /** Whether organization `orgId` exists, held until `tx` ends. */
 export async function holdOrg(tx: Exec, orgId: string): Promise<boolean> {
   const rows = await tx.select({ id: organizations.organizationId }).from(organizations).where(eq(organizations.organizationId, orgId)).for("share");
+  return rows.length > 0;
+}
+
+/** Whether team `teamId` is live, held until `tx` ends. */
+export async function holdTeam(tx: Exec, teamId: string): Promise<boolean> {
+  const rows = await tx
+    .select({ id: teams.teamId })
+    .from(teams)
+    .where(and(eq(teams.teamId, teamId), isNull(teams.deletedAt)))
+    .for("share");
   return rows.length > 0;
 }
 

@@ -345,6 +345,8 @@ for (const backend of BACKENDS) {
         const user = await requestOk<{ user_info: { teams: string[] } }>(gw, "GET", `/user/info?user_id=${member}`).catch(() => undefined);
         expect(user?.user_info.teams ?? [], `${label}: the member's teams`).not.toContain(team.team_id);
         if (generated!.status === 200) expect(await modelCall(generated!.body.key as string), `${label}: the team's key`).toBe(401);
+        const keys = await requestOk<{ total_count: number }>(gw, "GET", `/key/list?team_id=${team.team_id}`);
+        expect(keys.total_count, `${label}: live keys of the deleted team`).toBe(0);
       }
     });
 

@@ -39,7 +39,7 @@ import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { followedReset, periodFromBudget } from "../../identity/budget-period.ts";
 import { resetAt } from "../../identity/fields.ts";
 import { guaranteedOverflow, type PlannedKey } from "../../limits/capacity.ts";
-import { holdBudget, holdOrg } from "../../identity/holds.ts";
+import { holdBudget, holdOrg, holdTeam } from "../../identity/holds.ts";
 
 const TABLE = "virtual_keys";
 const BULK_MAX = 500;
@@ -175,11 +175,12 @@ const orgGone = (orgId: string) => badRequest(`Organization ${orgId} does not ex
 const budgetGone = (budgetId: string) => badRequest(`Budget ${budgetId} does not exist.`, "budget_id");
 
 /**
- * The organization and budget object a write puts the key on (those it names anew), held until
- * the write's transaction ends (see holds.ts): a 400 when one was deleted meanwhile.
+ * The team, organization and budget object a write puts the key in (those it names anew), held
+ * until the write's transaction ends (see holds.ts): a 400 when one was deleted meanwhile.
  */
 async function holdReferences(tx: Exec, fields: Record<string, unknown>, row?: KeyRow): Promise<void> {
-  const { organizationId: orgId, budgetId } = fields;
+  const { teamId, organizationId: orgId, budgetId } = fields;
+  if (typeof teamId === "string" && teamId !== row?.teamId && !(await holdTeam(tx, teamId))) throw badRequest(`Team ${teamId} does not exist.`, "team_id");
   if (typeof orgId === "string" && orgId !== row?.organizationId && !(await holdOrg(tx, orgId))) throw orgGone(orgId);
   if (typeof budgetId === "string" && budgetId !== row?.budgetId && !(await holdBudget(tx, budgetId))) throw budgetGone(budgetId);
 }
@@ -376,7 +377,7 @@ export async function generateKey(ctx: AdminCtx, body: Record<string, unknown>, 
   try {
     [row, createdUser] = await ctx.db.transaction(async (tx) => {
       const createdUser = userId ? await holdUser(tx, ctx, userId) : undefined;
-      await holdReferences(tx, fields);
+      await holdReferences(tx, { ...fields, teamId: team?.teamId });
       await checkGuaranteedStored(tx, ctx, { token, models, teamId: team?.teamId ?? null, ...throughputOf(fields) });
       const [row] = await tx
         .insert(virtualKeys)
