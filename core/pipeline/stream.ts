@@ -10,6 +10,7 @@ import { errorBody, errorInfo } from "../errors.ts";
 import { withoutCredentials } from "../secrets.ts";
 import { AwsEventStreamParser } from "../stream/aws-eventstream.ts";
 import { type EventParser, NdjsonParser, SseParser } from "../stream/framing.ts";
+import { ZERO } from "./call.ts";
 import type { Deadline } from "./upstream.ts";
 
 const DONE = "data: [DONE]\n\n";
@@ -72,8 +73,11 @@ export function streamResponse(a: StreamArgs): Response {
   let firstByteAt: number | undefined;
   let out = "";
   let failure: StreamFailure | undefined;
+  /** Whether the upstream sent any event (a comment or a keep-alive is none). */
+  let sawEvent = false;
 
   const onEvent = (data: string) => {
+    sawEvent = true;
     if (failure) return;
     let parts: ReturnType<typeof transform.event>;
     try {
@@ -103,7 +107,10 @@ export function streamResponse(a: StreamArgs): Response {
   };
   const end = (status: CallStatus, error?: ErrorInfo) => {
     deadline.clear();
-    a.finish(status, usage ?? transform.estimate(state), error, firstByteAt, transform.responseId?.(state));
+    // A client that left before the first event was streamed nothing: like a JSON call left
+    // before its answer, it costs nothing (an estimate would charge a prompt no one answered).
+    const used = usage ?? (status === "cancelled" && !sawEvent ? ZERO : transform.estimate(state));
+    a.finish(status, used, error, firstByteAt, transform.responseId?.(state));
   };
   let ended = false;
   const stop = (reason?: unknown) => {
