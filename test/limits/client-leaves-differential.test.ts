@@ -1,22 +1,28 @@
 // Clients that leave mid-call, with money and limits on, seeded random (LEAVES_DIFF_SEED=<n> runs
-// another set, LEAVES_DIFF_ROUNDS=<n> more or fewer rounds per store; every failure names the seed
-// and the round). Each round makes a virtual key with a `max_budget`, `max_parallel_requests`,
-// `rpm_limit` and `tpm_limit`, sometimes in a team with its own (looser) limits and budget, and
-// fires a burst of random chat calls at once (JSON and streams, `max_tokens` set) through three
+// another set, LEAVES_DIFF_ROUNDS=<n> more or fewer rounds per mode; every failure names the seed
+// and the round). Modes: the embedded store, PostgreSQL, and the embedded store with Redis holding
+// the windows and the budget ledger (skipped when no Redis answers at REDIS_URL). Each round makes
+// a virtual key with a `max_budget`, `max_parallel_requests`, `rpm_limit` and `tpm_limit`,
+// sometimes in a team with its own (looser) limits and budget, and fires a burst of random chat
+// calls at once (JSON and streams, `max_tokens` set, sometimes to a few tokens) through three
 // providers' wire mocks (OpenAI-compatible, Anthropic, Gemini), each behind a small proxy here that
-// paces a stream's events and sees whether the gateway's upstream request was aborted. Some calls
-// run to the end; in others the client leaves: before the answer's headers (the upstream hangs),
-// once the headers came while the model is slow to its first token (the gateway's waiting comment
-// sends them), after the first chunk, mid-stream, or right after the last event; some meet an
-// upstream fault (a 500, a stream or JSON body cut mid-way). Some are refused (the parallel limit
-// under the burst, the budget). Checked against README ("Spend log", "Budgets", "Rate limits",
+// paces a stream's events, injects the faults and sees whether the gateway's upstream request was
+// aborted. Some calls run to the end; in others the client leaves: before the answer's headers
+// (the upstream hangs), before the model's first event (the upstream answered, its first event is
+// slow), once the gateway's waiting comment sent the headers, after the first chunk, mid-stream,
+// right after [DONE], or while the gateway waits to retry an upstream 500; some meet an upstream
+// fault (a 500, retried or not, a stream cut mid-way). Some are refused (the parallel limit under
+// the burst, the budget). Checked against README ("Spend log", "Budgets", "Rate limits", "Routing",
 // "Errors", the stream notes of "How it works"):
-// - every call is exactly one spend-log row (found by the `user` it sent; its `call_id` is the
-//   `x-svc-call-id` the client saw, where it saw one) and the key has no other row: a finished call
-//   `success` with the usage the client got and the cost of `x-svc-response-cost`; a client that
-//   left `cancelled` with no error, at 0 before any answer, a stream charged for what it used (its
-//   tokens at the deployment's prices, its prompt at least, an answer token per chunk it got); a
-//   refusal or an upstream fault a `failure` at 0 (a refusal with no deployment);
+// - every call is exactly one spend-log row, and each failed attempt one more (found by the `user`
+//   it sent; its `call_id` is the `x-svc-call-id` the client saw, where it saw one, a retry's
+//   `<id>-1`) and the key has no other row: a finished call `success` with the usage the client
+//   got and the cost of `x-svc-response-cost`; a client that left `cancelled` with no error, at 0
+//   before the model's first event (as a JSON call before its answer), else charged for what it
+//   streamed (its tokens at the deployment's prices, its prompt, an answer token at least once it
+//   got a chunk, never more than `max_tokens`); a client that left during a retry's backoff: the
+//   failed attempt's row, and no retry; a refusal or an upstream fault a `failure` at 0 (a
+//   refusal with no deployment);
 // - the key's and the team's stored spend equal the exact sum of their rows (decimal text, bigint
 //   pico-dollars), and with `max_tokens` set never pass their `max_budget`;
 // - the upstream request of every client that left is aborted (the proxy sees it go);
@@ -33,7 +39,7 @@ import { rows } from "../../core/store/sql.ts";
 import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 import { Random } from "../harness/random.ts";
 import { scaledExact } from "../harness/spend.ts";
-import { sha256, until } from "../harness/util.ts";
+import { redisReachable, sha256, until } from "../harness/util.ts";
 import { type MockAnthropic, startMockAnthropic } from "../mock-upstream/anthropic.ts";
 import { type MockGemini, startMockGemini } from "../mock-upstream/gemini.ts";
 import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
@@ -41,6 +47,9 @@ import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
 const SEED = Number(process.env.LEAVES_DIFF_SEED ?? 20_261_127);
 const ROUNDS = Number(process.env.LEAVES_DIFF_ROUNDS ?? 3);
 const seedNote = `(LEAVES_DIFF_SEED=${SEED})`;
+const REDIS_URL = process.env.REDIS_URL ?? "redis://127.0.0.1:6379";
+/** Redis outlives a run: names of this run's keys, teams and calls are its own. */
+const RUN = `${process.pid.toString(36)}${Date.now().toString(36)}`;
 /** Prices in pico-dollars per token (integers, so every cost is known exactly). */
 const IN_PICO = 123_457n;
 const OUT_PICO = 987_653n;
@@ -240,6 +249,8 @@ interface CallPlan {
   chunks: number;
   /** `before-headers`: leave after this many ms. */
   afterMs: number;
+  /** Sometimes a few tokens only: the mocks stop there (a word a token). */
+  maxTokens?: number;
   words: string[];
 }
 
@@ -275,14 +286,15 @@ function planCall(rng: Random, marker: string): CallPlan {
   else if (r < 0.22) leave = "in-backoff";
   else if (r < 0.55 && stream) leave = rng.pick(["before-first", "slow-first", "after-first", "mid", "after-last"] as const);
   else if (r < 0.75) fault = rng.pick(stream ? (["status-500", "retried-500", "cut"] as const) : (["status-500", "retried-500"] as const));
-  return { marker, provider, stream, leave, fault, chunks: 1 + rng.int(3), afterMs: 100 + rng.int(200), words: Array.from({ length: 4 + rng.int(6) }, () => rng.pick(WORDS)) };
+  const maxTokens = rng.maybe(0.4, [1, 2, 3, 5]);
+  return { marker, provider, stream, leave, fault, chunks: 1 + rng.int(3), afterMs: 100 + rng.int(200), words: Array.from({ length: 4 + rng.int(6) }, () => rng.pick(WORDS)), maxTokens };
 }
 
 function callBody(p: CallPlan): Json {
   return {
     model: p.provider,
     messages: [{ role: "user", content: `${p.marker} ${p.words.join(" ")}` }],
-    max_tokens: MAX_TOKENS,
+    max_tokens: p.maxTokens ?? MAX_TOKENS,
     user: p.marker,
     // A first attempt's 500 is retried (after a backoff of at least 375 ms).
     ...(p.fault === "retried-500" || p.leave === "in-backoff" ? { num_retries: 1 } : {}),
@@ -415,8 +427,12 @@ async function ok(gw: TestGateway, path: string, body: Json): Promise<Json> {
   return r.body;
 }
 
-for (const backend of BACKENDS) {
-  describe(`clients that leave mid-call, with budgets and limits, on ${backend}, LEAVES_DIFF_SEED=${SEED}`, () => {
+/** Both stores, and the embedded one with Redis holding the rate windows and the budget ledger (skipped when no Redis answers). */
+const MODES = [...BACKENDS.map((backend) => ({ backend, name: backend, redis: false })), { backend: "pglite" as const, name: "pglite+redis", redis: true }];
+const redisUp = await redisReachable(REDIS_URL);
+
+for (const { backend, name, redis } of MODES) {
+  describe.skipIf(redis && !redisUp)(`clients that leave mid-call, with budgets and limits, on ${name}, LEAVES_DIFF_SEED=${SEED}`, () => {
     let gw: TestGateway;
     let openai: MockOpenAI;
     let anthropic: MockAnthropic;
@@ -442,7 +458,7 @@ for (const backend of BACKENDS) {
           ],
           general_settings: { master_key: MASTER_KEY },
         },
-        { dbPrefix: "gw_leaves" },
+        { dbPrefix: "gw_leaves", redisUrl: redis ? REDIS_URL : undefined },
       );
     });
 
@@ -458,7 +474,7 @@ for (const backend of BACKENDS) {
       for (let round = 0; round < ROUNDS; round++) {
         const where = `round ${round} ${seedNote}`;
         const outcomes: Outcome[] = [];
-        const marker = () => `leave-${backend}-${round}-${serial++}`;
+        const marker = () => `leave-${name.replace("+", "-")}-${RUN}-${round}-${serial++}`;
         const faultFor = (p: CallPlan) => {
           const plan: Plan = { firstMs: 0, paceMs: 0 };
           if (p.leave === "before-headers") plan.fault = "hang";
@@ -477,7 +493,7 @@ for (const backend of BACKENDS) {
         const tpm = 20_000 + rng.int(20_000);
         const worst = IN_PICO * 120n + OUT_PICO * BigInt(MAX_TOKENS);
         const keyBudget = worst * BigInt(4 + rng.int(10));
-        const teamId = rng.chance(0.5) ? `team-leaves-${backend}-${round}-${SEED}` : undefined;
+        const teamId = rng.chance(0.5) ? `team-leaves-${name}-${RUN}-${round}` : undefined;
         const teamBudget = worst * BigInt(4 + rng.int(12));
         if (teamId) await ok(gw, "/team/new", { team_id: teamId, max_budget: Number(usd(teamBudget)), rpm_limit: rpm + 20, tpm_limit: tpm + 50_000, max_parallel_requests: parallel + 3 });
         const created = await ok(gw, "/key/generate", { max_budget: Number(usd(keyBudget)), max_parallel_requests: parallel, rpm_limit: rpm, tpm_limit: tpm, ...(teamId ? { team_id: teamId } : {}) });
@@ -581,6 +597,8 @@ for (const backend of BACKENDS) {
             continue;
           }
           expect(row.model_id, label).toBe(`dep-${p.provider}`);
+          // Whatever it streamed, an answer has at most max_tokens tokens (and budgets reserve no more).
+          expect(row.completion_tokens, `${label}: at most max_tokens (${p.maxTokens ?? MAX_TOKENS}) answer tokens`).toBeLessThanOrEqual(p.maxTokens ?? MAX_TOKENS);
           if (o.status === undefined && p.leave === "in-backoff") {
             // Left while the gateway waited to retry: the failed attempt is the call's row.
             expect([row.status, spend], `${label}: the failed attempt`).toEqual(["failure", 0n]);
