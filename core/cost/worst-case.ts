@@ -28,6 +28,11 @@ function worstTranscription(pricing: Pricing, d: Deployment, promptTokens: numbe
   return pricing.costOf(d, { promptTokens: promptTokens + audio.tokens, audioPromptTokens: audio.tokens, completionTokens: audio.tokens, audioSeconds: audio.seconds }).cost;
 }
 
+/** The most answer tokens a chat or completions call can have: its limit for each of its `n` choices (undefined: no limit set). */
+export function answerTokenBound(body: WireRequest[Endpoint], maxOutputTokens: number | undefined): number | undefined {
+  return maxOutputTokens === undefined ? undefined : maxOutputTokens * Math.max(1, (body as { n?: number | null }).n ?? 1);
+}
+
 /** `promptTokens`: the prompt's bound; `maxOutputTokens`: the request's limit, if it sets one. */
 export function worstCaseOf<E extends Endpoint>(endpoint: E, body: WireRequest[E], d: Deployment, pricing: Pricing, promptTokens: number, maxOutputTokens: number | undefined): Pico {
   switch (endpoint) {
@@ -40,9 +45,7 @@ export function worstCaseOf<E extends Endpoint>(endpoint: E, body: WireRequest[E
       return pricing.costOf(d, speechBound(body as WireRequest["speech"])).cost;
     case "transcriptions":
       return worstTranscription(pricing, d, promptTokens, body as WireRequest["transcriptions"]);
-    default: {
-      const choices = Math.max(1, (body as { n?: number | null }).n ?? 1);
-      return pricing.worstCase(d, promptTokens, maxOutputTokens === undefined ? undefined : maxOutputTokens * choices);
-    }
+    default:
+      return pricing.worstCase(d, promptTokens, answerTokenBound(body, maxOutputTokens));
   }
 }

@@ -48,7 +48,7 @@ export interface CallContext {
 
 export const ZERO: Usage = { promptTokens: 0, completionTokens: 0 };
 
-function maxOutput(body: WireRequest[Endpoint]): number | undefined {
+export function maxOutput(body: WireRequest[Endpoint]): number | undefined {
   const b = body as { max_tokens?: number | null; max_completion_tokens?: number | null };
   return b.max_completion_tokens ?? b.max_tokens ?? undefined;
 }

@@ -10,7 +10,8 @@ import { errorBody, errorInfo } from "../errors.ts";
 import { withoutCredentials } from "../secrets.ts";
 import { AwsEventStreamParser } from "../stream/aws-eventstream.ts";
 import { type EventParser, NdjsonParser, SseParser } from "../stream/framing.ts";
-import { ZERO } from "./call.ts";
+import { answerTokenBound } from "../cost/worst-case.ts";
+import { ZERO, maxOutput } from "./call.ts";
 import type { Deadline } from "./upstream.ts";
 
 const DONE = "data: [DONE]\n\n";
@@ -105,11 +106,23 @@ export function streamResponse(a: StreamArgs): Response {
       failure ??= new StreamFailure(errorInfo(500, `${d.provider} sent a corrupt event stream for model ${d.modelName}: ${err instanceof Error ? err.message : String(err)}`));
     }
   };
+  /**
+   * The transform's estimate of a stream that ended without the upstream's counts, never more
+   * answer tokens than the request allowed: counting chunks (a role or finish chunk has no token)
+   * would charge more than budgets reserved, and spend could pass a budget.
+   */
+  const estimated = (): Usage => {
+    const e = transform.estimate(state);
+    const bound = answerTokenBound(a.request, maxOutput(a.request));
+    if (bound === undefined || e.completionTokens <= bound) return e;
+    // Its parts (reasoning) stay parts of the total.
+    return { ...e, completionTokens: bound, ...(e.reasoningTokens === undefined ? {} : { reasoningTokens: Math.min(e.reasoningTokens, bound) }) };
+  };
   const end = (status: CallStatus, error?: ErrorInfo) => {
     deadline.clear();
     // A client that left before the first event was streamed nothing: like a JSON call left
     // before its answer, it costs nothing (an estimate would charge a prompt no one answered).
-    const used = usage ?? (status === "cancelled" && !sawEvent ? ZERO : transform.estimate(state));
+    const used = usage ?? (status === "cancelled" && !sawEvent ? ZERO : estimated());
     a.finish(status, used, error, firstByteAt, transform.responseId?.(state));
   };
   let ended = false;

@@ -286,7 +286,8 @@ function planCall(rng: Random, marker: string): CallPlan {
   else if (r < 0.22) leave = "in-backoff";
   else if (r < 0.55 && stream) leave = rng.pick(["before-first", "slow-first", "after-first", "mid", "after-last"] as const);
   else if (r < 0.75) fault = rng.pick(stream ? (["status-500", "retried-500", "cut"] as const) : (["status-500", "retried-500"] as const));
-  const maxTokens = rng.maybe(0.4, [1, 2, 3, 5]);
+  // A client that leaves a short answer: the gateway has read little more than the client got.
+  const maxTokens = leave === "after-first" || leave === "mid" ? rng.maybe(0.6, [1, 2]) : rng.maybe(0.3, [1, 2, 3, 5]);
   return { marker, provider, stream, leave, fault, chunks: 1 + rng.int(3), afterMs: 100 + rng.int(200), words: Array.from({ length: 4 + rng.int(6) }, () => rng.pick(WORDS)), maxTokens };
 }
 
@@ -549,7 +550,18 @@ for (const { backend, name, redis } of MODES) {
         for (const a of again) expect(a.status, `${what}: ${parallel} calls at once after the others left: ${a.errorMessage}\n${planText}`).toBe(200);
         outcomes.push(...again);
 
+        // A short answer (max_tokens 1 or 2) left after its first chunk, on every provider: the
+        // gateway has read little more than that, its counts not among it.
+        for (const provider of PROVIDERS) {
+          const p: CallPlan = { marker: marker(), provider, stream: true, leave: "after-first", fault: "none", chunks: 1, afterMs: 0, words: ["short", "answer", "left", "early"], maxTokens: 1 + rng.int(2) };
+          proxies[provider].plans.set(p.marker, { firstMs: 0, paceMs: PACE_MS });
+          outcomes.push(await makeCall(gw, key, p));
+        }
+
         // The rate windows: every call not refused counts once, with the tokens its row says.
+        // A call the client left ends on the gateway's side a moment later: once each has its row.
+        const logged = async () => new Set((await keyRows(gw, token)).map((r) => r.end_user)).size === outcomes.length;
+        expect(await until(logged, 3000), `${what}: every call so far is logged`).toBe(true);
         const before = await keyRows(gw, token);
         const probePlan: CallPlan = { marker: marker(), provider: "openai", stream: false, leave: "none", fault: "none", chunks: 0, afterMs: 0, words: ["probe"] };
         const probe = await fetch(`${gw.url}/v1/chat/completions`, {
@@ -562,7 +574,8 @@ for (const { backend, name, redis } of MODES) {
         // Once per call, however many attempts it took.
         const counted = new Set(before.filter((r) => r.model_id !== "").map((r) => r.end_user)).size + 1;
         const tokensUsed = before.reduce((n, r) => n + r.prompt_tokens + r.completion_tokens, 0);
-        expect(probe.headers.get("x-ratelimit-remaining-requests"), `${what}: requests counted in the window (${counted} not refused)\n${planText}`).toBe(String(rpm - counted));
+        const seenText = outcomes.map((o) => `${o.plan.marker}: ${o.status ?? "left"}${o.left ? " left" : ""} ${o.errorMessage ?? ""}`).join("\n");
+        expect(probe.headers.get("x-ratelimit-remaining-requests"), `${what}: requests counted in the window (${counted} not refused)\n${seenText}`).toBe(String(rpm - counted));
         expect(probe.headers.get("x-ratelimit-remaining-tokens"), `${what}: tokens counted in the window\n${planText}`).toBe(String(tpm - tokensUsed - reservation(callBody(probePlan))));
         const probeUsage = probeBody.usage as Json;
         outcomes.push({ plan: probePlan, status: 200, callId: probe.headers.get("x-svc-call-id") ?? undefined, costHeader: probe.headers.get("x-svc-response-cost") ?? undefined, usage: { prompt: Number(probeUsage.prompt_tokens), completion: Number(probeUsage.completion_tokens) }, contentChunks: 0, done: true, left: false, body: callBody(probePlan) });
