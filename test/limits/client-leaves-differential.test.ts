@@ -9,7 +9,7 @@
 // paces a stream's events, injects the faults and sees whether the gateway's upstream request was
 // aborted. Some calls run to the end; in others the client leaves: before the answer's headers
 // (the upstream hangs), before the model's first event (the upstream answered, its first event is
-// slow), once the gateway's waiting comment sent the headers, after the first chunk, mid-stream,
+// slow; a JSON answer stalls half-way), once the gateway's waiting comment sent the headers, after the first chunk, mid-stream,
 // right after [DONE], or while the gateway waits to retry an upstream 500; some meet an upstream
 // fault (a 500, retried or not, a stream cut mid-way). Some are refused (the parallel limit under
 // the burst, the budget). Checked against README ("Spend log", "Budgets", "Rate limits", "Routing",
@@ -202,11 +202,13 @@ class PacingProxy {
             controller.close();
             return;
           }
-          if (streaming && sent === 0 && plan.firstMs > 0 && !greeted) {
+          if (sent === 0 && plan.firstMs > 0 && !greeted) {
             // The status and headers go out with a response's first bytes: an SSE comment sends
-            // them, and the model is then slow to its first event.
+            // them, and the model is then slow to its first event; a JSON answer stalls half-way.
             greeted = true;
-            controller.enqueue(enc.encode(": ok\n\n"));
+            const first = events[0]!;
+            if (!streaming) events[0] = first.slice(first.length >> 1);
+            controller.enqueue(enc.encode(streaming ? ": ok\n\n" : first.slice(0, first.length >> 1)));
             return;
           }
           await Bun.sleep(sent === 0 ? plan.firstMs : plan.paceMs);
@@ -284,7 +286,8 @@ function planCall(rng: Random, marker: string): CallPlan {
   const r = rng.next();
   if (r < 0.15) leave = "before-headers";
   else if (r < 0.22) leave = "in-backoff";
-  else if (r < 0.55 && stream) leave = rng.pick(["before-first", "slow-first", "after-first", "mid", "after-last"] as const);
+  // JSON: an answer the upstream started and stalls on.
+  else if (r < 0.55) leave = stream ? rng.pick(["before-first", "slow-first", "after-first", "mid", "after-last"] as const) : "before-first";
   else if (r < 0.75) fault = rng.pick(stream ? (["status-500", "retried-500", "cut"] as const) : (["status-500", "retried-500"] as const));
   // A client that leaves a short answer: the gateway has read little more than the client got.
   const maxTokens = leave === "after-first" || leave === "mid" ? rng.maybe(0.6, [1, 2]) : rng.maybe(0.3, [1, 2, 3, 5]);
@@ -493,7 +496,7 @@ for (const { backend, name, redis } of MODES) {
         const rpm = burst + 2 * parallel + 6 + rng.int(4);
         const tpm = 20_000 + rng.int(20_000);
         const worst = IN_PICO * 120n + OUT_PICO * BigInt(MAX_TOKENS);
-        const keyBudget = worst * BigInt(4 + rng.int(10));
+        const keyBudget = worst * BigInt(5 + rng.int(12));
         const teamId = rng.chance(0.5) ? `team-leaves-${name}-${RUN}-${round}` : undefined;
         const teamBudget = worst * BigInt(4 + rng.int(12));
         if (teamId) await ok(gw, "/team/new", { team_id: teamId, max_budget: Number(usd(teamBudget)), rpm_limit: rpm + 20, tpm_limit: tpm + 50_000, max_parallel_requests: parallel + 3 });
