@@ -117,8 +117,9 @@ export async function modelCall<E extends Endpoint>(endpoint: E, body: WireReque
       // An answer that no attempt gave (every deployment cooling down after retries) says the call's id too.
       if (progress.recorded) err.headers["x-svc-call-id"] ??= ctx.callId;
     }
-    // Refused before any deployment was asked (a budget, a rate limit, none free): still a call, logged as a failure.
-    if (!progress.recorded && err instanceof GatewayError && !ctx.clientSignal.aborted) {
+    // Refused before any deployment was asked (a budget, a rate limit, none free): still a call, logged as a failure,
+    // also when its client left while it waited (a budget's first reading of a row's spend may take seconds).
+    if (!progress.recorded && err instanceof GatewayError) {
       recordRefusal(endpoint, body, deployments[0]!, ctx, err, startedAt);
       err.headers["x-svc-call-id"] = ctx.callId;
     }

@@ -33,8 +33,11 @@
 //   counts every call that was not refused (refusals consume nothing), and
 //   `x-ratelimit-remaining-tokens` the tokens of every row plus the final call's reservation;
 // - no answer is a 500 but the upstream 500's own, and the gateway logs no error.
+// On PostgreSQL, also a call refused after its client left (a budget that just appeared waits for
+// the row's stored spend, held here by a lock on the key's row): still a row, the refusal's.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { sql } from "drizzle-orm";
+import postgres from "postgres";
 import { rows } from "../../core/store/sql.ts";
 import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 import { Random } from "../harness/random.ts";
@@ -437,7 +440,7 @@ const redisUp = await redisReachable(REDIS_URL);
 
 for (const { backend, name, redis } of MODES) {
   describe.skipIf(redis && !redisUp)(`clients that leave mid-call, with budgets and limits, on ${name}, LEAVES_DIFF_SEED=${SEED}`, () => {
-    let gw: TestGateway;
+    let gw: TestGateway & { databaseUrl?: string };
     let openai: MockOpenAI;
     let anthropic: MockAnthropic;
     let gemini: MockGemini;
@@ -662,5 +665,48 @@ for (const { backend, name, redis } of MODES) {
       const errors = gw.log.lines.filter((l) => l.level === "error");
       expect(errors, `no error logged ${seedNote}`).toEqual([]);
     }, 60_000);
+
+    // A refusal can come after the client left: a budget that just appeared on a row waits up to
+    // 2 s for the row's stored spend (README, How it works), here held by a lock on the key's row
+    // that keeps the spend writer from writing. The call is still a call: its refusal is a row.
+    test.skipIf(backend !== "postgres" || redis)("a call refused after its client left is still logged", async () => {
+      const budgetId = `b-leaves-${RUN}`;
+      await ok(gw, "/budget/new", { budget_id: budgetId });
+      const key = String((await ok(gw, "/key/generate", { budget_id: budgetId })).key);
+      const token = sha256(key);
+      const db = postgres(gw.databaseUrl!, { max: 1, onnotice: () => {} });
+      let unlock = () => {};
+      const unlocked = new Promise<void>((resolve) => {
+        unlock = resolve;
+      });
+      let locked = () => {};
+      const held = new Promise<void>((resolve) => {
+        locked = resolve;
+      });
+      const lock = db.begin(async (t) => {
+        await t`select 1 from virtual_keys where token = ${token} for update`;
+        locked();
+        await unlocked;
+      });
+      try {
+        await held;
+        const spent: CallPlan = { marker: `leave-refused-${RUN}-0`, provider: "openai", stream: false, leave: "none", fault: "none", chunks: 0, afterMs: 0, words: ["spend", "some"] };
+        expect((await makeCall(gw, key, spent)).status, "a call before the budget").toBe(200);
+        await ok(gw, "/budget/update", { budget_id: budgetId, max_budget: 0 });
+        const left: CallPlan = { marker: `leave-refused-${RUN}-1`, provider: "openai", stream: true, leave: "before-headers", fault: "none", chunks: 0, afterMs: 300, words: ["refused", "later"] };
+        const o = await makeCall(gw, key, left);
+        expect(o.left, "the client left before the answer").toBe(true);
+        await Bun.sleep(2500);
+      } finally {
+        unlock();
+        await lock;
+        await db.end();
+      }
+      const logged = await keyRows(gw, token);
+      expect(logged.map((r) => r.end_user).sort(), "both calls are logged").toEqual([`leave-refused-${RUN}-0`, `leave-refused-${RUN}-1`]);
+      const refused = logged.find((r) => r.end_user === `leave-refused-${RUN}-1`)!;
+      expect([refused.status, pico(refused.spend), refused.model_id], "a refusal: a failure at 0 with no deployment").toEqual(["failure", 0n, ""]);
+      expect(proxies.openai.seen.has(`leave-refused-${RUN}-1`), "the refused call never went upstream").toBe(false);
+    }, 30_000);
   });
 }
