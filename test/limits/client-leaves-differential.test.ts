@@ -3,7 +3,7 @@
 // and the round). Modes: the embedded store, PostgreSQL, and the embedded store with Redis holding
 // the windows and the budget ledger (skipped when no Redis answers at REDIS_URL). Each round makes
 // a virtual key with a `max_budget`, `max_parallel_requests`, `rpm_limit` and `tpm_limit`,
-// sometimes in a team with its own (looser) limits and budget, and fires a burst of random chat
+// sometimes in a team with its own limits (rpm and tpm looser, the same parallel limit or a looser one) and budget, and fires a burst of random chat
 // calls at once (JSON and streams, `max_tokens` set, sometimes to a few tokens) through three
 // providers' wire mocks (OpenAI-compatible, Anthropic, Gemini), each behind a small proxy here that
 // paces a stream's events, injects the faults and sees whether the gateway's upstream request was
@@ -502,7 +502,7 @@ for (const { backend, name, redis } of MODES) {
         const keyBudget = worst * BigInt(5 + rng.int(12));
         const teamId = rng.chance(0.5) ? `team-leaves-${name}-${RUN}-${round}` : undefined;
         const teamBudget = worst * BigInt(4 + rng.int(12));
-        if (teamId) await ok(gw, "/team/new", { team_id: teamId, max_budget: Number(usd(teamBudget)), rpm_limit: rpm + 20, tpm_limit: tpm + 50_000, max_parallel_requests: parallel + 3 });
+        if (teamId) await ok(gw, "/team/new", { team_id: teamId, max_budget: Number(usd(teamBudget)), rpm_limit: rpm + 20, tpm_limit: tpm + 50_000, max_parallel_requests: parallel + rng.pick([0, 3]) });
         const created = await ok(gw, "/key/generate", { max_budget: Number(usd(keyBudget)), max_parallel_requests: parallel, rpm_limit: rpm, tpm_limit: tpm, ...(teamId ? { team_id: teamId } : {}) });
         const key = String(created.key);
         const token = sha256(key);
