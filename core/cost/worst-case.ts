@@ -28,6 +28,12 @@ function worstTranscription(pricing: Pricing, d: Deployment, promptTokens: numbe
   return pricing.costOf(d, { promptTokens: promptTokens + audio.tokens, audioPromptTokens: audio.tokens, completionTokens: audio.tokens, audioSeconds: audio.seconds }).cost;
 }
 
+/** The answer-token limit a request sets, if any. */
+export function maxOutput(body: WireRequest[Endpoint]): number | undefined {
+  const b = body as { max_tokens?: number | null; max_completion_tokens?: number | null };
+  return b.max_completion_tokens ?? b.max_tokens ?? undefined;
+}
+
 /** The most answer tokens a chat or completions call can have: its limit for each of its `n` choices (undefined: no limit set). */
 export function answerTokenBound(body: WireRequest[Endpoint], maxOutputTokens: number | undefined): number | undefined {
   return maxOutputTokens === undefined ? undefined : maxOutputTokens * Math.max(1, (body as { n?: number | null }).n ?? 1);

@@ -5,7 +5,7 @@
  */
 import type { CallIntent, CallRecord, GroupCapacity, HttpCall, CallStatus, Denied, Deployment, Endpoint, EndpointAdapter, ErrorInfo, Lease, Logger, Principal, ProviderAdapter, StreamTransform, Usage, WireJson, WireRequest } from "../contract.ts";
 import { type PromptSize, promptSize } from "../cost/estimate.ts";
-import { worstCaseOf } from "../cost/worst-case.ts";
+import { maxOutput, worstCaseOf } from "../cost/worst-case.ts";
 import { groupCapacity } from "../limits/capacity.ts";
 import { picoToText } from "../cost/money.ts";
 import { GatewayError, errorInfo } from "../errors.ts";
@@ -47,11 +47,6 @@ export interface CallContext {
 }
 
 export const ZERO: Usage = { promptTokens: 0, completionTokens: 0 };
-
-export function maxOutput(body: WireRequest[Endpoint]): number | undefined {
-  const b = body as { max_tokens?: number | null; max_completion_tokens?: number | null };
-  return b.max_completion_tokens ?? b.max_tokens ?? undefined;
-}
 
 /** A gate's refusal of a call, as answered. */
 export class Refusal extends GatewayError {

@@ -10,8 +10,7 @@ import { errorBody, errorInfo } from "../errors.ts";
 import { withoutCredentials } from "../secrets.ts";
 import { AwsEventStreamParser } from "../stream/aws-eventstream.ts";
 import { type EventParser, NdjsonParser, SseParser } from "../stream/framing.ts";
-import { answerTokenBound } from "../cost/worst-case.ts";
-import { ZERO, maxOutput } from "./call.ts";
+import { answerTokenBound, maxOutput } from "../cost/worst-case.ts";
 import type { Deadline } from "./upstream.ts";
 
 const DONE = "data: [DONE]\n\n";
@@ -122,7 +121,7 @@ export function streamResponse(a: StreamArgs): Response {
     deadline.clear();
     // A client that left before the first event was streamed nothing: like a JSON call left
     // before its answer, it costs nothing (an estimate would charge a prompt no one answered).
-    const used = usage ?? (status === "cancelled" && !sawEvent ? ZERO : estimated());
+    const used = usage ?? (status === "cancelled" && !sawEvent ? { promptTokens: 0, completionTokens: 0 } : estimated());
     a.finish(status, used, error, firstByteAt, transform.responseId?.(state));
   };
   let ended = false;
