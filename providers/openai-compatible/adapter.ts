@@ -15,6 +15,7 @@ import type {
   WireRequest,
 } from "../../core/contract.ts";
 import { promptSize } from "../../core/cost/estimate.ts";
+import { answerTokenBound, maxOutput } from "../../core/cost/worst-case.ts";
 import { GatewayOnlyFields, imagesAsked, speechUsage } from "../../core/wire.ts";
 import type { OpenAICompatibleProvider } from "./table.ts";
 import { usageFromOpenAI } from "./usage.ts";
@@ -176,11 +177,14 @@ function answerText(b: WireJson): string[] {
 /**
  * An answer's usage. Some OpenAI-compatible servers (self-hosted ones) send none: such a call is
  * not free, its tokens are estimated as a cut stream's are (the prompt as budgets estimate it, the
- * answer at four characters a token).
+ * answer at four characters a token, never more than the request's max_tokens allowed: budgets
+ * reserve that much, and an estimate above it could take spend past a budget).
  */
 function answerUsage<E extends "chat" | "completions" | "embeddings">(endpoint: E, b: WireJson, req: WireRequest[E] | undefined): Usage {
   if ((b.usage !== undefined && b.usage !== null) || !req) return usageFromOpenAI(b.usage);
-  return { promptTokens: promptSize(endpoint, req).estimate, completionTokens: estimateTokens(answerText(b)) };
+  const estimated = estimateTokens(answerText(b));
+  const bound = answerTokenBound(req, maxOutput(req));
+  return { promptTokens: promptSize(endpoint, req).estimate, completionTokens: bound === undefined ? estimated : Math.min(estimated, bound) };
 }
 
 export function openAIChat(): EndpointAdapter<"chat", StreamState> {

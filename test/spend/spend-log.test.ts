@@ -296,6 +296,39 @@ describe("an answer without usage (pglite, OpenAI wire mock)", () => {
   });
 });
 
+describe("an answer without usage to a request with max_tokens (pglite, OpenAI wire mock)", () => {
+  test("is never charged more answer tokens than max_tokens allowed, so spend stays within what budgets reserved", async () => {
+    const { startMockOpenAI } = await import("../mock-upstream/openai.ts");
+    const mock = await startMockOpenAI({ apiKey: "sk-up" });
+    const gw = await startBackendGateway("pglite", {
+      model_list: [
+        { model_name: "self-hosted", svc_params: { model: "openai/llama", api_base: mock.url, api_key: "sk-up" }, model_info: { input_cost_per_token: 0.000001, output_cost_per_token: 0.000002 } },
+      ],
+      general_settings: { master_key: MASTER_KEY },
+    });
+    try {
+      // Two choices of one long "token" each (a server that sends no usage): 2 x 40 characters would estimate 20 tokens.
+      const content = "x".repeat(40);
+      const choice = (index: number) => ({ index, message: { role: "assistant", content }, finish_reason: "length" });
+      mock.fault({ kind: "answer", body: { id: "chatcmpl-capped", object: "chat.completion", created: 1, model: "llama", choices: [choice(0), choice(1)] } });
+      const res = await fetch(`${gw.url}/v1/chat/completions`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+        body: JSON.stringify({ model: "self-hosted", max_tokens: 3, n: 2, messages: [{ role: "user", content: "a prompt" }] }),
+      });
+      expect(res.status).toBe(200);
+      await gw.host!.spendWriter.flush();
+      const [row] = await rows<LogRow>(gw.host!.store.db, sql`select * from spend_logs where request_id = 'chatcmpl-capped'`);
+      // max_tokens for each of the n choices.
+      expect(row!.completion_tokens).toBe(6);
+      expect(Number(row!.spend)).toBeCloseTo(usd(row!.prompt_tokens, 6), 12);
+    } finally {
+      await gw.stop();
+      await mock.stop();
+    }
+  });
+});
+
 describe("a stream the upstream ends before its answer is whole (pglite)", () => {
   test("an error event instead of [DONE], logged as a failure at cost 0 (OpenAI and Anthropic wire mocks)", async () => {
     const { startMockOpenAI } = await import("../mock-upstream/openai.ts");
