@@ -19,7 +19,7 @@ import type {
   SpendRecorder,
 } from "./contract.ts";
 import type { AccessGroupLookup } from "./access.ts";
-import type { GatewayConfig, ModelEntry } from "./config/schema.ts";
+import { type GatewayConfig, MAX_REQUEST_MB, type ModelEntry } from "./config/schema.ts";
 import type { IdentityCache } from "./identity/cache.ts";
 import { ModelTable, toDeployment } from "./models.ts";
 import { PriceTable } from "./cost/prices.ts";
@@ -40,6 +40,8 @@ export interface Settings extends ClientCredentialSettings {
   dropParams: boolean;
   /** `general_settings.store_prompts_in_spend_logs`: the prompt and the answer go into the call's log row. */
   storePrompts: boolean;
+  /** Larger request bodies are a 413: `general_settings.max_request_size_mb` (validated at most MAX_REQUEST_MB), in bytes. */
+  maxRequestBytes: number;
 }
 
 /** One check a call passes before it goes upstream: a lease to settle when it ends, or a refusal. */
@@ -113,6 +115,7 @@ export function resolveSettings(config: GatewayConfig): Settings {
     requestTimeout: config.router_settings?.timeout ?? config.svc_settings?.request_timeout ?? DEFAULT_REQUEST_TIMEOUT_S,
     dropParams: config.svc_settings?.drop_params ?? false,
     storePrompts: config.general_settings?.store_prompts_in_spend_logs === true,
+    maxRequestBytes: Math.floor((config.general_settings?.max_request_size_mb ?? MAX_REQUEST_MB) * 1024 * 1024),
     allowClientSideCredentials: config.svc_settings?.allow_client_side_credentials === true,
     clientSideApiBaseHosts: config.svc_settings?.client_side_api_base_hosts,
   };

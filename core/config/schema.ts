@@ -261,13 +261,16 @@ export const PassThroughEndpointSchema = T.Object(
   { additionalProperties: false },
 );
 
+/** The largest request body the gateway takes, in MiB (a 25 MB audio upload fits twice over). */
+export const MAX_REQUEST_MB = 64;
+
 export const GeneralSettingsSchema = T.Object(
   {
     master_key: T.Optional(T.String({ pattern: "^sk-", description: "a key starting with sk-" })),
     database_url: T.Optional(T.String({ pattern: "^postgres(ql)?://", description: "a postgres:// URL" })),
     redis_url: T.Optional(T.String({ pattern: "^rediss?://", description: "a redis:// URL" })),
-    /** Request bodies larger than this are refused with a 413 (default and most: 64). */
-    max_request_size_mb: T.Optional(T.Number({ exclusiveMinimum: 0, maximum: 64 })),
+    /** Request bodies larger than this are refused with a 413 (default and most: MAX_REQUEST_MB). */
+    max_request_size_mb: T.Optional(T.Number({ exclusiveMinimum: 0, maximum: MAX_REQUEST_MB })),
     /** Budget alerts are POSTed here (else WEBHOOK_URL). */
     alert_webhook_url: T.Optional(HttpUrl),
     /** Spend-log rows older than this are deleted (daily aggregates and counters stay). */

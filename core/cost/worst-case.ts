@@ -35,7 +35,7 @@ export function maxOutput(body: WireRequest[Endpoint]): number | undefined {
 }
 
 /** The most answer tokens a chat or completions call can have: its limit for each of its `n` choices (undefined: no limit set). */
-export function answerTokenBound(body: WireRequest[Endpoint], maxOutputTokens: number | undefined): number | undefined {
+export function answerTokenBound(body: WireRequest[Endpoint], maxOutputTokens = maxOutput(body)): number | undefined {
   return maxOutputTokens === undefined ? undefined : maxOutputTokens * Math.max(1, (body as { n?: number | null }).n ?? 1);
 }
 

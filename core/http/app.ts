@@ -13,7 +13,7 @@ import { geminiRoutes } from "./routes/gemini.ts";
 import { modelRoutes } from "./routes/models.ts";
 import { NO_SUCH_ROUTE, passThroughRoutes } from "./routes/pass-through.ts";
 import { utilsRoutes } from "./routes/utils.ts";
-import { bodyLimit, bodyTooLarge, invalidPathParam, readBodyWithText, readForm, validate } from "./validate.ts";
+import { bodyTooLarge, invalidPathParam, readBodyWithText, readForm, validate } from "./validate.ts";
 
 export interface AppDeps {
   live: Live;
@@ -54,7 +54,7 @@ export function createApp(deps: AppDeps) {
       const principal = await authenticate(pin.snapshot, request.headers, pathOf(request.url));
       if (pathModel === null) throw invalidPathParam("model");
       // An uploaded file comes as a multipart form; there are then no client bytes to forward as they are.
-      const limit = bodyLimit(pin.snapshot.config.general_settings);
+      const limit = pin.snapshot.settings.maxRequestBytes;
       const { body, text } = endpoint === "transcriptions" ? { body: await readForm(request, limit), text: undefined } : await readBodyWithText(request, JSON.parse, limit);
       let changed = false;
       if (pathModel && body.model !== pathModel) {
@@ -97,7 +97,7 @@ export function createApp(deps: AppDeps) {
   const app = new Elysia({ precompile: true })
     // An announced body over the limit is refused before it is read, on every route (pass-through too).
     .onRequest(({ request }) => {
-      const limit = bodyLimit(live.current.config.general_settings);
+      const limit = live.current.settings.maxRequestBytes;
       if (Number(request.headers.get("content-length") ?? 0) > limit) return errorResponse(bodyTooLarge(limit).info);
     })
     .onError(({ code, error }) => {

@@ -3,7 +3,7 @@ import { isUtf8 } from "node:buffer";
 import { Kind, type TSchema } from "@sinclair/typebox";
 import { TypeCompiler } from "@sinclair/typebox/compiler";
 import { type ValueError, Value } from "@sinclair/typebox/value";
-import { FORMAT_ERRORS } from "../config/schema.ts";
+import { FORMAT_ERRORS, MAX_REQUEST_MB } from "../config/schema.ts";
 import { GatewayError } from "../errors.ts";
 import { parseKeepingNumberText } from "../identity/exact-numbers.ts";
 import { ChatRequestSchema, CompletionRequestSchema, EmbeddingsRequestSchema, ImageRequestSchema, ModerationRequestSchema, SpeechRequestSchema, TranscriptionRequestSchema } from "../wire.ts";
@@ -67,14 +67,8 @@ export function invalidPathParam(param: string, raw?: string): GatewayError {
   return GatewayError.of(400, `The ${param} in the path${shown} is not valid percent-encoding.`, "invalid_request_error", param);
 }
 
-/** The largest request body the gateway takes (a 25 MB audio upload fits twice over). */
-export const MAX_REQUEST_BYTES = 64 * 1024 * 1024;
-
-/** The body limit in force: `general_settings.max_request_size_mb` (at most 64, as validated), else MAX_REQUEST_BYTES. */
-export function bodyLimit(general: { max_request_size_mb?: number } | undefined): number {
-  const mb = general?.max_request_size_mb;
-  return mb === undefined ? MAX_REQUEST_BYTES : Math.min(MAX_REQUEST_BYTES, Math.floor(mb * 1024 * 1024));
-}
+/** The most any request body may be (the configured limit is at most this). */
+export const MAX_REQUEST_BYTES = MAX_REQUEST_MB * 1024 * 1024;
 
 export function bodyTooLarge(limit: number): GatewayError {
   const size = limit % (1024 * 1024) === 0 ? `${limit / 1024 / 1024} MiB` : `${limit} bytes`;

@@ -7,8 +7,25 @@
  * after the other; never left referring to a deleted one.
  */
 import { and, eq, isNull } from "drizzle-orm";
+import { badRequest } from "../authz.ts";
 import { budgets, organizations, teams } from "../store/schema.ts";
 import type { Exec } from "./members.ts";
+
+export const teamGone = (teamId: string) => badRequest(`Team ${teamId} does not exist.`, "team_id");
+export const orgGone = (orgId: string) => badRequest(`Organization ${orgId} does not exist.`, "organization_id");
+export const budgetGone = (budgetId: string) => badRequest(`Budget ${budgetId} does not exist.`, "budget_id");
+
+const named = (id: unknown): id is string => typeof id === "string" && id !== "";
+
+/**
+ * The team, organization and budget object a write puts its object in (those named), held until
+ * `tx` ends: the 400 naming one that does not exist, or was deleted meanwhile.
+ */
+export async function holdReferences(tx: Exec, refs: { teamId?: unknown; organizationId?: unknown; budgetId?: unknown }): Promise<void> {
+  if (named(refs.teamId) && !(await holdTeam(tx, refs.teamId))) throw teamGone(refs.teamId);
+  if (named(refs.organizationId) && !(await holdOrg(tx, refs.organizationId))) throw orgGone(refs.organizationId);
+  if (named(refs.budgetId) && !(await holdBudget(tx, refs.budgetId))) throw budgetGone(refs.budgetId);
+}
 
 /** Whether organization `orgId` exists, held until `tx` ends. */
 export async function holdOrg(tx: Exec, orgId: string): Promise<boolean> {

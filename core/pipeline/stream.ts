@@ -10,7 +10,7 @@ import { errorBody, errorInfo } from "../errors.ts";
 import { withoutCredentials } from "../secrets.ts";
 import { AwsEventStreamParser } from "../stream/aws-eventstream.ts";
 import { type EventParser, NdjsonParser, SseParser } from "../stream/framing.ts";
-import { answerTokenBound, maxOutput } from "../cost/worst-case.ts";
+import { answerTokenBound } from "../cost/worst-case.ts";
 import type { Deadline } from "./upstream.ts";
 
 const DONE = "data: [DONE]\n\n";
@@ -112,7 +112,7 @@ export function streamResponse(a: StreamArgs): Response {
    */
   const estimated = (): Usage => {
     const e = transform.estimate(state);
-    const bound = answerTokenBound(a.request, maxOutput(a.request));
+    const bound = answerTokenBound(a.request);
     if (bound === undefined || e.completionTokens <= bound) return e;
     // Its parts (reasoning) stay parts of the total.
     return { ...e, completionTokens: bound, ...(e.reasoningTokens === undefined ? {} : { reasoningTokens: Math.min(e.reasoningTokens, bound) }) };

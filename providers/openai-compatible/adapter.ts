@@ -15,7 +15,7 @@ import type {
   WireRequest,
 } from "../../core/contract.ts";
 import { promptSize } from "../../core/cost/estimate.ts";
-import { answerTokenBound, maxOutput } from "../../core/cost/worst-case.ts";
+import { answerTokenBound } from "../../core/cost/worst-case.ts";
 import { GatewayOnlyFields, imagesAsked, speechUsage } from "../../core/wire.ts";
 import type { OpenAICompatibleProvider } from "./table.ts";
 import { usageFromOpenAI } from "./usage.ts";
@@ -183,7 +183,7 @@ function answerText(b: WireJson): string[] {
 function answerUsage<E extends "chat" | "completions" | "embeddings">(endpoint: E, b: WireJson, req: WireRequest[E] | undefined): Usage {
   if ((b.usage !== undefined && b.usage !== null) || !req) return usageFromOpenAI(b.usage);
   const estimated = estimateTokens(answerText(b));
-  const bound = answerTokenBound(req, maxOutput(req));
+  const bound = answerTokenBound(req);
   return { promptTokens: promptSize(endpoint, req).estimate, completionTokens: bound === undefined ? estimated : Math.min(estimated, bound) };
 }
 

@@ -7,6 +7,7 @@ import { sql } from "drizzle-orm";
 import OpenAI, { APIError } from "openai";
 import { rows } from "../../core/store/sql.ts";
 import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
+import type { MockOpenAI } from "../mock-upstream/openai.ts";
 
 // $1 per million input tokens, $2 per million output tokens (the mock counts one token per word).
 const PRICED = { model_name: "priced", svc_params: { model: "mock/priced" }, model_info: { input_cost_per_token: 0.000001, output_cost_per_token: 0.000002 } };
@@ -260,17 +261,27 @@ describe("cancelled and cut streams (pglite, OpenAI wire mock)", () => {
   });
 });
 
+/** A gateway on the embedded store whose model "self-hosted" is a mock OpenAI-compatible server, priced; both stopped after `run`. */
+async function withSelfHosted(run: (gw: TestGateway, mock: MockOpenAI) => Promise<void>): Promise<void> {
+  const { startMockOpenAI } = await import("../mock-upstream/openai.ts");
+  const mock = await startMockOpenAI({ apiKey: "sk-up" });
+  const gw = await startBackendGateway("pglite", {
+    model_list: [
+      { model_name: "self-hosted", svc_params: { model: "openai/llama", api_base: mock.url, api_key: "sk-up" }, model_info: { input_cost_per_token: 0.000001, output_cost_per_token: 0.000002 } },
+    ],
+    general_settings: { master_key: MASTER_KEY },
+  });
+  try {
+    await run(gw, mock);
+  } finally {
+    await gw.stop();
+    await mock.stop();
+  }
+}
+
 describe("an answer without usage (pglite, OpenAI wire mock)", () => {
   test("is not free: its tokens are estimated from the prompt and the answer, priced and logged", async () => {
-    const { startMockOpenAI } = await import("../mock-upstream/openai.ts");
-    const mock = await startMockOpenAI({ apiKey: "sk-up" });
-    const gw = await startBackendGateway("pglite", {
-      model_list: [
-        { model_name: "self-hosted", svc_params: { model: "openai/llama", api_base: mock.url, api_key: "sk-up" }, model_info: { input_cost_per_token: 0.000001, output_cost_per_token: 0.000002 } },
-      ],
-      general_settings: { master_key: MASTER_KEY },
-    });
-    try {
+    await withSelfHosted(async (gw, mock) => {
       // 40 characters of answer: 10 tokens at four characters a token.
       const content = "0123456789".repeat(4);
       mock.fault({ kind: "answer", body: { id: "chatcmpl-nousage", object: "chat.completion", created: 1, model: "llama", choices: [{ index: 0, message: { role: "assistant", content }, finish_reason: "stop" }] } });
@@ -289,24 +300,13 @@ describe("an answer without usage (pglite, OpenAI wire mock)", () => {
       expect(row!.prompt_tokens).toBeGreaterThanOrEqual(10);
       expect(Number(row!.spend)).toBeCloseTo(usd(row!.prompt_tokens, row!.completion_tokens), 12);
       expect(Number(row!.spend)).toBeCloseTo(cost, 12);
-    } finally {
-      await gw.stop();
-      await mock.stop();
-    }
+    });
   });
 });
 
 describe("an answer without usage to a request with max_tokens (pglite, OpenAI wire mock)", () => {
   test("is never charged more answer tokens than max_tokens allowed, so spend stays within what budgets reserved", async () => {
-    const { startMockOpenAI } = await import("../mock-upstream/openai.ts");
-    const mock = await startMockOpenAI({ apiKey: "sk-up" });
-    const gw = await startBackendGateway("pglite", {
-      model_list: [
-        { model_name: "self-hosted", svc_params: { model: "openai/llama", api_base: mock.url, api_key: "sk-up" }, model_info: { input_cost_per_token: 0.000001, output_cost_per_token: 0.000002 } },
-      ],
-      general_settings: { master_key: MASTER_KEY },
-    });
-    try {
+    await withSelfHosted(async (gw, mock) => {
       // Two choices of one long "token" each (a server that sends no usage): 2 x 40 characters would estimate 20 tokens.
       const content = "x".repeat(40);
       const choice = (index: number) => ({ index, message: { role: "assistant", content }, finish_reason: "length" });
@@ -322,10 +322,7 @@ describe("an answer without usage to a request with max_tokens (pglite, OpenAI w
       // max_tokens for each of the n choices.
       expect(row!.completion_tokens).toBe(6);
       expect(Number(row!.spend)).toBeCloseTo(usd(row!.prompt_tokens, 6), 12);
-    } finally {
-      await gw.stop();
-      await mock.stop();
-    }
+    });
   });
 });
 

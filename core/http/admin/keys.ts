@@ -39,7 +39,7 @@ import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { followedReset, periodFromBudget } from "../../identity/budget-period.ts";
 import { resetAt } from "../../identity/fields.ts";
 import { guaranteedOverflow, type PlannedKey } from "../../limits/capacity.ts";
-import { holdBudget, holdOrg, holdTeam } from "../../identity/holds.ts";
+import { budgetGone, holdReferences, orgGone, teamGone } from "../../identity/holds.ts";
 
 const TABLE = "virtual_keys";
 const BULK_MAX = 500;
@@ -167,23 +167,16 @@ function teamOrFail(ctx: AdminCtx, teamId: string): TeamRow {
   const team = ctx.identity.teams.get(teamId);
   if (team) return team;
   // Only admins learn that a team does not exist; others were already refused for not administering it.
-  if (ctx.caller.isAdmin) throw badRequest(`Team ${teamId} does not exist.`, "team_id");
+  if (ctx.caller.isAdmin) throw teamGone(teamId);
   throw forbidden(`You are not an admin of team ${teamId}.`);
 }
 
-const orgGone = (orgId: string) => badRequest(`Organization ${orgId} does not exist.`, "organization_id");
-const budgetGone = (budgetId: string) => badRequest(`Budget ${budgetId} does not exist.`, "budget_id");
-
-/**
- * The team, organization and budget object a write puts the key in (those it names anew), held
- * until the write's transaction ends (see holds.ts): a 400 when one was deleted meanwhile.
- */
-async function holdReferences(tx: Exec, fields: Record<string, unknown>, row?: KeyRow): Promise<void> {
-  const { teamId, organizationId: orgId, budgetId } = fields;
-  if (typeof teamId === "string" && teamId !== row?.teamId && !(await holdTeam(tx, teamId))) throw badRequest(`Team ${teamId} does not exist.`, "team_id");
-  if (typeof orgId === "string" && orgId !== row?.organizationId && !(await holdOrg(tx, orgId))) throw orgGone(orgId);
-  if (typeof budgetId === "string" && budgetId !== row?.budgetId && !(await holdBudget(tx, budgetId))) throw budgetGone(budgetId);
-}
+/** The team, organization and budget object `fields` puts the key in that `row` (an update's key) is not in already: held by the write (holds.ts). */
+const namedAnew = (fields: Record<string, unknown>, row?: KeyRow) => ({
+  teamId: fields.teamId !== row?.teamId ? fields.teamId : undefined,
+  organizationId: fields.organizationId !== row?.organizationId ? fields.organizationId : undefined,
+  budgetId: fields.budgetId !== row?.budgetId ? fields.budgetId : undefined,
+});
 
 /** Referenced organization, budget and access groups must exist (callers who may name them are told plainly), as for a team. */
 function checkReferences(ctx: AdminCtx, fields: Record<string, unknown>): void {
@@ -377,7 +370,7 @@ export async function generateKey(ctx: AdminCtx, body: Record<string, unknown>, 
   try {
     [row, createdUser] = await ctx.db.transaction(async (tx) => {
       const createdUser = userId ? await holdUser(tx, ctx, userId) : undefined;
-      await holdReferences(tx, { ...fields, teamId: team?.teamId });
+      await holdReferences(tx, namedAnew({ ...fields, teamId: team?.teamId }));
       await checkGuaranteedStored(tx, ctx, { token, models, teamId: team?.teamId ?? null, ...throughputOf(fields) });
       const [row] = await tx
         .insert(virtualKeys)
@@ -466,7 +459,7 @@ async function updateKey(ctx: AdminCtx, row: KeyRow, body: KeyBody): Promise<Key
   let updated: KeyRow | undefined;
   try {
     [updated] = await ctx.db.transaction(async (tx) => {
-      await holdReferences(tx, fields, row);
+      await holdReferences(tx, namedAnew(fields, row));
       await checkGuaranteedStored(tx, ctx, planned);
       return tx.update(virtualKeys).set(fields).where(live(row.token)).returning();
     });

@@ -27,7 +27,7 @@ import {
   teamApi,
   userApi,
 } from "../../identity/members.ts";
-import { holdBudget, holdOrg } from "../../identity/holds.ts";
+import { budgetGone, holdReferences, orgGone } from "../../identity/holds.ts";
 import { modelsOutsideOrg } from "../../identity/org-rules.ts";
 import { choice, pageOf, paged } from "../../identity/paging.ts";
 import type { IdentityChange, KeyRow, TeamMemberRow, TeamRow, UserRow } from "../../identity/records.ts";
@@ -215,15 +215,6 @@ async function teamsApi(db: Exec, rows: readonly TeamRow[]): Promise<Record<stri
 // ---------------------------------------------------------------------------------------------
 // Rules on team fields
 
-/** The refusal of a team in an organization that does not exist (or was deleted while the call ran). */
-const orgGone = (orgId: string) => badRequest(`Organization ${orgId} does not exist.`, "organization_id");
-const budgetGone = (budgetId: string) => badRequest(`Budget ${budgetId} does not exist.`, "budget_id");
-
-/** The organization and budget object a write puts the team in (those it names), held until its transaction ends (see holds.ts). */
-async function holdReferences(tx: Exec, team: { organizationId?: string | null; budgetId?: string | null }): Promise<void> {
-  if (team.organizationId && !(await holdOrg(tx, team.organizationId))) throw orgGone(team.organizationId);
-  if (team.budgetId && !(await holdBudget(tx, team.budgetId))) throw budgetGone(team.budgetId);
-}
 
 /** A team inside an organization stays inside its limits: models within the org's, budget and rates at most the org's. */
 async function checkOrgLimits(ctx: AdminCtx, team: { organizationId: string | null; models: string[]; maxBudget: string | null; tpmLimit: number | null; rpmLimit: number | null }): Promise<void> {
@@ -395,7 +386,7 @@ async function newTeam(ctx: AdminCtx): Promise<Record<string, unknown>> {
   });
   const { team, admitted } = await ctx.db
     .transaction(async (tx) => {
-      await holdReferences(tx, row);
+      await holdReferences(tx, { organizationId: row.organizationId, budgetId: row.budgetId });
       const [team] = await tx.insert(teams).values(row).returning();
       const admitted: Admitted[] = [];
       // A user named twice is a 400 (team_member_already_in_team) and nothing is created.
@@ -442,7 +433,7 @@ async function updateTeam(ctx: AdminCtx): Promise<Record<string, unknown>> {
     });
   }
   const [team] = await lockedTeam(ctx, before.teamId, async (tx, current) => {
-    await holdReferences(tx, props);
+    await holdReferences(tx, { organizationId: props.organizationId, budgetId: props.budgetId });
     if (settingsTouched) props.memberSettings = memberSettings(raw, current.memberSettings);
     return tx
       .update(teams)

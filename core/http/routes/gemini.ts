@@ -21,7 +21,7 @@ import { canCountUpstream, countLocally, countUpstream, tokenizerModel } from ".
 import { deploymentFor } from "../../tokens/target.ts";
 import type { AppDeps } from "../app.ts";
 import { authenticate, credentialOf } from "../auth.ts";
-import { bodyLimit, decodePathParam, readBody, validate } from "../validate.ts";
+import { decodePathParam, readBody, validate } from "../validate.ts";
 
 type Action = "generateContent" | "streamGenerateContent" | "countTokens";
 const ACTIONS: ReadonlySet<string> = new Set<Action>(["generateContent", "streamGenerateContent", "countTokens"]);
@@ -59,7 +59,7 @@ function passHeaders(res: Response): Record<string, string> {
 export function geminiRoutes({ live, log }: AppDeps) {
   async function generate(request: Request, url: URL, pin: Pin, model: string, stream: boolean): Promise<Response> {
     const principal = await authenticate(pin.snapshot, withGoogleKey(request, url), url.pathname);
-    const body = await readBody(request, bodyLimit(pin.snapshot.config.general_settings));
+    const body = await readBody(request, pin.snapshot.settings.maxRequestBytes);
     const req = validate.chat(geminiToChat(body, model, stream)) as ChatRequest;
     // The last record is the answering attempt's: its usage is what was logged and priced.
     let recorded: Usage | undefined;
@@ -84,7 +84,7 @@ export function geminiRoutes({ live, log }: AppDeps) {
   async function countTokens(request: Request, url: URL, pin: Pin, model: string): Promise<Response> {
     const { snapshot } = pin;
     const principal = await authenticate(snapshot, withGoogleKey(request, url), url.pathname);
-    const body = await readBody(request, bodyLimit(pin.snapshot.config.general_settings));
+    const body = await readBody(request, pin.snapshot.settings.maxRequestBytes);
     const inner = isObject(body.generateContentRequest) ? body.generateContentRequest : body;
     const { messages, tools } = geminiMessages(inner);
     const d = deploymentFor(snapshot, principal, model);

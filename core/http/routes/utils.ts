@@ -17,7 +17,7 @@ import { canCountUpstream, countLocally, countUpstream, type TokenCount, tokeniz
 import { deploymentFor } from "../../tokens/target.ts";
 import type { AppDeps } from "../app.ts";
 import { authenticate } from "../auth.ts";
-import { bodyLimit, readBody, validate } from "../validate.ts";
+import { readBody, validate } from "../validate.ts";
 
 const badRequest = (message: string, param?: string) => GatewayError.of(400, message, "invalid_request_error", param ?? null);
 
@@ -149,7 +149,7 @@ export function utilsRoutes({ live }: AppDeps) {
       "/utils/token_counter",
       async ({ request }) => {
         const { s, principal, url } = await guard(request);
-        const body = await readBody(request, bodyLimit(s.config.general_settings));
+        const body = await readBody(request, s.settings.maxRequestBytes);
         const flag = url.searchParams.get("call_endpoint");
         const callEndpoint = flag !== null ? flag === "true" : body.call_endpoint === true;
         return Response.json(await tokenCounter(s, principal, body, callEndpoint, request.signal));
@@ -164,7 +164,7 @@ export function utilsRoutes({ live }: AppDeps) {
       "/utils/transform_request",
       async ({ request }) => {
         const { s, principal } = await guard(request);
-        return Response.json(transformRequest(s, principal, await readBody(request, bodyLimit(s.config.general_settings))));
+        return Response.json(transformRequest(s, principal, await readBody(request, s.settings.maxRequestBytes)));
       },
       { parse: "none" },
     );
