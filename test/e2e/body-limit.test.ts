@@ -2,7 +2,7 @@
 // or chunked, model calls and management alike), one under it is served, and a reload applies it.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { readConfig } from "../../core/config/load.ts";
-import { configText, MASTER_KEY, startTestGateway, type TestGateway, tempDir } from "../harness/gateway.ts";
+import { configText, MASTER_KEY, spawnGateway, startTestGateway, type TestGateway, tempDir } from "../harness/gateway.ts";
 
 const model = { model_name: "chat-mock", svc_params: { model: "mock/chat" } };
 const config = (mb: number) => ({ model_list: [model], general_settings: { master_key: MASTER_KEY, max_request_size_mb: mb } });
@@ -62,4 +62,30 @@ describe("max_request_size_mb", () => {
     expect(read.ok).toBe(false);
     expect(JSON.stringify(read)).toContain("/general_settings/max_request_size_mb");
   });
+
+  test("a body refused before it is read closes its connection, so a graceful stop does not wait out the drain for it", async () => {
+    const proc = await spawnGateway(config(64), { env: { SVC_DRAIN_TIMEOUT: "5" } });
+    try {
+      // Over the limit (refused on its announced length), and under it but with no valid key.
+      for (const [status, authorization, size] of [
+        [413, `Bearer ${MASTER_KEY}`, 100 * MIB],
+        [401, "Bearer sk-not-a-key", 60 * MIB],
+      ] as const) {
+        for (let i = 0; i < 3; i++) {
+          const res = await fetch(`${proc.url}/v1/chat/completions`, { method: "POST", headers: { authorization, "content-type": "application/json" }, body: new Uint8Array(size) });
+          expect(res.status).toBe(status);
+          expect(res.headers.get("connection")).toBe("close");
+          await res.text();
+        }
+      }
+      const served = await fetch(`${proc.url}/v1/chat/completions`, { method: "POST", headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" }, body: chatBody(1000) });
+      expect(served.status).toBe(200);
+      expect(served.headers.get("connection")).not.toBe("close");
+      await served.text();
+    } finally {
+      expect(await proc.stop()).toBe(0);
+    }
+    expect(proc.output()).toContain("draining in-flight requests");
+    expect(proc.output()).not.toContain("drain timeout reached");
+  }, 20_000);
 });
