@@ -36,6 +36,15 @@ export class GatewayError extends Error {
 }
 
 /**
+ * A request body over the gateway's limit. Its connection is closed with the answer: the rest of
+ * the body is never read, and a kept-alive connection would otherwise wait for it.
+ */
+export function bodyTooLarge(limit: number): GatewayError {
+  const size = limit % (1024 * 1024) === 0 ? `${limit / 1024 / 1024} MiB` : `${limit} bytes`;
+  return new GatewayError(errorInfo(413, `Request body is larger than the gateway takes (${size}).`, "invalid_request_error"), { connection: "close" });
+}
+
+/**
  * Thrown by a provider's `authorize` when its token service rejects the configured credentials
  * (a wrong secret, an unknown service account), as opposed to not answering: the call then fails
  * with 401, as when the provider itself refuses the gateway's key.

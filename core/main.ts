@@ -2,8 +2,7 @@
 import pkg from "../package.json" with { type: "json" };
 import { parseRunOptions, USAGE } from "./cli.ts";
 import { createApp } from "./http/app.ts";
-import { closingUnreadBodies } from "./http/unread-body.ts";
-import { MAX_REQUEST_BYTES } from "./http/validate.ts";
+import { serveOptions } from "./http/serving.ts";
 import { type Host, startHost } from "./host.ts";
 import { createLogger } from "./log.ts";
 import { SnapshotError } from "./snapshot.ts";
@@ -48,9 +47,7 @@ async function main(): Promise<void> {
   if (!live.current.settings.masterKey) warnNoMasterKey();
 
   const app = createApp({ live, log, services: host.services, probes: { store: store.ping, redis: async () => redis?.ping(), version: pkg.version } });
-  // Bun refuses a body over its own limit with a bare 413 (no error envelope) before the app sees
-  // it: its limit is set above the app's (MAX_REQUEST_BYTES), which answers in the envelope.
-  const server = Bun.serve({ port: opts.port, hostname: opts.host, fetch: closingUnreadBodies(app.fetch), idleTimeout: 255, maxRequestBodySize: 2 * MAX_REQUEST_BYTES });
+  const server = Bun.serve({ port: opts.port, hostname: opts.host, ...serveOptions(app), idleTimeout: 255 });
   live.watch();
   process.on("SIGHUP", () => void live.reload("SIGHUP", true));
   let stopping = false;

@@ -1,7 +1,7 @@
 /** The Elysia app: maps HTTP onto the framework-free pipeline and answers every error in the spec's envelope. */
 import { Elysia } from "elysia";
 import type { Endpoint, Logger, WireRequest } from "../contract.ts";
-import { GatewayError, errorInfo, errorResponse } from "../errors.ts";
+import { GatewayError, bodyTooLarge, errorInfo, errorResponse } from "../errors.ts";
 import type { Live } from "../live.ts";
 import type { HostServices } from "../services.ts";
 import { adminRoutes } from "./admin/index.ts";
@@ -13,7 +13,7 @@ import { geminiRoutes } from "./routes/gemini.ts";
 import { modelRoutes } from "./routes/models.ts";
 import { NO_SUCH_ROUTE, passThroughRoutes } from "./routes/pass-through.ts";
 import { utilsRoutes } from "./routes/utils.ts";
-import { bodyTooLarge, invalidPathParam, readBodyWithText, readForm, validate } from "./validate.ts";
+import { invalidPathParam, readBodyWithText, readForm, validate } from "./validate.ts";
 
 export interface AppDeps {
   live: Live;
@@ -98,7 +98,10 @@ export function createApp(deps: AppDeps) {
     // An announced body over the limit is refused before it is read, on every route (pass-through too).
     .onRequest(({ request }) => {
       const limit = live.current.settings.maxRequestBytes;
-      if (Number(request.headers.get("content-length") ?? 0) > limit) return errorResponse(bodyTooLarge(limit).info);
+      if (Number(request.headers.get("content-length") ?? 0) > limit) {
+        const tooLarge = bodyTooLarge(limit);
+        return errorResponse(tooLarge.info, tooLarge.headers);
+      }
     })
     .onError(({ code, error }) => {
       if (error instanceof GatewayError) return errorResponse(error.info, error.headers);

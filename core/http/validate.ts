@@ -4,7 +4,7 @@ import { Kind, type TSchema } from "@sinclair/typebox";
 import { TypeCompiler } from "@sinclair/typebox/compiler";
 import { type ValueError, Value } from "@sinclair/typebox/value";
 import { FORMAT_ERRORS, MAX_REQUEST_MB } from "../config/schema.ts";
-import { GatewayError } from "../errors.ts";
+import { GatewayError, bodyTooLarge } from "../errors.ts";
 import { parseKeepingNumberText } from "../identity/exact-numbers.ts";
 import { ChatRequestSchema, CompletionRequestSchema, EmbeddingsRequestSchema, ImageRequestSchema, ModerationRequestSchema, SpeechRequestSchema, TranscriptionRequestSchema } from "../wire.ts";
 
@@ -69,11 +69,6 @@ export function invalidPathParam(param: string, raw?: string): GatewayError {
 
 /** The most any request body may be (the configured limit is at most this). */
 export const MAX_REQUEST_BYTES = MAX_REQUEST_MB * 1024 * 1024;
-
-export function bodyTooLarge(limit: number): GatewayError {
-  const size = limit % (1024 * 1024) === 0 ? `${limit / 1024 / 1024} MiB` : `${limit} bytes`;
-  return GatewayError.of(413, `Request body is larger than the gateway takes (${size}).`, "invalid_request_error");
-}
 
 /**
  * The body's bytes, refused with a 413 past `limit`: an announced length is checked before
@@ -168,8 +163,8 @@ export async function readBody(request: Request, limit = MAX_REQUEST_BYTES): Pro
 }
 
 /** `readBody` that keeps the text of numbers a double cannot hold (exact-numbers.ts): for bodies that carry money. */
-export async function readBodyKeepingNumbers(request: Request): Promise<Record<string, unknown>> {
-  return (await readBodyWithText(request, parseKeepingNumberText)).body;
+export async function readBodyKeepingNumbers(request: Request, limit = MAX_REQUEST_BYTES): Promise<Record<string, unknown>> {
+  return (await readBodyWithText(request, parseKeepingNumberText, limit)).body;
 }
 
 const utf8 = new TextDecoder();

@@ -6,7 +6,7 @@
  * reach the client.
  */
 import type { CallIntent, CallRecord, CallStatus, Deployment, ErrorInfo, GroupCapacity, Lease, Logger, Principal } from "../contract.ts";
-import { GatewayError, errorInfo } from "../errors.ts";
+import { GatewayError, bodyTooLarge, errorInfo } from "../errors.ts";
 import { ZERO, acquireLeases } from "../pipeline/call.ts";
 import { HeldLeases } from "../pipeline/held-leases.ts";
 import { cancelAll, dispatchRecord } from "../pipeline/record.ts";
@@ -200,11 +200,12 @@ export async function forwardPassThrough(e: PassThroughEndpoint, subpath: string
   };
   const { origin } = e;
 
+  const tooLarge = { hit: false };
   let upstream: Response;
   try {
     const hasBody = request.method !== "GET" && request.body !== null;
     // A body of declared length goes whole, with its length (some targets refuse a chunked upload with 411); others stream.
-    const body = !hasBody ? undefined : request.headers.has("content-length") ? await request.arrayBuffer() : request.body;
+    const body = !hasBody ? undefined : request.headers.has("content-length") ? await request.arrayBuffer() : bounded(request.body!, snapshot.settings.maxRequestBytes, tooLarge);
     const init: ProxyFetchInit = {
       method: request.method,
       headers: upstreamHeaders(e, request.headers, ctx.dropAuthorization),
@@ -216,7 +217,8 @@ export async function forwardPassThrough(e: PassThroughEndpoint, subpath: string
     upstream = await fetch(targetUrl(e.target, subpath, request.url), init);
   } catch (err) {
     let error: GatewayError;
-    if (deadline.timedOut) error = GatewayError.of(408, `Request timed out: the pass-through target of ${e.path} (${origin}) did not answer within ${deadline.seconds}s`, "timeout_error");
+    if (tooLarge.hit) error = bodyTooLarge(snapshot.settings.maxRequestBytes);
+    else if (deadline.timedOut) error = GatewayError.of(408, `Request timed out: the pass-through target of ${e.path} (${origin}) did not answer within ${deadline.seconds}s`, "timeout_error");
     else if (deadline.clientGone) {
       finish("cancelled", false);
       throw GatewayError.of(499, "The client closed the request.", "client_closed_request");
@@ -274,4 +276,25 @@ export async function forwardPassThrough(e: PassThroughEndpoint, subpath: string
     { highWaterMark: 0 },
   );
   return new Response(body, { status: upstream.status, statusText: upstream.statusText, headers });
+}
+
+/**
+ * A chunked body passed on as it comes, cut off past `limit` (it has no length to check first):
+ * the target's call then fails, and `over.hit` says why.
+ */
+function bounded(body: ReadableStream<Uint8Array>, limit: number, over: { hit: boolean }): ReadableStream<Uint8Array> {
+  let size = 0;
+  return body.pipeThrough(
+    new TransformStream<Uint8Array, Uint8Array>({
+      transform(chunk, controller) {
+        size += chunk.byteLength;
+        if (size > limit) {
+          over.hit = true;
+          controller.error(bodyTooLarge(limit));
+          return;
+        }
+        controller.enqueue(chunk);
+      },
+    }),
+  );
 }

@@ -1,11 +1,39 @@
 // general_settings.max_request_size_mb: a body over it is a 413 in the error envelope (announced
 // or chunked, model calls and management alike), one under it is served, and a reload applies it.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { connect } from "node:net";
 import { readConfig } from "../../core/config/load.ts";
 import { configText, MASTER_KEY, spawnGateway, startTestGateway, type TestGateway, tempDir } from "../harness/gateway.ts";
 
 const model = { model_name: "chat-mock", svc_params: { model: "mock/chat" } };
-const config = (mb: number) => ({ model_list: [model], general_settings: { master_key: MASTER_KEY, max_request_size_mb: mb } });
+/** A pass-through target that keeps the size of every body it read whole. */
+const received: number[] = [];
+const target = Bun.serve({
+  port: 0,
+  hostname: "127.0.0.1",
+  async fetch(req) {
+    received.push((await req.arrayBuffer()).byteLength);
+    return Response.json({ ok: true });
+  },
+});
+const config = (mb: number) => ({
+  model_list: [model],
+  general_settings: { master_key: MASTER_KEY, max_request_size_mb: mb, pass_through_endpoints: [{ path: "/upload", target: `http://127.0.0.1:${target.port}/in` }] },
+});
+
+/** The status line, headers and body a raw HTTP/1.1 request gets (the connection is read to its end). */
+function rawRequest(url: string, head: string): Promise<string> {
+  const { hostname, port } = new URL(url);
+  return new Promise((resolve, reject) => {
+    const socket = connect(Number(port), hostname, () => socket.write(head));
+    let text = "";
+    socket.on("data", (d) => {
+      text += d.toString();
+    });
+    socket.on("end", () => resolve(text));
+    socket.on("error", reject);
+  });
+}
 const MIB = 1024 * 1024;
 
 /** A chat body of about `bytes` bytes (one long user message). */
@@ -23,9 +51,12 @@ const chunked = (text: string) =>
 describe("max_request_size_mb", () => {
   let gw: TestGateway;
   beforeAll(async () => {
-    gw = await startTestGateway(config(1));
+    gw = await startTestGateway(config(1), { store: {} });
   });
-  afterAll(() => gw.stop());
+  afterAll(async () => {
+    await gw.stop();
+    target.stop(true);
+  });
 
   const post = (path: string, body: BodyInit) =>
     fetch(`${gw.url}${path}`, { method: "POST", headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" }, body, duplex: "half" } as RequestInit);
@@ -44,6 +75,20 @@ describe("max_request_size_mb", () => {
     const res = await post("/key/generate", JSON.stringify({ metadata: { note: "x".repeat(1.5 * MIB) } }));
     expect(res.status).toBe(413);
     expect(await res.text()).toContain('"type":"invalid_request_error"');
+  });
+
+  test("a chunked body over the limit is a 413 on management and pass-through routes too; the target never gets it", async () => {
+    const generate = await post("/key/generate", chunked(JSON.stringify({ metadata: { note: "x".repeat(1.5 * MIB) } })));
+    expect(generate.status).toBe(413);
+    expect(((await generate.json()) as { error: unknown }).error).toMatchObject({ type: "invalid_request_error", message: expect.stringContaining("(1 MiB)") });
+    received.length = 0;
+    const upload = await post("/upload", chunked("y".repeat(1.5 * MIB)));
+    expect(upload.status).toBe(413);
+    expect(((await upload.json()) as { error: unknown }).error).toMatchObject({ type: "invalid_request_error", message: expect.stringContaining("(1 MiB)") });
+    expect(received).toEqual([]);
+    const small = await post("/upload", chunked("y".repeat(0.5 * MIB)));
+    expect(small.status).toBe(200);
+    expect(received).toEqual([0.5 * MIB]);
   });
 
   test("a reload applies a new limit", async () => {
@@ -78,6 +123,11 @@ describe("max_request_size_mb", () => {
           await res.text();
         }
       }
+      // Announced far over Bun's own default limit (128 MiB), which would answer with a bare 413.
+      const announced = await rawRequest(proc.url, `POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\nAuthorization: Bearer ${MASTER_KEY}\r\nContent-Type: application/json\r\nContent-Length: ${4 * 1024 * MIB}\r\n\r\n{}`);
+      expect(announced).toStartWith("HTTP/1.1 413");
+      expect(announced.toLowerCase()).toContain("connection: close");
+      expect(announced).toContain('"type":"invalid_request_error"');
       const served = await fetch(`${proc.url}/v1/chat/completions`, { method: "POST", headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" }, body: chatBody(1000) });
       expect(served.status).toBe(200);
       expect(served.headers.get("connection")).not.toBe("close");

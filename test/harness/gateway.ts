@@ -10,7 +10,7 @@ import type { Logger } from "../../core/contract.ts";
 import postgres from "postgres";
 import { type Host, type HostOptions, startHost } from "../../core/host.ts";
 import { createApp } from "../../core/http/app.ts";
-import { closingUnreadBodies } from "../../core/http/unread-body.ts";
+import { serveOptions } from "../../core/http/serving.ts";
 import { openStore } from "../../core/store/db.ts";
 import { Live } from "../../core/live.ts";
 import type { HostServices } from "../../core/services.ts";
@@ -108,7 +108,7 @@ export async function startTestGateway(config: ConfigInput, opts: TestGatewayOpt
       version: "test",
     },
   });
-  const server = Bun.serve({ port: 0, hostname: "127.0.0.1", fetch: closingUnreadBodies(app.fetch), idleTimeout: 60 });
+  const server = Bun.serve({ port: 0, hostname: "127.0.0.1", ...serveOptions(app), idleTimeout: 60 });
   if (opts.watch) live.watch();
   const url = `http://127.0.0.1:${server.port}`;
   return {

@@ -134,7 +134,7 @@ export function adminRoute<R>(deps: AdminDeps, handler: (ctx: AdminCtx) => Promi
       log: deps.log,
       async body(schema) {
         if (!parsed) {
-          parsed = await readBodyKeepingNumbers(request);
+          parsed = await readBodyKeepingNumbers(request, snapshot.settings.maxRequestBytes);
           const at = unstorableAt(parsed);
           if (at !== undefined) throw unstorable(at);
         }
