@@ -4,12 +4,15 @@
  * teams or organizations on it) locks it first and checks again in its transaction, and a team's
  * deletion (which deletes its keys) writes the team's row first, so a write putting something on
  * it at the same moment is either seen by the deletion or finds the object gone (a 400), as one
- * after the other; never left referring to a deleted one.
+ * after the other; never left referring to a deleted one. A key's user is held too (holdUser),
+ * but a user gone meanwhile is created again rather than refused, as a key write naming a user
+ * who does not exist creates it.
  */
 import { and, eq, isNull } from "drizzle-orm";
 import { badRequest } from "../authz.ts";
-import { budgets, organizations, teams } from "../store/schema.ts";
+import { budgets, organizations, teams, users } from "../store/schema.ts";
 import type { Exec } from "./members.ts";
+import type { UserRow } from "./records.ts";
 
 export const teamGone = (teamId: string) => badRequest(`Team ${teamId} does not exist.`, "team_id");
 export const orgGone = (orgId: string) => badRequest(`Organization ${orgId} does not exist.`, "organization_id");
@@ -47,4 +50,20 @@ export async function holdTeam(tx: Exec, teamId: string): Promise<boolean> {
 export async function holdBudget(tx: Exec, budgetId: string): Promise<boolean> {
   const rows = await tx.select({ id: budgets.budgetId }).from(budgets).where(eq(budgets.budgetId, budgetId)).for("share");
   return rows.length > 0;
+}
+
+/**
+ * Key `userId`'s user, created (role `internal_user`, nothing else) when missing, and held (FOR
+ * UPDATE) until `tx` ends, so a /user/delete at the same moment (which locks its users first)
+ * either comes first, and the user is created again here, or comes after and deletes the key with
+ * the user. Checked against the cache only, a key written just after the user's deletion lived on
+ * with a user that does not exist. Returns the user row when it was created.
+ */
+export async function holdUser(tx: Exec, userId: string, by: string): Promise<UserRow | undefined> {
+  const held = () => tx.select({ id: users.userId }).from(users).where(eq(users.userId, userId)).for("update");
+  if ((await held()).length > 0) return undefined;
+  const [inserted] = await tx.insert(users).values({ userId, userRole: "internal_user", createdBy: by, updatedBy: by }).onConflictDoNothing().returning();
+  // Not inserted: a concurrent call created the user meanwhile; hold that one.
+  if (!inserted) await held();
+  return inserted;
 }

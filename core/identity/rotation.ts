@@ -18,6 +18,7 @@ import { auditLog, rotatedKeys, virtualKeys } from "../store/schema.ts";
 import type { ChangeBus } from "./bus.ts";
 import { parseDuration } from "./duration.ts";
 import { hashKey, keyName, newKeyValue } from "./keys.ts";
+import type { Exec } from "./members.ts";
 import type { IdentityChange, KeyRow } from "./records.ts";
 import { toApi } from "./serialize.ts";
 
@@ -30,6 +31,8 @@ export interface Rotation {
   graceMs: number;
   /** Other fields to write with the rotation (a regenerate's updates, `updated_by`). */
   set?: Partial<typeof virtualKeys.$inferInsert>;
+  /** Run in the rotation's transaction before the key is written: holds what `set` refers to, or throws to refuse it. */
+  hold?: (tx: Exec) => Promise<void>;
   now?: number;
 }
 
@@ -46,6 +49,7 @@ export async function rotateKey(db: Db, r: Rotation): Promise<{ row: KeyRow; cha
       .from(virtualKeys)
       .where(and(eq(virtualKeys.token, r.oldToken), isNull(virtualKeys.deletedAt)));
     if (!current) return undefined;
+    await r.hold?.(tx);
     const merged = { ...current, ...r.set };
     const interval = merged.autoRotate && merged.rotationInterval ? parseDuration(merged.rotationInterval) : undefined;
     const [row] = await tx

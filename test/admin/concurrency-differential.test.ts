@@ -283,6 +283,38 @@ for (const backend of BACKENDS) {
       }
     });
 
+    test("/key/update or /key/regenerate giving keys to a user racing /user/delete of that user: no live key of a deleted user", async () => {
+      // More rounds than the others: the moment a key can land in (after the deletion's read of the user's keys, before it deleted the user) is short.
+      for (let round = 0; round < 3 * ROUNDS; round++) {
+        const user = uniq("receiving-user");
+        await requestOk(gw, "POST", "/user/new", { user_id: user, auto_create_key: false });
+        const keys = await Promise.all(Array.from({ length: 6 }, () => newKey()));
+        const regenerated = keys.map(() => rng.chance(0.5));
+        const label = where("key update/regenerate vs user delete", round, regenerated.map((r) => (r ? "regenerate" : "update")).join(","));
+        const [deleted, ...moved] = await burst(
+          [
+            () => post("/user/delete", { user_ids: [user] }),
+            // Spread over the first milliseconds: on the embedded store, whose statements take turns, a key lands after the deletion's first statements.
+            ...keys.map((k, i) => async () => {
+              await Bun.sleep(i);
+              return regenerated[i] ? post(`/key/${k.key}/regenerate`, { user_id: user }) : post("/key/update", { key: k.key, user_id: user });
+            }),
+          ],
+          label,
+        );
+        expect(deleted!.status, `${label}: ${deleted!.text}`).toBe(200);
+        const exists = (await call("GET", `/user/info?user_id=${user}`)).status === 200;
+        for (const [i, m] of moved.entries()) {
+          expect(m.status, `${label}: ${m.text}`).toBe(200);
+          // Given before the deletion: deleted with the user. After it: the user is created again (as for any new user_id).
+          const value = regenerated[i] ? (m.body.key as string) : keys[i]!.key;
+          if ((await modelCall(value)) === 200) expect(exists, `${label}: a live key of user ${user}, who does not exist`).toBe(true);
+        }
+        const listed = await requestOk<{ total_count: number }>(gw, "GET", `/key/list?user_id=${user}`);
+        if (!exists) expect(listed.total_count, `${label}: live keys listed for the deleted user ${user}`).toBe(0);
+      }
+    });
+
     test("/team/new or /key/generate in an organization racing /organization/delete: no team or key is left in a deleted organization", async () => {
       for (let round = 0; round < 2 * ROUNDS; round++) {
         const org = await requestOk<{ organization_id: string }>(gw, "POST", "/organization/new", { organization_alias: uniq("shrinking") });
@@ -367,6 +399,26 @@ for (const backend of BACKENDS) {
         // As one after the other: as many as fit, and the rest refused.
         expect(won.length, label).toBe(Math.min(n, Math.floor(100 / rpm)));
         await requestOk(gw, "POST", "/key/delete", { keys: [...existing.map((k) => k.token_id), ...replies.filter((r, i) => r.status === 200 && !existing[i]).map((r) => r.body.token_id)] });
+      }
+    });
+
+    test("concurrent /key/regenerate making keys guaranteed_throughput on one model group: together they never reserve more than its capacity", async () => {
+      for (let round = 0; round < ROUNDS; round++) {
+        const n = 3 + rng.int(3);
+        const rpm = rng.pick([30, 40, 60]);
+        const guaranteed = { rpm_limit: rpm, rpm_limit_type: "guaranteed_throughput" };
+        const keys = await Promise.all(Array.from({ length: n }, () => newKey({ models: ["capped-mock"] })));
+        const label = where("guaranteed capacity by regenerate", round, `${n} keys of ${rpm} rpm on 100`);
+        const replies = await burst(
+          keys.map((k) => () => (rng.chance(0.5) ? post(`/key/${k.key}/regenerate`, guaranteed) : post("/key/regenerate", { key: k.key, ...guaranteed }))),
+          label,
+        );
+        const won = replies.filter((r) => r.status === 200);
+        for (const r of replies) if (r.status !== 200) expect(r.status, `${label}: ${r.text}`).toBe(400);
+        // As one after the other: as many as fit, and the rest refused (and not rotated: their old values still work).
+        expect(won.length, label).toBe(Math.min(n, Math.floor(100 / rpm)));
+        for (const [i, r] of replies.entries()) if (r.status !== 200) expect((await keyInfo(keys[i]!.key)).rpm_limit_type ?? null, label).toBeNull();
+        await requestOk(gw, "POST", "/key/delete", { keys: replies.map((r, i) => (r.status === 200 ? (r.body.token_id as string) : keys[i]!.token_id)) });
       }
     });
 

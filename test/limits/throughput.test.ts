@@ -58,6 +58,28 @@ describe("guaranteed_throughput", () => {
     expect((await requestJson(gw, "POST", "/key/generate", { body: { models: ["e"], rpm_limit: 5, rpm_limit_type: "guaranteed_throughput" } })).status).toBe(200);
   });
 
+  test("/key/regenerate with limits that do not fit is refused as /key/update is, and rotates nothing", async () => {
+    type Refusal = { error: { message: string; type: string; param: string; code: string } };
+    // a (6) and b (3) reserve 9 of g's 10: a raised to 8 does not fit, in either route.
+    const update = await requestJson<Refusal>(gw, "POST", "/key/update", { body: { key: a, rpm_limit: 8 } });
+    const regenerate = await requestJson<Refusal>(gw, "POST", "/key/regenerate", { body: { key: a, rpm_limit: 8 } });
+    expect(update.status).toBe(400);
+    expect(regenerate.status).toBe(400);
+    expect(regenerate.body.error).toEqual(update.body.error);
+    // A best-effort key made guaranteed through the path form: 1 rpm is left, 2 is refused.
+    const other = await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: { models: ["g"] } });
+    const guaranteed = { rpm_limit: 2, rpm_limit_type: "guaranteed_throughput" };
+    const byUpdate = await requestJson<Refusal>(gw, "POST", "/key/update", { body: { key: other.body.key, ...guaranteed } });
+    const byPath = await requestJson<Refusal>(gw, "POST", `/key/${other.body.key}/regenerate`, { body: guaranteed });
+    expect(byPath.status).toBe(400);
+    expect(byPath.body.error.message).toContain("at most 1");
+    expect(byPath.body.error).toEqual(byUpdate.body.error);
+    // Neither key was rotated or changed: their values still work, with their old limits.
+    const info = async (key: string) => requestJson<{ info: { rpm_limit: number | null; rpm_limit_type: string | null } }>(gw, "GET", `/key/info?key=${key}`);
+    expect((await info(a)).body.info).toMatchObject({ rpm_limit: 6, rpm_limit_type: "guaranteed_throughput" });
+    expect((await info(other.body.key)).body.info).toMatchObject({ rpm_limit: null, rpm_limit_type: null });
+  });
+
   test("at run time other keys share only what the guaranteed keys leave; the guaranteed share stays free", async () => {
     const other = (await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: {} })).body.key;
     // 10 rpm - 9 reserved = 1 for everyone else.

@@ -39,7 +39,7 @@ import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { followedReset, periodFromBudget } from "../../identity/budget-period.ts";
 import { resetAt } from "../../identity/fields.ts";
 import { guaranteedOverflow, type PlannedKey } from "../../limits/capacity.ts";
-import { budgetGone, holdReferences, orgGone, teamGone } from "../../identity/holds.ts";
+import { budgetGone, holdReferences, holdUser, orgGone, teamGone } from "../../identity/holds.ts";
 
 const TABLE = "virtual_keys";
 const BULK_MAX = 500;
@@ -240,32 +240,6 @@ function withProjectId(fields: Record<string, unknown>, body: KeyBody, stored: b
   fields.metadata = metadata;
 }
 
-/** The user row a key names, created when it does not exist yet (as LiteLLM does). */
-const newUser = (ctx: AdminCtx, userId: string) => ({ userId, userRole: "internal_user", createdBy: ctx.caller.changedBy, updatedBy: ctx.caller.changedBy });
-
-async function ensureUser(ctx: AdminCtx, userId: string | null | undefined): Promise<IdentityChange[]> {
-  if (!userId || ctx.identity.users.has(userId)) return [];
-  const inserted = await ctx.db.insert(users).values(newUser(ctx, userId)).onConflictDoNothing().returning();
-  if (inserted[0]) await ctx.audit({ action: "created", table: "users", objectId: userId, after: toApi(inserted[0]) });
-  return [{ kind: "user", userId }];
-}
-
-/**
- * The new key's user, created when missing, and held (FOR UPDATE) until `tx` ends, so a
- * /user/delete at the same moment (which holds its users first) either comes first, and the user
- * is created again here, or comes after and deletes the new key with the user. Checked against
- * the cache only, a key stored just after the user's deletion lived on without its user. Returns
- * the user row when it was created.
- */
-async function holdUser(tx: Exec, ctx: AdminCtx, userId: string): Promise<UserRow | undefined> {
-  const held = () => tx.select({ id: users.userId }).from(users).where(eq(users.userId, userId)).for("update");
-  if ((await held()).length > 0) return undefined;
-  const [inserted] = await tx.insert(users).values(newUser(ctx, userId)).onConflictDoNothing().returning();
-  // Not inserted: a concurrent call created the user meanwhile; hold that one.
-  if (!inserted) await held();
-  return inserted;
-}
-
 /** Who the new key may belong to: non-admins generate for themselves, or (team admins) for members of their team. */
 function authorizeGenerate(ctx: AdminCtx, body: KeyBody, serviceAccount: boolean): { userId: string | null; team: TeamRow | undefined } {
   const caller = ctx.caller;
@@ -337,6 +311,26 @@ async function checkGuaranteedStored(tx: Exec, ctx: AdminCtx, key: PlannedKey): 
   checkGuaranteed(ctx, key, await tx.select().from(virtualKeys).where(and(isNull(virtualKeys.deletedAt), guaranteed)));
 }
 
+/**
+ * What a key write holds in its transaction (holds.ts), as generate, update and regenerate all
+ * must: the user, team, organization and budget object `fields` newly names (`row`: the key as it
+ * is, for an update), and, for guaranteed limits, the model capacity (checked again under its
+ * lock). Returns the key's user when this write created it.
+ */
+async function holdKeyWrite(tx: Exec, ctx: AdminCtx, fields: Record<string, unknown>, planned: PlannedKey, row?: KeyRow): Promise<UserRow | undefined> {
+  const userId = fields.userId !== row?.userId ? fields.userId : undefined;
+  const createdUser = typeof userId === "string" && userId !== "" ? await holdUser(tx, userId, ctx.caller.changedBy) : undefined;
+  await holdReferences(tx, namedAnew(fields, row));
+  await checkGuaranteedStored(tx, ctx, planned);
+  return createdUser;
+}
+
+/** After a key write naming `userId`: the user created (audited), and the user change to publish when the cache lacks it. */
+async function userWritten(ctx: AdminCtx, userId: unknown, created: UserRow | undefined): Promise<IdentityChange[]> {
+  if (created) await ctx.audit({ action: "created", table: "users", objectId: created.userId, after: toApi(created) });
+  return typeof userId === "string" && userId !== "" && (created || !ctx.identity.users.has(userId)) ? [{ kind: "user", userId }] : [];
+}
+
 export async function generateKey(ctx: AdminCtx, body: Record<string, unknown>, opts: { serviceAccount?: boolean } = {}): Promise<Record<string, unknown>> {
   const asked = check(GenerateKeySchema, body) as KeyBody;
   const serviceAccount = opts.serviceAccount === true;
@@ -354,7 +348,8 @@ export async function generateKey(ctx: AdminCtx, body: Record<string, unknown>, 
   const alias = typeof input.key_alias === "string" ? input.key_alias : undefined;
   await assertAliasFree(ctx.db, alias);
 
-  checkGuaranteed(ctx, { token, models, teamId: team?.teamId ?? null, ...throughputOf(fields) });
+  const planned: PlannedKey = { token, models, teamId: team?.teamId ?? null, ...throughputOf(fields) };
+  checkGuaranteed(ctx, planned);
   const merged = { autoRotate: false, rotationInterval: null, ...fields } as Partial<KeyRow>;
   derivedTimes(ctx, fields, merged, input, now);
   withProjectId(fields, input, false);
@@ -369,9 +364,7 @@ export async function generateKey(ctx: AdminCtx, body: Record<string, unknown>, 
   let createdUser: UserRow | undefined;
   try {
     [row, createdUser] = await ctx.db.transaction(async (tx) => {
-      const createdUser = userId ? await holdUser(tx, ctx, userId) : undefined;
-      await holdReferences(tx, namedAnew({ ...fields, teamId: team?.teamId }));
-      await checkGuaranteedStored(tx, ctx, { token, models, teamId: team?.teamId ?? null, ...throughputOf(fields) });
+      const createdUser = await holdKeyWrite(tx, ctx, { ...fields, userId, teamId: team?.teamId }, planned);
       const [row] = await tx
         .insert(virtualKeys)
         .values({
@@ -393,9 +386,7 @@ export async function generateKey(ctx: AdminCtx, body: Record<string, unknown>, 
     throw err;
   }
   if (!row) throw GatewayError.of(500, "The key was not stored.", "internal_server_error");
-  if (createdUser) await ctx.audit({ action: "created", table: "users", objectId: createdUser.userId, after: toApi(createdUser) });
-  const changes: IdentityChange[] = userId && (createdUser || !ctx.identity.users.has(userId)) ? [{ kind: "user", userId }] : [];
-  await ctx.changed(...changes, { kind: "key", token });
+  await ctx.changed(...(await userWritten(ctx, userId, createdUser)), { kind: "key", token });
   const created = toApi(row);
   await ctx.audit({ action: "created", table: TABLE, objectId: token, after: created });
   return { ...created, key: plaintext, token_id: token, duration: input.duration ?? null };
@@ -407,7 +398,7 @@ export async function generateKey(ctx: AdminCtx, body: Record<string, unknown>, 
  * member; spend and the blocked flag belong to proxy and team admins (else a blocked key's owner
  * could unblock it through /key/update).
  */
-async function updateFields(ctx: AdminCtx, row: KeyRow, body: KeyBody): Promise<{ fields: Record<string, unknown>; changes: IdentityChange[] }> {
+async function updateFields(ctx: AdminCtx, row: KeyRow, body: KeyBody): Promise<Record<string, unknown>> {
   const caller = ctx.caller;
   const now = Date.now();
   const fields = keyFieldsOf(body);
@@ -447,28 +438,29 @@ async function updateFields(ctx: AdminCtx, row: KeyRow, body: KeyBody): Promise<
   if (expires !== undefined) fields.expires = expires;
   fields.updatedBy = caller.changedBy;
   fields.updatedAt = new Date(now);
-  const changes = userChanged ? await ensureUser(ctx, fields.userId as string | null) : [];
-  return { fields, changes };
+  // A user it names anew is held, or created, by the write itself (holdKeyWrite).
+  return fields;
 }
 
 async function updateKey(ctx: AdminCtx, row: KeyRow, body: KeyBody): Promise<KeyRow> {
   if ("spend" in body) await ctx.flushSpend();
-  const { fields, changes } = await updateFields(ctx, row, body);
+  const fields = await updateFields(ctx, row, body);
   const planned = { ...row, ...(fields as Partial<KeyRow>) };
   checkGuaranteed(ctx, planned);
   let updated: KeyRow | undefined;
+  let createdUser: UserRow | undefined;
   try {
-    [updated] = await ctx.db.transaction(async (tx) => {
-      await holdReferences(tx, namedAnew(fields, row));
-      await checkGuaranteedStored(tx, ctx, planned);
-      return tx.update(virtualKeys).set(fields).where(live(row.token)).returning();
+    [updated, createdUser] = await ctx.db.transaction(async (tx) => {
+      const createdUser = await holdKeyWrite(tx, ctx, fields, planned, row);
+      const [updated] = await tx.update(virtualKeys).set(fields).where(live(row.token)).returning();
+      return [updated, createdUser] as const;
     });
   } catch (err) {
     if (isUniqueViolation(err)) throw aliasTaken(String(fields.keyAlias));
     throw err;
   }
   if (!updated) throw notFound("Key not found: it was deleted meanwhile.", "key");
-  await ctx.changed(...changes, { kind: "key", token: row.token });
+  await ctx.changed(...(await userWritten(ctx, updated.userId !== row.userId ? updated.userId : undefined, createdUser)), { kind: "key", token: row.token });
   if ("spend" in fields) await ctx.forgetBudgets([counterId("key", row.token)]);
   await ctx.audit({ action: "updated", table: TABLE, objectId: row.token, before: toApi(row), after: toApi(updated) });
   return updated;
@@ -519,19 +511,26 @@ async function regenerateKey(ctx: AdminCtx, keyFromPath: string | undefined): Pr
   if (!named) throw badRequest("key is required: the key to regenerate, plain or hashed.", "key");
   const row = await keyInReach(ctx, named, ["/key/regenerate", "/key/{key_id}/regenerate"]);
   const { key: _k, new_key: _n, new_master_key: _m, grace_period: _g, ...changesOnly } = input;
-  const { fields, changes } = await updateFields(ctx, row, changesOnly);
+  const fields = await updateFields(ctx, row, changesOnly);
+  // The changes it carries are an update's: checked, and held in the write, as /key/update does.
+  const planned = { ...row, ...(fields as Partial<KeyRow>) };
+  checkGuaranteed(ctx, planned);
   const plaintext = typeof input.new_key === "string" ? input.new_key : newKeyValue();
   const newToken = typeof input.new_key === "string" ? await assertNewKeyValue(ctx, input.new_key, "new_key") : hashKey(plaintext);
   const grace = graceMs(input.grace_period as string | null | undefined);
   let done: Awaited<ReturnType<typeof rotateKey>>;
+  let createdUser: UserRow | undefined;
+  const hold = async (tx: Exec) => {
+    createdUser = await holdKeyWrite(tx, ctx, fields, planned, row);
+  };
   try {
-    done = await rotateKey(ctx.db, { oldToken: row.token, newToken, newKeyName: keyName(plaintext), graceMs: grace, set: fields });
+    done = await rotateKey(ctx.db, { oldToken: row.token, newToken, newKeyName: keyName(plaintext), graceMs: grace, set: fields, hold });
   } catch (err) {
     if (isUniqueViolation(err)) throw badRequest("The key alias or new key value is already in use.", "new_key");
     throw err;
   }
   if (!done) throw notFound("Key not found: it was deleted or rotated meanwhile.", "key");
-  await ctx.changed(...changes, ...done.changes);
+  await ctx.changed(...(await userWritten(ctx, done.row.userId !== row.userId ? done.row.userId : undefined, createdUser)), ...done.changes);
   const after = toApi(done.row);
   await ctx.audit({ action: "rotated", table: TABLE, objectId: newToken, before: toApi(row), after: { ...after, previous_token: row.token, grace_period_ms: grace } });
   return { ...after, key: plaintext, token_id: newToken };

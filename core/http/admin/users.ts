@@ -277,9 +277,10 @@ async function deleteUsers(ctx: AdminCtx): Promise<Record<string, unknown>> {
   const now = new Date();
   const by = ctx.caller.changedBy;
   const { keys, teamsTouched, orgsTouched } = await ctx.db.transaction(async (tx) => {
-    // The users first (in one order, so two deletions cannot deadlock): a /key/generate for one of
-    // them holds its user until the key is stored, so its key is either stored now, and deleted
-    // below, or after this deletion, with the user created again.
+    // The users first (in one order, so two deletions cannot deadlock): a key write naming one of
+    // them (/key/generate, /key/update, /key/regenerate) holds its user until the key is stored
+    // (holds.ts), so its key is either stored now, and deleted below, or after this deletion,
+    // with the user created again.
     await tx.select({ id: users.userId }).from(users).where(inArray(users.userId, ids)).orderBy(users.userId).for("update");
     const keys = await tx
       .update(virtualKeys)
