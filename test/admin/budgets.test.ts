@@ -1,10 +1,10 @@
 // Budget objects through the management API, on the embedded store and on PostgreSQL: create
 // (generated or given id, reset time from the duration, duplicates refused), update, info, list,
-// settings, delete (refused while a key, team or org still uses the budget), validation errors as
+// settings, delete (refused while a key, team, org or team membership still uses the budget), validation errors as
 // 400/404/422 envelopes, the audit trail, who may call, and a budget's limits reaching the keys
 // that use it at once.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { eq } from "drizzle-orm";
+import { eq, sql } from "drizzle-orm";
 import { auditLog, budgets } from "../../core/store/schema.ts";
 import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 
@@ -164,6 +164,19 @@ for (const backend of BACKENDS) {
       expect((await call("POST", "/budget/delete", {})).status).toBe(422);
       const audit = await gw.host!.store.db.select().from(auditLog).where(eq(auditLog.objectId, "b-free"));
       expect(audit.map((a) => a.action).sort()).toEqual(["created", "deleted"]);
+    });
+
+    test("/budget/delete refuses a budget a team membership uses, as one a key uses, until the member leaves", async () => {
+      // No route sets a membership's budget_id (LiteLLM keeps a member's limits there): the store is written directly.
+      await call("POST", "/budget/new", { budget_id: "b-member", max_budget: 1 });
+      const team = await call<{ team_id: string }>("POST", "/team/new", { team_alias: "member-budget", members_with_roles: [{ role: "user", user_id: "u-member-budget" }] });
+      await gw.host!.store.db.execute(sql`update team_members set budget_id = 'b-member' where team_id = ${team.body.team_id}`);
+      const inUse = await call("POST", "/budget/delete", { id: "b-member" });
+      expect(inUse.status).toBe(400);
+      expect(inUse.body.error).toMatchObject({ param: "id", code: "400" });
+      expect(inUse.body.error!.message).toContain(`team members: ${team.body.team_id}/u-member-budget`);
+      expect((await call("POST", "/team/member_delete", { team_id: team.body.team_id, user_id: "u-member-budget" })).status).toBe(200);
+      expect((await call("POST", "/budget/delete", { id: "b-member" })).status).toBe(200);
     });
 
     test("only proxy admins may call; a team admin gets 403 and changes nothing", async () => {
