@@ -359,6 +359,40 @@ for (const backend of BACKENDS) {
       }
     });
 
+    test("/key/update or /key/regenerate putting keys on a budget object racing /budget/delete: no key is left on a deleted budget", async () => {
+      for (let round = 0; round < 2 * ROUNDS; round++) {
+        const budget = uniq("moving-budget");
+        await requestOk(gw, "POST", "/budget/new", { budget_id: budget, max_budget: 3 });
+        const keys = await Promise.all(Array.from({ length: 4 }, () => newKey()));
+        const regenerated = keys.map(() => rng.chance(0.5));
+        const label = where("key update/regenerate vs budget delete", round, regenerated.map((r) => (r ? "regenerate" : "update")).join(","));
+        const [deleted, ...moved] = await burst(
+          [
+            () => post("/budget/delete", { id: budget }),
+            // Spread over the first milliseconds, as for a user's deletion above.
+            ...keys.map((k, i) => async () => {
+              await Bun.sleep(i);
+              return regenerated[i] ? post(`/key/${k.key}/regenerate`, { budget_id: budget }) : post("/key/update", { key: k.key, budget_id: budget });
+            }),
+          ],
+          label,
+        );
+        for (const m of moved) expect([200, 400], `${label}: ${m.text}`).toContain(m.status);
+        if (deleted!.status !== 200) {
+          // Refused: a key was put on the budget first.
+          expect(deleted!.status, `${label}: ${deleted!.text}`).toBe(400);
+          expect(moved.some((m) => m.status === 200), `${label}: ${deleted!.text}`).toBe(true);
+          continue;
+        }
+        // Deleted: nothing was on it, so every key put on it came after and found it gone.
+        for (const [i, m] of moved.entries()) {
+          expect(m.status, `${label}: a key put on the deleted budget ${budget}: ${m.text}`).toBe(400);
+          expect(m.body.error?.message, label).toBe(`Budget ${budget} does not exist.`);
+          expect((await keyInfo(keys[i]!.key)).budget_id ?? null, label).toBeNull();
+        }
+      }
+    });
+
     test("/team/member_add or /key/generate racing /team/delete: nothing of the team lives on", async () => {
       for (let round = 0; round < ROUNDS; round++) {
         const team = await requestOk<{ team_id: string }>(gw, "POST", "/team/new", { team_alias: uniq("doomed") });
