@@ -68,9 +68,11 @@ export function costOf(price: ModelPrice, usage: Usage): Pico {
   return rateToPico(total);
 }
 
+const larger = (a: bigint, b: bigint): bigint => (a > b ? a : b);
+
 /**
  * The most a call can cost: its prompt estimate at the highest input rate that could apply, and
- * `maxOutputTokens` at the highest output rate (reasoning included).
+ * `maxOutputTokens` at the highest output rate (reasoning and audio included).
  */
 export function worstCaseCost(price: ModelPrice, promptTokens: number, maxOutputTokens: number): Pico {
   const tier = tierFor(price, promptTokens);
@@ -78,7 +80,7 @@ export function worstCaseCost(price: ModelPrice, promptTokens: number, maxOutput
   const cacheCreation = tier?.cacheCreation ?? price.cacheCreationPerToken ?? 0n;
   const output = tier?.output ?? price.outputPerToken ?? 0n;
   const reasoning = price.reasoningPerToken ?? 0n;
-  const maxIn = input > cacheCreation ? input : cacheCreation;
-  const maxOut = output > reasoning ? output : reasoning;
+  const maxIn = [input, cacheCreation, price.inputPerAudioToken ?? 0n].reduce(larger);
+  const maxOut = [output, reasoning, price.outputPerAudioToken ?? 0n].reduce(larger);
   return rateToPico(BigInt(promptTokens) * maxIn + BigInt(maxOutputTokens) * maxOut);
 }

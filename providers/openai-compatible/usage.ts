@@ -14,10 +14,17 @@ export function usageFromOpenAI(raw: unknown): Usage {
   const u = record(raw);
   if (!u) return { promptTokens: 0, completionTokens: 0 };
   const usage: Usage = { promptTokens: num(u.prompt_tokens), completionTokens: num(u.completion_tokens) };
-  const cached = num(record(u.prompt_tokens_details)?.cached_tokens);
-  const reasoning = num(record(u.completion_tokens_details)?.reasoning_tokens);
+  const promptDetails = record(u.prompt_tokens_details);
+  const completionDetails = record(u.completion_tokens_details);
+  const cached = num(promptDetails?.cached_tokens);
+  const reasoning = num(completionDetails?.reasoning_tokens);
+  // Audio tokens (gpt-4o-audio-preview, realtime models) are parts of the totals priced at their own rates.
+  const audioIn = num(promptDetails?.audio_tokens);
+  const audioOut = num(completionDetails?.audio_tokens);
   if (cached) usage.cachedPromptTokens = cached;
   if (reasoning) usage.reasoningTokens = reasoning;
+  if (audioIn) usage.audioPromptTokens = audioIn;
+  if (audioOut) usage.audioCompletionTokens = audioOut;
   return usage;
 }
 

@@ -11,6 +11,7 @@ import type { Deployment, Usage } from "../../core/contract.ts";
 import { columnToPico, picoToText, picoToUsd, usdToPico } from "../../core/cost/money.ts";
 import { PriceTable } from "../../core/cost/prices.ts";
 import { Pricing } from "../../core/cost/pricing.ts";
+import { usageFromOpenAI } from "../../providers/openai-compatible/usage.ts";
 
 const pricing = new Pricing(new PriceTable());
 
@@ -124,6 +125,26 @@ describe("cost of a call from the bundled price table", () => {
   test("speech is billed per input character ($15 per million)", () => {
     const got = pricing.costOf(deployment("openai/tts-1"), { promptTokens: 0, completionTokens: 0, characters: 2500 });
     expect(picoToText(got.cost)).toBe("0.0375");
+  });
+});
+
+describe("parts of usage priced at their own rates, read from the provider's usage", () => {
+  test("OpenAI audio tokens in and out (gpt-4o-audio-preview: $40 and $80 per million, text $2.50 and $10)", () => {
+    const usage = usageFromOpenAI({
+      prompt_tokens: 1000,
+      completion_tokens: 600,
+      total_tokens: 1600,
+      prompt_tokens_details: { cached_tokens: 0, audio_tokens: 800 },
+      completion_tokens_details: { reasoning_tokens: 0, audio_tokens: 500 },
+    });
+    expect(usage).toMatchObject({ audioPromptTokens: 800, audioCompletionTokens: 500 });
+    const got = pricing.costOf(deployment("openai/gpt-4o-audio-preview-2024-12-17"), usage).cost;
+    expect(picoToText(got)).toBe(picoToText(200n * perM("2.50") + 800n * perM("40.00") + 100n * perM("10.00") + 500n * perM("80.00")));
+  });
+
+  test("the worst case of an audio model reserves its audio rates", () => {
+    // 100 prompt tokens at $40 per million and 50 output tokens at $80 per million: the dearest rates the call could be charged.
+    expect(pricing.worstCase(deployment("openai/gpt-4o-audio-preview-2024-12-17"), 100, 50)).toBe(100n * perM("40.00") + 50n * perM("80.00"));
   });
 });
 
