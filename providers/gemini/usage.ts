@@ -1,7 +1,15 @@
 import type { Usage } from "../../core/contract.ts";
-import type { GeminiUsageMetadata } from "./wire.ts";
+import type { GeminiModalityCount, GeminiUsageMetadata } from "./wire.ts";
 
 const count = (v: unknown): number => (typeof v === "number" && Number.isFinite(v) ? v : 0);
+
+/** The tokens of one modality in a `*TokensDetails` list. */
+function modality(list: GeminiModalityCount[] | undefined, name: string): number {
+  if (!Array.isArray(list)) return 0;
+  let n = 0;
+  for (const d of list) if (d?.modality === name) n += count(d.tokenCount);
+  return n;
+}
 
 /**
  * Gemini's `usageMetadata` → the gateway's Usage. Gemini counts thinking apart from the answer
@@ -19,5 +27,8 @@ export function usageFromGemini(u: GeminiUsageMetadata | undefined): Usage {
   const cached = count(u.cachedContentTokenCount);
   if (cached) usage.cachedPromptTokens = cached;
   if (thoughts) usage.reasoningTokens = thoughts;
+  // Audio in the prompt has its own rate (input_cost_per_audio_token); cached audio is a cache read.
+  const audio = Math.max(0, modality(u.promptTokensDetails, "AUDIO") - modality(u.cacheTokensDetails, "AUDIO"));
+  if (audio) usage.audioPromptTokens = Math.min(audio, usage.promptTokens - cached);
   return usage;
 }

@@ -70,6 +70,15 @@ export interface GeminiUsageMetadata {
   cachedContentTokenCount?: number;
   thoughtsTokenCount?: number;
   toolUsePromptTokenCount?: number;
+  /** The prompt's tokens by modality (TEXT, AUDIO, IMAGE, VIDEO), cached ones included. */
+  promptTokensDetails?: GeminiModalityCount[];
+  /** The cached tokens by modality. */
+  cacheTokensDetails?: GeminiModalityCount[];
+}
+
+export interface GeminiModalityCount {
+  modality?: string;
+  tokenCount?: number;
 }
 
 export interface GenerateContentResponse {

@@ -10,8 +10,8 @@ export function openAIUsage(u: Usage): WireJson {
     prompt_tokens: u.promptTokens,
     completion_tokens: u.completionTokens,
     total_tokens: u.promptTokens + u.completionTokens,
-    prompt_tokens_details: { cached_tokens: u.cachedPromptTokens ?? 0 },
-    completion_tokens_details: { reasoning_tokens: u.reasoningTokens ?? 0 },
+    prompt_tokens_details: { cached_tokens: u.cachedPromptTokens ?? 0, ...(u.audioPromptTokens ? { audio_tokens: u.audioPromptTokens } : {}) },
+    completion_tokens_details: { reasoning_tokens: u.reasoningTokens ?? 0, ...(u.audioCompletionTokens ? { audio_tokens: u.audioCompletionTokens } : {}) },
   };
   if (u.cacheCreationTokens) usage.cache_creation_input_tokens = u.cacheCreationTokens;
   if (u.cachedPromptTokens) usage.cache_read_input_tokens = u.cachedPromptTokens;

@@ -11,7 +11,9 @@ import type { Deployment, Usage } from "../../core/contract.ts";
 import { columnToPico, picoToText, picoToUsd, usdToPico } from "../../core/cost/money.ts";
 import { PriceTable } from "../../core/cost/prices.ts";
 import { Pricing } from "../../core/cost/pricing.ts";
+import { usageFromGemini } from "../../providers/gemini/usage.ts";
 import { usageFromOpenAI } from "../../providers/openai-compatible/usage.ts";
+import { openAIUsage } from "../../providers/shared/openai-usage.ts";
 
 const pricing = new Pricing(new PriceTable());
 
@@ -140,6 +142,25 @@ describe("parts of usage priced at their own rates, read from the provider's usa
     expect(usage).toMatchObject({ audioPromptTokens: 800, audioCompletionTokens: 500 });
     const got = pricing.costOf(deployment("openai/gpt-4o-audio-preview-2024-12-17"), usage).cost;
     expect(picoToText(got)).toBe(picoToText(200n * perM("2.50") + 800n * perM("40.00") + 100n * perM("10.00") + 500n * perM("80.00")));
+  });
+
+  test("Gemini audio prompt tokens (promptTokensDetails AUDIO; gemini-2.0-flash: $0.70 per million, text $0.10, cached $0.025)", () => {
+    const usage = usageFromGemini({
+      promptTokenCount: 5000,
+      candidatesTokenCount: 800,
+      totalTokenCount: 5800,
+      cachedContentTokenCount: 1000,
+      promptTokensDetails: [
+        { modality: "TEXT", tokenCount: 3000 },
+        { modality: "AUDIO", tokenCount: 2000 },
+      ],
+      cacheTokensDetails: [{ modality: "TEXT", tokenCount: 1000 }],
+    });
+    expect(usage).toEqual({ promptTokens: 5000, completionTokens: 800, cachedPromptTokens: 1000, audioPromptTokens: 2000 });
+    const got = pricing.costOf(deployment("gemini/gemini-2.0-flash"), usage).cost;
+    expect(picoToText(got)).toBe(picoToText(2000n * perM("0.10") + 1000n * perM("0.025") + 2000n * perM("0.70") + 800n * perM("0.40")));
+    // The client's usage says what was charged.
+    expect(openAIUsage(usage)).toMatchObject({ prompt_tokens: 5000, prompt_tokens_details: { cached_tokens: 1000, audio_tokens: 2000 } });
   });
 
   test("the worst case of an audio model reserves its audio rates", () => {
