@@ -33,6 +33,8 @@ export interface Usage {
   cachedPromptTokens?: number;
   /** Prompt tokens written to the provider's prompt cache (part of promptTokens). */
   cacheCreationTokens?: number;
+  /** Of cacheCreationTokens, those written for an hour (Anthropic's `ephemeral_1h_input_tokens`), priced at their own rate. */
+  cacheCreation1hTokens?: number;
   /** Prompt tokens that were audio (part of promptTokens). */
   audioPromptTokens?: number;
   /** Output tokens spent reasoning (part of completionTokens). */

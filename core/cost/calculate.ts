@@ -28,12 +28,15 @@ export function costOf(price: ModelPrice, usage: Usage): Pico {
   const output = tier?.output ?? price.outputPerToken;
   const cacheRead = tier?.cacheRead ?? price.cacheReadPerToken ?? input;
   const cacheCreation = tier?.cacheCreation ?? price.cacheCreationPerToken ?? input;
+  // LiteLLM's rule (calculate_cache_writing_cost): 1-hour writes at their own rate, not tiered.
+  const cacheCreation1h = price.cacheCreation1hPerToken ?? cacheCreation;
   const audioIn = price.inputPerAudioToken ?? input;
   const audioOut = price.outputPerAudioToken ?? output;
   const reasoning = price.reasoningPerToken ?? output;
 
   const cached = usage.cachedPromptTokens ?? 0;
   const created = usage.cacheCreationTokens ?? 0;
+  const createdHour = Math.min(created, usage.cacheCreation1hTokens ?? 0);
   const audioPrompt = usage.audioPromptTokens ?? 0;
   const plainPrompt = Math.max(0, usage.promptTokens - cached - created - audioPrompt);
   const reasoned = usage.reasoningTokens ?? 0;
@@ -43,7 +46,8 @@ export function costOf(price: ModelPrice, usage: Usage): Pico {
   let total =
     times(plainPrompt, input) +
     times(cached, cacheRead) +
-    times(created, cacheCreation) +
+    times(created - createdHour, cacheCreation) +
+    times(createdHour, cacheCreation1h) +
     times(audioPrompt, audioIn) +
     times(plainCompletion, output) +
     times(reasoned, reasoning) +
@@ -78,9 +82,10 @@ export function worstCaseCost(price: ModelPrice, promptTokens: number, maxOutput
   const tier = tierFor(price, promptTokens);
   const input = tier?.input ?? price.inputPerToken ?? 0n;
   const cacheCreation = tier?.cacheCreation ?? price.cacheCreationPerToken ?? 0n;
+  const cacheCreation1h = price.cacheCreation1hPerToken ?? 0n;
   const output = tier?.output ?? price.outputPerToken ?? 0n;
   const reasoning = price.reasoningPerToken ?? 0n;
-  const maxIn = [input, cacheCreation, price.inputPerAudioToken ?? 0n].reduce(larger);
+  const maxIn = [input, cacheCreation, cacheCreation1h, price.inputPerAudioToken ?? 0n].reduce(larger);
   const maxOut = [output, reasoning, price.outputPerAudioToken ?? 0n].reduce(larger);
   return rateToPico(BigInt(promptTokens) * maxIn + BigInt(maxOutputTokens) * maxOut);
 }

@@ -29,6 +29,8 @@ export interface ModelPrice {
   outputPerToken?: Rate;
   cacheReadPerToken?: Rate;
   cacheCreationPerToken?: Rate;
+  /** Cache writes kept for an hour (Anthropic's 1-hour TTL). */
+  cacheCreation1hPerToken?: Rate;
   reasoningPerToken?: Rate;
   inputPerAudioToken?: Rate;
   outputPerAudioToken?: Rate;
@@ -79,6 +81,7 @@ export function toModelPrice(raw: RawPrice, source: string): ModelPrice {
     outputPerToken: rateField(raw, "output_cost_per_token"),
     cacheReadPerToken: rateField(raw, "cache_read_input_token_cost"),
     cacheCreationPerToken: rateField(raw, "cache_creation_input_token_cost"),
+    cacheCreation1hPerToken: rateField(raw, "cache_creation_input_token_cost_above_1hr"),
     reasoningPerToken: rateField(raw, "output_cost_per_reasoning_token"),
     inputPerAudioToken: rateField(raw, "input_cost_per_audio_token"),
     outputPerAudioToken: rateField(raw, "output_cost_per_audio_token"),

@@ -41,6 +41,8 @@ export interface AnthropicStreamState {
   inputTokens: number;
   cacheRead: number;
   cacheCreation: number;
+  /** Of cacheCreation, the writes cached for an hour. */
+  cacheCreation1h: number;
   outputTokens: number;
   /** Characters sent as content, reasoning or arguments: the completion estimate for a cut stream. */
   chars: number;
@@ -61,7 +63,13 @@ function chunk(s: AnthropicStreamState, delta: string): StreamPart[] {
 }
 
 const usageOf = (s: AnthropicStreamState): Usage =>
-  usageFromAnthropic({ input_tokens: s.inputTokens, cache_read_input_tokens: s.cacheRead, cache_creation_input_tokens: s.cacheCreation, output_tokens: s.outputTokens });
+  usageFromAnthropic({
+    input_tokens: s.inputTokens,
+    cache_read_input_tokens: s.cacheRead,
+    cache_creation_input_tokens: s.cacheCreation,
+    cache_creation: { ephemeral_1h_input_tokens: s.cacheCreation1h },
+    output_tokens: s.outputTokens,
+  });
 
 function takeUsage(s: AnthropicStreamState, u: AnthropicUsage | undefined): void {
   if (!u) return;
@@ -70,6 +78,7 @@ function takeUsage(s: AnthropicStreamState, u: AnthropicUsage | undefined): void
   if (typeof u.input_tokens === "number") s.inputTokens = u.input_tokens;
   if (typeof u.cache_read_input_tokens === "number") s.cacheRead = u.cache_read_input_tokens;
   if (typeof u.cache_creation_input_tokens === "number") s.cacheCreation = u.cache_creation_input_tokens;
+  if (typeof u.cache_creation?.ephemeral_1h_input_tokens === "number") s.cacheCreation1h = u.cache_creation.ephemeral_1h_input_tokens;
   if (typeof u.output_tokens === "number") s.outputTokens = u.output_tokens;
 }
 
@@ -282,6 +291,7 @@ export const anthropicChatStream: StreamTransform<"chat", AnthropicStreamState> 
     inputTokens: 0,
     cacheRead: 0,
     cacheCreation: 0,
+    cacheCreation1h: 0,
     outputTokens: 0,
     chars: 0,
     sawUsage: false,

@@ -13,5 +13,8 @@ export function usageFromAnthropic(u: AnthropicUsage | undefined): Usage {
   const usage: Usage = { promptTokens: count(u?.input_tokens) + cached + created, completionTokens: count(u?.output_tokens) };
   if (cached) usage.cachedPromptTokens = cached;
   if (created) usage.cacheCreationTokens = created;
+  // Writes cached for an hour cost more than 5-minute ones (`cache_creation_input_token_cost_above_1hr`).
+  const hour = Math.min(created, count(u?.cache_creation?.ephemeral_1h_input_tokens));
+  if (hour) usage.cacheCreation1hTokens = hour;
   return usage;
 }

@@ -11,6 +11,7 @@ import type { Deployment, Usage } from "../../core/contract.ts";
 import { columnToPico, picoToText, picoToUsd, usdToPico } from "../../core/cost/money.ts";
 import { PriceTable } from "../../core/cost/prices.ts";
 import { Pricing } from "../../core/cost/pricing.ts";
+import { usageFromAnthropic } from "../../providers/anthropic/usage.ts";
 import { usageFromGemini } from "../../providers/gemini/usage.ts";
 import { usageFromOpenAI } from "../../providers/openai-compatible/usage.ts";
 import { openAIUsage } from "../../providers/shared/openai-usage.ts";
@@ -161,6 +162,21 @@ describe("parts of usage priced at their own rates, read from the provider's usa
     expect(picoToText(got)).toBe(picoToText(2000n * perM("0.10") + 1000n * perM("0.025") + 2000n * perM("0.70") + 800n * perM("0.40")));
     // The client's usage says what was charged.
     expect(openAIUsage(usage)).toMatchObject({ prompt_tokens: 5000, prompt_tokens_details: { cached_tokens: 1000, audio_tokens: 2000 } });
+  });
+
+  test("Anthropic cache writes for an hour (claude-sonnet-4: $6 per million, 5-minute writes $3.75, reads $0.30, input $3)", () => {
+    const usage = usageFromAnthropic({
+      input_tokens: 100,
+      cache_read_input_tokens: 2000,
+      cache_creation_input_tokens: 3000,
+      cache_creation: { ephemeral_5m_input_tokens: 1000, ephemeral_1h_input_tokens: 2000 },
+      output_tokens: 50,
+    });
+    expect(usage).toEqual({ promptTokens: 5100, completionTokens: 50, cachedPromptTokens: 2000, cacheCreationTokens: 3000, cacheCreation1hTokens: 2000 });
+    const got = pricing.costOf(deployment("anthropic/claude-sonnet-4-20250514"), usage).cost;
+    expect(picoToText(got)).toBe(picoToText(100n * perM("3.00") + 2000n * perM("0.30") + 1000n * perM("3.75") + 2000n * perM("6.00") + 50n * perM("15.00")));
+    // Budgets reserve the prompt at the dearest input rate, the 1-hour write's.
+    expect(pricing.worstCase(deployment("anthropic/claude-sonnet-4-20250514"), 100, 10)).toBe(100n * perM("6.00") + 10n * perM("15.00"));
   });
 
   test("the worst case of an audio model reserves its audio rates", () => {
