@@ -210,11 +210,12 @@ type SpeechUsage = { promptTokens: number; completionTokens: number; characters:
 /**
  * What speech synthesis is priced on: its input's characters (tts-1), or its text tokens and
  * seconds of audio (gpt-4o-mini-tts). Seconds are measured from a PCM or WAV answer, else
- * estimated from the text at the asked `speed`.
+ * estimated from the text at the asked `speed`, to the millisecond (an estimate has no more digits
+ * worth charging; a length measured or reported is priced as it is).
  */
 export function speechUsage(req: SpeechRequest, answer?: { bytes: number; contentType: string }): SpeechUsage {
   const characters = req.input.length;
-  let audioSeconds = characters / SPOKEN_CHARACTERS_PER_SECOND / (req.speed ?? 1);
+  let audioSeconds = Math.round((characters / SPOKEN_CHARACTERS_PER_SECOND / (req.speed ?? 1)) * 1000) / 1000;
   if (answer && /pcm|wav/.test(answer.contentType)) audioSeconds = Math.max(0, answer.bytes - (answer.contentType.includes("wav") ? 44 : 0)) / PCM_BYTES_PER_SECOND;
   return { promptTokens: Math.ceil(characters / 4), completionTokens: 0, characters, audioSeconds };
 }

@@ -4,8 +4,11 @@
  * so each token is priced exactly once.
  */
 import type { Usage } from "../contract.ts";
-import { type Pico, type Rate, rateToPico } from "./money.ts";
+import { type Pico, type Rate, rateToPico, scaled } from "./money.ts";
 import type { ModelPrice, PriceTier } from "./prices.ts";
+
+/** Decimals a duration is read to: more than a double's shortest text has for any length worth a pico-dollar. */
+const SECOND_DIGITS = 30;
 
 function tierFor(price: ModelPrice, promptTokens: number): PriceTier | undefined {
   return price.tiers.find((t) => promptTokens > t.above);
@@ -63,10 +66,12 @@ export function costOf(price: ModelPrice, usage: Usage): Pico {
     }
   }
   // Audio by duration: a transcription is charged once for its length (LiteLLM prices whisper's
-  // input and output seconds alike; charging both would double the bill).
-  if (usage.audioSeconds) {
+  // input and output seconds alike; charging both would double the bill). The length as the
+  // upstream wrote it (8.470000267028809 s), not rounded to the millisecond: the product is exact
+  // to the yocto-dollar, and cutting it there cannot move the one rounding to pico-dollars below.
+  if (usage.audioSeconds && usage.audioSeconds > 0 && Number.isFinite(usage.audioSeconds)) {
     const perSecond = price.inputPerSecond ?? price.outputPerSecond;
-    if (perSecond !== undefined) total += BigInt(Math.round(usage.audioSeconds * 1000)) * perSecond / 1000n;
+    if (perSecond !== undefined) total += (scaled(usage.audioSeconds, SECOND_DIGITS) * perSecond) / 10n ** BigInt(SECOND_DIGITS);
   }
   if (usage.characters) total += times(usage.characters, price.inputPerCharacter ?? price.outputPerCharacter);
   return rateToPico(total);

@@ -125,6 +125,14 @@ describe("cost of a call from the bundled price table", () => {
     expect(picoToText(got.cost)).toBe("0.009");
   });
 
+  test("a transcription's length is priced as reported, not rounded to the millisecond", () => {
+    // whisper-1 at $0.0001 a second: 7.0005 s is $0.00070005 exactly (rounded to 7.001 s it was $0.0007001).
+    const at = (audioSeconds: number) => picoToText(pricing.costOf(deployment("openai/whisper-1"), { promptTokens: 0, completionTokens: 0, audioSeconds }).cost);
+    expect(at(7.0005)).toBe("0.00070005");
+    // A float32 length as whisper writes it: the exact product, rounded once to the pico-dollar.
+    expect(at(154.42767333984375)).toBe("0.015442767334");
+  });
+
   test("speech is billed per input character ($15 per million)", () => {
     const got = pricing.costOf(deployment("openai/tts-1"), { promptTokens: 0, completionTokens: 0, characters: 2500 });
     expect(picoToText(got.cost)).toBe("0.0375");
