@@ -47,6 +47,8 @@ export interface Usage {
   audioSeconds?: number;
   /** Characters of input (speech synthesis). */
   characters?: number;
+  /** Web searches the model ran on the provider's side (Anthropic's `server_tool_use.web_search_requests`). */
+  webSearchRequests?: number;
 }
 
 /** One `model_list` entry after config resolution: what an adapter needs to reach its upstream. */

@@ -74,6 +74,8 @@ export function costOf(price: ModelPrice, usage: Usage): Pico {
     if (perSecond !== undefined) total += (scaled(usage.audioSeconds, SECOND_DIGITS) * perSecond) / 10n ** BigInt(SECOND_DIGITS);
   }
   if (usage.characters) total += times(usage.characters, price.inputPerCharacter ?? price.outputPerCharacter);
+  // Searches a model runs on the provider's side are billed per search (LiteLLM: Anthropic's at the medium context size's price).
+  if (usage.webSearchRequests) total += times(usage.webSearchRequests, price.perWebSearch);
   return rateToPico(total);
 }
 

@@ -44,6 +44,8 @@ export interface ModelPrice {
   outputPerImage?: Rate;
   inputPerPixel?: Rate;
   outputPerPixel?: Rate;
+  /** A web search the model runs (`search_context_cost_per_query.search_context_size_medium`, as LiteLLM prices Anthropic's). */
+  perWebSearch?: Rate;
   maxInputTokens?: number;
   maxOutputTokens?: number;
 }
@@ -53,6 +55,13 @@ const TIER_SIZES = [1_000_000, 272_000, 256_000, 200_000, 128_000] as const;
 function rateField(raw: RawPrice, name: string): Rate | undefined {
   const v = raw[name];
   return typeof v === "number" && Number.isFinite(v) && v >= 0 ? rate(v) : undefined;
+}
+
+/** The price of a search at the default (medium) context size: `search_context_cost_per_query` is an object of sizes. */
+function searchRate(raw: RawPrice): Rate | undefined {
+  const sizes = raw.search_context_cost_per_query;
+  if (sizes === null || typeof sizes !== "object" || Array.isArray(sizes)) return undefined;
+  return rateField(sizes as RawPrice, "search_context_size_medium");
 }
 
 function intField(raw: RawPrice, name: string): number | undefined {
@@ -94,6 +103,7 @@ export function toModelPrice(raw: RawPrice, source: string): ModelPrice {
     outputPerImage: rateField(raw, "output_cost_per_image"),
     inputPerPixel: rateField(raw, "input_cost_per_pixel"),
     outputPerPixel: rateField(raw, "output_cost_per_pixel"),
+    perWebSearch: searchRate(raw),
     maxInputTokens: intField(raw, "max_input_tokens"),
     maxOutputTokens: intField(raw, "max_output_tokens") ?? intField(raw, "max_tokens"),
   };

@@ -43,6 +43,8 @@ export interface AnthropicStreamState {
   cacheCreation: number;
   /** Of cacheCreation, the writes cached for an hour. */
   cacheCreation1h: number;
+  /** Web searches run so far (message_delta's count is cumulative). */
+  webSearches: number;
   outputTokens: number;
   /** Characters sent as content, reasoning or arguments: the completion estimate for a cut stream. */
   chars: number;
@@ -68,6 +70,7 @@ const usageOf = (s: AnthropicStreamState): Usage =>
     cache_read_input_tokens: s.cacheRead,
     cache_creation_input_tokens: s.cacheCreation,
     cache_creation: { ephemeral_1h_input_tokens: s.cacheCreation1h },
+    server_tool_use: { web_search_requests: s.webSearches },
     output_tokens: s.outputTokens,
   });
 
@@ -79,6 +82,7 @@ function takeUsage(s: AnthropicStreamState, u: AnthropicUsage | undefined): void
   if (typeof u.cache_read_input_tokens === "number") s.cacheRead = u.cache_read_input_tokens;
   if (typeof u.cache_creation_input_tokens === "number") s.cacheCreation = u.cache_creation_input_tokens;
   if (typeof u.cache_creation?.ephemeral_1h_input_tokens === "number") s.cacheCreation1h = u.cache_creation.ephemeral_1h_input_tokens;
+  if (typeof u.server_tool_use?.web_search_requests === "number") s.webSearches = u.server_tool_use.web_search_requests;
   if (typeof u.output_tokens === "number") s.outputTokens = u.output_tokens;
 }
 
@@ -292,6 +296,7 @@ export const anthropicChatStream: StreamTransform<"chat", AnthropicStreamState> 
     cacheRead: 0,
     cacheCreation: 0,
     cacheCreation1h: 0,
+    webSearches: 0,
     outputTokens: 0,
     chars: 0,
     sawUsage: false,

@@ -16,5 +16,7 @@ export function usageFromAnthropic(u: AnthropicUsage | undefined): Usage {
   // Writes cached for an hour cost more than 5-minute ones (`cache_creation_input_token_cost_above_1hr`).
   const hour = Math.min(created, count(u?.cache_creation?.ephemeral_1h_input_tokens));
   if (hour) usage.cacheCreation1hTokens = hour;
+  const searches = count(u?.server_tool_use?.web_search_requests);
+  if (searches) usage.webSearchRequests = searches;
   return usage;
 }

@@ -95,6 +95,8 @@ export interface AnthropicUsage {
   cache_read_input_tokens?: number | null;
   /** The cache writes by lifetime (5 minutes, the default, or 1 hour, priced higher). */
   cache_creation?: { ephemeral_5m_input_tokens?: number | null; ephemeral_1h_input_tokens?: number | null } | null;
+  /** Server tools the model used (the web search tool, priced per search). */
+  server_tool_use?: { web_search_requests?: number | null } | null;
 }
 
 /** A non-streamed Messages API answer. */

@@ -92,6 +92,8 @@ interface Used {
   audioIn?: number;
   reasoning?: number;
   audioOut?: number;
+  /** Web searches run by the provider (Anthropic's web search tool). */
+  webSearches?: number;
 }
 
 function rateOf(entry: Json, field: string): Dec | undefined {
@@ -139,7 +141,11 @@ function tokenCost(entry: Json, u: Used): Dec {
   const textIn = u.prompt - r - w - w1 - ai;
   const textOut = u.completion - re - ao;
   if (textIn < 0 || textOut < 0) throw new Error(`inconsistent usage ${JSON.stringify(u)}`);
-  return [times(textIn, input), times(r, cacheRead), times(w, cacheWrite), times(w1, cacheWrite1h), times(ai, audioIn), times(textOut, output), times(re, reasoning), times(ao, audioOut)].reduce(add, ZERO);
+  // A web search at `search_context_cost_per_query.search_context_size_medium` (LiteLLM's
+  // get_cost_for_anthropic_web_search; README is silent), wherever the entry names that price.
+  const sizes = entry.search_context_cost_per_query as Json | undefined;
+  const search = sizes && typeof sizes.search_context_size_medium === "number" ? dec(sizes.search_context_size_medium) : ZERO;
+  return [times(u.webSearches ?? 0, search), times(textIn, input), times(r, cacheRead), times(w, cacheWrite), times(w1, cacheWrite1h), times(ai, audioIn), times(textOut, output), times(re, reasoning), times(ao, audioOut)].reduce(add, ZERO);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -156,7 +162,7 @@ interface Target {
   svc: (m: StartedProviderMocks) => Json;
   info?: Json;
   /** What this model's usage may carry. */
-  parts: { cacheRead?: boolean; cacheWrite?: boolean; cacheWrite1h?: boolean; audio?: boolean; reasoning?: boolean; tier?: number };
+  parts: { cacheRead?: boolean; cacheWrite?: boolean; cacheWrite1h?: boolean; audio?: boolean; reasoning?: boolean; tier?: number; webSearch?: boolean };
 }
 
 const openai = (model: string) => (m: StartedProviderMocks) => ({ model: `openai/${model}`, api_base: m.mocks.openai.url, api_key: UPSTREAM.openaiKey });
@@ -184,7 +190,7 @@ const TARGETS: Target[] = [
     family: "anthropic",
     entry: "claude-sonnet-4-20250514",
     svc: (m) => ({ model: "anthropic/claude-sonnet-4-20250514", api_base: m.mocks.anthropic.url, api_key: UPSTREAM.anthropicKey }),
-    parts: { cacheRead: true, cacheWrite: true, cacheWrite1h: true, tier: 200_000 },
+    parts: { cacheRead: true, cacheWrite: true, cacheWrite1h: true, tier: 200_000, webSearch: true },
   },
   {
     name: "gemini-2.5-pro",
@@ -206,7 +212,7 @@ const TARGETS: Target[] = [
     family: "vertex-claude",
     entry: "vertex_ai/claude-sonnet-4@20250514",
     svc: vertex("claude-sonnet-4@20250514"),
-    parts: { cacheRead: true, cacheWrite: true, tier: 200_000 },
+    parts: { cacheRead: true, cacheWrite: true, tier: 200_000, webSearch: true },
   },
   {
     name: "bedrock-claude-3-5-haiku",
@@ -290,6 +296,7 @@ function planUsage(rng: Random, t: Target): Plan {
   u.reasoning = keep(p.reasoning, reasoning);
   u.audioOut = t.family === "openai" ? keep(p.audio, audioOut) : 0;
   u.completion = textOut + u.reasoning + u.audioOut;
+  if (p.webSearch && rng.chance(0.3)) u.webSearches = 1 + rng.int(5);
   return { used: u, native: nativeUsage(t.family, u, rng) };
 }
 
@@ -315,6 +322,7 @@ function nativeUsage(family: Family, u: Used, rng: Random): Json {
         output_tokens: u.completion,
       };
       if (family === "anthropic" || rng.chance(0.5)) usage.cache_creation = { ephemeral_5m_input_tokens: u.cacheWrite ?? 0, ephemeral_1h_input_tokens: u.cacheWrite1h ?? 0 };
+      if (u.webSearches) usage.server_tool_use = { web_search_requests: u.webSearches };
       return usage;
     }
     case "gemini": {
@@ -375,12 +383,16 @@ function anthropicAnswer(model: string, usage: Json, stream: boolean): { json?: 
   const message = { id, type: "message", role: "assistant", model, content: [{ type: "text", text: TEXT.join("") }], stop_reason: "end_turn", stop_sequence: null, usage };
   if (!stream) return { json: message };
   // message_start carries the input side (output 1 so far); message_delta the final output count.
-  const startUsage = { ...usage, output_tokens: 1 };
+  const startUsage: Json = { ...usage, output_tokens: 1 };
+  delete startUsage.server_tool_use;
   const events = [sse({ type: "message_start", message: { ...message, content: [], stop_reason: null, usage: startUsage } }, "message_start")];
   events.push(sse({ type: "content_block_start", index: 0, content_block: { type: "text", text: "" } }, "content_block_start"));
   for (const t of TEXT) events.push(sse({ type: "content_block_delta", index: 0, delta: { type: "text_delta", text: t } }, "content_block_delta"));
   events.push(sse({ type: "content_block_stop", index: 0 }, "content_block_stop"));
-  events.push(sse({ type: "message_delta", delta: { stop_reason: "end_turn", stop_sequence: null }, usage: { output_tokens: usage.output_tokens } }, "message_delta"));
+  // Searches run while the answer streams: message_start reports none yet, message_delta the final count.
+  const finalUsage: Json = { output_tokens: usage.output_tokens };
+  if (usage.server_tool_use) finalUsage.server_tool_use = usage.server_tool_use;
+  events.push(sse({ type: "message_delta", delta: { stop_reason: "end_turn", stop_sequence: null }, usage: finalUsage }, "message_delta"));
   events.push(sse({ type: "message_stop" }, "message_stop"));
   return { bytes: events };
 }

@@ -187,6 +187,13 @@ describe("parts of usage priced at their own rates, read from the provider's usa
     expect(pricing.worstCase(deployment("anthropic/claude-sonnet-4-20250514"), 100, 10)).toBe(100n * perM("6.00") + 10n * perM("15.00"));
   });
 
+  test("Anthropic web searches ($10 per thousand, search_context_cost_per_query) beside the tokens", () => {
+    const usage = usageFromAnthropic({ input_tokens: 1000, output_tokens: 200, server_tool_use: { web_search_requests: 3 } });
+    expect(usage).toEqual({ promptTokens: 1000, completionTokens: 200, webSearchRequests: 3 });
+    const got = pricing.costOf(deployment("anthropic/claude-sonnet-4-20250514"), usage).cost;
+    expect(picoToText(got)).toBe(picoToText(1000n * perM("3.00") + 200n * perM("15.00") + 3n * usdToPico("0.01")));
+  });
+
   test("the worst case of an audio model reserves its audio rates", () => {
     // 100 prompt tokens at $40 per million and 50 output tokens at $80 per million: the dearest rates the call could be charged.
     expect(pricing.worstCase(deployment("openai/gpt-4o-audio-preview-2024-12-17"), 100, 50)).toBe(100n * perM("40.00") + 50n * perM("80.00"));
