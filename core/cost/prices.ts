@@ -88,7 +88,8 @@ export function toModelPrice(raw: RawPrice, source: string): ModelPrice {
     mode: typeof raw.mode === "string" ? raw.mode : undefined,
     inputPerToken: rateField(raw, "input_cost_per_token"),
     outputPerToken: rateField(raw, "output_cost_per_token"),
-    cacheReadPerToken: rateField(raw, "cache_read_input_token_cost"),
+    // DeepSeek's entries name their cache-hit price `input_cost_per_token_cache_hit` (some only that way).
+    cacheReadPerToken: rateField(raw, "cache_read_input_token_cost") ?? rateField(raw, "input_cost_per_token_cache_hit"),
     cacheCreationPerToken: rateField(raw, "cache_creation_input_token_cost"),
     cacheCreation1hPerToken: rateField(raw, "cache_creation_input_token_cost_above_1hr"),
     reasoningPerToken: rateField(raw, "output_cost_per_reasoning_token"),

@@ -16,7 +16,8 @@ export function usageFromOpenAI(raw: unknown): Usage {
   const usage: Usage = { promptTokens: num(u.prompt_tokens), completionTokens: num(u.completion_tokens) };
   const promptDetails = record(u.prompt_tokens_details);
   const completionDetails = record(u.completion_tokens_details);
-  const cached = num(promptDetails?.cached_tokens);
+  // DeepSeek reports its cache hits as prompt_cache_hit_tokens (part of prompt_tokens), as LiteLLM's Usage maps them.
+  const cached = num(promptDetails?.cached_tokens) || num(u.prompt_cache_hit_tokens);
   const reasoning = num(completionDetails?.reasoning_tokens);
   // Audio tokens (gpt-4o-audio-preview, realtime models) are parts of the totals priced at their own rates.
   const audioIn = num(promptDetails?.audio_tokens);

@@ -126,7 +126,9 @@ function tokenCost(entry: Json, u: Used): Dec {
   const field = (base: string) => (tier !== undefined ? rateOf(entry, `${base}_above_${tier / 1000}k_tokens`) : undefined) ?? rateOf(entry, base);
   const input = field("input_cost_per_token") ?? ZERO;
   const output = field("output_cost_per_token") ?? ZERO;
-  const cacheRead = field("cache_read_input_token_cost") ?? input;
+  // A cache read without cache_read_input_token_cost: DeepSeek's entries name it
+  // input_cost_per_token_cache_hit; else it is priced as input (README: each token priced once).
+  const cacheRead = field("cache_read_input_token_cost") ?? rateOf(entry, "input_cost_per_token_cache_hit") ?? input;
   const cacheWrite = field("cache_creation_input_token_cost") ?? input;
   const cacheWrite1h = rateOf(entry, "cache_creation_input_token_cost_above_1hr") ?? cacheWrite;
   const audioIn = rateOf(entry, "input_cost_per_audio_token") ?? input;
@@ -151,7 +153,7 @@ function tokenCost(entry: Json, u: Used): Dec {
 // ---------------------------------------------------------------------------------------------
 // Deployments: real models from the price file, and the parts of usage each one's upstream reports
 
-type Family = "openai" | "azure" | "anthropic" | "gemini" | "vertex-claude" | "bedrock" | "cohere";
+type Family = "openai" | "deepseek" | "azure" | "anthropic" | "gemini" | "vertex-claude" | "bedrock" | "cohere";
 
 interface Target {
   /** Model group (and deployment id `dep-<name>`). */
@@ -177,6 +179,15 @@ const TARGETS: Target[] = [
   { name: "gpt-4o", family: "openai", entry: "gpt-4o", svc: openai("gpt-4o"), parts: { cacheRead: true } },
   { name: "gpt-4o-audio", family: "openai", entry: "gpt-4o-audio-preview-2024-12-17", svc: openai("gpt-4o-audio-preview-2024-12-17"), parts: { audio: true } },
   { name: "o3-mini", family: "openai", entry: "o3-mini", svc: openai("o3-mini"), parts: { cacheRead: true, reasoning: true } },
+  // DeepSeek: its own usage fields for cache hits; deepseek-reasoner prices them only as input_cost_per_token_cache_hit.
+  { name: "deepseek-chat", family: "deepseek", entry: "deepseek/deepseek-chat", svc: (m) => ({ model: "deepseek/deepseek-chat", api_base: m.mocks.openai.url, api_key: UPSTREAM.openaiKey }), parts: { cacheRead: true } },
+  {
+    name: "deepseek-reasoner",
+    family: "deepseek",
+    entry: "deepseek/deepseek-reasoner",
+    svc: (m) => ({ model: "deepseek/deepseek-reasoner", api_base: m.mocks.openai.url, api_key: UPSTREAM.openaiKey }),
+    parts: { cacheRead: true, reasoning: true },
+  },
   {
     name: "azure-gpt-4o",
     family: "azure",
@@ -311,6 +322,16 @@ function nativeUsage(family: Family, u: Used, rng: Random): Json {
         total_tokens: u.prompt + u.completion,
         prompt_tokens_details: { cached_tokens: u.cacheRead ?? 0, audio_tokens: u.audioIn ?? 0 },
         completion_tokens_details: { reasoning_tokens: u.reasoning ?? 0, audio_tokens: u.audioOut ?? 0, accepted_prediction_tokens: 0, rejected_prediction_tokens: 0 },
+      };
+    case "deepseek":
+      // DeepSeek: cache hits and misses beside prompt_tokens (their sum), no prompt_tokens_details.
+      return {
+        prompt_tokens: u.prompt,
+        completion_tokens: u.completion,
+        total_tokens: u.prompt + u.completion,
+        prompt_cache_hit_tokens: u.cacheRead ?? 0,
+        prompt_cache_miss_tokens: u.prompt - (u.cacheRead ?? 0),
+        ...(u.reasoning ? { completion_tokens_details: { reasoning_tokens: u.reasoning } } : {}),
       };
     case "anthropic":
     case "vertex-claude": {
@@ -483,7 +504,8 @@ function expectClientUsage(got: Json | undefined, u: Used, what: string): void {
   expect(got!.total_tokens, `${what}: total_tokens`).toBe(u.prompt + u.completion);
   const pd = (got!.prompt_tokens_details ?? {}) as Json;
   const cd = (got!.completion_tokens_details ?? {}) as Json;
-  expect(pd.cached_tokens ?? 0, `${what}: cached_tokens`).toBe(u.cacheRead ?? 0);
+  // An OpenAI-compatible answer reaches the client as the provider wrote it: DeepSeek's cache hits in its own field.
+  expect(pd.cached_tokens ?? got!.prompt_cache_hit_tokens ?? 0, `${what}: cached_tokens`).toBe(u.cacheRead ?? 0);
   expect(cd.reasoning_tokens ?? 0, `${what}: reasoning_tokens`).toBe(u.reasoning ?? 0);
   if (u.audioIn) expect(pd.audio_tokens, `${what}: prompt audio_tokens`).toBe(u.audioIn);
   if (u.audioOut) expect(cd.audio_tokens, `${what}: completion audio_tokens`).toBe(u.audioOut);
@@ -498,9 +520,10 @@ async function chatCall(rng: Random, i: number): Promise<Done> {
   const entry = entryOf(t.entry);
   switch (t.family) {
     case "openai":
+    case "deepseek":
     case "azure": {
       const a = openAIAnswer(t.entry, plan.native, stream);
-      const mock = t.family === "openai" ? m.openai : m.azure;
+      const mock = t.family === "azure" ? m.azure : m.openai;
       mock.fault(stream ? { kind: "wire", shape: () => ({ bytes: a.bytes!, cuts: [] }) } : { kind: "answer", body: a.json });
       break;
     }

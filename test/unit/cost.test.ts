@@ -194,6 +194,14 @@ describe("parts of usage priced at their own rates, read from the provider's usa
     expect(picoToText(got)).toBe(picoToText(1000n * perM("3.00") + 200n * perM("15.00") + 3n * usdToPico("0.01")));
   });
 
+  test("DeepSeek cache hits (prompt_cache_hit_tokens) at the cache-hit price, also where the entry names it only input_cost_per_token_cache_hit", () => {
+    const usage = usageFromOpenAI({ prompt_tokens: 1000, completion_tokens: 100, total_tokens: 1100, prompt_cache_hit_tokens: 600, prompt_cache_miss_tokens: 400 });
+    expect(usage).toEqual({ promptTokens: 1000, completionTokens: 100, cachedPromptTokens: 600 });
+    // deepseek-chat: $0.27 in, $0.07 cache hit, $1.10 out; deepseek-reasoner: $0.55, $0.14, $2.19.
+    expect(picoToText(pricing.costOf(deployment("deepseek/deepseek-chat"), usage).cost)).toBe(picoToText(400n * perM("0.27") + 600n * perM("0.07") + 100n * perM("1.10")));
+    expect(picoToText(pricing.costOf(deployment("deepseek/deepseek-reasoner"), usage).cost)).toBe(picoToText(400n * perM("0.55") + 600n * perM("0.14") + 100n * perM("2.19")));
+  });
+
   test("the worst case of an audio model reserves its audio rates", () => {
     // 100 prompt tokens at $40 per million and 50 output tokens at $80 per million: the dearest rates the call could be charged.
     expect(pricing.worstCase(deployment("openai/gpt-4o-audio-preview-2024-12-17"), 100, 50)).toBe(100n * perM("40.00") + 50n * perM("80.00"));
