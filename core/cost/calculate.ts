@@ -25,7 +25,16 @@ export function pixelsOf(size: string | undefined): number | undefined {
   return m ? Number(m[1]) * Number(m[2]) : undefined;
 }
 
-export function costOf(price: ModelPrice, usage: Usage): Pico {
+/** Text models priced per second and not per token; audio and video models are priced for their media's length. */
+const pricedByCallTime = (price: ModelPrice): boolean =>
+  price.inputPerToken === undefined && price.outputPerToken === undefined && (price.mode === undefined || price.mode === "chat" || price.mode === "completion" || price.mode === "embedding");
+
+/**
+ * `callMs`: the call's duration. A model priced per second and not per token (an operator's
+ * `input_cost_per_second` on a chat deployment, SageMaker-style) is charged for it, as LiteLLM
+ * charges `response_time_ms / 1000 × cost per second`; audio is charged for its own length instead.
+ */
+export function costOf(price: ModelPrice, usage: Usage, callMs?: number): Pico {
   const tier = tierFor(price, usage.promptTokens);
   const input = tier?.input ?? price.inputPerToken;
   const output = tier?.output ?? price.outputPerToken;
@@ -69,9 +78,11 @@ export function costOf(price: ModelPrice, usage: Usage): Pico {
   // input and output seconds alike; charging both would double the bill). The length as the
   // upstream wrote it (8.470000267028809 s), not rounded to the millisecond: the product is exact
   // to the yocto-dollar, and cutting it there cannot move the one rounding to pico-dollars below.
+  const perSecond = price.inputPerSecond ?? price.outputPerSecond;
   if (usage.audioSeconds && usage.audioSeconds > 0 && Number.isFinite(usage.audioSeconds)) {
-    const perSecond = price.inputPerSecond ?? price.outputPerSecond;
     if (perSecond !== undefined) total += (scaled(usage.audioSeconds, SECOND_DIGITS) * perSecond) / 10n ** BigInt(SECOND_DIGITS);
+  } else if (perSecond !== undefined && callMs !== undefined && callMs > 0 && pricedByCallTime(price)) {
+    total += (BigInt(Math.round(callMs)) * perSecond) / 1000n;
   }
   if (usage.characters) total += times(usage.characters, price.inputPerCharacter ?? price.outputPerCharacter);
   // Searches a model runs on the provider's side are billed per search (LiteLLM: Anthropic's at the medium context size's price).

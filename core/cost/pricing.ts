@@ -83,10 +83,11 @@ export class Pricing {
     return this.table.find(provider, model);
   }
 
-  costOf(d: Deployment, usage: Usage): CallCost {
+  /** `callMs`: how long the call took, for a model priced per second of the call. */
+  costOf(d: Deployment, usage: Usage, callMs?: number): CallCost {
     const price = this.priceOf(d, usage.images);
     if (!price) return { cost: 0n, priced: false, source: `no price for ${d.provider}/${d.upstreamModel}` };
-    return { cost: costOf(price, usage), priced: true, source: price.source };
+    return { cost: costOf(price, usage, callMs), priced: true, source: price.source };
   }
 
   /** The most the call can cost (see worstCaseCost); output defaults to the model's own limit. */

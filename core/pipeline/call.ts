@@ -189,7 +189,8 @@ export function wantsStream(endpoint: Endpoint, body: WireRequest[Endpoint]): bo
 }
 
 /** What a call record says beyond who called what. */
-type RecordFields = Pick<CallRecord, "stream" | "status" | "usage" | "cost" | "priced" | "costSource" | "responseId" | "cacheHit" | "startedAt" | "firstByteAt" | "error" | "prompt" | "answer">;
+type RecordFields = Pick<CallRecord, "stream" | "status" | "usage" | "cost" | "priced" | "costSource" | "responseId" | "cacheHit" | "startedAt" | "firstByteAt" | "error" | "prompt" | "answer"> &
+  Partial<Pick<CallRecord, "endedAt">>;
 
 /** What a request asked, for the spend log when prompts are stored: never the rest of the body (it may carry credentials). */
 export function promptOf(body: WireRequest[Endpoint]): unknown {
@@ -251,9 +252,12 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
   const finish = (status: CallStatus, usage: Usage, error?: ErrorInfo, firstByteAt?: number, responseId?: string): bigint => {
     if (finished) return 0n;
     finished = true;
-    // A failed call is not charged; a cancelled stream is charged for what it used.
-    const priced = status === "failure" ? { cost: 0n, priced: true, source: "failed call" } : snapshot.pricing.costOf(d, usage);
+    // A failed call is not charged; a cancelled stream is charged for what it used (a model priced
+    // per second of the call, for the time from its start to this end, as its log row shows it).
+    const endedAt = Date.now();
+    const priced = status === "failure" ? { cost: 0n, priced: true, source: "failed call" } : snapshot.pricing.costOf(d, usage, endedAt - startedAt);
     const record = callRecord(ctx, endpoint, body, d, {
+      endedAt,
       stream: streams,
       status,
       usage,

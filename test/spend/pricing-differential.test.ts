@@ -255,6 +255,13 @@ const WHISPER = { name: "whisper-1", entry: "whisper-1" };
 /** A transcription model priced by tokens, its audio ones apart. */
 const TRANSCRIBE = { name: "gpt-4o-mini-transcribe", entry: "gpt-4o-mini-transcribe" };
 const DALLE = { name: "dall-e-3" };
+/**
+ * A chat deployment the operator prices per second of the call (README lists
+ * `input_cost_per_second` among the overrides), for a model the price file does not know. LiteLLM
+ * charges such a model `response_time_ms / 1000 × input_cost_per_second` (custom pricing, cost per
+ * second); the call's time is read from its log row (end_time − start_time).
+ */
+const PER_SECOND = { name: "per-second", rate: "0.000321987654321" };
 const DALLE2 = { name: "dall-e-2" };
 
 // ---------------------------------------------------------------------------------------------
@@ -463,6 +470,11 @@ beforeAll(async () => {
   model_list.push(
     { model_name: EMBEDDING.name, svc_params: { model: `openai/${EMBEDDING.entry}`, api_base: m.openai.url, api_key: UPSTREAM.openaiKey }, model_info: { id: "dep-embedding" } },
     { model_name: WHISPER.name, svc_params: { model: "openai/whisper-1", api_base: m.openai.url, api_key: UPSTREAM.openaiKey }, model_info: { id: "dep-whisper" } },
+    {
+      model_name: PER_SECOND.name,
+      svc_params: { model: "openai/acme-hosted-per-second", api_base: m.openai.url, api_key: UPSTREAM.openaiKey },
+      model_info: { id: "dep-per-second", input_cost_per_second: Number(PER_SECOND.rate) },
+    },
     { model_name: DALLE.name, svc_params: { model: "openai/dall-e-3", api_base: m.openai.url, api_key: UPSTREAM.openaiKey }, model_info: { id: "dep-dalle" } },
     { model_name: DALLE2.name, svc_params: { model: "openai/dall-e-2", api_base: m.openai.url, api_key: UPSTREAM.openaiKey }, model_info: { id: "dep-dalle2" } },
     { model_name: TRANSCRIBE.name, svc_params: { model: `openai/${TRANSCRIBE.entry}`, api_base: m.openai.url, api_key: UPSTREAM.openaiKey }, model_info: { id: "dep-transcribe" } },
@@ -490,6 +502,8 @@ interface Done {
   what: string;
   /** Tokens the log row must show (chat calls). */
   used?: Used;
+  /** Priced per second of the call: the expected cost comes from the log row's times. */
+  perSecond?: Dec;
   expected: bigint;
   callId: string;
   /** The non-stream answer's x-svc-response-cost, exact text. */
@@ -565,6 +579,28 @@ async function chatCall(rng: Random, i: number): Promise<Done> {
   for await (const chunk of data) if (chunk.usage) usage = chunk.usage as unknown as Json;
   expectClientUsage(usage, plan.used, what);
   return { kind: `${t.name} stream`, what, used: plan.used, expected, callId: response.headers.get("x-svc-call-id")! };
+}
+
+async function perSecondCall(rng: Random, i: number): Promise<Done> {
+  const stream = rng.chance(0.5);
+  const t: Target = { name: PER_SECOND.name, family: "openai", entry: "", svc: openai(""), parts: { cacheRead: true } };
+  const plan = planUsage(rng, t);
+  const a = openAIAnswer("acme-hosted-per-second", plan.native, stream);
+  // A stream comes in pieces a few milliseconds apart, so calls last from a millisecond to ~100 ms.
+  const gapMs = rng.int(12);
+  started.mocks.openai.fault(stream ? { kind: "wire", shape: (b) => ({ bytes: a.bytes!, cuts: Array.from({ length: 8 }, (_, k) => Math.floor(((k + 1) * b.length) / 9)), gapMs }) } : { kind: "answer", body: a.json });
+  const what = `#${i} per-second ${stream ? "stream" : "json"} ${seedNote}`;
+  const body = { model: PER_SECOND.name, messages: [{ role: "user" as const, content: `price call ${i}` }] };
+  const common = { kind: `per-second ${stream ? "stream" : "json"}`, what, used: plan.used, expected: 0n, perSecond: dec(PER_SECOND.rate) };
+  if (!stream) {
+    const { data, response } = await client.chat.completions.create(body).withResponse();
+    expectClientUsage(data.usage as unknown as Json, plan.used, what);
+    return { ...common, callId: response.headers.get("x-svc-call-id")!, header: response.headers.get("x-svc-response-cost") ?? undefined };
+  }
+  const { data, response } = await client.chat.completions.create({ ...body, stream: true, stream_options: { include_usage: true } }).withResponse();
+  for await (const _ of data) {
+  }
+  return { ...common, callId: response.headers.get("x-svc-call-id")! };
 }
 
 async function embeddingCall(rng: Random, i: number): Promise<Done> {
@@ -668,9 +704,9 @@ test(`every call's cost equals the reference's, in its header, its log row and t
   const done: Done[] = [];
   for (let i = 0; i < CALLS; i++) {
     const r = rng.next();
-    const call = r < 0.76 ? chatCall : r < 0.8 ? embeddingCall : r < 0.84 ? cohereEmbeddingCall : r < 0.88 ? transcriptionCall : r < 0.92 ? tokenTranscriptionCall : r < 0.96 ? imageCall : manyImagesCall;
+    const call = r < 0.7 ? chatCall : r < 0.77 ? perSecondCall : r < 0.8 ? embeddingCall : r < 0.84 ? cohereEmbeddingCall : r < 0.88 ? transcriptionCall : r < 0.92 ? tokenTranscriptionCall : r < 0.96 ? imageCall : manyImagesCall;
     const d = await call(rng, i);
-    if (d.header !== undefined) expect(d.header, `${d.what}: x-svc-response-cost`).toBe(picoText(d.expected));
+    if (d.header !== undefined && !d.perSecond) expect(d.header, `${d.what}: x-svc-response-cost`).toBe(picoText(d.expected));
     done.push(d);
   }
   await gw.host!.spendWriter.flush();
@@ -697,6 +733,11 @@ test(`every call's cost equals the reference's, in its header, its log row and t
     const row = byCall.get(d.callId);
     expect(row, `${d.what}: log row`).toBeDefined();
     expect(row!.status ?? (row!.metadata as Json).status, d.what).toBe("success");
+    if (d.perSecond) {
+      const ms = Date.parse(String(row!.end_time)) - Date.parse(String(row!.start_time));
+      d.expected = toPico(mul({ n: BigInt(ms), s: 3 }, d.perSecond));
+      if (d.header !== undefined) expect(d.header, `${d.what} (${ms} ms): x-svc-response-cost`).toBe(picoText(d.expected));
+    }
     expect(picoText(spendByCall.get(d.callId)!), `${d.what}: spend log row`).toBe(picoText(d.expected));
     if (d.used) {
       // The row's tokens are what was charged: totals, and the cache parts (reads; writes of either lifetime).

@@ -226,6 +226,15 @@ describe("operator prices", () => {
     expect(picoToText(pricing.costOf(d, chat(1_000_000, 0)).cost)).toBe("0.15");
   });
 
+  test("a chat model priced per second (and not per token) is charged for the call's duration", () => {
+    const d = deployment("openai/acme-hosted", { input_cost_per_second: 0.00042 });
+    // 2.5 s at $0.00042 a second, whatever the tokens.
+    expect(picoToText(pricing.costOf(d, chat(1000, 1000), 2500).cost)).toBe("0.00105");
+    // Per-token prices win where both are given; audio models are priced for their audio's length, not the call's.
+    expect(pricing.costOf(deployment("openai/acme-hosted", { input_cost_per_second: 0.00042, input_cost_per_token: 0.000001 }), chat(1000, 0), 2500).cost).toBe(usdToPico("0.001"));
+    expect(pricing.costOf(deployment("openai/whisper-1"), chat(0, 0), 2500).cost).toBe(0n);
+  });
+
   test("a model with no price costs 0 and says so", () => {
     const got = pricing.costOf(deployment("openai/unknown-model-x"), chat(1000, 1000));
     expect(got).toEqual({ cost: 0n, priced: false, source: "no price for openai/unknown-model-x" });
