@@ -47,8 +47,10 @@ export interface Usage {
   audioSeconds?: number;
   /** Characters of input (speech synthesis). */
   characters?: number;
-  /** Web searches the model ran on the provider's side (Anthropic's `server_tool_use.web_search_requests`). */
+  /** Web searches the model ran on the provider's side (Anthropic's `server_tool_use.web_search_requests`, an OpenAI search model's answer citing the web). */
   webSearchRequests?: number;
+  /** The search context size they were asked at (`web_search_options.search_context_size`); default medium. */
+  searchContextSize?: "low" | "medium" | "high";
 }
 
 /** One `model_list` entry after config resolution: what an adapter needs to reach its upstream. */

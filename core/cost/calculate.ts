@@ -85,8 +85,9 @@ export function costOf(price: ModelPrice, usage: Usage, callMs?: number): Pico {
     total += (BigInt(Math.round(callMs)) * perSecond) / 1000n;
   }
   if (usage.characters) total += times(usage.characters, price.inputPerCharacter ?? price.outputPerCharacter);
-  // Searches a model runs on the provider's side are billed per search (LiteLLM: Anthropic's at the medium context size's price).
-  if (usage.webSearchRequests) total += times(usage.webSearchRequests, price.perWebSearch);
+  // Searches a model runs on the provider's side are billed per search, at the context size asked
+  // (LiteLLM: Anthropic's at the medium size's price, OpenAI's at web_search_options' size, else medium).
+  if (usage.webSearchRequests) total += times(usage.webSearchRequests, price.perWebSearch?.[usage.searchContextSize ?? "medium"]);
   return rateToPico(total);
 }
 

@@ -44,8 +44,8 @@ export interface ModelPrice {
   outputPerImage?: Rate;
   inputPerPixel?: Rate;
   outputPerPixel?: Rate;
-  /** A web search the model runs (`search_context_cost_per_query.search_context_size_medium`, as LiteLLM prices Anthropic's). */
-  perWebSearch?: Rate;
+  /** A web search the model runs, per search context size (`search_context_cost_per_query`). */
+  perWebSearch?: { low?: Rate; medium?: Rate; high?: Rate };
   maxInputTokens?: number;
   maxOutputTokens?: number;
 }
@@ -57,11 +57,12 @@ function rateField(raw: RawPrice, name: string): Rate | undefined {
   return typeof v === "number" && Number.isFinite(v) && v >= 0 ? rate(v) : undefined;
 }
 
-/** The price of a search at the default (medium) context size: `search_context_cost_per_query` is an object of sizes. */
-function searchRate(raw: RawPrice): Rate | undefined {
+/** The price of a search per context size: `search_context_cost_per_query` is an object of sizes. */
+function searchRate(raw: RawPrice): ModelPrice["perWebSearch"] {
   const sizes = raw.search_context_cost_per_query;
   if (sizes === null || typeof sizes !== "object" || Array.isArray(sizes)) return undefined;
-  return rateField(sizes as RawPrice, "search_context_size_medium");
+  const s = sizes as RawPrice;
+  return { low: rateField(s, "search_context_size_low"), medium: rateField(s, "search_context_size_medium"), high: rateField(s, "search_context_size_high") };
 }
 
 function intField(raw: RawPrice, name: string): number | undefined {

@@ -70,6 +70,9 @@ interface StreamState {
   id?: string;
   /** `[DONE]`, the usage chunk (the gateway always asks for one) or a finish reason came: the answer is whole. */
   ended: boolean;
+  /** Chat: the request, and whether the answer cited the web (a search model's search, priced per call). */
+  req?: ChatRequest;
+  searched?: boolean;
 }
 
 const CHUNK_ID = /"id":"([^"\\]+)"/;
@@ -187,15 +190,53 @@ function answerUsage<E extends "chat" | "completions" | "embeddings">(endpoint: 
   return { promptTokens: promptSize(endpoint, req).estimate, completionTokens: bound === undefined ? estimated : Math.min(estimated, bound) };
 }
 
+/** The search context size a request asked a search model for (`web_search_options.search_context_size`). */
+function searchContextSize(req: ChatRequest | undefined): Usage["searchContextSize"] {
+  const size = (req as { web_search_options?: { search_context_size?: unknown } | null } | undefined)?.web_search_options?.search_context_size;
+  return size === "low" || size === "medium" || size === "high" ? size : undefined;
+}
+
+/**
+ * A search model's answer that cites the web (`url_citation` annotations) ran a web search, priced
+ * per call at the size asked (LiteLLM's StandardBuiltInToolCostTracking: one search per answer).
+ */
+function withSearch(usage: Usage, req: ChatRequest | undefined): Usage {
+  usage.webSearchRequests = 1;
+  const size = searchContextSize(req);
+  if (size) usage.searchContextSize = size;
+  return usage;
+}
+
+function citesWeb(b: WireJson): boolean {
+  for (const c of Array.isArray(b.choices) ? b.choices : []) {
+    const annotations = (c as { message?: { annotations?: unknown } } | null)?.message?.annotations;
+    if (Array.isArray(annotations) && annotations.some((a) => (a as { type?: unknown } | null)?.type === "url_citation")) return true;
+  }
+  return false;
+}
+
 export function openAIChat(): EndpointAdapter<"chat", StreamState> {
+  const stream = openAIStream<"chat">((req) => estimateTokens(req.messages.map((m) => m.content)));
   return {
     request: (req, d, raw) =>
       call(d, "/chat/completions", bodyFor(req, d, raw)),
     response: (body, req) => {
       const b = asObject(body);
-      return { body: b, usage: answerUsage("chat", b, req) };
+      const usage = answerUsage("chat", b, req);
+      return { body: b, usage: citesWeb(b) ? withSearch(usage, req) : usage };
     },
-    stream: openAIStream<"chat">((req) => estimateTokens(req.messages.map((m) => m.content))),
+    stream: {
+      ...stream,
+      init: (req) => ({ ...stream.init(req), req }),
+      event(data, s) {
+        // Annotations come in the content deltas, before the usage chunk; a cheap text test first.
+        if (!s.searched && data.includes('"url_citation"')) s.searched = true;
+        const parts = stream.event(data, s);
+        if (s.searched) for (const p of parts) if (p.type === "usage") withSearch(p.usage, s.req);
+        return parts;
+      },
+      estimate: (s) => (s.searched ? withSearch(stream.estimate(s), s.req) : stream.estimate(s)),
+    },
   };
 }
 

@@ -92,8 +92,10 @@ interface Used {
   audioIn?: number;
   reasoning?: number;
   audioOut?: number;
-  /** Web searches run by the provider (Anthropic's web search tool). */
+  /** Web searches run by the provider (Anthropic's web search tool; an OpenAI search model's answer citing the web). */
   webSearches?: number;
+  /** The search context size asked (`web_search_options.search_context_size`). */
+  searchSize?: "low" | "medium" | "high";
 }
 
 function rateOf(entry: Json, field: string): Dec | undefined {
@@ -143,10 +145,12 @@ function tokenCost(entry: Json, u: Used): Dec {
   const textIn = u.prompt - r - w - w1 - ai;
   const textOut = u.completion - re - ao;
   if (textIn < 0 || textOut < 0) throw new Error(`inconsistent usage ${JSON.stringify(u)}`);
-  // A web search at `search_context_cost_per_query.search_context_size_medium` (LiteLLM's
-  // get_cost_for_anthropic_web_search; README is silent), wherever the entry names that price.
+  // A web search at `search_context_cost_per_query`'s price for the size asked, else medium
+  // (LiteLLM's get_cost_for_anthropic_web_search and StandardBuiltInToolCostTracking; README is
+  // silent), wherever the entry names that price.
   const sizes = entry.search_context_cost_per_query as Json | undefined;
-  const search = sizes && typeof sizes.search_context_size_medium === "number" ? dec(sizes.search_context_size_medium) : ZERO;
+  const sizePrice = sizes?.[`search_context_size_${u.searchSize ?? "medium"}`];
+  const search = typeof sizePrice === "number" ? dec(sizePrice) : ZERO;
   return [times(u.webSearches ?? 0, search), times(textIn, input), times(r, cacheRead), times(w, cacheWrite), times(w1, cacheWrite1h), times(ai, audioIn), times(textOut, output), times(re, reasoning), times(ao, audioOut)].reduce(add, ZERO);
 }
 
@@ -164,7 +168,7 @@ interface Target {
   svc: (m: StartedProviderMocks) => Json;
   info?: Json;
   /** What this model's usage may carry. */
-  parts: { cacheRead?: boolean; cacheWrite?: boolean; cacheWrite1h?: boolean; audio?: boolean; reasoning?: boolean; tier?: number; webSearch?: boolean };
+  parts: { cacheRead?: boolean; cacheWrite?: boolean; cacheWrite1h?: boolean; audio?: boolean; reasoning?: boolean; tier?: number; webSearch?: boolean; citesWeb?: boolean };
 }
 
 const openai = (model: string) => (m: StartedProviderMocks) => ({ model: `openai/${model}`, api_base: m.mocks.openai.url, api_key: UPSTREAM.openaiKey });
@@ -178,6 +182,8 @@ const vertex = (model: string) => (m: StartedProviderMocks) => ({
 const TARGETS: Target[] = [
   { name: "gpt-4o", family: "openai", entry: "gpt-4o", svc: openai("gpt-4o"), parts: { cacheRead: true } },
   { name: "gpt-4o-audio", family: "openai", entry: "gpt-4o-audio-preview-2024-12-17", svc: openai("gpt-4o-audio-preview-2024-12-17"), parts: { audio: true } },
+  // A search model: an answer citing the web (url_citation annotations) is one search, at the size asked.
+  { name: "gpt-4o-search", family: "openai", entry: "gpt-4o-search-preview", svc: openai("gpt-4o-search-preview"), parts: { citesWeb: true } },
   { name: "o3-mini", family: "openai", entry: "o3-mini", svc: openai("o3-mini"), parts: { cacheRead: true, reasoning: true } },
   // DeepSeek: its own usage fields for cache hits; deepseek-reasoner prices them only as input_cost_per_token_cache_hit.
   { name: "deepseek-chat", family: "deepseek", entry: "deepseek/deepseek-chat", svc: (m) => ({ model: "deepseek/deepseek-chat", api_base: m.mocks.openai.url, api_key: UPSTREAM.openaiKey }), parts: { cacheRead: true } },
@@ -315,6 +321,10 @@ function planUsage(rng: Random, t: Target): Plan {
   u.audioOut = t.family === "openai" ? keep(p.audio, audioOut) : 0;
   u.completion = textOut + u.reasoning + u.audioOut;
   if (p.webSearch && rng.chance(0.3)) u.webSearches = 1 + rng.int(5);
+  if (p.citesWeb) {
+    if (rng.chance(0.7)) u.webSearches = 1;
+    u.searchSize = rng.maybe(0.7, ["low", "medium", "high"] as const);
+  }
   return { used: u, native: nativeUsage(t.family, u, rng) };
 }
 
@@ -389,17 +399,28 @@ function nativeUsage(family: Family, u: Used, rng: Random): Json {
 const TEXT = ["Priced", " to", " the", " pico", "-dollar."];
 const sse = (data: unknown, event?: string) => `${event ? `event: ${event}\n` : ""}data: ${JSON.stringify(data)}\n\n`;
 
-function openAIAnswer(model: string, usage: Json, stream: boolean): { json?: unknown; bytes?: Uint8Array } {
+const CITATION = { type: "url_citation", url_citation: { start_index: 0, end_index: 6, title: "Prices", url: "https://example.com/prices" } };
+
+function openAIAnswer(model: string, usage: Json, stream: boolean, cites = false): { json?: unknown; bytes?: Uint8Array } {
   const id = `chatcmpl-${crypto.randomUUID()}`;
   const created = 1_764_000_000;
   if (!stream) {
     return {
-      json: { id, object: "chat.completion", created, model, choices: [{ index: 0, message: { role: "assistant", content: TEXT.join(""), refusal: null }, logprobs: null, finish_reason: "stop" }], usage, system_fingerprint: "fp_1" },
+      json: {
+        id,
+        object: "chat.completion",
+        created,
+        model,
+        choices: [{ index: 0, message: { role: "assistant", content: TEXT.join(""), refusal: null, annotations: cites ? [CITATION] : [] }, logprobs: null, finish_reason: "stop" }],
+        usage,
+        system_fingerprint: "fp_1",
+      },
     };
   }
   const chunk = (choices: unknown[], u: unknown = null) => sse({ id, object: "chat.completion.chunk", created, model, system_fingerprint: "fp_1", choices, usage: u });
   const parts = [chunk([{ index: 0, delta: { role: "assistant", content: "" }, logprobs: null, finish_reason: null }])];
   for (const t of TEXT) parts.push(chunk([{ index: 0, delta: { content: t }, logprobs: null, finish_reason: null }]));
+  if (cites) parts.push(chunk([{ index: 0, delta: { annotations: [CITATION] }, logprobs: null, finish_reason: null }]));
   parts.push(chunk([{ index: 0, delta: {}, logprobs: null, finish_reason: "stop" }]));
   parts.push(chunk([], usage));
   parts.push("data: [DONE]\n\n");
@@ -536,7 +557,7 @@ async function chatCall(rng: Random, i: number): Promise<Done> {
     case "openai":
     case "deepseek":
     case "azure": {
-      const a = openAIAnswer(t.entry, plan.native, stream);
+      const a = openAIAnswer(t.entry, plan.native, stream, t.parts.citesWeb === true && plan.used.webSearches === 1);
       const mock = t.family === "azure" ? m.azure : m.openai;
       mock.fault(stream ? { kind: "wire", shape: () => ({ bytes: a.bytes!, cuts: [] }) } : { kind: "answer", body: a.json });
       break;
@@ -568,7 +589,8 @@ async function chatCall(rng: Random, i: number): Promise<Done> {
     }
   }
   const expected = toPico(tokenCost(entry, plan.used));
-  const body = { model: t.name, messages: [{ role: "user" as const, content: `price call ${i}` }], max_tokens: 50_000 };
+  const size = plan.used.searchSize;
+  const body = { model: t.name, messages: [{ role: "user" as const, content: `price call ${i}` }], max_tokens: 50_000, ...(size ? { web_search_options: { search_context_size: size } } : {}) };
   if (!stream) {
     const { data, response } = await client.chat.completions.create(body).withResponse();
     expectClientUsage(data.usage as unknown as Json, plan.used, what);

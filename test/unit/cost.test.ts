@@ -13,6 +13,7 @@ import { PriceTable } from "../../core/cost/prices.ts";
 import { Pricing } from "../../core/cost/pricing.ts";
 import { usageFromAnthropic } from "../../providers/anthropic/usage.ts";
 import { usageFromGemini } from "../../providers/gemini/usage.ts";
+import { openAIChat } from "../../providers/openai-compatible/adapter.ts";
 import { usageFromOpenAI } from "../../providers/openai-compatible/usage.ts";
 import { openAIUsage } from "../../providers/shared/openai-usage.ts";
 
@@ -200,6 +201,29 @@ describe("parts of usage priced at their own rates, read from the provider's usa
     // deepseek-chat: $0.27 in, $0.07 cache hit, $1.10 out; deepseek-reasoner: $0.55, $0.14, $2.19.
     expect(picoToText(pricing.costOf(deployment("deepseek/deepseek-chat"), usage).cost)).toBe(picoToText(400n * perM("0.27") + 600n * perM("0.07") + 100n * perM("1.10")));
     expect(picoToText(pricing.costOf(deployment("deepseek/deepseek-reasoner"), usage).cost)).toBe(picoToText(400n * perM("0.55") + 600n * perM("0.14") + 100n * perM("2.19")));
+  });
+
+  test("an OpenAI search model's answer citing the web is one search, at the context size asked ($30 / $35 / $50 per thousand)", () => {
+    const chat = openAIChat();
+    const citation = { type: "url_citation", url_citation: { start_index: 0, end_index: 1, title: "t", url: "https://example.com" } };
+    const answer = (annotations: unknown[]) => ({ choices: [{ index: 0, message: { role: "assistant", content: "x", annotations }, finish_reason: "stop" }], usage: { prompt_tokens: 100, completion_tokens: 10, total_tokens: 110 } });
+    const req = (size?: string) => ({ model: "s", messages: [{ role: "user", content: "q" }], ...(size ? { web_search_options: { search_context_size: size } } : {}) }) as never;
+    const d = deployment("openai/gpt-4o-search-preview");
+    const tokens = 100n * perM("2.50") + 10n * perM("10.00");
+    const cost = (annotations: unknown[], size?: string) => pricing.costOf(d, chat.response(answer(annotations), req(size)).usage).cost;
+    expect(cost([citation], "low")).toBe(tokens + usdToPico("0.03"));
+    expect(cost([citation])).toBe(tokens + usdToPico("0.035"));
+    expect(cost([citation], "high")).toBe(tokens + usdToPico("0.05"));
+    expect(cost([], "high")).toBe(tokens);
+    // A stream: the citation comes in a delta, the usage chunk after it.
+    const stream = chat.stream!;
+    const s = stream.init(req("high"));
+    const parts = [
+      ...stream.event(JSON.stringify({ id: "c", choices: [{ index: 0, delta: { annotations: [citation] }, finish_reason: null }] }), s),
+      ...stream.event(JSON.stringify({ id: "c", choices: [], usage: { prompt_tokens: 100, completion_tokens: 10, total_tokens: 110 } }), s),
+    ];
+    const usage = parts.find((p) => p.type === "usage");
+    expect(usage?.type === "usage" && pricing.costOf(d, usage.usage).cost).toBe(tokens + usdToPico("0.05"));
   });
 
   test("the worst case of an audio model reserves its audio rates", () => {
