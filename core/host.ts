@@ -32,18 +32,12 @@ import { ReportPrebuild } from "./http/admin/report-prebuild.ts";
 import { SpendWriter } from "./spend/writer.ts";
 import { openStore, type Store } from "./store/db.ts";
 import { join } from "node:path";
+import { within } from "./timer.ts";
 
 /** How long stopping waits for the store's background jobs once spend is flushed (or spilled). */
 const STOP_JOBS_MS = 2000;
 /** The spend dashboard's usual range: a month. */
 const DEFAULT_PREBUILD_DAYS = 30;
-
-/** Waits for `p`, at most `ms`. */
-async function within(ms: number, p: Promise<unknown>): Promise<void> {
-  let timer: ReturnType<typeof setTimeout> | undefined;
-  await Promise.race([p.catch(() => undefined), new Promise((resolve) => (timer = setTimeout(resolve, ms)))]);
-  clearTimeout(timer);
-}
 
 export interface HostOptions {
   configPath: string;

@@ -8,6 +8,10 @@ import { applyConfigEnv, type ConfigEnv, type ConfigResult, readConfig } from ".
 import type { GatewayConfig } from "./config/schema.ts";
 import type { HostServices } from "./services.ts";
 import { buildSnapshot, type Snapshot, SnapshotError } from "./snapshot.ts";
+import { within } from "./timer.ts";
+
+/** How long a plugin's dispose may take before the gateway goes on without it (a stop, a reload). */
+const PLUGIN_DISPOSE_MS = 2000;
 
 export type ReloadResult = { ok: true; version: number; changed: boolean } | { ok: false; errors: string[] };
 
@@ -194,8 +198,14 @@ export class Live {
 
   private async dispose(s: Snapshot): Promise<void> {
     this.retired.delete(s);
-    const results = await Promise.allSettled(s.plugins.map((p) => p.hooks.dispose?.()));
-    for (const r of results) if (r.status === "rejected") this.log.warn("plugin dispose failed", { error: String(r.reason) });
+    await Promise.all(
+      s.plugins.map(async (p) => {
+        // A plugin's dispose that never ends must not hold the gateway's stop.
+        const disposed = Promise.resolve().then(() => p.hooks.dispose?.());
+        disposed.catch((err) => this.log.warn("plugin dispose failed", { plugin: p.name, error: String(err) }));
+        if (!(await within(PLUGIN_DISPOSE_MS, disposed))) this.log.warn("plugin dispose did not end in time; going on without it", { plugin: p.name, waitedMs: PLUGIN_DISPOSE_MS });
+      }),
+    );
   }
 
   /** Watches the config file (edits in place and atomic renames). */

@@ -6,11 +6,13 @@ import { serveOptions } from "./http/serving.ts";
 import { type Host, startHost } from "./host.ts";
 import { createLogger } from "./log.ts";
 import { SnapshotError } from "./snapshot.ts";
-import { delay } from "./timer.ts";
+import { delay, within } from "./timer.ts";
 
 const log = createLogger("gateway");
 /** How long shutdown waits, after closing the connections left at the drain deadline, for their calls to end. */
 const CUT_CALLS_MS = 1000;
+/** How long shutdown waits for plugins' spend recorders and logging callbacks to flush. */
+const PLUGIN_FLUSH_MS = 5000;
 
 function fatal(message: string, errors?: string[]): never {
   console.error(`gateway: ${message}`);
@@ -66,7 +68,9 @@ async function main(): Promise<void> {
     // within a tick: their records must reach the spend writer before it flushes.
     if (!(await live.idle(CUT_CALLS_MS))) log.warn("calls still running after the drain; their spend may not be logged", { waitedMs: CUT_CALLS_MS });
     const snap = live.current;
-    await Promise.allSettled([...snap.spend.map((s) => s.flush()), ...[...snap.successCallbacks, ...snap.failureCallbacks].map((c) => c.flush?.())]);
+    // A plugin's flush that never ends (its logging backend gone, no timeout of its own) must not hold the exit.
+    const flushes = [...snap.spend.map((s) => s.flush()), ...[...snap.successCallbacks, ...snap.failureCallbacks].map((c) => Promise.resolve().then(() => c.flush?.()))];
+    if (!(await within(PLUGIN_FLUSH_MS, Promise.allSettled(flushes)))) log.warn("a spend recorder or logging callback did not finish flushing; stopping without it", { waitedMs: PLUGIN_FLUSH_MS });
     await host.close();
     log.info("stopped");
     process.exit(0);

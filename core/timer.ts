@@ -25,3 +25,15 @@ export function delay(ms: number, signal?: AbortSignal): Promise<void> {
     step();
   });
 }
+
+/** Waits for `p` (its failure too), at most `ms`: true when it ended in time. */
+export async function within(ms: number, p: Promise<unknown>): Promise<boolean> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const settled = p.then(
+    () => true,
+    () => true,
+  );
+  const ended = await Promise.race([settled, new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), ms)))]);
+  clearTimeout(timer);
+  return ended;
+}

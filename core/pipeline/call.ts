@@ -73,9 +73,19 @@ function denied(result: Denied): Refusal {
  */
 export function acquireLeases(gates: readonly Gate[], intent: CallIntent): Lease[] | Promise<Lease[]> {
   const granted: Lease[] = [];
+  /** A gate that fails (a plugin's bug, its backend down) takes back what the others granted, as a refusal does. */
+  const failed = (err: unknown): never => {
+    cancelAll(granted);
+    throw err;
+  };
   const step = (i: number): Lease[] | Promise<Lease[]> => {
     for (; i < gates.length; i++) {
-      const result = gates[i]!(intent);
+      let result: ReturnType<Gate>;
+      try {
+        result = gates[i]!(intent);
+      } catch (err) {
+        return failed(err);
+      }
       if (result instanceof Promise) {
         const next = i + 1;
         return result.then((r) => {
@@ -85,7 +95,7 @@ export function acquireLeases(gates: readonly Gate[], intent: CallIntent): Lease
           }
           granted.push(r);
           return step(next);
-        });
+        }, failed);
       }
       if (!result.ok) {
         cancelAll(granted);
