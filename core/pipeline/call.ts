@@ -5,6 +5,7 @@
  */
 import type { CallIntent, CallRecord, GroupCapacity, HttpCall, CallStatus, Denied, Deployment, Endpoint, EndpointAdapter, ErrorInfo, Lease, Logger, Principal, ProviderAdapter, StreamTransform, Usage, WireJson, WireRequest } from "../contract.ts";
 import { type PromptSize, promptSize } from "../cost/estimate.ts";
+import { MAX_COUNT, countableUsage } from "../cost/countable-usage.ts";
 import { maxOutput, worstCaseOf } from "../cost/worst-case.ts";
 import { groupCapacity } from "../limits/capacity.ts";
 import { picoToText } from "../cost/money.ts";
@@ -168,6 +169,19 @@ function withUpstreamLimits(headers: Record<string, string>, upstream: Headers, 
   }
 }
 
+/** Deployments already warned about: a server that always reports fractions warns once, not per call. */
+const warnedUncountable = new Set<string>();
+
+function warnUncountable(d: Deployment, reported: Usage, log: Logger): void {
+  if (warnedUncountable.has(d.id)) return;
+  warnedUncountable.add(d.id);
+  log.warn(`usage that cannot be counted as reported (a fraction, a negative, more than ${MAX_COUNT}, a part larger than its total) was rounded and bounded before pricing`, {
+    deployment: d.id,
+    provider: d.provider,
+    usage: JSON.stringify(reported),
+  });
+}
+
 /** What the router attaches to one attempt at a deployment. */
 export interface Attempt {
   /** Extra headers for the answer (rate limits, retries, fallbacks). */
@@ -259,9 +273,11 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
   let answer: unknown;
   let finished = false;
   /** Ends the call once: prices it, tells the attempt, then hands the record on. Returns the cost. */
-  const finish = (status: CallStatus, usage: Usage, error?: ErrorInfo, firstByteAt?: number, responseId?: string): bigint => {
+  const finish = (status: CallStatus, reported: Usage, error?: ErrorInfo, firstByteAt?: number, responseId?: string): bigint => {
     if (finished) return 0n;
     finished = true;
+    const { usage, corrected } = countableUsage(reported);
+    if (corrected) warnUncountable(d, reported, ctx.log);
     // A failed call is not charged; a cancelled stream is charged for what it used (a model priced
     // per second of the call, for the time from its start to this end, as its log row shows it).
     const endedAt = Date.now();

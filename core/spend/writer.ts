@@ -199,7 +199,12 @@ export class SpendWriter {
       if (batch === this.batches.at(-1)) this.newBatch();
       const logRows = this.logRows();
       const copyText = this.bulkLoads && logRows ? (batch.text ?? copyRows(batch.entries)) : undefined;
-      await writeBatch(this.store, batch.entries, { copyText, logRows, sums: batch.sums });
+      try {
+        await writeBatch(this.store, batch.entries, { copyText, logRows, sums: batch.sums });
+      } catch (err) {
+        if (!refusedData(err)) throw err;
+        await this.writeSettingAside(batch.entries, logRows);
+      }
       // Only the last batch takes new calls, so this one is still at the front.
       this.batches.shift();
       this.queued -= batch.entries.length;
@@ -229,6 +234,34 @@ export class SpendWriter {
     }
   }
 
+  /**
+   * A batch the store refused for a value in it: written in halves, down to the entries it refuses
+   * on their own, which are set aside in a file of their own (and logged) instead of holding every
+   * call after them out of the store, retried forever. Rows already written are not written again.
+   */
+  private async writeSettingAside(entries: SpendEntry[], logRows: boolean): Promise<void> {
+    try {
+      await writeBatch(this.store, entries, { logRows });
+      return;
+    } catch (err) {
+      if (!refusedData(err)) throw err;
+      if (entries.length === 1) {
+        this.setAside(entries[0]!, err);
+        return;
+      }
+    }
+    const half = Math.ceil(entries.length / 2);
+    await this.writeSettingAside(entries.slice(0, half), logRows);
+    await this.writeSettingAside(entries.slice(half), logRows);
+  }
+
+  private setAside(entry: SpendEntry, err: unknown): void {
+    mkdirSync(this.opts.spillDir, { recursive: true });
+    const file = join(this.opts.spillDir, `refused-${new Date().toISOString().slice(0, 10)}.jsonl`);
+    appendFileSync(file, `${JSON.stringify(entry)}\n`);
+    this.log.error("the store refused a spend entry; it is set aside, not written", { call: entry.callId, error: String(refusalOf(err)), file });
+  }
+
   /** Writes spill files oldest first; each is deleted once all its rows are in the store. */
   private async replaySpill(): Promise<void> {
     if (!this.mayHaveSpill) return;
@@ -245,7 +278,15 @@ export class SpendWriter {
           this.log.warn("skipped an unreadable spend spill line", { file });
         }
       }
-      for (let i = 0; i < entries.length; i += this.batchSize) await writeBatch(this.store, entries.slice(i, i + this.batchSize), { logRows: this.logRows() });
+      for (let i = 0; i < entries.length; i += this.batchSize) {
+        const part = entries.slice(i, i + this.batchSize);
+        try {
+          await writeBatch(this.store, part, { logRows: this.logRows() });
+        } catch (err) {
+          if (!refusedData(err)) throw err;
+          await this.writeSettingAside(part, this.logRows());
+        }
+      }
       try {
         unlinkSync(file);
       } catch {
@@ -258,4 +299,23 @@ export class SpendWriter {
     // Every file found was written; a spill during the awaits above sets the flag again.
     if (!this.spillFile) this.mayHaveSpill = false;
   }
+}
+
+/** The database error under a driver's wrapper (drizzle wraps the driver's error as `cause`). */
+function refusalOf(err: unknown): unknown {
+  const cause = (err as { cause?: unknown } | null)?.cause;
+  return cause instanceof Error ? cause : err;
+}
+
+/**
+ * Whether the store refused what it was given (SQLSTATE class 22, data exception: a value out of
+ * range, text that is not a number), which writing it again cannot change, as opposed to failing
+ * to answer (connection lost, store restarting), which a later write can get past.
+ */
+function refusedData(err: unknown): boolean {
+  for (const e of [err, refusalOf(err)]) {
+    const code = (e as { code?: unknown } | null)?.code;
+    if (typeof code === "string" && code.startsWith("22")) return true;
+  }
+  return false;
 }

@@ -8,8 +8,11 @@ import { randomUUID } from "node:crypto";
 import { sql } from "drizzle-orm";
 import type { SpendEntry } from "../../core/spend/entry.ts";
 import { writeBatch } from "../../core/spend/flush.ts";
+import { SpendWriter } from "../../core/spend/writer.ts";
 import { rows } from "../../core/store/sql.ts";
-import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
+import { readdirSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import { BACKENDS, MASTER_KEY, memoryLogger, requestJson, startBackendGateway, type TestGateway, tempDir } from "../harness/gateway.ts";
 
 const CONFIG = {
   model_list: [{ model_name: "priced", svc_params: { model: "mock/priced" }, model_info: { input_cost_per_token: 0.000001, output_cost_per_token: 0.000002 } }],
@@ -198,6 +201,31 @@ for (const backend of BACKENDS) {
       expect(await writeBatch({ db: store().db }, [viaStatement])).toBe(1);
       const found = await q<{ kind: string }>(sql`select jsonb_typeof(metadata) as kind from spend_logs where call_id in (${bulk.callId}, ${viaStatement.callId})`);
       expect(found).toEqual([{ kind: "object" }, { kind: "object" }]);
+    });
+
+    test("an entry the store refuses is set aside in a file and logged; the calls around it, and after it, are written", async () => {
+      const { token } = await newKey(`refused-${backend}`);
+      const log = memoryLogger();
+      const spillDir = tempDir();
+      const writer = new SpendWriter(store(), log, { spillDir, intervalMs: 60_000 });
+      // A fractional token count: the log's integer column refuses it (usage is made countable before
+      // it gets here; this is what the writer does with anything else the store refuses).
+      const refused = entry(token, 3_000_000_000, { promptTokens: 1.5 });
+      const around = Array.from({ length: 9 }, (_, i) => entry(token, 1_000_000_000 + i));
+      for (const e of [...around.slice(0, 4), refused, ...around.slice(4)]) writer.enqueue(e);
+      await writer.flush();
+      const after = entry(token, 2_000_000_000);
+      writer.enqueue(after);
+      await writer.flush();
+      const t = await totals(token);
+      expect(t.rows).toBe(10);
+      expect(t.keySpend).toBeCloseTo(9 * 0.001 + 36e-12 + 0.002, 12);
+      expect(t.dailyRequests).toBe(10);
+      const files = readdirSync(spillDir).filter((f) => f.startsWith("refused-"));
+      expect(files).toHaveLength(1);
+      expect(readFileSync(join(spillDir, files[0]!), "utf8").trim().split("\n").map((l) => (JSON.parse(l) as { callId: string }).callId)).toEqual([refused.callId]);
+      expect(log.lines.filter((l) => l.level === "error" && l.fields?.call === refused.callId)).toHaveLength(1);
+      await writer.stop();
     });
 
     test("a client sending a NUL in `user` is logged, and so are the calls around it", async () => {

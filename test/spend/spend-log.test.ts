@@ -326,6 +326,40 @@ describe("an answer without usage to a request with max_tokens (pglite, OpenAI w
   });
 });
 
+describe("usage a server reports that cannot be counted as given (pglite, OpenAI wire mock)", () => {
+  test("fractions, negatives, billions and a part over its total are rounded and bounded: priced as logged, and the log goes on", async () => {
+    await withSelfHosted(async (gw, mock) => {
+      const cases: { usage: Record<string, unknown>; logged: [number, number, number] }[] = [
+        { usage: { prompt_tokens: 1.5, completion_tokens: 2.5 }, logged: [2, 3, 0] },
+        { usage: { prompt_tokens: -5, completion_tokens: 3 }, logged: [0, 3, 0] },
+        { usage: { prompt_tokens: 5e9, completion_tokens: 1 }, logged: [2 ** 30 - 1, 1, 0] },
+        { usage: { prompt_tokens: 5, completion_tokens: 5, prompt_tokens_details: { cached_tokens: 50 } }, logged: [5, 5, 5] },
+        { usage: { prompt_tokens: 7, completion_tokens: 4 }, logged: [7, 4, 0] },
+      ];
+      const costs: number[] = [];
+      for (const [i, c] of cases.entries()) {
+        mock.fault({ kind: "answer", body: { id: `chatcmpl-odd-${i}`, object: "chat.completion", created: 1, model: "llama", choices: [{ index: 0, message: { role: "assistant", content: "ok" }, finish_reason: "stop" }], usage: c.usage } });
+        const res = await fetch(`${gw.url}/v1/chat/completions`, {
+          method: "POST",
+          headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+          body: JSON.stringify({ model: "self-hosted", messages: [{ role: "user", content: "hi" }] }),
+        });
+        expect(res.status).toBe(200);
+        costs.push(Number(res.headers.get("x-svc-response-cost")));
+      }
+      // One row the store refused held its whole batch, and every call after it, out of the log.
+      await gw.host!.spendWriter.flush();
+      for (const [i, c] of cases.entries()) {
+        const [row] = await rows<LogRow & { cache_read_input_tokens: number }>(gw.host!.store.db, sql`select * from spend_logs where request_id = ${`chatcmpl-odd-${i}`}`);
+        expect([row!.prompt_tokens, row!.completion_tokens, row!.cache_read_input_tokens]).toEqual(c.logged);
+        expect(Number(row!.spend)).toBeCloseTo(usd(c.logged[0], c.logged[1]), 12);
+        expect(Number(row!.spend)).toBeCloseTo(costs[i]!, 12);
+      }
+      expect(gw.log.lines.filter((l) => l.msg.includes("cannot be counted as reported"))).toHaveLength(1);
+    });
+  });
+});
+
 describe("a stream the upstream ends before its answer is whole (pglite)", () => {
   test("an error event instead of [DONE], logged as a failure at cost 0 (OpenAI and Anthropic wire mocks)", async () => {
     const { startMockOpenAI } = await import("../mock-upstream/openai.ts");
