@@ -4,11 +4,12 @@
  * teams or organizations on it) locks it first and checks again in its transaction, and a team's
  * deletion (which deletes its keys) writes the team's row first, so a write putting something on
  * it at the same moment is either seen by the deletion or finds the object gone (a 400), as one
- * after the other; never left referring to a deleted one. A key's user is held too (holdUser),
- * but a user gone meanwhile is created again rather than refused, as a key write naming a user
- * who does not exist creates it.
+ * after the other; never left referring to a deleted one. The teams and organization a user is
+ * put in are held (holdTeams, holdOrg): a team's or organization's deletion ends the memberships
+ * and detaches the users it sees. A key's user is held too (holdUser), but a user gone meanwhile
+ * is created again rather than refused, as a key write naming a user who does not exist creates it.
  */
-import { and, eq, isNull } from "drizzle-orm";
+import { and, eq, inArray, isNull } from "drizzle-orm";
 import { badRequest } from "../authz.ts";
 import { budgets, organizations, teams, users } from "../store/schema.ts";
 import type { Exec } from "./members.ts";
@@ -46,6 +47,23 @@ export async function holdTeam(tx: Exec, teamId: string): Promise<boolean> {
   return rows.length > 0;
 }
 
+/**
+ * Teams `teamIds` (a user's memberships), each held until `tx` ends, in one order (a /team/delete
+ * of several teams locks them in that order too, so the two cannot deadlock): the 400 naming the
+ * first that does not exist, or was deleted meanwhile.
+ */
+export async function holdTeams(tx: Exec, teamIds: readonly string[]): Promise<void> {
+  if (teamIds.length === 0) return;
+  const rows = await tx
+    .select({ id: teams.teamId })
+    .from(teams)
+    .where(and(inArray(teams.teamId, [...teamIds]), isNull(teams.deletedAt)))
+    .orderBy(teams.teamId)
+    .for("share");
+  const gone = [...teamIds].sort().find((id) => !rows.some((r) => r.id === id));
+  if (gone !== undefined) throw teamGone(gone);
+}
+
 /** Whether budget object `budgetId` exists, held until `tx` ends. */
 export async function holdBudget(tx: Exec, budgetId: string): Promise<boolean> {
   const rows = await tx.select({ id: budgets.budgetId }).from(budgets).where(eq(budgets.budgetId, budgetId)).for("share");
@@ -67,3 +85,4 @@ export async function holdUser(tx: Exec, userId: string, by: string): Promise<Us
   if (!inserted) await held();
   return inserted;
 }
+

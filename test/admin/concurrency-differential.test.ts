@@ -683,5 +683,86 @@ for (const backend of BACKENDS) {
         }
       }
     });
+
+    /** The user's teams and organization as /user/info shows them; undefined when the user does not exist. */
+    const userInfo = async (userId: string) => {
+      const r = await call("GET", `/user/info?user_id=${encodeURIComponent(userId)}`);
+      if (r.status === 404) return undefined;
+      expect(r.status, r.text).toBe(200);
+      return (r.body as { user_info: { teams: string[]; organization_id: string | null } }).user_info;
+    };
+
+    test("/user/new joining a team racing /team/delete: no user is left a member of the deleted team", async () => {
+      // More rounds than the others: the moment a user can land in (after the deletion ended the team's memberships, before it wrote) is short.
+      for (let round = 0; round < 3 * ROUNDS; round++) {
+        const team = await requestOk<{ team_id: string }>(gw, "POST", "/team/new", { team_alias: uniq("joined") });
+        const other = await requestOk<{ team_id: string }>(gw, "POST", "/team/new", { team_alias: uniq("kept") });
+        const ids = Array.from({ length: 4 }, () => uniq("joining"));
+        // Sometimes both teams, in an order other than their ids'.
+        const doomed = rng.chance(0.5) ? [other.team_id, team.team_id] : [team.team_id];
+        const label = where("user new vs team delete", round, `${doomed.length} deleted`);
+        const [deleted, ...created] = await burst(
+          [
+            () => post("/team/delete", { team_ids: doomed }),
+            // Spread over the first milliseconds, as for a user's deletion above; by teams (with another team) or by the key's team_id.
+            ...ids.map((user_id, i) => async () => {
+              await Bun.sleep(i);
+              return i % 2 === 0
+                ? post("/user/new", { user_id, teams: rng.chance(0.5) ? [team.team_id, other.team_id] : [{ team_id: team.team_id, user_role: "admin" }], auto_create_key: false })
+                : post("/user/new", { user_id, team_id: team.team_id, auto_create_key: rng.chance(0.5) });
+            }),
+          ],
+          label,
+        );
+        expect(deleted!.status, `${label}: ${deleted!.text}`).toBe(200);
+        for (const [i, c] of created.entries()) {
+          // Refused: it came after the deletion and found no team; nothing of it was kept.
+          if (c.status !== 200) {
+            expect(c.status, `${label}: ${c.text}`).toBe(400);
+            expect(await userInfo(ids[i]!), `${label}: a refused /user/new left its user`).toBeUndefined();
+            continue;
+          }
+          // Created before the deletion: the deletion ended its memberships.
+          const teams = (await userInfo(ids[i]!))?.teams;
+          for (const t of doomed) expect(teams, `${label}: user ${ids[i]} of the deleted team ${t}`).not.toContain(t);
+        }
+        for (const t of doomed) {
+          const members = await requestOk<{ total: number }>(gw, "GET", `/user/list?team_id=${t}`);
+          expect(members.total, `${label}: users listed in the deleted team ${t}`).toBe(0);
+        }
+      }
+    });
+
+    test("/user/new or /user/update into an organization racing /organization/delete: no user is left in the deleted organization", async () => {
+      for (let round = 0; round < 3 * ROUNDS; round++) {
+        const org = await requestOk<{ organization_id: string }>(gw, "POST", "/organization/new", { organization_alias: uniq("leaving") });
+        const existing = [uniq("moving"), uniq("moving")];
+        for (const user_id of existing) await requestOk(gw, "POST", "/user/new", { user_id, auto_create_key: false });
+        const fresh = [uniq("arriving"), uniq("arriving")];
+        const ids = rng.chance(0.5) ? [...existing, ...fresh] : [...fresh, ...existing];
+        const label = where("user new/update vs organization delete", round, ids.map((id) => (existing.includes(id) ? "update" : "new")).join(","));
+        const [deleted, ...written] = await burst(
+          [
+            () => call("DELETE", "/organization/delete", { organization_ids: [org.organization_id] }),
+            ...ids.map((user_id, i) => async () => {
+              await Bun.sleep(i);
+              return existing.includes(user_id)
+                ? post("/user/update", { user_id, organization_id: org.organization_id })
+                : post("/user/new", { user_id, organization_id: org.organization_id, auto_create_key: false });
+            }),
+          ],
+          label,
+        );
+        expect(deleted!.status, `${label}: ${deleted!.text}`).toBe(200);
+        for (const [i, w] of written.entries()) {
+          expect([200, 400], `${label}: ${w.text}`).toContain(w.status);
+          if (w.status === 400) expect(w.body.error?.message, label).toBe(`Organization ${org.organization_id} does not exist.`);
+          // Written before the deletion: it detached the user. After it: refused. Never in the deleted organization.
+          const info = await userInfo(ids[i]!);
+          expect(info === undefined, `${label}: ${ids[i]}`).toBe(w.status !== 200 && fresh.includes(ids[i]!));
+          if (info) expect(info.organization_id ?? null, `${label}: user ${ids[i]} in the deleted organization`).toBeNull();
+        }
+      }
+    });
   });
 }

@@ -459,6 +459,8 @@ async function deleteTeams(ctx: AdminCtx): Promise<Record<string, unknown>> {
   const before = await teamsApi(ctx.db, found);
   const by = ctx.caller.changedBy;
   const keys = await ctx.db.transaction(async (tx) => {
+    // Locked in one order first: a /user/new holding several of them (holds.ts holdTeams) takes them in that order too.
+    await tx.select({ id: teams.teamId }).from(teams).where(inArray(teams.teamId, ids)).orderBy(teams.teamId).for("update");
     const now = new Date();
     const deleted = await tx
       .update(teams)

@@ -10,6 +10,7 @@ import { and, asc, count, desc, eq, ilike, inArray, isNull, type SQL } from "dri
 import { Elysia } from "elysia";
 import { badRequest, forbidden, notFound } from "../../authz.ts";
 import { Amount, clearNulls, containing, LIMIT_COLUMNS, LimitFields, MoneyField, Nullable, resetAt } from "../../identity/fields.ts";
+import { holdReferences, holdTeams, orgGone } from "../../identity/holds.ts";
 import { type Exec, findUserByEmail, lockEmail, membersByTeam, teamApi, userApi } from "../../identity/members.ts";
 import { choice, list, pageOf, paged } from "../../identity/paging.ts";
 import type { UserRow } from "../../identity/records.ts";
@@ -89,7 +90,7 @@ async function requireUniqueEmail(db: Exec, email: string | null | undefined, ex
 async function requireOrg(db: Exec, orgId: string | null | undefined): Promise<void> {
   if (!orgId) return;
   const [org] = await db.select({ id: organizations.organizationId }).from(organizations).where(eq(organizations.organizationId, orgId));
-  if (!org) throw badRequest(`Organization ${orgId} does not exist.`, "organization_id");
+  if (!org) throw orgGone(orgId);
 }
 
 type TeamEntryValue = (typeof TeamEntry)["static"];
@@ -145,6 +146,11 @@ async function newUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
         await lockEmail(tx, body.user_email);
         await requireUniqueEmail(tx, body.user_email);
       }
+      // Its organization and teams held until the user is stored (holds.ts): a concurrent
+      // /organization/delete or /team/delete either sees the user (detaches it, ends its
+      // memberships) or comes first, and this is the 400 for an organization or team that does not exist.
+      await holdReferences(tx, { organizationId: body.organization_id });
+      await holdTeams(tx, memberships.map((m) => m.teamId));
       const [created] = await tx.insert(users).values(row).returning();
       if (memberships.length > 0) await tx.insert(teamMembers).values(memberships.map((m) => ({ ...m, userId })));
       return created!;
@@ -251,6 +257,8 @@ async function updateUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
       await lockEmail(tx, newEmail);
       await requireUniqueEmail(tx, newEmail, target.userId);
     }
+    // The organization it is put in, held until the write ends (holds.ts), as /user/new holds it.
+    await holdReferences(tx, { organizationId: props.organizationId });
     return tx
       .update(users)
       .set({ ...props, updatedAt: new Date(), updatedBy: caller.changedBy })
