@@ -6,8 +6,9 @@
  * it at the same moment is either seen by the deletion or finds the object gone (a 400), as one
  * after the other; never left referring to a deleted one. The teams and organization a user is
  * put in are held (holdTeams, holdOrg): a team's or organization's deletion ends the memberships
- * and detaches the users it sees. A key's user is held too (holdUser), but a user gone meanwhile
- * is created again rather than refused, as a key write naming a user who does not exist creates it.
+ * and detaches the users it sees. A key's user is held too (holdUser), and so is the user a team
+ * or organization admits (holdExistingUser), but a user gone meanwhile is created again rather
+ * than refused, as a write naming a user who does not exist creates it.
  */
 import { and, eq, inArray, isNull } from "drizzle-orm";
 import { badRequest } from "../authz.ts";
@@ -84,5 +85,25 @@ export async function holdUser(tx: Exec, userId: string, by: string): Promise<Us
   // Not inserted: a concurrent call created the user meanwhile; hold that one.
   if (!inserted) await held();
   return inserted;
+}
+
+/**
+ * Users `userIds` (those that exist), held (FOR UPDATE) until `tx` ends, in the order /user/delete
+ * locks its users: a write making several users members holds them all first, so it and a
+ * deletion of several of them cannot each hold one the other waits for (a deadlock, a 500).
+ */
+export async function holdUsersInOrder(tx: Exec, userIds: readonly (string | null | undefined)[]): Promise<void> {
+  const ids = [...new Set(userIds.filter(named))];
+  if (ids.length > 1) await tx.select({ id: users.userId }).from(users).where(inArray(users.userId, ids)).orderBy(users.userId).for("update");
+}
+
+/**
+ * User `userId` as it is now, held (FOR UPDATE, as holdUser) until `tx` ends, for a write that
+ * makes it a member (of a team or an organization); undefined when it is gone, deleted meanwhile
+ * included: the write then creates it again, as it does for a member who does not exist.
+ */
+export async function holdExistingUser(tx: Exec, userId: string): Promise<UserRow | undefined> {
+  const [row] = await tx.select().from(users).where(eq(users.userId, userId)).for("update");
+  return row;
 }
 

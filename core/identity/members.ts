@@ -6,6 +6,7 @@
 import { randomUUID } from "node:crypto";
 import { and, eq, inArray, sql } from "drizzle-orm";
 import { badRequest } from "../authz.ts";
+import { holdExistingUser } from "./holds.ts";
 import type { Db } from "../store/db.ts";
 import { teamMembers, users } from "../store/schema.ts";
 import type { TeamMemberRow, TeamRow, UserRow } from "./records.ts";
@@ -59,7 +60,11 @@ export async function lockEmail(db: Exec, email: string): Promise<void> {
 export async function ensureUser(db: Exec, ref: MemberRef, by: string): Promise<{ user: UserRow; created: boolean }> {
   if (ref.user_email) await lockEmail(db, ref.user_email);
   const found = await findUser(db, ref);
-  if (found) return { user: found, created: false };
+  // Held until the membership is stored: a /user/delete at the same moment (which locks its users
+  // first) then either ends the membership with the user or came first, and the user is created
+  // again below, as for anyone the team admits who does not exist.
+  const held = found && (await holdExistingUser(db, found.userId));
+  if (held) return { user: held, created: false };
   if (ref.user_id && ref.user_email) {
     // The id is new but the address may already belong to someone else: one address, one user.
     const other = await findUserByEmail(db, ref.user_email);
@@ -68,8 +73,14 @@ export async function ensureUser(db: Exec, ref: MemberRef, by: string): Promise<
   const [user] = await db
     .insert(users)
     .values({ userId: ref.user_id ?? randomUUID(), userEmail: ref.user_email ?? null, userRole: "internal_user", createdBy: by, updatedBy: by })
+    .onConflictDoNothing()
     .returning();
-  return { user: user!, created: true };
+  if (user) return { user, created: true };
+  // Not inserted: a concurrent call (admitting the same member elsewhere) created the user meanwhile; hold that one, as holds.ts holdUser does.
+  const created = await findUser(db, ref);
+  const again = created && (await holdExistingUser(db, created.userId));
+  if (!again) throw badRequest(`User ${ref.user_id ?? ref.user_email} was created and deleted by other requests at the same moment; nothing was changed.`, ref.user_id ? "user_id" : "user_email");
+  return { user: again, created: false };
 }
 
 /** Members of each team with their role and e-mail, in the order they joined. */

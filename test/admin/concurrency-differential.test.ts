@@ -764,5 +764,123 @@ for (const backend of BACKENDS) {
         }
       }
     });
+
+    test("/team/member_add, /team/bulk_member_add or /team/new with a member racing /user/delete of that user: no member that does not exist", async () => {
+      for (let round = 0; round < 3 * ROUNDS; round++) {
+        const user = uniq("leaving-member");
+        await requestOk(gw, "POST", "/user/new", { user_id: user, auto_create_key: false });
+        const teams = await Promise.all(Array.from({ length: 2 }, () => requestOk<{ team_id: string }>(gw, "POST", "/team/new", { team_alias: uniq("admitting") })));
+        const label = where("member add vs user delete", round);
+        const [deleted, added, bulk, created] = await burst(
+          [
+            () => post("/user/delete", { user_ids: [user] }),
+            () => post("/team/member_add", { team_id: teams[0]!.team_id, member: { role: rng.pick(["user", "admin"]), user_id: user } }),
+            async () => {
+              await Bun.sleep(1);
+              return post("/team/bulk_member_add", { team_id: teams[1]!.team_id, members: [{ role: "admin", user_id: user }] });
+            },
+            async () => {
+              await Bun.sleep(2);
+              return post("/team/new", { team_alias: uniq("with-member"), members_with_roles: [{ role: "admin", user_id: user }] });
+            },
+          ],
+          label,
+        );
+        expect(deleted!.status, `${label}: ${deleted!.text}`).toBe(200);
+        for (const r of [added!, bulk!, created!]) expect(r.status, `${label}: ${r.text}`).toBe(200);
+        expect((bulk!.body as { successful_additions: number }).successful_additions, `${label}: ${bulk!.text}`).toBe(1);
+        // Added before the deletion: it ended the membership with the user. After it: the user is created again (as for anyone a team admits who does not exist).
+        const info = await userInfo(user);
+        for (const teamId of [teams[0]!.team_id, teams[1]!.team_id, created!.body.team_id as string]) {
+          const t = await requestOk<{ team_info: { members_with_roles: { user_id: string }[] } }>(gw, "GET", `/team/info?team_id=${teamId}`);
+          const member = t.team_info.members_with_roles.some((m) => m.user_id === user);
+          if (member) expect(info, `${label}: team ${teamId} has member ${user}, who does not exist`).toBeDefined();
+          if (info) expect(info.teams.includes(teamId), `${label}: team ${teamId}`).toBe(member);
+        }
+      }
+    });
+
+    test("/team/member_add or /organization/member_add of several users racing /user/delete of them: no deadlock (a 5xx), no member that does not exist", async () => {
+      for (let round = 0; round < 3 * ROUNDS; round++) {
+        const ids = Array.from({ length: 3 }, () => uniq("several"));
+        for (const user_id of ids) await requestOk(gw, "POST", "/user/new", { user_id, auto_create_key: false });
+        const team = await requestOk<{ team_id: string }>(gw, "POST", "/team/new", { team_alias: uniq("several") });
+        const org = await requestOk<{ organization_id: string }>(gw, "POST", "/organization/new", { organization_alias: uniq("several") });
+        // In an order other than the deletion's.
+        const order = [...ids].reverse();
+        const label = where("several members vs user delete", round);
+        const [deleted, ...added] = await burst(
+          [
+            () => post("/user/delete", { user_ids: ids }),
+            () => post("/team/member_add", { team_id: team.team_id, member: order.map((user_id) => ({ role: "user", user_id })) }),
+            () => post("/organization/member_add", { organization_id: org.organization_id, member: order.map((user_id) => ({ role: "internal_user", user_id })) }),
+          ],
+          label,
+        );
+        expect(deleted!.status, `${label}: ${deleted!.text}`).toBe(200);
+        for (const a of added) expect(a.status, `${label}: ${a.text}`).toBe(200);
+        const t = await requestOk<{ team_info: { members_with_roles: { user_id: string }[] } }>(gw, "GET", `/team/info?team_id=${team.team_id}`);
+        const [o] = await requestOk<{ members: { user_id: string }[] }[]>(gw, "GET", `/organization/list?org_id=${org.organization_id}`);
+        for (const m of [...t.team_info.members_with_roles, ...o!.members]) expect(await userInfo(m.user_id), `${label}: member ${m.user_id} does not exist`).toBeDefined();
+      }
+    });
+
+    test("/organization/member_add racing /organization/delete: no membership of a deleted organization", async () => {
+      for (let round = 0; round < 3 * ROUNDS; round++) {
+        const orgId = uniq("closing-org");
+        await requestOk(gw, "POST", "/organization/new", { organization_id: orgId, organization_alias: uniq("closing") });
+        const existing = uniq("org-joiner");
+        await requestOk(gw, "POST", "/user/new", { user_id: existing, auto_create_key: false });
+        const fresh = [uniq("org-newcomer"), uniq("org-newcomer")];
+        const label = where("organization member_add vs delete", round);
+        const [deleted, ...added] = await burst(
+          [
+            () => call("DELETE", "/organization/delete", { organization_ids: [orgId] }),
+            ...[existing, ...fresh].map((user_id, i) => async () => {
+              await Bun.sleep(i);
+              return post("/organization/member_add", { organization_id: orgId, member: { role: rng.pick(["org_admin", "internal_user"]), user_id } });
+            }),
+          ],
+          label,
+        );
+        expect(deleted!.status, `${label}: ${deleted!.text}`).toBe(200);
+        for (const a of added) {
+          expect([200, 404], `${label}: ${a.text}`).toContain(a.status);
+          if (a.status === 404) expect(a.body.error?.message, label).toBe(`Organization '${orgId}' not found.`);
+        }
+        // A new user it created is not left in the deleted organization.
+        for (const id of fresh) expect((await userInfo(id))?.organization_id ?? null, `${label}: user ${id} in the deleted organization`).toBeNull();
+        // An organization created again with the id starts with no members (none left over from the deleted one).
+        await requestOk(gw, "POST", "/organization/new", { organization_id: orgId, organization_alias: uniq("reopened") });
+        const [again] = await requestOk<{ members: { user_id: string }[] }[]>(gw, "GET", `/organization/list?org_id=${orgId}`);
+        expect(again!.members.map((m) => m.user_id), `${label}: members of the deleted organization`).toEqual([]);
+      }
+    });
+
+    test("/organization/member_add racing /user/delete of the member: no member that does not exist", async () => {
+      for (let round = 0; round < 3 * ROUNDS; round++) {
+        const org = await requestOk<{ organization_id: string }>(gw, "POST", "/organization/new", { organization_alias: uniq("keeping") });
+        const user = uniq("org-leaver");
+        const email = `${user}@example.com`;
+        await requestOk(gw, "POST", "/user/new", { user_id: user, user_email: email, auto_create_key: false });
+        const byEmail = rng.chance(0.5);
+        const label = where("organization member_add vs user delete", round, byEmail ? "by e-mail" : "by id");
+        const [deleted, added] = await burst(
+          [
+            () => post("/user/delete", { user_ids: [user] }),
+            async () => {
+              await Bun.sleep(rng.int(3));
+              return post("/organization/member_add", { organization_id: org.organization_id, member: { role: "internal_user", ...(byEmail ? { user_email: email } : { user_id: user }) } });
+            },
+          ],
+          label,
+        );
+        expect(deleted!.status, `${label}: ${deleted!.text}`).toBe(200);
+        expect(added!.status, `${label}: ${added!.text}`).toBe(200);
+        // Added before the deletion: it ended the membership. After it: the member's user is created again (as for a member who does not exist).
+        const [info] = await requestOk<{ members: { user_id: string }[] }[]>(gw, "GET", `/organization/list?org_id=${org.organization_id}`);
+        for (const m of info!.members) expect(await userInfo(m.user_id), `${label}: member ${m.user_id} does not exist`).toBeDefined();
+      }
+    });
   });
 }

@@ -14,7 +14,7 @@ import { Elysia } from "elysia";
 import { badRequest, forbidden, notFound } from "../../authz.ts";
 import { GatewayError } from "../../errors.ts";
 import { Amount, Parallel, Quantity, resetAt } from "../../identity/fields.ts";
-import { holdBudget } from "../../identity/holds.ts";
+import { holdBudget, holdExistingUser, holdOrg, holdUsersInOrder } from "../../identity/holds.ts";
 import { type Exec, findUserByEmail, lockEmail } from "../../identity/members.ts";
 import { modelsOutsideOrg } from "../../identity/org-rules.ts";
 import type { BudgetRow, OrgMemberRow, OrgRow, UserRow } from "../../identity/records.ts";
@@ -334,16 +334,19 @@ interface MemberUser {
   user: UserRow | undefined;
   isNew: boolean;
   userId: string;
+  /** The address the entry names, if any (the new user's). */
   email?: string;
+  /** The id the entry names, if any (the new user's; else a new one). */
+  namedId?: string;
 }
 
 async function resolveMemberUser(ctx: AdminCtx, m: { user_id?: string; user_email?: string }, create: boolean): Promise<MemberUser> {
   if (!m.user_id && !m.user_email) throw badRequest("A member needs user_id or user_email.", "member");
   // By address, as everywhere: whatever its case.
   const [user] = m.user_id ? await ctx.db.select().from(users).where(eq(users.userId, m.user_id)) : [await findUserByEmail(ctx.db, m.user_email!)];
-  if (user) return { user, isNew: false, userId: user.userId };
+  if (user) return { user, isNew: false, userId: user.userId, email: m.user_email, namedId: m.user_id };
   if (!create) throw notFound(`User '${m.user_id ?? m.user_email}' not found.`, m.user_id ? "user_id" : "user_email");
-  return { user: undefined, isNew: true, userId: m.user_id ?? randomUUID(), email: m.user_email };
+  return { user: undefined, isNew: true, userId: m.user_id ?? randomUUID(), email: m.user_email, namedId: m.user_id };
 }
 
 async function addMembers(ctx: AdminCtx) {
@@ -369,7 +372,14 @@ async function addMembers(ctx: AdminCtx) {
     .transaction(async (tx) => {
       const newUsers: UserRow[] = [];
       const memberships: OrgMemberRow[] = [];
+      // The organization and the members' users held until the memberships are stored (holds.ts):
+      // a concurrent /organization/delete (which ends its memberships) or /user/delete either sees
+      // them or came first; then this is the 404 of an organization that does not exist, or the user
+      // is created again, as for a member who does not exist.
+      if (!(await holdOrg(tx, orgId))) throw notFound(`Organization '${orgId}' not found.`, "organization_id");
+      await holdUsersInOrder(tx, resolved.filter((r) => !r.isNew).map((r) => r.userId));
       for (const r of resolved) {
+        if (!r.isNew && !(await holdExistingUser(tx, r.userId))) Object.assign(r, { user: undefined, isNew: true, userId: r.namedId ?? randomUUID() });
         if (r.isNew && r.email) {
           // Calls admitting one new address at the same moment take turns: the later one finds the
           // first one's user instead of creating a second user with that address.
@@ -379,8 +389,18 @@ async function addMembers(ctx: AdminCtx) {
         }
         if (r.isNew) {
           const userRole = r.role === "internal_user_viewer" ? "internal_user_viewer" : "internal_user";
-          const [u] = await tx.insert(users).values({ userId: r.userId, userEmail: r.email, userRole, organizationId: orgId, createdBy: who, updatedBy: who }).returning();
-          newUsers.push(u!);
+          const [u] = await tx
+            .insert(users)
+            .values({ userId: r.userId, userEmail: r.email, userRole, organizationId: orgId, createdBy: who, updatedBy: who })
+            .onConflictDoNothing()
+            .returning();
+          if (u) newUsers.push(u);
+          else {
+            // Not inserted: a concurrent call (admitting the same member elsewhere) created the user meanwhile; hold that one, as a team's admission does.
+            const other = await holdExistingUser(tx, r.userId);
+            if (!other) throw badRequest(`User '${r.userId}'${r.email ? ` or its address ${r.email}` : ""} was taken by another request at the same moment; nothing was changed.`, "member");
+            Object.assign(r, { user: other, isNew: false });
+          }
         }
         const [row] = await tx
           .insert(orgMembers)

@@ -27,7 +27,7 @@ import {
   teamApi,
   userApi,
 } from "../../identity/members.ts";
-import { budgetGone, holdReferences, orgGone } from "../../identity/holds.ts";
+import { budgetGone, holdReferences, holdUsersInOrder, orgGone } from "../../identity/holds.ts";
 import { modelsOutsideOrg } from "../../identity/org-rules.ts";
 import { choice, pageOf, paged } from "../../identity/paging.ts";
 import type { IdentityChange, KeyRow, TeamMemberRow, TeamRow, UserRow } from "../../identity/records.ts";
@@ -387,6 +387,7 @@ async function newTeam(ctx: AdminCtx): Promise<Record<string, unknown>> {
   const { team, admitted } = await ctx.db
     .transaction(async (tx) => {
       await holdReferences(tx, { organizationId: row.organizationId, budgetId: row.budgetId });
+      await holdUsersInOrder(tx, (body.members_with_roles ?? []).map((m) => m.user_id));
       const [team] = await tx.insert(teams).values(row).returning();
       const admitted: Admitted[] = [];
       // A user named twice is a 400 (team_member_already_in_team) and nothing is created.
@@ -609,6 +610,7 @@ async function memberAdd(ctx: AdminCtx): Promise<Record<string, unknown>> {
   const by = ctx.caller.changedBy;
   // Under the team's lock: a /team/delete at the same moment removes its members, and would miss one added after it read them.
   const admitted = await lockedTeam(ctx, team.teamId, async (tx, current) => {
+    await holdUsersInOrder(tx, members.map((m) => m.user_id));
     const out: Admitted[] = [];
     for (const m of members) out.push(await admit(tx, current, m, body.max_budget_in_team, by));
     return out;
