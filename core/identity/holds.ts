@@ -8,11 +8,12 @@
  * put in are held (holdTeams, holdOrg): a team's or organization's deletion ends the memberships
  * and detaches the users it sees. A key's user is held too (holdUser), and so is the user a team
  * or organization admits (holdExistingUser), but a user gone meanwhile is created again rather
- * than refused, as a write naming a user who does not exist creates it.
+ * than refused, as a write naming a user who does not exist creates it. A non-admin's team key for
+ * a member holds the membership (holdMembership), which /team/member_delete deletes with its keys.
  */
 import { and, eq, inArray, isNull } from "drizzle-orm";
 import { badRequest } from "../authz.ts";
-import { budgets, organizations, teams, users } from "../store/schema.ts";
+import { budgets, organizations, teamMembers, teams, users } from "../store/schema.ts";
 import type { Exec } from "./members.ts";
 import type { UserRow } from "./records.ts";
 
@@ -107,3 +108,12 @@ export async function holdExistingUser(tx: Exec, userId: string): Promise<UserRo
   return row;
 }
 
+/** Whether user `userId` is a member of team `teamId`, the membership held until `tx` ends (a /team/member_delete deletes it). */
+export async function holdMembership(tx: Exec, teamId: string, userId: string): Promise<boolean> {
+  const rows = await tx
+    .select({ id: teamMembers.userId })
+    .from(teamMembers)
+    .where(and(eq(teamMembers.teamId, teamId), eq(teamMembers.userId, userId)))
+    .for("share");
+  return rows.length > 0;
+}

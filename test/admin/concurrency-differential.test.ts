@@ -882,5 +882,41 @@ for (const backend of BACKENDS) {
         for (const m of info!.members) expect(await userInfo(m.user_id), `${label}: member ${m.user_id} does not exist`).toBeDefined();
       }
     });
+
+    test("a team admin's /key/generate or /key/update for a member racing /team/member_delete of that member: no live team key of a non-member", async () => {
+      for (let round = 0; round < 3 * ROUNDS; round++) {
+        const admin = uniq("team-admin");
+        const member = uniq("removed-member");
+        const team = await requestOk<{ team_id: string }>(gw, "POST", "/team/new", {
+          team_alias: uniq("managed"),
+          members_with_roles: [
+            { role: "admin", user_id: admin },
+            { role: "user", user_id: member },
+          ],
+        });
+        // A Team Management Key: the team admin's key in the team.
+        const adminKey = (await newKey({ team_id: team.team_id, user_id: admin })).key;
+        const own = await Promise.all(Array.from({ length: 2 }, () => newKey({ team_id: team.team_id, user_id: admin })));
+        const label = where("team admin key for member vs member_delete", round);
+        const [removed, ...written] = await burst(
+          [
+            () => post("/team/member_delete", { team_id: team.team_id, user_id: member }),
+            ...[0, 1, 2, 3].map((i) => async () => {
+              await Bun.sleep(i);
+              return i < 2
+                ? call("POST", "/key/generate", { team_id: team.team_id, user_id: member }, adminKey)
+                : call("POST", "/key/update", { key: own[i - 2]!.key, user_id: member }, adminKey);
+            }),
+          ],
+          label,
+        );
+        expect(removed!.status, `${label}: ${removed!.text}`).toBe(200);
+        for (const w of written) expect([200, 403], `${label}: ${w.text}`).toContain(w.status);
+        // Written before the removal: deleted with the membership. After it: refused.
+        const listed = await requestOk<{ keys: string[] }>(gw, "GET", `/key/list?team_id=${team.team_id}&user_id=${member}`);
+        expect(listed.keys, `${label}: live keys in team ${team.team_id} of ${member}, no longer a member`).toEqual([]);
+        for (const g of written.slice(0, 2)) if (g.status === 200) expect(await modelCall(g.body.key as string), `${label}: a key made for the removed member`).toBe(401);
+      }
+    });
   });
 }

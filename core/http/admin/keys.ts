@@ -39,7 +39,7 @@ import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { followedReset, periodFromBudget } from "../../identity/budget-period.ts";
 import { resetAt } from "../../identity/fields.ts";
 import { guaranteedOverflow, type PlannedKey } from "../../limits/capacity.ts";
-import { budgetGone, holdReferences, holdUser, orgGone, teamGone } from "../../identity/holds.ts";
+import { budgetGone, holdMembership, holdReferences, holdUser, orgGone, teamGone } from "../../identity/holds.ts";
 
 const TABLE = "virtual_keys";
 const BULK_MAX = 500;
@@ -319,6 +319,15 @@ async function checkGuaranteedStored(tx: Exec, ctx: AdminCtx, key: PlannedKey): 
  */
 async function holdKeyWrite(tx: Exec, ctx: AdminCtx, fields: Record<string, unknown>, planned: PlannedKey, row?: KeyRow): Promise<UserRow | undefined> {
   const userId = fields.userId !== row?.userId ? fields.userId : undefined;
+  // A non-admin's new key in a team, or a key it gives to another user, is for a member of the team
+  // (authorizeGenerate, updateFields: checked against the cache). That membership is held, so a
+  // /team/member_delete at the same moment deletes the key with it, or came first and this is the
+  // 403 it gives after: no live team key of someone who is not a member, from a non-admin.
+  const teamId = ("teamId" in fields ? fields.teamId : row?.teamId) as string | null | undefined;
+  const member = (row === undefined ? fields.userId : userId) as string | null | undefined;
+  if (!ctx.caller.isAdmin && typeof teamId === "string" && typeof member === "string" && !(await holdMembership(tx, teamId, member))) {
+    throw forbidden(`User ${member} is not a member of team ${teamId} (removed meanwhile): only a proxy admin may put a key of someone else in it.`);
+  }
   const createdUser = typeof userId === "string" && userId !== "" ? await holdUser(tx, userId, ctx.caller.changedBy) : undefined;
   await holdReferences(tx, namedAnew(fields, row));
   await checkGuaranteedStored(tx, ctx, planned);
