@@ -918,5 +918,29 @@ for (const backend of BACKENDS) {
         for (const g of written.slice(0, 2)) if (g.status === 200) expect(await modelCall(g.body.key as string), `${label}: a key made for the removed member`).toBe(401);
       }
     });
+
+    test("POST /team/{id}/callback or disable_logging racing /team/delete: a 200 came before the deletion, nothing is written to the deleted team", async () => {
+      for (let round = 0; round < 3 * ROUNDS; round++) {
+        const team = await requestOk<{ team_id: string }>(gw, "POST", "/team/new", { team_alias: uniq("logging") });
+        const label = where("team callback vs delete", round);
+        const [deleted, ...written] = await burst(
+          [
+            () => post("/team/delete", { team_ids: [team.team_id] }),
+            ...Array.from({ length: 4 }, (_, i) => async () => {
+              await Bun.sleep(i);
+              return rng.chance(0.25)
+                ? post(`/team/${team.team_id}/disable_logging`, {})
+                : post(`/team/${team.team_id}/callback`, { callbacks: [{ callback_type: "webhook", url: `https://hooks.example.com/${uniq("in")}` }] });
+            }),
+          ],
+          label,
+        );
+        expect(deleted!.status, `${label}: ${deleted!.text}`).toBe(200);
+        for (const w of written) expect([200, 404], `${label}: ${w.text}`).toContain(w.status);
+        const gone = await requestOk<{ teams: { updated_at: string; deleted_at: string }[] }>(gw, "GET", `/v2/team/list?status=deleted&team_id=${team.team_id}`);
+        // The deletion was the deleted team's last write.
+        expect(gone.teams.map((t) => t.updated_at), `${label}: the deleted team was written after its deletion`).toEqual(gone.teams.map((t) => t.deleted_at));
+      }
+    });
   });
 }

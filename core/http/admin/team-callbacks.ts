@@ -68,7 +68,9 @@ async function save(ctx: AdminCtx, before: TeamRow, settings: TeamCallbackSettin
   const [after] = await ctx.db
     .update(teams)
     .set({ callbackSettings: settings as Record<string, unknown>, updatedAt: new Date(), updatedBy: ctx.caller.changedBy })
-    .where(eq(teams.teamId, before.teamId))
+    // The live team only: a team deleted since it was read is the 404 it is after the deletion (the
+    // deletion keeps its row, and this would have written callbacks onto a deleted team).
+    .where(and(eq(teams.teamId, before.teamId), isNull(teams.deletedAt)))
     .returning();
   if (!after) throw notFound(`Team ${before.teamId} not found: it was deleted meanwhile.`, "team_id");
   await ctx.changed({ kind: "team", teamId: before.teamId });
