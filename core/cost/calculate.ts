@@ -29,6 +29,13 @@ export function pixelsOf(size: string | undefined): number | undefined {
 const pricedByCallTime = (price: ModelPrice): boolean =>
   price.inputPerToken === undefined && price.outputPerToken === undefined && (price.mode === undefined || price.mode === "chat" || price.mode === "completion" || price.mode === "embedding");
 
+/** Yocto-dollars for `callMs` of a model priced per second of the call (0 for any other). */
+function callTimeRate(price: ModelPrice, callMs: number): bigint {
+  const perSecond = price.inputPerSecond ?? price.outputPerSecond;
+  if (perSecond === undefined || !(callMs > 0) || !pricedByCallTime(price)) return 0n;
+  return (BigInt(Math.round(callMs)) * perSecond) / 1000n;
+}
+
 /**
  * `callMs`: the call's duration. A model priced per second and not per token (an operator's
  * `input_cost_per_second` on a chat deployment, SageMaker-style) is charged for it, as LiteLLM
@@ -81,9 +88,7 @@ export function costOf(price: ModelPrice, usage: Usage, callMs?: number): Pico {
   const perSecond = price.inputPerSecond ?? price.outputPerSecond;
   if (usage.audioSeconds && usage.audioSeconds > 0 && Number.isFinite(usage.audioSeconds)) {
     if (perSecond !== undefined) total += (scaled(usage.audioSeconds, SECOND_DIGITS) * perSecond) / 10n ** BigInt(SECOND_DIGITS);
-  } else if (perSecond !== undefined && callMs !== undefined && callMs > 0 && pricedByCallTime(price)) {
-    total += (BigInt(Math.round(callMs)) * perSecond) / 1000n;
-  }
+  } else if (callMs !== undefined) total += callTimeRate(price, callMs);
   if (usage.characters) total += times(usage.characters, price.inputPerCharacter ?? price.outputPerCharacter);
   // Searches a model runs on the provider's side are billed per search, at the context size asked
   // (LiteLLM: Anthropic's at the medium size's price, OpenAI's at web_search_options' size, else medium).
@@ -95,9 +100,10 @@ const larger = (a: bigint, b: bigint): bigint => (a > b ? a : b);
 
 /**
  * The most a call can cost: its prompt estimate at the highest input rate that could apply, and
- * `maxOutputTokens` at the highest output rate (reasoning and audio included).
+ * `maxOutputTokens` at the highest output rate (reasoning and audio included); for a model priced
+ * per second of the call, `maxCallMs` (the longest it is charged for) at that rate.
  */
-export function worstCaseCost(price: ModelPrice, promptTokens: number, maxOutputTokens: number): Pico {
+export function worstCaseCost(price: ModelPrice, promptTokens: number, maxOutputTokens: number, maxCallMs = 0): Pico {
   const tier = tierFor(price, promptTokens);
   const input = tier?.input ?? price.inputPerToken ?? 0n;
   const cacheCreation = tier?.cacheCreation ?? price.cacheCreationPerToken ?? 0n;
@@ -106,5 +112,5 @@ export function worstCaseCost(price: ModelPrice, promptTokens: number, maxOutput
   const reasoning = price.reasoningPerToken ?? 0n;
   const maxIn = [input, cacheCreation, cacheCreation1h, price.inputPerAudioToken ?? 0n].reduce(larger);
   const maxOut = [output, reasoning, price.outputPerAudioToken ?? 0n].reduce(larger);
-  return rateToPico(BigInt(promptTokens) * maxIn + BigInt(maxOutputTokens) * maxOut);
+  return rateToPico(BigInt(promptTokens) * maxIn + BigInt(maxOutputTokens) * maxOut + callTimeRate(price, maxCallMs));
 }

@@ -90,11 +90,14 @@ export class Pricing {
     return { cost: costOf(price, usage, callMs), priced: true, source: price.source };
   }
 
-  /** The most the call can cost (see worstCaseCost); output defaults to the model's own limit. */
-  worstCase(d: Deployment, promptTokens: number, maxOutputTokens: number | undefined): Pico {
+  /**
+   * The most the call can cost (see worstCaseCost); output defaults to the model's own limit.
+   * `maxCallMs`: the longest the call is charged for, should the model be priced per second of it.
+   */
+  worstCase(d: Deployment, promptTokens: number, maxOutputTokens: number | undefined, maxCallMs?: number): Pico {
     const price = this.priceOf(d);
     if (!price) return 0n;
-    return worstCaseCost(price, promptTokens, maxOutputTokens ?? price.maxOutputTokens ?? DEFAULT_MAX_OUTPUT_TOKENS);
+    return worstCaseCost(price, promptTokens, maxOutputTokens ?? price.maxOutputTokens ?? DEFAULT_MAX_OUTPUT_TOKENS, maxCallMs);
   }
 }
 

@@ -22,10 +22,18 @@ function worstImages(pricing: Pricing, d: Deployment, promptTokens: number, req:
   return worst;
 }
 
-/** Priced per second or per token, whichever the model uses; a transcript is shorter than its audio's tokens. */
-function worstTranscription(pricing: Pricing, d: Deployment, promptTokens: number, req: WireRequest["transcriptions"]): Pico {
+/**
+ * Priced per second or per token, whichever the model uses; a transcript is shorter than its
+ * audio's tokens. An answer without its audio's length is charged for the call's time instead
+ * (a model priced per second of the call), so the dearer of the two.
+ */
+function worstTranscription(pricing: Pricing, d: Deployment, promptTokens: number, req: WireRequest["transcriptions"], maxCallMs: number): Pico {
   const audio = audioBound(req.file.size);
-  return pricing.costOf(d, { promptTokens: promptTokens + audio.tokens, audioPromptTokens: audio.tokens, completionTokens: audio.tokens, audioSeconds: audio.seconds }).cost;
+  const usage = { promptTokens: promptTokens + audio.tokens, audioPromptTokens: audio.tokens, completionTokens: audio.tokens };
+  const bySeconds = pricing.costOf(d, { ...usage, audioSeconds: audio.seconds }).cost;
+  const byCallTime = pricing.costOf(d, usage, maxCallMs).cost;
+  if (byCallTime > bySeconds) return byCallTime;
+  return bySeconds;
 }
 
 /** The answer-token limit a request sets, if any. */
@@ -39,19 +47,23 @@ export function answerTokenBound(body: WireRequest[Endpoint], maxOutputTokens = 
   return maxOutputTokens === undefined ? undefined : maxOutputTokens * Math.max(1, (body as { n?: number | null }).n ?? 1);
 }
 
-/** `promptTokens`: the prompt's bound; `maxOutputTokens`: the request's limit, if it sets one. */
-export function worstCaseOf<E extends Endpoint>(endpoint: E, body: WireRequest[E], d: Deployment, pricing: Pricing, promptTokens: number, maxOutputTokens: number | undefined): Pico {
+/**
+ * `promptTokens`: the prompt's bound; `maxOutputTokens`: the request's limit, if it sets one;
+ * `maxCallMs`: the longest the call is charged for (its attempt's timeout), for a model priced
+ * per second of the call.
+ */
+export function worstCaseOf<E extends Endpoint>(endpoint: E, body: WireRequest[E], d: Deployment, pricing: Pricing, promptTokens: number, maxOutputTokens: number | undefined, maxCallMs: number): Pico {
   switch (endpoint) {
     case "embeddings":
     case "moderations":
-      return pricing.worstCase(d, promptTokens, 0);
+      return pricing.worstCase(d, promptTokens, 0, maxCallMs);
     case "images":
       return worstImages(pricing, d, promptTokens, body as WireRequest["images"]);
     case "speech":
-      return pricing.costOf(d, speechBound(body as WireRequest["speech"])).cost;
+      return pricing.costOf(d, speechBound(body as WireRequest["speech"]), maxCallMs).cost;
     case "transcriptions":
-      return worstTranscription(pricing, d, promptTokens, body as WireRequest["transcriptions"]);
+      return worstTranscription(pricing, d, promptTokens, body as WireRequest["transcriptions"], maxCallMs);
     default:
-      return pricing.worstCase(d, promptTokens, answerTokenBound(body, maxOutputTokens));
+      return pricing.worstCase(d, promptTokens, answerTokenBound(body, maxOutputTokens), maxCallMs);
   }
 }

@@ -145,7 +145,7 @@ export class Intent implements CallIntent {
   }
 
   get worstCaseCost(): bigint {
-    this.worst ??= worstCaseOf(this.endpoint, this.body, this.deployment, this.snapshot.pricing, this.promptTokenBound, this.maxOutputTokens);
+    this.worst ??= worstCaseOf(this.endpoint, this.body, this.deployment, this.snapshot.pricing, this.promptTokenBound, this.maxOutputTokens, chargedCallMs(this.body, this.deployment, this.snapshot));
     return this.worst;
   }
 }
@@ -198,6 +198,15 @@ export interface Attempt {
 export function attemptTimeout(body: WireRequest[Endpoint], d: Deployment, snapshot: Snapshot): number {
   const t = (body as { timeout?: unknown }).timeout;
   return typeof t === "number" && t > 0 ? t : (d.timeout ?? snapshot.settings.requestTimeout);
+}
+
+/**
+ * The longest a call at `d` is charged for, when its model is priced per second of the call: its
+ * attempt's timeout, which is what budgets reserve for it. A JSON answer cannot take longer; a
+ * stream (whose timeout is the longest wait between its parts) that runs longer is charged this.
+ */
+export function chargedCallMs(body: WireRequest[Endpoint], d: Deployment, snapshot: Snapshot): number {
+  return attemptTimeout(body, d, snapshot) * 1000;
 }
 
 function requestTags(body: WireRequest[Endpoint], principal: Principal): string[] {
@@ -272,6 +281,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
   const streamed: string[] | undefined = keepPrompt && streams ? [] : undefined;
   let answer: unknown;
   let finished = false;
+  const maxCallMs = chargedCallMs(body, d, snapshot);
   /** Ends the call once: prices it, tells the attempt, then hands the record on. Returns the cost. */
   const finish = (status: CallStatus, reported: Usage, error?: ErrorInfo, firstByteAt?: number, responseId?: string): bigint => {
     if (finished) return 0n;
@@ -279,9 +289,11 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     const { usage, corrected } = countableUsage(reported);
     if (corrected) warnUncountable(d, reported, ctx.log);
     // A failed call is not charged; a cancelled stream is charged for what it used (a model priced
-    // per second of the call, for the time from its start to this end, as its log row shows it).
+    // per second of the call, for the time from its start to this end, as its log row shows it,
+    // at most what budgets reserved for it: see chargedCallMs).
     const endedAt = Date.now();
-    const priced = status === "failure" ? { cost: 0n, priced: true, source: "failed call" } : snapshot.pricing.costOf(d, usage, endedAt - startedAt);
+    const callMs = Math.min(endedAt - startedAt, maxCallMs);
+    const priced = status === "failure" ? { cost: 0n, priced: true, source: "failed call" } : snapshot.pricing.costOf(d, usage, callMs);
     const record = callRecord(ctx, endpoint, body, d, {
       endedAt,
       stream: streams,

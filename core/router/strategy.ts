@@ -47,6 +47,11 @@ function lowest(list: readonly Deployment[], score: (d: Deployment) => number): 
 }
 
 const SAMPLE_USAGE = { promptTokens: 1000, completionTokens: 1000 };
+/**
+ * How long SAMPLE_USAGE's call takes, for deployments priced per second of the call (else they
+ * would look free): 1,000 answer tokens at about 100 a second.
+ */
+const SAMPLE_CALL_MS = 10_000;
 
 export function pickDeployment(strategy: RoutingStrategy, list: readonly Deployment[], pricing: Pricing, now: number): Deployment {
   if (list.length === 1) return list[0]!;
@@ -63,7 +68,7 @@ export function pickDeployment(strategy: RoutingStrategy, list: readonly Deploym
         return u.tokenSum;
       });
     case "cost-based-routing":
-      return lowest(list, (d) => Number(pricing.costOf(d, SAMPLE_USAGE).cost));
+      return lowest(list, (d) => Number(pricing.costOf(d, SAMPLE_USAGE, SAMPLE_CALL_MS).cost));
     default:
       return weightedPick(list);
   }

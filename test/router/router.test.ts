@@ -298,6 +298,19 @@ describe("strategies by config", () => {
     }
   });
 
+  test("cost-based-routing sees the price of a deployment priced per second of the call", async () => {
+    // $0.01 a second: a 1,000-in, 1,000-out call of ~10 s costs $0.10, against $0.002 per token-priced call.
+    const g = await start("cost-based-routing", [
+      { model_name: "m", svc_params: { model: "mock/by-the-second" }, model_info: { id: "by-the-second", input_cost_per_second: 0.01 } },
+      { model_name: "m", svc_params: { model: "mock/by-the-token" }, model_info: { id: "by-the-token", input_cost_per_token: 0.000001, output_cost_per_token: 0.000001 } },
+    ]);
+    try {
+      expect(new Set(await ask(g, 20))).toEqual(new Set(["by-the-token"]));
+    } finally {
+      await g.stop();
+    }
+  });
+
   test("usage-based-routing sends calls to the deployment with the fewest tokens in the last minute", async () => {
     const g = await start("usage-based-routing-v2", [
       { model_name: "m", svc_params: { model: "mock/wordy", mock_response: "word ".repeat(300) }, model_info: { id: "wordy" } },

@@ -345,6 +345,45 @@ describe("provider budgets (pglite)", () => {
   });
 });
 
+describe("a deployment priced per second of the call (pglite)", () => {
+  test("reserves its timeout at its rate: the request's timeout, else the deployment's, else the gateway's", async () => {
+    // $0.001 a second of the call, no per-token price; budgets of $0.05 = 50 s.
+    const perSecond = (name: string, options: Record<string, unknown> = {}) => ({ model_name: name, svc_params: { model: `mock/${name}`, ...options }, model_info: { input_cost_per_second: 0.001 } });
+    const gw = await startBackendGateway("pglite", {
+      model_list: [perSecond("timed", { timeout: 10 }), perSecond("untimed")],
+      router_settings: { timeout: 100 },
+      general_settings: { master_key: MASTER_KEY },
+    });
+    const ask = async (key: string, model: string, timeout?: number) => {
+      const res = await fetch(`${gw.url}/v1/chat/completions`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+        body: JSON.stringify({ model, messages: [{ role: "user", content: "hi" }], max_tokens: 10, ...(timeout ? { timeout } : {}) }),
+      });
+      return { status: res.status, body: (await res.json()) as ErrorBody };
+    };
+    try {
+      const { key, token } = await newKey(gw, { max_budget: 0.05 });
+      // The deployment's 10 s: $0.01 reserved, within the budget.
+      expect((await ask(key, "timed")).status).toBe(200);
+      // The request's 60 s: $0.06, more than the budget holds.
+      const long = await ask(key, "timed", 60);
+      expect(long.status).toBe(400);
+      expect(long.body.error.type).toBe("budget_exceeded");
+      expect(long.body.error.message).toContain("may cost up to $0.06");
+      // The request's 20 s: $0.02.
+      expect((await ask(key, "untimed", 20)).status).toBe(200);
+      // The gateway's 100 s: $0.1.
+      const untimed = await ask(key, "untimed");
+      expect(untimed.status).toBe(400);
+      expect(untimed.body.error.message).toContain("may cost up to $0.1");
+      expect(await spendOf(gw, "virtual_keys", "token", token)).toBeLessThan(0.001);
+    } finally {
+      await gw.stop();
+    }
+  }, 20_000);
+});
+
 describe("retries and budgets (pglite)", () => {
   test("a retry on a pricier deployment reserves its worst case first: the budget still holds", async () => {
     const gw = await startBackendGateway("pglite", {

@@ -259,6 +259,14 @@ describe("operator prices", () => {
     expect(pricing.costOf(deployment("openai/whisper-1"), chat(0, 0), 2500).cost).toBe(0n);
   });
 
+  test("worst case of a chat model priced per second: the longest the call is charged for, at that rate", () => {
+    const d = deployment("openai/acme-hosted", { input_cost_per_second: 0.00042 });
+    // 30 s (its timeout) at $0.00042 a second, whatever the tokens.
+    expect(picoToText(pricing.worstCase(d, 1000, 100, 30_000))).toBe("0.0126");
+    // Priced per token, the call's time is not charged, nor reserved.
+    expect(pricing.worstCase(deployment("openai/gpt-4o"), 1000, 100, 30_000)).toBe(pricing.worstCase(deployment("openai/gpt-4o"), 1000, 100));
+  });
+
   test("a model with no price costs 0 and says so", () => {
     const got = pricing.costOf(deployment("openai/unknown-model-x"), chat(1000, 1000));
     expect(got).toEqual({ cost: 0n, priced: false, source: "no price for openai/unknown-model-x" });
