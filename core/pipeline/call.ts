@@ -282,18 +282,22 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
   let answer: unknown;
   let finished = false;
   const maxCallMs = chargedCallMs(body, d, snapshot);
-  /** Ends the call once: prices it, tells the attempt, then hands the record on. Returns the cost. */
-  const finish = (status: CallStatus, reported: Usage, error?: ErrorInfo, firstByteAt?: number, responseId?: string): bigint => {
+  /**
+   * Ends the call once: prices it, tells the attempt, then hands the record on. Returns the cost.
+   * `billed`: a failure that used something the upstream bills (parts of a split call answered
+   * before one failed) is charged that usage; any other failure is not charged.
+   */
+  const finish = (status: CallStatus, reported: Usage, error?: ErrorInfo, firstByteAt?: number, responseId?: string, billed = status !== "failure"): bigint => {
     if (finished) return 0n;
     finished = true;
     const { usage, corrected } = countableUsage(reported);
     if (corrected) warnUncountable(d, reported, ctx.log);
-    // A failed call is not charged; a cancelled stream is charged for what it used (a model priced
-    // per second of the call, for the time from its start to this end, as its log row shows it,
-    // at most what budgets reserved for it: see chargedCallMs).
+    // A cancelled stream is charged for what it used (a model priced per second of the call, for
+    // the time from its start to this end, as its log row shows it, at most what budgets reserved
+    // for it: see chargedCallMs).
     const endedAt = Date.now();
     const callMs = Math.min(endedAt - startedAt, maxCallMs);
-    const priced = status === "failure" ? { cost: 0n, priced: true, source: "failed call" } : snapshot.pricing.costOf(d, usage, callMs);
+    const priced = billed ? snapshot.pricing.costOf(d, usage, callMs) : { cost: 0n, priced: true, source: "failed call" };
     const record = callRecord(ctx, endpoint, body, d, {
       endedAt,
       stream: streams,
@@ -318,6 +322,8 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
   };
 
   const deadline = new Deadline(ctx.clientSignal, attemptTimeout(body, d, snapshot));
+  /** A call sent in parts: the answers of the parts that succeeded, which the upstream bills should a later part fail. */
+  const partsAnswered: { body: WireJson; usage: Usage }[] = [];
   try {
     // Fields the adapter does not translate: refused, or dropped (then the client's bytes no longer match).
     const supported = paramsFor(ep, d);
@@ -335,7 +341,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     // An upstream that takes fewer inputs per call than were sent: one call per part, in order.
     const parts = streams || !ep.join ? undefined : splitCall(ep, sent, d);
     if (parts && ep.join) {
-      const answers: { body: WireJson; usage: Usage }[] = [];
+      const answers = partsAnswered;
       let last = new Headers();
       for (const part of parts) {
         const res = await send(adapter, d, buildCall(ep, part, d, undefined), deadline);
@@ -387,8 +393,10 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
   } catch (err) {
     deadline.clear();
     const info = err instanceof GatewayError ? err.info : errorInfo(500, err instanceof Error ? err.message : String(err));
-    // A client that left ends the call as cancelled, with no error (as a cancelled stream): nothing failed.
-    finish(deadline.clientGone ? "cancelled" : "failure", ZERO, deadline.clientGone ? undefined : info);
+    // A client that left ends the call as cancelled, with no error (as a cancelled stream): nothing
+    // failed. Either way the parts of a split call answered before it ended are charged.
+    const used = partsAnswered.length > 0 && ep.join ? ep.join(partsAnswered, body).usage : undefined;
+    finish(deadline.clientGone ? "cancelled" : "failure", used ?? ZERO, deadline.clientGone ? undefined : info, undefined, undefined, used !== undefined || deadline.clientGone);
     if (err instanceof GatewayError) {
       err.headers["x-svc-model-id"] = headerText(d.id);
       err.headers["x-svc-call-id"] = ctx.callId;

@@ -12,6 +12,8 @@ const NO_HEADERS: Readonly<Record<string, string>> = Object.freeze({});
  */
 export class HeldLeases {
   private ended = false;
+  /** What attempts that failed after using something cost (see `charge`). */
+  private spent: { usage: Usage; cost: bigint } | undefined;
   /** Their `x-ratelimit-*` headers, the tightest of each kind. */
   readonly headers: Record<string, string>;
 
@@ -21,16 +23,31 @@ export class HeldLeases {
     this.headers = headers;
   }
 
+  /**
+   * An attempt failed after the upstream billed part of it (a split call's parts answered before
+   * one failed): its cost and usage are added to whatever the leases are ended with.
+   */
+  charge(usage: Usage, cost: bigint): void {
+    // NO_LEASES is shared: it holds nothing to charge.
+    if (this.ended || this.leases.length === 0) return;
+    const s = this.spent;
+    this.spent = s ? { usage: { promptTokens: s.usage.promptTokens + usage.promptTokens, completionTokens: s.usage.completionTokens + usage.completionTokens }, cost: s.cost + cost } : { usage, cost };
+  }
+
   settle(usage: Usage, cost: bigint): void {
     if (this.ended) return;
     this.ended = true;
-    settleAll(this.leases, usage, cost);
+    const s = this.spent;
+    if (s) settleAll(this.leases, { ...usage, promptTokens: usage.promptTokens + s.usage.promptTokens, completionTokens: usage.completionTokens + s.usage.completionTokens }, cost + s.cost);
+    else settleAll(this.leases, usage, cost);
   }
 
+  /** Ends them without an answer: counted if some attempt went out (with what failed attempts were charged), else taken back. */
   giveUp(wentOut: boolean): void {
     if (this.ended) return;
     this.ended = true;
-    if (wentOut) settleAll(this.leases, ZERO, 0n);
+    if (this.spent) settleAll(this.leases, this.spent.usage, this.spent.cost);
+    else if (wentOut) settleAll(this.leases, ZERO, 0n);
     else cancelAll(this.leases);
   }
 }

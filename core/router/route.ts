@@ -335,6 +335,11 @@ async function callGroup<E extends Endpoint>(run: Run<E>, body: WireRequest[E], 
           settle(record.usage, record.cost);
           progress.request?.settle(record.usage, record.cost);
           ctx.release();
+        } else if (record.cost > 0n) {
+          // Billed though it failed (parts of a split call): counted whatever the call does next.
+          limits.charge(record.usage, record.cost);
+          budgets.charge(record.usage, record.cost);
+          progress.request?.charge(record.usage, record.cost);
         }
       },
     };

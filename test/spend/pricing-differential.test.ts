@@ -529,6 +529,8 @@ interface Done {
   callId: string;
   /** The non-stream answer's x-svc-response-cost, exact text. */
   header?: string;
+  /** The log row's status, when not "success". */
+  status?: "failure";
 }
 
 /** The `usage` a client gets for `u` (OpenAI's shape: totals, cached and reasoning parts). */
@@ -640,9 +642,17 @@ async function embeddingCall(rng: Random, i: number): Promise<Done> {
 async function cohereEmbeddingCall(rng: Random, i: number): Promise<Done> {
   const inputs = 1 + rng.int(rng.chance(0.5) ? 250 : 20);
   const texts = Array.from({ length: inputs }, (_, k) => `text ${i} ${k}`);
+  const parts = Math.ceil(inputs / 96);
+  // Now and then a part after the first fails (a rate limit, a refused text, an outage): the call
+  // fails, and is charged what the parts before it billed (Cohere charged them).
+  const failing = parts > 1 && rng.chance(0.4) ? 1 + rng.int(parts - 1) : undefined;
   // One answer per part of at most 96 texts, each billing its own input tokens.
   let billed = 0;
-  for (let at = 0; at < inputs; at += 96) {
+  for (let at = 0, n = 0; at < inputs; at += 96, n++) {
+    if (n === failing) {
+      started.mocks.cohere.fault({ kind: "status", status: rng.pick([400, 429, 500]) });
+      break;
+    }
     const part = texts.slice(at, at + 96);
     const tokens = rng.int(5_000);
     billed += tokens;
@@ -651,11 +661,19 @@ async function cohereEmbeddingCall(rng: Random, i: number): Promise<Done> {
       body: { id: crypto.randomUUID(), texts: part, embeddings: { float: part.map(() => [0.5, -0.25]) }, meta: { api_version: { version: "2" }, billed_units: { input_tokens: tokens } }, response_type: "embeddings_by_type" },
     });
   }
-  const what = `#${i} cohere embeddings ${inputs} texts, ${billed} tokens ${seedNote}`;
+  const what = `#${i} cohere embeddings ${inputs} texts, ${billed} tokens${failing === undefined ? "" : `, part ${failing + 1} of ${parts} failing`} ${seedNote}`;
+  const expected = toPico(tokenCost(entryOf(COHERE_EMBEDDING.entry), { prompt: billed, completion: 0 }));
+  if (failing !== undefined) {
+    const err = await client.embeddings.create({ model: COHERE_EMBEDDING.name, input: texts }).catch((e: unknown) => e);
+    // The client hears the upstream's error, as for any failed call.
+    expect(err, what).toBeInstanceOf(OpenAI.APIError);
+    const callId = (err as InstanceType<typeof OpenAI.APIError>).headers?.get("x-svc-call-id");
+    expect(callId, what).toBeString();
+    return { kind: "cohere embeddings failing part-way", what, expected, callId: callId!, status: "failure" };
+  }
   const { data: answer, response } = await client.embeddings.create({ model: COHERE_EMBEDDING.name, input: texts }).withResponse();
   expect(answer.data.length, what).toBe(inputs);
   expect(answer.usage.prompt_tokens, what).toBe(billed);
-  const expected = toPico(tokenCost(entryOf(COHERE_EMBEDDING.entry), { prompt: billed, completion: 0 }));
   return { kind: "cohere embeddings", what, expected, callId: response.headers.get("x-svc-call-id")!, header: response.headers.get("x-svc-response-cost") ?? undefined };
 }
 
@@ -754,7 +772,7 @@ test(`every call's cost equals the reference's, in its header, its log row and t
   for (const d of done) {
     const row = byCall.get(d.callId);
     expect(row, `${d.what}: log row`).toBeDefined();
-    expect(row!.status ?? (row!.metadata as Json).status, d.what).toBe("success");
+    expect(row!.status ?? (row!.metadata as Json).status, d.what).toBe(d.status ?? "success");
     if (d.perSecond) {
       const ms = Date.parse(String(row!.end_time)) - Date.parse(String(row!.start_time));
       d.expected = toPico(mul({ n: BigInt(ms), s: 3 }, d.perSecond));
@@ -779,3 +797,34 @@ test(`every call's cost equals the reference's, in its header, its log row and t
   expect(team.status, team.text).toBe(200);
   expect(picoText(moneyField(team.text, "spend")), `team spend ${seedNote}`).toBe(picoText(total));
 }, 60_000);
+
+test("a split call that fails part-way counts what its answered parts billed against the key's budget", async () => {
+  const { key, token } = await requestOk<{ key: string; token: string }>(gw, "POST", "/key/generate", { key_alias: "split-budget", max_budget: 0.015 });
+  const poor = new OpenAI({ baseURL: gw.baseURL, apiKey: key, maxRetries: 0 });
+  const texts = Array.from({ length: 150 }, (_, k) => `text ${k}`);
+  // 90,000 tokens billed for the first 96 texts ($0.009 at $0.10 per million), then a rate limit on the rest.
+  const failPartWay = () => {
+    const part = texts.slice(0, 96);
+    started.mocks.cohere.fault({
+      kind: "answer",
+      body: { id: crypto.randomUUID(), texts: part, embeddings: { float: part.map(() => [0.5]) }, meta: { billed_units: { input_tokens: 90_000 } }, response_type: "embeddings_by_type" },
+    });
+    started.mocks.cohere.fault({ kind: "status", status: 429 });
+    return poor.embeddings.create({ model: COHERE_EMBEDDING.name, input: texts }).then(
+      () => undefined,
+      (e: InstanceType<typeof OpenAI.APIError>) => e,
+    );
+  };
+  expect((await failPartWay())?.status).toBe(429);
+  expect((await failPartWay())?.status).toBe(429);
+  // $0.018 spent of $0.015: the next call is refused before it goes out.
+  const refused = await poor.embeddings.create({ model: COHERE_EMBEDDING.name, input: ["one more"] }).then(
+    () => undefined,
+    (e: InstanceType<typeof OpenAI.APIError>) => e,
+  );
+  expect(refused?.status).toBe(400);
+  expect((refused?.error as Json | undefined)?.type).toBe("budget_exceeded");
+  await gw.host!.spendWriter.flush();
+  const info = await requestJson(gw, "GET", `/key/info?key=${token}`);
+  expect(picoText(moneyField(info.text, "spend"))).toBe("0.018");
+});
