@@ -3,7 +3,8 @@
  * 1. the price table entry of `model_info.base_model`, else of `<provider>/<model>`, else of `<model>`;
  * 2. cost fields in `svc_params` (`input_cost_per_token`, …);
  * 3. cost fields in `model_info`.
- * An operator can so price a model the table lacks, or correct one it has, per deployment.
+ * An operator can so price a model the table lacks, or correct one it has, per deployment; a
+ * base price they set replaces the table's prices derived from it (see DERIVED).
  */
 import type { Deployment, Usage } from "../contract.ts";
 import { costOf, worstCaseCost } from "./calculate.ts";
@@ -11,6 +12,29 @@ import type { Pico } from "./money.ts";
 import { type ModelPrice, type PriceTable, type RawPrice, hasPrice, toModelPrice } from "./prices.ts";
 
 const PRICE_FIELD = /cost|^max_(input_|output_)?tokens$|^mode$/;
+
+/**
+ * Table prices a provider states relative to a base price (its rates above a prompt size, cache
+ * reads and writes as fractions or multiples of the input price). An operator who sets the base
+ * price gets none of the table's derived ones, only those they set too: with their own input
+ * price, a long prompt and cached tokens are charged at it, not at the table's tier or cache rates
+ * (LiteLLM's custom pricing likewise prices with the operator's fields alone). Prices of another
+ * kind (audio, reasoning, images, searches) are the provider's own, and stay.
+ */
+const DERIVED: Record<string, RegExp> = {
+  input_cost_per_token: /^(input_cost_per_token_above_\d+k_tokens|cache_read_input_token_cost.*|cache_creation_input_token_cost.*|input_cost_per_token_cache_hit)$/,
+  output_cost_per_token: /^output_cost_per_token_above_\d+k_tokens$/,
+  cache_read_input_token_cost: /^(cache_read_input_token_cost_above_\d+k_tokens|input_cost_per_token_cache_hit)$/,
+  cache_creation_input_token_cost: /^cache_creation_input_token_cost_above_\d+k_tokens$/,
+};
+
+/** A table entry with an operator's overrides: theirs win field by field, and replace what the table derives from them (DERIVED). */
+function overridden(table: RawPrice, overrides: RawPrice): RawPrice {
+  const dropped = Object.keys(overrides).flatMap((k) => (DERIVED[k] ? [DERIVED[k]] : []));
+  const out: RawPrice = {};
+  for (const [k, v] of Object.entries(table)) if (!dropped.some((d) => d.test(k))) out[k] = v;
+  return { ...out, ...overrides };
+}
 
 function priceFields(source: Record<string, unknown>): RawPrice {
   const out: RawPrice = {};
@@ -62,7 +86,7 @@ export class Pricing {
     const found = this.lookup(d.provider, baseModel ?? d.upstreamModel, variant);
     const customized = hasPrice(overrides);
     if (!found && !customized) return undefined;
-    const raw = { ...(found?.raw ?? {}), ...overrides };
+    const raw = overridden(found?.raw ?? {}, overrides);
     return toModelPrice(raw, customized ? `config${found ? ` over ${found.name}` : ""}` : found!.name);
   }
 

@@ -238,6 +238,22 @@ describe("operator prices", () => {
     expect(picoToText(pricing.costOf(d, chat(1000, 1000)).cost)).toBe(picoToText(1000n * perM("2.50") + 1000n * perM("20.00")));
   });
 
+  test("an operator's input price replaces the table's tiers and cache prices derived from it; the rest of the table stays", () => {
+    // claude-sonnet-4 in the table: input $3 ($6 above 200k), cache reads $0.30 ($0.60), writes $3.75 ($7.50), 1-hour writes $6, output $15 ($22.50 above 200k).
+    const d = deployment("anthropic/claude-sonnet-4-20250514", { input_cost_per_token: 0.000002 });
+    const usage = chat(250_000, 1_000, { cachedPromptTokens: 10_000, cacheCreationTokens: 4_000, cacheCreation1hTokens: 1_000 });
+    // Every prompt token at the operator's $2 (none at the tier's or the cache's rates); the output, not overridden, at the table's tier.
+    expect(picoToText(pricing.costOf(d, usage).cost)).toBe(picoToText(250_000n * perM("2") + 1_000n * perM("22.50")));
+    // svc_params too; a derived price the operator sets alongside is theirs.
+    const withCache = deployment("anthropic/claude-sonnet-4-20250514", {}, { input_cost_per_token: 0.000002, cache_read_input_token_cost: 0.0000002 });
+    expect(picoToText(pricing.costOf(withCache, usage).cost)).toBe(picoToText(240_000n * perM("2") + 10_000n * perM("0.20") + 1_000n * perM("22.50")));
+    // An output price alone: the input side keeps the table's tier and cache prices.
+    const out = deployment("anthropic/claude-sonnet-4-20250514", { output_cost_per_token: 0.00001 });
+    expect(picoToText(pricing.costOf(out, chat(250_000, 1_000, { cachedPromptTokens: 10_000 })).cost)).toBe(picoToText(240_000n * perM("6") + 10_000n * perM("0.60") + 1_000n * perM("10")));
+    // The worst case follows: no tier above the operator's price.
+    expect(pricing.worstCase(d, 250_000, 1_000)).toBe(250_000n * perM("2") + 1_000n * perM("22.50"));
+  });
+
   test("svc_params prices price a model the table does not know", () => {
     const d = deployment("openai/my-finetune", {}, { input_cost_per_token: 0.000001, output_cost_per_token: 0.000003 });
     const got = pricing.costOf(d, chat(100, 100));
