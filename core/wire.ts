@@ -208,13 +208,32 @@ const PCM_BYTES_PER_SECOND = 48_000;
 type SpeechUsage = { promptTokens: number; completionTokens: number; characters: number; audioSeconds: number };
 
 /**
+ * Characters as speech is priced per character: Unicode code points, as LiteLLM counts them
+ * (Python's `len`), not UTF-16 units (`length`, two for an emoji and any other character beyond
+ * the Basic Multilingual Plane). A lone surrogate is one.
+ */
+export function codePoints(s: string): number {
+  let n = s.length;
+  for (let i = 0; i < s.length - 1; i++) {
+    const c = s.charCodeAt(i);
+    if (c < 0xd800 || c > 0xdbff) continue;
+    const next = s.charCodeAt(i + 1);
+    if (next >= 0xdc00 && next <= 0xdfff) {
+      n--;
+      i++;
+    }
+  }
+  return n;
+}
+
+/**
  * What speech synthesis is priced on: its input's characters (tts-1), or its text tokens and
  * seconds of audio (gpt-4o-mini-tts). Seconds are measured from a PCM or WAV answer, else
  * estimated from the text at the asked `speed`, to the millisecond (an estimate has no more digits
  * worth charging; a length measured or reported is priced as it is).
  */
 export function speechUsage(req: SpeechRequest, answer?: { bytes: number; contentType: string }): SpeechUsage {
-  const characters = req.input.length;
+  const characters = codePoints(req.input);
   let audioSeconds = Math.round((characters / SPOKEN_CHARACTERS_PER_SECOND / (req.speed ?? 1)) * 1000) / 1000;
   if (answer && /pcm|wav/.test(answer.contentType)) audioSeconds = Math.max(0, answer.bytes - (answer.contentType.includes("wav") ? 44 : 0)) / PCM_BYTES_PER_SECOND;
   return { promptTokens: Math.ceil(characters / 4), completionTokens: 0, characters, audioSeconds };
@@ -222,7 +241,7 @@ export function speechUsage(req: SpeechRequest, answer?: { bytes: number; conten
 
 /** The most a speech request can be priced on: a token per UTF-8 byte, and speech slower than any voice. */
 export function speechBound(req: SpeechRequest): SpeechUsage {
-  const characters = req.input.length;
+  const characters = codePoints(req.input);
   const audioSeconds = characters / SLOWEST_CHARACTERS_PER_SECOND / Math.min(1, req.speed ?? 1);
   return { promptTokens: Buffer.byteLength(req.input, "utf8"), completionTokens: 0, characters, audioSeconds };
 }

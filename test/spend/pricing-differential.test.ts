@@ -5,8 +5,8 @@
 // Random calls go to deployments of real models from the price file (core/cost/data), across the
 // provider families the mocks speak (OpenAI, Azure, Anthropic, Gemini, Vertex Gemini and Claude,
 // Bedrock Converse, Cohere v2), non-stream and stream, plus embeddings (Cohere's in parts of 96
-// texts, their usage summed), transcriptions (per second, or per audio and text token) and image
-// generation (per pixel, several images a call). Each mock answers with random usage in its provider's
+// texts, their usage summed), transcriptions (per second, or per audio and text token), speech
+// (per character: code points) and image generation (per pixel, several images a call). Each mock answers with random usage in its provider's
 // own wire format, including the parts priced apart: cached prompt tokens (read, and written for
 // 5 minutes or 1 hour), reasoning tokens, audio tokens in and out, and prompts above the
 // 200k-token tier. The reference below prices each call from the price file's entry with exact
@@ -269,6 +269,10 @@ const DALLE = { name: "dall-e-3" };
  */
 const PER_SECOND = { name: "per-second", rate: "0.000321987654321" };
 const DALLE2 = { name: "dall-e-2" };
+/** Speech priced per character of its input: LiteLLM counts Python's len, code points. */
+const TTS = { name: "tts-1", entry: "tts-1" };
+/** Text to speak: ASCII, accents, CJK, emoji beyond the BMP (skin tones, ZWJ families), a flag. */
+const SPOKEN = ["Priced", " to the", " pico-dollar.", " Déjà vu", " 日本語", " \u{1F44B}\u{1F3FD}", " \u{1F468}\u200D\u{1F469}\u200D\u{1F467}", " \u{1F1EB}\u{1F1F7}", " \u{1D54F}", " ok"];
 
 // ---------------------------------------------------------------------------------------------
 // Random usage, in each provider's wire format
@@ -498,6 +502,7 @@ beforeAll(async () => {
     },
     { model_name: DALLE.name, svc_params: { model: "openai/dall-e-3", api_base: m.openai.url, api_key: UPSTREAM.openaiKey }, model_info: { id: "dep-dalle" } },
     { model_name: DALLE2.name, svc_params: { model: "openai/dall-e-2", api_base: m.openai.url, api_key: UPSTREAM.openaiKey }, model_info: { id: "dep-dalle2" } },
+    { model_name: TTS.name, svc_params: { model: `openai/${TTS.entry}`, api_base: m.openai.url, api_key: UPSTREAM.openaiKey }, model_info: { id: "dep-tts" } },
     { model_name: TRANSCRIBE.name, svc_params: { model: `openai/${TRANSCRIBE.entry}`, api_base: m.openai.url, api_key: UPSTREAM.openaiKey }, model_info: { id: "dep-transcribe" } },
     { model_name: COHERE_EMBEDDING.name, svc_params: { model: `cohere/${COHERE_EMBEDDING.entry}`, api_base: m.cohere.url, api_key: UPSTREAM.cohereKey }, model_info: { id: "dep-cohere-embed" } },
   );
@@ -702,6 +707,17 @@ async function transcriptionCall(rng: Random, i: number): Promise<Done> {
   return { kind: "transcription (seconds)", what, expected, callId: response.headers.get("x-svc-call-id")!, header: response.headers.get("x-svc-response-cost") ?? undefined };
 }
 
+/** tts-1: priced per character of the input, counted as code points (Array.from splits a string into them). */
+async function speechCall(rng: Random, i: number): Promise<Done> {
+  const input = Array.from({ length: 1 + rng.int(12) }, () => rng.pick(SPOKEN)).join("");
+  const characters = Array.from(input).length;
+  const what = `#${i} speech ${JSON.stringify(input)} (${characters} characters, ${input.length} UTF-16 units) ${seedNote}`;
+  const { response } = await client.audio.speech.create({ model: TTS.name, input, voice: "alloy" }).withResponse();
+  await response.arrayBuffer();
+  const expected = toPico(times(characters, rateOf(entryOf(TTS.entry), "input_cost_per_character")!));
+  return { kind: "speech", what, expected, callId: response.headers.get("x-svc-call-id")!, header: response.headers.get("x-svc-response-cost") ?? undefined };
+}
+
 /** dall-e-2: several images a call, priced per pixel of the size asked, per image returned. */
 async function manyImagesCall(rng: Random, i: number): Promise<Done> {
   const size = rng.pick(["256x256", "512x512", "1024x1024"] as const);
@@ -744,7 +760,7 @@ test(`every call's cost equals the reference's, in its header, its log row and t
   const done: Done[] = [];
   for (let i = 0; i < CALLS; i++) {
     const r = rng.next();
-    const call = r < 0.7 ? chatCall : r < 0.77 ? perSecondCall : r < 0.8 ? embeddingCall : r < 0.84 ? cohereEmbeddingCall : r < 0.88 ? transcriptionCall : r < 0.92 ? tokenTranscriptionCall : r < 0.96 ? imageCall : manyImagesCall;
+    const call = r < 0.7 ? chatCall : r < 0.77 ? perSecondCall : r < 0.8 ? embeddingCall : r < 0.84 ? cohereEmbeddingCall : r < 0.88 ? transcriptionCall : r < 0.92 ? tokenTranscriptionCall : r < 0.94 ? imageCall : r < 0.97 ? manyImagesCall : speechCall;
     const d = await call(rng, i);
     if (d.header !== undefined && !d.perSecond) expect(d.header, `${d.what}: x-svc-response-cost`).toBe(picoText(d.expected));
     done.push(d);

@@ -16,6 +16,7 @@ import { usageFromGemini } from "../../providers/gemini/usage.ts";
 import { openAIChat } from "../../providers/openai-compatible/adapter.ts";
 import { usageFromOpenAI } from "../../providers/openai-compatible/usage.ts";
 import { openAIUsage } from "../../providers/shared/openai-usage.ts";
+import { speechBound, speechUsage } from "../../core/wire.ts";
 
 const pricing = new Pricing(new PriceTable());
 
@@ -137,6 +138,18 @@ describe("cost of a call from the bundled price table", () => {
   test("speech is billed per input character ($15 per million)", () => {
     const got = pricing.costOf(deployment("openai/tts-1"), { promptTokens: 0, completionTokens: 0, characters: 2500 });
     expect(picoToText(got.cost)).toBe("0.0375");
+  });
+
+  test("speech characters are code points (Python's len, as LiteLLM counts), not UTF-16 units", () => {
+    // "Hi 👋🏽, 日本 👨‍👩‍👧!": 16 code points; JavaScript's length is 21 (each emoji two units).
+    const input = "Hi \u{1F44B}\u{1F3FD}, \u65E5\u672C \u{1F468}\u200D\u{1F469}\u200D\u{1F467}!";
+    expect(input.length).toBe(21);
+    const req = { model: "tts-1", input, voice: "alloy" };
+    expect(speechUsage(req).characters).toBe(16);
+    expect(speechBound(req).characters).toBe(16);
+    expect(picoToText(pricing.costOf(deployment("openai/tts-1"), speechUsage(req)).cost)).toBe("0.00024");
+    // A lone surrogate is one code point, as Python reads "\ud83d" from JSON.
+    expect(speechUsage({ ...req, input: "a\uD83Db" }).characters).toBe(3);
   });
 });
 
