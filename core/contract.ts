@@ -41,6 +41,10 @@ export interface Usage {
   reasoningTokens?: number;
   /** Output tokens that were audio (part of completionTokens). */
   audioCompletionTokens?: number;
+  /** Prompt tokens that were images (part of promptTokens; gpt-image models' `input_tokens_details.image_tokens`). */
+  imagePromptTokens?: number;
+  /** Output tokens that were images (part of completionTokens; what a gpt-image model's answer counts). */
+  imageCompletionTokens?: number;
   /** Images generated: count, and the `size` (`1024x1024`) and `quality` asked for. */
   images?: { count: number; size?: string; quality?: string };
   /** Seconds of audio processed (transcription). */

@@ -51,16 +51,20 @@ export function costOf(price: ModelPrice, usage: Usage, callMs?: number): Pico {
   const cacheCreation1h = price.cacheCreation1hPerToken ?? cacheCreation;
   const audioIn = price.inputPerAudioToken ?? input;
   const audioOut = price.outputPerAudioToken ?? output;
+  const imageIn = price.inputPerImageToken ?? input;
+  const imageOut = price.outputPerImageToken ?? output;
   const reasoning = price.reasoningPerToken ?? output;
 
   const cached = usage.cachedPromptTokens ?? 0;
   const created = usage.cacheCreationTokens ?? 0;
   const createdHour = Math.min(created, usage.cacheCreation1hTokens ?? 0);
   const audioPrompt = usage.audioPromptTokens ?? 0;
-  const plainPrompt = Math.max(0, usage.promptTokens - cached - created - audioPrompt);
+  const imagePrompt = usage.imagePromptTokens ?? 0;
+  const plainPrompt = Math.max(0, usage.promptTokens - cached - created - audioPrompt - imagePrompt);
   const reasoned = usage.reasoningTokens ?? 0;
   const audioCompletion = usage.audioCompletionTokens ?? 0;
-  const plainCompletion = Math.max(0, usage.completionTokens - reasoned - audioCompletion);
+  const imageCompletion = usage.imageCompletionTokens ?? 0;
+  const plainCompletion = Math.max(0, usage.completionTokens - reasoned - audioCompletion - imageCompletion);
 
   let total =
     times(plainPrompt, input) +
@@ -70,7 +74,11 @@ export function costOf(price: ModelPrice, usage: Usage, callMs?: number): Pico {
     times(audioPrompt, audioIn) +
     times(plainCompletion, output) +
     times(reasoned, reasoning) +
-    times(audioCompletion, audioOut);
+    times(audioCompletion, audioOut) +
+    times(imagePrompt, imageIn) +
+    times(imageCompletion, imageOut);
+  // A fee per call, for a call that used anything (one refused or left before its answer used nothing).
+  if (price.perRequest !== undefined && (usage.promptTokens > 0 || usage.completionTokens > 0)) total += price.perRequest;
 
   if (usage.images && usage.images.count > 0) {
     const perImage = price.outputPerImage ?? price.inputPerImage;
@@ -100,8 +108,9 @@ const larger = (a: bigint, b: bigint): bigint => (a > b ? a : b);
 
 /**
  * The most a call can cost: its prompt estimate at the highest input rate that could apply, and
- * `maxOutputTokens` at the highest output rate (reasoning and audio included); for a model priced
- * per second of the call, `maxCallMs` (the longest it is charged for) at that rate.
+ * `maxOutputTokens` at the highest output rate (reasoning, audio and image tokens included), its
+ * fee per call; for a model priced per second of the call, `maxCallMs` (the longest it is charged
+ * for) at that rate.
  */
 export function worstCaseCost(price: ModelPrice, promptTokens: number, maxOutputTokens: number, maxCallMs = 0): Pico {
   const tier = tierFor(price, promptTokens);
@@ -110,7 +119,7 @@ export function worstCaseCost(price: ModelPrice, promptTokens: number, maxOutput
   const cacheCreation1h = price.cacheCreation1hPerToken ?? 0n;
   const output = tier?.output ?? price.outputPerToken ?? 0n;
   const reasoning = price.reasoningPerToken ?? 0n;
-  const maxIn = [input, cacheCreation, cacheCreation1h, price.inputPerAudioToken ?? 0n].reduce(larger);
-  const maxOut = [output, reasoning, price.outputPerAudioToken ?? 0n].reduce(larger);
-  return rateToPico(BigInt(promptTokens) * maxIn + BigInt(maxOutputTokens) * maxOut + callTimeRate(price, maxCallMs));
+  const maxIn = [input, cacheCreation, cacheCreation1h, price.inputPerAudioToken ?? 0n, price.inputPerImageToken ?? 0n].reduce(larger);
+  const maxOut = [output, reasoning, price.outputPerAudioToken ?? 0n, price.outputPerImageToken ?? 0n].reduce(larger);
+  return rateToPico(BigInt(promptTokens) * maxIn + BigInt(maxOutputTokens) * maxOut + callTimeRate(price, maxCallMs) + (price.perRequest ?? 0n));
 }

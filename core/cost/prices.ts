@@ -34,6 +34,11 @@ export interface ModelPrice {
   reasoningPerToken?: Rate;
   inputPerAudioToken?: Rate;
   outputPerAudioToken?: Rate;
+  /** Image tokens (gpt-image models count images in and out as tokens). */
+  inputPerImageToken?: Rate;
+  outputPerImageToken?: Rate;
+  /** A fee per call, whatever it used (Perplexity's online models). */
+  perRequest?: Rate;
   /** Highest tier first. */
   tiers: PriceTier[];
   inputPerSecond?: Rate;
@@ -96,6 +101,9 @@ export function toModelPrice(raw: RawPrice, source: string): ModelPrice {
     reasoningPerToken: rateField(raw, "output_cost_per_reasoning_token"),
     inputPerAudioToken: rateField(raw, "input_cost_per_audio_token"),
     outputPerAudioToken: rateField(raw, "output_cost_per_audio_token"),
+    inputPerImageToken: rateField(raw, "input_cost_per_image_token"),
+    outputPerImageToken: rateField(raw, "output_cost_per_image_token"),
+    perRequest: rateField(raw, "input_cost_per_request"),
     tiers,
     inputPerSecond: rateField(raw, "input_cost_per_second"),
     outputPerSecond: rateField(raw, "output_cost_per_second"),

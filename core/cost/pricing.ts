@@ -107,9 +107,22 @@ export class Pricing {
     return this.table.find(provider, model);
   }
 
+  /**
+   * An image model that counts its images in tokens (gpt-image-1-mini) is charged for the tokens
+   * its answer reports, at its entry's token prices, and not also at a size's price per image
+   * (OpenAI's per-image prices are what such tokens typically come to); else the size's entry.
+   */
+  private pricesFor(d: Deployment, usage: Usage): ModelPrice | undefined {
+    if (usage.images && (usage.imageCompletionTokens ?? 0) > 0) {
+      const own = this.priceOf(d);
+      if (own?.outputPerImageToken !== undefined) return own;
+    }
+    return this.priceOf(d, usage.images);
+  }
+
   /** `callMs`: how long the call took, for a model priced per second of the call. */
   costOf(d: Deployment, usage: Usage, callMs?: number): CallCost {
-    const price = this.priceOf(d, usage.images);
+    const price = this.pricesFor(d, usage);
     if (!price) return { cost: 0n, priced: false, source: `no price for ${d.provider}/${d.upstreamModel}` };
     return { cost: costOf(price, usage, callMs), priced: true, source: price.source };
   }

@@ -8,9 +8,19 @@ import { audioBound } from "./estimate.ts";
 import type { Pico } from "./money.ts";
 import type { Pricing } from "./pricing.ts";
 
-/** Over every size and quality the model may pick where the request leaves them open. */
+/**
+ * The most output tokens a gpt-image model counts for one image: OpenAI's table tops out at 6,240
+ * (high quality, 1024x1536).
+ */
+const MAX_TOKENS_PER_IMAGE = 6_240;
+
+/**
+ * Over every size and quality the model may pick where the request leaves them open; for a model
+ * priced per image token, the prompt and the most tokens its images can count, besides.
+ */
 function worstImages(pricing: Pricing, d: Deployment, promptTokens: number, req: WireRequest["images"]): Pico {
   const asked = imagesAsked(req);
+  const tokens = pricing.worstCase(d, promptTokens, asked.count * MAX_TOKENS_PER_IMAGE);
   let worst = 0n;
   for (const size of asked.size ? [asked.size] : IMAGE_SIZES) {
     for (const quality of asked.quality ? [asked.quality] : [undefined, ...IMAGE_QUALITIES]) {
@@ -19,7 +29,7 @@ function worstImages(pricing: Pricing, d: Deployment, promptTokens: number, req:
       if (c.priced && c.cost > worst) worst = c.cost;
     }
   }
-  return worst;
+  return worst + tokens;
 }
 
 /**

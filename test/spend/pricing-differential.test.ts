@@ -6,7 +6,8 @@
 // provider families the mocks speak (OpenAI, Azure, Anthropic, Gemini, Vertex Gemini and Claude,
 // Bedrock Converse, Cohere v2), non-stream and stream, plus embeddings (Cohere's in parts of 96
 // texts, their usage summed), transcriptions (per second, or per audio and text token), speech
-// (per character: code points) and image generation (per pixel, several images a call). Each mock answers with random usage in its provider's
+// (per character: code points) and image generation (per pixel, several images a call; per text
+// and image token). Perplexity's online models add a fee per request. Each mock answers with random usage in its provider's
 // own wire format, including the parts priced apart: cached prompt tokens (read, and written for
 // 5 minutes or 1 hour), reasoning tokens, audio tokens in and out, and prompts above the
 // 200k-token tier. The reference below prices each call from the price file's entry with exact
@@ -151,7 +152,9 @@ function tokenCost(entry: Json, u: Used): Dec {
   const sizes = entry.search_context_cost_per_query as Json | undefined;
   const sizePrice = sizes?.[`search_context_size_${u.searchSize ?? "medium"}`];
   const search = typeof sizePrice === "number" ? dec(sizePrice) : ZERO;
-  return [times(u.webSearches ?? 0, search), times(textIn, input), times(r, cacheRead), times(w, cacheWrite), times(w1, cacheWrite1h), times(ai, audioIn), times(textOut, output), times(re, reasoning), times(ao, audioOut)].reduce(add, ZERO);
+  // A fee per call (input_cost_per_request, Perplexity's online models), for a call that used anything.
+  const perRequest = u.prompt + u.completion > 0 ? (rateOf(entry, "input_cost_per_request") ?? ZERO) : ZERO;
+  return [perRequest, times(u.webSearches ?? 0, search), times(textIn, input), times(r, cacheRead), times(w, cacheWrite), times(w1, cacheWrite1h), times(ai, audioIn), times(textOut, output), times(re, reasoning), times(ao, audioOut)].reduce(add, ZERO);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -184,6 +187,8 @@ const TARGETS: Target[] = [
   { name: "gpt-4o-audio", family: "openai", entry: "gpt-4o-audio-preview-2024-12-17", svc: openai("gpt-4o-audio-preview-2024-12-17"), parts: { audio: true } },
   // A search model: an answer citing the web (url_citation annotations) is one search, at the size asked.
   { name: "gpt-4o-search", family: "openai", entry: "gpt-4o-search-preview", svc: openai("gpt-4o-search-preview"), parts: { citesWeb: true } },
+  // Perplexity's online models: a fee per request besides the tokens (input tokens free).
+  { name: "pplx-7b-online", family: "openai", entry: "perplexity/pplx-7b-online", svc: (m) => ({ model: "perplexity/pplx-7b-online", api_base: m.mocks.openai.url, api_key: UPSTREAM.openaiKey }), parts: {} },
   { name: "o3-mini", family: "openai", entry: "o3-mini", svc: openai("o3-mini"), parts: { cacheRead: true, reasoning: true } },
   // DeepSeek: its own usage fields for cache hits; deepseek-reasoner prices them only as input_cost_per_token_cache_hit.
   { name: "deepseek-chat", family: "deepseek", entry: "deepseek/deepseek-chat", svc: (m) => ({ model: "deepseek/deepseek-chat", api_base: m.mocks.openai.url, api_key: UPSTREAM.openaiKey }), parts: { cacheRead: true } },
@@ -269,6 +274,8 @@ const DALLE = { name: "dall-e-3" };
  */
 const PER_SECOND = { name: "per-second", rate: "0.000321987654321" };
 const DALLE2 = { name: "dall-e-2" };
+/** An image model priced per token: text and image tokens in, image tokens out. */
+const IMAGE_MINI = { name: "gpt-image-1-mini", entry: "gpt-image-1-mini" };
 /** Speech priced per character of its input: LiteLLM counts Python's len, code points. */
 const TTS = { name: "tts-1", entry: "tts-1" };
 /** Text to speak: ASCII, accents, CJK, emoji beyond the BMP (skin tones, ZWJ families), a flag. */
@@ -502,6 +509,7 @@ beforeAll(async () => {
     },
     { model_name: DALLE.name, svc_params: { model: "openai/dall-e-3", api_base: m.openai.url, api_key: UPSTREAM.openaiKey }, model_info: { id: "dep-dalle" } },
     { model_name: DALLE2.name, svc_params: { model: "openai/dall-e-2", api_base: m.openai.url, api_key: UPSTREAM.openaiKey }, model_info: { id: "dep-dalle2" } },
+    { model_name: IMAGE_MINI.name, svc_params: { model: `openai/${IMAGE_MINI.entry}`, api_base: m.openai.url, api_key: UPSTREAM.openaiKey }, model_info: { id: "dep-image-mini" } },
     { model_name: TTS.name, svc_params: { model: `openai/${TTS.entry}`, api_base: m.openai.url, api_key: UPSTREAM.openaiKey }, model_info: { id: "dep-tts" } },
     { model_name: TRANSCRIBE.name, svc_params: { model: `openai/${TRANSCRIBE.entry}`, api_base: m.openai.url, api_key: UPSTREAM.openaiKey }, model_info: { id: "dep-transcribe" } },
     { model_name: COHERE_EMBEDDING.name, svc_params: { model: `cohere/${COHERE_EMBEDDING.entry}`, api_base: m.cohere.url, api_key: UPSTREAM.cohereKey }, model_info: { id: "dep-cohere-embed" } },
@@ -718,6 +726,27 @@ async function speechCall(rng: Random, i: number): Promise<Done> {
   return { kind: "speech", what, expected, callId: response.headers.get("x-svc-call-id")!, header: response.headers.get("x-svc-response-cost") ?? undefined };
 }
 
+/**
+ * gpt-image-1-mini: priced per token, as OpenAI's answer counts them (`usage`: input tokens with
+ * their text and image parts, output tokens, all image tokens), whatever the size and quality.
+ */
+async function imageTokensCall(rng: Random, i: number): Promise<Done> {
+  const n = 1 + rng.int(3);
+  const size = rng.pick(["1024x1024", "1024x1536", "1536x1024"] as const);
+  const quality = rng.pick(["low", "medium", "high"] as const);
+  const text = 1 + rng.int(400);
+  const image = rng.chance(0.3) ? rng.int(3_000) : 0;
+  const output = n * rng.pick([272, 408, 1056, 1584, 4160, 6240]);
+  const usage = { total_tokens: text + image + output, input_tokens: text + image, output_tokens: output, input_tokens_details: { text_tokens: text, image_tokens: image } };
+  const data = Array.from({ length: n }, () => ({ b64_json: "iVBORw0KGgo=" }));
+  started.mocks.openai.fault({ kind: "answer", body: { created: 1_764_000_000, background: "opaque", data, output_format: "png", quality, size, usage } });
+  const what = `#${i} ${n} gpt-image-1-mini images ${JSON.stringify(usage)} ${seedNote}`;
+  const { response } = await client.images.generate({ model: IMAGE_MINI.name, prompt: `pictures ${i}`, size, quality, n }).withResponse();
+  const entry = entryOf(IMAGE_MINI.entry);
+  const expected = [times(text, rateOf(entry, "input_cost_per_token")!), times(image, rateOf(entry, "input_cost_per_image_token")!), times(output, rateOf(entry, "output_cost_per_image_token")!)].reduce(add, ZERO);
+  return { kind: "gpt-image-1-mini", what, expected: toPico(expected), callId: response.headers.get("x-svc-call-id")!, header: response.headers.get("x-svc-response-cost") ?? undefined };
+}
+
 /** dall-e-2: several images a call, priced per pixel of the size asked, per image returned. */
 async function manyImagesCall(rng: Random, i: number): Promise<Done> {
   const size = rng.pick(["256x256", "512x512", "1024x1024"] as const);
@@ -760,7 +789,7 @@ test(`every call's cost equals the reference's, in its header, its log row and t
   const done: Done[] = [];
   for (let i = 0; i < CALLS; i++) {
     const r = rng.next();
-    const call = r < 0.7 ? chatCall : r < 0.77 ? perSecondCall : r < 0.8 ? embeddingCall : r < 0.84 ? cohereEmbeddingCall : r < 0.88 ? transcriptionCall : r < 0.92 ? tokenTranscriptionCall : r < 0.94 ? imageCall : r < 0.97 ? manyImagesCall : speechCall;
+    const call = r < 0.7 ? chatCall : r < 0.77 ? perSecondCall : r < 0.8 ? embeddingCall : r < 0.84 ? cohereEmbeddingCall : r < 0.88 ? transcriptionCall : r < 0.92 ? tokenTranscriptionCall : r < 0.94 ? imageCall : r < 0.96 ? manyImagesCall : r < 0.98 ? imageTokensCall : speechCall;
     const d = await call(rng, i);
     if (d.header !== undefined && !d.perSecond) expect(d.header, `${d.what}: x-svc-response-cost`).toBe(picoText(d.expected));
     done.push(d);

@@ -13,10 +13,11 @@ import { PriceTable } from "../../core/cost/prices.ts";
 import { Pricing } from "../../core/cost/pricing.ts";
 import { usageFromAnthropic } from "../../providers/anthropic/usage.ts";
 import { usageFromGemini } from "../../providers/gemini/usage.ts";
-import { openAIChat } from "../../providers/openai-compatible/adapter.ts";
+import { openAIChat, openAIImages } from "../../providers/openai-compatible/adapter.ts";
 import { usageFromOpenAI } from "../../providers/openai-compatible/usage.ts";
 import { openAIUsage } from "../../providers/shared/openai-usage.ts";
 import { speechBound, speechUsage } from "../../core/wire.ts";
+import { worstCaseOf } from "../../core/cost/worst-case.ts";
 
 const pricing = new Pricing(new PriceTable());
 
@@ -237,6 +238,33 @@ describe("parts of usage priced at their own rates, read from the provider's usa
     ];
     const usage = parts.find((p) => p.type === "usage");
     expect(usage?.type === "usage" && pricing.costOf(d, usage.usage).cost).toBe(tokens + usdToPico("0.05"));
+  });
+
+  test("Perplexity's online models: a fee per request ($5 per thousand) besides the tokens, reserved too", () => {
+    const d = deployment("perplexity/pplx-7b-online");
+    // Input tokens free, 200 output tokens at $0.28 per million, and the $0.005 fee.
+    expect(picoToText(pricing.costOf(d, chat(1000, 200)).cost)).toBe(picoToText(200n * perM("0.28") + usdToPico("0.005")));
+    // A call that used nothing (refused, or left before its answer) pays no fee.
+    expect(pricing.costOf(d, chat(0, 0)).cost).toBe(0n);
+    expect(pricing.worstCase(d, 1000, 200)).toBe(200n * perM("0.28") + usdToPico("0.005"));
+  });
+
+  test("gpt-image-1-mini: text and image tokens in ($2, $2.50 per million), image tokens out ($8), not also the size's price per image", () => {
+    const usage = openAIImages().response(
+      { created: 1, data: [{ b64_json: "x" }, { b64_json: "y" }], size: "1024x1024", quality: "low", usage: { input_tokens: 150, input_tokens_details: { text_tokens: 50, image_tokens: 100 }, output_tokens: 544, total_tokens: 694 } },
+      { model: "gpt-image-1-mini", prompt: "two cats", n: 2, size: "1024x1024", quality: "low" },
+      new Headers(),
+    ).usage;
+    expect(usage).toMatchObject({ promptTokens: 150, imagePromptTokens: 100, completionTokens: 544, imageCompletionTokens: 544, images: { count: 2, size: "1024x1024", quality: "low" } });
+    const d = deployment("openai/gpt-image-1-mini");
+    expect(picoToText(pricing.costOf(d, usage).cost)).toBe(picoToText(50n * perM("2") + 100n * perM("2.50") + 544n * perM("8")));
+    // Without tokens in the answer, the size's price per image, as before ($0.005 low at 1024x1024).
+    expect(picoToText(pricing.costOf(d, { promptTokens: 0, completionTokens: 0, images: { count: 2, size: "1024x1024", quality: "low" } }).cost)).toBe("0.01");
+    // Budgets reserve the most its images can count: 6,240 tokens each at $8 per million (and the prompt at $2.50), beside the dearest size's price per image.
+    const reserved = worstCaseOf("images", { model: "gpt-image-1-mini", prompt: "two cats", n: 2, quality: "high" }, d, pricing, 150, undefined, 0);
+    expect(reserved).toBeGreaterThanOrEqual(150n * perM("2.50") + 2n * 6_240n * perM("8"));
+    // dall-e answers without usage: priced per pixel only.
+    expect(openAIImages().response({ created: 1, data: [{ url: "u" }] }, { model: "dall-e-3", prompt: "p" }, new Headers()).usage).toMatchObject({ promptTokens: 0, completionTokens: 0 });
   });
 
   test("the worst case of an audio model reserves its audio rates", () => {
