@@ -66,8 +66,10 @@ export function costOf(price: ModelPrice, usage: Usage, callMs?: number): Pico {
   const imageCompletion = usage.imageCompletionTokens ?? 0;
   const plainCompletion = Math.max(0, usage.completionTokens - reasoned - audioCompletion - imageCompletion);
 
+  // A prompt billed by its characters (Vertex's embeddings report them) is not also billed by its tokens.
+  const byCharacters = (usage.characters ?? 0) > 0 && price.inputPerCharacter !== undefined;
   let total =
-    times(plainPrompt, input) +
+    times(byCharacters ? 0 : plainPrompt, input) +
     times(cached, cacheRead) +
     times(created - createdHour, cacheCreation) +
     times(createdHour, cacheCreation1h) +
@@ -119,7 +121,8 @@ export function worstCaseCost(price: ModelPrice, promptTokens: number, maxOutput
   const cacheCreation1h = price.cacheCreation1hPerToken ?? 0n;
   const output = tier?.output ?? price.outputPerToken ?? 0n;
   const reasoning = price.reasoningPerToken ?? 0n;
-  const maxIn = [input, cacheCreation, cacheCreation1h, price.inputPerAudioToken ?? 0n, price.inputPerImageToken ?? 0n].reduce(larger);
+  // A character is at least a byte, so the prompt's bound (a token per byte) bounds its characters too.
+  const maxIn = [input, cacheCreation, cacheCreation1h, price.inputPerAudioToken ?? 0n, price.inputPerImageToken ?? 0n, price.inputPerCharacter ?? 0n].reduce(larger);
   const maxOut = [output, reasoning, price.outputPerAudioToken ?? 0n, price.outputPerImageToken ?? 0n].reduce(larger);
   return rateToPico(BigInt(promptTokens) * maxIn + BigInt(maxOutputTokens) * maxOut + callTimeRate(price, maxCallMs) + (price.perRequest ?? 0n));
 }

@@ -22,7 +22,8 @@ const PRICE_FIELD = /cost|^max_(input_|output_)?tokens$|^mode$/;
  * kind (audio, reasoning, images, searches) are the provider's own, and stay.
  */
 const DERIVED: Record<string, RegExp> = {
-  input_cost_per_token: /^(input_cost_per_token_above_\d+k_tokens|cache_read_input_token_cost.*|cache_creation_input_token_cost.*|input_cost_per_token_cache_hit)$/,
+  // Per character too: the operator chose to price the input per token (Vertex's entries give both).
+  input_cost_per_token: /^(input_cost_per_token_above_\d+k_tokens|cache_read_input_token_cost.*|cache_creation_input_token_cost.*|input_cost_per_token_cache_hit|input_cost_per_character.*)$/,
   output_cost_per_token: /^output_cost_per_token_above_\d+k_tokens$/,
   cache_read_input_token_cost: /^(cache_read_input_token_cost_above_\d+k_tokens|input_cost_per_token_cache_hit)$/,
   cache_creation_input_token_cost: /^cache_creation_input_token_cost_above_\d+k_tokens$/,

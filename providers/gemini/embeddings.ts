@@ -64,9 +64,10 @@ function values(v: unknown): number[] {
  * names none). When Google reports no token count, the prompt is estimated from the input (four
  * characters per token), so spend and budgets still see the call.
  */
-function list(vectors: number[][], reported: number | undefined, req: EmbeddingsRequest | undefined): { body: WireJson; usage: Usage } {
+function list(vectors: number[][], reported: number | undefined, req: EmbeddingsRequest | undefined, characters?: number): { body: WireJson; usage: Usage } {
   const promptTokens = reported ?? (req ? estimateTokens(req.input) : 0);
-  return { body: embeddingList(vectors, req?.model ?? "", promptTokens, req?.encoding_format), usage: { promptTokens, completionTokens: 0 } };
+  const usage: Usage = characters === undefined ? { promptTokens, completionTokens: 0 } : { promptTokens, completionTokens: 0, characters };
+  return { body: embeddingList(vectors, req?.model ?? "", promptTokens, req?.encoding_format), usage };
 }
 
 /** `{embeddings: [{values}], usageMetadata?}` → OpenAI's list. */
@@ -77,7 +78,11 @@ export function batchEmbedResponse(body: unknown, req?: EmbeddingsRequest): { bo
   return list(body.embeddings.map(values), reported, req);
 }
 
-/** `{predictions: [{embeddings: {values, statistics: {token_count}}}]}` → OpenAI's list. */
+/**
+ * `{predictions: [{embeddings: {values, statistics: {token_count}}}], metadata: {billableCharacterCount}}`
+ * → OpenAI's list. The characters Google bills (code points, whitespace left out) are the usage
+ * Vertex's embedding models are priced on (`input_cost_per_character`).
+ */
 export function predictEmbedResponse(body: unknown, req?: EmbeddingsRequest): { body: WireJson; usage: Usage } {
   if (!isObject(body) || !Array.isArray(body.predictions)) throw new Error("expected a predict response with predictions");
   let tokens = 0;
@@ -91,5 +96,6 @@ export function predictEmbedResponse(body: unknown, req?: EmbeddingsRequest): { 
     }
     return values(e);
   });
-  return list(vectors, counted ? tokens : undefined, req);
+  const billable = isObject(body.metadata) ? body.metadata.billableCharacterCount : undefined;
+  return list(vectors, counted ? tokens : undefined, req, typeof billable === "number" && Number.isInteger(billable) && billable >= 0 ? billable : undefined);
 }

@@ -35,11 +35,14 @@ export function embeddingBatches(req: EmbeddingsRequest, texts: readonly string[
   return parts;
 }
 
-/** One OpenAI list of the lists a request sent in parts got: the vectors in order, indexed anew, the usage summed. */
+/** One OpenAI list of the lists a request sent in parts got: the vectors in order, indexed anew, the usage (tokens, billed characters) summed. */
 export function joinEmbeddingLists(answers: readonly { body: WireJson; usage: Usage }[], model: string): { body: WireJson; usage: Usage } {
   const data = answers.flatMap((a) => (Array.isArray(a.body.data) ? (a.body.data as WireJson[]) : [])).map((e, index) => ({ ...e, index }));
   const promptTokens = answers.reduce((n, a) => n + a.usage.promptTokens, 0);
-  return { body: { object: "list", data, model, usage: { prompt_tokens: promptTokens, total_tokens: promptTokens } }, usage: { promptTokens, completionTokens: 0 } };
+  const usage: Usage = { promptTokens, completionTokens: 0 };
+  // Billed characters (Vertex's), where the parts report them.
+  if (answers.some((a) => a.usage.characters !== undefined)) usage.characters = answers.reduce((n, a) => n + (a.usage.characters ?? 0), 0);
+  return { body: { object: "list", data, model, usage: { prompt_tokens: promptTokens, total_tokens: promptTokens } }, usage };
 }
 
 /** An embeddings adapter's `join`: the parts' lists as one, under the model the client asked for. */

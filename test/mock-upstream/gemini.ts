@@ -805,7 +805,8 @@ function predictEmbed(started: number, t: Target, body: Json): Response | Json {
   let chars = 0;
   const predictions = (body.instances as unknown[]).map((inst) => {
     const content = isObject(inst) ? str(inst.content) ?? "" : "";
-    chars += content.length;
+    // Google bills code points, whitespace left out.
+    chars += Array.from(content.replace(/\s/g, "")).length;
     return { embeddings: { statistics: { truncated: false, token_count: Math.max(1, approxTokens(content)) }, values: mockGeminiEmbedding(content, dims) } };
   });
   return { predictions, metadata: { billableCharacterCount: chars } };

@@ -138,7 +138,8 @@ describe("Gemini on Vertex", () => {
       predictions: [{ embeddings: { statistics: { truncated: false, token_count: 2 }, values: [0.5, 0.5] } }, { embeddings: { statistics: { truncated: false, token_count: 3 }, values: [0, 1] } }],
       metadata: { billableCharacterCount: 14 },
     });
-    expect(answer.usage).toEqual({ promptTokens: 5, completionTokens: 0 });
+    // The characters Google bills are what the model is priced on.
+    expect(answer.usage).toEqual({ promptTokens: 5, completionTokens: 0, characters: 14 });
     expect((answer.body.data as WireJson[]).map((e) => e.embedding)).toEqual([
       [0.5, 0.5],
       [0, 1],

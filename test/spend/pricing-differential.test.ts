@@ -5,8 +5,8 @@
 // Random calls go to deployments of real models from the price file (core/cost/data), across the
 // provider families the mocks speak (OpenAI, Azure, Anthropic, Gemini, Vertex Gemini and Claude,
 // Bedrock Converse, Cohere v2), non-stream and stream, plus embeddings (Cohere's in parts of 96
-// texts, their usage summed), transcriptions (per second, or per audio and text token), speech
-// (per character: code points) and image generation (per pixel, several images a call; per text
+// texts, their usage summed; Vertex's per billed character, in parts of 250), transcriptions (per
+// second, or per audio and text token), speech (per character: code points) and image generation (per pixel, several images a call; per text
 // and image token). Perplexity's online models add a fee per request. Each mock answers with random usage in its provider's
 // own wire format, including the parts priced apart: cached prompt tokens (read, and written for
 // 5 minutes or 1 hour), reasoning tokens, audio tokens in and out, and prompts above the
@@ -274,6 +274,8 @@ const DALLE = { name: "dall-e-3" };
  */
 const PER_SECOND = { name: "per-second", rate: "0.000321987654321" };
 const DALLE2 = { name: "dall-e-2" };
+/** Vertex's text embeddings: billed per character (`metadata.billableCharacterCount`), in parts of 250 texts. */
+const VERTEX_EMBEDDING = { name: "vertex-text-embedding-005", entry: "text-embedding-005" };
 /** An image model priced per token: text and image tokens in, image tokens out. */
 const IMAGE_MINI = { name: "gpt-image-1-mini", entry: "gpt-image-1-mini" };
 /** Speech priced per character of its input: LiteLLM counts Python's len, code points. */
@@ -509,6 +511,7 @@ beforeAll(async () => {
     },
     { model_name: DALLE.name, svc_params: { model: "openai/dall-e-3", api_base: m.openai.url, api_key: UPSTREAM.openaiKey }, model_info: { id: "dep-dalle" } },
     { model_name: DALLE2.name, svc_params: { model: "openai/dall-e-2", api_base: m.openai.url, api_key: UPSTREAM.openaiKey }, model_info: { id: "dep-dalle2" } },
+    { model_name: VERTEX_EMBEDDING.name, svc_params: vertex(VERTEX_EMBEDDING.entry)(started), model_info: { id: "dep-vertex-embedding" } },
     { model_name: IMAGE_MINI.name, svc_params: { model: `openai/${IMAGE_MINI.entry}`, api_base: m.openai.url, api_key: UPSTREAM.openaiKey }, model_info: { id: "dep-image-mini" } },
     { model_name: TTS.name, svc_params: { model: `openai/${TTS.entry}`, api_base: m.openai.url, api_key: UPSTREAM.openaiKey }, model_info: { id: "dep-tts" } },
     { model_name: TRANSCRIBE.name, svc_params: { model: `openai/${TRANSCRIBE.entry}`, api_base: m.openai.url, api_key: UPSTREAM.openaiKey }, model_info: { id: "dep-transcribe" } },
@@ -690,6 +693,35 @@ async function cohereEmbeddingCall(rng: Random, i: number): Promise<Done> {
   return { kind: "cohere embeddings", what, expected, callId: response.headers.get("x-svc-call-id")!, header: response.headers.get("x-svc-response-cost") ?? undefined };
 }
 
+/**
+ * Vertex text embeddings: Google bills the characters it reports (`billableCharacterCount`: code
+ * points, whitespace left out), not the tokens (`statistics.token_count`); a list of more than 250
+ * texts goes in parts, whose characters are summed.
+ */
+async function vertexEmbeddingCall(rng: Random, i: number): Promise<Done> {
+  const inputs = 1 + rng.int(rng.chance(0.3) ? 400 : 12);
+  const texts = Array.from({ length: inputs }, (_, k) => `${rng.pick(SPOKEN)} ${k}\t${rng.pick(SPOKEN)}`);
+  let billed = 0;
+  let tokens = 0;
+  for (let at = 0; at < inputs; at += 250) {
+    const part = texts.slice(at, at + 250);
+    const characters = part.reduce((n, t) => n + Array.from(t.replace(/\s/g, "")).length, 0);
+    const predictions = part.map(() => {
+      const count = 1 + rng.int(40);
+      tokens += count;
+      return { embeddings: { statistics: { truncated: false, token_count: count }, values: [0.5, -0.25] } };
+    });
+    billed += characters;
+    started.mocks.gemini.fault({ kind: "canned", body: { predictions, metadata: { billableCharacterCount: characters } }, path: "/models/" });
+  }
+  const what = `#${i} vertex embeddings ${inputs} texts, ${billed} characters, ${tokens} tokens ${seedNote}`;
+  const { data: answer, response } = await client.embeddings.create({ model: VERTEX_EMBEDDING.name, input: texts }).withResponse();
+  expect(answer.data.length, what).toBe(inputs);
+  expect(answer.usage.prompt_tokens, what).toBe(tokens);
+  const expected = toPico(times(billed, rateOf(entryOf(VERTEX_EMBEDDING.entry), "input_cost_per_character")!));
+  return { kind: "vertex embeddings", what, expected, callId: response.headers.get("x-svc-call-id")!, header: response.headers.get("x-svc-response-cost") ?? undefined };
+}
+
 /** gpt-4o-mini-transcribe reports tokens: audio and text input apart, text output. */
 async function tokenTranscriptionCall(rng: Random, i: number): Promise<Done> {
   const audio = rng.int(20_000);
@@ -789,7 +821,7 @@ test(`every call's cost equals the reference's, in its header, its log row and t
   const done: Done[] = [];
   for (let i = 0; i < CALLS; i++) {
     const r = rng.next();
-    const call = r < 0.7 ? chatCall : r < 0.77 ? perSecondCall : r < 0.8 ? embeddingCall : r < 0.84 ? cohereEmbeddingCall : r < 0.88 ? transcriptionCall : r < 0.92 ? tokenTranscriptionCall : r < 0.94 ? imageCall : r < 0.96 ? manyImagesCall : r < 0.98 ? imageTokensCall : speechCall;
+    const call = r < 0.7 ? chatCall : r < 0.77 ? perSecondCall : r < 0.79 ? embeddingCall : r < 0.815 ? vertexEmbeddingCall : r < 0.84 ? cohereEmbeddingCall : r < 0.88 ? transcriptionCall : r < 0.92 ? tokenTranscriptionCall : r < 0.94 ? imageCall : r < 0.96 ? manyImagesCall : r < 0.98 ? imageTokensCall : speechCall;
     const d = await call(rng, i);
     if (d.header !== undefined && !d.perSecond) expect(d.header, `${d.what}: x-svc-response-cost`).toBe(picoText(d.expected));
     done.push(d);

@@ -18,6 +18,7 @@ import { usageFromOpenAI } from "../../providers/openai-compatible/usage.ts";
 import { openAIUsage } from "../../providers/shared/openai-usage.ts";
 import { speechBound, speechUsage } from "../../core/wire.ts";
 import { worstCaseOf } from "../../core/cost/worst-case.ts";
+import { joinEmbeddingLists } from "../../providers/shared/embedding-list.ts";
 
 const pricing = new Pricing(new PriceTable());
 
@@ -265,6 +266,19 @@ describe("parts of usage priced at their own rates, read from the provider's usa
     expect(reserved).toBeGreaterThanOrEqual(150n * perM("2.50") + 2n * 6_240n * perM("8"));
     // dall-e answers without usage: priced per pixel only.
     expect(openAIImages().response({ created: 1, data: [{ url: "u" }] }, { model: "dall-e-3", prompt: "p" }, new Headers()).usage).toMatchObject({ promptTokens: 0, completionTokens: 0 });
+  });
+
+  test("Vertex text embeddings are billed per character Google reports ($0.025 per million), not also per token", () => {
+    const d = deployment("vertex_ai/text-embedding-005");
+    expect(picoToText(pricing.costOf(d, { promptTokens: 100, completionTokens: 0, characters: 400 }).cost)).toBe("0.00001");
+    // Parts of a split call: their characters summed.
+    const part = (promptTokens: number, characters: number) => ({ body: { data: [] }, usage: { promptTokens, completionTokens: 0, characters } });
+    expect(joinEmbeddingLists([part(60, 250), part(40, 150)], "emb").usage).toEqual({ promptTokens: 100, completionTokens: 0, characters: 400 });
+    // An operator's price per token prices the tokens (the file's price per character is left out with it).
+    const own = deployment("vertex_ai/text-embedding-005", { input_cost_per_token: 0.0000002 });
+    expect(picoToText(pricing.costOf(own, { promptTokens: 100, completionTokens: 0, characters: 400 }).cost)).toBe("0.00002");
+    // Without characters reported, the tokens at the file's price.
+    expect(picoToText(pricing.costOf(d, { promptTokens: 300, completionTokens: 0 }).cost)).toBe("0.00003");
   });
 
   test("the worst case of an audio model reserves its audio rates", () => {
