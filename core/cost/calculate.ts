@@ -111,10 +111,10 @@ const larger = (a: bigint, b: bigint): bigint => (a > b ? a : b);
 /**
  * The most a call can cost: its prompt estimate at the highest input rate that could apply, and
  * `maxOutputTokens` at the highest output rate (reasoning, audio and image tokens included), its
- * fee per call; for a model priced per second of the call, `maxCallMs` (the longest it is charged
- * for) at that rate.
+ * fee per call, `maxSearches` web searches at the dearest context size; for a model priced per
+ * second of the call, `maxCallMs` (the longest it is charged for) at that rate.
  */
-export function worstCaseCost(price: ModelPrice, promptTokens: number, maxOutputTokens: number, maxCallMs = 0): Pico {
+export function worstCaseCost(price: ModelPrice, promptTokens: number, maxOutputTokens: number, maxCallMs = 0, maxSearches = 0): Pico {
   const tier = tierFor(price, promptTokens);
   const input = tier?.input ?? price.inputPerToken ?? 0n;
   const cacheCreation = tier?.cacheCreation ?? price.cacheCreationPerToken ?? 0n;
@@ -124,5 +124,6 @@ export function worstCaseCost(price: ModelPrice, promptTokens: number, maxOutput
   // A character is at least a byte, so the prompt's bound (a token per byte) bounds its characters too.
   const maxIn = [input, cacheCreation, cacheCreation1h, price.inputPerAudioToken ?? 0n, price.inputPerImageToken ?? 0n, price.inputPerCharacter ?? 0n].reduce(larger);
   const maxOut = [output, reasoning, price.outputPerAudioToken ?? 0n, price.outputPerImageToken ?? 0n].reduce(larger);
-  return rateToPico(BigInt(promptTokens) * maxIn + BigInt(maxOutputTokens) * maxOut + callTimeRate(price, maxCallMs) + (price.perRequest ?? 0n));
+  const search = Object.values(price.perWebSearch ?? {}).reduce<bigint>((a, b) => larger(a, b ?? 0n), 0n);
+  return rateToPico(BigInt(promptTokens) * maxIn + BigInt(maxOutputTokens) * maxOut + callTimeRate(price, maxCallMs) + (price.perRequest ?? 0n) + BigInt(maxSearches) * search);
 }

@@ -130,12 +130,13 @@ export class Pricing {
 
   /**
    * The most the call can cost (see worstCaseCost); output defaults to the model's own limit.
-   * `maxCallMs`: the longest the call is charged for, should the model be priced per second of it.
+   * `maxCallMs`: the longest the call is charged for, should the model be priced per second of it;
+   * `maxSearches`: the most web searches it can be charged, should the model price them.
    */
-  worstCase(d: Deployment, promptTokens: number, maxOutputTokens: number | undefined, maxCallMs?: number): Pico {
+  worstCase(d: Deployment, promptTokens: number, maxOutputTokens: number | undefined, maxCallMs?: number, maxSearches?: number): Pico {
     const price = this.priceOf(d);
     if (!price) return 0n;
-    return worstCaseCost(price, promptTokens, maxOutputTokens ?? price.maxOutputTokens ?? DEFAULT_MAX_OUTPUT_TOKENS, maxCallMs);
+    return worstCaseCost(price, promptTokens, maxOutputTokens ?? price.maxOutputTokens ?? DEFAULT_MAX_OUTPUT_TOKENS, maxCallMs, maxSearches);
   }
 }
 

@@ -58,6 +58,23 @@ export function answerTokenBound(body: WireRequest[Endpoint], maxOutputTokens = 
 }
 
 /**
+ * The most web searches a chat call can be charged, where the request bounds them: the `max_uses`
+ * of each Anthropic web search tool it gives (`web_search_…`), and the one search an OpenAI-shaped
+ * answer citing the web is charged. A web search tool without `max_uses` is unbounded: its
+ * searches are charged after the call, not reserved.
+ */
+export function searchBound(body: WireRequest[Endpoint]): number {
+  const tools = (body as { tools?: unknown }).tools;
+  let bound = 1;
+  for (const t of Array.isArray(tools) ? tools : []) {
+    const tool = t as { type?: unknown; max_uses?: unknown };
+    if (typeof tool.type !== "string" || !tool.type.startsWith("web_search")) continue;
+    if (typeof tool.max_uses === "number" && Number.isInteger(tool.max_uses) && tool.max_uses > 0) bound += tool.max_uses;
+  }
+  return bound;
+}
+
+/**
  * `promptTokens`: the prompt's bound; `maxOutputTokens`: the request's limit, if it sets one;
  * `maxCallMs`: the longest the call is charged for (its attempt's timeout), for a model priced
  * per second of the call.
@@ -73,6 +90,8 @@ export function worstCaseOf<E extends Endpoint>(endpoint: E, body: WireRequest[E
       return pricing.costOf(d, speechBound(body as WireRequest["speech"]), maxCallMs).cost;
     case "transcriptions":
       return worstTranscription(pricing, d, promptTokens, body as WireRequest["transcriptions"], maxCallMs);
+    case "chat":
+      return pricing.worstCase(d, promptTokens, answerTokenBound(body, maxOutputTokens), maxCallMs, searchBound(body));
     default:
       return pricing.worstCase(d, promptTokens, answerTokenBound(body, maxOutputTokens), maxCallMs);
   }

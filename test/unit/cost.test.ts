@@ -281,6 +281,21 @@ describe("parts of usage priced at their own rates, read from the provider's usa
     expect(picoToText(pricing.costOf(d, { promptTokens: 300, completionTokens: 0 }).cost)).toBe("0.00003");
   });
 
+  test("the worst case reserves the web searches a request bounds: web search tools' max_uses, and the one an answer citing the web is charged", () => {
+    const claude = deployment("anthropic/claude-sonnet-4-20250514");
+    const ask = (tools?: Record<string, unknown>[]) => ({ model: "claude", messages: [{ role: "user" as const, content: "news?" }], max_tokens: 100, ...(tools ? { tools } : {}) });
+    // 1,000 prompt tokens at the dearest input rate ($6, 1-hour cache writes), 100 out at $15, and searches at $10 a thousand.
+    const tokens = 1000n * perM("6") + 100n * perM("15");
+    const worst = (tools?: Record<string, unknown>[]) => worstCaseOf("chat", ask(tools), claude, pricing, 1000, 100, 0);
+    expect(worst([{ type: "web_search_20250305", name: "web_search", max_uses: 3 }])).toBe(tokens + 4n * usdToPico("0.01"));
+    // Without max_uses the tool's searches are not bounded: charged after the call, not reserved.
+    expect(worst([{ type: "web_search_20250305", name: "web_search" }])).toBe(tokens + usdToPico("0.01"));
+    expect(worst()).toBe(tokens + usdToPico("0.01"));
+    // An OpenAI search model: its one search at the dearest size ($50 a thousand, high).
+    const search = worstCaseOf("chat", { ...ask(), model: "s" }, deployment("openai/gpt-4o-search-preview"), pricing, 1000, 100, 0);
+    expect(search).toBe(1000n * perM("2.50") + 100n * perM("10") + usdToPico("0.05"));
+  });
+
   test("the worst case of an audio model reserves its audio rates", () => {
     // 100 prompt tokens at $40 per million and 50 output tokens at $80 per million: the dearest rates the call could be charged.
     expect(pricing.worstCase(deployment("openai/gpt-4o-audio-preview-2024-12-17"), 100, 50)).toBe(100n * perM("40.00") + 50n * perM("80.00"));
