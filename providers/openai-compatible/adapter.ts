@@ -201,6 +201,8 @@ function searchContextSize(req: ChatRequest | undefined): Usage["searchContextSi
  * per call at the size asked (LiteLLM's StandardBuiltInToolCostTracking: one search per answer).
  */
 function withSearch(usage: Usage, req: ChatRequest | undefined): Usage {
+  // Searches the usage itself reports (Perplexity's), at the size it reports, stand.
+  if (usage.webSearchRequests) return usage;
   usage.webSearchRequests = 1;
   const size = searchContextSize(req);
   if (size) usage.searchContextSize = size;

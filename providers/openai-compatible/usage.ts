@@ -26,7 +26,25 @@ export function usageFromOpenAI(raw: unknown): Usage {
   if (reasoning) usage.reasoningTokens = reasoning;
   if (audioIn) usage.audioPromptTokens = audioIn;
   if (audioOut) usage.audioCompletionTokens = audioOut;
+  withPerplexitySearch(usage, u);
   return usage;
+}
+
+const SEARCH_SIZES: readonly string[] = ["low", "medium", "high"];
+
+/**
+ * Perplexity's grounded answers: a usage reporting `search_context_size` is an answer that searched
+ * the web at that size, billed a request fee (Sonar models; `search_context_cost_per_query` of the
+ * size), and one reporting `num_search_queries` is billed per search query (Sonar Deep Research),
+ * as Perplexity prices them. (LiteLLM counts only the queries, at the low size's price a
+ * thousandth of what the file gives.)
+ */
+function withPerplexitySearch(usage: Usage, u: Record<string, unknown>): void {
+  const size = u.search_context_size;
+  const queries = num(u.num_search_queries);
+  if (queries > 0) usage.webSearchRequests = queries;
+  else if (typeof size === "string" && SEARCH_SIZES.includes(size)) usage.webSearchRequests = 1;
+  if (usage.webSearchRequests && typeof size === "string" && SEARCH_SIZES.includes(size)) usage.searchContextSize = size as Usage["searchContextSize"];
 }
 
 /**

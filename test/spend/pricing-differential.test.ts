@@ -160,7 +160,7 @@ function tokenCost(entry: Json, u: Used): Dec {
 // ---------------------------------------------------------------------------------------------
 // Deployments: real models from the price file, and the parts of usage each one's upstream reports
 
-type Family = "openai" | "deepseek" | "azure" | "anthropic" | "gemini" | "vertex-claude" | "bedrock" | "cohere";
+type Family = "openai" | "deepseek" | "perplexity" | "azure" | "anthropic" | "gemini" | "vertex-claude" | "bedrock" | "cohere";
 
 interface Target {
   /** Model group (and deployment id `dep-<name>`). */
@@ -171,7 +171,18 @@ interface Target {
   svc: (m: StartedProviderMocks) => Json;
   info?: Json;
   /** What this model's usage may carry. */
-  parts: { cacheRead?: boolean; cacheWrite?: boolean; cacheWrite1h?: boolean; audio?: boolean; reasoning?: boolean; tier?: number; webSearch?: boolean; citesWeb?: boolean };
+  parts: {
+    cacheRead?: boolean;
+    cacheWrite?: boolean;
+    cacheWrite1h?: boolean;
+    audio?: boolean;
+    reasoning?: boolean;
+    tier?: number;
+    webSearch?: boolean;
+    citesWeb?: boolean;
+    /** Perplexity: a request fee at the reported search context size (Sonar), or a fee per search query (Deep Research). */
+    perplexity?: "request" | "queries";
+  };
 }
 
 const openai = (model: string) => (m: StartedProviderMocks) => ({ model: `openai/${model}`, api_base: m.mocks.openai.url, api_key: UPSTREAM.openaiKey });
@@ -187,6 +198,15 @@ const TARGETS: Target[] = [
   { name: "gpt-4o-audio", family: "openai", entry: "gpt-4o-audio-preview-2024-12-17", svc: openai("gpt-4o-audio-preview-2024-12-17"), parts: { audio: true } },
   // A search model: an answer citing the web (url_citation annotations) is one search, at the size asked.
   { name: "gpt-4o-search", family: "openai", entry: "gpt-4o-search-preview", svc: openai("gpt-4o-search-preview"), parts: { citesWeb: true } },
+  // Perplexity's Sonar: a request fee by the search context size its usage reports; Deep Research: a fee per search query.
+  { name: "sonar-pro", family: "perplexity", entry: "perplexity/sonar-pro", svc: (m) => ({ model: "perplexity/sonar-pro", api_base: m.mocks.openai.url, api_key: UPSTREAM.openaiKey }), parts: { perplexity: "request" } },
+  {
+    name: "sonar-deep-research",
+    family: "perplexity",
+    entry: "perplexity/sonar-deep-research",
+    svc: (m) => ({ model: "perplexity/sonar-deep-research", api_base: m.mocks.openai.url, api_key: UPSTREAM.openaiKey }),
+    parts: { perplexity: "queries" },
+  },
   // Perplexity's online models: a fee per request besides the tokens (input tokens free).
   { name: "pplx-7b-online", family: "openai", entry: "perplexity/pplx-7b-online", svc: (m) => ({ model: "perplexity/pplx-7b-online", api_base: m.mocks.openai.url, api_key: UPSTREAM.openaiKey }), parts: {} },
   { name: "o3-mini", family: "openai", entry: "o3-mini", svc: openai("o3-mini"), parts: { cacheRead: true, reasoning: true } },
@@ -334,6 +354,10 @@ function planUsage(rng: Random, t: Target): Plan {
   u.audioOut = t.family === "openai" ? keep(p.audio, audioOut) : 0;
   u.completion = textOut + u.reasoning + u.audioOut;
   if (p.webSearch && rng.chance(0.3)) u.webSearches = 1 + rng.int(5);
+  if (p.perplexity) {
+    u.searchSize = rng.pick(["low", "medium", "high"] as const);
+    u.webSearches = p.perplexity === "request" ? 1 : 1 + rng.int(30);
+  }
   if (p.citesWeb) {
     if (rng.chance(0.7)) u.webSearches = 1;
     u.searchSize = rng.maybe(0.7, ["low", "medium", "high"] as const);
@@ -352,6 +376,15 @@ function nativeUsage(family: Family, u: Used, rng: Random): Json {
         total_tokens: u.prompt + u.completion,
         prompt_tokens_details: { cached_tokens: u.cacheRead ?? 0, audio_tokens: u.audioIn ?? 0 },
         completion_tokens_details: { reasoning_tokens: u.reasoning ?? 0, audio_tokens: u.audioOut ?? 0, accepted_prediction_tokens: 0, rejected_prediction_tokens: 0 },
+      };
+    case "perplexity":
+      // Perplexity: the search context size searched at (Sonar's request fee), and Deep Research's search queries.
+      return {
+        prompt_tokens: u.prompt,
+        completion_tokens: u.completion,
+        total_tokens: u.prompt + u.completion,
+        search_context_size: u.searchSize,
+        ...(u.webSearches && u.webSearches > 1 ? { num_search_queries: u.webSearches } : {}),
       };
     case "deepseek":
       // DeepSeek: cache hits and misses beside prompt_tokens (their sum), no prompt_tokens_details.
@@ -574,6 +607,7 @@ async function chatCall(rng: Random, i: number): Promise<Done> {
   switch (t.family) {
     case "openai":
     case "deepseek":
+    case "perplexity":
     case "azure": {
       const a = openAIAnswer(t.entry, plan.native, stream, t.parts.citesWeb === true && plan.used.webSearches === 1);
       const mock = t.family === "azure" ? m.azure : m.openai;

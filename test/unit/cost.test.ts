@@ -250,6 +250,19 @@ describe("parts of usage priced at their own rates, read from the provider's usa
     expect(pricing.worstCase(d, 1000, 200)).toBe(200n * perM("0.28") + usdToPico("0.005"));
   });
 
+  test("Perplexity's Sonar: a request fee at the search context size its usage reports; Deep Research: a fee per search query", () => {
+    const sonar = usageFromOpenAI({ prompt_tokens: 10, completion_tokens: 100, total_tokens: 110, search_context_size: "high" });
+    expect(sonar).toMatchObject({ webSearchRequests: 1, searchContextSize: "high" });
+    // sonar-pro: $3 and $15 per million, and the high size's $14 per thousand requests.
+    expect(picoToText(pricing.costOf(deployment("perplexity/sonar-pro"), sonar).cost)).toBe(picoToText(10n * perM("3") + 100n * perM("15") + usdToPico("0.014")));
+    const deep = usageFromOpenAI({ prompt_tokens: 10, completion_tokens: 100, total_tokens: 110, search_context_size: "low", num_search_queries: 26 });
+    expect(deep).toMatchObject({ webSearchRequests: 26, searchContextSize: "low" });
+    // sonar-deep-research: $2 and $8 per million, and 26 queries at $5 per thousand.
+    expect(picoToText(pricing.costOf(deployment("perplexity/sonar-deep-research"), deep).cost)).toBe(picoToText(10n * perM("2") + 100n * perM("8") + 26n * usdToPico("0.005")));
+    // Other providers' usage says nothing of searches.
+    expect(usageFromOpenAI({ prompt_tokens: 10, completion_tokens: 100 }).webSearchRequests).toBeUndefined();
+  });
+
   test("gpt-image-1-mini: text and image tokens in ($2, $2.50 per million), image tokens out ($8), not also the size's price per image", () => {
     const usage = openAIImages().response(
       { created: 1, data: [{ b64_json: "x" }, { b64_json: "y" }], size: "1024x1024", quality: "low", usage: { input_tokens: 150, input_tokens_details: { text_tokens: 50, image_tokens: 100 }, output_tokens: 544, total_tokens: 694 } },
