@@ -41,6 +41,8 @@ export interface Usage {
   reasoningTokens?: number;
   /** Output tokens that were audio (part of completionTokens). */
   audioCompletionTokens?: number;
+  /** Prompt tokens of sources the model cited (part of promptTokens; Perplexity's `citation_tokens`), priced at their own rate. */
+  citationTokens?: number;
   /** Prompt tokens that were images (part of promptTokens; gpt-image models' `input_tokens_details.image_tokens`). */
   imagePromptTokens?: number;
   /** Output tokens that were images (part of completionTokens; what a gpt-image model's answer counts). */

@@ -60,7 +60,8 @@ export function costOf(price: ModelPrice, usage: Usage, callMs?: number): Pico {
   const createdHour = Math.min(created, usage.cacheCreation1hTokens ?? 0);
   const audioPrompt = usage.audioPromptTokens ?? 0;
   const imagePrompt = usage.imagePromptTokens ?? 0;
-  const plainPrompt = Math.max(0, usage.promptTokens - cached - created - audioPrompt - imagePrompt);
+  const cited = usage.citationTokens ?? 0;
+  const plainPrompt = Math.max(0, usage.promptTokens - cached - created - audioPrompt - imagePrompt - cited);
   const reasoned = usage.reasoningTokens ?? 0;
   const audioCompletion = usage.audioCompletionTokens ?? 0;
   const imageCompletion = usage.imageCompletionTokens ?? 0;
@@ -78,6 +79,7 @@ export function costOf(price: ModelPrice, usage: Usage, callMs?: number): Pico {
     times(reasoned, reasoning) +
     times(audioCompletion, audioOut) +
     times(imagePrompt, imageIn) +
+    times(cited, price.citationPerToken ?? input) +
     times(imageCompletion, imageOut);
   // A fee per call, for a call that used anything (one refused or left before its answer used nothing).
   if (price.perRequest !== undefined && (usage.promptTokens > 0 || usage.completionTokens > 0)) total += price.perRequest;
@@ -122,7 +124,7 @@ export function worstCaseCost(price: ModelPrice, promptTokens: number, maxOutput
   const output = tier?.output ?? price.outputPerToken ?? 0n;
   const reasoning = price.reasoningPerToken ?? 0n;
   // A character is at least a byte, so the prompt's bound (a token per byte) bounds its characters too.
-  const maxIn = [input, cacheCreation, cacheCreation1h, price.inputPerAudioToken ?? 0n, price.inputPerImageToken ?? 0n, price.inputPerCharacter ?? 0n].reduce(larger);
+  const maxIn = [input, cacheCreation, cacheCreation1h, price.inputPerAudioToken ?? 0n, price.inputPerImageToken ?? 0n, price.inputPerCharacter ?? 0n, price.citationPerToken ?? 0n].reduce(larger);
   const maxOut = [output, reasoning, price.outputPerAudioToken ?? 0n, price.outputPerImageToken ?? 0n].reduce(larger);
   const search = Object.values(price.perWebSearch ?? {}).reduce<bigint>((a, b) => larger(a, b ?? 0n), 0n);
   return rateToPico(BigInt(promptTokens) * maxIn + BigInt(maxOutputTokens) * maxOut + callTimeRate(price, maxCallMs) + (price.perRequest ?? 0n) + BigInt(maxSearches) * search);

@@ -37,6 +37,8 @@ export interface ModelPrice {
   /** Image tokens (gpt-image models count images in and out as tokens). */
   inputPerImageToken?: Rate;
   outputPerImageToken?: Rate;
+  /** Tokens of the sources a model cites (Perplexity's Deep Research). */
+  citationPerToken?: Rate;
   /** A fee per call, whatever it used (Perplexity's online models). */
   perRequest?: Rate;
   /** Highest tier first. */
@@ -104,6 +106,7 @@ export function toModelPrice(raw: RawPrice, source: string): ModelPrice {
     inputPerImageToken: rateField(raw, "input_cost_per_image_token"),
     outputPerImageToken: rateField(raw, "output_cost_per_image_token"),
     perRequest: rateField(raw, "input_cost_per_request"),
+    citationPerToken: rateField(raw, "citation_cost_per_token"),
     tiers,
     inputPerSecond: rateField(raw, "input_cost_per_second"),
     outputPerSecond: rateField(raw, "output_cost_per_second"),

@@ -26,8 +26,30 @@ export function usageFromOpenAI(raw: unknown): Usage {
   if (reasoning) usage.reasoningTokens = reasoning;
   if (audioIn) usage.audioPromptTokens = audioIn;
   if (audioOut) usage.audioCompletionTokens = audioOut;
+  withPerplexityParts(usage, u, reasoning);
   withPerplexitySearch(usage, u);
   return usage;
+}
+
+/**
+ * Perplexity's Deep Research reports the tokens of the sources it cited (`citation_tokens`) and of
+ * its reasoning (`reasoning_tokens`) beside its prompt and completion counts, not within them; they
+ * become parts of the totals here, priced at their own rates (`citation_cost_per_token`,
+ * `output_cost_per_reasoning_token`) as LiteLLM and Perplexity price them.
+ */
+function withPerplexityParts(usage: Usage, u: Record<string, unknown>, detailedReasoning: number): void {
+  // Only in Perplexity's usage (its search fields beside them): another provider's top-level reasoning count may be within its completion.
+  if (!("citation_tokens" in u || "num_search_queries" in u || "search_context_size" in u)) return;
+  const cited = num(u.citation_tokens);
+  const reasoning = detailedReasoning ? 0 : num(u.reasoning_tokens);
+  if (cited > 0) {
+    usage.promptTokens += cited;
+    usage.citationTokens = cited;
+  }
+  if (reasoning > 0) {
+    usage.completionTokens += reasoning;
+    usage.reasoningTokens = reasoning;
+  }
 }
 
 const SEARCH_SIZES: readonly string[] = ["low", "medium", "high"];

@@ -97,6 +97,8 @@ interface Used {
   webSearches?: number;
   /** The search context size asked (`web_search_options.search_context_size`). */
   searchSize?: "low" | "medium" | "high";
+  /** Tokens of cited sources (Perplexity's Deep Research), part of the prompt here. */
+  citation?: number;
 }
 
 function rateOf(entry: Json, field: string): Dec | undefined {
@@ -143,7 +145,8 @@ function tokenCost(entry: Json, u: Used): Dec {
   const ai = u.audioIn ?? 0;
   const re = u.reasoning ?? 0;
   const ao = u.audioOut ?? 0;
-  const textIn = u.prompt - r - w - w1 - ai;
+  const ci = u.citation ?? 0;
+  const textIn = u.prompt - r - w - w1 - ai - ci;
   const textOut = u.completion - re - ao;
   if (textIn < 0 || textOut < 0) throw new Error(`inconsistent usage ${JSON.stringify(u)}`);
   // A web search at `search_context_cost_per_query`'s price for the size asked, else medium
@@ -154,7 +157,9 @@ function tokenCost(entry: Json, u: Used): Dec {
   const search = typeof sizePrice === "number" ? dec(sizePrice) : ZERO;
   // A fee per call (input_cost_per_request, Perplexity's online models), for a call that used anything.
   const perRequest = u.prompt + u.completion > 0 ? (rateOf(entry, "input_cost_per_request") ?? ZERO) : ZERO;
-  return [perRequest, times(u.webSearches ?? 0, search), times(textIn, input), times(r, cacheRead), times(w, cacheWrite), times(w1, cacheWrite1h), times(ai, audioIn), times(textOut, output), times(re, reasoning), times(ao, audioOut)].reduce(add, ZERO);
+  // Cited sources' tokens at citation_cost_per_token (LiteLLM's perplexity cost_per_token).
+  const citation = rateOf(entry, "citation_cost_per_token") ?? input;
+  return [perRequest, times(ci, citation), times(u.webSearches ?? 0, search), times(textIn, input), times(r, cacheRead), times(w, cacheWrite), times(w1, cacheWrite1h), times(ai, audioIn), times(textOut, output), times(re, reasoning), times(ao, audioOut)].reduce(add, ZERO);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -358,6 +363,14 @@ function planUsage(rng: Random, t: Target): Plan {
     u.searchSize = rng.pick(["low", "medium", "high"] as const);
     u.webSearches = p.perplexity === "request" ? 1 : 1 + rng.int(30);
   }
+  if (p.perplexity === "queries") {
+    // Deep Research reports its cited sources' and its reasoning's tokens beside prompt and completion.
+    u.citation = rng.int(80_000);
+    u.prompt += u.citation;
+    const reasoning = rng.int(200_000);
+    u.reasoning = (u.reasoning ?? 0) + reasoning;
+    u.completion += reasoning;
+  }
   if (p.citesWeb) {
     if (rng.chance(0.7)) u.webSearches = 1;
     u.searchSize = rng.maybe(0.7, ["low", "medium", "high"] as const);
@@ -380,11 +393,11 @@ function nativeUsage(family: Family, u: Used, rng: Random): Json {
     case "perplexity":
       // Perplexity: the search context size searched at (Sonar's request fee), and Deep Research's search queries.
       return {
-        prompt_tokens: u.prompt,
-        completion_tokens: u.completion,
-        total_tokens: u.prompt + u.completion,
+        prompt_tokens: u.prompt - (u.citation ?? 0),
+        completion_tokens: u.completion - (u.reasoning ?? 0),
+        total_tokens: u.prompt - (u.citation ?? 0) + u.completion - (u.reasoning ?? 0),
         search_context_size: u.searchSize,
-        ...(u.webSearches && u.webSearches > 1 ? { num_search_queries: u.webSearches } : {}),
+        ...(u.citation !== undefined ? { citation_tokens: u.citation, num_search_queries: u.webSearches, reasoning_tokens: u.reasoning } : {}),
       };
     case "deepseek":
       // DeepSeek: cache hits and misses beside prompt_tokens (their sum), no prompt_tokens_details.
@@ -645,13 +658,15 @@ async function chatCall(rng: Random, i: number): Promise<Done> {
   const body = { model: t.name, messages: [{ role: "user" as const, content: `price call ${i}` }], max_tokens: 50_000, ...(size ? { web_search_options: { search_context_size: size } } : {}) };
   if (!stream) {
     const { data, response } = await client.chat.completions.create(body).withResponse();
-    expectClientUsage(data.usage as unknown as Json, plan.used, what);
+    if (t.family === "perplexity") expect(data.usage, `${what}: usage as Perplexity wrote it`).toMatchObject(plan.native);
+    else expectClientUsage(data.usage as unknown as Json, plan.used, what);
     return { kind: `${t.name} json`, what, used: plan.used, expected, callId: response.headers.get("x-svc-call-id")!, header: response.headers.get("x-svc-response-cost") ?? undefined };
   }
   const { data, response } = await client.chat.completions.create({ ...body, stream: true, stream_options: { include_usage: true } }).withResponse();
   let usage: Json | undefined;
   for await (const chunk of data) if (chunk.usage) usage = chunk.usage as unknown as Json;
-  expectClientUsage(usage, plan.used, what);
+  if (t.family === "perplexity") expect(usage, `${what}: usage as Perplexity wrote it`).toMatchObject(plan.native);
+  else expectClientUsage(usage, plan.used, what);
   return { kind: `${t.name} stream`, what, used: plan.used, expected, callId: response.headers.get("x-svc-call-id")! };
 }
 

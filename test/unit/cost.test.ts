@@ -261,6 +261,13 @@ describe("parts of usage priced at their own rates, read from the provider's usa
     expect(picoToText(pricing.costOf(deployment("perplexity/sonar-deep-research"), deep).cost)).toBe(picoToText(10n * perM("2") + 100n * perM("8") + 26n * usdToPico("0.005")));
     // Other providers' usage says nothing of searches.
     expect(usageFromOpenAI({ prompt_tokens: 10, completion_tokens: 100 }).webSearchRequests).toBeUndefined();
+    // Deep Research's citation and reasoning tokens, reported beside its prompt and completion: parts of the totals at $2 and $3 per million.
+    const full = usageFromOpenAI({ prompt_tokens: 19, completion_tokens: 9289, total_tokens: 9308, citation_tokens: 72398, num_search_queries: 26, reasoning_tokens: 181712 });
+    expect(full).toMatchObject({ promptTokens: 19 + 72398, citationTokens: 72398, completionTokens: 9289 + 181712, reasoningTokens: 181712, webSearchRequests: 26 });
+    const cost = 19n * perM("2") + 72398n * perM("2") + 9289n * perM("8") + 181712n * perM("3") + 26n * usdToPico("0.005");
+    expect(picoToText(pricing.costOf(deployment("perplexity/sonar-deep-research"), full).cost)).toBe(picoToText(cost));
+    // Another provider's top-level reasoning count is left as it is.
+    expect(usageFromOpenAI({ prompt_tokens: 10, completion_tokens: 100, reasoning_tokens: 50 })).toEqual({ promptTokens: 10, completionTokens: 100 });
   });
 
   test("gpt-image-1-mini: text and image tokens in ($2, $2.50 per million), image tokens out ($8), not also the size's price per image", () => {
