@@ -983,7 +983,7 @@ describe(`team webhooks against a model (WEBHOOK_DIFF_SEED=${SEED})`, () => {
       spend(caller, label, t0, undefined, id, common.endUser);
     };
 
-    /** A client that leaves a JSON call before the answer: cancelled, its id never seen (found by its end user). */
+    /** A client that leaves a JSON call before the answer: cancelled, charged its prompt, its id never seen (found by its end user). */
     const leftJson = async (step: string, caller: Caller, name: string, group: Group, m: string, body: Json, extra: Json, common: Common) => {
       stats.calls++;
       stats.leftJson++;
@@ -1000,8 +1000,9 @@ describe(`team webhooks against a model (WEBHOOK_DIFF_SEED=${SEED})`, () => {
       abort.abort();
       await sending;
       pendingUsers.add(endUser);
-      teamExpect({ step: label, ...common, endUser, endpoint: "chat", status: "cancelled", model: name, group, deployment: DEPLOYMENT[group], responseId: null, tokens: { p: 0, c: 0 }, charged: false, cacheHit: false, stream: false, t0, t1: Number.POSITIVE_INFINITY });
-      spend(caller, label, t0, 0n, undefined, endUser);
+      // Charged its prompt (an estimate): the upstream had the request.
+      teamExpect({ step: label, ...common, endUser, endpoint: "chat", status: "cancelled", model: name, group, deployment: DEPLOYMENT[group], responseId: null, tokens: "any", charged: true, cacheHit: false, stream: false, t0, t1: Number.POSITIVE_INFINITY });
+      spend(caller, label, t0, undefined, undefined, endUser);
     };
 
     /**

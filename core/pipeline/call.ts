@@ -324,6 +324,8 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
   const deadline = new Deadline(ctx.clientSignal, attemptTimeout(body, d, snapshot));
   /** A call sent in parts: the answers of the parts that succeeded, which the upstream bills should a later part fail. */
   const partsAnswered: { body: WireJson; usage: Usage }[] = [];
+  /** The request is with the upstream, which bills its prompt even if the client leaves before the answer. */
+  let withUpstream = false;
   try {
     // Fields the adapter does not translate: refused, or dropped (then the client's bytes no longer match).
     const supported = paramsFor(ep, d);
@@ -344,7 +346,10 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
       const answers = partsAnswered;
       let last = new Headers();
       for (const part of parts) {
-        const res = await send(adapter, d, buildCall(ep, part, d, undefined), deadline);
+        const call = buildCall(ep, part, d, undefined);
+        withUpstream = true;
+        const res = await send(adapter, d, call, deadline);
+        withUpstream = res.ok;
         if (!res.ok) throw await upstreamError(adapter, d, res);
         answers.push(mapAnswer(ep, (await readJson(res, d, deadline)).json, part, res.headers, d));
         last = res.headers;
@@ -354,7 +359,11 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
       if (keepPrompt && keepsAnswer(endpoint)) answer = joined.body;
       return reply(JSON.stringify(joined.body), "application/json", joined.usage, joined.body.id, last);
     }
-    const res = await send(adapter, d, buildCall(ep, sent, d, sent === body ? ctx.rawBody : undefined), deadline);
+    const call = buildCall(ep, sent, d, sent === body ? ctx.rawBody : undefined);
+    withUpstream = true;
+    const res = await send(adapter, d, call, deadline);
+    // A refusal is not billed.
+    withUpstream = res.ok;
     if (!res.ok) throw await upstreamError(adapter, d, res);
     if (streams && ep.stream) {
       const transform = ep.stream as StreamTransform<"chat" | "completions", unknown>;
@@ -394,8 +403,15 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     deadline.clear();
     const info = err instanceof GatewayError ? err.info : errorInfo(500, err instanceof Error ? err.message : String(err));
     // A client that left ends the call as cancelled, with no error (as a cancelled stream): nothing
-    // failed. Either way the parts of a split call answered before it ended are charged.
-    const used = partsAnswered.length > 0 && ep.join ? ep.join(partsAnswered, body).usage : undefined;
+    // failed. It is charged its prompt once the request was with the upstream (estimated, as
+    // budgets reserved it: no usage came back), as the upstream bills it. Either way the parts of
+    // a split call answered before it ended are charged.
+    const used =
+      partsAnswered.length > 0 && ep.join
+        ? ep.join(partsAnswered, body).usage
+        : deadline.clientGone && withUpstream
+          ? { promptTokens: promptSize(endpoint, body).estimate, completionTokens: 0 }
+          : undefined;
     finish(deadline.clientGone ? "cancelled" : "failure", used ?? ZERO, deadline.clientGone ? undefined : info, undefined, undefined, used !== undefined || deadline.clientGone);
     if (err instanceof GatewayError) {
       err.headers["x-svc-model-id"] = headerText(d.id);

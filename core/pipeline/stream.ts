@@ -73,11 +73,8 @@ export function streamResponse(a: StreamArgs): Response {
   let firstByteAt: number | undefined;
   let out = "";
   let failure: StreamFailure | undefined;
-  /** Whether the upstream sent any event (a comment or a keep-alive is none). */
-  let sawEvent = false;
 
   const onEvent = (data: string) => {
-    sawEvent = true;
     if (failure) return;
     let parts: ReturnType<typeof transform.event>;
     try {
@@ -119,9 +116,9 @@ export function streamResponse(a: StreamArgs): Response {
   };
   const end = (status: CallStatus, error?: ErrorInfo) => {
     deadline.clear();
-    // A client that left before the first event was streamed nothing: like a JSON call left
-    // before its answer, it costs nothing (an estimate would charge a prompt no one answered).
-    const used = usage ?? (status === "cancelled" && !sawEvent ? { promptTokens: 0, completionTokens: 0 } : estimated());
+    // Without the upstream's counts (a client that left, before the first event too: the upstream
+    // has the prompt and bills it, as for a JSON call left before its answer), the estimate.
+    const used = usage ?? estimated();
     a.finish(status, used, error, firstByteAt, transform.responseId?.(state));
   };
   let ended = false;
