@@ -258,6 +258,18 @@ function buildPricing(config: GatewayConfig, configPath: string, errors: string[
 export async function buildSnapshot(config: GatewayConfig, configPath: string, version: number, log: Logger, services: HostServices = {}): Promise<Snapshot> {
   const settings = resolveSettings(config);
   const plugins = await loadPlugins(config, configPath, settings, log, services);
+  try {
+    return await assemble(config, configPath, version, log, services, settings, plugins);
+  } catch (err) {
+    // Refused or failed (the store unreachable, a stored model the new master key cannot read):
+    // the plugins set up for it never serve, and must not stay subscribed to identity changes.
+    await Promise.allSettled(plugins.map((p) => p.hooks.dispose?.()));
+    throw err;
+  }
+}
+
+/** The snapshot around its plugins; throws SnapshotError listing every problem. */
+async function assemble(config: GatewayConfig, configPath: string, version: number, log: Logger, services: HostServices, settings: Settings, plugins: LoadedPlugin[]): Promise<Snapshot> {
   const errors: string[] = [];
   const providers = collectProviders(plugins, errors);
   const dbModels = (await services.loadDbModels?.(settings)) ?? [];
@@ -273,10 +285,7 @@ export async function buildSnapshot(config: GatewayConfig, configPath: string, v
   const success = [...both, ...pickCallbacks(s.success_callback ?? [], "/svc_settings/success_callback", named, errors)];
   const failure = [...both, ...pickCallbacks(s.failure_callback ?? [], "/svc_settings/failure_callback", named, errors)];
 
-  if (errors.length > 0) {
-    await Promise.allSettled(plugins.map((p) => p.hooks.dispose?.()));
-    throw new SnapshotError(errors);
-  }
+  if (errors.length > 0) throw new SnapshotError(errors);
   const hooks = plugins.map((p) => p.hooks);
   const rateLimiters = hooks.flatMap((h) => (h.rateLimiter ? [h.rateLimiter] : []));
   const budgets = hooks.flatMap((h) => (h.budget ? [h.budget] : []));

@@ -29,6 +29,11 @@ function deliver(snapshot: Snapshot, record: CallRecord, log: Logger): void {
   }
 }
 
+/** Records waiting for their delivery (tests: none once the gateway is idle). */
+export function pendingRecords(): number {
+  return queue.length;
+}
+
 function drain(): void {
   scheduled = false;
   for (const item of queue.splice(0)) deliver(item.snapshot, item.record, item.log);

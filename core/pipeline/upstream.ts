@@ -12,6 +12,11 @@ const live = new Set<Deadline>();
 const TICK_MS = 25;
 let ticker: ReturnType<typeof setInterval> | undefined;
 
+/** Deadlines armed right now and whether the ticker runs (tests: none is left once the gateway is idle). */
+export function deadlineStats(): { armed: number; ticking: boolean } {
+  return { armed: live.size, ticking: ticker !== undefined };
+}
+
 function tick(): void {
   const now = performance.now();
   for (const d of live) {

@@ -1,0 +1,432 @@
+// Leaks: what a call leaves behind once it has ended, seeded random (LEAKS_DIFF_SEED=<n> runs
+// another set, LEAKS_DIFF_STORMS=<n> more or fewer storms; every failure names the seed and the
+// storm). The gateway runs for weeks as one process, so anything a call leaves behind adds up.
+//
+// One gateway on the embedded store (rate windows and the budget ledger in memory), in front of
+// the OpenAI wire mock (faults per call, matched by a marker in its prompt), the in-process `mock/`
+// provider and a pass-through endpoint to the mock. Each storm fires a random burst of concurrent
+// calls that end every way a call can end: JSON and stream successes, an upstream 400, a 500
+// retried and then answered by a fallback group, a deployment `timeout` (408), a stream cut
+// mid-way, clients that leave while the upstream holds the answer (JSON and stream), mid-stream,
+// and on a pass-through stream, refusals by `max_parallel_requests`, `rpm_limit` and a budget,
+// cache hits, pass-through calls, bad input (invalid JSON, unknown model, a missing field), with
+// config reloads (`live.reload`) during the storm. Once the gateway is idle after each storm:
+// - what a user notices: the key with `max_parallel_requests: 3` runs 3 calls at once again (a
+//   4th is refused naming the parallel limit); the budget key's refusal says `$0 held by calls in
+//   flight`; a call's `x-ratelimit-remaining-requests` counts exactly the calls made (refusals
+//   and cache hits consume nothing);
+// - what causes it: no snapshot pinned and none retired but undisposed; no request in flight; no
+//   deadline armed and the deadline ticker stopped; no record waiting for delivery; the spend
+//   writer's queue empty after a flush; every rate window and every deployment with nothing in
+//   flight; the budget ledger with nothing reserved and no read pending; the identity cache's
+//   listeners as many as after the first storm (a reload's plugins unsubscribe when disposed);
+// - memory: after a full collection, no object type grows storm over storm by as much as one
+//   object per call (`heapStats().objectTypeCounts`, from the second storm on: the first warms
+//   caches and JIT).
+import { afterAll, beforeAll, expect, test } from "bun:test";
+import { heapStats } from "bun:jsc";
+import { MASTER_KEY, requestOk, startTestGateway, type TestGateway } from "./harness/gateway.ts";
+import { Random } from "./harness/random.ts";
+import { type MockOpenAI, startMockOpenAI } from "./mock-upstream/openai.ts";
+import { deadlineStats } from "../core/pipeline/upstream.ts";
+import { pendingRecords } from "../core/pipeline/record.ts";
+import { stateOf } from "../core/router/deployment-state.ts";
+import type { LocalWindows } from "../core/limits/local-windows.ts";
+import { counterId, type LocalLedger } from "../core/spend/ledger.ts";
+
+const SEED = Number(process.env.LEAKS_DIFF_SEED ?? 20_261_127);
+const STORMS = Number(process.env.LEAKS_DIFF_STORMS ?? 5);
+const CALLS = Number(process.env.LEAKS_DIFF_CALLS ?? 120);
+const note = (storm: number) => `(LEAKS_DIFF_SEED=${SEED}, storm ${storm})`;
+const UP_KEY = "sk-up-openai";
+const PARALLEL = 3;
+const RPM = 1_000_000;
+const SMALL_RPM = 4;
+const DEPLOYMENTS = ["dep-fast-1", "dep-fast-2", "dep-flaky", "dep-slow", "dep-pricey", "dep-local"];
+
+type Json = Record<string, unknown>;
+
+let mock: MockOpenAI;
+let gw: TestGateway;
+let parKey = "";
+let parToken = "";
+let rpmKey = "";
+let budgetKey = "";
+let budgetToken = "";
+/** Calls each limited key made that its rpm window counts (not refused, not a cache hit). */
+const counted = { par: 0, rpm: 0 };
+
+/** `masterKey`: another one cannot read the stored model's credentials, so the reload is refused. */
+function config(variant: number, masterKey = MASTER_KEY): Json {
+  const openai = (model: string, extra: Json = {}) => ({ model: `openai/${model}`, api_base: mock.url, api_key: UP_KEY, ...extra });
+  return {
+    model_list: [
+      { model_name: "fast", svc_params: openai("gpt-4o"), model_info: { id: "dep-fast-1" } },
+      { model_name: "fast", svc_params: openai("gpt-4o"), model_info: { id: "dep-fast-2" } },
+      { model_name: "flaky", svc_params: openai("gpt-4o-mini"), model_info: { id: "dep-flaky" } },
+      { model_name: "slow", svc_params: openai("gpt-4o-mini", { timeout: 0.4 }), model_info: { id: "dep-slow" } },
+      {
+        model_name: "pricey",
+        svc_params: openai("gpt-4o"),
+        model_info: { id: "dep-pricey", input_cost_per_token: 0.000001, output_cost_per_token: 0.001 },
+      },
+      { model_name: "local", svc_params: { model: "mock/local", mock_response: `cached answer ${variant}` }, model_info: { id: "dep-local" } },
+      // Changes with every reload, so each one builds and retires a snapshot.
+      { model_name: `extra-${variant}`, svc_params: { model: "mock/extra" }, model_info: { id: `dep-extra-${variant}` } },
+    ],
+    router_settings: { num_retries: 1, retry_initial_delay: 0.01, fallbacks: [{ flaky: ["fast"] }], disable_cooldowns: true },
+    svc_settings: { cache: true, cache_params: { mode: "default_off" } },
+    general_settings: {
+      master_key: masterKey,
+      pass_through_endpoints: [{ path: "/pt", target: `${mock.url}/chat/completions`, headers: { Authorization: `Bearer ${UP_KEY}` }, methods: ["POST"] }],
+    },
+  };
+}
+
+const tokenOf = (key: string) => new Bun.CryptoHasher("sha256").update(key).digest("hex");
+
+beforeAll(async () => {
+  mock = await startMockOpenAI({ apiKey: UP_KEY });
+  gw = await startTestGateway(config(0), { store: {} });
+  parKey = (await requestOk<{ key: string }>(gw, "POST", "/key/generate", { max_parallel_requests: PARALLEL, rpm_limit: RPM, tpm_limit: 1_000_000_000, max_budget: 1000 })).key;
+  rpmKey = (await requestOk<{ key: string }>(gw, "POST", "/key/generate", { rpm_limit: SMALL_RPM })).key;
+  budgetKey = (await requestOk<{ key: string }>(gw, "POST", "/key/generate", { max_budget: 1 })).key;
+  // A stored model whose credentials are encrypted with the master key: a file with another master key cannot be served.
+  await requestOk(gw, "POST", "/model/new", { model_name: "stored", svc_params: { model: "openai/gpt-4o", api_base: mock.url, api_key: UP_KEY }, model_info: { id: "dep-stored" } });
+  await gw.live.storedModelsReload;
+  parToken = tokenOf(parKey);
+  budgetToken = tokenOf(budgetKey);
+  console.log(`leaks differential: LEAKS_DIFF_SEED=${SEED}, ${STORMS} storms of ${CALLS} calls`);
+});
+
+afterAll(async () => {
+  await gw?.stop();
+  await mock?.stop();
+});
+
+// ---------------------------------------------------------------------------------------------
+// Calls
+
+const KINDS = [
+  "json",
+  "stream",
+  "upstream400",
+  "retryFallback",
+  "timeout",
+  "cutStream",
+  "leaveJson",
+  "leaveBeforeHeaders",
+  "leaveMidStream",
+  "passThrough",
+  "leavePassThrough",
+  "cache",
+  "badInput",
+  "budgetRefused",
+  "rpmKey",
+] as const;
+type Kind = (typeof KINDS)[number];
+
+interface Outcome {
+  kind: Kind;
+  key: "par" | "rpm" | "budget" | "master";
+  status: number;
+  text: string;
+  cacheHit: boolean;
+}
+
+function post(path: string, key: string, body: unknown, signal?: AbortSignal): Promise<Response> {
+  return fetch(`${gw.url}${path}`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+    body: typeof body === "string" ? body : JSON.stringify(body),
+    signal,
+  });
+}
+
+/** Resolves once the mock has received the request carrying `marker`. */
+async function arrived(marker: string, settled: { done: boolean }): Promise<void> {
+  const deadline = Date.now() + 10_000;
+  while (Date.now() < deadline && !settled.done) {
+    if (mock.requests.some((r) => JSON.stringify(r.body ?? "").includes(marker))) return;
+    await Bun.sleep(5);
+  }
+}
+
+const keyText = (k: Outcome["key"]) => (k === "par" ? parKey : k === "rpm" ? rpmKey : k === "budget" ? budgetKey : MASTER_KEY);
+
+/** One call of `kind`; the answer as the client saw it (status 0: the client left). */
+async function oneCall(kind: Kind, marker: string, rnd: Random): Promise<Outcome> {
+  const key: Outcome["key"] = kind === "budgetRefused" ? "budget" : kind === "rpmKey" ? "rpm" : rnd.chance(0.8) ? "par" : "master";
+  const k = keyText(key);
+  const messages = [{ role: "user", content: `hello ${marker}` }];
+  const out = (status: number, text: string, cacheHit = false): Outcome => ({ kind, key, status, text, cacheHit });
+  const finish = async (res: Response) => out(res.status, await res.text(), res.headers.get("x-svc-cache-hit") === "true");
+  switch (kind) {
+    case "json":
+    case "rpmKey":
+      return finish(await post("/v1/chat/completions", k, { model: "fast", messages, max_tokens: 20 }));
+    case "stream":
+      return finish(await post("/v1/chat/completions", k, { model: "fast", messages, stream: true, max_tokens: 20 }));
+    case "upstream400":
+      mock.fault({ kind: "status", status: 400, match: marker });
+      return finish(await post("/v1/chat/completions", k, { model: "flaky", messages }));
+    case "retryFallback":
+      mock.fault({ kind: "status", status: 500, match: marker }, { kind: "status", status: 503, match: marker });
+      return finish(await post("/v1/chat/completions", k, { model: "flaky", messages, stream: rnd.chance(0.5) }));
+    case "timeout":
+      mock.fault({ kind: "delay", ms: 1200, match: marker });
+      return finish(await post("/v1/chat/completions", k, { model: "slow", messages, stream: rnd.chance(0.5) }));
+    case "cutStream":
+      mock.fault({ kind: "cutStream", afterChunks: 1 + rnd.int(3), match: marker });
+      return finish(await post("/v1/chat/completions", k, { model: "fast", messages, stream: rnd.chance(0.7) }));
+    case "leaveJson":
+    case "leaveBeforeHeaders": {
+      // The upstream holds its answer; the client leaves once the upstream has the request (or is refused before).
+      mock.fault({ kind: "hang", match: marker });
+      const ac = new AbortController();
+      const settled = { done: false };
+      const answer = post("/v1/chat/completions", k, { model: "fast", messages, stream: kind === "leaveBeforeHeaders" }, ac.signal).then(
+        async (res) => {
+          settled.done = true;
+          return out(res.status, await res.text());
+        },
+        () => out(0, ""),
+      );
+      await arrived(marker, settled);
+      ac.abort();
+      return answer;
+    }
+    case "leaveMidStream":
+    case "leavePassThrough": {
+      mock.fault({ kind: "slowStream", chunkDelayMs: 30, chunks: 40, match: marker });
+      const ac = new AbortController();
+      const body = { model: kind === "leavePassThrough" ? "gpt-4o" : "fast", messages, stream: true };
+      let res: Response;
+      try {
+        res = await post(kind === "leavePassThrough" ? "/pt" : "/v1/chat/completions", k, body, ac.signal);
+      } catch {
+        return out(0, "");
+      }
+      if (res.status !== 200) return out(res.status, await res.text());
+      const reader = res.body!.getReader();
+      const reads = rnd.int(4);
+      try {
+        for (let i = 0; i < reads; i++) if ((await reader.read()).done) break;
+      } catch {}
+      ac.abort();
+      await reader.cancel().catch(() => undefined);
+      return out(0, "");
+    }
+    case "passThrough":
+      return finish(await post("/pt", k, { model: "gpt-4o", messages, stream: rnd.chance(0.5) }));
+    case "cache":
+      // A few prompts only, so most are hits once one answer is stored.
+      return finish(await post("/v1/chat/completions", k, { model: "local", messages: [{ role: "user", content: `cache me ${rnd.int(3)}` }], caching: true, stream: rnd.chance(0.5) }));
+    case "badInput": {
+      const bad = rnd.pick(["{not json", JSON.stringify({ model: "no-such-model", messages }), JSON.stringify({ model: "fast" }), JSON.stringify({ model: "fast", messages, temperature: 9 })]);
+      return finish(await post("/v1/chat/completions", k, bad));
+    }
+    case "budgetRefused":
+      // Its worst case ($5 at max_tokens 5000) can never fit the key's $1.
+      return finish(await post("/v1/chat/completions", k, { model: "pricey", messages, max_tokens: 5000 }));
+  }
+}
+
+/** Whether the key's rpm window counts this call: it reached the limits and was neither refused nor answered from the cache. */
+function countsInWindow(o: Outcome): boolean {
+  if (o.kind === "badInput" || o.kind === "budgetRefused") return false;
+  if (o.cacheHit) return false;
+  if (o.status === 429 && /Rate limit exceeded|No deployments available/.test(o.text)) return false;
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Idle state
+
+interface Internals {
+  inFlight: number;
+  pins: number;
+  retired: number;
+  deadlines: { armed: number; ticking: boolean };
+  records: number;
+  spendPending: number;
+  windowsInFlight: [string, number][];
+  deploymentsInFlight: [string, number][];
+  reserved: [string, string][];
+  loading: number;
+  listeners: number;
+}
+
+function internals(): Internals {
+  const live = gw.live as unknown as { inFlight: number; pins: Map<unknown, number>; retired: Set<unknown> };
+  const windows = gw.host!.services.rateWindows as unknown as { windows: Map<string, { inFlight: number }> };
+  const ledger = gw.host!.services.ledger as unknown as { entries: Map<string, { reserved: bigint }>; loading: Map<string, unknown> };
+  const identity = gw.host!.services.identity as unknown as { listeners: Set<unknown> };
+  return {
+    inFlight: live.inFlight,
+    pins: live.pins.size,
+    retired: live.retired.size,
+    deadlines: deadlineStats(),
+    records: pendingRecords(),
+    spendPending: gw.host!.spendWriter.pending,
+    windowsInFlight: [...windows.windows].filter(([, w]) => w.inFlight !== 0).map(([id, w]) => [id, w.inFlight]),
+    deploymentsInFlight: DEPLOYMENTS.map((id): [string, number] => [id, stateOf(id).inFlight]).filter(([, n]) => n !== 0),
+    reserved: [...ledger.entries].filter(([, e]) => e.reserved !== 0n).map(([id, e]) => [id, String(e.reserved)]),
+    loading: ledger.loading.size,
+    listeners: identity.listeners.size,
+  };
+}
+
+const IDLE: Omit<Internals, "listeners"> = {
+  inFlight: 0,
+  pins: 0,
+  retired: 0,
+  deadlines: { armed: 0, ticking: false },
+  records: 0,
+  spendPending: 0,
+  windowsInFlight: [],
+  deploymentsInFlight: [],
+  reserved: [],
+  loading: 0,
+};
+
+async function waitIdle(storm: number): Promise<void> {
+  let last: Internals | undefined;
+  const end = Date.now() + 10_000;
+  for (;;) {
+    await gw.host!.spendWriter.flush();
+    last = internals();
+    const { listeners: _, ...rest } = last;
+    if (Bun.deepEquals(rest, IDLE)) return;
+    if (Date.now() > end) break;
+    await Bun.sleep(50);
+  }
+  const { listeners: _, ...rest } = last;
+  expect(rest, `the gateway is not idle after the storm ${note(storm)}`).toEqual(IDLE);
+}
+
+/** What a user notices: the parallel limit, the budget's reservations and the rpm window as they were. */
+async function userChecks(storm: number): Promise<void> {
+  // max_parallel_requests: PARALLEL calls at once again, one more refused.
+  const hold = Array.from({ length: PARALLEL }, (_, i) => `hold-${storm}-${i}`);
+  const acs = hold.map(() => new AbortController());
+  for (const m of hold) mock.fault({ kind: "hang", match: m });
+  const held = hold.map((m, i) =>
+    post("/v1/chat/completions", parKey, { model: "fast", messages: [{ role: "user", content: m }] }, acs[i]!.signal).then(
+      async (r) => ({ status: r.status, text: await r.text() }),
+      () => ({ status: 0, text: "" }),
+    ),
+  );
+  for (const m of hold) await arrived(m, { done: false });
+  const arrivedAll = hold.every((m) => mock.requests.some((r) => JSON.stringify(r.body ?? "").includes(m)));
+  const extra = await post("/v1/chat/completions", parKey, { model: "local", messages: [{ role: "user", content: "one too many" }] });
+  const extraText = await extra.text();
+  for (const ac of acs) ac.abort();
+  const heldAnswers = await Promise.all(held);
+  expect(arrivedAll, `a key with max_parallel_requests ${PARALLEL} could not run ${PARALLEL} calls at once: ${JSON.stringify(heldAnswers)} ${note(storm)}`).toBe(true);
+  expect(extra.status, `one call more than max_parallel_requests ${note(storm)}: ${extraText}`).toBe(429);
+  expect(extraText).toContain(`parallel requests limit ${PARALLEL}, ${PARALLEL} requests in flight`);
+  counted.par += PARALLEL;
+  await waitIdle(storm);
+
+  // The budget: nothing held by calls in flight (its worst case is refused, naming what is held).
+  const refused = await post("/v1/chat/completions", budgetKey, { model: "pricey", messages: [{ role: "user", content: "how much is held?" }], max_tokens: 5000 });
+  const refusedText = await refused.text();
+  expect(refused.status, `${refusedText} ${note(storm)}`).toBe(400);
+  expect(refusedText, `the budget key's reservations after the storm ${note(storm)}`).toContain("$0 held by calls in flight");
+  const ledger = gw.host!.services.ledger as LocalLedger;
+  expect(ledger.peek(counterId("key", budgetToken))?.reserved ?? 0n).toBe(0n);
+  expect(ledger.peek(counterId("key", parToken))?.reserved ?? 0n).toBe(0n);
+
+  // The rpm window: exactly the calls made (refusals and cache hits consume nothing).
+  const probe = await post("/v1/chat/completions", parKey, { model: "local", messages: [{ role: "user", content: `count ${storm}` }] });
+  await probe.text();
+  counted.par += 1;
+  expect(probe.headers.get("x-ratelimit-remaining-requests"), `calls counted in the rpm window of the parallel key ${note(storm)}`).toBe(String(RPM - counted.par));
+  const windows = gw.host!.services.rateWindows as LocalWindows;
+  expect(windows.usage(`key:${tokenOf(rpmKey)}`), `the rpm key's window ${note(storm)}`).toEqual({ requests: Math.min(SMALL_RPM, counted.rpm), tokens: expect.any(Number), inFlight: 0 });
+  await waitIdle(storm);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Storms
+
+function heapCounts(): Record<string, number> {
+  Bun.gc(true);
+  Bun.gc(true);
+  return { ...heapStats().objectTypeCounts };
+}
+
+test("calls that end every way leave nothing behind", async () => {
+  const rnd = new Random(SEED);
+  const counts: Record<string, number>[] = [];
+  // As many as the serving snapshot's plugins and the host hold: a snapshot's plugins unsubscribe when it is disposed or refused.
+  const listeners = internals().listeners;
+  let variant = 0;
+  for (let storm = 1; storm <= STORMS; storm++) {
+    const plan = Array.from({ length: CALLS }, () => rnd.pick(KINDS));
+    const seeds = plan.map(() => rnd.int(2 ** 31));
+    const reloads = [rnd.int(CALLS), rnd.int(CALLS)];
+    const refusedReloads = [rnd.int(CALLS), rnd.int(CALLS)];
+    const calls: Promise<Outcome>[] = [];
+    const reloading: Promise<boolean>[] = [];
+    let reloadChain: Promise<boolean> = Promise.resolve(true);
+    /** Queues a reload step behind the others; its result says whether it went as planned. */
+    const queueReload = (step: () => Promise<boolean>) => {
+      reloadChain = reloadChain.then(step);
+      reloading.push(reloadChain);
+    };
+    for (let i = 0; i < CALLS; i++) {
+      // Reloads run one after another (each writes the file it reloads), while the calls go on.
+      if (reloads.includes(i)) {
+        const v = ++variant;
+        queueReload(async () => {
+          gw.writeConfig(config(v));
+          return (await gw.live.reload("leaks differential", true)).ok;
+        });
+      }
+      if (refusedReloads.includes(i)) {
+        // Refused: a master key that cannot decrypt the stored model, or a file the schema refuses. The previous config keeps serving.
+        const anotherKey = rnd.chance(0.5);
+        queueReload(async () => {
+          const file = await Bun.file(gw.configPath).text();
+          gw.writeConfig(anotherKey ? config(variant, "sk-another-master-key") : { model_list: "not a list" });
+          const r = await gw.live.reload("leaks differential (refused)", true);
+          gw.writeConfig(file);
+          return !r.ok;
+        });
+      }
+      calls.push(oneCall(plan[i]!, `m${storm}x${i}x`, new Random(seeds[i]!)));
+      // Bursts of a few calls at once, then a short breath, so the parallel limit both refuses and admits.
+      if (i % 8 === 7) await Bun.sleep(rnd.int(30));
+    }
+    const outcomes = await Promise.all(calls);
+    for (const asPlanned of await Promise.all(reloading)) expect(asPlanned, `a reload served or refused as planned ${note(storm)}`).toBe(true);
+    for (const o of outcomes) {
+      // Never a 5xx of the gateway's own (an upstream 5xx after retries and fallback is not planned: the fallback answers).
+      if (o.status >= 500) throw new Error(`a ${o.kind} call answered ${o.status}: ${o.text} ${note(storm)}`);
+      if (o.key === "par" && countsInWindow(o)) counted.par++;
+      if (o.key === "rpm" && countsInWindow(o)) counted.rpm++;
+    }
+    const tally: Record<string, number> = {};
+    for (const o of outcomes) tally[`${o.kind}:${o.status}`] = (tally[`${o.kind}:${o.status}`] ?? 0) + 1;
+    await waitIdle(storm);
+    await userChecks(storm);
+    mock.reset();
+    expect(internals().listeners, `identity listeners (plugins of snapshots built and retired or refused) after storm ${storm} ${note(storm)}`).toBe(listeners);
+    counts.push(heapCounts());
+    console.log(`storm ${storm}: ${JSON.stringify(tally)}; heap objects ${heapStats().objectCount}`);
+  }
+  // From the second storm on, no object type grows by as much as one object per call.
+  if (counts.length >= 3) {
+    const first = counts[1]!;
+    const last = counts[counts.length - 1]!;
+    const calls = CALLS * (counts.length - 2);
+    const grown = Object.keys(last)
+      .map((type) => [type, (last[type] ?? 0) - (first[type] ?? 0)] as const)
+      .filter(([, d]) => d >= calls)
+      .sort((a, b) => b[1] - a[1]);
+    if (process.env.LEAKS_DIFF_VERBOSE) console.log(Object.keys(last).map((t) => [t, (last[t] ?? 0) - (first[t] ?? 0)] as const).sort((a, b) => b[1] - a[1]).slice(0, 15));
+    expect(grown, `object types that grew by ${calls} or more over ${counts.length - 2} storms of ${CALLS} calls ${note(STORMS)}`).toEqual([]);
+  }
+}, 120_000);
