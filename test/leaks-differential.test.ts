@@ -27,6 +27,7 @@ import { afterAll, beforeAll, expect, test } from "bun:test";
 import { heapStats } from "bun:jsc";
 import { MASTER_KEY, requestOk, startTestGateway, type TestGateway } from "./harness/gateway.ts";
 import { Random } from "./harness/random.ts";
+import { redisReachable } from "./harness/util.ts";
 import { type MockOpenAI, startMockOpenAI } from "./mock-upstream/openai.ts";
 import { deadlineStats } from "../core/pipeline/upstream.ts";
 import { pendingRecords } from "../core/pipeline/record.ts";
@@ -37,7 +38,7 @@ import { counterId, type LocalLedger } from "../core/spend/ledger.ts";
 const SEED = Number(process.env.LEAKS_DIFF_SEED ?? 20_261_127);
 const STORMS = Number(process.env.LEAKS_DIFF_STORMS ?? 5);
 const CALLS = Number(process.env.LEAKS_DIFF_CALLS ?? 120);
-const note = (storm: number) => `(LEAKS_DIFF_SEED=${SEED}, storm ${storm})`;
+const note = (storm: number) => `(LEAKS_DIFF_SEED=${SEED}, ${mode}, storm ${storm})`;
 const UP_KEY = "sk-up-openai";
 const PARALLEL = 3;
 const RPM = 1_000_000;
@@ -48,13 +49,20 @@ type Json = Record<string, unknown>;
 
 let mock: MockOpenAI;
 let gw: TestGateway;
+let mode: Mode = "memory";
 let parKey = "";
 let parToken = "";
 let rpmKey = "";
+/** Limits and a budget that admit every call of a storm: each call takes and ends leases on them. */
+let wideKey = "";
 let budgetKey = "";
 let budgetToken = "";
 /** Calls each limited key made that its rpm window counts (not refused, not a cache hit). */
-const counted = { par: 0, rpm: 0 };
+const counted = { par: 0, rpm: 0, wide: 0 };
+
+/** Where the rate windows and the budget ledger live. */
+type Mode = "memory" | "redis";
+const REDIS_URL = process.env.REDIS_URL ?? "redis://127.0.0.1:6379";
 
 /** `masterKey`: another one cannot read the stored model's credentials, so the reload is refused. */
 function config(variant: number, masterKey = MASTER_KEY): Json {
@@ -85,18 +93,27 @@ function config(variant: number, masterKey = MASTER_KEY): Json {
 
 const tokenOf = (key: string) => new Bun.CryptoHasher("sha256").update(key).digest("hex");
 
-beforeAll(async () => {
-  mock = await startMockOpenAI({ apiKey: UP_KEY });
-  gw = await startTestGateway(config(0), { store: {} });
+/** A gateway on the embedded store (with Redis for windows and ledger in "redis" mode), its keys and a stored model. */
+async function start(m: Mode): Promise<void> {
+  mode = m;
+  counted.par = 0;
+  counted.rpm = 0;
+  counted.wide = 0;
+  gw = await startTestGateway(config(0), { store: m === "redis" ? { redisUrl: REDIS_URL } : {} });
   parKey = (await requestOk<{ key: string }>(gw, "POST", "/key/generate", { max_parallel_requests: PARALLEL, rpm_limit: RPM, tpm_limit: 1_000_000_000, max_budget: 1000 })).key;
   rpmKey = (await requestOk<{ key: string }>(gw, "POST", "/key/generate", { rpm_limit: SMALL_RPM })).key;
+  wideKey = (await requestOk<{ key: string }>(gw, "POST", "/key/generate", { max_parallel_requests: 1000, rpm_limit: RPM, tpm_limit: 1_000_000_000, max_budget: 1000 })).key;
   budgetKey = (await requestOk<{ key: string }>(gw, "POST", "/key/generate", { max_budget: 1 })).key;
   // A stored model whose credentials are encrypted with the master key: a file with another master key cannot be served.
   await requestOk(gw, "POST", "/model/new", { model_name: "stored", svc_params: { model: "openai/gpt-4o", api_base: mock.url, api_key: UP_KEY }, model_info: { id: "dep-stored" } });
   await gw.live.storedModelsReload;
   parToken = tokenOf(parKey);
   budgetToken = tokenOf(budgetKey);
-  console.log(`leaks differential: LEAKS_DIFF_SEED=${SEED}, ${STORMS} storms of ${CALLS} calls`);
+}
+
+beforeAll(async () => {
+  mock = await startMockOpenAI({ apiKey: UP_KEY });
+  console.log(`leaks differential: LEAKS_DIFF_SEED=${SEED}, ${STORMS} storms of ${CALLS} calls per mode`);
 });
 
 afterAll(async () => {
@@ -123,12 +140,17 @@ const KINDS = [
   "badInput",
   "budgetRefused",
   "rpmKey",
+  "stallMidStream",
+  "leaveDuringBackoff",
+  "gemini",
+  "leaveGemini",
+  "embeddings",
 ] as const;
 type Kind = (typeof KINDS)[number];
 
 interface Outcome {
   kind: Kind;
-  key: "par" | "rpm" | "budget" | "master";
+  key: "par" | "wide" | "rpm" | "budget" | "master";
   status: number;
   text: string;
   cacheHit: boolean;
@@ -152,11 +174,11 @@ async function arrived(marker: string, settled: { done: boolean }): Promise<void
   }
 }
 
-const keyText = (k: Outcome["key"]) => (k === "par" ? parKey : k === "rpm" ? rpmKey : k === "budget" ? budgetKey : MASTER_KEY);
+const keyText = (k: Outcome["key"]) => ({ par: parKey, wide: wideKey, rpm: rpmKey, budget: budgetKey, master: MASTER_KEY })[k];
 
 /** One call of `kind`; the answer as the client saw it (status 0: the client left). */
 async function oneCall(kind: Kind, marker: string, rnd: Random): Promise<Outcome> {
-  const key: Outcome["key"] = kind === "budgetRefused" ? "budget" : kind === "rpmKey" ? "rpm" : rnd.chance(0.8) ? "par" : "master";
+  const key: Outcome["key"] = kind === "budgetRefused" ? "budget" : kind === "rpmKey" ? "rpm" : rnd.pick(["par", "par", "wide", "wide", "wide", "master"] as const);
   const k = keyText(key);
   const messages = [{ role: "user", content: `hello ${marker}` }];
   const out = (status: number, text: string, cacheHit = false): Outcome => ({ kind, key, status, text, cacheHit });
@@ -226,6 +248,55 @@ async function oneCall(kind: Kind, marker: string, rnd: Random): Promise<Outcome
       const bad = rnd.pick(["{not json", JSON.stringify({ model: "no-such-model", messages }), JSON.stringify({ model: "fast" }), JSON.stringify({ model: "fast", messages, temperature: 9 })]);
       return finish(await post("/v1/chat/completions", k, bad));
     }
+    case "stallMidStream":
+      // The stream starts, then the upstream goes quiet for longer than the deployment's timeout: a 408 event ends it.
+      mock.fault({ kind: "slowStream", chunkDelayMs: 700, chunks: 3, match: marker });
+      return finish(await post("/v1/chat/completions", k, { model: "slow", messages, stream: true }));
+    case "leaveDuringBackoff": {
+      // An upstream 429 asks for 2 s before the retry (the group's only deployment): the client leaves while the router waits.
+      mock.fault({ kind: "status", status: 429, headers: { "retry-after": "2" }, match: marker });
+      const ac = new AbortController();
+      const settled = { done: false };
+      const answer = post("/v1/chat/completions", k, { model: "flaky", messages, stream: rnd.chance(0.5) }, ac.signal).then(
+        async (res) => {
+          settled.done = true;
+          return out(res.status, await res.text());
+        },
+        () => out(0, ""),
+      );
+      await arrived(marker, settled);
+      await Bun.sleep(100 + rnd.int(200));
+      ac.abort();
+      return answer;
+    }
+    case "gemini":
+    case "leaveGemini": {
+      const stream = kind === "leaveGemini" || rnd.chance(0.5);
+      if (kind === "leaveGemini") mock.fault({ kind: "slowStream", chunkDelayMs: 30, chunks: 40, match: marker });
+      const ac = new AbortController();
+      const url = `${gw.url}/v1beta/models/fast:${stream ? "streamGenerateContent?alt=sse" : "generateContent"}`;
+      let res: Response;
+      try {
+        res = await fetch(url, {
+          method: "POST",
+          headers: { "x-goog-api-key": k, "content-type": "application/json" },
+          body: JSON.stringify({ contents: [{ role: "user", parts: [{ text: `hello ${marker}` }] }] }),
+          signal: ac.signal,
+        });
+      } catch {
+        return out(0, "");
+      }
+      if (kind === "gemini" || res.status !== 200) return finish(res);
+      const reader = res.body!.getReader();
+      try {
+        for (let i = rnd.int(4); i > 0; i--) if ((await reader.read()).done) break;
+      } catch {}
+      ac.abort();
+      await reader.cancel().catch(() => undefined);
+      return out(0, "");
+    }
+    case "embeddings":
+      return finish(await post("/v1/embeddings", k, { model: "fast", input: rnd.chance(0.5) ? `embed ${marker}` : [`a ${marker}`, `b ${marker}`] }));
     case "budgetRefused":
       // Its worst case ($5 at max_tokens 5000) can never fit the key's $1.
       return finish(await post("/v1/chat/completions", k, { model: "pricey", messages, max_tokens: 5000 }));
@@ -254,13 +325,35 @@ interface Internals {
   deploymentsInFlight: [string, number][];
   reserved: [string, string][];
   loading: number;
+  redis: [string, string][];
   listeners: number;
 }
 
-function internals(): Internals {
+/** The in-process windows and ledger (with Redis: their local stand-ins, used while Redis is away). */
+function localParts(): { windows: Map<string, { inFlight: number }>; ledger: { entries: Map<string, { reserved: bigint }>; loading: Map<string, unknown> } } {
+  const services = gw.host!.services as unknown as { rateWindows: { local?: unknown }; ledger: { local?: unknown } };
+  const windows = (services.rateWindows.local ?? services.rateWindows) as { windows: Map<string, { inFlight: number }> };
+  const ledger = (services.ledger.local ?? services.ledger) as { entries: Map<string, { reserved: bigint }>; loading: Map<string, unknown> };
+  return { windows: windows.windows, ledger };
+}
+
+/** With Redis: the keys' requests in flight (`svc:rl:{key:…}:p`) and their budget reservations (`svc:budget:key:…` field r). */
+async function redisHeld(): Promise<[string, string][]> {
+  if (mode !== "redis") return [];
+  const redis = gw.host!.redis!.client;
+  const held: [string, string][] = [];
+  for (const token of [parToken, budgetToken, tokenOf(rpmKey), tokenOf(wideKey)]) {
+    const inFlight = await redis.zcard(`svc:rl:{key:${token}}:p`);
+    if (inFlight !== 0) held.push([`in flight key:${token.slice(0, 8)}`, String(inFlight)]);
+    const reserved = (await redis.hget(`svc:budget:key:${token}`, "r")) ?? "0";
+    if (reserved !== "0") held.push([`reserved key:${token.slice(0, 8)}`, reserved]);
+  }
+  return held;
+}
+
+async function internals(): Promise<Internals> {
   const live = gw.live as unknown as { inFlight: number; pins: Map<unknown, number>; retired: Set<unknown> };
-  const windows = gw.host!.services.rateWindows as unknown as { windows: Map<string, { inFlight: number }> };
-  const ledger = gw.host!.services.ledger as unknown as { entries: Map<string, { reserved: bigint }>; loading: Map<string, unknown> };
+  const { windows, ledger } = localParts();
   const identity = gw.host!.services.identity as unknown as { listeners: Set<unknown> };
   return {
     inFlight: live.inFlight,
@@ -269,10 +362,11 @@ function internals(): Internals {
     deadlines: deadlineStats(),
     records: pendingRecords(),
     spendPending: gw.host!.spendWriter.pending,
-    windowsInFlight: [...windows.windows].filter(([, w]) => w.inFlight !== 0).map(([id, w]) => [id, w.inFlight]),
+    windowsInFlight: [...windows].filter(([, w]) => w.inFlight !== 0).map(([id, w]) => [id, w.inFlight]),
     deploymentsInFlight: DEPLOYMENTS.map((id): [string, number] => [id, stateOf(id).inFlight]).filter(([, n]) => n !== 0),
-    reserved: [...ledger.entries].filter(([, e]) => e.reserved !== 0n).map(([id, e]) => [id, String(e.reserved)]),
+    reserved: [...ledger.entries].filter(([, e]) => e.reserved !== 0n).map(([id, e]): [string, string] => [id, String(e.reserved)]),
     loading: ledger.loading.size,
+    redis: await redisHeld(),
     listeners: identity.listeners.size,
   };
 }
@@ -288,6 +382,7 @@ const IDLE: Omit<Internals, "listeners"> = {
   deploymentsInFlight: [],
   reserved: [],
   loading: 0,
+  redis: [],
 };
 
 async function waitIdle(storm: number): Promise<void> {
@@ -295,7 +390,7 @@ async function waitIdle(storm: number): Promise<void> {
   const end = Date.now() + 10_000;
   for (;;) {
     await gw.host!.spendWriter.flush();
-    last = internals();
+    last = await internals();
     const { listeners: _, ...rest } = last;
     if (Bun.deepEquals(rest, IDLE)) return;
     if (Date.now() > end) break;
@@ -334,7 +429,7 @@ async function userChecks(storm: number): Promise<void> {
   const refusedText = await refused.text();
   expect(refused.status, `${refusedText} ${note(storm)}`).toBe(400);
   expect(refusedText, `the budget key's reservations after the storm ${note(storm)}`).toContain("$0 held by calls in flight");
-  const ledger = gw.host!.services.ledger as LocalLedger;
+  const ledger = localParts().ledger as unknown as LocalLedger;
   expect(ledger.peek(counterId("key", budgetToken))?.reserved ?? 0n).toBe(0n);
   expect(ledger.peek(counterId("key", parToken))?.reserved ?? 0n).toBe(0n);
 
@@ -343,8 +438,20 @@ async function userChecks(storm: number): Promise<void> {
   await probe.text();
   counted.par += 1;
   expect(probe.headers.get("x-ratelimit-remaining-requests"), `calls counted in the rpm window of the parallel key ${note(storm)}`).toBe(String(RPM - counted.par));
-  const windows = gw.host!.services.rateWindows as LocalWindows;
-  expect(windows.usage(`key:${tokenOf(rpmKey)}`), `the rpm key's window ${note(storm)}`).toEqual({ requests: Math.min(SMALL_RPM, counted.rpm), tokens: expect.any(Number), inFlight: 0 });
+  const wideProbe = await post("/v1/chat/completions", wideKey, { model: "local", messages: [{ role: "user", content: `count ${storm}` }] });
+  await wideProbe.text();
+  counted.wide += 1;
+  expect(wideProbe.headers.get("x-ratelimit-remaining-requests"), `calls counted in the rpm window of the wide key ${note(storm)}`).toBe(String(RPM - counted.wide));
+  const rpmProbe = await post("/v1/chat/completions", rpmKey, { model: "local", messages: [{ role: "user", content: `count ${storm}` }] });
+  const rpmText = await rpmProbe.text();
+  if (counted.rpm < SMALL_RPM) {
+    counted.rpm++;
+    expect(rpmProbe.headers.get("x-ratelimit-remaining-requests"), `calls counted in the rpm window of the rpm key ${note(storm)}`).toBe(String(SMALL_RPM - counted.rpm));
+  } else expect(rpmText, `the rpm key after ${counted.rpm} calls ${note(storm)}`).toContain(`requests per minute limit ${SMALL_RPM}, ${SMALL_RPM} used in the last 60 s`);
+  if (mode === "memory") {
+    const windows = gw.host!.services.rateWindows as LocalWindows;
+    expect(windows.usage(`key:${tokenOf(rpmKey)}`), `the rpm key's window ${note(storm)}`).toEqual({ requests: Math.min(SMALL_RPM, counted.rpm), tokens: expect.any(Number), inFlight: 0 });
+  }
   await waitIdle(storm);
 }
 
@@ -357,11 +464,13 @@ function heapCounts(): Record<string, number> {
   return { ...heapStats().objectTypeCounts };
 }
 
-test("calls that end every way leave nothing behind", async () => {
+async function storms(m: Mode): Promise<void> {
+  await gw?.stop();
+  await start(m);
   const rnd = new Random(SEED);
   const counts: Record<string, number>[] = [];
   // As many as the serving snapshot's plugins and the host hold: a snapshot's plugins unsubscribe when it is disposed or refused.
-  const listeners = internals().listeners;
+  const listeners = (await internals()).listeners;
   let variant = 0;
   for (let storm = 1; storm <= STORMS; storm++) {
     const plan = Array.from({ length: CALLS }, () => rnd.pick(KINDS));
@@ -407,13 +516,14 @@ test("calls that end every way leave nothing behind", async () => {
       if (o.status >= 500) throw new Error(`a ${o.kind} call answered ${o.status}: ${o.text} ${note(storm)}`);
       if (o.key === "par" && countsInWindow(o)) counted.par++;
       if (o.key === "rpm" && countsInWindow(o)) counted.rpm++;
+      if (o.key === "wide" && countsInWindow(o)) counted.wide++;
     }
     const tally: Record<string, number> = {};
     for (const o of outcomes) tally[`${o.kind}:${o.status}`] = (tally[`${o.kind}:${o.status}`] ?? 0) + 1;
     await waitIdle(storm);
     await userChecks(storm);
     mock.reset();
-    expect(internals().listeners, `identity listeners (plugins of snapshots built and retired or refused) after storm ${storm} ${note(storm)}`).toBe(listeners);
+    expect((await internals()).listeners, `identity listeners (plugins of snapshots built and retired or refused) after storm ${storm} ${note(storm)}`).toBe(listeners);
     counts.push(heapCounts());
     console.log(`storm ${storm}: ${JSON.stringify(tally)}; heap objects ${heapStats().objectCount}`);
   }
@@ -429,4 +539,8 @@ test("calls that end every way leave nothing behind", async () => {
     if (process.env.LEAKS_DIFF_VERBOSE) console.log(Object.keys(last).map((t) => [t, (last[t] ?? 0) - (first[t] ?? 0)] as const).sort((a, b) => b[1] - a[1]).slice(0, 15));
     expect(grown, `object types that grew by ${calls} or more over ${counts.length - 2} storms of ${CALLS} calls ${note(STORMS)}`).toEqual([]);
   }
-}, 120_000);
+}
+
+test("calls that end every way leave nothing behind (windows and ledger in memory)", () => storms("memory"), 120_000);
+
+test.skipIf(!(await redisReachable(REDIS_URL)))("calls that end every way leave nothing behind (windows and ledger in Redis)", () => storms("redis"), 120_000);
