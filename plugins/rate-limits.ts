@@ -109,6 +109,12 @@ function modelCounter(out: RateCounter[], id: string, label: string, row: ModelL
 /** The counter of what guaranteed keys leave of a group's capacity: `group_shared:<group>`. */
 const SHARED_POOL = "group_shared:";
 
+/**
+ * Groups whose reserved sums are kept at once. A wildcard route makes a group of every model name
+ * a client sends (`openai/<anything>`): past this many, the sums start over instead of growing.
+ */
+const RESERVED_CACHE_LIMIT = 1000;
+
 class Throughput {
   private readonly reserved = new Map<string, number>();
 
@@ -123,6 +129,7 @@ class Throughput {
     let sum = this.reserved.get(id);
     if (sum === undefined) {
       sum = reservedOn(this.identity.keys.values(), this.identity.teams, group, kind);
+      if (this.reserved.size >= RESERVED_CACHE_LIMIT) this.reserved.clear();
       this.reserved.set(id, sum);
     }
     return sum;

@@ -79,6 +79,8 @@ function config(variant: number, masterKey = MASTER_KEY): Json {
         model_info: { id: "dep-pricey", input_cost_per_token: 0.000001, output_cost_per_token: 0.001 },
       },
       { model_name: "local", svc_params: { model: "mock/local", mock_response: `cached answer ${variant}` }, model_info: { id: "dep-local" } },
+      // A wildcard route with a capacity: every model name a client sends under it is a model group of its own.
+      { model_name: "wild/*", svc_params: { model: "mock/*", rpm: 1_000_000 }, model_info: { id: "dep-wild" } },
       // Changes with every reload, so each one builds and retires a snapshot.
       { model_name: `extra-${variant}`, svc_params: { model: "mock/extra" }, model_info: { id: `dep-extra-${variant}` } },
     ],
@@ -542,5 +544,36 @@ async function storms(m: Mode): Promise<void> {
 }
 
 test("calls that end every way leave nothing behind (windows and ledger in memory)", () => storms("memory"), 120_000);
+
+// Model names a client makes up under a wildcard route: the gateway keeps at most so many per-name
+// entries (its table of wildcard matches holds 1,000), so once those are full, more names add nothing
+// (half an object per call is the tolerance).
+test("model names a client makes up leave nothing behind", async () => {
+  if (!gw || mode !== "memory") {
+    await gw?.stop();
+    await start("memory");
+  }
+  const names = async (prefix: string, n: number) => {
+    for (let i = 0; i < n; i += 10) {
+      const batch = Array.from({ length: Math.min(10, n - i) }, (_, j) =>
+        post("/v1/chat/completions", wideKey, { model: `wild/${prefix}-${i + j}`, messages: [{ role: "user", content: "hi" }] }).then(async (r) => {
+          const text = await r.text();
+          if (r.status !== 200) throw new Error(`wild/${prefix}-${i + j}: ${r.status} ${text}`);
+        }),
+      );
+      await Promise.all(batch);
+    }
+    await waitIdle(0);
+    return heapCounts();
+  };
+  await names("warm", 1200);
+  const before = await names("more", 300);
+  const after = await names("yet-more", 2400);
+  const grown = Object.keys(after)
+    .map((type) => [type, (after[type] ?? 0) - (before[type] ?? 0)] as const)
+    .filter(([, d]) => d >= 1200);
+  if (process.env.LEAKS_DIFF_VERBOSE) console.log(Object.keys(after).map((t) => [t, (after[t] ?? 0) - (before[t] ?? 0)] as const).sort((a, b) => b[1] - a[1]).slice(0, 8));
+  expect(grown, `object types that grew by 1,200 or more over 2,400 calls with new model names (LEAKS_DIFF_SEED=${SEED})`).toEqual([]);
+}, 60_000);
 
 test.skipIf(!(await redisReachable(REDIS_URL)))("calls that end every way leave nothing behind (windows and ledger in Redis)", () => storms("redis"), 120_000);
