@@ -27,7 +27,9 @@ import { afterAll, beforeAll, expect, test } from "bun:test";
 import { heapStats } from "bun:jsc";
 import { MASTER_KEY, requestOk, startTestGateway, type TestGateway } from "./harness/gateway.ts";
 import { Random } from "./harness/random.ts";
-import { redisReachable } from "./harness/util.ts";
+import { redisReachable, until } from "./harness/util.ts";
+import { sql } from "drizzle-orm";
+import { rows } from "../core/store/sql.ts";
 import { type MockOpenAI, startMockOpenAI } from "./mock-upstream/openai.ts";
 import { deadlineStats } from "../core/pipeline/upstream.ts";
 import { pendingRecords } from "../core/pipeline/record.ts";
@@ -574,6 +576,37 @@ test("model names a client makes up leave nothing behind", async () => {
     .filter(([, d]) => d >= 1200);
   if (process.env.LEAKS_DIFF_VERBOSE) console.log(Object.keys(after).map((t) => [t, (after[t] ?? 0) - (before[t] ?? 0)] as const).sort((a, b) => b[1] - a[1]).slice(0, 8));
   expect(grown, `object types that grew by 1,200 or more over 2,400 calls with new model names (LEAKS_DIFF_SEED=${SEED})`).toEqual([]);
+}, 60_000);
+
+// Budget alerts: one per budget and period, for the life of the process (keys on daily soft
+// budgets send one each a day). The gateway keeps only the latest hundred of those it sent.
+test("budget alerts leave nothing behind", async () => {
+  if (!gw || mode !== "memory") {
+    await gw?.stop();
+    await start("memory");
+  }
+  const KEYS = 150;
+  const keys: string[] = [];
+  for (let i = 0; i < KEYS; i += 10) {
+    const batch = Array.from({ length: 10 }, () => requestOk<{ key: string }>(gw, "POST", "/key/generate", { soft_budget: 0.000000001 }).then((r) => r.key));
+    keys.push(...(await Promise.all(batch)));
+  }
+  for (let i = 0; i < KEYS; i += 10) {
+    await Promise.all(
+      keys.slice(i, i + 10).map(async (k) => {
+        const r = await post("/v1/chat/completions", k, { model: "fast", messages: [{ role: "user", content: "cross my soft budget" }], max_tokens: 5 });
+        expect(r.status, await r.text()).toBe(200);
+      }),
+    );
+  }
+  await waitIdle(0);
+  const tokens = keys.map((k) => `key:${tokenOf(k)}`);
+  const stored = async () => {
+    const [row] = await rows<{ n: number }>(gw.host!.store.db, sql`select count(*)::int as n from budget_alerts where event = 'soft_budget_crossed' and counter_id in ${tokens}`);
+    return row?.n ?? 0;
+  };
+  expect(await until(async () => (await stored()) === KEYS, 10_000), `every key's soft budget alert was sent (LEAKS_DIFF_SEED=${SEED})`).toBe(true);
+  expect(gw.host!.alerts.sent.length, `budget alerts this instance holds after sending ${KEYS} (LEAKS_DIFF_SEED=${SEED})`).toBeLessThanOrEqual(100);
 }, 60_000);
 
 test.skipIf(!(await redisReachable(REDIS_URL)))("calls that end every way leave nothing behind (windows and ledger in Redis)", () => storms("redis"), 120_000);

@@ -50,8 +50,11 @@ export function alertPayload(counter: BudgetCounter, event: BudgetEvent, spend: 
  */
 export const alertTiming = { pausesMs: [0, 1000, 5000], timeoutMs: 10_000 };
 
+/** How many of the latest alerts `sent` keeps: one per budget and period would otherwise pile up for the life of the process. */
+const SENT_KEPT = 100;
+
 export class BudgetAlerts {
-  /** Alerts sent by this instance (tests read it). */
+  /** The latest alerts sent by this instance, oldest first, at most SENT_KEPT (tests read it). */
   readonly sent: Record<string, unknown>[] = [];
 
   constructor(
@@ -73,6 +76,7 @@ export class BudgetAlerts {
     const inserted = await this.db.insert(budgetAlerts).values({ counterId: counter.id, event, period, payload }).onConflictDoNothing().returning({ id: budgetAlerts.counterId });
     if (inserted.length === 0) return;
     this.sent.push(payload);
+    if (this.sent.length > SENT_KEPT) this.sent.splice(0, this.sent.length - SENT_KEPT);
     this.log.warn(String(payload.event_message), { budget: counter.label, spend: payload.spend, max_budget: payload.max_budget, soft_budget: payload.soft_budget });
     if (typeof payload.team_id === "string") this.toTeam?.(payload.team_id, payload);
     const url = this.webhookUrl();
