@@ -1,16 +1,21 @@
 // Leaks: what a call leaves behind once it has ended, seeded random (LEAKS_DIFF_SEED=<n> runs
-// another set, LEAKS_DIFF_STORMS=<n> more or fewer storms; every failure names the seed and the
+// another set, LEAKS_DIFF_STORMS=<n> more or fewer storms, LEAKS_DIFF_CALLS=<n> calls per storm,
+// LEAKS_DIFF_VERBOSE=1 prints the heap's growth; every failure names the seed, the mode and the
 // storm). The gateway runs for weeks as one process, so anything a call leaves behind adds up.
 //
-// One gateway on the embedded store (rate windows and the budget ledger in memory), in front of
-// the OpenAI wire mock (faults per call, matched by a marker in its prompt), the in-process `mock/`
-// provider and a pass-through endpoint to the mock. Each storm fires a random burst of concurrent
-// calls that end every way a call can end: JSON and stream successes, an upstream 400, a 500
-// retried and then answered by a fallback group, a deployment `timeout` (408), a stream cut
-// mid-way, clients that leave while the upstream holds the answer (JSON and stream), mid-stream,
-// and on a pass-through stream, refusals by `max_parallel_requests`, `rpm_limit` and a budget,
-// cache hits, pass-through calls, bad input (invalid JSON, unknown model, a missing field), with
-// config reloads (`live.reload`) during the storm. Once the gateway is idle after each storm:
+// A gateway on the embedded store, with the rate windows and the budget ledger in memory, then
+// (when Redis answers) in Redis, in front of the OpenAI wire mock (faults per call, matched by a
+// marker in its prompt), the in-process `mock/` provider and a pass-through endpoint to the mock.
+// Each storm fires a random burst of concurrent calls that end every way a call can end: JSON and
+// stream successes, an upstream 400, a 500 retried and then answered by a fallback group, a
+// deployment `timeout` (408, or answered by the retry), a stream cut mid-way, a stream that stalls
+// past the timeout, clients that leave while the upstream holds the answer (JSON and stream),
+// mid-stream, on a pass-through stream, on a Gemini-style stream and while the router waits out an
+// upstream's retry-after, refusals by `max_parallel_requests`, `rpm_limit` and a budget, cache
+// hits, pass-through calls, embeddings, bad input (invalid JSON, unknown model, a missing or bad
+// field), with config reloads (`live.reload`) served and refused (a master key that cannot read a
+// stored model, a file the schema refuses) during the storm. Once the gateway is idle after each
+// storm:
 // - what a user notices: the key with `max_parallel_requests: 3` runs 3 calls at once again (a
 //   4th is refused naming the parallel limit); the budget key's refusal says `$0 held by calls in
 //   flight`; a call's `x-ratelimit-remaining-requests` counts exactly the calls made (refusals
@@ -18,11 +23,14 @@
 // - what causes it: no snapshot pinned and none retired but undisposed; no request in flight; no
 //   deadline armed and the deadline ticker stopped; no record waiting for delivery; the spend
 //   writer's queue empty after a flush; every rate window and every deployment with nothing in
-//   flight; the budget ledger with nothing reserved and no read pending; the identity cache's
-//   listeners as many as after the first storm (a reload's plugins unsubscribe when disposed);
+//   flight; the budget ledger with nothing reserved and no read pending (with Redis: no request
+//   in flight and no reservation left in Redis); the identity cache's listeners as many as before
+//   the storms (a snapshot's plugins unsubscribe when it is disposed or refused);
 // - memory: after a full collection, no object type grows storm over storm by as much as one
 //   object per call (`heapStats().objectTypeCounts`, from the second storm on: the first warms
 //   caches and JIT).
+// Then: model names a client makes up under a wildcard route (with a capacity) add nothing once
+// the gateway's bounded per-name tables are full; budget alerts are held bounded.
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { heapStats } from "bun:jsc";
 import { MASTER_KEY, requestOk, startTestGateway, type TestGateway } from "./harness/gateway.ts";
