@@ -53,7 +53,7 @@ const UP_KEY = "sk-up-openai";
 const PARALLEL = 3;
 const RPM = 1_000_000;
 const SMALL_RPM = 4;
-const DEPLOYMENTS = ["dep-fast-1", "dep-fast-2", "dep-flaky", "dep-slow", "dep-pricey", "dep-local"];
+const DEPLOYMENTS = ["dep-fast-1", "dep-fast-2", "dep-flaky", "dep-slow", "dep-pricey", "dep-local", "dep-whisper", "dep-tts", "dep-dalle", "dep-legacy", "dep-wild"];
 
 type Json = Record<string, unknown>;
 
@@ -89,6 +89,10 @@ function config(variant: number, masterKey = MASTER_KEY): Json {
         model_info: { id: "dep-pricey", input_cost_per_token: 0.000001, output_cost_per_token: 0.001 },
       },
       { model_name: "local", svc_params: { model: "mock/local", mock_response: `cached answer ${variant}` }, model_info: { id: "dep-local" } },
+      { model_name: "whisper", svc_params: openai("whisper-1"), model_info: { id: "dep-whisper" } },
+      { model_name: "tts", svc_params: openai("tts-1"), model_info: { id: "dep-tts" } },
+      { model_name: "dalle", svc_params: openai("dall-e-3"), model_info: { id: "dep-dalle" } },
+      { model_name: "legacy", svc_params: openai("gpt-3.5-turbo-instruct"), model_info: { id: "dep-legacy" } },
       // A wildcard route with a capacity: every model name a client sends under it is a model group of its own.
       { model_name: "wild/*", svc_params: { model: "mock/*", rpm: 1_000_000 }, model_info: { id: "dep-wild" } },
       // Changes with every reload, so each one builds and retires a snapshot.
@@ -157,6 +161,9 @@ const KINDS = [
   "gemini",
   "leaveGemini",
   "embeddings",
+  "media",
+  "completions",
+  "leaveUpload",
 ] as const;
 type Kind = (typeof KINDS)[number];
 
@@ -309,6 +316,37 @@ async function oneCall(kind: Kind, marker: string, rnd: Random): Promise<Outcome
     }
     case "embeddings":
       return finish(await post("/v1/embeddings", k, { model: "fast", input: rnd.chance(0.5) ? `embed ${marker}` : [`a ${marker}`, `b ${marker}`] }));
+    case "media": {
+      const which = rnd.int(3);
+      if (which === 0) {
+        const form = new FormData();
+        form.append("model", "whisper");
+        form.append("file", new File([new Uint8Array(2000).fill(7)], `${marker}.wav`, { type: "audio/wav" }));
+        const res = await fetch(`${gw.url}/v1/audio/transcriptions`, { method: "POST", headers: { authorization: `Bearer ${k}` }, body: form });
+        return finish(res);
+      }
+      if (which === 1) return finish(await post("/v1/audio/speech", k, { model: "tts", input: `say ${marker}`, voice: "alloy" }));
+      return finish(await post("/v1/images/generations", k, { model: "dalle", prompt: `draw ${marker}`, size: "1024x1024" }));
+    }
+    case "completions":
+      return finish(await post("/v1/completions", k, { model: "legacy", prompt: `complete ${marker}`, max_tokens: 10, stream: rnd.chance(0.5) }));
+    case "leaveUpload": {
+      // The client sends half its body, then leaves before the rest.
+      const ac = new AbortController();
+      const text = JSON.stringify({ model: "fast", messages });
+      const body = new ReadableStream<Uint8Array>({
+        start(c) {
+          c.enqueue(new TextEncoder().encode(text.slice(0, text.length >> 1)));
+        },
+      });
+      const answer = fetch(`${gw.url}/v1/chat/completions`, { method: "POST", headers: { authorization: `Bearer ${k}`, "content-type": "application/json" }, body, signal: ac.signal }).then(
+        async (res) => out(res.status, await res.text()),
+        () => out(0, ""),
+      );
+      await Bun.sleep(20 + rnd.int(80));
+      ac.abort();
+      return answer;
+    }
     case "budgetRefused":
       // Its worst case ($5 at max_tokens 5000) can never fit the key's $1.
       return finish(await post("/v1/chat/completions", k, { model: "pricey", messages, max_tokens: 5000 }));
@@ -317,7 +355,7 @@ async function oneCall(kind: Kind, marker: string, rnd: Random): Promise<Outcome
 
 /** Whether the key's rpm window counts this call: it reached the limits and was neither refused nor answered from the cache. */
 function countsInWindow(o: Outcome): boolean {
-  if (o.kind === "badInput" || o.kind === "budgetRefused") return false;
+  if (o.kind === "badInput" || o.kind === "budgetRefused" || o.kind === "leaveUpload") return false;
   if (o.cacheHit) return false;
   if (o.status === 429 && /Rate limit exceeded|No deployments available/.test(o.text)) return false;
   return true;
