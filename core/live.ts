@@ -9,6 +9,7 @@ import type { GatewayConfig } from "./config/schema.ts";
 import type { HostServices } from "./services.ts";
 import { buildSnapshot, type Snapshot, SnapshotError } from "./snapshot.ts";
 import { within } from "./timer.ts";
+import { forgetDeploymentStates } from "./router/deployment-state.ts";
 
 /** How long a plugin's dispose may take before the gateway goes on without it (a stop, a reload). */
 const PLUGIN_DISPOSE_MS = 2000;
@@ -198,6 +199,10 @@ export class Live {
 
   private async dispose(s: Snapshot): Promise<void> {
     this.retired.delete(s);
+    // The router's figures of deployments that neither the serving snapshot nor a pinned one has.
+    const serving = new Set<string>();
+    for (const snap of [this.snap, ...this.pins.keys()]) for (const e of snap.models.entries) serving.add(e.deployment.id);
+    forgetDeploymentStates(s.models.entries.map((e) => e.deployment.id).filter((id) => !serving.has(id)));
     await Promise.all(
       s.plugins.map(async (p) => {
         // A plugin's dispose that never ends must not hold the gateway's stop.

@@ -41,7 +41,7 @@ import { rows } from "../core/store/sql.ts";
 import { type MockOpenAI, startMockOpenAI } from "./mock-upstream/openai.ts";
 import { deadlineStats } from "../core/pipeline/upstream.ts";
 import { pendingRecords } from "../core/pipeline/record.ts";
-import { stateOf } from "../core/router/deployment-state.ts";
+import { deploymentStateIds, stateOf } from "../core/router/deployment-state.ts";
 import type { LocalWindows } from "../core/limits/local-windows.ts";
 import { counterId, type LocalLedger } from "../core/spend/ledger.ts";
 
@@ -60,6 +60,8 @@ type Json = Record<string, unknown>;
 let mock: MockOpenAI;
 let gw: TestGateway;
 let mode: Mode = "memory";
+/** The `extra-<n>` group of the config that serves. */
+let servingVariant = 0;
 let parKey = "";
 let parToken = "";
 let rpmKey = "";
@@ -164,6 +166,7 @@ const KINDS = [
   "media",
   "completions",
   "leaveUpload",
+  "reloaded",
 ] as const;
 type Kind = (typeof KINDS)[number];
 
@@ -347,6 +350,9 @@ async function oneCall(kind: Kind, marker: string, rnd: Random): Promise<Outcome
       ac.abort();
       return answer;
     }
+    case "reloaded":
+      // The group the latest reload added (each reload replaces it): a 400 when a reload has just removed it.
+      return finish(await post("/v1/chat/completions", k, { model: `extra-${servingVariant}`, messages }));
     case "budgetRefused":
       // Its worst case ($5 at max_tokens 5000) can never fit the key's $1.
       return finish(await post("/v1/chat/completions", k, { model: "pricey", messages, max_tokens: 5000 }));
@@ -356,6 +362,7 @@ async function oneCall(kind: Kind, marker: string, rnd: Random): Promise<Outcome
 /** Whether the key's rpm window counts this call: it reached the limits and was neither refused nor answered from the cache. */
 function countsInWindow(o: Outcome): boolean {
   if (o.kind === "badInput" || o.kind === "budgetRefused" || o.kind === "leaveUpload") return false;
+  if (o.status === 400 && o.text.includes("Invalid model name")) return false;
   if (o.cacheHit) return false;
   if (o.status === 429 && /Rate limit exceeded|No deployments available/.test(o.text)) return false;
   return true;
@@ -517,6 +524,9 @@ function heapCounts(): Record<string, number> {
 async function storms(m: Mode): Promise<void> {
   await gw?.stop();
   await start(m);
+  servingVariant = 0;
+  // The router's figures: kept only for deployments a snapshot serves (ids seen before this gateway are another's).
+  const statesBefore = new Set(deploymentStateIds());
   const rnd = new Random(SEED);
   const counts: Record<string, number>[] = [];
   // As many as the serving snapshot's plugins and the host hold: a snapshot's plugins unsubscribe when it is disposed or refused.
@@ -541,7 +551,9 @@ async function storms(m: Mode): Promise<void> {
         const v = ++variant;
         queueReload(async () => {
           gw.writeConfig(config(v));
-          return (await gw.live.reload("leaks differential", true)).ok;
+          const ok = (await gw.live.reload("leaks differential", true)).ok;
+          if (ok) servingVariant = v;
+          return ok;
         });
       }
       if (refusedReloads.includes(i)) {
@@ -571,6 +583,9 @@ async function storms(m: Mode): Promise<void> {
     const tally: Record<string, number> = {};
     for (const o of outcomes) tally[`${o.kind}:${o.status}`] = (tally[`${o.kind}:${o.status}`] ?? 0) + 1;
     await waitIdle(storm);
+    const serving = new Set(gw.live.current.models.entries.map((e) => e.deployment.id));
+    const stale = deploymentStateIds().filter((id) => !statesBefore.has(id) && !serving.has(id));
+    expect(stale, `the router keeps figures of deployments no config serves any more ${note(storm)}`).toEqual([]);
     await userChecks(storm);
     mock.reset();
     expect((await internals()).listeners, `identity listeners (plugins of snapshots built and retired or refused) after storm ${storm} ${note(storm)}`).toBe(listeners);

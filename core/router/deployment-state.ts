@@ -82,6 +82,25 @@ export function stateOf(id: string): DeploymentState {
   return s;
 }
 
+/**
+ * Forgets deployments no snapshot serves any more (a reload removed them, or changed one whose id
+ * is a hash of its entry; a stored model deleted), once nothing of theirs is under way: their
+ * figures would otherwise stay for the life of the process, a usage-based router's last minute of
+ * calls included.
+ */
+export function forgetDeploymentStates(ids: Iterable<string>, now = Date.now()): void {
+  for (const id of ids) {
+    const s = states.get(id);
+    if (!s || s.inFlight > 0 || s.coolingDown(now)) continue;
+    states.delete(id);
+  }
+}
+
+/** The deployments the router keeps figures for (tests). */
+export function deploymentStateIds(): string[] {
+  return [...states.keys()];
+}
+
 /** Forgets everything (tests). */
 export function resetDeploymentStates(): void {
   states.clear();
