@@ -383,6 +383,8 @@ interface Internals {
   reserved: [string, string][];
   loading: number;
   redis: [string, string][];
+  /** Upstream requests still open at the mock: every call that ended closed its own. */
+  upstreamOpen: number;
   listeners: number;
 }
 
@@ -424,6 +426,7 @@ async function internals(): Promise<Internals> {
     reserved: [...ledger.entries].filter(([, e]) => e.reserved !== 0n).map(([id, e]): [string, string] => [id, String(e.reserved)]),
     loading: ledger.loading.size,
     redis: await redisHeld(),
+    upstreamOpen: mock.pendingRequests,
     listeners: identity.listeners.size,
   };
 }
@@ -440,6 +443,7 @@ const IDLE: Omit<Internals, "listeners"> = {
   reserved: [],
   loading: 0,
   redis: [],
+  upstreamOpen: 0,
 };
 
 async function waitIdle(storm: number): Promise<void> {

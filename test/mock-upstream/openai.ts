@@ -122,6 +122,8 @@ export interface MockOpenAI {
   readonly requests: RecordedRequest[];
   /** Streams whose client went away before the last byte. */
   readonly streamsCancelled: number;
+  /** Requests the server has not finished answering (a client that left is one until the server notices). */
+  readonly pendingRequests: number;
   fault(...faults: Fault[]): void;
   clearFaults(): void;
   /** Clears requests, faults and `streamsCancelled`. */
@@ -1183,6 +1185,9 @@ export async function startMockOpenAI(options: MockOpenAIOptions = {}): Promise<
     },
     get streamsCancelled() {
       return state.streamsCancelled;
+    },
+    get pendingRequests() {
+      return server.pendingRequests;
     },
     fault: (...faults) => {
       state.faults.push(...faults);
