@@ -536,11 +536,13 @@ async function storms(m: Mode): Promise<void> {
   // As many as the serving snapshot's plugins and the host hold: a snapshot's plugins unsubscribe when it is disposed or refused.
   const listeners = (await internals()).listeners;
   let variant = 0;
+  let updates = 0;
   for (let storm = 1; storm <= STORMS; storm++) {
     const plan = Array.from({ length: CALLS }, () => rnd.pick(KINDS));
     const seeds = plan.map(() => rnd.int(2 ** 31));
     const reloads = [rnd.int(CALLS), rnd.int(CALLS)];
     const refusedReloads = [rnd.int(CALLS), rnd.int(CALLS)];
+    const keyUpdates = [rnd.int(CALLS), rnd.int(CALLS), rnd.int(CALLS)];
     const calls: Promise<Outcome>[] = [];
     const reloading: Promise<boolean>[] = [];
     let reloadChain: Promise<boolean> = Promise.resolve(true);
@@ -570,6 +572,16 @@ async function storms(m: Mode): Promise<void> {
           gw.writeConfig(file);
           return !r.ok;
         });
+      }
+      // A key's limits and budget change while its calls run (an admin's update): what they hold must still come back.
+      if (keyUpdates.includes(i)) {
+        const n = ++updates;
+        reloading.push(
+          requestOk(gw, "POST", "/key/update", { key: wideKey, max_budget: 1000 + (n % 2), max_parallel_requests: 1000 - (n % 2), rpm_limit: RPM }).then(
+            () => true,
+            () => false,
+          ),
+        );
       }
       calls.push(oneCall(plan[i]!, `m${storm}x${i}x`, new Random(seeds[i]!)));
       // Bursts of a few calls at once, then a short breath, so the parallel limit both refuses and admits.
