@@ -76,7 +76,9 @@ export async function startHost(opts: HostOptions): Promise<Host> {
   const scripts = redisUrl ? nativeScriptRunner(redisUrl) : undefined;
   // The first calls should count in Redis, not alone: wait for the connection (bounded by its timeout).
   await scripts?.ready();
-  const cooldowns = redis ? new CooldownBus(redis.client, opts.log) : undefined;
+  // Set once the registry is up; until then, every announced cooldown is kept.
+  let serving: ((id: string) => boolean) | undefined;
+  const cooldowns = redis ? new CooldownBus(redis.client, opts.log, (id) => serving?.(id) ?? true) : undefined;
   try {
     const identity = new IdentityCache(store.db);
     await identity.loadAll();
@@ -137,6 +139,7 @@ export async function startHost(opts: HostOptions): Promise<Host> {
     const reportPrebuild = new ReportPrebuild(store.db, opts.log, () => general()?.spend_report_prebuild_days ?? DEFAULT_PREBUILD_DAYS);
     reportPrebuild.start();
     const started = live;
+    serving = (id) => started.current.models.findById(id) !== undefined;
     return {
       live: started,
       store,

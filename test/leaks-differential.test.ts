@@ -609,6 +609,18 @@ async function storms(m: Mode): Promise<void> {
     counts.push(heapCounts());
     console.log(`storm ${storm}: ${JSON.stringify(tally)}; heap objects ${heapStats().objectCount}`);
   }
+  if (mode === "redis") {
+    // Cooldowns other instances announce for deployments this one does not serve (another config,
+    // a fleet mid-deploy) leave no figures here.
+    const foreign = Array.from({ length: 50 }, (_, i) => `dep-foreign-${process.pid}-${i}`);
+    const client = gw.host!.redis!.client;
+    for (const id of foreign) await client.publish("svc:deployment-cooldowns", JSON.stringify({ from: "another-instance", id, ms: 60_000 }));
+    // A served one is still heard (a marker that the messages before it arrived).
+    await client.publish("svc:deployment-cooldowns", JSON.stringify({ from: "another-instance", id: "dep-pricey", ms: 1 }));
+    const heard = await until(async () => deploymentStateIds().includes("dep-pricey") && stateOf("dep-pricey").cooldownUntil > 0, 5000);
+    expect(heard, `a cooldown another instance announced for a served deployment ${note(STORMS)}`).toBe(true);
+    expect(deploymentStateIds().filter((id) => foreign.includes(id)), `figures kept for deployments this instance does not serve ${note(STORMS)}`).toEqual([]);
+  }
   // From the second storm on, no object type grows by as much as one object per call.
   if (counts.length >= 3) {
     const first = counts[1]!;

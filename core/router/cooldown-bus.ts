@@ -38,6 +38,11 @@ export class CooldownBus implements CooldownShare {
   constructor(
     private readonly redis: Redis,
     private readonly log: Logger,
+    /**
+     * Whether this instance serves a deployment: a cooldown another instance announces for one it
+     * does not (another config, a fleet mid-deploy) is not kept, or its figures would stay for good.
+     */
+    private readonly serves: (deploymentId: string) => boolean = () => true,
   ) {}
 
   start(): void {
@@ -57,7 +62,7 @@ export class CooldownBus implements CooldownShare {
     });
     sub.on("message", (_channel: string, text: string) => {
       const m = parse(text);
-      if (!m || m.from === this.instance) return;
+      if (!m || m.from === this.instance || !this.serves(m.id)) return;
       // Relative time: instances' clocks need not agree.
       stateOf(m.id).coolUntil(Date.now() + m.ms);
     });
