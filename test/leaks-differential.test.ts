@@ -668,6 +668,37 @@ test("model names a client makes up leave nothing behind", async () => {
   expect(grown, `object types that grew by 1,200 or more over 2,400 calls with new model names (LEAKS_DIFF_SEED=${SEED})`).toEqual([]);
 }, 60_000);
 
+// Image sizes a client makes up: each size and quality is its own price lookup, cached until the
+// next reload, at most 1,000 of them.
+test("image sizes a client makes up leave nothing behind", async () => {
+  if (!gw || mode !== "memory") {
+    await gw?.stop();
+    await start("memory");
+  }
+  const sizes = async (from: number, n: number) => {
+    for (let i = 0; i < n; i += 10) {
+      const batch = Array.from({ length: Math.min(10, n - i) }, (_, j) =>
+        post("/v1/images/generations", wideKey, { model: "dalle", prompt: "draw", size: `${1000 + from + i + j}x1024` }).then(async (r) => {
+          const text = await r.text();
+          if (r.status !== 200) throw new Error(`size ${1000 + from + i + j}x1024: ${r.status} ${text}`);
+        }),
+      );
+      await Promise.all(batch);
+    }
+    await waitIdle(0);
+    // The mock upstream keeps every request it got.
+    mock.reset();
+    return heapCounts();
+  };
+  await sizes(0, 1200);
+  const before = await sizes(1200, 300);
+  const after = await sizes(1500, 2400);
+  const grown = Object.keys(after)
+    .map((type) => [type, (after[type] ?? 0) - (before[type] ?? 0)] as const)
+    .filter(([, d]) => d >= 1200);
+  expect(grown, `object types that grew by 1,200 or more over 2,400 image calls with new sizes (LEAKS_DIFF_SEED=${SEED})`).toEqual([]);
+}, 60_000);
+
 // Budget alerts: one per budget and period, for the life of the process (keys on daily soft
 // budgets send one each a day). The gateway keeps only the latest hundred of those it sent.
 test("budget alerts leave nothing behind", async () => {

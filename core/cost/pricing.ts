@@ -56,6 +56,12 @@ function sizeKey(size: string): string {
   return size.replace(/\s*[x×]\s*/, "-x-");
 }
 
+/**
+ * Image prices looked up per size and quality, which the client chooses: made-up values would
+ * each keep an entry until the next reload, so the cache starts over past this many.
+ */
+const VARIANT_CACHE_LIMIT = 1000;
+
 export class Pricing {
   private readonly cache = new Map<string, ModelPrice | null>();
   /** Deployment objects live as long as their snapshot (wildcard matches are cached too): the hot path looks up by identity. */
@@ -77,6 +83,7 @@ export class Pricing {
     const hit = this.cache.get(key);
     if (hit !== undefined) return hit ?? undefined;
     const price = this.resolve(d, variant);
+    if (this.cache.size >= VARIANT_CACHE_LIMIT) this.cache.clear();
     this.cache.set(key, price ?? null);
     return price;
   }
