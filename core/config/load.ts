@@ -197,5 +197,13 @@ export function applyConfigEnv(env: Record<string, string>, configSet: ConfigEnv
 export async function readConfig(path: string, configSet?: ReadonlyMap<string, string>): Promise<ConfigResult> {
   const file = Bun.file(path);
   if (!(await file.exists())) return { ok: false, errors: [`config file not found: ${path}`] };
-  return parseConfig(await file.text(), configSet);
+  let text: string;
+  try {
+    text = await file.text();
+  } catch (err) {
+    // Unreadable (mode 000, a folder in its place): refused like an invalid file, not thrown past the reload's log.
+    const code = (err as NodeJS.ErrnoException).code;
+    return { ok: false, errors: [`cannot read config file ${path}: ${code ?? (err instanceof Error ? err.message : String(err))}`] };
+  }
+  return parseConfig(text, configSet);
 }
