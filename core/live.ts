@@ -2,6 +2,7 @@
  * The live registry: the current snapshot, reloads (file watch and SIGHUP) serialized through one
  * promise chain, and disposal of a retired snapshot once its last pinned request has finished.
  */
+import { stat } from "node:fs/promises";
 import { type FSWatcher, watch } from "chokidar";
 import type { Logger } from "./contract.ts";
 import { applyConfigEnv, type ConfigEnv, type ConfigResult, readConfig } from "./config/load.ts";
@@ -13,6 +14,13 @@ import { forgetDeploymentStates } from "./router/deployment-state.ts";
 
 /** How long a plugin's dispose may take before the gateway goes on without it (a stop, a reload). */
 const PLUGIN_DISPOSE_MS = 2000;
+
+/**
+ * How often the watch also looks at the file the config path leads to: what the path watch does not
+ * see (a symlink repointed, its target replaced, a ConfigMap's `..data` swapped, a deletion) is
+ * reloaded, or its refusal logged, within this long.
+ */
+const FILE_CHECK_MS = 1000;
 
 export type ReloadResult = { ok: true; version: number; changed: boolean } | { ok: false; errors: string[] };
 
@@ -61,6 +69,9 @@ export class Live {
   private chain: Promise<unknown> = Promise.resolve();
   private watcher: FSWatcher | undefined;
   private debounce: ReturnType<typeof setTimeout> | undefined;
+  /** The check of the file behind the path (see FILE_CHECK_MS), and what it last found there. */
+  private fileCheck: ReturnType<typeof setInterval> | undefined;
+  private fileSeen: string | undefined;
   /** The rebuild started by the latest stored-model change, so a model write can return once it serves. */
   private modelsReload: Promise<ReloadResult> | undefined;
 
@@ -162,6 +173,8 @@ export class Live {
   }
 
   private async doReload(reason: string, force: boolean): Promise<ReloadResult> {
+    // What this reload reads is what the file check has seen: it does not reload it again.
+    if (this.fileCheck) this.fileSeen = await this.fileIdentity();
     const result = await readConfig(this.configPath, this.configEnv);
     if (!result.ok) {
       const errors = await refusalErrors(result, this.configPath, this.log, this.services, this.configEnv);
@@ -213,7 +226,11 @@ export class Live {
     );
   }
 
-  /** Watches the config file (edits in place and atomic renames). */
+  /**
+   * Watches the config file: edits in place and atomic renames through the path watch, and, checked
+   * every FILE_CHECK_MS, the file the path resolves to (symlinks followed), so a repointed link, a
+   * replaced target, a ConfigMap update or a deletion is reloaded too (a missing file is refused).
+   */
   watch(): void {
     this.watcher = watch(this.configPath, { ignoreInitial: true, awaitWriteFinish: { stabilityThreshold: 50, pollInterval: 10 } });
     const trigger = () => {
@@ -221,10 +238,37 @@ export class Live {
       this.debounce = setTimeout(() => void this.reload("file changed"), 50);
     };
     this.watcher.on("add", trigger).on("change", trigger);
+    let checking = false;
+    void this.fileIdentity().then((id) => {
+      this.fileSeen ??= id;
+    });
+    this.fileCheck = setInterval(async () => {
+      if (checking) return;
+      checking = true;
+      try {
+        const id = await this.fileIdentity();
+        if (this.fileSeen !== undefined && id !== this.fileSeen) trigger();
+        this.fileSeen = id;
+      } finally {
+        checking = false;
+      }
+    }, FILE_CHECK_MS);
+    this.fileCheck.unref?.();
+  }
+
+  /** The file the config path leads to, as a string that changes when it is replaced, written, or its mode changes. */
+  private async fileIdentity(): Promise<string> {
+    try {
+      const s = await stat(this.configPath);
+      return `${s.dev}:${s.ino}:${s.size}:${s.mtimeMs}:${s.ctimeMs}:${s.mode}`;
+    } catch (err) {
+      return `missing:${(err as NodeJS.ErrnoException).code ?? String(err)}`;
+    }
   }
 
   async close(): Promise<void> {
     clearTimeout(this.debounce);
+    clearInterval(this.fileCheck);
     await this.watcher?.close();
     await this.chain;
     await this.dispose(this.snap);
