@@ -182,6 +182,13 @@ export class Live {
       return { ok: false, errors };
     }
     if (!force && result.text === this.text) return { ok: true, version: this.snap.version, changed: false };
+    // An empty file the watch sees is most likely a write caught between its truncation and its text:
+    // serving it would drop every model. A start or SIGHUP (forced) takes it, as the operator asked.
+    if (!force && result.text.trim() === "") {
+      const errors = ["config file is empty (a write not finished?); to serve no models, write `model_list: []` or send SIGHUP"];
+      this.log.error("config reload rejected; the previous config keeps serving", { reason, errors });
+      return { ok: false, errors };
+    }
     for (const w of result.warnings) this.log.warn(`config: ${w}`);
     return this.swap(reason, result.config, result.text, result.env);
   }

@@ -139,8 +139,21 @@ describe("config.yaml written in place", () => {
     closeSync(fd);
     await expectServes(gw, ["beta", "gamma"], "after the second step");
 
+    // Truncated, and written only a moment later (`cat slow-source > config.yaml`, a deploy tool):
+    // the empty file in between is refused, not served as a config with no models.
+    const empty = rejections(gw);
+    const fd2 = openSync(gw.configPath, "w");
+    await waitFor(() => rejections(gw), (n) => n > empty, "the truncated (empty) file to be refused");
+    expect(await modelIds(gw)).toEqual(["beta", "gamma"]);
+    // SIGHUP is the operator asking for the file as it is: it takes the empty file (no models).
+    expect((await sighup(gw, "reloaded")).models).toBe(0);
+    await expectServes(gw, [], "after SIGHUP of the empty file");
+    writeSync(fd2, withModels("gamma", "delta"));
+    closeSync(fd2);
+    await expectServes(gw, ["delta", "gamma"], "after the write following the truncation");
+
     await sighup(gw, "reloaded");
-    await expectServes(gw, ["beta", "gamma"], "after SIGHUP");
+    await expectServes(gw, ["delta", "gamma"], "after SIGHUP");
   });
 });
 
