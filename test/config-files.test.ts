@@ -10,6 +10,7 @@ import { afterEach, describe, expect, setDefaultTimeout, test } from "bun:test";
 import { chmodSync, chownSync, closeSync, cpSync, mkdirSync, openSync, renameSync, rmSync, symlinkSync, unlinkSync, writeFileSync, writeSync } from "node:fs";
 import { join } from "node:path";
 import { configText, initializedPgFolder, MASTER_KEY, ROOT, type SpawnedGateway, spawnGateway, tempDir } from "./harness/gateway.ts";
+import { waitFor } from "./harness/util.ts";
 
 setDefaultTimeout(30_000);
 
@@ -52,18 +53,6 @@ async function gateway(names: string[], opts: { unprivileged?: boolean } = {}): 
 function chownTree(path: string, uid: number, gid: number): void {
   chownSync(path, uid, gid);
   for (const entry of new Bun.Glob("**/*").scanSync({ cwd: path, dot: true, onlyFiles: false, followSymlinks: false })) chownSync(join(path, entry), uid, gid);
-}
-
-/** Polls until `check` returns true, failing with `what` and the last value seen after `ms`. */
-async function waitFor<T>(read: () => Promise<T> | T, check: (v: T) => boolean, what: string, ms = 8000): Promise<T> {
-  const deadline = Date.now() + ms;
-  let last: T;
-  for (;;) {
-    last = await read();
-    if (check(last)) return last;
-    if (Date.now() > deadline) throw new Error(`timed out after ${ms}ms waiting for ${what}; last value: ${JSON.stringify(last)}`);
-    await Bun.sleep(25);
-  }
 }
 
 async function modelIds(gw: SpawnedGateway): Promise<string[]> {

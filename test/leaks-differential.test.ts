@@ -637,34 +637,42 @@ async function storms(m: Mode): Promise<void> {
 
 test("calls that end every way leave nothing behind (windows and ledger in memory)", () => storms("memory"), 120_000);
 
+/**
+ * The object types that grew by half an object per call or more over 2,400 calls, each with a value
+ * never sent before (`call(i)`: the i-th), once 1,500 such calls have filled the gateway's bounded
+ * tables.
+ */
+async function grownByNewValues(call: (i: number) => Promise<void>): Promise<(readonly [string, number])[]> {
+  const run = async (from: number, n: number) => {
+    for (let i = from; i < from + n; i += 10) await Promise.all(Array.from({ length: Math.min(10, from + n - i) }, (_, j) => call(i + j)));
+    await waitIdle(0);
+    // The mock upstream keeps every request it got.
+    mock.reset();
+    return heapCounts();
+  };
+  await run(0, 1200);
+  const before = await run(1200, 300);
+  const after = await run(1500, 2400);
+  const grown = Object.keys(after).map((type) => [type, (after[type] ?? 0) - (before[type] ?? 0)] as const);
+  if (process.env.LEAKS_DIFF_VERBOSE) console.log(grown.toSorted((x, y) => y[1] - x[1]).slice(0, 8));
+  return grown.filter(([, d]) => d >= 1200);
+}
+
+/** A call that must answer 200. */
+const answered = async (what: string, res: Promise<Response>): Promise<void> => {
+  const r = await res;
+  const text = await r.text();
+  if (r.status !== 200) throw new Error(`${what}: ${r.status} ${text}`);
+};
+
 // Model names a client makes up under a wildcard route: the gateway keeps at most so many per-name
-// entries (its table of wildcard matches holds 1,000), so once those are full, more names add nothing
-// (half an object per call is the tolerance).
+// entries (its table of wildcard matches holds 1,000), so once those are full, more names add nothing.
 test("model names a client makes up leave nothing behind", async () => {
   if (!gw || mode !== "memory") {
     await gw?.stop();
     await start("memory");
   }
-  const names = async (prefix: string, n: number) => {
-    for (let i = 0; i < n; i += 10) {
-      const batch = Array.from({ length: Math.min(10, n - i) }, (_, j) =>
-        post("/v1/chat/completions", wideKey, { model: `wild/${prefix}-${i + j}`, messages: [{ role: "user", content: "hi" }] }).then(async (r) => {
-          const text = await r.text();
-          if (r.status !== 200) throw new Error(`wild/${prefix}-${i + j}: ${r.status} ${text}`);
-        }),
-      );
-      await Promise.all(batch);
-    }
-    await waitIdle(0);
-    return heapCounts();
-  };
-  await names("warm", 1200);
-  const before = await names("more", 300);
-  const after = await names("yet-more", 2400);
-  const grown = Object.keys(after)
-    .map((type) => [type, (after[type] ?? 0) - (before[type] ?? 0)] as const)
-    .filter(([, d]) => d >= 1200);
-  if (process.env.LEAKS_DIFF_VERBOSE) console.log(Object.keys(after).map((t) => [t, (after[t] ?? 0) - (before[t] ?? 0)] as const).sort((a, b) => b[1] - a[1]).slice(0, 8));
+  const grown = await grownByNewValues((i) => answered(`wild/name-${i}`, post("/v1/chat/completions", wideKey, { model: `wild/name-${i}`, messages: [{ role: "user", content: "hi" }] })));
   expect(grown, `object types that grew by 1,200 or more over 2,400 calls with new model names (LEAKS_DIFF_SEED=${SEED})`).toEqual([]);
 }, 60_000);
 
@@ -675,27 +683,7 @@ test("image sizes a client makes up leave nothing behind", async () => {
     await gw?.stop();
     await start("memory");
   }
-  const sizes = async (from: number, n: number) => {
-    for (let i = 0; i < n; i += 10) {
-      const batch = Array.from({ length: Math.min(10, n - i) }, (_, j) =>
-        post("/v1/images/generations", wideKey, { model: "dalle", prompt: "draw", size: `${1000 + from + i + j}x1024` }).then(async (r) => {
-          const text = await r.text();
-          if (r.status !== 200) throw new Error(`size ${1000 + from + i + j}x1024: ${r.status} ${text}`);
-        }),
-      );
-      await Promise.all(batch);
-    }
-    await waitIdle(0);
-    // The mock upstream keeps every request it got.
-    mock.reset();
-    return heapCounts();
-  };
-  await sizes(0, 1200);
-  const before = await sizes(1200, 300);
-  const after = await sizes(1500, 2400);
-  const grown = Object.keys(after)
-    .map((type) => [type, (after[type] ?? 0) - (before[type] ?? 0)] as const)
-    .filter(([, d]) => d >= 1200);
+  const grown = await grownByNewValues((i) => answered(`size ${1000 + i}x1024`, post("/v1/images/generations", wideKey, { model: "dalle", prompt: "draw", size: `${1000 + i}x1024` })));
   expect(grown, `object types that grew by 1,200 or more over 2,400 image calls with new sizes (LEAKS_DIFF_SEED=${SEED})`).toEqual([]);
 }, 60_000);
 

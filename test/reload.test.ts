@@ -9,6 +9,7 @@ import { join, resolve } from "node:path";
 import OpenAI from "openai";
 import { slowEvents } from "./fixtures/plugins/slow-provider.ts";
 import { configText, freshDatabase, MASTER_KEY, type SpawnedGateway, spawnGateway, startTestGateway, type TestGateway } from "./harness/gateway.ts";
+import { waitFor } from "./harness/util.ts";
 
 // Watch-driven tests poll for up to a few seconds each; bun's 5 s default is too tight under load.
 setDefaultTimeout(20_000);
@@ -26,18 +27,6 @@ async function gateway(config: Record<string, unknown>, opts: { watch?: boolean 
   // The watcher attaches asynchronously; an operator never edits within milliseconds of start.
   if (opts.watch) await Bun.sleep(150);
   return { gw, client: new OpenAI({ baseURL: gw.baseURL, apiKey: MASTER_KEY, maxRetries: 0 }) };
-}
-
-/** Polls until `check` returns true, failing with `what` and the last value seen after `ms`. */
-async function waitFor<T>(read: () => Promise<T> | T, check: (v: T) => boolean, what: string, ms = 5000): Promise<T> {
-  const deadline = Date.now() + ms;
-  let last: T;
-  for (;;) {
-    last = await read();
-    if (check(last)) return last;
-    if (Date.now() > deadline) throw new Error(`timed out after ${ms}ms waiting for ${what}; last value: ${JSON.stringify(last)}`);
-    await Bun.sleep(25);
-  }
 }
 
 async function modelIds(client: OpenAI): Promise<string[]> {

@@ -30,6 +30,18 @@ export async function until(check: () => Promise<boolean>, ms = 4000): Promise<b
   return check();
 }
 
+/** Polls `read` until `check` holds of its value, failing after `ms` with `what` and the last value seen. */
+export async function waitFor<T>(read: () => Promise<T> | T, check: (v: T) => boolean, what: string, ms = 8000): Promise<T> {
+  const deadline = Date.now() + ms;
+  let last: T;
+  for (;;) {
+    last = await read();
+    if (check(last)) return last;
+    if (Date.now() > deadline) throw new Error(`timed out after ${ms}ms waiting for ${what}; last value: ${JSON.stringify(last)}`);
+    await Bun.sleep(25);
+  }
+}
+
 /** Whether a Redis server answers at `url` (one connection attempt, no retries). */
 export async function redisReachable(url: string): Promise<boolean> {
   const probe = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null, enableOfflineQueue: false });
