@@ -213,16 +213,9 @@ type SpeechUsage = { promptTokens: number; completionTokens: number; characters:
  * the Basic Multilingual Plane). A lone surrogate is one.
  */
 export function codePoints(s: string): number {
-  let n = s.length;
-  for (let i = 0; i < s.length - 1; i++) {
-    const c = s.charCodeAt(i);
-    if (c < 0xd800 || c > 0xdbff) continue;
-    const next = s.charCodeAt(i + 1);
-    if (next >= 0xdc00 && next <= 0xdfff) {
-      n--;
-      i++;
-    }
-  }
+  // A string iterates by code point (a lone surrogate is one).
+  let n = 0;
+  for (const _ of s) n++;
   return n;
 }
 

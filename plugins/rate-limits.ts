@@ -38,6 +38,7 @@ import { rateHeaders } from "../core/limits/headers.ts";
 import { retryAfterSeconds, tokenEstimate } from "../core/limits/window.ts";
 import { budgetOf } from "./shared/budget-object.ts";
 import { keyLabel } from "./shared/labels.ts";
+import { BoundedMap } from "../core/bounded-map.ts";
 
 const GRANTED: Lease = { ok: true, settle: () => undefined };
 
@@ -116,7 +117,7 @@ const SHARED_POOL = "group_shared:";
 const RESERVED_CACHE_LIMIT = 1000;
 
 class Throughput {
-  private readonly reserved = new Map<string, number>();
+  private readonly reserved = new BoundedMap<string, number>(RESERVED_CACHE_LIMIT);
 
   readonly dispose: () => void;
 
@@ -129,7 +130,6 @@ class Throughput {
     let sum = this.reserved.get(id);
     if (sum === undefined) {
       sum = reservedOn(this.identity.keys.values(), this.identity.teams, group, kind);
-      if (this.reserved.size >= RESERVED_CACHE_LIMIT) this.reserved.clear();
       this.reserved.set(id, sum);
     }
     return sum;

@@ -637,6 +637,13 @@ async function storms(m: Mode): Promise<void> {
 
 test("calls that end every way leave nothing behind (windows and ledger in memory)", () => storms("memory"), 120_000);
 
+/** The gateway with its windows and ledger in memory (a storm in Redis may have run last). */
+async function inMemory(): Promise<void> {
+  if (gw && mode === "memory") return;
+  await gw?.stop();
+  await start("memory");
+}
+
 /**
  * The object types that grew by half an object per call or more over 2,400 calls, each with a value
  * never sent before (`call(i)`: the i-th), once 1,500 such calls have filled the gateway's bounded
@@ -668,10 +675,7 @@ const answered = async (what: string, res: Promise<Response>): Promise<void> => 
 // Model names a client makes up under a wildcard route: the gateway keeps at most so many per-name
 // entries (its table of wildcard matches holds 1,000), so once those are full, more names add nothing.
 test("model names a client makes up leave nothing behind", async () => {
-  if (!gw || mode !== "memory") {
-    await gw?.stop();
-    await start("memory");
-  }
+  await inMemory();
   const grown = await grownByNewValues((i) => answered(`wild/name-${i}`, post("/v1/chat/completions", wideKey, { model: `wild/name-${i}`, messages: [{ role: "user", content: "hi" }] })));
   expect(grown, `object types that grew by 1,200 or more over 2,400 calls with new model names (LEAKS_DIFF_SEED=${SEED})`).toEqual([]);
 }, 60_000);
@@ -679,10 +683,7 @@ test("model names a client makes up leave nothing behind", async () => {
 // Image sizes a client makes up: each size and quality is its own price lookup, cached until the
 // next reload, at most 1,000 of them.
 test("image sizes a client makes up leave nothing behind", async () => {
-  if (!gw || mode !== "memory") {
-    await gw?.stop();
-    await start("memory");
-  }
+  await inMemory();
   const grown = await grownByNewValues((i) => answered(`size ${1000 + i}x1024`, post("/v1/images/generations", wideKey, { model: "dalle", prompt: "draw", size: `${1000 + i}x1024` })));
   expect(grown, `object types that grew by 1,200 or more over 2,400 image calls with new sizes (LEAKS_DIFF_SEED=${SEED})`).toEqual([]);
 }, 60_000);
@@ -690,10 +691,7 @@ test("image sizes a client makes up leave nothing behind", async () => {
 // Budget alerts: one per budget and period, for the life of the process (keys on daily soft
 // budgets send one each a day). The gateway keeps only the latest hundred of those it sent.
 test("budget alerts leave nothing behind", async () => {
-  if (!gw || mode !== "memory") {
-    await gw?.stop();
-    await start("memory");
-  }
+  await inMemory();
   const KEYS = 150;
   const keys: string[] = [];
   for (let i = 0; i < KEYS; i += 10) {

@@ -20,55 +20,51 @@ function count(value: unknown): number {
 
 const countable = (value: unknown): boolean => value === undefined || (Number.isSafeInteger(value) && (value as number) >= 0 && (value as number) <= MAX_COUNT);
 
+/** Usage's counts of things (optional ones) beside its two totals. */
+type CountField = "cachedPromptTokens" | "cacheCreationTokens" | "cacheCreation1hTokens" | "audioPromptTokens" | "imagePromptTokens" | "citationTokens" | "reasoningTokens" | "audioCompletionTokens" | "imageCompletionTokens" | "characters" | "webSearchRequests";
+
+/**
+ * Each count and what bounds it: the total it is a part of (a part of a part after its whole), or
+ * nothing. Parts are not checked against each other: providers count them in ways that overlap.
+ */
+const COUNTS: readonly (readonly [CountField, "promptTokens" | "completionTokens" | "cacheCreationTokens" | null])[] = [
+  ["cachedPromptTokens", "promptTokens"],
+  ["cacheCreationTokens", "promptTokens"],
+  ["cacheCreation1hTokens", "cacheCreationTokens"],
+  ["audioPromptTokens", "promptTokens"],
+  ["imagePromptTokens", "promptTokens"],
+  ["citationTokens", "promptTokens"],
+  ["reasoningTokens", "completionTokens"],
+  ["audioCompletionTokens", "completionTokens"],
+  ["imageCompletionTokens", "completionTokens"],
+  ["characters", null],
+  ["webSearchRequests", null],
+];
+
 /** Whether `usage` is countable as it is (the common case: nothing to copy). */
 function isCountable(u: Usage): boolean {
-  const within = (part: number | undefined, total: number) => part === undefined || part <= total;
-  return (
-    countable(u.promptTokens) &&
-    countable(u.completionTokens) &&
-    countable(u.cachedPromptTokens) &&
-    countable(u.cacheCreationTokens) &&
-    countable(u.cacheCreation1hTokens) &&
-    countable(u.audioPromptTokens) &&
-    countable(u.reasoningTokens) &&
-    countable(u.audioCompletionTokens) &&
-    countable(u.characters) &&
-    countable(u.webSearchRequests) &&
-    countable(u.images?.count) &&
-    (u.audioSeconds === undefined || (Number.isFinite(u.audioSeconds) && u.audioSeconds >= 0)) &&
-    within(u.cachedPromptTokens, u.promptTokens) &&
-    within(u.cacheCreationTokens, u.promptTokens) &&
-    within(u.audioPromptTokens, u.promptTokens) &&
-    within(u.cacheCreation1hTokens, u.cacheCreationTokens ?? 0) &&
-    within(u.reasoningTokens, u.completionTokens) &&
-    within(u.audioCompletionTokens, u.completionTokens)
-  );
-}
-
-/** Sets `key` when the original had it. */
-function optional<K extends keyof Usage>(out: Usage, key: K, value: Usage[K], had: boolean): void {
-  if (had) out[key] = value;
+  if (!countable(u.promptTokens) || !countable(u.completionTokens) || !countable(u.images?.count)) return false;
+  if (u.audioSeconds !== undefined && !(Number.isFinite(u.audioSeconds) && u.audioSeconds >= 0)) return false;
+  for (const [field, total] of COUNTS) {
+    const v = u[field];
+    if (v === undefined) continue;
+    if (!countable(v) || (total !== null && v > (u[total] ?? 0))) return false;
+  }
+  return true;
 }
 
 /**
- * `usage` with every count a whole number from 0 to MAX_COUNT, and each part (cache reads and
- * writes, audio, reasoning) no larger than its total; `corrected` says whether anything changed.
- * Parts are not checked against each other: providers count them in ways that overlap.
+ * `usage` with every count a whole number from 0 to MAX_COUNT, and each part no larger than its
+ * total (COUNTS); `corrected` says whether anything changed.
  */
 export function countableUsage(usage: Usage): { usage: Usage; corrected: boolean } {
   if (isCountable(usage)) return { usage, corrected: false };
-  const prompt = count(usage.promptTokens);
-  const completion = count(usage.completionTokens);
-  const created = Math.min(prompt, count(usage.cacheCreationTokens));
-  const out: Usage = { ...usage, promptTokens: prompt, completionTokens: completion };
-  optional(out, "cachedPromptTokens", Math.min(prompt, count(usage.cachedPromptTokens)), usage.cachedPromptTokens !== undefined);
-  optional(out, "cacheCreationTokens", created, usage.cacheCreationTokens !== undefined);
-  optional(out, "cacheCreation1hTokens", Math.min(created, count(usage.cacheCreation1hTokens)), usage.cacheCreation1hTokens !== undefined);
-  optional(out, "audioPromptTokens", Math.min(prompt, count(usage.audioPromptTokens)), usage.audioPromptTokens !== undefined);
-  optional(out, "reasoningTokens", Math.min(completion, count(usage.reasoningTokens)), usage.reasoningTokens !== undefined);
-  optional(out, "audioCompletionTokens", Math.min(completion, count(usage.audioCompletionTokens)), usage.audioCompletionTokens !== undefined);
-  optional(out, "characters", count(usage.characters), usage.characters !== undefined);
-  optional(out, "webSearchRequests", count(usage.webSearchRequests), usage.webSearchRequests !== undefined);
+  const out: Usage = { ...usage, promptTokens: count(usage.promptTokens), completionTokens: count(usage.completionTokens) };
+  for (const [field, total] of COUNTS) {
+    if (usage[field] === undefined) continue;
+    const v = count(usage[field]);
+    out[field] = total === null ? v : Math.min(v, out[total] ?? 0);
+  }
   if (usage.images) out.images = { ...usage.images, count: count(usage.images.count) };
   if (usage.audioSeconds !== undefined) out.audioSeconds = Number.isFinite(usage.audioSeconds) && usage.audioSeconds > 0 ? usage.audioSeconds : 0;
   return { usage: out, corrected: true };

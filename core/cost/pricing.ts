@@ -6,6 +6,7 @@
  * An operator can so price a model the table lacks, or correct one it has, per deployment; a
  * base price they set replaces the table's prices derived from it (see DERIVED).
  */
+import { BoundedMap } from "../bounded-map.ts";
 import type { Deployment, Usage } from "../contract.ts";
 import { costOf, worstCaseCost } from "./calculate.ts";
 import type { Pico } from "./money.ts";
@@ -58,12 +59,12 @@ function sizeKey(size: string): string {
 
 /**
  * Image prices looked up per size and quality, which the client chooses: made-up values would
- * each keep an entry until the next reload, so the cache starts over past this many.
+ * each keep an entry until the next reload.
  */
 const VARIANT_CACHE_LIMIT = 1000;
 
 export class Pricing {
-  private readonly cache = new Map<string, ModelPrice | null>();
+  private readonly cache = new BoundedMap<string, ModelPrice | null>(VARIANT_CACHE_LIMIT);
   /** Deployment objects live as long as their snapshot (wildcard matches are cached too): the hot path looks up by identity. */
   private readonly byDeployment = new WeakMap<Deployment, ModelPrice | null>();
 
@@ -83,7 +84,6 @@ export class Pricing {
     const hit = this.cache.get(key);
     if (hit !== undefined) return hit ?? undefined;
     const price = this.resolve(d, variant);
-    if (this.cache.size >= VARIANT_CACHE_LIMIT) this.cache.clear();
     this.cache.set(key, price ?? null);
     return price;
   }

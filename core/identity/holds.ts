@@ -80,11 +80,10 @@ export async function holdBudget(tx: Exec, budgetId: string): Promise<boolean> {
  * with a user that does not exist. Returns the user row when it was created.
  */
 export async function holdUser(tx: Exec, userId: string, by: string): Promise<UserRow | undefined> {
-  const held = () => tx.select({ id: users.userId }).from(users).where(eq(users.userId, userId)).for("update");
-  if ((await held()).length > 0) return undefined;
+  if (await holdExistingUser(tx, userId)) return undefined;
   const [inserted] = await tx.insert(users).values({ userId, userRole: "internal_user", createdBy: by, updatedBy: by }).onConflictDoNothing().returning();
   // Not inserted: a concurrent call created the user meanwhile; hold that one.
-  if (!inserted) await held();
+  if (!inserted) await holdExistingUser(tx, userId);
   return inserted;
 }
 

@@ -9,7 +9,7 @@ import { appendFileSync, mkdirSync, readdirSync, readFileSync, unlinkSync } from
 import { join } from "node:path";
 import type { Logger } from "../contract.ts";
 import type { SpendEntry } from "./entry.ts";
-import { BatchSums, type SpendStore, writeBatch } from "./flush.ts";
+import { BatchSums, type PreparedBatch, type SpendStore, writeBatch } from "./flush.ts";
 import { copyRow, copyRows } from "./row-text.ts";
 
 export interface SpendWriterOptions {
@@ -199,12 +199,7 @@ export class SpendWriter {
       if (batch === this.batches.at(-1)) this.newBatch();
       const logRows = this.logRows();
       const copyText = this.bulkLoads && logRows ? (batch.text ?? copyRows(batch.entries)) : undefined;
-      try {
-        await writeBatch(this.store, batch.entries, { copyText, logRows, sums: batch.sums });
-      } catch (err) {
-        if (!refusedData(err)) throw err;
-        await this.writeSettingAside(batch.entries, logRows);
-      }
+      await this.writeSettingAside(batch.entries, { copyText, logRows, sums: batch.sums });
       // Only the last batch takes new calls, so this one is still at the front.
       this.batches.shift();
       this.queued -= batch.entries.length;
@@ -235,24 +230,25 @@ export class SpendWriter {
   }
 
   /**
-   * A batch the store refused for a value in it: written in halves, down to the entries it refuses
-   * on their own, which are set aside in a file of their own (and logged) instead of holding every
-   * call after them out of the store, retried forever. Rows already written are not written again.
+   * Writes a batch. One the store refuses for a value in it is written in halves, down to the
+   * entries it refuses on their own, which are set aside in a file of their own (and logged)
+   * instead of holding every call after them out of the store, retried forever. Rows already
+   * written are not written again (they are keyed by call id).
    */
-  private async writeSettingAside(entries: SpendEntry[], logRows: boolean): Promise<void> {
+  private async writeSettingAside(entries: SpendEntry[], prepared: PreparedBatch): Promise<void> {
     try {
-      await writeBatch(this.store, entries, { logRows });
-      return;
+      await writeBatch(this.store, entries, prepared);
     } catch (err) {
       if (!refusedData(err)) throw err;
       if (entries.length === 1) {
         this.setAside(entries[0]!, err);
         return;
       }
+      // The halves' COPY text and sums are their own.
+      const half = Math.ceil(entries.length / 2);
+      await this.writeSettingAside(entries.slice(0, half), { logRows: prepared.logRows });
+      await this.writeSettingAside(entries.slice(half), { logRows: prepared.logRows });
     }
-    const half = Math.ceil(entries.length / 2);
-    await this.writeSettingAside(entries.slice(0, half), logRows);
-    await this.writeSettingAside(entries.slice(half), logRows);
   }
 
   private setAside(entry: SpendEntry, err: unknown): void {
@@ -279,13 +275,7 @@ export class SpendWriter {
         }
       }
       for (let i = 0; i < entries.length; i += this.batchSize) {
-        const part = entries.slice(i, i + this.batchSize);
-        try {
-          await writeBatch(this.store, part, { logRows: this.logRows() });
-        } catch (err) {
-          if (!refusedData(err)) throw err;
-          await this.writeSettingAside(part, this.logRows());
-        }
+        await this.writeSettingAside(entries.slice(i, i + this.batchSize), { logRows: this.logRows() });
       }
       try {
         unlinkSync(file);

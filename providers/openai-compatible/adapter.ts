@@ -18,7 +18,7 @@ import { promptSize } from "../../core/cost/estimate.ts";
 import { answerTokenBound } from "../../core/cost/worst-case.ts";
 import { GatewayOnlyFields, imagesAsked, speechUsage } from "../../core/wire.ts";
 import type { OpenAICompatibleProvider } from "./table.ts";
-import { usageFromOpenAI } from "./usage.ts";
+import { usageFromImages, usageFromOpenAI } from "./usage.ts";
 import { upstreamErrorKind } from "../shared/error-kind.ts";
 import { openAITranscriptions } from "./transcriptions.ts";
 
@@ -264,26 +264,6 @@ export function openAIEmbeddings(): EndpointAdapter<"embeddings"> {
   };
 }
 
-/**
- * The tokens a gpt-image model's answer counts (`usage`: `input_tokens` with their text and image
- * parts in `input_tokens_details`, `output_tokens`, image tokens unless `output_tokens_details`
- * says some were text); none for dall-e, which answers without usage.
- */
-function imageTokens(usage: unknown): Pick<Usage, "promptTokens" | "completionTokens" | "imagePromptTokens" | "imageCompletionTokens"> {
-  const obj = (v: unknown): WireJson => (v !== null && typeof v === "object" && !Array.isArray(v) ? (v as WireJson) : {});
-  const u = obj(usage);
-  const count = (v: unknown) => (typeof v === "number" && Number.isFinite(v) && v > 0 ? v : 0);
-  const promptTokens = count(u.input_tokens);
-  const completionTokens = count(u.output_tokens);
-  const outputText = count(obj(u.output_tokens_details).text_tokens);
-  return {
-    promptTokens,
-    completionTokens,
-    imagePromptTokens: Math.min(promptTokens, count(obj(u.input_tokens_details).image_tokens)),
-    imageCompletionTokens: Math.max(0, completionTokens - outputText),
-  };
-}
-
 /** Image generation: the images returned, at the size and quality asked, are what is priced; a gpt-image model's tokens too. */
 export function openAIImages(): EndpointAdapter<"images"> {
   return {
@@ -295,7 +275,7 @@ export function openAIImages(): EndpointAdapter<"images"> {
       // gpt-image-1 says which size and quality it made (for `auto`); dall-e answers what was asked.
       const size = typeof b.size === "string" && b.size !== "auto" ? b.size : asked.size;
       const quality = typeof b.quality === "string" && b.quality !== "auto" ? b.quality.toLowerCase() : asked.quality;
-      return { body: b, usage: { ...imageTokens(b.usage), images: { count, size, quality } } };
+      return { body: b, usage: { ...usageFromImages(b.usage), images: { count, size, quality } } };
     },
   };
 }

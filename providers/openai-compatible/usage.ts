@@ -32,6 +32,24 @@ export function usageFromOpenAI(raw: unknown): Usage {
 }
 
 /**
+ * The tokens a gpt-image model's answer counts (`usage`: `input_tokens` with their text and image
+ * parts in `input_tokens_details`, `output_tokens`, image tokens unless `output_tokens_details`
+ * says some were text); none for dall-e, which answers without usage.
+ */
+export function usageFromImages(raw: unknown): Pick<Usage, "promptTokens" | "completionTokens" | "imagePromptTokens" | "imageCompletionTokens"> {
+  const u = record(raw);
+  const positive = (v: unknown) => Math.max(0, num(v));
+  const promptTokens = positive(u?.input_tokens);
+  const completionTokens = positive(u?.output_tokens);
+  return {
+    promptTokens,
+    completionTokens,
+    imagePromptTokens: Math.min(promptTokens, positive(record(u?.input_tokens_details)?.image_tokens)),
+    imageCompletionTokens: Math.max(0, completionTokens - positive(record(u?.output_tokens_details)?.text_tokens)),
+  };
+}
+
+/**
  * Perplexity's Deep Research reports the tokens of the sources it cited (`citation_tokens`) and of
  * its reasoning (`reasoning_tokens`) beside its prompt and completion counts, not within them; they
  * become parts of the totals here, priced at their own rates (`citation_cost_per_token`,

@@ -215,7 +215,6 @@ async function teamsApi(db: Exec, rows: readonly TeamRow[]): Promise<Record<stri
 // ---------------------------------------------------------------------------------------------
 // Rules on team fields
 
-
 /** A team inside an organization stays inside its limits: models within the org's, budget and rates at most the org's. */
 async function checkOrgLimits(ctx: AdminCtx, team: { organizationId: string | null; models: string[]; maxBudget: string | null; tpmLimit: number | null; rpmLimit: number | null }): Promise<void> {
   if (!team.organizationId) return;
