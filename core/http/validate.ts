@@ -111,13 +111,10 @@ export async function readForm(request: Request, limit = MAX_REQUEST_BYTES): Pro
     throw GatewayError.of(400, `The multipart body could not be read: ${err instanceof Error ? err.message : String(err)}`, "invalid_request_error");
   }
   const entries = [...form];
-  const declared = declaredPartTypes(bytes, contentType);
+  const declared = declaredParts(bytes, contentType);
   const out: Record<string, unknown> = {};
   for (const [i, [name, parsed]] of entries.entries()) {
-    // Bun types a file by its name's extension, not by its part's Content-Type: the client's type
-    // (audio/webm for `rec.webm`, audio/ogg for a `blob`) is put back, so the upstream gets it.
-    const type = declared.length === entries.length ? declared[i] : undefined;
-    const value = typeof parsed === "string" || type === undefined || type === parsed.type ? parsed : parsed instanceof File ? new File([parsed], parsed.name, { type }) : new Blob([parsed], { type });
+    const value = typeof parsed === "string" || declared.length !== entries.length ? parsed : asDeclared(parsed, declared[i]!);
     if (name.endsWith("[]")) {
       const key = name.slice(0, -2);
       const list = Array.isArray(out[key]) ? (out[key] as unknown[]) : [];
@@ -133,28 +130,47 @@ export async function readForm(request: Request, limit = MAX_REQUEST_BYTES): Pro
   return out;
 }
 
+/** What a multipart part's headers say of it (undefined: not said). */
+interface DeclaredPart {
+  type?: string;
+  /** The `filename` parameter with its escaped quotes (`\"`) unescaped. */
+  filename?: string;
+}
+
 /**
- * The Content-Type each part of a multipart body declares (undefined where it declares none), in
- * order; empty when the body's boundary cannot be found.
+ * A file as its part declared it. Bun types a file by its name's extension, not by its part's
+ * Content-Type: the client's type (audio/webm for `rec.webm`, audio/ogg for a `blob`) is put back,
+ * and a part that declares none goes on as a file of unknown type (application/octet-stream, as
+ * RFC 7578 reads it), not as Bun's guess. Bun also keeps the backslash of a quote escaped in the
+ * `filename` (curl writes `a\"b.mp3`); the name goes on as the client meant it.
  */
-function declaredPartTypes(bytes: Uint8Array, contentType: string): (string | undefined)[] {
+function asDeclared(parsed: Blob, declared: DeclaredPart): Blob {
+  const type = declared.type ?? "";
+  const name = parsed instanceof File ? (declared.filename ?? parsed.name) : undefined;
+  if (type === parsed.type && (name === undefined || name === (parsed as File).name)) return parsed;
+  return name === undefined ? new Blob([parsed], { type }) : new File([parsed], name, { type });
+}
+
+/** What each part of a multipart body declares, in order; empty when the body's boundary cannot be found. */
+function declaredParts(bytes: Uint8Array, contentType: string): DeclaredPart[] {
   const boundary = /boundary=(?:"([^"]+)"|([^;\s]+))/i.exec(contentType);
   if (!boundary) return [];
   const body = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   const delimiter = `\r\n--${boundary[1] ?? boundary[2]}`;
-  const types: (string | undefined)[] = [];
+  const parts: DeclaredPart[] = [];
   // The first delimiter may open the body without the CRLF in front of it; `--` after one closes the body.
   let at = body.indexOf(delimiter.slice(2));
   while (at >= 0 && body.toString("latin1", at + delimiter.length - 2, at + delimiter.length) !== "--") {
     const headersStart = body.indexOf("\r\n", at);
     const headersEnd = body.indexOf("\r\n\r\n", headersStart);
     if (headersStart < 0 || headersEnd < 0) break;
-    const headers = body.toString("latin1", headersStart, headersEnd + 2);
-    types.push(/\r\ncontent-type:[ \t]*([^\r]*?)[ \t]*\r\n/i.exec(headers)?.[1]);
+    const headers = body.toString("utf8", headersStart, headersEnd + 2);
+    const filename = /\r\ncontent-disposition:[^\r]*;[ \t]*filename="((?:[^"\\\r]|\\[^\r])*)"/i.exec(headers)?.[1];
+    parts.push({ type: /\r\ncontent-type:[ \t]*([^\r]*?)[ \t]*\r\n/i.exec(headers)?.[1], filename: filename?.replaceAll('\\"', '"') });
     at = body.indexOf(delimiter, headersEnd);
     if (at >= 0) at += 2;
   }
-  return types;
+  return parts;
 }
 
 /** The request body as a JSON object, or a 400 that says what is wrong. */

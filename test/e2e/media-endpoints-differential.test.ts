@@ -401,12 +401,13 @@ describe(`media endpoints differential (seed ${SEED}, MEDIA_DIFF_SEED)`, () => {
 
   test("a form the SDK cannot make: extra file parts, curl-style names, parts without a type, each forwarded as sent", async () => {
     const r = new Random(SEED + 1);
-    for (let i = 0; i < 6; i++) {
+    for (let i = 0; i < 14; i++) {
       resetMocks();
       const boundary = `----media${r.int(1e9)}`;
       const file = fileBytes(r);
       const extra = fileBytes(r).subarray(0, 300);
-      const name = r.pick(["rec", "back\\slash.ogg", "é and ü.webm", "blob", "tab\there.mp3"]);
+      // As written between the quotes: curl escapes a quote in a name with a backslash.
+      const name = r.pick(["rec", "back\\slash.ogg", "é and ü.webm", "blob", "tab\there.mp3", 'say \\"hi\\".mp3', 'back\\slash \\"q\\".ogg']);
       const type = r.pick([undefined, ...TYPES]);
       const part = (headers: string, body: Uint8Array<ArrayBuffer> | string) => [`--${boundary}\r\n${headers}\r\n\r\n`, body, "\r\n"];
       const body = new Blob([
@@ -425,11 +426,13 @@ describe(`media endpoints differential (seed ${SEED}, MEDIA_DIFF_SEED)`, () => {
       const got = lastRequest(model);
       expectUpstreamCall(model, got, "audio/transcriptions", MASTER_KEY);
       const upstream = byName(got!.parts!);
-      // A part without a type goes on as a file of unknown type; its name and bytes as sent.
+      // A part without a type goes on as a file of unknown type (not as a type guessed from its
+      // name's extension); its name as the client meant it (an escaped quote unescaped, then written
+      // as a browser writes a quote), and its bytes as sent.
       const [fileName, fileType, fileHex] = upstream.file![0] as string[];
-      expect(fileName).toBe((clientParts.file![0] as string[])[0]!.replaceAll('"', "%22"));
+      expect(fileName).toBe((clientParts.file![0] as string[])[0]!.replaceAll('\\"', '"').replaceAll('"', "%22"));
       expect(fileHex).toBe(Buffer.from(file).toString("hex"));
-      if (type) expect(fileType).toBe(type.toLowerCase());
+      expect(fileType).toBe(type ? type.toLowerCase() : "application/octet-stream");
       expect(upstream.hint_file).toEqual(clientParts.hint_file!);
       expect(upstream.chunking_strategy).toEqual(['{"type":"server_vad"}']);
       expect(upstream["include[]"]).toEqual(["logprobs"]);
