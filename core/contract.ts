@@ -31,6 +31,11 @@ export interface Usage {
   completionTokens: number;
   /** Prompt tokens read from the provider's prompt cache (part of promptTokens). */
   cachedPromptTokens?: number;
+  /**
+   * Of cachedPromptTokens, those that were audio, so also counted in audioPromptTokens (OpenAI's
+   * `prompt_tokens_details.cached_tokens_details.audio_tokens`): priced once, at the cached-audio rate.
+   */
+  cachedAudioPromptTokens?: number;
   /** Prompt tokens written to the provider's prompt cache (part of promptTokens). */
   cacheCreationTokens?: number;
   /** Of cacheCreationTokens, those written for an hour (Anthropic's `ephemeral_1h_input_tokens`), priced at their own rate. */

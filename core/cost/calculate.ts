@@ -1,7 +1,7 @@
 /**
  * Cost of a call from its usage and its model's prices: every part summed in yocto-dollars and
  * rounded to pico-dollars once. Token details (cached, reasoning, audio) are parts of the totals,
- * so each token is priced exactly once.
+ * so each token is priced exactly once (cached audio, a part of two of them, once too).
  */
 import type { Usage } from "../contract.ts";
 import { type Pico, type Rate, rateToPico, scaled } from "./money.ts";
@@ -50,6 +50,7 @@ export function costOf(price: ModelPrice, usage: Usage, callMs?: number): Pico {
   // LiteLLM's rule (calculate_cache_writing_cost): 1-hour writes at their own rate, not tiered.
   const cacheCreation1h = price.cacheCreation1hPerToken ?? cacheCreation;
   const audioIn = price.inputPerAudioToken ?? input;
+  const cacheReadAudio = price.cacheReadPerAudioToken ?? cacheRead;
   const audioOut = price.outputPerAudioToken ?? output;
   const imageIn = price.inputPerImageToken ?? input;
   const imageOut = price.outputPerImageToken ?? output;
@@ -59,9 +60,13 @@ export function costOf(price: ModelPrice, usage: Usage, callMs?: number): Pico {
   const created = usage.cacheCreationTokens ?? 0;
   const createdHour = Math.min(created, usage.cacheCreation1hTokens ?? 0);
   const audioPrompt = usage.audioPromptTokens ?? 0;
+  // Cached audio is counted both as cached and as audio (OpenAI's realtime and audio models): it is
+  // priced once, at the cached-audio rate. At least the overlap the totals force is taken as cached
+  // audio (cached and audio tokens together beyond the prompt), so the parts never outgrow it.
+  const cachedAudio = Math.min(cached, audioPrompt, Math.max(usage.cachedAudioPromptTokens ?? 0, cached + audioPrompt - usage.promptTokens));
   const imagePrompt = usage.imagePromptTokens ?? 0;
   const cited = usage.citationTokens ?? 0;
-  const plainPrompt = Math.max(0, usage.promptTokens - cached - created - audioPrompt - imagePrompt - cited);
+  const plainPrompt = Math.max(0, usage.promptTokens - cached - created - (audioPrompt - cachedAudio) - imagePrompt - cited);
   const reasoned = usage.reasoningTokens ?? 0;
   const audioCompletion = usage.audioCompletionTokens ?? 0;
   const imageCompletion = usage.imageCompletionTokens ?? 0;
@@ -71,10 +76,11 @@ export function costOf(price: ModelPrice, usage: Usage, callMs?: number): Pico {
   const byCharacters = (usage.characters ?? 0) > 0 && price.inputPerCharacter !== undefined;
   let total =
     times(byCharacters ? 0 : plainPrompt, input) +
-    times(cached, cacheRead) +
+    times(cached - cachedAudio, cacheRead) +
+    times(cachedAudio, cacheReadAudio) +
     times(created - createdHour, cacheCreation) +
     times(createdHour, cacheCreation1h) +
-    times(audioPrompt, audioIn) +
+    times(audioPrompt - cachedAudio, audioIn) +
     times(plainCompletion, output) +
     times(reasoned, reasoning) +
     times(audioCompletion, audioOut) +
@@ -124,7 +130,7 @@ export function worstCaseCost(price: ModelPrice, promptTokens: number, maxOutput
   const output = tier?.output ?? price.outputPerToken ?? 0n;
   const reasoning = price.reasoningPerToken ?? 0n;
   // A character is at least a byte, so the prompt's bound (a token per byte) bounds its characters too.
-  const maxIn = [input, cacheCreation, cacheCreation1h, price.inputPerAudioToken ?? 0n, price.inputPerImageToken ?? 0n, price.inputPerCharacter ?? 0n, price.citationPerToken ?? 0n].reduce(larger);
+  const maxIn = [input, cacheCreation, cacheCreation1h, price.inputPerAudioToken ?? 0n, price.cacheReadPerAudioToken ?? 0n, price.inputPerImageToken ?? 0n, price.inputPerCharacter ?? 0n, price.citationPerToken ?? 0n].reduce(larger);
   const maxOut = [output, reasoning, price.outputPerAudioToken ?? 0n, price.outputPerImageToken ?? 0n].reduce(larger);
   const search = Object.values(price.perWebSearch ?? {}).reduce<bigint>((a, b) => larger(a, b ?? 0n), 0n);
   return rateToPico(BigInt(promptTokens) * maxIn + BigInt(maxOutputTokens) * maxOut + callTimeRate(price, maxCallMs) + (price.perRequest ?? 0n) + BigInt(maxSearches) * search);

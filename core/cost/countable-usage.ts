@@ -21,14 +21,15 @@ function count(value: unknown): number {
 const countable = (value: unknown): boolean => value === undefined || (Number.isSafeInteger(value) && (value as number) >= 0 && (value as number) <= MAX_COUNT);
 
 /** Usage's counts of things (optional ones) beside its two totals. */
-type CountField = "cachedPromptTokens" | "cacheCreationTokens" | "cacheCreation1hTokens" | "audioPromptTokens" | "imagePromptTokens" | "citationTokens" | "reasoningTokens" | "audioCompletionTokens" | "imageCompletionTokens" | "characters" | "webSearchRequests";
+type CountField = "cachedPromptTokens" | "cachedAudioPromptTokens" | "cacheCreationTokens" | "cacheCreation1hTokens" | "audioPromptTokens" | "imagePromptTokens" | "citationTokens" | "reasoningTokens" | "audioCompletionTokens" | "imageCompletionTokens" | "characters" | "webSearchRequests";
 
 /**
  * Each count and what bounds it: the total it is a part of (a part of a part after its whole), or
  * nothing. Parts are not checked against each other: providers count them in ways that overlap.
  */
-const COUNTS: readonly (readonly [CountField, "promptTokens" | "completionTokens" | "cacheCreationTokens" | null])[] = [
+const COUNTS: readonly (readonly [CountField, "promptTokens" | "completionTokens" | "cachedPromptTokens" | "cacheCreationTokens" | null])[] = [
   ["cachedPromptTokens", "promptTokens"],
+  ["cachedAudioPromptTokens", "cachedPromptTokens"],
   ["cacheCreationTokens", "promptTokens"],
   ["cacheCreation1hTokens", "cacheCreationTokens"],
   ["audioPromptTokens", "promptTokens"],

@@ -33,6 +33,8 @@ export interface ModelPrice {
   cacheCreation1hPerToken?: Rate;
   reasoningPerToken?: Rate;
   inputPerAudioToken?: Rate;
+  /** Audio prompt tokens read from the prompt cache (OpenAI's realtime models). */
+  cacheReadPerAudioToken?: Rate;
   outputPerAudioToken?: Rate;
   /** Image tokens (gpt-image models count images in and out as tokens). */
   inputPerImageToken?: Rate;
@@ -102,6 +104,11 @@ export function toModelPrice(raw: RawPrice, source: string): ModelPrice {
     cacheCreation1hPerToken: rateField(raw, "cache_creation_input_token_cost_above_1hr"),
     reasoningPerToken: rateField(raw, "output_cost_per_reasoning_token"),
     inputPerAudioToken: rateField(raw, "input_cost_per_audio_token"),
+    // Cached audio input. The file gives it as cache_read_input_audio_token_cost on a few entries
+    // and, on most OpenAI and Azure realtime ones, as cache_creation_input_audio_token_cost: OpenAI
+    // charges nothing to write its cache, and those values are its published cached audio input
+    // prices (gpt-4o-realtime-preview-2024-10-01: $20 per million, beside $2.50 for cached text).
+    cacheReadPerAudioToken: rateField(raw, "cache_read_input_audio_token_cost") ?? rateField(raw, "cache_creation_input_audio_token_cost"),
     outputPerAudioToken: rateField(raw, "output_cost_per_audio_token"),
     inputPerImageToken: rateField(raw, "input_cost_per_image_token"),
     outputPerImageToken: rateField(raw, "output_cost_per_image_token"),

@@ -25,6 +25,10 @@ export function usageFromOpenAI(raw: unknown): Usage {
   if (cached) usage.cachedPromptTokens = cached;
   if (reasoning) usage.reasoningTokens = reasoning;
   if (audioIn) usage.audioPromptTokens = audioIn;
+  // cached_tokens counts cached text and audio alike, audio_tokens all audio, cached or not: the
+  // cached audio (cached_tokens_details.audio_tokens) is in both, and is priced once (calculate.ts).
+  const cachedAudio = Math.min(cached, audioIn, num(record(promptDetails?.cached_tokens_details)?.audio_tokens));
+  if (cachedAudio > 0) usage.cachedAudioPromptTokens = cachedAudio;
   if (audioOut) usage.audioCompletionTokens = audioOut;
   withPerplexityParts(usage, u, reasoning);
   withPerplexitySearch(usage, u);

@@ -91,6 +91,11 @@ interface Used {
   /** Cache writes for 1 hour (Anthropic's `ephemeral_1h_input_tokens`). */
   cacheWrite1h?: number;
   audioIn?: number;
+  /**
+   * Cached audio (OpenAI's realtime models), apart from cacheRead and audioIn here; the provider
+   * counts it in both its cached_tokens and its audio_tokens.
+   */
+  cacheReadAudio?: number;
   reasoning?: number;
   audioOut?: number;
   /** Web searches run by the provider (Anthropic's web search tool; an OpenAI search model's answer citing the web). */
@@ -137,16 +142,20 @@ function tokenCost(entry: Json, u: Used): Dec {
   const cacheWrite = field("cache_creation_input_token_cost") ?? input;
   const cacheWrite1h = rateOf(entry, "cache_creation_input_token_cost_above_1hr") ?? cacheWrite;
   const audioIn = rateOf(entry, "input_cost_per_audio_token") ?? input;
+  // Cached audio: cache_read_input_audio_token_cost, else (OpenAI's realtime entries, OpenAI not
+  // charging cache writes) cache_creation_input_audio_token_cost, else as a cached token (README).
+  const cacheReadAudio = rateOf(entry, "cache_read_input_audio_token_cost") ?? rateOf(entry, "cache_creation_input_audio_token_cost") ?? cacheRead;
   const audioOut = rateOf(entry, "output_cost_per_audio_token") ?? output;
   const reasoning = rateOf(entry, "output_cost_per_reasoning_token") ?? output;
   const r = u.cacheRead ?? 0;
   const w = u.cacheWrite ?? 0;
   const w1 = u.cacheWrite1h ?? 0;
   const ai = u.audioIn ?? 0;
+  const ra = u.cacheReadAudio ?? 0;
   const re = u.reasoning ?? 0;
   const ao = u.audioOut ?? 0;
   const ci = u.citation ?? 0;
-  const textIn = u.prompt - r - w - w1 - ai - ci;
+  const textIn = u.prompt - r - w - w1 - ai - ra - ci;
   const textOut = u.completion - re - ao;
   if (textIn < 0 || textOut < 0) throw new Error(`inconsistent usage ${JSON.stringify(u)}`);
   // A web search at `search_context_cost_per_query`'s price for the size asked, else medium
@@ -159,7 +168,7 @@ function tokenCost(entry: Json, u: Used): Dec {
   const perRequest = u.prompt + u.completion > 0 ? (rateOf(entry, "input_cost_per_request") ?? ZERO) : ZERO;
   // Cited sources' tokens at citation_cost_per_token (LiteLLM's perplexity cost_per_token).
   const citation = rateOf(entry, "citation_cost_per_token") ?? input;
-  return [perRequest, times(ci, citation), times(u.webSearches ?? 0, search), times(textIn, input), times(r, cacheRead), times(w, cacheWrite), times(w1, cacheWrite1h), times(ai, audioIn), times(textOut, output), times(re, reasoning), times(ao, audioOut)].reduce(add, ZERO);
+  return [perRequest, times(ci, citation), times(u.webSearches ?? 0, search), times(textIn, input), times(r, cacheRead), times(w, cacheWrite), times(w1, cacheWrite1h), times(ai, audioIn), times(ra, cacheReadAudio), times(textOut, output), times(re, reasoning), times(ao, audioOut)].reduce(add, ZERO);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -181,6 +190,8 @@ interface Target {
     cacheWrite?: boolean;
     cacheWrite1h?: boolean;
     audio?: boolean;
+    /** Cached audio: part of the cached tokens and of the audio tokens both (OpenAI's realtime models). */
+    cachedAudio?: boolean;
     reasoning?: boolean;
     tier?: number;
     webSearch?: boolean;
@@ -201,6 +212,14 @@ const vertex = (model: string) => (m: StartedProviderMocks) => ({
 const TARGETS: Target[] = [
   { name: "gpt-4o", family: "openai", entry: "gpt-4o", svc: openai("gpt-4o"), parts: { cacheRead: true } },
   { name: "gpt-4o-audio", family: "openai", entry: "gpt-4o-audio-preview-2024-12-17", svc: openai("gpt-4o-audio-preview-2024-12-17"), parts: { audio: true } },
+  // Realtime models cache audio too: cached audio at $20 per million beside $2.50 for cached text and $100 for audio.
+  {
+    name: "gpt-4o-realtime",
+    family: "openai",
+    entry: "gpt-4o-realtime-preview-2024-10-01",
+    svc: openai("gpt-4o-realtime-preview-2024-10-01"),
+    parts: { cacheRead: true, audio: true, cachedAudio: true },
+  },
   // A search model: an answer citing the web (url_citation annotations) is one search, at the size asked.
   { name: "gpt-4o-search", family: "openai", entry: "gpt-4o-search-preview", svc: openai("gpt-4o-search-preview"), parts: { citesWeb: true } },
   // Perplexity's Sonar: a request fee by the search context size its usage reports; Deep Research: a fee per search query.
@@ -345,15 +364,18 @@ function planUsage(rng: Random, t: Target): Plan {
   const completion = tokens(rng, 40_000);
   const [plain = 0, cacheRead = 0, cacheWrite = 0, cacheWrite1h = 0, audioIn = 0] = split(rng, prompt, 5);
   const keep = (on: boolean | undefined, n: number) => (on && rng.chance(0.7) ? n : 0);
+  // Of the cached tokens, some audio.
+  const [cachedText = 0, cachedAudio = 0] = p.cachedAudio ? split(rng, cacheRead, 2) : [cacheRead, 0];
   const u: Used = {
     prompt: 0,
     completion,
-    cacheRead: keep(p.cacheRead, cacheRead),
+    cacheRead: keep(p.cacheRead, cachedText),
+    cacheReadAudio: keep(p.cachedAudio, cachedAudio),
     cacheWrite: keep(p.cacheWrite, cacheWrite),
     cacheWrite1h: keep(p.cacheWrite1h, cacheWrite1h),
     audioIn: keep(p.audio, audioIn),
   };
-  u.prompt = plain + u.cacheRead! + u.cacheWrite! + u.cacheWrite1h! + u.audioIn!;
+  u.prompt = plain + u.cacheRead! + u.cacheReadAudio! + u.cacheWrite! + u.cacheWrite1h! + u.audioIn!;
   const [textOut = 0, reasoning = 0, audioOut = 0] = split(rng, completion, 3);
   u.reasoning = keep(p.reasoning, reasoning);
   u.audioOut = t.family === "openai" ? keep(p.audio, audioOut) : 0;
@@ -387,7 +409,12 @@ function nativeUsage(family: Family, u: Used, rng: Random): Json {
         prompt_tokens: u.prompt,
         completion_tokens: u.completion,
         total_tokens: u.prompt + u.completion,
-        prompt_tokens_details: { cached_tokens: u.cacheRead ?? 0, audio_tokens: u.audioIn ?? 0 },
+        // Cached audio is counted in cached_tokens and audio_tokens both; cached_tokens_details splits the cached ones.
+        prompt_tokens_details: {
+          cached_tokens: (u.cacheRead ?? 0) + (u.cacheReadAudio ?? 0),
+          audio_tokens: (u.audioIn ?? 0) + (u.cacheReadAudio ?? 0),
+          ...(u.cacheReadAudio ? { cached_tokens_details: { text_tokens: u.cacheRead ?? 0, audio_tokens: u.cacheReadAudio } } : {}),
+        },
         completion_tokens_details: { reasoning_tokens: u.reasoning ?? 0, audio_tokens: u.audioOut ?? 0, accepted_prediction_tokens: 0, rejected_prediction_tokens: 0 },
       };
     case "perplexity":
@@ -604,9 +631,9 @@ function expectClientUsage(got: Json | undefined, u: Used, what: string): void {
   const pd = (got!.prompt_tokens_details ?? {}) as Json;
   const cd = (got!.completion_tokens_details ?? {}) as Json;
   // An OpenAI-compatible answer reaches the client as the provider wrote it: DeepSeek's cache hits in its own field.
-  expect(pd.cached_tokens ?? got!.prompt_cache_hit_tokens ?? 0, `${what}: cached_tokens`).toBe(u.cacheRead ?? 0);
+  expect(pd.cached_tokens ?? got!.prompt_cache_hit_tokens ?? 0, `${what}: cached_tokens`).toBe((u.cacheRead ?? 0) + (u.cacheReadAudio ?? 0));
   expect(cd.reasoning_tokens ?? 0, `${what}: reasoning_tokens`).toBe(u.reasoning ?? 0);
-  if (u.audioIn) expect(pd.audio_tokens, `${what}: prompt audio_tokens`).toBe(u.audioIn);
+  if (u.audioIn || u.cacheReadAudio) expect(pd.audio_tokens, `${what}: prompt audio_tokens`).toBe((u.audioIn ?? 0) + (u.cacheReadAudio ?? 0));
   if (u.audioOut) expect(cd.audio_tokens, `${what}: completion audio_tokens`).toBe(u.audioOut);
 }
 
@@ -910,7 +937,7 @@ test(`every call's cost equals the reference's, in its header, its log row and t
       expect(row, `${d.what}: log row tokens`).toMatchObject({
         prompt_tokens: d.used.prompt,
         completion_tokens: d.used.completion,
-        cache_read_input_tokens: d.used.cacheRead ?? 0,
+        cache_read_input_tokens: (d.used.cacheRead ?? 0) + (d.used.cacheReadAudio ?? 0),
         cache_creation_input_tokens: (d.used.cacheWrite ?? 0) + (d.used.cacheWrite1h ?? 0),
       });
     }

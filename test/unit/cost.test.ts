@@ -169,6 +169,38 @@ describe("parts of usage priced at their own rates, read from the provider's usa
     expect(picoToText(got)).toBe(picoToText(200n * perM("2.50") + 800n * perM("40.00") + 100n * perM("10.00") + 500n * perM("80.00")));
   });
 
+  test("OpenAI cached audio priced once, at the cached-audio rate (gpt-4o-realtime-preview-2024-10-01: audio $100, cached audio $20, text $5, cached text $2.50, out $20 and audio out $200)", () => {
+    // 10,000 prompt tokens: 2,000 text (1,000 of them cached) and 8,000 audio (6,000 cached).
+    // cached_tokens counts cached text and audio (7,000), audio_tokens all audio (8,000).
+    const raw = {
+      prompt_tokens: 10_000,
+      completion_tokens: 500,
+      total_tokens: 10_500,
+      prompt_tokens_details: { cached_tokens: 7_000, audio_tokens: 8_000, text_tokens: 2_000, cached_tokens_details: { text_tokens: 1_000, audio_tokens: 6_000 } },
+      completion_tokens_details: { reasoning_tokens: 0, audio_tokens: 400, text_tokens: 100 },
+    };
+    const usage = usageFromOpenAI(raw);
+    expect(usage).toMatchObject({ promptTokens: 10_000, cachedPromptTokens: 7_000, audioPromptTokens: 8_000, cachedAudioPromptTokens: 6_000 });
+    const d = deployment("openai/gpt-4o-realtime-preview-2024-10-01");
+    // 1,000 × $5 + 1,000 × $2.50 + 2,000 × $100 + 6,000 × $20 + 100 × $20 + 400 × $200 per million
+    // = 0.005 + 0.0025 + 0.2 + 0.12 + 0.002 + 0.08 = $0.4095 (it was $0.8995: the cached audio at
+    // $2.50 and again at $100, and 1,000 text tokens dropped).
+    expect(picoToText(pricing.costOf(d, usage).cost)).toBe("0.4095");
+    // The same usage without cached_tokens_details: cached and audio overlap at least by what they
+    // exceed the prompt by (5,000), cached text first; 10,000 tokens priced, none twice:
+    // 2,000 × $2.50 + 5,000 × $20 + 3,000 × $100 + 100 × $20 + 400 × $200 = 0.005 + 0.1 + 0.3 + 0.082 = $0.487.
+    const bare = usageFromOpenAI({ ...raw, prompt_tokens_details: { cached_tokens: 7_000, audio_tokens: 8_000 } });
+    expect(bare.cachedAudioPromptTokens).toBeUndefined();
+    expect(picoToText(pricing.costOf(d, bare).cost)).toBe("0.487");
+    // The budget worst case stays the dearest rate: every prompt token as uncached audio.
+    expect(pricing.worstCase(d, 10_000, 500)).toBe(10_000n * perM("100") + 500n * perM("200"));
+    // /spend/calculate-style OpenAI usage, the entry naming cache_read_input_audio_token_cost
+    // (gpt-realtime-mini: cached audio $0.30, audio $10, text $0.60, out $2.40, audio out $20):
+    // 1,000 × $0.60 + 1,000 × $0.60 (no cached text price: as input) + 2,000 × $10 + 6,000 × $0.30
+    // + 100 × $2.40 + 400 × $20 = 0.0006 + 0.0006 + 0.02 + 0.0018 + 0.00024 + 0.008 = $0.03124.
+    expect(picoToText(pricing.costOf(deployment("openai/gpt-realtime-mini"), usage).cost)).toBe("0.03124");
+  });
+
   test("Gemini audio prompt tokens (promptTokensDetails AUDIO; gemini-2.0-flash: $0.70 per million, text $0.10, cached $0.025)", () => {
     const usage = usageFromGemini({
       promptTokenCount: 5000,

@@ -391,6 +391,8 @@ function usageOf(raw: Record<string, unknown>): Usage {
   if (cached) usage.cachedPromptTokens = cached;
   if (created) usage.cacheCreationTokens = created;
   if (count0(prompt.audio_tokens)) usage.audioPromptTokens = count0(prompt.audio_tokens);
+  const cachedAudio = Math.min(cached, count0(prompt.audio_tokens), count0(record(prompt.cached_tokens_details).audio_tokens));
+  if (cachedAudio) usage.cachedAudioPromptTokens = cachedAudio;
   if (count0(completion.reasoning_tokens)) usage.reasoningTokens = count0(completion.reasoning_tokens);
   if (count0(completion.audio_tokens)) usage.audioCompletionTokens = count0(completion.audio_tokens);
   return usage;
