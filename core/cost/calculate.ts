@@ -47,8 +47,9 @@ export function costOf(price: ModelPrice, usage: Usage, callMs?: number): Pico {
   const output = tier?.output ?? price.outputPerToken;
   const cacheRead = tier?.cacheRead ?? price.cacheReadPerToken ?? input;
   const cacheCreation = tier?.cacheCreation ?? price.cacheCreationPerToken ?? input;
-  // LiteLLM's rule (calculate_cache_writing_cost): 1-hour writes at their own rate, not tiered.
-  const cacheCreation1h = price.cacheCreation1hPerToken ?? cacheCreation;
+  // 1-hour writes at their own rate (LiteLLM's calculate_cache_writing_cost), the tier's above a
+  // prompt size (prices.ts: cacheCreation1hAbove).
+  const cacheCreation1h = tier?.cacheCreation1h ?? price.cacheCreation1hPerToken ?? cacheCreation;
   const audioIn = price.inputPerAudioToken ?? input;
   const cacheReadAudio = price.cacheReadPerAudioToken ?? cacheRead;
   const audioOut = price.outputPerAudioToken ?? output;
@@ -126,7 +127,7 @@ export function worstCaseCost(price: ModelPrice, promptTokens: number, maxOutput
   const tier = tierFor(price, promptTokens);
   const input = tier?.input ?? price.inputPerToken ?? 0n;
   const cacheCreation = tier?.cacheCreation ?? price.cacheCreationPerToken ?? 0n;
-  const cacheCreation1h = price.cacheCreation1hPerToken ?? 0n;
+  const cacheCreation1h = tier?.cacheCreation1h ?? price.cacheCreation1hPerToken ?? 0n;
   const output = tier?.output ?? price.outputPerToken ?? 0n;
   const reasoning = price.reasoningPerToken ?? 0n;
   // A character is at least a byte, so the prompt's bound (a token per byte) bounds its characters too.

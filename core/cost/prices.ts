@@ -18,6 +18,8 @@ export interface PriceTier {
   output?: Rate;
   cacheRead?: Rate;
   cacheCreation?: Rate;
+  /** 1-hour cache writes (see cacheCreation1hAbove). */
+  cacheCreation1h?: Rate;
 }
 
 /** A model's prices in yocto-dollars per unit; absent means "not charged". */
@@ -79,6 +81,23 @@ function intField(raw: RawPrice, name: string): number | undefined {
   return typeof v === "number" && Number.isInteger(v) && v > 0 ? v : undefined;
 }
 
+/**
+ * A 1-hour cache write's price above a prompt size: the entry's
+ * `cache_creation_input_token_cost_above_1hr_above_<N>k_tokens` (LiteLLM's name for it), else,
+ * for a tier that raises the input price, the 1-hour price raised alike (to the yocto-dollar).
+ * The file names no such field; Anthropic multiplies a long prompt's input price and a cache
+ * write's multiplier applies on top of it: claude-sonnet-4's 1-hour writes are $6 per million (2×
+ * its $3 input) and $12 above 200k tokens (2× its $6). LiteLLM, without the field, keeps the $6.
+ */
+function cacheCreation1hAbove(raw: RawPrice, suffix: string, tierInput: Rate | undefined): Rate | undefined {
+  const own = rateField(raw, `cache_creation_input_token_cost_above_1hr${suffix}`);
+  if (own !== undefined) return own;
+  const hour = rateField(raw, "cache_creation_input_token_cost_above_1hr");
+  const input = rateField(raw, "input_cost_per_token");
+  if (hour === undefined || tierInput === undefined || input === undefined || input === 0n) return undefined;
+  return (hour * tierInput) / input;
+}
+
 /** A price-file entry → typed rates. */
 export function toModelPrice(raw: RawPrice, source: string): ModelPrice {
   const tiers: PriceTier[] = [];
@@ -91,6 +110,7 @@ export function toModelPrice(raw: RawPrice, source: string): ModelPrice {
       cacheRead: rateField(raw, `cache_read_input_token_cost${suffix}`),
       cacheCreation: rateField(raw, `cache_creation_input_token_cost${suffix}`),
     };
+    tier.cacheCreation1h = cacheCreation1hAbove(raw, suffix, tier.input);
     if (tier.input !== undefined || tier.output !== undefined) tiers.push(tier);
   }
   return {

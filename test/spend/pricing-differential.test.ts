@@ -66,6 +66,13 @@ function add(a: Dec, b: Dec): Dec {
 }
 const mul = (a: Dec, b: Dec): Dec => ({ n: a.n * b.n, s: a.s + b.s });
 const times = (count: number, r: Dec): Dec => ({ n: BigInt(count) * r.n, s: r.s });
+/** a ÷ b, which must be an exact decimal (the reference prices only with exact rates). */
+function ratio(a: Dec, b: Dec): Dec {
+  // a.n × 10^-a.s ÷ (b.n × 10^-b.s), with 24 more digits than a has.
+  const n = a.n * 10n ** 24n;
+  if (n % b.n !== 0n) throw new Error(`inexact ratio ${a.n}e-${a.s} / ${b.n}e-${b.s}`);
+  return { n: n / b.n, s: a.s + 24 - b.s };
+}
 /** USD → pico-dollars, rounded half up once (README: amounts are integer pico-dollars; a cost is rounded once, after the sum). */
 function toPico(a: Dec): bigint {
   if (a.s <= 12) return a.n * 10n ** BigInt(12 - a.s);
@@ -140,7 +147,15 @@ function tokenCost(entry: Json, u: Used): Dec {
   // input_cost_per_token_cache_hit; else it is priced as input (README: each token priced once).
   const cacheRead = field("cache_read_input_token_cost") ?? rateOf(entry, "input_cost_per_token_cache_hit") ?? input;
   const cacheWrite = field("cache_creation_input_token_cost") ?? input;
-  const cacheWrite1h = rateOf(entry, "cache_creation_input_token_cost_above_1hr") ?? cacheWrite;
+  // A 1-hour write above a tier: the tier's own field, else the 1-hour price raised as the tier
+  // raises the input price (README: Anthropic's long-context multiplier applies to cache writes too).
+  const hour = rateOf(entry, "cache_creation_input_token_cost_above_1hr");
+  const baseInput = rateOf(entry, "input_cost_per_token");
+  const tierInput = tier !== undefined ? rateOf(entry, `input_cost_per_token_above_${tier / 1000}k_tokens`) : undefined;
+  const cacheWrite1h =
+    (tier !== undefined ? rateOf(entry, `cache_creation_input_token_cost_above_1hr_above_${tier / 1000}k_tokens`) : undefined) ??
+    (hour && tierInput && baseInput ? ratio(mul(hour, tierInput), baseInput) : hour) ??
+    cacheWrite;
   const audioIn = rateOf(entry, "input_cost_per_audio_token") ?? input;
   // Cached audio: cache_read_input_audio_token_cost, else (OpenAI's realtime entries, OpenAI not
   // charging cache writes) cache_creation_input_audio_token_cost, else as a cached token (README).

@@ -235,6 +235,31 @@ describe("parts of usage priced at their own rates, read from the provider's usa
     expect(pricing.worstCase(deployment("anthropic/claude-sonnet-4-20250514"), 100, 10)).toBe(100n * perM("6.00") + 10n * perM("15.00"));
   });
 
+  test("Anthropic 1-hour cache writes above 200k prompt tokens at the long-context rate (claude-sonnet-4: $12 per million, 2× its $6 input there)", () => {
+    // The file prices claude-sonnet-4 above 200k tokens: input $6, output $22.50, 5-minute writes
+    // $7.50, reads $0.60; 1-hour writes $6 below, and no field above: raised as the input is (2×).
+    const usage = usageFromAnthropic({
+      input_tokens: 200_000,
+      cache_read_input_tokens: 10_000,
+      cache_creation_input_tokens: 40_000,
+      cache_creation: { ephemeral_5m_input_tokens: 10_000, ephemeral_1h_input_tokens: 30_000 },
+      output_tokens: 1_000,
+    });
+    expect(usage).toMatchObject({ promptTokens: 250_000, cacheCreationTokens: 40_000, cacheCreation1hTokens: 30_000 });
+    const d = deployment("anthropic/claude-sonnet-4-20250514");
+    // 200,000 × $6 + 10,000 × $0.60 + 10,000 × $7.50 + 30,000 × $12 + 1,000 × $22.50 per million
+    // = 1.2 + 0.006 + 0.075 + 0.36 + 0.0225 = $1.6635 (it was $1.4835: the 1-hour writes at $6).
+    expect(picoToText(pricing.costOf(d, usage).cost)).toBe("1.6635");
+    // Budgets: a 250,000-token prompt at the dearest rate that can apply there, the 1-hour write's
+    // $12: 250,000 × $12 + 1,000 × $22.50 = $3.0225 (it was $1.8975, at the 5-minute write's $7.50).
+    expect(picoToText(pricing.worstCase(d, 250_000, 1_000))).toBe("3.0225");
+    // At or below 200k nothing changes: 1-hour writes at $6.
+    expect(picoToText(pricing.costOf(d, chat(200_000, 0, { cacheCreationTokens: 30_000, cacheCreation1hTokens: 30_000 })).cost)).toBe("0.69");
+    // An entry's own above-200k 1-hour price (LiteLLM's field name) wins over the doubling.
+    const own = deployment("anthropic/claude-sonnet-4-20250514", { cache_creation_input_token_cost_above_1hr_above_200k_tokens: 0.00001 });
+    expect(picoToText(pricing.costOf(own, usage).cost)).toBe("1.6035");
+  });
+
   test("Anthropic web searches ($10 per thousand, search_context_cost_per_query) beside the tokens", () => {
     const usage = usageFromAnthropic({ input_tokens: 1000, output_tokens: 200, server_tool_use: { web_search_requests: 3 } });
     expect(usage).toEqual({ promptTokens: 1000, completionTokens: 200, webSearchRequests: 3 });
