@@ -3,7 +3,7 @@ import type { Usage, WireJson } from "../../core/contract.ts";
 import { chatCompletionId, nowSeconds, type OpenAIFinishReason, type OpenAIToolCall } from "../shared/chat-completion.ts";
 import { openAIUsage } from "../shared/openai-usage.ts";
 import { toolCallId } from "./tool-ids.ts";
-import { usageFromGemini } from "./usage.ts";
+import { groundingSearches, usageFromGemini } from "./usage.ts";
 import type { GeminiCandidate, GeminiPart, GenerateContentResponse } from "./wire.ts";
 
 /** Gemini finish reasons that mean its filters stopped the answer; every other one but MAX_TOKENS is a plain stop. */
@@ -79,6 +79,8 @@ export function chatCompletionFrom(body: unknown, fallbackModel = ""): { body: W
   const blocked = promptBlocked(res);
   if (blocked) throw blocked;
   const usage = usageFromGemini(res.usageMetadata);
+  const searches = (res.candidates ?? []).reduce((n, c) => n + groundingSearches(c), 0);
+  if (searches > 0) usage.webSearchRequests = searches;
   const choices = (res.candidates ?? []).map(choice).sort((a, b) => (a.index as number) - (b.index as number));
   return {
     body: {

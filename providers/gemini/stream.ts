@@ -9,7 +9,7 @@ import { estimateTokens } from "../openai-compatible/adapter.ts";
 import { chatCompletionId, nowSeconds } from "../shared/chat-completion.ts";
 import { openAIUsage } from "../shared/openai-usage.ts";
 import { finishReason, promptBlocked, sortParts } from "./response.ts";
-import { usageFromGemini } from "./usage.ts";
+import { groundingSearches, usageFromGemini } from "./usage.ts";
 import type { GeminiCandidate, GenerateContentResponse, GoogleErrorBody } from "./wire.ts";
 
 interface CandidateState {
@@ -30,6 +30,8 @@ export interface GeminiStreamState {
   finished: number;
   /** The latest usage Gemini reported (its figures grow as the stream goes). */
   reported?: Usage;
+  /** Per candidate, the web searches its latest grounding metadata lists (Grounding with Google Search). */
+  searches: Map<number, number>;
   usageSent: boolean;
   promptEstimate: number;
   outputChars: number;
@@ -60,6 +62,8 @@ function candidate(s: GeminiStreamState, index: number): CandidateState {
 /** One candidate's slice of an event → its deltas (thinking, text, calls) and, at its end, the finish chunk. */
 function candidateParts(s: GeminiStreamState, c: GeminiCandidate, position: number): StreamPart[] {
   const index = c.index ?? position;
+  const searches = groundingSearches(c);
+  if (searches > 0) s.searches.set(index, searches);
   const state = candidate(s, index);
   if (state.finished) return [];
   const parts: StreamPart[] = [];
@@ -105,6 +109,9 @@ function event(data: string, s: GeminiStreamState): StreamPart[] {
   for (const [i, c] of (res.candidates ?? []).entries()) parts.push(...candidateParts(s, c, i));
   if (!res.usageMetadata) return parts;
   s.reported = usageFromGemini(res.usageMetadata);
+  let searches = 0;
+  for (const n of s.searches.values()) searches += n;
+  if (searches > 0) s.reported.webSearchRequests = searches;
   if (s.finished > 0 && s.finished === s.candidates.size) {
     // Gemini's last event carries the final counts (earlier ones only the prompt's); a later one
     // (rare) only refines what is recorded.
@@ -137,6 +144,7 @@ export function geminiStream(): StreamTransform<"chat", GeminiStreamState> {
       candidates: new Map(),
       finished: 0,
       usageSent: false,
+      searches: new Map(),
       promptEstimate: estimateTokens(req.messages.map((m) => m.content)),
       outputChars: 0,
     }),

@@ -1,5 +1,5 @@
 import type { Usage } from "../../core/contract.ts";
-import type { GeminiModalityCount, GeminiUsageMetadata } from "./wire.ts";
+import type { GeminiCandidate, GeminiModalityCount, GeminiUsageMetadata } from "./wire.ts";
 
 const count = (v: unknown): number => (typeof v === "number" && Number.isFinite(v) ? v : 0);
 
@@ -9,6 +9,17 @@ function modality(list: GeminiModalityCount[] | undefined, name: string): number
   let n = 0;
   for (const d of list) if (d?.modality === name) n += count(d.tokenCount);
   return n;
+}
+
+/**
+ * Web searches a candidate ran (Grounding with Google Search): its `groundingMetadata`'s
+ * `webSearchQueries`, one search each, as LiteLLM counts them (web_search_requests). They are
+ * charged at the entry's `search_context_cost_per_query` (medium), which the price file gives no
+ * Gemini model: an operator's, in `model_info`.
+ */
+export function groundingSearches(c: GeminiCandidate | undefined): number {
+  const queries = c?.groundingMetadata?.webSearchQueries;
+  return Array.isArray(queries) ? queries.length : 0;
 }
 
 /**

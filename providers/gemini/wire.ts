@@ -61,6 +61,8 @@ export interface GeminiCandidate {
   content?: { role?: string; parts?: GeminiPart[] };
   finishReason?: string;
   index?: number;
+  /** Grounding with Google Search: the queries the model searched. */
+  groundingMetadata?: { webSearchQueries?: unknown[] };
 }
 
 export interface GeminiUsageMetadata {

@@ -13,6 +13,8 @@ import { PriceTable } from "../../core/cost/prices.ts";
 import { Pricing } from "../../core/cost/pricing.ts";
 import { usageFromAnthropic } from "../../providers/anthropic/usage.ts";
 import { usageFromGemini } from "../../providers/gemini/usage.ts";
+import { chatCompletionFrom } from "../../providers/gemini/response.ts";
+import { geminiStream } from "../../providers/gemini/stream.ts";
 import { openAIChat, openAIImages } from "../../providers/openai-compatible/adapter.ts";
 import { usageFromOpenAI } from "../../providers/openai-compatible/usage.ts";
 import { openAIUsage } from "../../providers/shared/openai-usage.ts";
@@ -258,6 +260,28 @@ describe("parts of usage priced at their own rates, read from the provider's usa
     // An entry's own above-200k 1-hour price (LiteLLM's field name) wins over the doubling.
     const own = deployment("anthropic/claude-sonnet-4-20250514", { cache_creation_input_token_cost_above_1hr_above_200k_tokens: 0.00001 });
     expect(picoToText(pricing.costOf(own, usage).cost)).toBe("1.6035");
+  });
+
+  test("Gemini grounding with Google Search: each webSearchQueries entry a search, at an operator's search_context_cost_per_query (the file prices none for Gemini)", () => {
+    const answer = {
+      candidates: [{ index: 0, content: { role: "model", parts: [{ text: "Spain won." }] }, finishReason: "STOP", groundingMetadata: { webSearchQueries: ["euro 2024 winner", "euro 2024 final score"] } }],
+      usageMetadata: { promptTokenCount: 1_000, candidatesTokenCount: 200, totalTokenCount: 1_200 },
+    };
+    const { usage } = chatCompletionFrom(answer);
+    expect(usage).toEqual({ promptTokens: 1_000, completionTokens: 200, webSearchRequests: 2 });
+    // gemini-2.0-flash: $0.10 in, $0.40 out per million. The file names no search price: tokens only.
+    expect(picoToText(pricing.costOf(deployment("gemini/gemini-2.0-flash"), usage).cost)).toBe("0.00018");
+    // An operator's price, $35 per thousand: 1,000 × $0.10 + 200 × $0.40 per million + 2 × $0.035 = $0.07018
+    // (it was $0.00018: the searches were not read).
+    const priced = deployment("gemini/gemini-2.0-flash", { search_context_cost_per_query: { search_context_size_low: 0.035, search_context_size_medium: 0.035, search_context_size_high: 0.035 } });
+    expect(picoToText(pricing.costOf(priced, usage).cost)).toBe("0.07018");
+    // A stream: the grounding metadata comes with the candidate's last event, the usage with it.
+    const t = geminiStream();
+    const state = t.init({ model: "gemini-2.0-flash", messages: [{ role: "user", content: "who won" }] } as never);
+    t.event(JSON.stringify({ candidates: [{ index: 0, content: { role: "model", parts: [{ text: "Spain" }] } }], usageMetadata: { promptTokenCount: 1_000 } }), state);
+    const last = t.event(JSON.stringify({ ...answer, candidates: [{ ...answer.candidates[0], content: { role: "model", parts: [{ text: " won." }] } }] }), state);
+    const reported = last.find((p) => p.type === "usage");
+    expect(reported).toEqual({ type: "usage", usage: { promptTokens: 1_000, completionTokens: 200, webSearchRequests: 2 } });
   });
 
   test("Anthropic web searches ($10 per thousand, search_context_cost_per_query) beside the tokens", () => {
