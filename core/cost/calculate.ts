@@ -91,7 +91,10 @@ export function costOf(price: ModelPrice, usage: Usage, callMs?: number): Pico {
   // A fee per call, for a call that used anything (one refused or left before its answer used nothing).
   if (price.perRequest !== undefined && (usage.promptTokens > 0 || usage.completionTokens > 0)) total += price.perRequest;
 
-  if (usage.images && usage.images.count > 0) {
+  // An image model priced per image token (gpt-image-1-mini; gpt-image-1 where the operator gives
+  // its token prices) is charged for its tokens, not also per image or pixel of its size.
+  const byImageTokens = imageCompletion > 0 && price.outputPerImageToken !== undefined;
+  if (usage.images && usage.images.count > 0 && !byImageTokens) {
     const perImage = price.outputPerImage ?? price.inputPerImage;
     if (perImage !== undefined) total += times(usage.images.count, perImage);
     else {

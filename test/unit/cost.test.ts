@@ -369,6 +369,20 @@ describe("parts of usage priced at their own rates, read from the provider's usa
     expect(openAIImages().response({ created: 1, data: [{ url: "u" }] }, { model: "dall-e-3", prompt: "p" }, new Headers()).usage).toMatchObject({ promptTokens: 0, completionTokens: 0 });
   });
 
+  test("gpt-image-1: the file prices it per pixel by size and quality, not per token; an operator's image-token prices replace that, not add to it", () => {
+    const answer = { created: 1, data: [{ b64_json: "x" }], size: "1024x1024", quality: "medium", usage: { input_tokens: 50, input_tokens_details: { text_tokens: 50, image_tokens: 0 }, output_tokens: 4_160, total_tokens: 4_210 } };
+    const usage = openAIImages().response(answer, { model: "gpt-image-1", prompt: "a cat", size: "1024x1024", quality: "medium" }, new Headers()).usage;
+    expect(usage).toMatchObject({ promptTokens: 50, completionTokens: 4_160, imageCompletionTokens: 4_160, images: { count: 1, size: "1024x1024", quality: "medium" } });
+    // No input_cost_per_image_token / output_cost_per_image_token for gpt-image-1 in the file:
+    // medium/1024-x-1024/gpt-image-1's 4.0054321e-08 per pixel × 1,048,576 pixels = $0.041999999696896.
+    expect(picoToText(pricing.costOf(deployment("openai/gpt-image-1"), usage).cost)).toBe("0.041999999697");
+    // OpenAI's token prices set by the operator (text in $5, image out $40 per million):
+    // 50 × $5 + 4,160 × $40 per million = $0.16665, and not also the bare entry's per-pixel
+    // price (it was $0.208649999697, the $0.042 per image added).
+    const own = deployment("openai/gpt-image-1", { input_cost_per_token: 0.000005, input_cost_per_image_token: 0.00001, output_cost_per_image_token: 0.00004 });
+    expect(picoToText(pricing.costOf(own, usage).cost)).toBe("0.16665");
+  });
+
   test("Vertex text embeddings are billed per character Google reports ($0.025 per million), not also per token", () => {
     const d = deployment("vertex_ai/text-embedding-005");
     expect(picoToText(pricing.costOf(d, { promptTokens: 100, completionTokens: 0, characters: 400 }).cost)).toBe("0.00001");
