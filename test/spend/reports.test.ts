@@ -20,8 +20,10 @@ import { sha256, until } from "../harness/util.ts";
 const ALPHA = { model_name: "alpha-model", svc_params: { model: "mock/alpha" }, model_info: { input_cost_per_token: 0.000001, output_cost_per_token: 0.000002 } };
 const BETA = { model_name: "beta-model", svc_params: { model: "mock/beta" }, model_info: { input_cost_per_token: 0.0000031, output_cost_per_token: 0.0000057 } };
 const BROKEN = { model_name: "broken", svc_params: { model: "openai/gpt-4o", api_base: "http://127.0.0.1:9/v1", api_key: "sk-upstream" } };
+/** Priced by the file (gpt-4o-realtime-preview-2024-10-01), for /spend/calculate only: never called. */
+const REALTIME = { model_name: "realtime-model", svc_params: { model: "openai/gpt-4o-realtime-preview-2024-10-01", api_base: "http://127.0.0.1:9/v1", api_key: "sk-upstream" } };
 const CONFIG = {
-  model_list: [ALPHA, BETA, BROKEN],
+  model_list: [ALPHA, BETA, BROKEN, REALTIME],
   general_settings: { master_key: MASTER_KEY },
   router_settings: { provider_budget_config: { mock: { budget_limit: 1000, time_period: "1d" } } },
 };
@@ -528,6 +530,14 @@ for (const backend of BACKENDS) {
       expect(finished.body).toEqual({ cost: 0.00595 });
       // The upstream model name a response carries resolves too.
       expect((await calc({ completion_response: { model: "mock/beta", usage: { prompt_tokens: 1000, completion_tokens: 500 } } })).body).toEqual({ cost: 0.00595 });
+      // Cached audio, in cached_tokens and audio_tokens both, priced once: 1,000 text at $5, 1,000 cached text at
+      // $2.50, 2,000 audio at $100, 6,000 cached audio at $20, 500 text out at $20 per million = $0.3375 (not $0.8275).
+      const realtime = {
+        prompt_tokens: 10_000,
+        completion_tokens: 500,
+        prompt_tokens_details: { cached_tokens: 7_000, audio_tokens: 8_000, cached_tokens_details: { text_tokens: 1_000, audio_tokens: 6_000 } },
+      };
+      expect((await calc({ completion_response: { model: "realtime-model", usage: realtime } })).body).toEqual({ cost: 0.3375 });
       expect((await calc({ model: "no-such-model", messages })).body).toEqual({ cost: 0 });
       expect((await calc({ model: "alpha-model" })).status).toBe(400);
       expect((await calc({ completion_response: { model: "beta-model", usage: { prompt_tokens: -1 } } })).status).toBe(422);
