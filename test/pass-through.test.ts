@@ -416,6 +416,19 @@ describe("configuration", () => {
     expect((await call("/extra")).status).toBe(404);
   });
 
+  test("an operator's pass-through serves a route of the spec the gateway does not (batches), instead of its 404", async () => {
+    expect((await (await call("/v1/batches/batch_1")).json()).error.message).toContain("are not served by this gateway");
+    gw.writeConfig(config([{ path: "/v1/batches", target: `http://127.0.0.1:${target.port}/echo/batches`, include_subpath: true }]));
+    expect((await gw.live.reload("test")).ok).toBe(true);
+    try {
+      expect((await call("/v1/batches/batch_1")).status).toBe(200);
+      expect(seen.at(-1)!.path).toBe("/echo/batches/batch_1");
+    } finally {
+      gw.writeConfig(config());
+      expect((await gw.live.reload("test")).ok).toBe(true);
+    }
+  });
+
   test("a bad list is refused with every error and its path; the old one keeps serving", async () => {
     gw.writeConfig(
       config([

@@ -506,6 +506,25 @@ describe("gateway errors are typed SDK errors", () => {
     const err = await failure(client.post("/does-not-exist", { body: {} }));
     expectSdkError(err, NotFoundError, 404);
   });
+
+  test("the spec's assistants, threads, batches, fine-tuning and vector store routes: a 404 that says they are not served and how to forward them", async () => {
+    const calls: [string, () => Promise<unknown>][] = [
+      ["/assistants", () => client.beta.assistants.create({ model: "gpt-public" })],
+      ["/threads", () => client.beta.threads.create({})],
+      ["/batches", () => client.batches.list()],
+      ["/fine_tuning/jobs", () => client.fineTuning.jobs.list()],
+      ["/vector_stores", () => client.vectorStores.create({})],
+    ];
+    for (const [path, call] of calls) {
+      const e = expectSdkError(await failure(call()), NotFoundError, 404);
+      expect(e.message).toContain(`(/v1${path}) are not served by this gateway`);
+      expect(e.message).toContain("pass_through_endpoints");
+    }
+    // Without the /v1 prefix too, as the spec lists them; a look-alike path is an unknown route.
+    const error = await expectErrorResponse(await get("/threads/thread_abc/messages"), 404);
+    expect(error.message).toContain("Threads (/threads/thread_abc/messages) are not served by this gateway");
+    expect((await expectErrorResponse(await get("/v1/assistantsx"), 404)).message).toContain("no such route");
+  });
 });
 
 describe("upstream faults map to the spec's statuses", () => {

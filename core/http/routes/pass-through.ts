@@ -13,6 +13,32 @@ import { authenticate, authorizationCarriesGatewayKey } from "../auth.ts";
 
 export const NO_SUCH_ROUTE = "Not found: no such route. Model calls live under /v1 (e.g. POST /v1/chat/completions).";
 
+/**
+ * Families of the spec's routes this gateway does not serve (each also under /v1): a client of
+ * one of them is told so, and how an operator can reach the provider's own, rather than that the
+ * route does not exist. Still a 404: a 5xx or 501 would make the SDKs retry.
+ */
+const UNSERVED = /^(?:\/v1)?\/(assistants|threads|batches|fine_tuning|vector_stores|files)(?:\/|$)/;
+const UNSERVED_NAMES: Record<string, string> = {
+  assistants: "Assistants",
+  threads: "Threads",
+  batches: "Batches",
+  fine_tuning: "Fine-tuning jobs",
+  vector_stores: "Vector stores",
+  files: "Files",
+};
+
+/** The 404 for a path no route or pass-through endpoint serves. */
+export function noSuchRoute(pathname: string): GatewayError {
+  const family = UNSERVED.exec(pathname)?.[1];
+  if (!family) return GatewayError.of(404, NO_SUCH_ROUTE, "not_found_error");
+  return GatewayError.of(
+    404,
+    `Not found: ${UNSERVED_NAMES[family]} (${pathname}) are not served by this gateway. An operator can forward them to a provider that serves them with general_settings.pass_through_endpoints (e.g. path: /v1/${family}, target: https://api.openai.com/v1/${family}, include_subpath: true).`,
+    "not_found_error",
+  );
+}
+
 const ENCODED_SEPARATOR = /%2f|%5c/i;
 
 /** The caller of a public (`auth: false`) endpoint. */
@@ -29,7 +55,7 @@ export function passThroughRoutes(deps: AppDeps) {
     const pin = live.pin();
     try {
       const match = pin.snapshot.passThrough.match(url.pathname, request.method);
-      if (!match) throw GatewayError.of(404, NO_SUCH_ROUTE, "not_found_error");
+      if (!match) throw noSuchRoute(url.pathname);
       if ("allowed" in match) {
         throw new GatewayError(errorInfo(405, `${request.method} is not allowed on ${url.pathname}; use ${match.allowed.join(", ")}.`, "invalid_request_error"), { allow: match.allowed.join(", ") });
       }
