@@ -110,3 +110,8 @@ export function notFound(message: string, param?: string): GatewayError {
 export function badRequest(message: string, param?: string): GatewayError {
   return GatewayError.of(400, message, "invalid_request_error", param ?? null);
 }
+
+/** A required query parameter left out: a validation failure, 422 like every other (the spec's Conventions). */
+export function missingQuery(param: string, hint = ""): GatewayError {
+  return GatewayError.of(422, `Invalid request: ${param}: query parameter is required${hint}`, "validation_error", param);
+}

@@ -284,7 +284,10 @@ for (const backend of BACKENDS) {
         expect(r.body.team_memberships).toMatchObject([{ team_id: t.team_id, user_id: m.userId, role: "user" }]);
         const missing = await info("no-such-team");
         expect(missing.status).toBe(404);
-        expect((await get<ErrorBody>("/team/info")).status).toBe(400);
+        // A required query parameter left out is a validation failure: 422 naming it (the spec's Conventions; LiteLLM's too).
+        const unnamed = await get<ErrorBody>("/team/info");
+        expect(unnamed.status).toBe(422);
+        expect(unnamed.body.error).toMatchObject({ type: "validation_error", param: "team_id", code: "422" });
       });
 
       test("/team/list filters by user_id and organization_id (default_organization = none)", async () => {
@@ -557,6 +560,9 @@ for (const backend of BACKENDS) {
         const after = await get<{ team_member_permissions: string[] }>(`/team/permissions_list?team_id=${t.team_id}`);
         expect(after.body.team_member_permissions).toEqual(["/key/generate", "/key/info"]);
         expect((await get("/team/permissions_list?team_id=no-such-team")).status).toBe(404);
+        const unnamed = await get<ErrorBody>("/team/permissions_list");
+        expect(unnamed.status).toBe(422);
+        expect(unnamed.body.error).toMatchObject({ type: "validation_error", param: "team_id", code: "422" });
       });
 
       test("a team `user` member's key gets only what the team's permissions grant", async () => {

@@ -625,9 +625,9 @@ for (const backend of BACKENDS) {
         }
       }
       const unnamed = await requestJson<{ error: Json }>(gw, "GET", `/spend/logs/v2?${range}`, { key: w.adminKey });
-      expect(unnamed.status).toBe(400);
-      expect(unnamed.body.error).toMatchObject({ param: "team_id", code: "400" });
-      expect((await requestJson(gw, "GET", "/spend/logs", { key: w.adminKey })).status).toBe(400);
+      expect(unnamed.status).toBe(422);
+      expect(unnamed.body.error).toMatchObject({ param: "team_id", type: "validation_error", code: "422" });
+      expect((await requestJson(gw, "GET", "/spend/logs", { key: w.adminKey })).status).toBe(422);
     });
 
     // Found by this test; checked on their own (the randomized data keeps each key in one team, and bounds in whole milliseconds).

@@ -512,7 +512,12 @@ for (const backend of BACKENDS) {
         expect(r.status, path).toBe(403);
         expect(r.body.error.code).toBe("403");
       }
-      expect((await get("/spend/logs", adm)).status).toBe(400);
+      // team_id is required in team-key use: leaving it out is a validation failure (422), as the spec's Conventions say.
+      for (const path of ["/spend/logs", "/team/daily/activity"]) {
+        const r = await get<{ error: Json }>(path, adm);
+        expect(r.status, path).toBe(422);
+        expect(r.body.error).toMatchObject({ type: "validation_error", param: "team_id", code: "422" });
+      }
       for (const path of ["/global/spend/report?start_date=2024-01-01&end_date=2024-01-02", "/spend/tags", "/spend/keys", "/provider/budgets", "/organization/daily/activity"]) {
         expect((await get(path, adm)).status, path).toBe(403);
       }

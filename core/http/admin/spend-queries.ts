@@ -8,7 +8,7 @@
  * JSON number once, at the end.
  */
 import { inArray, type SQL, sql } from "drizzle-orm";
-import { badRequest, forbidden } from "../../authz.ts";
+import { badRequest, forbidden, missingQuery } from "../../authz.ts";
 import { columnToPico, exactUsdJson, type Pico, picoToText } from "../../cost/money.ts";
 import { GatewayError } from "../../errors.ts";
 import { tokenOf } from "../../identity/keys.ts";
@@ -135,7 +135,7 @@ export function teamScope(ctx: AdminCtx, listParam?: string): string[] | undefin
   const teams = named.length > 0 ? [...new Set(named)] : undefined;
   if (ctx.caller.canReadAll) return teams;
   if (ctx.caller.adminTeams().length === 0) throw forbidden("Only a proxy admin or a team admin may read spend.");
-  if (!teams) throw badRequest("team_id is required: name the team whose spend to read.", "team_id");
+  if (!teams) throw missingQuery("team_id", ": name the team whose spend to read.");
   for (const t of teams) if (!ctx.caller.isTeamAdmin(t)) throw forbidden(`You are not an admin of team '${t}'.`);
   return teams;
 }

@@ -11,7 +11,7 @@ import { randomUUID } from "node:crypto";
 import { Type as T } from "@sinclair/typebox";
 import { and, asc, count, desc, eq, ilike, inArray, isNotNull, isNull, notInArray, type SQL } from "drizzle-orm";
 import { Elysia } from "elysia";
-import { badRequest, DEFAULT_TEAM_MEMBER_PERMISSIONS, forbidden, notFound, TEAM_MEMBER_PERMISSION_CHOICES } from "../../authz.ts";
+import { badRequest, DEFAULT_TEAM_MEMBER_PERMISSIONS, forbidden, missingQuery, notFound, TEAM_MEMBER_PERMISSION_CHOICES } from "../../authz.ts";
 import { GatewayError } from "../../errors.ts";
 import { DURATION_HINT, parseDuration } from "../../identity/duration.ts";
 import { Amount, clearNulls, CountField, containing, LIMIT_COLUMNS, LimitFields, MoneyField, Nullable, resetAt } from "../../identity/fields.ts";
@@ -486,7 +486,7 @@ async function deleteTeams(ctx: AdminCtx): Promise<Record<string, unknown>> {
 
 async function teamInfo(ctx: AdminCtx): Promise<Record<string, unknown>> {
   const teamId = ctx.query("team_id") ?? ctx.caller.principal.teamId;
-  if (!teamId) throw badRequest("team_id is required.", "team_id");
+  if (!teamId) throw missingQuery("team_id");
   const team = await teamFor(ctx, teamId, "read");
   // Plain members see their own keys and membership; admins of the team see all of them.
   const seesAll = ctx.caller.canReadAll || ctx.caller.isTeamAdmin(teamId);
@@ -721,7 +721,7 @@ async function bulkMemberAdd(ctx: AdminCtx): Promise<Record<string, unknown>> {
 async function permissionsList(ctx: AdminCtx): Promise<Record<string, unknown>> {
   ctx.caller.requireReadAll();
   const teamId = ctx.query("team_id");
-  if (!teamId) throw badRequest("team_id is required.", "team_id");
+  if (!teamId) throw missingQuery("team_id");
   const team = await teamFor(ctx, teamId, "read");
   return {
     team_id: teamId,
