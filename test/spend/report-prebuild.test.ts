@@ -73,11 +73,11 @@ for (const backend of BACKENDS) {
     test("the first request reads the prebuilt parts from the store (not rebuilt, not held in memory before)", async () => {
       const day = IN_WINDOW[0]!;
       const db = gw.host!.store.db;
-      const marker = `{"group_by_day":"${day}","customers":[]}`;
-      await db.execute(sql`update report_parts set body = ${marker} where day = ${day}::date and body like '{"group_by_day":%,"customers":%'`);
+      const marker = `{"group-by-day":"${day}","group_by_day":"${day}","customers":[]}`;
+      await db.execute(sql`update report_parts set body = ${marker} where day = ${day}::date and body like '{"group-by-day":%,"customers":%'`);
       const path = REPORTS[2]!;
-      const served = (await requestJson<{ group_by_day: string; customers: unknown[] }[]>(gw, "GET", path, { key: MASTER_KEY })).body;
-      expect(served.find((d) => d.group_by_day === day)).toEqual({ group_by_day: day, customers: [] });
+      const served = (await requestJson<{ "group-by-day"?: string; group_by_day: string; customers: unknown[] }[]>(gw, "GET", path, { key: MASTER_KEY })).body;
+      expect(served.find((d) => d.group_by_day === day)).toEqual({ "group-by-day": day, group_by_day: day, customers: [] });
       // A write to that day makes the altered part stale: it is built again from the rows.
       await db.execute(sql`update daily_spend set api_requests = api_requests where date = ${day}::date`);
       const rebuilt = (await requestJson<{ group_by_day: string; customers: { customer: string }[] }[]>(gw, "GET", path, { key: MASTER_KEY })).body;

@@ -265,6 +265,10 @@ for (const backend of BACKENDS) {
       );
       const bobTeams = (await sumsByDay(teamName, sql`user_id = 'u-bob'`))[TODAY]!;
       expect(Object.fromEntries(bob.body[0]!.teams.map((t) => [t.team_name, t.spend]))).toEqual(Object.fromEntries(Object.entries(bobTeams).map(([t, v]) => [names[t], v])));
+      // The spec names each day `group-by-day`; LiteLLM's clients read `group_by_day`: both are there, from day parts and from the rows alike.
+      for (const day of [...(r.body as Json[]), ...(bob.body as Json[])]) expect(day["group-by-day"]).toBe(day.group_by_day);
+      expect(r.body.length).toBeGreaterThan(0);
+      expect(bob.body.length).toBeGreaterThan(0);
       expect((await get(`/global/spend/report?start_date=${START}`)).status).toBe(400);
       expect((await get(`/global/spend/report?start_date=${START}&end_date=${TODAY}&group_by=model`)).status).toBe(422);
     });
@@ -275,6 +279,7 @@ for (const backend of BACKENDS) {
       );
       const keySums = await sumsByDay(sql`api_key`);
       for (const day of byKey.body) expect(Object.fromEntries(day.api_keys.map((k) => [k.api_key, k.total_cost]))).toEqual(keySums[day.group_by_day]!);
+      for (const day of [...(byKey.body as Json[])]) expect(day["group-by-day"]).toBe(day.group_by_day);
       const tokens = await sums(sql`api_key`, sql`${utcDay} = ${TODAY}`, sql`sum(prompt_tokens)`);
       const today = byKey.body.find((d) => d.group_by_day === TODAY)!;
       expect(Object.fromEntries(today.api_keys.map((k) => [k.api_key, k.total_input_tokens]))).toEqual(tokens);

@@ -105,7 +105,13 @@ function whereOf(entityType: string, f: ReportFilter, extra: SQL[]): SQL {
 }
 
 /** The JSON of a day part: bump when it changes, so parts stored by an older version are not served. */
-const PART_FORMAT = 2; // 2: keys as JSON; amounts of 16+ significant digits exact (parts stored by 4315e60–92946c1 wrote the nearest double)
+const PART_FORMAT = 3; // 2: keys as JSON; amounts of 16+ significant digits exact (parts stored by 4315e60–92946c1 wrote the nearest double). 3: the day as "group-by-day" too
+
+/**
+ * A report day's opening: the day under the spec's name, `group-by-day`, and under LiteLLM's,
+ * `group_by_day`, which its clients read.
+ */
+const dayFields = (day: string): string => `"group-by-day":${quote(day)},"group_by_day":${quote(day)}`;
 
 interface Report {
   db: Db;
@@ -182,7 +188,7 @@ function tree(found: DailyRow[], keyOf: (r: DailyRow) => string): Map<string, No
   return entities;
 }
 
-/** `[{group_by_day, teams: [{team_name, team_id, spend, keys: [{key, spend, usage: {<model>: {cost, input_tokens, output_tokens, requests}}}]}]}]`. */
+/** `[{group-by-day, group_by_day, teams: [{team_name, team_id, spend, keys: [{key, spend, usage: {<model>: {cost, input_tokens, output_tokens, requests}}}]}]}]`. */
 async function byTeam(db: Db, log: Logger, f: ReportFilter, storeOnly: boolean): Promise<Blob> {
   // Calls of keys without a team are aggregated under team id '' (see spend/flush.ts).
   const where = whereOf("team", f, f.teamId ? [sql`d.entity_id = ${f.teamId}`] : []);
@@ -202,7 +208,7 @@ async function byTeam(db: Db, log: Logger, f: ReportFilter, storeOnly: boolean):
       const name = aliases.get(teamId) ?? (teamId === "" ? "Unassigned Team" : teamId);
       teamParts.push(`{"team_name":${quote(name)},"team_id":${teamId === "" ? "null" : quote(teamId)},"spend":${money(t.total.spend)},"keys":[${keyParts.join(",")}]}`);
     }
-    return teamParts.length ? `{"group_by_day":"${day}","teams":[${teamParts.join(",")}]}` : undefined;
+    return teamParts.length ? `{${dayFields(day)},"teams":[${teamParts.join(",")}]}` : undefined;
   };
   return report({ db, log, entityType: "team", f, where, key: JSON.stringify(["team", f.apiKey ?? null, f.teamId ?? null]), holdsNames: true, prepare, buildDay, storeOnly });
 }
@@ -239,7 +245,7 @@ function entriesOf(found: DailyRow[]): Entry[] {
   return [...entries.values()].sort(bySpendThenId);
 }
 
-/** `[{group_by_day, api_keys|customers: [{api_key|customer, total_cost, total_input_tokens, total_output_tokens, total_requests, model_details: [...]}]}]`. */
+/** `[{group-by-day, group_by_day, api_keys|customers: [{api_key|customer, total_cost, total_input_tokens, total_output_tokens, total_requests, model_details: [...]}]}]`. */
 async function byDimension(db: Db, log: Logger, f: ReportFilter, dim: "api_key" | "customer", storeOnly: boolean): Promise<Blob> {
   const extra: SQL[] = [];
   if (f.customerId) extra.push(sql`d.entity_id = ${f.customerId}`);
@@ -261,7 +267,7 @@ async function byDimension(db: Db, log: Logger, f: ReportFilter, dim: "api_key" 
       }
       parts.push(`{"${dim}":${quote(e.id)},"total_cost":${money(e.spend)},"total_input_tokens":${e.i},"total_output_tokens":${e.o},"total_requests":${e.n},"model_details":[${models}]}`);
     }
-    return parts.length ? `{"group_by_day":"${day}","${list}":[${parts.join(",")}]}` : undefined;
+    return parts.length ? `{${dayFields(day)},"${list}":[${parts.join(",")}]}` : undefined;
   };
   return report({ db, log, entityType, f, where, key: JSON.stringify([dim, f.apiKey ?? null, f.teamId ?? null, f.customerId ?? null]), holdsNames: false, buildDay, storeOnly });
 }

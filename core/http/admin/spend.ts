@@ -248,7 +248,7 @@ function teamEntries(rs: AttributedRow[]): Record<string, unknown>[] {
 
 /**
  * `GET /global/spend/report`: one entry per day with spend, oldest first.
- * - group_by=team (default): `[{group_by_day, teams: teamEntries}]`; calls of keys without a team are "Unassigned Team".
+ * - group_by=team (default): `[{group-by-day, group_by_day, teams: teamEntries}]` (the day under both names); calls of keys without a team are "Unassigned Team".
  * - group_by=api_key: `[{group_by_day, api_keys: [{api_key, total_cost, …, model_details}]}]`.
  * - group_by=customer: `[{group_by_day, customers: [{customer, total_cost, …, model_details}]}]`; only calls that named an end user.
  * A key that changed teams during a day is counted under the team it had last that day.
@@ -269,9 +269,11 @@ async function spendReport(ctx: AdminCtx) {
   const entityIds = entityType === "end_user" ? (customer ? [customer] : undefined) : entityType === "user" ? [userId!] : undefined;
   const found = await attributedRows(ctx.db, { entityType, entityIds, apiKey: keyParam(ctx), ...range }, { teamIds: teamId ? [teamId] : undefined, userId });
   return [...groupBy(found, (r) => r.day)].map(([day, rs]) => {
-    if (groupByDim === "team") return { group_by_day: day, teams: teamEntries(rs) };
-    if (groupByDim === "api_key") return { group_by_day: day, api_keys: dimensionEntries(rs, "api_key") };
-    return { group_by_day: day, customers: dimensionEntries(rs, "customer") };
+    // The day under the spec's name and under LiteLLM's (see dayFields).
+    const d = { "group-by-day": day, group_by_day: day };
+    if (groupByDim === "team") return { ...d, teams: teamEntries(rs) };
+    if (groupByDim === "api_key") return { ...d, api_keys: dimensionEntries(rs, "api_key") };
+    return { ...d, customers: dimensionEntries(rs, "customer") };
   });
 }
 
