@@ -513,6 +513,20 @@ describe("/health", () => {
     const all = (await (await fetch(`${gw.url}/health`, { headers: { authorization: `Bearer ${MASTER_KEY}` } })).json()) as { healthy_count: number; unhealthy_count: number };
     expect(all.healthy_count + all.unhealthy_count).toBe(11);
   });
+
+  test("a deployment slower than its own timeout is unhealthy: the probe waits no longer than a call would", async () => {
+    // Every call to "slow" (timeout 0.4 s) is a 408 while its upstream takes 1.5 s; the probe used to wait up to 10 s and call it healthy.
+    c.fault({ kind: "delay", ms: 1500 });
+    expect((await post({ model: "slow" })).status).toBe(408);
+    c.fault({ kind: "delay", ms: 1500 });
+    const t0 = Date.now();
+    const res = await fetch(`${gw.url}/health?model=slow`, { headers: { authorization: `Bearer ${MASTER_KEY}` } });
+    const body = (await res.json()) as { healthy_endpoints: { model_id: string }[]; unhealthy_endpoints: { model_id: string; error: string }[] };
+    expect(Date.now() - t0).toBeLessThan(1400);
+    expect(body.healthy_endpoints).toEqual([]);
+    expect(body.unhealthy_endpoints.map((e) => e.model_id)).toEqual(["slow-c"]);
+    expect(body.unhealthy_endpoints[0]!.error).toContain("timed out");
+  });
 });
 
 describe("limits across fallbacks", () => {

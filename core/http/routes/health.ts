@@ -69,7 +69,8 @@ async function probe(s: Snapshot, d: Deployment, log: AppDeps["log"]) {
   const base = { model: d.modelName, model_id: d.id, provider: d.provider };
   try {
     const ctx = { snapshot: s, principal, clientSignal: new AbortController().signal, callId: newCallId(), log, release: () => {}, record: false };
-    const res = await callDeployment(endpoint, body, { ...d, timeout: PROBE_TIMEOUT_S }, ctx);
+    // At most PROBE_TIMEOUT_S, and never longer than a real call may take: a deployment that answers only after its own timeout fails every call.
+    const res = await callDeployment(endpoint, body, { ...d, timeout: Math.min(PROBE_TIMEOUT_S, d.timeout ?? s.settings.requestTimeout) }, ctx);
     await res.arrayBuffer();
     return { healthy: true as const, ...base };
   } catch (err) {
