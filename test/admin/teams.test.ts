@@ -186,6 +186,8 @@ for (const backend of BACKENDS) {
         expect(t.members_with_roles).toHaveLength(2);
         expect(t.members_with_roles.find((m) => m.user_id === admin)?.role).toBe("admin");
         expect(created?.role).toBe("user");
+        // The spec's Team resource lists them as `members`, each with its role: the same list.
+        expect((t as Team & { members?: Member[] }).members).toEqual(t.members_with_roles);
         // The e-mail member is a real user now, with the team's member budget.
         const user = await get<{ user_info: { user_email: string; user_role: string } }>(`/user/info?user_id=${created!.user_id}`);
         expect(user.body.user_info).toMatchObject({ user_email: email, user_role: "internal_user" });
@@ -278,7 +280,12 @@ for (const backend of BACKENDS) {
         const r = await info(t.team_id);
         expect(r.status).toBe(200);
         expect(r.body.team_id).toBe(t.team_id);
-        expect(r.body.team_info).toMatchObject({ team_id: t.team_id, team_alias: "Info", members_with_roles: [{ user_id: m.userId, role: "user" }] });
+        expect(r.body.team_info).toMatchObject({
+          team_id: t.team_id,
+          team_alias: "Info",
+          members_with_roles: [{ user_id: m.userId, role: "user" }],
+          members: [{ user_id: m.userId, role: "user" }],
+        });
         expect(r.body.keys.map((k) => k.token)).toEqual([sha256(m.key)]);
         expect(JSON.stringify(r.body)).not.toContain(m.key);
         expect(r.body.team_memberships).toMatchObject([{ team_id: t.team_id, user_id: m.userId, role: "user" }]);
