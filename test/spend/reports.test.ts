@@ -509,9 +509,17 @@ for (const backend of BACKENDS) {
       const v2 = await get<{ data: Json[]; total: number }>(`/spend/logs/v2?team_id=${s.teamA}&start_date=${START}&end_date=${TODAY}`, adm);
       const [n] = await q(sql`select count(*)::int as n from spend_logs where team_id = ${s.teamA}`);
       expect(v2.body.total).toBe(n!.n as number);
-      const activity = await get<{ results: { breakdown: { entities: Json } }[] }>(`/team/daily/activity?team_id=${s.teamA}`, adm);
+      // Team-key use (team_id): an array of the daily activity records, the same records as the
+      // paginated answer's (which a proxy admin gets with team_ids), every day of the range.
+      const activity = await get<{ date: string; breakdown: { entities: Json } }[]>(`/team/daily/activity?team_id=${s.teamA}`, adm);
       expect(activity.status).toBe(200);
-      expect(new Set(activity.body.results.flatMap((r) => Object.keys(r.breakdown.entities)))).toEqual(new Set([s.teamA]));
+      expect(Array.isArray(activity.body)).toBe(true);
+      expect(activity.body.length).toBeGreaterThan(0);
+      expect(new Set(activity.body.flatMap((r) => Object.keys(r.breakdown.entities)))).toEqual(new Set([s.teamA]));
+      const paginated = await get<{ results: Json[] }>(`/team/daily/activity?team_ids=${s.teamA}&page_size=1000`);
+      expect(activity.body).toEqual(paginated.body.results as never);
+      const onePage = await get<Json[]>(`/team/daily/activity?team_id=${s.teamA}&page_size=1`, adm);
+      expect(onePage.body).toEqual(activity.body.slice(0, 1) as never);
       for (const path of [`/spend/logs?team_id=${s.teamB}`, `/spend/logs/v2?team_id=${s.teamB}&start_date=${START}&end_date=${TODAY}`, `/team/daily/activity?team_id=${s.teamB}`, "/team/daily/activity?team_id=no-such-team"]) {
         const r = await get<{ error: Json }>(path, adm);
         expect(r.status, path).toBe(403);

@@ -426,7 +426,8 @@ interface Day {
  * breakdown: {models, model_groups, providers, api_keys, entities}}], metadata: {total_*, page,
  * total_pages, has_more}}`. Pages are of days, newest first; the totals cover every page. Each
  * breakdown entry is `{metrics, metadata, api_key_breakdown: {<key hash>: {metrics, metadata}}}`
- * (api_keys entries have no split); key metadata is `{key_alias, team_id}`.
+ * (api_keys entries have no split); key metadata is `{key_alias, team_id}`. In the spec's team-key
+ * use (`team_id`), the records alone, as an array.
  */
 export async function dailyActivity(ctx: AdminCtx, kind: "team" | "org") {
   let include: string[] | undefined;
@@ -444,6 +445,14 @@ export async function dailyActivity(ctx: AdminCtx, kind: "team" | "org") {
   const p = pageOf(ctx.query, 50, 1000);
   const f: DailyFilter = { entityType: kind, entityIds: include, excludeIds: exclude, ...range, model: ctx.query("model") || undefined, apiKey: keyParam(ctx) };
   const days = await dailyDays(ctx.db, f);
+  // The spec's team-key use (one team, as `team_id`): an array of the daily activity records, every
+  // day of the range unless a page is asked for, without the paginated answer's totals.
+  if (kind === "team" && ctx.query("team_id") && !ctx.query("team_ids")) {
+    const asked = ctx.query("page") !== undefined || ctx.query("page_size") !== undefined;
+    const listed = asked ? days.slice(p.offset, p.offset + p.pageSize) : days;
+    const parts = await activityParts(ctx.db, ctx.log, kind, f, listed);
+    return new Response(joinedParts("[", listed.flatMap((day) => parts.get(day) ?? []), "]"), { headers: { "content-type": "application/json" } });
+  }
   const pageDays = days.slice(p.offset, p.offset + p.pageSize);
   // The totals (every page) are summed by the store while the page's parts are found or built.
   const totalling = dailyTotals(ctx.db, f);
