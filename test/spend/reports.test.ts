@@ -269,7 +269,19 @@ for (const backend of BACKENDS) {
       for (const day of [...(r.body as Json[]), ...(bob.body as Json[])]) expect(day["group-by-day"]).toBe(day.group_by_day);
       expect(r.body.length).toBeGreaterThan(0);
       expect(bob.body.length).toBeGreaterThan(0);
-      expect((await get(`/global/spend/report?start_date=${START}`)).status).toBe(400);
+      // Both dates are optional (the spec; LiteLLM requires them): no end is today, no start 30 days
+      // before the end.
+      const text = async (path: string) => {
+        const res = await get(path);
+        expect(res.status, path).toBe(200);
+        return res.text;
+      };
+      const MONTH = dayOf(Date.now() - 29 * DAY);
+      expect(await text(`/global/spend/report?start_date=${START}`)).toBe(await text(`/global/spend/report?start_date=${START}&end_date=${TODAY}`));
+      expect(await text("/global/spend/report")).toBe(await text(`/global/spend/report?start_date=${MONTH}&end_date=${TODAY}`));
+      expect(await text(`/global/spend/report?end_date=${START}&group_by=api_key`)).toBe(await text(`/global/spend/report?start_date=${dayOf(Date.now() - 35 * DAY)}&end_date=${START}&group_by=api_key`));
+      expect(JSON.parse(await text("/global/spend/report")).length).toBe(r.body.length);
+      expect((await get(`/global/spend/report?start_date=${TODAY}&end_date=${START}`)).status).toBe(400);
       expect((await get(`/global/spend/report?start_date=${START}&end_date=${TODAY}&group_by=model`)).status).toBe(422);
     });
 

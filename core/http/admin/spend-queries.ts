@@ -54,12 +54,21 @@ export interface DateRange {
 }
 
 /** `start_date` and `end_date` (YYYY-MM-DD, both inclusive); `required` makes a missing one a 400. */
-export function dateRange(ctx: AdminCtx, required = false): DateRange {
+export function dateRange(ctx: AdminCtx): DateRange {
   const start = dateParam(ctx, "start_date");
   const end = dateParam(ctx, "end_date");
-  if (required && (!start || !end)) throw badRequest("start_date and end_date are required (YYYY-MM-DD).", start ? "end_date" : "start_date");
   if (start && end && end < start) throw badRequest(`end_date (${end}) is before start_date (${start}).`, "end_date");
   return { start, end };
+}
+
+/**
+ * A report's days, both dates optional (as the spec has them; LiteLLM requires both): a missing
+ * end is today (UTC), a missing start `days - 1` days before the end.
+ */
+export function reportDays(ctx: AdminCtx, days: number): Required<DateRange> {
+  const { start, end } = dateRange(ctx);
+  const last = end ?? dayOf(Date.now());
+  return { start: start ?? dayOf(Date.parse(`${last}T00:00:00Z`) - (days - 1) * DAY_MS), end: last };
 }
 
 /** Every day from `start` to `end`, inclusive (400 past MAX_FILLED_DAYS). */
@@ -427,7 +436,7 @@ interface Day {
  * total_pages, has_more}}`. Pages are of days, newest first; the totals cover every page. Each
  * breakdown entry is `{metrics, metadata, api_key_breakdown: {<key hash>: {metrics, metadata}}}`
  * (api_keys entries have no split); key metadata is `{key_alias, team_id}`. In the spec's team-key
- * use (`team_id`), the records alone, as an array.
+ * use (a team's key naming its team as `team_id`), the records alone, as an array.
  */
 export async function dailyActivity(ctx: AdminCtx, kind: "team" | "org") {
   let include: string[] | undefined;
@@ -445,9 +454,10 @@ export async function dailyActivity(ctx: AdminCtx, kind: "team" | "org") {
   const p = pageOf(ctx.query, 50, 1000);
   const f: DailyFilter = { entityType: kind, entityIds: include, excludeIds: exclude, ...range, model: ctx.query("model") || undefined, apiKey: keyParam(ctx) };
   const days = await dailyDays(ctx.db, f);
-  // The spec's team-key use (one team, as `team_id`): an array of the daily activity records, every
-  // day of the range unless a page is asked for, without the paginated answer's totals.
-  if (kind === "team" && ctx.query("team_id") && !ctx.query("team_ids")) {
+  // The spec's team-key use (a team's key, not a proxy admin, naming its team as `team_id`): an
+  // array of the daily activity records, every day of the range unless a page is asked for,
+  // without the paginated answer's totals.
+  if (kind === "team" && !ctx.caller.canReadAll && ctx.query("team_id") && !ctx.query("team_ids")) {
     const asked = ctx.query("page") !== undefined || ctx.query("page_size") !== undefined;
     const listed = asked ? days.slice(p.offset, p.offset + p.pageSize) : days;
     const parts = await activityParts(ctx.db, ctx.log, kind, f, listed);

@@ -36,6 +36,7 @@ import {
   num,
   numberParam,
   pico,
+  reportDays,
   teamDayRows,
   teamScope,
 } from "./spend-queries.ts";
@@ -246,8 +247,11 @@ function teamEntries(rs: AttributedRow[]): Record<string, unknown>[] {
   });
 }
 
+/** The days `/global/spend/report` covers when the request names no start_date: 30, ending with end_date or today. */
+const REPORT_DEFAULT_DAYS = 30;
+
 /**
- * `GET /global/spend/report`: one entry per day with spend, oldest first.
+ * `GET /global/spend/report`: one entry per day with spend, oldest first (see reportDays).
  * - group_by=team (default): `[{group-by-day, group_by_day, teams: teamEntries}]` (the day under both names); calls of keys without a team are "Unassigned Team".
  * - group_by=api_key: `[{group_by_day, api_keys: [{api_key, total_cost, …, model_details}]}]`.
  * - group_by=customer: `[{group_by_day, customers: [{customer, total_cost, …, model_details}]}]`; only calls that named an end user.
@@ -255,14 +259,14 @@ function teamEntries(rs: AttributedRow[]): Record<string, unknown>[] {
  */
 async function spendReport(ctx: AdminCtx) {
   ctx.caller.requireReadAll();
-  const range = dateRange(ctx, true);
+  const range = reportDays(ctx, REPORT_DEFAULT_DAYS);
   const groupByDim = choice(ctx.query, "group_by", ["team", "customer", "api_key"] as const, "team");
   const customer = ctx.query("customer_id");
   const userId = ctx.query("internal_user_id");
   const teamId = ctx.query("team_id");
   if (!userId) {
     // The common reports are built from reusable day parts (see spend-report.ts).
-    const body = await spendReportJson(ctx.db, ctx.log, { start: range.start!, end: range.end!, apiKey: keyParam(ctx), teamId, customerId: customer }, groupByDim);
+    const body = await spendReportJson(ctx.db, ctx.log, { start: range.start, end: range.end, apiKey: keyParam(ctx), teamId, customerId: customer }, groupByDim);
     if (body !== undefined) return new Response(body, { headers: { "content-type": "application/json" } });
   }
   const entityType = groupByDim === "customer" || customer ? "end_user" : userId ? "user" : "key";
