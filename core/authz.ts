@@ -28,7 +28,20 @@ export const TEAM_MEMBER_PERMISSION_CHOICES = [
   "/key/{key_id}/reset_spend",
 ] as const;
 
+/**
+ * What the cache let a caller do on a team by its membership: act as the team's admin, or call
+ * these routes (as an admin, or as a `user` member the team lets). A write confirms it against the
+ * store in its own transaction (identity/rights.ts confirmTeamRights).
+ */
+export interface TeamGrant {
+  admin: boolean;
+  routes: Set<string>;
+}
+
 export class Caller {
+  /** Team rights granted from the cache during this call, by team id (proxy admins get none: their role is not a membership). */
+  readonly teamGrants = new Map<string, TeamGrant>();
+
   constructor(
     readonly principal: Principal,
     private readonly identity: IdentityCache | undefined,
@@ -73,16 +86,25 @@ export class Caller {
   }
 
   isTeamAdmin(teamId: string | null | undefined): boolean {
-    return this.isAdmin || this.teamRole(teamId) === "admin";
+    if (this.isAdmin) return true;
+    if (this.teamRole(teamId) !== "admin") return false;
+    this.grant(teamId!).admin = true;
+    return true;
   }
 
   /** May call `route` on objects of `teamId`: proxy admin, team admin, or a member the team lets. */
   mayOnTeam(teamId: string | null | undefined, route: string): boolean {
-    if (this.isTeamAdmin(teamId)) return true;
-    if (this.teamRole(teamId) !== "user" || this.isViewer) return false;
-    const team = teamId ? this.identity?.teams.get(teamId) : undefined;
-    const allowed: readonly string[] = team && team.teamMemberPermissions.length > 0 ? team.teamMemberPermissions : DEFAULT_TEAM_MEMBER_PERMISSIONS;
-    return allowed.includes(route);
+    if (this.isAdmin) return true;
+    const role = this.teamRole(teamId);
+    if (role === undefined || (role === "user" && (this.isViewer || !memberMay(teamId ? this.identity?.teams.get(teamId) : undefined, route)))) return false;
+    this.grant(teamId!).routes.add(route);
+    return true;
+  }
+
+  private grant(teamId: string): TeamGrant {
+    const g = this.teamGrants.get(teamId) ?? { admin: false, routes: new Set<string>() };
+    this.teamGrants.set(teamId, g);
+    return g;
   }
 
   requireAdmin(): void {
@@ -97,6 +119,12 @@ export class Caller {
   requireWriter(): void {
     if (this.isViewer) throw forbidden("This key has a read-only role.");
   }
+}
+
+/** Whether a team's `user` members may call `route` (its `team_member_permissions`, else the defaults). */
+export function memberMay(team: { teamMemberPermissions: readonly string[] } | undefined, route: string): boolean {
+  const allowed: readonly string[] = team && team.teamMemberPermissions.length > 0 ? team.teamMemberPermissions : DEFAULT_TEAM_MEMBER_PERMISSIONS;
+  return allowed.includes(route);
 }
 
 export function forbidden(message: string): GatewayError {

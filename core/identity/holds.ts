@@ -12,7 +12,7 @@
  * a member holds the membership (holdMembership), which /team/member_delete deletes with its keys.
  */
 import { and, eq, inArray, isNull } from "drizzle-orm";
-import { badRequest } from "../authz.ts";
+import { badRequest, type Caller, forbidden, memberMay } from "../authz.ts";
 import { budgets, organizations, teamMembers, teams, users } from "../store/schema.ts";
 import type { Exec } from "./members.ts";
 import type { UserRow } from "./records.ts";
@@ -115,4 +115,53 @@ export async function holdMembership(tx: Exec, teamId: string, userId: string): 
     .where(and(eq(teamMembers.teamId, teamId), eq(teamMembers.userId, userId)))
     .for("share");
   return rows.length > 0;
+}
+
+/**
+ * The team rights the identity cache granted the caller during this call (Caller.teamGrants: a
+ * team admin's, or a `user` member's routes), confirmed against the store inside the write's
+ * transaction, and held until it ends: each team's row (FOR SHARE, in id order, as /team/delete
+ * locks them), then the caller's membership (FOR SHARE; `lockMembers`: those members' rows of that
+ * team too, FOR UPDATE in user id order, for a write that changes or ends one of them). A
+ * /team/member_update or /team/member_delete demoting or removing the caller at the same moment
+ * then either waits for this write, or came first and this write is refused (403): the cache is
+ * updated only after the demotion commits (and on other instances a moment later), so checked
+ * against it alone, a write racing the demotion was still let through.
+ */
+export async function confirmTeamRights(tx: Exec, caller: Caller, lockMembers?: { teamId: string; userIds: readonly string[] }): Promise<void> {
+  const userId = caller.userId;
+  if (caller.isAdmin || caller.teamGrants.size === 0 || userId === undefined) return;
+  const ids = [...caller.teamGrants.keys()].sort();
+  const held = await tx
+    .select({ id: teams.teamId, teamMemberPermissions: teams.teamMemberPermissions })
+    .from(teams)
+    .where(and(inArray(teams.teamId, ids), isNull(teams.deletedAt)))
+    .orderBy(teams.teamId)
+    .for("share");
+  if (lockMembers) {
+    await tx
+      .select({ id: teamMembers.userId })
+      .from(teamMembers)
+      .where(and(eq(teamMembers.teamId, lockMembers.teamId), inArray(teamMembers.userId, [...new Set([userId, ...lockMembers.userIds])])))
+      .orderBy(teamMembers.userId)
+      .for("update");
+  }
+  const roles = await tx
+    .select({ teamId: teamMembers.teamId, role: teamMembers.role })
+    .from(teamMembers)
+    .where(and(inArray(teamMembers.teamId, ids), eq(teamMembers.userId, userId)))
+    .orderBy(teamMembers.teamId)
+    .for("share");
+  for (const id of ids) {
+    const grant = caller.teamGrants.get(id)!;
+    const team = held.find((t) => t.id === id);
+    const role = roles.find((r) => r.teamId === id)?.role;
+    if (team && role === "admin") continue;
+    if (team && role === "user" && !grant.admin && !caller.isViewer && [...grant.routes].every((r) => memberMay(team, r))) continue;
+    throw forbidden(
+      grant.admin
+        ? `Only a proxy admin or an admin of team ${id} may do this: your role in the team changed meanwhile, and nothing was changed.`
+        : `Your role in team ${id} no longer allows this: it changed meanwhile, and nothing was changed.`,
+    );
+  }
 }

@@ -919,6 +919,49 @@ for (const backend of BACKENDS) {
       }
     });
 
+    test("team admins removing each other while a proxy admin demotes one and both keep writing: no deadlock (a 5xx), each write a 200 or refused, one removal wins", async () => {
+      for (let round = 0; round < 3 * ROUNDS; round++) {
+        const [a, b, member] = [uniq("admin-a"), uniq("admin-b"), uniq("member")];
+        const team = await requestOk<{ team_id: string }>(gw, "POST", "/team/new", {
+          team_alias: uniq("quarrel"),
+          models: ["chat-mock"],
+          members_with_roles: [
+            { role: "admin", user_id: a },
+            { role: "admin", user_id: b },
+            { role: "user", user_id: member },
+          ],
+        });
+        const keyOf = { [a]: (await newKey({ team_id: team.team_id, user_id: a })).key, [b]: (await newKey({ team_id: team.team_id, user_id: b })).key };
+        const writes = (self: string) => [
+          () => call("POST", "/key/generate", { team_id: team.team_id, user_id: member }, keyOf[self]),
+          () => call("POST", "/team/model/add", { team_id: team.team_id, models: [uniq("m")] }, keyOf[self]),
+          () => call("POST", "/team/member_add", { team_id: team.team_id, member: { role: "user", user_id: uniq("joiner") } }, keyOf[self]),
+          () => call("POST", "/team/member_update", { team_id: team.team_id, user_id: member, max_budget_in_team: 5 }, keyOf[self]),
+        ];
+        const label = where("team admins removing each other", round);
+        const [aRemovesB, bRemovesA, demoted, ...written] = await burst(
+          [
+            () => call("POST", "/team/member_delete", { team_id: team.team_id, user_id: b }, keyOf[a]),
+            () => call("POST", "/team/member_delete", { team_id: team.team_id, user_id: a }, keyOf[b]),
+            () => post("/team/member_update", { team_id: team.team_id, user_id: a, role: "user" }),
+            ...[...writes(a), ...writes(b)].map((w, i) => async () => {
+              await Bun.sleep(i % 4);
+              return w();
+            }),
+          ],
+          label,
+        );
+        for (const r of [aRemovesB!, bRemovesA!, ...written]) expect([200, 403], `${label}: ${r.text}`).toContain(r.status);
+        // Demoting a that b removed first: not a member any more.
+        expect([200, 400], `${label}: ${demoted!.text}`).toContain(demoted!.status);
+        // One removal came first; the other admin was no longer one.
+        expect([aRemovesB!.status, bRemovesA!.status].sort(), label).toEqual([200, 403]);
+        const info = await requestOk<{ team_info: { members_with_roles: { user_id: string; role: string }[] } }>(gw, "GET", `/team/info?team_id=${team.team_id}`);
+        const admins = info.team_info.members_with_roles.filter((m) => m.role === "admin").map((m) => m.user_id);
+        expect(admins.length, `${label}: ${JSON.stringify(admins)}`).toBeLessThanOrEqual(1);
+      }
+    });
+
     test("POST /team/{id}/callback or disable_logging racing /team/delete: a 200 came before the deletion, nothing is written to the deleted team", async () => {
       for (let round = 0; round < 3 * ROUNDS; round++) {
         const team = await requestOk<{ team_id: string }>(gw, "POST", "/team/new", { team_alias: uniq("logging") });

@@ -8,8 +8,8 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { randomUUID } from "node:crypto";
 import OpenAI, { APIError } from "openai";
-import { eq } from "drizzle-orm";
-import { organizations, users } from "../../core/store/schema.ts";
+import { and, eq } from "drizzle-orm";
+import { organizations, teamMembers, users } from "../../core/store/schema.ts";
 import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 import { sha256 } from "../harness/util.ts";
 
@@ -691,6 +691,50 @@ for (const backend of BACKENDS) {
         // Demoted: the rights end with the very next request.
         expect((await post("/team/member_update", { team_id: t1.team_id, user_id: u, role: "user" })).status).toBe(200);
         expect((await post("/team/member_add", { team_id: t1.team_id, member: { role: "user", user_id: uid("late") } }, tmk)).status).toBe(403);
+      });
+
+      test("a team admin demoted or removed in the store while this instance's cache still says admin gets no further write", async () => {
+        // What another instance's /team/member_update or /team/member_delete looks like here until
+        // its change arrives (and, on one instance, the moment between its commit and the cache's
+        // reload): the store says user (or nothing), the cache still says admin.
+        const db = gw.host!.store.db;
+        const cached = (teamId: string, userId: string) => gw.host!.services.identity!.teamMembers.get(teamId)?.get(userId);
+        const https = { callbacks: [{ callback_type: "webhook", url: "https://hooks.example.com/in" }] };
+        for (const change of ["demoted", "removed"] as const) {
+          const t = await newTeam({ team_alias: `stale-${change}`, models: ["chat-a"] });
+          const admin = await memberKey(t.team_id, "admin");
+          const member = await memberKey(t.team_id, "user");
+          const where = and(eq(teamMembers.teamId, t.team_id), eq(teamMembers.userId, admin.userId));
+          if (change === "demoted") await db.update(teamMembers).set({ role: "user" }).where(where);
+          else await db.delete(teamMembers).where(where);
+          expect(cached(t.team_id, admin.userId)).toBe("admin");
+          const writes: [string, unknown][] = [
+            ["/key/generate", { team_id: t.team_id }],
+            ["/key/generate", { team_id: t.team_id, user_id: member.userId }],
+            ["/key/update", { key: member.key, max_budget: 100 }],
+            ["/key/block", { key: member.key }],
+            ["/key/delete", { keys: [member.key] }],
+            ["/team/member_add", { team_id: t.team_id, member: { role: "admin", user_id: uid("late") } }],
+            ["/team/member_update", { team_id: t.team_id, user_id: member.userId, role: "admin" }],
+            ["/team/member_delete", { team_id: t.team_id, user_id: member.userId }],
+            ["/team/model/add", { team_id: t.team_id, models: ["chat-b"] }],
+            [`/team/${t.team_id}/callback`, https],
+            [`/team/${t.team_id}/disable_logging`, {}],
+          ];
+          for (const [path, body] of writes) {
+            const r = await post<ErrorBody>(path, body, admin.key);
+            expect({ change, path, status: r.status, type: r.body.error?.type, code: r.body.error?.code }).toEqual({ change, path, status: 403, type: "permission_error", code: "403" });
+            expect(r.body.error.message).toContain(`team ${t.team_id}`);
+          }
+          // Nothing was written: the member, its key and the team are as they were.
+          const after = await info(t.team_id);
+          expect(after.body.team_info.models).toEqual(["chat-a"]);
+          expect(after.body.team_info.members_with_roles.map((m) => m.user_id).sort()).toEqual((change === "demoted" ? [admin.userId, member.userId] : [member.userId]).sort());
+          expect(after.body.team_memberships.find((m) => m.user_id === admin.userId)?.role).toBe(change === "demoted" ? "user" : undefined);
+          expect(after.body.keys.map((k) => k.user_id).sort()).toEqual([admin.userId, member.userId].sort());
+          expect(after.body.keys.find((k) => k.user_id === member.userId)).toMatchObject({ blocked: false, max_budget: null });
+          expect((await modelCall(member.key)).status).toBe(200);
+        }
       });
 
       test("viewers read every team and write none; plain keys read none", async () => {

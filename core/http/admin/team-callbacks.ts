@@ -10,6 +10,7 @@ import { type Static, Type as T } from "@sinclair/typebox";
 import { and, eq, isNull } from "drizzle-orm";
 import { Elysia } from "elysia";
 import { badRequest, forbidden, notFound } from "../../authz.ts";
+import { confirmTeamRights } from "../../identity/holds.ts";
 import { type TeamCallbackSettings, teamWebhooks, webhookEndpoint } from "../../identity/team-callbacks.ts";
 import type { TeamRow } from "../../identity/records.ts";
 import { isPrivateHost } from "../../private-host.ts";
@@ -65,13 +66,21 @@ function view(team: TeamRow): Record<string, unknown> {
 }
 
 async function save(ctx: AdminCtx, before: TeamRow, settings: TeamCallbackSettings): Promise<TeamRow> {
-  const [after] = await ctx.db
-    .update(teams)
-    .set({ callbackSettings: settings as Record<string, unknown>, updatedAt: new Date(), updatedBy: ctx.caller.changedBy })
+  const after = await ctx.db.transaction(async (tx) => {
     // The live team only: a team deleted since it was read is the 404 it is after the deletion (the
     // deletion keeps its row, and this would have written callbacks onto a deleted team).
-    .where(and(eq(teams.teamId, before.teamId), isNull(teams.deletedAt)))
-    .returning();
+    const live = and(eq(teams.teamId, before.teamId), isNull(teams.deletedAt));
+    const [locked] = await tx.select({ id: teams.teamId }).from(teams).where(live).for("update");
+    if (!locked) return undefined;
+    // A team admin's right is the store's, under the team's lock (holds.ts), not the cache's.
+    await confirmTeamRights(tx, ctx.caller);
+    const [after] = await tx
+      .update(teams)
+      .set({ callbackSettings: settings as Record<string, unknown>, updatedAt: new Date(), updatedBy: ctx.caller.changedBy })
+      .where(live)
+      .returning();
+    return after;
+  });
   if (!after) throw notFound(`Team ${before.teamId} not found: it was deleted meanwhile.`, "team_id");
   await ctx.changed({ kind: "team", teamId: before.teamId });
   await ctx.audit({ action: "updated", table: "teams", objectId: before.teamId, before: view(before), after: view(after) });

@@ -27,7 +27,7 @@ import {
   teamApi,
   userApi,
 } from "../../identity/members.ts";
-import { budgetGone, holdReferences, holdUsersInOrder, orgGone } from "../../identity/holds.ts";
+import { budgetGone, confirmTeamRights, holdReferences, holdUsersInOrder, orgGone } from "../../identity/holds.ts";
 import { modelsOutsideOrg } from "../../identity/org-rules.ts";
 import { choice, pageOf, paged } from "../../identity/paging.ts";
 import type { IdentityChange, KeyRow, TeamMemberRow, TeamRow, UserRow } from "../../identity/records.ts";
@@ -196,6 +196,8 @@ async function lockedTeam<T>(ctx: AdminCtx, teamId: string, write: (tx: Exec, cu
       .where(and(eq(teams.teamId, teamId), isNull(teams.deletedAt)))
       .for("update");
     if (!current) throw notFound(`Team ${teamId} not found: it was deleted meanwhile.`, "team_id");
+    // A team admin's right to write is the store's, under the team's lock (holds.ts), not the cache's.
+    await confirmTeamRights(tx, ctx.caller);
     return write(tx, current);
   });
 }
@@ -632,6 +634,8 @@ async function memberDelete(ctx: AdminCtx): Promise<Record<string, unknown>> {
   if (!current) throw badRequest(`User ${user.userId} is not a member of team ${team.teamId}.`, "user_id");
   const by = ctx.caller.changedBy;
   const keys = await ctx.db.transaction(async (tx) => {
+    // The caller's and the member's memberships locked in one order: two admins removing each other at once take turns.
+    await confirmTeamRights(tx, ctx.caller, { teamId: team.teamId, userIds: [user.userId] });
     const removed = await tx
       .delete(teamMembers)
       .where(and(eq(teamMembers.teamId, team.teamId), eq(teamMembers.userId, user.userId)))
@@ -661,11 +665,14 @@ async function memberUpdate(ctx: AdminCtx): Promise<Record<string, unknown>> {
   if ("rpm_limit" in raw) set.rpmLimit = body.rpm_limit ?? null;
   let updated = current;
   if (Object.keys(set).length > 0) {
-    const [row] = await ctx.db
-      .update(teamMembers)
-      .set(set)
-      .where(and(eq(teamMembers.teamId, team.teamId), eq(teamMembers.userId, user.userId)))
-      .returning();
+    const [row] = await ctx.db.transaction(async (tx) => {
+      await confirmTeamRights(tx, ctx.caller, { teamId: team.teamId, userIds: [user.userId] });
+      return tx
+        .update(teamMembers)
+        .set(set)
+        .where(and(eq(teamMembers.teamId, team.teamId), eq(teamMembers.userId, user.userId)))
+        .returning();
+    });
     // Removed by a concurrent /team/member_delete since it was read: the answer that call's coming first gives.
     if (!row) throw badRequest(`User ${user.userId} is not a member of team ${team.teamId}.`, "user_id");
     updated = row;
