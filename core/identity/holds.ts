@@ -50,11 +50,22 @@ export async function holdTeam(tx: Exec, teamId: string): Promise<boolean> {
 }
 
 /**
- * Teams `teamIds` (a user's memberships), each held until `tx` ends, in one order (a /team/delete
- * of several teams locks them in that order too, so the two cannot deadlock): the 400 naming the
- * first that does not exist, or was deleted meanwhile.
+ * The 400 for teams a write names that do not exist (or were deleted), whether found before the
+ * write's transaction or in it: `Team a does not exist.`, `Teams a, b do not exist.`, in id
+ * order; `param` is the field that named the first of them.
  */
-export async function holdTeams(tx: Exec, teamIds: readonly string[]): Promise<void> {
+export function teamsGone(missing: readonly string[], param: (teamId: string) => string = () => "team_id") {
+  const ids = [...new Set(missing)].sort();
+  const text = ids.length === 1 ? `Team ${ids[0]} does not exist.` : `Teams ${ids.join(", ")} do not exist.`;
+  return badRequest(text, param(ids[0]!));
+}
+
+/**
+ * Teams `teamIds` (a user's memberships), each held until `tx` ends, in one order (a /team/delete
+ * of several teams locks them in that order too, so the two cannot deadlock): the 400 naming
+ * those that do not exist, or were deleted meanwhile (teamsGone, `param` as there).
+ */
+export async function holdTeams(tx: Exec, teamIds: readonly string[], param?: (teamId: string) => string): Promise<void> {
   if (teamIds.length === 0) return;
   const rows = await tx
     .select({ id: teams.teamId })
@@ -62,8 +73,8 @@ export async function holdTeams(tx: Exec, teamIds: readonly string[]): Promise<v
     .where(and(inArray(teams.teamId, [...teamIds]), isNull(teams.deletedAt)))
     .orderBy(teams.teamId)
     .for("share");
-  const gone = [...teamIds].sort().find((id) => !rows.some((r) => r.id === id));
-  if (gone !== undefined) throw teamGone(gone);
+  const gone = teamIds.filter((id) => !rows.some((r) => r.id === id));
+  if (gone.length > 0) throw teamsGone(gone, param);
 }
 
 /** Whether budget object `budgetId` exists, held until `tx` ends. */

@@ -6,7 +6,10 @@
 // an audit row naming the `svc-changed-by` actor.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { randomUUID } from "node:crypto";
+import { eq, sql } from "drizzle-orm";
 import OpenAI, { APIError } from "openai";
+import { teams } from "../../core/store/schema.ts";
+import { rows } from "../../core/store/sql.ts";
 import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 import { sha256 } from "../harness/util.ts";
 
@@ -130,6 +133,59 @@ for (const backend of BACKENDS) {
         const done = await chat(r.body.key!);
         expect(done.choices[0]?.message.content).toContain("hi");
         expect(await callStatus(r.body.key!, "chat-b")).toEqual({ status: 401, type: "user_model_access_denied" });
+      });
+
+      test("a team that does not exist is one 400, named by the field that named it, whether found before the write or deleted while it waited", async () => {
+        const refused = async (body: Json): Promise<ErrorBody["error"]> => {
+          const userId = uid("teamless");
+          const r = await post<ErrorBody>("/user/new", { user_id: userId, ...body });
+          expect(r.status).toBe(400);
+          expect((await get(`/user/info?user_id=${userId}`)).status).toBe(404);
+          return r.body.error;
+        };
+        const gone = (ids: string, param: string) => ({ message: ids.includes(",") ? `Teams ${ids} do not exist.` : `Team ${ids} does not exist.`, type: "invalid_request_error", param, code: "400" });
+        const [a, b] = [uid("nope-a"), uid("nope-b")];
+        expect(await refused({ teams: [a] })).toEqual(gone(a, "teams"));
+        expect(await refused({ team_id: a })).toEqual(gone(a, "team_id"));
+        expect(await refused({ team_id: a, auto_create_key: false })).toEqual(gone(a, "team_id"));
+        expect(await refused({ teams: [{ team_id: b }, a] })).toEqual(gone(`${a}, ${b}`, "teams"));
+        const deleted = await team({});
+        expect((await post("/team/delete", { team_ids: [deleted] })).status).toBe(200);
+        expect(await refused({ teams: [{ team_id: deleted, user_role: "admin" }] })).toEqual(gone(deleted, "teams"));
+        expect(await refused({ team_id: deleted })).toEqual(gone(deleted, "team_id"));
+        if (backend !== "postgres") return;
+        // Deleted after /user/new found it and before its write held it: the same answer.
+        const db = gw.host!.store.db;
+        for (const field of ["teams", "team_id"] as const) {
+          const t = await team({});
+          let release!: () => void;
+          const released = new Promise<void>((resolve) => {
+            release = resolve;
+          });
+          let locked!: () => void;
+          const held = new Promise<void>((resolve) => {
+            locked = resolve;
+          });
+          const deletion = db.transaction(async (tx) => {
+            await tx.select({ id: teams.teamId }).from(teams).where(eq(teams.teamId, t)).for("update");
+            locked();
+            await released;
+            await tx.update(teams).set({ deletedAt: new Date(), deletedBy: "test" }).where(eq(teams.teamId, t));
+          });
+          await held;
+          const answer = refused(field === "teams" ? { teams: [t] } : { team_id: t });
+          // /user/new waits for the team's row (holdTeams), having found the team live before its transaction.
+          let waiting = false;
+          for (let i = 0; i < 500 && !waiting; i++) {
+            const [w] = await rows<{ n: number }>(db, sql`select count(*)::int as n from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock'`);
+            waiting = w!.n > 0;
+            if (!waiting) await Bun.sleep(10);
+          }
+          release();
+          expect(waiting).toBe(true);
+          await deletion;
+          expect(await answer).toEqual(gone(t, field));
+        }
       });
 
       test("every field is stored and returned; budget_duration sets budget_reset_at", async () => {

@@ -10,7 +10,7 @@ import { and, asc, count, desc, eq, ilike, inArray, isNull, type SQL } from "dri
 import { Elysia } from "elysia";
 import { badRequest, forbidden, notFound } from "../../authz.ts";
 import { Amount, clearNulls, containing, LIMIT_COLUMNS, LimitFields, MoneyField, Nullable, resetAt } from "../../identity/fields.ts";
-import { holdReferences, holdTeams, orgGone } from "../../identity/holds.ts";
+import { holdReferences, holdTeams, orgGone, teamsGone } from "../../identity/holds.ts";
 import { type Exec, findUserByEmail, lockEmail, membersByTeam, teamApi, userApi } from "../../identity/members.ts";
 import { choice, list, pageOf, paged } from "../../identity/paging.ts";
 import type { UserRow } from "../../identity/records.ts";
@@ -122,6 +122,9 @@ async function newUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
   await requireUniqueEmail(ctx.db, body.user_email);
   await requireOrg(ctx.db, body.organization_id);
   const budgetResetAt = resetAt(body.budget_duration);
+  // A team that does not exist is one 400 whether found here or, deleted meanwhile, in the write's
+  // transaction (holdTeams): its param is the field that named it.
+  const namedBy = (teamId: string) => (normalizeTeams(body.teams).some((m) => m.teamId === teamId) ? "teams" : "team_id");
   if (memberships.length > 0) {
     const ids = memberships.map((m) => m.teamId);
     const found = await ctx.db
@@ -129,7 +132,7 @@ async function newUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
       .from(teams)
       .where(and(inArray(teams.teamId, ids), isNull(teams.deletedAt)));
     const missing = ids.filter((id) => !found.some((f) => f.id === id));
-    if (missing.length > 0) throw badRequest(`Team(s) ${missing.join(", ")} do not exist.`, "teams");
+    if (missing.length > 0) throw teamsGone(missing, namedBy);
   }
 
   const row = {
@@ -150,7 +153,7 @@ async function newUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
       // /organization/delete or /team/delete either sees the user (detaches it, ends its
       // memberships) or comes first, and this is the 400 for an organization or team that does not exist.
       await holdReferences(tx, { organizationId: body.organization_id });
-      await holdTeams(tx, memberships.map((m) => m.teamId));
+      await holdTeams(tx, memberships.map((m) => m.teamId), namedBy);
       const [created] = await tx.insert(users).values(row).returning();
       if (memberships.length > 0) await tx.insert(teamMembers).values(memberships.map((m) => ({ ...m, userId })));
       return created!;
