@@ -825,6 +825,49 @@ for (const backend of BACKENDS) {
       }
     });
 
+    test("/team/member_add, /team/bulk_member_add, /organization/member_add and /user/new by e-mail racing /user/delete of those users: no deadlock (a 5xx), one user per address, no member that does not exist", async () => {
+      // A few dozen rounds on PostgreSQL: a deadlock needs two calls to each hold a user the other waits for.
+      for (let round = 0; round < (backend === "postgres" ? 30 : 6); round++) {
+        const ids = Array.from({ length: 4 }, () => uniq("mailed")).sort();
+        const mail = (id: string) => `${id}@Example.com`;
+        for (const user_id of ids) await requestOk(gw, "POST", "/user/new", { user_id, user_email: mail(user_id), auto_create_key: false });
+        const fresh = [uniq("fresh"), uniq("fresh")].map((p) => `${p}@example.com`);
+        const teams = await Promise.all(Array.from({ length: 3 }, () => requestOk<{ team_id: string }>(gw, "POST", "/team/new", { team_alias: uniq("mailing") })));
+        const org = await requestOk<{ organization_id: string }>(gw, "POST", "/organization/new", { organization_alias: uniq("mailing") });
+        // The addresses in an order other than the users' ids (the deletion's), and each call in another.
+        const down = [...ids].reverse().map(mail);
+        const up = ids.map(mail);
+        const members = (emails: string[]) => emails.map((user_email) => ({ role: "user", user_email }));
+        const label = where("members by e-mail vs user delete", round);
+        const [deleted, ...added] = await burst(
+          [
+            () => post("/user/delete", { user_ids: ids }),
+            () => post("/team/member_add", { team_id: teams[0]!.team_id, member: members([...down, ...fresh]) }),
+            () => post("/team/member_add", { team_id: teams[1]!.team_id, member: members([...fresh].reverse().concat(up)) }),
+            () => post("/team/bulk_member_add", { team_id: teams[2]!.team_id, members: members([fresh[1]!, ...up]) }),
+            () => post("/organization/member_add", { organization_id: org.organization_id, member: [...down, fresh[0]!].map((user_email) => ({ role: "internal_user", user_email })) }),
+            () => post("/user/new", { user_email: fresh[0]!.toUpperCase(), teams: [teams[0]!.team_id], auto_create_key: false }),
+          ],
+          label,
+        );
+        expect(deleted!.status, `${label}: ${deleted!.text}`).toBe(200);
+        // A 400 only where another call created the address's user first.
+        for (const a of added) expect([200, 400], `${label}: ${a.text}`).toContain(a.status);
+        const userNew = added[4]!;
+        if (userNew.status === 400) expect(userNew.body.error?.message, label).toContain("already exists");
+        // One user per address, and every member's user exists.
+        const emails = [...up, ...fresh].map((e) => e.toLowerCase());
+        const listed = await requestOk<{ users: { user_id: string; user_email: string | null }[] }>(gw, "GET", "/user/list?page_size=100&sort_by=created_at&sort_order=desc");
+        for (const e of emails) expect(listed.users.filter((u) => u.user_email?.toLowerCase() === e).length, `${label}: users with ${e}`).toBeLessThanOrEqual(1);
+        for (const t of teams) {
+          const info = await requestOk<{ team_info: { members_with_roles: { user_id: string }[] } }>(gw, "GET", `/team/info?team_id=${t.team_id}`);
+          for (const m of info.team_info.members_with_roles) expect(await userInfo(m.user_id), `${label}: member ${m.user_id} of ${t.team_id} does not exist`).toBeDefined();
+        }
+        const [o] = await requestOk<{ members: { user_id: string }[] }[]>(gw, "GET", `/organization/list?org_id=${org.organization_id}`);
+        for (const m of o!.members) expect(await userInfo(m.user_id), `${label}: member ${m.user_id} of the organization does not exist`).toBeDefined();
+      }
+    });
+
     test("/organization/member_add racing /organization/delete: no membership of a deleted organization", async () => {
       for (let round = 0; round < 3 * ROUNDS; round++) {
         const orgId = uniq("closing-org");

@@ -377,6 +377,10 @@ async function addMembers(ctx: AdminCtx) {
       // them or came first; then this is the 404 of an organization that does not exist, or the user
       // is created again, as for a member who does not exist.
       if (!(await holdOrg(tx, orgId))) throw notFound(`Organization '${orgId}' not found.`, "organization_id");
+      // Every address's lock first (a member found now may be deleted meanwhile and created again
+      // under its address below), in one order, then the users by id: the order a team's
+      // member_add takes them in (teams.ts holdMembers), and /user/delete its users.
+      for (const email of [...new Set(resolved.flatMap((r) => (r.email ? [r.email.toLowerCase()] : [])))].sort()) await lockEmail(tx, email);
       await holdUsersInOrder(tx, resolved.filter((r) => !r.isNew).map((r) => r.userId));
       for (const r of resolved) {
         if (!r.isNew && !(await holdExistingUser(tx, r.userId))) Object.assign(r, { user: undefined, isNew: true, userId: r.namedId ?? randomUUID() });

@@ -9,7 +9,7 @@
  */
 import { randomUUID } from "node:crypto";
 import { Type as T } from "@sinclair/typebox";
-import { and, asc, count, desc, eq, ilike, inArray, isNotNull, isNull, notInArray, type SQL } from "drizzle-orm";
+import { and, asc, count, desc, eq, ilike, inArray, isNotNull, isNull, notInArray, type SQL, sql } from "drizzle-orm";
 import { Elysia } from "elysia";
 import { badRequest, DEFAULT_TEAM_MEMBER_PERMISSIONS, forbidden, missingQuery, notFound, TEAM_MEMBER_PERMISSION_CHOICES } from "../../authz.ts";
 import { GatewayError } from "../../errors.ts";
@@ -19,6 +19,7 @@ import {
   ensureUser,
   type Exec,
   findUser,
+  lockEmail,
   MEMBER_SETTING_FIELDS,
   type MemberRef,
   membersByTeam,
@@ -290,6 +291,22 @@ function alreadyMember(teamId: string, user: UserRow): GatewayError {
   return GatewayError.of(400, `User ${user.userId}${user.userEmail ? ` (${user.userEmail})` : ""} is already a member of team ${teamId}.`, "team_member_already_in_team", "member");
 }
 
+/**
+ * Every user `members` name held until `tx` ends, before any is admitted, in the order the other
+ * writes take them: the addresses' locks (ensureUser's lockEmail) in one order, then the users
+ * (FOR UPDATE) by id, as /user/delete locks its users (holds.ts holdUsersInOrder). Taken member by
+ * member in the request's order instead, a call adding users by e-mail held one user while
+ * waiting for another that a /user/delete of both (or a call listing the addresses the other way
+ * round) held while waiting for the first: a deadlock, which PostgreSQL breaks by failing one (a 500).
+ */
+async function holdMembers(tx: Exec, members: readonly MemberValue[]): Promise<void> {
+  const emails = [...new Set(members.flatMap((m) => (m.user_email ? [m.user_email.toLowerCase()] : [])))].sort();
+  for (const email of emails) await lockEmail(tx, email);
+  const byEmail = [...new Set(members.flatMap((m) => (!m.user_id && m.user_email ? [m.user_email.toLowerCase()] : [])))];
+  const found = byEmail.length > 0 ? await tx.select({ id: users.userId }).from(users).where(inArray(sql`lower(${users.userEmail})`, byEmail)) : [];
+  await holdUsersInOrder(tx, [...members.map((m) => m.user_id), ...found.map((u) => u.id)]);
+}
+
 /** Adds one member (creating its user when missing); an existing member is a 400. */
 async function admit(db: Exec, team: TeamRow, m: MemberValue, maxBudgetInTeam: number | null | undefined, by: string): Promise<Admitted> {
   const { user, created } = await ensureUser(db, refOf(m), by);
@@ -388,7 +405,7 @@ async function newTeam(ctx: AdminCtx): Promise<Record<string, unknown>> {
   const { team, admitted } = await ctx.db
     .transaction(async (tx) => {
       await holdReferences(tx, { organizationId: row.organizationId, budgetId: row.budgetId });
-      await holdUsersInOrder(tx, (body.members_with_roles ?? []).map((m) => m.user_id));
+      await holdMembers(tx, body.members_with_roles ?? []);
       const [team] = await tx.insert(teams).values(row).returning();
       const admitted: Admitted[] = [];
       // A user named twice is a 400 (team_member_already_in_team) and nothing is created.
@@ -611,7 +628,7 @@ async function memberAdd(ctx: AdminCtx): Promise<Record<string, unknown>> {
   const by = ctx.caller.changedBy;
   // Under the team's lock: a /team/delete at the same moment removes its members, and would miss one added after it read them.
   const admitted = await lockedTeam(ctx, team.teamId, async (tx, current) => {
-    await holdUsersInOrder(tx, members.map((m) => m.user_id));
+    await holdMembers(tx, members);
     const out: Admitted[] = [];
     for (const m of members) out.push(await admit(tx, current, m, body.max_budget_in_team, by));
     return out;

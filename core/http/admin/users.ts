@@ -144,16 +144,17 @@ async function newUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
   } as typeof users.$inferInsert;
   const user = await ctx.db
     .transaction(async (tx) => {
-      // Checked again under the address's lock: a concurrent request may have taken it since.
-      if (body.user_email) {
-        await lockEmail(tx, body.user_email);
-        await requireUniqueEmail(tx, body.user_email);
-      }
       // Its organization and teams held until the user is stored (holds.ts): a concurrent
       // /organization/delete or /team/delete either sees the user (detaches it, ends its
       // memberships) or comes first, and this is the 400 for an organization or team that does not exist.
       await holdReferences(tx, { organizationId: body.organization_id });
       await holdTeams(tx, memberships.map((m) => m.teamId), namedBy);
+      // Checked again under the address's lock: a concurrent request may have taken it since. Taken
+      // after the teams, as /team/member_add takes a member's address after its team's row.
+      if (body.user_email) {
+        await lockEmail(tx, body.user_email);
+        await requireUniqueEmail(tx, body.user_email);
+      }
       const [created] = await tx.insert(users).values(row).returning();
       if (memberships.length > 0) await tx.insert(teamMembers).values(memberships.map((m) => ({ ...m, userId })));
       return created!;
