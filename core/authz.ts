@@ -31,7 +31,7 @@ export const TEAM_MEMBER_PERMISSION_CHOICES = [
 /**
  * What the cache let a caller do on a team by its membership: act as the team's admin, or call
  * these routes (as an admin, or as a `user` member the team lets). A write confirms it against the
- * store in its own transaction (identity/rights.ts confirmTeamRights).
+ * store in its own transaction (identity/holds.ts holdWrite).
  */
 export interface TeamGrant {
   admin: boolean;

@@ -10,8 +10,10 @@
  * or organization admits (holdExistingUser), but a user gone meanwhile is created again rather
  * than refused, as a write naming a user who does not exist creates it. A non-admin's team key for
  * a member holds the membership (holdMembership), which /team/member_delete deletes with its keys.
+ * Every management write first takes its locks in one order (holdWrite): teams, addresses, users by
+ * id, memberships, then what it writes.
  */
-import { and, eq, inArray, isNull } from "drizzle-orm";
+import { and, eq, inArray, isNull, sql } from "drizzle-orm";
 import { badRequest, type Caller, forbidden, memberMay } from "../authz.ts";
 import { budgets, organizations, teamMembers, teams, users } from "../store/schema.ts";
 import type { Exec } from "./members.ts";
@@ -99,16 +101,6 @@ export async function holdUser(tx: Exec, userId: string, by: string): Promise<Us
 }
 
 /**
- * Users `userIds` (those that exist), held (FOR UPDATE) until `tx` ends, in the order /user/delete
- * locks its users: a write making several users members holds them all first, so it and a
- * deletion of several of them cannot each hold one the other waits for (a deadlock, a 500).
- */
-export async function holdUsersInOrder(tx: Exec, userIds: readonly (string | null | undefined)[]): Promise<void> {
-  const ids = [...new Set(userIds.filter(named))];
-  if (ids.length > 1) await tx.select({ id: users.userId }).from(users).where(inArray(users.userId, ids)).orderBy(users.userId).for("update");
-}
-
-/**
  * User `userId` as it is now, held (FOR UPDATE, as holdUser) until `tx` ends, for a write that
  * makes it a member (of a team or an organization); undefined when it is gone, deleted meanwhile
  * included: the write then creates it again, as it does for a member who does not exist.
@@ -129,41 +121,74 @@ export async function holdMembership(tx: Exec, teamId: string, userId: string): 
 }
 
 /**
- * The team rights the identity cache granted the caller during this call (Caller.teamGrants: a
- * team admin's, or a `user` member's routes), confirmed against the store inside the write's
- * transaction, and held until it ends: each team's row (FOR SHARE, in id order, as /team/delete
- * locks them), then the caller's membership (FOR SHARE; `lockMembers`: those members' rows of that
- * team too, FOR UPDATE in user id order, for a write that changes or ends one of them). A
- * /team/member_update or /team/member_delete demoting or removing the caller at the same moment
- * then either waits for this write, or came first and this write is refused (403): the cache is
- * updated only after the demotion commits (and on other instances a moment later), so checked
- * against it alone, a write racing the demotion was still let through.
+ * Holds an address until the transaction ends, so requests that would each create a user for it
+ * at the same moment take turns (the second finds the first's user). Inside a transaction only.
  */
-export async function confirmTeamRights(tx: Exec, caller: Caller, lockMembers?: { teamId: string; userIds: readonly string[] }): Promise<void> {
-  const userId = caller.userId;
-  if (caller.isAdmin || caller.teamGrants.size === 0 || userId === undefined) return;
-  const ids = [...caller.teamGrants.keys()].sort();
-  const held = await tx
-    .select({ id: teams.teamId, teamMemberPermissions: teams.teamMemberPermissions })
-    .from(teams)
-    .where(and(inArray(teams.teamId, ids), isNull(teams.deletedAt)))
-    .orderBy(teams.teamId)
-    .for("share");
-  if (lockMembers) {
+export async function lockEmail(tx: Exec, email: string): Promise<void> {
+  await tx.execute(sql`select pg_advisory_xact_lock(hashtextextended(lower(${email}), 0))`);
+}
+
+/** What a management write holds besides the caller's team rights (holdWrite). */
+export interface WriteHolds {
+  /** Users it names (members it admits, a key's user): held FOR UPDATE. */
+  userIds?: readonly (string | null | undefined)[];
+  /** Addresses it admits members by: their locks (lockEmail), then the users that have them. */
+  emails?: readonly (string | null | undefined)[];
+  /** A team whose memberships of these users (and the caller's) it changes or ends: held FOR UPDATE. */
+  members?: { teamId: string; userIds: readonly string[] };
+}
+
+/**
+ * What a management write holds first, in the one order every write takes, so that no two of them
+ * (nor /user/delete, /team/delete, /team/member_delete) each hold a row the other waits for (a
+ * deadlock, which PostgreSQL breaks by failing one: a 500): teams (FOR SHARE, by id, as
+ * /team/delete locks them), then the addresses' locks (sorted), then users (FOR UPDATE, by id, as
+ * /user/delete locks them: those named, those with the addresses, and the caller when it acts by a
+ * team membership), then memberships, and only then the rows the write changes (keys, members).
+ *
+ * And the caller's team rights the identity cache granted during this call (Caller.teamGrants: a
+ * team admin's, or a `user` member's routes) are confirmed against the store, the caller's
+ * membership held (FOR SHARE) until `tx` ends: a /team/member_update or /team/member_delete
+ * demoting or removing the caller at the same moment waits for this write, or came first and this
+ * write is refused (403). The cache is updated only after the demotion commits (on other instances
+ * a moment later), so checked against it alone, a write racing the demotion was let through.
+ */
+export async function holdWrite(tx: Exec, caller: Caller, holds: WriteHolds = {}): Promise<void> {
+  const self = caller.userId;
+  const byMembership = !caller.isAdmin && caller.teamGrants.size > 0 && self !== undefined;
+  const teamIds = [...new Set([...(byMembership ? caller.teamGrants.keys() : []), ...(holds.members ? [holds.members.teamId] : [])])].sort();
+  const held =
+    teamIds.length === 0
+      ? []
+      : await tx
+          .select({ id: teams.teamId, teamMemberPermissions: teams.teamMemberPermissions })
+          .from(teams)
+          .where(and(inArray(teams.teamId, teamIds), isNull(teams.deletedAt)))
+          .orderBy(teams.teamId)
+          .for("share");
+  const emails = [...new Set((holds.emails ?? []).filter(named).map((e) => e.toLowerCase()))].sort();
+  for (const email of emails) await lockEmail(tx, email);
+  const withEmails = emails.length > 0 ? await tx.select({ id: users.userId }).from(users).where(inArray(sql`lower(${users.userEmail})`, emails)) : [];
+  const userIds = [...new Set([...(holds.userIds ?? []).filter(named), ...withEmails.map((u) => u.id), ...(byMembership ? [self] : [])])];
+  if (userIds.length > 0) await tx.select({ id: users.userId }).from(users).where(inArray(users.userId, userIds)).orderBy(users.userId).for("update");
+  if (holds.members) {
+    const memberIds = [...new Set([...holds.members.userIds, ...(self === undefined ? [] : [self])])];
     await tx
       .select({ id: teamMembers.userId })
       .from(teamMembers)
-      .where(and(eq(teamMembers.teamId, lockMembers.teamId), inArray(teamMembers.userId, [...new Set([userId, ...lockMembers.userIds])])))
+      .where(and(eq(teamMembers.teamId, holds.members.teamId), inArray(teamMembers.userId, memberIds)))
       .orderBy(teamMembers.userId)
       .for("update");
   }
+  if (!byMembership) return;
+  const grantedIds = [...caller.teamGrants.keys()].sort();
   const roles = await tx
     .select({ teamId: teamMembers.teamId, role: teamMembers.role })
     .from(teamMembers)
-    .where(and(inArray(teamMembers.teamId, ids), eq(teamMembers.userId, userId)))
+    .where(and(inArray(teamMembers.teamId, grantedIds), eq(teamMembers.userId, self)))
     .orderBy(teamMembers.teamId)
     .for("share");
-  for (const id of ids) {
+  for (const id of grantedIds) {
     const grant = caller.teamGrants.get(id)!;
     const team = held.find((t) => t.id === id);
     const role = roles.find((r) => r.teamId === id)?.role;

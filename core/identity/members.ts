@@ -6,7 +6,7 @@
 import { randomUUID } from "node:crypto";
 import { and, eq, inArray, sql } from "drizzle-orm";
 import { badRequest } from "../authz.ts";
-import { holdExistingUser } from "./holds.ts";
+import { holdExistingUser, lockEmail } from "./holds.ts";
 import type { Db } from "../store/db.ts";
 import { teamMembers, users } from "../store/schema.ts";
 import type { TeamMemberRow, TeamRow, UserRow } from "./records.ts";
@@ -45,13 +45,6 @@ export async function findUser(db: Exec, ref: MemberRef): Promise<UserRow | unde
   return ref.user_email ? findUserByEmail(db, ref.user_email) : undefined;
 }
 
-/**
- * Holds an address until the transaction ends, so requests that would each create a user for it
- * at the same moment take turns (the second finds the first's user). Inside a transaction only.
- */
-export async function lockEmail(db: Exec, email: string): Promise<void> {
-  await db.execute(sql`select pg_advisory_xact_lock(hashtextextended(lower(${email}), 0))`);
-}
 
 /**
  * The user a member reference names, created (role `internal_user`, nothing else) when missing:

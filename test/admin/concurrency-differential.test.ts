@@ -1005,6 +1005,46 @@ for (const backend of BACKENDS) {
       }
     });
 
+    test("a team admin's writes for a member racing /user/delete of the member and of the admin, and /team/member_delete of the member: no deadlock (a 5xx), no live key or membership of a deleted user", async () => {
+      for (let round = 0; round < (backend === "postgres" ? 30 : 6); round++) {
+        const [admin, member] = [uniq("doomed-admin"), uniq("doomed-member")];
+        const team = await requestOk<{ team_id: string }>(gw, "POST", "/team/new", {
+          team_alias: uniq("doomed"),
+          members_with_roles: [
+            { role: "admin", user_id: admin },
+            { role: "user", user_id: member },
+          ],
+        });
+        const adminKey = (await newKey({ team_id: team.team_id, user_id: admin })).key;
+        const own = await newKey({ team_id: team.team_id, user_id: admin });
+        const deleteAdmin = rng.chance(0.5);
+        const label = where("team admin writes vs user delete", round, deleteAdmin ? "admin and member deleted" : "member deleted");
+        const [deleted, removed, ...written] = await burst(
+          [
+            () => post("/user/delete", { user_ids: deleteAdmin ? [admin, member] : [member] }),
+            () => post("/team/member_delete", { team_id: team.team_id, user_id: member }),
+            ...[0, 1, 2, 3, 4].map((i) => async () => {
+              await Bun.sleep(i % 3);
+              if (i === 0) return call("POST", "/key/generate", { team_id: team.team_id, user_id: member }, adminKey);
+              if (i === 1) return call("POST", "/key/generate", { team_id: team.team_id }, adminKey);
+              if (i === 2) return call("POST", "/key/update", { key: own.key, user_id: member }, adminKey);
+              if (i === 3) return call("POST", "/team/member_update", { team_id: team.team_id, user_id: member, max_budget_in_team: 3 }, adminKey);
+              return call("POST", "/team/member_add", { team_id: team.team_id, member: { role: "user", user_id: uniq("late") } }, adminKey);
+            }),
+          ],
+          label,
+        );
+        expect(deleted!.status, `${label}: ${deleted!.text}`).toBe(200);
+        expect([200, 400], `${label}: ${removed!.text}`).toContain(removed!.status);
+        // Refused: the member (or the admin) was gone; a 401 when the admin's own key went with it first.
+        for (const w of written) expect([200, 400, 401, 403, 404], `${label}: ${w.text}`).toContain(w.status);
+        const listed = await requestOk<{ keys: string[] }>(gw, "GET", `/key/list?team_id=${team.team_id}&user_id=${member}`);
+        expect(listed.keys, `${label}: live keys of the deleted member`).toEqual([]);
+        const info = await requestOk<{ team_info: { members_with_roles: { user_id: string }[] } }>(gw, "GET", `/team/info?team_id=${team.team_id}`);
+        for (const m of info.team_info.members_with_roles) expect(await userInfo(m.user_id), `${label}: member ${m.user_id} does not exist`).toBeDefined();
+      }
+    });
+
     test("POST /team/{id}/callback or disable_logging racing /team/delete: a 200 came before the deletion, nothing is written to the deleted team", async () => {
       for (let round = 0; round < 3 * ROUNDS; round++) {
         const team = await requestOk<{ team_id: string }>(gw, "POST", "/team/new", { team_alias: uniq("logging") });

@@ -39,7 +39,7 @@ import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { followedReset, periodFromBudget } from "../../identity/budget-period.ts";
 import { resetAt } from "../../identity/fields.ts";
 import { guaranteedOverflow, type PlannedKey } from "../../limits/capacity.ts";
-import { budgetGone, confirmTeamRights, holdMembership, holdReferences, holdUser, orgGone, teamGone } from "../../identity/holds.ts";
+import { budgetGone, holdMembership, holdReferences, holdUser, holdWrite, orgGone, teamGone } from "../../identity/holds.ts";
 
 const TABLE = "virtual_keys";
 const BULK_MAX = 500;
@@ -318,9 +318,10 @@ async function checkGuaranteedStored(tx: Exec, ctx: AdminCtx, key: PlannedKey): 
  * lock). Returns the key's user when this write created it.
  */
 async function holdKeyWrite(tx: Exec, ctx: AdminCtx, fields: Record<string, unknown>, planned: PlannedKey, row?: KeyRow): Promise<UserRow | undefined> {
-  // The caller's team rights (a team admin's, a member's routes) are the store's, not the cache's (holds.ts).
-  await confirmTeamRights(tx, ctx.caller);
   const userId = fields.userId !== row?.userId ? fields.userId : undefined;
+  // The caller's team rights (a team admin's, a member's routes) are the store's, not the cache's;
+  // the user it names held first, in the order every write takes them (holds.ts holdWrite).
+  await holdWrite(tx, ctx.caller, { userIds: [typeof userId === "string" ? userId : undefined] });
   // A non-admin's new key in a team, or a key it gives to another user, is for a member of the team
   // (authorizeGenerate, updateFields: checked against the cache). That membership is held, so a
   // /team/member_delete at the same moment deletes the key with it, or came first and this is the
@@ -495,7 +496,7 @@ async function blockKey(ctx: AdminCtx, blocked: boolean): Promise<Record<string,
   ctx.caller.requireWriter();
   const row = await keyInReach(ctx, key, blocked ? "/key/block" : "/key/unblock");
   const [updated] = await ctx.db.transaction(async (tx) => {
-    await confirmTeamRights(tx, ctx.caller);
+    await holdWrite(tx, ctx.caller);
     return tx.update(virtualKeys).set({ blocked, updatedBy: ctx.caller.changedBy, updatedAt: new Date() }).where(live(row.token)).returning();
   });
   if (!updated) throw notFound("Key not found: it was deleted meanwhile.", "key");
@@ -571,7 +572,7 @@ async function deleteKeys(ctx: AdminCtx): Promise<{ deleted_keys: string[] }> {
   const now = new Date();
   const changes: IdentityChange[] = tokens.map((token) => ({ kind: "key", token }));
   await ctx.db.transaction(async (tx) => {
-    await confirmTeamRights(tx, ctx.caller);
+    await holdWrite(tx, ctx.caller);
     const deleted = await tx
       .update(virtualKeys)
       .set({ deletedAt: now, deletedBy: ctx.caller.changedBy, updatedAt: now, updatedBy: ctx.caller.changedBy })
@@ -603,7 +604,7 @@ async function resetSpend(ctx: AdminCtx): Promise<Record<string, unknown>> {
   const to = usdToPico(asked);
   if (to > previous) throw badRequest(`reset_to (${picoToText(to)}) must be between 0 and the current spend (${picoToText(previous)}).`, "reset_to");
   const [updated] = await ctx.db.transaction(async (tx) => {
-    await confirmTeamRights(tx, ctx.caller);
+    await holdWrite(tx, ctx.caller);
     return tx.update(virtualKeys).set({ spend: picoToText(to), updatedBy: ctx.caller.changedBy, updatedAt: new Date() }).where(live(row.token)).returning();
   });
   if (!updated) throw notFound("Key not found: it was deleted meanwhile.", "key");

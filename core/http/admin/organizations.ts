@@ -14,8 +14,8 @@ import { Elysia } from "elysia";
 import { badRequest, forbidden, notFound } from "../../authz.ts";
 import { GatewayError } from "../../errors.ts";
 import { Amount, Parallel, Quantity, resetAt } from "../../identity/fields.ts";
-import { holdBudget, holdExistingUser, holdOrg, holdUsersInOrder } from "../../identity/holds.ts";
-import { type Exec, findUserByEmail, lockEmail } from "../../identity/members.ts";
+import { holdBudget, holdExistingUser, holdOrg, holdWrite, lockEmail } from "../../identity/holds.ts";
+import { type Exec, findUserByEmail } from "../../identity/members.ts";
 import { modelsOutsideOrg } from "../../identity/org-rules.ts";
 import type { BudgetRow, OrgMemberRow, OrgRow, UserRow } from "../../identity/records.ts";
 import { fromApi, toApi } from "../../identity/serialize.ts";
@@ -378,10 +378,8 @@ async function addMembers(ctx: AdminCtx) {
       // is created again, as for a member who does not exist.
       if (!(await holdOrg(tx, orgId))) throw notFound(`Organization '${orgId}' not found.`, "organization_id");
       // Every address's lock first (a member found now may be deleted meanwhile and created again
-      // under its address below), in one order, then the users by id: the order a team's
-      // member_add takes them in (teams.ts holdMembers), and /user/delete its users.
-      for (const email of [...new Set(resolved.flatMap((r) => (r.email ? [r.email.toLowerCase()] : [])))].sort()) await lockEmail(tx, email);
-      await holdUsersInOrder(tx, resolved.filter((r) => !r.isNew).map((r) => r.userId));
+      // under its address below), then the users by id: the order every write takes them in.
+      await holdWrite(tx, ctx.caller, { userIds: resolved.filter((r) => !r.isNew).map((r) => r.userId), emails: resolved.map((r) => r.email) });
       for (const r of resolved) {
         if (!r.isNew && !(await holdExistingUser(tx, r.userId))) Object.assign(r, { user: undefined, isNew: true, userId: r.namedId ?? randomUUID() });
         if (r.isNew && r.email) {

@@ -10,7 +10,7 @@ import { type Static, Type as T } from "@sinclair/typebox";
 import { and, eq, isNull } from "drizzle-orm";
 import { Elysia } from "elysia";
 import { badRequest, forbidden, notFound } from "../../authz.ts";
-import { confirmTeamRights } from "../../identity/holds.ts";
+import { holdWrite } from "../../identity/holds.ts";
 import { type TeamCallbackSettings, teamWebhooks, webhookEndpoint } from "../../identity/team-callbacks.ts";
 import type { TeamRow } from "../../identity/records.ts";
 import { isPrivateHost } from "../../private-host.ts";
@@ -73,7 +73,7 @@ async function save(ctx: AdminCtx, before: TeamRow, settings: TeamCallbackSettin
     const [locked] = await tx.select({ id: teams.teamId }).from(teams).where(live).for("update");
     if (!locked) return undefined;
     // A team admin's right is the store's, under the team's lock (holds.ts), not the cache's.
-    await confirmTeamRights(tx, ctx.caller);
+    await holdWrite(tx, ctx.caller);
     const [after] = await tx
       .update(teams)
       .set({ callbackSettings: settings as Record<string, unknown>, updatedAt: new Date(), updatedBy: ctx.caller.changedBy })

@@ -9,7 +9,7 @@
  */
 import { randomUUID } from "node:crypto";
 import { Type as T } from "@sinclair/typebox";
-import { and, asc, count, desc, eq, ilike, inArray, isNotNull, isNull, notInArray, type SQL, sql } from "drizzle-orm";
+import { and, asc, count, desc, eq, ilike, inArray, isNotNull, isNull, notInArray, type SQL } from "drizzle-orm";
 import { Elysia } from "elysia";
 import { badRequest, DEFAULT_TEAM_MEMBER_PERMISSIONS, forbidden, missingQuery, notFound, TEAM_MEMBER_PERMISSION_CHOICES } from "../../authz.ts";
 import { GatewayError } from "../../errors.ts";
@@ -19,7 +19,6 @@ import {
   ensureUser,
   type Exec,
   findUser,
-  lockEmail,
   MEMBER_SETTING_FIELDS,
   type MemberRef,
   membersByTeam,
@@ -28,7 +27,7 @@ import {
   teamApi,
   userApi,
 } from "../../identity/members.ts";
-import { budgetGone, confirmTeamRights, holdReferences, holdUsersInOrder, orgGone } from "../../identity/holds.ts";
+import { budgetGone, holdReferences, holdWrite, orgGone, type WriteHolds } from "../../identity/holds.ts";
 import { modelsOutsideOrg } from "../../identity/org-rules.ts";
 import { choice, pageOf, paged } from "../../identity/paging.ts";
 import type { IdentityChange, KeyRow, TeamMemberRow, TeamRow, UserRow } from "../../identity/records.ts";
@@ -189,7 +188,7 @@ async function liveTeam(db: Exec, teamId: string): Promise<TeamRow | undefined> 
  * replaced meanwhile, and lose its change. `write` uses `tx` only (on the embedded store a
  * statement outside the transaction would wait for it).
  */
-async function lockedTeam<T>(ctx: AdminCtx, teamId: string, write: (tx: Exec, current: TeamRow) => Promise<T>): Promise<T> {
+async function lockedTeam<T>(ctx: AdminCtx, teamId: string, write: (tx: Exec, current: TeamRow) => Promise<T>, holds?: WriteHolds): Promise<T> {
   return ctx.db.transaction(async (tx) => {
     const [current] = await tx
       .select()
@@ -197,8 +196,9 @@ async function lockedTeam<T>(ctx: AdminCtx, teamId: string, write: (tx: Exec, cu
       .where(and(eq(teams.teamId, teamId), isNull(teams.deletedAt)))
       .for("update");
     if (!current) throw notFound(`Team ${teamId} not found: it was deleted meanwhile.`, "team_id");
-    // A team admin's right to write is the store's, under the team's lock (holds.ts), not the cache's.
-    await confirmTeamRights(tx, ctx.caller);
+    // A team admin's right to write is the store's, under the team's lock, not the cache's; and
+    // the users `holds` names are held before anything is written (holds.ts).
+    await holdWrite(tx, ctx.caller, holds);
     return write(tx, current);
   });
 }
@@ -291,21 +291,8 @@ function alreadyMember(teamId: string, user: UserRow): GatewayError {
   return GatewayError.of(400, `User ${user.userId}${user.userEmail ? ` (${user.userEmail})` : ""} is already a member of team ${teamId}.`, "team_member_already_in_team", "member");
 }
 
-/**
- * Every user `members` name held until `tx` ends, before any is admitted, in the order the other
- * writes take them: the addresses' locks (ensureUser's lockEmail) in one order, then the users
- * (FOR UPDATE) by id, as /user/delete locks its users (holds.ts holdUsersInOrder). Taken member by
- * member in the request's order instead, a call adding users by e-mail held one user while
- * waiting for another that a /user/delete of both (or a call listing the addresses the other way
- * round) held while waiting for the first: a deadlock, which PostgreSQL breaks by failing one (a 500).
- */
-async function holdMembers(tx: Exec, members: readonly MemberValue[]): Promise<void> {
-  const emails = [...new Set(members.flatMap((m) => (m.user_email ? [m.user_email.toLowerCase()] : [])))].sort();
-  for (const email of emails) await lockEmail(tx, email);
-  const byEmail = [...new Set(members.flatMap((m) => (!m.user_id && m.user_email ? [m.user_email.toLowerCase()] : [])))];
-  const found = byEmail.length > 0 ? await tx.select({ id: users.userId }).from(users).where(inArray(sql`lower(${users.userEmail})`, byEmail)) : [];
-  await holdUsersInOrder(tx, [...members.map((m) => m.user_id), ...found.map((u) => u.id)]);
-}
+/** What admitting `members` holds (holds.ts holdWrite): their addresses and users, before any is admitted. */
+const admitting = (members: readonly MemberValue[]): WriteHolds => ({ userIds: members.map((m) => m.user_id), emails: members.map((m) => m.user_email) });
 
 /** Adds one member (creating its user when missing); an existing member is a 400. */
 async function admit(db: Exec, team: TeamRow, m: MemberValue, maxBudgetInTeam: number | null | undefined, by: string): Promise<Admitted> {
@@ -405,7 +392,7 @@ async function newTeam(ctx: AdminCtx): Promise<Record<string, unknown>> {
   const { team, admitted } = await ctx.db
     .transaction(async (tx) => {
       await holdReferences(tx, { organizationId: row.organizationId, budgetId: row.budgetId });
-      await holdMembers(tx, body.members_with_roles ?? []);
+      await holdWrite(tx, ctx.caller, admitting(body.members_with_roles ?? []));
       const [team] = await tx.insert(teams).values(row).returning();
       const admitted: Admitted[] = [];
       // A user named twice is a 400 (team_member_already_in_team) and nothing is created.
@@ -627,12 +614,16 @@ async function memberAdd(ctx: AdminCtx): Promise<Record<string, unknown>> {
   } else throw badRequest("Send the member to add: member {role, user_id | user_email} (or a list of them), or member_email with role.", "member");
   const by = ctx.caller.changedBy;
   // Under the team's lock: a /team/delete at the same moment removes its members, and would miss one added after it read them.
-  const admitted = await lockedTeam(ctx, team.teamId, async (tx, current) => {
-    await holdMembers(tx, members);
-    const out: Admitted[] = [];
-    for (const m of members) out.push(await admit(tx, current, m, body.max_budget_in_team, by));
-    return out;
-  }).catch(concurrentMember);
+  const admitted = await lockedTeam(
+    ctx,
+    team.teamId,
+    async (tx, current) => {
+      const out: Admitted[] = [];
+      for (const m of members) out.push(await admit(tx, current, m, body.max_budget_in_team, by));
+      return out;
+    },
+    admitting(members),
+  ).catch(concurrentMember);
   await ctx.changed(...changesFor(team.teamId, admitted));
   await auditAdmitted(ctx, admitted);
   const teamIds = await ctx.db.select({ userId: teamMembers.userId, teamId: teamMembers.teamId }).from(teamMembers).where(inArray(teamMembers.userId, admitted.map((a) => a.user.userId)));
@@ -652,7 +643,7 @@ async function memberDelete(ctx: AdminCtx): Promise<Record<string, unknown>> {
   const by = ctx.caller.changedBy;
   const keys = await ctx.db.transaction(async (tx) => {
     // The caller's and the member's memberships locked in one order: two admins removing each other at once take turns.
-    await confirmTeamRights(tx, ctx.caller, { teamId: team.teamId, userIds: [user.userId] });
+    await holdWrite(tx, ctx.caller, { userIds: [user.userId], members: { teamId: team.teamId, userIds: [user.userId] } });
     const removed = await tx
       .delete(teamMembers)
       .where(and(eq(teamMembers.teamId, team.teamId), eq(teamMembers.userId, user.userId)))
@@ -683,7 +674,7 @@ async function memberUpdate(ctx: AdminCtx): Promise<Record<string, unknown>> {
   let updated = current;
   if (Object.keys(set).length > 0) {
     const [row] = await ctx.db.transaction(async (tx) => {
-      await confirmTeamRights(tx, ctx.caller, { teamId: team.teamId, userIds: [user.userId] });
+      await holdWrite(tx, ctx.caller, { userIds: [user.userId], members: { teamId: team.teamId, userIds: [user.userId] } });
       return tx
         .update(teamMembers)
         .set(set)
@@ -722,7 +713,7 @@ async function bulkMemberAdd(ctx: AdminCtx): Promise<Record<string, unknown>> {
   // Each member on its own: one that cannot be added does not stop the others.
   for (const m of members) {
     try {
-      const a = await lockedTeam(ctx, team.teamId, (tx, current) => admit(tx, current, m, body.max_budget_in_team, ctx.caller.changedBy)).catch(concurrentMember);
+      const a = await lockedTeam(ctx, team.teamId, (tx, current) => admit(tx, current, m, body.max_budget_in_team, ctx.caller.changedBy), admitting([m])).catch(concurrentMember);
       admitted.push(a);
       results.push({ user_id: a.user.userId, user_email: a.user.userEmail, success: true, error: null, updated_user: userApi(a.user, []), updated_team_membership: membershipApi(a.membership) });
     } catch (err) {

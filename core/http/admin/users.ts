@@ -10,8 +10,8 @@ import { and, asc, count, desc, eq, ilike, inArray, isNull, type SQL } from "dri
 import { Elysia } from "elysia";
 import { badRequest, forbidden, notFound } from "../../authz.ts";
 import { Amount, clearNulls, containing, LIMIT_COLUMNS, LimitFields, MoneyField, Nullable, resetAt } from "../../identity/fields.ts";
-import { holdReferences, holdTeams, orgGone, teamsGone } from "../../identity/holds.ts";
-import { type Exec, findUserByEmail, lockEmail, membersByTeam, teamApi, userApi } from "../../identity/members.ts";
+import { holdReferences, holdTeams, lockEmail, orgGone, teamsGone } from "../../identity/holds.ts";
+import { type Exec, findUserByEmail, membersByTeam, teamApi, userApi } from "../../identity/members.ts";
 import { choice, list, pageOf, paged } from "../../identity/paging.ts";
 import type { UserRow } from "../../identity/records.ts";
 import { fromApi, toApi } from "../../identity/serialize.ts";
@@ -294,13 +294,14 @@ async function deleteUsers(ctx: AdminCtx): Promise<Record<string, unknown>> {
     // (holds.ts), so its key is either stored now, and deleted below, or after this deletion,
     // with the user created again.
     await tx.select({ id: users.userId }).from(users).where(inArray(users.userId, ids)).orderBy(users.userId).for("update");
+    // Then their memberships, then their keys: the order every write takes them in (holds.ts holdWrite).
+    const tm = await tx.delete(teamMembers).where(inArray(teamMembers.userId, ids)).returning({ teamId: teamMembers.teamId });
+    const om = await tx.delete(orgMembers).where(inArray(orgMembers.userId, ids)).returning({ orgId: orgMembers.organizationId });
     const keys = await tx
       .update(virtualKeys)
       .set({ deletedAt: now, deletedBy: by, updatedAt: now, updatedBy: by })
       .where(and(inArray(virtualKeys.userId, ids), isNull(virtualKeys.deletedAt)))
       .returning();
-    const tm = await tx.delete(teamMembers).where(inArray(teamMembers.userId, ids)).returning({ teamId: teamMembers.teamId });
-    const om = await tx.delete(orgMembers).where(inArray(orgMembers.userId, ids)).returning({ orgId: orgMembers.organizationId });
     const deleted = await tx.delete(users).where(inArray(users.userId, ids)).returning({ id: users.userId });
     // Another call deleted one of them since it was read: answered as if it had come first.
     if (deleted.length < ids.length) throw notFound(`User(s) ${ids.filter((id) => !deleted.some((d) => d.id === id)).join(", ")} not found: deleted meanwhile; nothing was deleted.`, "user_ids");
