@@ -10,8 +10,8 @@
  * or organization admits (holdExistingUser), but a user gone meanwhile is created again rather
  * than refused, as a write naming a user who does not exist creates it. A non-admin's team key for
  * a member holds the membership (holdMembership), which /team/member_delete deletes with its keys.
- * Every management write first takes its locks in one order (holdWrite): teams, addresses, users by
- * id, memberships, then what it writes.
+ * Every management write first takes its locks in one order (holdWrite): teams, its organization and
+ * budget object, addresses, users by id, memberships, then what it writes.
  */
 import { and, eq, inArray, isNull, sql } from "drizzle-orm";
 import { badRequest, type Caller, forbidden, memberMay } from "../authz.ts";
@@ -136,13 +136,16 @@ export interface WriteHolds {
   emails?: readonly (string | null | undefined)[];
   /** A team whose memberships of these users (and the caller's) it changes or ends: held FOR UPDATE. */
   members?: { teamId: string; userIds: readonly string[] };
+  /** The team, organization and budget object it puts its object in (holdReferences): the 400 for one that does not exist. */
+  refs?: { teamId?: unknown; organizationId?: unknown; budgetId?: unknown };
 }
 
 /**
  * What a management write holds first, in the one order every write takes, so that no two of them
  * (nor /user/delete, /team/delete, /team/member_delete) each hold a row the other waits for (a
  * deadlock, which PostgreSQL breaks by failing one: a 500): teams (FOR SHARE, by id, as
- * /team/delete locks them), then the addresses' locks (sorted), then users (FOR UPDATE, by id, as
+ * /team/delete locks them), the organization and budget object it names (FOR SHARE, as
+ * holdReferences), then the addresses' locks (sorted), then users (FOR UPDATE, by id, as
  * /user/delete locks them: those named, those with the addresses, and the caller when it acts by a
  * team membership), then memberships, and only then the rows the write changes (keys, members).
  *
@@ -156,7 +159,10 @@ export interface WriteHolds {
 export async function holdWrite(tx: Exec, caller: Caller, holds: WriteHolds = {}): Promise<void> {
   const self = caller.userId;
   const byMembership = !caller.isAdmin && caller.teamGrants.size > 0 && self !== undefined;
-  const teamIds = [...new Set([...(byMembership ? caller.teamGrants.keys() : []), ...(holds.members ? [holds.members.teamId] : [])])].sort();
+  const refs = holds.refs ?? {};
+  const teamIds = [
+    ...new Set([...(byMembership ? caller.teamGrants.keys() : []), ...(holds.members ? [holds.members.teamId] : []), ...(named(refs.teamId) ? [refs.teamId] : [])]),
+  ].sort();
   const held =
     teamIds.length === 0
       ? []
@@ -166,6 +172,8 @@ export async function holdWrite(tx: Exec, caller: Caller, holds: WriteHolds = {}
           .where(and(inArray(teams.teamId, teamIds), isNull(teams.deletedAt)))
           .orderBy(teams.teamId)
           .for("share");
+  const orgLive = named(refs.organizationId) ? await holdOrg(tx, refs.organizationId) : true;
+  const budgetLive = named(refs.budgetId) ? await holdBudget(tx, refs.budgetId) : true;
   const emails = [...new Set((holds.emails ?? []).filter(named).map((e) => e.toLowerCase()))].sort();
   for (const email of emails) await lockEmail(tx, email);
   const withEmails = emails.length > 0 ? await tx.select({ id: users.userId }).from(users).where(inArray(sql`lower(${users.userEmail})`, emails)) : [];
@@ -180,7 +188,14 @@ export async function holdWrite(tx: Exec, caller: Caller, holds: WriteHolds = {}
       .orderBy(teamMembers.userId)
       .for("update");
   }
-  if (!byMembership) return;
+  if (byMembership) await confirmRights(tx, caller, self, held);
+  if (named(refs.teamId) && !held.some((t) => t.id === refs.teamId)) throw teamGone(refs.teamId);
+  if (named(refs.organizationId) && !orgLive) throw orgGone(refs.organizationId);
+  if (named(refs.budgetId) && !budgetLive) throw budgetGone(refs.budgetId);
+}
+
+/** The caller's team rights (Caller.teamGrants) as the store has them, its memberships held (FOR SHARE): the 403 when one changed. */
+async function confirmRights(tx: Exec, caller: Caller, self: string, held: readonly { id: string; teamMemberPermissions: string[] }[]): Promise<void> {
   const grantedIds = [...caller.teamGrants.keys()].sort();
   const roles = await tx
     .select({ teamId: teamMembers.teamId, role: teamMembers.role })

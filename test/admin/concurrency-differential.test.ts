@@ -336,6 +336,31 @@ for (const backend of BACKENDS) {
       }
     });
 
+    test("/key/generate for members of an organization and /user/update into it racing /organization/delete: no deadlock (a 5xx), no key in the deleted organization", async () => {
+      // A few dozen rounds on PostgreSQL: the deletion detaches the users a key write holds.
+      for (let round = 0; round < (backend === "postgres" ? 30 : 4); round++) {
+        const org = await requestOk<{ organization_id: string }>(gw, "POST", "/organization/new", { organization_alias: uniq("detaching") });
+        const ids = [uniq("org-user"), uniq("org-user")];
+        for (const user_id of ids) await requestOk(gw, "POST", "/user/new", { user_id, organization_id: org.organization_id, auto_create_key: false });
+        const label = where("keys of organization members vs organization delete", round);
+        const [deleted, ...written] = await burst(
+          [
+            () => call("DELETE", "/organization/delete", { organization_ids: [org.organization_id] }),
+            ...ids.map((user_id, i) => async () => {
+              await Bun.sleep(i);
+              return post("/key/generate", { user_id, organization_id: org.organization_id });
+            }),
+            () => post("/user/update", { user_id: ids[0], organization_id: org.organization_id }),
+          ],
+          label,
+        );
+        for (const w of written) expect([200, 400], `${label}: ${w.text}`).toContain(w.status);
+        // Refused while it has keys; deleted: every key came after it, and was refused.
+        expect([200, 400], `${label}: ${deleted!.text}`).toContain(deleted!.status);
+        if (deleted!.status === 200) for (const k of written.slice(0, 2)) expect(k.status, `${label}: a key in the deleted organization: ${k.text}`).toBe(400);
+      }
+    });
+
     test("/key/generate, /team/new or /organization/new on a budget object racing /budget/delete: nothing is left on a deleted budget", async () => {
       for (let round = 0; round < 2 * ROUNDS; round++) {
         const budget = uniq("shared-budget");

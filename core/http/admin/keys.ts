@@ -39,7 +39,7 @@ import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { followedReset, periodFromBudget } from "../../identity/budget-period.ts";
 import { resetAt } from "../../identity/fields.ts";
 import { guaranteedOverflow, type PlannedKey } from "../../limits/capacity.ts";
-import { budgetGone, holdMembership, holdReferences, holdUser, holdWrite, orgGone, teamGone } from "../../identity/holds.ts";
+import { budgetGone, holdMembership, holdUser, holdWrite, orgGone, teamGone } from "../../identity/holds.ts";
 
 const TABLE = "virtual_keys";
 const BULK_MAX = 500;
@@ -321,7 +321,7 @@ async function holdKeyWrite(tx: Exec, ctx: AdminCtx, fields: Record<string, unkn
   const userId = fields.userId !== row?.userId ? fields.userId : undefined;
   // The caller's team rights (a team admin's, a member's routes) are the store's, not the cache's;
   // the user it names held first, in the order every write takes them (holds.ts holdWrite).
-  await holdWrite(tx, ctx.caller, { userIds: [typeof userId === "string" ? userId : undefined] });
+  await holdWrite(tx, ctx.caller, { userIds: [typeof userId === "string" ? userId : undefined], refs: namedAnew(fields, row) });
   // A non-admin's new key in a team, or a key it gives to another user, is for a member of the team
   // (authorizeGenerate, updateFields: checked against the cache). That membership is held, so a
   // /team/member_delete at the same moment deletes the key with it, or came first and this is the
@@ -332,7 +332,6 @@ async function holdKeyWrite(tx: Exec, ctx: AdminCtx, fields: Record<string, unkn
     throw forbidden(`User ${member} is not a member of team ${teamId} (removed meanwhile): only a proxy admin may put a key of someone else in it.`);
   }
   const createdUser = typeof userId === "string" && userId !== "" ? await holdUser(tx, userId, ctx.caller.changedBy) : undefined;
-  await holdReferences(tx, namedAnew(fields, row));
   await checkGuaranteedStored(tx, ctx, planned);
   return createdUser;
 }

@@ -391,8 +391,7 @@ async function newTeam(ctx: AdminCtx): Promise<Record<string, unknown>> {
   });
   const { team, admitted } = await ctx.db
     .transaction(async (tx) => {
-      await holdReferences(tx, { organizationId: row.organizationId, budgetId: row.budgetId });
-      await holdWrite(tx, ctx.caller, admitting(body.members_with_roles ?? []));
+      await holdWrite(tx, ctx.caller, { ...admitting(body.members_with_roles ?? []), refs: { organizationId: row.organizationId, budgetId: row.budgetId } });
       const [team] = await tx.insert(teams).values(row).returning();
       const admitted: Admitted[] = [];
       // A user named twice is a 400 (team_member_already_in_team) and nothing is created.

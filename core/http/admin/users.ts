@@ -147,8 +147,8 @@ async function newUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
       // Its organization and teams held until the user is stored (holds.ts): a concurrent
       // /organization/delete or /team/delete either sees the user (detaches it, ends its
       // memberships) or comes first, and this is the 400 for an organization or team that does not exist.
-      await holdReferences(tx, { organizationId: body.organization_id });
       await holdTeams(tx, memberships.map((m) => m.teamId), namedBy);
+      await holdReferences(tx, { organizationId: body.organization_id });
       // Checked again under the address's lock: a concurrent request may have taken it since. Taken
       // after the teams, as /team/member_add takes a member's address after its team's row.
       if (body.user_email) {
@@ -255,14 +255,15 @@ async function updateUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
 
   const newEmail = !byEmail && body.user_email ? body.user_email : undefined;
   const [updated] = await ctx.db.transaction(async (tx) => {
+    // The organization it is put in, held until the write ends (holds.ts), as /user/new holds it:
+    // before the address, the order every write takes them in (holds.ts holdWrite).
+    await holdReferences(tx, { organizationId: props.organizationId });
     // Checked again under the address's lock, as /user/new does: calls giving one address to
     // different users at the same moment would each have found it free above.
     if (newEmail) {
       await lockEmail(tx, newEmail);
       await requireUniqueEmail(tx, newEmail, target.userId);
     }
-    // The organization it is put in, held until the write ends (holds.ts), as /user/new holds it.
-    await holdReferences(tx, { organizationId: props.organizationId });
     return tx
       .update(users)
       .set({ ...props, updatedAt: new Date(), updatedBy: caller.changedBy })
