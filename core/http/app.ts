@@ -13,6 +13,7 @@ import { geminiRoutes } from "./routes/gemini.ts";
 import { modelRoutes } from "./routes/models.ts";
 import { NO_SUCH_ROUTE, passThroughRoutes } from "./routes/pass-through.ts";
 import { utilsRoutes } from "./routes/utils.ts";
+import { servedRoutes } from "./served-routes.ts";
 import { invalidPathParam, readBodyWithText, readForm, validate } from "./validate.ts";
 
 export interface AppDeps {
@@ -130,5 +131,5 @@ export function createApp(deps: AppDeps) {
       .post(`/engines/:model/${suffix}`, withModel, { parse: "none" });
   }
   // Last: it takes every path the routes above do not serve.
-  return app.use(passThroughRoutes(deps));
+  return app.use(passThroughRoutes(deps, servedRoutes(app.routes)));
 }

@@ -507,6 +507,25 @@ describe("gateway errors are typed SDK errors", () => {
     expectSdkError(err, NotFoundError, 404);
   });
 
+  test("a route asked with a method it does not serve → 405 naming the methods it does (Allow), not a 404", async () => {
+    const cases: [string, string, string][] = [
+      ["GET", "/v1/chat/completions", "POST"],
+      ["PUT", "/openai/deployments/gpt-public/chat/completions", "POST"],
+      ["GET", "/engines/gpt-public/embeddings", "POST"],
+      ["POST", "/v1/models", "GET"],
+      ["DELETE", "/key/generate", "POST"],
+    ];
+    for (const [method, path, allow] of cases) {
+      const res = await fetch(`${gw.url}${path}`, { method, headers: { authorization: `Bearer ${MASTER_KEY}` } });
+      const error = await expectErrorResponse(res, 405);
+      expect(res.headers.get("allow"), `${method} ${path}`).toBe(allow);
+      expect(error.message).toBe(`${method} is not allowed on ${path}; use ${allow}.`);
+    }
+    // In the SDK: a typed error, not a NotFoundError.
+    const err = await failure(client.get("/chat/completions"));
+    expect((err as APIError).status).toBe(405);
+  });
+
   test("the spec's assistants, threads, batches, fine-tuning and vector store routes: a 404 that says they are not served and how to forward them", async () => {
     const calls: [string, () => Promise<unknown>][] = [
       ["/assistants", () => client.beta.assistants.create({ model: "gpt-public" })],

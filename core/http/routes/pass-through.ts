@@ -10,6 +10,7 @@ import { forwardPassThrough } from "../../pass-through/forward.ts";
 import { newCallId } from "../../pipeline/call.ts";
 import type { AppDeps } from "../app.ts";
 import { authenticate, authorizationCarriesGatewayKey } from "../auth.ts";
+import type { ServedRoutes } from "../served-routes.ts";
 
 export const NO_SUCH_ROUTE = "Not found: no such route. Model calls live under /v1 (e.g. POST /v1/chat/completions).";
 
@@ -28,6 +29,13 @@ const UNSERVED_NAMES: Record<string, string> = {
   files: "Files",
 };
 
+/** The answer for a path no pass-through endpoint serves: the 405 of a route asked with another method, else a 404. */
+function notServed(method: string, pathname: string, served: ServedRoutes): GatewayError {
+  const allowed = served.methodsFor(pathname);
+  if (allowed.length === 0) return noSuchRoute(pathname);
+  return new GatewayError(errorInfo(405, `${method} is not allowed on ${pathname}; use ${allowed.join(", ")}.`, "invalid_request_error"), { allow: allowed.join(", ") });
+}
+
 /** The 404 for a path no route or pass-through endpoint serves. */
 export function noSuchRoute(pathname: string): GatewayError {
   const family = UNSERVED.exec(pathname)?.[1];
@@ -44,7 +52,8 @@ const ENCODED_SEPARATOR = /%2f|%5c/i;
 /** The caller of a public (`auth: false`) endpoint. */
 const ANONYMOUS: Principal = { keyHash: "", role: "internal_user", metadata: {} };
 
-export function passThroughRoutes(deps: AppDeps) {
+/** `served`: the app's other routes (a path they serve with another method is a 405). */
+export function passThroughRoutes(deps: AppDeps, served: ServedRoutes) {
   const { live, log } = deps;
   const handle = async ({ request }: { request: Request }): Promise<Response> => {
     // Bun leaves the URL without its scheme and host when the Host header is not a valid host (RFC 9112 §3.2: a 400).
@@ -55,7 +64,7 @@ export function passThroughRoutes(deps: AppDeps) {
     const pin = live.pin();
     try {
       const match = pin.snapshot.passThrough.match(url.pathname, request.method);
-      if (!match) throw noSuchRoute(url.pathname);
+      if (!match) throw notServed(request.method, url.pathname, served);
       if ("allowed" in match) {
         throw new GatewayError(errorInfo(405, `${request.method} is not allowed on ${url.pathname}; use ${match.allowed.join(", ")}.`, "invalid_request_error"), { allow: match.allowed.join(", ") });
       }
