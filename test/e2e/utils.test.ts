@@ -165,7 +165,10 @@ describe("/utils/supported_openai_params", () => {
   });
 
   test("model is required and must be served; a key sees only its models", async () => {
-    expect((await params(undefined)).status).toBe(400);
+    // A required query parameter left out is a validation failure: 422, as the spec's Conventions say.
+    const missing = await params(undefined);
+    expect(missing.status).toBe(422);
+    expect(missing.body).toMatchObject({ error: { type: "validation_error", param: "model", code: "422" } });
     expect((await params("no-such-model")).status).toBe(400);
     expect((await params("claude", narrowKey)).status).toBe(401);
     expect((await params("gpt-4o-model", narrowKey)).status).toBe(200);

@@ -7,6 +7,7 @@
  */
 import { Elysia } from "elysia";
 import type { ChatRequest, Endpoint, EndpointAdapter, HttpCall, Principal, WireRequest } from "../../contract.ts";
+import { missingQuery } from "../../authz.ts";
 import { GatewayError } from "../../errors.ts";
 import { geminiMessages } from "../../gemini-inbound/request.ts";
 import { buildCall, splitCall } from "../../pipeline/call.ts";
@@ -58,7 +59,7 @@ async function tokenCounter(s: Snapshot, principal: Principal, body: Record<stri
 // supported_openai_params
 
 function supportedParams(s: Snapshot, principal: Principal, model: string | null): string[] {
-  if (!model) throw badRequest("Query parameter model is required: /utils/supported_openai_params?model=<model>.", "model");
+  if (!model) throw missingQuery("model", ": /utils/supported_openai_params?model=<model>.");
   const d = deploymentFor(s, principal, model);
   if (!d) throw invalidModel(model);
   const endpoints = s.providers.get(d.provider)?.endpoints ?? {};
