@@ -469,7 +469,7 @@ for (const backend of BACKENDS) {
         expect(again.body.spend).toBe(4.25);
         expect(again.body.rotation_count).toBe(2);
         expect((await api(`/key/${again.body.token}/regenerate`, { body: { new_key: custom } })).status).toBe(400);
-        expect((await api(`/key/${sha256("missing")}/regenerate`)).status).toBe(404);
+        expect((await api(`/key/${sha256("missing")}/regenerate`, { body: {} })).status).toBe(404);
         expect((await api("/key/regenerate", { body: {} })).status).toBe(400);
         expect((await api("/key/regenerate", { body: { key: again.body.token, grace_period: "soon" } })).status).toBe(400);
       });
