@@ -1,5 +1,5 @@
 /**
- * Rows a write refers to, held (FOR SHARE) until the write's transaction ends. A deletion that
+ * Rows a write refers to, held (FOR KEY SHARE) until the write's transaction ends. A deletion that
  * refuses an object still in use (an organization with teams or keys, a budget object with keys,
  * teams or organizations on it) locks it first and checks again in its transaction, and a team's
  * deletion (which deletes its keys) writes the team's row first, so a write putting something on
@@ -12,6 +12,13 @@
  * a member holds the membership (holdMembership), which /team/member_delete deletes with its keys.
  * Every management write first takes its locks in one order (holdWrite): teams, its organization and
  * budget object, addresses, users by id, memberships, then what it writes.
+ *
+ * A row held only so that it stays (a team, organization, budget object or membership the write
+ * depends on) is held FOR KEY SHARE: that waits for a deletion, and for every management write
+ * that changes such a row (each locks it FOR UPDATE first), but not for the spend writer adding a
+ * call's cost to its counters (an UPDATE of other columns). Held FOR SHARE, a write by a team's
+ * admin waited for the team's spend batch, and the two could each hold a row the other waited for
+ * (PostgreSQL then failed one of them: a 500).
  */
 import { and, eq, inArray, isNull, sql } from "drizzle-orm";
 import { badRequest, type Caller, forbidden, memberMay } from "../authz.ts";
@@ -37,7 +44,7 @@ export async function holdReferences(tx: Exec, refs: { teamId?: unknown; organiz
 
 /** Whether organization `orgId` exists, held until `tx` ends. */
 export async function holdOrg(tx: Exec, orgId: string): Promise<boolean> {
-  const rows = await tx.select({ id: organizations.organizationId }).from(organizations).where(eq(organizations.organizationId, orgId)).for("share");
+  const rows = await tx.select({ id: organizations.organizationId }).from(organizations).where(eq(organizations.organizationId, orgId)).for("key share");
   return rows.length > 0;
 }
 
@@ -47,7 +54,7 @@ export async function holdTeam(tx: Exec, teamId: string): Promise<boolean> {
     .select({ id: teams.teamId })
     .from(teams)
     .where(and(eq(teams.teamId, teamId), isNull(teams.deletedAt)))
-    .for("share");
+    .for("key share");
   return rows.length > 0;
 }
 
@@ -74,14 +81,14 @@ export async function holdTeams(tx: Exec, teamIds: readonly string[], param?: (t
     .from(teams)
     .where(and(inArray(teams.teamId, [...teamIds]), isNull(teams.deletedAt)))
     .orderBy(teams.teamId)
-    .for("share");
+    .for("key share");
   const gone = teamIds.filter((id) => !rows.some((r) => r.id === id));
   if (gone.length > 0) throw teamsGone(gone, param);
 }
 
 /** Whether budget object `budgetId` exists, held until `tx` ends. */
 export async function holdBudget(tx: Exec, budgetId: string): Promise<boolean> {
-  const rows = await tx.select({ id: budgets.budgetId }).from(budgets).where(eq(budgets.budgetId, budgetId)).for("share");
+  const rows = await tx.select({ id: budgets.budgetId }).from(budgets).where(eq(budgets.budgetId, budgetId)).for("key share");
   return rows.length > 0;
 }
 
@@ -116,7 +123,7 @@ export async function holdMembership(tx: Exec, teamId: string, userId: string): 
     .select({ id: teamMembers.userId })
     .from(teamMembers)
     .where(and(eq(teamMembers.teamId, teamId), eq(teamMembers.userId, userId)))
-    .for("share");
+    .for("key share");
   return rows.length > 0;
 }
 
@@ -143,15 +150,15 @@ export interface WriteHolds {
 /**
  * What a management write holds first, in the one order every write takes, so that no two of them
  * (nor /user/delete, /team/delete, /team/member_delete) each hold a row the other waits for (a
- * deadlock, which PostgreSQL breaks by failing one: a 500): teams (FOR SHARE, by id, as
- * /team/delete locks them), the organization and budget object it names (FOR SHARE, as
+ * deadlock, which PostgreSQL breaks by failing one: a 500): teams (FOR KEY SHARE, by id, as
+ * /team/delete locks them), the organization and budget object it names (FOR KEY SHARE, as
  * holdReferences), then the addresses' locks (sorted), then users (FOR UPDATE, by id, as
- * /user/delete locks them: those named, those with the addresses, and the caller when it acts by a
- * team membership), then memberships, and only then the rows the write changes (keys, members).
+ * /user/delete locks them: those named and those with the addresses), then memberships, and only
+ * then the rows the write changes (keys, members).
  *
  * And the caller's team rights the identity cache granted during this call (Caller.teamGrants: a
  * team admin's, or a `user` member's routes) are confirmed against the store, the caller's
- * membership held (FOR SHARE) until `tx` ends: a /team/member_update or /team/member_delete
+ * membership held (FOR KEY SHARE) until `tx` ends: a /team/member_update or /team/member_delete
  * demoting or removing the caller at the same moment waits for this write, or came first and this
  * write is refused (403). The cache is updated only after the demotion commits (on other instances
  * a moment later), so checked against it alone, a write racing the demotion was let through.
@@ -171,13 +178,15 @@ export async function holdWrite(tx: Exec, caller: Caller, holds: WriteHolds = {}
           .from(teams)
           .where(and(inArray(teams.teamId, teamIds), isNull(teams.deletedAt)))
           .orderBy(teams.teamId)
-          .for("share");
+          .for("key share");
   const orgLive = named(refs.organizationId) ? await holdOrg(tx, refs.organizationId) : true;
   const budgetLive = named(refs.budgetId) ? await holdBudget(tx, refs.budgetId) : true;
   const emails = [...new Set((holds.emails ?? []).filter(named).map((e) => e.toLowerCase()))].sort();
   for (const email of emails) await lockEmail(tx, email);
   const withEmails = emails.length > 0 ? await tx.select({ id: users.userId }).from(users).where(inArray(sql`lower(${users.userEmail})`, emails)) : [];
-  const userIds = [...new Set([...(holds.userIds ?? []).filter(named), ...withEmails.map((u) => u.id), ...(byMembership ? [self] : [])])];
+  // Not the caller's own user: its memberships (below) are what a removal or a /user/delete takes
+  // from it, and its user row is one the spend writer updates with every call of its keys.
+  const userIds = [...new Set([...(holds.userIds ?? []).filter(named), ...withEmails.map((u) => u.id)])];
   if (userIds.length > 0) await tx.select({ id: users.userId }).from(users).where(inArray(users.userId, userIds)).orderBy(users.userId).for("update");
   if (holds.members) {
     const memberIds = [...new Set([...holds.members.userIds, ...(self === undefined ? [] : [self])])];
@@ -194,7 +203,11 @@ export async function holdWrite(tx: Exec, caller: Caller, holds: WriteHolds = {}
   if (named(refs.budgetId) && !budgetLive) throw budgetGone(refs.budgetId);
 }
 
-/** The caller's team rights (Caller.teamGrants) as the store has them, its memberships held (FOR SHARE): the 403 when one changed. */
+/**
+ * The caller's team rights (Caller.teamGrants) as the store has them, its memberships held (FOR KEY
+ * SHARE: a /team/member_update or /team/member_delete locks them FOR UPDATE, so it waits; the spend
+ * writer's counter updates do not): the 403 when one changed.
+ */
 async function confirmRights(tx: Exec, caller: Caller, self: string, held: readonly { id: string; teamMemberPermissions: string[] }[]): Promise<void> {
   const grantedIds = [...caller.teamGrants.keys()].sort();
   const roles = await tx
@@ -202,7 +215,7 @@ async function confirmRights(tx: Exec, caller: Caller, self: string, held: reado
     .from(teamMembers)
     .where(and(inArray(teamMembers.teamId, grantedIds), eq(teamMembers.userId, self)))
     .orderBy(teamMembers.teamId)
-    .for("share");
+    .for("key share");
   for (const id of grantedIds) {
     const grant = caller.teamGrants.get(id)!;
     const team = held.find((t) => t.id === id);
