@@ -1,8 +1,10 @@
 /**
  * Whether a host names this machine or a private network by name or address literal: loopback,
  * private, link-local (cloud metadata), unspecified, IPv4-mapped. A DNS name that resolves there is
- * not caught. The SSRF guard wherever a caller chooses an address the gateway will fetch.
+ * not caught here (`resolvesPrivate` catches it). The SSRF guard wherever a caller chooses an
+ * address the gateway will fetch.
  */
+import { lookup } from "node:dns/promises";
 import { isIP } from "node:net";
 
 const PRIVATE_V4 = [/^127\./, /^10\./, /^172\.(1[6-9]|2\d|3[01])\./, /^192\.168\./, /^169\.254\./, /^0\./];
@@ -15,4 +17,25 @@ export function isPrivateHost(hostname: string): boolean {
   if (v === 4) return PRIVATE_V4.some((r) => r.test(host));
   if (v === 6) return host === "::" || host === "::1" || /^f[cd]/.test(host) || /^fe[89ab]/.test(host) || /^::ffff:/.test(host);
   return false;
+}
+
+/**
+ * The first loopback or private address `hostname` resolves to, if any: a DNS name (a host's own
+ * name in /etc/hosts, `*.nip.io`, a record its owner points inward) passes `isPrivateHost` and
+ * still makes the gateway fetch this machine or its network (LiteLLM's SSRF reports, #24952,
+ * #37053), so a caller-chosen host is resolved before each fetch and refused when it lands inside.
+ * A name that does not resolve is left to the fetch (which fails). A record changed between this
+ * lookup and the fetch's own (DNS rebinding with a zero TTL) is not caught.
+ */
+export async function resolvesPrivate(hostname: string): Promise<string | undefined> {
+  const host = hostname.replace(/^\[|\]$/g, "");
+  if (isPrivateHost(host)) return host;
+  if (isIP(host)) return undefined;
+  let addresses: { address: string }[];
+  try {
+    addresses = await lookup(host, { all: true });
+  } catch {
+    return undefined;
+  }
+  return addresses.find((a) => isPrivateHost(a.address))?.address;
 }

@@ -11,12 +11,15 @@ import type { CallRecord, Logger } from "../contract.ts";
 import { picoToUsd } from "../cost/money.ts";
 import type { TeamRow } from "../identity/records.ts";
 import { teamWebhooks } from "../identity/team-callbacks.ts";
+import { resolvesPrivate } from "../private-host.ts";
 import { decrypt } from "../secrets.ts";
 import { postNotification } from "./post.ts";
 
 export interface WebhookTarget {
   url: string;
   headers: Record<string, string>;
+  /** A team admin's webhook: refused when its host resolves inside this machine or its network. */
+  publicOnly?: boolean;
 }
 
 /** Deliveries one webhook may have under way at once; the others wait their turn in its queue. */
@@ -42,7 +45,7 @@ export function webhookTargets(team: TeamRow | undefined, key: Buffer | undefine
   const out: WebhookTarget[] = [];
   for (const w of teamWebhooks(team)) {
     try {
-      out.push({ url: w.url, headers: Object.fromEntries(Object.entries(w.headers).map(([h, v]) => [h, decrypt(v, key)])) });
+      out.push({ url: w.url, headers: Object.fromEntries(Object.entries(w.headers).map(([h, v]) => [h, decrypt(v, key)])), publicOnly: w.public_only === true });
     } catch {
       // Encrypted under another key (SVC_SALT_KEY or the master key changed): not sent with wrong headers.
     }
@@ -158,6 +161,12 @@ export class WebhookSender {
   }
 
   private async deliver(target: WebhookTarget, body: string): Promise<void> {
+    // Checked at every delivery, not only at registration: the name's record may point inward since (SSRF).
+    const inside = target.publicOnly && URL.canParse(target.url) ? await resolvesPrivate(new URL(target.url).hostname) : undefined;
+    if (inside) {
+      this.log.warn("team webhook not delivered: its host resolves to this machine or a private network", { webhook: where(target.url), address: inside });
+      return;
+    }
     for (let attempt = 1; attempt <= 2; attempt++) {
       try {
         // A content type the team registered is sent as it is, instead of the gateway's (never both).

@@ -6,6 +6,12 @@ export interface TeamWebhook {
   url: string;
   /** Header values encrypted at rest (secrets.ts). */
   headers: Record<string, string>;
+  /**
+   * Registered by a team admin, who may not make the gateway post inside this machine or its
+   * network: its host is resolved before every delivery, which is refused when it lands there
+   * (the name may have pointed elsewhere at registration). A proxy admin's webhooks may be private.
+   */
+  public_only?: boolean;
 }
 
 export interface TeamCallbackSettings {

@@ -13,7 +13,7 @@ import { GatewayError, errorInfo } from "../errors.ts";
 import { headerText } from "../header-text.ts";
 import type { Gate, Snapshot } from "../snapshot.ts";
 import { assembleStream } from "../stream/assemble.ts";
-import { withClientCredentials } from "./client-credentials.ts";
+import { refuseInwardApiBase, withClientCredentials } from "./client-credentials.ts";
 import { paramsFor, supportedBody } from "./params.ts";
 import { cancelAll, dispatchRecord } from "./record.ts";
 import { errorWithoutPrompt } from "./prompt-echo.ts";
@@ -270,6 +270,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
   const startedAt = attempt.startedAt ?? Date.now();
   const { snapshot } = ctx;
   const d = withClientCredentials(endpoint, body, configured, snapshot.settings);
+  await refuseInwardApiBase(endpoint, body, snapshot.settings);
   const adapter = snapshot.providers.get(d.provider)!;
   const ep = adapter.endpoints[endpoint] as EndpointAdapter<E, unknown> | undefined;
   if (!ep) throw GatewayError.of(400, `model ${body.model} (provider ${d.provider}) does not support ${endpoint}`, "invalid_request_error", "model");

@@ -8,7 +8,7 @@
  */
 import type { Deployment, Endpoint, WireRequest } from "../contract.ts";
 import { GatewayError } from "../errors.ts";
-import { isPrivateHost } from "../private-host.ts";
+import { isPrivateHost, resolvesPrivate } from "../private-host.ts";
 
 export interface ClientCredentialSettings {
   allowClientSideCredentials: boolean;
@@ -45,4 +45,19 @@ export function withClientCredentials(endpoint: Endpoint, body: WireRequest[Endp
     }
   }
   return { ...d, apiBase: apiBase?.replace(/\/+$/, "") ?? d.apiBase, apiKey: apiKey ?? d.apiKey, apiVersion: apiVersion ?? d.apiVersion };
+}
+
+/**
+ * Without a host list, a client's `api_base` is also resolved before the call: a name that passes
+ * the literal check (this host's own name, `127.0.0.1.nip.io`, a record pointed inward) would
+ * still make the gateway fetch this machine or its network (LiteLLM #24952, #37053). Checked at
+ * every call, not once: the record may change.
+ */
+export async function refuseInwardApiBase(endpoint: Endpoint, body: WireRequest[Endpoint], s: ClientCredentialSettings): Promise<void> {
+  if (endpoint !== "embeddings" || !s.allowClientSideCredentials || s.clientSideApiBaseHosts) return;
+  const apiBase = (body as WireRequest["embeddings"]).api_base;
+  if (typeof apiBase !== "string" || !URL.canParse(apiBase)) return;
+  const host = new URL(apiBase).hostname;
+  const inside = await resolvesPrivate(host);
+  if (inside) throw refuse(`api_base host ${host} is not allowed: it resolves to ${inside}, and loopback and private addresses are refused.`, "api_base");
 }

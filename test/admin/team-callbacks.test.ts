@@ -4,7 +4,10 @@
 // disable_logging stops it all. A named logging provider the gateway cannot deliver to is a 400;
 // only proxy admins and the team's admins may touch the settings.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { lookup } from "node:dns/promises";
+import { hostname } from "node:os";
 import { sql } from "drizzle-orm";
+import { isPrivateHost } from "../../core/private-host.ts";
 import { rows } from "../../core/store/sql.ts";
 import { MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 
@@ -12,6 +15,12 @@ interface Delivery {
   headers: Record<string, string>;
   body: Record<string, unknown>;
 }
+
+/** A name (this host's own) that no literal check catches but that resolves to a loopback or private address here, if any. */
+const inwardName = await lookup(hostname(), { all: true }).then(
+  (a) => (!isPrivateHost(hostname()) && a.some((x) => isPrivateHost(x.address)) ? hostname() : undefined),
+  () => undefined,
+);
 
 const HOOK_TOKEN = "Bearer hook-secret-value-42";
 const PROMPT = "a prompt that must not leave the gateway";
@@ -200,6 +209,31 @@ describe("team logging callbacks", () => {
     await gw.host!.spendWriter.flush();
     await Bun.sleep(300);
     expect(deliveries.filter((d) => d.body.event === "llm_call").length).toBe(1);
+  });
+
+  // LiteLLM #24952: SSRF through addresses a caller chooses. A name resolving inward is no way around the check.
+  test.skipIf(!inwardName)("a team admin's webhook whose name resolves to this machine is refused, at registration and at every delivery", async () => {
+    const url = `http://${inwardName}:${hookServer.port}/hook`;
+    const r = await requestJson<{ error: { message: string } }>(gw, "POST", "/team/cb-team/callback", { key: keys.admin, body: { callbacks: [{ callback_type: "webhook", url }] } });
+    expect(r.status).toBe(400);
+    expect(r.body.error.message).toContain("only a proxy admin");
+    // As if the name had resolved outside at registration and its record pointed inward since.
+    const [stored] = await rows<{ settings: string }>(gw.host!.store.db, sql`select callback_settings::text as settings from teams where team_id = 'cb-team'`);
+    const before = JSON.parse(stored!.settings) as Record<string, unknown>;
+    const deliveredWith = async (webhook: Record<string, unknown>): Promise<number> => {
+      await gw.host!.store.db.execute(sql`update teams set callback_settings = ${JSON.stringify({ ...before, webhooks: [webhook] })}::json where team_id = 'cb-team'`);
+      await gw.host!.services.identity!.apply({ kind: "team", teamId: "cb-team" });
+      deliveries.length = 0;
+      expect(await chat(keys.member, "chat")).toBe(200);
+      await gw.host!.spendWriter.flush();
+      await Bun.sleep(300);
+      return deliveries.filter((d) => d.body.event === "llm_call").length;
+    };
+    expect(await deliveredWith({ url, headers: {}, public_only: true })).toBe(0);
+    // A proxy admin's webhook (no public_only) may be private.
+    expect(await deliveredWith({ url, headers: {} })).toBe(1);
+    await gw.host!.store.db.execute(sql`update teams set callback_settings = ${stored!.settings}::json where team_id = 'cb-team'`);
+    await gw.host!.services.identity!.apply({ kind: "team", teamId: "cb-team" });
   });
 
   test("disable_logging stops every delivery and leaves no callback", async () => {

@@ -2,10 +2,19 @@
 // operator allows them (a client-chosen address is an SSRF hole); when allowed, only listed hosts
 // (or public https ones without a list) are reached, with the client's key.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { lookup } from "node:dns/promises";
+import { hostname } from "node:os";
+import { isPrivateHost } from "../../core/private-host.ts";
 import { MASTER_KEY, startTestGateway, type TestGateway } from "../harness/gateway.ts";
 import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
 
 let configured: MockOpenAI;
+
+/** A name (this host's own) that no literal check catches but that resolves to a loopback or private address here, if any. */
+const inwardName = await lookup(hostname(), { all: true }).then(
+  (a) => (!isPrivateHost(hostname()) && a.some((x) => isPrivateHost(x.address)) ? hostname() : undefined),
+  () => undefined,
+);
 let clients: MockOpenAI;
 
 async function embed(gw: TestGateway, extra: Record<string, unknown>): Promise<{ status: number; hit: boolean; body: { error?: { message: string; param: string } } }> {
@@ -74,6 +83,22 @@ describe("client-side credentials", () => {
       }
       // The client's key alone goes to the configured address.
       expect((await embed(gw, { api_key: "sk-operator" })).status).toBe(200);
+    } finally {
+      await gw.stop();
+    }
+  });
+
+  // LiteLLM #24952 / #37053: a client-chosen api_base was an SSRF hole; a name is no way around the private-address check.
+  test.skipIf(!inwardName)("allowed without a list: a host name that resolves to a private address is refused, and nothing is fetched", async () => {
+    const gw = await startTestGateway(config({ allow_client_side_credentials: true }));
+    try {
+      const before = clients.requests.length;
+      const port = new URL(clients.url).port;
+      const r = await embed(gw, { api_base: `https://${inwardName}:${port}/v1`, api_key: "sk-client" });
+      expect(r.status).toBe(400);
+      expect(r.body.error!.param).toBe("api_base");
+      expect(r.body.error!.message).toContain("resolves to");
+      expect(clients.requests.length).toBe(before);
     } finally {
       await gw.stop();
     }

@@ -13,7 +13,7 @@ import { badRequest, forbidden, notFound } from "../../authz.ts";
 import { holdWrite } from "../../identity/holds.ts";
 import { type TeamCallbackSettings, teamWebhooks, webhookEndpoint } from "../../identity/team-callbacks.ts";
 import type { TeamRow } from "../../identity/records.ts";
-import { isPrivateHost } from "../../private-host.ts";
+import { resolvesPrivate } from "../../private-host.ts";
 import { encrypt, hiddenHeaderValues, secretKey } from "../../secrets.ts";
 import { teams } from "../../store/schema.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
@@ -142,13 +142,22 @@ async function addCallback(ctx: AdminCtx) {
   checkDistinct(body.callbacks.map((c) => c.url));
   for (const c of body.callbacks) checkHeaders(c.url, c.headers ?? {});
   // A team admin must not make the gateway post to this machine or its private network (SSRF); a proxy admin may.
+  // A name is resolved too: `http://<this host's name>/` or a public-looking name whose record points
+  // inward passed the literal check (LiteLLM #24952); deliveries check again (public_only).
   if (!ctx.caller.isAdmin) {
-    const inside = body.callbacks.find((c) => isPrivateHost(new URL(c.url).hostname));
-    if (inside) throw badRequest(`Webhook ${inside.url} points at this machine or a private network; only a proxy admin may register such a webhook.`, "callbacks");
+    for (const c of body.callbacks) {
+      if (await resolvesPrivate(new URL(c.url).hostname)) {
+        throw badRequest(`Webhook ${c.url} points at this machine or a private network; only a proxy admin may register such a webhook.`, "callbacks");
+      }
+    }
   }
   const key = secretKey(process.env.SVC_SALT_KEY, ctx.snapshot.settings.masterKey);
   if (!key) throw badRequest("A master key (or SVC_SALT_KEY) is needed to keep webhook headers encrypted.", "callbacks");
-  const webhooks = body.callbacks.map((c) => ({ url: c.url, headers: Object.fromEntries(Object.entries(c.headers ?? {}).map(([h, v]) => [h, encrypt(v, key)])) }));
+  const webhooks = body.callbacks.map((c) => ({
+    url: c.url,
+    headers: Object.fromEntries(Object.entries(c.headers ?? {}).map(([h, v]) => [h, encrypt(v, key)])),
+    ...(ctx.caller.isAdmin ? {} : { public_only: true }),
+  }));
   // LiteLLM's callback_type: which calls the webhooks get (a cancelled call counts with the failures); both when absent.
   const type = body.callback_type ?? "success_and_failure";
   const settings: TeamCallbackSettings = {
