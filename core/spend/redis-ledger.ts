@@ -7,21 +7,35 @@
  * Amounts are integers of pico-dollars, added with HINCRBY (exact in 64 bits). Comparisons inside
  * Lua use doubles: exact up to 2^53 pico-dollars (about $9,000) and within a few pico-dollars
  * beyond, far below a cent.
+ *
+ * Reservations are also kept per instance (`r:<instance>` beside the total `r`), and each instance
+ * keeps a liveness key (`svc:budget-live:<instance>`, 30 s, renewed every 10 s while it has calls in
+ * flight). An instance that dies with calls in flight (SIGKILL, OOM, a lost node) cannot settle
+ * them: before, their reservations stayed in `r` for good, and a budget refused every call while
+ * its spend was 0 ("$1 held by calls in flight"; LiteLLM's false budget-exceeded class, #36926,
+ * PR #38647). When a call would be refused while reservations are held, those of instances whose
+ * liveness key is gone are released first.
  */
 import type Redis from "ioredis";
 import type { BudgetCounter, BudgetLedger, LedgerGrant, LedgerRefusal, Logger } from "../contract.ts";
 import { type CrossingListener, crossings, grantOnce, LocalLedger, NO_LIMIT } from "./ledger.ts";
 
 const PREFIX = "svc:budget:";
+/** An instance's liveness key (+ its id): while it is there, the instance's reservations hold. */
+const LIVE_PREFIX = "svc:budget-live:";
+/** How long a liveness key lasts; renewed every LIVE_MS / 3 while the instance has calls in flight. */
+const LIVE_MS = 30_000;
 
 // ARGV: amount, then per counter: limit, period, initial spend ('' when not known yet).
 // Returns {0, generation…} when granted, {-1, i…} for counters that need their stored spend
 // first, or {i, spend, reserved} for the counter that refused. A counter's generation (`g`) is
 // new each time it starts from a stored spend, so a settle can tell whether its reservation is
 // still there.
+// The last ARGV is the instance's id.
 const RESERVE = `
 local amount = ARGV[1]
 local amt = tonumber(amount)
+local inst = ARGV[#ARGV]
 local missing = {}
 for i = 1, #KEYS do
   local base = 1 + (i - 1) * 3
@@ -33,6 +47,9 @@ for i = 1, #KEYS do
     if init == '' then
       missing[#missing + 1] = i
     else
+      for _, f in ipairs(redis.call('HKEYS', KEYS[i])) do
+        if string.sub(f, 1, 2) == 'r:' then redis.call('HDEL', KEYS[i], f) end
+      end
       redis.call('HSET', KEYS[i], 's', init, 'r', 0, 'p', want, 'g', redis.call('INCR', 'svc:budget-generation'))
     end
   end
@@ -46,13 +63,29 @@ for i = 1, #KEYS do
   local s = redis.call('HGET', KEYS[i], 's')
   local r = redis.call('HGET', KEYS[i], 'r')
   local sn = tonumber(s)
+  if sn < limit and tonumber(r) > 0 and sn + tonumber(r) + amt > limit then
+    -- Reservations of instances that died with their calls in flight no longer hold.
+    local f = redis.call('HGETALL', KEYS[i])
+    for j = 1, #f, 2 do
+      local name = f[j]
+      if string.sub(name, 1, 2) == 'r:' and redis.call('EXISTS', '${LIVE_PREFIX}' .. string.sub(name, 3)) == 0 then
+        local v = f[j + 1]
+        if string.sub(v, 1, 1) == '-' then v = string.sub(v, 2) else v = '-' .. v end
+        redis.call('HINCRBY', KEYS[i], 'r', v)
+        redis.call('HDEL', KEYS[i], name)
+      end
+    end
+    r = redis.call('HGET', KEYS[i], 'r')
+  end
   if sn >= limit or sn + tonumber(r) + amt > limit then
     return {i, s, r}
   end
 end
+redis.call('SET', '${LIVE_PREFIX}' .. inst, '1', 'PX', ${LIVE_MS})
 local out = {0}
 for i = 1, #KEYS do
   redis.call('HINCRBY', KEYS[i], 'r', amount)
+  redis.call('HINCRBY', KEYS[i], 'r:' .. inst, amount)
   out[i + 1] = redis.call('HGET', KEYS[i], 'g') or ''
 end
 return out
@@ -64,11 +97,22 @@ return out
 // no reservation of the call, but the call's cost counts there, as in the stored spend. The new
 // spend is read back as the stored text: HINCRBY's reply is a Lua double, which tostring writes
 // with 14 digits ("1.2345678901234e+14" from $123.45 up), not the integer.
+// The last ARGV is the settling instance's id: its own part of the reservation is released with the
+// total (no more than that part holds: one released as its instance's meanwhile is not released twice).
 const SETTLE = `
+local inst = ARGV[#ARGV]
 local out = {}
 for i = 1, #KEYS do
   if redis.call('HGET', KEYS[i], 'p') == ARGV[1 + 2 * i] then
-    if ARGV[1] ~= '0' and (redis.call('HGET', KEYS[i], 'g') or '') == ARGV[2 + 2 * i] then redis.call('HINCRBY', KEYS[i], 'r', '-' .. ARGV[1]) end
+    if ARGV[1] ~= '0' and (redis.call('HGET', KEYS[i], 'g') or '') == ARGV[2 + 2 * i] then
+      local mine = redis.call('HGET', KEYS[i], 'r:' .. inst)
+      if mine and tonumber(mine) > 0 then
+        local take = ARGV[1]
+        if tonumber(mine) < tonumber(take) then take = mine end
+        redis.call('HINCRBY', KEYS[i], 'r', '-' .. take)
+        if redis.call('HINCRBY', KEYS[i], 'r:' .. inst, '-' .. take) <= 0 then redis.call('HDEL', KEYS[i], 'r:' .. inst) end
+      end
+    end
     redis.call('HINCRBY', KEYS[i], 's', ARGV[2])
     out[i] = redis.call('HGET', KEYS[i], 's')
   else
@@ -92,6 +136,11 @@ export class RedisLedger implements BudgetLedger {
   private degraded = false;
   /** Spend settled on the local ledger while Redis was away, added to Redis once it is back. */
   private unsynced = new Map<string, { counter: BudgetCounter; amount: bigint }>();
+  /** This instance's id in the shared counters (its part of their reservations, its liveness key). */
+  private readonly instance = crypto.randomUUID();
+  /** Calls granted in Redis and not settled yet; while there are any, the liveness key is renewed. */
+  private inFlight = 0;
+  private renewal: ReturnType<typeof setInterval> | undefined;
 
   constructor(
     redis: Redis,
@@ -113,7 +162,7 @@ export class RedisLedger implements BudgetLedger {
         const args: string[] = [amount.toString()];
         // A counter the call is only charged to is checked against a limit it cannot reach.
         for (const [i, c] of counters.entries()) args.push((c.chargeOnly ? NO_LIMIT : c.limit).toString(), periodText(c), known.get(i)?.toString() ?? "");
-        const res = await this.redis.svcBudgetReserve(keys.length, ...keys, ...args);
+        const res = await this.redis.svcBudgetReserve(keys.length, ...keys, ...args, this.instance);
         this.recovered();
         const head = Number(res[0]);
         if (head === 0) return this.grant(counters, keys, amount, res.slice(1).map(String));
@@ -132,7 +181,7 @@ export class RedisLedger implements BudgetLedger {
           local.settle(actual);
           if (!this.degraded) {
             void this.redis
-              .svcBudgetSettle(keys.length, ...keys, "0", actual.toString(), ...counters.flatMap((c) => [periodText(c), ""]))
+              .svcBudgetSettle(keys.length, ...keys, "0", actual.toString(), ...counters.flatMap((c) => [periodText(c), ""]), this.instance)
               .catch((err) => this.log.warn("budget settle failed in redis; the spend log still has the call", { error: String(err) }));
             return;
           }
@@ -153,7 +202,7 @@ export class RedisLedger implements BudgetLedger {
     this.unsynced = new Map();
     for (const { counter, amount } of pending) {
       try {
-        await this.redis.svcBudgetSettle(1, PREFIX + counter.id, "0", amount.toString(), periodText(counter), "");
+        await this.redis.svcBudgetSettle(1, PREFIX + counter.id, "0", amount.toString(), periodText(counter), "", this.instance);
       } catch (err) {
         this.log.warn("could not add spend counted during the redis outage; the store still has it", { budget: counter.label, error: String(err) });
       }
@@ -161,9 +210,11 @@ export class RedisLedger implements BudgetLedger {
   }
 
   private grant(counters: readonly BudgetCounter[], keys: string[], amount: bigint, generations: string[]): LedgerGrant {
+    this.began();
     return grantOnce((actual: bigint) => {
+      this.ended();
       this.redis
-        .svcBudgetSettle(keys.length, ...keys, amount.toString(), actual.toString(), ...counters.flatMap((c, i) => [periodText(c), generations[i] ?? ""]))
+        .svcBudgetSettle(keys.length, ...keys, amount.toString(), actual.toString(), ...counters.flatMap((c, i) => [periodText(c), generations[i] ?? ""]), this.instance)
         .then((after) => {
           for (const [i, s] of after.entries()) {
             if (s === "") continue;
@@ -175,6 +226,21 @@ export class RedisLedger implements BudgetLedger {
         })
         .catch((err) => this.log.error("budget settle failed in redis; the spend log still has the call", { error: String(err) }));
     });
+  }
+
+  /** A call granted in Redis: its reservation holds while this instance's liveness key is there. */
+  private began(): void {
+    if (this.inFlight++ > 0) return;
+    this.renewal = setInterval(() => {
+      this.redis.set(LIVE_PREFIX + this.instance, "1", "PX", LIVE_MS).catch(() => undefined);
+    }, LIVE_MS / 3);
+    this.renewal.unref?.();
+  }
+
+  private ended(): void {
+    if (--this.inFlight > 0) return;
+    clearInterval(this.renewal);
+    this.renewal = undefined;
   }
 
   async forget(ids: readonly string[]): Promise<void> {
