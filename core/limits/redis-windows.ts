@@ -13,6 +13,18 @@ import { LocalWindows } from "./local-windows.ts";
 import { WINDOW_MS } from "./window.ts";
 
 const PREFIX = "svc:rl:";
+/**
+ * An instance's liveness key (+ its id, the part of a request id before ':'). A request in flight
+ * counts against max_parallel_requests until it ends, or its ttl (15 min) passes; an instance that
+ * dies (SIGKILL, OOM, a lost node) ends none of its requests, and before, a key with
+ * max_parallel_requests: 1 was refused on every instance for those 15 minutes. Now, when a request
+ * would be refused for requests in flight, those of instances whose liveness key has lapsed are
+ * dropped first. The key lasts LIVE_MS, set with every request counted and renewed every LIVE_MS / 3
+ * while the instance has had requests within the ttl.
+ */
+const LIVE_PREFIX = "svc:rl-live:";
+const LIVE_MS = 30_000;
+const RENEW = new LuaScript("redis.call('SET', KEYS[1], '1', 'PX', ARGV[1]) return 0");
 
 // KEYS: per counter (requests zset, tokens hash, in-flight zset, share members zset). ARGV: window
 // ms, tokens, request id, in-flight ttl ms, then per counter rpm, tpm, parallel ('' = no limit),
@@ -88,7 +100,15 @@ for i = 1, n do
   if par ~= '' then
     redis.call('ZREMRANGEBYSCORE', p, '-inf', now)
     local inflight = redis.call('ZCARD', p)
-    if inflight + 1 > tonumber(par) then return {i, 'parallel_requests', inflight, 0, par} end
+    if inflight + 1 > tonumber(par) then
+      -- Requests of an instance that died with them in flight (its liveness key lapsed) no longer count.
+      for _, m in ipairs(redis.call('ZRANGE', p, 0, -1)) do
+        local at = string.find(m, ':', 1, true)
+        if at and redis.call('EXISTS', '${LIVE_PREFIX}' .. string.sub(m, 1, at - 1)) == 0 then redis.call('ZREM', p, m) end
+      end
+      inflight = redis.call('ZCARD', p)
+      if inflight + 1 > tonumber(par) then return {i, 'parallel_requests', inflight, 0, par} end
+    end
   end
   out[4 * i - 2] = count + 1
   out[4 * i - 1] = sum + tokens
@@ -96,6 +116,7 @@ for i = 1, n do
   out[4 * i + 1] = tpm
 end
 if id == '' then return out end
+redis.call('SET', '${LIVE_PREFIX}' .. string.sub(id, 1, string.find(id, ':', 1, true) - 1), '1', 'PX', ${LIVE_MS})
 for i = 1, n do
   local z, h, p = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1]
   redis.call('ZADD', z, now, id)
@@ -157,6 +178,9 @@ export class RedisWindows implements RateWindows {
   private degraded = false;
   private readonly instance = crypto.randomUUID().slice(0, 8);
   private seq = 0;
+  /** When this instance last counted a request; its liveness key is renewed while that is within the ttl. */
+  private lastCounted = 0;
+  private renewal: ReturnType<typeof setInterval> | undefined;
 
   /**
    * `inFlightTtlMs`: how long a request lost with its instance keeps counting as in flight.
@@ -208,6 +232,7 @@ export class RedisWindows implements RateWindows {
     if (!res) return this.local.acquire(counters, tokens);
     const refused = this.refused(counters, res);
     if (refused) return refused;
+    this.keepAlive();
     const applied = counters.map((c, i) => (c.share ? { ...c, rpm: limitOf(res[4 * i + 3]), tpm: limitOf(res[4 * i + 4]) } : c));
     const remaining = applied.map((c, i) => ({
       requests: c.rpm === undefined ? undefined : c.rpm - Number(res[4 * i + 1]),
@@ -230,6 +255,21 @@ export class RedisWindows implements RateWindows {
       };
     };
     return { ok: true, applied, remaining, ...ender(keys), part: (from, to) => ender(counters.slice(from, to).flatMap(keysOf)) };
+  }
+
+  /** Renews the liveness key while requests this instance counted may still be in flight. */
+  private keepAlive(): void {
+    this.lastCounted = Date.now();
+    if (this.renewal) return;
+    this.renewal = setInterval(() => {
+      if (Date.now() - this.lastCounted > this.inFlightTtlMs) {
+        clearInterval(this.renewal);
+        this.renewal = undefined;
+        return;
+      }
+      this.redis.run(RENEW, [LIVE_PREFIX + this.instance], [LIVE_MS]).catch(() => undefined);
+    }, LIVE_MS / 3);
+    this.renewal.unref?.();
   }
 
   private degrade(err: unknown): void {

@@ -1,6 +1,9 @@
-// An instance that dies (SIGKILL, OOM, a lost node) with calls in flight must not leave their
-// budget reservations in Redis for good: LiteLLM's false "Budget has been exceeded" class (#36926,
-// PR #38647), where budgets refuse every call while real spend is about 0.
+// An instance that dies (SIGKILL, OOM, a lost node) with calls in flight must not hold what they
+// held in Redis for good: their budget reservations (before: every later call of the key refused,
+// "spend $0, $1 held by calls in flight", LiteLLM's false budget-exceeded class, #36926, PR #38647)
+// and their places under max_parallel_requests (before: the key refused for 15 minutes). Both are
+// released once the dead instance's liveness key lapses (30 s; here deleted at once, found through
+// the counters, so that no other test's instance is touched).
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import Redis from "ioredis";
 import { freshDatabase, MASTER_KEY, requestJson, spawnGateway, startTestGateway } from "../harness/gateway.ts";
@@ -32,49 +35,57 @@ const call = (url: string, key: string, signal?: AbortSignal) =>
     signal,
   });
 
-describe("an instance killed with a call in flight (PostgreSQL + Redis)", () => {
-  test("its reservation does not hold the budget for good", async () => {
+describe("an instance killed with calls in flight (PostgreSQL + Redis)", () => {
+  test("its budget reservations and its places under max_parallel_requests do not hold for good", async () => {
     const a = await spawnGateway(config(), { env: { DATABASE_URL: db.url, REDIS_URL } });
-    let key: string;
-    let token: string;
+    const made: { key: string; token: string }[] = [];
     try {
-      // Room for one call's worst case ($1) and not two.
-      const made = await requestJson<{ key: string; token: string }>(a, "POST", "/key/generate", { body: { max_budget: 1.5 } });
-      expect(made.status).toBe(200);
-      key = made.body.key;
-      token = made.body.token;
-      upstream.fault({ kind: "hang" });
+      // Room for one call's worst case ($1) and not two; one call at a time.
+      for (const body of [{ max_budget: 1.5 }, { max_parallel_requests: 1 }]) {
+        const r = await requestJson<{ key: string; token: string }>(a, "POST", "/key/generate", { body });
+        expect(r.status).toBe(200);
+        made.push(r.body);
+      }
+      upstream.fault({ kind: "hang" }, { kind: "hang" });
       const abort = new AbortController();
-      const inFlight = call(a.url, key, abort.signal).catch(() => undefined);
+      const inFlight = made.map((k) => call(a.url, k.key, abort.signal).catch(() => undefined));
       const end = Date.now() + 5000;
-      while (upstream.pendingRequests === 0 && Date.now() < end) await Bun.sleep(10);
-      expect(upstream.pendingRequests).toBe(1);
+      while (upstream.pendingRequests < 2 && Date.now() < end) await Bun.sleep(10);
+      expect(upstream.pendingRequests).toBe(2);
       a.proc.kill("SIGKILL");
       await a.exited;
       abort.abort();
-      await inFlight;
+      await Promise.all(inFlight);
     } finally {
       await a.stop();
     }
     upstream.reset();
+    const [budgeted, parallel] = made as [{ key: string; token: string }, { key: string; token: string }];
     const b = await startTestGateway(config(), { store: { databaseUrl: db.url, redisUrl: REDIS_URL } });
     const redis = new Redis(REDIS_URL, { lazyConnect: true });
     try {
-      // Within its liveness period (30 s) the dead instance might still be alive: its reservation holds.
-      const held = await call(b.url, key);
+      // Within its liveness period the dead instance might still be alive: what it holds holds.
+      const held = await call(b.url, budgeted.key);
       expect([held.status, await held.text()]).toEqual([400, expect.stringContaining("held by calls in flight")]);
-      // Its liveness key lapses (here at once instead of 30 s later; only that instance's, found in the counter).
+      expect((await call(b.url, parallel.key)).status).toBe(429);
+      // Its liveness keys lapse (here at once instead of 30 s later; only that instance's, named in the counters).
       await redis.connect();
-      const fields = Object.keys(await redis.hgetall(`svc:budget:key:${token}`)).filter((f) => f.startsWith("r:"));
-      expect(fields.length).toBe(1);
-      expect(await redis.del(`svc:budget-live:${fields[0]!.slice(2)}`)).toBe(1);
-      const res = await call(b.url, key);
-      expect([res.status, await res.text()]).toEqual([200, expect.any(String)]);
+      const reservedBy = Object.keys(await redis.hgetall(`svc:budget:key:${budgeted.token}`)).filter((f) => f.startsWith("r:"));
+      expect(reservedBy.length).toBe(1);
+      expect(await redis.del(`svc:budget-live:${reservedBy[0]!.slice(2)}`)).toBe(1);
+      const inFlightIds = await redis.zrange(`svc:rl:{key:${parallel.token}}:p`, "0", "-1");
+      expect(inFlightIds.length).toBe(1);
+      expect(await redis.del(`svc:rl-live:${inFlightIds[0]!.split(":")[0]}`)).toBe(1);
+      for (const k of [budgeted, parallel]) {
+        const res = await call(b.url, k.key);
+        expect([res.status, await res.text()]).toEqual([200, expect.any(String)]);
+      }
       // The released reservation is gone from the counter, and B's own call settled its own.
       await Bun.sleep(100);
-      const counter = await redis.hgetall(`svc:budget:key:${token}`);
+      const counter = await redis.hgetall(`svc:budget:key:${budgeted.token}`);
       expect(counter.r).toBe("0");
       expect(Object.keys(counter).filter((f) => f.startsWith("r:"))).toEqual([]);
+      expect(await redis.zcard(`svc:rl:{key:${parallel.token}}:p`)).toBe(0);
     } finally {
       redis.disconnect();
       await b.stop();
