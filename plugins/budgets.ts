@@ -215,6 +215,22 @@ function historyCounter(id: string, label: string, limitUsd: number, duration: s
 
 const usd = (p: Pico) => `$${picoToText(p)}`;
 
+/**
+ * What a call without max_tokens is reserved at, per endpoint, as the refusal says it. Only chat and
+ * completions take max_tokens: a transcription refused for the longest audio its file could hold
+ * was told to "set max_tokens", which that endpoint has no parameter for.
+ */
+const UNBOUNDED: Record<CallIntent["endpoint"], string> = {
+  chat: "the model's output limit (set max_tokens to reserve less)",
+  completions: "the model's output limit (set max_tokens to reserve less)",
+  transcriptions: "the longest audio its file could hold (a second per 750 bytes: the file's length is all that is known before the call)",
+  speech: "its input's length",
+  images: "the number of images asked, at the dearest size and quality the request leaves open (set size and quality to reserve less)",
+  embeddings: "its input's length",
+  moderations: "its input's length",
+  pass_through: "the route's price per call",
+};
+
 function refusal(r: LedgerRefusal, intent: CallIntent): Denied {
   const { counter: c, spend, reserved } = r;
   const resets = c.periodEnd === null ? "" : ` It resets at ${new Date(c.periodEnd).toISOString()}.`;
@@ -222,7 +238,7 @@ function refusal(r: LedgerRefusal, intent: CallIntent): Denied {
   if (spend >= c.limit) message = `Budget has been exceeded! ${c.label}: spend ${usd(spend)}, max budget ${usd(c.limit)}.${resets}`;
   else {
     const left = c.limit - spend - reserved;
-    const bound = intent.maxOutputTokens === undefined ? "the model's output limit (set max_tokens to reserve less)" : `max_tokens=${intent.maxOutputTokens}`;
+    const bound = intent.maxOutputTokens === undefined ? UNBOUNDED[intent.endpoint] : `max_tokens=${intent.maxOutputTokens}`;
     message =
       `Budget would be exceeded: ${c.label} has ${usd(left > 0n ? left : 0n)} left of its max budget ${usd(c.limit)} ` +
       `(spend ${usd(spend)}, ${usd(reserved)} held by calls in flight), and this call may cost up to ${usd(intent.worstCaseCost)} at ${bound}.${resets}`;
