@@ -5,9 +5,10 @@
  * (`general_settings.alert_webhook_url` or `WEBHOOK_URL`), in LiteLLM's WebhookEvent shape, with
  * retries (a redirect is not followed: it is a failed attempt, see callbacks/post.ts).
  */
+import { inArray } from "drizzle-orm";
 import type { BudgetCounter, Logger } from "../contract.ts";
 import { postNotification } from "../callbacks/post.ts";
-import { picoToUsd } from "../cost/money.ts";
+import { picoToText, picoToUsd } from "../cost/money.ts";
 import type { Db } from "../store/db.ts";
 import { budgetAlerts } from "../store/schema.ts";
 import { type BudgetEvent, NO_LIMIT } from "./ledger.ts";
@@ -72,7 +73,11 @@ export class BudgetAlerts {
 
   private async deliver(counter: BudgetCounter, event: BudgetEvent, spend: bigint): Promise<void> {
     const payload = alertPayload(counter, event, spend);
-    const period = counter.periodEnd === null ? "flat" : String(counter.periodEnd);
+    // Once per budget, period and threshold: a budget without a period is crossed once "for good",
+    // so a raised threshold (a new soft_budget or max_budget) would cross in silence (LiteLLM
+    // #16185: alerts stop after the first one). A spend reset forgets the counter's alerts (forgetAlerts).
+    const threshold = event === "soft_budget_crossed" ? counter.soft : counter.limit;
+    const period = `${counter.periodEnd === null ? "flat" : String(counter.periodEnd)}@${threshold === undefined ? "" : picoToText(threshold)}`;
     const inserted = await this.db.insert(budgetAlerts).values({ counterId: counter.id, event, period, payload }).onConflictDoNothing().returning({ id: budgetAlerts.counterId });
     if (inserted.length === 0) return;
     this.sent.push(payload);
@@ -91,5 +96,16 @@ export class BudgetAlerts {
         this.log.warn("budget alert webhook unreachable", { error: String(err), attempt: attempt + 1 });
       }
     }
+  }
+}
+
+/**
+ * Forgets the alerts sent for these counters: their spend was reset (the key's, or the global
+ * reset), so crossing a threshold again is news again, also in the same period and for a budget
+ * without one (before, its alert was sent once for the life of the key).
+ */
+export async function forgetAlerts(db: Db, counterIds: readonly string[]): Promise<void> {
+  for (let i = 0; i < counterIds.length; i += 1000) {
+    await db.delete(budgetAlerts).where(inArray(budgetAlerts.counterId, counterIds.slice(i, i + 1000)));
   }
 }

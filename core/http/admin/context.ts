@@ -17,6 +17,7 @@ import type { IdentityChange } from "../../identity/records.ts";
 import { toApi } from "../../identity/serialize.ts";
 import type { Live } from "../../live.ts";
 import { redactSecrets } from "../../secrets.ts";
+import { forgetAlerts } from "../../spend/alerts.ts";
 import type { HostServices } from "../../services.ts";
 import type { Snapshot } from "../../snapshot.ts";
 import type { Db } from "../../store/db.ts";
@@ -53,7 +54,7 @@ export interface AdminCtx {
   changed(...changes: IdentityChange[]): Promise<void>;
   /** Writes queued spend now, so a hand-set spend is not followed by older spend landing on top of it. */
   flushSpend(): Promise<void>;
-  /** Spend was set by hand: these budget counters start again from the stored figure. */
+  /** Spend was set by hand: these budget counters start again from the stored figure, and their alerts may be sent again. */
   forgetBudgets(counterIds: string[]): Promise<void>;
   audit(entry: AuditEntry): Promise<void>;
 }
@@ -148,7 +149,10 @@ export function adminRoute<R>(deps: AdminDeps, handler: (ctx: AdminCtx) => Promi
       query: (name) => url.searchParams.get(name) ?? undefined,
       changed: (...changes) => bus.publish(...changes),
       flushSpend: async () => deps.services.spendLog?.flush(),
-      forgetBudgets: async (ids) => deps.services.ledger?.forget(ids),
+      forgetBudgets: async (ids) => {
+        await deps.services.ledger?.forget(ids);
+        await forgetAlerts(store.db, ids);
+      },
       async audit(e) {
         await store.db.insert(auditLog).values({
           id: randomUUID(),

@@ -1,0 +1,73 @@
+// LiteLLM #16185: budget alerts stop after the first one. A budget without a period (no
+// budget_duration) is crossed once per "period" for good, so before, once its alert had been sent,
+// an admin spend reset or a raised budget crossed again in silence. Now a spend reset (the key's,
+// or the global one) and a new threshold each make the next crossing alert again; a crossing of the
+// same threshold without a reset still alerts once.
+import { afterAll, beforeAll, expect, test } from "bun:test";
+import { MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
+
+const LONG_REPLY = "word ".repeat(1200);
+let gw: TestGateway;
+const hooks: Record<string, unknown>[] = [];
+let hookServer: ReturnType<typeof Bun.serve>;
+
+beforeAll(async () => {
+  hookServer = Bun.serve({
+    port: 0,
+    async fetch(req) {
+      hooks.push((await req.json()) as Record<string, unknown>);
+      return new Response("ok");
+    },
+  });
+  gw = await startBackendGateway("pglite", {
+    // $1 a call (1000 output tokens at $0.001).
+    model_list: [{ model_name: "dollar", svc_params: { model: "mock/dollar", mock_response: LONG_REPLY }, model_info: { input_cost_per_token: 1e-12, output_cost_per_token: 0.001 } }],
+    general_settings: { master_key: MASTER_KEY, alert_webhook_url: `http://127.0.0.1:${hookServer.port}/hook` },
+  });
+});
+afterAll(async () => {
+  await gw?.stop();
+  hookServer?.stop(true);
+});
+
+async function calls(key: string, n: number): Promise<void> {
+  for (let i = 0; i < n; i++) {
+    const res = await fetch(`${gw.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+      body: JSON.stringify({ model: "dollar", messages: [{ role: "user", content: "hi" }], max_tokens: 1000 }),
+    });
+    await res.text();
+    expect(res.status).toBe(200);
+  }
+}
+
+/** The events delivered for the key so far, once the writer and the deliveries have caught up. */
+async function events(token: string, atLeast: number): Promise<string[]> {
+  await gw.host!.spendWriter.flush();
+  const mine = () => hooks.filter((h) => h.token === token).map((h) => String(h.event));
+  for (let i = 0; i < 100 && mine().length < atLeast; i++) await Bun.sleep(20);
+  await Bun.sleep(100);
+  return mine();
+}
+
+test("a budget without a period alerts again after a spend reset, and when a new threshold is crossed", async () => {
+  const made = await requestJson<{ key: string; token: string }>(gw, "POST", "/key/generate", { body: { soft_budget: 1.5, max_budget: 100 } });
+  const { key, token } = made.body;
+  await calls(key, 2);
+  expect(await events(token, 1)).toEqual(["soft_budget_crossed"]);
+  await calls(key, 1);
+  expect(await events(token, 2)).toEqual(["soft_budget_crossed"]);
+  // The key's spend reset: crossing again is news again.
+  expect((await requestJson(gw, "POST", `/key/${token}/reset_spend`, { body: {} })).status).toBe(200);
+  await calls(key, 2);
+  expect(await events(token, 2)).toEqual(["soft_budget_crossed", "soft_budget_crossed"]);
+  // A raised soft budget is a new threshold.
+  expect((await requestJson(gw, "POST", "/key/update", { body: { key: token, soft_budget: 3.5 } })).status).toBe(200);
+  await calls(key, 2);
+  expect(await events(token, 3)).toEqual(["soft_budget_crossed", "soft_budget_crossed", "soft_budget_crossed"]);
+  // The global spend reset too.
+  expect((await requestJson(gw, "POST", "/global/spend/reset")).status).toBe(200);
+  await calls(key, 4);
+  expect(await events(token, 4)).toEqual(["soft_budget_crossed", "soft_budget_crossed", "soft_budget_crossed", "soft_budget_crossed"]);
+});
