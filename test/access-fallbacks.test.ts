@@ -1,0 +1,36 @@
+// A client's own fallbacks (`fallbacks` in the body) cannot reach a model its key may not call
+// (LiteLLM checks them too; its model-access escalations, #8029, came through other doors): the
+// fallback is skipped and the call fails as its own model failed; one the key may call serves.
+import { afterAll, beforeAll, expect, test } from "bun:test";
+import { MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "./harness/gateway.ts";
+
+let gw: TestGateway;
+beforeAll(async () => {
+  gw = await startBackendGateway("pglite", {
+    model_list: [
+      { model_name: "broken", svc_params: { model: "openai/gpt-x", api_base: "http://127.0.0.1:9/v1", api_key: "sk-up" } },
+      { model_name: "secret", svc_params: { model: "mock/secret", mock_response: "from secret" } },
+      { model_name: "open", svc_params: { model: "mock/open", mock_response: "from open" } },
+    ],
+    general_settings: { master_key: MASTER_KEY },
+  });
+});
+afterAll(() => gw?.stop());
+
+async function chat(key: string, fallbacks: string[]): Promise<{ status: number; text: string; model: string | null }> {
+  const res = await fetch(`${gw.url}/v1/chat/completions`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+    body: JSON.stringify({ model: "broken", messages: [{ role: "user", content: "hi" }], fallbacks }),
+  });
+  return { status: res.status, text: await res.text(), model: res.headers.get("x-svc-model-group") };
+}
+
+test("a request's fallbacks are checked against the key's models", async () => {
+  const { body } = await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: { models: ["broken", "open"] } });
+  const denied = await chat(body.key, ["secret"]);
+  expect(denied.status).not.toBe(200);
+  expect(denied.text).not.toContain("from secret");
+  const allowed = await chat(body.key, ["secret", "open"]);
+  expect([allowed.status, allowed.text.includes("from open")]).toEqual([200, true]);
+});
