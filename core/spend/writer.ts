@@ -117,12 +117,22 @@ export class SpendWriter {
     // Calls that already ended hand their records over in a setImmediate batch (pipeline/record.ts);
     // waiting one turn first means "flush" includes every call answered before it was asked.
     await new Promise((resolve) => setImmediate(resolve));
+    // Only what is queued now: draining until the queue is empty never ended while calls kept
+    // ending, and a reset_spend, /global/spend/reset or a budget's first read (on a call's path)
+    // waited for as long as traffic flowed.
+    await this.write(false, this.batches.at(-1) ?? null);
+  }
+
+  /** Writes until the queue is empty: at shutdown, calls still ending are written too, not spilled. */
+  private async flushAll(): Promise<void> {
+    await new Promise((resolve) => setImmediate(resolve));
     await this.write(false);
   }
 
-  private async write(onlyFullBatches: boolean): Promise<void> {
+  /** `upTo`: the last batch to write (null: none); undefined: until the queue is empty. */
+  private async write(onlyFullBatches: boolean, upTo?: PendingBatch | null): Promise<void> {
     while (this.running) await this.running;
-    this.running = this.drain(onlyFullBatches);
+    this.running = this.drain(onlyFullBatches, upTo);
     try {
       await this.running;
     } finally {
@@ -147,7 +157,7 @@ export class SpendWriter {
     const flushing = async (): Promise<"ok"> => {
       for (let attempt = 0; ; attempt++) {
         try {
-          await this.flush();
+          await this.flushAll();
           return "ok";
         } catch (err) {
           const wait = Math.min(100 * 2 ** attempt, 1000);
@@ -191,10 +201,12 @@ export class SpendWriter {
     this.schedule(this.failures === 0 ? this.intervalMs : Math.min(this.intervalMs * 2 ** this.failures, MAX_BACKOFF_MS));
   }
 
-  private async drain(onlyFullBatches: boolean): Promise<void> {
+  private async drain(onlyFullBatches: boolean, upTo?: PendingBatch | null): Promise<void> {
     for (;;) {
       const batch = this.batches[0];
       if (!batch || batch.entries.length < (onlyFullBatches ? this.batchSize : 1)) break;
+      // `upTo` already written (by the drain this one waited for), or nothing was queued.
+      if (upTo === null || (upTo !== undefined && !this.batches.includes(upTo))) break;
       // Calls that end while it is written go to a new batch.
       if (batch === this.batches.at(-1)) this.newBatch();
       const logRows = this.logRows();
@@ -204,6 +216,7 @@ export class SpendWriter {
       this.batches.shift();
       this.queued -= batch.entries.length;
       this.written += batch.entries.length;
+      if (batch === upTo) break;
     }
     await this.replaySpill();
   }

@@ -113,3 +113,31 @@ test("calls queued while the log was off are written as log rows once it is on",
   expect(loads.map((l) => l.table)).toEqual(["spend_logs"]);
   expect(loads[0]!.text.trimEnd().split("\n").map((row) => row.split("\t")[0])).toEqual(["call-0", "call-1", "call-2", "call-3", "call-4"]);
 });
+
+test("a flush writes the calls queued when it was asked, not every call that ends while it writes", async () => {
+  const { store, batches } = recordingStore(5);
+  writer = new SpendWriter(store, memoryLogger(), { spillDir: tempDir("spill-"), intervalMs: 60_000, batchSize: 1000 });
+  await writer.start();
+  // A call ends every millisecond for 1.5 s: some arrive during every 5 ms write.
+  let n = 0;
+  const end = performance.now() + 1500;
+  const traffic = (async () => {
+    while (performance.now() < end) {
+      writer!.enqueue(entry(n++));
+      await Bun.sleep(1);
+    }
+  })();
+  await Bun.sleep(100);
+  const asked = n;
+  const t0 = performance.now();
+  await writer.flush();
+  const took = performance.now() - t0;
+  const wrote = batches.reduce((sum, b) => sum + b.rows, 0);
+  await traffic;
+  // Before, it returned only once the calls stopped (after ~1.4 s): a reset_spend or a budget's
+  // first read (on a call's path) waited as long as traffic flowed.
+  expect(took).toBeLessThan(500);
+  expect(wrote).toBeGreaterThanOrEqual(asked);
+  await writer.flush();
+  expect(batches.reduce((sum, b) => sum + b.rows, 0)).toBe(n);
+});
