@@ -137,6 +137,12 @@ export class SpendWriter {
       await this.running;
     } finally {
       this.running = undefined;
+      // Each drain writes the batches there were when it started, so that a flush waiting for it
+      // gets its turn under steady traffic; a batch that filled meanwhile is written next.
+      if ((this.batches[0]?.entries.length ?? 0) >= this.batchSize && !this.stopped) {
+        clearTimeout(this.timer);
+        this.timer = setTimeout(() => void this.tick(true), 0);
+      }
     }
   }
 
@@ -191,7 +197,7 @@ export class SpendWriter {
 
   private async tick(onlyFullBatches = false): Promise<void> {
     try {
-      await (onlyFullBatches ? this.write(true) : this.flush());
+      await (onlyFullBatches ? this.write(true, this.batches.at(-1) ?? null) : this.flush());
       if (this.failures > 0) this.log.info("spend writes resumed", { after_failures: this.failures });
       this.failures = 0;
     } catch (err) {

@@ -141,3 +141,31 @@ test("a flush writes the calls queued when it was asked, not every call that end
   await writer.flush();
   expect(batches.reduce((sum, b) => sum + b.rows, 0)).toBe(n);
 });
+
+test("a flush gets its turn while full batches keep coming", async () => {
+  // A full batch of calls ends during every write, for 1.5 s: the writer of full batches is never idle.
+  let n = 0;
+  let traffic = true;
+  const store: SpendStore = {
+    db: undefined as unknown as Db,
+    copyIn: async () => {
+      if (traffic) for (let i = 0; i < 10; i++) writer!.enqueue(entry(n++));
+      await Bun.sleep(5);
+    },
+  };
+  writer = new SpendWriter(store, memoryLogger(), { spillDir: tempDir("spill-"), intervalMs: 60_000, batchSize: 10 });
+  await writer.start();
+  setTimeout(() => {
+    traffic = false;
+  }, 1500);
+  for (let i = 0; i < 10; i++) writer.enqueue(entry(n++));
+  await Bun.sleep(100);
+  const t0 = performance.now();
+  await writer.flush();
+  const took = performance.now() - t0;
+  // Before, it waited behind the writer of full batches until the calls stopped (~1.4 s).
+  expect(took).toBeLessThan(500);
+  await until(() => !traffic);
+  await writer.flush();
+  expect(writer.written).toBe(n);
+});
