@@ -32,6 +32,57 @@ const counterUpdate = (table: string, id: string, kind: string) => `
 
 const COUNTER_TABLES: readonly CounterTable[] = ["key", "team", "org", "user", "team_member"];
 
+/**
+ * The counters in the order a management write locks them (identity/holds.ts holdWrite; a team's
+ * or user's deletion, /global/spend/reset): teams, organizations, users, memberships, then keys,
+ * each table's rows by id. The batch statement on PostgreSQL takes them in that order too
+ * (lockedCounterUpdate). Taken in the executor's own order (the counters' CTEs run last first:
+ * memberships, users, organizations, teams, keys) and rows as the join met them, a batch and a
+ * /user/delete, /team/delete or /global/spend/reset each held a row the other waited for:
+ * PostgreSQL failed one after a second's wait (the admin call a 500, or the batch retried with a
+ * "spend writes failing" warning).
+ */
+const LOCK_ORDER: readonly CounterTable[] = ["team", "org", "user", "team_member", "key"];
+
+/**
+ * `counterUpdate` for a store other writers share: the rows are locked in id order, and only
+ * once the counters of table `after` (the one before in LOCK_ORDER) are written.
+ */
+const lockedCounterUpdate = (table: string, ids: readonly string[], kind: string, match: (d: string, x: string) => string, after?: string) => `
+  ${kind}_spend as (
+    update ${table} as t set
+      spend = case
+        when d.period_end is null or t.budget_reset_at is null or t.budget_reset_at = d.period_end then t.spend + d.amount
+        when t.budget_reset_at < d.period_end then d.amount
+        else t.spend end,
+      budget_reset_at = case when d.period_end is not null and t.budget_reset_at < d.period_end then d.period_end else t.budget_reset_at end
+    from (
+      select d.period_end, d.amount, ${ids.map((id, i) => `x.${id} as id${i}`).join(", ")}
+      from delta d join ${table} x on ${match("d", "x")}
+      where d.t = '${kind}'${after ? ` and (select count(*) from ${after}_spend) >= 0` : ""}
+      order by ${ids.map((id) => `x.${id}`).join(", ")}
+      for no key update of x) d
+    where ${ids.map((id, i) => `t.${id} = d.id${i}`).join(" and ")}
+    returning 1)`;
+
+const LOCKED_COUNTER_UPDATES: Record<CounterTable, (after?: string) => string> = {
+  key: (after) => lockedCounterUpdate("virtual_keys", ["token"], "key", (d, x) => `${x}.token = ${d}.id`, after),
+  team: (after) => lockedCounterUpdate("teams", ["team_id"], "team", (d, x) => `${x}.team_id = ${d}.id`, after),
+  org: (after) => lockedCounterUpdate("organizations", ["organization_id"], "org", (d, x) => `${x}.organization_id = ${d}.id`, after),
+  user: (after) => lockedCounterUpdate("users", ["user_id"], "user", (d, x) => `${x}.user_id = ${d}.id`, after),
+  team_member: (after) => `
+  team_member_spend as (
+    update team_members as t set spend = t.spend + d.amount
+    from (
+      select d.amount, x.team_id, x.user_id
+      from delta d join team_members x on x.team_id = split_part(d.id, E'\\t', 1) and x.user_id = split_part(d.id, E'\\t', 2)
+      where d.t = 'team_member'${after ? ` and (select count(*) from ${after}_spend) >= 0` : ""}
+      order by x.team_id, x.user_id
+      for no key update of x) d
+    where t.team_id = d.team_id and t.user_id = d.user_id
+    returning 1)`,
+};
+
 const COUNTER_UPDATES: Record<CounterTable, string> = {
   key: counterUpdate("virtual_keys", "token", "key"),
   team: counterUpdate("teams", "team_id", "team"),
@@ -134,7 +185,7 @@ delta as (
   from charge c join latest l on l.t = c.t and l.id = c.id and c.p = l.p
   group by c.t, c.id, l.p
 ),
-${COUNTER_TABLES.map((t) => COUNTER_UPDATES[t]).join(",\n")},
+${LOCK_ORDER.map((t, i) => LOCKED_COUNTER_UPDATES[t](LOCK_ORDER[i - 1])).join(",\n")},
 entity as (
   select e.type, e.id, e.key, e.model, e.grp, ${metrics("f")}
   from fresh f cross join lateral (values

@@ -343,11 +343,19 @@ async function resetAllSpend(ctx: AdminCtx) {
   await ctx.flushSpend();
   const nonZero = (col: AnyColumn) => sql`${col} <> 0`;
   const counters = await ctx.db.transaction(async (tx) => {
-    const k = await tx.update(virtualKeys).set({ spend: "0" }).where(nonZero(virtualKeys.spend)).returning({ id: virtualKeys.token });
+    // In the spend writer's order (spend/flush.ts LOCK_ORDER: teams, organizations, users,
+    // memberships, keys; each table's rows by id): in another order a batch adding calls' cost and
+    // this reset each held a row the other waited for, and PostgreSQL failed one (a 500 here).
+    await tx.select({ id: teams.teamId }).from(teams).where(nonZero(teams.spend)).orderBy(teams.teamId).for("no key update");
     const t = await tx.update(teams).set({ spend: "0" }).where(nonZero(teams.spend)).returning({ id: teams.teamId });
+    await tx.select({ id: organizations.organizationId }).from(organizations).where(nonZero(organizations.spend)).orderBy(organizations.organizationId).for("no key update");
     const o = await tx.update(organizations).set({ spend: "0" }).where(nonZero(organizations.spend)).returning({ id: organizations.organizationId });
+    await tx.select({ id: users.userId }).from(users).where(nonZero(users.spend)).orderBy(users.userId).for("no key update");
     const u = await tx.update(users).set({ spend: "0" }).where(nonZero(users.spend)).returning({ id: users.userId });
+    await tx.select({ id: teamMembers.teamId }).from(teamMembers).where(nonZero(teamMembers.spend)).orderBy(teamMembers.teamId, teamMembers.userId).for("no key update");
     await tx.update(teamMembers).set({ spend: "0" }).where(nonZero(teamMembers.spend));
+    await tx.select({ id: virtualKeys.token }).from(virtualKeys).where(nonZero(virtualKeys.spend)).orderBy(virtualKeys.token).for("no key update");
+    const k = await tx.update(virtualKeys).set({ spend: "0" }).where(nonZero(virtualKeys.spend)).returning({ id: virtualKeys.token });
     await tx.update(orgMembers).set({ spend: "0" }).where(nonZero(orgMembers.spend));
     return { keys: k.length, teams: t.length, organizations: o.length, users: u.length };
   });
