@@ -43,7 +43,11 @@ export class LastActiveWriter {
     for (let i = 0; i < tokens.length; i += CHUNK) {
       const chunk = tokens.slice(i, i + CHUNK);
       try {
-        await this.db.update(virtualKeys).set({ lastActive: now }).where(inArray(virtualKeys.token, chunk));
+        // Rows locked in token order, as the spend writer locks the keys it charges (spend/flush.ts
+        // LOCK_ORDER): in the order the scan met them, this write and a spend batch each held a key
+        // the other waited for, and PostgreSQL failed one after a second.
+        const inOrder = this.db.select({ token: virtualKeys.token }).from(virtualKeys).where(inArray(virtualKeys.token, chunk)).orderBy(virtualKeys.token).for("no key update");
+        await this.db.update(virtualKeys).set({ lastActive: now }).where(inArray(virtualKeys.token, inOrder));
         // The cached rows carry it too, so /key/info agrees without a reload.
         for (const t of chunk) {
           const row = this.cache.keys.get(t);
