@@ -1,6 +1,7 @@
 /**
  * Key rotation: one row keeps its spend, limits and configuration and gets a new token. The old
- * hash is revoked at once, or kept in `rotated_keys` until its grace period ends.
+ * hash is revoked at once, or when its grace period ends; its row in `rotated_keys` leads to the
+ * new token until then, and for the spend of late calls a day longer.
  *
  * The background job rotates keys with `auto_rotate` whose `key_rotation_at` has passed, every
  * ~10 s on each instance (a key is rotated once: the update is conditional on the old token).
@@ -70,16 +71,25 @@ export async function rotateKey(db: Db, r: Rotation): Promise<{ row: KeyRow; cha
     // Older hashes still in their grace period now lead to the new token.
     const moved = await tx.update(rotatedKeys).set({ activeToken: r.newToken }).where(eq(rotatedKeys.activeToken, r.oldToken)).returning({ token: rotatedKeys.token });
     for (const m of moved) changes.push({ kind: "rotated_key", token: m.token });
-    if (r.graceMs > 0) {
-      await tx.insert(rotatedKeys).values({ token: r.oldToken, activeToken: r.newToken, revokeAt: new Date(now + r.graceMs) });
-      changes.push({ kind: "rotated_key", token: r.oldToken });
-    }
+    // Kept without a grace period too (revoked at once: a lookup follows it only before
+    // revoke_at): calls that were under way, or whose spend was still queued, charge the old
+    // token, and the spend writer charges its successor (spend/flush.ts). Without it their cost
+    // was lost from the key's spend (up to a second of calls, and every stream under way).
+    // A value used again once revoked (keys.ts assertNewKeyValue) has its earlier row: replaced.
+    const successor = { activeToken: r.newToken, revokeAt: new Date(now + r.graceMs), createdAt: new Date(now) };
+    await tx
+      .insert(rotatedKeys)
+      .values({ token: r.oldToken, ...successor })
+      .onConflictDoUpdate({ target: rotatedKeys.token, set: successor });
+    changes.push({ kind: "rotated_key", token: r.oldToken });
     changes.push({ kind: "key", token: r.oldToken });
     return { row, changes };
   });
 }
 
 const CHECK_INTERVAL_MS = 10_000;
+/** How long a revoked hash still leads to its successor, for calls that end (or are written) late. */
+const SUCCESSOR_KEPT_MS = 86_400_000;
 const SYSTEM_ACTOR = "system:auto-rotate";
 
 /** SVC_KEY_ROTATION_GRACE_PERIOD in ms; 0 when unset or unreadable. */
@@ -120,7 +130,8 @@ export async function rotateDueKeys(db: Db, bus: ChangeBus, log: Logger, now = D
       old_value_valid_until: graceMs > 0 ? new Date(now + graceMs).toISOString() : null,
     });
   }
-  const expired = await db.delete(rotatedKeys).where(lte(rotatedKeys.revokeAt, new Date(now))).returning({ token: rotatedKeys.token });
+  // Kept a while past revocation, for the spend of calls that named the old token (see rotateKey).
+  const expired = await db.delete(rotatedKeys).where(lte(rotatedKeys.revokeAt, new Date(now - SUCCESSOR_KEPT_MS))).returning({ token: rotatedKeys.token });
   if (expired.length > 0) await bus.publish(...expired.map((e): IdentityChange => ({ kind: "rotated_key", token: e.token })));
   return rotated;
 }

@@ -19,7 +19,7 @@ export function dayOf(ms: number): string {
 
 /** Same period (or a flat budget): add. The store still in an older period: the new one starts
  * with this spend. The spend belongs to a period already closed: the log keeps it, the counter not. */
-const counterUpdate = (table: string, id: string, kind: string) => `
+const counterUpdate = (table: string, id: string, kind: string, source = "delta") => `
   ${kind}_spend as (
     update ${table} as t set
       spend = case
@@ -27,8 +27,19 @@ const counterUpdate = (table: string, id: string, kind: string) => `
         when t.budget_reset_at < d.period_end then d.amount
         else t.spend end,
       budget_reset_at = case when d.period_end is not null and t.budget_reset_at < d.period_end then d.period_end else t.budget_reset_at end
-    from delta d where d.t = '${kind}' and t.${id} = d.id
+    from ${source} d where d.t = '${kind}' and t.${id} = d.id
     returning 1)`;
+
+/**
+ * The keys' deltas under the token each key has now: a key rotated since the call started (or
+ * since its spend was queued) is charged under its new token (identity/rotation.ts keeps the old
+ * one's successor, unless a key has the old value again), summed with the new token's own delta
+ * (an UPDATE applies one joined row).
+ */
+const KEY_DELTA = `(select 'key' as t,
+      coalesce((select r.active_token from rotated_keys r where r.token = k.id and not exists (select from virtual_keys v where v.token = k.id)), k.id) as id,
+      max(k.period_end) as period_end, sum(k.amount) as amount
+    from delta k where k.t = 'key' group by 2)`;
 
 const COUNTER_TABLES: readonly CounterTable[] = ["key", "team", "org", "user", "team_member"];
 
@@ -48,7 +59,7 @@ const LOCK_ORDER: readonly CounterTable[] = ["team", "org", "user", "team_member
  * `counterUpdate` for a store other writers share: the rows are locked in id order, and only
  * once the counters of table `after` (the one before in LOCK_ORDER) are written.
  */
-const lockedCounterUpdate = (table: string, ids: readonly string[], kind: string, match: (d: string, x: string) => string, after?: string) => `
+const lockedCounterUpdate = (table: string, ids: readonly string[], kind: string, match: (d: string, x: string) => string, after?: string, source = "delta") => `
   ${kind}_spend as (
     update ${table} as t set
       spend = case
@@ -58,7 +69,7 @@ const lockedCounterUpdate = (table: string, ids: readonly string[], kind: string
       budget_reset_at = case when d.period_end is not null and t.budget_reset_at < d.period_end then d.period_end else t.budget_reset_at end
     from (
       select d.period_end, d.amount, ${ids.map((id, i) => `x.${id} as id${i}`).join(", ")}
-      from delta d join ${table} x on ${match("d", "x")}
+      from ${source} d join ${table} x on ${match("d", "x")}
       where d.t = '${kind}'${after ? ` and (select count(*) from ${after}_spend) >= 0` : ""}
       order by ${ids.map((id) => `x.${id}`).join(", ")}
       for no key update of x) d
@@ -66,7 +77,7 @@ const lockedCounterUpdate = (table: string, ids: readonly string[], kind: string
     returning 1)`;
 
 const LOCKED_COUNTER_UPDATES: Record<CounterTable, (after?: string) => string> = {
-  key: (after) => lockedCounterUpdate("virtual_keys", ["token"], "key", (d, x) => `${x}.token = ${d}.id`, after),
+  key: (after) => lockedCounterUpdate("virtual_keys", ["token"], "key", (d, x) => `${x}.token = ${d}.id`, after, KEY_DELTA),
   team: (after) => lockedCounterUpdate("teams", ["team_id"], "team", (d, x) => `${x}.team_id = ${d}.id`, after),
   org: (after) => lockedCounterUpdate("organizations", ["organization_id"], "org", (d, x) => `${x}.organization_id = ${d}.id`, after),
   user: (after) => lockedCounterUpdate("users", ["user_id"], "user", (d, x) => `${x}.user_id = ${d}.id`, after),
@@ -84,7 +95,7 @@ const LOCKED_COUNTER_UPDATES: Record<CounterTable, (after?: string) => string> =
 };
 
 const COUNTER_UPDATES: Record<CounterTable, string> = {
-  key: counterUpdate("virtual_keys", "token", "key"),
+  key: counterUpdate("virtual_keys", "token", "key", KEY_DELTA),
   team: counterUpdate("teams", "team_id", "team"),
   org: counterUpdate("organizations", "organization_id", "org"),
   user: counterUpdate("users", "user_id", "user"),

@@ -142,7 +142,11 @@ async function assertNewKeyValue(ctx: AdminCtx, value: string, field: string): P
   if (/\s/.test(value)) throw badRequest(`${field} must not contain whitespace.`, field);
   const token = hashKey(value);
   const [existing] = await ctx.db.select({ token: virtualKeys.token }).from(virtualKeys).where(eq(virtualKeys.token, token));
-  const [rotated] = await ctx.db.select({ token: rotatedKeys.token }).from(rotatedKeys).where(eq(rotatedKeys.token, token));
+  // A rotated-away value is taken while it still works (its grace period); revoked, it is free again.
+  const [rotated] = await ctx.db
+    .select({ token: rotatedKeys.token })
+    .from(rotatedKeys)
+    .where(and(eq(rotatedKeys.token, token), gt(rotatedKeys.revokeAt, new Date())));
   if (existing || rotated || value === ctx.snapshot.settings.masterKey) {
     throw badRequest(`This ${field} already exists. Choose another value, or omit it to get a random key.`, field);
   }
