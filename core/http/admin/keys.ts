@@ -576,6 +576,10 @@ async function deleteKeys(ctx: AdminCtx): Promise<{ deleted_keys: string[] }> {
   const changes: IdentityChange[] = tokens.map((token) => ({ kind: "key", token }));
   await ctx.db.transaction(async (tx) => {
     await holdWrite(tx, ctx.caller);
+    // Locked in token order first, as the spend writer locks the keys it charges (spend/flush.ts
+    // LOCK_ORDER): in the order the update met them, a deletion of several keys and a spend batch
+    // charging them each held a key the other waited for, and PostgreSQL failed one (a 500 here).
+    await tx.select({ token: virtualKeys.token }).from(virtualKeys).where(inArray(virtualKeys.token, tokens)).orderBy(virtualKeys.token).for("no key update");
     const deleted = await tx
       .update(virtualKeys)
       .set({ deletedAt: now, deletedBy: ctx.caller.changedBy, updatedAt: now, updatedBy: ctx.caller.changedBy })
