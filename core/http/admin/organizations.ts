@@ -281,6 +281,11 @@ async function deleteOrgs(ctx: AdminCtx) {
     await tx.select({ id: organizations.organizationId }).from(organizations).where(inArray(organizations.organizationId, unique)).orderBy(organizations.organizationId).for("update");
     await refuseInUse(tx, unique);
     await tx.delete(orgMembers).where(inArray(orgMembers.organizationId, unique));
+    // Its users locked in id order first, as the spend writer locks the users it charges (their
+    // own keys charge them, not the organization; spend/flush.ts LOCK_ORDER): in the order the
+    // update met them, this and a spend batch each held a user the other waited for, and
+    // PostgreSQL failed one (a 500 here).
+    await tx.select({ id: users.userId }).from(users).where(inArray(users.organizationId, unique)).orderBy(users.userId).for("no key update");
     const detached = await tx
       .update(users)
       .set({ organizationId: null, updatedAt: new Date(), updatedBy: ctx.caller.changedBy })
