@@ -19,14 +19,16 @@ export function dayOf(ms: number): string {
 
 /** Same period (or a flat budget): add. The store still in an older period: the new one starts
  * with this spend. The spend belongs to a period already closed: the log keeps it, the counter not. */
-const counterUpdate = (table: string, id: string, kind: string, source = "delta") => `
-  ${kind}_spend as (
-    update ${table} as t set
+const COUNTER_SET = `
       spend = case
         when d.period_end is null or t.budget_reset_at is null or t.budget_reset_at = d.period_end then t.spend + d.amount
         when t.budget_reset_at < d.period_end then d.amount
         else t.spend end,
-      budget_reset_at = case when d.period_end is not null and t.budget_reset_at < d.period_end then d.period_end else t.budget_reset_at end
+      budget_reset_at = case when d.period_end is not null and t.budget_reset_at < d.period_end then d.period_end else t.budget_reset_at end`;
+
+const counterUpdate = (table: string, id: string, kind: string, source = "delta") => `
+  ${kind}_spend as (
+    update ${table} as t set${COUNTER_SET}
     from ${source} d where d.t = '${kind}' and t.${id} = d.id
     returning 1)`;
 
@@ -61,12 +63,7 @@ const LOCK_ORDER: readonly CounterTable[] = ["team", "org", "user", "team_member
  */
 const lockedCounterUpdate = (table: string, ids: readonly string[], kind: string, match: (d: string, x: string) => string, after?: string, source = "delta") => `
   ${kind}_spend as (
-    update ${table} as t set
-      spend = case
-        when d.period_end is null or t.budget_reset_at is null or t.budget_reset_at = d.period_end then t.spend + d.amount
-        when t.budget_reset_at < d.period_end then d.amount
-        else t.spend end,
-      budget_reset_at = case when d.period_end is not null and t.budget_reset_at < d.period_end then d.period_end else t.budget_reset_at end
+    update ${table} as t set${COUNTER_SET}
     from (
       select d.period_end, d.amount, ${ids.map((id, i) => `x.${id} as id${i}`).join(", ")}
       from ${source} d join ${table} x on ${match("d", "x")}

@@ -4,15 +4,15 @@
 // write those rows. Each must answer (no 500 from PostgreSQL breaking a deadlock, no second's
 // wait for it), the deleted keys must be refused at once, and every call must be written.
 import { expect, test } from "bun:test";
-import { MASTER_KEY, requestJson, startBackendGateway } from "../harness/gateway.ts";
+import { requestJson, startBackendGateway } from "../harness/gateway.ts";
+import { chatStatus, PRICED_CHAT } from "../harness/traffic.ts";
 
 /** How long traffic and deletions run side by side. */
 const RUN_MS = 6_000;
-const PRICES = { input_cost_per_token: 0.000001, output_cost_per_token: 0.000002 };
 
 test("/user/delete, /team/delete and /global/spend/reset while the keys call: every one answers, no spend write fails", async () => {
   // Small, frequent spend batches, so batch statements and deletions overlap often.
-  const gw = await startBackendGateway("postgres", { model_list: [{ model_name: "chat", svc_params: { model: "mock/chat" }, model_info: PRICES }], general_settings: { master_key: MASTER_KEY } }, { spend: { intervalMs: 2, batchSize: 16 } });
+  const gw = await startBackendGateway("postgres", PRICED_CHAT, { spend: { intervalMs: 2, batchSize: 16 } });
   try {
     const org = (await requestJson<{ organization_id: string }>(gw, "POST", "/organization/new", { body: { organization_alias: "busy" } })).body.organization_id;
     const failures: string[] = [];
@@ -40,14 +40,9 @@ test("/user/delete, /team/delete and /global/spend/reset while the keys call: ev
           continue;
         }
         const key = keys[Math.floor(Math.random() * keys.length)]!;
-        const res = await fetch(`${gw.baseURL}/chat/completions`, {
-          method: "POST",
-          headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
-          body: JSON.stringify({ model: "chat", stream: worker % 2 === 0, messages: [{ role: "user", content: "hi" }] }),
-        });
-        await res.arrayBuffer();
-        if (res.status === 200) calls++;
-        else if (!(res.status === 401 && !live.has(key))) failures.push(`call ${res.status}`);
+        const status = await chatStatus(gw, key, { stream: worker % 2 === 0 });
+        if (status === 200) calls++;
+        else if (!(status === 401 && !live.has(key))) failures.push(`call ${status}`);
         await Bun.sleep(1);
       }
     };
@@ -78,12 +73,7 @@ test("/user/delete, /team/delete and /global/spend/reset while the keys call: ev
     expect(deletions).toBeGreaterThan(6);
     // A deleted key is refused.
     const one = [...deleted][0]!;
-    const after = await fetch(`${gw.baseURL}/chat/completions`, {
-      method: "POST",
-      headers: { authorization: `Bearer ${one}`, "content-type": "application/json" },
-      body: JSON.stringify({ model: "chat", messages: [{ role: "user", content: "hi" }] }),
-    });
-    expect(after.status).toBe(401);
+    expect(await chatStatus(gw, one)).toBe(401);
     // Every call written, none of the writes failed on the way.
     await gw.host!.spendWriter.flush();
     expect(calls).toBeGreaterThan(100);

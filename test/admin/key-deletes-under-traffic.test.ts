@@ -8,6 +8,7 @@ import { expect, test } from "bun:test";
 import postgres from "postgres";
 import { hashKey } from "../../core/identity/keys.ts";
 import { MASTER_KEY, requestJson, startBackendGateway } from "../harness/gateway.ts";
+import { chatStatus } from "../harness/traffic.ts";
 
 test("/key/delete of two keys while a spend batch holds the first of them: it waits, then deletes both", async () => {
   const gw = await startBackendGateway("postgres", { model_list: [{ model_name: "chat", svc_params: { model: "mock/chat" } }], general_settings: { master_key: MASTER_KEY } });
@@ -40,14 +41,7 @@ test("/key/delete of two keys while a spend batch holds the first of them: it wa
     expect(res.status).toBe(200);
     // It waited for the batch only, not for PostgreSQL's deadlock check (a second).
     expect(Date.now() - t0).toBeLessThan(900);
-    for (const k of keys) {
-      const call = await fetch(`${gw.baseURL}/chat/completions`, {
-        method: "POST",
-        headers: { authorization: `Bearer ${k.key}`, "content-type": "application/json" },
-        body: JSON.stringify({ model: "chat", messages: [{ role: "user", content: "hi" }] }),
-      });
-      expect(call.status).toBe(401);
-    }
+    for (const k of keys) expect(await chatStatus(gw, k.key)).toBe(401);
     expect(gw.log.lines.filter((l) => l.level !== "info").map((l) => l.msg)).toEqual([]);
   } finally {
     await side.end();

@@ -6,13 +6,13 @@ import { expect, test } from "bun:test";
 import { hashKey } from "../../core/identity/keys.ts";
 import type { IdentityCache } from "../../core/identity/cache.ts";
 import { LastActiveWriter } from "../../core/identity/last-active.ts";
-import { MASTER_KEY, memoryLogger, requestJson, startBackendGateway } from "../harness/gateway.ts";
+import { memoryLogger, requestJson, startBackendGateway } from "../harness/gateway.ts";
+import { chatStatus, PRICED_CHAT } from "../harness/traffic.ts";
 
 const RUN_MS = 4_000;
-const PRICES = { input_cost_per_token: 0.000001, output_cost_per_token: 0.000002 };
 
 test("last_active writes while the keys' calls are charged: neither fails", async () => {
-  const gw = await startBackendGateway("postgres", { model_list: [{ model_name: "chat", svc_params: { model: "mock/chat" }, model_info: PRICES }], general_settings: { master_key: MASTER_KEY } }, { spend: { intervalMs: 2, batchSize: 32 } });
+  const gw = await startBackendGateway("postgres", PRICED_CHAT, { spend: { intervalMs: 2, batchSize: 32 } });
   try {
     const keys: string[] = [];
     for (let i = 0; i < 80; i++) keys.push((await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: {} })).body.key);
@@ -27,14 +27,9 @@ test("last_active writes while the keys' calls are charged: neither fails", asyn
     const traffic = async () => {
       while (Date.now() < end) {
         const key = keys[Math.floor(Math.random() * keys.length)]!;
-        const res = await fetch(`${gw.baseURL}/chat/completions`, {
-          method: "POST",
-          headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
-          body: JSON.stringify({ model: "chat", messages: [{ role: "user", content: "hi" }] }),
-        });
-        await res.arrayBuffer();
-        if (res.status === 200) calls++;
-        else failures.push(`call ${res.status}`);
+        const status = await chatStatus(gw, key);
+        if (status === 200) calls++;
+        else failures.push(`call ${status}`);
         await Bun.sleep(1);
       }
     };

@@ -2,14 +2,14 @@
 // cost of calls that were under way, or whose spend was still queued, when it was rotated (they
 // name the old token) must reach it too: its spend stays the sum of its calls'.
 import { expect, test } from "bun:test";
-import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway } from "../harness/gateway.ts";
+import { BACKENDS, requestJson, startBackendGateway } from "../harness/gateway.ts";
+import { chatStatus, PRICED_CHAT } from "../harness/traffic.ts";
 
-const PRICES = { input_cost_per_token: 0.000001, output_cost_per_token: 0.000002 };
 
 for (const backend of BACKENDS) {
   test(`${backend}: a key regenerated (with and without a grace period) while it is called keeps the spend of every call`, async () => {
     // Spend written every 400 ms: at each rotation, calls of the last few hundred ms are still queued.
-    const gw = await startBackendGateway(backend, { model_list: [{ model_name: "chat", svc_params: { model: "mock/chat" }, model_info: PRICES }], general_settings: { master_key: MASTER_KEY } }, { spend: { intervalMs: 400 } });
+    const gw = await startBackendGateway(backend, PRICED_CHAT, { spend: { intervalMs: 400 } });
     try {
       const team = (await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: { team_alias: "busy" } })).body.team_id;
       let key = (await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: { team_id: team, max_budget: 100 } })).body.key;
@@ -21,15 +21,10 @@ for (const backend of BACKENDS) {
       const traffic = async (worker: number) => {
         while (!stop) {
           const used = key;
-          const res = await fetch(`${gw.baseURL}/chat/completions`, {
-            method: "POST",
-            headers: { authorization: `Bearer ${used}`, "content-type": "application/json" },
-            body: JSON.stringify({ model: "chat", stream: worker % 2 === 0, messages: [{ role: "user", content: "hi" }] }),
-          });
-          await res.arrayBuffer();
-          if (res.status === 200) calls++;
+          const status = await chatStatus(gw, used, { stream: worker % 2 === 0 });
+          if (status === 200) calls++;
           // A call with the old value once a rotation without grace is stored is refused.
-          else if (!(res.status === 401 && rotating.has(used))) failures.push(`call ${res.status}`);
+          else if (!(status === 401 && rotating.has(used))) failures.push(`call ${status}`);
           await Bun.sleep(2);
         }
       };
@@ -57,12 +52,7 @@ for (const backend of BACKENDS) {
       // A revoked value may be given to a new key: its calls are its own, not the rotated key's.
       const first = [...rotating][0]!;
       expect((await requestJson(gw, "POST", "/key/generate", { body: { key: first } })).status).toBe(200);
-      const res = await fetch(`${gw.baseURL}/chat/completions`, {
-        method: "POST",
-        headers: { authorization: `Bearer ${first}`, "content-type": "application/json" },
-        body: JSON.stringify({ model: "chat", messages: [{ role: "user", content: "hi" }] }),
-      });
-      expect(res.status).toBe(200);
+      expect(await chatStatus(gw, first)).toBe(200);
       await gw.host!.spendWriter.flush();
       const again = await requestJson<{ info: { spend: number } }>(gw, "GET", `/key/info?key=${first}`);
       expect(again.body.info.spend).toBeGreaterThan(0);

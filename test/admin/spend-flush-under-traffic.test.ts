@@ -2,26 +2,18 @@
 // /global/spend/reset, and a budget's first read, on a model call's path) while other keys keep
 // calling: they must wait for what was queued when they asked, not until traffic stops.
 import { expect, test } from "bun:test";
-import { MASTER_KEY, requestJson, startBackendGateway } from "../harness/gateway.ts";
+import { requestJson, startBackendGateway } from "../harness/gateway.ts";
+import { chatStatus, PRICED_CHAT } from "../harness/traffic.ts";
 
 /** How long the other keys' traffic runs. */
 const RUN_MS = 4_000;
-const PRICES = { input_cost_per_token: 0.000001, output_cost_per_token: 0.000002 };
 
 test("reset_spend, /global/spend/reset and a budgeted key's first call answer at once while other keys call", async () => {
-  const gw = await startBackendGateway("postgres", { model_list: [{ model_name: "chat", svc_params: { model: "mock/chat" }, model_info: PRICES }], general_settings: { master_key: MASTER_KEY } }, { spend: { intervalMs: 2 } });
+  const gw = await startBackendGateway("postgres", PRICED_CHAT, { spend: { intervalMs: 2 } });
   try {
     const busy: string[] = [];
     for (let i = 0; i < 4; i++) busy.push((await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: {} })).body.key);
-    const call = async (key: string) => {
-      const res = await fetch(`${gw.baseURL}/chat/completions`, {
-        method: "POST",
-        headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
-        body: JSON.stringify({ model: "chat", messages: [{ role: "user", content: "hi" }] }),
-      });
-      await res.arrayBuffer();
-      return res.status;
-    };
+    const call = (key: string) => chatStatus(gw, key);
     const quiet = (await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: {} })).body.key;
     expect(await call(quiet)).toBe(200);
 

@@ -4,15 +4,15 @@
 // and creates the team's keys. A write must neither fail (PostgreSQL breaks a deadlock by failing
 // one of the two: a 500) nor be lost; the spend of every call is kept.
 import { expect, test } from "bun:test";
-import { MASTER_KEY, requestJson, startBackendGateway } from "../harness/gateway.ts";
+import { requestJson, startBackendGateway } from "../harness/gateway.ts";
+import { chatStatus, PRICED_CHAT } from "../harness/traffic.ts";
 
 /** How long traffic and writes run side by side. */
 const RUN_MS = 6_000;
-const PRICES = { input_cost_per_token: 0.000001, output_cost_per_token: 0.000002 };
 
 test("a team admin's key writes while the team's keys serve calls: no 5xx, every write kept, every call charged", async () => {
   // Small, frequent spend batches, so batch statements and writes overlap often.
-  const gw = await startBackendGateway("postgres", { model_list: [{ model_name: "chat", svc_params: { model: "mock/chat" }, model_info: PRICES }], general_settings: { master_key: MASTER_KEY } }, { spend: { intervalMs: 2, batchSize: 16 } });
+  const gw = await startBackendGateway("postgres", PRICED_CHAT, { spend: { intervalMs: 2, batchSize: 16 } });
   try {
     const team = (await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: { team_alias: "busy" } })).body.team_id;
     await requestJson(gw, "POST", "/user/new", { body: { user_id: "lead" } });
@@ -26,14 +26,9 @@ test("a team admin's key writes while the team's keys serve calls: no 5xx, every
     const failures: string[] = [];
     const traffic = async (key: string) => {
       while (Date.now() < end) {
-        const res = await fetch(`${gw.baseURL}/chat/completions`, {
-          method: "POST",
-          headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
-          body: JSON.stringify({ model: "chat", messages: [{ role: "user", content: "hi" }] }),
-        });
-        await res.arrayBuffer();
-        if (res.status === 200) calls++;
-        else failures.push(`call ${res.status}`);
+        const status = await chatStatus(gw, key);
+        if (status === 200) calls++;
+        else failures.push(`call ${status}`);
         // Paced, so the spend writer keeps up: what is measured is the overlap, not a backlog.
         await Bun.sleep(2);
       }
