@@ -6,6 +6,7 @@
  */
 import { lookup } from "node:dns/promises";
 import { isIP } from "node:net";
+import { BoundedMap } from "./bounded-map.ts";
 
 const PRIVATE_V4 = [/^127\./, /^10\./, /^172\.(1[6-9]|2\d|3[01])\./, /^192\.168\./, /^169\.254\./, /^0\./];
 
@@ -25,17 +26,28 @@ export function isPrivateHost(hostname: string): boolean {
  * still makes the gateway fetch this machine or its network (LiteLLM's SSRF reports, #24952,
  * #37053), so a caller-chosen host is resolved before each fetch and refused when it lands inside.
  * A name that does not resolve is left to the fetch (which fails). A record changed between this
- * lookup and the fetch's own (DNS rebinding with a zero TTL) is not caught.
+ * lookup and the fetch's own (DNS rebinding with a zero TTL) is not caught; a lookup is reused for
+ * LOOKUP_REUSE_MS.
  */
-export async function resolvesPrivate(hostname: string): Promise<string | undefined> {
+export function resolvesPrivate(hostname: string, now = Date.now()): Promise<string | undefined> {
   const host = hostname.replace(/^\[|\]$/g, "");
-  if (isPrivateHost(host)) return host;
-  if (isIP(host)) return undefined;
-  let addresses: { address: string }[];
-  try {
-    addresses = await lookup(host, { all: true });
-  } catch {
-    return undefined;
-  }
-  return addresses.find((a) => isPrivateHost(a.address))?.address;
+  if (isPrivateHost(host)) return Promise.resolve(host);
+  if (isIP(host)) return Promise.resolve(undefined);
+  const seen = lookups.get(host);
+  if (seen && now - seen.at < LOOKUP_REUSE_MS) return seen.inside;
+  const inside = lookup(host, { all: true }).then(
+    (addresses) => addresses.find((a) => isPrivateHost(a.address))?.address,
+    () => undefined,
+  );
+  lookups.set(host, { at: now, inside });
+  return inside;
 }
+
+/**
+ * How long a host's lookup is reused. A team webhook is delivered once per call of its team, and
+ * a client's `api_base` checked at every call: without it, each cost a resolver round trip. A
+ * record pointed inward is seen within this long (rebinding faster than that is not caught anyway).
+ */
+const LOOKUP_REUSE_MS = 5_000;
+/** By host name (client-chosen: bounded). */
+const lookups = new BoundedMap<string, { at: number; inside: Promise<string | undefined> }>(1000);

@@ -270,7 +270,8 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
   const startedAt = attempt.startedAt ?? Date.now();
   const { snapshot } = ctx;
   const d = withClientCredentials(endpoint, body, configured, snapshot.settings);
-  await refuseInwardApiBase(endpoint, body, snapshot.settings);
+  const inward = refuseInwardApiBase(endpoint, body, snapshot.settings);
+  if (inward) await inward;
   const adapter = snapshot.providers.get(d.provider)!;
   const ep = adapter.endpoints[endpoint] as EndpointAdapter<E, unknown> | undefined;
   if (!ep) throw GatewayError.of(400, `model ${body.model} (provider ${d.provider}) does not support ${endpoint}`, "invalid_request_error", "model");

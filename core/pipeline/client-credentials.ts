@@ -53,11 +53,13 @@ export function withClientCredentials(endpoint: Endpoint, body: WireRequest[Endp
  * still make the gateway fetch this machine or its network (LiteLLM #24952, #37053). Checked at
  * every call, not once: the record may change.
  */
-export async function refuseInwardApiBase(endpoint: Endpoint, body: WireRequest[Endpoint], s: ClientCredentialSettings): Promise<void> {
-  if (endpoint !== "embeddings" || !s.allowClientSideCredentials || s.clientSideApiBaseHosts) return;
+export function refuseInwardApiBase(endpoint: Endpoint, body: WireRequest[Endpoint], s: ClientCredentialSettings): Promise<void> | undefined {
+  // Undefined (no promise, nothing to await) for every call that names no api_base: the common case.
+  if (endpoint !== "embeddings" || !s.allowClientSideCredentials || s.clientSideApiBaseHosts) return undefined;
   const apiBase = (body as WireRequest["embeddings"]).api_base;
-  if (typeof apiBase !== "string" || !URL.canParse(apiBase)) return;
+  if (typeof apiBase !== "string" || !URL.canParse(apiBase)) return undefined;
   const host = new URL(apiBase).hostname;
-  const inside = await resolvesPrivate(host);
-  if (inside) throw refuse(`api_base host ${host} is not allowed: it resolves to ${inside}, and loopback and private addresses are refused.`, "api_base");
+  return resolvesPrivate(host).then((inside) => {
+    if (inside) throw refuse(`api_base host ${host} is not allowed: it resolves to ${inside}, and loopback and private addresses are refused.`, "api_base");
+  });
 }

@@ -11,6 +11,7 @@ import type { Logger } from "../contract.ts";
 import type { SpendEntry } from "./entry.ts";
 import { BatchSums, type PreparedBatch, type SpendStore, writeBatch } from "./flush.ts";
 import { copyRow, copyRows } from "./row-text.ts";
+import { withSqlState } from "../store/sql.ts";
 
 export interface SpendWriterOptions {
   /** Folder for spill files (created when first needed). */
@@ -114,9 +115,7 @@ export class SpendWriter {
 
   /** Writes everything queued now; rejects when the store fails (the entries stay queued). */
   async flush(): Promise<void> {
-    // Calls that already ended hand their records over in a setImmediate batch (pipeline/record.ts);
-    // waiting one turn first means "flush" includes every call answered before it was asked.
-    await new Promise((resolve) => setImmediate(resolve));
+    await recordsHandedOver();
     // Only what is queued now: draining until the queue is empty never ended while calls kept
     // ending, and a reset_spend, /global/spend/reset or a budget's first read (on a call's path)
     // waited for as long as traffic flowed.
@@ -125,7 +124,7 @@ export class SpendWriter {
 
   /** Writes until the queue is empty: at shutdown, calls still ending are written too, not spilled. */
   private async flushAll(): Promise<void> {
-    await new Promise((resolve) => setImmediate(resolve));
+    await recordsHandedOver();
     await this.write(false);
   }
 
@@ -258,9 +257,10 @@ export class SpendWriter {
     try {
       await writeBatch(this.store, entries, prepared);
     } catch (err) {
-      if (!refusedData(err)) throw err;
+      const refusal = refusedData(err);
+      if (!refusal) throw err;
       if (entries.length === 1) {
-        this.setAside(entries[0]!, err);
+        this.setAside(entries[0]!, refusal);
         return;
       }
       // The halves' COPY text and sums are their own.
@@ -270,11 +270,11 @@ export class SpendWriter {
     }
   }
 
-  private setAside(entry: SpendEntry, err: unknown): void {
+  private setAside(entry: SpendEntry, refusal: object): void {
     mkdirSync(this.opts.spillDir, { recursive: true });
     const file = join(this.opts.spillDir, `refused-${new Date().toISOString().slice(0, 10)}.jsonl`);
     appendFileSync(file, `${JSON.stringify(entry)}\n`);
-    this.log.error("the store refused a spend entry; it is set aside, not written", { call: entry.callId, error: String(refusalOf(err)), file });
+    this.log.error("the store refused a spend entry; it is set aside, not written", { call: entry.callId, error: String(refusal), file });
   }
 
   /** Writes spill files oldest first; each is deleted once all its rows are in the store. */
@@ -310,21 +310,16 @@ export class SpendWriter {
   }
 }
 
-/** The database error under a driver's wrapper (drizzle wraps the driver's error as `cause`). */
-function refusalOf(err: unknown): unknown {
-  const cause = (err as { cause?: unknown } | null)?.cause;
-  return cause instanceof Error ? cause : err;
-}
+/**
+ * The store's refusal of what it was given (SQLSTATE class 22, data exception: a value out of
+ * range, text that is not a number), which writing it again cannot change, as opposed to failing
+ * to answer (connection lost, store restarting), which a later write can get past; undefined when
+ * `err` is not one.
+ */
+const refusedData = (err: unknown): object | undefined => withSqlState(err, (code) => code.startsWith("22"));
 
 /**
- * Whether the store refused what it was given (SQLSTATE class 22, data exception: a value out of
- * range, text that is not a number), which writing it again cannot change, as opposed to failing
- * to answer (connection lost, store restarting), which a later write can get past.
+ * Calls that already ended hand their records over in a setImmediate batch (pipeline/record.ts):
+ * waiting one turn first means a flush includes every call answered before it was asked.
  */
-function refusedData(err: unknown): boolean {
-  for (const e of [err, refusalOf(err)]) {
-    const code = (e as { code?: unknown } | null)?.code;
-    if (typeof code === "string" && code.startsWith("22")) return true;
-  }
-  return false;
-}
+const recordsHandedOver = (): Promise<unknown> => new Promise((resolve) => setImmediate(resolve));

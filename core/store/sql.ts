@@ -57,10 +57,19 @@ export async function rowBytes(db: Db, query: SQL): Promise<(Uint8Array<ArrayBuf
   return found.map((row) => row.map((v) => (v && v.buffer.byteLength > 2 * v.byteLength ? new Uint8Array(v) : v)));
 }
 
+/**
+ * The error in a store error's chain (drizzle wraps the driver's error as `cause`) whose SQLSTATE
+ * (`code`) `matches`, on either backend; undefined when none does.
+ */
+export function withSqlState(err: unknown, matches: (code: string) => boolean): object | undefined {
+  for (let e: unknown = err; e && typeof e === "object"; e = (e as { cause?: unknown }).cause) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === "string" && matches(code)) return e;
+  }
+  return undefined;
+}
+
 /** Whether a store error (or one it wraps) is a unique-key violation (SQLSTATE 23505), on either backend. */
 export function isUniqueViolation(err: unknown): boolean {
-  for (let e: unknown = err; e && typeof e === "object"; e = (e as { cause?: unknown }).cause) {
-    if ((e as { code?: unknown }).code === "23505") return true;
-  }
-  return false;
+  return withSqlState(err, (code) => code === "23505") !== undefined;
 }

@@ -66,3 +66,17 @@ export async function accepts(port: number): Promise<boolean> {
     return false;
   }
 }
+
+/** A webhook receiver on 127.0.0.1: every JSON body posted to it, in order. */
+export function jsonPostReceiver(): { url: string; received: Record<string, unknown>[]; stop(): void } {
+  const received: Record<string, unknown>[] = [];
+  const server = Bun.serve({
+    port: 0,
+    hostname: "127.0.0.1",
+    async fetch(req) {
+      received.push((await req.json()) as Record<string, unknown>);
+      return new Response("ok");
+    },
+  });
+  return { url: `http://127.0.0.1:${server.port}/hook`, received, stop: () => server.stop(true) };
+}

@@ -5,29 +5,25 @@
 // same threshold without a reset still alerts once.
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
+import { jsonPostReceiver } from "../harness/util.ts";
 
 const LONG_REPLY = "word ".repeat(1200);
 let gw: TestGateway;
-const hooks: Record<string, unknown>[] = [];
-let hookServer: ReturnType<typeof Bun.serve>;
+let receiver: ReturnType<typeof jsonPostReceiver>;
+let hooks: Record<string, unknown>[];
 
 beforeAll(async () => {
-  hookServer = Bun.serve({
-    port: 0,
-    async fetch(req) {
-      hooks.push((await req.json()) as Record<string, unknown>);
-      return new Response("ok");
-    },
-  });
+  receiver = jsonPostReceiver();
+  hooks = receiver.received;
   gw = await startBackendGateway("pglite", {
     // $1 a call (1000 output tokens at $0.001).
     model_list: [{ model_name: "dollar", svc_params: { model: "mock/dollar", mock_response: LONG_REPLY }, model_info: { input_cost_per_token: 1e-12, output_cost_per_token: 0.001 } }],
-    general_settings: { master_key: MASTER_KEY, alert_webhook_url: `http://127.0.0.1:${hookServer.port}/hook` },
+    general_settings: { master_key: MASTER_KEY, alert_webhook_url: receiver.url },
   });
 });
 afterAll(async () => {
   await gw?.stop();
-  hookServer?.stop(true);
+  receiver?.stop();
 });
 
 async function calls(key: string, n: number): Promise<void> {

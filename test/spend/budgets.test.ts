@@ -7,6 +7,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { sql } from "drizzle-orm";
 import { rows } from "../../core/store/sql.ts";
 import { BACKENDS, freshDatabase, MASTER_KEY, requestJson, startBackendGateway, startTestGateway, type TestGateway } from "../harness/gateway.ts";
+import { jsonPostReceiver } from "../harness/util.ts";
 
 // Each call answers exactly max_tokens=1000 words (one token each) at $0.001 per output token:
 // $1 per call, plus a prompt priced at a millionth of a micro-dollar per token.
@@ -221,25 +222,20 @@ for (const backend of BACKENDS) {
 
 describe("budget periods, alerts and temporary increases (pglite)", () => {
   let gw: TestGateway;
-  const hooks: Record<string, unknown>[] = [];
-  let hookServer: ReturnType<typeof Bun.serve>;
+  let receiver: ReturnType<typeof jsonPostReceiver>;
+  let hooks: Record<string, unknown>[];
 
   beforeAll(async () => {
-    hookServer = Bun.serve({
-      port: 0,
-      async fetch(req) {
-        hooks.push((await req.json()) as Record<string, unknown>);
-        return new Response("ok");
-      },
-    });
+    receiver = jsonPostReceiver();
+    hooks = receiver.received;
     gw = await startBackendGateway("pglite", {
       ...CONFIG,
-      general_settings: { master_key: MASTER_KEY, alert_webhook_url: `http://127.0.0.1:${hookServer.port}/hook` },
+      general_settings: { master_key: MASTER_KEY, alert_webhook_url: receiver.url },
     });
   });
   afterAll(async () => {
     await gw?.stop();
-    hookServer?.stop(true);
+    receiver?.stop();
   });
 
   test("budget_duration: spend returns to 0 at budget_reset_at, which moves forward", async () => {
