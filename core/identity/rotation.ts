@@ -38,6 +38,15 @@ export interface Rotation {
 }
 
 /**
+ * The advisory lock a rotation holds while it writes (any number no other lock uses). A spend
+ * batch on PostgreSQL takes it shared before its statement, whose snapshot then sees a rotation
+ * either not begun or committed: a batch whose snapshot had the old token and no successor yet
+ * waited for the key's row and found it under the new token, so the key was not charged (the
+ * log and the team were).
+ */
+export const KEY_ROTATION_LOCK = 7_301_940_222;
+
+/**
  * Moves a live key to its new token. Returns the new row and the identity changes to publish
  * (new key first, so the key is never missing from a cache), or undefined when the old token is
  * no longer live (deleted, or rotated meanwhile by someone else).
@@ -45,6 +54,8 @@ export interface Rotation {
 export async function rotateKey(db: Db, r: Rotation): Promise<{ row: KeyRow; changes: IdentityChange[] } | undefined> {
   const now = r.now ?? Date.now();
   return db.transaction(async (tx) => {
+    // First, before any row: a spend batch holds this lock shared (spend/flush.ts).
+    await tx.execute(sql`select pg_advisory_xact_lock(${KEY_ROTATION_LOCK})`);
     const [current] = await tx
       .select()
       .from(virtualKeys)

@@ -9,6 +9,7 @@ import type { Store } from "../store/db.ts";
 import { rows } from "../store/sql.ts";
 import { picoToText } from "../cost/money.ts";
 import type { CounterTable } from "../contract.ts";
+import { KEY_ROTATION_LOCK } from "../identity/rotation.ts";
 import type { SpendEntry } from "./entry.ts";
 import { copyIds, copyRows, SPEND_LOG_COLUMNS, storableJson } from "./row-text.ts";
 
@@ -161,7 +162,7 @@ const INSERT_CALL_IDS = `ins as (
 )`;
 
 /**
- * One statement per batch, atomic without a client-side transaction. Parameters: $1 the rows as
+ * One statement per batch (in a transaction only for the rotation lock before it, see writeBatch). Parameters: $1 the rows as
  * JSON, $2 their number, $3 the counter deltas and $4 the daily aggregates summed in memory for
  * the whole batch. When every row is new ($2 rows inserted, the normal case) those sums are
  * applied; when some rows had been written before (a replayed spill file, a retried batch), they
@@ -430,9 +431,11 @@ export async function writeBatch(store: SpendStore, batch: SpendEntry[], prepare
     }
   }
   const [S1, S2, S3, S4, S5] = logRows ? PARTS.rows : PARTS.ids;
-  const [row] = await rows<{ inserted: number }>(
-    store.db,
-    sql`${sql.raw(S1)}${storableJson(batch.map(rowArray))}${sql.raw(S2)}${batch.length}${sql.raw(S3)}${deltas}${sql.raw(S4)}${daily}${sql.raw(S5)}`,
-  );
-  return row?.inserted ?? 0;
+  const text = sql`${sql.raw(S1)}${storableJson(batch.map(rowArray))}${sql.raw(S2)}${batch.length}${sql.raw(S3)}${deltas}${sql.raw(S4)}${daily}${sql.raw(S5)}`;
+  return store.db.transaction(async (tx) => {
+    // Its own statement, so the batch's snapshot is taken once no key rotation is half written.
+    await tx.execute(sql`select pg_advisory_xact_lock_shared(${KEY_ROTATION_LOCK})`);
+    const [row] = await rows<{ inserted: number }>(tx, text);
+    return row?.inserted ?? 0;
+  });
 }

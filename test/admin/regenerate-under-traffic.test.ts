@@ -2,6 +2,8 @@
 // cost of calls that were under way, or whose spend was still queued, when it was rotated (they
 // name the old token) must reach it too: its spend stays the sum of its calls'.
 import { expect, test } from "bun:test";
+import postgres from "postgres";
+import { hashKey } from "../../core/identity/keys.ts";
 import { BACKENDS, requestJson, startBackendGateway } from "../harness/gateway.ts";
 import { chatStatus, PRICED_CHAT } from "../harness/traffic.ts";
 
@@ -63,3 +65,46 @@ for (const backend of BACKENDS) {
     }
   }, 60_000);
 }
+
+// The exact overlap, on PostgreSQL: a spend batch whose statement starts while a rotation has
+// moved the key to its new token but not yet committed. The batch saw the old token and no
+// successor, waited for the key's row, and then found it under another token: the call's cost
+// was in the log and the team's spend but not the key's. A side connection holds the rotation
+// there (an uncommitted row for the old token in rotated_keys, which its insert waits for).
+test("postgres: a spend batch that starts while the key's rotation is being written charges the rotated key", async () => {
+  const gw = await startBackendGateway("postgres", PRICED_CHAT, { spend: { intervalMs: 60_000 } });
+  const side = postgres(gw.databaseUrl!, { max: 2, onnotice: () => {} });
+  try {
+    const team = (await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: { team_alias: "busy" } })).body.team_id;
+    const old = (await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: { team_id: team } })).body.key;
+    expect(await chatStatus(gw, old)).toBe(200);
+    const lockWaits = async () => (await side`select count(*)::int as n from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock'`)[0]!.n as number;
+    const waitFor = async (n: number) => {
+      for (const end = Date.now() + 5000; Date.now() < end; await Bun.sleep(20)) if ((await lockWaits()) >= n) return true;
+      return false;
+    };
+    let regenerated: Promise<{ status: number; body: { key: string } }> | undefined;
+    let flushed: Promise<void> | undefined;
+    await side
+      .begin(async (tx) => {
+        await tx`insert into rotated_keys (token, active_token, revoke_at) values (${hashKey(old)}, 'held', now())`;
+        regenerated = requestJson<{ key: string }>(gw, "POST", `/key/${old}/regenerate`, { body: {} });
+        expect(await waitFor(1)).toBe(true);
+        flushed = gw.host!.spendWriter.flush();
+        expect(await waitFor(2)).toBe(true);
+        throw new Error("let the rotation go on");
+      })
+      .catch((err: Error) => expect(err.message).toBe("let the rotation go on"));
+    const r = await regenerated!;
+    expect(r.status).toBe(200);
+    await flushed;
+    await gw.host!.spendWriter.flush();
+    const teamSpend = (await requestJson<{ team_info: { spend: number } }>(gw, "GET", `/team/info?team_id=${team}`)).body.team_info.spend;
+    const keySpend = (await requestJson<{ info: { spend: number } }>(gw, "GET", `/key/info?key=${r.body.key}`)).body.info.spend;
+    expect(teamSpend).toBeGreaterThan(0);
+    expect(keySpend).toBe(teamSpend);
+  } finally {
+    await side.end();
+    await gw.stop();
+  }
+}, 30_000);
