@@ -104,11 +104,15 @@ const COUNTER_UPDATES: Record<CounterTable, string> = {
     returning 1)`,
 };
 
-/** Adds `daily_rows` (type, id, day, key, model, grp, provider, pt, ct, cr, cc, spend, n, ok, failed) to the aggregates. */
+/**
+ * Adds `daily_rows` (type, id, day, key, model, grp, provider, pt, ct, cr, cc, spend, n, ok, failed)
+ * to the aggregates, in the conflict key's order: batches of instances sharing one database lock
+ * the rows they share (a key's on each model, a model's, a provider's) in one order, never in a ring.
+ */
 const DAILY_UPSERT = `daily as (
   insert into daily_spend as d (entity_type, entity_id, date, api_key, model, model_group, provider, prompt_tokens,
     completion_tokens, cache_read_input_tokens, cache_creation_input_tokens, spend, api_requests, successful_requests, failed_requests)
-  select * from daily_rows
+  select * from daily_rows order by type, id, day, key, model, grp, provider
   on conflict (entity_type, entity_id, date, api_key, model, model_group, provider) do update set
     prompt_tokens = d.prompt_tokens + excluded.prompt_tokens,
     completion_tokens = d.completion_tokens + excluded.completion_tokens,

@@ -6,6 +6,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { randomUUID } from "node:crypto";
 import { sql } from "drizzle-orm";
+import postgres from "postgres";
 import type { SpendEntry } from "../../core/spend/entry.ts";
 import { writeBatch } from "../../core/spend/flush.ts";
 import { SpendWriter } from "../../core/spend/writer.ts";
@@ -246,3 +247,35 @@ for (const backend of BACKENDS) {
     });
   });
 }
+
+// Two instances' batches share daily rows (a key's on each model when one key is served by both,
+// a model's, a provider's). Each batch upserts them in one order (the conflict key's), so two never
+// wait for each other in a ring: the side connection here plays another instance's batch, in that
+// order, holding the key's row on model m1 while this batch starts and then taking the one on m2.
+// Upserted as they were summed (m2's rows first: its call came first), this batch held the key's
+// m2 row while it waited for the m1 one: PostgreSQL's deadlock check failed one of the two after a second.
+test("postgres: two batches upserting the same daily rows wait for each other, never deadlock", async () => {
+  const gw = await startBackendGateway("postgres", CONFIG, { dbPrefix: "gw_batch_order" });
+  const side = postgres(gw.databaseUrl!, { max: 2, onnotice: () => {} });
+  try {
+    const store = gw.host!.store;
+    const on = (model: string) => entry("tok-a", 1_000_000, { model, modelGroup: model, upstreamModel: model, charges: [] });
+    expect(await writeBatch({ db: store.db }, [on("m1"), on("m2")])).toBe(2);
+    const lockWaits = async () => (await side`select count(*)::int as n from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock'`)[0]!.n as number;
+    let written: Promise<number> | undefined;
+    const t0 = Date.now();
+    await side.begin(async (tx) => {
+      await tx`update daily_spend set spend = spend + 1 where entity_type = 'key' and entity_id = 'tok-a' and model = 'm1'`;
+      written = writeBatch({ db: store.db }, [on("m2"), on("m1")]);
+      for (const end = Date.now() + 5000; Date.now() < end && (await lockWaits()) < 1; ) await Bun.sleep(20);
+      await tx`update daily_spend set spend = spend + 1 where entity_type = 'key' and entity_id = 'tok-a' and model = 'm2'`;
+    });
+    expect(await written!).toBe(2);
+    expect(Date.now() - t0).toBeLessThan(900);
+    const counts = await side`select model, api_requests::int as n from daily_spend where entity_type = 'key' and entity_id = 'tok-a' order by model`;
+    expect(counts.map((r) => [r.model, r.n])).toEqual([["m1", 2], ["m2", 2]]);
+  } finally {
+    await side.end();
+    await gw.stop();
+  }
+}, 30_000);
