@@ -15,6 +15,7 @@ import { Live, refusalErrors } from "./live.ts";
 import { secretKey } from "./secrets.ts";
 import type { HostServices } from "./services.ts";
 import { SnapshotError } from "./snapshot.ts";
+import { secretProblem } from "./callbacks/signing.ts";
 import { BudgetAlerts } from "./spend/alerts.ts";
 import { WebhookSender, webhookTargets } from "./callbacks/team-webhooks.ts";
 import { toSpendEntry } from "./spend/entry.ts";
@@ -89,9 +90,14 @@ export async function startHost(opts: HostOptions): Promise<Host> {
     let live: Live | undefined;
     const general = () => live?.current.config.general_settings;
     const webhook = () => {
-      const url = (general() as { alert_webhook_url?: unknown } | undefined)?.alert_webhook_url;
-      return typeof url === "string" ? url : process.env.WEBHOOK_URL || undefined;
+      const g = general() as { alert_webhook_url?: unknown; alert_webhook_secret?: unknown } | undefined;
+      const url = typeof g?.alert_webhook_url === "string" ? g.alert_webhook_url : process.env.WEBHOOK_URL || undefined;
+      const secret = typeof g?.alert_webhook_secret === "string" ? g.alert_webhook_secret : process.env.WEBHOOK_SECRET || undefined;
+      return url === undefined ? undefined : { url, secret };
     };
+    const envSecretProblem = process.env.WEBHOOK_SECRET ? secretProblem(process.env.WEBHOOK_SECRET) : undefined;
+    // Config values are refused by the schema; the variable is read here, so it is told here (alerts then go unsigned).
+    if (envSecretProblem) opts.log.error(`WEBHOOK_SECRET is not used: ${envSecretProblem}; budget alerts are sent unsigned`);
     const teamSender = new WebhookSender(opts.log);
     // A team's own budget alerts also go to the webhooks the team registered.
     const teamAlerts = (teamId: string, payload: Record<string, unknown>) => {

@@ -7,6 +7,7 @@
  * (and that is logged): a webhook that hangs costs only itself events, never another webhook (of
  * its team or another one) nor the gateway's own upstream calls, which share Bun's fetch.
  */
+import { randomUUID } from "node:crypto";
 import type { CallRecord, Logger } from "../contract.ts";
 import { picoToUsd } from "../cost/money.ts";
 import type { TeamRow } from "../identity/records.ts";
@@ -14,12 +15,15 @@ import { teamWebhooks } from "../identity/team-callbacks.ts";
 import { resolvesPrivate } from "../private-host.ts";
 import { decrypt } from "../secrets.ts";
 import { postNotification } from "./post.ts";
+import { deliveryHeaders } from "./signing.ts";
 
 export interface WebhookTarget {
   url: string;
   headers: Record<string, string>;
   /** A team admin's webhook: refused when its host resolves inside this machine or its network. */
   publicOnly?: boolean;
+  /** Deliveries are signed with it (signing.ts). */
+  secret?: string;
 }
 
 /** Deliveries one webhook may have under way at once; the others wait their turn in its queue. */
@@ -45,7 +49,9 @@ export function webhookTargets(team: TeamRow | undefined, key: Buffer | undefine
   const out: WebhookTarget[] = [];
   for (const w of teamWebhooks(team)) {
     try {
-      out.push({ url: w.url, headers: Object.fromEntries(Object.entries(w.headers).map(([h, v]) => [h, decrypt(v, key)])), publicOnly: w.public_only === true });
+      const headers = Object.fromEntries(Object.entries(w.headers).map(([h, v]) => [h, decrypt(v, key)]));
+      const secret = typeof w.signing_secret === "string" ? decrypt(w.signing_secret, key) : undefined;
+      out.push({ url: w.url, headers, publicOnly: w.public_only === true, ...(secret === undefined ? {} : { secret }) });
     } catch {
       // Encrypted under another key (SVC_SALT_KEY or the master key changed): not sent with wrong headers.
     }
@@ -94,7 +100,8 @@ interface Queue {
   /** Deliveries of this webhook under way. */
   active: number;
   /** Deliveries of this webhook waiting for a turn, in order. */
-  waiting: { target: WebhookTarget; body: string }[];
+  /** `id`: the event's, for every attempt (signing.ts). */
+  waiting: { target: WebhookTarget; body: string; id: string }[];
 }
 
 export class WebhookSender {
@@ -120,7 +127,8 @@ export class WebhookSender {
       if (this.dropped++ % 1000 === 0) this.log.warn("team webhook deliveries dropped: too many waiting", { webhook: where(target.url), dropped: this.dropped });
       return;
     }
-    q.waiting.push({ target, body: JSON.stringify(payload) });
+    // A call's event is known by the call's id; an alert gets one of its own.
+    q.waiting.push({ target, body: JSON.stringify(payload), id: typeof payload.id === "string" ? payload.id : `msg_${randomUUID()}` });
     this.pending++;
     this.pump();
   }
@@ -136,7 +144,7 @@ export class WebhookSender {
         started = true;
         q.active++;
         this.active++;
-        void this.deliver(next.target, next.body).finally(() => {
+        void this.deliver(next.target, next.body, next.id).finally(() => {
           q.active--;
           this.active--;
           this.pending--;
@@ -160,7 +168,7 @@ export class WebhookSender {
     });
   }
 
-  private async deliver(target: WebhookTarget, body: string): Promise<void> {
+  private async deliver(target: WebhookTarget, body: string, id: string): Promise<void> {
     // Checked at every delivery, not only at registration: the name's record may point inward since (SSRF).
     const inside = target.publicOnly && URL.canParse(target.url) ? await resolvesPrivate(new URL(target.url).hostname) : undefined;
     if (inside) {
@@ -170,7 +178,8 @@ export class WebhookSender {
     for (let attempt = 1; attempt <= 2; attempt++) {
       try {
         // A content type the team registered is sent as it is, instead of the gateway's (never both).
-        const headers = Object.keys(target.headers).some((h) => h.toLowerCase() === "content-type") ? target.headers : { ...target.headers, "content-type": "application/json" };
+        const given = Object.keys(target.headers).some((h) => h.toLowerCase() === "content-type") ? target.headers : { ...target.headers, "content-type": "application/json" };
+        const headers = { ...given, ...deliveryHeaders(id, body, target.secret) };
         const res = await postNotification(target.url, headers, body, webhookTiming.timeoutMs);
         if (res.ok) return;
         this.log.warn("team webhook answered an error", { webhook: where(target.url), status: res.status, attempt });

@@ -1,5 +1,6 @@
 /** TypeBox schema of `config.yaml`: LiteLLM's proxy config format with `svc_params`. */
 import { FormatRegistry, type Static, Type as T } from "@sinclair/typebox";
+import { secretProblem } from "../callbacks/signing.ts";
 import { CONTROL_CHARS } from "../header-text.ts";
 
 const HTTP_URL = /^https?:\/\//;
@@ -15,6 +16,7 @@ export const FORMAT_ERRORS: Record<string, string> = {
   "svc-duration": "Expected a duration longer than 0 and at most 100y",
   "svc-header-value": "Expected text a header can carry",
   "svc-model-name": "Expected text without control characters (answers carry it in x-svc-model-group / x-svc-model-id)",
+  "svc-signing-secret": "Expected at least 16 bytes, or whsec_ and base64 of at least 16 bytes",
 };
 /**
  * What fetch sends as a header value (it refuses the rest when the call is made, every call): Latin-1
@@ -25,6 +27,7 @@ export const FORMAT_ERRORS: Record<string, string> = {
 export const HEADER_VALUE = /^[\t\n\r ]*[^\r\n\u0000\u0100-\uffff]*?[\t\n\r ]*$/;
 FormatRegistry.Set("svc-header-value", (v) => HEADER_VALUE.test(v));
 FormatRegistry.Set("svc-model-name", (v) => !CONTROL_CHARS.test(v));
+FormatRegistry.Set("svc-signing-secret", (v) => secretProblem(v) === undefined);
 /** An http(s) URL must also parse: `http://` or `http://a b` pass the pattern, then fail every call (or the registry build). */
 FormatRegistry.Set("svc-url", (v) => {
   if (!HTTP_URL.test(v)) return true;
@@ -273,6 +276,8 @@ export const GeneralSettingsSchema = T.Object(
     max_request_size_mb: T.Optional(T.Number({ exclusiveMinimum: 0, maximum: MAX_REQUEST_MB })),
     /** Budget alerts are POSTed here (else WEBHOOK_URL). */
     alert_webhook_url: T.Optional(HttpUrl),
+    /** Budget alerts are signed with it, Standard Webhooks style (else WEBHOOK_SECRET; unsigned without either). */
+    alert_webhook_secret: T.Optional(T.String({ format: "svc-signing-secret", description: "a signing secret" })),
     /** Spend-log rows older than this are deleted (daily aggregates and counters stay). */
     maximum_spend_logs_retention_period: T.Optional(Duration),
     /** How often the retention clean-up runs (default 24h). */

@@ -12,6 +12,8 @@ export interface TeamWebhook {
    * (the name may have pointed elsewhere at registration). A proxy admin's webhooks may be private.
    */
   public_only?: boolean;
+  /** The secret deliveries are signed with (callbacks/signing.ts), encrypted at rest like the headers. */
+  signing_secret?: string;
 }
 
 export interface TeamCallbackSettings {
@@ -60,8 +62,13 @@ export function shownCallbackSettings(team: TeamRow): unknown {
   const s = team.callbackSettings as TeamCallbackSettings | null;
   if (!s) return null;
   // Header values (a receiver's token, encrypted at rest) are shown as GET /team/{id}/callback shows them: hidden.
-  const webhooks = teamWebhooks(team).map((w) => ({ url: w.url, headers: hiddenHeaderValues(w.headers) }));
+  const webhooks = teamWebhooks(team).map(shownWebhook);
   return redactSecrets(Array.isArray(s.webhooks) ? { ...s, webhooks } : s);
+}
+
+/** A webhook as responses show it: its header values and signing secret hidden (the secret's presence shown). */
+export function shownWebhook(w: TeamWebhook): Record<string, unknown> {
+  return { url: w.url, headers: hiddenHeaderValues(w.headers), ...(typeof w.signing_secret === "string" ? { signing_secret: "[redacted]" } : {}) };
 }
 
 /** Whether the team logs calls that ended with `status` (`success`, or anything else as a failure). */

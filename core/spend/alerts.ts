@@ -3,11 +3,14 @@
  * period, across every instance (the `budget_alerts` row decides who sends it). The event is
  * logged, kept in the store, and POSTed to the alert webhook when one is configured
  * (`general_settings.alert_webhook_url` or `WEBHOOK_URL`), in LiteLLM's WebhookEvent shape, with
- * retries (a redirect is not followed: it is a failed attempt, see callbacks/post.ts).
+ * retries (a redirect is not followed: it is a failed attempt, see callbacks/post.ts), signed when
+ * a secret is set (`alert_webhook_secret` or `WEBHOOK_SECRET`; callbacks/signing.ts).
  */
+import { randomUUID } from "node:crypto";
 import { inArray } from "drizzle-orm";
 import type { BudgetCounter, Logger } from "../contract.ts";
 import { postNotification } from "../callbacks/post.ts";
+import { deliveryHeaders } from "../callbacks/signing.ts";
 import { picoToText, picoToUsd } from "../cost/money.ts";
 import type { Db } from "../store/db.ts";
 import { budgetAlerts } from "../store/schema.ts";
@@ -61,7 +64,8 @@ export class BudgetAlerts {
   constructor(
     private readonly db: Db,
     private readonly log: Logger,
-    private readonly webhookUrl: () => string | undefined,
+    /** Where alerts are POSTed, and the secret they are signed with (callbacks/signing.ts). */
+    private readonly webhook: () => { url: string; secret?: string } | undefined,
     /** Also tells a team's own webhooks about the team's budget. */
     private readonly toTeam?: (teamId: string, payload: Record<string, unknown>) => void,
   ) {}
@@ -84,12 +88,16 @@ export class BudgetAlerts {
     if (this.sent.length > SENT_KEPT) this.sent.splice(0, this.sent.length - SENT_KEPT);
     this.log.warn(String(payload.event_message), { budget: counter.label, spend: payload.spend, max_budget: payload.max_budget, soft_budget: payload.soft_budget });
     if (typeof payload.team_id === "string") this.toTeam?.(payload.team_id, payload);
-    const url = this.webhookUrl();
-    if (!url) return;
+    const target = this.webhook();
+    if (!target) return;
+    const body = JSON.stringify(payload);
+    // One id for every attempt: a receiver that got an attempt whose answer was lost drops the retry.
+    const id = `msg_${randomUUID()}`;
     for (const [attempt, wait] of alertTiming.pausesMs.entries()) {
       if (wait) await new Promise((r) => setTimeout(r, wait));
       try {
-        const res = await postNotification(url, { "content-type": "application/json" }, JSON.stringify(payload), alertTiming.timeoutMs);
+        const headers = { "content-type": "application/json", ...deliveryHeaders(id, body, target.secret) };
+        const res = await postNotification(target.url, headers, body, alertTiming.timeoutMs);
         if (res.ok) return;
         this.log.warn("budget alert webhook answered an error", { status: res.status, attempt: attempt + 1 });
       } catch (err) {

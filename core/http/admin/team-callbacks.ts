@@ -4,17 +4,19 @@
  * `POST /team/{team_id}/disable_logging` turns them all off. Proxy admins and the team's admins
  * manage them. This gateway delivers team logs to webhooks only: a named logging provider
  * (`langfuse`, `langsmith`, a storage bucket) is refused with a 400 rather than stored and never
- * served. Header values are encrypted at rest like stored provider credentials.
+ * served. Header values and a webhook's `signing_secret` are encrypted at rest like stored provider
+ * credentials, and never shown again.
  */
 import { type Static, Type as T } from "@sinclair/typebox";
 import { and, eq, isNull } from "drizzle-orm";
 import { Elysia } from "elysia";
 import { badRequest, forbidden, notFound } from "../../authz.ts";
 import { holdWrite } from "../../identity/holds.ts";
-import { type TeamCallbackSettings, teamWebhooks, webhookEndpoint } from "../../identity/team-callbacks.ts";
+import { shownWebhook, type TeamCallbackSettings, teamWebhooks, webhookEndpoint } from "../../identity/team-callbacks.ts";
 import type { TeamRow } from "../../identity/records.ts";
 import { resolvesPrivate } from "../../private-host.ts";
-import { encrypt, hiddenHeaderValues, secretKey } from "../../secrets.ts";
+import { secretProblem } from "../../callbacks/signing.ts";
+import { encrypt, secretKey } from "../../secrets.ts";
 import { teams } from "../../store/schema.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 
@@ -24,6 +26,8 @@ const Webhook = T.Object(
     // The scheme in any case, as URLs allow (then compared as the same webhook, see checkDistinct).
     url: T.String({ pattern: "^[Hh][Tt][Tt][Pp][Ss]?://", maxLength: 2048 }),
     headers: T.Optional(T.Record(T.String(), T.String())),
+    /** Deliveries are signed with it (Standard Webhooks: webhook-id, webhook-timestamp, webhook-signature). */
+    signing_secret: T.Optional(T.String({ maxLength: 256 })),
   },
   { additionalProperties: false },
 );
@@ -60,7 +64,7 @@ function view(team: TeamRow): Record<string, unknown> {
     success_callbacks: settings.success_callback ?? [],
     failure_callbacks: settings.failure_callback ?? [],
     callback_vars: {
-      webhooks: teamWebhooks(team).map((w) => ({ url: w.url, headers: hiddenHeaderValues(w.headers) })),
+      webhooks: teamWebhooks(team).map(shownWebhook),
     },
   };
 }
@@ -89,6 +93,8 @@ async function save(ctx: AdminCtx, before: TeamRow, settings: TeamCallbackSettin
 
 /** Headers HTTP itself sets (the body's length, where it goes, the connection): not a webhook's to choose. */
 const HTTP_HEADERS = new Set(["host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te", "trailer", "proxy-connection"]);
+/** Headers the gateway sets on every delivery (callbacks/signing.ts). */
+const DELIVERY_HEADERS = new Set(["webhook-id", "webhook-timestamp", "webhook-signature"]);
 
 /**
  * A webhook's headers must be ones a request can carry: refused here, with the header named,
@@ -102,6 +108,7 @@ function checkHeaders(url: string, headers: Record<string, string>): void {
     if (seen.has(lower)) throw bad("is given twice (header names are case-insensitive)");
     seen.add(lower);
     if (HTTP_HEADERS.has(lower)) throw bad("is set by HTTP itself, not by a webhook");
+    if (DELIVERY_HEADERS.has(lower)) throw bad("is set by the gateway on every delivery (give signing_secret to have deliveries signed)");
     try {
       new Headers([[name, value]]);
     } catch {
@@ -140,7 +147,11 @@ async function addCallback(ctx: AdminCtx) {
   const unreadable = body.callbacks.find((c) => !URL.canParse(c.url));
   if (unreadable) throw badRequest(`Webhook url ${JSON.stringify(unreadable.url)} is not a valid URL.`, "callbacks");
   checkDistinct(body.callbacks.map((c) => c.url));
-  for (const c of body.callbacks) checkHeaders(c.url, c.headers ?? {});
+  for (const c of body.callbacks) {
+    checkHeaders(c.url, c.headers ?? {});
+    const problem = c.signing_secret === undefined ? undefined : secretProblem(c.signing_secret);
+    if (problem) throw badRequest(`Webhook ${c.url}: signing_secret is refused: ${problem}.`, "callbacks");
+  }
   // A team admin must not make the gateway post to this machine or its private network (SSRF); a proxy admin may.
   // A name is resolved too: `http://<this host's name>/` or a public-looking name whose record points
   // inward passed the literal check (LiteLLM #24952); deliveries check again (public_only).
@@ -157,6 +168,7 @@ async function addCallback(ctx: AdminCtx) {
     url: c.url,
     headers: Object.fromEntries(Object.entries(c.headers ?? {}).map(([h, v]) => [h, encrypt(v, key)])),
     ...(ctx.caller.isAdmin ? {} : { public_only: true }),
+    ...(c.signing_secret === undefined ? {} : { signing_secret: encrypt(c.signing_secret, key) }),
   }));
   // LiteLLM's callback_type: which calls the webhooks get (a cancelled call counts with the failures); both when absent.
   const type = body.callback_type ?? "success_and_failure";
