@@ -84,6 +84,12 @@ export interface Deployment {
   options: Record<string, unknown>;
   /** The entry's `model_info` (prices, `base_model`, `mode`, …); `{}` when absent. */
   info: Record<string, unknown>;
+  /**
+   * A client-chosen `api_base` host and the address it was checked at (the host itself for an
+   * address literal): calls connect there (core/pinned-fetch.ts), not to what the name resolves
+   * to by then, and follow no redirect.
+   */
+  connectTo?: { host: string; address: string };
 }
 
 export interface HttpCall {

@@ -1,7 +1,7 @@
 /**
  * Whether a host names this machine or a private network by name or address literal: loopback,
  * private, link-local (cloud metadata), unspecified, IPv4-mapped. A DNS name that resolves there is
- * not caught here (`resolvesPrivate` catches it). The SSRF guard wherever a caller chooses an
+ * not caught here (`checkHost` catches it). The SSRF guard wherever a caller chooses an
  * address the gateway will fetch.
  */
 import { lookup } from "node:dns/promises";
@@ -20,34 +20,61 @@ export function isPrivateHost(hostname: string): boolean {
   return false;
 }
 
+/** What a caller-chosen host resolved to: its first loopback or private address, else the address to connect to. */
+export interface HostCheck {
+  /** A loopback or private address among the host's: the fetch is refused. */
+  inside?: string;
+  /**
+   * The address the check passed, which the fetch then connects to (pinned-fetch.ts): a record
+   * changed between this lookup and the fetch's own (DNS rebinding with a zero TTL) would send it
+   * inside. Undefined for an address literal (nothing to pin) and for a name that does not resolve.
+   */
+  address?: string;
+}
+
+/** The resolver checks use; a test replaces `lookup` to play a record that changes. */
+export const hostResolver = { lookup: (host: string) => lookup(host, { all: true }) };
+
 /**
- * The first loopback or private address `hostname` resolves to, if any: a DNS name (a host's own
- * name in /etc/hosts, `*.nip.io`, a record its owner points inward) passes `isPrivateHost` and
- * still makes the gateway fetch this machine or its network (LiteLLM's SSRF reports, #24952,
- * #37053), so a caller-chosen host is resolved before each fetch and refused when it lands inside.
- * A name that does not resolve is left to the fetch (which fails). A record changed between this
- * lookup and the fetch's own (DNS rebinding with a zero TTL) is not caught; a lookup is reused for
- * LOOKUP_REUSE_MS.
+ * Resolves a caller-chosen host: a DNS name (a host's own name in /etc/hosts, `*.nip.io`, a record
+ * its owner points inward) passes `isPrivateHost` and still makes the gateway fetch this machine or
+ * its network (LiteLLM's SSRF reports, #24952, #37053), so it is resolved before each fetch, refused
+ * when any of its addresses is inside, and otherwise fetched at the address checked. A name that
+ * does not resolve is left to the fetch (which fails). A lookup is reused for LOOKUP_REUSE_MS.
  */
-export function resolvesPrivate(hostname: string, now = Date.now()): Promise<string | undefined> {
+export function checkHost(hostname: string, now = Date.now()): Promise<HostCheck> {
   const host = hostname.replace(/^\[|\]$/g, "");
-  if (isPrivateHost(host)) return Promise.resolve(host);
-  if (isIP(host)) return Promise.resolve(undefined);
+  if (isPrivateHost(host)) return Promise.resolve({ inside: host });
+  if (isIP(host)) return Promise.resolve({});
   const seen = lookups.get(host);
-  if (seen && now - seen.at < LOOKUP_REUSE_MS) return seen.inside;
-  const inside = lookup(host, { all: true }).then(
-    (addresses) => addresses.find((a) => isPrivateHost(a.address))?.address,
-    () => undefined,
+  if (seen && now - seen.at < LOOKUP_REUSE_MS) return seen.check;
+  const check = hostResolver.lookup(host).then(
+    (addresses): HostCheck => {
+      const inside = addresses.find((a) => isPrivateHost(a.address))?.address;
+      return inside ? { inside } : { address: addresses[0]?.address };
+    },
+    (): HostCheck => ({}),
   );
-  lookups.set(host, { at: now, inside });
-  return inside;
+  lookups.set(host, { at: now, check });
+  return check;
+}
+
+/** The first loopback or private address `hostname` resolves to, if any (see checkHost). */
+export function resolvesPrivate(hostname: string, now = Date.now()): Promise<string | undefined> {
+  return checkHost(hostname, now).then((c) => c.inside);
+}
+
+/** Forgets every lookup (a test that changes what a name resolves to). */
+export function forgetLookups(): void {
+  lookups.clear();
 }
 
 /**
  * How long a host's lookup is reused. A team webhook is delivered once per call of its team, and
  * a client's `api_base` checked at every call: without it, each cost a resolver round trip. A
- * record pointed inward is seen within this long (rebinding faster than that is not caught anyway).
+ * record pointed inward is followed within this long; until then the fetch still goes to the
+ * address checked (pinned), never to the new one.
  */
 const LOOKUP_REUSE_MS = 5_000;
 /** By host name (client-chosen: bounded). */
-const lookups = new BoundedMap<string, { at: number; inside: Promise<string | undefined> }>(1000);
+const lookups = new BoundedMap<string, { at: number; check: Promise<HostCheck> }>(1000);

@@ -1282,13 +1282,22 @@ describe(`team webhooks against a model (WEBHOOK_DIFF_SEED=${SEED})`, () => {
     }
     expect(problems, where("end", "deliveries per webhook and event")).toEqual([]);
 
-    // Each attempt: a POST with the set's headers (no others), the same body every time, and no secret in it.
+    // Each attempt: a POST with the set's headers (no others but the delivery's id and timestamp:
+    // one id for every attempt of an event, the call's own for a call), the same body every time,
+    // and no secret in it.
     const standard = new Set(["host", "content-length", "content-type", "user-agent", "accept", "accept-encoding", "connection"]);
+    const delivery = new Set(["webhook-id", "webhook-timestamp"]);
     for (const [k, d] of wantedBy) {
       const as = got.get(k)!;
+      const ids = new Set(as.map((a) => a.headers["webhook-id"]));
+      expect(ids.size, where(d.step, `webhook-id of every attempt of ${k}`)).toBe(1);
       for (const a of as) {
         expect(a.method, where(d.step, `${k}`)).toBe("POST");
-        const custom = Object.fromEntries(Object.entries(a.headers).filter(([h]) => !standard.has(h)));
+        const posted = JSON.parse(a.raw) as { id?: unknown };
+        if (typeof posted.id === "string") expect(a.headers["webhook-id"], where(d.step, `webhook-id of ${k}`)).toBe(posted.id);
+        else expect(a.headers["webhook-id"], where(d.step, `webhook-id of ${k}`)).toStartWith("msg_");
+        expect(a.headers["webhook-timestamp"], where(d.step, `webhook-timestamp of ${k}`)).toMatch(/^\d+$/);
+        const custom = Object.fromEntries(Object.entries(a.headers).filter(([h]) => !standard.has(h) && !delivery.has(h)));
         const configured = Object.fromEntries(Object.entries(d.hook.headers).map(([h, v]) => [h.toLowerCase(), v]));
         const contentType = configured["content-type"] ?? "application/json";
         delete configured["content-type"];

@@ -12,7 +12,7 @@ import type { CallRecord, Logger } from "../contract.ts";
 import { picoToUsd } from "../cost/money.ts";
 import type { TeamRow } from "../identity/records.ts";
 import { teamWebhooks } from "../identity/team-callbacks.ts";
-import { resolvesPrivate } from "../private-host.ts";
+import { checkHost } from "../private-host.ts";
 import { decrypt } from "../secrets.ts";
 import { postNotification } from "./post.ts";
 import { deliveryHeaders } from "./signing.ts";
@@ -169,10 +169,11 @@ export class WebhookSender {
   }
 
   private async deliver(target: WebhookTarget, body: string, id: string): Promise<void> {
-    // Checked at every delivery, not only at registration: the name's record may point inward since (SSRF).
-    const inside = target.publicOnly && URL.canParse(target.url) ? await resolvesPrivate(new URL(target.url).hostname) : undefined;
-    if (inside) {
-      this.log.warn("team webhook not delivered: its host resolves to this machine or a private network", { webhook: where(target.url), address: inside });
+    // Checked at every delivery, not only at registration: the name's record may point inward since
+    // (SSRF); and the delivery connects to the address checked, not to a new answer (DNS rebinding).
+    const check = target.publicOnly && URL.canParse(target.url) ? await checkHost(new URL(target.url).hostname) : undefined;
+    if (check?.inside) {
+      this.log.warn("team webhook not delivered: its host resolves to this machine or a private network", { webhook: where(target.url), address: check.inside });
       return;
     }
     for (let attempt = 1; attempt <= 2; attempt++) {
@@ -180,7 +181,7 @@ export class WebhookSender {
         // A content type the team registered is sent as it is, instead of the gateway's (never both).
         const given = Object.keys(target.headers).some((h) => h.toLowerCase() === "content-type") ? target.headers : { ...target.headers, "content-type": "application/json" };
         const headers = { ...given, ...deliveryHeaders(id, body, target.secret) };
-        const res = await postNotification(target.url, headers, body, webhookTiming.timeoutMs);
+        const res = await postNotification(target.url, headers, body, webhookTiming.timeoutMs, check?.address);
         if (res.ok) return;
         this.log.warn("team webhook answered an error", { webhook: where(target.url), status: res.status, attempt });
       } catch (err) {

@@ -269,9 +269,10 @@ export function callRecord(ctx: CallContext, endpoint: Endpoint, body: WireReque
 export async function callDeployment<E extends Endpoint>(endpoint: E, body: WireRequest[E], configured: Deployment, ctx: CallContext, attempt: Attempt = {}): Promise<Response> {
   const startedAt = attempt.startedAt ?? Date.now();
   const { snapshot } = ctx;
-  const d = withClientCredentials(endpoint, body, configured, snapshot.settings);
+  const credentialed = withClientCredentials(endpoint, body, configured, snapshot.settings);
   const inward = refuseInwardApiBase(endpoint, body, snapshot.settings);
-  if (inward) await inward;
+  const connectTo = inward ? await inward : undefined;
+  const d = connectTo ? { ...credentialed, connectTo } : credentialed;
   const adapter = snapshot.providers.get(d.provider)!;
   const ep = adapter.endpoints[endpoint] as EndpointAdapter<E, unknown> | undefined;
   if (!ep) throw GatewayError.of(400, `model ${body.model} (provider ${d.provider}) does not support ${endpoint}`, "invalid_request_error", "model");

@@ -8,7 +8,7 @@
  */
 import type { Deployment, Endpoint, WireRequest } from "../contract.ts";
 import { GatewayError } from "../errors.ts";
-import { isPrivateHost, resolvesPrivate } from "../private-host.ts";
+import { checkHost, isPrivateHost } from "../private-host.ts";
 
 export interface ClientCredentialSettings {
   allowClientSideCredentials: boolean;
@@ -51,15 +51,17 @@ export function withClientCredentials(endpoint: Endpoint, body: WireRequest[Endp
  * Without a host list, a client's `api_base` is also resolved before the call: a name that passes
  * the literal check (this host's own name, `127.0.0.1.nip.io`, a record pointed inward) would
  * still make the gateway fetch this machine or its network (LiteLLM #24952, #37053). Checked at
- * every call, not once: the record may change.
+ * every call, not once: the record may change. Resolves to the address the call then connects to
+ * (`Deployment.connectTo`: a record changed between the check and the fetch is not followed).
  */
-export function refuseInwardApiBase(endpoint: Endpoint, body: WireRequest[Endpoint], s: ClientCredentialSettings): Promise<void> | undefined {
+export function refuseInwardApiBase(endpoint: Endpoint, body: WireRequest[Endpoint], s: ClientCredentialSettings): Promise<NonNullable<Deployment["connectTo"]>> | undefined {
   // Undefined (no promise, nothing to await) for every call that names no api_base: the common case.
   if (endpoint !== "embeddings" || !s.allowClientSideCredentials || s.clientSideApiBaseHosts) return undefined;
   const apiBase = (body as WireRequest["embeddings"]).api_base;
   if (typeof apiBase !== "string" || !URL.canParse(apiBase)) return undefined;
   const host = new URL(apiBase).hostname;
-  return resolvesPrivate(host).then((inside) => {
-    if (inside) throw refuse(`api_base host ${host} is not allowed: it resolves to ${inside}, and loopback and private addresses are refused.`, "api_base");
+  return checkHost(host).then((check) => {
+    if (check.inside) throw refuse(`api_base host ${host} is not allowed: it resolves to ${check.inside}, and loopback and private addresses are refused.`, "api_base");
+    return { host, address: check.address ?? host };
   });
 }
