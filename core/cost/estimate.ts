@@ -96,10 +96,12 @@ export function promptSize<E extends Endpoint>(endpoint: E, body: WireRequest[E]
 /**
  * The most audio a file of `bytes` can hold, for budgets before the upstream says: seconds at
  * 6 kbit/s (below the lowest bitrate speech codecs are used at), and as many audio tokens as
- * OpenAI's transcription models count at most per second.
+ * OpenAI's transcription models count at most per second. A WAV file whose header tells its
+ * length (`knownSeconds`, cost/audio-length.ts) is bounded by that, with a margin for an upstream
+ * that rounds up (2 % and a second).
  */
-export function audioBound(bytes: number): { seconds: number; tokens: number } {
-  const seconds = Math.ceil(bytes / 750);
+export function audioBound(bytes: number, knownSeconds?: number): { seconds: number; tokens: number } {
+  const seconds = knownSeconds === undefined ? Math.ceil(bytes / 750) : Math.ceil(knownSeconds * 1.02) + 1;
   return { seconds, tokens: seconds * AUDIO_TOKENS_PER_SECOND };
 }
 

@@ -4,6 +4,7 @@
  */
 import type { Deployment, Endpoint, WireRequest } from "../contract.ts";
 import { IMAGE_QUALITIES, IMAGE_SIZES, imagesAsked, speechBound } from "../wire.ts";
+import { knownAudioSeconds } from "./audio-length.ts";
 import { audioBound } from "./estimate.ts";
 import type { Pico } from "./money.ts";
 import type { Pricing } from "./pricing.ts";
@@ -38,7 +39,7 @@ function worstImages(pricing: Pricing, d: Deployment, promptTokens: number, req:
  * (a model priced per second of the call), so the dearer of the two.
  */
 function worstTranscription(pricing: Pricing, d: Deployment, promptTokens: number, req: WireRequest["transcriptions"], maxCallMs: number): Pico {
-  const audio = audioBound(req.file.size);
+  const audio = audioBound(req.file.size, knownAudioSeconds(req.file));
   const usage = { promptTokens: promptTokens + audio.tokens, audioPromptTokens: audio.tokens, completionTokens: audio.tokens };
   const bySeconds = pricing.costOf(d, { ...usage, audioSeconds: audio.seconds }).cost;
   const byCallTime = pricing.costOf(d, usage, maxCallMs).cost;

@@ -1,6 +1,7 @@
 /** The Elysia app: maps HTTP onto the framework-free pipeline and answers every error in the spec's envelope. */
 import { Elysia } from "elysia";
 import type { Endpoint, Logger, WireRequest } from "../contract.ts";
+import { readAudioLength } from "../cost/audio-length.ts";
 import { GatewayError, bodyTooLarge, errorInfo, errorResponse } from "../errors.ts";
 import type { Live } from "../live.ts";
 import type { HostServices } from "../services.ts";
@@ -57,6 +58,8 @@ export function createApp(deps: AppDeps) {
       // An uploaded file comes as a multipart form; there are then no client bytes to forward as they are.
       const limit = pin.snapshot.settings.maxRequestBytes;
       const { body, text } = endpoint === "transcriptions" ? { body: await readForm(request, limit), text: undefined } : await readBodyWithText(request, JSON.parse, limit);
+      // Budgets reserve for the audio's length where its header tells it (cost/audio-length.ts).
+      if (endpoint === "transcriptions" && body.file instanceof Blob) await readAudioLength(body.file);
       let changed = false;
       if (pathModel && body.model !== pathModel) {
         body.model = pathModel;

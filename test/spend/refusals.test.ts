@@ -8,6 +8,7 @@
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { sql } from "drizzle-orm";
 import { rows } from "../../core/store/sql.ts";
+import { wav } from "../harness/audio.ts";
 import { MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 
 let gw: TestGateway;
@@ -103,4 +104,28 @@ test("bursts of transcriptions, speech and images stay within the budget; a refu
   expect(res.status).toBe(400);
   expect(text).toContain("the longest audio its file could hold");
   expect(text).not.toContain("max_tokens");
+});
+
+// A WAV file's header tells its length: the reservation is that (with a small margin), not the
+// longest audio a file of its size could hold at the lowest speech bitrate (about 40 times as
+// long for 16 kHz 16-bit PCM), which refused a key with room for a minute a 30-second file.
+test("a transcription of a WAV file reserves its length: a key with room for it is served, then refused when the room is spent", async () => {
+  const { body } = await requestJson<{ key: string; token: string }>(gw, "POST", "/key/generate", { body: { max_budget: 0.05 } });
+  const send = () => {
+    const form = new FormData();
+    form.append("model", "whisper");
+    // 30 s of 16 kHz 16-bit mono: $0.03 at $0.001 a second (the generic bound: 1,281 s, $1.28).
+    form.append("file", new File([wav({ dataBytes: 30 * 32_000 })], "speech.wav", { type: "audio/wav" }));
+    return fetch(`${gw.url}/v1/audio/transcriptions`, { method: "POST", headers: { authorization: `Bearer ${body.key}` }, body: form });
+  };
+  const first = await send();
+  expect(first.status, await first.text()).toBe(200);
+  expect(Number(first.headers.get("x-svc-response-cost"))).toBeCloseTo(0.03, 9);
+  expect(await keySpend(body.token)).toBeCloseTo(0.03, 9);
+  // $0.02 left, the next file reserves 32 s ($0.032): refused before the call.
+  const second = await send();
+  const text = await second.text();
+  expect(second.status).toBe(400);
+  expect(text).toContain("budget_exceeded");
+  expect(await keySpend(body.token)).toBeCloseTo(0.03, 9);
 });
