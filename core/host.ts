@@ -16,7 +16,7 @@ import { secretKey } from "./secrets.ts";
 import type { HostServices } from "./services.ts";
 import { SnapshotError } from "./snapshot.ts";
 import { secretProblem } from "./callbacks/signing.ts";
-import { BudgetAlerts } from "./spend/alerts.ts";
+import { BudgetAlerts, DEFAULT_THRESHOLDS } from "./spend/alerts.ts";
 import { WebhookSender, webhookTargets } from "./callbacks/team-webhooks.ts";
 import { toSpendEntry } from "./spend/entry.ts";
 import { StoreSpendHistory } from "./spend/history.ts";
@@ -104,9 +104,9 @@ export async function startHost(opts: HostOptions): Promise<Host> {
       const key = secretKey(process.env.SVC_SALT_KEY, live?.current.settings.masterKey);
       for (const t of webhookTargets(identity.teams.get(teamId), key)) teamSender.post(t, payload);
     };
-    const alerts = new BudgetAlerts(store.db, opts.log, webhook, teamAlerts);
-    const onCross = alerts.notify.bind(alerts);
-    const ledger = redis ? new RedisLedger(redis.client, opts.log, onCross) : new LocalLedger(onCross);
+    const thresholds = () => (general() as { budget_alert_thresholds?: number[] } | undefined)?.budget_alert_thresholds ?? DEFAULT_THRESHOLDS;
+    const alerts = new BudgetAlerts(store.db, opts.log, webhook, teamAlerts, thresholds);
+    const ledger = redis ? new RedisLedger(redis.client, opts.log, alerts) : new LocalLedger(alerts);
     cooldowns?.start();
     const spendWriter = new SpendWriter(store, opts.log, {
       spillDir: join(opts.dataDir, "spend-spill"),

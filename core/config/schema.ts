@@ -276,6 +276,11 @@ export const GeneralSettingsSchema = T.Object(
     max_request_size_mb: T.Optional(T.Number({ exclusiveMinimum: 0, maximum: MAX_REQUEST_MB })),
     /** Budget alerts are POSTed here (else WEBHOOK_URL). */
     alert_webhook_url: T.Optional(HttpUrl),
+    /**
+     * Low-budget alerts (`threshold_crossed`) when this part of a budget is left (default [0.15, 0.05],
+     * LiteLLM's; [] for none), each once per budget and period.
+     */
+    budget_alert_thresholds: T.Optional(T.Array(T.Number({ exclusiveMinimum: 0, exclusiveMaximum: 1 }), { maxItems: 10, uniqueItems: true })),
     /** Budget alerts are signed with it, Standard Webhooks style (else WEBHOOK_SECRET; unsigned without either). */
     alert_webhook_secret: T.Optional(T.String({ format: "svc-signing-secret", description: "a signing secret" })),
     /** Spend-log rows older than this are deleted (daily aggregates and counters stay). */

@@ -1,6 +1,6 @@
 /**
- * Budget alerts: when settled spend crosses a soft budget or a budget, one event per budget and
- * period, across every instance (the `budget_alerts` row decides who sends it). The event is
+ * Budget alerts: when settled spend crosses a soft budget, a low-budget threshold (a part of the
+ * budget left: 15 % and 5 % by default) or a budget, one event per budget, threshold and period, across every instance (the `budget_alerts` row decides who sends it). The event is
  * logged, kept in the store, and POSTed to the alert webhook when one is configured
  * (`general_settings.alert_webhook_url` or `WEBHOOK_URL`), in LiteLLM's WebhookEvent shape, with
  * retries (a redirect is not followed: it is a failed attempt, see callbacks/post.ts), signed when
@@ -14,7 +14,7 @@ import { deliveryHeaders } from "../callbacks/signing.ts";
 import { picoToText, picoToUsd } from "../cost/money.ts";
 import type { Db } from "../store/db.ts";
 import { budgetAlerts } from "../store/schema.ts";
-import { type BudgetEvent, NO_LIMIT } from "./ledger.ts";
+import { type BudgetEvent, type CrossingListener, NO_LIMIT } from "./ledger.ts";
 
 const GROUPS: Record<string, { group: string; prefix: string }> = {
   key: { group: "key", prefix: "Key Budget" },
@@ -25,9 +25,14 @@ const GROUPS: Record<string, { group: string; prefix: string }> = {
   provider: { group: "provider", prefix: "Provider Budget" },
 };
 
-const TEXT: Record<BudgetEvent, string> = { soft_budget_crossed: "Soft Budget Crossed", budget_crossed: "Budget Crossed" };
+/** LiteLLM's event messages; a threshold's names the part of the budget left ("15% Threshold Crossed"). */
+const text = (event: BudgetEvent, left: number | undefined): string =>
+  event === "soft_budget_crossed" ? "Soft Budget Crossed" : event === "budget_crossed" ? "Budget Crossed" : `${Math.round((left ?? 0) * 10_000) / 100}% Threshold Crossed`;
 
-export function alertPayload(counter: BudgetCounter, event: BudgetEvent, spend: bigint): Record<string, unknown> {
+/** Low-budget thresholds when the config sets none: LiteLLM's, 15 % and 5 % of the budget left. */
+export const DEFAULT_THRESHOLDS: readonly number[] = [0.15, 0.05];
+
+export function alertPayload(counter: BudgetCounter, event: BudgetEvent, spend: bigint, left?: number): Record<string, unknown> {
   const [kind = "", id = "", model] = counter.id.split(":");
   const g = GROUPS[kind] ?? { group: kind, prefix: "Budget" };
   return {
@@ -44,7 +49,7 @@ export function alertPayload(counter: BudgetCounter, event: BudgetEvent, spend: 
     budget_reset_at: counter.periodEnd === null ? null : new Date(counter.periodEnd).toISOString(),
     event,
     event_group: g.group,
-    event_message: `${g.prefix}: ${TEXT[event]}`,
+    event_message: `${g.prefix}: ${text(event, left)}`,
   };
 }
 
@@ -57,7 +62,7 @@ export const alertTiming = { pausesMs: [0, 1000, 5000], timeoutMs: 10_000 };
 /** How many of the latest alerts `sent` keeps: one per budget and period would otherwise pile up for the life of the process. */
 const SENT_KEPT = 100;
 
-export class BudgetAlerts {
+export class BudgetAlerts implements CrossingListener {
   /** The latest alerts sent by this instance, oldest first, at most SENT_KEPT (tests read it). */
   readonly sent: Record<string, unknown>[] = [];
 
@@ -68,20 +73,28 @@ export class BudgetAlerts {
     private readonly webhook: () => { url: string; secret?: string } | undefined,
     /** Also tells a team's own webhooks about the team's budget. */
     private readonly toTeam?: (teamId: string, payload: Record<string, unknown>) => void,
+    /** The low-budget thresholds in force (`general_settings.budget_alert_thresholds`). */
+    private readonly lowBudgetThresholds: () => readonly number[] = () => DEFAULT_THRESHOLDS,
   ) {}
 
-  /** Fire-and-forget: never slows or fails the call that crossed the line. */
-  notify(counter: BudgetCounter, event: BudgetEvent, spend: bigint): void {
-    void this.deliver(counter, event, spend).catch((err) => this.log.error("budget alert failed", { error: String(err), budget: counter.label }));
+  thresholds(): readonly number[] {
+    return this.lowBudgetThresholds();
   }
 
-  private async deliver(counter: BudgetCounter, event: BudgetEvent, spend: bigint): Promise<void> {
-    const payload = alertPayload(counter, event, spend);
+  /** Fire-and-forget: never slows or fails the call that crossed the line. */
+  crossed(counter: BudgetCounter, event: BudgetEvent, spend: bigint, left?: number): void {
+    void this.deliver(counter, event, spend, left).catch((err) => this.log.error("budget alert failed", { error: String(err), budget: counter.label }));
+  }
+
+  private async deliver(counter: BudgetCounter, event: BudgetEvent, spend: bigint, left: number | undefined): Promise<void> {
+    const payload = alertPayload(counter, event, spend, left);
     // Once per budget, period and threshold: a budget without a period is crossed once "for good",
     // so a raised threshold (a new soft_budget or max_budget) would cross in silence (LiteLLM
     // #16185: alerts stop after the first one). A spend reset forgets the counter's alerts (forgetAlerts).
-    const threshold = event === "soft_budget_crossed" ? counter.soft : counter.limit;
-    const period = `${counter.periodEnd === null ? "flat" : String(counter.periodEnd)}@${threshold === undefined ? "" : picoToText(threshold)}`;
+    // Each low-budget threshold is its own (LiteLLM's 5 % alert was swallowed by its 15 % one the same day).
+    const threshold = event === "soft_budget_crossed" ? counter.soft : event === "threshold_crossed" ? `${left}:${picoToText(counter.limit)}` : counter.limit;
+    const level = typeof threshold === "bigint" ? picoToText(threshold) : (threshold ?? "");
+    const period = `${counter.periodEnd === null ? "flat" : String(counter.periodEnd)}@${level}`;
     const inserted = await this.db.insert(budgetAlerts).values({ counterId: counter.id, event, period, payload }).onConflictDoNothing().returning({ id: budgetAlerts.counterId });
     if (inserted.length === 0) return;
     this.sent.push(payload);

@@ -24,10 +24,18 @@ export function counterId(kind: "key" | "team" | "org" | "user" | "team_member",
 /** The limit of a counter kept only for its soft budget: never reached (2^62 pico-dollars, about $4.6 million). */
 export const NO_LIMIT = 2n ** 62n;
 
-export type BudgetEvent = "soft_budget_crossed" | "budget_crossed";
+export type BudgetEvent = "soft_budget_crossed" | "threshold_crossed" | "budget_crossed";
 
-/** Called when settled spend crosses a counter's soft budget or its limit. */
-export type CrossingListener = (counter: BudgetCounter, event: BudgetEvent, spend: bigint) => void;
+/** Told when settled spend crosses a counter's soft budget, a low-budget threshold or its limit. */
+export interface CrossingListener {
+  /**
+   * The low-budget thresholds, as fractions of a budget left (LiteLLM's: 0.15 and 0.05), at
+   * which `threshold_crossed` is told.
+   */
+  thresholds(): readonly number[];
+  /** `left`: the threshold crossed, for `threshold_crossed`. */
+  crossed(counter: BudgetCounter, event: BudgetEvent, spend: bigint, left?: number): void;
+}
 
 /** A grant whose settle runs once, however often it is called (a call ends once). */
 export function grantOnce(settle: (actual: bigint) => void): LedgerGrant {
@@ -42,10 +50,25 @@ export function grantOnce(settle: (actual: bigint) => void): LedgerGrant {
   };
 }
 
-export function crossings(counter: BudgetCounter, before: bigint, after: bigint, notify: CrossingListener | undefined): void {
-  if (!notify) return;
-  if (counter.soft !== undefined && before < counter.soft && after >= counter.soft) notify(counter, "soft_budget_crossed", after);
-  if (before < counter.limit && after >= counter.limit) notify(counter, "budget_crossed", after);
+/** Parts of a budget a threshold is counted in (a threshold of 0.15 is 1,500 of them). */
+const THRESHOLD_PARTS = 10_000n;
+
+/**
+ * What spend settled from `before` to `after` crossed. A low-budget threshold crossed by the same
+ * call that reached the limit is not told: the budget is spent, which `budget_crossed` says.
+ */
+export function crossings(counter: BudgetCounter, before: bigint, after: bigint, listener: CrossingListener | undefined): void {
+  if (!listener || after <= before) return;
+  if (counter.soft !== undefined && before < counter.soft && after >= counter.soft) listener.crossed(counter, "soft_budget_crossed", after);
+  if (counter.limit === NO_LIMIT || counter.limit <= 0n) return;
+  if (after >= counter.limit) {
+    if (before < counter.limit) listener.crossed(counter, "budget_crossed", after);
+    return;
+  }
+  for (const left of listener.thresholds()) {
+    const level = counter.limit - (counter.limit * BigInt(Math.round(left * Number(THRESHOLD_PARTS)))) / THRESHOLD_PARTS;
+    if (before < level && after >= level) listener.crossed(counter, "threshold_crossed", after, left);
+  }
 }
 
 export class LocalLedger implements BudgetLedger {
