@@ -142,6 +142,7 @@ export async function startHost(opts: HostOptions): Promise<Host> {
     roller.start();
     const retention = new SpendLogRetention(store.db, opts.log, () => retentionSettings(general()));
     retention.start();
+    alerts.delivery.start();
     const reportPrebuild = new ReportPrebuild(store.db, opts.log, () => general()?.spend_report_prebuild_days ?? DEFAULT_PREBUILD_DAYS);
     reportPrebuild.start();
     const started = live;
@@ -163,7 +164,7 @@ export async function startHost(opts: HostOptions): Promise<Host> {
         // Best effort from here (last_active marks, a budget-period roll, a clean-up or a key
         // rotation under way): with the store away every query waits out the driver's reconnect
         // back-off (up to 20 s each), which must not hold the exit. Together they get 2 s.
-        await within(STOP_JOBS_MS, Promise.allSettled([roller.stop(), retention.stop(), rotator.stop(), lastActive.stop(), reportPrebuild.stop()]));
+        await within(STOP_JOBS_MS, Promise.allSettled([roller.stop(), retention.stop(), alerts.delivery.stop(), rotator.stop(), lastActive.stop(), reportPrebuild.stop()]));
         await bus.stop();
         cooldowns?.stop();
         await redis?.close();

@@ -3,17 +3,17 @@
  * budget left: 15 % and 5 % by default) or a budget, one event per budget, threshold and period, across every instance (the `budget_alerts` row decides who sends it). The event is
  * logged, kept in the store, and POSTed to the alert webhook when one is configured
  * (`general_settings.alert_webhook_url` or `WEBHOOK_URL`), in LiteLLM's WebhookEvent shape, with
- * retries (a redirect is not followed: it is a failed attempt, see callbacks/post.ts), signed when
- * a secret is set (`alert_webhook_secret` or `WEBHOOK_SECRET`; callbacks/signing.ts).
+ * retries until it is taken (alert-delivery.ts; a redirect is not followed: it is a failed attempt,
+ * see callbacks/post.ts), signed when a secret is set (`alert_webhook_secret` or `WEBHOOK_SECRET`;
+ * callbacks/signing.ts).
  */
 import { randomUUID } from "node:crypto";
-import { inArray } from "drizzle-orm";
+import { and, inArray, isNotNull, isNull, sql } from "drizzle-orm";
 import type { BudgetCounter, Logger } from "../contract.ts";
-import { postNotification } from "../callbacks/post.ts";
-import { deliveryHeaders } from "../callbacks/signing.ts";
 import { picoToText, picoToUsd } from "../cost/money.ts";
 import type { Db } from "../store/db.ts";
 import { budgetAlerts } from "../store/schema.ts";
+import { AlertDelivery, type AlertWebhook } from "./alert-delivery.ts";
 import { type BudgetEvent, type CrossingListener, NO_LIMIT } from "./ledger.ts";
 
 const GROUPS: Record<string, { group: string; prefix: string }> = {
@@ -53,11 +53,7 @@ export function alertPayload(counter: BudgetCounter, event: BudgetEvent, spend: 
   };
 }
 
-/**
- * The pause before each attempt (three in all) and how long one may take. These are the defaults;
- * a test shortens them on this object (read at every attempt).
- */
-export const alertTiming = { pausesMs: [0, 1000, 5000], timeoutMs: 10_000 };
+export { alertTiming } from "./alert-delivery.ts";
 
 /** How many of the latest alerts `sent` keeps: one per budget and period would otherwise pile up for the life of the process. */
 const SENT_KEPT = 100;
@@ -66,16 +62,21 @@ export class BudgetAlerts implements CrossingListener {
   /** The latest alerts sent by this instance, oldest first, at most SENT_KEPT (tests read it). */
   readonly sent: Record<string, unknown>[] = [];
 
+  /** Delivery to the alert webhook, owed until it is taken (alert-delivery.ts). */
+  readonly delivery: AlertDelivery;
+
   constructor(
     private readonly db: Db,
     private readonly log: Logger,
     /** Where alerts are POSTed, and the secret they are signed with (callbacks/signing.ts). */
-    private readonly webhook: () => { url: string; secret?: string } | undefined,
+    webhook: AlertWebhook,
     /** Also tells a team's own webhooks about the team's budget. */
     private readonly toTeam?: (teamId: string, payload: Record<string, unknown>) => void,
     /** The low-budget thresholds in force (`general_settings.budget_alert_thresholds`). */
     private readonly lowBudgetThresholds: () => readonly number[] = () => DEFAULT_THRESHOLDS,
-  ) {}
+  ) {
+    this.delivery = new AlertDelivery(db, log, webhook);
+  }
 
   thresholds(): readonly number[] {
     return this.lowBudgetThresholds();
@@ -95,28 +96,20 @@ export class BudgetAlerts implements CrossingListener {
     const threshold = event === "soft_budget_crossed" ? counter.soft : event === "threshold_crossed" ? `${left}:${picoToText(counter.limit)}` : counter.limit;
     const level = typeof threshold === "bigint" ? picoToText(threshold) : (threshold ?? "");
     const period = `${counter.periodEnd === null ? "flat" : String(counter.periodEnd)}@${level}`;
-    const inserted = await this.db.insert(budgetAlerts).values({ counterId: counter.id, event, period, payload }).onConflictDoNothing().returning({ id: budgetAlerts.counterId });
+    // One id for every attempt, by any instance: a receiver that got an attempt whose answer was lost drops the retry.
+    const deliveryId = `msg_${randomUUID()}`;
+    const key = { counterId: counter.id, event, period };
+    const inserted = await this.db
+      .insert(budgetAlerts)
+      .values({ ...key, payload, deliveryId, nextAttemptAt: this.delivery.firstDue() })
+      .onConflictDoNothing()
+      .returning({ id: budgetAlerts.counterId });
     if (inserted.length === 0) return;
     this.sent.push(payload);
     if (this.sent.length > SENT_KEPT) this.sent.splice(0, this.sent.length - SENT_KEPT);
     this.log.warn(String(payload.event_message), { budget: counter.label, spend: payload.spend, max_budget: payload.max_budget, soft_budget: payload.soft_budget });
     if (typeof payload.team_id === "string") this.toTeam?.(payload.team_id, payload);
-    const target = this.webhook();
-    if (!target) return;
-    const body = JSON.stringify(payload);
-    // One id for every attempt: a receiver that got an attempt whose answer was lost drops the retry.
-    const id = `msg_${randomUUID()}`;
-    for (const [attempt, wait] of alertTiming.pausesMs.entries()) {
-      if (wait) await new Promise((r) => setTimeout(r, wait));
-      try {
-        const headers = { "content-type": "application/json", ...deliveryHeaders(id, body, target.secret) };
-        const res = await postNotification(target.url, headers, body, alertTiming.timeoutMs);
-        if (res.ok) return;
-        this.log.warn("budget alert webhook answered an error", { status: res.status, attempt: attempt + 1 });
-      } catch (err) {
-        this.log.warn("budget alert webhook unreachable", { error: String(err), attempt: attempt + 1 });
-      }
-    }
+    await this.delivery.deliverNew(key, deliveryId, payload);
   }
 }
 
@@ -127,6 +120,12 @@ export class BudgetAlerts implements CrossingListener {
  */
 export async function forgetAlerts(db: Db, counterIds: readonly string[]): Promise<void> {
   for (let i = 0; i < counterIds.length; i += 1000) {
-    await db.delete(budgetAlerts).where(inArray(budgetAlerts.counterId, counterIds.slice(i, i + 1000)));
+    const ids = counterIds.slice(i, i + 1000);
+    // One still owed to the webhook is delivered all the same, under another key, no longer in the way of a new one.
+    await db
+      .update(budgetAlerts)
+      .set({ period: sql`${budgetAlerts.period} || '#reset ' || ${randomUUID()}` })
+      .where(and(inArray(budgetAlerts.counterId, ids), isNotNull(budgetAlerts.nextAttemptAt)));
+    await db.delete(budgetAlerts).where(and(inArray(budgetAlerts.counterId, ids), isNull(budgetAlerts.nextAttemptAt)));
   }
 }

@@ -14,6 +14,7 @@ import m3_0003_spend_calls from "./0003_spend_calls.sql" with { type: "text" };
 import m4_0004_key_duration_invite from "./0004_key_duration_invite.sql" with { type: "text" };
 import m5_0005_daily_spend_days from "./0005_daily_spend_days.sql" with { type: "text" };
 import m6_0006_report_parts from "./0006_report_parts.sql" with { type: "text" };
+import m7_0007_alert_delivery from "./0007_alert_delivery.sql" with { type: "text" };
 
 const files: Record<string, string> = {
   "0000_init": m0_0000_init,
@@ -23,6 +24,7 @@ const files: Record<string, string> = {
   "0004_key_duration_invite": m4_0004_key_duration_invite,
   "0005_daily_spend_days": m5_0005_daily_spend_days,
   "0006_report_parts": m6_0006_report_parts,
+  "0007_alert_delivery": m7_0007_alert_delivery,
 };
 
 export const migrations: MigrationMeta[] = journal.entries.map((e) => {

@@ -143,8 +143,21 @@ export const budgetAlerts = pgTable(
     period: text("period").notNull(),
     sentAt: ts("sent_at").notNull().defaultNow(),
     payload: jsonb("payload").$type<Record<string, unknown>>().notNull(),
+    /** The deliveries' `webhook-id`: the same on every attempt, by any instance, after a restart too. */
+    deliveryId: text("delivery_id"),
+    /** When the alert webhook took it (a 2xx); null while owed, or when none was set. */
+    deliveredAt: ts("delivered_at"),
+    /** Attempts made to deliver it. */
+    attempts: integer("attempts").notNull().default(0),
+    /** When the next attempt is due; null when none is owed (delivered, no webhook set, given up). */
+    nextAttemptAt: ts("next_attempt_at"),
+    /** Why the last attempt failed (a status or a network error), for an operator. */
+    lastError: text("last_error"),
   },
-  (t) => [primaryKey({ columns: [t.counterId, t.event, t.period] })],
+  (t) => [
+    primaryKey({ columns: [t.counterId, t.event, t.period] }),
+    index("budget_alerts_due_idx").on(t.nextAttemptAt).where(sql`${t.nextAttemptAt} is not null`),
+  ],
 );
 
 /**
