@@ -34,15 +34,15 @@ function receiver(failing: number) {
   return { url: `http://127.0.0.1:${server.port}/alerts`, got, state, stop: () => server.stop(true) };
 }
 
-async function crossBudget(gw: TestGateway): Promise<string> {
-  const { key, token } = (await requestJson<{ key: string; token: string }>(gw, "POST", "/key/generate", { body: { soft_budget: 0.5 } })).body;
+async function crossBudget(gw: TestGateway, made?: { key: string; token: string }): Promise<{ key: string; token: string }> {
+  const { key, token } = made ?? (await requestJson<{ key: string; token: string }>(gw, "POST", "/key/generate", { body: { soft_budget: 0.5 } })).body;
   const res = await fetch(`${gw.url}/v1/chat/completions`, {
     method: "POST",
     headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
     body: JSON.stringify({ model: "dollar", messages: [{ role: "user", content: "hi" }], max_tokens: 1000 }),
   });
   expect(res.status, await res.text()).toBe(200);
-  return token;
+  return { key, token };
 }
 
 async function alertRow(gw: TestGateway) {
@@ -65,7 +65,7 @@ test("an alert the webhook refused five times is delivered on the sixth attempt,
   const hook = receiver(5);
   const gw = await startBackendGateway("pglite", config(hook.url));
   try {
-    const token = await crossBudget(gw);
+    const { token } = await crossBudget(gw);
     expect(await until(() => hook.got.some((g) => g.status === 200))).toBe(true);
     expect(hook.got.map((g) => g.status)).toEqual([500, 500, 500, 500, 500, 200]);
     expect(new Set(hook.got.map((g) => g.id)).size).toBe(1);
@@ -129,6 +129,33 @@ test("an alert never taken is given up after its time, logged, and kept with its
     expect(gw.log.lines.filter((l) => l.level === "error" && l.msg === "budget alert not delivered: given up")).toHaveLength(1);
     await Bun.sleep(400);
     expect(hook.got).toHaveLength(tries);
+  } finally {
+    await gw.stop();
+    hook.stop();
+  }
+}, 30_000);
+
+test("a spend reset while an alert is owed: the owed one is still delivered, and the crossing after the reset is a new alert", async () => {
+  fast();
+  const hook = receiver(0);
+  hook.state.down = true;
+  const gw = await startBackendGateway("pglite", config(hook.url));
+  try {
+    alertTiming.backoffMs = 60_000;
+    alertTiming.maxBackoffMs = 60_000;
+    const made = await crossBudget(gw);
+    expect(await until(async () => (await alertRow(gw))?.attempts === 3)).toBe(true);
+    expect((await requestJson(gw, "POST", `/key/${made.token}/reset_spend`, { body: {} })).status).toBe(200);
+    // The same key crosses its soft budget again.
+    await crossBudget(gw, made);
+    await gw.host!.spendWriter.flush();
+    expect(await until(async () => (await rows(gw.host!.store.db, sql`select 1 from budget_alerts`)).length === 2)).toBe(true);
+    hook.state.down = false;
+    alertTiming.backoffMs = 100;
+    alertTiming.maxBackoffMs = 200;
+    await gw.host!.store.db.execute(sql`update budget_alerts set next_attempt_at = now() where next_attempt_at is not null`);
+    expect(await until(() => hook.got.filter((g) => g.status === 200).length === 2)).toBe(true);
+    expect(new Set(hook.got.filter((g) => g.status === 200).map((g) => g.id)).size).toBe(2);
   } finally {
     await gw.stop();
     hook.stop();
