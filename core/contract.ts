@@ -107,6 +107,26 @@ export interface ErrorInfo {
   type: string;
   message: string;
   param?: string | null;
+  /** For `budget_exceeded`: which budget refused the call, in figures a client can act on. */
+  budget?: BudgetRefusalDetail;
+}
+
+/** The budget a call was refused by (the error envelope's `budget`), amounts in USD. */
+export interface BudgetRefusalDetail {
+  /** `key`, `team`, `organization`, `user`, `team_member`, `provider`, `budget`, … */
+  entity: string;
+  /** The key's hash, the team's id, the provider's name, … (`team_id\tuser_id` for a team member). */
+  id: string;
+  /** For a key's budget on one model (`model_max_budget`). */
+  model?: string;
+  max_budget: number;
+  spend: number;
+  /** Held by calls in flight. */
+  reserved: number;
+  /** The most this call could have cost, when it was refused for that (the budget not yet spent). */
+  call_cost?: number;
+  /** When the budget's period ends (null: it never resets). */
+  budget_reset_at: string | null;
 }
 
 /** A stream part produced by an adapter: the OpenAI chunk to send, or usage learned from upstream. */

@@ -1,4 +1,4 @@
-import type { ErrorInfo } from "./contract.ts";
+import type { BudgetRefusalDetail, ErrorInfo } from "./contract.ts";
 
 /** OpenAI-style `type` for each status the gateway answers with. */
 const TYPE_BY_STATUS: Record<number, string> = {
@@ -51,8 +51,9 @@ export function bodyTooLarge(limit: number): GatewayError {
  */
 export class CredentialsRefused extends Error {}
 
-export function errorBody(info: ErrorInfo): { error: { message: string; type: string; param: string | null; code: string } } {
-  return { error: { message: info.message, type: info.type, param: info.param ?? null, code: String(info.status) } };
+export function errorBody(info: ErrorInfo): { error: { message: string; type: string; param: string | null; code: string; budget?: BudgetRefusalDetail } } {
+  const error = { message: info.message, type: info.type, param: info.param ?? null, code: String(info.status) };
+  return { error: info.budget ? { ...error, budget: info.budget } : error };
 }
 
 export function errorResponse(info: ErrorInfo, headers: Record<string, string> = {}): Response {

@@ -18,6 +18,7 @@ import { Type } from "@sinclair/typebox";
 import {
   type BudgetCounter,
   type BudgetLedger,
+  type BudgetRefusalDetail,
   type BudgetRow,
   type CallIntent,
   type CounterTable,
@@ -34,7 +35,7 @@ import {
   teamMemberId,
   teamMemberOf,
 } from "../core/contract.ts";
-import { columnToPico, picoToText, type Pico, usdToPico } from "../core/cost/money.ts";
+import { columnToPico, picoToText, picoToUsd, type Pico, usdToPico } from "../core/cost/money.ts";
 import { errorInfo } from "../core/errors.ts";
 import { counterId, NO_LIMIT } from "../core/spend/ledger.ts";
 import { gridPeriod, periodEnd } from "../core/spend/period.ts";
@@ -223,13 +224,32 @@ const usd = (p: Pico) => `$${picoToText(p)}`;
 const UNBOUNDED: Record<CallIntent["endpoint"], string> = {
   chat: "the model's output limit (set max_tokens to reserve less)",
   completions: "the model's output limit (set max_tokens to reserve less)",
-  transcriptions: "the longest audio its file could hold (a second per 750 bytes: the file's length is all that is known before the call)",
+  transcriptions: "the longest audio its file could hold (the length its WAV header gives, else a second per 750 bytes: the file is all that is known before the call)",
   speech: "its input's length",
   images: "the number of images asked, at the dearest size and quality the request leaves open (set size and quality to reserve less)",
   embeddings: "its input's length",
   moderations: "its input's length",
   pass_through: "the route's price per call",
 };
+
+/** Who a counter's budget belongs to, as the refusal's `budget.entity` names it. */
+const ENTITY: Record<string, string> = { key: "key", key_model: "key", team: "team", team_member: "team_member", org: "organization", user: "user", provider: "provider" };
+
+/** The refusing budget in figures (the error envelope's `budget`): a client can tell which one, and what is left, without reading the message. */
+function refusedBudget(c: BudgetCounter, spend: Pico, reserved: Pico, callCost: Pico | undefined): BudgetRefusalDetail {
+  const [kind = "", ...rest] = c.id.split(":");
+  const perModel = kind === "key_model";
+  return {
+    entity: ENTITY[kind] ?? kind,
+    id: perModel ? (rest[0] ?? "") : rest.join(":"),
+    ...(perModel ? { model: rest.slice(1).join(":") } : {}),
+    max_budget: picoToUsd(c.limit),
+    spend: picoToUsd(spend),
+    reserved: picoToUsd(reserved),
+    ...(callCost === undefined ? {} : { call_cost: picoToUsd(callCost) }),
+    budget_reset_at: c.periodEnd === null ? null : new Date(c.periodEnd).toISOString(),
+  };
+}
 
 function refusal(r: LedgerRefusal, intent: CallIntent): Denied {
   const { counter: c, spend, reserved } = r;
@@ -243,7 +263,8 @@ function refusal(r: LedgerRefusal, intent: CallIntent): Denied {
       `Budget would be exceeded: ${c.label} has ${usd(left > 0n ? left : 0n)} left of its max budget ${usd(c.limit)} ` +
       `(spend ${usd(spend)}, ${usd(reserved)} held by calls in flight), and this call may cost up to ${usd(intent.worstCaseCost)} at ${bound}.${resets}`;
   }
-  return { ok: false, error: errorInfo(400, message, "budget_exceeded") };
+  const budget = refusedBudget(c, spend, reserved, spend >= c.limit ? undefined : intent.worstCaseCost);
+  return { ok: false, error: { ...errorInfo(400, message, "budget_exceeded"), budget } };
 }
 
 export default definePlugin({

@@ -149,7 +149,8 @@ test("a spend reset while an alert is owed: the owed one is still delivered, and
     // The same key crosses its soft budget again.
     await crossBudget(gw, made);
     await gw.host!.spendWriter.flush();
-    expect(await until(async () => (await rows(gw.host!.store.db, sql`select 1 from budget_alerts`)).length === 2)).toBe(true);
+    // Both owed, each past its first three attempts.
+    expect(await until(async () => (await rows(gw.host!.store.db, sql`select 1 from budget_alerts where attempts = 3`)).length === 2)).toBe(true);
     hook.state.down = false;
     alertTiming.backoffMs = 100;
     alertTiming.maxBackoffMs = 200;

@@ -311,7 +311,7 @@ interface Outcome {
   callId: string;
   /** Model cost of a served call (0 otherwise). */
   cost: bigint;
-  error?: { message: string; type: string; param: unknown; code: unknown };
+  error?: { message: string; type: string; param: unknown; code: unknown; budget?: Record<string, unknown> };
 }
 
 async function readStream(res: Response): Promise<{ usage?: { prompt_tokens: number; completion_tokens: number }; text: string }> {
@@ -343,7 +343,9 @@ async function call(gw: TestGateway, a: Ask): Promise<Outcome> {
   expect(callId, `call id of ${label}`).not.toBe("");
   if (res.status !== 200) {
     const body = (await res.json()) as { error: Outcome["error"] };
-    expect(Object.keys(body.error!).sort(), `error envelope of ${label}`).toEqual(["code", "message", "param", "type"]);
+    // A budget refusal also names its budget in figures (`budget`, checked against the model in namedBudget).
+    const envelope = body.error?.type === "budget_exceeded" ? ["budget", "code", "message", "param", "type"] : ["code", "message", "param", "type"];
+    expect(Object.keys(body.error!).sort(), `error envelope of ${label}`).toEqual(envelope);
     return { ask: a, status: res.status, callId, cost: 0n, error: body.error };
   }
   expect(a.model.fails, `${label} answered`).toBeUndefined();
@@ -366,23 +368,46 @@ interface Refusal {
   limit: bigint;
   held?: bigint;
   worst?: bigint;
+  /** The amounts as the message writes them, as JSON numbers: what the error's `budget` must say. */
+  usd: { max_budget: number; spend: number; reserved?: number; call_cost?: number };
 }
 
 function parseRefusal(message: string, label: string): Refusal {
   const reached = /^Budget has been exceeded! (.+): spend \$([\d.]+), max budget \$([\d.]+)\.$/.exec(message);
-  if (reached) return { label: reached[1]!, reached: true, spend: pico(reached[2]!), limit: pico(reached[3]!) };
+  if (reached) return { label: reached[1]!, reached: true, spend: pico(reached[2]!), limit: pico(reached[3]!), usd: { max_budget: Number(reached[3]), spend: Number(reached[2]) } };
   const would = /^Budget would be exceeded: (.+) has \$([\d.]+) left of its max budget \$([\d.]+) \(spend \$([\d.]+), \$([\d.]+) held by calls in flight\), and this call may cost up to \$([\d.]+) at max_tokens=\d+\.$/.exec(
     message,
   );
   if (!would) throw new Error(`${label}: not a budget refusal's message: ${message}`);
-  return { label: would[1]!, reached: false, limit: pico(would[3]!), spend: pico(would[4]!), held: pico(would[5]!), worst: pico(would[6]!) };
+  return {
+    label: would[1]!,
+    reached: false,
+    limit: pico(would[3]!),
+    spend: pico(would[4]!),
+    held: pico(would[5]!),
+    worst: pico(would[6]!),
+    usd: { max_budget: Number(would[3]), spend: Number(would[4]), reserved: Number(would[5]), call_cost: Number(would[6]) },
+  };
 }
 
-/** The budget a refusal names, among those that apply to the call. */
+const ENTITY: Record<Kind, string> = { key: "key", team: "team", org: "organization", user: "user", member: "team_member" };
+
+/** The budget a refusal names, among those that apply to the call; the error's `budget` names the same, with the message's figures. */
 function namedBudget(w: World, o: Outcome, r: Refusal, label: string): Counter {
   const found = budgetsOf(w, o.ask.key).filter((c) => (c.kind === "key" ? r.label.endsWith(c.label) : r.label === c.label));
   expect(found.length, `${label}: "${r.label}" is not a budget that applies to the call`).toBe(1);
-  return found[0]!;
+  const c = found[0]!;
+  const { spend, max_budget, reserved, call_cost } = r.usd;
+  expect(o.error?.budget, `${label}: the error's budget`).toEqual({
+    entity: ENTITY[c.kind],
+    id: c.id,
+    max_budget,
+    spend,
+    reserved: reserved ?? expect.any(Number),
+    ...(call_cost === undefined ? {} : { call_cost }),
+    budget_reset_at: null,
+  });
+  return c;
 }
 
 function expectBudgetError(o: Outcome, label: string): void {

@@ -129,3 +129,32 @@ test("a transcription of a WAV file reserves its length: a key with room for it 
   expect(text).toContain("budget_exceeded");
   expect(await keySpend(body.token)).toBeCloseTo(0.03, 9);
 });
+
+// LiteLLM's refusals name the budget only in their message (#14144, #32597). Here the error also
+// carries it in figures: which entity, its limit, spend, what calls in flight hold, what this call
+// was reserved at, and when the budget resets; the OpenAI SDK hands it over as `error.budget`.
+test("a refusal carries the refusing budget in figures, read through the OpenAI SDK", async () => {
+  const { default: OpenAI } = await import("openai");
+  const made = (await requestJson<{ key: string; token: string }>(gw, "POST", "/key/generate", { body: { max_budget: 0.01 } })).body;
+  const client = new OpenAI({ apiKey: made.key, baseURL: `${gw.url}/v1`, maxRetries: 0 });
+  const refused = await client.chat.completions.create({ model: "m", messages: [{ role: "user", content: "hi" }], max_tokens: 100 }).catch((e: unknown) => e);
+  expect(refused).toBeInstanceOf(OpenAI.BadRequestError);
+  const error = (refused as InstanceType<typeof OpenAI.BadRequestError>).error as { type: string; budget: Record<string, unknown> };
+  expect(error.type).toBe("budget_exceeded");
+  expect(error.budget).toMatchObject({ entity: "key", id: made.token, max_budget: 0.01, spend: 0, reserved: 0, budget_reset_at: null });
+  expect(error.budget.call_cost as number).toBeGreaterThan(0.01);
+
+  // A team's budget, spent (its limit 0), with a period: no call cost, and when it resets.
+  const team = (await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: { max_budget: 0, budget_duration: "1d" } })).body.team_id;
+  const teamKey = (await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: { team_id: team } })).body.key;
+  const res = await fetch(`${gw.url}/v1/chat/completions`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${teamKey}`, "content-type": "application/json" },
+    body: JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }], max_tokens: 5 }),
+  });
+  expect(res.status).toBe(400);
+  const body = (await res.json()) as { error: { budget: Record<string, unknown> } };
+  expect(body.error.budget).toEqual({ entity: "team", id: team, max_budget: 0, spend: 0, reserved: 0, budget_reset_at: expect.any(String) });
+  // A day from the team's creation.
+  expect(Date.parse(String(body.error.budget.budget_reset_at)) - Date.now()).toBeWithin(86_400_000 - 60_000, 86_400_000 + 1);
+});
