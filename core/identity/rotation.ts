@@ -38,15 +38,6 @@ export interface Rotation {
 }
 
 /**
- * The advisory lock a rotation holds while it writes (any number no other lock uses). A spend
- * batch on PostgreSQL takes it shared before its statement, whose snapshot then sees a rotation
- * either not begun or committed: a batch whose snapshot had the old token and no successor yet
- * waited for the key's row and found it under the new token, so the key was not charged (the
- * log and the team were).
- */
-export const KEY_ROTATION_LOCK = 7_301_940_222;
-
-/**
  * Moves a live key to its new token. Returns the new row and the identity changes to publish
  * (new key first, so the key is never missing from a cache), or undefined when the old token is
  * no longer live (deleted, or rotated meanwhile by someone else).
@@ -54,8 +45,6 @@ export const KEY_ROTATION_LOCK = 7_301_940_222;
 export async function rotateKey(db: Db, r: Rotation): Promise<{ row: KeyRow; changes: IdentityChange[] } | undefined> {
   const now = r.now ?? Date.now();
   return db.transaction(async (tx) => {
-    // First, before any row: a spend batch holds this lock shared (spend/flush.ts).
-    await tx.execute(sql`select pg_advisory_xact_lock(${KEY_ROTATION_LOCK})`);
     const [current] = await tx
       .select()
       .from(virtualKeys)
@@ -64,11 +53,15 @@ export async function rotateKey(db: Db, r: Rotation): Promise<{ row: KeyRow; cha
     await r.hold?.(tx);
     const merged = { ...current, ...r.set };
     const interval = merged.autoRotate && merged.rotationInterval ? parseDuration(merged.rotationInterval) : undefined;
+    // The new value was some other key's before (revoked since): that key is no longer found by it.
+    await tx.update(virtualKeys).set({ rotatedFrom: null }).where(eq(virtualKeys.rotatedFrom, r.newToken));
     const [row] = await tx
       .update(virtualKeys)
       .set({
         ...r.set,
         token: r.newToken,
+        // A spend batch that read the old token before this commits finds the row by it (spend/flush.ts).
+        rotatedFrom: r.oldToken,
         keyName: r.newKeyName,
         rotationCount: sql`${virtualKeys.rotationCount} + 1`,
         lastRotationAt: new Date(now),

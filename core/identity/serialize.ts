@@ -8,6 +8,8 @@ import { GatewayError } from "../errors.ts";
 import { writtenNumber } from "./exact-numbers.ts";
 
 const MONEY = new Set(["spend", "max_budget", "soft_budget", "temp_budget_increase", "max_budget_in_team", "max_budget_in_organization"]);
+/** Columns the store keeps for itself, not part of any API object. */
+const INTERNAL = new Set(["rotated_from"]);
 
 function snake(prop: string): string {
   return prop.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`);
@@ -24,6 +26,7 @@ export function toApi(row: Record<string, unknown>): Record<string, unknown> {
   const out: Record<string, unknown> = {};
   for (const [prop, value] of Object.entries(row)) {
     const name = snake(prop);
+    if (INTERNAL.has(name)) continue;
     if (value instanceof Date) out[name] = value.toISOString();
     // Written with its exact decimals: from $8,192 up a double cannot hold every 12-decimal amount.
     else if (MONEY.has(name) && typeof value === "string") out[name] = exactColumnJson(value);

@@ -9,7 +9,6 @@ import type { Store } from "../store/db.ts";
 import { rows } from "../store/sql.ts";
 import { picoToText } from "../cost/money.ts";
 import type { CounterTable } from "../contract.ts";
-import { KEY_ROTATION_LOCK } from "../identity/rotation.ts";
 import type { SpendEntry } from "./entry.ts";
 import { copyIds, copyRows, SPEND_LOG_COLUMNS, storableJson } from "./row-text.ts";
 
@@ -62,20 +61,37 @@ const LOCK_ORDER: readonly CounterTable[] = ["team", "org", "user", "team_member
  * `counterUpdate` for a store other writers share: the rows are locked in id order, and only
  * once the counters of table `after` (the one before in LOCK_ORDER) are written.
  */
-const lockedCounterUpdate = (table: string, ids: readonly string[], kind: string, match: (d: string, x: string) => string, after?: string, source = "delta") => `
+const lockedCounterUpdate = (
+  table: string,
+  ids: readonly string[],
+  kind: string,
+  match: (d: string, x: string) => string,
+  after?: string,
+  source = "delta",
+  target: (t: string, d: string) => string = (t, d) => ids.map((id, i) => `${t}.${id} = ${d}.id${i}`).join(" and "),
+) => `
   ${kind}_spend as (
     update ${table} as t set${COUNTER_SET}
     from (
-      select d.period_end, d.amount, ${ids.map((id, i) => `x.${id} as id${i}`).join(", ")}
+      select d.id as delta_id, d.period_end, d.amount, ${ids.map((id, i) => `x.${id} as id${i}`).join(", ")}
       from ${source} d join ${table} x on ${match("d", "x")}
       where d.t = '${kind}'${after ? ` and (select count(*) from ${after}_spend) >= 0` : ""}
       order by ${ids.map((id) => `x.${id}`).join(", ")}
       for no key update of x) d
-    where ${ids.map((id, i) => `t.${id} = d.id${i}`).join(" and ")}
+    where ${target("t", "d")}
     returning 1)`;
 
+/**
+ * A key's row by the token its delta names, or by the token it had before a rotation (`rotated_from`):
+ * a batch whose statement began before a rotation committed read the old token and no successor,
+ * waited for the row, and then rechecks this on the row as the rotation left it, where the token
+ * alone no longer matches (the key was not charged; the log and the team were).
+ */
+const keyByToken = (row: string, token: string) => `(${row}.token = ${token} or ${row}.rotated_from = ${token})`;
+
 const LOCKED_COUNTER_UPDATES: Record<CounterTable, (after?: string) => string> = {
-  key: (after) => lockedCounterUpdate("virtual_keys", ["token"], "key", (d, x) => `${x}.token = ${d}.id`, after, KEY_DELTA),
+  key: (after) =>
+    lockedCounterUpdate("virtual_keys", ["token"], "key", (d, x) => keyByToken(x, `${d}.id`), after, KEY_DELTA, (t, d) => keyByToken(t, `${d}.delta_id`)),
   team: (after) => lockedCounterUpdate("teams", ["team_id"], "team", (d, x) => `${x}.team_id = ${d}.id`, after),
   org: (after) => lockedCounterUpdate("organizations", ["organization_id"], "org", (d, x) => `${x}.organization_id = ${d}.id`, after),
   user: (after) => lockedCounterUpdate("users", ["user_id"], "user", (d, x) => `${x}.user_id = ${d}.id`, after),
@@ -166,7 +182,7 @@ const INSERT_CALL_IDS = `ins as (
 )`;
 
 /**
- * One statement per batch (in a transaction only for the rotation lock before it, see writeBatch). Parameters: $1 the rows as
+ * One statement per batch, atomic without a client-side transaction. Parameters: $1 the rows as
  * JSON, $2 their number, $3 the counter deltas and $4 the daily aggregates summed in memory for
  * the whole batch. When every row is new ($2 rows inserted, the normal case) those sums are
  * applied; when some rows had been written before (a replayed spill file, a retried batch), they
@@ -435,11 +451,9 @@ export async function writeBatch(store: SpendStore, batch: SpendEntry[], prepare
     }
   }
   const [S1, S2, S3, S4, S5] = logRows ? PARTS.rows : PARTS.ids;
-  const text = sql`${sql.raw(S1)}${storableJson(batch.map(rowArray))}${sql.raw(S2)}${batch.length}${sql.raw(S3)}${deltas}${sql.raw(S4)}${daily}${sql.raw(S5)}`;
-  return store.db.transaction(async (tx) => {
-    // Its own statement, so the batch's snapshot is taken once no key rotation is half written.
-    await tx.execute(sql`select pg_advisory_xact_lock_shared(${KEY_ROTATION_LOCK})`);
-    const [row] = await rows<{ inserted: number }>(tx, text);
-    return row?.inserted ?? 0;
-  });
+  const [row] = await rows<{ inserted: number }>(
+    store.db,
+    sql`${sql.raw(S1)}${storableJson(batch.map(rowArray))}${sql.raw(S2)}${batch.length}${sql.raw(S3)}${deltas}${sql.raw(S4)}${daily}${sql.raw(S5)}`,
+  );
+  return row?.inserted ?? 0;
 }

@@ -108,3 +108,25 @@ test("postgres: a spend batch that starts while the key's rotation is being writ
     await gw.stop();
   }
 }, 30_000);
+
+// The rotated row keeps the token it had (`rotated_from`) for batches that read it before the
+// rotation committed; once that value is given to another key, the calls of that key are its own.
+test("postgres: a value rotated away and given to a new key charges the new key only", async () => {
+  const gw = await startBackendGateway("postgres", PRICED_CHAT, { spend: { intervalMs: 60_000 } });
+  try {
+    const old = (await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: {} })).body.key;
+    const rotated = (await requestJson<{ key: string }>(gw, "POST", `/key/${old}/regenerate`, { body: {} })).body.key;
+    expect(await chatStatus(gw, rotated)).toBe(200);
+    await gw.host!.spendWriter.flush();
+    const spendOf = async (key: string) => (await requestJson<{ info: { spend: number } }>(gw, "GET", `/key/info?key=${key}`)).body.info.spend;
+    const before = await spendOf(rotated);
+    expect(before).toBeGreaterThan(0);
+    expect((await requestJson(gw, "POST", "/key/generate", { body: { key: old } })).status).toBe(200);
+    for (let i = 0; i < 3; i++) expect(await chatStatus(gw, old)).toBe(200);
+    await gw.host!.spendWriter.flush();
+    expect(await spendOf(old)).toBeCloseTo(3 * before, 12);
+    expect(await spendOf(rotated)).toBe(before);
+  } finally {
+    await gw.stop();
+  }
+}, 30_000);

@@ -380,6 +380,8 @@ export async function generateKey(ctx: AdminCtx, body: Record<string, unknown>, 
   try {
     [row, createdUser] = await ctx.db.transaction(async (tx) => {
       const createdUser = await holdKeyWrite(tx, ctx, { ...fields, userId, teamId: team?.teamId }, planned);
+      // A value another key had before its rotation (revoked since): that key is no longer found by it (spend/flush.ts).
+      await tx.update(virtualKeys).set({ rotatedFrom: null }).where(eq(virtualKeys.rotatedFrom, token));
       const [row] = await tx
         .insert(virtualKeys)
         .values({

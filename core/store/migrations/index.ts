@@ -15,6 +15,7 @@ import m4_0004_key_duration_invite from "./0004_key_duration_invite.sql" with { 
 import m5_0005_daily_spend_days from "./0005_daily_spend_days.sql" with { type: "text" };
 import m6_0006_report_parts from "./0006_report_parts.sql" with { type: "text" };
 import m7_0007_alert_delivery from "./0007_alert_delivery.sql" with { type: "text" };
+import m8_0008_key_rotated_from from "./0008_key_rotated_from.sql" with { type: "text" };
 
 const files: Record<string, string> = {
   "0000_init": m0_0000_init,
@@ -25,6 +26,7 @@ const files: Record<string, string> = {
   "0005_daily_spend_days": m5_0005_daily_spend_days,
   "0006_report_parts": m6_0006_report_parts,
   "0007_alert_delivery": m7_0007_alert_delivery,
+  "0008_key_rotated_from": m8_0008_key_rotated_from,
 };
 
 export const migrations: MigrationMeta[] = journal.entries.map((e) => {

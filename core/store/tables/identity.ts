@@ -179,6 +179,12 @@ export const virtualKeys = pgTable(
     keyRotationAt: ts("key_rotation_at"),
     lastRotationAt: ts("last_rotation_at"),
     rotationCount: integer("rotation_count").notNull().default(0),
+    /**
+     * The token this row had before its latest rotation (cleared when another key takes that value):
+     * a spend batch that read the old token before the rotation committed still finds the row by it
+     * (spend/flush.ts), where a match on the token alone found nothing once the row had moved.
+     */
+    rotatedFrom: text("rotated_from"),
     allowedVectorStoreIndexes: jsonb("allowed_vector_store_indexes").$type<unknown[]>(),
     routerSettings: json("router_settings"),
     accessGroupIds: textArray("access_group_ids"),
@@ -194,6 +200,7 @@ export const virtualKeys = pgTable(
     index("virtual_keys_user_idx").on(t.userId),
     // The budget-period roller looks for keys whose period has ended.
     index("virtual_keys_reset_idx").on(t.budgetResetAt),
+    index("virtual_keys_rotated_from_idx").on(t.rotatedFrom).where(sql`${t.rotatedFrom} is not null`),
   ],
 );
 

@@ -1,0 +1,2 @@
+ALTER TABLE "virtual_keys" ADD COLUMN "rotated_from" text;--> statement-breakpoint
+CREATE INDEX "virtual_keys_rotated_from_idx" ON "virtual_keys" USING btree ("rotated_from") WHERE "virtual_keys"."rotated_from" is not null;
