@@ -20,34 +20,26 @@ let https: ReturnType<typeof Bun.serve>;
 let plain: ReturnType<typeof Bun.serve>;
 let elsewhere: ReturnType<typeof Bun.serve>;
 
-beforeAll(() => {
-  https = Bun.serve({
+/** A server that notes every request it gets (which server, Host header, path), then answers with `reply`. */
+function recording(server: string, options: { hostname: string; tls?: Parameters<typeof Bun.serve>[0]["tls"] }, reply: (path: string) => Response) {
+  return Bun.serve({
     port: 0,
-    hostname: "127.0.0.1",
-    tls: { cert: Bun.file(join(TLS, "example-test.cert.pem")), key: Bun.file(join(TLS, "example-test.key.pem")) },
-    fetch(req) {
-      seen.push({ server: "https", host: req.headers.get("host"), path: new URL(req.url).pathname });
-      return new Response("ok");
-    },
-  });
-  elsewhere = Bun.serve({
-    port: 0,
-    hostname: "127.0.0.1",
-    fetch(req) {
-      seen.push({ server: "elsewhere", host: req.headers.get("host"), path: new URL(req.url).pathname });
-      return new Response("you were redirected here");
-    },
-  });
-  plain = Bun.serve({
-    port: 0,
-    hostname: "0.0.0.0",
+    ...options,
     fetch(req) {
       const path = new URL(req.url).pathname;
-      seen.push({ server: "plain", host: req.headers.get("host"), path });
-      if (path === "/redirect/embeddings") return Response.redirect(`http://127.0.0.1:${elsewhere.port}/metadata`, 302);
-      return new Response("ok");
+      seen.push({ server, host: req.headers.get("host"), path });
+      return reply(path);
     },
   });
+}
+
+beforeAll(() => {
+  const tls = { cert: Bun.file(join(TLS, "example-test.cert.pem")), key: Bun.file(join(TLS, "example-test.key.pem")) };
+  https = recording("https", { hostname: "127.0.0.1", tls }, () => new Response("ok"));
+  elsewhere = recording("elsewhere", { hostname: "127.0.0.1" }, () => new Response("you were redirected here"));
+  plain = recording("plain", { hostname: "0.0.0.0" }, (path) =>
+    path === "/redirect/embeddings" ? Response.redirect(`http://127.0.0.1:${elsewhere.port}/metadata`, 302) : new Response("ok"),
+  );
 });
 afterAll(() => {
   for (const s of [https, plain, elsewhere]) s?.stop(true);

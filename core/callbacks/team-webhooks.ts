@@ -99,8 +99,7 @@ export function callPayload(call: CallRecord): Record<string, unknown> {
 interface Queue {
   /** Deliveries of this webhook under way. */
   active: number;
-  /** Deliveries of this webhook waiting for a turn, in order. */
-  /** `id`: the event's, for every attempt (signing.ts). */
+  /** Deliveries of this webhook waiting for a turn, in order; `id` is the event's, the same on every attempt (signing.ts). */
   waiting: { target: WebhookTarget; body: string; id: string }[];
 }
 

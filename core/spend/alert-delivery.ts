@@ -29,6 +29,13 @@ const BATCH = 20;
 /** Where alerts go and the secret that signs them. */
 export type AlertWebhook = () => { url: string; secret?: string } | undefined;
 
+/** A budget_alerts row's key. */
+export interface RowKey {
+  counterId: string;
+  event: string;
+  period: string;
+}
+
 /** An owed alert as its row holds it. */
 interface Owed {
   counter_id: string;
@@ -136,11 +143,4 @@ export class AlertDelivery {
         delivered_at = ${error === "" ? stamp(now) : null}::timestamptz, last_error = ${error === "" ? null : error}
       where counter_id = ${key.counterId} and event = ${key.event} and period = ${key.period}`);
   }
-}
-
-/** A budget_alerts row's key. */
-export interface RowKey {
-  counterId: string;
-  event: string;
-  period: string;
 }

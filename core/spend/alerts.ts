@@ -1,7 +1,8 @@
 /**
  * Budget alerts: when settled spend crosses a soft budget, a low-budget threshold (a part of the
- * budget left: 15 % and 5 % by default) or a budget, one event per budget, threshold and period, across every instance (the `budget_alerts` row decides who sends it). The event is
- * logged, kept in the store, and POSTed to the alert webhook when one is configured
+ * budget left: 15 % and 5 % by default) or a budget, one event per budget, threshold and period,
+ * across every instance (the `budget_alerts` row decides who sends it). The event is logged, kept
+ * in the store, and POSTed to the alert webhook when one is configured
  * (`general_settings.alert_webhook_url` or `WEBHOOK_URL`), in LiteLLM's WebhookEvent shape, with
  * retries until it is taken (alert-delivery.ts; a redirect is not followed: it is a failed attempt,
  * see callbacks/post.ts), signed when a secret is set (`alert_webhook_secret` or `WEBHOOK_SECRET`;

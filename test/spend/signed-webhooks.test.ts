@@ -10,6 +10,7 @@ import { sql } from "drizzle-orm";
 import { alertTiming } from "../../core/spend/alerts.ts";
 import { rows } from "../../core/store/sql.ts";
 import { MASTER_KEY, requestJson, startBackendGateway, startTestGateway, type TestGateway } from "../harness/gateway.ts";
+import { chatStatus } from "../harness/traffic.ts";
 
 interface Delivery {
   path: string;
@@ -41,13 +42,7 @@ async function until(check: () => boolean, ms = 8000): Promise<void> {
 }
 
 async function chat(key: string): Promise<void> {
-  const res = await fetch(`${gw.url}/v1/chat/completions`, {
-    method: "POST",
-    headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
-    body: JSON.stringify({ model: "chat", messages: [{ role: "user", content: "hi" }] }),
-  });
-  await res.text();
-  expect(res.status).toBe(200);
+  expect(await chatStatus(gw, key)).toBe(200);
 }
 
 beforeAll(async () => {
