@@ -72,10 +72,14 @@ test("a client-chosen upstream that answers a redirect: the redirect is not foll
   const res = await send(adapter, d, { url: `http://127.0.0.1:${plain.port}/redirect/embeddings`, headers: { authorization: "Bearer client-key" }, body: "{}" }, new Deadline(new AbortController().signal, 5));
   expect(res.status).toBe(302);
   expect(seen.slice(before).map((s) => s.server)).toEqual(["plain"]);
-  // Configured deployments (no connectTo) keep fetch's default.
+  // Configured deployments (no connectTo) keep fetch's default; so does a call to a host other
+  // than the client's api_base (an adapter that calls its provider's own endpoint).
   const { connectTo: _, ...configured } = d;
-  const followed = await send(adapter, configured, { url: `http://127.0.0.1:${plain.port}/redirect/embeddings`, headers: {}, body: "{}" }, new Deadline(new AbortController().signal, 5));
-  expect(await followed.text()).toBe("you were redirected here");
+  const elsewhereChosen: Deployment = { ...d, connectTo: { host: "api.example.test", address: "203.0.113.9" } };
+  for (const deployment of [configured, elsewhereChosen]) {
+    const followed = await send(adapter, deployment, { url: `http://127.0.0.1:${plain.port}/redirect/embeddings`, headers: {}, body: "{}" }, new Deadline(new AbortController().signal, 5));
+    expect(await followed.text()).toBe("you were redirected here");
+  }
 });
 
 /** A name (this host's own) that no literal check catches but that resolves to a loopback or private address here, if any. */

@@ -129,10 +129,10 @@ export async function send(adapter: ProviderAdapter, d: Deployment, built: HttpC
   try {
     const call = adapter.authorize ? await adapter.authorize(built, d) : built;
     if (adapter.transport) return await adapter.transport(call, deadline.signal);
-    if (d.connectTo) {
-      // A client-chosen host: connected to at the address checked, and a redirect is not followed
-      // (it would send the call, with the client's key, to an address nobody checked).
-      if (new URL(call.url).hostname !== d.connectTo.host) throw new Error(`the call left the checked host ${d.connectTo.host}`);
+    // A client-chosen host: connected to at the address checked, and a redirect is not followed (it
+    // would send the call, with the client's key, to an address nobody checked). An adapter that
+    // does not call api_base (its provider's own endpoint) is not pinned.
+    if (d.connectTo && new URL(call.url).hostname === d.connectTo.host) {
       const to = pinnedRequest(call.url, call.headers, d.connectTo.address);
       const init = { method: call.method ?? "POST", headers: to.headers, body: call.form ?? call.body, signal: deadline.signal, redirect: "manual" as const };
       return await fetch(to.url, to.tls ? { ...init, tls: to.tls } : init);
