@@ -69,6 +69,18 @@ export function withSqlState(err: unknown, matches: (code: string) => boolean): 
   return undefined;
 }
 
+/** The driver's and the socket's codes for a connection that went away, besides SQLSTATE class 08. */
+const CONNECTION_LOST = new Set(["CONNECTION_CLOSED", "CONNECTION_DESTROYED", "CONNECTION_ENDED", "CONNECT_TIMEOUT", "ECONNRESET", "ECONNREFUSED", "EPIPE", "57P01", "57P02", "57P03"]);
+
+/**
+ * Whether a store error (or one it wraps) is the connection going away under the statement (a
+ * restart, a failover, the backend terminated), not the statement failing: whether it was
+ * applied is not known, and trying again is the caller's to decide.
+ */
+export function isConnectionLost(err: unknown): boolean {
+  return withSqlState(err, (code) => CONNECTION_LOST.has(code) || code.startsWith("08")) !== undefined;
+}
+
 /** Whether a store error (or one it wraps) is a unique-key violation (SQLSTATE 23505), on either backend. */
 export function isUniqueViolation(err: unknown): boolean {
   return withSqlState(err, (code) => code === "23505") !== undefined;

@@ -17,6 +17,7 @@ import type { IdentityChange } from "../../identity/records.ts";
 import { toApi } from "../../identity/serialize.ts";
 import type { Live } from "../../live.ts";
 import { redactSecrets } from "../../secrets.ts";
+import { isConnectionLost } from "../../store/sql.ts";
 import { forgetAlerts } from "../../spend/alerts.ts";
 import type { HostServices } from "../../services.ts";
 import type { Snapshot } from "../../snapshot.ts";
@@ -166,7 +167,13 @@ export function adminRoute<R>(deps: AdminDeps, handler: (ctx: AdminCtx) => Promi
         });
       },
     };
-    const storeDown = async (): Promise<GatewayError | undefined> => {
+    const storeDown = async (err?: unknown): Promise<GatewayError | undefined> => {
+      // The connection lost under the call (the database restarted, failed over): the store may be
+      // back already, but this call's write may or may not have been applied.
+      if (isConnectionLost(err)) {
+        deps.log.warn("management call failed: store connection lost", { path: url.pathname, error: String(err) });
+        return GatewayError.of(503, "The connection to the store was lost during this management call, so it may not have been applied. Check, then retry.", "api_connection_error");
+      }
       const reachable = await store.ping();
       if (reachable.ok) return undefined;
       deps.log.warn("management call failed: store unreachable", { path: url.pathname, error: reachable.detail });
@@ -195,7 +202,7 @@ export function adminRoute<R>(deps: AdminDeps, handler: (ctx: AdminCtx) => Promi
     } catch (err) {
       if (err instanceof GatewayError) throw err;
       // A failure because the store is unreachable is the client's to retry, not a bug.
-      throw (await storeDown()) ?? err;
+      throw (await storeDown(err)) ?? err;
     }
   };
 }
