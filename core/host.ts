@@ -16,7 +16,7 @@ import { secretKey } from "./secrets.ts";
 import type { HostServices } from "./services.ts";
 import { SnapshotError } from "./snapshot.ts";
 import { secretProblem } from "./callbacks/signing.ts";
-import { BudgetAlerts, DEFAULT_THRESHOLDS } from "./spend/alerts.ts";
+import { BudgetAlerts } from "./spend/alerts.ts";
 import { WebhookSender, webhookTargets } from "./callbacks/team-webhooks.ts";
 import { toSpendEntry } from "./spend/entry.ts";
 import { StoreSpendHistory } from "./spend/history.ts";
@@ -90,9 +90,9 @@ export async function startHost(opts: HostOptions): Promise<Host> {
     let live: Live | undefined;
     const general = () => live?.current.config.general_settings;
     const webhook = () => {
-      const g = general() as { alert_webhook_url?: unknown; alert_webhook_secret?: unknown } | undefined;
-      const url = typeof g?.alert_webhook_url === "string" ? g.alert_webhook_url : process.env.WEBHOOK_URL || undefined;
-      const secret = typeof g?.alert_webhook_secret === "string" ? g.alert_webhook_secret : process.env.WEBHOOK_SECRET || undefined;
+      const g = general();
+      const url = g?.alert_webhook_url ?? (process.env.WEBHOOK_URL || undefined);
+      const secret = g?.alert_webhook_secret ?? (process.env.WEBHOOK_SECRET || undefined);
       return url === undefined ? undefined : { url, secret };
     };
     const envSecretProblem = process.env.WEBHOOK_SECRET ? secretProblem(process.env.WEBHOOK_SECRET) : undefined;
@@ -104,7 +104,7 @@ export async function startHost(opts: HostOptions): Promise<Host> {
       const key = secretKey(process.env.SVC_SALT_KEY, live?.current.settings.masterKey);
       for (const t of webhookTargets(identity.teams.get(teamId), key)) teamSender.post(t, payload);
     };
-    const thresholds = () => (general() as { budget_alert_thresholds?: number[] } | undefined)?.budget_alert_thresholds ?? DEFAULT_THRESHOLDS;
+    const thresholds = () => general()?.budget_alert_thresholds;
     const alerts = new BudgetAlerts(store.db, opts.log, webhook, teamAlerts, thresholds);
     const ledger = redis ? new RedisLedger(redis.client, opts.log, alerts) : new LocalLedger(alerts);
     cooldowns?.start();

@@ -37,7 +37,7 @@ import {
 } from "../core/contract.ts";
 import { columnToPico, picoToText, picoToUsd, type Pico, usdToPico } from "../core/cost/money.ts";
 import { errorInfo } from "../core/errors.ts";
-import { counterId, NO_LIMIT } from "../core/spend/ledger.ts";
+import { counterId, counterOwner, NO_LIMIT } from "../core/spend/ledger.ts";
 import { gridPeriod, periodEnd } from "../core/spend/period.ts";
 import { budgetOf } from "./shared/budget-object.ts";
 import { keyLabel } from "./shared/labels.ts";
@@ -232,17 +232,13 @@ const UNBOUNDED: Record<CallIntent["endpoint"], string> = {
   pass_through: "the route's price per call",
 };
 
-/** Who a counter's budget belongs to, as the refusal's `budget.entity` names it. */
-const ENTITY: Record<string, string> = { key: "key", key_model: "key", team: "team", team_member: "team_member", org: "organization", user: "user", provider: "provider" };
-
 /** The refusing budget in figures (the error envelope's `budget`): a client can tell which one, and what is left, without reading the message. */
 function refusedBudget(c: BudgetCounter, spend: Pico, reserved: Pico, callCost: Pico | undefined): BudgetRefusalDetail {
-  const [kind = "", ...rest] = c.id.split(":");
-  const perModel = kind === "key_model";
+  const { entity, id, model } = counterOwner(c.id);
   return {
-    entity: ENTITY[kind] ?? kind,
-    id: perModel ? (rest[0] ?? "") : rest.join(":"),
-    ...(perModel ? { model: rest.slice(1).join(":") } : {}),
+    entity,
+    id,
+    ...(model === undefined ? {} : { model }),
     max_budget: picoToUsd(c.limit),
     spend: picoToUsd(spend),
     reserved: picoToUsd(reserved),

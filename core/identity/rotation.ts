@@ -14,6 +14,7 @@
 import { randomUUID } from "node:crypto";
 import { and, eq, isNull, lte, sql } from "drizzle-orm";
 import type { Logger } from "../contract.ts";
+import { PeriodicJob } from "../periodic-job.ts";
 import type { Db } from "../store/db.ts";
 import { auditLog, rotatedKeys, virtualKeys } from "../store/schema.ts";
 import type { ChangeBus } from "./bus.ts";
@@ -142,8 +143,10 @@ export async function rotateDueKeys(db: Db, bus: ChangeBus, log: Logger, now = D
 
 /** Runs `rotateDueKeys` every ~10 s until stopped. */
 export class KeyRotator {
-  private timer: ReturnType<typeof setInterval> | undefined;
-  private running: Promise<unknown> | undefined;
+  private readonly job = new PeriodicJob(
+    () => rotateDueKeys(this.db, this.bus, this.log),
+    (err) => this.log.warn("automatic key rotation failed; will retry", { error: String(err) }),
+  );
 
   constructor(
     private readonly db: Db,
@@ -153,19 +156,10 @@ export class KeyRotator {
   ) {}
 
   start(): void {
-    this.timer = setInterval(() => {
-      if (this.running) return;
-      this.running = rotateDueKeys(this.db, this.bus, this.log)
-        .catch((err) => this.log.warn("automatic key rotation failed; will retry", { error: String(err) }))
-        .finally(() => {
-          this.running = undefined;
-        });
-    }, this.intervalMs);
-    this.timer.unref?.();
+    this.job.start(this.intervalMs);
   }
 
-  async stop(): Promise<void> {
-    clearInterval(this.timer);
-    await this.running;
+  stop(): Promise<void> {
+    return this.job.stop();
   }
 }

@@ -8,6 +8,7 @@
  */
 import { sql } from "drizzle-orm";
 import type { Logger } from "../contract.ts";
+import { PeriodicJob } from "../periodic-job.ts";
 import { postNotification } from "../callbacks/post.ts";
 import { deliveryHeaders } from "../callbacks/signing.ts";
 import type { Db } from "../store/db.ts";
@@ -51,8 +52,10 @@ interface Owed {
 const claimMs = () => alertTiming.pausesMs.reduce((a, b) => a + b, 0) + alertTiming.pausesMs.length * alertTiming.timeoutMs + 5_000;
 
 export class AlertDelivery {
-  private timer: ReturnType<typeof setInterval> | undefined;
-  private sweeping: Promise<void> | undefined;
+  private readonly sweeper = new PeriodicJob(
+    () => this.sweep(),
+    (err) => this.log.warn("owed budget alerts could not be read; trying again later", { error: String(err) }),
+  );
 
   constructor(
     private readonly db: Db,
@@ -82,19 +85,11 @@ export class AlertDelivery {
   }
 
   start(): void {
-    this.timer = setInterval(() => {
-      this.sweeping ??= this.sweep()
-        .catch((err) => this.log.warn("owed budget alerts could not be read; trying again later", { error: String(err) }))
-        .finally(() => {
-          this.sweeping = undefined;
-        });
-    }, alertTiming.sweepMs);
-    this.timer.unref?.();
+    this.sweeper.start(alertTiming.sweepMs);
   }
 
-  async stop(): Promise<void> {
-    clearInterval(this.timer);
-    await this.sweeping;
+  stop(): Promise<void> {
+    return this.sweeper.stop();
   }
 
   /** One attempt at each owed alert that is due (taken from other instances' reach while it runs). */

@@ -15,15 +15,16 @@ import { picoToText, picoToUsd } from "../cost/money.ts";
 import type { Db } from "../store/db.ts";
 import { budgetAlerts } from "../store/schema.ts";
 import { AlertDelivery, type AlertWebhook } from "./alert-delivery.ts";
-import { type BudgetEvent, type CrossingListener, NO_LIMIT } from "./ledger.ts";
+import { type BudgetEvent, type CrossingListener, counterOwner, NO_LIMIT } from "./ledger.ts";
 
-const GROUPS: Record<string, { group: string; prefix: string }> = {
-  key: { group: "key", prefix: "Key Budget" },
-  key_model: { group: "key", prefix: "Key Model Budget" },
-  team: { group: "team", prefix: "Team Budget" },
-  org: { group: "organization", prefix: "Organization Budget" },
-  user: { group: "user", prefix: "User Budget" },
-  provider: { group: "provider", prefix: "Provider Budget" },
+/** LiteLLM's event message prefix per kind of counter. */
+const PREFIX: Record<string, string> = {
+  key: "Key Budget",
+  key_model: "Key Model Budget",
+  team: "Team Budget",
+  org: "Organization Budget",
+  user: "User Budget",
+  provider: "Provider Budget",
 };
 
 /** LiteLLM's event messages; a threshold's names the part of the budget left ("15% Threshold Crossed"). */
@@ -31,11 +32,10 @@ const text = (event: BudgetEvent, left: number | undefined): string =>
   event === "soft_budget_crossed" ? "Soft Budget Crossed" : event === "budget_crossed" ? "Budget Crossed" : `${Math.round((left ?? 0) * 10_000) / 100}% Threshold Crossed`;
 
 /** Low-budget thresholds when the config sets none: LiteLLM's, 15 % and 5 % of the budget left. */
-export const DEFAULT_THRESHOLDS: readonly number[] = [0.15, 0.05];
+const DEFAULT_THRESHOLDS: readonly number[] = [0.15, 0.05];
 
 export function alertPayload(counter: BudgetCounter, event: BudgetEvent, spend: bigint, left?: number): Record<string, unknown> {
-  const [kind = "", id = "", model] = counter.id.split(":");
-  const g = GROUPS[kind] ?? { group: kind, prefix: "Budget" };
+  const { kind, entity, id, model } = counterOwner(counter.id);
   return {
     spend: picoToUsd(spend),
     max_budget: counter.limit === NO_LIMIT ? null : picoToUsd(counter.limit),
@@ -49,8 +49,8 @@ export function alertPayload(counter: BudgetCounter, event: BudgetEvent, spend: 
     budget: counter.label,
     budget_reset_at: counter.periodEnd === null ? null : new Date(counter.periodEnd).toISOString(),
     event,
-    event_group: g.group,
-    event_message: `${g.prefix}: ${text(event, left)}`,
+    event_group: entity,
+    event_message: `${PREFIX[kind] ?? "Budget"}: ${text(event, left)}`,
   };
 }
 
@@ -73,14 +73,14 @@ export class BudgetAlerts implements CrossingListener {
     webhook: AlertWebhook,
     /** Also tells a team's own webhooks about the team's budget. */
     private readonly toTeam?: (teamId: string, payload: Record<string, unknown>) => void,
-    /** The low-budget thresholds in force (`general_settings.budget_alert_thresholds`). */
-    private readonly lowBudgetThresholds: () => readonly number[] = () => DEFAULT_THRESHOLDS,
+    /** The low-budget thresholds the config sets (`general_settings.budget_alert_thresholds`), if any. */
+    private readonly configuredThresholds: () => readonly number[] | undefined = () => undefined,
   ) {
     this.delivery = new AlertDelivery(db, log, webhook);
   }
 
   thresholds(): readonly number[] {
-    return this.lowBudgetThresholds();
+    return this.configuredThresholds() ?? DEFAULT_THRESHOLDS;
   }
 
   /** Fire-and-forget: never slows or fails the call that crossed the line. */

@@ -21,6 +21,19 @@ export function counterId(kind: "key" | "team" | "org" | "user" | "team_member",
   return `${kind}:${id}`;
 }
 
+/** Who owns each kind of counter, as refusals (`budget.entity`) and alerts (`event_group`) name it. */
+const OWNER: Record<string, string> = { key: "key", key_model: "key", team: "team", team_member: "team_member", org: "organization", user: "user", provider: "provider" };
+
+/**
+ * Whose budget a counter is, read from its id (`counterId`, `key_model:<token>:<model>`,
+ * `provider:<name>`): its kind, the owner's entity name and id, and the model of a key's per-model budget.
+ */
+export function counterOwner(counter: string): { kind: string; entity: string; id: string; model?: string } {
+  const [kind = "", ...rest] = counter.split(":");
+  const entity = OWNER[kind] ?? kind;
+  return kind === "key_model" ? { kind, entity, id: rest[0] ?? "", model: rest.slice(1).join(":") } : { kind, entity, id: rest.join(":") };
+}
+
 /** The limit of a counter kept only for its soft budget: never reached (2^62 pico-dollars, about $4.6 million). */
 export const NO_LIMIT = 2n ** 62n;
 

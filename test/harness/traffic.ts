@@ -17,3 +17,23 @@ export async function chatStatus(gw: { baseURL: string }, key: string, opts: { s
   await res.arrayBuffer();
   return res.status;
 }
+
+/**
+ * A mock model whose calls cost exactly $1 with `max_tokens: 1000` (1000 output tokens at $0.001,
+ * the prompt free), which is also what such a call reserves: budgets and alerts in whole dollars.
+ */
+export const DOLLAR_MODEL = {
+  model_name: "dollar",
+  svc_params: { model: "mock/dollar", mock_response: "word ".repeat(1200) },
+  model_info: { input_cost_per_token: 0, output_cost_per_token: 0.001 },
+};
+
+/** A $1 call to DOLLAR_MODEL with `key`: its status and body text. */
+export async function dollarCall(gw: { baseURL: string }, key: string): Promise<{ status: number; text: string }> {
+  const res = await fetch(`${gw.baseURL}/chat/completions`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+    body: JSON.stringify({ model: DOLLAR_MODEL.model_name, messages: [{ role: "user", content: "hi" }], max_tokens: 1000 }),
+  });
+  return { status: res.status, text: await res.text() };
+}

@@ -6,15 +6,14 @@ import { afterEach, expect, test } from "bun:test";
 import { sql } from "drizzle-orm";
 import { alertTiming } from "../../core/spend/alerts.ts";
 import { rows } from "../../core/store/sql.ts";
+import { DOLLAR_MODEL, dollarCall } from "../harness/traffic.ts";
 import { freshDatabase, MASTER_KEY, requestJson, startBackendGateway, startTestGateway, type TestGateway } from "../harness/gateway.ts";
 
 const DEFAULTS = { ...alertTiming, pausesMs: [...alertTiming.pausesMs] };
 afterEach(() => Object.assign(alertTiming, { ...DEFAULTS, pausesMs: [...DEFAULTS.pausesMs] }));
 
-const LONG_REPLY = "word ".repeat(1200);
 const config = (hook: string) => ({
-  // $1 a call, the prompt free.
-  model_list: [{ model_name: "dollar", svc_params: { model: "mock/dollar", mock_response: LONG_REPLY }, model_info: { input_cost_per_token: 0, output_cost_per_token: 0.001 } }],
+  model_list: [DOLLAR_MODEL],
   general_settings: { master_key: MASTER_KEY, alert_webhook_url: hook, budget_alert_thresholds: [] },
 });
 
@@ -36,12 +35,8 @@ function receiver(failing: number) {
 
 async function crossBudget(gw: TestGateway, made?: { key: string; token: string }): Promise<{ key: string; token: string }> {
   const { key, token } = made ?? (await requestJson<{ key: string; token: string }>(gw, "POST", "/key/generate", { body: { soft_budget: 0.5 } })).body;
-  const res = await fetch(`${gw.url}/v1/chat/completions`, {
-    method: "POST",
-    headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
-    body: JSON.stringify({ model: "dollar", messages: [{ role: "user", content: "hi" }], max_tokens: 1000 }),
-  });
-  expect(res.status, await res.text()).toBe(200);
+  const { status, text } = await dollarCall(gw, key);
+  expect(status, text).toBe(200);
   return { key, token };
 }
 

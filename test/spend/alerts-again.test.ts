@@ -5,9 +5,9 @@
 // same threshold without a reset still alerts once.
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
+import { DOLLAR_MODEL, dollarCall } from "../harness/traffic.ts";
 import { jsonPostReceiver } from "../harness/util.ts";
 
-const LONG_REPLY = "word ".repeat(1200);
 let gw: TestGateway;
 let receiver: ReturnType<typeof jsonPostReceiver>;
 let hooks: Record<string, unknown>[];
@@ -16,8 +16,7 @@ beforeAll(async () => {
   receiver = jsonPostReceiver();
   hooks = receiver.received;
   gw = await startBackendGateway("pglite", {
-    // $1 a call (1000 output tokens at $0.001).
-    model_list: [{ model_name: "dollar", svc_params: { model: "mock/dollar", mock_response: LONG_REPLY }, model_info: { input_cost_per_token: 1e-12, output_cost_per_token: 0.001 } }],
+    model_list: [DOLLAR_MODEL],
     general_settings: { master_key: MASTER_KEY, alert_webhook_url: receiver.url },
   });
 });
@@ -27,15 +26,7 @@ afterAll(async () => {
 });
 
 async function calls(key: string, n: number): Promise<void> {
-  for (let i = 0; i < n; i++) {
-    const res = await fetch(`${gw.url}/v1/chat/completions`, {
-      method: "POST",
-      headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
-      body: JSON.stringify({ model: "dollar", messages: [{ role: "user", content: "hi" }], max_tokens: 1000 }),
-    });
-    await res.text();
-    expect(res.status).toBe(200);
-  }
+  for (let i = 0; i < n; i++) expect((await dollarCall(gw, key)).status).toBe(200);
 }
 
 /** The events delivered for the key so far, once the writer and the deliveries have caught up. */

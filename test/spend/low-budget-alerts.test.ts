@@ -7,9 +7,9 @@
 // spends the budget is not told beside `budget_crossed`.
 import { afterAll, expect, test } from "bun:test";
 import { MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
+import { DOLLAR_MODEL, dollarCall } from "../harness/traffic.ts";
 import { jsonPostReceiver } from "../harness/util.ts";
 
-const LONG_REPLY = "word ".repeat(1200);
 const receiver = jsonPostReceiver();
 const teamReceiver = jsonPostReceiver();
 const started: TestGateway[] = [];
@@ -21,8 +21,7 @@ afterAll(async () => {
 
 async function gateway(general: Record<string, unknown> = {}): Promise<TestGateway> {
   const gw = await startBackendGateway("pglite", {
-    // $1 a call (1000 output tokens at $0.001, the prompt free: max_tokens 1000 reserves exactly that).
-    model_list: [{ model_name: "dollar", svc_params: { model: "mock/dollar", mock_response: LONG_REPLY }, model_info: { input_cost_per_token: 0, output_cost_per_token: 0.001 } }],
+    model_list: [DOLLAR_MODEL],
     general_settings: { master_key: MASTER_KEY, alert_webhook_url: receiver.url, ...general },
   });
   started.push(gw);
@@ -31,13 +30,8 @@ async function gateway(general: Record<string, unknown> = {}): Promise<TestGatew
 
 async function calls(gw: TestGateway, key: string, n: number): Promise<void> {
   for (let i = 0; i < n; i++) {
-    const res = await fetch(`${gw.url}/v1/chat/completions`, {
-      method: "POST",
-      headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
-      body: JSON.stringify({ model: "dollar", messages: [{ role: "user", content: "hi" }], max_tokens: 1000 }),
-    });
-    const text = await res.text();
-    expect(res.status, text).toBe(200);
+    const { status, text } = await dollarCall(gw, key);
+    expect(status, text).toBe(200);
   }
 }
 
@@ -78,13 +72,7 @@ test("configured thresholds: a team's budget tells each one, in order, to the al
   expect(await messages(gw, receiver.received, teamAlert, 3)).toEqual(told);
   expect(await messages(gw, teamReceiver.received, teamAlert, 3)).toEqual(told);
   // Spent: refused, and nothing told again.
-  const refused = await fetch(`${gw.url}/v1/chat/completions`, {
-    method: "POST",
-    headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
-    body: JSON.stringify({ model: "dollar", messages: [{ role: "user", content: "hi" }], max_tokens: 1000 }),
-  });
-  expect(refused.status).toBe(400);
-  await refused.text();
+  expect((await dollarCall(gw, key)).status).toBe(400);
   expect(await messages(gw, receiver.received, teamAlert, 0)).toEqual(told);
 }, 30_000);
 
