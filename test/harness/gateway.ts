@@ -2,7 +2,7 @@
  * Test gateways. `startTestGateway` runs the real app in-process on a random port (fast, most
  * tests); `spawnGateway` runs `core/main.ts` as its own process (signals, store, run interface).
  */
-import { cpSync, existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { stringify } from "yaml";
@@ -66,17 +66,43 @@ export interface TestGatewayOptions {
 let pgliteTemplate: Promise<string> | undefined;
 
 /**
- * An embedded store's folder, initialized and migrated once per test run: gateways on the embedded
- * store start from a copy of it (tens of milliseconds) instead of running initdb (seconds each).
- * A store's first boot is still tested where it matters (test/store.test.ts opens fresh folders).
+ * What an initialized store folder depends on: the migrations and the PGlite build. A template
+ * made by an earlier run (or by another test process of this run) with the same ones is reused.
+ */
+function templateVersion(): string {
+  const hash = new Bun.CryptoHasher("sha256");
+  const migrations = join(ROOT, "core/store/migrations");
+  for (const name of readdirSync(migrations).sort()) if (name.endsWith(".sql")) hash.update(name).update(readFileSync(join(migrations, name)));
+  hash.update(readFileSync(join(ROOT, "node_modules/@electric-sql/pglite/package.json")));
+  return hash.digest("hex").slice(0, 16);
+}
+
+/**
+ * An embedded store's folder, initialized and migrated once: gateways on the embedded store start
+ * from a copy of it (tens of milliseconds) instead of running initdb (seconds of CPU each). It is
+ * kept in `.test-tmp/` under its version, so test processes running side by side (`--parallel`)
+ * and later runs share it; it is built in a folder of its own and renamed into place, so no process
+ * copies a half-made one. A store's first boot is still tested where it matters (test/store.test.ts
+ * opens fresh folders).
  */
 export function initializedPgFolder(): Promise<string> {
   pgliteTemplate ??= (async () => {
-    const dir = tempDir("gw-pglite-template-");
-    process.on("exit", () => rmSync(dir, { recursive: true, force: true }));
-    const store = await openStore({ dataDir: dir });
-    await store.close();
-    return join(dir, "pg");
+    const final = join(ROOT, ".test-tmp", `pglite-template-${templateVersion()}`);
+    if (!existsSync(join(final, "pg", "PG_VERSION"))) {
+      mkdirSync(join(ROOT, ".test-tmp"), { recursive: true });
+      const building = mkdtempSync(`${final}.building-`);
+      try {
+        const store = await openStore({ dataDir: building });
+        await store.close();
+        renameSync(building, final);
+      } catch (err) {
+        // Another process put its template in place first: use that one.
+        if (!existsSync(join(final, "pg", "PG_VERSION"))) throw err;
+      } finally {
+        rmSync(building, { recursive: true, force: true });
+      }
+    }
+    return join(final, "pg");
   })();
   return pgliteTemplate;
 }
