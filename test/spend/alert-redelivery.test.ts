@@ -66,6 +66,8 @@ test("an alert the webhook refused five times is delivered on the sixth attempt,
     expect(new Set(hook.got.map((g) => g.id)).size).toBe(1);
     expect(hook.got[0]!.id).toStartWith("msg_");
     expect(hook.got.every((g) => g.body.token === token && g.body.event === "soft_budget_crossed")).toBe(true);
+    // The webhook's 200 reaches it before the gateway has recorded the delivery.
+    expect(await until(async () => (await alertRow(gw))?.delivered === true)).toBe(true);
     expect(await alertRow(gw)).toEqual({ attempts: 6, owed: false, delivered: true, last_error: null });
     // Taken: not sent again.
     await Bun.sleep(400);
@@ -100,6 +102,7 @@ test("postgres: an alert still owed when the gateway stops is delivered by the n
     hook.state.down = false;
     expect(await until(() => hook.got.some((g) => g.status === 200))).toBe(true);
     expect(hook.got.map((g) => g.id)).toEqual([firstId, firstId, firstId, firstId]);
+    expect(await until(async () => (await alertRow(side))?.delivered === true)).toBe(true);
     expect(await alertRow(side)).toEqual({ attempts: 4, owed: false, delivered: true, last_error: null });
   } finally {
     await gw?.stop();
