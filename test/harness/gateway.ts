@@ -90,6 +90,9 @@ export function initializedPgFolder(): Promise<string> {
     const final = join(ROOT, ".test-tmp", `pglite-template-${templateVersion()}`);
     if (!existsSync(join(final, "pg", "PG_VERSION"))) {
       mkdirSync(join(ROOT, ".test-tmp"), { recursive: true });
+      // Templates of earlier migrations (~40 MB each) are no use any more.
+      for (const name of readdirSync(join(ROOT, ".test-tmp")))
+        if (/^pglite-template-[0-9a-f]{16}$/.test(name) && !final.endsWith(name)) rmSync(join(ROOT, ".test-tmp", name), { recursive: true, force: true });
       const building = mkdtempSync(`${final}.building-`);
       try {
         const store = await openStore({ dataDir: building });
