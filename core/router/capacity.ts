@@ -43,3 +43,54 @@ export async function capacityWaitMs(windows: RateWindows, candidates: readonly 
   }
   return candidates.length > 0 ? wait : undefined;
 }
+
+/**
+ * Calls of each model group that hold their caller's rate-limit leases and have not yet been counted
+ * at a deployment's own rpm/tpm (nor refused by all of them). Under a burst at a group at capacity,
+ * those the deployments are about to refuse hold slots of the caller's limits that they give back a
+ * moment later; a caller refusal meanwhile waits for them to move on and asks again, rather than
+ * blame requests that never ran. In-process: across instances the windows in Redis still race.
+ */
+class AwaitingCapacity {
+  private readonly groups = new Map<string, { calls: number; movedOn: PromiseWithResolvers<void> }>();
+
+  /** Counts a call of `group` as waiting; the returned function (idempotent) says it moved on. */
+  enter(group: string): () => void {
+    let entry = this.groups.get(group);
+    if (!entry) {
+      entry = { calls: 0, movedOn: Promise.withResolvers() };
+      this.groups.set(group, entry);
+    }
+    const e = entry;
+    e.calls++;
+    let left = false;
+    return () => {
+      if (left) return;
+      left = true;
+      e.calls--;
+      e.movedOn.resolve();
+      if (e.calls > 0) e.movedOn = Promise.withResolvers();
+      else if (this.groups.get(group) === e) this.groups.delete(group);
+    };
+  }
+
+  /** True once one of `group`'s waiting calls moves on; false at once when none waits, or after `ms`. */
+  async oneMovesOn(group: string, ms: number): Promise<boolean> {
+    const entry = this.groups.get(group);
+    if (!entry || ms <= 0) return false;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const timedOut = new Promise<false>((resolve) => {
+      timer = setTimeout(() => resolve(false), ms);
+    });
+    try {
+      return await Promise.race([entry.movedOn.promise.then(() => true as const), timedOut]);
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+}
+
+export const awaitingCapacity = new AwaitingCapacity();
+
+/** How long a caller refusal may wait for its group's calls to move on (they take a round trip or two). */
+export const AWAIT_CAPACITY_MS = 500;
