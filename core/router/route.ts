@@ -201,7 +201,8 @@ async function fallBack<E extends Endpoint>(run: Run<E>, body: WireRequest[E], f
  * The caller's rate limits for a call to `group`. A refusal while every deployment of the group is
  * at its own rpm/tpm names the deployments (a GroupFailure, as when they refuse it later): under a
  * burst, calls the deployments then refuse count against the caller's limits until they give them
- * back, so the caller's refusal would blame limits the caller has not used.
+ * back, so the caller's refusal would blame limits the caller has not used. For that reason too, a
+ * refusal while a deployment has room waits for the group's calls not yet counted at one, then asks again.
  */
 async function limitLeases(snapshot: Snapshot, intent: Intent, group: string, candidates: readonly Deployment[]): Promise<Lease[]> {
   const deadline = Date.now() + AWAIT_CAPACITY_MS;
