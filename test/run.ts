@@ -14,7 +14,7 @@ rmSync(report, { force: true });
 // TEST_WORKERS=2 runs the files in two worker processes (bun test --parallel --no-isolate, which
 // keeps a worker's modules and the compiled PGlite across its files, as one process does): most
 // files spend much of their time waiting on gateways they started, so on a 2-core machine the
-// suite takes ~11 minutes instead of ~16. Not the default: in two of four such runs one test
+// suite takes ~11 minutes instead of ~16. Not the default: in two of five such runs one test
 // (bad-input-model-calls, its last) hung until its timeout, which no run in one process has shown.
 const workers = Number(process.env.TEST_WORKERS ?? 1);
 if (!Number.isInteger(workers) || workers < 1) throw new Error(`TEST_WORKERS must be a whole number of at least 1, not ${process.env.TEST_WORKERS}`);
