@@ -55,16 +55,25 @@ export class PgliteBridge {
       if (e.data.ok) p.resolve(e.data.value);
       else p.reject(Object.assign(new Error(e.data.error), e.data.code ? { code: e.data.code } : {}));
     };
-    this.worker.onerror = (e) => {
-      this.failure = `PGlite worker failed: ${e.message}`;
-      for (const p of this.pending.values()) p.reject(new Error(`PGlite worker failed: ${e.message}`));
-      this.pending.clear();
-    };
+    this.worker.onerror = (e) => this.fail(`PGlite worker failed: ${e.message}`);
+    // A thread that ends without an error event (killed, out of memory) would leave every caller waiting forever.
+    this.worker.addEventListener("close", () => this.fail("the PGlite worker thread ended"));
+  }
+
+  /** Fails what waits for an answer; later calls fail at once with the first reason. */
+  private fail(reason: string): void {
+    this.failure ??= reason;
+    for (const p of this.pending.values()) p.reject(new Error(this.failure));
+    this.pending.clear();
   }
 
   private call<T>(payload: Payload): Promise<T> {
     const id = this.nextId++;
     return new Promise<T>((resolve, reject) => {
+      if (this.failure && payload.op !== "close") {
+        reject(new Error(this.failure));
+        return;
+      }
       this.pending.set(id, { resolve: resolve as (v: unknown) => void, reject });
       this.worker.postMessage({ ...payload, id });
     });
@@ -113,7 +122,12 @@ export class PgliteBridge {
   }
 
   async close(): Promise<void> {
-    this.failure ??= "the embedded store is closed";
+    if (this.failure) {
+      // Failed or closed already: a dead thread would never answer the close.
+      this.worker.terminate();
+      return;
+    }
+    this.failure = "the embedded store is closed";
     try {
       await this.call({ op: "close" });
     } finally {
