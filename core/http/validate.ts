@@ -22,14 +22,15 @@ export function checker<S extends TSchema>(schema: S) {
   };
 }
 
-/** A failed nullable union ("Expected union value") is explained by its non-null branch's error. */
+/** A failed nullable union ("Expected union value") is explained by its non-null branch's error, down to the field at fault. */
 function explain(error: ValueError): ValueError {
   const all = error.schema.anyOf as TSchema[] | undefined;
   if (all?.every((b) => b.const !== undefined)) return { ...error, message: `Expected one of ${all.map((b) => JSON.stringify(b.const)).join(", ")}` };
   const branches = all?.filter((b) => b[Kind] !== "Null");
   if (branches?.length !== 1) return error;
   const inner = Value.Errors(branches[0]!, error.value).First();
-  return inner ? { ...inner, path: error.path + inner.path } : error;
+  // The branch may hold nullable unions of its own (metadata.tags): explained the same way.
+  return inner ? explain({ ...inner, path: error.path + inner.path }) : error;
 }
 
 const transcriptionFields = checker(TranscriptionRequestSchema);

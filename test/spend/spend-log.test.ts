@@ -108,6 +108,26 @@ for (const backend of BACKENDS) {
       expect(JSON.stringify(row)).not.toContain("price this call please");
     });
 
+    test("a call may carry up to 100 tags, each reported; more, or tags that are not a list of strings, is a 422 naming metadata.tags and logs nothing", async () => {
+      const hundred = Array.from({ length: 100 }, (_, i) => `t-${i}`);
+      const ok = await client.chat.completions.create({ model: "priced", messages: [{ role: "user", content: "many tags" }], metadata: { tags: hundred } } as never);
+      await gw.host!.spendWriter.flush();
+      const [row] = await logs(sql`request_id = ${ok.id}`);
+      expect([...row!.request_tags].sort()).toEqual([...hundred, "prod"].sort());
+      const before = (await logs()).length;
+      for (const tags of [[...hundred, "t-100"], Array.from({ length: 50_000 }, (_, i) => `x${i}`), "prod", ["ok", 7]]) {
+        const r = await requestJson<{ error: { message: string; param: string } }>(gw, "POST", "/v1/chat/completions", {
+          key,
+          body: { model: "priced", messages: [{ role: "user", content: "hi" }], metadata: { tags } },
+        });
+        expect(r.status, r.text).toBe(422);
+        expect(r.body.error.param).toStartWith("metadata.tags");
+        if (Array.isArray(tags) && tags.length > 100) expect(r.body.error.message).toContain("100");
+      }
+      await gw.host!.spendWriter.flush();
+      expect((await logs()).length).toBe(before);
+    });
+
     test("a streamed call is logged with the chunks' id and the usage of its last chunk", async () => {
       const stream = await client.chat.completions.create({ model: "priced", messages: [{ role: "user", content: "stream it" }], stream: true });
       let id = "";
