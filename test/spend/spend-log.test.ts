@@ -108,7 +108,7 @@ for (const backend of BACKENDS) {
       expect(JSON.stringify(row)).not.toContain("price this call please");
     });
 
-    test("a call may carry up to 100 tags, each reported; more, or tags that are not a list of strings, is a 422 naming metadata.tags and logs nothing", async () => {
+    test("a call may carry up to 100 tags, each reported; more, or tags that are not a list of strings, is a 422 naming metadata.tags and logs nothing; a key holds at most 100 too", async () => {
       const hundred = Array.from({ length: 100 }, (_, i) => `t-${i}`);
       const ok = await client.chat.completions.create({ model: "priced", messages: [{ role: "user", content: "many tags" }], metadata: { tags: hundred } } as never);
       await gw.host!.spendWriter.flush();
@@ -126,6 +126,14 @@ for (const backend of BACKENDS) {
       }
       await gw.host!.spendWriter.flush();
       expect((await logs()).length).toBe(before);
+      // A key's own tags go on every call it makes: the same bound.
+      const tagged = await requestJson<{ error: { message: string } }>(gw, "POST", "/key/generate", { body: { tags: [...hundred, "t-100"] } });
+      expect(tagged.status, tagged.text).toBe(422);
+      expect(tagged.body.error.message).toContain("tags");
+      const updated = await requestJson(gw, "POST", "/key/update", { body: { key, tags: [...hundred, "t-100"] } });
+      expect(updated.status, updated.text).toBe(422);
+      expect((await requestJson(gw, "POST", "/key/update", { body: { key, tags: hundred } })).status).toBe(200);
+      await requestJson(gw, "POST", "/key/update", { body: { key, tags: ["prod"] } });
     });
 
     test("a streamed call is logged with the chunks' id and the usage of its last chunk", async () => {
