@@ -11,12 +11,11 @@ const report = join(reportDir, "junit.xml");
 mkdirSync(reportDir, { recursive: true });
 rmSync(report, { force: true });
 
-// TEST_WORKERS=2 runs the files in two worker processes (bun test --parallel --no-isolate, which
-// keeps a worker's modules and the compiled PGlite across its files, as one process does): most
-// files spend much of their time waiting on gateways they started, so on a 2-core machine the
-// suite takes ~11 minutes instead of ~16. Not the default: in two of five such runs one test
-// (bad-input-model-calls, its last) hung until its timeout, which no run in one process has shown.
-const workers = Number(process.env.TEST_WORKERS ?? 1);
+// The files run in two worker processes by default (bun test --parallel --no-isolate, which keeps a
+// worker's modules and the compiled PGlite across its files, as one process does): most files spend
+// much of their time waiting on gateways they started, so on a 2-core machine the suite takes 6.5
+// minutes instead of 11.5 in one process (TEST_WORKERS=1), 11 instead of 16 on a slower one.
+const workers = Number(process.env.TEST_WORKERS ?? 2);
 if (!Number.isInteger(workers) || workers < 1) throw new Error(`TEST_WORKERS must be a whole number of at least 1, not ${process.env.TEST_WORKERS}`);
 const parallel = workers > 1 ? [`--parallel=${workers}`, "--no-isolate"] : [];
 const proc = Bun.spawn([process.execPath, "test", "--timeout=30000", ...parallel, "--reporter=junit", `--reporter-outfile=${report}`, ...process.argv.slice(2)], {
