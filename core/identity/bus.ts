@@ -5,6 +5,7 @@
  */
 import type Redis from "ioredis";
 import type { Logger } from "../contract.ts";
+import { channelName } from "../kv/redis.ts";
 import type { Notifications } from "../store/db.ts";
 import type { IdentityCache } from "./cache.ts";
 import type { IdentityChange } from "./records.ts";
@@ -27,13 +28,17 @@ export class ChangeBus {
   private subscribedOnce: Promise<void> = Promise.resolve();
   /** Markers sent by `caughtUp`, resolved when they come back on the channel. */
   private readonly markers = new Map<string, () => void>();
+  /** The Redis channel of this instance's database. */
+  private readonly channel: string;
 
   constructor(
     private readonly cache: IdentityCache,
     private readonly log: Logger,
     private readonly redis?: Redis,
     private readonly pg?: Notifications,
-  ) {}
+  ) {
+    this.channel = redis ? channelName(redis, CHANNEL) : CHANNEL;
+  }
 
   /**
    * Subscribes to other instances' changes. Every (re)connection resubscribes first and then reloads
@@ -91,7 +96,7 @@ export class ChangeBus {
 
   private async resync(sub: Redis, full: boolean): Promise<void> {
     try {
-      await sub.subscribe(CHANNEL);
+      await sub.subscribe(this.channel);
       await (full ? this.cache.apply({ kind: "all" }) : this.cache.refresh());
     } catch (err) {
       this.log.error("identity resync failed", { error: String(err) });
@@ -128,7 +133,7 @@ export class ChangeBus {
     const back = new Promise<void>((resolve) => this.markers.set(marker, resolve));
     // An empty change list too: an instance of an earlier version reads the message as nothing to do.
     const payload = JSON.stringify({ origin: this.instanceId, changes: [], marker });
-    const sent = this.redis ? this.redis.publish(CHANNEL, payload) : this.pg!.notify(PG_CHANNEL, payload);
+    const sent = this.redis ? this.redis.publish(this.channel, payload) : this.pg!.notify(PG_CHANNEL, payload);
     let timer: ReturnType<typeof setTimeout> | undefined;
     const late = new Promise<void>((resolve) => {
       timer = setTimeout(resolve, CATCH_UP_MS);
@@ -153,7 +158,7 @@ export class ChangeBus {
   private async send(changes: IdentityChange[]): Promise<void> {
     if (!this.redis) return this.sendPg(changes);
     try {
-      await this.redis.publish(CHANNEL, JSON.stringify({ origin: this.instanceId, changes }));
+      await this.redis.publish(this.channel, JSON.stringify({ origin: this.instanceId, changes }));
     } catch (err) {
       // The other instances would otherwise keep serving the old rows until their own reconnect.
       this.pending.push(...changes);

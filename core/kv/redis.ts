@@ -57,3 +57,14 @@ export function connectRedis(url: string, log: Logger): RedisHandle {
     },
   };
 }
+
+/**
+ * A pub/sub channel of `client`'s database. Redis delivers a channel's messages to subscribers on
+ * every database index, so gateways sharing one server with different ones (`redis://…/1` for
+ * staging, `/2` for production) would hear each other's cooldowns and identity changes; beyond
+ * database 0 the index is part of the name (database 0 keeps the plain name earlier releases used).
+ */
+export function channelName(client: Redis, name: string): string {
+  const db = client.options.db ?? 0;
+  return db === 0 ? name : `${name}:db${db}`;
+}

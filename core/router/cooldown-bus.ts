@@ -6,6 +6,7 @@
  */
 import type Redis from "ioredis";
 import type { Logger } from "../contract.ts";
+import { channelName } from "../kv/redis.ts";
 import { MAX_COOLDOWN_MS, stateOf } from "./deployment-state.ts";
 
 const CHANNEL = "svc:deployment-cooldowns";
@@ -33,6 +34,7 @@ function parse(text: string): CooldownMessage | undefined {
 
 export class CooldownBus implements CooldownShare {
   private readonly instance = crypto.randomUUID();
+  private readonly channel: string;
   private subscriber: Redis | undefined;
 
   constructor(
@@ -43,7 +45,9 @@ export class CooldownBus implements CooldownShare {
      * does not (another config, a fleet mid-deploy) is not kept, or its figures would stay for good.
      */
     private readonly serves: (deploymentId: string) => boolean = () => true,
-  ) {}
+  ) {
+    this.channel = channelName(redis, CHANNEL);
+  }
 
   start(): void {
     const sub = this.redis.duplicate({ enableOfflineQueue: true, maxRetriesPerRequest: null, lazyConnect: true });
@@ -53,7 +57,7 @@ export class CooldownBus implements CooldownShare {
     let announced = false;
     sub.on("ready", () => {
       sub
-        .subscribe(CHANNEL)
+        .subscribe(this.channel)
         .then(() => {
           if (!announced) this.log.info("deployment cooldowns are shared with other instances through redis");
           announced = true;
@@ -71,7 +75,7 @@ export class CooldownBus implements CooldownShare {
 
   cooledDown(deploymentId: string, ms: number): void {
     const message: CooldownMessage = { from: this.instance, id: deploymentId, ms };
-    this.redis.publish(CHANNEL, JSON.stringify(message)).catch(() => undefined);
+    this.redis.publish(this.channel, JSON.stringify(message)).catch(() => undefined);
   }
 
   stop(): void {

@@ -1,6 +1,7 @@
 // Cooldowns across instances: two gateway processes on one Redis. Instance A cools a dead
 // deployment down; instance B, which never called it, skips it from then on (it would otherwise
-// pay its own failed calls, with retries, before cooling it down itself).
+// pay its own failed calls, with retries, before cooling it down itself). Instance C, on another
+// database of the same Redis server (another deployment of the gateway), does not hear it.
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { MASTER_KEY, type SpawnedGateway, spawnGateway } from "../harness/gateway.ts";
 import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
@@ -12,6 +13,9 @@ const suffix = crypto.randomUUID().slice(0, 8);
 let live: MockOpenAI;
 let a: SpawnedGateway;
 let b: SpawnedGateway;
+let c: SpawnedGateway;
+/** The same server, another database: Redis delivers pub/sub messages across databases. */
+const OTHER_DATABASE = Object.assign(new URL(REDIS_URL), { pathname: "/3" }).href;
 
 async function chat(gw: SpawnedGateway): Promise<{ status: number; model: string | null; retries: string | null }> {
   const res = await fetch(`${gw.baseURL}/chat/completions`, {
@@ -38,11 +42,11 @@ beforeAll(async () => {
     router_settings: { allowed_fails: 1, cooldown_time: 60, num_retries: 1, retry_initial_delay: 0.01 },
     general_settings: { master_key: MASTER_KEY },
   };
-  [a, b] = await Promise.all([spawnGateway(config, { env: { REDIS_URL } }), spawnGateway(config, { env: { REDIS_URL } })]);
-  await Promise.all([waitFor(a, "deployment cooldowns are shared"), waitFor(b, "deployment cooldowns are shared")]);
+  [a, b, c] = await Promise.all([spawnGateway(config, { env: { REDIS_URL } }), spawnGateway(config, { env: { REDIS_URL } }), spawnGateway(config, { env: { REDIS_URL: OTHER_DATABASE } })]);
+  await Promise.all([waitFor(a, "deployment cooldowns are shared"), waitFor(b, "deployment cooldowns are shared"), waitFor(c, "deployment cooldowns are shared")]);
 }, 60_000);
 afterAll(async () => {
-  await Promise.all([a?.stop(), b?.stop()]);
+  await Promise.all([a?.stop(), b?.stop(), c?.stop()]);
   await live?.stop();
 });
 
@@ -55,4 +59,13 @@ test("a deployment cooled down by one instance is skipped by the other", async (
   const calls = await Promise.all(Array.from({ length: 12 }, () => chat(b)));
   expect(calls.map((c) => [c.status, c.model, c.retries])).toEqual(calls.map(() => [200, `live-${suffix}`, "0"]));
   expect(b.output()).not.toContain("deployment cooling down");
+});
+
+test("an instance on another database of the same Redis server does not hear it: it meets the dead deployment itself", async () => {
+  // Runs after the first test: A has cooled the dead deployment down. C picks it about every second call.
+  const calls: Awaited<ReturnType<typeof chat>>[] = [];
+  for (let i = 0; i < 12; i++) calls.push(await chat(c));
+  expect(calls.every((x) => x.status === 200 && x.model === `live-${suffix}`)).toBe(true);
+  expect(calls.some((x) => x.retries !== "0")).toBe(true);
+  expect(c.output()).toContain(`dead-${suffix}`);
 });
