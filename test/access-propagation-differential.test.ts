@@ -42,9 +42,10 @@ import { freshDatabase, MASTER_KEY, startTestGateway, type TestGateway } from ".
 import { Random } from "./harness/random.ts";
 import { redisReachable } from "./harness/util.ts";
 import { type MockOpenAI, startMockOpenAI } from "./mock-upstream/openai.ts";
+import { TEST_REDIS_URL } from "./harness/redis.ts";
 
 const SEED = Number(process.env.ACCESS_DIFF_SEED ?? 917_305);
-const REDIS_URL = process.env.REDIS_URL ?? "redis://127.0.0.1:6379";
+const REDIS_URL = process.env.REDIS_URL ?? TEST_REDIS_URL;
 const STEPS = Number(process.env.ACCESS_DIFF_STEPS ?? 600);
 /** How long the other instance may take to serve what the write decided. */
 const PROPAGATION_MS = 1000;

@@ -44,6 +44,8 @@ import { pendingRecords } from "../core/pipeline/record.ts";
 import { deploymentStateIds, stateOf } from "../core/router/deployment-state.ts";
 import type { LocalWindows } from "../core/limits/local-windows.ts";
 import { counterId, type LocalLedger } from "../core/spend/ledger.ts";
+import { TEST_REDIS_URL } from "./harness/redis.ts";
+import { channelName } from "../core/kv/redis.ts";
 
 const SEED = Number(process.env.LEAKS_DIFF_SEED ?? 20_261_127);
 const STORMS = Number(process.env.LEAKS_DIFF_STORMS ?? 5);
@@ -74,7 +76,7 @@ const counted = { par: 0, rpm: 0, wide: 0 };
 
 /** Where the rate windows and the budget ledger live. */
 type Mode = "memory" | "redis";
-const REDIS_URL = process.env.REDIS_URL ?? "redis://127.0.0.1:6379";
+const REDIS_URL = process.env.REDIS_URL ?? TEST_REDIS_URL;
 
 /** `masterKey`: another one cannot read the stored model's credentials, so the reload is refused. */
 function config(variant: number, masterKey = MASTER_KEY): Json {
@@ -614,9 +616,10 @@ async function storms(m: Mode): Promise<void> {
     // a fleet mid-deploy) leave no figures here.
     const foreign = Array.from({ length: 50 }, (_, i) => `dep-foreign-${process.pid}-${i}`);
     const client = gw.host!.redis!.client;
-    for (const id of foreign) await client.publish("svc:deployment-cooldowns", JSON.stringify({ from: "another-instance", id, ms: 60_000 }));
+    const channel = channelName(client, "svc:deployment-cooldowns");
+    for (const id of foreign) await client.publish(channel, JSON.stringify({ from: "another-instance", id, ms: 60_000 }));
     // A served one is still heard (a marker that the messages before it arrived).
-    await client.publish("svc:deployment-cooldowns", JSON.stringify({ from: "another-instance", id: "dep-pricey", ms: 1 }));
+    await client.publish(channel, JSON.stringify({ from: "another-instance", id: "dep-pricey", ms: 1 }));
     const heard = await until(async () => deploymentStateIds().includes("dep-pricey") && stateOf("dep-pricey").cooldownUntil > 0, 5000);
     expect(heard, `a cooldown another instance announced for a served deployment ${note(STORMS)}`).toBe(true);
     expect(deploymentStateIds().filter((id) => foreign.includes(id)), `figures kept for deployments this instance does not serve ${note(STORMS)}`).toEqual([]);

@@ -11,8 +11,9 @@ import { teams, virtualKeys } from "../core/store/schema.ts";
 import { freshDatabase, MASTER_KEY, startTestGateway, type TestGateway } from "./harness/gateway.ts";
 import { TcpRelay } from "./harness/relay.ts";
 import { redisReachable, sha256 } from "./harness/util.ts";
+import { TEST_REDIS_URL, testRedisUrlAt } from "./harness/redis.ts";
 
-const REDIS_URL = "redis://127.0.0.1:6379";
+const REDIS_URL = TEST_REDIS_URL;
 const CONFIG = {
   model_list: [{ model_name: "gpt-a", svc_params: { model: "mock/gpt-a" } }],
   general_settings: { master_key: MASTER_KEY },
@@ -104,7 +105,7 @@ describe.skipIf(!redisUp)("two instances, one PostgreSQL, one Redis", () => {
     drop = db.drop;
     relay = await TcpRelay.start({ host: "127.0.0.1", port: 6379 });
     a = await startTestGateway(CONFIG, { store: { databaseUrl: db.url, redisUrl: REDIS_URL } });
-    b = await startTestGateway(CONFIG, { store: { databaseUrl: db.url, redisUrl: `redis://127.0.0.1:${relay.port}` } });
+    b = await startTestGateway(CONFIG, { store: { databaseUrl: db.url, redisUrl: testRedisUrlAt(relay.port) } });
     await Promise.all([a.host!.services.bus!.subscribed(), b.host!.services.bus!.subscribed()]);
   });
 

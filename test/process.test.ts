@@ -11,6 +11,7 @@ import postgres from "postgres";
 import { migrations } from "../core/store/migrations/index.ts";
 import { type ConfigInput, configText, MASTER_KEY, ROOT, type SpawnedGateway, spawnGateway, tempDir } from "./harness/gateway.ts";
 import { accepts } from "./harness/util.ts";
+import { TEST_REDIS_URL } from "./harness/redis.ts";
 
 // A PGlite first boot runs initdb: a few seconds, much more on a loaded machine.
 const SLOW = 90_000;
@@ -384,7 +385,7 @@ describe("PostgreSQL (DATABASE_URL)", () => {
 
 describe("Redis (REDIS_URL)", () => {
   test("a reachable Redis is reported connected", async () => {
-    const gw = await gateway(MOCK_CONFIG, { env: { DATABASE_URL: sharedDbUrl, REDIS_URL: "redis://127.0.0.1:6379" } });
+    const gw = await gateway(MOCK_CONFIG, { env: { DATABASE_URL: sharedDbUrl, REDIS_URL: TEST_REDIS_URL } });
     const ready = await readiness(gw);
     expect(ready.body).toMatchObject({ status: "healthy", db: "connected", cache: "redis", redis: "connected" });
     expect(ready.status).toBe(200);

@@ -50,10 +50,11 @@ import { TcpRelay } from "./harness/relay.ts";
 import { scaledExact } from "./harness/spend.ts";
 import { accepts, sha256 } from "./harness/util.ts";
 import { type MockOpenAI, startMockOpenAI } from "./mock-upstream/openai.ts";
+import { TEST_REDIS_URL } from "./harness/redis.ts";
 
 const SEED = Number(process.env.SHUTDOWN_DIFF_SEED ?? 20_261_201);
 const ROUNDS = Number(process.env.SHUTDOWN_DIFF_ROUNDS ?? 8);
-const REDIS_URL = process.env.TEST_REDIS_URL ?? "redis://127.0.0.1:6379";
+const REDIS_URL = TEST_REDIS_URL;
 const PG_SERVER = new URL(process.env.TEST_DATABASE_URL ?? "postgres://postgres@127.0.0.1:5432/postgres");
 /** The upstream's credential: not `sk-` shaped, so the log's redaction of keys does not hide it. */
 const UPSTREAM_KEY = `upstream-cred-${Math.random().toString(36).slice(2, 12)}`;

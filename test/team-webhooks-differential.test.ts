@@ -48,6 +48,7 @@ import { MASTER_KEY, requestJson, requestOk, startBackendGateway, type TestGatew
 import { Random } from "./harness/random.ts";
 import { sha256 } from "./harness/util.ts";
 import { type Fault, type MockOpenAI, startMockOpenAI } from "./mock-upstream/openai.ts";
+import { TEST_REDIS_URL } from "./harness/redis.ts";
 
 const SEED = Number(process.env.WEBHOOK_DIFF_SEED || 20_261_127);
 const STEPS = Number(process.env.WEBHOOK_DIFF_STEPS || 120);
@@ -400,7 +401,7 @@ describe(`team webhooks against a model (WEBHOOK_DIFF_SEED=${SEED})`, () => {
         svc_settings: { cache: cacheOn, cache_params: { mode: "default_off", type: redis ? "redis" : "local" } },
         general_settings: { master_key: MASTER_KEY },
       },
-      { redisUrl: redis ? "redis://127.0.0.1:6379" : undefined, dbPrefix: "gw_webhook_diff" },
+      { redisUrl: redis ? TEST_REDIS_URL : undefined, dbPrefix: "gw_webhook_diff" },
     );
 
     // --- teams, users, keys

@@ -10,8 +10,9 @@ import OpenAI, { BadRequestError } from "openai";
 import { decrypt, secretKey } from "../../core/secrets.ts";
 import { auditLog, proxyModels, users, virtualKeys } from "../../core/store/schema.ts";
 import { freshDatabase, MASTER_KEY, startTestGateway, type TestGateway } from "../harness/gateway.ts";
+import { TEST_REDIS_URL } from "../harness/redis.ts";
 
-const REDIS_URL = "redis://127.0.0.1:6379";
+const REDIS_URL = TEST_REDIS_URL;
 const CONFIG = {
   model_list: [{ model_name: "chat-mock", svc_params: { model: "mock/chat" }, model_info: { id: "cfg-chat" } }],
   general_settings: { master_key: MASTER_KEY },

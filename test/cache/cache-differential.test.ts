@@ -35,6 +35,7 @@ import { MASTER_KEY, requestOk, startBackendGateway, type TestGateway } from "..
 import { Random } from "../harness/random.ts";
 import { sha256, until } from "../harness/util.ts";
 import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
+import { TEST_REDIS_URL } from "../harness/redis.ts";
 
 const SEED = Number(process.env.CACHE_DIFF_SEED || 20_261_126);
 const STEPS = 70;
@@ -195,7 +196,7 @@ interface Run {
 
 async function startRun(up: MockOpenAI, redis: boolean, rng: Random): Promise<Run> {
   const config = drawConfig(rng, redis);
-  const gw = await startBackendGateway(redis ? "postgres" : "pglite", configOf(rng, config, up.url), { redisUrl: redis ? "redis://127.0.0.1:6379" : undefined, dbPrefix: "gw_cache_diff" });
+  const gw = await startBackendGateway(redis ? "postgres" : "pglite", configOf(rng, config, up.url), { redisUrl: redis ? TEST_REDIS_URL : undefined, dbPrefix: "gw_cache_diff" });
   const team = await requestOk<{ team_id: string }>(gw, "POST", "/team/new", { team_alias: `cache-diff-${SEED}` });
   const plain = await requestOk<{ key: string }>(gw, "POST", "/key/generate", {});
   const teamKey = await requestOk<{ key: string }>(gw, "POST", "/key/generate", { team_id: team.team_id });

@@ -10,6 +10,7 @@ import OpenAI from "openai";
 import { rows } from "../../core/store/sql.ts";
 import { freshDatabase, MASTER_KEY, requestJson, requestOk, startBackendGateway, startTestGateway, type TestGateway } from "../harness/gateway.ts";
 import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
+import { TEST_REDIS_URL } from "../harness/redis.ts";
 
 let up: MockOpenAI;
 let gw: TestGateway;
@@ -296,7 +297,7 @@ describe("a hit names the deployment that answered (x-svc-model-id)", () => {
     { model_name: `pair-${tag}`, svc_params: { model: "openai/gpt-4o-mini", api_base: url, api_key: "sk-up", weight: 1000 }, model_info: { id: `pair-b-${tag}` } },
     { model_name: `down-${tag}`, svc_params: { model: "openai/gpt-4o-mini", api_base: "http://127.0.0.1:9", api_key: "sk-up" }, model_info: { id: `down-${tag}` } },
   ];
-  const REDIS_URL = "redis://127.0.0.1:6379";
+  const REDIS_URL = TEST_REDIS_URL;
 
   for (const kind of ["memory", "redis"] as const) {
     test(`in ${kind}: the hit says the deployment (and group) the miss said, also when a fallback answered`, async () => {
@@ -360,7 +361,7 @@ describe("response cache opt-in and in Redis", () => {
   test("two instances share a Redis cache", async () => {
     const config = { model_list: models(up.url), svc_settings: { cache: true, cache_params: { type: "redis" } }, general_settings: { master_key: MASTER_KEY } };
     const db = await freshDatabase("gw_cache");
-    const store = { databaseUrl: db.url, redisUrl: "redis://127.0.0.1:6379" };
+    const store = { databaseUrl: db.url, redisUrl: TEST_REDIS_URL };
     const [a, b] = await Promise.all([startTestGateway(config, { store }), startTestGateway(config, { store })]);
     try {
       const messages = [{ role: "user", content: `shared ${uniq()}` }];
@@ -376,7 +377,7 @@ describe("response cache opt-in and in Redis", () => {
 
   test("in Redis, a ttl beyond Redis's clock (1e20 s) still caches the answer", async () => {
     const config = { model_list: models(up.url), svc_settings: { cache: true, cache_params: { type: "redis" } }, general_settings: { master_key: MASTER_KEY } };
-    const g = await startTestGateway(config, { store: { redisUrl: "redis://127.0.0.1:6379" } });
+    const g = await startTestGateway(config, { store: { redisUrl: TEST_REDIS_URL } });
     try {
       const messages = [{ role: "user", content: `long ttl ${uniq()}` }];
       await chat(g, { messages, cache: { ttl: 1e20 } });

@@ -8,6 +8,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 import { TcpRelay } from "../harness/relay.ts";
+import { TEST_REDIS_URL, testRedisUrlAt } from "../harness/redis.ts";
 
 // Redis is shared by every run on this machine: names of this run's own.
 const run = Math.random().toString(36).slice(2, 8);
@@ -29,11 +30,11 @@ for (const redisDelayMs of [0, 15]) {
     const id = (name: string) => `burst-${name}-${redisDelayMs}-${run}`;
 
     beforeAll(async () => {
-      let redisUrl = "redis://127.0.0.1:6379";
+      let redisUrl = TEST_REDIS_URL;
       if (redisDelayMs) {
         relay = await TcpRelay.start({ host: "127.0.0.1", port: 6379 });
         relay.delayMs = redisDelayMs;
-        redisUrl = `redis://127.0.0.1:${relay.port}`;
+        redisUrl = testRedisUrlAt(relay.port);
       }
       gw = await startBackendGateway(
         "postgres",

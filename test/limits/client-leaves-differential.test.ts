@@ -47,11 +47,12 @@ import { redisReachable, sha256, until } from "../harness/util.ts";
 import { type MockAnthropic, startMockAnthropic } from "../mock-upstream/anthropic.ts";
 import { type MockGemini, startMockGemini } from "../mock-upstream/gemini.ts";
 import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
+import { TEST_REDIS_URL } from "../harness/redis.ts";
 
 const SEED = Number(process.env.LEAVES_DIFF_SEED ?? 20_261_127);
 const ROUNDS = Number(process.env.LEAVES_DIFF_ROUNDS ?? 3);
 const seedNote = `(LEAVES_DIFF_SEED=${SEED})`;
-const REDIS_URL = process.env.REDIS_URL ?? "redis://127.0.0.1:6379";
+const REDIS_URL = process.env.REDIS_URL ?? TEST_REDIS_URL;
 /** Redis outlives a run: names of this run's keys, teams and calls are its own. */
 const RUN = `${process.pid.toString(36)}${Date.now().toString(36)}`;
 /** Prices in pico-dollars per token (integers, so every cost is known exactly). */

@@ -43,9 +43,10 @@ import { freshDatabase, MASTER_KEY, requestJson, startBackendGateway, startTestG
 import { Random } from "../harness/random.ts";
 import { redisReachable, sha256 } from "../harness/util.ts";
 import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
+import { TEST_REDIS_URL } from "../harness/redis.ts";
 
 const SEED = Number(process.env.LIMITS_DIFF_SEED ?? 4_220_917);
-const REDIS_URL = process.env.REDIS_URL ?? "redis://127.0.0.1:6379";
+const REDIS_URL = process.env.REDIS_URL ?? TEST_REDIS_URL;
 const WINDOW_MS = 60_000;
 /** Held streams: this many chunks, this far apart (long enough for the calls made while they are held). */
 const HOLD_CHUNKS = 10;

@@ -8,6 +8,7 @@ import { LocalWindows } from "../../core/limits/local-windows.ts";
 import { nativeScriptRunner, type ScriptRunner } from "../../core/kv/scripts.ts";
 import { RedisWindows } from "../../core/limits/redis-windows.ts";
 import { memoryLogger } from "../harness/gateway.ts";
+import { TEST_REDIS_URL } from "../harness/redis.ts";
 
 const uid = () => Math.random().toString(36).slice(2, 10);
 
@@ -124,7 +125,7 @@ describe("redis sliding window", () => {
   let redis: ScriptRunner;
   let windows: RateWindows;
   beforeAll(async () => {
-    redis = nativeScriptRunner("redis://127.0.0.1:6379");
+    redis = nativeScriptRunner(TEST_REDIS_URL);
     await redis.ready();
     windows = new RedisWindows(redis, memoryLogger(), 60_000, 1500);
   });
@@ -198,7 +199,7 @@ describe("redis sliding window", () => {
 describe("a limit added to a counter in use counts what the window already holds", () => {
   let redis: ScriptRunner;
   beforeAll(async () => {
-    redis = nativeScriptRunner("redis://127.0.0.1:6379");
+    redis = nativeScriptRunner(TEST_REDIS_URL);
     await redis.ready();
   });
   afterAll(() => redis.close());

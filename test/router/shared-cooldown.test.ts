@@ -5,8 +5,9 @@
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { MASTER_KEY, type SpawnedGateway, spawnGateway } from "../harness/gateway.ts";
 import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
+import { TEST_REDIS_DB, TEST_REDIS_URL } from "../harness/redis.ts";
 
-const REDIS_URL = process.env.TEST_REDIS_URL ?? "redis://127.0.0.1:6379";
+const REDIS_URL = TEST_REDIS_URL;
 const DEAD = "http://127.0.0.1:9/v1";
 const suffix = crypto.randomUUID().slice(0, 8);
 
@@ -15,7 +16,7 @@ let a: SpawnedGateway;
 let b: SpawnedGateway;
 let c: SpawnedGateway;
 /** The same server, another database: Redis delivers pub/sub messages across databases. */
-const OTHER_DATABASE = Object.assign(new URL(REDIS_URL), { pathname: "/3" }).href;
+const OTHER_DATABASE = Object.assign(new URL(REDIS_URL), { pathname: `/${TEST_REDIS_DB + 8}` }).href;
 
 async function chat(gw: SpawnedGateway): Promise<{ status: number; model: string | null; retries: string | null }> {
   const res = await fetch(`${gw.baseURL}/chat/completions`, {

@@ -40,11 +40,12 @@ import { BACKENDS, MASTER_KEY, requestJson, requestOk, startBackendGateway, type
 import { queryString, Random } from "../harness/random.ts";
 import { scaledExact } from "../harness/spend.ts";
 import { until } from "../harness/util.ts";
+import { TEST_REDIS_URL } from "../harness/redis.ts";
 
 const SEED = Number(process.env.BUDGET_DIFF_SEED ?? 4_120_771);
 const at = `(BUDGET_DIFF_SEED=${SEED})`;
 const RUN = `${process.pid}-${Date.now().toString(36)}`;
-const REDIS_URL = process.env.TEST_REDIS_URL ?? "redis://127.0.0.1:6379";
+const REDIS_URL = TEST_REDIS_URL;
 
 // ---- exact money
 

@@ -8,6 +8,7 @@ import { sql } from "drizzle-orm";
 import { rows } from "../../core/store/sql.ts";
 import { BACKENDS, freshDatabase, MASTER_KEY, requestJson, startBackendGateway, startTestGateway, type TestGateway } from "../harness/gateway.ts";
 import { jsonPostReceiver } from "../harness/util.ts";
+import { TEST_REDIS_URL, testRedisUrlAt } from "../harness/redis.ts";
 
 // Each call answers exactly max_tokens=1000 words (one token each) at $0.001 per output token:
 // $1 per call, plus a prompt priced at a millionth of a micro-dollar per token.
@@ -416,7 +417,7 @@ describe("retries and budgets (pglite)", () => {
 describe("two instances sharing PostgreSQL and Redis", () => {
   test("a key's budget for 10 calls holds across both: 100 calls at each, 10 succeed in all", async () => {
     const db = await freshDatabase("gw_budget2");
-    const redisUrl = process.env.TEST_REDIS_URL ?? "redis://127.0.0.1:6379";
+    const redisUrl = TEST_REDIS_URL;
     const a = await startTestGateway(CONFIG, { store: { databaseUrl: db.url, redisUrl } });
     const b = await startTestGateway(CONFIG, { store: { databaseUrl: db.url, redisUrl } });
     try {
@@ -458,7 +459,7 @@ describe("two instances sharing PostgreSQL and Redis", () => {
 
   test("a budget removed on an instance that never met the key, then given again, counts what was spent without it", async () => {
     const db = await freshDatabase("gw_budget_gone");
-    const redisUrl = process.env.TEST_REDIS_URL ?? "redis://127.0.0.1:6379";
+    const redisUrl = TEST_REDIS_URL;
     const a = await startTestGateway(CONFIG, { store: { databaseUrl: db.url, redisUrl } });
     let b: TestGateway | undefined;
     try {
@@ -487,7 +488,7 @@ describe("Redis outage", () => {
     const { TcpRelay } = await import("../harness/relay.ts");
     const relay = await TcpRelay.start({ host: "127.0.0.1", port: 6379 });
     const db = await freshDatabase("gw_budget_redis");
-    const gw = await startTestGateway(CONFIG, { store: { databaseUrl: db.url, redisUrl: `redis://127.0.0.1:${relay.port}` } });
+    const gw = await startTestGateway(CONFIG, { store: { databaseUrl: db.url, redisUrl: testRedisUrlAt(relay.port) } });
     try {
       const { key } = await newKey(gw, { max_budget: budgetFor(6) });
       expect((await call(gw, key)).status).toBe(200);

@@ -8,8 +8,9 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import Redis from "ioredis";
 import { freshDatabase, MASTER_KEY, requestJson, spawnGateway, startTestGateway } from "../harness/gateway.ts";
 import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
+import { TEST_REDIS_URL } from "../harness/redis.ts";
 
-const REDIS_URL = process.env.TEST_REDIS_URL ?? "redis://127.0.0.1:6379";
+const REDIS_URL = TEST_REDIS_URL;
 
 let upstream: MockOpenAI;
 let db: { url: string; drop(): Promise<void> };

@@ -7,6 +7,7 @@ import OpenAI, { type APIError } from "openai";
 import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
 import { failure } from "../harness/util.ts";
+import { TEST_REDIS_URL } from "../harness/redis.ts";
 
 const UPSTREAM_KEY = "sk-upstream-large-cost";
 const PROMPT_TOKENS = 199_999;
@@ -19,7 +20,7 @@ const TWO_CALLS = "246912.343456801076";
 /** The amounts `field` takes in a JSON text, as written (JSON.parse would round them to doubles). */
 const amounts = (text: string, field: string) => [...text.matchAll(new RegExp(`"${field}":(-?[0-9.eE+-]+)`, "g"))].map((m) => m[1]);
 
-const REDIS_URL = process.env.TEST_REDIS_URL ?? "redis://127.0.0.1:6379";
+const REDIS_URL = TEST_REDIS_URL;
 // The embedded store writes rows with COPY, PostgreSQL with one statement; the budget ledger is in
 // memory, or in Redis (which counts in its own Lua).
 const VARIANTS = [...BACKENDS.map((backend) => ({ backend, redis: false })), { backend: "postgres" as const, redis: true }];

@@ -9,8 +9,9 @@ import type { BudgetCounter, BudgetLedger, LedgerGrant } from "../../core/contra
 import { LocalLedger } from "../../core/spend/ledger.ts";
 import { RedisLedger } from "../../core/spend/redis-ledger.ts";
 import { memoryLogger } from "../harness/gateway.ts";
+import { TEST_REDIS_URL } from "../harness/redis.ts";
 
-const redis = new Redis({ host: "127.0.0.1", port: 6379, maxRetriesPerRequest: 1 });
+const redis = new Redis(TEST_REDIS_URL, { maxRetriesPerRequest: 1 });
 afterAll(() => redis.disconnect());
 
 const LEDGERS: [string, () => BudgetLedger][] = [
