@@ -34,3 +34,13 @@ test("a request's fallbacks are checked against the key's models", async () => {
   const allowed = await chat(body.key, ["secret", "open"]);
   expect([allowed.status, allowed.text.includes("from open")]).toEqual([200, true]);
 });
+
+test("fallbacks the key may not use are one warning per call, however many the body names", async () => {
+  const { body } = await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: { models: ["broken"] } });
+  const names = ["secret", ...Array.from({ length: 5000 }, (_, i) => `not-mine-${i}`)];
+  const before = gw.log.lines.length;
+  const r = await chat(body.key, names);
+  expect(r.status).not.toBe(200);
+  const warnings = gw.log.lines.slice(before).filter((l) => l.msg.startsWith("fallback"));
+  expect(warnings).toEqual([{ level: "warn", msg: "fallbacks skipped: the key may not use them", fields: { models: names.slice(0, 5), count: names.length } }]);
+});

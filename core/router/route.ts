@@ -168,33 +168,39 @@ async function fallBack<E extends Endpoint>(run: Run<E>, body: WireRequest[E], f
   const { ctx, policy, progress } = run;
   const { snapshot, principal } = ctx;
   let last = failure;
-  for (const name of fallbacksFor(snapshot.config, body as unknown as Record<string, unknown>, failed, fallbackType(failure.kind), principal)) {
-    if (progress.fallbacks >= policy.maxFallbacks || ctx.clientSignal.aborted) break;
-    if (tried.has(name)) continue;
-    tried.add(name);
-    let target: string;
-    try {
-      target = authorizeModel(principal, name, snapshot.accessGroups);
-    } catch {
-      ctx.log.warn("fallback skipped: the key may not use it", { model: name });
-      continue;
+  // One line per call, however many the body names: a list of thousands was as many log lines.
+  const denied: string[] = [];
+  try {
+    for (const name of fallbacksFor(snapshot.config, body as unknown as Record<string, unknown>, failed, fallbackType(failure.kind), principal)) {
+      if (progress.fallbacks >= policy.maxFallbacks || ctx.clientSignal.aborted) break;
+      if (tried.has(name)) continue;
+      tried.add(name);
+      let target: string;
+      try {
+        target = authorizeModel(principal, name, snapshot.accessGroups);
+      } catch {
+        denied.push(name);
+        continue;
+      }
+      // An alias naming a group already tried is that group again.
+      if (target !== name && tried.has(target)) continue;
+      tried.add(target);
+      const list = snapshot.models.resolve(target);
+      if (!list || list.length === 0) continue;
+      progress.fallbacks++;
+      try {
+        return await callGroup(run, { ...body, model: name }, target, list, false);
+      } catch (err) {
+        if (!(err instanceof GroupFailure)) throw err;
+        const deeper = await fallBack(run, body, target, err, tried);
+        if (!(deeper instanceof GroupFailure)) return deeper;
+        last = deeper;
+      }
     }
-    // An alias naming a group already tried is that group again.
-    if (target !== name && tried.has(target)) continue;
-    tried.add(target);
-    const list = snapshot.models.resolve(target);
-    if (!list || list.length === 0) continue;
-    progress.fallbacks++;
-    try {
-      return await callGroup(run, { ...body, model: name }, target, list, false);
-    } catch (err) {
-      if (!(err instanceof GroupFailure)) throw err;
-      const deeper = await fallBack(run, body, target, err, tried);
-      if (!(deeper instanceof GroupFailure)) return deeper;
-      last = deeper;
-    }
+    return last;
+  } finally {
+    if (denied.length > 0) ctx.log.warn("fallbacks skipped: the key may not use them", { models: denied.slice(0, 5), count: denied.length });
   }
-  return last;
 }
 
 /**
