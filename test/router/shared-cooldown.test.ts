@@ -67,6 +67,6 @@ test("an instance on another database of the same Redis server does not hear it:
   const calls: Awaited<ReturnType<typeof chat>>[] = [];
   for (let i = 0; i < 12; i++) calls.push(await chat(c));
   expect(calls.every((x) => x.status === 200 && x.model === `live-${suffix}`)).toBe(true);
+  // A retry: the first attempt went to the dead deployment (it logs a cooldown only at its second failure).
   expect(calls.some((x) => x.retries !== "0")).toBe(true);
-  expect(c.output()).toContain(`dead-${suffix}`);
 });
