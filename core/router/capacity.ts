@@ -44,6 +44,14 @@ export async function capacityWaitMs(windows: RateWindows, candidates: readonly 
   return candidates.length > 0 ? wait : undefined;
 }
 
+/** A call counted by `AwaitingCapacity`: `leave()` (idempotent) once it moved on; disposing leaves too. */
+export interface Awaiting extends Disposable {
+  leave(): void;
+}
+
+/** For a call no refusal waits for (no caller leases, or no deployment of its group counts rpm/tpm). */
+export const NOT_AWAITING: Awaiting = { leave: () => undefined, [Symbol.dispose]: () => undefined };
+
 /**
  * Calls of each model group that hold their caller's rate-limit leases and have not yet been counted
  * at a deployment's own rpm/tpm (nor refused by all of them). Under a burst at a group at capacity,
@@ -54,8 +62,8 @@ export async function capacityWaitMs(windows: RateWindows, candidates: readonly 
 class AwaitingCapacity {
   private readonly groups = new Map<string, { calls: number; movedOn: PromiseWithResolvers<void> }>();
 
-  /** Counts a call of `group` as waiting; the returned function (idempotent) says it moved on. */
-  enter(group: string): () => void {
+  /** Counts a call of `group` as waiting until it leaves (or its `using` scope ends). */
+  enter(group: string): Awaiting {
     let entry = this.groups.get(group);
     if (!entry) {
       entry = { calls: 0, movedOn: Promise.withResolvers() };
@@ -64,7 +72,7 @@ class AwaitingCapacity {
     const e = entry;
     e.calls++;
     let left = false;
-    return () => {
+    const leave = () => {
       if (left) return;
       left = true;
       e.calls--;
@@ -72,6 +80,7 @@ class AwaitingCapacity {
       if (e.calls > 0) e.movedOn = Promise.withResolvers();
       else if (this.groups.get(group) === e) this.groups.delete(group);
     };
+    return { leave, [Symbol.dispose]: leave };
   }
 
   /** True once one of `group`'s waiting calls moves on; false at once when none waits, or after `ms`. */

@@ -12,7 +12,7 @@ import type { Snapshot } from "../snapshot.ts";
 import { type Attempt, type CallContext, Intent, Refusal, ZERO, acquireLeases, attemptTimeout, callDeployment, callRecord, promptOf, wantsStream } from "../pipeline/call.ts";
 import { dispatchRecord } from "../pipeline/record.ts";
 import { HeldLeases, NO_LEASES, tightest } from "../pipeline/held-leases.ts";
-import { AT_CAPACITY, AWAIT_CAPACITY_MS, awaitingCapacity, capacityCounter, capacityWaitMs, noDeployments } from "./capacity.ts";
+import { AT_CAPACITY, AWAIT_CAPACITY_MS, NOT_AWAITING, awaitingCapacity, capacityCounter, capacityWaitMs, noDeployments } from "./capacity.ts";
 import { stateOf } from "./deployment-state.ts";
 import { type FallbackType, fallbacksFor } from "./fallbacks.ts";
 import { type RoutePolicy, backoffMs, retriesFor, routePolicy } from "./policy.ts";
@@ -163,6 +163,9 @@ async function withFallbacks<E extends Endpoint>(run: Run<E>, body: WireRequest[
   }
 }
 
+/** Runs `fn` when the scope that holds the result with `using` ends, however it ends. */
+const onExit = (fn: () => void): Disposable => ({ [Symbol.dispose]: fn });
+
 /** The fallbacks of `failed`, each followed by its own: the first answer, else the last failure. */
 async function fallBack<E extends Endpoint>(run: Run<E>, body: WireRequest[E], failed: string, failure: GroupFailure, tried: Set<string>): Promise<Response | GroupFailure> {
   const { ctx, policy, progress } = run;
@@ -170,37 +173,36 @@ async function fallBack<E extends Endpoint>(run: Run<E>, body: WireRequest[E], f
   let last = failure;
   // One line per call, however many the body names: a list of thousands was as many log lines.
   const denied: string[] = [];
-  try {
-    for (const name of fallbacksFor(snapshot.config, body as unknown as Record<string, unknown>, failed, fallbackType(failure.kind), principal)) {
-      if (progress.fallbacks >= policy.maxFallbacks || ctx.clientSignal.aborted) break;
-      if (tried.has(name)) continue;
-      tried.add(name);
-      let target: string;
-      try {
-        target = authorizeModel(principal, name, snapshot.accessGroups);
-      } catch {
-        denied.push(name);
-        continue;
-      }
-      // An alias naming a group already tried is that group again.
-      if (target !== name && tried.has(target)) continue;
-      tried.add(target);
-      const list = snapshot.models.resolve(target);
-      if (!list || list.length === 0) continue;
-      progress.fallbacks++;
-      try {
-        return await callGroup(run, { ...body, model: name }, target, list, false);
-      } catch (err) {
-        if (!(err instanceof GroupFailure)) throw err;
-        const deeper = await fallBack(run, body, target, err, tried);
-        if (!(deeper instanceof GroupFailure)) return deeper;
-        last = deeper;
-      }
-    }
-    return last;
-  } finally {
+  using _reportDenied = onExit(() => {
     if (denied.length > 0) ctx.log.warn("fallbacks skipped: the key may not use them", { models: denied.slice(0, 5), count: denied.length });
+  });
+  for (const name of fallbacksFor(snapshot.config, body as unknown as Record<string, unknown>, failed, fallbackType(failure.kind), principal)) {
+    if (progress.fallbacks >= policy.maxFallbacks || ctx.clientSignal.aborted) break;
+    if (tried.has(name)) continue;
+    tried.add(name);
+    let target: string;
+    try {
+      target = authorizeModel(principal, name, snapshot.accessGroups);
+    } catch {
+      denied.push(name);
+      continue;
+    }
+    // An alias naming a group already tried is that group again.
+    if (target !== name && tried.has(target)) continue;
+    tried.add(target);
+    const list = snapshot.models.resolve(target);
+    if (!list || list.length === 0) continue;
+    progress.fallbacks++;
+    try {
+      return await callGroup(run, { ...body, model: name }, target, list, false);
+    } catch (err) {
+      if (!(err instanceof GroupFailure)) throw err;
+      const deeper = await fallBack(run, body, target, err, tried);
+      if (!(deeper instanceof GroupFailure)) return deeper;
+      last = deeper;
+    }
   }
+  return last;
 }
 
 /**
@@ -230,8 +232,6 @@ async function limitLeases(snapshot: Snapshot, intent: Intent, group: string, ca
   }
 }
 
-const NOT_AWAITING = (): void => undefined;
-
 /** Calls within one model group, with retries; throws GroupFailure when the group gives up. */
 async function callGroup<E extends Endpoint>(run: Run<E>, body: WireRequest[E], group: string, deployments: readonly Deployment[], useRawBody = true): Promise<Response> {
   const { endpoint, ctx, policy, progress } = run;
@@ -256,180 +256,172 @@ async function callGroup<E extends Endpoint>(run: Run<E>, body: WireRequest[E], 
   let intent = new Intent(ctx.principal, endpoint, group, d, startedAt, body, snapshot, scope);
   const granted = snapshot.limitGates.length === 0 ? [] : await limitLeases(snapshot, intent, group, candidates);
   // Until counted at a deployment's own rpm/tpm, a refusal of the caller's limits may wait for this call (limitLeases).
-  const counted = granted.length > 0 && deployments.some((x) => capacityCounter(x) !== null) ? awaitingCapacity.enter(group) : NOT_AWAITING;
-  try {
-    return await attemptsInGroup();
-  } finally {
-    counted();
-  }
-
-  async function attemptsInGroup(): Promise<Response> {
-    if (scope === "both") progress.request = new HeldLeases(granted.flatMap((l) => (l.parts ? [l.parts.request] : [])));
-    const limits = new HeldLeases(scope === "both" ? granted.map((l) => l.parts?.group ?? l) : granted);
-    let budgets = NO_LEASES;
-    if (snapshot.budgetGates.length > 0) {
-      try {
-        budgets = new HeldLeases(await acquireLeases(snapshot.budgetGates, intent));
-      } catch (err) {
-        limits.giveUp(false);
-        throw err;
-      }
+  using awaiting = granted.length > 0 && deployments.some((x) => capacityCounter(x) !== null) ? awaitingCapacity.enter(group) : NOT_AWAITING;
+  if (scope === "both") progress.request = new HeldLeases(granted.flatMap((l) => (l.parts ? [l.parts.request] : [])));
+  const limits = new HeldLeases(scope === "both" ? granted.map((l) => l.parts?.group ?? l) : granted);
+  let budgets = NO_LEASES;
+  if (snapshot.budgetGates.length > 0) {
+    try {
+      budgets = new HeldLeases(await acquireLeases(snapshot.budgetGates, intent));
+    } catch (err) {
+      limits.giveUp(false);
+      throw err;
     }
-    const leaseHeaders = tightest(tightest(progress.request?.headers ?? {}, limits.headers), budgets.headers);
-    /** Whether an attempt reached the upstream: until one has, giving up takes every lease back (a refused call consumes nothing). */
-    let wentOut = false;
-    const settle = (usage: Usage, cost: bigint) => {
-      limits.settle(usage, cost);
-      budgets.settle(usage, cost);
+  }
+  const leaseHeaders = tightest(tightest(progress.request?.headers ?? {}, limits.headers), budgets.headers);
+  /** Whether an attempt reached the upstream: until one has, giving up takes every lease back (a refused call consumes nothing). */
+  let wentOut = false;
+  const settle = (usage: Usage, cost: bigint) => {
+    limits.settle(usage, cost);
+    budgets.settle(usage, cost);
+  };
+  const giveUp = () => {
+    limits.giveUp(wentOut);
+    budgets.giveUp(wentOut);
+  };
+  /**
+   * Moving to another deployment of the group: the budgets must hold its worst case too (it may
+   * cost more, or spend another provider's budget). Refused: the call ends with that refusal.
+   */
+  const switchTo = async (next: Deployment): Promise<Deployment> => {
+    if (snapshot.budgetGates.length === 0 || next === intent.deployment) return next;
+    const nextIntent = new Intent(ctx.principal, endpoint, group, next, startedAt, body, snapshot, "group");
+    if (next.provider === intent.deployment.provider && nextIntent.worstCaseCost <= intent.worstCaseCost) return next;
+    budgets.giveUp(false);
+    budgets = NO_LEASES;
+    try {
+      budgets = new HeldLeases(await acquireLeases(snapshot.budgetGates, nextIntent));
+    } catch (err) {
+      giveUp();
+      throw err;
+    }
+    intent = nextIntent;
+    return next;
+  };
+
+  let capacityRetryMs = Number.POSITIVE_INFINITY;
+  const atCapacity = new Set<string>();
+  for (;;) {
+    // A deployment at its own rpm/tpm is skipped, not failed: another one may have room.
+    const counter = capacityCounter(d);
+    let capacity: RateGrant | undefined;
+    if (counter) {
+      const tokens = counter.tpm === undefined ? 0 : tokenEstimate(intent);
+      const got = await snapshot.rateWindows.acquire([counter], tokens);
+      if (!got.ok) {
+        atCapacity.add(d.id);
+        capacityRetryMs = Math.min(capacityRetryMs, got.retryAfterMs);
+        const rest = available(Date.now()).filter((x) => !atCapacity.has(x.id));
+        if (rest.length === 0) {
+          giveUp();
+          throw new GroupFailure(noDeployments(group, AT_CAPACITY, capacityRetryMs), undefined);
+        }
+        d = await switchTo(pickDeployment(policy.strategy, rest, snapshot.pricing, Date.now()));
+        continue;
+      }
+      capacity = got;
+    }
+    awaiting.leave();
+
+    const n = progress.attempts++;
+    const state = stateOf(d.id);
+    const seq = state.started(Date.now(), policy.strategy === "usage-based-routing" || policy.strategy === "usage-based-routing-v2");
+    let returned = false;
+    let recorded = false;
+    let captured = "";
+    const save = progress.save;
+    // The deployment's own rpm/tpm are limits on this call too: their headers join the tightest.
+    const capacityHeaders = capacity ? rateHeaders(capacity.applied, capacity.remaining) : undefined;
+    const attempt: Attempt = {
+      headers: { ...(capacityHeaders ? tightest(leaseHeaders, capacityHeaders) : leaseHeaders), ...routerHeaders(progress) },
+      startedAt: n === 0 ? startedAt : undefined,
+      capture: save
+        ? (text) => {
+            captured += text;
+          }
+        : undefined,
+      ended: (record: CallRecord) => {
+        recorded = true;
+        progress.recorded = true;
+        wentOut = true;
+        if (save && record.status === "success") storeAnswer(snapshot.cache.store, save, captured, record, ctx);
+        const tokens = record.usage.promptTokens + record.usage.completionTokens;
+        state.ended(seq, tokens);
+        capacity?.settle(tokens);
+        if (record.status === "success") state.succeeded((record.firstByteAt ?? record.endedAt) - record.startedAt);
+        // A failure before the answer started may still be retried: the leases stay held until the router gives up.
+        if (record.status !== "failure" || returned) {
+          settle(record.usage, record.cost);
+          progress.request?.settle(record.usage, record.cost);
+          ctx.release();
+        } else if (record.cost > 0n) {
+          // Billed though it failed (parts of a split call): counted whatever the call does next.
+          limits.charge(record.usage, record.cost);
+          budgets.charge(record.usage, record.cost);
+          progress.request?.charge(record.usage, record.cost);
+        }
+      },
     };
-    const giveUp = () => {
-      limits.giveUp(wentOut);
-      budgets.giveUp(wentOut);
+    const attemptCtx: CallContext = {
+      ...ctx,
+      callId: n === 0 ? ctx.callId : `${ctx.callId}-${n}`,
+      release: () => undefined,
+      rawBody: useRawBody ? ctx.rawBody : undefined,
     };
-    /**
-     * Moving to another deployment of the group: the budgets must hold its worst case too (it may
-     * cost more, or spend another provider's budget). Refused: the call ends with that refusal.
-     */
-    const switchTo = async (next: Deployment): Promise<Deployment> => {
-      if (snapshot.budgetGates.length === 0 || next === intent.deployment) return next;
-      const nextIntent = new Intent(ctx.principal, endpoint, group, next, startedAt, body, snapshot, "group");
-      if (next.provider === intent.deployment.provider && nextIntent.worstCaseCost <= intent.worstCaseCost) return next;
-      budgets.giveUp(false);
-      budgets = NO_LEASES;
-      try {
-        budgets = new HeldLeases(await acquireLeases(snapshot.budgetGates, nextIntent));
-      } catch (err) {
+    try {
+      const res = await callDeployment(endpoint, body, d, attemptCtx, attempt);
+      returned = true;
+      return res;
+    } catch (err) {
+      const fromUpstream = err instanceof GatewayError && err.headers["x-svc-call-id"] !== undefined;
+      if (fromUpstream) wentOut = true;
+      if (!recorded) {
+        // Refused before it reached the upstream (no adapter for the endpoint, unsupported stream): nothing else ends it.
+        state.ended(seq, 0);
+        if (fromUpstream) capacity?.settle(0);
+        else capacity?.cancel();
+      }
+      if (!(err instanceof GatewayError) || ctx.clientSignal.aborted) {
         giveUp();
         throw err;
       }
-      intent = nextIntent;
-      return next;
-    };
-
-    let capacityRetryMs = Number.POSITIVE_INFINITY;
-    const atCapacity = new Set<string>();
-    for (;;) {
-      // A deployment at its own rpm/tpm is skipped, not failed: another one may have room.
-      const counter = capacityCounter(d);
-      let capacity: RateGrant | undefined;
-      if (counter) {
-        const tokens = counter.tpm === undefined ? 0 : tokenEstimate(intent);
-        const got = await snapshot.rateWindows.acquire([counter], tokens);
-        if (!got.ok) {
-          atCapacity.add(d.id);
-          capacityRetryMs = Math.min(capacityRetryMs, got.retryAfterMs);
-          const rest = available(Date.now()).filter((x) => !atCapacity.has(x.id));
-          if (rest.length === 0) {
-            giveUp();
-            throw new GroupFailure(noDeployments(group, AT_CAPACITY, capacityRetryMs), undefined);
-          }
-          d = await switchTo(pickDeployment(policy.strategy, rest, snapshot.pricing, Date.now()));
-          continue;
+      const status = err.info.status;
+      const kind = kindOf(err);
+      if (fromUpstream && !kind && COOLDOWN_STATUSES.has(status) && deployments.length > 1) {
+        const cooldownMs = state.failed(policy, Date.now(), status === 429, upstreamRetryAfterMs(err));
+        if (cooldownMs > 0) {
+          ctx.log.warn("deployment cooling down", { deployment: d.id, model: group, status });
+          snapshot.cooldowns?.cooledDown(d.id, cooldownMs);
         }
-        capacity = got;
       }
-      counted();
-
-      const n = progress.attempts++;
-      const state = stateOf(d.id);
-      const seq = state.started(Date.now(), policy.strategy === "usage-based-routing" || policy.strategy === "usage-based-routing-v2");
-      let returned = false;
-      let recorded = false;
-      let captured = "";
-      const save = progress.save;
-      // The deployment's own rpm/tpm are limits on this call too: their headers join the tightest.
-      const capacityHeaders = capacity ? rateHeaders(capacity.applied, capacity.remaining) : undefined;
-      const attempt: Attempt = {
-        headers: { ...(capacityHeaders ? tightest(leaseHeaders, capacityHeaders) : leaseHeaders), ...routerHeaders(progress) },
-        startedAt: n === 0 ? startedAt : undefined,
-        capture: save
-          ? (text) => {
-              captured += text;
-            }
-          : undefined,
-        ended: (record: CallRecord) => {
-          recorded = true;
-          progress.recorded = true;
-          wentOut = true;
-          if (save && record.status === "success") storeAnswer(snapshot.cache.store, save, captured, record, ctx);
-          const tokens = record.usage.promptTokens + record.usage.completionTokens;
-          state.ended(seq, tokens);
-          capacity?.settle(tokens);
-          if (record.status === "success") state.succeeded((record.firstByteAt ?? record.endedAt) - record.startedAt);
-          // A failure before the answer started may still be retried: the leases stay held until the router gives up.
-          if (record.status !== "failure" || returned) {
-            settle(record.usage, record.cost);
-            progress.request?.settle(record.usage, record.cost);
-            ctx.release();
-          } else if (record.cost > 0n) {
-            // Billed though it failed (parts of a split call): counted whatever the call does next.
-            limits.charge(record.usage, record.cost);
-            budgets.charge(record.usage, record.cost);
-            progress.request?.charge(record.usage, record.cost);
-          }
-        },
-      };
-      const attemptCtx: CallContext = {
-        ...ctx,
-        callId: n === 0 ? ctx.callId : `${ctx.callId}-${n}`,
-        release: () => undefined,
-        rawBody: useRawBody ? ctx.rawBody : undefined,
-      };
-      try {
-        const res = await callDeployment(endpoint, body, d, attemptCtx, attempt);
-        returned = true;
-        return res;
-      } catch (err) {
-        const fromUpstream = err instanceof GatewayError && err.headers["x-svc-call-id"] !== undefined;
-        if (fromUpstream) wentOut = true;
-        if (!recorded) {
-          // Refused before it reached the upstream (no adapter for the endpoint, unsupported stream): nothing else ends it.
-          state.ended(seq, 0);
-          if (fromUpstream) capacity?.settle(0);
-          else capacity?.cancel();
-        }
-        if (!(err instanceof GatewayError) || ctx.clientSignal.aborted) {
-          giveUp();
-          throw err;
-        }
-        const status = err.info.status;
-        const kind = kindOf(err);
-        if (fromUpstream && !kind && COOLDOWN_STATUSES.has(status) && deployments.length > 1) {
-          const cooldownMs = state.failed(policy, Date.now(), status === 429, upstreamRetryAfterMs(err));
-          if (cooldownMs > 0) {
-            ctx.log.warn("deployment cooling down", { deployment: d.id, model: group, status });
-            snapshot.cooldowns?.cooledDown(d.id, cooldownMs);
-          }
-        }
-        failedHere.add(d.id);
-        const allowed = retriesFor(policy, group, { status, upstreamStatus: err.upstreamStatus, kind });
-        // A context-window or content-policy refusal goes to its fallbacks, unless a retry policy names its class.
-        const retryable = fromUpstream && (kind ? allowed.forced : RETRYABLE.has(status) || allowed.forced);
-        const required = retryable ? requiredWaitMs(policy, err, d, available(Date.now())) : 0;
-        // Each group (the asked one, then each fallback) gets its own retries. A retry that must wait
-        // longer than an attempt may take is not made: the client hears now what the upstream said
-        // (its 429 and retry-after), unless a fallback answers.
-        if (!retryable || retriesHere >= allowed.max || required > attemptTimeout(body, d, snapshot) * 1000) {
-          giveUp();
-          // A bad request is the client's to fix, whoever noticed it; other failures may fall back.
-          if (!kind && (status === 400 || status === 422 || (!fromUpstream && status < 500))) throw err;
-          throw new GroupFailure(err, kind);
-        }
-        await delay(backoffMs(policy, retriesHere + 1, required), ctx.clientSignal);
-        if (ctx.clientSignal.aborted) {
-          giveUp();
-          throw err;
-        }
-        candidates = available(Date.now());
-        if (candidates.length === 0) {
-          giveUp();
-          throw new GroupFailure(allCoolingDown(group, deployments, Date.now()), undefined);
-        }
-        // Counted once it is made: a retry left without a deployment is none.
-        progress.retries++;
-        retriesHere++;
-        d = await switchTo(pickDeployment(policy.strategy, candidates, snapshot.pricing, Date.now()));
+      failedHere.add(d.id);
+      const allowed = retriesFor(policy, group, { status, upstreamStatus: err.upstreamStatus, kind });
+      // A context-window or content-policy refusal goes to its fallbacks, unless a retry policy names its class.
+      const retryable = fromUpstream && (kind ? allowed.forced : RETRYABLE.has(status) || allowed.forced);
+      const required = retryable ? requiredWaitMs(policy, err, d, available(Date.now())) : 0;
+      // Each group (the asked one, then each fallback) gets its own retries. A retry that must wait
+      // longer than an attempt may take is not made: the client hears now what the upstream said
+      // (its 429 and retry-after), unless a fallback answers.
+      if (!retryable || retriesHere >= allowed.max || required > attemptTimeout(body, d, snapshot) * 1000) {
+        giveUp();
+        // A bad request is the client's to fix, whoever noticed it; other failures may fall back.
+        if (!kind && (status === 400 || status === 422 || (!fromUpstream && status < 500))) throw err;
+        throw new GroupFailure(err, kind);
       }
+      await delay(backoffMs(policy, retriesHere + 1, required), ctx.clientSignal);
+      if (ctx.clientSignal.aborted) {
+        giveUp();
+        throw err;
+      }
+      candidates = available(Date.now());
+      if (candidates.length === 0) {
+        giveUp();
+        throw new GroupFailure(allCoolingDown(group, deployments, Date.now()), undefined);
+      }
+      // Counted once it is made: a retry left without a deployment is none.
+      progress.retries++;
+      retriesHere++;
+      d = await switchTo(pickDeployment(policy.strategy, candidates, snapshot.pricing, Date.now()));
     }
   }
 }

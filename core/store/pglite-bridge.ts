@@ -70,7 +70,7 @@ export class PgliteBridge {
   private call<T>(payload: Payload): Promise<T> {
     const id = this.nextId++;
     return new Promise<T>((resolve, reject) => {
-      if (this.failure && payload.op !== "close") {
+      if (this.failure) {
         reject(new Error(this.failure));
         return;
       }
@@ -122,14 +122,16 @@ export class PgliteBridge {
   }
 
   async close(): Promise<void> {
+    // Failed or closed already: a dead thread would never answer the close.
     if (this.failure) {
-      // Failed or closed already: a dead thread would never answer the close.
       this.worker.terminate();
       return;
     }
+    // Posted before the store counts as closed; every later statement fails at once.
+    const closing = this.call({ op: "close" });
     this.failure = "the embedded store is closed";
     try {
-      await this.call({ op: "close" });
+      await closing;
     } finally {
       this.worker.terminate();
     }
