@@ -12,7 +12,7 @@
  * a plaintext.
  */
 import { randomUUID } from "node:crypto";
-import { and, eq, isNull, lte, sql } from "drizzle-orm";
+import { and, arrayContains, eq, isNull, lte, sql } from "drizzle-orm";
 import type { Logger } from "../contract.ts";
 import { PeriodicJob } from "../periodic-job.ts";
 import type { Db } from "../store/db.ts";
@@ -23,6 +23,27 @@ import { hashKey, keyName, newKeyValue } from "./keys.ts";
 import type { Exec } from "./members.ts";
 import type { IdentityChange, KeyRow } from "./records.ts";
 import { toApi } from "./serialize.ts";
+
+/**
+ * How many earlier tokens a rotated row keeps for spend batches (spend/flush.ts): a batch's
+ * statement that read one of them still finds the row after that many rotations committed while
+ * it ran (each rotation names the token the key has then, so they follow one another; a statement
+ * lasts well under a second). Older ones stay reachable through `rotated_keys`, which every
+ * statement begun after their rotation reads.
+ */
+const EARLIER_TOKENS_KEPT = 8;
+
+/**
+ * A key value that is about to be given to a key (a new key, or a rotation's new value) and may be
+ * one that another row had before its rotation (revoked since): that row is no longer found by it,
+ * else the new key's calls were charged to it too.
+ */
+export async function releaseEarlierToken(tx: Exec, token: string): Promise<void> {
+  await tx
+    .update(virtualKeys)
+    .set({ rotatedFrom: sql`array_remove(${virtualKeys.rotatedFrom}, ${token})` })
+    .where(arrayContains(virtualKeys.rotatedFrom, [token]));
+}
 
 export interface Rotation {
   /** The old row's token. */
@@ -54,15 +75,14 @@ export async function rotateKey(db: Db, r: Rotation): Promise<{ row: KeyRow; cha
     await r.hold?.(tx);
     const merged = { ...current, ...r.set };
     const interval = merged.autoRotate && merged.rotationInterval ? parseDuration(merged.rotationInterval) : undefined;
-    // The new value was some other key's before (revoked since): that key is no longer found by it.
-    await tx.update(virtualKeys).set({ rotatedFrom: null }).where(eq(virtualKeys.rotatedFrom, r.newToken));
+    await releaseEarlierToken(tx, r.newToken);
     const [row] = await tx
       .update(virtualKeys)
       .set({
         ...r.set,
         token: r.newToken,
         // A spend batch that read the old token before this commits finds the row by it (spend/flush.ts).
-        rotatedFrom: r.oldToken,
+        rotatedFrom: sql`(array[${r.oldToken}]::text[] || ${virtualKeys.rotatedFrom})[1:${sql.raw(String(EARLIER_TOKENS_KEPT))}]`,
         keyName: r.newKeyName,
         rotationCount: sql`${virtualKeys.rotationCount} + 1`,
         lastRotationAt: new Date(now),

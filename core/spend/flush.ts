@@ -82,12 +82,13 @@ const lockedCounterUpdate = (
     returning 1)`;
 
 /**
- * A key's row by the token its delta names, or by the token it had before a rotation (`rotated_from`):
- * a batch whose statement began before a rotation committed read the old token and no successor,
- * waited for the row, and then rechecks this on the row as the rotation left it, where the token
- * alone no longer matches (the key was not charged; the log and the team were).
+ * A key's row by the token its delta names, or by a token it had before its latest rotations
+ * (`rotated_from`): a batch whose statement began before a rotation committed read the old token
+ * and no successor, waited for the row (or for another row before it), and then rechecks this on
+ * the row as the rotations left it, where the token alone no longer matches (the key was not
+ * charged; the log and the team were).
  */
-const keyByToken = (row: string, token: string) => `(${row}.token = ${token} or ${row}.rotated_from = ${token})`;
+const keyByToken = (row: string, token: string) => `(${row}.token = ${token} or ${row}.rotated_from @> array[${token}])`;
 
 const LOCKED_COUNTER_UPDATES: Record<CounterTable, (after?: string) => string> = {
   key: (after) =>

@@ -109,13 +109,52 @@ test("postgres: a spend batch that starts while the key's rotation is being writ
   }
 }, 30_000);
 
-// The rotated row keeps the token it had (`rotated_from`) for batches that read it before the
-// rotation committed; once that value is given to another key, the calls of that key are its own.
-test("postgres: a value rotated away and given to a new key charges the new key only", async () => {
+// Two rotations in one batch: the batch's statement reads the old token, waits for the team's row
+// (a side connection holds it, as another instance's batch would), and meanwhile the key is
+// regenerated twice. When it reaches the key's row, the row has moved twice: the batch must still
+// find it by the first token, or the key loses the call's cost that the log and the team keep.
+test("postgres: a spend batch that waits through two rotations of its key charges the rotated key", async () => {
+  const gw = await startBackendGateway("postgres", PRICED_CHAT, { spend: { intervalMs: 60_000 } });
+  const side = postgres(gw.databaseUrl!, { max: 2, onnotice: () => {} });
+  try {
+    const team = (await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: { team_alias: "twice" } })).body.team_id;
+    const first = (await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: { team_id: team } })).body.key;
+    expect(await chatStatus(gw, first)).toBe(200);
+    const lockWaits = async () => (await side`select count(*)::int as n from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock'`)[0]!.n as number;
+    let latest = first;
+    let flushed: Promise<void> | undefined;
+    await side.begin(async (tx) => {
+      await tx`select 1 from teams where team_id = ${team} for update`;
+      flushed = gw.host!.spendWriter.flush();
+      let waiting = false;
+      for (const end = Date.now() + 5000; Date.now() < end && !waiting; await Bun.sleep(20)) waiting = (await lockWaits()) >= 1;
+      expect(waiting).toBe(true);
+      for (let i = 0; i < 2; i++) {
+        const r = await requestJson<{ key: string }>(gw, "POST", `/key/${latest}/regenerate`, { body: {} });
+        expect(r.status).toBe(200);
+        latest = r.body.key;
+      }
+    });
+    await flushed;
+    await gw.host!.spendWriter.flush();
+    const teamSpend = (await requestJson<{ team_info: { spend: number } }>(gw, "GET", `/team/info?team_id=${team}`)).body.team_info.spend;
+    const keySpend = (await requestJson<{ info: { spend: number } }>(gw, "GET", `/key/info?key=${latest}`)).body.info.spend;
+    expect(teamSpend).toBeGreaterThan(0);
+    expect(keySpend).toBe(teamSpend);
+  } finally {
+    await side.end();
+    await gw.stop();
+  }
+}, 30_000);
+
+// The rotated row keeps the tokens it had (`rotated_from`) for batches that read one before the
+// rotations committed; once such a value is given to another key, the calls of that key are its own.
+test("postgres: a value rotated away (twice) and given to a new key charges the new key only", async () => {
   const gw = await startBackendGateway("postgres", PRICED_CHAT, { spend: { intervalMs: 60_000 } });
   try {
     const old = (await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: {} })).body.key;
-    const rotated = (await requestJson<{ key: string }>(gw, "POST", `/key/${old}/regenerate`, { body: {} })).body.key;
+    const between = (await requestJson<{ key: string }>(gw, "POST", `/key/${old}/regenerate`, { body: {} })).body.key;
+    const rotated = (await requestJson<{ key: string }>(gw, "POST", `/key/${between}/regenerate`, { body: {} })).body.key;
     expect(await chatStatus(gw, rotated)).toBe(200);
     await gw.host!.spendWriter.flush();
     const spendOf = async (key: string) => (await requestJson<{ info: { spend: number } }>(gw, "GET", `/key/info?key=${key}`)).body.info.spend;

@@ -29,7 +29,7 @@ import { decimalsOf, toApi } from "../../identity/serialize.ts";
 import { writtenNumber } from "../../identity/exact-numbers.ts";
 import { columnToPico, exactUsdJson, PICO_DIGITS, picoToText, usdToPico } from "../../cost/money.ts";
 import { choice, flag, integer } from "../../identity/paging.ts";
-import { rotateKey } from "../../identity/rotation.ts";
+import { releaseEarlierToken, rotateKey } from "../../identity/rotation.ts";
 import type { Db } from "../../store/db.ts";
 import { rotatedKeys, users, virtualKeys } from "../../store/schema.ts";
 import { checker } from "../validate.ts";
@@ -380,8 +380,7 @@ export async function generateKey(ctx: AdminCtx, body: Record<string, unknown>, 
   try {
     [row, createdUser] = await ctx.db.transaction(async (tx) => {
       const createdUser = await holdKeyWrite(tx, ctx, { ...fields, userId, teamId: team?.teamId }, planned);
-      // A value another key had before its rotation (revoked since): that key is no longer found by it (spend/flush.ts).
-      await tx.update(virtualKeys).set({ rotatedFrom: null }).where(eq(virtualKeys.rotatedFrom, token));
+      await releaseEarlierToken(tx, token);
       const [row] = await tx
         .insert(virtualKeys)
         .values({

@@ -180,11 +180,13 @@ export const virtualKeys = pgTable(
     lastRotationAt: ts("last_rotation_at"),
     rotationCount: integer("rotation_count").notNull().default(0),
     /**
-     * The token this row had before its latest rotation (cleared when another key takes that value):
-     * a spend batch that read the old token before the rotation committed still finds the row by it
-     * (spend/flush.ts), where a match on the token alone found nothing once the row had moved.
+     * The tokens this row had before its latest rotations, newest first (identity/rotation.ts keeps
+     * a few; a value another key takes is removed): a spend batch that read an old token before the
+     * rotations committed still finds the row by it (spend/flush.ts), where a match on the token
+     * alone found nothing once the row had moved, and a match on the one previous token nothing
+     * once it had moved twice.
      */
-    rotatedFrom: text("rotated_from"),
+    rotatedFrom: textArray("rotated_from"),
     allowedVectorStoreIndexes: jsonb("allowed_vector_store_indexes").$type<unknown[]>(),
     routerSettings: json("router_settings"),
     accessGroupIds: textArray("access_group_ids"),
@@ -200,7 +202,7 @@ export const virtualKeys = pgTable(
     index("virtual_keys_user_idx").on(t.userId),
     // The budget-period roller looks for keys whose period has ended.
     index("virtual_keys_reset_idx").on(t.budgetResetAt),
-    index("virtual_keys_rotated_from_idx").on(t.rotatedFrom).where(sql`${t.rotatedFrom} is not null`),
+    index("virtual_keys_rotated_from_idx").using("gin", t.rotatedFrom),
   ],
 );
 
