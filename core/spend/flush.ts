@@ -55,7 +55,7 @@ const COUNTER_TABLES: readonly CounterTable[] = ["key", "team", "org", "user", "
  * PostgreSQL failed one after a second's wait (the admin call a 500, or the batch retried with a
  * "spend writes failing" warning).
  */
-const LOCK_ORDER: readonly CounterTable[] = ["team", "org", "user", "team_member", "key"];
+export const LOCK_ORDER: readonly CounterTable[] = ["team", "org", "user", "team_member", "key"];
 
 /**
  * `counterUpdate` for a store other writers share: the rows are locked in id order, and only

@@ -580,6 +580,9 @@ for (const backend of BACKENDS) {
       expect(status).toBe(400);
       await gw.host!.spendWriter.flush();
       const before = await q(sql`select (select count(*) from spend_logs)::int as logs, (select sum(spend)::text from daily_spend) as daily`);
+      const [charged] = await q(sql`select (select count(*) from virtual_keys where spend <> 0)::int as keys, (select count(*) from teams where spend <> 0)::int as teams,
+        (select count(*) from organizations where spend <> 0)::int as organizations, (select count(*) from users where spend <> 0)::int as users`);
+      expect(charged!.keys).toBeGreaterThan(0);
       const r = await requestJson(gw, "POST", "/global/spend/reset", {});
       expect(r.status).toBe(200);
       expect(r.body).toEqual({ message: "Spend for all API Keys and Teams reset successfully", status: "success" });
@@ -588,8 +591,10 @@ for (const backend of BACKENDS) {
       expect(counters).toEqual({ keys: 0, teams: 0, orgs: 0, users: 0 });
       expect(await q(sql`select (select count(*) from spend_logs)::int as logs, (select sum(spend)::text from daily_spend) as daily`)).toEqual(before);
       expect(await chat(gw, limited.key, "alpha-model", "again", { max_tokens: 5 })).toBe(200);
-      const [audit] = await q(sql`select count(*)::int as n from audit_log where action = 'spend_reset' and object_id = 'all'`);
-      expect(audit!.n).toBe(1);
+      const audits = await rows<{ updated_values: unknown }>(gw.host!.store.db, sql`select updated_values from audit_log where action = 'spend_reset' and object_id = 'all'`);
+      // The audit row says how many of each were reset.
+      expect(audits).toHaveLength(1);
+      expect(audits[0]!.updated_values).toEqual({ rows_reset: charged });
       expect((await requestJson(gw, "POST", "/global/spend/reset", { key: s.keys.admin.key })).status).toBe(403);
     });
 

@@ -5,10 +5,11 @@
  * (spend-queries.ts); the log endpoints read `spend_logs` by time.
  */
 import { Type as T } from "@sinclair/typebox";
-import { type AnyColumn, and, count, desc, eq, gte, inArray, isNull, lt, lte, or, type SQL, sql } from "drizzle-orm";
+import { and, count, desc, eq, gte, inArray, isNull, lt, lte, or, type SQL, sql } from "drizzle-orm";
+import type { PgColumn, PgTable } from "drizzle-orm/pg-core";
 import { Elysia } from "elysia";
 import { badRequest } from "../../authz.ts";
-import type { Deployment, Usage } from "../../contract.ts";
+import type { CounterTable, Deployment, Usage } from "../../contract.ts";
 import { estimatePromptTokens } from "../../cost/estimate.ts";
 import { exactUsdJson, type Pico } from "../../cost/money.ts";
 import { choice, list, pageOf } from "../../identity/paging.ts";
@@ -16,10 +17,11 @@ import { teamMemberId } from "../../identity/records.ts";
 import { toApi } from "../../identity/serialize.ts";
 import type { Snapshot } from "../../snapshot.ts";
 import { StoreSpendHistory } from "../../spend/history.ts";
+import { LOCK_ORDER } from "../../spend/flush.ts";
 import { counterId } from "../../spend/ledger.ts";
 import { gridPeriod } from "../../spend/period.ts";
 import { organizations, orgMembers, spendLogs, teamMembers, teams, users, virtualKeys } from "../../store/schema.ts";
-import { rows } from "../../store/sql.ts";
+import { rows, rowValues } from "../../store/sql.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { spendReportJson } from "./spend-report.ts";
 import {
@@ -337,45 +339,47 @@ async function spendUsers(ctx: AdminCtx) {
 
 // ---- reset, calculate, provider budgets
 
+/** Each spend counter's table, the columns that name one (its counter id: teamMemberId for two), and its spend. */
+const COUNTER_COLUMNS: Record<CounterTable, { table: PgTable; ids: readonly PgColumn[]; spend: PgColumn }> = {
+  team: { table: teams, ids: [teams.teamId], spend: teams.spend },
+  org: { table: organizations, ids: [organizations.organizationId], spend: organizations.spend },
+  user: { table: users, ids: [users.userId], spend: users.spend },
+  team_member: { table: teamMembers, ids: [teamMembers.teamId, teamMembers.userId], spend: teamMembers.spend },
+  key: { table: virtualKeys, ids: [virtualKeys.token], spend: virtualKeys.spend },
+};
+/** How the reset's answer and audit row name the counters it counts (memberships are not counted). */
+const RESET_COUNTED: Partial<Record<CounterTable, string>> = { key: "keys", team: "teams", org: "organizations", user: "users" };
+
 /** `POST /global/spend/reset`: every key, team, org, user and team membership back to 0; the log stays. */
 async function resetAllSpend(ctx: AdminCtx) {
   ctx.caller.requireAdmin();
   await ctx.flushSpend();
-  const nonZero = (col: AnyColumn) => sql`${col} <> 0`;
-  const counters = await ctx.db.transaction(async (tx) => {
-    // In the spend writer's order (spend/flush.ts LOCK_ORDER: teams, organizations, users,
-    // memberships, keys; each table's rows by id): in another order a batch adding calls' cost and
-    // this reset each held a row the other waited for, and PostgreSQL failed one (a 500 here).
-    await tx.select({ id: teams.teamId }).from(teams).where(nonZero(teams.spend)).orderBy(teams.teamId).for("no key update");
-    const t = await tx.update(teams).set({ spend: "0" }).where(nonZero(teams.spend)).returning({ id: teams.teamId });
-    await tx.select({ id: organizations.organizationId }).from(organizations).where(nonZero(organizations.spend)).orderBy(organizations.organizationId).for("no key update");
-    const o = await tx.update(organizations).set({ spend: "0" }).where(nonZero(organizations.spend)).returning({ id: organizations.organizationId });
-    await tx.select({ id: users.userId }).from(users).where(nonZero(users.spend)).orderBy(users.userId).for("no key update");
-    const u = await tx.update(users).set({ spend: "0" }).where(nonZero(users.spend)).returning({ id: users.userId });
-    await tx.select({ id: teamMembers.teamId }).from(teamMembers).where(nonZero(teamMembers.spend)).orderBy(teamMembers.teamId, teamMembers.userId).for("no key update");
-    await tx.update(teamMembers).set({ spend: "0" }).where(nonZero(teamMembers.spend));
-    await tx.select({ id: virtualKeys.token }).from(virtualKeys).where(nonZero(virtualKeys.spend)).orderBy(virtualKeys.token).for("no key update");
-    const k = await tx.update(virtualKeys).set({ spend: "0" }).where(nonZero(virtualKeys.spend)).returning({ id: virtualKeys.token });
-    await tx.update(orgMembers).set({ spend: "0" }).where(nonZero(orgMembers.spend));
-    return { keys: k.length, teams: t.length, organizations: o.length, users: u.length };
+  const counted: Record<string, number> = {};
+  await ctx.db.transaction(async (tx) => {
+    // In the spend writer's order (spend/flush.ts LOCK_ORDER; each table's rows by id): in another
+    // order a batch adding calls' cost and this reset each held a row the other waited for, and
+    // PostgreSQL failed one (a 500 here).
+    for (const kind of LOCK_ORDER) {
+      const { table, ids, spend } = COUNTER_COLUMNS[kind];
+      const byId = sql.join([...ids], sql`, `);
+      await tx.execute(sql`select 1 from ${table} where ${spend} <> 0 order by ${byId} for no key update`);
+      const reset = await rows(tx, sql`update ${table} set ${sql.identifier(spend.name)} = 0 where ${spend} <> 0 returning 1`);
+      const name = RESET_COUNTED[kind];
+      if (name) counted[name] = reset.length;
+    }
+    await tx.update(orgMembers).set({ spend: "0" }).where(sql`${orgMembers.spend} <> 0`);
   });
   // Counters of every entity start again from the stored 0, here and on every instance.
-  const [allKeys, allTeams, allOrgs, allUsers, allMembers] = await Promise.all([
-    ctx.db.select({ id: virtualKeys.token }).from(virtualKeys),
-    ctx.db.select({ id: teams.teamId }).from(teams),
-    ctx.db.select({ id: organizations.organizationId }).from(organizations),
-    ctx.db.select({ id: users.userId }).from(users),
-    ctx.db.select({ teamId: teamMembers.teamId, userId: teamMembers.userId }).from(teamMembers),
-  ]);
-  await ctx.forgetBudgets([
-    ...allKeys.map((r) => counterId("key", r.id)),
-    ...allTeams.map((r) => counterId("team", r.id)),
-    ...allOrgs.map((r) => counterId("org", r.id)),
-    ...allUsers.map((r) => counterId("user", r.id)),
-    ...allMembers.map((r) => counterId("team_member", teamMemberId(r.teamId, r.userId))),
-  ]);
+  const everyCounter = await Promise.all(
+    LOCK_ORDER.map(async (kind) => {
+      const { table, ids } = COUNTER_COLUMNS[kind];
+      const found = await rowValues(ctx.db, sql`select ${sql.join([...ids], sql`, `)} from ${table}`);
+      return found.map((v) => counterId(kind, kind === "team_member" ? teamMemberId(String(v[0]), String(v[1])) : String(v[0])));
+    }),
+  );
+  await ctx.forgetBudgets(everyCounter.flat());
   await ctx.changed({ kind: "all" });
-  await ctx.audit({ action: "spend_reset", table: "global", objectId: "all", after: { rows_reset: counters } });
+  await ctx.audit({ action: "spend_reset", table: "global", objectId: "all", after: { rows_reset: counted } });
   return { message: "Spend for all API Keys and Teams reset successfully", status: "success" };
 }
 
