@@ -11,6 +11,7 @@ import { and, asc, desc, eq, gt, ilike, inArray, isNotNull, isNull, or, type SQL
 import { Elysia } from "elysia";
 import { EVERYTHING, INHERIT, matchesEntry } from "../../access.ts";
 import { badRequest, type Caller, forbidden, notFound } from "../../authz.ts";
+import type { Role } from "../../contract.ts";
 import { GatewayError } from "../../errors.ts";
 import { hashKey, isPlainKey, KEY_PREFIX, keyName, newKeyValue, tokenOf } from "../../identity/keys.ts";
 import {
@@ -336,8 +337,24 @@ async function holdKeyWrite(tx: Exec, ctx: AdminCtx, fields: Record<string, unkn
     throw forbidden(`User ${member} is not a member of team ${teamId} (removed meanwhile): only a proxy admin may put a key of someone else in it.`);
   }
   const createdUser = typeof userId === "string" && userId !== "" ? await holdUser(tx, userId, ctx.caller.changedBy) : undefined;
+  if (!ctx.caller.isAdmin && typeof userId === "string" && !createdUser) await refuseElevatedUser(tx, userId);
   await checkGuaranteedStored(tx, ctx, planned);
   return createdUser;
+}
+
+/** Global roles a key takes from its user that a team's admin (or any non-admin) does not have. */
+const ELEVATED_ROLES: ReadonlySet<string> = new Set<Role>(["proxy_admin", "proxy_admin_viewer"]);
+
+/**
+ * A key acts with its user's global role, so a non-admin that gave a key to a proxy admin (a user
+ * it had added to its team, say) would hold a proxy admin's key: 403. The user is held by now, so
+ * a role given at the same moment comes before this read or after the key.
+ */
+async function refuseElevatedUser(tx: Exec, userId: string): Promise<void> {
+  const [user] = await tx.select({ role: users.userRole }).from(users).where(eq(users.userId, userId));
+  if (user?.role && ELEVATED_ROLES.has(user.role)) {
+    throw forbidden(`Only a proxy admin may give a key to user ${userId}: the key would act with its role ${user.role}.`);
+  }
 }
 
 /** After a key write naming `userId`: the user created (audited), and the user change to publish when the cache lacks it. */
