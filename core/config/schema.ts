@@ -2,18 +2,15 @@
 import { FormatRegistry, type Static, Type as T } from "@sinclair/typebox";
 import { secretProblem } from "../callbacks/signing.ts";
 import { CONTROL_CHARS } from "../header-text.ts";
+import { DURATION_PATTERN, MAX_DURATION, parseDuration } from "../identity/duration.ts";
 
 const HTTP_URL = /^https?:\/\//;
-const DURATION = /^(\d+)\s*(s|m|h|d|w|mo|y)$/;
-const DAYS_PER_UNIT: Record<string, number> = { s: 1 / 86_400, m: 1 / 1440, h: 1 / 24, d: 1, w: 7, mo: 30, y: 365 };
-/** The longest duration taken: periods and retention longer than a century are typos (and past ~270,000 years no date can hold their end). */
-const MAX_DURATION_DAYS = 100 * 365;
 
 // Checks a pattern cannot express. Each passes what its field's pattern refuses, so one mistake is one error.
 /** What a value that fails one of these formats is told (the field's description follows). */
 export const FORMAT_ERRORS: Record<string, string> = {
   "svc-url": "Expected a URL that parses",
-  "svc-duration": "Expected a duration longer than 0 and at most 100y",
+  "svc-duration": `Expected a duration longer than 0 and at most ${MAX_DURATION}`,
   "svc-header-value": "Expected text a header can carry",
   "svc-model-name": "Expected text without control characters (answers carry it in x-svc-model-group / x-svc-model-id)",
   "svc-signing-secret": "Expected at least 16 bytes, or whsec_ and base64 of at least 16 bytes",
@@ -38,12 +35,11 @@ FormatRegistry.Set("svc-url", (v) => {
     return false;
   }
 });
-/** A duration longer than 0 and at most 100 years: `0d` would make a retention job run without pause, a budget period never end. */
+/** A duration longer than 0 and at most MAX_DURATION: `0d` would make a retention job run without pause, a budget period never end. */
 FormatRegistry.Set("svc-duration", (v) => {
-  const m = DURATION.exec(v.trim());
-  if (!m) return true;
-  const days = Number(m[1]) * DAYS_PER_UNIT[m[2]!]!;
-  return days > 0 && days <= MAX_DURATION_DAYS;
+  if (!DURATION_PATTERN.test(v.trim())) return true;
+  const ms = parseDuration(v);
+  return typeof ms === "number" && ms > 0;
 });
 
 const HttpUrl = T.String({ pattern: "^https?://", format: "svc-url", description: "an http(s) URL" });

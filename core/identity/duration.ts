@@ -1,17 +1,22 @@
 /** Durations such as `30s`, `15m`, `24h`, `7d`, `2w`, `1mo`, `1y`; `-1` means "never". */
 
-const UNIT_MS: Record<string, number> = { s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000, w: 604_800_000 };
-const PATTERN = /^(\d+)\s*(s|m|h|d|w|mo|y)$/;
+const DAY_MS = 86_400_000;
+const UNIT_MS: Record<string, number> = { s: 1000, m: 60_000, h: 3_600_000, d: DAY_MS, w: 7 * DAY_MS, mo: 30 * DAY_MS, y: 365 * DAY_MS };
+export const DURATION_PATTERN = /^(\d+)\s*(s|m|h|d|w|mo|y)$/;
+/**
+ * The longest duration: an instant that far ahead is still a date the store and JSON write in
+ * the usual form (`100000000d` from now is not a date at all, and was a 500 on every write).
+ */
+export const MAX_DURATION = "100y";
+const MAX_DURATION_MS = 100 * UNIT_MS.y!;
 
-/** Milliseconds, `null` for never (`-1`), or undefined when the text is not a duration. */
+/** Milliseconds, `null` for never (`-1`), or undefined when the text is not a duration (or one longer than MAX_DURATION). */
 export function parseDuration(text: string): number | null | undefined {
   if (text.trim() === "-1") return null;
-  const m = PATTERN.exec(text.trim());
+  const m = DURATION_PATTERN.exec(text.trim());
   if (!m) return undefined;
-  const n = Number(m[1]);
-  if (m[2] === "mo") return n * 30 * UNIT_MS.d!;
-  if (m[2] === "y") return n * 365 * UNIT_MS.d!;
-  return n * UNIT_MS[m[2]!]!;
+  const ms = Number(m[1]) * UNIT_MS[m[2]!]!;
+  return ms <= MAX_DURATION_MS ? ms : undefined;
 }
 
 /** When something with this duration, starting now, ends (null = never). */
@@ -21,4 +26,4 @@ export function endsAt(text: string, from = Date.now()): Date | null | undefined
   return ms === null ? null : new Date(from + ms);
 }
 
-export const DURATION_HINT = "a duration such as 30s, 15m, 24h, 7d, 1mo, or -1 for never";
+export const DURATION_HINT = `a duration such as 30s, 15m, 24h, 7d, 1mo (at most ${MAX_DURATION}), or -1 for never`;

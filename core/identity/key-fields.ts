@@ -7,7 +7,7 @@ import { Type as T, type TSchema } from "@sinclair/typebox";
 import { getTableColumns } from "drizzle-orm";
 import { badRequest } from "../authz.ts";
 import { virtualKeys } from "../store/schema.ts";
-import { DURATION_HINT, endsAt, parseDuration } from "./duration.ts";
+import { DURATION_HINT, endsAt, MAX_DURATION, parseDuration } from "./duration.ts";
 import { Amount, LIMIT_COLUMNS, Parallel, Quantity } from "./fields.ts";
 import { fromApi } from "./serialize.ts";
 import { MAX_REQUEST_TAGS } from "../wire.ts";
@@ -172,6 +172,6 @@ export function expiresOf(body: KeyBody, now = Date.now()): Date | null | undefi
 /** A positive period (budget reset, rotation, grace): milliseconds, or a 400 naming the field. */
 export function periodMs(value: string, field: string, allowZero = false): number {
   const ms = parseDuration(value);
-  if (ms === undefined || ms === null || (ms === 0 && !allowZero)) throw badRequest(`${field} must be a duration such as 30s, 15m, 24h, 7d, 1mo.`, field);
+  if (ms === undefined || ms === null || (ms === 0 && !allowZero)) throw badRequest(`${field} must be a duration such as 30s, 15m, 24h, 7d, 1mo (at most ${MAX_DURATION}).`, field);
   return ms;
 }

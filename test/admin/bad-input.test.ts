@@ -133,6 +133,8 @@ const STRING_EDGES = [
   awkward('"\\ud800"', "a lone surrogate"),
   awkward(JSON.stringify(LONG), "a 100k-character string"),
   awkward('"2024-13-45"'),
+  // A duration whose end is no date (a 500 on every duration field once).
+  awkward('"100000000d"', "a duration of 100,000,000 days"),
 ];
 const NUMBER_EDGES = [awkward("-1"), awkward("1.5"), awkward("1e20"), awkward("9007199254740993"), awkward("5e-324")];
 
