@@ -131,9 +131,14 @@ export interface BudgetRefusalDetail {
 
 /** A stream part produced by an adapter: the OpenAI chunk to send, or usage learned from upstream. */
 export type StreamPart =
-  | { type: "chunk"; chunk: WireJson }
+  /**
+   * `opens`: the chunk only opens the message (its role, no content), as Anthropic's and Bedrock's
+   * first event does: an upstream error after it still fails the attempt before the client got
+   * anything (pipeline/stream.ts), so the router can retry it or fall back.
+   */
+  | { type: "chunk"; chunk: WireJson; opens?: true }
   /** A chunk already serialized as JSON text, sent as is (no re-serialization on the hot path). */
-  | { type: "data"; data: string }
+  | { type: "data"; data: string; opens?: true }
   | { type: "usage"; usage: Usage }
   | { type: "error"; error: ErrorInfo };
 

@@ -380,7 +380,8 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
             streamed.push(text);
           }
         : capture;
-      return streamResponse({ res, deployment: d, transform, request: body as WireRequest["chat" | "completions"], deadline, headers, finish, tap });
+      // Awaited here: a stream that fails before its first event fails this attempt (caught below).
+      return await streamResponse({ res, deployment: d, transform, request: body as WireRequest["chat" | "completions"], deadline, headers, finish, tap });
     }
     const upstreamType = res.headers.get("content-type") ?? "";
     if (ep.binaryUsage) {

@@ -6,12 +6,12 @@
  * event of one upstream read goes out in one write.
  */
 import type { CallStatus, Deployment, ErrorInfo, StreamTransform, Usage, WireRequest } from "../contract.ts";
-import { errorBody, errorInfo } from "../errors.ts";
+import { errorBody, errorInfo, GatewayError } from "../errors.ts";
 import { withoutCredentials } from "../secrets.ts";
 import { AwsEventStreamParser } from "../stream/aws-eventstream.ts";
 import { type EventParser, NdjsonParser, SseParser } from "../stream/framing.ts";
 import { answerTokenBound } from "../cost/worst-case.ts";
-import type { Deadline } from "./upstream.ts";
+import { type Deadline, timeoutError } from "./upstream.ts";
 
 const DONE = "data: [DONE]\n\n";
 /**
@@ -61,7 +61,7 @@ class StreamFailure {
   constructor(readonly error: ErrorInfo) {}
 }
 
-export function streamResponse(a: StreamArgs): Response {
+export async function streamResponse(a: StreamArgs): Promise<Response> {
   const { transform, deadline, deployment: d } = a;
   const state = transform.init(a.request as never);
   const reader = a.res.body!.getReader();
@@ -73,6 +73,8 @@ export function streamResponse(a: StreamArgs): Response {
   let firstByteAt: number | undefined;
   let out = "";
   let failure: StreamFailure | undefined;
+  /** Whether an event said something to the client (more than opening the message). */
+  let answered = false;
 
   const onEvent = (data: string) => {
     if (failure) return;
@@ -84,9 +86,13 @@ export function streamResponse(a: StreamArgs): Response {
       return;
     }
     for (const part of parts) {
-      if (part.type === "data") out += `data: ${part.data}\n\n`;
-      else if (part.type === "chunk") out += `data: ${JSON.stringify(part.chunk)}\n\n`;
-      else if (part.type === "usage") usage = part.usage;
+      if (part.type === "data") {
+        out += `data: ${part.data}\n\n`;
+        answered ||= !part.opens;
+      } else if (part.type === "chunk") {
+        out += `data: ${JSON.stringify(part.chunk)}\n\n`;
+        answered ||= !part.opens;
+      } else if (part.type === "usage") usage = part.usage;
       else {
         failure = new StreamFailure({ ...part.error, message: withoutCredentials(part.error.message, d) });
         return;
@@ -121,6 +127,11 @@ export function streamResponse(a: StreamArgs): Response {
     const used = usage ?? estimated();
     a.finish(status, used, error, firstByteAt, transform.responseId?.(state));
   };
+  /** Reads one upstream read's bytes. */
+  const feed = (bytes: Uint8Array) => {
+    if (binary) feedBinary(binary, bytes);
+    else parser.push(decoder.decode(bytes, { stream: true }), onEvent);
+  };
   let ended = false;
   const stop = (reason?: unknown) => {
     if (ended) return;
@@ -129,6 +140,48 @@ export function streamResponse(a: StreamArgs): Response {
     void reader.cancel(reason).catch(() => undefined);
     end("cancelled");
   };
+  /** The upstream read the pull awaits next (the wait for the first event starts it). */
+  let reading = reader.read();
+
+  /**
+   * Waits for the stream's first event that says something (or for WAITING_AFTER_MS of quiet; true
+   * then). An upstream that fails at once in band, after its 200 (Anthropic's `overloaded_error`
+   * event, Gemini's blocked prompt), or whose stream breaks before it answered, fails the attempt
+   * before the client got anything: the router retries it or falls back as for an HTTP error, and a
+   * client for whom every attempt fails gets the error's status, not a 200 and an error event.
+   */
+  const firstEvent = async (): Promise<boolean> => {
+    const quiet = new Promise<typeof NOT_READY>((resolve) => deadline.whenQuiet(WAITING_AFTER_MS, () => resolve(NOT_READY)));
+    while (!answered && !failure) {
+      deadline.arm();
+      let next: Awaited<typeof reading> | typeof NOT_READY;
+      try {
+        next = await Promise.race([reading, quiet]);
+      } catch (err) {
+        deadline.clear();
+        if (deadline.clientGone) throw err;
+        if (deadline.timedOut) throw timeoutError(d, deadline.seconds);
+        throw GatewayError.of(503, `stream from ${d.provider} for model ${d.modelName} ended unexpectedly`, "api_connection_error");
+      }
+      if (next === NOT_READY) return true;
+      deadline.clear();
+      if (next.done) {
+        reading = Promise.resolve(next);
+        break;
+      }
+      firstByteAt ??= Date.now();
+      feed(next.value);
+      reading = reader.read();
+    }
+    deadline.cancelQuiet();
+    // An error after the answer began (in the same read) ends the stream in band, as later ones do.
+    if (failure && !answered) {
+      void reader.cancel().catch(() => undefined);
+      throw new GatewayError(failure.error);
+    }
+    return false;
+  };
+  const quietAtFirst = await firstEvent();
   deadline.clear();
 
   // Bun's "direct" stream: one pull drives the whole response, writing strings straight to the
@@ -137,11 +190,10 @@ export function streamResponse(a: StreamArgs): Response {
   const source: Bun.DirectUnderlyingSource<Uint8Array> = {
     type: "direct",
     async pull(c) {
-      deadline.whenQuiet(WAITING_AFTER_MS, () => {
-        if (ended) return;
+      if (quietAtFirst) {
         c.write(WAITING);
         c.flush();
-      });
+      }
       /** Sends `text`; false once the client has gone. */
       const send = async (text: string): Promise<boolean> => {
         deadline.cancelQuiet();
@@ -161,7 +213,15 @@ export function streamResponse(a: StreamArgs): Response {
         end("failure", error);
         c.close();
       };
-      let reading = reader.read();
+      const failedEarly: StreamFailure | undefined = failure;
+      if (failedEarly) return finishWith(failedEarly.error);
+      // What came up to the first event that said something goes out now, unless more has come
+      // already (then with it, in one write, as below).
+      if (out && !(await settled(reading))) {
+        const text = out;
+        out = "";
+        if (!(await send(text))) return stop("client disconnected");
+      }
       for (;;) {
         let next: Awaited<ReturnType<typeof reader.read>>;
         // The idle deadline runs only while waiting on the upstream, never on a slow client.
@@ -209,8 +269,7 @@ export function streamResponse(a: StreamArgs): Response {
           return;
         }
         firstByteAt ??= Date.now();
-        if (binary) feedBinary(binary, next.value);
-        else parser.push(decoder.decode(next.value, { stream: true }), onEvent);
+        feed(next.value);
         if (failure) return finishWith(failure.error);
         reading = reader.read();
         // When more upstream data is already buffered, keep collecting: one write for what

@@ -60,8 +60,9 @@ const CHOICE_OPEN = '"choices":[{"index":0,"delta":';
 const CHOICE_CLOSE = ',"logprobs":null,"finish_reason":null}]}';
 const NONE: StreamPart[] = [];
 
-function chunk(s: AnthropicStreamState, delta: string): StreamPart[] {
-  return [{ type: "data", data: s.head + CHOICE_OPEN + delta + CHOICE_CLOSE }];
+/** `opens`: the chunk only opens the message (StreamPart's `opens`). */
+function chunk(s: AnthropicStreamState, delta: string, opens?: true): StreamPart[] {
+  return [{ type: "data", data: s.head + CHOICE_OPEN + delta + CHOICE_CLOSE, opens }];
 }
 
 const usageOf = (s: AnthropicStreamState): Usage =>
@@ -177,7 +178,7 @@ function messageStart(s: AnthropicStreamState, e: StreamEvent): StreamPart[] {
   s.id = m.id;
   s.head = `{"id":${JSON.stringify(m.id ?? "")},"object":"chat.completion.chunk","created":${nowSeconds()},"model":${JSON.stringify(m.model ?? s.req.model)},`;
   takeUsage(s, m.usage);
-  return chunk(s, '{"role":"assistant","content":"","refusal":null}');
+  return chunk(s, '{"role":"assistant","content":"","refusal":null}', true);
 }
 
 function blockStart(s: AnthropicStreamState, index: number, b: Block): StreamPart[] {

@@ -48,7 +48,7 @@ function streamError(e: AwsStreamEvent): ErrorInfo {
   return { status: known.status, type: known.type, message: `bedrock stream failed with ${e.type}${detail ? `: ${detail}` : ""}`, param: null };
 }
 
-function chunk(s: ConverseStreamState, delta: WireJson, finish: string | null = null): StreamPart {
+function chunk(s: ConverseStreamState, delta: WireJson, finish: string | null = null): Extract<StreamPart, { type: "chunk" }> {
   return {
     type: "chunk",
     chunk: { id: s.id, object: "chat.completion.chunk", created: s.created, model: s.model, choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }] },
@@ -59,7 +59,7 @@ function chunk(s: ConverseStreamState, delta: WireJson, finish: string | null = 
 function opening(s: ConverseStreamState, parts: StreamPart[]): void {
   if (s.roleSent) return;
   s.roleSent = true;
-  parts.push(chunk(s, { role: "assistant", content: "" }));
+  parts.push({ ...chunk(s, { role: "assistant", content: "" }), opens: true });
 }
 
 function toolIndex(s: ConverseStreamState, block: number): number {

@@ -23,6 +23,7 @@ beforeAll(async () => {
     model_list: [
       { model_name: "claude", svc_params: upstream(), model_info: { id: "dep-claude" } },
       { model_name: "claude-wrong-key", svc_params: upstream({ api_key: "sk-ant-wrong" }), model_info: { id: "dep-wrong-key" } },
+      { model_name: "claude-backup", svc_params: upstream(), model_info: { id: "dep-claude-backup" } },
     ],
     general_settings: { master_key: MASTER_KEY },
   });
@@ -237,6 +238,32 @@ describe("stream", () => {
     expect(err).toBeInstanceOf(APIError);
     expect((err as APIError).message).toContain("overloaded_error: Overloaded");
   });
+
+  // Before anything was sent (no event, or only those that open the message: message_start,
+  // content_block_start, ping), an in-band error fails the attempt as an HTTP error would.
+  for (const afterEvents of [0, 3]) {
+    test(`an overloaded error after ${afterEvents} opening events is retried, then falls back, before the stream begins`, async () => {
+      const body = { model: "claude", messages: [{ role: "user" as const, content: "hi" }], stream: true as const };
+      mock.fault({ kind: "streamError", afterEvents });
+      const retried = await client.chat.completions.create({ ...body, num_retries: 1 } as typeof body).withResponse();
+      expect((await collect(retried.data)).map((c) => c.choices[0]?.delta.content ?? "").join("")).toStartWith("Mock reply");
+      expect(retried.response.headers.get("x-svc-attempted-retries")).toBe("1");
+      expect(mock.requests).toHaveLength(2);
+
+      mock.fault({ kind: "streamError", afterEvents });
+      const fellBack = await client.chat.completions.create({ ...body, fallbacks: ["claude-backup"] } as typeof body).withResponse();
+      expect((await collect(fellBack.data)).length).toBeGreaterThan(1);
+      expect(fellBack.response.headers.get("x-svc-model-id")).toBe("dep-claude-backup");
+      expect(fellBack.response.headers.get("x-svc-attempted-fallbacks")).toBe("1");
+
+      // With neither, the client gets the error's status, not a 200 and an error event.
+      mock.fault({ kind: "streamError", afterEvents });
+      const err = await failure(client.chat.completions.create(body));
+      expect(err).toBeInstanceOf(APIError);
+      expect((err as APIError).status).toBe(503);
+      expect((err as APIError).message).toContain("overloaded_error: Overloaded");
+    });
+  }
 
   test("an in-stream error that quotes the deployment's key reaches the client without it", async () => {
     mock.fault({ kind: "streamError", afterEvents: 4, errorType: "authentication_error", message: `bad credential ${UPSTREAM_KEY}` });

@@ -262,20 +262,16 @@ describe("gemini/… errors", () => {
     expect(mock.requests).toHaveLength(0);
   });
 
-  test("a prompt blocked in a stream ends it with a content-policy error event", async () => {
+  test("a prompt blocked in a stream (Gemini's first event) is a 400 content-policy error before the stream begins", async () => {
     const res = await fetch(`${gw.baseURL}/chat/completions`, {
       method: "POST",
       headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
       body: JSON.stringify({ model: "gemini-flash", messages: user("BLOCKME please"), stream: true }),
     });
-    const body = await res.text();
-    const error = body
-      .split("\n\n")
-      .filter((e) => e.startsWith("data: {"))
-      .map((e) => JSON.parse(e.slice(6)) as { error?: { type: string; message: string; code: string } })
-      .find((e) => e.error)?.error;
+    expect(res.status).toBe(400);
+    const { error } = (await res.json()) as { error: { type: string; message: string; code: string } };
     expect(error).toMatchObject({ type: "content_policy_violation", code: "400" });
-    expect(error!.message).toContain("blockReason SAFETY");
+    expect(error.message).toContain("blockReason SAFETY");
   });
 
   test("an upstream that does not answer in time: 408", async () => {

@@ -20,7 +20,9 @@
 // completes the answer, sends its own error event after a random event, or stalls past the
 // deployment's timeout at a random byte: the client gets the chunks so far and then one
 // `data: {"error": {message, type, param, code}}` event (code "503", the provider's status, or
-// "408") and no [DONE], the call is logged as a failure at cost 0, and the gateway keeps serving.
+// "408") and no [DONE] (when the upstream had said nothing yet, the call fails before the stream
+// begins: that status, and the envelope as its body), the call is logged as a failure at cost 0,
+// and the gateway keeps serving.
 // SSE line ends are rewritten at random to CRLF or CR (NDJSON: CRLF), with comment lines between
 // events and `data:` without its space, all of which the SSE spec allows. A client that
 // leaves at a random point: the upstream request is aborted (the mock sees its client go) and the
@@ -580,6 +582,8 @@ interface Received {
   error?: Json;
   done: boolean;
   callId: string;
+  /** The HTTP status, when it was not 200: the stream failed before it began (its error is the JSON body's). */
+  status?: number;
 }
 
 function assembleClient(chunks: ClientChunk[]): Answer {
@@ -639,7 +643,11 @@ async function rawStream(body: Json, leaveAfter?: { bytes: number }): Promise<Re
   const res = leaveAfter ? await Promise.race([asked, quiet()]) : await asked;
   if (res === undefined) return leave("");
   const callId = res.headers.get("x-svc-call-id") ?? "";
-  if (res.status !== 200) throw new Error(`stream answered ${res.status}: ${await res.text()}`);
+  if (res.status !== 200) {
+    const text = await res.text();
+    const error = (JSON.parse(text) as { error?: Json }).error;
+    return { chunks: [], answer: { choices: new Map() }, error, done: false, callId, status: res.status, text, left: false };
+  }
   const reader = res.body!.getReader();
   const d = new TextDecoder();
   let text = "";
@@ -839,6 +847,13 @@ describe(`streams through every provider, random answers and wire cuts ${seedNot
       if (fault === "reset" || fault === "close") expect(e.code, `${p.model}: ${what}: an upstream that stops mid-answer is a 503 ${seedNote}`).toBe("503");
       // What the client got before the error is a prefix of the upstream's answer.
       const before = p.decode(events.filter((ev) => ev.end <= (wire.faultAt ?? 0)));
+      if (got.status !== undefined) {
+        // A fault before the upstream said anything (no event, or only those opening the message)
+        // fails the call before the stream begins: the error's status, its body the envelope.
+        expect(String(got.status), `${p.model}: ${what}: the status is the error's code ${seedNote}`).toBe(String(e.code));
+        const said = [...before.choices.values()].some((c) => c.content !== "" || c.tools.length > 0);
+        expect(said, `${p.model}: ${what}: answered ${got.status} though the upstream had answered before the fault ${seedNote}`).toBe(false);
+      }
       for (const [index, c] of got.answer.choices) {
         const full = before.choices.get(index)?.content ?? "";
         expect(full.startsWith(c.content) || c.content.startsWith(full), `${p.model}: ${what}: choice ${index} is a prefix of the upstream's ${seedNote}`).toBe(true);
