@@ -16,13 +16,16 @@ function withPromptFilters(part: StreamPart, results: unknown): StreamPart | und
   return undefined;
 }
 
+/** Azure's chunk of prompt filter results, before the answer: `"object": ""`. */
+const PROMPT_FILTER_CHUNK = /"object"\s*:\s*""/;
+
 export function azureStream<E extends Endpoint, S>(inner: StreamTransform<E, S>): StreamTransform<E, AzureStreamState<S>> {
   return {
     framing: inner.framing,
     init: (req) => ({ inner: inner.init(req) }),
     event(data, s) {
-      // Safe as text: inside a JSON string the quotes would be escaped.
-      if (data.includes('"object":""')) {
+      // Safe as text: inside a JSON string the quotes would be escaped (and JSON allows spaces around ':').
+      if (PROMPT_FILTER_CHUNK.test(data)) {
         if (data.includes('"prompt_filter_results"')) s.promptFilterResults = (JSON.parse(data) as WireJson).prompt_filter_results;
         return [];
       }

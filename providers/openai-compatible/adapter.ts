@@ -75,7 +75,14 @@ interface StreamState {
   searched?: boolean;
 }
 
-const CHUNK_ID = /"id":"([^"\\]+)"/;
+// JSON allows whitespace around ':' (some servers pretty-print each chunk): every key test allows it.
+const CHUNK_ID = /"id"\s*:\s*"([^"\\]+)"/;
+/** The usage chunk (the usage object; `"usage":null` on every other chunk once usage was asked for). */
+const USAGE = /"usage"\s*:\s*\{/;
+const ERROR_EVENT = /^\s*\{\s*"error"\s*:/;
+const PADDED_OBJECT = /^\s*\{[^]*\}\s*$/;
+/** `"usage":null` with the comma before it (or, first in its object, after it). */
+const NULL_USAGE = /,\s*"usage"\s*:\s*null(?=\s*[,}])|"usage"\s*:\s*null\s*,?/;
 /** A chunk that ends a choice: servers that send neither `[DONE]` nor usage still end with one. */
 const FINISHED = /"finish_reason":\s*"/;
 
@@ -106,12 +113,12 @@ function openAIStream<E extends "chat" | "completions">(
       }
       s.id ??= CHUNK_ID.exec(data)?.[1] ?? "";
       if (!s.ended && FINISHED.test(data)) s.ended = true;
-      if (data.startsWith('{"error"')) {
+      if (ERROR_EVENT.test(data)) {
         const e = asObject(asObject(JSON.parse(data)).error);
         return [{ type: "error", error: { status: 500, type: "api_error", message: String(e.message ?? "upstream error") } }];
       }
       const parts: StreamPart[] = [];
-      if (data.includes('"usage":{')) {
+      if (USAGE.test(data)) {
         const chunk = asObject(JSON.parse(data));
         s.ended = true;
         parts.push({ type: "usage", usage: usageFromOpenAI(chunk.usage) });
@@ -122,7 +129,7 @@ function openAIStream<E extends "chat" | "completions">(
           parts.push({ type: "chunk", chunk });
           return parts;
         }
-      } else if (data.charCodeAt(0) !== 123 /* { */ || data.charCodeAt(data.length - 1) !== 125 /* } */) {
+      } else if ((data.charCodeAt(0) !== 123 /* { */ || data.charCodeAt(data.length - 1) !== 125 /* } */) && !PADDED_OBJECT.test(data)) {
         // A cheap guard instead of a full parse per chunk: truncated or non-object events stop the stream.
         throw new Error("stream event is not a JSON object");
       }
@@ -139,12 +146,7 @@ function openAIStream<E extends "chat" | "completions">(
 
 /** Removes the `"usage":null` member OpenAI adds to every chunk once usage was requested. */
 function stripNullUsage(data: string): string {
-  const at = data.lastIndexOf('"usage":null');
-  if (at < 0) return data;
-  const before = data.charCodeAt(at - 1) === 44 /* ',' */ ? at - 1 : at;
-  let after = at + '"usage":null'.length;
-  if (before === at && data.charCodeAt(after) === 44) after++;
-  return data.slice(0, before) + data.slice(after);
+  return data.includes('"usage"') ? data.replace(NULL_USAGE, "") : data;
 }
 
 function textLength(v: unknown): number {

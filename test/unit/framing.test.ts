@@ -179,6 +179,21 @@ describe("OpenAI-compatible stream transform", () => {
     expect(sent(chat.event(contentChunk, s))).toEqual([{ type: "chunk", chunk: JSON.parse(contentChunk) }]);
   });
 
+  // JSON allows whitespace around ':' and ','; some OpenAI-compatible servers pretty-print each chunk.
+  test("pretty-printed chunks: the usage is read (not estimated), usage: null stripped, the id and an error event found", () => {
+    const pretty = (text: string) => JSON.stringify(JSON.parse(text), null, 1);
+    const s = chat.init(request());
+    expect(sent(chat.event(pretty(contentChunk), s))).toEqual([
+      { type: "chunk", chunk: { id: "c1", object: "chat.completion.chunk", choices: [{ index: 0, delta: { content: "hi" } }] } },
+    ]);
+    expect(chat.event(pretty(usageChunk), s)).toEqual([{ type: "usage", usage: { promptTokens: 3, completionTokens: 5, reasoningTokens: 2 } }]);
+    expect(chat.responseId?.(s)).toBe("c1");
+    const first = chat.init(request());
+    expect(sent(chat.event('{ "usage": null, "id": "c2", "choices": [] }', first))).toEqual([{ type: "chunk", chunk: { id: "c2", choices: [] } }]);
+    const failed = chat.event(' { "error" : { "message": "upstream exploded" } } ', chat.init(request()));
+    expect(failed.map((p) => p.type)).toEqual(["error"]);
+  });
+
   test("an upstream error event becomes an error part", () => {
     const s = chat.init(request());
     const parts = chat.event(JSON.stringify({ error: { message: "upstream exploded", type: "server_error" } }), s);
