@@ -30,8 +30,9 @@
 //   `/spend/logs/v2` has exactly one row per call of each key (refusals and failures at 0, a refusal
 //   with an empty deployment id) with the model's spend; `/global/spend/report` by api_key and by
 //   team equals the log's exact sums;
-// - `/key/{key}/reset_spend` and `/global/spend/reset` set counters to 0 and keep the log; the
-//   model follows, and budgets count again from 0.
+// - `/key/{key}/reset_spend` and `/global/spend/reset` (keys, teams and team members; not users
+//   or organizations) set counters to 0 and keep the log; the model follows, and budgets count
+//   again from 0.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { sql } from "drizzle-orm";
 import { rows } from "../../core/store/sql.ts";
@@ -701,9 +702,9 @@ for (const [n, { backend, redis }] of SETUPS.entries()) {
       await checkApi(gw, w, "bursts");
     }, 30_000);
 
-    test("a global spend reset: every counter 0, the log and the reports unchanged, budgets count from 0", async () => {
+    test("a global spend reset: every key's, team's and team member's counter 0 (users' and orgs' kept), the log and the reports unchanged, budgets count from 0", async () => {
       await requestOk(gw, "POST", "/global/spend/reset", {});
-      for (const c of w.counters.values()) c.spend = 0n;
+      for (const c of w.counters.values()) if (c.kind === "key" || c.kind === "team" || c.kind === "member") c.spend = 0n;
       await flushed(gw, w, "after the global reset");
       await sequential(gw, w, rng, 20, "after the global reset");
       await flushed(gw, w, "after the global reset");

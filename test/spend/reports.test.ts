@@ -573,7 +573,7 @@ for (const backend of BACKENDS) {
       expect((await calc({ completion_response: { model: "beta-model", usage: { prompt_tokens: -1 } } })).status).toBe(422);
     });
 
-    test("/global/spend/reset sets every counter to 0, keeps the log, and budgets count from 0 again", async () => {
+    test("/global/spend/reset sets every key's and team's spend to 0 (not users' or organizations'), keeps the log, and budgets count from 0 again", async () => {
       const limited = await must<{ key: string; token: string }>(gw, "POST", "/key/generate", { key_alias: "k-limited", max_budget: 0.0001 });
       let status = 200;
       for (let i = 0; i < 20 && status === 200; i++) status = await chat(gw, limited.key, "alpha-model", "spend it", { max_tokens: 5 });
@@ -581,14 +581,20 @@ for (const backend of BACKENDS) {
       await gw.host!.spendWriter.flush();
       const before = await q(sql`select (select count(*) from spend_logs)::int as logs, (select sum(spend)::text from daily_spend) as daily`);
       const [charged] = await q(sql`select (select count(*) from virtual_keys where spend <> 0)::int as keys, (select count(*) from teams where spend <> 0)::int as teams,
-        (select count(*) from organizations where spend <> 0)::int as organizations, (select count(*) from users where spend <> 0)::int as users`);
+        (select count(*) from team_members where spend <> 0)::int as team_members`);
+      const [others] = await q(sql`select (select sum(spend)::text from organizations) as orgs, (select sum(spend)::text from users) as users`);
       expect(charged!.keys).toBeGreaterThan(0);
+      expect(charged!.teams).toBeGreaterThan(0);
+      expect(Number(others!.orgs)).toBeGreaterThan(0);
+      expect(Number(others!.users)).toBeGreaterThan(0);
       const r = await requestJson(gw, "POST", "/global/spend/reset", {});
       expect(r.status).toBe(200);
       expect(r.body).toEqual({ message: "Spend for all API Keys and Teams reset successfully", status: "success" });
       const [counters] = await q(sql`select (select count(*) from virtual_keys where spend <> 0)::int as keys, (select count(*) from teams where spend <> 0)::int as teams,
-        (select count(*) from organizations where spend <> 0)::int as orgs, (select count(*) from users where spend <> 0)::int as users`);
-      expect(counters).toEqual({ keys: 0, teams: 0, orgs: 0, users: 0 });
+        (select count(*) from team_members where spend <> 0)::int as team_members`);
+      expect(counters).toEqual({ keys: 0, teams: 0, team_members: 0 });
+      // The spec's reset is of keys and teams: users' and organizations' spend (and budgets) stay.
+      expect((await q(sql`select (select sum(spend)::text from organizations) as orgs, (select sum(spend)::text from users) as users`))[0]).toEqual(others!);
       expect(await q(sql`select (select count(*) from spend_logs)::int as logs, (select sum(spend)::text from daily_spend) as daily`)).toEqual(before);
       expect(await chat(gw, limited.key, "alpha-model", "again", { max_tokens: 5 })).toBe(200);
       const audits = await rows<{ updated_values: unknown }>(gw.host!.store.db, sql`select updated_values from audit_log where action = 'spend_reset' and object_id = 'all'`);

@@ -20,7 +20,7 @@ import { StoreSpendHistory } from "../../spend/history.ts";
 import { LOCK_ORDER } from "../../spend/flush.ts";
 import { counterId } from "../../spend/ledger.ts";
 import { gridPeriod } from "../../spend/period.ts";
-import { organizations, orgMembers, spendLogs, teamMembers, teams, users, virtualKeys } from "../../store/schema.ts";
+import { organizations, spendLogs, teamMembers, teams, users, virtualKeys } from "../../store/schema.ts";
 import { rows, rowValues } from "../../store/sql.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { spendReportJson } from "./spend-report.ts";
@@ -347,10 +347,15 @@ const COUNTER_COLUMNS: Record<CounterTable, { table: PgTable; ids: readonly PgCo
   team_member: { table: teamMembers, ids: [teamMembers.teamId, teamMembers.userId], spend: teamMembers.spend },
   key: { table: virtualKeys, ids: [virtualKeys.token], spend: virtualKeys.spend },
 };
-/** How the reset's answer and audit row name the counters it counts (memberships are not counted). */
-const RESET_COUNTED: Partial<Record<CounterTable, string>> = { key: "keys", team: "teams", org: "organizations", user: "users" };
+/**
+ * What `/global/spend/reset` sets to 0, as the spec says (all keys and all teams, and the team
+ * memberships' spend, a team's own budgets for its members), and how its answer and audit row
+ * name them. Users' and organizations' spend and budgets are left as they are.
+ */
+const RESET_COUNTED: Partial<Record<CounterTable, string>> = { key: "keys", team: "teams", team_member: "team_members" };
+const RESET_KINDS = LOCK_ORDER.filter((kind) => kind in RESET_COUNTED);
 
-/** `POST /global/spend/reset`: every key, team, org, user and team membership back to 0; the log stays. */
+/** `POST /global/spend/reset`: every key, team and team membership back to 0; the log stays. */
 async function resetAllSpend(ctx: AdminCtx) {
   ctx.caller.requireAdmin();
   await ctx.flushSpend();
@@ -359,19 +364,17 @@ async function resetAllSpend(ctx: AdminCtx) {
     // In the spend writer's order (spend/flush.ts LOCK_ORDER; each table's rows by id): in another
     // order a batch adding calls' cost and this reset each held a row the other waited for, and
     // PostgreSQL failed one (a 500 here).
-    for (const kind of LOCK_ORDER) {
+    for (const kind of RESET_KINDS) {
       const { table, ids, spend } = COUNTER_COLUMNS[kind];
       const byId = sql.join([...ids], sql`, `);
       await tx.execute(sql`select 1 from ${table} where ${spend} <> 0 order by ${byId} for no key update`);
       const reset = await rows(tx, sql`update ${table} set ${sql.identifier(spend.name)} = 0 where ${spend} <> 0 returning 1`);
-      const name = RESET_COUNTED[kind];
-      if (name) counted[name] = reset.length;
+      counted[RESET_COUNTED[kind]!] = reset.length;
     }
-    await tx.update(orgMembers).set({ spend: "0" }).where(sql`${orgMembers.spend} <> 0`);
   });
-  // Counters of every entity start again from the stored 0, here and on every instance.
+  // Their counters start again from the stored 0, here and on every instance.
   const everyCounter = await Promise.all(
-    LOCK_ORDER.map(async (kind) => {
+    RESET_KINDS.map(async (kind) => {
       const { table, ids } = COUNTER_COLUMNS[kind];
       const found = await rowValues(ctx.db, sql`select ${sql.join([...ids], sql`, `)} from ${table}`);
       return found.map((v) => counterId(kind, kind === "team_member" ? teamMemberId(String(v[0]), String(v[1])) : String(v[0])));
