@@ -45,7 +45,8 @@ FormatRegistry.Set("svc-duration", (v) => {
 const HttpUrl = T.String({ pattern: "^https?://", format: "svc-url", description: "an http(s) URL" });
 const NonNegative = T.Number({ minimum: 0 });
 const PositiveInt = T.Integer({ minimum: 1 });
-const Duration = T.String({ pattern: "^\\d+\\s*(s|m|h|d|w|mo|y)$", format: "svc-duration", description: "a duration such as 1h, 1d, 30d" });
+/** A period (longer than 0, at most MAX_DURATION), in config.yaml and in management bodies (a per-model budget's `time_period`). */
+export const Duration = T.String({ pattern: "^\\s*\\d+\\s*(s|m|h|d|w|mo|y)\\s*$", format: "svc-duration", description: "a duration such as 1h, 1d, 30d" });
 const HeaderValue = T.String({ format: "svc-header-value", description: "a header value: Latin-1 text, no line break inside, no NUL" });
 /** Header names and values as fetch sends them: a name is an HTTP token (RFC 9110). */
 const HttpHeaders = T.Record(T.String({ pattern: "^[!#$%&'*+\\-.^_`|~0-9A-Za-z]+$" }), HeaderValue, {

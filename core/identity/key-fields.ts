@@ -6,6 +6,7 @@
 import { Type as T, type TSchema } from "@sinclair/typebox";
 import { getTableColumns } from "drizzle-orm";
 import { badRequest } from "../authz.ts";
+import { Duration as Period } from "../config/schema.ts";
 import { virtualKeys } from "../store/schema.ts";
 import { DURATION_HINT, endsAt, MAX_DURATION, parseDuration } from "./duration.ts";
 import { Amount, LIMIT_COLUMNS, Parallel, Quantity } from "./fields.ts";
@@ -37,7 +38,7 @@ export const KEY_FIELDS = {
   spend: Opt(NonNeg),
   max_budget: Opt(NonNeg),
   soft_budget: Opt(NonNeg),
-  model_max_budget: Opt(T.Record(T.String(), T.Object({ budget_limit: T.Number(), time_period: T.Optional(T.String()) }, { additionalProperties: true }))),
+  model_max_budget: Opt(T.Record(T.String(), T.Object({ budget_limit: T.Number(), time_period: T.Optional(Period), budget_duration: T.Optional(Period) }, { additionalProperties: true }))),
   budget_duration: Opt(T.String()),
   max_parallel_requests: Opt(Parallel),
   metadata: Opt(Obj),

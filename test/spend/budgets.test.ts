@@ -201,6 +201,15 @@ for (const backend of BACKENDS) {
       expect((await call(gw, key, "cheap")).status).toBe(200);
     });
 
+    test("a per-model budget whose period is no period (or 0, or past 100y) is a 422 naming it, on a key and on a budget object", async () => {
+      for (const period of ["zz", "0d", "3000000d"]) {
+        const key = await requestJson<{ error: { param: string } }>(gw, "POST", "/key/generate", { body: { model_max_budget: { dollar: { budget_limit: 1, time_period: period } } } });
+        expect([key.status, key.body.error?.param]).toEqual([422, "model_max_budget.dollar.time_period"]);
+        const budget = await requestJson<{ error: { param: string } }>(gw, "POST", "/budget/new", { body: { model_max_budget: { dollar: { max_budget: 1, budget_duration: period } } } });
+        expect([budget.status, budget.body.error?.param]).toEqual([422, "model_max_budget.dollar.budget_duration"]);
+      }
+    });
+
     test("a budget object (budget_id) limits the keys attached to it", async () => {
       const budget = await requestJson<{ budget_id: string }>(gw, "POST", "/budget/new", { body: { max_budget: budgetFor(1) } });
       expect(budget.status).toBe(200);

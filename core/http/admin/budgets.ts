@@ -13,6 +13,7 @@ import { type Static, Type as T } from "@sinclair/typebox";
 import { and, asc, eq, inArray, isNotNull, isNull } from "drizzle-orm";
 import { Elysia } from "elysia";
 import { badRequest, notFound } from "../../authz.ts";
+import { Duration } from "../../config/schema.ts";
 import { GatewayError } from "../../errors.ts";
 import { CountField, MoneyField, Nullable, ParallelField, resetAt } from "../../identity/fields.ts";
 import type { BudgetRow, IdentityChange } from "../../identity/records.ts";
@@ -29,8 +30,8 @@ const ModelBudget = T.Object(
   {
     max_budget: T.Optional(MoneyField),
     budget_limit: T.Optional(MoneyField),
-    budget_duration: T.Optional(Nullable(T.String())),
-    time_period: T.Optional(Nullable(T.String())),
+    budget_duration: T.Optional(Nullable(Duration)),
+    time_period: T.Optional(Nullable(Duration)),
     tpm_limit: T.Optional(CountField),
     rpm_limit: T.Optional(CountField),
   },
