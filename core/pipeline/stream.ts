@@ -75,6 +75,8 @@ export async function streamResponse(a: StreamArgs): Promise<Response> {
   let failure: StreamFailure | undefined;
   /** Whether an event said something to the client (more than opening the message). */
   let answered = false;
+  /** Whether a chunk was written to the client (the ': waiting' comment is none). */
+  let chunkSent = false;
 
   const onEvent = (data: string) => {
     if (failure) return;
@@ -125,7 +127,9 @@ export async function streamResponse(a: StreamArgs): Promise<Response> {
     // Without the upstream's counts (a client that left, before the first event too: the upstream
     // has the prompt and bills it, as for a JSON call left before its answer), the estimate.
     const used = usage ?? estimated();
-    a.finish(status, used, error, firstByteAt, transform.responseId?.(state));
+    // A stream that failed before any chunk reached the client is logged by its call id: the
+    // answer's id (made up by some transforms) is one the client never saw.
+    a.finish(status, used, error, firstByteAt, status === "failure" && !chunkSent ? undefined : transform.responseId?.(state));
   };
   /** Reads one upstream read's bytes. */
   const feed = (bytes: Uint8Array) => {
@@ -206,6 +210,7 @@ export async function streamResponse(a: StreamArgs): Promise<Response> {
         return true;
       };
       const finishWith = async (error: ErrorInfo) => {
+        chunkSent ||= out !== "";
         await send(`${out}data: ${JSON.stringify(errorBody(error))}\n\n`);
         out = "";
         void reader.cancel().catch(() => undefined);
@@ -220,6 +225,7 @@ export async function streamResponse(a: StreamArgs): Promise<Response> {
       if (out && !(await settled(reading))) {
         const text = out;
         out = "";
+        chunkSent = true;
         if (!(await send(text))) return stop("client disconnected");
       }
       for (;;) {
@@ -277,6 +283,7 @@ export async function streamResponse(a: StreamArgs): Promise<Response> {
         if (out && !(await settled(reading))) {
           const text = out;
           out = "";
+          chunkSent = true;
           if (!(await send(text))) return stop("client disconnected");
         }
       }

@@ -108,6 +108,16 @@ export function chargesOf(call: CallRecord, identity: IdentityCache | undefined)
   return charges;
 }
 
+/**
+ * The log's `request_id`: the answer's id, else the call id. A cache hit answers with the id of the
+ * answer it replays, so its row is `<id>_cache_hit<ms>` (as LiteLLM names it): a lookup by the
+ * response id finds the call that was priced, not a 0 the hit replayed it at.
+ */
+function requestIdOf(call: CallRecord): string {
+  const id = storable(call.responseId ?? call.id);
+  return call.cacheHit && call.responseId !== undefined ? `${id}_cache_hit${call.startedAt}` : id;
+}
+
 export function toSpendEntry(call: CallRecord, identity: IdentityCache | undefined): SpendEntry {
   const p = call.principal;
   const u = call.usage;
@@ -122,7 +132,7 @@ export function toSpendEntry(call: CallRecord, identity: IdentityCache | undefin
   // what the store cannot: cleaned here, before entries are grouped by these values.
   return {
     callId: call.id,
-    requestId: storable(call.responseId ?? call.id),
+    requestId: requestIdOf(call),
     callType: call.endpoint,
     apiKey: p.keyHash,
     keyAlias: p.keyAlias === undefined ? null : storable(p.keyAlias),

@@ -62,7 +62,7 @@ describe("response cache (config on, in memory)", () => {
     expect(logged.map((l) => ({ hit: l.cache_hit, spend: Number(l.spend) }))).toEqual([{ hit: true, spend: 0 }]);
   });
 
-  test("a hit is logged with the response id the client got (the cached answer's), JSON and stream", async () => {
+  test("a hit is logged as <the response id the client got>_cache_hit<ms> (as LiteLLM does), JSON and stream: a lookup by the id finds the priced call", async () => {
     const messages = [{ role: "user", content: `which id ${uniq()}?` }];
     const ids: string[] = [];
     for (const stream of [false, true]) {
@@ -75,7 +75,13 @@ describe("response cache (config on, in memory)", () => {
     }
     await gw.host!.spendWriter.flush();
     const logged = await rows<{ call_id: string; request_id: string }>(gw.host!.store.db, sql`select call_id, request_id from spend_logs where call_id in (${ids[0]!}, ${ids[2]!})`);
-    expect(Object.fromEntries(logged.map((l) => [l.call_id, l.request_id]))).toEqual({ [ids[0]!]: ids[1]!, [ids[2]!]: ids[3]! });
+    const byCall = new Map(logged.map((l) => [l.call_id, l.request_id]));
+    expect(byCall.get(ids[0]!)).toMatch(new RegExp(`^${ids[1]!}_cache_hit\\d+$`));
+    expect(byCall.get(ids[2]!)).toMatch(new RegExp(`^${ids[3]!}_cache_hit\\d+$`));
+    for (const id of [ids[1]!, ids[3]!]) {
+      const found = await requestJson<{ cache_hit: unknown; spend: number }[]>(gw, "GET", `/spend/logs?request_id=${id}&summarize=false`);
+      expect(found.body.map((r) => [String(r.cache_hit), r.spend > 0])).toEqual([["false", true]]);
+    }
   });
 
   test("a different parameter is a different answer", async () => {
