@@ -104,10 +104,28 @@ export function mayUseModel(rules: AccessRules | undefined, model: string, group
 }
 
 /**
- * Named route groups usable in `allowed_routes` (LiteLLM's names): model calls, and everything
- * else (management).
+ * Named route groups usable in `allowed_routes` (LiteLLM's names): model calls, everything else
+ * (management), and the management API's reads (`info_routes`, below).
  */
 const LLM_API_ROUTE = /^\/(v1\/)?(chat\/completions|completions|embeddings|images\/generations|audio\/transcriptions|audio\/speech|moderations|models(\/.*)?|model\/info)$|^\/(openai\/deployments|engines|v1beta\/models)\/|^\/utils\/(token_counter|supported_openai_params|transform_request)$/;
+
+/**
+ * LiteLLM's `info_routes`: the management API's reads (info, lists, spend, activity, audit), and
+ * the model listings. What a `key_type: read_only` key may call.
+ */
+const INFO_ROUTE =
+  /^\/(key\/(info|list|aliases|health)|v2\/key\/info|team\/(info|list|available|permissions_list)|v2\/team\/list|user\/(info|list)|organization\/(info|list)|budget\/(info|list|settings)|(v1\/|v2\/)?model\/info|(v1\/)?models(\/[^/]+)?|model_group\/info|access_group\/(list|[^/]+\/info)|v1\/access_group\/[^/]+|spend\/(logs|logs\/v2|keys|users|tags)|global\/spend\/(report|tags)|(team|organization|user)\/daily\/activity|provider\/budgets|audit\/logs|health(\/[a-z]+)?)$/;
+
+/**
+ * The routes a key's `key_type` allows when it has no `allowed_routes` of its own (LiteLLM's):
+ * `llm_api` model calls only, `management` the management API only, `read_only` its reads only.
+ */
+export function keyTypeRoutes(keyType: string): readonly string[] {
+  if (keyType === "llm_api") return ["llm_api_routes"];
+  if (keyType === "management") return ["management_routes"];
+  if (keyType === "read_only") return ["info_routes"];
+  return [];
+}
 
 /** A model-call route is served with and without `/v1`, so a pattern naming either form matches both. */
 function forms(path: string): string[] {
@@ -119,6 +137,7 @@ function forms(path: string): string[] {
 export function routeMatches(pattern: string, path: string): boolean {
   if (pattern === "llm_api_routes") return LLM_API_ROUTE.test(path);
   if (pattern === "management_routes") return !LLM_API_ROUTE.test(path);
+  if (pattern === "info_routes") return INFO_ROUTE.test(path);
   const prefix = pattern.endsWith("/*") ? pattern.slice(0, -1) : undefined;
   return forms(path).some((p) => (prefix === undefined ? p === pattern : p === prefix.slice(0, -1) || p.startsWith(prefix)));
 }

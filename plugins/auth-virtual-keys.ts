@@ -19,6 +19,7 @@ import {
   type Role,
   type TeamRow,
 } from "../core/contract.ts";
+import { keyTypeRoutes } from "../core/access.ts";
 import { errorInfo } from "../core/errors.ts";
 
 /**
@@ -101,7 +102,7 @@ function principalOf(identity: IdentityView, key: KeyRow, team: TeamRow | undefi
     access: {
       levels,
       ...aliasesOf(key, team, orgs),
-      allowedRoutes: key.allowedRoutes,
+      allowedRoutes: key.allowedRoutes.length > 0 ? key.allowedRoutes : keyTypeRoutes(key.keyType),
       allowedPassthroughRoutes: key.allowedPassthroughRoutes.length > 0 ? key.allowedPassthroughRoutes : (team?.allowedPassthroughRoutes ?? []),
     },
     key,

@@ -352,6 +352,29 @@ for (const backend of BACKENDS) {
       expect((await getStatus(gw, "/v1/models", mixed)).status).toBe(403);
     });
 
+    test("key_type (without allowed_routes): llm_api calls models only, management the management API only, read_only its reads only", async () => {
+      const llm = await f.key({ keyType: "llm_api" });
+      expect(await call(gw, llm, "gpt-a")).toBe("gpt-a");
+      expect((await getStatus(gw, "/key/info", llm)).status).toBe(403);
+
+      const management = await f.key({ keyType: "management" });
+      expect((await getStatus(gw, "/key/info", management)).status).toBe(200);
+      expect((await refusal(gw, management, "gpt-a")).status).toBe(403);
+
+      const readOnly = await f.key({ keyType: "read_only" });
+      expect((await getStatus(gw, "/key/info", readOnly)).status).toBe(200);
+      expect((await getStatus(gw, "/v1/models", readOnly)).status).toBe(200);
+      expect((await refusal(gw, readOnly, "gpt-a")).status).toBe(403);
+      const write = await fetch(`${gw.url}/key/generate`, { method: "POST", headers: { authorization: `Bearer ${readOnly}`, "content-type": "application/json" }, body: "{}" });
+      expect(write.status).toBe(403);
+      expect(JSON.stringify(await write.json())).toContain("info_routes");
+
+      // The key's own allowed_routes win over its type.
+      const both = await f.key({ keyType: "read_only", allowedRoutes: ["/chat/completions"] });
+      expect(await call(gw, both, "gpt-a")).toBe("gpt-a");
+      expect((await getStatus(gw, "/key/info", both)).status).toBe(403);
+    });
+
     test("blocked key, team or org, expired key and deleted key: 401; unblocking works at once", async () => {
       const blockedKey = await f.key({ blocked: true });
       const e1 = await refusal(gw, blockedKey, "gpt-a");
