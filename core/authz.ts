@@ -85,6 +85,11 @@ export class Caller {
     return [...(this.identity?.userTeams.get(this.userId) ?? [])].filter(([t, r]) => r === "admin" && this.teamRole(t) === "admin").map(([t]) => t);
   }
 
+  /** May read team `teamId`'s logging callbacks whole (their webhook addresses): who may read `GET /team/{id}/callback`. */
+  maySeeCallbacks(teamId: string): boolean {
+    return this.canReadAll || this.teamRole(teamId) === "admin";
+  }
+
   isTeamAdmin(teamId: string | null | undefined): boolean {
     if (this.isAdmin) return true;
     if (this.teamRole(teamId) !== "admin") return false;

@@ -107,12 +107,16 @@ export const MEMBER_SETTING_FIELDS = [
   "team_member_key_duration",
 ] as const;
 
-/** A team as the API returns it: the row, its member defaults, its members as `members` and `members_with_roles` (callback secrets redacted). */
-export function teamApi(row: TeamRow, members: readonly MemberWithRole[]): Record<string, unknown> {
+/**
+ * A team as the API returns it: the row, its member defaults, its members as `members` and
+ * `members_with_roles` (callback secrets redacted; webhook addresses only by their origin unless
+ * `wholeCallbacks`).
+ */
+export function teamApi(row: TeamRow, members: readonly MemberWithRole[], wholeCallbacks = true): Record<string, unknown> {
   const out = toApi(row);
   const settings = row.memberSettings;
   for (const f of MEMBER_SETTING_FIELDS) out[f] = settings[f] ?? null;
-  out.callback_settings = shownCallbackSettings(row);
+  out.callback_settings = shownCallbackSettings(row, wholeCallbacks);
   out.members_with_roles = members;
   // The spec's Team resource names this list `members` (each member with its role); LiteLLM's clients read `members_with_roles`.
   out.members = members;

@@ -58,12 +58,22 @@ export function teamWebhooks(team: TeamRow | undefined): TeamWebhook[] {
  * with its webhooks as they are delivered to (teamWebhooks: each endpoint once), their header
  * values hidden and other secrets redacted; null when the team has none.
  */
-export function shownCallbackSettings(team: TeamRow): unknown {
+export function shownCallbackSettings(team: TeamRow, whole = true): unknown {
   const s = team.callbackSettings as TeamCallbackSettings | null;
   if (!s) return null;
   // Header values (a receiver's token, encrypted at rest) are shown as GET /team/{id}/callback shows them: hidden.
-  const webhooks = teamWebhooks(team).map(shownWebhook);
+  // To who may not read that route (a team's `user` members), the address only by its origin: its
+  // path or query may hold a token (a Slack-style webhook URL is its own credential).
+  const webhooks = teamWebhooks(team).map((w) => (whole ? shownWebhook(w) : { ...shownWebhook(w), url: originOf(w.url) }));
   return redactSecrets(Array.isArray(s.webhooks) ? { ...s, webhooks } : s);
+}
+
+function originOf(url: string): string {
+  try {
+    return `${new URL(url).origin}/[redacted]`;
+  } catch {
+    return "[redacted]";
+  }
 }
 
 /** A webhook as responses show it: its header values and signing secret hidden (the secret's presence shown). */

@@ -132,6 +132,15 @@ describe("team logging callbacks", () => {
     const read = await requestJson(gw, "GET", "/team/cb-team/callback", { key: keys.admin });
     expect(read.body).toEqual({ status: "success", data: expected });
     expect(JSON.stringify((await requestJson(gw, "GET", "/team/info?team_id=cb-team")).body)).not.toContain("hook-secret-value");
+    // The team's admin reads the webhook's address; a `user` member (403 on GET /team/{id}/callback)
+    // only its origin, in /team/info and /user/info alike: a path or query may be a token.
+    const webhooksSeenBy = async (key: string, path: string) => JSON.stringify((await requestJson(gw, "GET", path, { key })).body);
+    expect(await webhooksSeenBy(keys.admin, "/team/info?team_id=cb-team")).toContain(`"url":"${url}"`);
+    for (const path of ["/team/info?team_id=cb-team", "/user/info?user_id=cb-member"]) {
+      const seen = await webhooksSeenBy(keys.member, path);
+      expect(seen, path).not.toContain("/hook");
+      expect(seen, path).toContain(`"url":"http://127.0.0.1:${hookServer.port}/[redacted]"`);
+    }
     const [stored] = await rows<{ settings: string }>(gw.host!.store.db, sql`select callback_settings::text as settings from teams where team_id = 'cb-team'`);
     expect(stored!.settings).not.toContain("hook-secret-value");
     expect(stored!.settings).toContain("enc:v1:");

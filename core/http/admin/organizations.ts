@@ -147,7 +147,7 @@ async function expandOrgs(ctx: AdminCtx, orgs: OrgRow[]): Promise<Record<string,
   return orgs.map((org) => ({
     ...orgObject(org, org.budgetId ? budgetById.get(org.budgetId) : undefined),
     members: memberRows.filter((m) => m.member.organizationId === org.organizationId).map((m) => ({ ...toApi(m.member), user_email: m.userEmail })),
-    teams: teamRows.filter((t) => t.organizationId === org.organizationId).map((t) => ({ ...toApi(t), callback_settings: shownCallbackSettings(t) })),
+    teams: teamRows.filter((t) => t.organizationId === org.organizationId).map((t) => ({ ...toApi(t), callback_settings: shownCallbackSettings(t, ctx.caller.maySeeCallbacks(t.teamId)) })),
   }));
 }
 

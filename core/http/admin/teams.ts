@@ -11,7 +11,7 @@ import { randomUUID } from "node:crypto";
 import { Type as T } from "@sinclair/typebox";
 import { and, asc, count, desc, eq, ilike, inArray, isNotNull, isNull, notInArray, type SQL } from "drizzle-orm";
 import { Elysia } from "elysia";
-import { badRequest, DEFAULT_TEAM_MEMBER_PERMISSIONS, forbidden, missingQuery, notFound, TEAM_MEMBER_PERMISSION_CHOICES } from "../../authz.ts";
+import { badRequest, type Caller, DEFAULT_TEAM_MEMBER_PERMISSIONS, forbidden, missingQuery, notFound, TEAM_MEMBER_PERMISSION_CHOICES } from "../../authz.ts";
 import { GatewayError } from "../../errors.ts";
 import { DURATION_HINT, parseDuration } from "../../identity/duration.ts";
 import { Amount, clearNulls, CountField, containing, LIMIT_COLUMNS, LimitFields, MoneyField, Nullable, resetAt } from "../../identity/fields.ts";
@@ -203,16 +203,17 @@ async function lockedTeam<T>(ctx: AdminCtx, teamId: string, write: (tx: Exec, cu
   });
 }
 
-async function withMembers(db: Exec, team: TeamRow): Promise<Record<string, unknown>> {
-  return teamApi(team, (await membersByTeam(db, [team.teamId])).get(team.teamId) ?? []);
+/** `caller`: a read's, whose view of the team's callbacks depends on its rights (Caller.maySeeCallbacks); writes' callers may see them. */
+async function withMembers(db: Exec, team: TeamRow, caller?: Caller): Promise<Record<string, unknown>> {
+  return teamApi(team, (await membersByTeam(db, [team.teamId])).get(team.teamId) ?? [], caller?.maySeeCallbacks(team.teamId) ?? true);
 }
 
-async function teamsApi(db: Exec, rows: readonly TeamRow[]): Promise<Record<string, unknown>[]> {
+async function teamsApi(db: Exec, rows: readonly TeamRow[], caller?: Caller): Promise<Record<string, unknown>[]> {
   const members = await membersByTeam(
     db,
     rows.map((t) => t.teamId),
   );
-  return rows.map((t) => teamApi(t, members.get(t.teamId) ?? []));
+  return rows.map((t) => teamApi(t, members.get(t.teamId) ?? [], caller?.maySeeCallbacks(t.teamId) ?? true));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -508,7 +509,7 @@ async function teamInfo(ctx: AdminCtx): Promise<Record<string, unknown>> {
     .orderBy(teamMembers.createdAt);
   return {
     team_id: teamId,
-    team_info: await withMembers(ctx.db, team),
+    team_info: await withMembers(ctx.db, team, ctx.caller),
     keys: keys.map((k) => toApi(k)),
     team_memberships: memberships.map(membershipApi),
   };
@@ -533,7 +534,7 @@ async function listTeams(ctx: AdminCtx): Promise<Record<string, unknown>[]> {
     .orderBy(teams.createdAt, teams.teamId);
   const ids = rows.map((t) => t.teamId);
   const [out, keys, memberships] = await Promise.all([
-    teamsApi(ctx.db, rows),
+    teamsApi(ctx.db, rows, ctx.caller),
     ids.length
       ? ctx.db
           .select()
@@ -577,7 +578,7 @@ async function listTeamsV2(ctx: AdminCtx): Promise<Record<string, unknown>> {
       .offset(p.offset),
     ctx.db.select({ n: count() }).from(teams).where(where),
   ]);
-  const { items, ...rest } = paged(await teamsApi(ctx.db, rows), Number(total?.n ?? 0), p);
+  const { items, ...rest } = paged(await teamsApi(ctx.db, rows, ctx.caller), Number(total?.n ?? 0), p);
   return { teams: items, ...rest };
 }
 

@@ -219,7 +219,7 @@ async function userInfo(ctx: AdminCtx): Promise<Record<string, unknown>> {
     user_id: userId,
     user_info: userApi(user, teamIds),
     keys: keys.map((k) => toApi(k)),
-    teams: teamRows.map((t) => teamApi(t, members.get(t.teamId) ?? [])),
+    teams: teamRows.map((t) => teamApi(t, members.get(t.teamId) ?? [], ctx.caller.maySeeCallbacks(t.teamId))),
   };
 }
 
