@@ -197,13 +197,16 @@ function requestCounters(intent: CallIntent, identity: IdentityView | undefined)
 
 const KIND_TEXT = { requests: "requests per minute", tokens: "tokens per minute", parallel_requests: "parallel requests" } as const;
 
-export function rateRefusal(r: RateRefusal, tokens: number): Denied {
+/** How a request too large for a tpm limit can be made smaller: only chat and completions take max_tokens. */
+const SMALLER: Partial<Record<CallIntent["endpoint"], string>> = { chat: "lower max_tokens", completions: "lower max_tokens" };
+
+export function rateRefusal(r: RateRefusal, tokens: number, endpoint: CallIntent["endpoint"] = "chat"): Denied {
   const c = r.counter;
   const retry = retryAfterSeconds(r.retryAfterMs);
   const from = c.sources?.[r.kind];
   let message = `Rate limit exceeded for ${c.label}: ${KIND_TEXT[r.kind]} limit ${r.limit}${from ? ` (from ${from})` : ""}`;
   if (r.kind === "parallel_requests") message += `, ${r.current} requests in flight.`;
-  else if (r.kind === "tokens" && tokens > r.limit) message += `, and this request alone may use ${tokens} tokens (lower max_tokens).`;
+  else if (r.kind === "tokens" && tokens > r.limit) message += `, and this request alone may use ${tokens} tokens (${SMALLER[endpoint] ?? "send less input"}).`;
   else message += `, ${r.current} used in the last 60 s. Try again in ${retry} s.`;
   const headers: Record<string, string> = {};
   if (r.kind === "requests") Object.assign(headers, { "x-ratelimit-limit-requests": String(r.limit), "x-ratelimit-remaining-requests": "0" });
@@ -227,7 +230,7 @@ export default definePlugin({
           if (counters.length === 0) return GRANTED;
           const tokens = counters.some((c) => c.tpm !== undefined || c.share?.tpm !== undefined) ? tokenEstimate(intent) : 0;
           const toLease = (r: RateGrant | RateRefusal): Lease | Denied => {
-            if (!r.ok) return rateRefusal(r, tokens);
+            if (!r.ok) return rateRefusal(r, tokens, intent.endpoint);
             const lease = (end: { settle(actual: number): void; cancel(): void }, headers?: Record<string, string>): Lease => ({
               ok: true,
               headers,

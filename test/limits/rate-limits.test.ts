@@ -6,6 +6,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
 import { chatCall, type LimitReply } from "./chat-call.ts";
+import { rateRefusal } from "../../plugins/rate-limits.ts";
 
 type Reply = LimitReply;
 
@@ -85,6 +86,14 @@ describe("rate limits", () => {
     const huge = await call(key, "fast", { max_tokens: 500 });
     expect(huge.status).toBe(429);
     expect(huge.body.error!.message).toContain("this request alone may use");
+    expect(huge.body.error!.message).toContain("(lower max_tokens)");
+  });
+
+  test("a request too large for a tpm limit on an endpoint without max_tokens is not told to lower it", () => {
+    const refusal = { ok: false as const, counter: { id: "key:k", label: "Key k", tpm: 10 }, kind: "tokens" as const, limit: 10, current: 0, retryAfterMs: 0 };
+    const denied = rateRefusal(refusal, 50, "embeddings");
+    expect(denied.error.message).toContain("this request alone may use 50 tokens (send less input)");
+    expect(rateRefusal(refusal, 50, "chat").error.message).toContain("(lower max_tokens)");
   });
 
   test("max_parallel_requests: a second call while one is in flight is refused; the slot frees when it ends", async () => {
