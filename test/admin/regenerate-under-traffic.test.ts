@@ -66,46 +66,63 @@ for (const backend of BACKENDS) {
   }, 60_000);
 }
 
+/**
+ * A gateway on PostgreSQL whose spend writer writes only when told, a team with a key that has
+ * made one priced call (its spend still queued), and a side connection that plays another
+ * session: `waitForLocks(n)` is true once n sessions wait on a lock.
+ */
+async function overlap(alias: string) {
+  const gw = await startBackendGateway("postgres", PRICED_CHAT, { spend: { intervalMs: 60_000 } });
+  const side = postgres(gw.databaseUrl!, { max: 2, onnotice: () => {} });
+  const team = (await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: { team_alias: alias } })).body.team_id;
+  const key = (await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: { team_id: team } })).body.key;
+  expect(await chatStatus(gw, key)).toBe(200);
+  const lockWaits = async () => (await side`select count(*)::int as n from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock'`)[0]!.n as number;
+  const waitForLocks = async (n: number) => {
+    for (const end = Date.now() + 5000; Date.now() < end; await Bun.sleep(20)) if ((await lockWaits()) >= n) return true;
+    return false;
+  };
+  /** After the writer wrote what it held: the team's spend is the call's, and the key (by its latest value) has it too. */
+  const expectKeyCharged = async (latest: string) => {
+    await gw.host!.spendWriter.flush();
+    const teamSpend = (await requestJson<{ team_info: { spend: number } }>(gw, "GET", `/team/info?team_id=${team}`)).body.team_info.spend;
+    const keySpend = (await requestJson<{ info: { spend: number } }>(gw, "GET", `/key/info?key=${latest}`)).body.info.spend;
+    expect(teamSpend).toBeGreaterThan(0);
+    expect(keySpend).toBe(teamSpend);
+  };
+  const stop = async () => {
+    await side.end();
+    await gw.stop();
+  };
+  return { gw, side, team, key, waitForLocks, expectKeyCharged, stop };
+}
+
 // The exact overlap, on PostgreSQL: a spend batch whose statement starts while a rotation has
 // moved the key to its new token but not yet committed. The batch saw the old token and no
 // successor, waited for the key's row, and then found it under another token: the call's cost
 // was in the log and the team's spend but not the key's. A side connection holds the rotation
 // there (an uncommitted row for the old token in rotated_keys, which its insert waits for).
 test("postgres: a spend batch that starts while the key's rotation is being written charges the rotated key", async () => {
-  const gw = await startBackendGateway("postgres", PRICED_CHAT, { spend: { intervalMs: 60_000 } });
-  const side = postgres(gw.databaseUrl!, { max: 2, onnotice: () => {} });
+  const o = await overlap("busy");
   try {
-    const team = (await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: { team_alias: "busy" } })).body.team_id;
-    const old = (await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: { team_id: team } })).body.key;
-    expect(await chatStatus(gw, old)).toBe(200);
-    const lockWaits = async () => (await side`select count(*)::int as n from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock'`)[0]!.n as number;
-    const waitFor = async (n: number) => {
-      for (const end = Date.now() + 5000; Date.now() < end; await Bun.sleep(20)) if ((await lockWaits()) >= n) return true;
-      return false;
-    };
     let regenerated: Promise<{ status: number; body: { key: string } }> | undefined;
     let flushed: Promise<void> | undefined;
-    await side
+    await o.side
       .begin(async (tx) => {
-        await tx`insert into rotated_keys (token, active_token, revoke_at) values (${hashKey(old)}, 'held', now())`;
-        regenerated = requestJson<{ key: string }>(gw, "POST", `/key/${old}/regenerate`, { body: {} });
-        expect(await waitFor(1)).toBe(true);
-        flushed = gw.host!.spendWriter.flush();
-        expect(await waitFor(2)).toBe(true);
+        await tx`insert into rotated_keys (token, active_token, revoke_at) values (${hashKey(o.key)}, 'held', now())`;
+        regenerated = requestJson<{ key: string }>(o.gw, "POST", `/key/${o.key}/regenerate`, { body: {} });
+        expect(await o.waitForLocks(1)).toBe(true);
+        flushed = o.gw.host!.spendWriter.flush();
+        expect(await o.waitForLocks(2)).toBe(true);
         throw new Error("let the rotation go on");
       })
       .catch((err: Error) => expect(err.message).toBe("let the rotation go on"));
     const r = await regenerated!;
     expect(r.status).toBe(200);
     await flushed;
-    await gw.host!.spendWriter.flush();
-    const teamSpend = (await requestJson<{ team_info: { spend: number } }>(gw, "GET", `/team/info?team_id=${team}`)).body.team_info.spend;
-    const keySpend = (await requestJson<{ info: { spend: number } }>(gw, "GET", `/key/info?key=${r.body.key}`)).body.info.spend;
-    expect(teamSpend).toBeGreaterThan(0);
-    expect(keySpend).toBe(teamSpend);
+    await o.expectKeyCharged(r.body.key);
   } finally {
-    await side.end();
-    await gw.stop();
+    await o.stop();
   }
 }, 30_000);
 
@@ -114,36 +131,24 @@ test("postgres: a spend batch that starts while the key's rotation is being writ
 // regenerated twice. When it reaches the key's row, the row has moved twice: the batch must still
 // find it by the first token, or the key loses the call's cost that the log and the team keep.
 test("postgres: a spend batch that waits through two rotations of its key charges the rotated key", async () => {
-  const gw = await startBackendGateway("postgres", PRICED_CHAT, { spend: { intervalMs: 60_000 } });
-  const side = postgres(gw.databaseUrl!, { max: 2, onnotice: () => {} });
+  const o = await overlap("twice");
   try {
-    const team = (await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: { team_alias: "twice" } })).body.team_id;
-    const first = (await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: { team_id: team } })).body.key;
-    expect(await chatStatus(gw, first)).toBe(200);
-    const lockWaits = async () => (await side`select count(*)::int as n from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock'`)[0]!.n as number;
-    let latest = first;
+    let latest = o.key;
     let flushed: Promise<void> | undefined;
-    await side.begin(async (tx) => {
-      await tx`select 1 from teams where team_id = ${team} for update`;
-      flushed = gw.host!.spendWriter.flush();
-      let waiting = false;
-      for (const end = Date.now() + 5000; Date.now() < end && !waiting; await Bun.sleep(20)) waiting = (await lockWaits()) >= 1;
-      expect(waiting).toBe(true);
+    await o.side.begin(async (tx) => {
+      await tx`select 1 from teams where team_id = ${o.team} for update`;
+      flushed = o.gw.host!.spendWriter.flush();
+      expect(await o.waitForLocks(1)).toBe(true);
       for (let i = 0; i < 2; i++) {
-        const r = await requestJson<{ key: string }>(gw, "POST", `/key/${latest}/regenerate`, { body: {} });
+        const r = await requestJson<{ key: string }>(o.gw, "POST", `/key/${latest}/regenerate`, { body: {} });
         expect(r.status).toBe(200);
         latest = r.body.key;
       }
     });
     await flushed;
-    await gw.host!.spendWriter.flush();
-    const teamSpend = (await requestJson<{ team_info: { spend: number } }>(gw, "GET", `/team/info?team_id=${team}`)).body.team_info.spend;
-    const keySpend = (await requestJson<{ info: { spend: number } }>(gw, "GET", `/key/info?key=${latest}`)).body.info.spend;
-    expect(teamSpend).toBeGreaterThan(0);
-    expect(keySpend).toBe(teamSpend);
+    await o.expectKeyCharged(latest);
   } finally {
-    await side.end();
-    await gw.stop();
+    await o.stop();
   }
 }, 30_000);
 
