@@ -87,11 +87,13 @@ for (const backend of BACKENDS) {
       const second = await ask();
       expect(second.headers.get("x-svc-cache-hit")).toBe("true");
       const replayed = (await second.json()) as { id: string };
-      // The hit's row has the id of the answer it replayed (the first call's row has it too).
+      // The hit's row is found by its call id (its request_id is the replayed answer's id + _cache_hit<ms>).
       await gw.host!.spendWriter.flush();
-      const found = await requestJson<(ApiLog & { cache_hit: boolean })[]>(gw, "GET", `/spend/logs?request_id=${encodeURIComponent(replayed.id)}&summarize=false`);
-      expect(found.body.map((r) => r.cache_hit).sort()).toEqual([false, true]);
-      const row = found.body.find((r) => r.cache_hit)!;
+      const callId = second.headers.get("x-svc-call-id")!;
+      const found = await requestJson<(ApiLog & { cache_hit: boolean; request_id: string; call_id: string })[]>(gw, "GET", "/spend/logs?summarize=false");
+      const row = found.body.find((r) => r.call_id === callId)!;
+      expect(row.cache_hit).toBe(true);
+      expect(row.request_id).toStartWith(`${replayed.id}_cache_hit`);
       expect(row.messages).toEqual([{ role: "user", content: `Cache me (${backend}).` }]);
       expect((row.response.choices as { message: { content: string } }[])[0]!.message.content).toBe(first.choices[0]!.message.content);
     });
