@@ -478,6 +478,14 @@ export interface BudgetCounter {
   chargeOnly?: boolean;
   /** End of the current period (ms since the epoch), null for a budget that never resets. */
   periodEnd: number | null;
+  /**
+   * The period's length (ms), for a budget that resets: two ends a whole number of periods apart
+   * are two periods (a rollover); ends a write set apart otherwise (a new `budget_duration`, which
+   * moves `budget_reset_at` and keeps the spend) are one period whose end moved.
+   */
+  periodMs?: number | null;
+  /** When the period was last defined (the last write of its row, or of the budget object it follows; ms): of two definitions, the later holds. */
+  definedAt?: number;
   /** Spend already in the store for this period; asked only when the ledger first meets the counter. */
   storedSpend(): bigint | Promise<bigint>;
 }

@@ -38,6 +38,7 @@ import {
 import { columnToPico, picoToText, picoToUsd, type Pico, usdToPico } from "../core/cost/money.ts";
 import { errorInfo } from "../core/errors.ts";
 import { counterId, counterOwner, NO_LIMIT } from "../core/spend/ledger.ts";
+import { parseDuration } from "../core/identity/duration.ts";
 import { gridPeriod, periodEnd } from "../core/spend/period.ts";
 import { budgetOf } from "./shared/budget-object.ts";
 import { keyLabel } from "./shared/labels.ts";
@@ -50,6 +51,7 @@ interface Limits {
   softBudget: string | null;
   budgetDuration: string | null;
   budgetResetAt: Date | null;
+  updatedAt?: Date;
 }
 
 /** A row's own limit, else its budget object's. */
@@ -107,7 +109,16 @@ function rowCounter(
         }
       }
     : () => cached;
-  return { id: counterId(table, id), label, limit: l.max === undefined ? NO_LIMIT : l.max + extra, soft: l.soft, periodEnd: end, storedSpend };
+  return {
+    id: counterId(table, id),
+    label,
+    limit: l.max === undefined ? NO_LIMIT : l.max + extra,
+    soft: l.soft,
+    periodEnd: end,
+    periodMs: l.duration ? (parseDuration(l.duration) ?? null) : null,
+    definedAt: Math.max(row.updatedAt?.getTime() ?? 0, budget?.updatedAt.getTime() ?? 0),
+    storedSpend,
+  };
 }
 
 function countersFor(intent: CallIntent, identity: IdentityView, history: SpendHistory | undefined, providers: Readonly<Record<string, ProviderBudget>>): BudgetCounter[] {

@@ -18,7 +18,11 @@ export interface Charge {
   id: string;
   /** End (ms) of the budget period the call was charged to; null for a budget that never resets. */
   periodEnd: number | null;
+  /** That period's length (ms; BudgetCounter.periodMs): the store tells a rollover from a write that moved the end by it. Absent in entries queued before it existed. */
+  periodMs?: number | null;
 }
+
+const msOf = (duration: string | null | undefined): number | null => (duration ? (parseDuration(duration) ?? null) : null);
 
 export interface SpendEntry {
   callId: string;
@@ -81,17 +85,18 @@ export function chargesOf(call: CallRecord, identity: IdentityCache | undefined)
   const key = p.key;
   if (key) {
     const budget = key.budgetId ? identity?.budgets.get(key.budgetId) : undefined;
-    charges.push({ table: "key", id: key.token, periodEnd: periodEnd(key.budgetResetAt, key.budgetDuration ?? budget?.budgetDuration, at) });
+    const duration = key.budgetDuration ?? budget?.budgetDuration;
+    charges.push({ table: "key", id: key.token, periodEnd: periodEnd(key.budgetResetAt, duration, at), periodMs: msOf(duration) });
   }
   if (p.userId) {
     const user = identity?.users.get(p.userId);
     const then = p.user?.userId === p.userId ? p.user : undefined;
-    charges.push({ table: "user", id: p.userId, periodEnd: user ? chargedPeriod(then, then?.budgetDuration, user, user.budgetDuration, at) : null });
+    charges.push({ table: "user", id: p.userId, periodEnd: user ? chargedPeriod(then, then?.budgetDuration, user, user.budgetDuration, at) : null, periodMs: msOf(user?.budgetDuration) });
   }
   if (p.teamId) {
     const team = identity?.teams.get(p.teamId);
     const then = p.team?.teamId === p.teamId ? p.team : undefined;
-    charges.push({ table: "team", id: p.teamId, periodEnd: team ? chargedPeriod(then, then?.budgetDuration, team, team.budgetDuration, at) : null });
+    charges.push({ table: "team", id: p.teamId, periodEnd: team ? chargedPeriod(then, then?.budgetDuration, team, team.budgetDuration, at) : null, periodMs: msOf(team?.budgetDuration) });
     if (p.userId) charges.push({ table: "team_member", id: teamMemberId(p.teamId, p.userId), periodEnd: null });
   }
   if (p.orgId) {
@@ -99,10 +104,12 @@ export function chargesOf(call: CallRecord, identity: IdentityCache | undefined)
     const budget = org?.budgetId ? identity?.budgets.get(org.budgetId) : undefined;
     const then = p.org?.organizationId === p.orgId ? p.org : undefined;
     const thenBudget = then?.budgetId ? identity?.budgets.get(then.budgetId) : undefined;
+    const duration = org?.budgetDuration ?? budget?.budgetDuration;
     charges.push({
       table: "org",
       id: p.orgId,
-      periodEnd: org ? chargedPeriod(then, then?.budgetDuration ?? thenBudget?.budgetDuration, org, org.budgetDuration ?? budget?.budgetDuration, at) : null,
+      periodEnd: org ? chargedPeriod(then, then?.budgetDuration ?? thenBudget?.budgetDuration, org, duration, at) : null,
+      periodMs: msOf(duration),
     });
   }
   return charges;

@@ -10,6 +10,7 @@ import { rows } from "../store/sql.ts";
 import { picoToText } from "../cost/money.ts";
 import type { CounterTable } from "../contract.ts";
 import type { SpendEntry } from "./entry.ts";
+import { wholePeriodsApart } from "./ledger.ts";
 import { copyIds, copyRows, SPEND_LOG_COLUMNS, storableJson } from "./row-text.ts";
 
 /** UTC calendar day of an instant. */
@@ -17,14 +18,25 @@ export function dayOf(ms: number): string {
   return new Date(ms).toISOString().slice(0, 10);
 }
 
-/** Same period (or a flat budget): add. The store still in an older period: the new one starts
- * with this spend. The spend belongs to a period already closed: the log keeps it, the counter not. */
+/**
+ * Whether the delta's period end and the row's are not a whole number of the delta's periods
+ * apart: a write moved the end (a new budget_duration, which keeps the spend), not a rollover.
+ */
+const MOVED_BY_WRITE = `(d.ms is not null and mod(round(extract(epoch from (d.period_end - t.budget_reset_at)) * 1000), d.ms) <> 0)`;
+
+/**
+ * Same period (or a flat budget): add. The store still in an older period: the new one starts
+ * with this spend. The spend belongs to a period already closed: the log keeps it, the counter not.
+ * A period whose end a write moved is the same period while it runs (the row's end is still ahead,
+ * or later than the call's): add; once that moved end has passed, closed.
+ */
 const COUNTER_SET = `
       spend = case
         when d.period_end is null or t.budget_reset_at is null or t.budget_reset_at = d.period_end then t.spend + d.amount
+        when ${MOVED_BY_WRITE} then case when t.budget_reset_at > now() or t.budget_reset_at > d.period_end then t.spend + d.amount else t.spend end
         when t.budget_reset_at < d.period_end then d.amount
         else t.spend end,
-      budget_reset_at = case when d.period_end is not null and t.budget_reset_at < d.period_end then d.period_end else t.budget_reset_at end`;
+      budget_reset_at = case when d.period_end is not null and t.budget_reset_at < d.period_end and not ${MOVED_BY_WRITE} then d.period_end else t.budget_reset_at end`;
 
 const counterUpdate = (table: string, id: string, kind: string, source = "delta") => `
   ${kind}_spend as (
@@ -40,7 +52,7 @@ const counterUpdate = (table: string, id: string, kind: string, source = "delta"
  */
 const KEY_DELTA = `(select 'key' as t,
       coalesce((select r.active_token from rotated_keys r where r.token = k.id and not exists (select from virtual_keys v where v.token = k.id)), k.id) as id,
-      max(k.period_end) as period_end, sum(k.amount) as amount
+      max(k.period_end) as period_end, sum(k.amount) as amount, max(k.ms) as ms
     from delta k where k.t = 'key' group by 2)`;
 
 const COUNTER_TABLES: readonly CounterTable[] = ["key", "team", "org", "user", "team_member"];
@@ -73,7 +85,7 @@ const lockedCounterUpdate = (
   ${kind}_spend as (
     update ${table} as t set${COUNTER_SET}
     from (
-      select d.id as delta_id, d.period_end, d.amount, ${ids.map((id, i) => `x.${id} as id${i}`).join(", ")}
+      select d.id as delta_id, d.period_end, d.amount, d.ms, ${ids.map((id, i) => `x.${id} as id${i}`).join(", ")}
       from ${source} d join ${table} x on ${match("d", "x")}
       where d.t = '${kind}'${after ? ` and (select count(*) from ${after}_spend) >= 0` : ""}
       order by ${ids.map((id) => `x.${id}`).join(", ")}
@@ -143,7 +155,7 @@ const DAILY_UPSERT = `daily as (
   returning 1
 )`;
 
-const DELTA_COLUMNS = "x(t text, id text, p bigint, amount numeric)";
+const DELTA_COLUMNS = "x(t text, id text, p bigint, amount numeric, ms bigint)";
 const DAILY_COLUMNS = `y(type text, id text, day text, key text, model text, grp text, provider text,
     pt bigint, ct bigint, cr bigint, cc bigint, spend numeric, n bigint, ok bigint, failed bigint)`;
 
@@ -151,7 +163,7 @@ const at = (ms: string) => `to_timestamp(${ms} / 1000.0)`;
 
 /** The batch's counter deltas, summed in memory and passed as JSON in `param`. */
 const deltaInput = (param: string) =>
-  `select t, id, case when p is null then null else ${at("p")} end as period_end, amount from jsonb_to_recordset(${param}::jsonb) as ${DELTA_COLUMNS}`;
+  `select t, id, case when p is null then null else ${at("p")} end as period_end, amount, ms from jsonb_to_recordset(${param}::jsonb) as ${DELTA_COLUMNS}`;
 /** The batch's daily aggregates, summed in memory and passed as JSON in `param`. */
 const dailyInput = (param: string) =>
   `select type, id, day::date as day, key, model, grp, provider, pt, ct, cr, cc, spend, n, ok, failed from jsonb_to_recordset(${param}::jsonb) as ${DAILY_COLUMNS}`;
@@ -211,7 +223,7 @@ latest as (select t, id, max(p) as p from charge group by t, id),
 delta as (
   ${deltaInput("$3")} where (select ok from fast)
   union all
-  select c.t, c.id, case when l.p = -1 then null else ${at("l.p")} end, sum(c.pico)::numeric / 1000000000000
+  select c.t, c.id, case when l.p = -1 then null else ${at("l.p")} end, sum(c.pico)::numeric / 1000000000000, null::bigint
   from charge c join latest l on l.t = c.t and l.id = c.id and c.p = l.p
   group by c.t, c.id, l.p
 ),
@@ -299,15 +311,25 @@ export class BatchSums {
   }
 }
 
-/** Per counter, the spend of the latest period present (an older period's spend stays in the log only). */
-function counterDeltas(groups: RowGroup[]): { t: CounterTable; id: string; p: number | null; amount: string }[] {
-  const out = new Map<string, { t: CounterTable; id: string; p: number | null; amount: bigint }>();
+/**
+ * Per counter, the spend of the latest period present (an older period's spend stays in the log
+ * only). Two ends a write moved apart (not whole periods apart) are one period: summed, under the
+ * later end.
+ */
+function counterDeltas(groups: RowGroup[]): { t: CounterTable; id: string; p: number | null; ms: number | null; amount: string }[] {
+  const out = new Map<string, { t: CounterTable; id: string; p: number | null; ms: number | null; amount: bigint }>();
   for (const g of groups) {
     for (const c of g.sample.charges) {
       const k = `${c.table}\u0000${c.id}`;
       const cur = out.get(k);
-      if (!cur || (c.periodEnd ?? -1) > (cur.p ?? -1)) out.set(k, { t: c.table, id: c.id, p: c.periodEnd, amount: g.spend });
-      else if ((c.periodEnd ?? -1) === (cur.p ?? -1)) cur.amount += g.spend;
+      const p = c.periodEnd ?? -1;
+      const ms = c.periodMs ?? null;
+      if (!cur) out.set(k, { t: c.table, id: c.id, p: c.periodEnd, ms, amount: g.spend });
+      else if (p === (cur.p ?? -1)) cur.amount += g.spend;
+      else if (cur.p !== null && c.periodEnd !== null && !wholePeriodsApart(c.periodEnd, cur.p, ms ?? cur.ms)) {
+        cur.amount += g.spend;
+        if (c.periodEnd > cur.p) Object.assign(cur, { p: c.periodEnd, ms });
+      } else if (p > (cur.p ?? -1)) out.set(k, { t: c.table, id: c.id, p: c.periodEnd, ms, amount: g.spend });
     }
   }
   return [...out.values()].map((d) => ({ ...d, amount: picoToText(d.amount) }));

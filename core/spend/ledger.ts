@@ -11,6 +11,13 @@ interface Entry {
   periodEnd: number | null;
   spend: bigint;
   reserved: bigint;
+  /** The newest definition of the period seen (BudgetCounter.definedAt). */
+  definedAt: number;
+}
+
+/** Whether two period ends are a whole number of periods apart (or nothing says otherwise): two periods of one grid, not one period whose end a write moved. */
+export function wholePeriodsApart(a: number, b: number, periodMs: number | null | undefined): boolean {
+  return !periodMs || (a - b) % periodMs === 0;
 }
 
 /**
@@ -94,10 +101,28 @@ export class LocalLedger implements BudgetLedger {
   private current(c: BudgetCounter): Entry | undefined {
     const e = this.entries.get(c.id);
     if (!e) return undefined;
-    if (e.periodEnd === c.periodEnd) return e;
-    // A caller still in an older period than the ledger (a call that started just before the
-    // reset): charge the current period rather than revive the old one.
-    if (e.periodEnd !== null && c.periodEnd !== null && e.periodEnd > c.periodEnd) return e;
+    const definedAt = c.definedAt ?? 0;
+    if (e.periodEnd === c.periodEnd) {
+      e.definedAt = Math.max(e.definedAt, definedAt);
+      return e;
+    }
+    if (e.periodEnd !== null && c.periodEnd !== null) {
+      // One period whose end a write moved (a new budget_duration keeps the spend): the entry
+      // carries on, its spend and reservations kept, with the newer definition's end; a caller
+      // that still had the older one charges it as it is now. Reloading it from the store lost
+      // the calls not yet written (the key could then pass its budget), and keeping the later
+      // end of a shortened period refused calls until that end.
+      if (!wholePeriodsApart(e.periodEnd, c.periodEnd, c.periodMs)) {
+        if (definedAt > e.definedAt) {
+          e.periodEnd = c.periodEnd;
+          e.definedAt = definedAt;
+        }
+        return e;
+      }
+      // A caller still in an older period than the ledger (a call that started just before the
+      // reset): charge the current period rather than revive the old one.
+      if (e.periodEnd > c.periodEnd) return e;
+    }
     return undefined;
   }
 
@@ -109,7 +134,7 @@ export class LocalLedger implements BudgetLedger {
       if (!p) {
         p = Promise.resolve(c.storedSpend()).then(
           (spend) => {
-            if (!this.current(c)) this.entries.set(c.id, { periodEnd: c.periodEnd, spend, reserved: 0n });
+            if (!this.current(c)) this.entries.set(c.id, { periodEnd: c.periodEnd, spend, reserved: 0n, definedAt: c.definedAt ?? 0 });
           },
         ).finally(() => this.loading.delete(c.id));
         this.loading.set(c.id, p);
@@ -158,7 +183,7 @@ export class LocalLedger implements BudgetLedger {
   observe(counter: BudgetCounter, spend: bigint): void {
     const e = this.current(counter);
     if (e) e.spend = spend;
-    else this.entries.set(counter.id, { periodEnd: counter.periodEnd, spend, reserved: 0n });
+    else this.entries.set(counter.id, { periodEnd: counter.periodEnd, spend, reserved: 0n, definedAt: counter.definedAt ?? 0 });
   }
 
   async forget(ids: readonly string[]): Promise<void> {
@@ -168,6 +193,6 @@ export class LocalLedger implements BudgetLedger {
   /** Spend and reservations of a counter (tests, `/provider/budgets`). */
   peek(id: string): { spend: bigint; reserved: bigint; periodEnd: number | null } | undefined {
     const e = this.entries.get(id);
-    return e ? { ...e } : undefined;
+    return e ? { spend: e.spend, reserved: e.reserved, periodEnd: e.periodEnd } : undefined;
   }
 }

@@ -5,6 +5,9 @@
  * - At that instant spend returns to 0, and `budget_reset_at` moves forward by whole durations to
  *   the first instant after now. Periods so stay on one fixed grid, whoever computes them.
  * - A call is charged to the period in which it started.
+ * - A write that changes the duration moves `budget_reset_at` (now + the new duration) and keeps
+ *   the spend: one period with a new end. Two ends not a whole number of periods apart are told
+ *   apart from a rollover that way (ledger.ts wholePeriodsApart, flush.ts MOVED_BY_WRITE).
  * - No `budget_reset_at` (or no parseable duration) means a flat budget that never resets.
  *
  * Enforcement does not wait for the store: the ledger computes the current period from these

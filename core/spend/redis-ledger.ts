@@ -26,7 +26,11 @@ const LIVE_PREFIX = "svc:budget-live:";
 /** How long a liveness key lasts; renewed every LIVE_MS / 3 while the instance has calls in flight. */
 const LIVE_MS = 30_000;
 
-// ARGV: amount, then per counter: limit, period, initial spend ('' when not known yet).
+// ARGV: amount, then per counter: limit, period, initial spend ('' when not known yet), the
+// period's length in ms (0: none) and when it was defined (BudgetCounter.periodMs, definedAt).
+// A stored period whose end is not a whole number of periods from the asked one is the same
+// period, its end moved by a write (a new budget_duration): it carries on, and takes the asked end
+// when the asked definition is the newer (`d`), as the local ledger does.
 // Returns {0, generation…} when granted, {-1, i…} for counters that need their stored spend
 // first, or {i, spend, reserved} for the counter that refused. A counter's generation (`g`) is
 // new each time it starts from a stored spend, so a settle can tell whether its reservation is
@@ -38,10 +42,16 @@ local amt = tonumber(amount)
 local inst = ARGV[#ARGV]
 local missing = {}
 for i = 1, #KEYS do
-  local base = 1 + (i - 1) * 3
+  local base = 1 + (i - 1) * 5
   local want = ARGV[base + 2]
+  local ms = tonumber(ARGV[base + 4])
+  local defined = tonumber(ARGV[base + 5])
   local p = redis.call('HGET', KEYS[i], 'p')
   local stale = (not p) or (p ~= want and not (p ~= 'flat' and want ~= 'flat' and tonumber(p) > tonumber(want)))
+  if p and p ~= want and p ~= 'flat' and want ~= 'flat' and ms > 0 and (tonumber(p) - tonumber(want)) % ms ~= 0 then
+    stale = false
+    if defined > tonumber(redis.call('HGET', KEYS[i], 'd') or '0') then redis.call('HSET', KEYS[i], 'p', want, 'd', defined) end
+  end
   if stale then
     local init = ARGV[base + 3]
     if init == '' then
@@ -50,7 +60,7 @@ for i = 1, #KEYS do
       for _, f in ipairs(redis.call('HKEYS', KEYS[i])) do
         if string.sub(f, 1, 2) == 'r:' then redis.call('HDEL', KEYS[i], f) end
       end
-      redis.call('HSET', KEYS[i], 's', init, 'r', 0, 'p', want, 'g', redis.call('INCR', 'svc:budget-generation'))
+      redis.call('HSET', KEYS[i], 's', init, 'r', 0, 'p', want, 'd', defined, 'g', redis.call('INCR', 'svc:budget-generation'))
     end
   end
 end
@@ -59,7 +69,7 @@ if #missing > 0 then
   return missing
 end
 for i = 1, #KEYS do
-  local limit = tonumber(ARGV[1 + (i - 1) * 3 + 1])
+  local limit = tonumber(ARGV[1 + (i - 1) * 5 + 1])
   local s = redis.call('HGET', KEYS[i], 's')
   local r = redis.call('HGET', KEYS[i], 'r')
   local sn = tonumber(s)
@@ -94,7 +104,8 @@ return out
 // ARGV: reserved amount, actual cost, then per counter the period and generation the reservation
 // was taken in. A counter that moved to a new period meanwhile keeps its fresh start: the old
 // reservation is dropped. One read again from the store in the same period (a spend reset) holds
-// no reservation of the call, but the call's cost counts there, as in the stored spend. The new
+// no reservation of the call, but the call's cost counts there, as in the stored spend. One whose
+// end a write moved (same generation, another period) still holds it: released, and the cost counts. The new
 // spend is read back as the stored text: HINCRBY's reply is a Lua double, which tostring writes
 // with 14 digits ("1.2345678901234e+14" from $123.45 up), not the integer.
 // The last ARGV is the settling instance's id: its own part of the reservation is released with the
@@ -103,8 +114,9 @@ const SETTLE = `
 local inst = ARGV[#ARGV]
 local out = {}
 for i = 1, #KEYS do
-  if redis.call('HGET', KEYS[i], 'p') == ARGV[1 + 2 * i] then
-    if ARGV[1] ~= '0' and (redis.call('HGET', KEYS[i], 'g') or '') == ARGV[2 + 2 * i] then
+  local same = ARGV[2 + 2 * i] ~= '' and (redis.call('HGET', KEYS[i], 'g') or '') == ARGV[2 + 2 * i]
+  if same or redis.call('HGET', KEYS[i], 'p') == ARGV[1 + 2 * i] then
+    if ARGV[1] ~= '0' and same then
       local mine = redis.call('HGET', KEYS[i], 'r:' .. inst)
       if mine and tonumber(mine) > 0 then
         local take = ARGV[1]
@@ -161,7 +173,9 @@ export class RedisLedger implements BudgetLedger {
       for (let attempt = 0; attempt < 3; attempt++) {
         const args: string[] = [amount.toString()];
         // A counter the call is only charged to is checked against a limit it cannot reach.
-        for (const [i, c] of counters.entries()) args.push((c.chargeOnly ? NO_LIMIT : c.limit).toString(), periodText(c), known.get(i)?.toString() ?? "");
+        for (const [i, c] of counters.entries()) {
+          args.push((c.chargeOnly ? NO_LIMIT : c.limit).toString(), periodText(c), known.get(i)?.toString() ?? "", String(c.periodMs ?? 0), String(c.definedAt ?? 0));
+        }
         const res = await this.redis.svcBudgetReserve(keys.length, ...keys, ...args, this.instance);
         this.recovered();
         const head = Number(res[0]);

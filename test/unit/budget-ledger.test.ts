@@ -55,5 +55,29 @@ for (const [name, make] of LEDGERS) {
       await Bun.sleep(50);
       expect((await ledger.reserve([next], 10n)).ok).toBe(true);
     });
+
+    test("an end a write moved (not whole periods away) is the same period: spend and reservations carry on, an older definition does not move it back", async () => {
+      const ledger = make();
+      const id = `key:${randomUUID()}`;
+      // A 1000 ms period ending at 10_000, defined at t=1; a write at t=2 moves its end to 10_500.
+      const before: BudgetCounter = { id, label: "Key test", limit: 10n, periodEnd: 10_000, periodMs: 1_000, definedAt: 1, storedSpend: () => 0n };
+      const moved: BudgetCounter = { ...before, periodEnd: 10_500, periodMs: 1_000, definedAt: 2, storedSpend: () => 0n };
+      const inFlight = (await ledger.reserve([before], 4n)) as LedgerGrant;
+      expect(inFlight.ok).toBe(true);
+      // 4 reserved in the period, also after the move: 7 more would pass 10.
+      expect((await ledger.reserve([moved], 7n)).ok).toBe(false);
+      inFlight.settle(4n);
+      await Bun.sleep(50);
+      // A caller that still had the older definition charges the period as it is now.
+      const stale = (await ledger.reserve([before], 1n)) as LedgerGrant;
+      expect(stale.ok).toBe(true);
+      stale.settle(1n);
+      await Bun.sleep(50);
+      const refused = await ledger.reserve([moved], 6n);
+      expect(refused.ok).toBe(false);
+      if (!refused.ok) expect(refused.spend).toBe(5n);
+      // The next period on the moved end's grid starts at 0.
+      expect((await ledger.reserve([{ ...moved, periodEnd: 11_500 }], 10n)).ok).toBe(true);
+    });
   });
 }

@@ -1,0 +1,80 @@
+// A write that changes a key's (or team's) budget_duration moves budget_reset_at to now + the new duration and
+// keeps the spend: the period goes on with a new end. Calls made before the write whose spend is
+// still queued (the writer here writes only when asked) belong to that period: a longer period
+// must still count them (they were dropped from the stored spend, and the ledger re-read the lower
+// figure: the key passed its budget), and a shorter one must end at its new end (the ledger kept
+// the old end and refused calls until it).
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { sql } from "drizzle-orm";
+import { rows } from "../../core/store/sql.ts";
+import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
+import { TEST_REDIS_URL } from "../harness/redis.ts";
+import { DOLLAR_MODEL, dollarCall } from "../harness/traffic.ts";
+
+const CONFIG = { model_list: [DOLLAR_MODEL], general_settings: { master_key: MASTER_KEY } };
+const WORLDS = [...BACKENDS.map((backend) => ({ name: backend, backend, redis: false })), { name: "postgres+redis", backend: "postgres" as const, redis: true }];
+
+for (const world of WORLDS) {
+  describe(`budget_duration changed mid-period (${world.name})`, () => {
+    let gw: TestGateway;
+
+    beforeAll(async () => {
+      gw = await startBackendGateway(world.backend, CONFIG, { spend: { intervalMs: 60_000 }, ...(world.redis ? { redisUrl: TEST_REDIS_URL } : {}) });
+    }, 60_000);
+    afterAll(() => gw?.stop());
+
+    const newKey = async (body: Record<string, unknown>) => (await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body })).body.key;
+    const setDuration = async (key: string, budget_duration: string) =>
+      expect((await requestJson(gw, "POST", "/key/update", { body: { key, budget_duration } })).status).toBe(200);
+    /** Calls until one is refused (at most `most`): how many passed. */
+    const callsUntilRefused = async (key: string, most: number) => {
+      for (let n = 0; n < most; n++) {
+        const r = await dollarCall(gw, key);
+        if (r.status === 400) return n;
+        expect(r.status).toBe(200);
+      }
+      return most;
+    };
+    const stored = async (key: string) => {
+      await gw.host!.spendWriter.flush();
+      const info = await requestJson<{ info: { spend: number; budget_reset_at: string; token: string } }>(gw, "GET", `/key/info?key=${key}`);
+      const [logged] = await rows<{ sum: string }>(gw.host!.store.db, sql`select coalesce(sum(spend), 0)::text as sum from spend_logs where api_key = ${info.body.info.token}`);
+      return { spend: info.body.info.spend, resetAt: Date.parse(info.body.info.budget_reset_at), logged: Number(logged!.sum) };
+    };
+
+    test("made longer right after calls: the calls still count, the key stops at its budget", async () => {
+      const key = await newKey({ max_budget: 5, budget_duration: "1h" });
+      expect(await callsUntilRefused(key, 3)).toBe(3);
+      await setDuration(key, "2h");
+      // $3 spent of $5: two more calls, not five.
+      expect(await callsUntilRefused(key, 6)).toBe(2);
+      expect(await stored(key)).toMatchObject({ spend: 5, logged: 5 });
+    });
+
+    test("a team's, made longer right after calls: the calls still count, the team stops at its budget", async () => {
+      const team = (await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: { max_budget: 5, budget_duration: "1h" } })).body.team_id;
+      const key = await newKey({ team_id: team });
+      expect(await callsUntilRefused(key, 3)).toBe(3);
+      expect((await requestJson(gw, "POST", "/team/update", { body: { team_id: team, budget_duration: "2h" } })).status).toBe(200);
+      expect(await callsUntilRefused(key, 6)).toBe(2);
+      await gw.host!.spendWriter.flush();
+      expect((await requestJson<{ team_info: { spend: number } }>(gw, "GET", `/team/info?team_id=${team}`)).body.team_info.spend).toBe(5);
+    });
+
+    test("made shorter: the spend so far stays, and the period ends at its new end", async () => {
+      const key = await newKey({ max_budget: 3, budget_duration: "1h" });
+      expect(await callsUntilRefused(key, 4)).toBe(3);
+      const before = Date.now();
+      await setDuration(key, "2s");
+      expect(await callsUntilRefused(key, 1)).toBe(0);
+      await Bun.sleep(Math.max(0, before + 2500 - Date.now()));
+      // A new period: $3 again, not a refusal until the hour is over.
+      expect(await callsUntilRefused(key, 4)).toBe(3);
+      const after = await stored(key);
+      expect(after.logged).toBe(6);
+      expect(after.spend).toBe(3);
+      // The period's end was not moved back to the old hour's end.
+      expect(after.resetAt).toBeLessThan(Date.now() + 5000);
+    }, 30_000);
+  });
+}
