@@ -4,7 +4,7 @@ import { parseRunOptions, USAGE } from "./cli.ts";
 import { createApp } from "./http/app.ts";
 import { serveOptions } from "./http/serving.ts";
 import { type Host, startHost } from "./host.ts";
-import { createLogger } from "./log.ts";
+import { createLogger, redact } from "./log.ts";
 import { SnapshotError } from "./snapshot.ts";
 import { delay, within } from "./timer.ts";
 
@@ -14,16 +14,17 @@ const CUT_CALLS_MS = 1000;
 /** How long shutdown waits for plugins' spend recorders and logging callbacks to flush. */
 const PLUGIN_FLUSH_MS = 5000;
 
+/** The reason the gateway does not start, on stderr; key-shaped text redacted as in every log line (a plugin's error may quote its config). */
 function fatal(message: string, errors?: string[]): never {
-  console.error(`gateway: ${message}`);
-  for (const e of errors ?? []) console.error(`  ${e}`);
+  console.error(redact(`gateway: ${message}`));
+  for (const e of errors ?? []) console.error(redact(`  ${e}`));
   process.exit(1);
 }
 
 function warnNoMasterKey(): void {
   const bar = "!".repeat(78);
   console.error(
-    `${bar}\n!! NO MASTER KEY IS SET: every call will be refused with 401.\n!! Set one before starting, e.g.  SVC_MASTER_KEY=sk-$(openssl rand -hex 16)\n!! or put  general_settings.master_key: os.environ/SVC_MASTER_KEY  in config.yaml.\n${bar}`,
+    `${bar}\n!! NO MASTER KEY IS SET: every management call is refused with 401 (model calls take only virtual keys already in the store).\n!! Set one before starting, e.g.  SVC_MASTER_KEY=sk-$(openssl rand -hex 16)\n!! or put  general_settings.master_key: os.environ/SVC_MASTER_KEY  in config.yaml.\n${bar}`,
   );
 }
 

@@ -262,6 +262,21 @@ describe("run interface", () => {
     }
     expect(existsSync(join(dir, ".data"))).toBe(false);
   });
+
+  test("the reason it does not start is redacted like every log line: a plugin's error quoting its key", async () => {
+    const dir = newDir();
+    const secret = "sk-pluginsecretAAAA11112222";
+    writeFileSync(
+      join(dir, "thrower.ts"),
+      `import { definePlugin } from "${join(ROOT, "core/contract.ts")}";\nimport { Type } from "@sinclair/typebox";\nexport default definePlugin({ name: "thrower", config: Type.Object({ token: Type.String() }), setup(config) { throw new Error("setup failed with token " + config.token); } });\n`,
+    );
+    writeFileSync(join(dir, "config.yaml"), `model_list: []\nplugins:\n  - path: ./thrower.ts\n    config: { token: ${secret} }\n`);
+    const run = launch([], { cwd: dir, env: { SVC_MASTER_KEY: MASTER_KEY } });
+    expect(await run.exited).toBe(1);
+    const out = run.output();
+    expect(out).toContain("setup failed with token sk-plug");
+    expect(out).not.toContain(secret);
+  });
 });
 
 describe("embedded store (default)", () => {
