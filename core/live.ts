@@ -11,6 +11,7 @@ import type { HostServices } from "./services.ts";
 import { buildSnapshot, type Snapshot, SnapshotError } from "./snapshot.ts";
 import { within } from "./timer.ts";
 import { forgetDeploymentStates } from "./router/deployment-state.ts";
+import { deliverPending } from "./pipeline/record.ts";
 
 /** How long a plugin's dispose may take before the gateway goes on without it (a stop, a reload). */
 const PLUGIN_DISPOSE_MS = 2000;
@@ -223,6 +224,8 @@ export class Live {
     const serving = new Set<string>();
     for (const snap of [this.snap, ...this.pins.keys()]) for (const e of snap.models.entries) serving.add(e.deployment.id);
     forgetDeploymentStates(s.models.entries.map((e) => e.deployment.id).filter((id) => !serving.has(id)));
+    // The last calls on it (their release is what got here) reach its callbacks first.
+    if (!(await within(PLUGIN_DISPOSE_MS, deliverPending()))) this.log.warn("logging callbacks did not take the last calls in time; disposing them anyway", { waitedMs: PLUGIN_DISPOSE_MS });
     await Promise.all(
       s.plugins.map(async (p) => {
         // A plugin's dispose that never ends must not hold the gateway's stop.

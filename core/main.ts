@@ -2,6 +2,7 @@
 import pkg from "../package.json" with { type: "json" };
 import { parseRunOptions, USAGE } from "./cli.ts";
 import { createApp } from "./http/app.ts";
+import { deliverPending } from "./pipeline/record.ts";
 import { serveOptions } from "./http/serving.ts";
 import { type Host, startHost } from "./host.ts";
 import { createLogger, redact } from "./log.ts";
@@ -69,9 +70,11 @@ async function main(): Promise<void> {
     // within a tick: their records must reach the spend writer before it flushes.
     if (!(await live.idle(CUT_CALLS_MS))) log.warn("calls still running after the drain; their spend may not be logged", { waitedMs: CUT_CALLS_MS });
     const snap = live.current;
+    // The drained calls' records reach the callbacks before they flush (they were delivered after).
     // A plugin's flush that never ends (its logging backend gone, no timeout of its own) must not hold the exit.
-    const flushes = [...snap.spend.map((s) => s.flush()), ...[...snap.successCallbacks, ...snap.failureCallbacks].map((c) => Promise.resolve().then(() => c.flush?.()))];
-    if (!(await within(PLUGIN_FLUSH_MS, Promise.allSettled(flushes)))) log.warn("a spend recorder or logging callback did not finish flushing; stopping without it", { waitedMs: PLUGIN_FLUSH_MS });
+    const callbacks = new Set([...snap.successCallbacks, ...snap.failureCallbacks]);
+    const flushed = deliverPending().then(() => Promise.allSettled([...snap.spend.map((s) => s.flush()), ...[...callbacks].map((c) => Promise.resolve().then(() => c.flush?.()))]));
+    if (!(await within(PLUGIN_FLUSH_MS, flushed))) log.warn("a spend recorder or logging callback did not finish flushing; stopping without it", { waitedMs: PLUGIN_FLUSH_MS });
     await host.close();
     log.info("stopped");
     process.exit(0);

@@ -80,6 +80,7 @@ describe("a stream in flight across a reload", () => {
   const slowConfig = (reply: string) => ({
     model_list: [{ model_name: "slow-model", svc_params: { model: "slow/x" }, model_info: { id: "slow-dep" } }],
     plugins: [{ path: SLOW_PLUGIN, config: { reply, chunks: 12, delayMs: 40 } }],
+    svc_settings: { callbacks: ["slow-log"] },
     general_settings: { master_key: MASTER_KEY },
   });
 
@@ -140,6 +141,11 @@ describe("a stream in flight across a reload", () => {
     const ends = events.flatMap((e, i) => (e === "stream-end:v1" ? [i] : []));
     expect(ends).toHaveLength(2);
     expect(events.indexOf("dispose:v1")).toBeGreaterThan(Math.max(...ends));
+    // Both streams' calls reached the old config's logging callback, before its dispose (the last
+    // one's record came after it once: queued after its pin was released).
+    const logged = events.flatMap((e, i) => (e === "log:v1" ? [i] : []));
+    expect(logged).toHaveLength(2);
+    expect(events.indexOf("dispose:v1")).toBeGreaterThan(Math.max(...logged));
     expect(events.filter((e) => e === "dispose:v1")).toHaveLength(1);
     expect(events).not.toContain("dispose:v2");
   });

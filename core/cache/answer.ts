@@ -76,9 +76,10 @@ export function cachedAnswer(endpoint: Endpoint, body: WireRequest[Endpoint], ke
     prompt: keepPrompt ? promptOf(body) : undefined,
     answer: keepPrompt ? storedAnswer(endpoint, stream, hit.body) : undefined,
   });
-  ctx.release();
   ctx.onRecord?.(record);
+  // Queued before the snapshot is released: its callbacks get the call before a reload disposes them.
   if (ctx.record !== false) dispatchRecord(ctx.snapshot, record, ctx.log);
+  ctx.release();
   const headers = responseHeaders(d, ctx.callId, stream ? "text/event-stream" : "application/json");
   headers["x-svc-cache-hit"] = "true";
   headers["x-svc-cache-key"] = key;

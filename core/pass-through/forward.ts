@@ -179,11 +179,11 @@ export async function forwardPassThrough(e: PassThroughEndpoint, subpath: string
   try {
     leases = await acquire(snapshot, intent);
   } catch (err) {
-    ctx.release();
     if (err instanceof GatewayError) {
       record("failure", 0n, err.info);
       err.headers["x-svc-call-id"] = ctx.callId;
     }
+    ctx.release();
     throw err;
   }
 
@@ -195,8 +195,9 @@ export async function forwardPassThrough(e: PassThroughEndpoint, subpath: string
     deadline.clear();
     const cost = charged ? e.costPerRequest : 0n;
     leases.settle(ZERO, cost);
-    ctx.release();
+    // Queued before the snapshot is released: its callbacks get the call before a reload disposes them.
     record(status, cost, error);
+    ctx.release();
   };
   const { origin } = e;
 

@@ -317,10 +317,12 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
       prompt: keepPrompt ? promptOf(body) : undefined,
       answer: streamed ? storedAnswer(endpoint, true, streamed.join("")) : answer,
     });
-    attempt.ended?.(record);
-    ctx.release();
+    // Queued before the snapshot is released (here, or by the router in `ended`): its callbacks get
+    // the call before a reload or a stop disposes them.
     ctx.onRecord?.(record);
     if (ctx.record !== false) dispatchRecord(snapshot, record, ctx.log);
+    attempt.ended?.(record);
+    ctx.release();
     return priced.cost;
   };
 

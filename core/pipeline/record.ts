@@ -8,7 +8,8 @@ import type { Snapshot } from "../snapshot.ts";
 const queue: { snapshot: Snapshot; record: CallRecord; log: Logger }[] = [];
 let scheduled = false;
 
-function deliver(snapshot: Snapshot, record: CallRecord, log: Logger): void {
+/** Hands one record to its snapshot's recorders and callbacks; the callbacks' deliveries, settled or not. */
+function deliver(snapshot: Snapshot, record: CallRecord, log: Logger): Promise<unknown>[] {
   try {
     snapshot.spendLog?.record(record);
   } catch (err) {
@@ -22,11 +23,11 @@ function deliver(snapshot: Snapshot, record: CallRecord, log: Logger): void {
     }
   }
   const callbacks = record.status === "success" ? snapshot.successCallbacks : snapshot.failureCallbacks;
-  for (const cb of callbacks) {
+  return callbacks.map((cb) =>
     Promise.resolve()
       .then(() => cb.log(record))
-      .catch((err) => log.error("logging callback failed", { error: String(err), call: record.id }));
-  }
+      .catch((err) => log.error("logging callback failed", { error: String(err), call: record.id })),
+  );
 }
 
 /** Records waiting for their delivery (tests: none once the gateway is idle). */
@@ -34,9 +35,19 @@ export function pendingRecords(): number {
   return queue.length;
 }
 
-function drain(): void {
+function drain(): Promise<unknown>[] {
   scheduled = false;
-  for (const item of queue.splice(0)) deliver(item.snapshot, item.record, item.log);
+  return queue.splice(0).flatMap((item) => deliver(item.snapshot, item.record, item.log));
+}
+
+/**
+ * Delivers the records still queued now, rather than on the next turn, and resolves once their
+ * callbacks' deliveries have settled: a snapshot's plugins are disposed (a reload, a stop) and
+ * flushed (a stop) only after the last calls pinned to it were handed to them. Before, a stream
+ * that ended the snapshot's last pin was logged to a callback already disposed.
+ */
+export async function deliverPending(): Promise<void> {
+  await Promise.allSettled(drain());
 }
 
 export function dispatchRecord(snapshot: Snapshot, record: CallRecord, log: Logger): void {
@@ -44,7 +55,7 @@ export function dispatchRecord(snapshot: Snapshot, record: CallRecord, log: Logg
   queue.push({ snapshot, record, log });
   if (!scheduled) {
     scheduled = true;
-    setImmediate(drain);
+    setImmediate(() => void drain());
   }
 }
 
