@@ -194,10 +194,17 @@ export interface Attempt {
   ended?(record: CallRecord): void;
 }
 
-/** Seconds an attempt at `d` may take: the request's own `timeout` (on every endpoint), the deployment's, the gateway's. */
+/**
+ * Seconds an attempt at `d` may take: the request's own `timeout` (on every endpoint), for a
+ * stream the deployment's `stream_timeout` (LiteLLM's; it was accepted and never applied), the
+ * deployment's `timeout`, the gateway's.
+ */
 export function attemptTimeout(body: WireRequest[Endpoint], d: Deployment, snapshot: Snapshot): number {
   const t = (body as { timeout?: unknown }).timeout;
-  return typeof t === "number" && t > 0 ? t : (d.timeout ?? snapshot.settings.requestTimeout);
+  if (typeof t === "number" && t > 0) return t;
+  const streamTimeout = d.options.stream_timeout;
+  if ((body as { stream?: unknown }).stream === true && typeof streamTimeout === "number" && streamTimeout > 0) return streamTimeout;
+  return d.timeout ?? snapshot.settings.requestTimeout;
 }
 
 /**

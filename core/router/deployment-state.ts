@@ -50,6 +50,16 @@ export class DeploymentState {
   }
 
   /**
+   * An attempt that timed out after `afterMs`: the deployment is taken to be at least that slow
+   * (LiteLLM's latency router does the same). Only successes moved the figure before, so a
+   * deployment that hung kept its old, fast average and won the latency router's pick again each
+   * time its cooldown ended.
+   */
+  timedOut(afterMs: number): void {
+    this.latencyMs = Math.max(this.latencyMs ?? 0, afterMs);
+  }
+
+  /**
    * Counts a failure that may cool the deployment down: more than `allowed_fails` in a minute, or
    * at once on an upstream 429 (its `retry-after` when longer, up to MAX_COOLDOWN_MS). The caller
    * never asks this for a group's only deployment: with nowhere else to go, cooling it down would

@@ -387,6 +387,7 @@ async function callGroup<E extends Endpoint>(run: Run<E>, body: WireRequest[E], 
       }
       const status = err.info.status;
       const kind = kindOf(err);
+      if (fromUpstream && status === 408) state.timedOut(attemptTimeout(body, d, snapshot) * 1000);
       if (fromUpstream && !kind && COOLDOWN_STATUSES.has(status) && deployments.length > 1) {
         const cooldownMs = state.failed(policy, Date.now(), status === 429, upstreamRetryAfterMs(err));
         if (cooldownMs > 0) {

@@ -80,7 +80,7 @@ const CHUNK_ID = /"id"\s*:\s*"([^"\\]+)"/;
 /** The usage chunk (the usage object; `"usage":null` on every other chunk once usage was asked for). */
 const USAGE = /"usage"\s*:\s*\{/;
 const ERROR_EVENT = /^\s*\{\s*"error"\s*:/;
-const PADDED_OBJECT = /^\s*\{[^]*\}\s*$/;
+const PADDED_OBJECT = /^\s*\{[\s\S]*\}\s*$/;
 /** `"usage":null` with the comma before it (or, first in its object, after it). */
 const NULL_USAGE = /,\s*"usage"\s*:\s*null(?=\s*[,}])|"usage"\s*:\s*null\s*,?/;
 /** A chunk that ends a choice: servers that send neither `[DONE]` nor usage still end with one. */
@@ -133,8 +133,10 @@ function openAIStream<E extends "chat" | "completions">(
         // A cheap guard instead of a full parse per chunk: truncated or non-object events stop the stream.
         throw new Error("stream event is not a JSON object");
       }
+      const opens = s.chunks === 0 && opensOnly(data);
       s.chunks++;
-      parts.push({ type: "data", data: s.clientWantsUsage ? data : stripNullUsage(data) });
+      const out = s.clientWantsUsage ? data : stripNullUsage(data);
+      parts.push(opens ? { type: "data", data: out, opens } : { type: "data", data: out });
       return parts;
     },
     // OpenAI sends about one token per content chunk, so the chunk count is a fair estimate.
@@ -142,6 +144,25 @@ function openAIStream<E extends "chat" | "completions">(
     responseId: (s: StreamState) => s.id || undefined,
     complete: (s: StreamState) => s.ended,
   };
+}
+
+/**
+ * Whether a stream's first chunk only opens the message (every choice's delta a role and empty
+ * content, no finish): OpenAI's first chunk. Marked (StreamPart `opens`), a cut, stall or error
+ * right after it still fails the attempt before the client got anything, so it is retried or falls
+ * back. One parse per stream.
+ */
+function opensOnly(data: string): boolean {
+  try {
+    const choices = (JSON.parse(data) as { choices?: unknown }).choices;
+    if (!Array.isArray(choices) || choices.length === 0) return false;
+    return choices.every((c: { delta?: unknown; finish_reason?: unknown } | null) => {
+      if (!c || c.finish_reason != null || typeof c.delta !== "object" || c.delta === null) return false;
+      return Object.entries(c.delta).every(([k, v]) => k === "role" || v === "" || v === null);
+    });
+  } catch {
+    return false;
+  }
 }
 
 /** Removes the `"usage":null` member OpenAI adds to every chunk once usage was requested. */

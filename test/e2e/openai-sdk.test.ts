@@ -640,6 +640,18 @@ describe("upstream faults map to the spec's statuses", () => {
     expect(error.message).toContain("ended unexpectedly");
   });
 
+  test("stream cut after its opening chunk (the role, no content): the attempt failed before the stream began, so it is retried", async () => {
+    mock.fault({ kind: "cutStream", afterChunks: 1 });
+    const res = await post("/v1/chat/completions", { model: "gpt-public", messages: user("cut after the role"), stream: true });
+    expect(res.status).toBe(503);
+    expect(expectEnvelope(await res.json(), 503).message).toContain("ended unexpectedly");
+    mock.fault({ kind: "cutStream", afterChunks: 1 });
+    const retried = await post("/v1/chat/completions", { model: "gpt-public", messages: user("cut after the role"), stream: true, num_retries: 1 });
+    expect(retried.status).toBe(200);
+    expect(retried.headers.get("x-svc-attempted-retries")).toBe("1");
+    expect(sseEvents(await retried.text()).at(-1)).toBe("data: [DONE]");
+  });
+
   test("stream cut after 2 chunks: the SDK iteration yields them, then throws", async () => {
     mock.fault({ kind: "cutStream", afterChunks: 2 });
     const stream = await client.chat.completions.create({ model: "gpt-public", messages: user("a fairly long message to stream"), stream: true });

@@ -236,6 +236,32 @@ describe("cooldowns, timeouts and capacity", () => {
     expect(shorter.status).toBe(408);
   });
 
+  test("a deployment's stream_timeout bounds its streams (the wait between parts); its timeout its JSON calls", async () => {
+    const g = await startTestGateway({
+      model_list: [{ model_name: "st", svc_params: { model: "openai/gpt-4o-mini", api_base: c.url, api_key: "sk-up", timeout: 5, stream_timeout: 0.2 }, model_info: { id: "st-c" } }],
+      general_settings: { master_key: MASTER_KEY },
+    });
+    try {
+      const call = async (stream: boolean) => {
+        c.fault({ kind: "slowStream", chunkDelayMs: 500, chunks: 2 });
+        const res = await fetch(`${g.url}/v1/chat/completions`, {
+          method: "POST",
+          headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+          body: JSON.stringify({ model: "st", stream, messages: [{ role: "user", content: "hi" }] }),
+        });
+        await res.text();
+        return res.status;
+      };
+      const t0 = Date.now();
+      expect(await call(true)).toBe(408);
+      expect(Date.now() - t0).toBeLessThan(450);
+      expect(await call(false)).toBe(200);
+    } finally {
+      c.clearFaults();
+      await g.stop();
+    }
+  });
+
   test("deployments at their own rpm are skipped; when all are, 429 with retry-after", async () => {
     const ids: string[] = [];
     const left: Record<string, string[]> = { "cap-1": [], "cap-2": [] };
@@ -343,6 +369,28 @@ describe("strategies by config", () => {
       expect(ids.slice(0, 2).sort()).toEqual(["lat-fast", "lat-slow"]);
     } finally {
       a.clearFaults();
+      await g.stop();
+    }
+  });
+
+  test("latency-based-routing: a deployment that timed out counts as that slow, and traffic leaves it", async () => {
+    a.reset();
+    b.reset();
+    for (let i = 0; i < 40; i++) a.fault({ kind: "delay", ms: 60 });
+    const g = await start("latency-based-routing", [
+      { model_name: "m", svc_params: { model: "openai/gpt-4o-mini", api_base: a.url, api_key: "sk-up", timeout: 0.3 }, model_info: { id: "lat-slow" } },
+      { model_name: "m", svc_params: { model: "openai/gpt-4o-mini", api_base: b.url, api_key: "sk-up", timeout: 0.3 }, model_info: { id: "lat-fast" } },
+    ]);
+    try {
+      expect((await ask(g, 6)).slice(2).every((id) => id === "lat-fast")).toBe(true);
+      b.fault({ kind: "hang" });
+      expect(await ask(g, 1)).toEqual(["lat-fast"]);
+      // It hung for its 0.3 s timeout: slower than the other's 60 ms. Only successes moved the
+      // figure before, so it kept its fast average and took the next calls again.
+      expect(await ask(g, 4)).toEqual(["lat-slow", "lat-slow", "lat-slow", "lat-slow"]);
+    } finally {
+      a.clearFaults();
+      b.clearFaults();
       await g.stop();
     }
   });
