@@ -388,3 +388,40 @@ describe("a stored model and a config.yaml model with the same id", () => {
     }
   });
 });
+
+// Stored credentials are encrypted with a key from SVC_SALT_KEY or, without it, the master key. A
+// gateway started with another master key cannot read them: it starts anyway, logs which model it
+// does not serve and why, and the model is served again once its credentials are stored anew.
+describe("stored models whose credentials the key cannot decrypt (postgres)", () => {
+  test("the gateway starts without them, says which and why; storing the credentials again brings the model back", async () => {
+    const saltKey = process.env.SVC_SALT_KEY;
+    delete process.env.SVC_SALT_KEY;
+    const db = await freshDatabase("gw_models_key");
+    const withKey = (masterKey: string) => ({ ...CONFIG, general_settings: { master_key: masterKey } });
+    try {
+      const first = await startTestGateway(withKey(MASTER_KEY), { store: { databaseUrl: db.url } });
+      const body = { model_name: "stored-secret", svc_params: { model: "openai/gpt-4o-mini", api_base: "http://127.0.0.1:9/v1", api_key: SECRET }, model_info: { id: "stored-secret-1" } };
+      const created = await fetch(`${first.url}/model/new`, { method: "POST", headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" }, body: JSON.stringify(body) });
+      expect(created.status).toBe(200);
+      await first.stop();
+
+      const rotated = "sk-rotated-master-key-0987654321";
+      const second = await startTestGateway(withKey(rotated), { store: { databaseUrl: db.url } });
+      try {
+        const models = async () => ((await (await fetch(`${second.url}/v1/models`, { headers: { authorization: `Bearer ${rotated}` } })).json()) as { data: { id: string }[] }).data.map((m) => m.id);
+        expect(await models()).toEqual(["chat-mock"]);
+        const said = second.log.lines.find((l) => l.level === "error" && l.msg.startsWith("stored model not served"));
+        expect(said?.fields).toEqual({ model_id: "stored-secret-1", model_name: "stored-secret" });
+        expect(said?.msg).toContain("SVC_SALT_KEY");
+        const again = await fetch(`${second.url}/model/update`, { method: "POST", headers: { authorization: `Bearer ${rotated}`, "content-type": "application/json" }, body: JSON.stringify(body) });
+        expect(again.status).toBe(200);
+        expect((await models()).sort()).toEqual(["chat-mock", "stored-secret"]);
+      } finally {
+        await second.stop();
+      }
+    } finally {
+      if (saltKey !== undefined) process.env.SVC_SALT_KEY = saltKey;
+      await db.drop();
+    }
+  }, 60_000);
+});

@@ -224,7 +224,7 @@ async function patchModel(ctx: AdminCtx, deps: AdminDeps, id: string) {
     try {
       stored = mapSecrets(before.svcParams as Record<string, unknown>, (v) => decrypt(v, key));
     } catch {
-      throw GatewayError.of(500, "The stored credentials of this model cannot be decrypted (was SVC_SALT_KEY or the master key changed?). Replace them with /model/update.", "internal_server_error");
+      throw GatewayError.of(409, "The stored credentials of this model cannot be decrypted (was SVC_SALT_KEY or the master key changed?). Replace them with /model/update.", "conflict");
     }
     const merged = checkEntry({
       model_name: body.model_name ?? before.modelName,
