@@ -385,6 +385,14 @@ describe("os.environ/NAME", () => {
     }
   });
 
+  test("an unset variable on a required field: the refusal lists it beside the missing field, so the file's text explains itself", () => {
+    delete process.env[UNSET];
+    const r = parseConfig(stringify({ model_list: [{ model_name: "m", svc_params: { model: `os.environ/${UNSET}` } }] }));
+    if (r.ok) throw new Error("accepted");
+    expect(r.errors).toContain(`/model_list/0/svc_params/model: environment variable ${UNSET} is not set`);
+    expect(r.errors.some((e) => e.startsWith("/model_list/0/svc_params/model: Expected required property"))).toBe(true);
+  });
+
   test("environment_variables in the file provide values for os.environ/ references", () => {
     delete process.env[UNSET];
     try {

@@ -122,7 +122,9 @@ export function parseConfig(text: string, configSet: ReadonlyMap<string, string>
   if (substituted.model_list === undefined) substituted.model_list = [];
   const withDefaults = Value.Default(ConfigSchema, substituted);
   const errors = schemaErrors(ConfigSchema, withDefaults);
-  if (errors.length > 0) return { ok: false, errors, usable: usablePart(withDefaults as Record<string, unknown>, env) };
+  // A refused file's unset variables are listed with its errors: a required field they dropped is
+  // otherwise reported missing though the file plainly has it.
+  if (errors.length > 0) return { ok: false, errors: [...errors, ...warnings], usable: usablePart(withDefaults as Record<string, unknown>, env) };
   return { ok: true, config: withDefaults as GatewayConfig, warnings, text, env };
 }
 
