@@ -121,7 +121,8 @@ export function resolveSettings(config: GatewayConfig): Settings {
   };
 }
 
-async function loadPlugins(config: GatewayConfig, configPath: string, settings: Settings, log: Logger, services: HostServices): Promise<LoadedPlugin[]> {
+/** The plugins that set up, and the errors of those that did not (listed with the rest of the file's). */
+async function loadPlugins(config: GatewayConfig, configPath: string, settings: Settings, log: Logger, services: HostServices): Promise<{ loaded: LoadedPlugin[]; errors: string[] }> {
   const ctx: PluginContext = {
     log,
     settings: { masterKey: settings.masterKey, providerBudgets: config.router_settings?.provider_budget_config ?? {} },
@@ -142,11 +143,7 @@ async function loadPlugins(config: GatewayConfig, configPath: string, settings: 
       errors.push(err instanceof AggregateError ? err.message : `/plugins/${i}/path: ${err instanceof Error ? err.message : String(err)}`);
     }
   }
-  if (errors.length > 0) {
-    await Promise.allSettled(loaded.map((p) => p.hooks.dispose?.()));
-    throw new SnapshotError(errors);
-  }
-  return loaded;
+  return { loaded, errors };
 }
 
 function collectProviders(plugins: LoadedPlugin[], errors: string[]): Map<string, ProviderAdapter> {
@@ -257,9 +254,9 @@ function buildPricing(config: GatewayConfig, configPath: string, errors: string[
 
 export async function buildSnapshot(config: GatewayConfig, configPath: string, version: number, log: Logger, services: HostServices = {}): Promise<Snapshot> {
   const settings = resolveSettings(config);
-  const plugins = await loadPlugins(config, configPath, settings, log, services);
+  const { loaded: plugins, errors: pluginErrors } = await loadPlugins(config, configPath, settings, log, services);
   try {
-    return await assemble(config, configPath, version, log, services, settings, plugins);
+    return await assemble(config, configPath, version, log, services, settings, plugins, pluginErrors);
   } catch (err) {
     // Refused or failed (the store unreachable, a stored model the new master key cannot read):
     // the plugins set up for it never serve, and must not stay subscribed to identity changes.
@@ -268,9 +265,21 @@ export async function buildSnapshot(config: GatewayConfig, configPath: string, v
   }
 }
 
-/** The snapshot around its plugins; throws SnapshotError listing every problem. */
-async function assemble(config: GatewayConfig, configPath: string, version: number, log: Logger, services: HostServices, settings: Settings, plugins: LoadedPlugin[]): Promise<Snapshot> {
-  const errors: string[] = [];
+/**
+ * The snapshot around its plugins; throws SnapshotError listing every problem: those of plugins
+ * that did not set up too (before, they alone were listed, and the rest came up one run later).
+ */
+async function assemble(
+  config: GatewayConfig,
+  configPath: string,
+  version: number,
+  log: Logger,
+  services: HostServices,
+  settings: Settings,
+  plugins: LoadedPlugin[],
+  pluginErrors: string[],
+): Promise<Snapshot> {
+  const errors: string[] = [...pluginErrors];
   const providers = collectProviders(plugins, errors);
   const dbModels = (await services.loadDbModels?.(settings)) ?? [];
   const models = buildModels(config.model_list, providers, errors, dbModels, log);

@@ -203,6 +203,21 @@ describe("plugin load errors", () => {
     expect(errors.join("\n")).toContain("plugin echo-test");
   });
 
+  test("a plugin's bad config is listed with the file's other errors, not instead of them", async () => {
+    const errors = await loadErrors((dir) => ({
+      model_list: [
+        { model_name: "a", svc_params: { model: "mock/a" }, model_info: { id: "dup" } },
+        { model_name: "b", svc_params: { model: "mock/b" }, model_info: { id: "dup" } },
+        { model_name: "c", svc_params: { model: "nosuch/c" } },
+      ],
+      plugins: [{ path: relative(dir, ECHO), config: { prefix: 42 } }],
+    }));
+    const text = errors.join("\n");
+    expect(text).toContain("/plugins/0/config/prefix: Expected string");
+    expect(text).toContain("/model_list/1/model_info/id: 'dup' is already used by /model_list/0");
+    expect(text).toContain("/model_list/2/svc_params/model: unknown provider 'nosuch'");
+  });
+
   test("a plugin file that does not exist is named at /plugins/N/path", async () => {
     const errors = await loadErrors((dir) => ({
       plugins: [
