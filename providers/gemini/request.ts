@@ -18,6 +18,8 @@ const str = (v: unknown): string | undefined => (typeof v === "string" ? v : und
 export const GEMINI_CHAT_PARAMS = [
   "temperature",
   "top_p",
+  // Not OpenAI's, but Anthropic's and Gemini's own (topK); the Gemini-style routes send it.
+  "top_k",
   "max_tokens",
   "max_completion_tokens",
   "stop",
@@ -202,6 +204,8 @@ function generationConfig(req: ChatRequest): GeminiGenerationConfig | undefined 
   // The table names exactly the sampling fields of GeminiGenerationConfig.
   const c = samplingSettings(req, GEMINI_SAMPLING) as GeminiGenerationConfig;
   if (req.n != null) c.candidateCount = req.n;
+  const topK = (req as { top_k?: unknown }).top_k;
+  if (typeof topK === "number") c.topK = topK;
   responseFormat(req.response_format, c);
   const effort = (req as { reasoning_effort?: unknown }).reasoning_effort;
   if (typeof effort === "string" && effort in THINKING_BUDGET) {

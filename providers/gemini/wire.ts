@@ -37,6 +37,7 @@ export interface GeminiToolConfig {
 export interface GeminiGenerationConfig {
   temperature?: number;
   topP?: number;
+  topK?: number;
   maxOutputTokens?: number;
   stopSequences?: string[];
   candidateCount?: number;

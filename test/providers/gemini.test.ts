@@ -325,11 +325,12 @@ describe("request: tools, tool choice, output format, generation settings", () =
 
   test("sampling and length settings map one to one; stop becomes a list; reasoning_effort sets a thinking budget", () => {
     const body = upstreamBody(
-      chatRequest({ temperature: 0.2, top_p: 0.9, max_completion_tokens: 300, max_tokens: 50, stop: "END", n: 2, seed: 7, presence_penalty: 0.5, frequency_penalty: -0.5, reasoning_effort: "low" }),
+      chatRequest({ temperature: 0.2, top_p: 0.9, top_k: 20, max_completion_tokens: 300, max_tokens: 50, stop: "END", n: 2, seed: 7, presence_penalty: 0.5, frequency_penalty: -0.5, reasoning_effort: "low" } as never),
     );
     expect(body.generationConfig).toEqual({
       temperature: 0.2,
       topP: 0.9,
+      topK: 20,
       maxOutputTokens: 300,
       stopSequences: ["END"],
       candidateCount: 2,
