@@ -132,13 +132,7 @@ export async function startHost(opts: HostOptions): Promise<Host> {
         },
         flush: () => spendWriter.flush(),
       },
-      loadDbModels: (s) =>
-        loadDbModels(store.db, secretKey(process.env.SVC_SALT_KEY, s.masterKey), (m) =>
-          opts.log.error(
-            "stored model not served: its credentials cannot be decrypted with the current key (SVC_SALT_KEY, or without it the master key, changed since it was stored). Set SVC_SALT_KEY to the key it was stored with, or store its credentials again with /model/update.",
-            { model_id: m.id, model_name: m.name },
-          ),
-        ),
+      loadDbModels: (s) => loadDbModels(store.db, secretKey(process.env.SVC_SALT_KEY, s.masterKey)),
     };
     live = await Live.start(opts.configPath, opts.log, services);
     // Started last, so a failed start leaves no timer on a closed store.

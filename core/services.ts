@@ -1,7 +1,7 @@
 /** Long-lived services the host hands to snapshots, plugins and routes (all optional: tests run without a store). */
 import type { CacheStore } from "./cache/store.ts";
 import type { BudgetLedger, CallRecord, RateWindows, SpendHistory } from "./contract.ts";
-import type { ModelEntry } from "./config/schema.ts";
+import type { StoredModels } from "./identity/db-models.ts";
 import type { ChangeBus } from "./identity/bus.ts";
 import type { IdentityCache } from "./identity/cache.ts";
 import type { CooldownShare } from "./router/cooldown-bus.ts";
@@ -26,7 +26,7 @@ export interface HostServices {
    * Model deployments stored through `/model/new`, merged after the config's own. Takes the
    * settings of the config being loaded: the decryption key follows its master key.
    */
-  loadDbModels?(settings: { masterKey: string | undefined }): Promise<ModelEntry[]>;
+  loadDbModels?(settings: { masterKey: string | undefined }): Promise<StoredModels>;
 }
 
 export interface SpendLog {

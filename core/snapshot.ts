@@ -281,7 +281,16 @@ async function assemble(
 ): Promise<Snapshot> {
   const errors: string[] = [...pluginErrors];
   const providers = collectProviders(plugins, errors);
-  const dbModels = (await services.loadDbModels?.(settings)) ?? [];
+  const stored = (await services.loadDbModels?.(settings)) ?? { entries: [], unreadable: [] };
+  const dbModels = stored.entries;
+  for (const m of stored.unreadable) {
+    const why = "its credentials cannot be decrypted with this config's key (SVC_SALT_KEY, or without it the master key, changed since it was stored)";
+    const fix = "Set SVC_SALT_KEY to the key it was stored with, or store its credentials again with /model/update.";
+    // At start the gateway serves the rest (it refused to start, saying only that a decryption
+    // failed); a reload that would drop the model is refused, and the config serving it stays.
+    if (version <= 1) log.error(`stored model not served: ${why}. ${fix}`, { model_id: m.id, model_name: m.name });
+    else errors.push(`stored model '${m.id}' (${m.name}): ${why}. ${fix}`);
+  }
   const models = buildModels(config.model_list, providers, errors, dbModels, log);
   const pricing = buildPricing(config, configPath, errors);
   const cache = buildCache(config, services, errors);

@@ -393,7 +393,7 @@ describe("a stored model and a config.yaml model with the same id", () => {
 // gateway started with another master key cannot read them: it starts anyway, logs which model it
 // does not serve and why, and the model is served again once its credentials are stored anew.
 describe("stored models whose credentials the key cannot decrypt (postgres)", () => {
-  test("the gateway starts without them, says which and why; storing the credentials again brings the model back", async () => {
+  test("a reload is refused saying which and why; the gateway starts without them, says so; storing the credentials again brings the model back", async () => {
     const saltKey = process.env.SVC_SALT_KEY;
     delete process.env.SVC_SALT_KEY;
     const db = await freshDatabase("gw_models_key");
@@ -403,9 +403,16 @@ describe("stored models whose credentials the key cannot decrypt (postgres)", ()
       const body = { model_name: "stored-secret", svc_params: { model: "openai/gpt-4o-mini", api_base: "http://127.0.0.1:9/v1", api_key: SECRET }, model_info: { id: "stored-secret-1" } };
       const created = await fetch(`${first.url}/model/new`, { method: "POST", headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" }, body: JSON.stringify(body) });
       expect(created.status).toBe(200);
+      const rotated = "sk-rotated-master-key-0987654321";
+      // A reload that would drop the model is refused, naming it and why; the serving config stays.
+      first.writeConfig(withKey(rotated));
+      const reload = await first.live.reload("test", true);
+      expect(reload.ok).toBe(false);
+      const errors = reload.ok ? [] : (reload as { errors: string[] }).errors;
+      expect(errors.join("\n")).toContain("stored model 'stored-secret-1' (stored-secret): its credentials cannot be decrypted");
+      expect((await fetch(`${first.url}/v1/models`, { headers: { authorization: `Bearer ${MASTER_KEY}` } })).status).toBe(200);
       await first.stop();
 
-      const rotated = "sk-rotated-master-key-0987654321";
       const second = await startTestGateway(withKey(rotated), { store: { databaseUrl: db.url } });
       try {
         const models = async () => ((await (await fetch(`${second.url}/v1/models`, { headers: { authorization: `Bearer ${rotated}` } })).json()) as { data: { id: string }[] }).data.map((m) => m.id);

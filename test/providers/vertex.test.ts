@@ -191,11 +191,11 @@ describe("Claude on Vertex", () => {
     expect(JSON.parse(streamCall.body!).stream).toBe(true);
   });
 
-  test("each model is held to its own API's parameters: seed and n for Gemini, top_k for Claude", () => {
+  test("each model is held to its own API's parameters: seed and n for Gemini, top_k for both", () => {
     const gemini = deployment();
     expect(chat.supportedParamsFor!(gemini)).toContain("seed");
     expect(chat.supportedParamsFor!(gemini)).toContain("n");
-    expect(chat.supportedParamsFor!(gemini)).not.toContain("top_k");
+    expect(chat.supportedParamsFor!(gemini)).toContain("top_k");
     expect(chat.supportedParamsFor!(claude())).toContain("top_k");
     expect(chat.supportedParamsFor!(claude())).not.toContain("seed");
     expect(chat.supportedParamsFor!(claude())).not.toContain("n");
