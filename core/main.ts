@@ -2,10 +2,10 @@
 import pkg from "../package.json" with { type: "json" };
 import { parseRunOptions, USAGE } from "./cli.ts";
 import { createApp } from "./http/app.ts";
-import { deliverPending } from "./pipeline/record.ts";
 import { serveOptions } from "./http/serving.ts";
 import { type Host, startHost } from "./host.ts";
 import { createLogger, redact } from "./log.ts";
+import { deliverPending } from "./pipeline/record.ts";
 import { SnapshotError } from "./snapshot.ts";
 import { delay, within } from "./timer.ts";
 
@@ -70,7 +70,7 @@ async function main(): Promise<void> {
     // within a tick: their records must reach the spend writer before it flushes.
     if (!(await live.idle(CUT_CALLS_MS))) log.warn("calls still running after the drain; their spend may not be logged", { waitedMs: CUT_CALLS_MS });
     const snap = live.current;
-    // The drained calls' records reach the callbacks before they flush (they were delivered after).
+    // The drained calls' records reach the callbacks before those flush (they came after the flush before).
     // A plugin's flush that never ends (its logging backend gone, no timeout of its own) must not hold the exit.
     const callbacks = new Set([...snap.successCallbacks, ...snap.failureCallbacks]);
     const flushed = deliverPending().then(() => Promise.allSettled([...snap.spend.map((s) => s.flush()), ...[...callbacks].map((c) => Promise.resolve().then(() => c.flush?.()))]));
