@@ -148,26 +148,24 @@ export async function streamResponse(a: StreamArgs): Promise<Response> {
   let reading = reader.read();
 
   /**
-   * Waits for the stream's first event that says something (or for WAITING_AFTER_MS of quiet; true
-   * then). An upstream that fails at once in band, after its 200 (Anthropic's `overloaded_error`
-   * event, Gemini's blocked prompt), or whose stream breaks before it answered, fails the attempt
-   * before the client got anything: the router retries it or falls back as for an HTTP error, and a
-   * client for whom every attempt fails gets the error's status, not a 200 and an error event.
+   * Reads until the stream's first event that says something. An upstream that fails before it, in
+   * band after its 200 (Anthropic's `overloaded_error` event, Gemini's blocked prompt), or whose
+   * stream breaks first, fails the attempt before the client got anything: the router retries it or
+   * falls back as for an HTTP error, and a client for whom every attempt fails gets the error's
+   * status, not a 200 and an error event.
    */
-  const firstEvent = async (): Promise<boolean> => {
-    const quiet = new Promise<typeof NOT_READY>((resolve) => deadline.whenQuiet(WAITING_AFTER_MS, () => resolve(NOT_READY)));
+  const firstEvent = async (): Promise<void> => {
     while (!answered && !failure) {
       deadline.arm();
-      let next: Awaited<typeof reading> | typeof NOT_READY;
+      let next: Awaited<typeof reading>;
       try {
-        next = await Promise.race([reading, quiet]);
+        next = await reading;
       } catch (err) {
         deadline.clear();
         if (deadline.clientGone) throw err;
         if (deadline.timedOut) throw timeoutError(d, deadline.seconds);
         throw GatewayError.of(503, `stream from ${d.provider} for model ${d.modelName} ended unexpectedly`, "api_connection_error");
       }
-      if (next === NOT_READY) return true;
       deadline.clear();
       if (next.done) {
         reading = Promise.resolve(next);
@@ -177,16 +175,20 @@ export async function streamResponse(a: StreamArgs): Promise<Response> {
       feed(next.value);
       reading = reader.read();
     }
-    deadline.cancelQuiet();
     // An error after the answer began (in the same read) ends the stream in band, as later ones do.
     if (failure && !answered) {
       void reader.cancel().catch(() => undefined);
       throw new GatewayError(failure.error);
     }
-    return false;
   };
-  const quietAtFirst = await firstEvent();
-  deadline.clear();
+  // Raced once against the quiet timer (not at every read): a model slow to its first event gets
+  // its response, with the ': waiting' comment, after WAITING_AFTER_MS, and the wait goes on in the
+  // pull, where a failure is then told in band.
+  const quiet = new Promise<typeof NOT_READY>((resolve) => deadline.whenQuiet(WAITING_AFTER_MS, () => resolve(NOT_READY)));
+  const first = firstEvent();
+  const quietAtFirst = (await Promise.race([first, quiet])) === NOT_READY;
+  if (quietAtFirst) first.catch(() => undefined);
+  else deadline.cancelQuiet();
 
   // Bun's "direct" stream: one pull drives the whole response, writing strings straight to the
   // socket. Far cheaper per stream than a queued ReadableStream, with the same backpressure
@@ -194,10 +196,6 @@ export async function streamResponse(a: StreamArgs): Promise<Response> {
   const source: Bun.DirectUnderlyingSource<Uint8Array> = {
     type: "direct",
     async pull(c) {
-      if (quietAtFirst) {
-        c.write(WAITING);
-        c.flush();
-      }
       /** Sends `text`; false once the client has gone. */
       const send = async (text: string): Promise<boolean> => {
         deadline.cancelQuiet();
@@ -218,6 +216,16 @@ export async function streamResponse(a: StreamArgs): Promise<Response> {
         end("failure", error);
         c.close();
       };
+      if (quietAtFirst) {
+        c.write(WAITING);
+        c.flush();
+        try {
+          await first;
+        } catch (err) {
+          if (ended || deadline.clientGone) return stop();
+          return finishWith(err instanceof GatewayError ? err.info : errorInfo(503, `stream from ${d.provider} for model ${d.modelName} ended unexpectedly`));
+        }
+      }
       const failedEarly: StreamFailure | undefined = failure;
       if (failedEarly) return finishWith(failedEarly.error);
       // What came up to the first event that said something goes out now, unless more has come
