@@ -473,6 +473,10 @@ describe("configuration", () => {
     expect(one.body.endpoints.map((e) => e.id)).toEqual(["public-status"]);
     expect((await requestJson(gw, "GET", `/config/pass_through_endpoint/team/${team.body.team_id}?endpoint_id=/dead`)).status).toBe(404);
     expect((await requestJson(gw, "GET", "/config/pass_through_endpoint/team/no-such-team")).status).toBe(404);
+    // A grant below an endpoint that serves its subpaths lets the team call it: listed too.
+    const narrow = await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: { allowed_passthrough_routes: ["/bria/v2/*", "/briaX"] } });
+    const narrowList = await requestJson<{ endpoints: { id: string }[] }>(gw, "GET", `/config/pass_through_endpoint/team/${narrow.body.team_id}`);
+    expect(narrowList.body.endpoints.map((e) => e.id)).toEqual(["/bria"]);
     const plain = await newKey({});
     expect((await requestJson(gw, "GET", "/config/pass_through_endpoint", { key: plain })).status).toBe(403);
   });

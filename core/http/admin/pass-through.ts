@@ -29,8 +29,19 @@ async function teamEndpoints(ctx: AdminCtx) {
   const team = ctx.identity.teams.get(teamId);
   if (!team) throw notFound(`Team ${teamId} not found.`, "team_id");
   const allowed = team.allowedPassthroughRoutes;
-  const endpoints = ctx.snapshot.passThrough.endpoints.filter((e) => allowed.length === 0 || allowed.some((r) => routeMatches(r, e.route)));
+  const endpoints = ctx.snapshot.passThrough.endpoints.filter((e) => allowed.length === 0 || allowed.some((r) => grants(r, e)));
   return answer(ctx, endpoints);
+}
+
+/**
+ * Whether a team's grant lets its keys call the endpoint: its own path, or, for an endpoint that
+ * serves its subpaths, a path below it (`/echo/a/*` for `/echo`: the keys call `/echo/a/…`, and
+ * the endpoint was not listed).
+ */
+function grants(grant: string, e: PassThroughEndpoint): boolean {
+  if (routeMatches(grant, e.route)) return true;
+  const path = grant.endsWith("/*") ? grant.slice(0, -2) : grant;
+  return e.includeSubpath && path.startsWith(`${e.route}/`);
 }
 
 export function passThroughAdminRoutes(deps: AdminDeps) {
