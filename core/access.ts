@@ -121,11 +121,10 @@ const INFO_ROUTE =
  * `llm_api` model calls only, `management` the management API only, `read_only` its reads only.
  */
 export function keyTypeRoutes(keyType: string): readonly string[] {
-  if (keyType === "llm_api") return ["llm_api_routes"];
-  if (keyType === "management") return ["management_routes"];
-  if (keyType === "read_only") return ["info_routes"];
-  return [];
+  return KEY_TYPE_ROUTES[keyType] ?? NO_ROUTES;
 }
+const KEY_TYPE_ROUTES: Readonly<Record<string, readonly string[]>> = { llm_api: ["llm_api_routes"], management: ["management_routes"], read_only: ["info_routes"] };
+const NO_ROUTES: readonly string[] = [];
 
 /** A model-call route is served with and without `/v1`, so a pattern naming either form matches both. */
 function forms(path: string): string[] {

@@ -38,8 +38,7 @@ import {
 import { columnToPico, picoToText, picoToUsd, type Pico, usdToPico } from "../core/cost/money.ts";
 import { errorInfo } from "../core/errors.ts";
 import { counterId, counterOwner, NO_LIMIT } from "../core/spend/ledger.ts";
-import { parseDuration } from "../core/identity/duration.ts";
-import { gridPeriod, periodEnd } from "../core/spend/period.ts";
+import { gridPeriod, periodEnd, periodLength } from "../core/spend/period.ts";
 import { budgetOf } from "./shared/budget-object.ts";
 import { keyLabel } from "./shared/labels.ts";
 
@@ -115,7 +114,7 @@ function rowCounter(
     limit: l.max === undefined ? NO_LIMIT : l.max + extra,
     soft: l.soft,
     periodEnd: end,
-    periodMs: l.duration ? (parseDuration(l.duration) ?? null) : null,
+    periodMs: periodLength(l.duration),
     definedAt: Math.max(row.updatedAt?.getTime() ?? 0, budget?.updatedAt.getTime() ?? 0),
     storedSpend,
   };

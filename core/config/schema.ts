@@ -37,7 +37,7 @@ FormatRegistry.Set("svc-url", (v) => {
 });
 /** A duration longer than 0 and at most MAX_DURATION: `0d` would make a retention job run without pause, a budget period never end. */
 FormatRegistry.Set("svc-duration", (v) => {
-  if (!DURATION_PATTERN.test(v.trim())) return true;
+  if (!DURATION_PATTERN.test(v)) return true;
   const ms = parseDuration(v);
   return typeof ms === "number" && ms > 0;
 });
@@ -46,7 +46,7 @@ const HttpUrl = T.String({ pattern: "^https?://", format: "svc-url", description
 const NonNegative = T.Number({ minimum: 0 });
 const PositiveInt = T.Integer({ minimum: 1 });
 /** A period (longer than 0, at most MAX_DURATION), in config.yaml and in management bodies (a per-model budget's `time_period`). */
-export const Duration = T.String({ pattern: "^\\s*\\d+\\s*(s|m|h|d|w|mo|y)\\s*$", format: "svc-duration", description: "a duration such as 1h, 1d, 30d" });
+export const Duration = T.String({ pattern: DURATION_PATTERN.source, format: "svc-duration", description: "a duration such as 1h, 1d, 30d" });
 const HeaderValue = T.String({ format: "svc-header-value", description: "a header value: Latin-1 text, no line break inside, no NUL" });
 /** Header names and values as fetch sends them: a name is an HTTP token (RFC 9110). */
 const HttpHeaders = T.Record(T.String({ pattern: "^[!#$%&'*+\\-.^_`|~0-9A-Za-z]+$" }), HeaderValue, {

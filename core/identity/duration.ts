@@ -2,7 +2,8 @@
 
 const DAY_MS = 86_400_000;
 const UNIT_MS: Record<string, number> = { s: 1000, m: 60_000, h: 3_600_000, d: DAY_MS, w: 7 * DAY_MS, mo: 30 * DAY_MS, y: 365 * DAY_MS };
-export const DURATION_PATTERN = /^(\d+)\s*(s|m|h|d|w|mo|y)$/;
+/** Spaces around it allowed: config.yaml's schema takes this pattern's source, and a value is read trimmed. */
+export const DURATION_PATTERN = /^\s*(\d+)\s*(s|m|h|d|w|mo|y)\s*$/;
 /**
  * The longest duration: an instant that far ahead is still a date the store and JSON write in
  * the usual form (`100000000d` from now is not a date at all, and was a 500 on every write).
@@ -13,7 +14,7 @@ const MAX_DURATION_MS = 100 * UNIT_MS.y!;
 /** Milliseconds, `null` for never (`-1`), or undefined when the text is not a duration (or one longer than MAX_DURATION). */
 export function parseDuration(text: string): number | null | undefined {
   if (text.trim() === "-1") return null;
-  const m = DURATION_PATTERN.exec(text.trim());
+  const m = DURATION_PATTERN.exec(text);
   if (!m) return undefined;
   const ms = Number(m[1]) * UNIT_MS[m[2]!]!;
   return ms <= MAX_DURATION_MS ? ms : undefined;

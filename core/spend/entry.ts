@@ -8,7 +8,7 @@ import { type PicoJson, picoJson } from "../cost/money.ts";
 import type { IdentityCache } from "../identity/cache.ts";
 import { teamMemberId } from "../identity/records.ts";
 import { parseDuration } from "../identity/duration.ts";
-import { periodEnd } from "./period.ts";
+import { periodEnd, periodLength } from "./period.ts";
 import { storable } from "./row-text.ts";
 
 
@@ -21,8 +21,6 @@ export interface Charge {
   /** That period's length (ms; BudgetCounter.periodMs): the store tells a rollover from a write that moved the end by it. Absent in entries queued before it existed. */
   periodMs?: number | null;
 }
-
-const msOf = (duration: string | null | undefined): number | null => (duration ? (parseDuration(duration) ?? null) : null);
 
 export interface SpendEntry {
   callId: string;
@@ -86,17 +84,17 @@ export function chargesOf(call: CallRecord, identity: IdentityCache | undefined)
   if (key) {
     const budget = key.budgetId ? identity?.budgets.get(key.budgetId) : undefined;
     const duration = key.budgetDuration ?? budget?.budgetDuration;
-    charges.push({ table: "key", id: key.token, periodEnd: periodEnd(key.budgetResetAt, duration, at), periodMs: msOf(duration) });
+    charges.push({ table: "key", id: key.token, periodEnd: periodEnd(key.budgetResetAt, duration, at), periodMs: periodLength(duration) });
   }
   if (p.userId) {
     const user = identity?.users.get(p.userId);
     const then = p.user?.userId === p.userId ? p.user : undefined;
-    charges.push({ table: "user", id: p.userId, periodEnd: user ? chargedPeriod(then, then?.budgetDuration, user, user.budgetDuration, at) : null, periodMs: msOf(user?.budgetDuration) });
+    charges.push({ table: "user", id: p.userId, periodEnd: user ? chargedPeriod(then, then?.budgetDuration, user, user.budgetDuration, at) : null, periodMs: periodLength(user?.budgetDuration) });
   }
   if (p.teamId) {
     const team = identity?.teams.get(p.teamId);
     const then = p.team?.teamId === p.teamId ? p.team : undefined;
-    charges.push({ table: "team", id: p.teamId, periodEnd: team ? chargedPeriod(then, then?.budgetDuration, team, team.budgetDuration, at) : null, periodMs: msOf(team?.budgetDuration) });
+    charges.push({ table: "team", id: p.teamId, periodEnd: team ? chargedPeriod(then, then?.budgetDuration, team, team.budgetDuration, at) : null, periodMs: periodLength(team?.budgetDuration) });
     if (p.userId) charges.push({ table: "team_member", id: teamMemberId(p.teamId, p.userId), periodEnd: null });
   }
   if (p.orgId) {
@@ -109,7 +107,7 @@ export function chargesOf(call: CallRecord, identity: IdentityCache | undefined)
       table: "org",
       id: p.orgId,
       periodEnd: org ? chargedPeriod(then, then?.budgetDuration ?? thenBudget?.budgetDuration, org, duration, at) : null,
-      periodMs: msOf(duration),
+      periodMs: periodLength(duration),
     });
   }
   return charges;

@@ -15,6 +15,11 @@
  */
 import { parseDuration } from "../identity/duration.ts";
 
+/** A budget period's length in ms (BudgetCounter.periodMs, Charge.periodMs); null for none or one that does not parse. */
+export function periodLength(duration: string | null | undefined): number | null {
+  return duration ? (parseDuration(duration) ?? null) : null;
+}
+
 /** End of the period containing `at` (ms), or null for a flat budget. */
 export function periodEnd(resetAt: Date | null | undefined, duration: string | null | undefined, at: number): number | null {
   if (!resetAt) return null;

@@ -40,7 +40,7 @@ import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { followedReset, periodFromBudget } from "../../identity/budget-period.ts";
 import { resetAt } from "../../identity/fields.ts";
 import { guaranteedOverflow, type PlannedKey } from "../../limits/capacity.ts";
-import { budgetGone, holdMembership, holdUser, holdWrite, orgGone, teamGone } from "../../identity/holds.ts";
+import { budgetGone, holdExistingUser, holdMembership, holdUser, holdWrite, orgGone, teamGone } from "../../identity/holds.ts";
 
 const TABLE = "virtual_keys";
 const BULK_MAX = 500;
@@ -351,10 +351,8 @@ const ELEVATED_ROLES: ReadonlySet<string> = new Set<Role>(["proxy_admin", "proxy
  * a role given at the same moment comes before this read or after the key.
  */
 async function refuseElevatedUser(tx: Exec, userId: string): Promise<void> {
-  const [user] = await tx.select({ role: users.userRole }).from(users).where(eq(users.userId, userId));
-  if (user?.role && ELEVATED_ROLES.has(user.role)) {
-    throw forbidden(`Only a proxy admin may give a key to user ${userId}: the key would act with its role ${user.role}.`);
-  }
+  const role = (await holdExistingUser(tx, userId))?.userRole;
+  if (role && ELEVATED_ROLES.has(role)) throw forbidden(`Only a proxy admin may give a key to user ${userId}: the key would act with its role ${role}.`);
 }
 
 /** After a key write naming `userId`: the user created (audited), and the user change to publish when the cache lacks it. */

@@ -47,7 +47,7 @@ async function administeredTeam(ctx: AdminCtx, write: boolean): Promise<TeamRow>
   const teamId = decodeURIComponent(ctx.url.pathname.split("/")[2] ?? "");
   const c = ctx.caller;
   if (write) c.requireWriter();
-  if (!c.isTeamAdmin(teamId) && !(!write && c.canReadAll)) throw forbidden(`Only a proxy admin or an admin of team ${teamId} may manage its logging callbacks.`);
+  if (write ? !c.isTeamAdmin(teamId) : !c.maySeeCallbacks(teamId)) throw forbidden(`Only a proxy admin or an admin of team ${teamId} may manage its logging callbacks.`);
   const [team] = await ctx.db
     .select()
     .from(teams)
