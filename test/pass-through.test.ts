@@ -309,6 +309,23 @@ describe("who may call", () => {
     }
   });
 
+  test("an Azure, Anthropic or Google SDK's key header authenticates a pass-through call; with a gateway key it never reaches the target, with the client's own key it does", async () => {
+    const key = await newKey({});
+    for (const header of ["api-key", "x-api-key", "x-goog-api-key", "ocp-apim-subscription-key"]) {
+      const res = await fetch(`${gw.url}/bria/sdk`, { headers: { [header]: key } });
+      expect(res.status).toBe(200);
+      expect(last().headers[header]).toBeUndefined();
+      expect(JSON.stringify(last().headers)).not.toContain(key);
+      // The client's own provider key next to the gateway's: the target gets it.
+      const both = await fetch(`${gw.url}/bria/sdk`, { headers: { authorization: `Bearer ${key}`, [header]: "provider-own-key" } });
+      expect(both.status).toBe(200);
+      expect(last().headers[header]).toBe("provider-own-key");
+      expect(last().headers.authorization).toBeUndefined();
+    }
+    const wrong = await fetch(`${gw.url}/bria/sdk`, { headers: { "api-key": "sk-not-a-gateway-key" } });
+    expect(wrong.status).toBe(401);
+  });
+
   test("a key's allowed_passthrough_routes limit which endpoints it may call", async () => {
     const key = await newKey({ allowed_passthrough_routes: ["/bria/*"] });
     expect((await call("/bria/x", { key })).status).toBe(200);

@@ -4,29 +4,54 @@ import { authorizeRoute } from "../access.ts";
 import { GatewayError } from "../errors.ts";
 import type { Snapshot } from "../snapshot.ts";
 
-/** `x-svc-api-key` (bare or `Bearer …`), else `Authorization: Bearer …`. */
+/**
+ * The headers a client's SDK may carry its key in besides `x-svc-api-key`, in the order LiteLLM
+ * reads them: OpenAI's `Authorization: Bearer`, Azure's `api-key`, Anthropic's `x-api-key`,
+ * Google's `x-goog-api-key`, Azure API Management's `Ocp-Apim-Subscription-Key`. So an Azure or
+ * Anthropic SDK pointed at the gateway authenticates as it would upstream.
+ */
+export const KEY_HEADERS = ["authorization", "api-key", "x-api-key", "x-goog-api-key", "ocp-apim-subscription-key"] as const;
+
+/** A key header's credential: Authorization only as `Bearer …` (another scheme is not a key), the others as they are. */
+function keyIn(name: (typeof KEY_HEADERS)[number], value: string): string | undefined {
+  if (name !== "authorization") return value.trim() || undefined;
+  return /^bearer /i.test(value) ? value.slice(7).trim() || undefined : undefined;
+}
+
+/** `x-svc-api-key` (bare or `Bearer …`), else the first of KEY_HEADERS that holds one. */
 export function credentialOf(headers: Headers): string | undefined {
   const svc = headers.get("x-svc-api-key");
   if (svc) return svc.startsWith("Bearer ") || svc.startsWith("bearer ") ? svc.slice(7).trim() : svc.trim();
-  const auth = headers.get("authorization");
-  if (auth && /^bearer /i.test(auth)) return auth.slice(7).trim() || undefined;
+  for (const name of KEY_HEADERS) {
+    const value = headers.get(name);
+    const key = value === null ? undefined : keyIn(name, value);
+    if (key) return key;
+  }
   return undefined;
 }
 
 /**
- * Whether the request's Authorization header carries one of the gateway's keys (usable or refused:
- * a blocked key is still one of its keys), as `Bearer <key>` or bare. It may do so even when
- * x-svc-api-key authenticated the call (a client that sets both), so a pass-through target is
- * never handed it.
+ * The key headers of the request that carry one of the gateway's keys (usable or refused: a
+ * blocked key is still one of its keys; Authorization as `Bearer <key>` or bare). One may do so
+ * even when another header authenticated the call (a client that sets several), so a
+ * pass-through target is never handed one.
  */
-export async function authorizationCarriesGatewayKey(snapshot: Snapshot, headers: Headers, path: string): Promise<boolean> {
-  const auth = headers.get("authorization");
-  if (!auth) return false;
-  const credential = (/^bearer /i.test(auth) ? auth.slice(7) : auth).trim();
-  if (!credential) return false;
-  const req = { credential, path, headers };
-  for (const resolver of snapshot.auth) if ((await resolver.resolve(req)) !== null) return true;
-  return false;
+export async function headersCarryingGatewayKeys(snapshot: Snapshot, headers: Headers, path: string): Promise<ReadonlySet<string>> {
+  const carrying = new Set<string>();
+  for (const name of KEY_HEADERS) {
+    const value = headers.get(name);
+    if (value === null) continue;
+    const credential = (name === "authorization" && /^bearer /i.test(value) ? value.slice(7) : value).trim();
+    if (!credential) continue;
+    const req = { credential, path, headers };
+    for (const resolver of snapshot.auth) {
+      if ((await resolver.resolve(req)) !== null) {
+        carrying.add(name);
+        break;
+      }
+    }
+  }
+  return carrying;
 }
 
 export const NO_MASTER_KEY =
@@ -38,7 +63,7 @@ export function authenticate(snapshot: Snapshot, headers: Headers, path: string)
   const noMaster = !snapshot.settings.masterKey;
   if (!credential) {
     if (noMaster) throw GatewayError.of(401, NO_MASTER_KEY, "authentication_error");
-    throw GatewayError.of(401, "Authentication Error: no API key passed in. Send it as 'Authorization: Bearer <key>' or 'x-svc-api-key: <key>'.", "authentication_error");
+    throw GatewayError.of(401, "Authentication Error: no API key passed in. Send it as 'Authorization: Bearer <key>' or 'x-svc-api-key: <key>' (an Azure, Anthropic or Google SDK's own key header works too).", "authentication_error");
   }
   const req = { credential, path, headers };
   for (let i = 0; i < snapshot.auth.length; i++) {

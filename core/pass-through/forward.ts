@@ -21,8 +21,8 @@ export interface PassThroughContext {
   log: Logger;
   /** Releases the snapshot pin, once the answer has ended. */
   release(): void;
-  /** The request's Authorization header carries one of the gateway's own keys: never sent to the target. */
-  dropAuthorization: boolean;
+  /** The request's key headers that carry one of the gateway's own keys: never sent to the target. */
+  withheld: ReadonlySet<string>;
 }
 
 /** Never forwarded either way: they describe one connection, not the message. */
@@ -100,12 +100,12 @@ export function targetUrl(target: string, subpath: string, requestUrl: string): 
   return query ? `${url.toString()}?${query}` : url.toString();
 }
 
-function upstreamHeaders(e: PassThroughEndpoint, incoming: Headers, dropAuthorization: boolean): Headers {
+function upstreamHeaders(e: PassThroughEndpoint, incoming: Headers, withheld: ReadonlySet<string>): Headers {
   const out = new Headers();
   if (e.forwardHeaders) {
     const hop = hopByHopOf(incoming);
     for (const [name, value] of incoming) {
-      if (hop.has(name) || GATEWAY_HEADER.test(name) || (dropAuthorization && name === "authorization")) continue;
+      if (hop.has(name) || GATEWAY_HEADER.test(name) || withheld.has(name)) continue;
       out.set(name, value);
     }
   } else {
@@ -209,7 +209,7 @@ export async function forwardPassThrough(e: PassThroughEndpoint, subpath: string
     const body = !hasBody ? undefined : request.headers.has("content-length") ? await request.arrayBuffer() : bounded(request.body!, snapshot.settings.maxRequestBytes, tooLarge);
     const init: ProxyFetchInit = {
       method: request.method,
-      headers: upstreamHeaders(e, request.headers, ctx.dropAuthorization),
+      headers: upstreamHeaders(e, request.headers, ctx.withheld),
       body,
       signal: deadline.signal,
       redirect: "manual",

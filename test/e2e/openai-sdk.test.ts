@@ -7,6 +7,7 @@ import OpenAI, {
   APIError,
   APIUserAbortError,
   AuthenticationError,
+  AzureOpenAI,
   BadRequestError,
   InternalServerError,
   NotFoundError,
@@ -465,6 +466,17 @@ describe("gateway errors are typed SDK errors", () => {
     }
     const wrong = await post("/v1/chat/completions", { model: "gpt-public", messages: user("header") }, { "x-svc-api-key": "sk-wrong-key" });
     expect((await expectErrorResponse(wrong, 401)).type).toBe("authentication_error");
+  });
+
+  test("the Azure SDK's api-key header authenticates (AzureOpenAI against /openai/deployments/…); Anthropic's x-api-key too", async () => {
+    const azure = new AzureOpenAI({ endpoint: gw.url, apiKey: MASTER_KEY, apiVersion: "2024-10-21", deployment: "gpt-public", maxRetries: 0 });
+    const { data, response } = await azure.chat.completions.create({ model: "gpt-public", messages: user("azure sdk") }).withResponse();
+    expect(data.choices[0]?.message.content).toBe("Mock reply to: azure sdk");
+    expect(response.headers.get("x-svc-model-id")).toBe("dep-chat");
+    const wrongAzure = new AzureOpenAI({ endpoint: gw.url, apiKey: "sk-wrong-key", apiVersion: "2024-10-21", deployment: "gpt-public", maxRetries: 0 });
+    expectSdkError(await failure(wrongAzure.chat.completions.create({ model: "gpt-public", messages: user("x") })), AuthenticationError, 401);
+    const res = await post("/v1/chat/completions", { model: "gpt-public", messages: user("anthropic header") }, { "x-api-key": MASTER_KEY });
+    expect(res.status).toBe(200);
   });
 
   test("no key → 401", async () => {

@@ -26,10 +26,10 @@ import { decodePathParam, readBody, validate } from "../validate.ts";
 type Action = "generateContent" | "streamGenerateContent" | "countTokens";
 const ACTIONS: ReadonlySet<string> = new Set<Action>(["generateContent", "streamGenerateContent", "countTokens"]);
 
-/** The request's headers with Google's key forms (`x-goog-api-key`, `?key=`) as the bearer credential. */
+/** The request's headers, with Google's `?key=` as the bearer credential when no header carries one. */
 function withGoogleKey(request: Request, url: URL): Headers {
   if (credentialOf(request.headers)) return request.headers;
-  const key = request.headers.get("x-goog-api-key") ?? url.searchParams.get("key");
+  const key = url.searchParams.get("key");
   if (!key) return request.headers;
   const headers = new Headers(request.headers);
   headers.set("authorization", `Bearer ${key}`);

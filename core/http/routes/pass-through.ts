@@ -9,7 +9,7 @@ import { GatewayError, errorInfo } from "../../errors.ts";
 import { forwardPassThrough } from "../../pass-through/forward.ts";
 import { newCallId } from "../../pipeline/call.ts";
 import type { AppDeps } from "../app.ts";
-import { authenticate, authorizationCarriesGatewayKey } from "../auth.ts";
+import { authenticate, headersCarryingGatewayKeys } from "../auth.ts";
 import type { ServedRoutes } from "../served-routes.ts";
 
 export const NO_SUCH_ROUTE = "Not found: no such route. Model calls live under /v1 (e.g. POST /v1/chat/completions).";
@@ -51,6 +51,7 @@ const ENCODED_SEPARATOR = /%2f|%5c/i;
 
 /** The caller of a public (`auth: false`) endpoint. */
 const ANONYMOUS: Principal = { keyHash: "", role: "internal_user", metadata: {} };
+const NONE_WITHHELD: ReadonlySet<string> = new Set();
 
 /** `served`: the app's other routes (a path they serve with another method is a 405). */
 export function passThroughRoutes(deps: AppDeps, served: ServedRoutes) {
@@ -75,10 +76,11 @@ export function passThroughRoutes(deps: AppDeps, served: ServedRoutes) {
         principal = await authenticate(pin.snapshot, request.headers, route);
         authorizePassThrough(principal, route);
       }
-      // x-svc-* headers never go to the target; Authorization does not when it carries one of the
-      // gateway's keys, whichever header authenticated the call, and on a public route too.
-      const dropAuthorization = match.endpoint.forwardHeaders && (await authorizationCarriesGatewayKey(pin.snapshot, request.headers, url.pathname));
-      const ctx = { snapshot: pin.snapshot, principal, callId: newCallId(), log, release: pin.release, dropAuthorization };
+      // x-svc-* headers never go to the target; a key header (Authorization, api-key, x-api-key, …)
+      // does not when it carries one of the gateway's keys, whichever header authenticated the
+      // call, and on a public route too.
+      const withheld = match.endpoint.forwardHeaders ? await headersCarryingGatewayKeys(pin.snapshot, request.headers, url.pathname) : NONE_WITHHELD;
+      const ctx = { snapshot: pin.snapshot, principal, callId: newCallId(), log, release: pin.release, withheld };
       return await forwardPassThrough(match.endpoint, match.subpath, request, ctx);
     } catch (err) {
       pin.release();
