@@ -399,7 +399,11 @@ async function callGroup<E extends Endpoint>(run: Run<E>, body: WireRequest[E], 
       const allowed = retriesFor(policy, group, { status, upstreamStatus: err.upstreamStatus, kind });
       // A context-window or content-policy refusal goes to its fallbacks, unless a retry policy names its class.
       const retryable = fromUpstream && (kind ? allowed.forced : RETRYABLE.has(status) || allowed.forced);
-      const required = retryable ? requiredWaitMs(policy, err, d, available(Date.now())) : 0;
+      const next = retryable ? available(Date.now()) : [];
+      // A deployment this call has not failed on yet is asked at once (LiteLLM does so with more
+      // than one healthy deployment): it did not say to wait, and backing off only delays the answer.
+      const untried = next.length > 0 && next.every((x) => !failedHere.has(x.id));
+      const required = !retryable ? 0 : untried ? policy.retryAfterMs : requiredWaitMs(policy, err, d, next);
       // Each group (the asked one, then each fallback) gets its own retries. A retry that must wait
       // longer than an attempt may take is not made: the client hears now what the upstream said
       // (its 429 and retry-after), unless a fallback answers.
@@ -409,7 +413,8 @@ async function callGroup<E extends Endpoint>(run: Run<E>, body: WireRequest[E], 
         if (!kind && (status === 400 || status === 422 || (!fromUpstream && status < 500))) throw err;
         throw new GroupFailure(err, kind);
       }
-      await delay(backoffMs(policy, retriesHere + 1, required), ctx.clientSignal);
+      const wait = untried ? required : backoffMs(policy, retriesHere + 1, required);
+      if (wait > 0) await delay(wait, ctx.clientSignal);
       if (ctx.clientSignal.aborted) {
         giveUp();
         throw err;

@@ -89,6 +89,17 @@ describe("an upstream's retry-after", () => {
     expect(Date.now() - t0).toBeLessThan(2000);
   });
 
+  test("another deployment of the group not yet tried is asked at once, whatever the first one's retry-after", async () => {
+    a.fault(rateLimited("30"));
+    const t0 = Date.now();
+    const res = await post(gw, { model: "duo", num_retries: 1 });
+    expect(res.status).toBe(200);
+    expect(res.headers.get("x-svc-attempted-retries")).toBe("1");
+    expect(a.requests.length).toBe(2);
+    // Before: the retry waited the backoff and up to 8 s of the upstream's retry-after.
+    expect(Date.now() - t0).toBeLessThan(2000);
+  });
+
   test("cools a deployment down for at most a day", async () => {
     a.fault(rateLimited(HUGE), rateLimited(HUGE));
     expect((await post(gw, { model: "duo" })).status).toBe(429);

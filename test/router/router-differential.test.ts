@@ -441,10 +441,11 @@ class Model {
         const policy = this.retries(req, g.name, e.cause === "504" ? 504 : e.status, e.kind);
         const retryable = e.kind ? policy.forced : RETRYABLE.has(e.status) || policy.forced;
         list = candidates();
-        // README: the upstream's retry-after binds a retry going back to the deployment that said it (else at most 8 s); a retry that must wait longer than the timeout is not made.
+        // README: a deployment this call has not failed on is asked after retry_after only; the upstream's retry-after binds a retry going back to the deployment that said it (else at most 8 s); a retry that must wait longer than the timeout is not made.
         const upstreamWait = e.retryAfter ? Number(e.retryAfter) * 1000 : 0;
         const sameAgain = list.length > 0 && list.every((x) => x.id === d.id);
-        const required = Math.max(retryAfterMs, sameAgain ? upstreamWait : Math.min(8000, upstreamWait));
+        const untried = list.length > 0 && list.every((x) => !failedHere.has(x.id));
+        const required = untried ? retryAfterMs : Math.max(retryAfterMs, sameAgain ? upstreamWait : Math.min(8000, upstreamWait));
         if (!retryable || retriesHere >= policy.max || required > this.timeoutOf(req, d) * 1000) {
           // README: a 400 or 422 from the upstream (not context window or content policy) goes back as is.
           if (!e.kind && (e.status === 400 || e.status === 422)) return { final: e };
