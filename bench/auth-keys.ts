@@ -162,8 +162,8 @@ async function micro(configPath: string, dataDir: string, keys: string[]) {
     const snapshot = () => host.live.current;
     const authMaster = () => authenticate(snapshot(), masterHeaders, path);
     const authVirtual = (i: number) => authenticate(snapshot(), keyHeaders[i % keyHeaders.length]!, path);
-    const fullMaster = async () => authorizeModel(await authMaster(), MODEL, snapshot().accessGroups);
-    const fullVirtual = async (i: number) => authorizeModel(await authVirtual(i), MODEL, snapshot().accessGroups);
+    const fullMaster = async () => authorizeModel(await authMaster(), MODEL, snapshot().accessGroups, snapshot().groupAliases);
+    const fullVirtual = async (i: number) => authorizeModel(await authVirtual(i), MODEL, snapshot().accessGroups, snapshot().groupAliases);
     if (host.services.identity!.keys.size < keys.length) throw new Error(`only ${host.services.identity!.keys.size} keys loaded`);
 
     // First use of each key after an identity change: the cached principal is rebuilt.

@@ -13,6 +13,12 @@ export interface AccessGroupLookup {
   byId(id: string): readonly string[] | undefined;
 }
 
+/**
+ * `router_settings.model_group_alias`: a public name → the model group it calls (one step; an
+ * alias wins over a group of its name, as in LiteLLM). `hidden` ones are callable, not listed.
+ */
+export type GroupAliases = ReadonlyMap<string, { readonly group: string; readonly hidden: boolean }>;
+
 /** Model-list entries that grant every model. */
 export const EVERYTHING: ReadonlySet<string> = new Set(["*", "all-proxy-models"]);
 /** Names that mean "inherit the next level" rather than restrict. */
@@ -79,13 +85,17 @@ function allowedNames(level: AccessLevel, groups: AccessGroupLookup): string[] {
   return [...new Set(names)];
 }
 
-/** The model group to call for `requested` (after aliases), or a 401 naming the level that denied it. */
-export function authorizeModel(principal: Principal, requested: string, groups: AccessGroupLookup): string {
+/**
+ * The model group to call for `requested` (after the caller's aliases, then the config's
+ * `model_group_alias`), or a 401 naming the level that denied it.
+ */
+export function authorizeModel(principal: Principal, requested: string, groups: AccessGroupLookup, groupAliases: GroupAliases): string {
   const rules = principal.access;
-  if (!rules) return requested;
+  if (!rules) return groupAliases.get(requested)?.group ?? requested;
   const { target, from } = aliasOf(rules, requested);
+  const routed = groupAliases.get(target)?.group;
   for (const level of rules.levels) {
-    if (passes(level, requested, target, from, groups)) continue;
+    if (passesRouted(level, requested, target, routed, from, groups)) continue;
     throw GatewayError.of(
       401,
       `${level.level} not allowed to access model. This ${level.level} can only access models=${JSON.stringify(allowedNames(level, groups))}. Tried to access ${requested}`,
@@ -93,14 +103,20 @@ export function authorizeModel(principal: Principal, requested: string, groups: 
       "model",
     );
   }
-  return target;
+  return routed ?? target;
+}
+
+/** An operator's alias speaks for every level: a level that allows the group it calls allows it too. */
+function passesRouted(level: AccessLevel, requested: string, target: string, routed: string | undefined, from: AccessLevelName | undefined, groups: AccessGroupLookup): boolean {
+  return passes(level, requested, target, from, groups) || (routed !== undefined && levelAllows(level, routed, groups));
 }
 
 /** Whether the principal may use `model` (for listing models). */
-export function mayUseModel(rules: AccessRules | undefined, model: string, groups: AccessGroupLookup): boolean {
+export function mayUseModel(rules: AccessRules | undefined, model: string, groups: AccessGroupLookup, groupAliases: GroupAliases): boolean {
   if (!rules) return true;
   const { target, from } = aliasOf(rules, model);
-  return rules.levels.every((l) => passes(l, model, target, from, groups));
+  const routed = groupAliases.get(target)?.group;
+  return rules.levels.every((l) => passesRouted(l, model, target, routed, from, groups));
 }
 
 /**

@@ -18,7 +18,7 @@ import type {
   RateWindows,
   SpendRecorder,
 } from "./contract.ts";
-import type { AccessGroupLookup } from "./access.ts";
+import type { AccessGroupLookup, GroupAliases } from "./access.ts";
 import { type GatewayConfig, MAX_REQUEST_MB, type ModelEntry } from "./config/schema.ts";
 import type { IdentityCache } from "./identity/cache.ts";
 import { ModelTable, toDeployment } from "./models.ts";
@@ -56,6 +56,7 @@ export interface Snapshot {
   /** Prices per deployment: the bundled table, the operator's price file, model_info overrides. */
   readonly pricing: Pricing;
   readonly accessGroups: AccessGroupLookup;
+  readonly groupAliases: GroupAliases;
   readonly providers: ReadonlyMap<string, ProviderAdapter>;
   readonly auth: readonly AuthResolver[];
   readonly rateLimiters: readonly RateLimiter[];
@@ -214,6 +215,14 @@ function buildModels(list: ModelEntry[], providers: Map<string, ProviderAdapter>
   return new ModelTable(entries);
 }
 
+function groupAliasesOf(config: GatewayConfig): GroupAliases {
+  const out = new Map<string, { group: string; hidden: boolean }>();
+  for (const [alias, to] of Object.entries(config.router_settings?.model_group_alias ?? {})) {
+    out.set(alias, typeof to === "string" ? { group: to, hidden: false } : { group: to.model, hidden: to.hidden === true });
+  }
+  return out;
+}
+
 /** Config groups (`model_info.access_groups` on deployments) first, then stored groups. */
 function accessGroupLookup(models: ModelTable, identity: IdentityCache | undefined): AccessGroupLookup {
   const fromConfig = new Map<string, string[]>();
@@ -315,6 +324,7 @@ async function assemble(
     models,
     pricing,
     accessGroups: accessGroupLookup(models, services.identity),
+    groupAliases: groupAliasesOf(config),
     providers,
     auth: hooks.flatMap((h) => (h.auth ? [h.auth] : [])),
     rateLimiters,

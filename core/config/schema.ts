@@ -185,6 +185,10 @@ export const RouterSettingsSchema = T.Object(
     content_policy_fallbacks: T.Optional(FallbackList),
     default_fallbacks: T.Optional(T.Array(T.String())),
     max_fallbacks: T.Optional(T.Integer({ minimum: 0 })),
+    /** Public names of model groups: `{gpt-4: gpt-4o}`, or `{gpt-4: {model: gpt-4o, hidden: true}}` to serve a name /v1/models does not list. */
+    model_group_alias: T.Optional(
+      T.Record(T.String({ minLength: 1 }), T.Union([T.String({ minLength: 1 }), T.Object({ model: T.String({ minLength: 1 }), hidden: T.Optional(T.Boolean()) }, { additionalProperties: false })])),
+    ),
     /** Spend caps per provider: `{openai: {budget_limit: 100, time_period: "1d"}}` (USD per period, periods aligned to UTC). */
     provider_budget_config: T.Optional(
       T.Record(

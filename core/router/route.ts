@@ -85,7 +85,7 @@ function fallbackType(kind: UpstreamErrorKind | undefined): FallbackType {
 export async function modelCall<E extends Endpoint>(endpoint: E, body: WireRequest[E], ctx: CallContext): Promise<Response> {
   const startedAt = Date.now();
   const { snapshot, principal } = ctx;
-  const group = authorizeModel(principal, body.model, snapshot.accessGroups);
+  const group = authorizeModel(principal, body.model, snapshot.accessGroups, snapshot.groupAliases);
   const deployments = snapshot.models.resolve(group);
   if (!deployments || deployments.length === 0) throw invalidModel(body.model);
   const loose = body as unknown as Record<string, unknown>;
@@ -182,7 +182,7 @@ async function fallBack<E extends Endpoint>(run: Run<E>, body: WireRequest[E], f
     tried.add(name);
     let target: string;
     try {
-      target = authorizeModel(principal, name, snapshot.accessGroups);
+      target = authorizeModel(principal, name, snapshot.accessGroups, snapshot.groupAliases);
     } catch {
       denied.push(name);
       continue;

@@ -8,6 +8,6 @@ import type { Snapshot } from "../snapshot.ts";
  * on a model call: a model the caller may not use is a 401), or undefined when nothing serves it.
  */
 export function deploymentFor(snapshot: Snapshot, principal: Principal, model: string): Deployment | undefined {
-  const group = authorizeModel(principal, model, snapshot.accessGroups);
+  const group = authorizeModel(principal, model, snapshot.accessGroups, snapshot.groupAliases);
   return snapshot.models.resolve(group)?.[0];
 }

@@ -143,7 +143,7 @@ function namedModels(s: Snapshot, rules: AccessRules): string[] {
 
 function ownerOf(s: Snapshot, rules: AccessRules | undefined, name: string): string | undefined {
   const target = rules?.aliases[name] ?? name;
-  return s.models.resolve(target)?.[0]?.provider;
+  return s.models.resolve(s.groupAliases.get(target)?.group ?? target)?.[0]?.provider;
 }
 
 function listModels(s: Snapshot, url: URL, rules: AccessRules | undefined, identity: IdentityCache | undefined, principal: Principal) {
@@ -151,7 +151,7 @@ function listModels(s: Snapshot, url: URL, rules: AccessRules | undefined, ident
   if (fallbackParam !== null && !(FALLBACK_TYPES as readonly string[]).includes(fallbackParam)) {
     throw GatewayError.of(400, `Invalid fallback_type '${fallbackParam}': use one of ${FALLBACK_TYPES.join(", ")}.`, "invalid_request_error", "fallback_type");
   }
-  const may = (name: string) => mayUseModel(rules, name, s.accessGroups);
+  const may = (name: string) => mayUseModel(rules, name, s.accessGroups, s.groupAliases);
   const models = new Map<string, string>();
   const add = (name: string) => {
     const owner = ownerOf(s, rules, name);
@@ -159,6 +159,7 @@ function listModels(s: Snapshot, url: URL, rules: AccessRules | undefined, ident
   };
   if (!truthy(url.searchParams.get("only_model_access_groups"))) {
     for (const name of s.models.groups.keys()) add(name);
+    for (const [alias, { hidden }] of s.groupAliases) if (!hidden) add(alias);
     if (truthy(url.searchParams.get("return_wildcard_routes"))) {
       for (const w of s.models.wildcards) if (may(w.pattern)) models.set(w.pattern, w.deployments[0]!.provider);
     }
@@ -205,14 +206,14 @@ export function modelRoutes({ live, services }: AppDeps) {
     const { s, principal } = await guard(request);
     const id = decodePathParam(params["*"] ?? "", "model");
     const owner = ownerOf(s, principal.access, id);
-    if (!owner || !mayUseModel(principal.access, id, s.accessGroups)) {
+    if (!owner || !mayUseModel(principal.access, id, s.accessGroups, s.groupAliases)) {
       throw GatewayError.of(404, `Model '${id}' does not exist or is not available to this key. Call /v1/models to list models.`, "not_found_error", "model");
     }
     return modelObject(id, s.loadedAt, owner);
   };
   const info = async ({ request }: { request: Request }) => {
     const { s, principal } = await guard(request);
-    const visible = (e: { entry: ModelEntry }) => seesAll(principal) || mayUseModel(principal.access, e.entry.model_name, s.accessGroups);
+    const visible = (e: { entry: ModelEntry }) => seesAll(principal) || mayUseModel(principal.access, e.entry.model_name, s.accessGroups, s.groupAliases);
     const id = new URL(request.url).searchParams.get("svc_model_id");
     if (id) {
       const found = s.models.findById(id);
