@@ -11,8 +11,10 @@ export interface AzureStreamState<S> {
 }
 
 function withPromptFilters(part: StreamPart, results: unknown): StreamPart | undefined {
-  if (part.type === "data") return { type: "chunk", chunk: { ...(JSON.parse(part.data) as WireJson), prompt_filter_results: results } };
-  if (part.type === "chunk") return { type: "chunk", chunk: { ...part.chunk, prompt_filter_results: results } };
+  // `opens` is kept: a failure right after the role chunk is still retried or falls back.
+  const opens = (part.type === "data" || part.type === "chunk") && part.opens ? { opens: part.opens } : {};
+  if (part.type === "data") return { type: "chunk", chunk: { ...(JSON.parse(part.data) as WireJson), prompt_filter_results: results }, ...opens };
+  if (part.type === "chunk") return { type: "chunk", chunk: { ...part.chunk, prompt_filter_results: results }, ...opens };
   return undefined;
 }
 

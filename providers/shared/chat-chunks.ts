@@ -25,7 +25,7 @@ export class ChatChunkWriter implements ResponseHead {
     this.promptEstimate = estimateTokens(req.messages.map((m) => m.content));
   }
 
-  private chunk(delta: WireJson, finish: OpenAIFinishReason | null = null): StreamPart {
+  private chunk(delta: WireJson, finish: OpenAIFinishReason | null = null): Extract<StreamPart, { type: "chunk" }> {
     const d = this.roleSent ? delta : { role: "assistant", ...delta };
     this.roleSent = true;
     return {
@@ -34,9 +34,9 @@ export class ChatChunkWriter implements ResponseHead {
     };
   }
 
-  /** The opening chunk (`role` and empty content), as OpenAI sends before any text. */
+  /** The opening chunk (`role` and empty content), as OpenAI sends before any text; it only opens the message (StreamPart's `opens`). */
   start(): StreamPart[] {
-    return this.roleSent ? [] : [this.chunk({ content: "" })];
+    return this.roleSent ? [] : [{ ...this.chunk({ content: "" }), opens: true }];
   }
 
   text(content: string): StreamPart[] {

@@ -147,6 +147,17 @@ describe("streaming", () => {
     expect(mock.requests[0]!.body).not.toHaveProperty("stream_options");
   });
 
+  test("a stream cut after Azure's prompt-filter chunk and the role chunk failed before it began: retried, not a 200 with an error event", async () => {
+    mock.fault({ kind: "cutStream", afterParts: 2 });
+    const res = await post({ model: "gpt", messages: user("cut after the role"), stream: true, num_retries: 1 });
+    expect(res.status).toBe(200);
+    expect(res.headers.get("x-svc-attempted-retries")).toBe("1");
+    const text = await res.text();
+    expect(text).not.toContain('"error"');
+    expect(text).toContain("prompt_filter_results");
+    expect(text.trimEnd()).toEndWith("data: [DONE]");
+  });
+
   test("a connection cut mid-stream ends the stream with an error", async () => {
     mock.fault({ kind: "cutStream", afterParts: 3 });
     const stream = await client.chat.completions.create({ model: "gpt", messages: user("cut me off now"), stream: true });

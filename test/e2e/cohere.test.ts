@@ -194,6 +194,20 @@ describe("streaming", () => {
     expect(chunks.at(-1)!.choices[0]!.finish_reason).toBe("tool_calls");
   });
 
+  test("a stream cut right after message-start failed before it began: retried, not a 200 with an error event", async () => {
+    mock.fault({ kind: "cutStream", afterParts: 1 });
+    const res = await fetch(`${gw.baseURL}/chat/completions`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+      body: JSON.stringify({ model: "command", messages: user("cut after the start"), stream: true, num_retries: 1 }),
+    });
+    expect(res.status).toBe(200);
+    expect(res.headers.get("x-svc-attempted-retries")).toBe("1");
+    const text = await res.text();
+    expect(text).not.toContain('"error"');
+    expect(text.trimEnd()).toEndWith("data: [DONE]");
+  });
+
   test("a connection cut mid-stream ends the stream with an error", async () => {
     mock.fault({ kind: "cutStream", afterParts: 3 });
     const stream = await client.chat.completions.create({ model: "command", messages: user("cut me off now"), stream: true });
