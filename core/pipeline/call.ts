@@ -429,6 +429,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     if (err instanceof GatewayError) {
       err.headers["x-svc-model-id"] = headerText(d.id);
       err.headers["x-svc-call-id"] = ctx.callId;
+      err.headers["x-svc-model-group"] = headerText(d.modelName);
     }
     throw err;
   }

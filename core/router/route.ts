@@ -19,6 +19,7 @@ import { type RoutePolicy, backoffMs, retriesFor, routePolicy } from "./policy.t
 import { pickDeployment } from "./strategy.ts";
 import { requiredWaitMs, upstreamRetryAfterMs } from "./waits.ts";
 import { delay } from "../timer.ts";
+import { headerText } from "../header-text.ts";
 import { rateHeaders } from "../limits/headers.ts";
 import { tokenEstimate } from "../limits/window.ts";
 import { cacheUse } from "../cache/controls.ts";
@@ -114,6 +115,8 @@ export async function modelCall<E extends Endpoint>(endpoint: E, body: WireReque
     // Every answer says how many retries and fallbacks it took, also an error that ended the call at once (a 400).
     if (err instanceof GatewayError) {
       Object.assign(err.headers, routerHeaders(progress));
+      // The group that answered last, else the asked one (a refusal before any deployment was asked).
+      err.headers["x-svc-model-group"] ??= headerText(group);
       // An answer that no attempt gave (every deployment cooling down after retries) says the call's id too.
       if (progress.recorded) err.headers["x-svc-call-id"] ??= ctx.callId;
     }

@@ -586,11 +586,19 @@ describe("upstream faults map to the spec's statuses", () => {
     const e = expectSdkError(await failure(chat()), RateLimitError, 429);
     expect(e.headers?.get("retry-after")).toBe("7");
     expect(e.headers?.get("x-svc-model-id")).toBe("dep-chat");
+    expect(e.headers?.get("x-svc-model-group")).toBe("gpt-public");
   });
 
-  test("upstream 500 → InternalServerError (500)", async () => {
+  test("upstream 500 → InternalServerError (500), with the gateway's headers", async () => {
     mock.fault({ kind: "status", status: 500 });
-    expectSdkError(await failure(chat()), InternalServerError, 500);
+    const e = expectSdkError(await failure(chat()), InternalServerError, 500);
+    expect(e.headers?.get("x-svc-model-group")).toBe("gpt-public");
+    expect(e.headers?.get("x-svc-call-id")).toBeTruthy();
+    // A stream that fails before its first event is answered as an HTTP error with them too.
+    mock.fault({ kind: "status", status: 500 });
+    const streamed = await post("/v1/chat/completions", { model: "gpt-public", messages: user("x"), stream: true });
+    expect(streamed.status).toBe(500);
+    expect(streamed.headers.get("x-svc-model-group")).toBe("gpt-public");
   });
 
   test("upstream 503 → 503", async () => {

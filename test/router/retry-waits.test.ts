@@ -107,6 +107,8 @@ describe("an upstream's retry-after", () => {
     const res = await post(gw, { model: "duo" });
     expect(res.status).toBe(429);
     expect(((await res.json()) as { error: { message: string } }).error.message).toContain("all 2 are cooling down");
+    // No deployment was asked, and the answer still names the group.
+    expect(res.headers.get("x-svc-model-group")).toBe("duo");
     expect(Number(res.headers.get("retry-after"))).toBe(86_400);
     expect(a.requests.length).toBe(2);
   });
