@@ -15,6 +15,8 @@ import type {
   WireRequest,
 } from "../../core/contract.ts";
 import { promptSize } from "../../core/cost/estimate.ts";
+import { errorInfo } from "../../core/errors.ts";
+import { mapUpstreamStatus } from "../../core/pipeline/upstream.ts";
 import { answerTokenBound } from "../../core/cost/worst-case.ts";
 import { GatewayOnlyFields, imagesAsked, speechUsage } from "../../core/wire.ts";
 import type { OpenAICompatibleProvider } from "./table.ts";
@@ -113,10 +115,7 @@ function openAIStream<E extends "chat" | "completions">(
       }
       s.id ??= CHUNK_ID.exec(data)?.[1] ?? "";
       if (!s.ended && FINISHED.test(data)) s.ended = true;
-      if (ERROR_EVENT.test(data)) {
-        const e = asObject(asObject(JSON.parse(data)).error);
-        return [{ type: "error", error: { status: 500, type: "api_error", message: String(e.message ?? "upstream error") } }];
-      }
+      if (ERROR_EVENT.test(data)) return [streamError(data)];
       const parts: StreamPart[] = [];
       if (USAGE.test(data)) {
         const chunk = asObject(JSON.parse(data));
@@ -144,6 +143,19 @@ function openAIStream<E extends "chat" | "completions">(
     responseId: (s: StreamState) => s.id || undefined,
     complete: (s: StreamState) => s.ended,
   };
+}
+
+/**
+ * An error event inside the stream (`{"error": {message, code}}`): a code that is an HTTP status
+ * is mapped as that status of an HTTP answer would be (a 429 stays a 429, for the router and the
+ * client), anything else is a 500.
+ */
+function streamError(data: string): StreamPart {
+  const e = asObject(asObject(JSON.parse(data)).error);
+  const code = Number(e.code ?? e.status);
+  const status = Number.isInteger(code) && code >= 400 && code < 600 ? mapUpstreamStatus(code) : 500;
+  const said = Number.isInteger(code) ? ` (${code})` : "";
+  return { type: "error", error: errorInfo(status, `stream error event${said}: ${String(e.message ?? "upstream error")}`) };
 }
 
 /**

@@ -672,6 +672,17 @@ describe("upstream faults map to the spec's statuses", () => {
     expect(sseEvents(await retried.text()).at(-1)).toBe("data: [DONE]");
   });
 
+  test("an error event as a stream's first event keeps the status its code gives (429 → 429, a string code → 500)", async () => {
+    const errorEvent = (error: unknown) => () => ({ bytes: new TextEncoder().encode(`data: ${JSON.stringify({ error })}\n\n`), cuts: [] });
+    mock.fault({ kind: "wire", shape: errorEvent({ message: "Rate limit exceeded", code: 429 }) });
+    const limited = await post("/v1/chat/completions", { model: "gpt-public", messages: user("x"), stream: true });
+    expect(limited.status).toBe(429);
+    expect(expectEnvelope(await limited.json(), 429).message).toContain("Rate limit exceeded");
+    mock.fault({ kind: "wire", shape: errorEvent({ message: "something broke", code: "server_error" }) });
+    const broken = await post("/v1/chat/completions", { model: "gpt-public", messages: user("x"), stream: true });
+    expect(broken.status).toBe(500);
+  });
+
   test("stream cut after 2 chunks: the SDK iteration yields them, then throws", async () => {
     mock.fault({ kind: "cutStream", afterChunks: 2 });
     const stream = await client.chat.completions.create({ model: "gpt-public", messages: user("a fairly long message to stream"), stream: true });
