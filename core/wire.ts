@@ -18,8 +18,18 @@ const ContentPart = T.Object({ type: T.String() }, { additionalProperties: true 
  */
 export const MAX_REQUEST_TAGS = 100;
 
+/**
+ * The longest model name, end user (`user`) and tag a call may carry. Each is part of the key of a
+ * daily aggregate row, whose index holds at most ~2,700 bytes: one call with a 10,000-character
+ * `user` was refused by the store and held every later call's spend behind it. 256 UTF-16 units
+ * are at most 768 bytes of UTF-8, so three of them and the rest of the key fit.
+ */
+export const MAX_NAME_CHARS = 256;
+const ModelName = T.String({ minLength: 1, maxLength: MAX_NAME_CHARS });
+const EndUser = T.String({ maxLength: MAX_NAME_CHARS });
+
 /** A call's `metadata`: free-form, except `tags`, a list of strings the spend log and tag reports group by. */
-const RequestMetadata = T.Object({ tags: T.Optional(Nullable(T.Array(T.String(), { maxItems: MAX_REQUEST_TAGS }))) }, { additionalProperties: true });
+const RequestMetadata = T.Object({ tags: T.Optional(Nullable(T.Array(T.String({ maxLength: MAX_NAME_CHARS }), { maxItems: MAX_REQUEST_TAGS }))) }, { additionalProperties: true });
 
 export const ChatMessageSchema = T.Object(
   {
@@ -66,7 +76,7 @@ export const GatewayOnlyFields = [
 
 export const ChatRequestSchema = T.Object(
   {
-    model: T.String({ minLength: 1 }),
+    model: ModelName,
     messages: T.Array(ChatMessageSchema, { minItems: 1 }),
     frequency_penalty: T.Optional(Nullable(T.Number({ minimum: -2, maximum: 2 }))),
     presence_penalty: T.Optional(Nullable(T.Number({ minimum: -2, maximum: 2 }))),
@@ -88,7 +98,7 @@ export const ChatRequestSchema = T.Object(
     parallel_tool_calls: T.Optional(Nullable(T.Boolean())),
     function_call: T.Optional(Nullable(T.Union([T.String(), T.Record(T.String(), T.Unknown())]))),
     functions: T.Optional(Nullable(T.Array(T.Record(T.String(), T.Unknown())))),
-    user: T.Optional(Nullable(T.String())),
+    user: T.Optional(Nullable(EndUser)),
     stream: T.Optional(Nullable(T.Boolean())),
     metadata: T.Optional(Nullable(RequestMetadata)),
     guardrails: T.Optional(Nullable(T.Array(T.String()))),
@@ -104,7 +114,7 @@ export type ChatRequest = Static<typeof ChatRequestSchema>;
 
 export const CompletionRequestSchema = T.Object(
   {
-    model: T.String({ minLength: 1 }),
+    model: ModelName,
     prompt: T.Union([T.String(), T.Array(T.String()), T.Array(T.Integer()), T.Array(T.Array(T.Integer()))]),
     max_tokens: T.Optional(Nullable(T.Integer({ minimum: 1 }))),
     temperature: T.Optional(Nullable(T.Number({ minimum: 0, maximum: 2 }))),
@@ -115,7 +125,7 @@ export const CompletionRequestSchema = T.Object(
     stop: T.Optional(Nullable(StringOrStrings)),
     stream: T.Optional(Nullable(T.Boolean())),
     stream_options: T.Optional(Nullable(T.Record(T.String(), T.Unknown()))),
-    user: T.Optional(Nullable(T.String())),
+    user: T.Optional(Nullable(EndUser)),
     metadata: T.Optional(Nullable(RequestMetadata)),
     caching: T.Optional(Nullable(T.Boolean())),
   },
@@ -125,7 +135,7 @@ export type CompletionRequest = Static<typeof CompletionRequestSchema>;
 
 export const EmbeddingsRequestSchema = T.Object(
   {
-    model: T.String({ minLength: 1 }),
+    model: ModelName,
     input: T.Optional(T.Union([T.String(), T.Array(T.String()), T.Array(T.Integer()), T.Array(T.Array(T.Integer()))])),
     encoding_format: T.Optional(Nullable(T.Union([T.Literal("float"), T.Literal("base64")]))),
     dimensions: T.Optional(Nullable(T.Integer({ minimum: 1 }))),
@@ -135,7 +145,7 @@ export const EmbeddingsRequestSchema = T.Object(
     api_version: T.Optional(Nullable(T.String())),
     api_key: T.Optional(Nullable(T.String())),
     api_type: T.Optional(Nullable(T.String())),
-    user: T.Optional(Nullable(T.String())),
+    user: T.Optional(Nullable(EndUser)),
     custom_llm_provider: T.Optional(Nullable(T.Union([T.String(), T.Record(T.String(), T.Unknown())]))),
     svc_call_id: T.Optional(Nullable(T.String())),
     svc_logging_obj: T.Optional(Nullable(T.Record(T.String(), T.Unknown()))),
@@ -148,14 +158,14 @@ export type EmbeddingsRequest = Static<typeof EmbeddingsRequestSchema>;
 
 export const ImageRequestSchema = T.Object(
   {
-    model: T.String({ minLength: 1 }),
+    model: ModelName,
     prompt: T.String({ minLength: 1 }),
     n: T.Optional(Nullable(T.Integer({ minimum: 1, maximum: 10 }))),
     size: T.Optional(Nullable(T.String({ pattern: "^(auto|\\d+x\\d+)$", description: "auto or WIDTHxHEIGHT" }))),
     quality: T.Optional(Nullable(T.String())),
     response_format: T.Optional(Nullable(T.Union([T.Literal("url"), T.Literal("b64_json")]))),
     style: T.Optional(Nullable(T.String())),
-    user: T.Optional(Nullable(T.String())),
+    user: T.Optional(Nullable(EndUser)),
     metadata: T.Optional(Nullable(RequestMetadata)),
     caching: T.Optional(Nullable(T.Boolean())),
   },
@@ -166,7 +176,7 @@ export type ImageRequest = Static<typeof ImageRequestSchema>;
 /** `POST /v1/audio/transcriptions`: the multipart form's fields (`file` is the uploaded audio). */
 export const TranscriptionRequestSchema = T.Object(
   {
-    model: T.String({ minLength: 1 }),
+    model: ModelName,
     /** Checked to be a Blob after the schema (see validate.ts). */
     file: T.Any({ description: "an audio file" }),
     language: T.Optional(T.String()),
@@ -175,7 +185,7 @@ export const TranscriptionRequestSchema = T.Object(
     temperature: T.Optional(T.Number({ minimum: 0, maximum: 1 })),
     timestamp_granularities: T.Optional(T.Array(T.Union([T.Literal("word"), T.Literal("segment")]))),
     stream: T.Optional(T.Boolean()),
-    user: T.Optional(T.String()),
+    user: T.Optional(EndUser),
   },
   { additionalProperties: true },
 );
@@ -184,7 +194,7 @@ export type TranscriptionRequest = Omit<Static<typeof TranscriptionRequestSchema
 /** `POST /v1/audio/speech`: text to speech; the answer is the audio itself. */
 export const SpeechRequestSchema = T.Object(
   {
-    model: T.String({ minLength: 1 }),
+    model: ModelName,
     input: T.String({ minLength: 1, maxLength: 4096 }),
     voice: T.Union([T.String({ minLength: 1 }), T.Object({ id: T.String() }, { additionalProperties: true })]),
     response_format: T.Optional(T.Union(["mp3", "opus", "aac", "flac", "wav", "pcm"].map((f) => T.Literal(f)))),
@@ -199,7 +209,7 @@ export type SpeechRequest = Static<typeof SpeechRequestSchema>;
 /** `POST /v1/moderations`: `model` may be left out (the gateway then picks its moderation model). */
 export const ModerationRequestSchema = T.Object(
   {
-    model: T.String({ minLength: 1 }),
+    model: ModelName,
     input: T.Union([T.String(), T.Array(T.String(), { minItems: 1 }), T.Array(ContentPart, { minItems: 1 })]),
     metadata: T.Optional(Nullable(RequestMetadata)),
     caching: T.Optional(Nullable(T.Boolean())),

@@ -11,7 +11,7 @@ import { virtualKeys } from "../store/schema.ts";
 import { DURATION_HINT, endsAt, MAX_DURATION, parseDuration } from "./duration.ts";
 import { Amount, LIMIT_COLUMNS, Parallel, Quantity } from "./fields.ts";
 import { fromApi } from "./serialize.ts";
-import { MAX_REQUEST_TAGS } from "../wire.ts";
+import { MAX_NAME_CHARS, MAX_REQUEST_TAGS } from "../wire.ts";
 
 const Opt = <S extends TSchema>(s: S) => T.Optional(T.Union([s, T.Null()]));
 const Strings = T.Array(T.String());
@@ -32,7 +32,7 @@ export const KEY_FIELDS = {
   budget_id: Opt(T.String()),
   models: Opt(Strings),
   // Each of a key's tags is a row of the daily tag report for every call it makes, as a request's own are.
-  tags: Opt(T.Array(T.String(), { maxItems: MAX_REQUEST_TAGS })),
+  tags: Opt(T.Array(T.String({ maxLength: MAX_NAME_CHARS }), { maxItems: MAX_REQUEST_TAGS })),
   prompts: Opt(Strings),
   enforced_params: Opt(Strings),
   spend: Opt(NonNeg),

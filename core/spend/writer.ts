@@ -312,11 +312,11 @@ export class SpendWriter {
 
 /**
  * The store's refusal of what it was given (SQLSTATE class 22, data exception: a value out of
- * range, text that is not a number), which writing it again cannot change, as opposed to failing
- * to answer (connection lost, store restarting), which a later write can get past; undefined when
- * `err` is not one.
+ * range, text that is not a number; class 54, program limit exceeded: a key too long for its
+ * index), which writing it again cannot change, as opposed to failing to answer (connection lost,
+ * store restarting), which a later write can get past; undefined when `err` is not one.
  */
-const refusedData = (err: unknown): object | undefined => withSqlState(err, (code) => code.startsWith("22"));
+const refusedData = (err: unknown): object | undefined => withSqlState(err, (code) => code.startsWith("22") || code.startsWith("54"));
 
 /**
  * Calls that already ended hand their records over in a setImmediate batch (pipeline/record.ts):

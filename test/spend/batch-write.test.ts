@@ -229,6 +229,46 @@ for (const backend of BACKENDS) {
       await writer.stop();
     });
 
+    test("an entry whose key is too long for the aggregates' index (a 10,000-character end user) is set aside; the calls after it are written", async () => {
+      const { token } = await newKey(`too-long-${backend}`);
+      const log = memoryLogger();
+      const spillDir = tempDir();
+      const writer = new SpendWriter(store(), log, { spillDir, intervalMs: 60_000 });
+      // Random letters: a repeated one would compress to fit.
+      const noise = Array.from({ length: 10_000 }, () => String.fromCharCode(97 + Math.floor(Math.random() * 26))).join("");
+      const refused = entry(token, 3_000_000_000, { endUser: noise });
+      const others = Array.from({ length: 3 }, (_, i) => entry(token, 1_000_000_000 + i));
+      for (const e of [others[0]!, refused, ...others.slice(1)]) writer.enqueue(e);
+      await writer.flush();
+      const t = await totals(token);
+      expect(t.rows).toBe(3);
+      expect(t.keySpend).toBeCloseTo(3 * 0.001 + 3e-12, 12);
+      const files = readdirSync(spillDir).filter((f) => f.startsWith("refused-"));
+      expect(files).toHaveLength(1);
+      await writer.stop();
+    });
+
+    test("a call's `user`, tags and model name longer than 256 characters are a 4xx naming the field, before anything is called or logged", async () => {
+      const { key } = await newKey(`long-fields-${backend}`);
+      const long = "y".repeat(257);
+      const call = (extra: Record<string, unknown>) =>
+        fetch(`${gw.url}/v1/chat/completions`, {
+          method: "POST",
+          headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+          body: JSON.stringify({ model: "priced", messages: [{ role: "user", content: "hello" }], ...extra }),
+        });
+      for (const [extra, field] of [
+        [{ user: long }, "user"],
+        [{ metadata: { tags: ["fine", long] } }, "metadata"],
+        [{ model: long }, "model"],
+      ] as const) {
+        const res = await call(extra);
+        expect([JSON.stringify(extra).slice(0, 30), res.status]).toEqual([JSON.stringify(extra).slice(0, 30), 422]);
+        expect(JSON.stringify(await res.json())).toContain(field);
+      }
+      expect((await call({ user: "y".repeat(256) })).status).toBe(200);
+    });
+
     test("a client sending a NUL in `user` is logged, and so are the calls around it", async () => {
       const { key, token } = await newKey(`nul-user-${backend}`);
       const call = (user: string) =>
