@@ -113,13 +113,18 @@ export function chargesOf(call: CallRecord, identity: IdentityCache | undefined)
   return charges;
 }
 
+/** The longest `request_id` stored: 3 bytes of UTF-8 per unit at most, well within an index entry. */
+const MAX_REQUEST_ID_CHARS = 512;
+
 /**
  * The log's `request_id`: the answer's id, else the call id. A cache hit answers with the id of the
  * answer it replays, so its row is `<id>_cache_hit<ms>` (as LiteLLM names it): a lookup by the
  * response id finds the call that was priced, not a 0 the hit replayed it at.
  */
 function requestIdOf(call: CallRecord): string {
-  const id = storable(call.responseId ?? call.id);
+  // The upstream's id, cut to what the log's request_id index holds with room to spare: an
+  // upstream answering with a 10,000-character id would otherwise have its calls set aside.
+  const id = storable((call.responseId ?? call.id).slice(0, MAX_REQUEST_ID_CHARS));
   return call.cacheHit && call.responseId !== undefined ? `${id}_cache_hit${call.startedAt}` : id;
 }
 

@@ -307,6 +307,28 @@ async function withSelfHosted(run: (gw: TestGateway, mock: MockOpenAI) => Promis
   }
 }
 
+describe("an upstream answering with an id too long for the log's index (pglite, OpenAI wire mock)", () => {
+  test("the call is logged and charged, its request_id cut to 512 characters", async () => {
+    await withSelfHosted(async (gw, mock) => {
+      // Random letters: a repeated one would compress to fit the index.
+      const id = Array.from({ length: 10_000 }, () => String.fromCharCode(97 + Math.floor(Math.random() * 26))).join("");
+      const usage = { prompt_tokens: 7, completion_tokens: 3, total_tokens: 10 };
+      mock.fault({ kind: "answer", body: { id, object: "chat.completion", created: 1, model: "llama", choices: [{ index: 0, message: { role: "assistant", content: "ok" }, finish_reason: "stop" }], usage } });
+      const res = await fetch(`${gw.url}/v1/chat/completions`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+        body: JSON.stringify({ model: "self-hosted", messages: [{ role: "user", content: "hi" }] }),
+      });
+      expect(res.status).toBe(200);
+      const callId = res.headers.get("x-svc-call-id")!;
+      await gw.host!.spendWriter.flush();
+      const [row] = await rows<LogRow>(gw.host!.store.db, sql`select * from spend_logs where call_id = ${callId}`);
+      expect(row!.request_id).toBe(id.slice(0, 512));
+      expect(Number(row!.spend)).toBeCloseTo(usd(7, 3), 12);
+    });
+  });
+});
+
 describe("an answer without usage (pglite, OpenAI wire mock)", () => {
   test("is not free: its tokens are estimated from the prompt and the answer, priced and logged", async () => {
     await withSelfHosted(async (gw, mock) => {
