@@ -81,6 +81,9 @@ export function cachedAnswer(endpoint: Endpoint, body: WireRequest[Endpoint], ke
   if (ctx.record !== false) dispatchRecord(ctx.snapshot, record, ctx.log);
   ctx.release();
   const headers = responseHeaders(d, ctx.callId, stream ? "text/event-stream" : "application/json");
+  // Every answer says what the router did; a hit made no attempt.
+  headers["x-svc-attempted-retries"] = "0";
+  headers["x-svc-attempted-fallbacks"] = "0";
   headers["x-svc-cache-hit"] = "true";
   headers["x-svc-cache-key"] = key;
   headers["x-svc-response-cost"] = "0";

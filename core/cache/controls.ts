@@ -28,10 +28,11 @@ export interface CacheUse {
 const CONTROLS = ["no-cache", "no-store", "ttl", "s-maxage", "namespace"] as const;
 
 /**
- * What the cache can hold: answers that are text and whose request is all in its JSON body. An
- * uploaded file is not part of the key (transcriptions), and speech answers are audio.
+ * What the cache can hold, as README says and LiteLLM does: chat, completions and embeddings. An
+ * uploaded file is not part of the key (transcriptions), speech answers are audio, and an image
+ * generation replayed would hand one caller's image to another for nothing.
  */
-const CACHEABLE: ReadonlySet<Endpoint> = new Set<Endpoint>(["chat", "completions", "embeddings", "images", "moderations"]);
+const CACHEABLE: ReadonlySet<Endpoint> = new Set<Endpoint>(["chat", "completions", "embeddings"]);
 
 /** A value as the client sent it, for an error message. */
 function shown(v: unknown): string {

@@ -5,7 +5,7 @@
  * their own `rpm`/`tpm` are skipped. The answer says which deployment answered and how many
  * retries and fallbacks it took (`x-svc-attempted-retries`, `x-svc-attempted-fallbacks`).
  */
-import { authorizeModel } from "../access.ts";
+import { authorizeModel, mayUseModel } from "../access.ts";
 import type { CallRecord, Deployment, Endpoint, Lease, RateGrant, UpstreamErrorKind, Usage, WireRequest } from "../contract.ts";
 import { GatewayError } from "../errors.ts";
 import type { Snapshot } from "../snapshot.ts";
@@ -100,7 +100,8 @@ export async function modelCall<E extends Endpoint>(endpoint: E, body: WireReque
         // A request the deployment would refuse (client-side credentials not allowed) is refused on a hit too.
         withClientCredentials(endpoint, body, deployments[0]!, snapshot.settings);
         const hit = await cachedEntry(snapshot.cache.store, key, use.maxAgeMs, ctx.log);
-        if (hit) {
+        // A fallback's answer is served only to a caller who may use that fallback: its miss would skip it.
+        if (hit && (hit.modelGroup === undefined || hit.modelGroup === group || mayUseModel(principal.access, hit.modelGroup, snapshot.accessGroups, snapshot.groupAliases))) {
           // A caller over a budget gets the refusal a miss would get (access was checked above).
           const by = answeredBy(hit, group, deployments, snapshot.models);
           await requireBudgetsForHit(endpoint, body, group, by, ctx);

@@ -52,6 +52,8 @@ describe("response cache (config on, in memory)", () => {
     expect(second.status).toBe(200);
     expect(second.headers.get("x-svc-cache-hit")).toBe("true");
     expect(second.headers.get("x-svc-response-cost")).toBe("0");
+    // Every answer says what the router did: a hit made no attempt.
+    expect([second.headers.get("x-svc-attempted-retries"), second.headers.get("x-svc-attempted-fallbacks")]).toEqual(["0", "0"]);
     expect(second.text).toBe(first.text);
     expect(up.requests.length).toBe(1);
     await gw.host!.spendWriter.flush();
@@ -328,6 +330,20 @@ describe("a hit names the deployment that answered (x-svc-model-id)", () => {
           }
         }
         if (kind === "redis") {
+          // The fallback's answer is not served to a key that may not use the fallback: its miss would skip it.
+          const messages = [{ role: "user", content: `fallback answer ${uniq()}` }];
+          const filled = await chat(g, { model: `down-${tag}`, messages, fallbacks: [`pair-${tag}`], num_retries: 0 });
+          expect(filled.headers.get("x-svc-model-group")).toBe(`pair-${tag}`);
+          const made = await requestJson<{ key: string }>(g, "POST", "/key/generate", { body: { models: [`down-${tag}`] } });
+          const narrow = await fetch(`${g.url}/v1/chat/completions`, {
+            method: "POST",
+            headers: { authorization: `Bearer ${made.body.key}`, "content-type": "application/json" },
+            body: JSON.stringify({ model: `down-${tag}`, messages, fallbacks: [`pair-${tag}`], num_retries: 0 }),
+          });
+          expect(narrow.headers.get("x-svc-cache-hit")).toBeNull();
+          expect(narrow.status).not.toBe(200);
+        }
+        if (kind === "redis") {
           // An entry stored before the deployment was kept with it is still served, as the group's first.
           const messages = [{ role: "user", content: `old entry ${uniq()}` }];
           await chat(g, { model: `pair-${tag}`, messages });
@@ -347,6 +363,32 @@ describe("a hit names the deployment that answered (x-svc-model-id)", () => {
       }
     });
   }
+});
+
+describe("what is not cached", () => {
+  test("image generations and moderations are answered anew each time (README: chat, completions and embeddings)", async () => {
+    const g = await startTestGateway({
+      model_list: [
+        { model_name: "painter", svc_params: { model: "mock/dall-e-3" }, model_info: { mode: "image_generation" } },
+        { model_name: "moderator", svc_params: { model: "mock/omni-moderation-latest" }, model_info: { mode: "moderation" } },
+      ],
+      svc_settings: { cache: true },
+      general_settings: { master_key: MASTER_KEY },
+    });
+    try {
+      for (const [path, body] of [
+        ["/v1/images/generations", { model: "painter", prompt: `a cat ${uniq()}` }],
+        ["/v1/moderations", { model: "moderator", input: `some text ${uniq()}` }],
+      ] as const) {
+        for (let i = 0; i < 2; i++) {
+          const res = await fetch(`${g.url}${path}`, { method: "POST", headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" }, body: JSON.stringify(body) });
+          expect([path, i, res.status, res.headers.get("x-svc-cache-hit")]).toEqual([path, i, 200, null]);
+        }
+      }
+    } finally {
+      await g.stop();
+    }
+  });
 });
 
 describe("response cache opt-in and in Redis", () => {
