@@ -47,7 +47,8 @@ export class ChangeBus {
    */
   async start(): Promise<void> {
     if (!this.redis) return this.startPg();
-    const sub = this.redis.duplicate({ enableOfflineQueue: true, maxRetriesPerRequest: null, lazyConnect: true });
+    // A subscriber waits for messages as long as they take: no command timeout.
+    const sub = this.redis.duplicate({ enableOfflineQueue: true, maxRetriesPerRequest: null, lazyConnect: true, commandTimeout: undefined });
     this.subscriber = sub;
     // A first connection made at once can only have missed the changes of the last few
     // milliseconds (identity rows reloaded quietly); after an outage stored models may have

@@ -7,6 +7,7 @@
  */
 import { createHash } from "node:crypto";
 import { RedisClient } from "bun";
+import { REDIS_COMMAND_TIMEOUT_MS } from "./redis.ts";
 
 const CONNECT_TIMEOUT_MS = 2000;
 
@@ -25,18 +26,45 @@ export interface ScriptRunner {
 }
 
 export function nativeScriptRunner(url: string): ScriptRunner {
-  const client = new RedisClient(url, { enableOfflineQueue: false, autoReconnect: true, maxRetries: 4_294_967_295, connectionTimeout: CONNECT_TIMEOUT_MS });
+  const open = () => new RedisClient(url, { enableOfflineQueue: false, autoReconnect: true, maxRetries: 4_294_967_295, connectionTimeout: CONNECT_TIMEOUT_MS });
+  let client = open();
   let connecting: Promise<void> | undefined;
   let closed = false;
   /** One connection attempt at a time; commands meanwhile fail fast (the caller falls back). */
   const ensureConnected = () => {
     if (closed || client.connected || connecting) return;
-    connecting = client
+    const attempt: Promise<void> = client
       .connect()
       .catch(() => undefined)
       .finally(() => {
-        connecting = undefined;
+        if (connecting === attempt) connecting = undefined;
       });
+    connecting = attempt;
+  };
+  /**
+   * `reply`, or a rejection after REDIS_COMMAND_TIMEOUT_MS: then the connection, which no longer
+   * answers, is replaced, and until the new one is up commands fail at once (the caller counts
+   * without Redis) instead of each waiting out the timeout.
+   */
+  const answered = async <T>(on: RedisClient, reply: Promise<T>): Promise<T> => {
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const timeout = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new Error(`redis did not answer within ${REDIS_COMMAND_TIMEOUT_MS} ms`)), REDIS_COMMAND_TIMEOUT_MS);
+    });
+    try {
+      return await Promise.race([reply, timeout]);
+    } catch (err) {
+      if (on === client && !closed && err instanceof Error && err.message.startsWith("redis did not answer")) {
+        reply.catch(() => undefined);
+        client = open();
+        connecting = undefined;
+        on.close();
+        ensureConnected();
+      }
+      throw err;
+    } finally {
+      clearTimeout(timer);
+    }
   };
   ensureConnected();
   return {
@@ -53,10 +81,11 @@ export function nativeScriptRunner(url: string): ScriptRunner {
     async run(script, keys, args) {
       ensureConnected();
       const argv = [String(keys.length), ...keys, ...args.map(String)];
+      const on = client;
       try {
-        return await client.send("EVALSHA", [script.sha, ...argv]);
+        return await answered(on, on.send("EVALSHA", [script.sha, ...argv]));
       } catch (err) {
-        if (err instanceof Error && err.message.includes("NOSCRIPT")) return client.send("EVAL", [script.lua, ...argv]);
+        if (err instanceof Error && err.message.includes("NOSCRIPT")) return answered(on, on.send("EVAL", [script.lua, ...argv]));
         throw err;
       }
     },

@@ -50,7 +50,8 @@ export class CooldownBus implements CooldownShare {
   }
 
   start(): void {
-    const sub = this.redis.duplicate({ enableOfflineQueue: true, maxRetriesPerRequest: null, lazyConnect: true });
+    // A subscriber waits for messages as long as they take: no command timeout.
+    const sub = this.redis.duplicate({ enableOfflineQueue: true, maxRetriesPerRequest: null, lazyConnect: true, commandTimeout: undefined });
     this.subscriber = sub;
     sub.on("error", () => undefined);
     // (Re)subscribes on every connection; cooldowns announced meanwhile are simply not heard.

@@ -9,6 +9,9 @@ import { connect, createServer, type Server, type Socket } from "node:net";
 export class TcpRelay {
   private readonly sockets = new Set<Socket>();
   private down = false;
+  /** While stalled, bytes either way are held (connections stay open, new ones are accepted), as over a link that stopped passing packets. */
+  private stalled = false;
+  private readonly held: { to: Socket; chunk: Buffer }[] = [];
   /** How long what clients of connections made from now on send waits before it goes on to the server. */
   delayMs = 0;
   private constructor(private readonly server: Server) {}
@@ -20,26 +23,42 @@ export class TcpRelay {
         client.destroy();
         return;
       }
+      const r = relay;
       const upstream = connect(target.port, target.host);
       for (const s of [client, upstream]) {
-        relay.sockets.add(s);
+        r.sockets.add(s);
         s.on("error", () => undefined);
         s.on("close", () => {
-          relay?.sockets.delete(s);
+          r.sockets.delete(s);
           client.destroy();
           upstream.destroy();
         });
       }
-      const delay = relay.delayMs;
-      if (delay > 0) {
-        client.on("data", (chunk) => setTimeout(() => upstream.write(chunk), delay));
-        client.on("end", () => setTimeout(() => upstream.end(), delay));
-      } else client.pipe(upstream);
-      upstream.pipe(client);
+      const delay = r.delayMs;
+      client.on("data", (chunk: Buffer) => (delay > 0 ? setTimeout(() => r.pass(upstream, chunk), delay) : r.pass(upstream, chunk)));
+      client.on("end", () => (delay > 0 ? setTimeout(() => upstream.end(), delay) : upstream.end()));
+      upstream.on("data", (chunk: Buffer) => r.pass(client, chunk));
+      upstream.on("end", () => client.end());
     });
     await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
     relay = new TcpRelay(server);
     return relay;
+  }
+
+  private pass(to: Socket, chunk: Buffer): void {
+    if (this.stalled) this.held.push({ to, chunk });
+    else if (!to.destroyed) to.write(chunk);
+  }
+
+  /** Stops passing bytes either way; connections stay open. */
+  stall(): void {
+    this.stalled = true;
+  }
+
+  /** Passes on what was held, in order, and passes bytes again. */
+  resume(): void {
+    this.stalled = false;
+    for (const { to, chunk } of this.held.splice(0)) if (!to.destroyed) to.write(chunk);
   }
 
   get port(): number {
