@@ -13,6 +13,9 @@ export interface AccessGroupLookup {
   byId(id: string): readonly string[] | undefined;
 }
 
+/** No access groups at all (a call no model group's capacity applies to). */
+export const NO_ACCESS_GROUPS: AccessGroupLookup = { byName: () => undefined, byId: () => undefined };
+
 /**
  * `router_settings.model_group_alias`: a public name → the model group it calls (one step; an
  * alias wins over a group of its name, as in LiteLLM). `hidden` ones are callable, not listed.
@@ -40,7 +43,8 @@ export function unrestricted(level: AccessLevel): boolean {
   return level.models.length === 0 && level.accessGroupIds.length === 0;
 }
 
-function levelAllows(level: AccessLevel, model: string, groups: AccessGroupLookup): boolean {
+/** Whether one level's list lets it use `model` (names, wildcards, access groups, catch-alls; an empty list restricts nothing). */
+export function levelAllows(level: AccessLevel, model: string, groups: AccessGroupLookup): boolean {
   if (unrestricted(level)) return true;
   for (const entry of level.models) {
     if (matchesEntry(entry, model)) return true;

@@ -3,6 +3,9 @@
  * Nothing here depends on Elysia, so plugins survive framework upgrades and hot swaps.
  */
 import type { Static, TSchema } from "@sinclair/typebox";
+import type { AccessGroupLookup } from "./access.ts";
+
+export type { AccessGroupLookup };
 import type { BudgetRow, IdentityChange, KeyRow, OrgRow, TeamMemberRow, TeamRow, UserRow } from "./identity/records.ts";
 import type { ChatRequest, CompletionRequest, EmbeddingsRequest, ImageRequest, ModerationRequest, SpeechRequest, TranscriptionRequest, WireJson } from "./wire.ts";
 
@@ -385,6 +388,8 @@ export interface CallIntent {
   cacheHit?: boolean;
   /** The model group's capacity: the sum of its deployments' `rpm` / `tpm` (absent when any deployment has none). */
   groupCapacity: GroupCapacity;
+  /** How the call's config resolves access-group names and ids: which keys may call a group, as a model call judges it. */
+  accessGroups: AccessGroupLookup;
 }
 
 export interface GroupCapacity {

@@ -17,6 +17,7 @@
  */
 import { Type } from "@sinclair/typebox";
 import {
+  type AccessGroupLookup,
   type BudgetRow,
   type CallIntent,
   type Denied,
@@ -125,11 +126,11 @@ class Throughput {
     this.dispose = identity.onChange(() => this.reserved.clear());
   }
 
-  reservedOn(group: string, kind: ThroughputKind): number {
+  reservedOn(group: string, kind: ThroughputKind, accessGroups: AccessGroupLookup): number {
     const id = `${kind}:${group}`;
     let sum = this.reserved.get(id);
     if (sum === undefined) {
-      sum = reservedOn(this.identity.keys.values(), this.identity.teams, group, kind);
+      sum = reservedOn(this.identity.keys.values(), this.identity.teams, group, kind, accessGroups);
       this.reserved.set(id, sum);
     }
     return sum;
@@ -144,7 +145,7 @@ class Throughput {
     for (const kind of ["rpm", "tpm"] as const) {
       const capacity = cap[kind];
       if (capacity === undefined || guaranteedLimit(key, kind) !== undefined) continue;
-      const reserved = this.reservedOn(group, kind);
+      const reserved = this.reservedOn(group, kind, intent.accessGroups);
       const pool = Math.max(0, capacity - reserved);
       if (reserved > 0) shared[kind] = pool;
       if ((kind === "rpm" ? key.rpmLimitType : key.tpmLimitType) === "dynamic") pools[kind] = pool;

@@ -3,6 +3,7 @@
  * `guaranteed_throughput` reserves a key's limit out of the capacity of every group it may call,
  * and `dynamic` splits a group's capacity among the keys active on it.
  */
+import { type AccessGroupLookup, levelAllows } from "../access.ts";
 import type { Deployment, GroupCapacity, KeyRow, TeamRow } from "../contract.ts";
 
 const capacities = new WeakMap<readonly Deployment[], GroupCapacity>();
@@ -27,11 +28,18 @@ export function groupCapacity(deployments: readonly Deployment[]): GroupCapacity
   return c;
 }
 
-/** Whether a key's own model list (else its team's) lets it call `group`; empty lists allow every group. */
-export function keyMayCallGroup(key: Pick<KeyRow, "models">, team: Pick<TeamRow, "models"> | undefined, group: string): boolean {
-  const list = key.models.length > 0 ? key.models : (team?.models ?? []);
-  return list.length === 0 || list.includes(group) || list.includes("*");
+/**
+ * Whether a key may call `group` as a model call would judge it: its own list and its team's both
+ * allow it (names, wildcards, access groups, `*` / `all-proxy-models`, `all-team-models`; an empty
+ * list restricts nothing).
+ */
+export function keyMayCallGroup(key: Pick<KeyRow, "models" | "accessGroupIds">, team: Pick<TeamRow, "models" | "accessGroupIds"> | undefined, group: string, groups: AccessGroupLookup): boolean {
+  if (!levelAllows({ level: "key", models: key.models, accessGroupIds: key.accessGroupIds }, group, groups)) return false;
+  return !team || levelAllows({ level: "team", models: team.models, accessGroupIds: team.accessGroupIds }, group, groups);
 }
+
+/** A key that can no longer call (blocked, or expired) reserves nothing. */
+const reserves = (k: KeyRow, now: number): boolean => !k.blocked && (k.expires === null || k.expires.getTime() > now);
 
 export type ThroughputKind = "rpm" | "tpm";
 
@@ -43,19 +51,27 @@ export function guaranteedLimit(key: Pick<KeyRow, "rpmLimit" | "tpmLimit" | "rpm
 }
 
 /** What the guaranteed keys that may call `group` have reserved out of its capacity. */
-export function reservedOn(keys: Iterable<KeyRow>, teams: ReadonlyMap<string, TeamRow>, group: string, kind: ThroughputKind, exceptToken?: string): number {
+export function reservedOn(
+  keys: Iterable<KeyRow>,
+  teams: ReadonlyMap<string, TeamRow>,
+  group: string,
+  kind: ThroughputKind,
+  groups: AccessGroupLookup,
+  exceptToken?: string,
+  now = Date.now(),
+): number {
   let sum = 0;
   for (const k of keys) {
-    if (k.token === exceptToken || k.blocked) continue;
+    if (k.token === exceptToken || !reserves(k, now)) continue;
     const g = guaranteedLimit(k, kind);
     if (g === undefined) continue;
-    if (keyMayCallGroup(k, k.teamId ? teams.get(k.teamId) : undefined, group)) sum += g;
+    if (keyMayCallGroup(k, k.teamId ? teams.get(k.teamId) : undefined, group, groups)) sum += g;
   }
   return sum;
 }
 
 /** A key as it will be stored, for the guaranteed-throughput check at creation and update. */
-export type PlannedKey = Pick<KeyRow, "token" | "models" | "teamId" | "rpmLimit" | "tpmLimit" | "rpmLimitType" | "tpmLimitType">;
+export type PlannedKey = Pick<KeyRow, "token" | "models" | "accessGroupIds" | "teamId" | "rpmLimit" | "tpmLimit" | "rpmLimitType" | "tpmLimitType">;
 
 /**
  * Why a guaranteed key does not fit, or undefined: the guaranteed limits of every key that may call
@@ -66,17 +82,19 @@ export function guaranteedOverflow(
   groups: ReadonlyMap<string, readonly Deployment[]>,
   keys: Iterable<KeyRow>,
   teams: ReadonlyMap<string, TeamRow>,
+  accessGroups: AccessGroupLookup,
 ): string | undefined {
   const team = key.teamId ? teams.get(key.teamId) : undefined;
-  const all = [...keys];
+  const now = Date.now();
+  const all = [...keys].filter((k) => reserves(k, now));
   for (const kind of ["rpm", "tpm"] as const) {
     const mine = guaranteedLimit(key, kind);
     if (mine === undefined) continue;
     const field = `${kind}_limit`;
     for (const [group, deployments] of groups) {
       const capacity = groupCapacity(deployments)[kind];
-      if (capacity === undefined || !keyMayCallGroup(key, team, group)) continue;
-      const reserved = reservedOn(all, teams, group, kind, key.token);
+      if (capacity === undefined || !keyMayCallGroup(key, team, group, accessGroups)) continue;
+      const reserved = reservedOn(all, teams, group, kind, accessGroups, key.token, now);
       if (reserved + mine > capacity) {
         return `guaranteed_throughput: model ${group} serves ${capacity} ${kind} (the sum of its deployments' ${kind}); other keys already reserve ${reserved}, so this key's ${field} ${mine} does not fit (at most ${Math.max(0, capacity - reserved)}).`;
       }

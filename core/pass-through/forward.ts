@@ -6,6 +6,7 @@
  * reach the client.
  */
 import type { CallIntent, CallRecord, CallStatus, Deployment, ErrorInfo, GroupCapacity, Lease, Logger, Principal } from "../contract.ts";
+import { NO_ACCESS_GROUPS } from "../access.ts";
 import { GatewayError, bodyTooLarge, errorInfo } from "../errors.ts";
 import { ZERO, acquireLeases } from "../pipeline/call.ts";
 import { HeldLeases } from "../pipeline/held-leases.ts";
@@ -57,6 +58,7 @@ class PassThroughIntent implements CallIntent {
   readonly promptTokenBound = 0;
   readonly maxOutputTokens = 0;
   readonly groupCapacity: GroupCapacity = {};
+  readonly accessGroups = NO_ACCESS_GROUPS;
 
   constructor(
     readonly principal: Principal,

@@ -3,7 +3,7 @@
  * map the response or stream back → price and record the call. The router (core/router/route.ts)
  * decides which deployment, and holds the limits and budgets.
  */
-import type { CallIntent, CallRecord, GroupCapacity, HttpCall, CallStatus, Denied, Deployment, Endpoint, EndpointAdapter, ErrorInfo, Lease, Logger, Principal, ProviderAdapter, StreamTransform, Usage, WireJson, WireRequest } from "../contract.ts";
+import type { AccessGroupLookup, CallIntent, CallRecord, GroupCapacity, HttpCall, CallStatus, Denied, Deployment, Endpoint, EndpointAdapter, ErrorInfo, Lease, Logger, Principal, ProviderAdapter, StreamTransform, Usage, WireJson, WireRequest } from "../contract.ts";
 import { type PromptSize, promptSize } from "../cost/estimate.ts";
 import { MAX_COUNT, countableUsage } from "../cost/countable-usage.ts";
 import { maxOutput, worstCaseOf } from "../cost/worst-case.ts";
@@ -132,6 +132,10 @@ export class Intent implements CallIntent {
   get groupCapacity(): GroupCapacity {
     this.capacity ??= groupCapacity(this.snapshot.models.resolve(this.modelGroup) ?? [this.deployment]);
     return this.capacity;
+  }
+
+  get accessGroups(): AccessGroupLookup {
+    return this.snapshot.accessGroups;
   }
 
   get estimatedPromptTokens(): number {

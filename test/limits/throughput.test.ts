@@ -30,6 +30,9 @@ beforeAll(async () => {
       { model_name: "g", svc_params: { model: "mock/g2", rpm: 5 } },
       { model_name: "d", svc_params: { model: "mock/d", rpm: 6 } },
       { model_name: "e", svc_params: { model: "mock/e", rpm: 5 } },
+      { model_name: "h", svc_params: { model: "mock/h", rpm: 10 } },
+      { model_name: "k", svc_params: { model: "mock/k", rpm: 6 } },
+      { model_name: "u", svc_params: { model: "mock/u", rpm: 10 } },
     ],
     general_settings: { master_key: MASTER_KEY },
   });
@@ -89,6 +92,40 @@ describe("guaranteed_throughput", () => {
     expect(refused.message).toContain("capacity left after guaranteed keys");
     expect(await successes(a, "g", 7)).toBe(6);
     expect(await successes(b, "g", 4)).toBe(3);
+  });
+});
+
+describe("guaranteed_throughput: which keys reserve", () => {
+  const guaranteed = (rpm: number, extra: Record<string, unknown>) => requestJson<{ key: string; error?: { message: string } }>(gw, "POST", "/key/generate", { body: { rpm_limit: rpm, rpm_limit_type: "guaranteed_throughput", ...extra } });
+
+  test("a key whose models name the group through an access group, all-proxy-models or a wildcard reserves on it", async () => {
+    expect((await requestJson(gw, "POST", "/access_group/new", { body: { access_group: "ag-h", model_names: ["h"] } })).status).toBe(200);
+    expect((await guaranteed(8, { models: ["ag-h"] })).status).toBe(200);
+    // 8 of h's 10 are reserved: each of these may call h, and does not fit.
+    for (const models of [["h"], ["all-proxy-models"], ["*"], ["mock/*", "h*"]]) {
+      const over = await guaranteed(3, { models });
+      expect([models, over.status]).toEqual([models, 400]);
+      // The catch-alls may call g too, whose reservations are checked first.
+      expect(over.body.error?.message).toMatch(/model [gh] serves 10 rpm/);
+    }
+    expect((await guaranteed(2, { models: ["h"] })).status).toBe(200);
+  });
+
+  test("an expired key reserves nothing", async () => {
+    expect((await guaranteed(5, { models: ["k"], duration: "1s" })).status).toBe(200);
+    await Bun.sleep(1_500);
+    expect((await guaranteed(5, { models: ["k"] })).status).toBe(200);
+  });
+
+  test("unblocking a guaranteed key claims its share again: refused (400) when another key took it meanwhile", async () => {
+    const first = await guaranteed(8, { models: ["u"] });
+    expect((await requestJson(gw, "POST", "/key/block", { body: { key: first.body.key } })).status).toBe(200);
+    expect((await guaranteed(8, { models: ["u"] })).status).toBe(200);
+    const unblock = await requestJson<{ error: { message: string } }>(gw, "POST", "/key/unblock", { body: { key: first.body.key } });
+    expect(unblock.status).toBe(400);
+    expect(unblock.body.error.message).toContain("model u serves 10 rpm");
+    const info = await requestJson<{ info: { blocked: boolean } }>(gw, "GET", `/key/info?key=${first.body.key}`);
+    expect(info.body.info.blocked).toBe(true);
   });
 });
 

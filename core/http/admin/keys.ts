@@ -296,7 +296,7 @@ const isGuaranteed = (key: PlannedKey) => key.rpmLimitType === "guaranteed_throu
 /** A guaranteed limit must fit in what the key's models can serve (and its team's limit), or the write is a 400. */
 function checkGuaranteed(ctx: AdminCtx, key: PlannedKey, keys: Iterable<KeyRow> = ctx.identity.keys.values()): void {
   if (!isGuaranteed(key)) return;
-  const problem = guaranteedOverflow(key, ctx.snapshot.models.groups, keys, ctx.identity.teams);
+  const problem = guaranteedOverflow(key, ctx.snapshot.models.groups, keys, ctx.identity.teams, ctx.snapshot.accessGroups);
   if (problem) throw badRequest(problem, key.rpmLimitType === "guaranteed_throughput" ? "rpm_limit" : "tpm_limit");
 }
 
@@ -378,7 +378,8 @@ export async function generateKey(ctx: AdminCtx, body: Record<string, unknown>, 
   const alias = typeof input.key_alias === "string" ? input.key_alias : undefined;
   await assertAliasFree(ctx.db, alias);
 
-  const planned: PlannedKey = { token, models, teamId: team?.teamId ?? null, ...throughputOf(fields) };
+  const accessGroupIds = (fields.accessGroupIds as string[] | null | undefined) ?? [];
+  const planned: PlannedKey = { token, models, accessGroupIds, teamId: team?.teamId ?? null, ...throughputOf(fields) };
   checkGuaranteed(ctx, planned);
   const merged = { autoRotate: false, rotationInterval: null, ...fields } as Partial<KeyRow>;
   derivedTimes(ctx, fields, merged, input, now);
@@ -514,8 +515,11 @@ async function blockKey(ctx: AdminCtx, blocked: boolean): Promise<Record<string,
   const { key } = await ctx.body(KeyOnly);
   ctx.caller.requireWriter();
   const row = await keyInReach(ctx, key, blocked ? "/key/block" : "/key/unblock");
+  // A blocked key reserves nothing: unblocking a guaranteed key claims its share again, which must still fit.
+  if (!blocked) checkGuaranteed(ctx, row);
   const [updated] = await ctx.db.transaction(async (tx) => {
     await holdWrite(tx, ctx.caller);
+    if (!blocked) await checkGuaranteedStored(tx, ctx, row);
     return tx.update(virtualKeys).set({ blocked, updatedBy: ctx.caller.changedBy, updatedAt: new Date() }).where(live(row.token)).returning();
   });
   if (!updated) throw notFound("Key not found: it was deleted meanwhile.", "key");
