@@ -3,6 +3,7 @@ import { FormatRegistry, type Static, Type as T } from "@sinclair/typebox";
 import { secretProblem } from "../callbacks/signing.ts";
 import { CONTROL_CHARS } from "../header-text.ts";
 import { DURATION_PATTERN, MAX_DURATION, parseDuration } from "../identity/duration.ts";
+import { MAX_NAME_CHARS } from "../wire.ts";
 
 const HTTP_URL = /^https?:\/\//;
 
@@ -85,11 +86,11 @@ const PRICE_FIELDS = {
 };
 
 /** A name the gateway sends back in x-svc-model-group / x-svc-model-id (percent-encoded when a header cannot carry it as it is). */
-const ModelName = T.String({ minLength: 1, format: "svc-model-name" });
+const ModelName = T.String({ minLength: 1, maxLength: MAX_NAME_CHARS, format: "svc-model-name" });
 
 export const SvcParamsSchema = T.Object(
   {
-    model: T.String({ pattern: "^[^/\\s]+/\\S+$", description: "<provider>/<model>" }),
+    model: T.String({ pattern: "^[^/\\s]+/\\S+$", maxLength: MAX_NAME_CHARS, description: "<provider>/<model>" }),
     api_base: T.Optional(HttpUrl),
     api_key: T.Optional(T.String({ format: "svc-header-value", description: "a key sent in a header: Latin-1 text, no line break inside, no NUL" })),
     api_version: T.Optional(T.String()),

@@ -9,6 +9,12 @@ import { DURATION_HINT, endsAt, parseDuration } from "./duration.ts";
 
 export const Nullable = <S extends TSchema>(s: S) => T.Union([s, T.Null()]);
 
+/** A timestamp the store can hold as a client wrote it: a valid date in years 1 to 9999 (PostgreSQL has no year 0, which JavaScript parses). */
+export function storableTimestamp(at: Date): boolean {
+  const year = at.getUTCFullYear();
+  return !Number.isNaN(at.getTime()) && year >= 1 && year <= 9999;
+}
+
 /**
  * What the columns hold, as bounds of the body (past them the insert failed as a 500): money is
  * numeric(30,12), below 1e18, and a body sets at most 1e15 so spend can still grow past it; rate

@@ -9,7 +9,7 @@ import { badRequest } from "../authz.ts";
 import { Duration as Period } from "../config/schema.ts";
 import { virtualKeys } from "../store/schema.ts";
 import { DURATION_HINT, endsAt, MAX_DURATION, parseDuration } from "./duration.ts";
-import { Amount, LIMIT_COLUMNS, Parallel, Quantity } from "./fields.ts";
+import { Amount, LIMIT_COLUMNS, Parallel, Quantity, storableTimestamp } from "./fields.ts";
 import { fromApi } from "./serialize.ts";
 import { MAX_NAME_CHARS, MAX_REQUEST_TAGS } from "../wire.ts";
 
@@ -155,8 +155,8 @@ export function keyFieldsOf(body: KeyBody): Record<string, unknown> {
   for (const [prop, column] of COLUMNS) {
     if (prop in out && out[prop] === null && column.notNull) out[prop] = emptyOf(column.columnType);
   }
-  if (out.tempBudgetExpiry instanceof Date && Number.isNaN(out.tempBudgetExpiry.getTime())) {
-    throw badRequest("temp_budget_expiry must be an ISO 8601 timestamp.", "temp_budget_expiry");
+  if (out.tempBudgetExpiry instanceof Date && !storableTimestamp(out.tempBudgetExpiry)) {
+    throw badRequest("temp_budget_expiry must be an ISO 8601 timestamp in the years 0001 to 9999.", "temp_budget_expiry");
   }
   return out;
 }

@@ -42,7 +42,7 @@ type Db = NonNullable<TestGateway["host"]>["store"]["db"];
 
 // ---- random valid values
 
-const TEXTS = ['q "quoted" \\ back', "it's", "客户-ü-😀", "<b>&amp;</b>", "tab\there", "line\nbreak", "undefined", "null", " spaced ", "Ångström ß", "x".repeat(300), "%_like"];
+const TEXTS = ['q "quoted" \\ back', "it's", "客户-ü-😀", "<b>&amp;</b>", "tab\there", "line\nbreak", "undefined", "null", " spaced ", "Ångström ß", "x".repeat(220), "%_like"];
 const MONEY = [0, 0.000001, 12345.678901, 1, 0.1, 0.3, 99.99, 1e15, 123456789.123456, 7.000000000001, 0.000000000001, 42];
 const PERIODS = ["30s", "15m", "24h", "7d", "2w", "1mo", "1y", " 3d", "1 h"];
 const MODELS = ["alpha-model", "gpt-4o", "claude-ü", "openai/*", 'm "q"'];

@@ -15,7 +15,7 @@ import { Elysia } from "elysia";
 import { badRequest, notFound } from "../../authz.ts";
 import { Duration } from "../../config/schema.ts";
 import { GatewayError } from "../../errors.ts";
-import { CountField, MoneyField, Nullable, ParallelField, resetAt } from "../../identity/fields.ts";
+import { CountField, MoneyField, Nullable, ParallelField, resetAt, storableTimestamp } from "../../identity/fields.ts";
 import type { BudgetRow, IdentityChange } from "../../identity/records.ts";
 import type { Exec } from "../../identity/members.ts";
 import { followedReset } from "../../identity/budget-period.ts";
@@ -83,7 +83,7 @@ function budgetProps(body: BudgetBody): Record<string, unknown> {
   const reset = resetAt(body.budget_duration);
   if (body.budget_reset_at !== undefined) {
     const at = body.budget_reset_at === null ? null : new Date(body.budget_reset_at);
-    if (at && Number.isNaN(at.getTime())) throw badRequest(`budget_reset_at is not a timestamp: ${body.budget_reset_at}.`, "budget_reset_at");
+    if (at && !storableTimestamp(at)) throw badRequest(`budget_reset_at is not a timestamp in the years 0001 to 9999: ${body.budget_reset_at}.`, "budget_reset_at");
     props.budgetResetAt = at;
   } else if (reset !== undefined) props.budgetResetAt = reset;
   return props;

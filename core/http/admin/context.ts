@@ -25,6 +25,7 @@ import type { Db } from "../../store/db.ts";
 import { auditLog } from "../../store/schema.ts";
 import { authenticate, requireMasterKeyConfigured } from "../auth.ts";
 import { checker, readBodyKeepingNumbers } from "../validate.ts";
+import { MAX_NAME_CHARS } from "../../wire.ts";
 
 export interface AdminDeps {
   live: Live;
@@ -70,19 +71,32 @@ const checkers = new WeakMap<TSchema, (v: unknown) => unknown>();
 // biome-ignore lint/suspicious/noControlCharactersInRegex: NUL is what is looked for
 const UNSTORABLE = /\u0000|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
 
-/** Where in a parsed body (a field path as the 422s name it) the first text the store cannot hold is. */
-function unstorableAt(body: Record<string, unknown>): string | undefined {
+/**
+ * Ids and names the store indexes, wherever they appear in a body (a member's `user_id` too): each
+ * is at most MAX_NAME_CHARS, as a call's model and user are. An index entry holds ~2,700 bytes, and
+ * ids also make up the daily aggregates' keys (entity, key, model, group): a 2,700-character
+ * `team_id` was stored, and then every call of its keys was refused by the spend log, uncharged.
+ */
+const NAME_FIELDS: ReadonlySet<string> = new Set(["team_id", "user_id", "organization_id", "budget_id", "user_email", "key_alias", "access_group", "access_group_id", "model_name"]);
+/** The same by their place: a stored model's id and its upstream model. */
+const NAME_PATHS: ReadonlySet<string> = new Set(["model_info.id", "svc_params.model"]);
+
+type BodyProblem = { at: string; kind: "unstorable" | "too long" };
+
+/** Where in a parsed body (a field path as the 422s name it) the first text the store cannot hold, or an overlong id or name, is. */
+function problemAt(body: Record<string, unknown>): BodyProblem | undefined {
   // Iterative: a body may nest deeper than the call stack.
-  const stack: [unknown, string][] = [[body, ""]];
+  const stack: [unknown, string, string][] = [[body, "", ""]];
   for (let item = stack.pop(); item; item = stack.pop()) {
-    const [value, path] = item;
+    const [value, path, name] = item;
     if (typeof value === "string") {
-      if (UNSTORABLE.test(value)) return path;
+      if (UNSTORABLE.test(value)) return { at: path, kind: "unstorable" };
+      if (value.length > MAX_NAME_CHARS && (NAME_FIELDS.has(name) || NAME_PATHS.has(path))) return { at: path, kind: "too long" };
     } else if (value && typeof value === "object") {
       for (const [k, v] of Object.entries(value)) {
         const at = path ? `${path}.${k}` : k;
-        if (UNSTORABLE.test(k)) return at;
-        stack.push([v, at]);
+        if (UNSTORABLE.test(k)) return { at, kind: "unstorable" };
+        stack.push([v, at, k]);
       }
     }
   }
@@ -91,6 +105,8 @@ function unstorableAt(body: Record<string, unknown>): string | undefined {
 
 const unstorable = (where: string) =>
   GatewayError.of(422, `Invalid request: ${where}: contains a NUL character or an unpaired surrogate, which cannot be stored`, "validation_error", where);
+
+const tooLong = (where: string) => GatewayError.of(422, `Invalid request: ${where}: at most ${MAX_NAME_CHARS} characters (an id or name the store indexes)`, "validation_error", where);
 
 /** The path's segments and the query must be valid percent-encoding of storable text. */
 function checkUrl(url: URL): void {
@@ -137,8 +153,8 @@ export function adminRoute<R>(deps: AdminDeps, handler: (ctx: AdminCtx) => Promi
       async body(schema) {
         if (!parsed) {
           parsed = await readBodyKeepingNumbers(request, snapshot.settings.maxRequestBytes);
-          const at = unstorableAt(parsed);
-          if (at !== undefined) throw unstorable(at);
+          const problem = problemAt(parsed);
+          if (problem) throw problem.kind === "unstorable" ? unstorable(problem.at) : tooLong(problem.at);
         }
         let check = checkers.get(schema);
         if (!check) {
@@ -155,16 +171,22 @@ export function adminRoute<R>(deps: AdminDeps, handler: (ctx: AdminCtx) => Promi
         await forgetAlerts(store.db, ids);
       },
       async audit(e) {
-        await store.db.insert(auditLog).values({
-          id: randomUUID(),
-          changedBy: caller.changedBy,
-          changedByApiKey: principal.keyHash,
-          action: e.action,
-          tableName: e.table,
-          objectId: e.objectId,
-          beforeValue: e.before === undefined ? null : redactSecrets(asApi(e.before)),
-          updatedValues: e.after === undefined ? null : redactSecrets(asApi(e.after)),
-        });
+        // Written after the change has committed: a failure here must not answer a 500 for a
+        // change that was made (a created key's plaintext would be lost with it). It is logged.
+        try {
+          await store.db.insert(auditLog).values({
+            id: randomUUID(),
+            changedBy: caller.changedBy,
+            changedByApiKey: principal.keyHash,
+            action: e.action,
+            tableName: e.table,
+            objectId: e.objectId,
+            beforeValue: e.before === undefined ? null : redactSecrets(asApi(e.before)),
+            updatedValues: e.after === undefined ? null : redactSecrets(asApi(e.after)),
+          });
+        } catch (err) {
+          deps.log.error("audit log entry not written; the change itself was made", { table: e.table, action: e.action, error: err instanceof Error ? err.message : String(err) });
+        }
       },
     };
     const storeDown = async (err?: unknown): Promise<GatewayError | undefined> => {
