@@ -154,8 +154,7 @@ function streamError(data: string): StreamPart {
   const e = asObject(asObject(JSON.parse(data)).error);
   const code = Number(e.code ?? e.status);
   const status = Number.isInteger(code) && code >= 400 && code < 600 ? mapUpstreamStatus(code) : 500;
-  const said = Number.isInteger(code) ? ` (${code})` : "";
-  return { type: "error", error: errorInfo(status, `stream error event${said}: ${String(e.message ?? "upstream error")}`) };
+  return { type: "error", error: errorInfo(status, String(e.message ?? "upstream error")) };
 }
 
 /**
