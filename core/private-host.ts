@@ -10,9 +10,15 @@ import { BoundedMap } from "./bounded-map.ts";
 
 const PRIVATE_V4 = [/^127\./, /^10\./, /^172\.(1[6-9]|2\d|3[01])\./, /^192\.168\./, /^169\.254\./, /^0\./];
 
+/**
+ * A host as names compare: without IPv6 brackets, lower case, and without the trailing dot of a
+ * fully qualified name (`localhost.` is `localhost`, and reaches this machine as surely).
+ */
+const bare = (hostname: string): string => hostname.replace(/^\[|\]$/g, "").replace(/\.+$/, "").toLowerCase();
+
 /** `hostname` as `URL.hostname` gives it (IPv6 in brackets). */
 export function isPrivateHost(hostname: string): boolean {
-  const host = hostname.replace(/^\[|\]$/g, "").toLowerCase();
+  const host = bare(hostname);
   if (host === "localhost" || host.endsWith(".localhost")) return true;
   const v = isIP(host);
   if (v === 4) return PRIVATE_V4.some((r) => r.test(host));
@@ -27,9 +33,14 @@ export interface HostCheck {
   /**
    * The address the check passed, which the fetch then connects to (pinned-fetch.ts): a record
    * changed between this lookup and the fetch's own (DNS rebinding with a zero TTL) would send it
-   * inside. Undefined for an address literal (nothing to pin) and for a name that does not resolve.
+   * inside. Undefined for an address literal (nothing to pin).
    */
   address?: string;
+  /**
+   * The name did not resolve here: the fetch is refused too, as its own resolver may still find an
+   * address this check never saw (Bun's fetch resolves `*.localhost` to loopback by itself).
+   */
+  unresolved?: true;
 }
 
 /** The resolver checks use; a test replaces `lookup` to play a record that changes. */
@@ -40,10 +51,10 @@ export const hostResolver = { lookup: (host: string) => lookup(host, { all: true
  * its owner points inward) passes `isPrivateHost` and still makes the gateway fetch this machine or
  * its network (LiteLLM's SSRF reports, #24952, #37053), so it is resolved before each fetch, refused
  * when any of its addresses is inside, and otherwise fetched at the address checked. A name that
- * does not resolve is left to the fetch (which fails). A lookup is reused for LOOKUP_REUSE_MS.
+ * does not resolve is refused as well (`unresolved`). A lookup is reused for LOOKUP_REUSE_MS.
  */
 export function checkHost(hostname: string, now = Date.now()): Promise<HostCheck> {
-  const host = hostname.replace(/^\[|\]$/g, "");
+  const host = bare(hostname);
   if (isPrivateHost(host)) return Promise.resolve({ inside: host });
   if (isIP(host)) return Promise.resolve({});
   const seen = lookups.get(host);
@@ -51,9 +62,10 @@ export function checkHost(hostname: string, now = Date.now()): Promise<HostCheck
   const check = hostResolver.lookup(host).then(
     (addresses): HostCheck => {
       const inside = addresses.find((a) => isPrivateHost(a.address))?.address;
-      return inside ? { inside } : { address: addresses[0]?.address };
+      if (inside) return { inside };
+      return addresses[0] ? { address: addresses[0].address } : { unresolved: true };
     },
-    (): HostCheck => ({}),
+    (): HostCheck => ({ unresolved: true }),
   );
   lookups.set(host, { at: now, check });
   return check;

@@ -175,6 +175,10 @@ export class WebhookSender {
       this.log.warn("team webhook not delivered: its host resolves to this machine or a private network", { webhook: where(target.url), address: check.inside });
       return;
     }
+    if (check?.unresolved) {
+      this.log.warn("team webhook not delivered: its host does not resolve", { webhook: where(target.url) });
+      return;
+    }
     for (let attempt = 1; attempt <= 2; attempt++) {
       try {
         // A content type the team registered is sent as it is, instead of the gateway's (never both).

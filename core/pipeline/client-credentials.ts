@@ -62,6 +62,7 @@ export function refuseInwardApiBase(endpoint: Endpoint, body: WireRequest[Endpoi
   const host = new URL(apiBase).hostname;
   return checkHost(host).then((check) => {
     if (check.inside) throw refuse(`api_base host ${host} is not allowed: it resolves to ${check.inside}, and loopback and private addresses are refused.`, "api_base");
+    if (check.unresolved) throw refuse(`api_base host ${host} does not resolve.`, "api_base");
     return { host, address: check.address ?? host };
   });
 }

@@ -107,7 +107,7 @@ describe("team logging callbacks", () => {
   test("a team admin may not point a webhook at this machine or a private network (SSRF); a proxy admin may", async () => {
     const hook = (url: string) => ({ callbacks: [{ callback_type: "webhook", url }] });
     expect((await requestJson(gw, "POST", "/team/cb-team/callback", { key: keys.admin, body: hook("https://hooks.example.invalid/in") })).status).toBe(200);
-    const privateUrls = [`http://127.0.0.1:${hookServer.port}/hook`, "http://169.254.169.254/latest/meta-data", "http://[::1]:8080/", "http://localhost/x", "http://10.1.2.3/", "http://192.168.0.9/", "http://2130706433/"];
+    const privateUrls = [`http://127.0.0.1:${hookServer.port}/hook`, "http://169.254.169.254/latest/meta-data", "http://[::1]:8080/", "http://localhost/x", "http://10.1.2.3/", "http://192.168.0.9/", "http://2130706433/", `http://localhost.:${hookServer.port}/hook`, "http://foo.localhost./x"];
     for (const url of privateUrls) {
       const r = await requestJson<{ error: { message: string } }>(gw, "POST", "/team/cb-team/callback", { key: keys.admin, body: hook(url) });
       expect([url, r.status]).toEqual([url, 400]);

@@ -76,11 +76,16 @@ describe("client-side credentials", () => {
     const gw = await startTestGateway(config({ allow_client_side_credentials: true }));
     try {
       expect((await embed(gw, { api_base: clients.url })).status).toBe(400);
-      for (const base of ["https://127.0.0.1/v1", "https://10.0.0.5/v1", "https://169.254.169.254/latest", "https://localhost/v1"]) {
+      // A fully qualified name's trailing dot changes nothing: `localhost.` is this machine too.
+      for (const base of ["https://127.0.0.1/v1", "https://10.0.0.5/v1", "https://169.254.169.254/latest", "https://localhost/v1", "https://localhost.:1/v1", "https://foo.localhost./v1"]) {
         const r = await embed(gw, { api_base: base });
-        expect(r.status).toBe(400);
+        expect([base, r.status]).toEqual([base, 400]);
         expect(r.body.error!.message).toContain("private addresses");
       }
+      // A name that does not resolve here is refused too: the fetch's own resolver might find one the check never saw.
+      const unresolved = await embed(gw, { api_base: "https://no-such-host.invalid/v1" });
+      expect(unresolved.status).toBe(400);
+      expect(unresolved.body.error!.message).toContain("does not resolve");
       // The client's key alone goes to the configured address.
       expect((await embed(gw, { api_key: "sk-operator" })).status).toBe(200);
     } finally {
