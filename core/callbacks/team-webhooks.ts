@@ -97,18 +97,30 @@ export function callPayload(call: CallRecord): Record<string, unknown> {
 }
 
 interface Queue {
-  /** Deliveries of this webhook under way. */
-  active: number;
   /** Deliveries of this webhook waiting for a turn, in order; `id` is the event's, the same on every attempt (signing.ts). */
   waiting: { target: WebhookTarget; body: string; id: string }[];
+}
+
+/**
+ * What is under way in this process, every sender together: the bounds are Bun's fetch's, which
+ * is per process, and a reload makes a new sender while the retired one still delivers (each
+ * counting its own, two senders with hung webhooks held every fetch slot, model calls queued).
+ */
+const underWay = { all: 0, byUrl: new Map<string, number>() };
+/** Senders with deliveries waiting: a turn that ends anywhere may start one of theirs. */
+const waitingSenders = new Set<WebhookSender>();
+
+function pumpAll(): void {
+  for (const sender of waitingSenders) {
+    if (underWay.all >= MAX_ACTIVE) return;
+    sender.pump();
+  }
 }
 
 export class WebhookSender {
   /** One queue per webhook URL (removed when empty). */
   private readonly queues = new Map<string, Queue>();
-  /** Deliveries under way, all webhooks together. */
-  private active = 0;
-  /** Deliveries under way or waiting. */
+  /** This sender's deliveries under way or waiting. */
   private pending = 0;
   private dropped = 0;
   private idleWaiters: (() => void)[] = [];
@@ -119,37 +131,42 @@ export class WebhookSender {
   post(target: WebhookTarget, payload: Record<string, unknown>): void {
     let q = this.queues.get(target.url);
     if (!q) {
-      q = { active: 0, waiting: [] };
+      q = { waiting: [] };
       this.queues.set(target.url, q);
     }
-    if (q.active + q.waiting.length >= MAX_WAITING) {
+    if ((underWay.byUrl.get(target.url) ?? 0) + q.waiting.length >= MAX_WAITING) {
       if (this.dropped++ % 1000 === 0) this.log.warn("team webhook deliveries dropped: too many waiting", { webhook: where(target.url), dropped: this.dropped });
       return;
     }
     // A call's event is known by the call's id; an alert gets one of its own.
     q.waiting.push({ target, body: JSON.stringify(payload), id: typeof payload.id === "string" ? payload.id : `msg_${randomUUID()}` });
     this.pending++;
+    waitingSenders.add(this);
     this.pump();
   }
 
-  /** Starts what may start: a turn for each webhook in order, while it and all webhooks together are under their bounds. */
-  private pump(): void {
-    for (let started = true; started && this.active < MAX_ACTIVE; ) {
+  /** Starts what may start: a turn for each webhook in order, while it and all webhooks of the process together are under their bounds. */
+  pump(): void {
+    for (let started = true; started && underWay.all < MAX_ACTIVE; ) {
       started = false;
       for (const [url, q] of this.queues) {
-        if (this.active >= MAX_ACTIVE) return;
-        const next = q.active < PER_WEBHOOK ? q.waiting.shift() : undefined;
+        if (underWay.all >= MAX_ACTIVE) return;
+        const active = underWay.byUrl.get(url) ?? 0;
+        const next = active < PER_WEBHOOK ? q.waiting.shift() : undefined;
         if (!next) continue;
         started = true;
-        q.active++;
-        this.active++;
+        underWay.byUrl.set(url, active + 1);
+        underWay.all++;
         void this.deliver(next.target, next.body, next.id).finally(() => {
-          q.active--;
-          this.active--;
+          const left = (underWay.byUrl.get(url) ?? 1) - 1;
+          if (left > 0) underWay.byUrl.set(url, left);
+          else underWay.byUrl.delete(url);
+          underWay.all--;
           this.pending--;
-          if (q.active === 0 && q.waiting.length === 0) this.queues.delete(url);
+          if (q.waiting.length === 0 && this.queues.get(url) === q) this.queues.delete(url);
+          if (this.queues.size === 0) waitingSenders.delete(this);
           if (this.pending === 0) for (const w of this.idleWaiters.splice(0)) w();
-          this.pump();
+          pumpAll();
         });
       }
     }
