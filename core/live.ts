@@ -15,6 +15,8 @@ import { deliverPending } from "./pipeline/record.ts";
 
 /** How long a plugin's dispose may take before the gateway goes on without it (a stop, a reload). */
 const PLUGIN_DISPOSE_MS = 2000;
+/** How long a stop waits for a reload under way before it goes on. */
+const CLOSE_WAITS_FOR_RELOAD_MS = 5000;
 
 /**
  * How often the watch also looks at the file the config path leads to: what the path watch does not
@@ -280,7 +282,8 @@ export class Live {
     clearTimeout(this.debounce);
     clearInterval(this.fileCheck);
     await this.watcher?.close();
-    await this.chain;
+    // A reload under way may finish first, but not hold the stop (a plugin's setup is bounded too).
+    await Promise.race([this.chain, new Promise((resolve) => setTimeout(resolve, CLOSE_WAITS_FOR_RELOAD_MS).unref?.())]);
     await this.dispose(this.snap);
     for (const s of [...this.retired]) await this.dispose(s);
   }

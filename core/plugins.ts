@@ -59,10 +59,36 @@ export interface LoadedPlugin {
   hooks: Hooks;
 }
 
-/** Fills in a plugin's config defaults, validates it against its own schema, then runs its setup. */
+/**
+ * How long a plugin's setup may take. One that never ends would hold the config being loaded, every
+ * reload after it (they run in turn), and the gateway's stop. A test shortens it on this object.
+ */
+export const pluginTiming = { setupMs: 30_000 };
+
+/** Fills in a plugin's config defaults, validates it against its own schema, then runs its setup (bounded by pluginTiming.setupMs). */
 export async function setupPlugin(plugin: PluginDef, rawConfig: unknown, ctx: PluginContext, where: string): Promise<LoadedPlugin> {
   const cfg = withDefaults(plugin.config, rawConfig ?? {});
   const errors = schemaErrors(plugin.config, cfg, `${where}`);
   if (errors.length > 0) throw new AggregateError([], errors.map((e) => `plugin ${plugin.name}: ${e}`).join("\n"));
-  return { name: plugin.name, hooks: await plugin.setup(cfg, ctx) };
+  const setup = Promise.resolve(plugin.setup(cfg, ctx));
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  let late = false;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => {
+      late = true;
+      reject(new AggregateError([], `plugin ${plugin.name}: its setup did not finish within ${pluginTiming.setupMs / 1000} s`));
+    }, pluginTiming.setupMs);
+  });
+  // A setup that finishes after it was given up on serves nothing: its hooks are disposed.
+  setup.then(
+    (hooks) => {
+      if (late) void Promise.resolve(hooks.dispose?.()).catch(() => undefined);
+    },
+    () => undefined,
+  );
+  try {
+    return { name: plugin.name, hooks: await Promise.race([setup, timeout]) };
+  } finally {
+    clearTimeout(timer);
+  }
 }

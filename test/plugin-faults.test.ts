@@ -9,6 +9,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { relative, resolve } from "node:path";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { gateTiming } from "../core/pipeline/call.ts";
 import { MASTER_KEY, requestJson, spawnGateway, startTestGateway, type TestGateway } from "./harness/gateway.ts";
 
 const FAULTY = resolve(import.meta.dir, "fixtures/plugins/faulty.ts");
@@ -17,9 +18,12 @@ const fromTempConfig = (abs: string) => relative(join(tmpdir(), "gw-test-anythin
 
 // Priced so that a call reserves its worst case on the key's budget: 1,000 answer tokens cost $0.01.
 const priced = { input_cost_per_token: 0.000001, output_cost_per_token: 0.00001 };
-const GROUPS = ["ok", "limiter-throws", "limiter-rejects", "budget-throws", "budget-rejects"];
+const GROUPS = ["ok", "limiter-throws", "limiter-rejects", "limiter-hangs", "budget-throws", "budget-rejects"];
 const config = {
-  model_list: GROUPS.map((g) => ({ model_name: g, svc_params: { model: "mock/chat" }, model_info: priced })),
+  model_list: [
+    ...GROUPS.map((g) => ({ model_name: g, svc_params: { model: "mock/chat" }, model_info: priced })),
+    { model_name: "transport-hangs", svc_params: { model: "hang/chat", timeout: 1 }, model_info: priced },
+  ],
   plugins: [{ path: fromTempConfig(FAULTY), config: {} }],
   general_settings: { master_key: MASTER_KEY },
 };
@@ -47,6 +51,31 @@ describe("a plugin's faulty gate", () => {
       }
     });
   }
+
+  test("a gate that never answers: a 503 once the gate time is up, and the key's parallel-request slot is given back", async () => {
+    const saved = gateTiming.timeoutMs;
+    gateTiming.timeoutMs = 500;
+    try {
+      const key = await newKey({ max_parallel_requests: 1 });
+      const t0 = Date.now();
+      const failed = await chat(key, "limiter-hangs");
+      expect(failed.status).toBe(503);
+      expect(failed.body.error?.message).toContain("did not answer");
+      expect(Date.now() - t0).toBeLessThan(5_000);
+      expect((await chat(key, "ok")).status).toBe(200);
+    } finally {
+      gateTiming.timeoutMs = saved;
+    }
+  });
+
+  test("a provider whose transport never answers and ignores its signal: a 408 at the deployment's timeout, and the key's slot is given back", async () => {
+    const key = await newKey({ max_parallel_requests: 1 });
+    const t0 = Date.now();
+    const failed = await chat(key, "transport-hangs");
+    expect(failed.status).toBe(408);
+    expect(Date.now() - t0).toBeLessThan(5_000);
+    expect((await chat(key, "ok")).status).toBe(200);
+  });
 
   for (const model of ["budget-throws", "budget-rejects"]) {
     test(`${model}: a 500 in the envelope, and the key's budget reservation is given back`, async () => {

@@ -9,6 +9,7 @@ import { tmpdir } from "node:os";
 import { join, relative, resolve } from "node:path";
 import OpenAI from "openai";
 import { Live } from "../core/live.ts";
+import { pluginTiming } from "../core/plugins.ts";
 import { SnapshotError } from "../core/snapshot.ts";
 import { type SinkEntry, sink } from "./fixtures/plugins/echo.ts";
 import { type ConfigInput, configText, MASTER_KEY, memoryLogger, startTestGateway, type TestGateway, tempDir } from "./harness/gateway.ts";
@@ -164,6 +165,37 @@ describe("a plugin's config gets the defaults its schema declares", () => {
       expect(refused.ok ? "" : refused.errors.join("\n")).toContain("plugin defaults-probe: /plugins/0/config/tiers/bronze/label: Expected required property");
     } finally {
       await probe.stop();
+    }
+  });
+});
+
+describe("a plugin whose setup never ends", () => {
+  const HANG = join(FIXTURES, "hang-setup.ts");
+  const model = (name: string) => ({ model_name: name, svc_params: { model: `mock/${name}` } });
+  const withPlugin = (hang: boolean, models: string[]) => ({
+    model_list: models.map(model),
+    plugins: [{ path: fromTempConfig(HANG), config: { hang } }],
+    general_settings: { master_key: MASTER_KEY },
+  });
+
+  test("a reload is refused once its setup time is up (the old config serving), later reloads still apply, and the stop is not held", async () => {
+    const saved = pluginTiming.setupMs;
+    pluginTiming.setupMs = 300;
+    const gw = await startTestGateway(withPlugin(false, ["before"]));
+    try {
+      gw.writeConfig(withPlugin(true, ["before", "never"]));
+      const refused = await gw.live.reload("test");
+      expect(refused.ok ? "" : refused.errors.join("\n")).toContain("plugin hang-setup: its setup did not finish within 0.3 s");
+      const listed = async () => ((await (await fetch(`${gw.baseURL}/models`, { headers: { authorization: `Bearer ${MASTER_KEY}` } })).json()) as { data: { id: string }[] }).data.map((m) => m.id);
+      expect(await listed()).toEqual(["before"]);
+      gw.writeConfig(withPlugin(false, ["before", "after"]));
+      expect((await gw.live.reload("test")).ok).toBe(true);
+      expect(await listed()).toEqual(["before", "after"]);
+    } finally {
+      const t0 = Date.now();
+      await gw.stop();
+      expect(Date.now() - t0).toBeLessThan(5_000);
+      pluginTiming.setupMs = saved;
     }
   });
 });

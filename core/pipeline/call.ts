@@ -72,6 +72,32 @@ function denied(result: Denied): Refusal {
  * synchronous while the gates answer synchronously (the common case: no budget applies), so a
  * call pays no extra event-loop turns for gates that have nothing to say.
  */
+/**
+ * The longest an asynchronous gate may take (a budget's first reading of a stored spend may take
+ * seconds). A plugin's gate that never answers would hold the call, and what the gates before it
+ * granted (a parallel-request slot), for good. A test shortens it on this object.
+ */
+export const gateTiming = { timeoutMs: 30_000 };
+
+/** `result`, or a 503 once it took gateTiming.timeoutMs; a grant that comes after that is given back. */
+function bounded(result: Promise<Lease | Denied>): Promise<Lease | Denied> {
+  let late = false;
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => {
+      late = true;
+      reject(GatewayError.of(503, `A rate-limit or budget check did not answer within ${gateTiming.timeoutMs / 1000} s; the call was not made.`, "api_error"));
+    }, gateTiming.timeoutMs);
+  });
+  result.then(
+    (r) => {
+      if (late && r.ok) cancelAll([r]);
+    },
+    () => undefined,
+  );
+  return Promise.race([result, timeout]).finally(() => clearTimeout(timer));
+}
+
 export function acquireLeases(gates: readonly Gate[], intent: CallIntent): Lease[] | Promise<Lease[]> {
   const granted: Lease[] = [];
   /** A gate that fails (a plugin's bug, its backend down) takes back what the others granted, as a refusal does. */
@@ -89,7 +115,7 @@ export function acquireLeases(gates: readonly Gate[], intent: CallIntent): Lease
       }
       if (result instanceof Promise) {
         const next = i + 1;
-        return result.then((r) => {
+        return bounded(result).then((r) => {
           if (!r.ok) {
             cancelAll(granted);
             throw denied(r);

@@ -125,10 +125,26 @@ function connectionError(d: Deployment, err: unknown): GatewayError {
   return new GatewayError(errorInfo(503, `APIConnectionError: could not connect to ${d.provider} for model ${d.modelName} (${errorCode(err)})`, "api_connection_error"));
 }
 
+/**
+ * `work`, or a rejection once the deadline's signal aborts (timed out, or the client left): a
+ * plugin's `authorize` or `transport` that ignores the signal must not hold the call past its
+ * timeout, nor its key's slot for good.
+ */
+function untilDeadline<T>(work: Promise<T>, signal: AbortSignal): Promise<T> {
+  if (signal.aborted) return Promise.reject(signal.reason);
+  let onAbort: (() => void) | undefined;
+  const aborted = new Promise<never>((_, reject) => {
+    onAbort = () => reject(signal.reason);
+    signal.addEventListener("abort", onAbort, { once: true });
+  });
+  work.catch(() => undefined);
+  return Promise.race([work, aborted]).finally(() => signal.removeEventListener("abort", onAbort!));
+}
+
 export async function send(adapter: ProviderAdapter, d: Deployment, built: HttpCall, deadline: Deadline): Promise<Response> {
   try {
-    const call = adapter.authorize ? await adapter.authorize(built, d) : built;
-    if (adapter.transport) return await adapter.transport(call, deadline.signal);
+    const call = adapter.authorize ? await untilDeadline(Promise.resolve(adapter.authorize(built, d)), deadline.signal) : built;
+    if (adapter.transport) return await untilDeadline(adapter.transport(call, deadline.signal), deadline.signal);
     // A client-chosen host: connected to at the address checked, and a redirect is not followed (it
     // would send the call, with the client's key, to an address nobody checked). An adapter that
     // does not call api_base (its provider's own endpoint) is not pinned.
