@@ -293,7 +293,7 @@ describe("embedded store (default)", () => {
       expect(ready.status).toBe(200);
       expect(ready.body).toMatchObject({ status: "healthy", db: "connected", redis: "not configured", cache: null });
       expect(ready.body.db_detail).toMatch(/^PostgreSQL \d+.*\(PGlite \d+\.\d+\.\d+\)/);
-      expect(readFileSync(lock, "utf8").trim()).toBe(String(gw.proc.pid));
+      expect(readFileSync(lock, "utf8").trim().split(" ")[0]).toBe(String(gw.proc.pid));
       expect(await mockChat(gw)).toBe("This is a mock response to: ping");
 
       const second = await gateway(MOCK_CONFIG, { args: ["--data-dir", dataDir], waitForListen: false });
@@ -302,7 +302,7 @@ describe("embedded store (default)", () => {
       expect(await outputWith(second, inUse)).toContain(inUse);
       expect(second.output()).not.toMatch(/^\s+at /m);
       // The refused one did not disturb the running one or its lock.
-      expect(readFileSync(lock, "utf8").trim()).toBe(String(gw.proc.pid));
+      expect(readFileSync(lock, "utf8").trim().split(" ")[0]).toBe(String(gw.proc.pid));
       expect((await readiness(gw)).status).toBe(200);
 
       gw.proc.kill("SIGTERM");
@@ -322,13 +322,13 @@ describe("embedded store (default)", () => {
       const first = await gateway(MOCK_CONFIG, { dir });
       first.proc.kill("SIGKILL");
       await first.exited;
-      expect(readFileSync(join(dataDir, "gateway.lock"), "utf8").trim()).toBe(String(first.proc.pid));
+      expect(readFileSync(join(dataDir, "gateway.lock"), "utf8").trim().split(" ")[0]).toBe(String(first.proc.pid));
 
       const second = await gateway(MOCK_CONFIG, { dir });
       const ready = await readiness(second);
       expect(ready.status).toBe(200);
       expect(ready.body.db).toBe("connected");
-      expect(readFileSync(join(dataDir, "gateway.lock"), "utf8").trim()).toBe(String(second.proc.pid));
+      expect(readFileSync(join(dataDir, "gateway.lock"), "utf8").trim().split(" ")[0]).toBe(String(second.proc.pid));
       expect(await second.stop()).toBe(0);
     },
     SLOW,
