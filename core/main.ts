@@ -29,6 +29,23 @@ function warnNoMasterKey(): void {
   );
 }
 
+/**
+ * Bun's fetch makes at most BUN_CONFIG_MAX_HTTP_REQUESTS requests at once (256 unless set) and
+ * queues the rest, whichever provider they are for: 256 long streams, or calls to one provider
+ * that hangs, make every other provider's calls wait (and time out, and cool healthy deployments
+ * down). It is read once, when the process starts, so only its environment can raise it
+ * (`npm start` sets 4096).
+ */
+const FEW_UPSTREAM_CONNECTIONS = 1024;
+
+function warnFewUpstreamConnections(): void {
+  const set = Number(process.env.BUN_CONFIG_MAX_HTTP_REQUESTS ?? 256);
+  if (set >= FEW_UPSTREAM_CONNECTIONS) return;
+  log.warn(
+    `at most ${set} upstream calls can be under way at once (BUN_CONFIG_MAX_HTTP_REQUESTS); past that, calls to every provider wait in one queue. Start the gateway with BUN_CONFIG_MAX_HTTP_REQUESTS=4096 in its environment (npm start does).`,
+  );
+}
+
 async function main(): Promise<void> {
   let opts: ReturnType<typeof parseRunOptions>;
   try {
@@ -49,6 +66,7 @@ async function main(): Promise<void> {
   // in the first requests' GC pauses.
   Bun.gc(true);
   if (!live.current.settings.masterKey) warnNoMasterKey();
+  warnFewUpstreamConnections();
 
   const app = createApp({ live, log, services: host.services, probes: { store: store.ping, redis: async () => redis?.ping(), version: pkg.version } });
   const server = Bun.serve({ port: opts.port, hostname: opts.host, ...serveOptions(app), idleTimeout: 255 });

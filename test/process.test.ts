@@ -420,6 +420,17 @@ describe("Redis (REDIS_URL)", () => {
   });
 });
 
+describe("upstream calls at once", () => {
+  test("below 1024 (Bun's default is 256), the start warns how to raise it; with npm start's 4096 it does not", async () => {
+    const few = await gateway(MOCK_CONFIG, { env: { DATABASE_URL: sharedDbUrl, BUN_CONFIG_MAX_HTTP_REQUESTS: undefined } });
+    expect(few.output()).toContain("at most 256 upstream calls can be under way at once");
+    expect(await few.stop()).toBe(0);
+    const many = await gateway(MOCK_CONFIG, { env: { DATABASE_URL: sharedDbUrl, BUN_CONFIG_MAX_HTTP_REQUESTS: "4096" } });
+    expect(many.output()).not.toContain("upstream calls can be under way");
+    expect(await many.stop()).toBe(0);
+  });
+});
+
 describe("no master key", () => {
   test("a loud warning at start; management and model calls are refused with 401 saying how to set one", async () => {
     const gw = await gateway(MOCK_CONFIG, { env: { DATABASE_URL: sharedDbUrl, SVC_MASTER_KEY: "" } });
