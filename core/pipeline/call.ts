@@ -8,6 +8,7 @@ import { type PromptSize, promptSize } from "../cost/estimate.ts";
 import { MAX_COUNT, countableUsage } from "../cost/countable-usage.ts";
 import { maxOutput, worstCaseOf } from "../cost/worst-case.ts";
 import { groupCapacity } from "../limits/capacity.ts";
+import { IMAGE_QUALITIES, IMAGE_SIZES, imagesAsked } from "../wire.ts";
 import { picoToText } from "../cost/money.ts";
 import { GatewayError, errorInfo } from "../errors.ts";
 import { headerText } from "../header-text.ts";
@@ -302,6 +303,19 @@ export function callRecord(ctx: CallContext, endpoint: Endpoint, body: WireReque
   };
 }
 
+/**
+ * An image model priced per size and quality (dall-e-3, gpt-image-1) asked for a size or quality
+ * it has no price for ("13x7", "ultra") is refused: OpenAI refuses them, and a compatible server
+ * that made such images would have them logged and budgeted at $0.
+ */
+function refuseUnpricedImageVariant(snapshot: Snapshot, d: Deployment, req: WireRequest["images"]): void {
+  const asked = imagesAsked(req);
+  if (asked.size === undefined && asked.quality === undefined) return;
+  if (!snapshot.pricing.priceOf(d, {}) || snapshot.pricing.priceOf(d, asked)) return;
+  const what = [asked.size === undefined ? "" : `size ${asked.size}`, asked.quality === undefined ? "" : `quality ${asked.quality}`].filter(Boolean).join(" and ");
+  throw GatewayError.of(400, `${req.model} has no price for ${what}: use a size and quality it makes (e.g. ${IMAGE_SIZES.slice(0, 3).join(", ")}; ${IMAGE_QUALITIES.join(", ")}).`, "invalid_request_error", asked.size !== undefined && !snapshot.pricing.priceOf(d, { size: asked.size }) ? "size" : "quality");
+}
+
 /** Calls one chosen deployment once; the attempt hears how it ended. */
 export async function callDeployment<E extends Endpoint>(endpoint: E, body: WireRequest[E], configured: Deployment, ctx: CallContext, attempt: Attempt = {}): Promise<Response> {
   const startedAt = attempt.startedAt ?? Date.now();
@@ -315,6 +329,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
   if (!ep) throw GatewayError.of(400, `model ${body.model} (provider ${d.provider}) does not support ${endpoint}`, "invalid_request_error", "model");
   const streams = wantsStream(endpoint, body);
   if (streams && !ep.stream) throw GatewayError.of(400, `provider ${d.provider} does not support streaming ${endpoint}`, "invalid_request_error", "stream");
+  if (endpoint === "images") refuseUnpricedImageVariant(snapshot, d, body as WireRequest["images"]);
 
   // With prompts stored: the answer as the client got it (a stream's text is assembled at its end).
   const keepPrompt = snapshot.settings.storePrompts && ctx.record !== false;

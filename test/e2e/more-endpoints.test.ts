@@ -91,6 +91,26 @@ describe("image generation", () => {
     expect(Number(row!.spend)).toBeCloseTo(2 * HD_1024_USD, 12);
   });
 
+  test("a size or quality the model has no price for is a 400 naming it, and nothing is asked upstream (it was made and logged at $0)", async () => {
+    mock.reset();
+    for (const [extra, param] of [
+      [{ size: "13x7" }, "size"],
+      [{ quality: "ultra" }, "quality"],
+    ] as const) {
+      const res = await fetch(`${gw.baseURL}/images/generations`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+        body: JSON.stringify({ model: "dalle", prompt: "a fox", ...extra }),
+      });
+      expect([param, res.status]).toEqual([param, 400]);
+      expect(((await res.json()) as { error: { param: string } }).error.param).toBe(param);
+    }
+    expect(mock.requests).toHaveLength(0);
+    // `auto` leaves them to the model: priced at the model's defaults, as before.
+    const auto = await client.images.generate({ model: "dalle", prompt: "an auto fox", size: "auto", quality: "auto" }).withResponse();
+    expect(Number(auto.response.headers.get("x-svc-response-cost"))).toBeGreaterThan(0);
+  });
+
   test("left to their defaults, size and quality are OpenAI's (1024x1024, standard); quality in any case", async () => {
     const plain = await client.images.generate({ model: "dalle", prompt: "a plain fox" }).withResponse();
     expect(Number(plain.response.headers.get("x-svc-response-cost"))).toBeCloseTo(1024 * 1024 * 3.81469e-8, 12);
