@@ -4,25 +4,29 @@
  * event inside a stream that had already started.
  */
 import type { ErrorInfo, UpstreamErrorKind } from "../../core/contract.ts";
+import { errorInfo } from "../../core/errors.ts";
+import { mapUpstreamStatus } from "../../core/pipeline/upstream.ts";
 import { upstreamErrorKind } from "../shared/error-kind.ts";
 
-/** Anthropic error type → the status and type the gateway reports for it mid-stream (HTTP errors use the status). */
-const STREAM_ERRORS: Record<string, { status: number; type: string }> = {
-  invalid_request_error: { status: 400, type: "invalid_request_error" },
-  authentication_error: { status: 401, type: "authentication_error" },
-  permission_error: { status: 403, type: "permission_error" },
-  not_found_error: { status: 404, type: "not_found_error" },
-  request_too_large: { status: 413, type: "invalid_request_error" },
-  rate_limit_error: { status: 429, type: "rate_limit_error" },
-  api_error: { status: 500, type: "internal_server_error" },
-  timeout_error: { status: 408, type: "timeout_error" },
-  // Anthropic's 529: the service is overloaded, try again later.
-  overloaded_error: { status: 503, type: "service_unavailable" },
+/**
+ * Anthropic error type → the HTTP status Anthropic answers it with. An error event is mapped as
+ * that HTTP answer would be (status and type), so a stream's overload is the 529's 503.
+ */
+const HTTP_STATUS: Record<string, number> = {
+  invalid_request_error: 400,
+  authentication_error: 401,
+  permission_error: 403,
+  not_found_error: 404,
+  request_too_large: 413,
+  rate_limit_error: 429,
+  api_error: 500,
+  timeout_error: 408,
+  overloaded_error: 529,
 };
 
 export function streamErrorInfo(type: string | undefined, message: string | undefined): ErrorInfo {
-  const known = (type && STREAM_ERRORS[type]) || { status: 500, type: "api_error" };
-  return { status: known.status, type: known.type, message: `anthropic stream error: ${type ?? "error"}: ${message ?? "no message"}` };
+  const status = mapUpstreamStatus((type && HTTP_STATUS[type]) || 500);
+  return errorInfo(status, `anthropic stream error: ${type ?? "error"}: ${message ?? "no message"}`);
 }
 
 export function anthropicErrorMessage(_status: number, body: string): string {

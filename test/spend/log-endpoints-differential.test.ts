@@ -673,6 +673,15 @@ for (const backend of BACKENDS) {
       expect(failures).toEqual([]);
     });
 
+    test("/spend/logs/v2 with end_date before start_date is a 400 naming end_date, as /spend/logs answers", async () => {
+      for (const path of ["/spend/logs/v2", "/spend/logs"]) {
+        const r = await requestJson<{ error: { param: string } }>(gw, "GET", `${path}?start_date=${DAYS[5]}&end_date=${DAYS[2]}`);
+        expect([path, r.status, r.body.error?.param]).toEqual([path, 400, "end_date"]);
+      }
+      const timed = await requestJson(gw, "GET", `/spend/logs/v2?start_date=${DAYS[2]}%2010:00:00&end_date=${DAYS[2]}%2009:59:59`);
+      expect(timed.status).toBe(400);
+    });
+
     test("/spend/logs/v2 rounds a sub-millisecond start_date up and end_date down: no row outside the bounds is listed", async () => {
       const at = Date.parse(`${dayOf(Date.now() - 40 * DAY)}T09:30:00.007Z`);
       const c = w.callers[0]!;
