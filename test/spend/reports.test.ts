@@ -568,6 +568,10 @@ for (const backend of BACKENDS) {
         prompt_tokens_details: { cached_tokens: 7_000, audio_tokens: 8_000, cached_tokens_details: { text_tokens: 1_000, audio_tokens: 6_000 } },
       };
       expect((await calc({ completion_response: { model: "realtime-model", usage: realtime } })).body).toEqual({ cost: 0.3375 });
+      // A cached part larger than its prompt is bounded by it, as a call's usage is: 10 cached of 10, not 50 tokens.
+      const overCached = await calc({ completion_response: { model: "beta-model", usage: { prompt_tokens: 10, completion_tokens: 0, prompt_tokens_details: { cached_tokens: 50 } } } });
+      const allCached = await calc({ completion_response: { model: "beta-model", usage: { prompt_tokens: 10, completion_tokens: 0, prompt_tokens_details: { cached_tokens: 10 } } } });
+      expect(overCached.body).toEqual(allCached.body);
       expect((await calc({ model: "no-such-model", messages })).body).toEqual({ cost: 0 });
       expect((await calc({ model: "alpha-model" })).status).toBe(400);
       expect((await calc({ completion_response: { model: "beta-model", usage: { prompt_tokens: -1 } } })).status).toBe(422);

@@ -10,6 +10,7 @@ import type { PgColumn, PgTable } from "drizzle-orm/pg-core";
 import { Elysia } from "elysia";
 import { badRequest } from "../../authz.ts";
 import type { CounterTable, Deployment, Usage } from "../../contract.ts";
+import { countableUsage } from "../../cost/countable-usage.ts";
 import { estimatePromptTokens } from "../../cost/estimate.ts";
 import { exactUsdJson, type Pico } from "../../cost/money.ts";
 import { choice, list, pageOf } from "../../identity/paging.ts";
@@ -434,7 +435,8 @@ async function calculateSpend(ctx: AdminCtx) {
   const model = body.model ?? response?.model;
   if (!model) throw badRequest("Send model and messages (an estimate), or completion_response with its model and usage.", "model");
   let usage: Usage;
-  if (response) usage = usageOf(record(response.usage));
+  // Bounded as a call's usage is before it is priced (a cached part larger than its prompt counts as the prompt), so the answer is what a call with it is charged.
+  if (response) usage = countableUsage(usageOf(record(response.usage))).usage;
   else if (body.messages) usage = { promptTokens: estimatePromptTokens("chat", { model, messages: body.messages } as never), completionTokens: 0 };
   else throw badRequest("Send messages with model (an estimate), or completion_response (the cost of a finished call).", "messages");
   const deployment = deploymentFor(ctx.snapshot, model);
