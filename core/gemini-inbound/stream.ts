@@ -46,7 +46,8 @@ function googleError(error: unknown): string {
 export function geminiStream(inner: Response, format: GeminiStreamFormat, opts: RenderOptions, headers: Record<string, string>, recorded: () => Usage | undefined = () => undefined): Response {
   const reader = inner.body!.getReader();
   const decoder = new TextDecoder();
-  const parser = new SseParser();
+  // Its input is the gateway's own stream, whose events the upstream's parser already bounded.
+  const parser = new SseParser(Number.POSITIVE_INFINITY);
   const chunks = new GeminiChunks(opts);
   const framer = new Framer(format);
   let out = "";

@@ -101,14 +101,9 @@ export async function streamResponse(a: StreamArgs): Promise<Response> {
       }
     }
   };
-  /** Feeds the binary parser; a corrupt frame (bad CRC, cut message) ends the stream. */
-  const feedBinary = (p: AwsEventStreamParser, bytes: Uint8Array | undefined) => {
-    try {
-      if (bytes) p.push(bytes, onEvent);
-      else p.end(onEvent);
-    } catch (err) {
-      failure ??= new StreamFailure(errorInfo(500, `${d.provider} sent a corrupt event stream for model ${d.modelName}: ${err instanceof Error ? err.message : String(err)}`));
-    }
+  /** What a parser threw (a corrupt frame: bad CRC, cut message; an event past its bound) ends the stream. */
+  const corrupt = (err: unknown) => {
+    failure ??= new StreamFailure(errorInfo(500, `${d.provider} sent a corrupt event stream for model ${d.modelName}: ${err instanceof Error ? err.message : String(err)}`));
   };
   /**
    * The transform's estimate of a stream that ended without the upstream's counts, never more
@@ -133,8 +128,12 @@ export async function streamResponse(a: StreamArgs): Promise<Response> {
   };
   /** Reads one upstream read's bytes. */
   const feed = (bytes: Uint8Array) => {
-    if (binary) feedBinary(binary, bytes);
-    else parser.push(decoder.decode(bytes, { stream: true }), onEvent);
+    try {
+      if (binary) binary.push(bytes, onEvent);
+      else parser.push(decoder.decode(bytes, { stream: true }), onEvent);
+    } catch (err) {
+      corrupt(err);
+    }
   };
   let ended = false;
   const stop = (reason?: unknown) => {
@@ -255,15 +254,19 @@ export async function streamResponse(a: StreamArgs): Promise<Response> {
         if (next.done) {
           const failedBefore = failure !== undefined;
           const wholeBefore = transform.complete?.(state) === true;
-          if (binary) feedBinary(binary, undefined);
-          else {
-            parser.push(decoder.decode(), onEvent);
-            // The body ended inside an event (no blank line after it): kept if it is whole, else
-            // it is torn, not an answer to pass on (dropped after a whole answer, the cut otherwise).
-            parser.end((data) => {
-              if (isWholeEvent(data)) onEvent(data);
-              else if (!wholeBefore) failure ??= new StreamFailure(errorInfo(503, `stream from ${d.provider} for model ${d.modelName} ended inside an event`));
-            });
+          try {
+            if (binary) binary.end(onEvent);
+            else {
+              parser.push(decoder.decode(), onEvent);
+              // The body ended inside an event (no blank line after it): kept if it is whole, else
+              // it is torn, not an answer to pass on (dropped after a whole answer, the cut otherwise).
+              parser.end((data) => {
+                if (isWholeEvent(data)) onEvent(data);
+                else if (!wholeBefore) failure ??= new StreamFailure(errorInfo(503, `stream from ${d.provider} for model ${d.modelName} ended inside an event`));
+              });
+            }
+          } catch (err) {
+            corrupt(err);
           }
           // A torn event after the end of the answer (a body cut mid-way through `data: [DONE]`) loses nothing.
           if (!failedBefore && wholeBefore) failure = undefined;

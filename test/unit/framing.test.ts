@@ -2,7 +2,7 @@
 // OpenAI-compatible stream transform that turns each event into parts.
 import { describe, expect, test } from "bun:test";
 import type { ChatRequest, CompletionRequest, StreamPart } from "../../core/contract.ts";
-import { type EventParser, NdjsonParser, SseParser } from "../../core/stream/framing.ts";
+import { type EventParser, MAX_EVENT_CHARS, NdjsonParser, OversizedEvent, SseParser } from "../../core/stream/framing.ts";
 import { openAIChat, openAICompletions } from "../../providers/openai-compatible/adapter.ts";
 
 /** A parser as a TransformStream, so decoded byte streams can be piped through it. */
@@ -133,6 +133,73 @@ describe("ndjsonEvents", () => {
 
   test("byte-split input", async () => {
     for (const size of [1, 2, 3]) expect(await runBytes(ndjsonEvents(), NDJSON, size)).toEqual(LINES);
+  });
+});
+
+describe("large events", () => {
+  const MiB = 1024 * 1024;
+  /** Pushes `text` in pieces of `size` and ends; the events, and the characters the parser read for line ends. */
+  const pushInPieces = (parser: SseParser | NdjsonParser, text: string, size: number) => {
+    const events: string[] = [];
+    for (let i = 0; i < text.length; i += size) parser.push(text.slice(i, i + size), (e) => events.push(e));
+    parser.end((e) => events.push(e));
+    return { events, scanned: parser.scanned };
+  };
+
+  // A 16 MiB event in 16 KiB reads took seconds, blocking the event loop, when each read re-read
+  // the event held so far: 1024 reads of 8 MiB on average. Counted, not timed.
+  test("an event arriving in many reads is read once: the work is linear in its size", () => {
+    const body = "x".repeat(16 * MiB);
+    const sse = pushInPieces(new SseParser(), `data: ${body}\n\ndata: [DONE]\n\n`, 16 * 1024);
+    expect(sse.events.length).toBe(2);
+    expect(sse.events[0] === body).toBe(true);
+    expect(sse.scanned).toBeLessThanOrEqual(body.length + 32);
+    const ndjson = pushInPieces(new NdjsonParser(), `${body}\r\n{"done":true}\n`, 16 * 1024);
+    expect(ndjson.events.length).toBe(2);
+    expect(ndjson.events[0] === body).toBe(true);
+    expect(ndjson.scanned).toBeLessThanOrEqual(body.length + 32);
+  });
+
+  test("an event split everywhere still comes out whole, with CRLF, CR and multi-line data", () => {
+    const text = "data: a\r\ndata: bb\rdata: ccc\n\r\n: note\ndata: d\r\r";
+    for (const size of [1, 2, 3, 5]) expect(pushInPieces(new SseParser(), text, size).events).toEqual(["a\nbb\nccc", "d"]);
+  });
+
+  test("a line that never ends fails the stream past the bound, instead of buffering without limit", () => {
+    const parser = new SseParser(100);
+    const events: string[] = [];
+    // Up to the bound an event is kept whole, over several reads.
+    parser.push(`data: ${"a".repeat(44)}`, (e) => events.push(e));
+    parser.push(`${"a".repeat(50)}\n\n`, (e) => events.push(e));
+    expect(events).toEqual(["a".repeat(94)]);
+    parser.push("data: ", (e) => events.push(e));
+    for (let i = 0; i < 9; i++) parser.push("b".repeat(10), (e) => events.push(e));
+    expect(() => parser.push("b".repeat(10), (e) => events.push(e))).toThrow(OversizedEvent);
+    expect(events).toEqual(["a".repeat(94)]);
+
+    const ndjson = new NdjsonParser(100);
+    ndjson.push("c".repeat(100), () => undefined);
+    expect(() => ndjson.push("c", () => undefined)).toThrow("a stream event is over 100 characters");
+  });
+
+  test("an SSE event of endless short data lines fails past the bound too", () => {
+    const parser = new SseParser(100);
+    expect(() => {
+      for (let i = 0; i < 100; i++) parser.push("data: 0123456789\n", () => undefined);
+    }).toThrow(OversizedEvent);
+    // Comments and other fields are not held: they never count.
+    const quiet = new SseParser(100);
+    for (let i = 0; i < 100; i++) quiet.push(": keep-alive 0123456789\nevent: ping\n", () => undefined);
+  });
+
+  test("the default bound is 64 Mi characters", () => {
+    expect(MAX_EVENT_CHARS).toBe(64 * MiB);
+    const parser = new SseParser();
+    // The same 1 MiB piece each time: the parser holds references, not 64 MiB of copies.
+    const piece = "x".repeat(MiB);
+    parser.push("data: ", () => undefined);
+    for (let i = 0; i < 63; i++) parser.push(piece, () => undefined);
+    expect(() => parser.push(piece, () => undefined)).toThrow(OversizedEvent);
   });
 });
 
