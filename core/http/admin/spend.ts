@@ -153,6 +153,9 @@ async function spendLogsV2(ctx: AdminCtx) {
   const start = instantParam(ctx, "start_date", false);
   const end = instantParam(ctx, "end_date", true);
   if (!start || !end) throw badRequest("Start date and end date are required (YYYY-MM-DD or YYYY-MM-DD HH:MM:SS, UTC).", start ? "end_date" : "start_date");
+  // As /spend/logs and the reports answer it: a range that ends before it starts is a mistake, not
+  // an empty page. (Bounds finer than a millisecond are rounded inward, which may cross them by 1 ms.)
+  if (end.at.getTime() < start.at.getTime() - 1) throw badRequest(`end_date (${ctx.query("end_date")}) is before start_date (${ctx.query("start_date")}).`, "end_date");
   const p = pageOf(ctx.query, 50, 100);
   const status = ctx.query("status_filter") ? choice(ctx.query, "status_filter", ["success", "failure"] as const, "success") : undefined;
   const minSpend = numberParam(ctx, "min_spend");
