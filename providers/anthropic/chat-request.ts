@@ -87,6 +87,9 @@ function jsonTool(format: Json): AnthropicTool | undefined {
   return { name: JSON_TOOL_NAME, description, input_schema: spec.schema ?? { type: "object" } };
 }
 
+/** Whether the request's response_format is carried by the JSON tool (json_object or json_schema). */
+export const wantsJsonTool = (req: ChatRequest): boolean => isObject(req.response_format) && jsonTool(req.response_format) !== undefined;
+
 function stopSequences(stop: ChatRequest["stop"]): string[] | undefined {
   const list = typeof stop === "string" ? [stop] : Array.isArray(stop) ? stop : [];
   // Anthropic refuses whitespace-only stop sequences; OpenAI accepts them (they rarely matter).

@@ -22,10 +22,11 @@ function asResponse(raw: unknown): AnthropicResponse {
 export function anthropicChatResponse(raw: unknown): { body: WireJson; usage: Usage } {
   const r = asResponse(raw);
   let text = "";
+  /** The response_format tool's input: the whole answer when it comes (see below). */
+  let json: string | undefined;
   let reasoning = "";
   const thinkingBlocks: ContentBlock[] = [];
   const toolCalls: WireJson[] = [];
-  let jsonTool = false;
   for (const block of r.content) {
     switch (block.type) {
       case "text":
@@ -40,14 +41,15 @@ export function anthropicChatResponse(raw: unknown): { body: WireJson; usage: Us
         break;
       case "tool_use": {
         const use = block as ToolUseBlock;
-        if (use.name === JSON_TOOL_NAME) {
-          text += JSON.stringify(use.input);
-          jsonTool = true;
-        } else toolCalls.push({ id: use.id, type: "function", function: { name: use.name, arguments: JSON.stringify(use.input ?? {}) } });
+        if (use.name === JSON_TOOL_NAME) json = (json ?? "") + JSON.stringify(use.input);
+        else toolCalls.push({ id: use.id, type: "function", function: { name: use.name, arguments: JSON.stringify(use.input ?? {}) } });
         break;
       }
     }
   }
+  // While thinking the JSON tool is not forced, and Claude may write a preamble ("Here is the
+  // JSON:") before calling it: the client asked for JSON, so the tool's input alone is the content.
+  if (json !== undefined) text = json;
   const message: WireJson = { role: "assistant", content: text === "" && toolCalls.length > 0 ? null : text };
   if (toolCalls.length > 0) message.tool_calls = toolCalls;
   if (thinkingBlocks.length > 0) {
@@ -62,7 +64,7 @@ export function anthropicChatResponse(raw: unknown): { body: WireJson; usage: Us
     object: "chat.completion",
     created: nowSeconds(),
     model: r.model,
-    choices: [{ index: 0, message, logprobs: null, finish_reason: finishReason(r.stop_reason, jsonTool && toolCalls.length === 0) }],
+    choices: [{ index: 0, message, logprobs: null, finish_reason: finishReason(r.stop_reason, json !== undefined && toolCalls.length === 0) }],
     usage: openAIUsage(usage),
   };
   return { body, usage };

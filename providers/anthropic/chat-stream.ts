@@ -11,7 +11,7 @@ import { nowSeconds } from "../shared/chat-completion.ts";
 import type { ChatRequest, StreamPart, StreamTransform, Usage } from "../../core/contract.ts";
 import { estimateTokens } from "../openai-compatible/adapter.ts";
 import { openAIUsage } from "../shared/openai-usage.ts";
-import { JSON_TOOL_NAME } from "./chat-request.ts";
+import { JSON_TOOL_NAME, wantsJsonTool } from "./chat-request.ts";
 import { streamErrorInfo } from "./errors.ts";
 import { finishReason } from "./finish-reason.ts";
 import { usageFromAnthropic } from "./usage.ts";
@@ -35,7 +35,16 @@ export interface AnthropicStreamState {
   tools: number;
   /** Tool calls whose arguments have not received a character yet. */
   emptyArgs: Set<number> | undefined;
+  /** The request's response_format is carried by the JSON tool. */
+  jsonMode: boolean;
+  /** The JSON tool was called: its input is the content. */
   jsonAnswer: boolean;
+  /**
+   * In JSON mode, the text written so far (JSON-escaped), held back: while thinking the JSON tool is
+   * not forced, and a preamble before it ("Here is the JSON:") would make the content invalid JSON.
+   * Dropped when the tool is called, sent at the end of the message when it is not.
+   */
+  heldText: string;
   /** The open thinking block's text, still JSON-escaped (spliced back into `thinking_blocks`). */
   thinking: string;
   inputTokens: number;
@@ -129,12 +138,19 @@ function readDelta(data: string): { index: number; kind: DeltaKind; literal: str
   return undefined;
 }
 
+function holdText(s: AnthropicStreamState, literal: string): StreamPart[] {
+  // Text after the JSON tool's call is no more part of the answer than text before it.
+  if (!s.jsonAnswer) s.heldText += literal.slice(1, -1);
+  return NONE;
+}
+
 /** A content delta as a chunk; `literal` is the JSON string literal of its text. */
 function deltaParts(s: AnthropicStreamState, index: number, kind: string, literal: string): StreamPart[] {
   if (literal.length === 2) return NONE; // "" (Anthropic opens every tool input with one)
   s.chars += literal.length - 2;
   switch (kind) {
     case "text_delta":
+      if (s.jsonMode) return holdText(s, literal);
       return chunk(s, `{"content":${literal}}`);
     case "thinking_delta":
       s.thinking += literal.slice(1, -1);
@@ -197,6 +213,7 @@ function blockStart(s: AnthropicStreamState, index: number, b: Block): StreamPar
       if (b.name === JSON_TOOL_NAME) {
         s.blocks[index] = JSON_ANSWER;
         s.jsonAnswer = true;
+        s.heldText = "";
         return NONE;
       }
       const k = s.tools++;
@@ -248,7 +265,10 @@ function messageDelta(s: AnthropicStreamState, e: StreamEvent): StreamPart[] {
   takeUsage(s, e.usage);
   if (typeof e.usage?.output_tokens === "number") s.done = true;
   const reason = finishReason(e.delta?.stop_reason, s.jsonAnswer && s.tools === 0);
-  const parts: StreamPart[] = [{ type: "data", data: `${s.head}${CHOICE_OPEN}{},"logprobs":null,"finish_reason":"${reason}"}]}` }];
+  // JSON mode without a call of the JSON tool: the text held back is the answer after all.
+  const parts: StreamPart[] = s.heldText === "" ? [] : chunk(s, `{"content":"${s.heldText}"}`);
+  s.heldText = "";
+  parts.push({ type: "data", data: `${s.head}${CHOICE_OPEN}{},"logprobs":null,"finish_reason":"${reason}"}]}` });
   // Without final counts from upstream, the core falls back to `estimate` (and so does the usage chunk).
   const usage = s.done ? usageOf(s) : anthropicChatStream.estimate(s);
   if (s.done) parts.push({ type: "usage", usage });
@@ -291,7 +311,9 @@ export const anthropicChatStream: StreamTransform<"chat", AnthropicStreamState> 
     blocks: [],
     tools: 0,
     emptyArgs: undefined,
+    jsonMode: wantsJsonTool(req),
     jsonAnswer: false,
+    heldText: "",
     thinking: "",
     inputTokens: 0,
     cacheRead: 0,

@@ -60,10 +60,11 @@ export function converseResponse(body: unknown, req?: ChatRequest): { body: Wire
   const message = asObject(asObject(b.output, "output").message, "output.message");
   const content = Array.isArray(message.content) ? message.content : [];
   let text = "";
+  /** The response-format tool's input: the whole answer when it comes (see below). */
+  let json: string | undefined;
   let reasoning = "";
   const thinkingBlocks: WireJson[] = [];
   const toolCalls: OpenAIToolCall[] = [];
-  let answeredInJson = false;
   // Without the request at hand, the reserved tool name alone tells the answer apart.
   const jsonAnswer = req === undefined || wantsJsonResponse(req);
   for (const block of content) {
@@ -72,21 +73,22 @@ export function converseResponse(body: unknown, req?: ChatRequest): { body: Wire
     else if (isObject(block.toolUse)) {
       const use = block.toolUse;
       const args = JSON.stringify(use.input ?? {});
-      if (jsonAnswer && use.name === RESPONSE_FORMAT_TOOL) {
-        text += args;
-        answeredInJson = true;
-      } else toolCalls.push({ id: String(use.toolUseId ?? ""), type: "function", function: { name: String(use.name ?? ""), arguments: args } });
+      if (jsonAnswer && use.name === RESPONSE_FORMAT_TOOL) json = (json ?? "") + args;
+      else toolCalls.push({ id: String(use.toolUseId ?? ""), type: "function", function: { name: String(use.name ?? ""), arguments: args } });
     } else if (isObject(block.reasoningContent)) {
       const thinking = thinkingBlock(block.reasoningContent);
       if (thinking?.type === "thinking") reasoning += String(thinking.thinking);
       if (thinking) thinkingBlocks.push(thinking);
     }
   }
+  // While thinking the JSON tool is not forced, and Claude may write a preamble ("Here is the
+  // JSON:") before calling it: the client asked for JSON, so the tool's input alone is the content.
+  if (json !== undefined) text = json;
   const usage = converseUsage(b.usage);
   const head = { id: chatCompletionId(), created: nowSeconds(), model: req?.model ?? "" };
   const answer = { content: text === "" && toolCalls.length > 0 ? null : text, toolCalls, reasoning: reasoning || undefined, thinkingBlocks, refusal: null };
   return {
-    body: chatCompletion(head, answer, finishReason(b.stopReason, answeredInJson && toolCalls.length === 0), usage),
+    body: chatCompletion(head, answer, finishReason(b.stopReason, json !== undefined && toolCalls.length === 0), usage),
     usage,
   };
 }

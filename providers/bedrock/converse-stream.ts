@@ -23,6 +23,12 @@ export interface ConverseStreamState {
   toolBlocks: Map<number, number>;
   toolCalls: number;
   answeredInJson: boolean;
+  /**
+   * With a response format, the text written so far, held back: while thinking the JSON tool is not
+   * forced, and a preamble before it ("Here is the JSON:") would make the content invalid JSON.
+   * Dropped when the tool is called, sent at messageStop when it is not.
+   */
+  heldText: string;
   roleSent: boolean;
   promptEstimate: number;
   outputChars: number;
@@ -80,6 +86,7 @@ function blockStart(s: ConverseStreamState, p: Record<string, unknown>, parts: S
   if (s.jsonResponse && name === RESPONSE_FORMAT_TOOL) {
     s.toolBlocks.set(block, JSON_ANSWER);
     s.answeredInJson = true;
+    s.heldText = "";
     return;
   }
   const index = toolIndex(s, block);
@@ -90,7 +97,9 @@ function blockDelta(s: ConverseStreamState, p: Record<string, unknown>, parts: S
   const delta = asObject(p.delta, "contentBlockDelta.delta");
   if (typeof delta.text === "string") {
     s.outputChars += delta.text.length;
-    parts.push(chunk(s, { content: delta.text }));
+    // Text after the JSON tool's call is no more part of the answer than text before it.
+    if (!s.jsonResponse) parts.push(chunk(s, { content: delta.text }));
+    else if (!s.answeredInJson) s.heldText += delta.text;
     return;
   }
   const use = delta.toolUse;
@@ -130,6 +139,7 @@ export function converseStream(): StreamTransform<"chat", ConverseStreamState> {
       toolBlocks: new Map(),
       toolCalls: 0,
       answeredInJson: false,
+      heldText: "",
       roleSent: false,
       promptEstimate: estimateTokens(req.messages.map((m) => m.content)),
       outputChars: 0,
@@ -156,6 +166,9 @@ export function converseStream(): StreamTransform<"chat", ConverseStreamState> {
         case "messageStop":
           s.stopped = true;
           opening(s, parts);
+          // A response format answered without the JSON tool: the text held back is the answer after all.
+          if (s.heldText !== "") parts.push(chunk(s, { content: s.heldText }));
+          s.heldText = "";
           parts.push(chunk(s, {}, finishReason(p.stopReason, s.answeredInJson && s.toolCalls === 0)));
           break;
         case "metadata": {

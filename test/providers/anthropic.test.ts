@@ -394,6 +394,22 @@ describe("response: Messages API → chat.completion", () => {
     expect(finish(json)).toBe("stop");
   });
 
+  test("response_format while thinking (the JSON tool not forced): a preamble before the JSON tool is dropped, the content is the JSON alone", () => {
+    const r = anthropicChatResponse(
+      message(
+        [
+          { type: "thinking", thinking: "The user wants JSON.", signature: "sig" },
+          { type: "text", text: "Here is the JSON:\n" },
+          { type: "tool_use", id: "t", name: "json_tool_call", input: { city: "Paris" } },
+        ],
+        "tool_use",
+      ),
+    );
+    expect(JSON.parse(msg(r).content as string)).toEqual({ city: "Paris" });
+    expect(msg(r).reasoning_content).toBe("The user wants JSON.");
+    expect(finish(r)).toBe("stop");
+  });
+
   test("anything but a Messages API message is refused", () => {
     expect(() => anthropicChatResponse({ type: "error", error: { type: "api_error", message: "x" } })).toThrow(/type: message/);
     expect(() => anthropicChatResponse(null)).toThrow();
@@ -549,6 +565,46 @@ describe("stream: Anthropic SSE → chat.completion.chunk", () => {
     expect(JSON.parse(contentOf(r))).toEqual({ city: "Paris" });
     expect(deltas(r).some((d) => d.tool_calls)).toBe(false);
     expect((r.chunks.at(-1)!.choices as WireJson[])[0]!.finish_reason).toBe("stop");
+  });
+
+  describe("response_format while thinking (the JSON tool not forced)", () => {
+    const start =
+      'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_t","type":"message","role":"assistant","model":"claude-sonnet-4-20250514","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":30,"output_tokens":1}}}\n\n';
+    const thinking = [
+      'event: content_block_start\ndata: {"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":""}}\n\n',
+      'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"JSON wanted."}}\n\n',
+      'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"signature_delta","signature":"sig"}}\n\n',
+      'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n',
+    ];
+    const text = (index: number, ...pieces: string[]) => [
+      `event: content_block_start\ndata: {"type":"content_block_start","index":${index},"content_block":{"type":"text","text":""}}\n\n`,
+      ...pieces.map((t) => `event: content_block_delta\ndata: {"type":"content_block_delta","index":${index},"delta":{"type":"text_delta","text":${JSON.stringify(t)}}}\n\n`),
+      `event: content_block_stop\ndata: {"type":"content_block_stop","index":${index}}\n\n`,
+    ];
+    const end = (stop: string) => [
+      `event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"${stop}","stop_sequence":null},"usage":{"output_tokens":40}}\n\n`,
+      'event: message_stop\ndata: {"type":"message_stop"}\n\n',
+    ];
+    const json = [
+      'event: content_block_start\ndata: {"type":"content_block_start","index":2,"content_block":{"type":"tool_use","id":"toolu_j","name":"json_tool_call","input":{}}}\n\n',
+      'event: content_block_delta\ndata: {"type":"content_block_delta","index":2,"delta":{"type":"input_json_delta","partial_json":"{\\"city\\": \\"Paris\\"}"}}\n\n',
+      'event: content_block_stop\ndata: {"type":"content_block_stop","index":2}\n\n',
+    ];
+    const jsonReq = chat({ stream: true, reasoning_effort: "low", response_format: { type: "json_object" } });
+
+    test("a preamble before the JSON tool never reaches the client: the content is the JSON alone", () => {
+      const r = runStream([start, ...thinking, ...text(1, "Here is ", "the \"JSON\":\n"), ...json, ...end("tool_use")], jsonReq);
+      expect(JSON.parse(contentOf(r))).toEqual({ city: "Paris" });
+      expect(deltas(r).some((d) => d.reasoning_content === "JSON wanted.")).toBe(true);
+      expect((r.chunks.at(-1)!.choices as WireJson[])[0]!.finish_reason).toBe("stop");
+    });
+
+    test("text answered without the JSON tool is sent whole before the finish", () => {
+      const r = runStream([start, ...thinking, ...text(1, "Paris, ", "\"obviously\""), ...end("end_turn")], jsonReq);
+      expect(contentOf(r)).toBe('Paris, "obviously"');
+      expect(deltas(r).at(-1)).toEqual({});
+      expect((r.chunks.at(-1)!.choices as WireJson[])[0]!.finish_reason).toBe("stop");
+    });
   });
 
   test("an error event (overloaded) ends the stream with a 503 error part; ping and unknown events are ignored", () => {

@@ -513,6 +513,19 @@ describe("Converse response → OpenAI chat.completion", () => {
     expect(choice.message.tool_calls).toBeUndefined();
     expect(choice.finish_reason).toBe("stop");
   });
+
+  test("response_format while thinking (the JSON tool not forced): a preamble before the JSON tool is dropped, the content is the JSON alone", () => {
+    const content = [
+      { reasoningContent: { reasoningText: { text: "JSON wanted.", signature: "sig" } } },
+      { text: "Here is the JSON:\n" },
+      { toolUse: { toolUseId: "t", name: "json_tool_call", input: { city: "Lyon" } } },
+    ];
+    const { body } = chat.response({ output: { message: { role: "assistant", content } }, stopReason: "tool_use", usage: { inputTokens: 3, outputTokens: 4 } }, req({ response_format: { type: "json_object" } }));
+    const choice = (body.choices as { message: WireJson; finish_reason: string }[])[0]!;
+    expect(JSON.parse(choice.message.content as string)).toEqual({ city: "Lyon" });
+    expect(choice.message.reasoning_content).toBe("JSON wanted.");
+    expect(choice.finish_reason).toBe("stop");
+  });
 });
 
 // ---------------------------------------------------------------------------------------------
@@ -609,6 +622,26 @@ describe("ConverseStream → OpenAI chunks", () => {
       req({ stream: true, response_format: { type: "json_object" } }),
     );
     expect(deltas(parts).slice(1)).toEqual([{ content: '{"city":', finish: null }, { content: '"Lyon"}', finish: null }, { finish: "stop" }]);
+  });
+
+  test("response_format while thinking: a preamble before the JSON tool never reaches the client; text answered without the tool is sent whole before the finish", () => {
+    const jsonReq = req({ stream: true, response_format: { type: "json_object" } });
+    const thinking = event("contentBlockDelta", '{"contentBlockIndex":0,"delta":{"reasoningContent":{"text":"JSON wanted."}}}');
+    const text = [event("contentBlockDelta", '{"contentBlockIndex":1,"delta":{"text":"Here is "}}'), event("contentBlockDelta", '{"contentBlockIndex":1,"delta":{"text":"the JSON:"}}')];
+    const called = runStream(
+      [
+        event("messageStart", '{"role":"assistant"}'),
+        thinking,
+        ...text,
+        event("contentBlockStart", '{"contentBlockIndex":2,"start":{"toolUse":{"name":"json_tool_call","toolUseId":"tooluse_x"}}}'),
+        event("contentBlockDelta", '{"contentBlockIndex":2,"delta":{"toolUse":{"input":"{\\"city\\":\\"Lyon\\"}"}}}'),
+        event("messageStop", '{"stopReason":"tool_use"}'),
+      ],
+      jsonReq,
+    ).parts;
+    expect(deltas(called).slice(1)).toEqual([{ reasoning_content: "JSON wanted.", finish: null }, { content: '{"city":"Lyon"}', finish: null }, { finish: "stop" }]);
+    const uncalled = runStream([event("messageStart", '{"role":"assistant"}'), thinking, ...text, event("messageStop", '{"stopReason":"end_turn"}')], jsonReq).parts;
+    expect(deltas(uncalled).slice(1)).toEqual([{ reasoning_content: "JSON wanted.", finish: null }, { content: "Here is the JSON:", finish: null }, { finish: "stop" }]);
   });
 
   test("a cut stream's usage is estimated from what arrived", () => {
