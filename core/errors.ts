@@ -36,6 +36,22 @@ export class GatewayError extends Error {
 }
 
 /**
+ * Thrown by an adapter's `response` when a successful (2xx) answer is an upstream error all the
+ * same (an OpenAI-shaped `{"error": …}` body with no answer in it): the call fails as an HTTP
+ * answer of `status` with this `body` would have, so the router retries or falls back, and nothing
+ * is charged.
+ */
+export class ErrorInAnswer extends Error {
+  readonly status: number;
+  readonly body: string;
+  constructor(status: number, body: string) {
+    super(`an error answered as a success (status ${status})`);
+    this.status = status;
+    this.body = body;
+  }
+}
+
+/**
  * A request body over the gateway's limit. Its connection is closed with the answer: the rest of
  * the body is never read, and a kept-alive connection would otherwise wait for it.
  */

@@ -10,7 +10,7 @@ import { maxOutput, worstCaseOf } from "../cost/worst-case.ts";
 import { groupCapacity } from "../limits/capacity.ts";
 import { IMAGE_QUALITIES, IMAGE_SIZES, imagesAsked } from "../wire.ts";
 import { picoToText } from "../cost/money.ts";
-import { GatewayError, errorInfo } from "../errors.ts";
+import { ErrorInAnswer, GatewayError, errorInfo } from "../errors.ts";
 import { headerText } from "../header-text.ts";
 import type { Gate, Snapshot } from "../snapshot.ts";
 import { assembleStream } from "../stream/assemble.ts";
@@ -19,7 +19,7 @@ import { paramsFor, supportedBody } from "./params.ts";
 import { cancelAll, dispatchRecord } from "./record.ts";
 import { errorWithoutPrompt } from "./prompt-echo.ts";
 import { streamResponse } from "./stream.ts";
-import { Deadline, errorCode, send, timeoutError, upstreamError } from "./upstream.ts";
+import { Deadline, errorCode, errorInAnswer, send, timeoutError, upstreamError } from "./upstream.ts";
 
 /**
  * A new call id (`x-svc-call-id`, the spend log's key): UUIDv7, ordered by time, so the log's
@@ -408,7 +408,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
         const res = await send(adapter, d, call, deadline);
         withUpstream = res.ok;
         if (!res.ok) throw await upstreamError(adapter, d, res);
-        answers.push(mapAnswer(ep, (await readJson(res, d, deadline)).json, part, res.headers, d));
+        answers.push(mapAnswer(adapter, ep, (await readJson(res, d, deadline)).json, part, res.headers, d));
         last = res.headers;
       }
       deadline.clear();
@@ -452,7 +452,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     }
     const { text, json } = await readJson(res, d, deadline);
     deadline.clear();
-    const mapped = mapAnswer(ep, json, body, res.headers, d);
+    const mapped = mapAnswer(adapter, ep, json, body, res.headers, d);
     if (keepPrompt && keepsAnswer(endpoint)) answer = mapped.text ? mapped.text.body : mapped.body;
     if (mapped.text) return reply(mapped.text.body, mapped.text.contentType, mapped.usage, undefined, res.headers);
     // An adapter that hands the upstream body back unchanged lets the original bytes through.
@@ -480,11 +480,22 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
   }
 }
 
-/** The adapter's mapping of an upstream JSON answer; one it cannot read is a 500 (a refusal it recognises inside a 200, a 400). */
-function mapAnswer<E extends Endpoint>(ep: EndpointAdapter<E, unknown>, json: unknown, req: WireRequest[E], headers: Headers, d: Deployment): ReturnType<EndpointAdapter<E, unknown>["response"]> {
+/**
+ * The adapter's mapping of an upstream JSON answer; one it cannot read is a 500 (a refusal it
+ * recognises inside a 200, a 400; an error, the error of its status).
+ */
+function mapAnswer<E extends Endpoint>(
+  adapter: ProviderAdapter,
+  ep: EndpointAdapter<E, unknown>,
+  json: unknown,
+  req: WireRequest[E],
+  headers: Headers,
+  d: Deployment,
+): ReturnType<EndpointAdapter<E, unknown>["response"]> {
   try {
     return ep.response(json, req, headers);
   } catch (err) {
+    if (err instanceof ErrorInAnswer) throw errorInAnswer(adapter, d, err, headers);
     const message = err instanceof Error ? err.message : String(err);
     // An adapter may recognise a refusal inside a 200 answer (a prompt blocked by the provider's filter).
     const kind = (err as { kind?: unknown }).kind;

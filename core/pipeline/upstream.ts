@@ -1,6 +1,6 @@
 /** The one place the gateway reaches an upstream: fetch with timeout and abort, errors mapped to the spec. */
 import type { Deployment, HttpCall, ProviderAdapter } from "../contract.ts";
-import { CredentialsRefused, GatewayError, errorInfo } from "../errors.ts";
+import { CredentialsRefused, type ErrorInAnswer, GatewayError, errorInfo } from "../errors.ts";
 import { withoutCredentials } from "../secrets.ts";
 import { pinnedRequest } from "../pinned-fetch.ts";
 
@@ -167,13 +167,31 @@ export async function send(adapter: ProviderAdapter, d: Deployment, built: HttpC
 /** A non-2xx upstream answer → the spec's error, keeping the provider's message and retry-after. */
 export async function upstreamError(adapter: ProviderAdapter, d: Deployment, res: Response): Promise<GatewayError> {
   const text = await res.text().catch(() => "");
-  const status = mapUpstreamStatus(res.status);
-  const detail = withoutCredentials(adapter.errorMessage ? adapter.errorMessage(res.status, text) : text.slice(0, 500), d);
+  return upstreamErrorOf(adapter, d, { status: res.status, body: text, headers: res.headers, said: `returned ${res.status}` });
+}
+
+/** An error the upstream put in a 2xx answer (see ErrorInAnswer) → the error an HTTP answer of its status would be. */
+export function errorInAnswer(adapter: ProviderAdapter, d: Deployment, err: ErrorInAnswer, headers: Headers): GatewayError {
+  return upstreamErrorOf(adapter, d, { status: err.status, body: err.body, headers, said: `returned an error (${err.status}) in a successful answer` });
+}
+
+interface UpstreamFailure {
+  /** The HTTP status the failure stands for. */
+  status: number;
+  body: string;
+  headers: Headers;
+  /** What the upstream did, for the message ("returned 429"). */
+  said: string;
+}
+
+function upstreamErrorOf(adapter: ProviderAdapter, d: Deployment, f: UpstreamFailure): GatewayError {
+  const status = mapUpstreamStatus(f.status);
+  const detail = withoutCredentials(adapter.errorMessage ? adapter.errorMessage(f.status, f.body) : f.body.slice(0, 500), d);
   const headers: Record<string, string> = {};
-  const retryAfter = res.headers.get("retry-after");
+  const retryAfter = f.headers.get("retry-after");
   if (retryAfter) headers["retry-after"] = retryAfter;
-  const kind = adapter.errorKind?.(res.status, text);
+  const kind = adapter.errorKind?.(f.status, f.body);
   // A context-window or content-policy refusal is the client's request, whatever status the provider used.
-  const info = errorInfo(kind ? 400 : status, `${d.provider} returned ${res.status} for model ${d.modelName}: ${detail}`, kind);
-  return new GatewayError(info, headers, res.status);
+  const info = errorInfo(kind ? 400 : status, `${d.provider} ${f.said} for model ${d.modelName}: ${detail}`, kind);
+  return new GatewayError(info, headers, f.status);
 }

@@ -78,6 +78,8 @@ export function chatCompletionFrom(body: unknown, fallbackModel = ""): { body: W
   const res = asResponse(body);
   const blocked = promptBlocked(res);
   if (blocked) throw blocked;
+  // Not an answer the client could use (an OpenAI answer has a choice): a failed call, which may be retried.
+  if (!res.candidates?.length) throw new Error("the answer has no candidates (and no promptFeedback.blockReason)");
   const usage = usageFromGemini(res.usageMetadata);
   const searches = (res.candidates ?? []).reduce((n, c) => n + groundingSearches(c), 0);
   if (searches > 0) usage.webSearchRequests = searches;

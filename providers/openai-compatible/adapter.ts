@@ -15,7 +15,7 @@ import type {
   WireRequest,
 } from "../../core/contract.ts";
 import { promptSize } from "../../core/cost/estimate.ts";
-import { errorInfo } from "../../core/errors.ts";
+import { ErrorInAnswer, errorInfo } from "../../core/errors.ts";
 import { mapUpstreamStatus } from "../../core/pipeline/upstream.ts";
 import { answerTokenBound } from "../../core/cost/worst-case.ts";
 import { GatewayOnlyFields, imagesAsked, speechUsage } from "../../core/wire.ts";
@@ -61,6 +61,23 @@ function call(d: Deployment, path: string, body: string): HttpCall {
 function asObject(body: unknown): WireJson {
   if (body === null || typeof body !== "object" || Array.isArray(body)) throw new Error("expected a JSON object");
   return body as WireJson;
+}
+
+/** An error object's `code` (or `status`) when it is an HTTP error status. */
+function httpStatusOf(e: WireJson): number | undefined {
+  const code = Number(e.code ?? e.status);
+  return Number.isInteger(code) && code >= 400 && code < 600 ? code : undefined;
+}
+
+/**
+ * An answer's body. Some OpenAI-compatible servers and proxies (and Azure, at times) answer an
+ * error with a 200: `{"error": {…}}` and no answer; it fails the call as the error it is.
+ */
+function answerObject(body: unknown): WireJson {
+  const b = asObject(body);
+  if (b.error == null || "choices" in b || "data" in b || "results" in b) return b;
+  const status = typeof b.error === "object" ? httpStatusOf(b.error as WireJson) : undefined;
+  throw new ErrorInAnswer(status ?? 500, JSON.stringify(b));
 }
 
 interface StreamState {
@@ -152,8 +169,7 @@ function openAIStream<E extends "chat" | "completions">(
  */
 function streamError(data: string): StreamPart {
   const e = asObject(asObject(JSON.parse(data)).error);
-  const code = Number(e.code ?? e.status);
-  const status = Number.isInteger(code) && code >= 400 && code < 600 ? mapUpstreamStatus(code) : 500;
+  const status = mapUpstreamStatus(httpStatusOf(e) ?? 500);
   return { type: "error", error: errorInfo(status, String(e.message ?? "upstream error")) };
 }
 
@@ -257,7 +273,7 @@ export function openAIChat(): EndpointAdapter<"chat", StreamState> {
     request: (req, d, raw) =>
       call(d, "/chat/completions", bodyFor(req, d, raw)),
     response: (body, req) => {
-      const b = asObject(body);
+      const b = answerObject(body);
       const usage = answerUsage("chat", b, req);
       return { body: b, usage: citesWeb(b) ? withSearch(usage, req) : usage };
     },
@@ -281,7 +297,7 @@ export function openAICompletions(): EndpointAdapter<"completions", StreamState>
     request: (req, d, raw) =>
       call(d, "/completions", bodyFor(req, d, raw)),
     response: (body, req) => {
-      const b = asObject(body);
+      const b = answerObject(body);
       return { body: b, usage: answerUsage("completions", b, req) };
     },
     stream: openAIStream<"completions">((req) => estimateTokens(req.prompt)),
@@ -292,7 +308,7 @@ export function openAIEmbeddings(): EndpointAdapter<"embeddings"> {
   return {
     request: (req, d, raw) => call(d, "/embeddings", forwardedBody(req, d, raw) ?? upstreamBody(req, d)),
     response: (body, req) => {
-      const b = asObject(body);
+      const b = answerObject(body);
       return { body: b, usage: answerUsage("embeddings", b, req) };
     },
   };
@@ -303,7 +319,7 @@ export function openAIImages(): EndpointAdapter<"images"> {
   return {
     request: (req, d, raw) => call(d, "/images/generations", forwardedBody(req, d, raw) ?? upstreamBody(req, d)),
     response: (body, req) => {
-      const b = asObject(body);
+      const b = answerObject(body);
       const count = Array.isArray(b.data) ? b.data.length : 0;
       const asked = req ? imagesAsked(req) : { count };
       // gpt-image-1 says which size and quality it made (for `auto`); dall-e answers what was asked.
@@ -329,7 +345,7 @@ export function openAISpeech(): EndpointAdapter<"speech"> {
 export function openAIModerations(): EndpointAdapter<"moderations"> {
   return {
     request: (req, d, raw) => call(d, "/moderations", forwardedBody(req, d, raw) ?? upstreamBody(req, d)),
-    response: (body) => ({ body: asObject(body), usage: { promptTokens: 0, completionTokens: 0 } }),
+    response: (body) => ({ body: answerObject(body), usage: { promptTokens: 0, completionTokens: 0 } }),
   };
 }
 

@@ -261,6 +261,13 @@ describe("errors", () => {
     expect((err as APIError).headers?.get("retry-after")).toBe("1");
   });
 
+  test("an error Azure answers with a 200 ({error} and no choices) is that error, not an answer", async () => {
+    mock.fault({ kind: "status", status: 200, body: { error: { code: "429", message: "Requests to the ChatCompletions_Create Operation have exceeded token rate limit." } } });
+    const err = await failure(client.chat.completions.create({ model: "gpt", messages: user("hi") }));
+    expect(err).toBeInstanceOf(RateLimitError);
+    expect((err as APIError).message).toContain("exceeded token rate limit");
+  });
+
   test("an unknown deployment → 404 DeploymentNotFound; an unsupported api-version → 404 Resource not found", async () => {
     const missing = await failure(client.chat.completions.create({ model: "gpt-missing", messages: user("hi") }));
     expect(missing).toBeInstanceOf(NotFoundError);

@@ -606,6 +606,20 @@ describe("upstream faults map to the spec's statuses", () => {
     expectSdkError(await failure(chat()), InternalServerError, 503);
   });
 
+  test("an error answered with a 200 ({error} and no choices) is that error: its code's status (429 → 429, 503 → 503), anything else a retryable 500; nothing charged", async () => {
+    mock.fault({ kind: "status", status: 200, body: { error: { message: "Rate limit reached for gpt-4o-mini", type: "requests", param: null, code: "429" } } });
+    const limited = await post("/v1/chat/completions", { model: "gpt-public", messages: user("hi") });
+    expect(limited.status).toBe(429);
+    expect(limited.headers.get("x-svc-response-cost")).toBeNull();
+    expect(expectEnvelope(await limited.json(), 429).message).toContain("Rate limit reached for gpt-4o-mini");
+    mock.fault({ kind: "status", status: 200, body: { error: { message: "The server had an error", type: "server_error", param: null, code: null } } });
+    const retried = await post("/v1/chat/completions", { model: "gpt-public", messages: user("hi"), num_retries: 1 });
+    expect(retried.status).toBe(200);
+    expect(retried.headers.get("x-svc-attempted-retries")).toBe("1");
+    mock.fault({ kind: "status", status: 200, body: { error: { message: "embedder down", code: 503 } } });
+    expect((await post("/v1/embeddings", { model: "embedder", input: "hi" })).status).toBe(503);
+  });
+
   test("upstream slower than the deployment timeout → 408", async () => {
     mock.fault({ kind: "delay", ms: 2000 });
     const started = performance.now();

@@ -499,6 +499,11 @@ describe("response → chat.completion", () => {
     expect((error as PromptBlocked).kind).toBe("content_policy_violation");
     expect((error as Error).message).toContain("PROHIBITED_CONTENT");
   });
+
+  test("an answer with no candidates and no block reason is an error, not an empty choices list", () => {
+    expect(() => chat.response({ usageMetadata: { promptTokenCount: 9, totalTokenCount: 9 }, modelVersion: "gemini-2.5-flash" })).toThrow(/no candidates/);
+    expect(() => chat.response({ candidates: [], modelVersion: "gemini-2.5-flash" })).toThrow(/no candidates/);
+  });
 });
 
 // ---------------------------------------------------------------------------------------------
