@@ -26,6 +26,8 @@ export interface GeminiStreamState {
   model: string;
   clientWantsUsage: boolean;
   candidates: Map<number, CandidateState>;
+  /** The candidates asked for (`n`): one may finish before the next has started. */
+  asked: number;
   /** Candidates finished; the usage chunk follows the last one's finish. */
   finished: number;
   /** The latest usage Gemini reported (its figures grow as the stream goes). */
@@ -93,6 +95,9 @@ function streamError(res: GoogleErrorBody): StreamPart {
   return { type: "error", error: { status, type, message: `Gemini stream error${e.status ? ` (${e.status})` : ""}: ${e.message ?? "unknown error"}` } };
 }
 
+/** Every candidate asked for, and every one that came, has its finish reason. */
+const allFinished = (s: GeminiStreamState): boolean => s.finished >= s.asked && s.finished === s.candidates.size;
+
 function event(data: string, s: GeminiStreamState): StreamPart[] {
   const parsed: unknown = JSON.parse(data);
   // Vertex without `alt=sse` streams a JSON array; an SSE event holds one object.
@@ -112,7 +117,7 @@ function event(data: string, s: GeminiStreamState): StreamPart[] {
   let searches = 0;
   for (const n of s.searches.values()) searches += n;
   if (searches > 0) s.reported.webSearchRequests = searches;
-  if (s.finished > 0 && s.finished === s.candidates.size) {
+  if (allFinished(s)) {
     // Gemini's last event carries the final counts (earlier ones only the prompt's); a later one
     // (rare) only refines what is recorded.
     parts.push({ type: "usage", usage: s.reported });
@@ -142,6 +147,7 @@ export function geminiStream(): StreamTransform<"chat", GeminiStreamState> {
       model: req.model,
       clientWantsUsage: req.stream_options?.include_usage === true,
       candidates: new Map(),
+      asked: Math.max(1, req.n ?? 1),
       finished: 0,
       usageSent: false,
       searches: new Map(),
@@ -151,7 +157,6 @@ export function geminiStream(): StreamTransform<"chat", GeminiStreamState> {
     event,
     estimate,
     responseId: (s) => s.id,
-    // Every candidate that started has its finish reason.
-    complete: (s) => s.finished > 0 && s.finished === s.candidates.size,
+    complete: allFinished,
   };
 }

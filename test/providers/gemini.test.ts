@@ -625,6 +625,23 @@ describe("stream → chat.completion.chunk", () => {
     ]);
   });
 
+  test("several candidates, the first finished before the second starts: no usage and no complete answer until the second finishes", () => {
+    const nReq = chatRequest({ stream: true, n: 2, stream_options: { include_usage: true } });
+    const first = { candidates: [{ content: { parts: [{ text: "A" }], role: "model" }, finishReason: "STOP", index: 0 }], usageMetadata: { promptTokenCount: 3, candidatesTokenCount: 1, totalTokenCount: 4 }, responseId: "rn" };
+    const second = { candidates: [{ content: { parts: [{ text: "B" }], role: "model" }, finishReason: "STOP", index: 1 }], usageMetadata: { promptTokenCount: 3, candidatesTokenCount: 2, totalTokenCount: 5 }, responseId: "rn" };
+    const sse = (e: unknown) => `data: ${JSON.stringify(e)}\r\n\r\n`;
+    const cut = run(nReq, [sse(first)]);
+    expect(cut.parts.some((p) => p.type === "usage")).toBe(false);
+    expect(stream.complete!(cut.state)).toBe(false);
+    const whole = run(nReq, [sse(first), sse(second)]);
+    expect(stream.complete!(whole.state)).toBe(true);
+    expect(whole.parts.filter((p) => p.type === "usage")).toEqual([{ type: "usage", usage: { promptTokens: 3, completionTokens: 2 } }]);
+    const usageChunks = chunks(whole.parts).filter((c) => c.usage);
+    expect(usageChunks).toHaveLength(1);
+    expect(usageChunks[0]!.usage).toMatchObject({ prompt_tokens: 3, completion_tokens: 2 });
+    expect(chunks(whole.parts).at(-1)).toBe(usageChunks[0]!);
+  });
+
   test("without include_usage there is no usage chunk, but the gateway still records Gemini's usage", () => {
     const { parts } = run(chatRequest({ stream: true }), [TEXT_STREAM]);
     expect(chunks(parts).every((c) => c.choices.length === 1)).toBe(true);
