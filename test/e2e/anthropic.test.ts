@@ -262,6 +262,8 @@ describe("stream", () => {
       expect(err).toBeInstanceOf(APIError);
       expect((err as APIError).status).toBe(503);
       expect((err as APIError).message).toContain("overloaded_error: Overloaded");
+      // The same failure as Anthropic's HTTP 529 (see "overloaded (529) …" below).
+      expect((err as APIError).type).toBe("api_connection_error");
     });
   }
 
@@ -296,7 +298,8 @@ describe("errors", () => {
     mock.fault({ kind: "status", status: 529 });
     const err = await failure(client.chat.completions.create({ model: "claude", messages: [{ role: "user", content: "hi" }] }));
     expect(err).toBeInstanceOf(APIError);
-    expect((err as APIError).status).toBeGreaterThanOrEqual(500);
+    expect((err as APIError).status).toBe(503);
+    expect((err as APIError).type).toBe("api_connection_error");
     expect((err as APIError).message).toContain("anthropic returned 529 for model claude: overloaded_error: Overloaded");
   });
 

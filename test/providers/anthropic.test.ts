@@ -611,7 +611,8 @@ describe("stream: Anthropic SSE → chat.completion.chunk", () => {
     const text = fixture("text.sse");
     const cut = text.slice(0, text.indexOf("event: content_block_stop"));
     const r = runStream([cut, 'event: ping\ndata: {"type": "ping"}\n\n', 'event: brand_new\ndata: {"type":"brand_new"}\n\n', 'event: error\ndata: {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}\n\n'], streamReq());
-    expect(r.errors).toEqual([{ type: "error", error: { status: 503, type: "service_unavailable", message: "anthropic stream error: overloaded_error: Overloaded" } }]);
+    // As an HTTP 529 is: 503 api_connection_error, the gateway's type for an upstream's 503.
+    expect(r.errors).toEqual([{ type: "error", error: { status: 503, type: "api_connection_error", message: "anthropic stream error: overloaded_error: Overloaded", param: null } }]);
     expect(contentOf(r)).toContain("Hello");
   });
 
