@@ -152,6 +152,8 @@ export function keyFieldsOf(body: KeyBody): Record<string, unknown> {
   const out = fromApi(virtualKeys, body, WRITABLE);
   // `duration: -1` (never expires) is kept as text, like every other duration.
   if (typeof out.duration === "number") out.duration = String(out.duration);
+  // An empty alias is none: two keys "named" "" clashed on the alias index (and were told the key existed).
+  if (out.keyAlias === "") out.keyAlias = null;
   for (const [prop, column] of COLUMNS) {
     if (prop in out && out[prop] === null && column.notNull) out[prop] = emptyOf(column.columnType);
   }

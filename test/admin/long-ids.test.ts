@@ -72,6 +72,21 @@ for (const backend of BACKENDS) {
       expect(teamInfo.body.team_info.spend).toBeCloseTo(cost, 12);
     });
 
+    test("a number too large to hold (1e400 parses as Infinity) is a 422 naming it, not stored as null; an empty key_alias is no alias", async () => {
+      const big = await fetch(`${gw.url}/key/generate`, {
+        method: "POST",
+        headers: { authorization: "Bearer sk-test-master-key", "content-type": "application/json" },
+        body: '{"metadata": {"a": 1e400}}',
+      });
+      expect(big.status).toBe(422);
+      expect(((await big.json()) as { error: { param: string } }).error.param).toBe("metadata.a");
+      const keys = await Promise.all([0, 1].map(() => requestJson<{ key: string; key_alias: string | null }>(gw, "POST", "/key/generate", { body: { key_alias: "" } })));
+      for (const k of keys) {
+        expect(k.status).toBe(200);
+        expect(k.body.key_alias).toBeNull();
+      }
+    });
+
     test("a timestamp in year 0 (which PostgreSQL cannot hold) is a 400 naming the field", async () => {
       const key = await requestJson<{ error: { param: string } }>(gw, "POST", "/key/generate", { body: { temp_budget_increase: 5, temp_budget_expiry: "0000-01-01T00:00:00Z" } });
       expect(key.status).toBe(400);

@@ -81,7 +81,7 @@ const NAME_FIELDS: ReadonlySet<string> = new Set(["team_id", "user_id", "organiz
 /** The same by their place: a stored model's id and its upstream model. */
 const NAME_PATHS: ReadonlySet<string> = new Set(["model_info.id", "svc_params.model"]);
 
-type BodyProblem = { at: string; kind: "unstorable" | "too long" };
+type BodyProblem = { at: string; kind: "unstorable" | "too long" | "not finite" };
 
 /** Where in a parsed body (a field path as the 422s name it) the first text the store cannot hold, or an overlong id or name, is. */
 function problemAt(body: Record<string, unknown>): BodyProblem | undefined {
@@ -92,6 +92,9 @@ function problemAt(body: Record<string, unknown>): BodyProblem | undefined {
     if (typeof value === "string") {
       if (UNSTORABLE.test(value)) return { at: path, kind: "unstorable" };
       if (value.length > MAX_NAME_CHARS && (NAME_FIELDS.has(name) || NAME_PATHS.has(path))) return { at: path, kind: "too long" };
+    } else if (typeof value === "number") {
+      // 1e400 parses as Infinity, which JSON (and so the store) would keep as null: the value changed silently.
+      if (!Number.isFinite(value)) return { at: path, kind: "not finite" };
     } else if (value && typeof value === "object") {
       for (const [k, v] of Object.entries(value)) {
         const at = path ? `${path}.${k}` : k;
@@ -105,6 +108,8 @@ function problemAt(body: Record<string, unknown>): BodyProblem | undefined {
 
 const unstorable = (where: string) =>
   GatewayError.of(422, `Invalid request: ${where}: contains a NUL character or an unpaired surrogate, which cannot be stored`, "validation_error", where);
+
+const notFinite = (where: string) => GatewayError.of(422, `Invalid request: ${where}: a number too large to hold (beyond ±1.8e308)`, "validation_error", where);
 
 const tooLong = (where: string) => GatewayError.of(422, `Invalid request: ${where}: at most ${MAX_NAME_CHARS} characters (an id or name the store indexes)`, "validation_error", where);
 
@@ -154,7 +159,7 @@ export function adminRoute<R>(deps: AdminDeps, handler: (ctx: AdminCtx) => Promi
         if (!parsed) {
           parsed = await readBodyKeepingNumbers(request, snapshot.settings.maxRequestBytes);
           const problem = problemAt(parsed);
-          if (problem) throw problem.kind === "unstorable" ? unstorable(problem.at) : tooLong(problem.at);
+          if (problem) throw problem.kind === "unstorable" ? unstorable(problem.at) : problem.kind === "too long" ? tooLong(problem.at) : notFinite(problem.at);
         }
         let check = checkers.get(schema);
         if (!check) {
