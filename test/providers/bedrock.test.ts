@@ -548,6 +548,22 @@ const chunks = (parts: StreamPart[]) => parts.filter((p): p is Extract<StreamPar
 const deltas = (parts: StreamPart[]): WireJson[] =>
   chunks(parts).flatMap((c) => (c.choices as { delta: WireJson; finish_reason: string | null }[]).map((ch) => ({ ...ch.delta, finish: ch.finish_reason })));
 
+describe("the event-stream parser", () => {
+  test("a large message arriving in many reads is joined once: the bytes copied stay linear in its size", () => {
+    // One 8 MiB text delta, framed as Bedrock frames it, pushed in 16 KiB reads.
+    const big = "x".repeat(8 * 1024 * 1024);
+    const bytes = concat([event("contentBlockDelta", JSON.stringify({ contentBlockIndex: 0, delta: { text: big } }))]);
+    const parser = new AwsEventStreamParser();
+    const events: string[] = [];
+    for (let i = 0; i < bytes.length; i += 16 * 1024) parser.push(bytes.subarray(i, i + 16 * 1024), (e) => events.push(e));
+    parser.end(() => undefined);
+    expect(events).toHaveLength(1);
+    expect(events[0]!.length).toBeGreaterThan(big.length);
+    // Copying the held bytes at every read was ~4e12 bytes here; joining once is about the message.
+    expect(parser.copied).toBeLessThan(3 * bytes.length);
+  });
+});
+
 describe("ConverseStream → OpenAI chunks", () => {
   test("text, then a tool call whose arguments arrive in pieces, then finish and usage", () => {
     const { parts } = runStream(GOLDEN_STREAM, req({ stream: true, stream_options: { include_usage: true } }), 13);
