@@ -11,7 +11,7 @@ import type { Logger } from "../contract.ts";
 import type { SpendEntry } from "./entry.ts";
 import { BatchSums, type PreparedBatch, type SpendStore, writeBatch } from "./flush.ts";
 import { copyRow, copyRows } from "./row-text.ts";
-import { withSqlState } from "../store/sql.ts";
+import { storeErrorCause, withSqlState } from "../store/sql.ts";
 
 export interface SpendWriterOptions {
   /** Folder for spill files (created when first needed). */
@@ -75,7 +75,7 @@ export class SpendWriter {
     try {
       await this.replaySpill();
     } catch (err) {
-      this.log.warn("spend spill files could not be replayed yet; retrying in the background", { error: String(err) });
+      this.log.warn("spend spill files could not be replayed yet; retrying in the background", storeErrorCause(err));
     }
     this.schedule(this.intervalMs);
   }
@@ -175,7 +175,7 @@ export class SpendWriter {
       const result = await Promise.race([flushing(), timeout]);
       if (result === "timeout") this.log.warn("spend flush did not finish at shutdown", { pending: this.queued });
     } catch (err) {
-      this.log.warn("spend flush failed at shutdown", { error: String(err), pending: this.queued });
+      this.log.warn("spend flush failed at shutdown", { ...storeErrorCause(err), pending: this.queued });
     } finally {
       over = true;
       clearTimeout(timer);
@@ -200,7 +200,7 @@ export class SpendWriter {
       if (this.failures > 0) this.log.info("spend writes resumed", { after_failures: this.failures });
       this.failures = 0;
     } catch (err) {
-      if (this.failures === 0) this.log.warn("spend writes failing; entries are kept and retried", { error: String(err), pending: this.pending });
+      if (this.failures === 0) this.log.warn("spend writes failing; entries are kept and retried", { ...storeErrorCause(err), pending: this.pending });
       this.failures++;
     }
     this.schedule(this.failures === 0 ? this.intervalMs : Math.min(this.intervalMs * 2 ** this.failures, MAX_BACKOFF_MS));

@@ -85,3 +85,28 @@ export function isConnectionLost(err: unknown): boolean {
 export function isUniqueViolation(err: unknown): boolean {
   return withSqlState(err, (code) => code === "23505") !== undefined;
 }
+
+/** Longest message `storeErrorCause` hands a log line. */
+const CAUSE_MAX_CHARS = 300;
+
+/**
+ * What went wrong under a store error, for a log line: the innermost error's message (the
+ * driver's or the socket's) and the innermost code in the chain (SQLSTATE, or the socket's:
+ * ECONNREFUSED, ENOSPC), the message bounded. Never drizzle's own message, which holds the
+ * statement and every parameter (for a spend batch, hundreds of KB of key hashes, end users and
+ * metadata) and not the cause.
+ */
+export function storeErrorCause(err: unknown): { error: string; code?: string } {
+  let inner: unknown = err;
+  let code: string | undefined;
+  // Bounded: a chain that loops back on itself must not hold the caller.
+  for (let e: unknown = err, depth = 0; e && typeof e === "object" && depth < 8; e = (e as { cause?: unknown }).cause, depth++) {
+    inner = e;
+    const c = (e as { code?: unknown }).code;
+    if (typeof c === "string" || typeof c === "number") code = String(c);
+  }
+  const statement = inner && typeof inner === "object" && "params" in inner && "query" in inner;
+  const message = statement ? "the query failed" : inner instanceof Error ? inner.message : String(inner);
+  const error = message.length > CAUSE_MAX_CHARS ? `${message.slice(0, CAUSE_MAX_CHARS)}…` : message;
+  return code === undefined ? { error } : { error, code };
+}

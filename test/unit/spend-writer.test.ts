@@ -1,8 +1,12 @@
 // When the spend writer sends batches, seen from a store that records them: a full batch goes at
 // once, the rest within the interval (a call's spend is in the store within about a second), and
 // under a steady stream of calls batches stay full instead of shrinking to whatever arrived
-// during the last write (each write has a fixed cost in the store).
+// during the last write (each write has a fixed cost in the store). The warning while the store
+// fails names the cause in a short line.
 import { afterEach, expect, test } from "bun:test";
+import { createServer } from "node:net";
+import { drizzle } from "drizzle-orm/postgres-js";
+import postgres from "postgres";
 import type { SpendEntry } from "../../core/spend/entry.ts";
 import type { SpendStore } from "../../core/spend/flush.ts";
 import { SpendWriter } from "../../core/spend/writer.ts";
@@ -168,4 +172,31 @@ test("a flush gets its turn while full batches keep coming", async () => {
   await until(() => !traffic);
   await writer.flush();
   expect(writer.written).toBe(n);
+});
+
+test("the warning while the store fails names the cause in a short line, not the batch's statement and parameters", async () => {
+  // A port nothing listens on: every write fails as with PostgreSQL down.
+  const probe = createServer();
+  await new Promise<void>((resolve) => probe.listen(0, "127.0.0.1", resolve));
+  const port = (probe.address() as { port: number }).port;
+  await new Promise((resolve) => probe.close(resolve));
+  const client = postgres(`postgres://gw@127.0.0.1:${port}/none`, { max: 1, connect_timeout: 2, onnotice: () => {} });
+  const log = memoryLogger();
+  writer = new SpendWriter({ db: drizzle({ client }) as unknown as Db }, log, { spillDir: tempDir("spill-"), intervalMs: 50, batchSize: 200 });
+  try {
+    await writer.start();
+    for (let i = 0; i < 200; i++) writer.enqueue({ ...entry(i), apiKey: "hash-of-a-key", endUser: "customer-42" });
+    await until(() => log.lines.some((l) => l.level === "warn"));
+    const warning = log.lines.find((l) => l.level === "warn")!;
+    expect(warning.msg).toContain("spend writes failing");
+    const text = JSON.stringify(warning.fields);
+    // Before, the whole statement with the parameters of all 200 rows (360-590 KB at 1,000 rows).
+    expect(text.length).toBeLessThan(500);
+    for (const secret of ["hash-of-a-key", "customer-42", "insert"]) expect(text).not.toContain(secret);
+    expect(warning.fields?.code).toBe("ECONNREFUSED");
+  } finally {
+    await writer.stop(100);
+    writer = undefined;
+    await client.end({ timeout: 1 });
+  }
 });
