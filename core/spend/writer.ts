@@ -2,12 +2,16 @@
  * The spend writer: finished calls are queued in memory and written in batches off the response
  * path (every second, or sooner when a batch fills). While the store is unreachable entries wait;
  * past `memoryLimit` they spill to append-only files in the data folder, replayed once the store
- * is back (and at the next start). Stopping flushes, and spills whatever could not be written.
+ * is back (and at the next start). While the spill cannot be written either (a full or unwritable
+ * disk) entries stay in memory up to `memoryHardLimit` and the spill is retried on each tick; past
+ * it new ones are dropped and counted in one error a tick. Stopping flushes, and spills whatever
+ * could not be written; what neither takes is counted in one error, never thrown.
  * Rows are idempotent (keyed by call id), so a replay never counts a call twice.
  */
 import { appendFileSync, mkdirSync, readdirSync, readFileSync, unlinkSync } from "node:fs";
 import { join } from "node:path";
 import type { Logger } from "../contract.ts";
+import { picoToText } from "../cost/money.ts";
 import type { SpendEntry } from "./entry.ts";
 import { BatchSums, type PreparedBatch, type SpendStore, writeBatch } from "./flush.ts";
 import { copyRow, copyRows } from "./row-text.ts";
@@ -20,6 +24,8 @@ export interface SpendWriterOptions {
   batchSize?: number;
   /** Entries kept in memory before new ones go to disk. */
   memoryLimit?: number;
+  /** Entries kept in memory at most while the disk refuses the spill (default twice `memoryLimit`); past it new ones are dropped. */
+  memoryHardLimit?: number;
   /** False while `disable_spend_logs` is on: counters and aggregates only (read at every write). */
   logRows?: () => boolean;
 }
@@ -52,9 +58,14 @@ export class SpendWriter {
   private spilledCount = 0;
   /** Whether spill files may exist (checked at start, set when spilling): no folder scan on every flush. */
   private mayHaveSpill = true;
+  /** Why the last spill failed, until one succeeds: calls past the bound then wait in memory instead of each trying the disk. */
+  private spillError: unknown;
+  /** Entries dropped (memory full, spill refused) since the last error saying so. */
+  private dropped = { entries: 0, pico: 0n };
   private readonly intervalMs: number;
   private readonly batchSize: number;
   private readonly memoryLimit: number;
+  private readonly memoryHardLimit: number;
   /** Rows written since start (tests and the readiness page read it). */
   written = 0;
 
@@ -66,6 +77,7 @@ export class SpendWriter {
     this.intervalMs = opts.intervalMs ?? 1000;
     this.batchSize = opts.batchSize ?? 1000;
     this.memoryLimit = opts.memoryLimit ?? 50_000;
+    this.memoryHardLimit = Math.max(opts.memoryHardLimit ?? 2 * this.memoryLimit, this.memoryLimit);
     this.bulkLoads = store.copyIn !== undefined;
     this.logRows = opts.logRows ?? (() => true);
   }
@@ -82,8 +94,11 @@ export class SpendWriter {
 
   enqueue(entry: SpendEntry): void {
     if (this.queued >= this.memoryLimit) {
-      this.spill([entry]);
-      return;
+      if (this.spillError === undefined && this.spillOrKeep([entry])) return;
+      if (this.queued >= this.memoryHardLimit) {
+        this.drop([entry]);
+        return;
+      }
     }
     let open = this.batches.at(-1);
     if (!open || open.entries.length >= this.batchSize) {
@@ -183,9 +198,15 @@ export class SpendWriter {
     if (this.queued > 0) {
       const left = this.batches.splice(0).flatMap((b) => b.entries);
       this.queued = 0;
-      this.spill(left);
-      this.log.warn("unwritten spend entries saved to disk; they are written at the next start", { dir: this.opts.spillDir });
+      try {
+        this.spill(left);
+        this.log.warn("unwritten spend entries saved to disk; they are written at the next start", { dir: this.opts.spillDir });
+      } catch (err) {
+        this.spillError = err;
+        this.drop(left);
+      }
     }
+    this.reportDropped("spend entries lost at shutdown: neither the store nor the spill folder took them");
   }
 
   private schedule(ms: number): void {
@@ -195,6 +216,8 @@ export class SpendWriter {
   }
 
   private async tick(onlyFullBatches = false): Promise<void> {
+    this.reportDropped("spend entries dropped: the store is away, memory is full and the spill folder refuses them");
+    this.retrySpill();
     try {
       await (onlyFullBatches ? this.write(true, this.batches.at(-1) ?? null) : this.flush());
       if (this.failures > 0) this.log.info("spend writes resumed", { after_failures: this.failures });
@@ -226,14 +249,73 @@ export class SpendWriter {
     await this.replaySpill();
   }
 
+  /** Throws when the disk refuses (full, unwritable): the caller keeps the entries or counts them lost. */
   private spill(entries: SpendEntry[]): void {
     if (!this.spillFile) {
       mkdirSync(this.opts.spillDir, { recursive: true });
       this.spillFile = join(this.opts.spillDir, `spend-${Date.now()}-${process.pid}-${Math.random().toString(36).slice(2, 8)}.jsonl`);
     }
+    // Set first: a write cut short by a full disk may leave whole lines in the file (replaying
+    // them is harmless: rows are keyed by call id).
+    this.mayHaveSpill = true;
     appendFileSync(this.spillFile, `${entries.map((e) => JSON.stringify(e)).join("\n")}\n`);
     this.spilledCount += entries.length;
-    this.mayHaveSpill = true;
+  }
+
+  /** Spills `entries`; false when the disk refuses them (logged once until a spill succeeds again): they stay with the caller. */
+  private spillOrKeep(entries: SpendEntry[]): boolean {
+    try {
+      this.spill(entries);
+    } catch (err) {
+      if (this.spillError === undefined) {
+        this.log.error("spend entries cannot be spilled to disk; they are kept in memory and the spill retried", {
+          ...storeErrorCause(err),
+          dir: this.opts.spillDir,
+          in_memory: this.queued,
+          memory_hard_limit: this.memoryHardLimit,
+        });
+      }
+      this.spillError = err;
+      return false;
+    }
+    if (this.spillError !== undefined) this.log.info("spend entries are spilled to disk again", { entries: entries.length });
+    this.spillError = undefined;
+    return true;
+  }
+
+  /**
+   * After a spill failed: moves the newest batches past the memory bound to disk, never the
+   * oldest (it may be being written). Nothing past the bound: the next call past it tries the disk.
+   */
+  private retrySpill(): void {
+    if (this.spillError === undefined) return;
+    let from = this.batches.length;
+    for (let kept = this.queued; from > 1 && kept > this.memoryLimit; ) kept -= this.batches[--from]!.entries.length;
+    if (from === this.batches.length) {
+      this.spillError = undefined;
+      return;
+    }
+    const entries = this.batches.slice(from).flatMap((b) => b.entries);
+    if (!this.spillOrKeep(entries)) return;
+    this.batches.splice(from);
+    this.queued -= entries.length;
+    // New calls go to a batch of their own: the one now last may be being written.
+    this.newBatch();
+  }
+
+  /** Counts entries no one took, for the next `reportDropped`. */
+  private drop(entries: SpendEntry[]): void {
+    this.dropped.entries += entries.length;
+    for (const e of entries) this.dropped.pico += BigInt(e.spendPico);
+  }
+
+  /** One error for every entry dropped since the last, with their spend. */
+  private reportDropped(msg: string): void {
+    const { entries, pico } = this.dropped;
+    if (entries === 0) return;
+    this.dropped = { entries: 0, pico: 0n };
+    const cause = this.spillError === undefined ? {} : storeErrorCause(this.spillError);
+    this.log.error(msg, { entries, spend_usd: picoToText(pico), dir: this.opts.spillDir, ...cause });
   }
 
   private spillFiles(): string[] {

@@ -1,9 +1,10 @@
 // Nothing is lost when the database goes away: 1,000 calls made while PostgreSQL is cut off are
 // queued (past the memory bound, spilled to disk) and written once it is back, and the key's spend
 // equals the sum of its 1,000 log rows. At shutdown pending entries are flushed, or saved to disk
-// and written by the next start when the database is still away.
+// and written by the next start when the database is still away; when the disk refuses them too,
+// the shutdown still ends with exit 0 and one error counts what was lost.
 import { afterAll, beforeAll, expect, test } from "bun:test";
-import { existsSync, readdirSync } from "node:fs";
+import { existsSync, mkdirSync, readdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { sql } from "drizzle-orm";
 import postgres from "postgres";
@@ -34,8 +35,8 @@ afterAll(async () => {
   await db?.drop();
 });
 
-async function chat(key: string, i: number): Promise<number> {
-  const res = await fetch(`${gw.baseURL}/chat/completions`, {
+async function chat(key: string, i: number, baseURL = gw.baseURL): Promise<number> {
+  const res = await fetch(`${baseURL}/chat/completions`, {
     method: "POST",
     headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
     body: JSON.stringify({ model: "priced", messages: [{ role: "user", content: `call ${i} with a few words` }] }),
@@ -114,5 +115,33 @@ test("SIGTERM with the database away saves pending spend to disk; the next start
   } finally {
     await cutter.close();
     await second.drop();
+  }
+}, 60_000);
+
+test("SIGTERM with the database away and the disk refusing the spill: exit 0, one error counts the entries and spend lost", async () => {
+  const cutter = await TcpRelay.start({ host: "127.0.0.1", port: 5432 });
+  const dir = tempDir();
+  try {
+    const url = new URL(db.url);
+    url.port = String(cutter.port);
+    // The spill folder's place is taken by a regular file: writing it fails as on a full disk.
+    mkdirSync(join(dir, "data"), { recursive: true });
+    writeFileSync(join(dir, "data", "spend-spill"), "");
+    const first = await spawnGateway(CONFIG, { env: { DATABASE_URL: url.toString() }, dir });
+    const created = await requestJson<{ key: string }>(first, "POST", "/key/generate", { body: {} });
+    cutter.cut();
+    for (let i = 0; i < 12; i++) expect(await chat(created.body.key, i, first.baseURL)).toBe(200);
+    // Before, the spill threw out of the stop: a crash trace, exit code 1.
+    expect(await first.stop("SIGTERM")).toBe(0);
+    const errors = first
+      .output()
+      .split("\n")
+      .filter((l) => l.includes('"level":"error"') && l.includes("lost"));
+    expect(errors).toHaveLength(1);
+    const line = JSON.parse(errors[0]!) as Record<string, unknown>;
+    expect(line.entries).toBe(12);
+    expect(Number(line.spend_usd)).toBeGreaterThan(0);
+  } finally {
+    await cutter.close();
   }
 }, 60_000);

@@ -1,10 +1,14 @@
 // When the spend writer sends batches, seen from a store that records them: a full batch goes at
 // once, the rest within the interval (a call's spend is in the store within about a second), and
 // under a steady stream of calls batches stay full instead of shrinking to whatever arrived
-// during the last write (each write has a fixed cost in the store). The warning while the store
-// fails names the cause in a short line.
+// during the last write (each write has a fixed cost in the store). With the store away and the
+// disk refusing the spill (full, unwritable), entries wait in memory up to a hard cap instead of
+// failing one by one, and a stop never throws; the warning while the store fails names the cause
+// in a short line.
 import { afterEach, expect, test } from "bun:test";
+import { existsSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
+import { join } from "node:path";
 import { drizzle } from "drizzle-orm/postgres-js";
 import postgres from "postgres";
 import type { SpendEntry } from "../../core/spend/entry.ts";
@@ -172,6 +176,64 @@ test("a flush gets its turn while full batches keep coming", async () => {
   await until(() => !traffic);
   await writer.flush();
   expect(writer.written).toBe(n);
+});
+
+/** A store that fails every write while `down.now` is true. */
+function storeThatCanBeDown() {
+  const down = { now: true };
+  const store: SpendStore = {
+    db: undefined as unknown as Db,
+    copyIn: async () => {
+      if (down.now) throw new Error("store unreachable");
+    },
+  };
+  return { store, down };
+}
+
+/** A spill folder that cannot be created (its parent is a regular file) until `unblock()`, as a full or unwritable disk. */
+function blockedSpillDir() {
+  const blocker = join(tempDir("spill-"), "blocker");
+  writeFileSync(blocker, "");
+  return { dir: join(blocker, "spend-spill"), unblock: () => rmSync(blocker) };
+}
+
+test("store away and the spill refused: entries wait in memory up to the hard cap, the rest dropped with one counted error; all kept ones written later", async () => {
+  const { store, down } = storeThatCanBeDown();
+  const spill = blockedSpillDir();
+  const log = memoryLogger();
+  writer = new SpendWriter(store, log, { spillDir: spill.dir, intervalMs: 50, batchSize: 10, memoryLimit: 20, memoryHardLimit: 50 });
+  await writer.start();
+  // Before, each call past the 20-entry bound threw (and was dropped by the caller, one log line each).
+  for (let i = 0; i < 60; i++) writer.enqueue(entry(i));
+  expect(writer.pending).toBe(50);
+  await until(() => log.lines.some((l) => l.level === "error" && l.msg.includes("dropped")));
+  const dropped = log.lines.filter((l) => l.level === "error" && l.msg.includes("dropped"));
+  expect(dropped.map((l) => [l.fields?.entries, l.fields?.spend_usd])).toEqual([[10, "0.00000000001"]]);
+
+  // The disk takes the spill again: what is past the bound moves there, nothing is lost.
+  spill.unblock();
+  await until(() => existsSync(spill.dir) && readdirSync(spill.dir).length > 0);
+  expect(readdirSync(spill.dir)).toHaveLength(1);
+  expect(writer.pending).toBe(50);
+  down.now = false;
+  await until(() => writer!.written === 50);
+  expect(writer.written).toBe(50);
+  expect(writer.pending).toBe(0);
+  expect(readdirSync(spill.dir)).toEqual([]);
+  expect(log.lines.filter((l) => l.level === "error").length).toBe(2);
+});
+
+test("stop with the store away and the spill refused does not throw; one error names the entries and spend lost", async () => {
+  const { store } = storeThatCanBeDown();
+  const log = memoryLogger();
+  writer = new SpendWriter(store, log, { spillDir: blockedSpillDir().dir, intervalMs: 60_000, batchSize: 10, memoryLimit: 20 });
+  await writer.start();
+  for (let i = 0; i < 15; i++) writer.enqueue(entry(i));
+  await writer.stop(300);
+  const lost = log.lines.filter((l) => l.level === "error");
+  expect(lost.map((l) => [l.fields?.entries, l.fields?.spend_usd])).toEqual([[15, "0.000000000015"]]);
+  expect(String(lost[0]!.fields?.error)).toContain("ENOTDIR");
+  writer = undefined;
 });
 
 test("the warning while the store fails names the cause in a short line, not the batch's statement and parameters", async () => {
