@@ -81,7 +81,7 @@ function denied(result: Denied): Refusal {
 export const gateTiming = { timeoutMs: 30_000 };
 
 /** `result`, or a 503 once it took gateTiming.timeoutMs; a grant that comes after that is given back. */
-function bounded(result: Promise<Lease | Denied>): Promise<Lease | Denied> {
+function withinGateTime(result: Promise<Lease | Denied>): Promise<Lease | Denied> {
   let late = false;
   let timer: ReturnType<typeof setTimeout> | undefined;
   const timeout = new Promise<never>((_, reject) => {
@@ -116,7 +116,7 @@ export function acquireLeases(gates: readonly Gate[], intent: CallIntent): Lease
       }
       if (result instanceof Promise) {
         const next = i + 1;
-        return bounded(result).then((r) => {
+        return withinGateTime(result).then((r) => {
           if (!r.ok) {
             cancelAll(granted);
             throw denied(r);

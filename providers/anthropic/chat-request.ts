@@ -16,7 +16,7 @@ export const DEFAULT_MAX_TOKENS = 4096;
  * the JSON answer (Anthropic's documented way to get JSON matching a schema, on every Claude model).
  * The response and stream transforms turn a call of this tool back into message content.
  */
-export const JSON_TOOL_NAME = "json_tool_call";
+import { JSON_RESPONSE_TOOL } from "../shared/json-response-tool.ts";
 
 /** The OpenAI chat fields this translation handles; `n`, `seed`, `logprobs`, penalties… are not among them. */
 export const ANTHROPIC_CHAT_PARAMS = [
@@ -80,15 +80,13 @@ function toolChoice(choice: ChatRequest["tool_choice"], parallel: boolean | null
 }
 
 function jsonTool(format: Json): AnthropicTool | undefined {
-  if (format.type === "json_object") return { name: JSON_TOOL_NAME, description: "Respond with a JSON object.", input_schema: { type: "object" } };
+  if (format.type === "json_object") return { name: JSON_RESPONSE_TOOL, description: "Respond with a JSON object.", input_schema: { type: "object" } };
   if (format.type !== "json_schema") return undefined;
   const spec = isObject(format.json_schema) ? format.json_schema : {};
   const description = typeof spec.description === "string" ? spec.description : "Respond with a JSON object matching the schema.";
-  return { name: JSON_TOOL_NAME, description, input_schema: spec.schema ?? { type: "object" } };
+  return { name: JSON_RESPONSE_TOOL, description, input_schema: spec.schema ?? { type: "object" } };
 }
 
-/** Whether the request's response_format is carried by the JSON tool (json_object or json_schema). */
-export const wantsJsonTool = (req: ChatRequest): boolean => isObject(req.response_format) && jsonTool(req.response_format) !== undefined;
 
 function stopSequences(stop: ChatRequest["stop"]): string[] | undefined {
   const list = typeof stop === "string" ? [stop] : Array.isArray(stop) ? stop : [];
@@ -125,7 +123,7 @@ export function anthropicMessagesBody(req: ChatRequest, model: string | undefine
     // would forbid the JSON tool too). Anthropic refuses a forced tool while thinking: then the
     // JSON tool is only offered.
     if (budget === 0) {
-      if (toolList.length === 0 || req.tool_choice === "none") choice = { type: "tool", name: JSON_TOOL_NAME };
+      if (toolList.length === 0 || req.tool_choice === "none") choice = { type: "tool", name: JSON_RESPONSE_TOOL };
       else if (!choice || choice.type === "auto") choice = { ...choice, type: "any" };
     }
     toolList.push(json);

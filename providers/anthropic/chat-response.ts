@@ -5,7 +5,7 @@
  */
 import { nowSeconds } from "../shared/chat-completion.ts";
 import type { Usage, WireJson } from "../../core/contract.ts";
-import { JSON_TOOL_NAME } from "./chat-request.ts";
+import { JSON_RESPONSE_TOOL } from "../shared/json-response-tool.ts";
 import { openAIUsage } from "../shared/openai-usage.ts";
 import { finishReason } from "./finish-reason.ts";
 import { usageFromAnthropic } from "./usage.ts";
@@ -41,7 +41,7 @@ export function anthropicChatResponse(raw: unknown): { body: WireJson; usage: Us
         break;
       case "tool_use": {
         const use = block as ToolUseBlock;
-        if (use.name === JSON_TOOL_NAME) json = (json ?? "") + JSON.stringify(use.input);
+        if (use.name === JSON_RESPONSE_TOOL) json = (json ?? "") + JSON.stringify(use.input);
         else toolCalls.push({ id: use.id, type: "function", function: { name: use.name, arguments: JSON.stringify(use.input ?? {}) } });
         break;
       }

@@ -11,7 +11,7 @@ import { nowSeconds } from "../shared/chat-completion.ts";
 import type { ChatRequest, StreamPart, StreamTransform, Usage } from "../../core/contract.ts";
 import { estimateTokens } from "../openai-compatible/adapter.ts";
 import { openAIUsage } from "../shared/openai-usage.ts";
-import { JSON_TOOL_NAME, wantsJsonTool } from "./chat-request.ts";
+import { JSON_RESPONSE_TOOL, wantsJsonResponse } from "../shared/json-response-tool.ts";
 import { streamErrorInfo } from "./errors.ts";
 import { finishReason } from "./finish-reason.ts";
 import { usageFromAnthropic } from "./usage.ts";
@@ -210,7 +210,7 @@ function blockStart(s: AnthropicStreamState, index: number, b: Block): StreamPar
       s.blocks[index] = THINKING;
       return chunk(s, `{"thinking_blocks":[${JSON.stringify({ type: "redacted_thinking", data: b.data ?? "" })}]}`);
     case "tool_use": {
-      if (b.name === JSON_TOOL_NAME) {
+      if (b.name === JSON_RESPONSE_TOOL) {
         s.blocks[index] = JSON_ANSWER;
         s.jsonAnswer = true;
         s.heldText = "";
@@ -311,7 +311,7 @@ export const anthropicChatStream: StreamTransform<"chat", AnthropicStreamState> 
     blocks: [],
     tools: 0,
     emptyArgs: undefined,
-    jsonMode: wantsJsonTool(req),
+    jsonMode: wantsJsonResponse(req),
     jsonAnswer: false,
     heldText: "",
     thinking: "",

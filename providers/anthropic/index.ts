@@ -20,7 +20,8 @@ import { anthropicCountTokensBody, anthropicCountTokensResponse } from "./count-
 import { anthropicErrorKind, anthropicErrorMessage } from "./errors.ts";
 import { anthropicRateLimitHeaders } from "./rate-limits.ts";
 
-export { ANTHROPIC_CHAT_PARAMS, DEFAULT_MAX_TOKENS, JSON_TOOL_NAME, anthropicMessagesBody } from "./chat-request.ts";
+export { ANTHROPIC_CHAT_PARAMS, DEFAULT_MAX_TOKENS, anthropicMessagesBody } from "./chat-request.ts";
+export { JSON_RESPONSE_TOOL as JSON_TOOL_NAME } from "../shared/json-response-tool.ts";
 export { anthropicChatResponse } from "./chat-response.ts";
 export { type AnthropicStreamState, anthropicChatStream } from "./chat-stream.ts";
 export { anthropicCountTokensBody, anthropicCountTokensResponse } from "./count-tokens.ts";

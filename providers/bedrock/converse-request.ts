@@ -20,7 +20,7 @@ type Part = { type: string } & Record<string, unknown>;
  * `response_format` becomes a tool the model is made to call (Converse has no JSON mode); its input
  * is handed back as the message content. A tool of the client's own must not use this name.
  */
-export const RESPONSE_FORMAT_TOOL = "json_tool_call";
+import { JSON_RESPONSE_TOOL } from "../shared/json-response-tool.ts";
 
 /** The OpenAI fields this translation handles (see EndpointAdapter.supportedParams). */
 export const CONVERSE_PARAMS = [
@@ -164,7 +164,7 @@ function responseFormatTool(format: ChatRequest["response_format"]): Block | und
   const js = isObject(format.json_schema) ? format.json_schema : {};
   const schema = isObject(js.schema) ? js.schema : { type: "object" };
   const description = typeof js.description === "string" ? js.description : "Respond with a JSON object.";
-  return { toolSpec: { name: RESPONSE_FORMAT_TOOL, description, inputSchema: { json: schema } } };
+  return { toolSpec: { name: JSON_RESPONSE_TOOL, description, inputSchema: { json: schema } } };
 }
 
 const hasToolBlocks = (messages: ConverseMessage[]) => messages.some((m) => m.content.some((b) => "toolUse" in b || "toolResult" in b));
@@ -183,7 +183,7 @@ function toolConfig(req: ChatRequest, messages: ConverseMessage[], thinking: boo
     // client's own where the client lets the model call them (auto or unset, required, a named one).
     // Claude refuses a forced tool while thinking: then the JSON tool is only offered.
     const own = tools.length > 0 && req.tool_choice !== "none";
-    if (!thinking) choice = !own ? { tool: { name: RESPONSE_FORMAT_TOOL } } : choice && !("auto" in choice) ? choice : { any: {} };
+    if (!thinking) choice = !own ? { tool: { name: JSON_RESPONSE_TOOL } } : choice && !("auto" in choice) ? choice : { any: {} };
     tools.push(formatTool);
   }
   if (tools.length === 0) return undefined;
@@ -228,7 +228,3 @@ export function converseBody(req: ChatRequest, d: Deployment): WireJson {
   return body;
 }
 
-/** Whether the request asked for JSON output (then the forced tool's input is the answer). */
-export function wantsJsonResponse(req: ChatRequest): boolean {
-  return responseFormatTool(req.response_format) !== undefined;
-}

@@ -1,7 +1,7 @@
 /** Bedrock Converse response → OpenAI `chat.completion`; the stop-reason and usage tables the stream shares. */
 import type { ChatRequest, Usage, WireJson } from "../../core/contract.ts";
 import { chatCompletion, chatCompletionId, nowSeconds, type OpenAIFinishReason, type OpenAIToolCall } from "../shared/chat-completion.ts";
-import { RESPONSE_FORMAT_TOOL, wantsJsonResponse } from "./converse-request.ts";
+import { JSON_RESPONSE_TOOL, wantsJsonResponse } from "../shared/json-response-tool.ts";
 
 const isObject = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);
 const count = (v: unknown): number => (typeof v === "number" && Number.isFinite(v) ? v : 0);
@@ -73,7 +73,7 @@ export function converseResponse(body: unknown, req?: ChatRequest): { body: Wire
     else if (isObject(block.toolUse)) {
       const use = block.toolUse;
       const args = JSON.stringify(use.input ?? {});
-      if (jsonAnswer && use.name === RESPONSE_FORMAT_TOOL) json = (json ?? "") + args;
+      if (jsonAnswer && use.name === JSON_RESPONSE_TOOL) json = (json ?? "") + args;
       else toolCalls.push({ id: String(use.toolUseId ?? ""), type: "function", function: { name: String(use.name ?? ""), arguments: args } });
     } else if (isObject(block.reasoningContent)) {
       const thinking = thinkingBlock(block.reasoningContent);

@@ -7,7 +7,7 @@ import type { AwsStreamEvent, ChatRequest, ErrorInfo, StreamPart, StreamTransfor
 import { estimateTokens } from "../openai-compatible/adapter.ts";
 import { chatCompletionId, nowSeconds } from "../shared/chat-completion.ts";
 import { openAIUsage } from "../shared/openai-usage.ts";
-import { RESPONSE_FORMAT_TOOL, wantsJsonResponse } from "./converse-request.ts";
+import { JSON_RESPONSE_TOOL, wantsJsonResponse } from "../shared/json-response-tool.ts";
 import { asObject, converseUsage, finishReason, thinkingBlock } from "./converse-response.ts";
 
 /** Marks the content block that carries the response-format answer. */
@@ -83,7 +83,7 @@ function blockStart(s: ConverseStreamState, p: Record<string, unknown>, parts: S
   if (use === null || typeof use !== "object") return;
   const { toolUseId, name } = use as Record<string, unknown>;
   const block = Number(p.contentBlockIndex ?? 0);
-  if (s.jsonResponse && name === RESPONSE_FORMAT_TOOL) {
+  if (s.jsonResponse && name === JSON_RESPONSE_TOOL) {
     s.toolBlocks.set(block, JSON_ANSWER);
     s.answeredInJson = true;
     s.heldText = "";

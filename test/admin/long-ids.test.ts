@@ -6,8 +6,8 @@
 // which JavaScript parses) are a 400, not a 500.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { BACKENDS, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
+import { randomLetters } from "../harness/random.ts";
 
-const noise = (n: number) => Array.from({ length: n }, () => String.fromCharCode(97 + Math.floor(Math.random() * 26))).join("");
 
 for (const backend of BACKENDS) {
   describe(`long ids and names (${backend})`, () => {
@@ -24,7 +24,7 @@ for (const backend of BACKENDS) {
     test("every indexed id or name over 256 characters is a 422 naming it, whatever its place in the body", async () => {
       const team = (await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: {} })).body.team_id;
       for (const length of [257, 2_700, 10_000]) {
-        const long = noise(length);
+        const long = randomLetters(length);
         const cases: [string, Record<string, unknown>, string][] = [
           ["/team/new", { team_id: long }, "team_id"],
           ["/user/new", { user_id: long }, "user_id"],
@@ -52,15 +52,15 @@ for (const backend of BACKENDS) {
     });
 
     test("256 characters are fine, and the calls of a key with such ids are charged and logged", async () => {
-      const user = noise(256);
-      const team = noise(256);
+      const user = randomLetters(256);
+      const team = randomLetters(256);
       expect((await requestJson(gw, "POST", "/team/new", { body: { team_id: team } })).status).toBe(200);
       const made = await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: { user_id: user, team_id: team } });
       expect(made.status).toBe(200);
       const res = await fetch(`${gw.url}/v1/chat/completions`, {
         method: "POST",
         headers: { authorization: `Bearer ${made.body.key}`, "content-type": "application/json" },
-        body: JSON.stringify({ model: "m", user: noise(256), metadata: { tags: [noise(256)] }, messages: [{ role: "user", content: "hi" }] }),
+        body: JSON.stringify({ model: "m", user: randomLetters(256), metadata: { tags: [randomLetters(256)] }, messages: [{ role: "user", content: "hi" }] }),
       });
       expect(res.status).toBe(200);
       const cost = Number(res.headers.get("x-svc-response-cost"));

@@ -1,5 +1,13 @@
 /** A seeded generator for randomized (differential) suites: a failing data set and request list come back with their seed. */
 
+/**
+ * `n` random lowercase letters: text that does not compress, so it really is as long as it looks
+ * to an index (a repeated letter would compress to fit).
+ */
+export function randomLetters(n: number): string {
+  return Array.from({ length: n }, () => String.fromCharCode(97 + Math.floor(Math.random() * 26))).join("");
+}
+
 /** mulberry32: small and seeded. */
 export class Random {
   private state: number;

@@ -14,6 +14,7 @@ import { rows } from "../../core/store/sql.ts";
 import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { BACKENDS, MASTER_KEY, memoryLogger, requestJson, startBackendGateway, type TestGateway, tempDir } from "../harness/gateway.ts";
+import { randomLetters } from "../harness/random.ts";
 
 const CONFIG = {
   model_list: [{ model_name: "priced", svc_params: { model: "mock/priced" }, model_info: { input_cost_per_token: 0.000001, output_cost_per_token: 0.000002 } }],
@@ -234,9 +235,7 @@ for (const backend of BACKENDS) {
       const log = memoryLogger();
       const spillDir = tempDir();
       const writer = new SpendWriter(store(), log, { spillDir, intervalMs: 60_000 });
-      // Random letters: a repeated one would compress to fit.
-      const noise = Array.from({ length: 10_000 }, () => String.fromCharCode(97 + Math.floor(Math.random() * 26))).join("");
-      const refused = entry(token, 3_000_000_000, { endUser: noise });
+      const refused = entry(token, 3_000_000_000, { endUser: randomLetters(10_000) });
       const others = Array.from({ length: 3 }, (_, i) => entry(token, 1_000_000_000 + i));
       for (const e of [others[0]!, refused, ...others.slice(1)]) writer.enqueue(e);
       await writer.flush();

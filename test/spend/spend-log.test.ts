@@ -8,6 +8,7 @@ import OpenAI, { APIError } from "openai";
 import { rows } from "../../core/store/sql.ts";
 import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 import type { MockOpenAI } from "../mock-upstream/openai.ts";
+import { randomLetters } from "../harness/random.ts";
 
 // $1 per million input tokens, $2 per million output tokens (the mock counts one token per word).
 const PRICED = { model_name: "priced", svc_params: { model: "mock/priced" }, model_info: { input_cost_per_token: 0.000001, output_cost_per_token: 0.000002 } };
@@ -310,8 +311,7 @@ async function withSelfHosted(run: (gw: TestGateway, mock: MockOpenAI) => Promis
 describe("an upstream answering with an id too long for the log's index (pglite, OpenAI wire mock)", () => {
   test("the call is logged and charged, its request_id cut to 512 characters", async () => {
     await withSelfHosted(async (gw, mock) => {
-      // Random letters: a repeated one would compress to fit the index.
-      const id = Array.from({ length: 10_000 }, () => String.fromCharCode(97 + Math.floor(Math.random() * 26))).join("");
+      const id = randomLetters(10_000);
       const usage = { prompt_tokens: 7, completion_tokens: 3, total_tokens: 10 };
       mock.fault({ kind: "answer", body: { id, object: "chat.completion", created: 1, model: "llama", choices: [{ index: 0, message: { role: "assistant", content: "ok" }, finish_reason: "stop" }], usage } });
       const res = await fetch(`${gw.url}/v1/chat/completions`, {
