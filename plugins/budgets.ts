@@ -41,6 +41,7 @@ import { counterId, counterOwner, NO_LIMIT } from "../core/spend/ledger.ts";
 import { gridPeriod, periodEnd, periodLength } from "../core/spend/period.ts";
 import { budgetOf } from "./shared/budget-object.ts";
 import { keyLabel } from "./shared/labels.ts";
+import { storeErrorCause } from "../core/store/sql.ts";
 
 const GRANTED: Lease = { ok: true, settle: () => undefined };
 
@@ -299,7 +300,7 @@ export default definePlugin({
         seen.delete(id);
         gone.push(id);
       }
-      if (gone.length > 0) void Promise.resolve(ledger.forget(gone)).catch((err) => ctx.log.warn("budget counters of rows without a budget could not be dropped", { error: String(err) }));
+      if (gone.length > 0) void Promise.resolve(ledger.forget(gone)).catch((err) => ctx.log.warn("budget counters of rows without a budget could not be dropped", storeErrorCause(err)));
     });
     return {
       dispose: unsubscribe,

@@ -9,6 +9,7 @@ import { channelName } from "../kv/redis.ts";
 import type { Notifications } from "../store/db.ts";
 import type { IdentityCache } from "./cache.ts";
 import type { IdentityChange } from "./records.ts";
+import { storeErrorCause } from "../store/sql.ts";
 
 const CHANNEL = "svc:identity-changes";
 /** PostgreSQL channel names are identifiers. */
@@ -82,11 +83,11 @@ export class ChangeBus {
         PG_CHANNEL,
         (payload) => void this.receive(payload),
         () => {
-          if (listenedBefore) void this.cache.apply({ kind: "all" }).catch((err) => this.log.error("identity resync failed", { error: String(err) }));
+          if (listenedBefore) void this.cache.apply({ kind: "all" }).catch((err) => this.log.error("identity resync failed", storeErrorCause(err)));
           listenedBefore = true;
         },
       )
-      .catch((err) => this.log.warn("identity change listener could not start", { error: String(err) }));
+      .catch((err) => this.log.warn("identity change listener could not start", storeErrorCause(err)));
     await this.subscribedOnce;
   }
 
@@ -100,7 +101,7 @@ export class ChangeBus {
       await sub.subscribe(this.channel);
       await (full ? this.cache.apply({ kind: "all" }) : this.cache.refresh());
     } catch (err) {
-      this.log.error("identity resync failed", { error: String(err) });
+      this.log.error("identity resync failed", storeErrorCause(err));
     }
   }
 
@@ -175,7 +176,7 @@ export class ChangeBus {
     try {
       await this.pg.notify(PG_CHANNEL, payload);
     } catch (err) {
-      this.log.warn("could not notify other instances of an identity change", { error: String(err) });
+      this.log.warn("could not notify other instances of an identity change", storeErrorCause(err));
     }
   }
 

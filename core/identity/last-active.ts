@@ -4,6 +4,7 @@ import type { Logger } from "../contract.ts";
 import type { Db } from "../store/db.ts";
 import { virtualKeys } from "../store/schema.ts";
 import type { IdentityCache } from "./cache.ts";
+import { storeErrorCause } from "../store/sql.ts";
 
 const INTERVAL_MS = 5000;
 /**
@@ -55,7 +56,7 @@ export class LastActiveWriter {
         }
       } catch (err) {
         for (const t of tokens.slice(i)) this.cache.touched.add(t);
-        this.log.warn("last_active write failed; will retry", { error: String(err) });
+        this.log.warn("last_active write failed; will retry", storeErrorCause(err));
         return;
       }
       if (i + CHUNK < tokens.length) await yieldToRequests();

@@ -23,6 +23,7 @@ import { hashKey, keyName, newKeyValue } from "./keys.ts";
 import type { Exec } from "./members.ts";
 import type { IdentityChange, KeyRow } from "./records.ts";
 import { toApi } from "./serialize.ts";
+import { storeErrorCause } from "../store/sql.ts";
 
 /**
  * How many earlier tokens a rotated row keeps for spend batches (spend/flush.ts): a batch's
@@ -165,7 +166,7 @@ export async function rotateDueKeys(db: Db, bus: ChangeBus, log: Logger, now = D
 export class KeyRotator {
   private readonly job = new PeriodicJob(
     () => rotateDueKeys(this.db, this.bus, this.log),
-    (err) => this.log.warn("automatic key rotation failed; will retry", { error: String(err) }),
+    (err) => this.log.warn("automatic key rotation failed; will retry", storeErrorCause(err)),
   );
 
   constructor(

@@ -16,6 +16,7 @@ import type { Db } from "../store/db.ts";
 import { budgetAlerts } from "../store/schema.ts";
 import { AlertDelivery, type AlertWebhook } from "./alert-delivery.ts";
 import { type BudgetEvent, type CrossingListener, counterOwner, NO_LIMIT } from "./ledger.ts";
+import { storeErrorCause } from "../store/sql.ts";
 
 /** LiteLLM's event message prefix per kind of counter. */
 const PREFIX: Record<string, string> = {
@@ -85,7 +86,7 @@ export class BudgetAlerts implements CrossingListener {
 
   /** Fire-and-forget: never slows or fails the call that crossed the line. */
   crossed(counter: BudgetCounter, event: BudgetEvent, spend: bigint, left?: number): void {
-    void this.deliver(counter, event, spend, left).catch((err) => this.log.error("budget alert failed", { error: String(err), budget: counter.label }));
+    void this.deliver(counter, event, spend, left).catch((err) => this.log.error("budget alert failed", { ...storeErrorCause(err), budget: counter.label }));
   }
 
   private async deliver(counter: BudgetCounter, event: BudgetEvent, spend: bigint, left: number | undefined): Promise<void> {

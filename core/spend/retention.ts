@@ -11,7 +11,7 @@
 import { type SQL, sql } from "drizzle-orm";
 import type { Logger } from "../contract.ts";
 import type { Db } from "../store/db.ts";
-import { rows } from "../store/sql.ts";
+import { rows, storeErrorCause } from "../store/sql.ts";
 import { parseDuration } from "../identity/duration.ts";
 
 export interface RetentionSettings {
@@ -126,7 +126,7 @@ export class SpendLogRetention {
     } catch (err) {
       // Tried again at the next check, not after a whole interval.
       this.lastRun = 0;
-      this.log.warn("spend log retention clean-up failed; retrying", { error: String(err) });
+      this.log.warn("spend log retention clean-up failed; retrying", storeErrorCause(err));
     }
   }
 

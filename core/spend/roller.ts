@@ -10,7 +10,7 @@ import type { Logger } from "../contract.ts";
 import type { ChangeBus } from "../identity/bus.ts";
 import type { IdentityChange } from "../identity/records.ts";
 import type { Db } from "../store/db.ts";
-import { rows } from "../store/sql.ts";
+import { rows, storeErrorCause } from "../store/sql.ts";
 import { periodEnd } from "./period.ts";
 
 interface DueRow {
@@ -94,7 +94,7 @@ export class PeriodRoller {
       const changes = await rollDuePeriods(this.db);
       if (changes.length > 0) await this.bus.publish(...changes);
     } catch (err) {
-      this.log.warn("budget period roll failed; retrying", { error: String(err) });
+      this.log.warn("budget period roll failed; retrying", storeErrorCause(err));
     } finally {
       this.running = false;
     }

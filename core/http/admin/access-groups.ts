@@ -16,7 +16,7 @@ import { GatewayError } from "../../errors.ts";
 import type { AccessGroupRow } from "../../identity/records.ts";
 import type { Snapshot } from "../../snapshot.ts";
 import { accessGroups } from "../../store/schema.ts";
-import { isUniqueViolation } from "../../store/sql.ts";
+import { isUniqueViolation, storeErrorCause } from "../../store/sql.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 
 const ModelNames = T.Array(T.String({ minLength: 1 }));
@@ -73,7 +73,7 @@ async function storeWrite<R>(ctx: AdminCtx, what: string, write: () => Promise<R
     return await write();
   } catch (err) {
     if (onUnique && isUniqueViolation(err)) throw onUnique();
-    ctx.log.error("access group write failed", { what, error: err instanceof Error ? err.message : String(err) });
+    ctx.log.error("access group write failed", { what, ...storeErrorCause(err) });
     throw GatewayError.of(500, `Database error while trying to ${what}; see the gateway log.`, "internal_server_error");
   }
 }

@@ -17,7 +17,7 @@ import type { IdentityChange } from "../../identity/records.ts";
 import { toApi } from "../../identity/serialize.ts";
 import type { Live } from "../../live.ts";
 import { redactSecrets } from "../../secrets.ts";
-import { isConnectionLost } from "../../store/sql.ts";
+import { isConnectionLost, storeErrorCause } from "../../store/sql.ts";
 import { forgetAlerts } from "../../spend/alerts.ts";
 import type { HostServices } from "../../services.ts";
 import type { Snapshot } from "../../snapshot.ts";
@@ -190,7 +190,7 @@ export function adminRoute<R>(deps: AdminDeps, handler: (ctx: AdminCtx) => Promi
             updatedValues: e.after === undefined ? null : redactSecrets(asApi(e.after)),
           });
         } catch (err) {
-          deps.log.error("audit log entry not written; the change itself was made", { table: e.table, action: e.action, error: err instanceof Error ? err.message : String(err) });
+          deps.log.error("audit log entry not written; the change itself was made", { table: e.table, action: e.action, ...storeErrorCause(err) });
         }
       },
     };
@@ -198,7 +198,7 @@ export function adminRoute<R>(deps: AdminDeps, handler: (ctx: AdminCtx) => Promi
       // The connection lost under the call (the database restarted, failed over): the store may be
       // back already, but this call's write may or may not have been applied.
       if (isConnectionLost(err)) {
-        deps.log.warn("management call failed: store connection lost", { path: url.pathname, error: String(err) });
+        deps.log.warn("management call failed: store connection lost", { path: url.pathname, ...storeErrorCause(err) });
         return GatewayError.of(503, "The connection to the store was lost during this management call, so it may not have been applied. Check, then retry.", "api_connection_error");
       }
       const reachable = await store.ping();

@@ -14,7 +14,7 @@ import { createHash } from "node:crypto";
 import { type SQL, sql } from "drizzle-orm";
 import type { Logger } from "../../contract.ts";
 import type { Db } from "../../store/db.ts";
-import { rowBytes, rows } from "../../store/sql.ts";
+import { rowBytes, rows, storeErrorCause } from "../../store/sql.ts";
 
 /** UTF-8 bytes of a JSON part. */
 export type Bytes = Uint8Array<ArrayBuffer>;
@@ -254,7 +254,7 @@ async function findParts(p: DayParts, cache: FragmentCache, missing: { day: stri
     const body = builtFinished.get(m.day);
     return body && body.byteLength > 0 ? [{ ...m, body }] : [];
   });
-  if (toStore.length > 0) void storeParts(db, reportId, toStore).catch((err) => p.log.warn("report parts not stored", { error: err instanceof Error ? err.message : String(err) }));
+  if (toStore.length > 0) void storeParts(db, reportId, toStore).catch((err) => p.log.warn("report parts not stored", storeErrorCause(err)));
   return found;
 }
 

@@ -35,7 +35,7 @@ import type { Db } from "../../store/db.ts";
 import { rotatedKeys, users, virtualKeys } from "../../store/schema.ts";
 import { checker } from "../validate.ts";
 import { counterId } from "../../spend/ledger.ts";
-import { isUniqueViolation } from "../../store/sql.ts";
+import { isUniqueViolation, storeErrorCause } from "../../store/sql.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { followedReset, periodFromBudget } from "../../identity/budget-period.ts";
 import { resetAt } from "../../identity/fields.ts";
@@ -655,7 +655,7 @@ async function bulkUpdate(ctx: AdminCtx): Promise<Record<string, unknown>> {
       successful.push(toApi(await updateKey(ctx, row, item as KeyBody)));
     } catch (err) {
       const reason = err instanceof GatewayError ? err.message : "internal error (logged)";
-      if (!(err instanceof GatewayError)) ctx.log.error("bulk key update item failed", { error: String(err) });
+      if (!(err instanceof GatewayError)) ctx.log.error("bulk key update item failed", storeErrorCause(err));
       failed.push({ key_info: { ...item, key: safeId(item.key) }, failed_reason: reason });
     }
   }

@@ -17,6 +17,7 @@ import type { Db } from "../../store/db.ts";
 import { dayOf } from "../../spend/flush.ts";
 import { activityParts, type DailyFilter, dailyDays } from "./spend-queries.ts";
 import { spendReportJson } from "./spend-report.ts";
+import { storeErrorCause } from "../../store/sql.ts";
 
 const DAY_MS = 86_400_000;
 /** After start: the gateway serves its first requests before this work. */
@@ -91,7 +92,7 @@ export class ReportPrebuild {
       if (!this.stopped) this.log.info("spend reports prebuilt", { start: span.start, end: span.end, ms: Math.round(performance.now() - started) });
     } catch (err) {
       // A store going away at shutdown is not worth a warning; otherwise the first request builds.
-      if (!this.stopped) this.log.warn("spend reports not prebuilt", { error: err instanceof Error ? err.message : String(err) });
+      if (!this.stopped) this.log.warn("spend reports not prebuilt", storeErrorCause(err));
     }
   }
 }
