@@ -34,7 +34,7 @@ import {
   teamMemberId,
 } from "../core/contract.ts";
 import { errorInfo } from "../core/errors.ts";
-import { guaranteedLimit, reservedOn, type ThroughputKind } from "../core/limits/capacity.ts";
+import { firstGuaranteedExpiry, guaranteedLimit, reservedOn, type ThroughputKind } from "../core/limits/capacity.ts";
 import { rateHeaders } from "../core/limits/headers.ts";
 import { retryAfterSeconds, tokenEstimate } from "../core/limits/window.ts";
 import { budgetOf } from "./shared/budget-object.ts";
@@ -119,14 +119,24 @@ const RESERVED_CACHE_LIMIT = 1000;
 
 class Throughput {
   private readonly reserved = new BoundedMap<string, number>(RESERVED_CACHE_LIMIT);
+  /** When the first guaranteed key still counted expires: the sums are stale from then on (an expired key reserves nothing). */
+  private validUntil = 0;
 
   readonly dispose: () => void;
 
   constructor(private readonly identity: IdentityView) {
-    this.dispose = identity.onChange(() => this.reserved.clear());
+    this.dispose = identity.onChange(() => {
+      this.reserved.clear();
+      this.validUntil = 0;
+    });
   }
 
   reservedOn(group: string, kind: ThroughputKind, accessGroups: AccessGroupLookup): number {
+    const now = Date.now();
+    if (now >= this.validUntil) {
+      this.reserved.clear();
+      this.validUntil = firstGuaranteedExpiry(this.identity.keys.values(), now);
+    }
     const id = `${kind}:${group}`;
     let sum = this.reserved.get(id);
     if (sum === undefined) {

@@ -70,6 +70,17 @@ export function reservedOn(
   return sum;
 }
 
+/** When the first guaranteed key that reserves now will expire (Infinity: none will). */
+export function firstGuaranteedExpiry(keys: Iterable<KeyRow>, now: number): number {
+  let first = Number.POSITIVE_INFINITY;
+  for (const k of keys) {
+    if (k.expires === null || !reserves(k, now)) continue;
+    if (guaranteedLimit(k, "rpm") === undefined && guaranteedLimit(k, "tpm") === undefined) continue;
+    first = Math.min(first, k.expires.getTime());
+  }
+  return first;
+}
+
 /** A key as it will be stored, for the guaranteed-throughput check at creation and update. */
 export type PlannedKey = Pick<KeyRow, "token" | "models" | "accessGroupIds" | "teamId" | "rpmLimit" | "tpmLimit" | "rpmLimitType" | "tpmLimitType">;
 

@@ -33,6 +33,7 @@ beforeAll(async () => {
       { model_name: "h", svc_params: { model: "mock/h", rpm: 10 } },
       { model_name: "k", svc_params: { model: "mock/k", rpm: 6 } },
       { model_name: "u", svc_params: { model: "mock/u", rpm: 10 } },
+      { model_name: "x", svc_params: { model: "mock/x", rpm: 4 } },
     ],
     general_settings: { master_key: MASTER_KEY },
   });
@@ -115,6 +116,16 @@ describe("guaranteed_throughput: which keys reserve", () => {
     expect((await guaranteed(5, { models: ["k"], duration: "1s" })).status).toBe(200);
     await Bun.sleep(1_500);
     expect((await guaranteed(5, { models: ["k"] })).status).toBe(200);
+  });
+
+  test("at run time too: once a guaranteed key expires, the others get its share back", async () => {
+    expect((await guaranteed(3, { models: ["x"], duration: "2s" })).status).toBe(200);
+    const other = (await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: {} })).body.key;
+    // 4 rpm - 3 reserved = 1 for everyone else.
+    expect(await successes(other, "x", 2)).toBe(1);
+    await Bun.sleep(2_500);
+    // The reservation is gone with its key: 3 more fit in the minute.
+    expect(await successes(other, "x", 4)).toBe(3);
   });
 
   test("unblocking a guaranteed key claims its share again: refused (400) when another key took it meanwhile", async () => {
