@@ -10,6 +10,7 @@ import teamWebhooks from "../plugins/team-webhooks.ts";
 import { schemaErrors } from "./config/load.ts";
 import { definePlugin, type Hooks, type PluginContext, type PluginDef } from "./contract.ts";
 import { withDefaults } from "./plugin-defaults.ts";
+import { beforeTimeout } from "./timer.ts";
 
 export const BUILTIN_PLUGINS: readonly PluginDef[] = [builtinProviders, authMasterKey, authVirtualKeys, rateLimits, budgets, teamWebhooks];
 
@@ -71,24 +72,8 @@ export async function setupPlugin(plugin: PluginDef, rawConfig: unknown, ctx: Pl
   const errors = schemaErrors(plugin.config, cfg, `${where}`);
   if (errors.length > 0) throw new AggregateError([], errors.map((e) => `plugin ${plugin.name}: ${e}`).join("\n"));
   const setup = Promise.resolve(plugin.setup(cfg, ctx));
-  let timer: ReturnType<typeof setTimeout> | undefined;
-  let late = false;
-  const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => {
-      late = true;
-      reject(new AggregateError([], `plugin ${plugin.name}: its setup did not finish within ${pluginTiming.setupMs / 1000} s`));
-    }, pluginTiming.setupMs);
-  });
+  const tooLate = () => new AggregateError([], `plugin ${plugin.name}: its setup did not finish within ${pluginTiming.setupMs / 1000} s`);
   // A setup that finishes after it was given up on serves nothing: its hooks are disposed.
-  setup.then(
-    (hooks) => {
-      if (late) void Promise.resolve(hooks.dispose?.()).catch(() => undefined);
-    },
-    () => undefined,
-  );
-  try {
-    return { name: plugin.name, hooks: await Promise.race([setup, timeout]) };
-  } finally {
-    clearTimeout(timer);
-  }
+  const hooks = await beforeTimeout(setup, pluginTiming.setupMs, tooLate, (late) => void Promise.resolve(late.dispose?.()).catch(() => undefined));
+  return { name: plugin.name, hooks };
 }

@@ -37,3 +37,26 @@ export async function within(ms: number, p: Promise<unknown>): Promise<boolean> 
   clearTimeout(timer);
   return ended;
 }
+
+/**
+ * `work`'s outcome, or a rejection with `timedOut()` once `ms` have passed first (the timer is
+ * cleared either way). What `work` yields after that goes to `late` (a grant to give back, hooks
+ * to dispose), and a late failure is not left unhandled.
+ */
+export function beforeTimeout<T>(work: Promise<T>, ms: number, timedOut: () => Error, late?: (value: T) => void): Promise<T> {
+  let expired = false;
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => {
+      expired = true;
+      reject(timedOut());
+    }, ms);
+  });
+  work.then(
+    (value) => {
+      if (expired) late?.(value);
+    },
+    () => undefined,
+  );
+  return Promise.race([work, timeout]).finally(() => clearTimeout(timer));
+}

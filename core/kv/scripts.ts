@@ -7,6 +7,7 @@
  */
 import { createHash } from "node:crypto";
 import { RedisClient } from "bun";
+import { beforeTimeout } from "../timer.ts";
 import { REDIS_COMMAND_TIMEOUT_MS } from "./redis.ts";
 
 const CONNECT_TIMEOUT_MS = 2000;
@@ -46,26 +47,16 @@ export function nativeScriptRunner(url: string): ScriptRunner {
    * answers, is replaced, and until the new one is up commands fail at once (the caller counts
    * without Redis) instead of each waiting out the timeout.
    */
-  const answered = async <T>(on: RedisClient, reply: Promise<T>): Promise<T> => {
-    let timer: ReturnType<typeof setTimeout> | undefined;
-    const timeout = new Promise<never>((_, reject) => {
-      timer = setTimeout(() => reject(new Error(`redis did not answer within ${REDIS_COMMAND_TIMEOUT_MS} ms`)), REDIS_COMMAND_TIMEOUT_MS);
-    });
-    try {
-      return await Promise.race([reply, timeout]);
-    } catch (err) {
-      if (on === client && !closed && err instanceof Error && err.message.startsWith("redis did not answer")) {
-        reply.catch(() => undefined);
+  const answered = <T>(on: RedisClient, reply: Promise<T>): Promise<T> =>
+    beforeTimeout(reply, REDIS_COMMAND_TIMEOUT_MS, () => {
+      if (on === client && !closed) {
         client = open();
         connecting = undefined;
         on.close();
         ensureConnected();
       }
-      throw err;
-    } finally {
-      clearTimeout(timer);
-    }
-  };
+      return new Error(`redis did not answer within ${REDIS_COMMAND_TIMEOUT_MS} ms`);
+    });
   ensureConnected();
   return {
     ready: async () => {

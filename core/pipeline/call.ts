@@ -12,6 +12,7 @@ import { IMAGE_QUALITIES, IMAGE_SIZES, imagesAsked } from "../wire.ts";
 import { picoToText } from "../cost/money.ts";
 import { ErrorInAnswer, GatewayError, errorInfo } from "../errors.ts";
 import { headerText } from "../header-text.ts";
+import { beforeTimeout } from "../timer.ts";
 import type { Gate, Snapshot } from "../snapshot.ts";
 import { assembleStream } from "../stream/assemble.ts";
 import { refuseInwardApiBase, withClientCredentials } from "./client-credentials.ts";
@@ -82,21 +83,10 @@ export const gateTiming = { timeoutMs: 30_000 };
 
 /** `result`, or a 503 once it took gateTiming.timeoutMs; a grant that comes after that is given back. */
 function withinGateTime(result: Promise<Lease | Denied>): Promise<Lease | Denied> {
-  let late = false;
-  let timer: ReturnType<typeof setTimeout> | undefined;
-  const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => {
-      late = true;
-      reject(GatewayError.of(503, `A rate-limit or budget check did not answer within ${gateTiming.timeoutMs / 1000} s; the call was not made.`, "api_error"));
-    }, gateTiming.timeoutMs);
+  const tooLate = () => GatewayError.of(503, `A rate-limit or budget check did not answer within ${gateTiming.timeoutMs / 1000} s; the call was not made.`, "api_error");
+  return beforeTimeout(result, gateTiming.timeoutMs, tooLate, (r) => {
+    if (r.ok) cancelAll([r]);
   });
-  result.then(
-    (r) => {
-      if (late && r.ok) cancelAll([r]);
-    },
-    () => undefined,
-  );
-  return Promise.race([result, timeout]).finally(() => clearTimeout(timer));
 }
 
 export function acquireLeases(gates: readonly Gate[], intent: CallIntent): Lease[] | Promise<Lease[]> {
