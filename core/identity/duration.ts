@@ -20,6 +20,12 @@ export function parseDuration(text: string): number | null | undefined {
   return ms <= MAX_DURATION_MS ? ms : undefined;
 }
 
+/** `parseDuration` in SQL, of a text column or expression: ms as bigint, null for none, `-1` or text that is no duration (the store's own reading of a row's period). */
+export function durationMsSql(text: string): string {
+  const units = Object.entries(UNIT_MS).map(([unit, ms]) => `when '${unit}' then ${ms}`).join(" ");
+  return `(select m[1]::bigint * case m[2] ${units} end from regexp_match(${text}, '${DURATION_PATTERN.source}') as m)`;
+}
+
 /** When something with this duration, starting now, ends (null = never). */
 export function endsAt(text: string, from = Date.now()): Date | null | undefined {
   const ms = parseDuration(text);

@@ -10,6 +10,7 @@ import { rows } from "../store/sql.ts";
 import { picoToText } from "../cost/money.ts";
 import type { CounterTable } from "../contract.ts";
 import type { SpendEntry } from "./entry.ts";
+import { durationMsSql } from "../identity/duration.ts";
 import { wholePeriodsApart } from "./ledger.ts";
 import { copyIds, copyRows, SPEND_LOG_COLUMNS, storableJson } from "./row-text.ts";
 
@@ -25,22 +26,36 @@ export function dayOf(ms: number): string {
 const MOVED_BY_WRITE = `(d.ms is not null and mod(round(extract(epoch from (d.period_end - t.budget_reset_at)) * 1000), d.ms) <> 0)`;
 
 /**
+ * Whether the row is still in the period the write that moved its end made (its end within one
+ * and a half of its periods of its last definition: the write set it one period ahead, the roller
+ * moves it on by whole periods), as the ledger tells it (ledger.ts laterThanDefinition). The row's
+ * period and definition are read as the ledger reads them (plugins/budgets.ts rowCounter): its own
+ * duration, else its budget object's; its last write, or its budget object's.
+ */
+const inWritesPeriod = (table: string) => {
+  const budget = (column: string) => (table === "users" ? "null" : `(select b.${column} from budgets b where b.budget_id = t.budget_id)`);
+  const ms = durationMsSql(`coalesce(t.budget_duration, ${budget("budget_duration")})`);
+  return `extract(epoch from t.budget_reset_at - greatest(t.updated_at, ${budget("updated_at")})) * 1000 < 1.5 * ${ms}`;
+};
+
+/**
  * Same period (or a flat budget): add. The store still in an older period: the new one starts
  * with this spend. The spend belongs to a period already closed: the log keeps it, the counter not.
- * A period whose end a write moved is the same period while it runs (the row's end is still ahead,
- * or later than the call's): add; once that moved end has passed, closed.
+ * A call whose period's end a write moved since started before that write: it belongs to the
+ * period the write made, and counts while the row is still in it; once the roller has moved the
+ * row past it, that period is closed. (Before, a row rolled on counted it in its next period.)
  */
-const COUNTER_SET = `
+const counterSet = (table: string) => `
       spend = case
         when d.period_end is null or t.budget_reset_at is null or t.budget_reset_at = d.period_end then t.spend + d.amount
-        when ${MOVED_BY_WRITE} then case when t.budget_reset_at > now() or t.budget_reset_at > d.period_end then t.spend + d.amount else t.spend end
+        when ${MOVED_BY_WRITE} then case when coalesce(${inWritesPeriod(table)}, t.budget_reset_at > now()) then t.spend + d.amount else t.spend end
         when t.budget_reset_at < d.period_end then d.amount
         else t.spend end,
       budget_reset_at = case when d.period_end is not null and t.budget_reset_at < d.period_end and not ${MOVED_BY_WRITE} then d.period_end else t.budget_reset_at end`;
 
 const counterUpdate = (table: string, id: string, kind: string, source = "delta") => `
   ${kind}_spend as (
-    update ${table} as t set${COUNTER_SET}
+    update ${table} as t set${counterSet(table)}
     from ${source} d where d.t = '${kind}' and t.${id} = d.id
     returning 1)`;
 
@@ -83,7 +98,7 @@ const lockedCounterUpdate = (
   target: (t: string, d: string) => string = (t, d) => ids.map((id, i) => `${t}.${id} = ${d}.id${i}`).join(" and "),
 ) => `
   ${kind}_spend as (
-    update ${table} as t set${COUNTER_SET}
+    update ${table} as t set${counterSet(table)}
     from (
       select d.id as delta_id, d.period_end, d.amount, d.ms, ${ids.map((id, i) => `x.${id} as id${i}`).join(", ")}
       from ${source} d join ${table} x on ${match("d", "x")}

@@ -21,6 +21,18 @@ export function wholePeriodsApart(a: number, b: number, periodMs: number | null 
 }
 
 /**
+ * Whether a counter's period began after its definition was written. A write that moves a period's
+ * end (budget_reset_at = write time + the new duration) carries on only the period it was made in;
+ * a later period of that definition starts from the store even when no call was seen in between
+ * (else the spend of the shortened period was carried into the next, refusing calls until the old
+ * end). Half a period of slack absorbs the write's timestamps being taken apart.
+ */
+export function laterThanDefinition(c: BudgetCounter): boolean {
+  const definedAt = c.definedAt ?? 0;
+  return c.periodEnd !== null && !!c.periodMs && definedAt > 0 && c.periodEnd - c.periodMs >= definedAt + c.periodMs / 2;
+}
+
+/**
  * The id of the budget counter of a row that keeps its own spend (the ledger, admin resets and
  * alerts agree on it). A team member's id is `teamId\tuserId`.
  */
@@ -114,6 +126,7 @@ export class LocalLedger implements BudgetLedger {
       // end of a shortened period refused calls until that end.
       if (!wholePeriodsApart(e.periodEnd, c.periodEnd, c.periodMs)) {
         if (definedAt > e.definedAt) {
+          if (laterThanDefinition(c)) return undefined;
           e.periodEnd = c.periodEnd;
           e.definedAt = definedAt;
         }

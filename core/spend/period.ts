@@ -7,7 +7,10 @@
  * - A call is charged to the period in which it started.
  * - A write that changes the duration moves `budget_reset_at` (now + the new duration) and keeps
  *   the spend: one period with a new end. Two ends not a whole number of periods apart are told
- *   apart from a rollover that way (ledger.ts wholePeriodsApart, flush.ts MOVED_BY_WRITE).
+ *   apart from a rollover that way (ledger.ts wholePeriodsApart, flush.ts MOVED_BY_WRITE). Only
+ *   the period the write was made in carries on: once its new end has passed, the next period
+ *   starts at 0 whether or not a call was seen in between (ledger.ts laterThanDefinition, flush.ts
+ *   inWritesPeriod).
  * - No `budget_reset_at` (or no parseable duration) means a flat budget that never resets.
  *
  * Enforcement does not wait for the store: the ledger computes the current period from these

@@ -18,7 +18,7 @@
  */
 import type Redis from "ioredis";
 import type { BudgetCounter, BudgetLedger, LedgerGrant, LedgerRefusal, Logger } from "../contract.ts";
-import { type CrossingListener, crossings, grantOnce, LocalLedger, NO_LIMIT } from "./ledger.ts";
+import { type CrossingListener, crossings, grantOnce, LocalLedger, laterThanDefinition, NO_LIMIT } from "./ledger.ts";
 
 const PREFIX = "svc:budget:";
 /** An instance's liveness key (+ its id): while it is there, the instance's reservations hold. */
@@ -27,10 +27,12 @@ const LIVE_PREFIX = "svc:budget-live:";
 const LIVE_MS = 30_000;
 
 // ARGV: amount, then per counter: limit, period, initial spend ('' when not known yet), the
-// period's length in ms (0: none) and when it was defined (BudgetCounter.periodMs, definedAt).
+// period's length in ms (0: none), when it was defined (BudgetCounter.periodMs, definedAt) and
+// '1' when the asked period began after that definition (ledger.ts laterThanDefinition).
 // A stored period whose end is not a whole number of periods from the asked one is the same
 // period, its end moved by a write (a new budget_duration): it carries on, and takes the asked end
-// when the asked definition is the newer (`d`), as the local ledger does.
+// when the asked definition is the newer (`d`), as the local ledger does; unless the asked period
+// is a later one of that definition (the moved end has passed too): that one starts from the store.
 // Returns {0, generation…} when granted, {-1, i…} for counters that need their stored spend
 // first, or {i, spend, reserved} for the counter that refused. A counter's generation (`g`) is
 // new each time it starts from a stored spend, so a settle can tell whether its reservation is
@@ -42,7 +44,7 @@ local amt = tonumber(amount)
 local inst = ARGV[#ARGV]
 local missing = {}
 for i = 1, #KEYS do
-  local base = 1 + (i - 1) * 5
+  local base = 1 + (i - 1) * 6
   local want = ARGV[base + 2]
   local ms = tonumber(ARGV[base + 4])
   local defined = tonumber(ARGV[base + 5])
@@ -50,7 +52,9 @@ for i = 1, #KEYS do
   local stale = (not p) or (p ~= want and not (p ~= 'flat' and want ~= 'flat' and tonumber(p) > tonumber(want)))
   if p and p ~= want and p ~= 'flat' and want ~= 'flat' and ms > 0 and (tonumber(p) - tonumber(want)) % ms ~= 0 then
     stale = false
-    if defined > tonumber(redis.call('HGET', KEYS[i], 'd') or '0') then redis.call('HSET', KEYS[i], 'p', want, 'd', defined) end
+    if defined > tonumber(redis.call('HGET', KEYS[i], 'd') or '0') then
+      if ARGV[base + 6] == '1' then stale = true else redis.call('HSET', KEYS[i], 'p', want, 'd', defined) end
+    end
   end
   if stale then
     local init = ARGV[base + 3]
@@ -69,7 +73,7 @@ if #missing > 0 then
   return missing
 end
 for i = 1, #KEYS do
-  local limit = tonumber(ARGV[1 + (i - 1) * 5 + 1])
+  local limit = tonumber(ARGV[1 + (i - 1) * 6 + 1])
   local s = redis.call('HGET', KEYS[i], 's')
   local r = redis.call('HGET', KEYS[i], 'r')
   local sn = tonumber(s)
@@ -174,7 +178,7 @@ export class RedisLedger implements BudgetLedger {
         const args: string[] = [amount.toString()];
         // A counter the call is only charged to is checked against a limit it cannot reach.
         for (const [i, c] of counters.entries()) {
-          args.push((c.chargeOnly ? NO_LIMIT : c.limit).toString(), periodText(c), known.get(i)?.toString() ?? "", String(c.periodMs ?? 0), String(c.definedAt ?? 0));
+          args.push((c.chargeOnly ? NO_LIMIT : c.limit).toString(), periodText(c), known.get(i)?.toString() ?? "", String(c.periodMs ?? 0), String(c.definedAt ?? 0), laterThanDefinition(c) ? "1" : "0");
         }
         const res = await this.redis.svcBudgetReserve(keys.length, ...keys, ...args, this.instance);
         this.recovered();

@@ -76,5 +76,17 @@ for (const world of WORLDS) {
       // The period's end was not moved back to the old hour's end.
       expect(after.resetAt).toBeLessThan(Date.now() + 5000);
     }, 30_000);
+
+    test("made shorter, and no call until its new end has passed: the next period starts at 0", async () => {
+      const key = await newKey({ max_budget: 3, budget_duration: "1h" });
+      expect(await callsUntilRefused(key, 4)).toBe(3);
+      const before = Date.now();
+      await setDuration(key, "2s");
+      // The ledger last saw the hour-long period; the first call it sees is in the period after the new end.
+      await Bun.sleep(Math.max(0, before + 2500 - Date.now()));
+      expect(await callsUntilRefused(key, 4)).toBe(3);
+      // The first period's calls, written after the period roller moved the row on, stay in the log, not in the new period.
+      expect(await stored(key)).toMatchObject({ spend: 3, logged: 6 });
+    }, 30_000);
   });
 }

@@ -59,9 +59,9 @@ for (const [name, make] of LEDGERS) {
     test("an end a write moved (not whole periods away) is the same period: spend and reservations carry on, an older definition does not move it back", async () => {
       const ledger = make();
       const id = `key:${randomUUID()}`;
-      // A 1000 ms period ending at 10_000, defined at t=1; a write at t=2 moves its end to 10_500.
-      const before: BudgetCounter = { id, label: "Key test", limit: 10n, periodEnd: 10_000, periodMs: 1_000, definedAt: 1, storedSpend: () => 0n };
-      const moved: BudgetCounter = { ...before, periodEnd: 10_500, periodMs: 1_000, definedAt: 2, storedSpend: () => 0n };
+      // A 1000 ms period ending at 10_000, defined at t=9_000; a write at t=9_500 moves its end to 10_500.
+      const before: BudgetCounter = { id, label: "Key test", limit: 10n, periodEnd: 10_000, periodMs: 1_000, definedAt: 9_000, storedSpend: () => 0n };
+      const moved: BudgetCounter = { ...before, periodEnd: 10_500, periodMs: 1_000, definedAt: 9_500, storedSpend: () => 0n };
       const inFlight = (await ledger.reserve([before], 4n)) as LedgerGrant;
       expect(inFlight.ok).toBe(true);
       // 4 reserved in the period, also after the move: 7 more would pass 10.
@@ -78,6 +78,23 @@ for (const [name, make] of LEDGERS) {
       if (!refused.ok) expect(refused.spend).toBe(5n);
       // The next period on the moved end's grid starts at 0.
       expect((await ledger.reserve([{ ...moved, periodEnd: 11_500 }], 10n)).ok).toBe(true);
+    });
+
+    test("a write moved the end, and the first call it sees is after that end: a new period, read from the store", async () => {
+      const ledger = make();
+      const id = `key:${randomUUID()}`;
+      const before: BudgetCounter = { id, label: "Key test", limit: 10n, periodEnd: 10_000, periodMs: 1_000, definedAt: 9_000, storedSpend: () => 0n };
+      (await ledger.reserve([before], 10n) as LedgerGrant).settle(10n);
+      await Bun.sleep(50);
+      expect((await ledger.reserve([before], 1n)).ok).toBe(false);
+      // A write at t=9_500 moved the end to 10_500; the next call comes at 10_700, in the period ending 11_500.
+      let read = 0;
+      const later: BudgetCounter = { ...before, periodEnd: 11_500, definedAt: 9_500, storedSpend: () => (read++, 2n) };
+      const refused = await ledger.reserve([later], 9n);
+      expect(read).toBe(1);
+      expect(refused.ok).toBe(false);
+      if (!refused.ok) expect(refused.spend).toBe(2n);
+      expect((await ledger.reserve([later], 8n)).ok).toBe(true);
     });
   });
 }
