@@ -44,6 +44,8 @@ export interface HostOptions {
   configPath: string;
   dataDir: string;
   databaseUrl?: string;
+  /** openStore's answerTimeoutMs (tests shorten it). */
+  databaseAnswerTimeoutMs?: number;
   redisUrl?: string;
   log: Logger;
   /** Spend writer tuning (tests use small bounds to exercise spilling). */
@@ -69,6 +71,7 @@ export async function startHost(opts: HostOptions): Promise<Host> {
 
   const store = await openStore({
     databaseUrl: opts.databaseUrl ?? general.database_url,
+    answerTimeoutMs: opts.databaseAnswerTimeoutMs,
     dataDir: opts.dataDir,
     log: { info: (m) => opts.log.info(m), warn: (m) => opts.log.warn(m) },
   });

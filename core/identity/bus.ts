@@ -20,6 +20,8 @@ const PG_PAYLOAD_MAX = 7900;
 const MAX_PENDING = 1000;
 /** How long `caughtUp` waits for its marker before going on without it (the channel is down or reconnecting). */
 const CATCH_UP_MS = 1000;
+/** A reload after a reconnection that failed (the store not answering yet) is tried again this much later. */
+const RELOAD_RETRY_MS = 1000;
 
 export class ChangeBus {
   private readonly instanceId = crypto.randomUUID();
@@ -31,6 +33,8 @@ export class ChangeBus {
   private readonly markers = new Map<string, () => void>();
   /** The Redis channel of this instance's database. */
   private readonly channel: string;
+  private reloadRetry: ReturnType<typeof setTimeout> | undefined;
+  private stopped = false;
 
   constructor(
     private readonly cache: IdentityCache,
@@ -83,7 +87,7 @@ export class ChangeBus {
         PG_CHANNEL,
         (payload) => void this.receive(payload),
         () => {
-          if (listenedBefore) void this.cache.apply({ kind: "all" }).catch((err) => this.log.error("identity resync failed", storeErrorCause(err)));
+          if (listenedBefore) void this.reload(true);
           listenedBefore = true;
         },
       )
@@ -99,9 +103,28 @@ export class ChangeBus {
   private async resync(sub: Redis, full: boolean): Promise<void> {
     try {
       await sub.subscribe(this.channel);
-      await (full ? this.cache.apply({ kind: "all" }) : this.cache.refresh());
     } catch (err) {
       this.log.error("identity resync failed", storeErrorCause(err));
+      return;
+    }
+    await this.reload(full);
+  }
+
+  /**
+   * Reloads what changes missed while the channel was away may have touched; retried until it
+   * succeeds: a channel back before the store (or with the store's connections being replaced)
+   * otherwise left this instance on its stale rows until the next change (a key blocked elsewhere
+   * meanwhile kept working here).
+   */
+  private async reload(full: boolean): Promise<void> {
+    clearTimeout(this.reloadRetry);
+    try {
+      await (full ? this.cache.apply({ kind: "all" }) : this.cache.refresh());
+    } catch (err) {
+      this.log.error("identity resync failed; retrying", storeErrorCause(err));
+      if (this.stopped) return;
+      this.reloadRetry = setTimeout(() => void this.reload(full), RELOAD_RETRY_MS);
+      this.reloadRetry.unref?.();
     }
   }
 
@@ -188,6 +211,8 @@ export class ChangeBus {
   }
 
   async stop(): Promise<void> {
+    this.stopped = true;
+    clearTimeout(this.reloadRetry);
     this.subscriber?.disconnect();
   }
 }

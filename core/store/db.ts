@@ -9,6 +9,7 @@ import { drizzle as drizzlePglite } from "drizzle-orm/pglite";
 import { drizzle as drizzlePostgres } from "drizzle-orm/postgres-js";
 import postgres from "postgres";
 import { acquireLock } from "./lock.ts";
+import { AnswerWatch } from "./pg-answer-watch.ts";
 import { PgliteBridge } from "./pglite-bridge.ts";
 import type { RawStatement } from "./pglite-protocol.ts";
 import { runMigrations } from "./migrate.ts";
@@ -56,6 +57,8 @@ export interface Notifications {
 export interface OpenStoreOptions {
   /** postgres:// URL; when unset the embedded PGlite in `<dataDir>/pg` is used. */
   databaseUrl?: string;
+  /** How long a PostgreSQL connection may leave a request unanswered before it is closed (pg-answer-watch.ts); default `DATABASE_ANSWER_TIMEOUT_MS` or 30 s. */
+  answerTimeoutMs?: number;
   dataDir: string;
   log?: StoreLog;
 }
@@ -65,7 +68,16 @@ export interface OpenStoreOptions {
 const MIGRATION_LOCK_KEY = "29104508263162233";
 
 export async function openStore(opts: OpenStoreOptions): Promise<Store> {
-  return opts.databaseUrl ? openPostgres(opts.databaseUrl, opts.log) : openPglite(opts.dataDir, opts.log);
+  return opts.databaseUrl ? openPostgres(opts.databaseUrl, opts.answerTimeoutMs ?? defaultAnswerTimeout(), opts.log) : openPglite(opts.dataDir, opts.log);
+}
+
+const DEFAULT_ANSWER_TIMEOUT_MS = 30_000;
+/** A lost database should fail calls within seconds, not the driver's default 30 s. */
+const CONNECT_TIMEOUT_S = 5;
+
+function defaultAnswerTimeout(): number {
+  const fromEnv = Number(process.env.DATABASE_ANSWER_TIMEOUT_MS);
+  return Number.isFinite(fromEnv) && fromEnv > 0 ? fromEnv : DEFAULT_ANSWER_TIMEOUT_MS;
 }
 
 /** A readiness probe must answer quickly even while a lost database is being reconnected. */
@@ -156,11 +168,23 @@ async function openPglite(dataDir: string, log?: StoreLog): Promise<Store> {
   }
 }
 
-async function openPostgres(url: string, log?: StoreLog): Promise<Store> {
+/** Channel the listener check listens to and leaves again: a round trip on the LISTEN connection, which otherwise only reads. */
+const LISTENER_CHECK_CHANNEL = "svc_listener_check";
+
+async function openPostgres(url: string, answerMs: number, log?: StoreLog): Promise<Store> {
+  const watch = new AnswerWatch(answerMs, CONNECT_TIMEOUT_S * 1000, ({ waited_ms, host }) =>
+    log?.warn(`store: a PostgreSQL connection (${host}) left a request unanswered for ${waited_ms} ms; it was closed, and the next query opens a new one`),
+  );
+  let listenerCheck: ReturnType<typeof setInterval> | undefined;
   // drizzle's migrator issues `CREATE SCHEMA IF NOT EXISTS`, whose NOTICE would otherwise be
   // printed to stdout on every start.
-  // A lost database should fail calls within seconds, not the driver's default 30 s.
-  const client = postgres(url, { max: 10, onnotice: () => {}, connect_timeout: 5 });
+  const client = postgres(url, {
+    max: 10,
+    onnotice: () => {},
+    connect_timeout: CONNECT_TIMEOUT_S,
+    // Not in postgres.js's types; documented in its README ("custom socket").
+    ...({ socket: watch.connect } as object),
+  });
   try {
     const db: Db = drizzlePostgres({ client, schema });
     // drizzle's migrate reads the last applied migration outside its transaction and takes no
@@ -177,6 +201,7 @@ async function openPostgres(url: string, log?: StoreLog): Promise<Store> {
     } finally {
       reserved.release();
     }
+    watch.arm();
     log?.info(`store: PostgreSQL at ${redact(url)}`);
     return {
       db,
@@ -185,11 +210,23 @@ async function openPostgres(url: string, log?: StoreLog): Promise<Store> {
       // Everything that writes has stopped by now. The bound matters: postgres.js 3.4.9 never ends
       // a connection whose query was cut by the server (a restart, pg_terminate_backend), so end()
       // always waited out its whole timeout then (porsager/postgres#1097).
-      close: once(() => client.end({ timeout: 1 })),
+      close: once(() => {
+        watch.stop();
+        clearInterval(listenerCheck);
+        return client.end({ timeout: 1 });
+      }),
       notifications: {
         // postgres.js keeps one dedicated listening connection and re-listens after a reconnect.
         listen: async (channel, onMessage, onListen) => {
           await client.listen(channel, onMessage, onListen);
+          // A listening connection only reads: one that stopped answering is found by asking it something.
+          listenerCheck ??= setInterval(() => {
+            client
+              .listen(LISTENER_CHECK_CHANNEL, () => {})
+              .then((l) => l.unlisten())
+              .catch(() => {});
+          }, answerMs);
+          listenerCheck.unref?.();
         },
         notify: async (channel, payload) => {
           await client.notify(channel, payload);
@@ -197,6 +234,7 @@ async function openPostgres(url: string, log?: StoreLog): Promise<Store> {
       },
     };
   } catch (e) {
+    watch.stop();
     await client.end({ timeout: 1 }).catch(() => {});
     throw e;
   }

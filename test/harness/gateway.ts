@@ -60,7 +60,7 @@ export interface TestGatewayOptions {
    * Run with a real store (and the identity cache, management API): embedded PGlite in a temp
    * folder, or PostgreSQL at `databaseUrl` (see `freshDatabase`).
    */
-  store?: { databaseUrl?: string; redisUrl?: string; spend?: HostOptions["spend"] };
+  store?: { databaseUrl?: string; databaseAnswerTimeoutMs?: number; redisUrl?: string; spend?: HostOptions["spend"] };
 }
 
 let pgliteTemplate: Promise<string> | undefined;
@@ -120,7 +120,7 @@ export async function startTestGateway(config: ConfigInput, opts: TestGatewayOpt
   let services: HostServices = {};
   if (opts.store) {
     if (!opts.store.databaseUrl) cpSync(await initializedPgFolder(), join(dir, "data", "pg"), { recursive: true });
-    host = await startHost({ configPath, dataDir: join(dir, "data"), databaseUrl: opts.store.databaseUrl, redisUrl: opts.store.redisUrl, log, spend: opts.store.spend });
+    host = await startHost({ configPath, dataDir: join(dir, "data"), databaseUrl: opts.store.databaseUrl, databaseAnswerTimeoutMs: opts.store.databaseAnswerTimeoutMs, redisUrl: opts.store.redisUrl, log, spend: opts.store.spend });
     live = host.live;
     services = host.services;
   } else {

@@ -12,6 +12,8 @@ export class TcpRelay {
   /** While stalled, bytes either way are held (connections stay open, new ones are accepted), as over a link that stopped passing packets. */
   private stalled = false;
   private readonly held: { to: Socket; chunk: Buffer }[] = [];
+  /** Connections that pass nothing any more, either way, and stay open (`stallOpen`). */
+  private readonly silent = new Set<Socket>();
   /** How long what clients of connections made from now on send waits before it goes on to the server. */
   delayMs = 0;
   private constructor(private readonly server: Server) {}
@@ -30,6 +32,7 @@ export class TcpRelay {
         s.on("error", () => undefined);
         s.on("close", () => {
           r.sockets.delete(s);
+          r.silent.delete(s);
           client.destroy();
           upstream.destroy();
         });
@@ -46,6 +49,7 @@ export class TcpRelay {
   }
 
   private pass(to: Socket, chunk: Buffer): void {
+    if (this.silent.has(to)) return;
     if (this.stalled) this.held.push({ to, chunk });
     else if (!to.destroyed) to.write(chunk);
   }
@@ -53,6 +57,14 @@ export class TcpRelay {
   /** Stops passing bytes either way; connections stay open. */
   stall(): void {
     this.stalled = true;
+  }
+
+  /**
+   * The connections open now pass nothing more, either way, for good, and stay open; new ones work.
+   * As behind a proxy that hung, or a NAT that forgot them: only a new connection gets through.
+   */
+  stallOpen(): void {
+    for (const s of this.sockets) this.silent.add(s);
   }
 
   /** Passes on what was held, in order, and passes bytes again. */
