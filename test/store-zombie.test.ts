@@ -79,7 +79,10 @@ test("the listening connection stops answering: a key blocked through another in
       method: "POST",
       headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
       body: JSON.stringify({ model: "gpt-a", messages: [{ role: "user", content: "hi" }] }),
-    }).then(async (r) => (await r.arrayBuffer(), r.status));
+    }).then(async (r) => {
+      await r.arrayBuffer();
+      return r.status;
+    });
   expect(await within(3000, async () => ((await call()) === 200 ? 200 : undefined))).toBe(200);
 
   relayed.stallOpen();

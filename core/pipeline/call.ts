@@ -15,6 +15,7 @@ import { headerText } from "../header-text.ts";
 import { beforeTimeout } from "../timer.ts";
 import type { Gate, Snapshot } from "../snapshot.ts";
 import { assembleStream } from "../stream/assemble.ts";
+import { AnswerTooLarge, answerBytes, answerText } from "./answer-body.ts";
 import { refuseInwardApiBase, withClientCredentials } from "./client-credentials.ts";
 import { paramsFor, supportedBody } from "./params.ts";
 import { cancelAll, dispatchRecord } from "./record.ts";
@@ -429,13 +430,13 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     }
     const upstreamType = res.headers.get("content-type") ?? "";
     if (ep.binaryUsage) {
-      const audio = await readWithin(res.arrayBuffer(), d, deadline);
+      const audio = await readWithin(answerBytes(res), d, deadline);
       deadline.clear();
       const contentType = upstreamType || "application/octet-stream";
       return reply(audio, contentType, ep.binaryUsage(body, { bytes: audio.byteLength, contentType }), undefined, res.headers);
     }
     if (ep.textResponse && !upstreamType.includes("json")) {
-      const t = ep.textResponse(await readWithin(res.text(), d, deadline), upstreamType, body);
+      const t = ep.textResponse(await readWithin(answerText(res), d, deadline), upstreamType, body);
       deadline.clear();
       if (keepPrompt) answer = t.text.body;
       return reply(t.text.body, t.text.contentType, t.usage, undefined, res.headers);
@@ -524,12 +525,13 @@ async function readWithin<T>(reading: Promise<T>, d: Deployment, deadline: Deadl
   } catch (err) {
     if (deadline.timedOut) throw timeoutError(d, deadline.seconds);
     if (deadline.clientGone) throw err;
+    if (err instanceof AnswerTooLarge) throw GatewayError.of(502, `answer from ${d.provider} for model ${d.modelName} not read: ${err.message}`, "api_error");
     throw GatewayError.of(503, `answer from ${d.provider} for model ${d.modelName} ended unexpectedly (${errorCode(err)})`, "api_connection_error");
   }
 }
 
 async function readJson(res: Response, d: Deployment, deadline: Deadline): Promise<{ text: string; json: unknown }> {
-  const text = await readWithin(res.text(), d, deadline);
+  const text = await readWithin(answerText(res), d, deadline);
   try {
     return { text, json: JSON.parse(text) };
   } catch {

@@ -3,6 +3,7 @@ import type { Deployment, HttpCall, ProviderAdapter } from "../contract.ts";
 import { CredentialsRefused, type ErrorInAnswer, GatewayError, errorInfo } from "../errors.ts";
 import { withoutCredentials } from "../secrets.ts";
 import { pinnedRequest } from "../pinned-fetch.ts";
+import { errorBodyText } from "./answer-body.ts";
 
 /**
  * Live deadlines, checked by one coarse ticker instead of a timer per request: arming and clearing
@@ -166,7 +167,7 @@ export async function send(adapter: ProviderAdapter, d: Deployment, built: HttpC
 
 /** A non-2xx upstream answer → the spec's error, keeping the provider's message and retry-after. */
 export async function upstreamError(adapter: ProviderAdapter, d: Deployment, res: Response): Promise<GatewayError> {
-  const text = await res.text().catch(() => "");
+  const text = await errorBodyText(res);
   return upstreamErrorOf(adapter, d, { status: res.status, body: text, headers: res.headers, said: `returned ${res.status}` });
 }
 

@@ -4,6 +4,7 @@
  */
 import type { ChatRequest, Deployment } from "../contract.ts";
 import { GatewayError } from "../errors.ts";
+import { answerText, MAX_ERROR_BODY_BYTES } from "../pipeline/answer-body.ts";
 import { Deadline, send, timeoutError, upstreamError } from "../pipeline/upstream.ts";
 import type { Snapshot } from "../snapshot.ts";
 import { chatTokens } from "./chat.ts";
@@ -60,7 +61,8 @@ export async function countUpstream(snapshot: Snapshot, d: Deployment, req: Chat
     if (!res.ok) throw await upstreamError(adapter, d, res);
     let json: unknown;
     try {
-      json = await res.json();
+      // A count is a few bytes: an answer past a MiB is not one.
+      json = JSON.parse(await answerText(res, MAX_ERROR_BODY_BYTES));
     } catch {
       if (deadline.timedOut) throw timeoutError(d, deadline.seconds);
       throw GatewayError.of(500, `${d.provider} returned invalid JSON from its token-counting endpoint for model ${d.modelName}`);

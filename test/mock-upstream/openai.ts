@@ -82,6 +82,17 @@ export type Fault = FaultTarget &
         answer: ScriptedAnswer;
       }
     | { /** 200 with this JSON body instead of the planned answer, once the request passed the mock's checks (a test's own answer). */ kind: "answer"; body: unknown }
+    | {
+        /**
+         * An answer of `bytes` bytes (a JSON object padded with spaces, never ending if `bytes`
+         * is past what the client reads), with `status` (default 200); chunked unless `announce`
+         * sends its content-length.
+         */
+        kind: "huge";
+        bytes: number;
+        status?: number;
+        announce?: boolean;
+      }
   );
 
 /** What a scripted chat answer says: per choice its text and tool calls and finish reason, and the usage object as OpenAI writes it. */
@@ -1085,7 +1096,7 @@ function untilAborted(signal: AbortSignal): Promise<void> {
 }
 
 /** Faults that act before routing; returns a response to send instead, if any. */
-async function applyEarlyFault(ctx: RequestContext, fault: Fault, signal: AbortSignal): Promise<Response | undefined> {
+async function applyEarlyFault(ctx: RequestContext, fault: Fault, signal: AbortSignal, counters: Counters): Promise<Response | undefined> {
   switch (fault.kind) {
     case "status":
       return statusFaultResponse(ctx, fault);
@@ -1096,9 +1107,40 @@ async function applyEarlyFault(ctx: RequestContext, fault: Fault, signal: AbortS
       await untilAborted(signal);
       // Nobody is listening any more; Bun needs a value all the same.
       return new Response(null, { status: 499 });
+    case "huge":
+      return hugeResponse(ctx, fault, counters);
     default:
       return undefined;
   }
+}
+
+const HUGE_CHUNK = new TextEncoder().encode(" ".repeat(1024 * 1024));
+
+/** Counts in `streamsCancelled` when the client stops reading it. */
+function hugeResponse(ctx: RequestContext, f: Extract<Fault, { kind: "huge" }>, counters: Counters): Response {
+  const head = new TextEncoder().encode('{"error":{"message":"huge","type":"server_error"},"pad":"');
+  let left = Math.max(0, f.bytes - head.length - 2);
+  const body = new ReadableStream<Uint8Array>({
+    start(controller) {
+      controller.enqueue(head);
+    },
+    pull(controller) {
+      if (left === 0) {
+        controller.enqueue(new TextEncoder().encode('"}'));
+        controller.close();
+        return;
+      }
+      const n = Math.min(left, HUGE_CHUNK.length);
+      left -= n;
+      controller.enqueue(HUGE_CHUNK.subarray(0, n));
+    },
+    cancel() {
+      counters.streamsCancelled++;
+    },
+  });
+  const headers: Record<string, string> = { ...baseHeaders(ctx, "application/json") };
+  if (f.announce) headers["content-length"] = String(f.bytes);
+  return new Response(body, { status: f.status ?? 200, headers });
 }
 
 const BAD_JSON_MESSAGE =
@@ -1153,7 +1195,7 @@ async function handle(req: Request, state: MockState, options: MockOpenAIOptions
 
   const fault = takeFault(state.faults, url.pathname, body);
   if (fault) {
-    const early = await applyEarlyFault(ctx, fault, req.signal);
+    const early = await applyEarlyFault(ctx, fault, req.signal, state);
     if (early) return early;
   }
   const denied = checkAuth(ctx, req, options.apiKey);

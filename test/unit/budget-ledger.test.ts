@@ -89,7 +89,10 @@ for (const [name, make] of LEDGERS) {
       expect((await ledger.reserve([before], 1n)).ok).toBe(false);
       // A write at t=9_500 moved the end to 10_500; the next call comes at 10_700, in the period ending 11_500.
       let read = 0;
-      const later: BudgetCounter = { ...before, periodEnd: 11_500, definedAt: 9_500, storedSpend: () => (read++, 2n) };
+      const later: BudgetCounter = { ...before, periodEnd: 11_500, definedAt: 9_500, storedSpend: () => {
+          read++;
+          return 2n;
+        } };
       const refused = await ledger.reserve([later], 9n);
       expect(read).toBe(1);
       expect(refused.ok).toBe(false);
