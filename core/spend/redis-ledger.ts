@@ -25,6 +25,18 @@ const PREFIX = "svc:budget:";
 const LIVE_PREFIX = "svc:budget-live:";
 /** How long a liveness key lasts; renewed every LIVE_MS / 3 while the instance has calls in flight. */
 const LIVE_MS = 30_000;
+/**
+ * A reservation's own key while it is held (+ its id; fields: each counter's generation), and the
+ * mark of one given up by its caller. An answer can be lost (a timeout, a dropped connection) while
+ * Redis did run the command, and ioredis sends a command again after a reconnect: with them a
+ * reservation is taken at most once and given back (settled, or voided by a caller that never had
+ * the answer) exactly once. Both expire: a call does not outlive them.
+ */
+const HELD_PREFIX = "svc:budget-held:";
+const VOID_PREFIX = "svc:budget-void:";
+const HELD_MS = 24 * 3_600_000;
+/** Settle runs kept for when Redis answers again, at most (an outage of hours under load drops the oldest; the store has every call). */
+const MAX_RETRIES = 100_000;
 
 // ARGV: amount, then per counter: limit, period, initial spend ('' when not known yet), the
 // period's length in ms (0: none), when it was defined (BudgetCounter.periodMs, definedAt) and
@@ -34,14 +46,22 @@ const LIVE_MS = 30_000;
 // when the asked definition is the newer (`d`), as the local ledger does; unless the asked period
 // is a later one of that definition (the moved end has passed too): that one starts from the store.
 // Returns {0, generation…} when granted, {-1, i…} for counters that need their stored spend
-// first, or {i, spend, reserved} for the counter that refused. A counter's generation (`g`) is
-// new each time it starts from a stored spend, so a settle can tell whether its reservation is
-// still there.
-// The last ARGV is the instance's id.
+// first, {-2} when its caller gave it up already, or {i, spend, reserved} for the counter that
+// refused. A counter's generation (`g`) is new each time it starts from a stored spend, so a
+// settle can tell whether its reservation is still there.
+// The last ARGV are the reservation's id and the instance's id. The same reservation run again
+// (sent again after a reconnect) is granted as it was, and takes nothing more.
 const RESERVE = `
 local amount = ARGV[1]
 local amt = tonumber(amount)
 local inst = ARGV[#ARGV]
+local held = '${HELD_PREFIX}' .. ARGV[#ARGV - 1]
+if redis.call('EXISTS', '${VOID_PREFIX}' .. ARGV[#ARGV - 1]) == 1 then return {-2} end
+if redis.call('EXISTS', held) == 1 then
+  local again = {0}
+  for i = 1, #KEYS do again[i + 1] = redis.call('HGET', held, tostring(i)) or '' end
+  return again
+end
 local missing = {}
 for i = 1, #KEYS do
   local base = 1 + (i - 1) * 6
@@ -101,7 +121,9 @@ for i = 1, #KEYS do
   redis.call('HINCRBY', KEYS[i], 'r', amount)
   redis.call('HINCRBY', KEYS[i], 'r:' .. inst, amount)
   out[i + 1] = redis.call('HGET', KEYS[i], 'g') or ''
+  redis.call('HSET', held, tostring(i), out[i + 1])
 end
+redis.call('PEXPIRE', held, ${HELD_MS})
 return out
 `;
 
@@ -112,13 +134,30 @@ return out
 // end a write moved (same generation, another period) still holds it: released, and the cost counts. The new
 // spend is read back as the stored text: HINCRBY's reply is a Lua double, which tostring writes
 // with 14 digits ("1.2345678901234e+14" from $123.45 up), not the integer.
-// The last ARGV is the settling instance's id: its own part of the reservation is released with the
-// total (no more than that part holds: one released as its instance's meanwhile is not released twice).
+// The last ARGV are the reservation's id ('' for spend counted without one: a call the local
+// ledger granted), 'void' when its caller never had the reservation's answer (it is given back, and
+// marked given up should it run later), and the settling instance's id: its own part of the
+// reservation is released with the total (no more than that part holds: one released as its
+// instance's meanwhile is not released twice). A reservation settles once: run again, it does nothing.
 const SETTLE = `
 local inst = ARGV[#ARGV]
+local rid = ARGV[#ARGV - 2]
+local gens = {}
+for i = 1, #KEYS do gens[i] = ARGV[2 + 2 * i] end
+if rid ~= '' then
+  local held = '${HELD_PREFIX}' .. rid
+  if ARGV[#ARGV - 1] == 'void' then redis.call('SET', '${VOID_PREFIX}' .. rid, '1', 'PX', ${HELD_MS}) end
+  if redis.call('EXISTS', held) == 0 then
+    local none = {}
+    for i = 1, #KEYS do none[i] = '' end
+    return none
+  end
+  for i = 1, #KEYS do gens[i] = redis.call('HGET', held, tostring(i)) or '' end
+  redis.call('DEL', held)
+end
 local out = {}
 for i = 1, #KEYS do
-  local same = ARGV[2 + 2 * i] ~= '' and (redis.call('HGET', KEYS[i], 'g') or '') == ARGV[2 + 2 * i]
+  local same = gens[i] ~= '' and (redis.call('HGET', KEYS[i], 'g') or '') == gens[i]
   if same or redis.call('HGET', KEYS[i], 'p') == ARGV[1 + 2 * i] then
     if ARGV[1] ~= '0' and same then
       local mine = redis.call('HGET', KEYS[i], 'r:' .. inst)
@@ -157,6 +196,13 @@ export class RedisLedger implements BudgetLedger {
   /** Calls granted in Redis and not settled yet; while there are any, the liveness key is renewed. */
   private inFlight = 0;
   private renewal: ReturnType<typeof setInterval> | undefined;
+  /** Numbers this instance's reservations (their id: instance and number). */
+  private reservations = 0;
+  /**
+   * Settle script runs whose answer did not come (a reservation given up, a settle): run again once
+   * Redis answers; each acts once however often it runs (HELD_PREFIX). Oldest dropped past MAX_RETRIES.
+   */
+  private retries: { keys: string[]; args: string[] }[] = [];
 
   constructor(
     redis: Redis,
@@ -173,6 +219,7 @@ export class RedisLedger implements BudgetLedger {
     if (counters.length === 0) return { ok: true, settle: () => undefined };
     const keys = counters.map((c) => PREFIX + c.id);
     const known = new Map<number, bigint>();
+    const rid = `${this.instance}:${++this.reservations}`;
     try {
       for (let attempt = 0; attempt < 3; attempt++) {
         const args: string[] = [amount.toString()];
@@ -180,10 +227,11 @@ export class RedisLedger implements BudgetLedger {
         for (const [i, c] of counters.entries()) {
           args.push((c.chargeOnly ? NO_LIMIT : c.limit).toString(), periodText(c), known.get(i)?.toString() ?? "", String(c.periodMs ?? 0), String(c.definedAt ?? 0), laterThanDefinition(c) ? "1" : "0");
         }
-        const res = await this.redis.svcBudgetReserve(keys.length, ...keys, ...args, this.instance);
+        const res = await this.redis.svcBudgetReserve(keys.length, ...keys, ...args, rid, this.instance);
         this.recovered();
         const head = Number(res[0]);
-        if (head === 0) return this.grant(counters, keys, amount, res.slice(1).map(String));
+        if (head === 0) return this.grant(counters, keys, amount, rid);
+        if (head === -2) throw new Error("the reservation was given up");
         if (head > 0) return { ok: false, counter: counters[head - 1]!, spend: BigInt(String(res[1])), reserved: BigInt(String(res[2])) };
         // Counters Redis has not seen this period: read their stored spend, then ask again.
         for (const i of res.slice(1).map(Number)) known.set(i - 1, await counters[i - 1]!.storedSpend());
@@ -191,6 +239,8 @@ export class RedisLedger implements BudgetLedger {
       throw new Error("budget counters kept changing period");
     } catch (err) {
       this.degrade(err);
+      // Redis may have taken it with the answer lost: given back once Redis answers (or marked given up, should it run later).
+      this.retry(keys, [amount.toString(), "0", ...counters.flatMap((c) => [periodText(c), ""]), rid, "void", this.instance]);
       const local = await this.local.reserve(counters, amount);
       if (!local.ok) return local;
       return {
@@ -199,7 +249,7 @@ export class RedisLedger implements BudgetLedger {
           local.settle(actual);
           if (!this.degraded) {
             void this.redis
-              .svcBudgetSettle(keys.length, ...keys, "0", actual.toString(), ...counters.flatMap((c) => [periodText(c), ""]), this.instance)
+              .svcBudgetSettle(keys.length, ...keys, "0", actual.toString(), ...counters.flatMap((c) => [periodText(c), ""]), "", "spend", this.instance)
               .catch((err) => this.log.warn("budget settle failed in redis; the spend log still has the call", { error: String(err) }));
             return;
           }
@@ -220,19 +270,41 @@ export class RedisLedger implements BudgetLedger {
     this.unsynced = new Map();
     for (const { counter, amount } of pending) {
       try {
-        await this.redis.svcBudgetSettle(1, PREFIX + counter.id, "0", amount.toString(), periodText(counter), "", this.instance);
+        await this.redis.svcBudgetSettle(1, PREFIX + counter.id, "0", amount.toString(), periodText(counter), "", "", "spend", this.instance);
       } catch (err) {
         this.log.warn("could not add spend counted during the redis outage; the store still has it", { budget: counter.label, error: String(err) });
       }
     }
   }
 
-  private grant(counters: readonly BudgetCounter[], keys: string[], amount: bigint, generations: string[]): LedgerGrant {
+  /** Runs `args` of the settle script again once Redis answers. */
+  private retry(keys: string[], args: string[]): void {
+    this.retries.push({ keys, args });
+    if (this.retries.length > MAX_RETRIES) this.retries.shift();
+  }
+
+  private async runRetries(): Promise<void> {
+    const pending = this.retries;
+    this.retries = [];
+    for (const { keys, args } of pending) {
+      try {
+        await this.redis.svcBudgetSettle(keys.length, ...keys, ...args);
+      } catch (err) {
+        this.retry(keys, args);
+        this.degrade(err);
+        return;
+      }
+    }
+  }
+
+  private grant(counters: readonly BudgetCounter[], keys: string[], amount: bigint, rid: string): LedgerGrant {
     this.began();
     return grantOnce((actual: bigint) => {
       this.ended();
+      // The generations the reservation was taken in are read from its own key in Redis.
+      const args = [amount.toString(), actual.toString(), ...counters.flatMap((c) => [periodText(c), ""]), rid, "settle", this.instance];
       this.redis
-        .svcBudgetSettle(keys.length, ...keys, amount.toString(), actual.toString(), ...counters.flatMap((c, i) => [periodText(c), generations[i] ?? ""]), this.instance)
+        .svcBudgetSettle(keys.length, ...keys, ...args)
         .then((after) => {
           for (const [i, s] of after.entries()) {
             if (s === "") continue;
@@ -242,7 +314,11 @@ export class RedisLedger implements BudgetLedger {
             crossings(counters[i]!, spend - actual, spend, this.onCross);
           }
         })
-        .catch((err) => this.log.error("budget settle failed in redis; the spend log still has the call", { error: String(err) }));
+        .catch((err) => {
+          this.log.warn("budget settle got no answer from redis; it is sent again once redis answers (and counts once)", { error: String(err) });
+          this.retry(keys, args);
+          this.degrade(err);
+        });
     });
   }
 
@@ -277,5 +353,6 @@ export class RedisLedger implements BudgetLedger {
     this.degraded = false;
     this.log.info("redis reachable again: budgets are shared across instances again");
     void this.syncLocalSpend();
+    void this.runRetries();
   }
 }

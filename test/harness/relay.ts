@@ -14,6 +14,9 @@ export class TcpRelay {
   private readonly held: { to: Socket; chunk: Buffer }[] = [];
   /** Connections that pass nothing any more, either way, and stay open (`stallOpen`). */
   private readonly silent = new Set<Socket>();
+  /** While set, what the server sends is dropped (`dropReplies`): requests arrive and run, their answers are lost. */
+  private deaf = false;
+  private readonly clients = new WeakSet<Socket>();
   /** How long what clients of connections made from now on send waits before it goes on to the server. */
   delayMs = 0;
   private constructor(private readonly server: Server) {}
@@ -26,6 +29,7 @@ export class TcpRelay {
         return;
       }
       const r = relay;
+      r.clients.add(client);
       const upstream = connect(target.port, target.host);
       for (const s of [client, upstream]) {
         r.sockets.add(s);
@@ -49,7 +53,7 @@ export class TcpRelay {
   }
 
   private pass(to: Socket, chunk: Buffer): void {
-    if (this.silent.has(to)) return;
+    if (this.silent.has(to) || (this.deaf && this.clients.has(to))) return;
     if (this.stalled) this.held.push({ to, chunk });
     else if (!to.destroyed) to.write(chunk);
   }
@@ -65,6 +69,15 @@ export class TcpRelay {
    */
   stallOpen(): void {
     for (const s of this.sockets) this.silent.add(s);
+  }
+
+  /** From now until `passReplies`, what the server sends is dropped: requests still reach it and run, their answers never come back. */
+  dropReplies(): void {
+    this.deaf = true;
+  }
+
+  passReplies(): void {
+    this.deaf = false;
   }
 
   /** Passes on what was held, in order, and passes bytes again. */
