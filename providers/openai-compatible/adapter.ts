@@ -96,7 +96,11 @@ interface StreamState {
 
 // JSON allows whitespace around ':' (some servers pretty-print each chunk): every key test allows it.
 const CHUNK_ID = /"id"\s*:\s*"([^"\\]+)"/;
-/** The usage chunk (the usage object; `"usage":null` on every other chunk once usage was asked for). */
+/**
+ * A chunk that may be the usage chunk (the usage object; `"usage":null` on every other chunk once
+ * usage was asked for). A vendor's object may hold a `usage` of its own (Groq's first chunk:
+ * `"x_groq":{"id":…,"usage":{"queue_time":…}}`), which this matches too: usageChunk decides.
+ */
 const USAGE = /"usage"\s*:\s*\{/;
 const ERROR_EVENT = /^\s*\{\s*"error"\s*:/;
 const PADDED_OBJECT = /^\s*\{[\s\S]*\}\s*$/;
@@ -134,8 +138,8 @@ function openAIStream<E extends "chat" | "completions">(
       if (!s.ended && FINISHED.test(data)) s.ended = true;
       if (ERROR_EVENT.test(data)) return [streamError(data)];
       const parts: StreamPart[] = [];
-      if (USAGE.test(data)) {
-        const chunk = asObject(JSON.parse(data));
+      const chunk = usageChunk(data);
+      if (chunk !== undefined) {
         s.ended = true;
         parts.push({ type: "usage", usage: usageFromOpenAI(chunk.usage) });
         if (!s.clientWantsUsage) {
@@ -160,6 +164,18 @@ function openAIStream<E extends "chat" | "completions">(
     responseId: (s: StreamState) => s.id || undefined,
     complete: (s: StreamState) => s.ended,
   };
+}
+
+/**
+ * The chunk, parsed, when it carries the call's usage: a `usage` object at its top level. Only that
+ * one ends the answer and replaces the estimate; a nested one is a vendor's (Groq's queue time),
+ * and reading it as the usage made the whole stream free.
+ */
+function usageChunk(data: string): WireJson | undefined {
+  if (!USAGE.test(data)) return undefined;
+  const chunk = asObject(JSON.parse(data));
+  const usage = chunk.usage;
+  return usage !== null && typeof usage === "object" && !Array.isArray(usage) ? chunk : undefined;
 }
 
 /**

@@ -458,7 +458,7 @@ describe("a stream the upstream ends before its answer is whole (pglite)", () =>
   });
 });
 
-describe("OpenAI-compatible streams whose body ends at the end of the answer, not with it (pglite)", () => {
+describe("OpenAI-compatible streams whose body ends at the end of the answer, not with it, or that nest a usage of their own (pglite)", () => {
   let openai: Awaited<ReturnType<typeof import("../mock-upstream/openai.ts")["startMockOpenAI"]>>;
   let gw: TestGateway;
   beforeAll(async () => {
@@ -512,5 +512,28 @@ describe("OpenAI-compatible streams whose body ends at the end of the answer, no
     expect(text).not.toContain('"error"');
     expect(text.trimEnd().endsWith("data: [DONE]")).toBe(true);
     expect(row).toMatchObject({ status: "success", stream: true });
+  });
+
+  /** The mock's usage chunk taken out: a server that sends no usage. */
+  const withoutUsage = (t: string) => t.replace(/data: \{[^\n]*"choices":\[\],"usage":\{[^\n]*\n\n/, "");
+  /** Groq's vendor member on the first chunk, whose `usage` is Groq's queue time, not the call's. */
+  const groqFirst = (t: string) => t.replace('"choices":', '"x_groq":{"id":"req_1","usage":{"queue_time":0.01}},"choices":');
+  const afterThirdEvent = (t: string) => `${t.split("\n\n").slice(0, 3).join("\n\n")}\n\n`;
+
+  test("a chunk with a nested usage (Groq's x_groq) is not the usage: a stream without one is charged its estimate, not free", async () => {
+    const plain = await streamed(withoutUsage);
+    const groq = await streamed((t) => groqFirst(withoutUsage(t)));
+    expect(groq.text).toContain('"x_groq"');
+    expect(plain.row).toMatchObject({ status: "success", stream: true });
+    expect(Number(plain.row!.spend)).toBeGreaterThan(0);
+    expect(groq.row).toMatchObject({ status: "success", prompt_tokens: plain.row!.prompt_tokens, completion_tokens: plain.row!.completion_tokens, spend: plain.row!.spend });
+  });
+
+  test("a chunk with a nested usage does not end the answer: a body that stops after it is cut, a failure", async () => {
+    const plain = await streamed(afterThirdEvent);
+    const groq = await streamed((t) => afterThirdEvent(groqFirst(t)));
+    expect(plain.row).toMatchObject({ status: "failure", stream: true });
+    expect(groq.row).toMatchObject({ status: "failure", stream: true });
+    expect(groq.text).toContain("ended before the answer was complete");
   });
 });
