@@ -184,7 +184,7 @@ const dailyInput = (param: string) =>
   `select type, id, day::date as day, key, model, grp, provider, pt, ct, cr, cc, spend, n, ok, failed from jsonb_to_recordset(${param}::jsonb) as ${DAILY_COLUMNS}`;
 const metrics = (f: string) =>
   `${f}.provider, (${at(`${f}."startTime"`)} at time zone 'UTC')::date as day, ${f}."promptTokens" as pt, ${f}."completionTokens" as ct,
-   ${f}."cacheReadTokens" as cr, ${f}."cacheCreationTokens" as cc, ${f}."spendPico"::numeric / 1000000000000 as spend, ${f}.status`;
+   ${f}."cacheReadTokens" as cr, ${f}."cacheCreationTokens" as cc, ${f}."spendPico" / 1000000000000 as spend, ${f}.status`;
 
 /** The rows go into the log, keyed by call id. */
 const INSERT_LOG_ROWS = `ins as (
@@ -193,7 +193,7 @@ const INSERT_LOG_ROWS = `ins as (
     cache_read_input_tokens, cache_creation_input_tokens, reasoning_tokens, start_time, end_time, completion_start_time,
     status, stream, cache_hit, request_tags, metadata)
   select "callId", "requestId", "callType", "apiKey", "keyAlias", "userId", "teamId", "organizationId", "endUser",
-    model, "modelGroup", provider, "modelId", "upstreamModel", "spendPico"::numeric / 1000000000000, "promptTokens", "completionTokens",
+    model, "modelGroup", provider, "modelId", "upstreamModel", "spendPico" / 1000000000000, "promptTokens", "completionTokens",
     "promptTokens" + "completionTokens", "cacheReadTokens", "cacheCreationTokens", "reasoningTokens",
     ${at('"startTime"')}, ${at('"endTime"')}, ${at('"completionStartTime"')}, status, stream, "cacheHit",
     tags, coalesce(metadata, '{}')
@@ -215,12 +215,14 @@ const INSERT_CALL_IDS = `ins as (
  * the whole batch. When every row is new ($2 rows inserted, the normal case) those sums are
  * applied; when some rows had been written before (a replayed spill file, a retried batch), they
  * are ignored and the store derives counters and aggregates from exactly the rows it inserted.
+ * A row's pico-dollars are read as numeric, never bigint: one call may cost more than 2^63 of them
+ * (about $9.2 million; prices up to $1 a token times 2^30 - 1 tokens), and the store refused it.
  */
 const statement = (INSERT: string) => `
 with input as (
   select r->>0 as "callId", r->>1 as "requestId", r->>2 as "callType", r->>3 as "apiKey", r->>4 as "keyAlias", r->>5 as "userId",
     r->>6 as "teamId", r->>7 as "organizationId", r->>8 as "endUser", r->>9 as model, r->>10 as "modelGroup", r->>11 as provider,
-    r->>12 as "modelId", r->>13 as "upstreamModel", (r->>14)::bigint as "spendPico", (r->>15)::int as "promptTokens",
+    r->>12 as "modelId", r->>13 as "upstreamModel", (r->>14)::numeric as "spendPico", (r->>15)::int as "promptTokens",
     (r->>16)::int as "completionTokens", (r->>17)::int as "cacheReadTokens", (r->>18)::int as "cacheCreationTokens",
     (r->>19)::int as "reasoningTokens", (r->>20)::bigint as "startTime", (r->>21)::bigint as "endTime",
     (r->>22)::bigint as "completionStartTime", r->>23 as status, (r->>24)::boolean as stream, (r->>25)::boolean as "cacheHit",
@@ -238,7 +240,7 @@ latest as (select t, id, max(p) as p from charge group by t, id),
 delta as (
   ${deltaInput("$3")} where (select ok from fast)
   union all
-  select c.t, c.id, case when l.p = -1 then null else ${at("l.p")} end, sum(c.pico)::numeric / 1000000000000, null::bigint
+  select c.t, c.id, case when l.p = -1 then null else ${at("l.p")} end, sum(c.pico) / 1000000000000, null::bigint
   from charge c join latest l on l.t = c.t and l.id = c.id and c.p = l.p
   group by c.t, c.id, l.p
 ),

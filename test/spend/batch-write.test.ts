@@ -7,6 +7,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { randomUUID } from "node:crypto";
 import { sql } from "drizzle-orm";
 import postgres from "postgres";
+import type { PicoJson } from "../../core/cost/money.ts";
 import type { SpendEntry } from "../../core/spend/entry.ts";
 import { writeBatch } from "../../core/spend/flush.ts";
 import { SpendWriter } from "../../core/spend/writer.ts";
@@ -21,7 +22,7 @@ const CONFIG = {
   general_settings: { master_key: MASTER_KEY },
 };
 
-function entry(token: string, spendPico: number, extra: Partial<SpendEntry> = {}): SpendEntry {
+function entry(token: string, spendPico: PicoJson, extra: Partial<SpendEntry> = {}): SpendEntry {
   const at = Date.parse("2026-03-04T05:06:07.089Z");
   return {
     callId: randomUUID(),
@@ -193,6 +194,21 @@ for (const backend of BACKENDS) {
       expect(row!.start_time).toBe("2026-03-04T05:06:07.089");
       expect(row!.completion_start_time).toBe("2026-03-04T05:06:08.003");
       expect(row!.stream).toBe(false);
+    });
+
+    test("a call of more than 2^63 pico-dollars (about $9.2 million) is written by the bulk load and by the statement, and counted once when replayed", async () => {
+      const { token } = await newKey(`huge-${backend}`);
+      // $617,283,945.061728: a billion tokens at $0.617283945061728, within the README's $1 a token.
+      const huge = () => entry(token, "617283945061728000000");
+      const [bulk, viaStatement, fresh] = [huge(), huge(), huge()];
+      expect(await writeBatch(tracked().store, [bulk])).toBe(1);
+      expect(await writeBatch({ db: store().db }, [viaStatement])).toBe(1);
+      // A batch holding a row already stored: the statement derives the sums from the rows it inserted.
+      expect(await writeBatch(tracked().store, [bulk, fresh])).toBe(1);
+      const [log] = await q<{ n: number; sum: string }>(sql`select count(*)::int as n, sum(spend)::text as sum from spend_logs where api_key = ${token}`);
+      const [key] = await q<{ spend: string }>(sql`select spend::text as spend from virtual_keys where token = ${token}`);
+      const [daily] = await q<{ spend: string }>(sql`select sum(spend)::text as spend from daily_spend where entity_type = 'key' and entity_id = ${token}`);
+      expect([log!.n, log!.sum, key!.spend, daily!.spend]).toEqual([3, "1851851835.185184000000", "1851851835.185184000000", "1851851835.185184000000"]);
     });
 
     test("a row without metadata is stored as {} through COPY and through the statement alike", async () => {

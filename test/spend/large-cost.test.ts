@@ -1,7 +1,8 @@
 // A single call costing more than 2^53 pico-dollars (about $9,007): its cost is exact to the
 // pico-dollar everywhere a user reads it (the cost header, its spend-log row, /spend/logs and its
 // daily summary, the key's spend, the budget that refuses the next call), not the nearest double,
-// and its budget alerts are sent, with the ledger in memory or in Redis.
+// and its budget alerts are sent, with the ledger in memory or in Redis; one of more than 2^63
+// pico-dollars (a bigint) is logged and charged too.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import OpenAI, { type APIError } from "openai";
 import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
@@ -16,6 +17,9 @@ const PROMPT_TOKENS = 199_999;
 const PRICE = "0.617283945061728";
 const ONE_CALL = "123456.171728400538";
 const TWO_CALLS = "246912.343456801076";
+// A billion of them: $617,283,945.061728, more pico-dollars than a bigint holds (2^63, about $9.2 million).
+const HUGE_PROMPT_TOKENS = 1_000_000_000;
+const HUGE_CALL = "617283945.061728";
 
 /** The amounts `field` takes in a JSON text, as written (JSON.parse would round them to doubles). */
 const amounts = (text: string, field: string) => [...text.matchAll(new RegExp(`"${field}":(-?[0-9.eE+-]+)`, "g"))].map((m) => m[1]);
@@ -60,9 +64,9 @@ general_settings: { master_key: ${MASTER_KEY} }
     await mock?.stop();
   });
 
-  const call = () => {
-    mock.fault({ kind: "scripted", answer: { choices: [{ content: "ok", finishReason: "stop" }], usage: { prompt_tokens: PROMPT_TOKENS, completion_tokens: 1, total_tokens: PROMPT_TOKENS + 1 } } });
-    return client.chat.completions.create({ model: "pricey", messages: [{ role: "user", content: "hi" }] }).withResponse();
+  const call = (promptTokens = PROMPT_TOKENS, caller = client) => {
+    mock.fault({ kind: "scripted", answer: { choices: [{ content: "ok", finishReason: "stop" }], usage: { prompt_tokens: promptTokens, completion_tokens: 1, total_tokens: promptTokens + 1 } } });
+    return caller.chat.completions.create({ model: "pricey", messages: [{ role: "user", content: "hi" }] }).withResponse();
   };
 
   test("the cost header, the spend log, /spend/logs and the key's spend are exact to the pico-dollar", async () => {
@@ -99,6 +103,20 @@ general_settings: { master_key: ${MASTER_KEY} }
       { event: "budget_crossed", token, spend: Number(TWO_CALLS) },
       { event: "soft_budget_crossed", token, spend: Number(ONE_CALL) },
     ]);
+    expect(gw.log.lines.filter((l) => l.level === "error")).toEqual([]);
+  });
+
+  test("a call of more than $9.2 million (2^63 pico-dollars) is logged and charged to the last digit, not set aside", async () => {
+    // The refused call above left its scripted answer queued.
+    mock.clearFaults();
+    const created = await requestJson<{ key: string; token: string }>(gw, "POST", "/key/generate", { body: { key_alias: "bigger-spender" } });
+    const { data, response } = await call(HUGE_PROMPT_TOKENS, new OpenAI({ baseURL: gw.baseURL, apiKey: created.body.key, maxRetries: 0 }));
+    expect(response.headers.get("x-svc-response-cost")).toBe(HUGE_CALL);
+    await gw.host!.spendWriter.flush();
+    const log = await requestJson(gw, "GET", `/spend/logs?request_id=${data.id}&summarize=false`);
+    expect(amounts(log.text, "spend")).toEqual([HUGE_CALL]);
+    const info = await requestJson(gw, "GET", `/key/info?key=${created.body.token}`);
+    expect(amounts(info.text, "spend")).toEqual([HUGE_CALL]);
     expect(gw.log.lines.filter((l) => l.level === "error")).toEqual([]);
   });
 });
