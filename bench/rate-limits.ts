@@ -42,6 +42,7 @@ const intent = (): CallIntent => ({
   estimatedPromptTokens: 20,
   promptTokenBound: 60,
   maxOutputTokens: 100,
+  answers: 1,
   worstCaseCost: 0n,
   startedAt: Date.now(),
   groupCapacity: {},

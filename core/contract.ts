@@ -376,7 +376,13 @@ export interface CallIntent {
   estimatedPromptTokens: number;
   /** A prompt size the real count never exceeds (a token per UTF-8 byte): budgets reserve on it. */
   promptTokenBound: number;
+  /** The answer-token limit the request sets for one answer (`max_completion_tokens`, `max_tokens`), if any. */
   maxOutputTokens: number | undefined;
+  /**
+   * How many answers the call is billed for, each up to `maxOutputTokens`: a chat call's `n`; a
+   * completions call's `n`, or its `best_of` candidates when more, for each prompt of a batch; else 1.
+   */
+  answers: number;
   /** The most the call can cost, in pico-dollars: prompt bound and output bound at the model's prices (0 when unpriced). */
   worstCaseCost: bigint;
   /** Milliseconds since the epoch; budgets charge the call to the period it started in. */

@@ -122,6 +122,8 @@ export const CompletionRequestSchema = T.Object(
     frequency_penalty: T.Optional(Nullable(T.Number({ minimum: -2, maximum: 2 }))),
     presence_penalty: T.Optional(Nullable(T.Number({ minimum: -2, maximum: 2 }))),
     n: T.Optional(Nullable(T.Integer({ minimum: 1 }))),
+    // Candidates generated (and billed) for the n returned: budgets reserve them all.
+    best_of: T.Optional(Nullable(T.Integer({ minimum: 1 }))),
     stop: T.Optional(Nullable(StringOrStrings)),
     stream: T.Optional(Nullable(T.Boolean())),
     stream_options: T.Optional(Nullable(T.Record(T.String(), T.Unknown()))),

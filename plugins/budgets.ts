@@ -228,13 +228,11 @@ function historyCounter(id: string, label: string, limitUsd: number, duration: s
 const usd = (p: Pico) => `$${picoToText(p)}`;
 
 /**
- * What a call without max_tokens is reserved at, per endpoint, as the refusal says it. Only chat and
- * completions take max_tokens: a transcription refused for the longest audio its file could hold
- * was told to "set max_tokens", which that endpoint has no parameter for.
+ * What a call of an endpoint without max_tokens is reserved at, as the refusal says it. Only chat
+ * and completions take max_tokens (reservedAt): a transcription refused for the longest audio its
+ * file could hold was told to "set max_tokens", which that endpoint has no parameter for.
  */
-const UNBOUNDED: Record<CallIntent["endpoint"], string> = {
-  chat: "the model's output limit (set max_tokens to reserve less)",
-  completions: "the model's output limit (set max_tokens to reserve less)",
+const UNBOUNDED: Record<Exclude<CallIntent["endpoint"], "chat" | "completions">, string> = {
   transcriptions: "the longest audio its file could hold (the length its WAV header gives, else a second per 750 bytes: the file is all that is known before the call)",
   speech: "its input's length",
   images: "the number of images asked, at the dearest size and quality the request leaves open (set size and quality to reserve less)",
@@ -242,6 +240,14 @@ const UNBOUNDED: Record<CallIntent["endpoint"], string> = {
   moderations: "its input's length",
   pass_through: "the route's price per call",
 };
+
+/** What the call was reserved at, as its refusal says it: its output bound for each answer it is billed for. */
+function reservedAt(intent: CallIntent): string {
+  const each = intent.answers > 1 ? ` for each of ${intent.answers} answers` : "";
+  if (intent.maxOutputTokens !== undefined) return `max_tokens=${intent.maxOutputTokens}${each}`;
+  if (intent.endpoint === "chat" || intent.endpoint === "completions") return `the model's output limit${each} (set max_tokens to reserve less)`;
+  return UNBOUNDED[intent.endpoint];
+}
 
 /** The refusing budget in figures (the error envelope's `budget`): a client can tell which one, and what is left, without reading the message. */
 function refusedBudget(c: BudgetCounter, spend: Pico, reserved: Pico, callCost: Pico | undefined): BudgetRefusalDetail {
@@ -265,10 +271,9 @@ function refusal(r: LedgerRefusal, intent: CallIntent): Denied {
   if (spend >= c.limit) message = `Budget has been exceeded! ${c.label}: spend ${usd(spend)}, max budget ${usd(c.limit)}.${resets}`;
   else {
     const left = c.limit - spend - reserved;
-    const bound = intent.maxOutputTokens === undefined ? UNBOUNDED[intent.endpoint] : `max_tokens=${intent.maxOutputTokens}`;
     message =
       `Budget would be exceeded: ${c.label} has ${usd(left > 0n ? left : 0n)} left of its max budget ${usd(c.limit)} ` +
-      `(spend ${usd(spend)}, ${usd(reserved)} held by calls in flight), and this call may cost up to ${usd(intent.worstCaseCost)} at ${bound}.${resets}`;
+      `(spend ${usd(spend)}, ${usd(reserved)} held by calls in flight), and this call may cost up to ${usd(intent.worstCaseCost)} at ${reservedAt(intent)}.${resets}`;
   }
   const budget = refusedBudget(c, spend, reserved, spend >= c.limit ? undefined : intent.worstCaseCost);
   return { ok: false, error: { ...errorInfo(400, message, "budget_exceeded"), budget } };

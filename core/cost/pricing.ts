@@ -135,6 +135,11 @@ export class Pricing {
     return { cost: costOf(price, usage, callMs), priced: true, source: price.source };
   }
 
+  /** The most answer tokens the model gives one answer: its entry's limit, else DEFAULT_MAX_OUTPUT_TOKENS. */
+  outputLimit(d: Deployment): number {
+    return this.priceOf(d)?.maxOutputTokens ?? DEFAULT_MAX_OUTPUT_TOKENS;
+  }
+
   /**
    * The most the call can cost (see worstCaseCost); output defaults to the model's own limit.
    * `maxCallMs`: the longest the call is charged for, should the model be priced per second of it;
@@ -143,7 +148,7 @@ export class Pricing {
   worstCase(d: Deployment, promptTokens: number, maxOutputTokens: number | undefined, maxCallMs?: number, maxSearches?: number): Pico {
     const price = this.priceOf(d);
     if (!price) return 0n;
-    return worstCaseCost(price, promptTokens, maxOutputTokens ?? price.maxOutputTokens ?? DEFAULT_MAX_OUTPUT_TOKENS, maxCallMs, maxSearches);
+    return worstCaseCost(price, promptTokens, maxOutputTokens ?? this.outputLimit(d), maxCallMs, maxSearches);
   }
 }
 

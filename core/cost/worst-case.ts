@@ -2,7 +2,7 @@
  * The most a call can cost before it is made, per endpoint: what budgets reserve. It must never be
  * below what the call is then charged, or concurrent calls could overspend.
  */
-import type { Deployment, Endpoint, WireRequest } from "../contract.ts";
+import type { CallType, Deployment, Endpoint, WireRequest } from "../contract.ts";
 import { IMAGE_QUALITIES, IMAGE_SIZES, imagesAsked, speechBound } from "../wire.ts";
 import { knownAudioSeconds } from "./audio-length.ts";
 import { audioBound } from "./estimate.ts";
@@ -53,9 +53,37 @@ export function maxOutput(body: WireRequest[Endpoint]): number | undefined {
   return b.max_completion_tokens ?? b.max_tokens ?? undefined;
 }
 
-/** The most answer tokens a chat or completions call can have: its limit for each of its `n` choices (undefined: no limit set). */
-export function answerTokenBound(body: WireRequest[Endpoint], maxOutputTokens = maxOutput(body)): number | undefined {
-  return maxOutputTokens === undefined ? undefined : maxOutputTokens * Math.max(1, (body as { n?: number | null }).n ?? 1);
+/** How many prompts a completions call holds: a list of texts or of token lists is a batch, each answered on its own. */
+function completionPrompts(prompt: WireRequest["completions"]["prompt"]): number {
+  // A text, or one list of token ids, is one prompt.
+  return Array.isArray(prompt) && prompt.length > 0 && typeof prompt[0] !== "number" ? prompt.length : 1;
+}
+
+/**
+ * How many answers a call is billed for: a chat call's `n` choices; a completions call's `n`, or
+ * its `best_of` candidates when more (the upstream generates and bills every candidate, then
+ * returns the `n` best), for each prompt of a batch; 1 on other endpoints.
+ */
+export function answersBilled(endpoint: CallType, body: WireRequest[Endpoint]): number {
+  if (endpoint !== "chat" && endpoint !== "completions") return 1;
+  const n = Math.max(1, (body as { n?: number | null }).n ?? 1);
+  if (endpoint === "chat") return n;
+  const b = body as WireRequest["completions"];
+  return Math.max(n, b.best_of ?? 1) * completionPrompts(b.prompt);
+}
+
+/** Past 2^53 a count is not exact (nor a BigInt of an infinite one possible); no budget or limit holds that many tokens. */
+const MAX_ANSWER_TOKENS = Number.MAX_SAFE_INTEGER;
+
+/** The answer tokens of `answers` answers of at most `perAnswer` tokens each. */
+export const answerTokens = (perAnswer: number, answers: number): number => Math.min(perAnswer * answers, MAX_ANSWER_TOKENS);
+
+/**
+ * The most answer tokens a chat or completions call can have: its limit for each answer it is
+ * billed for (answersBilled); undefined when the request sets no limit.
+ */
+export function answerTokenBound(endpoint: CallType, body: WireRequest[Endpoint], maxOutputTokens = maxOutput(body)): number | undefined {
+  return maxOutputTokens === undefined ? undefined : answerTokens(maxOutputTokens, answersBilled(endpoint, body));
 }
 
 /**
@@ -76,7 +104,7 @@ export function searchBound(body: WireRequest[Endpoint]): number {
 }
 
 /**
- * `promptTokens`: the prompt's bound; `maxOutputTokens`: the request's limit, if it sets one;
+ * `promptTokens`: the prompt's bound; `maxOutputTokens`: the request's limit for one answer, if it sets one;
  * `maxCallMs`: the longest the call is charged for (its attempt's timeout), for a model priced
  * per second of the call.
  */
@@ -91,9 +119,10 @@ export function worstCaseOf<E extends Endpoint>(endpoint: E, body: WireRequest[E
       return pricing.costOf(d, speechBound(body as WireRequest["speech"]), maxCallMs).cost;
     case "transcriptions":
       return worstTranscription(pricing, d, promptTokens, body as WireRequest["transcriptions"], maxCallMs);
-    case "chat":
-      return pricing.worstCase(d, promptTokens, answerTokenBound(body, maxOutputTokens), maxCallMs, searchBound(body));
-    default:
-      return pricing.worstCase(d, promptTokens, answerTokenBound(body, maxOutputTokens), maxCallMs);
+    default: {
+      // Chat and completions: without max_tokens every answer may run to the model's output limit.
+      const output = answerTokens(maxOutputTokens ?? pricing.outputLimit(d), answersBilled(endpoint, body));
+      return pricing.worstCase(d, promptTokens, output, maxCallMs, endpoint === "chat" ? searchBound(body) : 0);
+    }
   }
 }

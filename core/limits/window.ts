@@ -4,15 +4,16 @@
  * flight. Entries are appended in time order and expire from the front.
  */
 import type { CallIntent, RateCounter, RateLimitKind } from "../contract.ts";
+import { answerTokens } from "../cost/worst-case.ts";
 
 export const WINDOW_MS = 60_000;
 
 /** Whole seconds until a request fits, never 0 (a client told 0 would retry at once and fail again). */
 export const retryAfterSeconds = (ms: number): number => Math.max(1, Math.ceil(ms / 1000));
 
-/** Tokens a call may use: the prompt estimate plus its output bound (the prompt alone when unbounded). */
-export function tokenEstimate(intent: Pick<CallIntent, "estimatedPromptTokens" | "maxOutputTokens">): number {
-  return intent.estimatedPromptTokens + (intent.maxOutputTokens ?? 0);
+/** Tokens a call may use: the prompt estimate plus its output bound, max_tokens for each answer (the prompt alone when unbounded). */
+export function tokenEstimate(intent: Pick<CallIntent, "estimatedPromptTokens" | "maxOutputTokens" | "answers">): number {
+  return intent.estimatedPromptTokens + (intent.maxOutputTokens === undefined ? 0 : answerTokens(intent.maxOutputTokens, intent.answers));
 }
 
 /** A share counter as applied: its rpm/tpm are the pool's part for `members` active members. */

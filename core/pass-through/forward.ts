@@ -57,6 +57,7 @@ class PassThroughIntent implements CallIntent {
   readonly estimatedPromptTokens = 0;
   readonly promptTokenBound = 0;
   readonly maxOutputTokens = 0;
+  readonly answers = 1;
   readonly groupCapacity: GroupCapacity = {};
   readonly accessGroups = NO_ACCESS_GROUPS;
 

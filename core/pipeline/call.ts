@@ -6,7 +6,7 @@
 import type { AccessGroupLookup, CallIntent, CallRecord, GroupCapacity, HttpCall, CallStatus, Denied, Deployment, Endpoint, EndpointAdapter, ErrorInfo, Lease, Logger, Principal, ProviderAdapter, StreamTransform, Usage, WireJson, WireRequest } from "../contract.ts";
 import { type PromptSize, promptSize } from "../cost/estimate.ts";
 import { MAX_COUNT, countableUsage } from "../cost/countable-usage.ts";
-import { maxOutput, worstCaseOf } from "../cost/worst-case.ts";
+import { answersBilled, maxOutput, worstCaseOf } from "../cost/worst-case.ts";
 import { groupCapacity } from "../limits/capacity.ts";
 import { IMAGE_QUALITIES, IMAGE_SIZES, imagesAsked } from "../wire.ts";
 import { picoToText } from "../cost/money.ts";
@@ -133,6 +133,7 @@ export class Intent implements CallIntent {
   private worst: bigint | undefined;
   private capacity: GroupCapacity | undefined;
   readonly maxOutputTokens: number | undefined;
+  readonly answers: number;
 
   constructor(
     readonly principal: Principal,
@@ -145,6 +146,7 @@ export class Intent implements CallIntent {
     readonly scope: "request" | "group" | "both" = "group",
   ) {
     this.maxOutputTokens = maxOutput(body);
+    this.answers = answersBilled(endpoint, body);
   }
 
   get groupCapacity(): GroupCapacity {
@@ -426,7 +428,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
           }
         : capture;
       // Awaited here: a stream that fails before its first event fails this attempt (caught below).
-      return await streamResponse({ res, deployment: d, transform, request: body as WireRequest["chat" | "completions"], deadline, headers, finish, tap });
+      return await streamResponse({ res, deployment: d, transform, endpoint: endpoint as "chat" | "completions", request: body as WireRequest["chat" | "completions"], deadline, headers, finish, tap });
     }
     const upstreamType = res.headers.get("content-type") ?? "";
     if (ep.binaryUsage) {

@@ -37,6 +37,7 @@ export interface StreamArgs {
   res: Response;
   deployment: Deployment;
   transform: StreamTransform<"chat" | "completions", unknown>;
+  endpoint: "chat" | "completions";
   request: WireRequest["chat" | "completions"];
   deadline: Deadline;
   headers: Record<string, string>;
@@ -112,7 +113,7 @@ export async function streamResponse(a: StreamArgs): Promise<Response> {
    */
   const estimated = (): Usage => {
     const e = transform.estimate(state);
-    const bound = answerTokenBound(a.request);
+    const bound = answerTokenBound(a.endpoint, a.request);
     if (bound === undefined || e.completionTokens <= bound) return e;
     // Its parts (reasoning) stay parts of the total.
     return { ...e, completionTokens: bound, ...(e.reasoningTokens === undefined ? {} : { reasoningTokens: Math.min(e.reasoningTokens, bound) }) };

@@ -252,7 +252,7 @@ function answerText(b: WireJson): string[] {
 function answerUsage<E extends "chat" | "completions" | "embeddings">(endpoint: E, b: WireJson, req: WireRequest[E] | undefined): Usage {
   if ((b.usage !== undefined && b.usage !== null) || !req) return usageFromOpenAI(b.usage);
   const estimated = estimateTokens(answerText(b));
-  const bound = answerTokenBound(req);
+  const bound = answerTokenBound(endpoint, req);
   return { promptTokens: promptSize(endpoint, req).estimate, completionTokens: bound === undefined ? estimated : Math.min(estimated, bound) };
 }
 

@@ -89,6 +89,16 @@ describe("rate limits", () => {
     expect(huge.body.error!.message).toContain("(lower max_tokens)");
   });
 
+  test("tpm reserves max_tokens for each of the n answers a call asks for", async () => {
+    const key = await newKey({ tpm_limit: 200 });
+    // 5 answers of up to 50 tokens: more than the whole limit, though one of 50 fits.
+    const five = await call(key, "fast", { max_tokens: 50, n: 5 });
+    expect(five.status).toBe(429);
+    expect(five.body.error!.message).toContain("this request alone may use");
+    const one = await call(key, "fast", { max_tokens: 50 });
+    expect(one.status).toBe(200);
+  });
+
   test("a request too large for a tpm limit on an endpoint without max_tokens is not told to lower it", () => {
     const refusal = { ok: false as const, counter: { id: "key:k", label: "Key k", tpm: 10 }, kind: "tokens" as const, limit: 10, current: 0, retryAfterMs: 0 };
     const denied = rateRefusal(refusal, 50, "embeddings");

@@ -9,6 +9,7 @@ import { rows } from "../../core/store/sql.ts";
 import { BACKENDS, freshDatabase, MASTER_KEY, requestJson, startBackendGateway, startTestGateway, type TestGateway } from "../harness/gateway.ts";
 import { jsonPostReceiver } from "../harness/util.ts";
 import { TEST_REDIS_URL, testRedisUrlAt } from "../harness/redis.ts";
+import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
 
 // Each call answers exactly max_tokens=1000 words (one token each) at $0.001 per output token:
 // $1 per call, plus a prompt priced at a millionth of a micro-dollar per token.
@@ -421,6 +422,65 @@ describe("retries and budgets (pglite)", () => {
       await gw.stop();
     }
   }, 20_000);
+});
+
+describe("calls billed for several answers (pglite, OpenAI wire mock)", () => {
+  // gpt-4o from the bundled table: $2.50 / $10 per million tokens, at most 16,384 answer tokens.
+  let mock: MockOpenAI;
+  let gw: TestGateway;
+  beforeAll(async () => {
+    mock = await startMockOpenAI({ apiKey: "sk-up" });
+    gw = await startBackendGateway("pglite", {
+      model_list: [{ model_name: "gpt-4o", svc_params: { model: "openai/gpt-4o", api_base: mock.url, api_key: "sk-up" } }],
+      general_settings: { master_key: MASTER_KEY },
+    });
+  }, 30_000);
+  afterAll(async () => {
+    await gw?.stop();
+    await mock?.stop();
+  });
+
+  const post = async (key: string, path: string, body: Record<string, unknown>) => {
+    const res = await fetch(`${gw.url}${path}`, { method: "POST", headers: { authorization: `Bearer ${key}`, "content-type": "application/json" }, body: JSON.stringify({ model: "gpt-4o", ...body }) });
+    return { status: res.status, body: (await res.json()) as ErrorBody };
+  };
+
+  test("n answers without max_tokens reserve the model's output limit for each: 3 at once against a budget for 2, 2 served, spend within it", async () => {
+    const team = await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: { max_budget: 2 } });
+    const { key } = await newKey(gw, { team_id: team.body.team_id });
+    // Five answers of 16,000 tokens, each within the model's limit: $0.80005 a call, $0.8192875 reserved.
+    const choices = Array.from({ length: 5 }, (_, index) => ({ index, message: { role: "assistant", content: "x" }, finish_reason: "length" }));
+    const answer = { id: "chatcmpl-n5", object: "chat.completion", created: 1, model: "gpt-4o", choices, usage: { prompt_tokens: 20, completion_tokens: 80_000, total_tokens: 80_020 } };
+    mock.fault(...Array.from({ length: 3 }, () => ({ kind: "answer" as const, body: answer })));
+    const calls = await Promise.all(Array.from({ length: 3 }, () => post(key, "/v1/chat/completions", { n: 5, messages: [{ role: "user", content: "hi" }] })));
+    mock.clearFaults();
+    expect(calls.map((c) => c.status).sort()).toEqual([200, 200, 400]);
+    const refused = calls.find((c) => c.status === 400)!;
+    expect(refused.body.error.type).toBe("budget_exceeded");
+    expect(refused.body.error.message).toContain("at the model's output limit for each of 5 answers (set max_tokens to reserve less)");
+    expect(await spendOf(gw, "teams", "team_id", team.body.team_id)).toBeCloseTo(2 * 0.80005, 12);
+  });
+
+  test("completions reserve every best_of candidate, and every prompt of a batch: a call that may pass the budget is refused", async () => {
+    const { key, token } = await newKey(gw, { max_budget: 0.01 });
+    // 20 candidates of 100 tokens: $0.02. The upstream generates and bills them all.
+    const bestOf = await post(key, "/v1/completions", { prompt: "hi", max_tokens: 100, best_of: 20 });
+    expect(bestOf.status).toBe(400);
+    expect(bestOf.body.error.message).toContain("at max_tokens=100 for each of 20 answers");
+    // Three prompts of 400 tokens: $0.012.
+    const batch = await post(key, "/v1/completions", { prompt: ["a", "b", "c"], max_tokens: 400 });
+    expect(batch.status).toBe(400);
+    expect(batch.body.error.message).toContain("at max_tokens=400 for each of 3 answers");
+    // 5 candidates of 100 tokens fit ($0.005), and are charged as billed.
+    mock.fault({ kind: "answer", body: { id: "cmpl-5", object: "text_completion", created: 1, model: "gpt-4o", choices: [{ index: 0, text: "x", finish_reason: "length", logprobs: null }], usage: { prompt_tokens: 5, completion_tokens: 500, total_tokens: 505 } } });
+    expect((await post(key, "/v1/completions", { prompt: "hi", max_tokens: 100, best_of: 5 })).status).toBe(200);
+    expect(await spendOf(gw, "virtual_keys", "token", token)).toBeCloseTo(5 * 2.5e-6 + 500 * 1e-5, 12);
+    // best_of is a count: anything else is a 4xx naming it, not forwarded.
+    const odd = await post(key, "/v1/completions", { prompt: "hi", max_tokens: 1, best_of: "20" });
+    expect(odd.status).toBeGreaterThanOrEqual(400);
+    expect(odd.status).toBeLessThan(500);
+    expect(JSON.stringify(odd.body)).toContain("best_of");
+  });
 });
 
 describe("two instances sharing PostgreSQL and Redis", () => {
