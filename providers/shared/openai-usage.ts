@@ -2,18 +2,27 @@
 import type { Usage, WireJson } from "../../core/contract.ts";
 
 /**
- * OpenAI always sends both detail objects; cache writes have no OpenAI field, so they go where
- * OpenAI-compatible clients that track Anthropic-style caching look for them.
+ * OpenAI always sends both detail objects. What OpenAI has no field for, and the call is charged
+ * for, goes where LiteLLM's usage puts it, so a client (and `/spend/calculate`, given the answer)
+ * can price the answer as the gateway did: cache writes (`cache_creation_input_tokens`, and their
+ * 5-minute and 1-hour parts in `prompt_tokens_details.cache_creation_token_details`, priced apart)
+ * and the web searches the model ran (`server_tool_use.web_search_requests`).
  */
 export function openAIUsage(u: Usage): WireJson {
+  const promptDetails: WireJson = { cached_tokens: u.cachedPromptTokens ?? 0, ...(u.audioPromptTokens ? { audio_tokens: u.audioPromptTokens } : {}) };
   const usage: WireJson = {
     prompt_tokens: u.promptTokens,
     completion_tokens: u.completionTokens,
     total_tokens: u.promptTokens + u.completionTokens,
-    prompt_tokens_details: { cached_tokens: u.cachedPromptTokens ?? 0, ...(u.audioPromptTokens ? { audio_tokens: u.audioPromptTokens } : {}) },
+    prompt_tokens_details: promptDetails,
     completion_tokens_details: { reasoning_tokens: u.reasoningTokens ?? 0, ...(u.audioCompletionTokens ? { audio_tokens: u.audioCompletionTokens } : {}) },
   };
-  if (u.cacheCreationTokens) usage.cache_creation_input_tokens = u.cacheCreationTokens;
+  if (u.cacheCreationTokens) {
+    usage.cache_creation_input_tokens = u.cacheCreationTokens;
+    const hour = u.cacheCreation1hTokens ?? 0;
+    promptDetails.cache_creation_token_details = { ephemeral_5m_input_tokens: u.cacheCreationTokens - hour, ephemeral_1h_input_tokens: hour };
+  }
   if (u.cachedPromptTokens) usage.cache_read_input_tokens = u.cachedPromptTokens;
+  if (u.webSearchRequests) usage.server_tool_use = { web_search_requests: u.webSearchRequests };
   return usage;
 }

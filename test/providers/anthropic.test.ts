@@ -351,7 +351,8 @@ describe("response: Messages API → chat.completion", () => {
         prompt_tokens: 6095,
         completion_tokens: 503,
         total_tokens: 6598,
-        prompt_tokens_details: { cached_tokens: 3000 },
+        // Without Anthropic's split the writes are 5-minute ones, as they are priced.
+        prompt_tokens_details: { cached_tokens: 3000, cache_creation_token_details: { ephemeral_5m_input_tokens: 1000, ephemeral_1h_input_tokens: 0 } },
         completion_tokens_details: { reasoning_tokens: 0 },
         cache_creation_input_tokens: 1000,
         cache_read_input_tokens: 3000,

@@ -410,6 +410,48 @@ describe("usage a server reports that cannot be counted as given (pglite, OpenAI
   });
 });
 
+describe("an Anthropic answer with 1-hour cache writes and web searches (pglite, Anthropic wire mock)", () => {
+  test("carries them in its usage: /spend/calculate on the answer gives what the call was charged and logged", async () => {
+    const { startMockAnthropic } = await import("../mock-upstream/anthropic.ts");
+    const anthropic = await startMockAnthropic({ apiKey: "sk-ant-up" });
+    const gw = await startBackendGateway("pglite", {
+      model_list: [{ model_name: "claude", svc_params: { model: "anthropic/claude-3-5-sonnet-20241022", api_base: anthropic.url, api_key: "sk-ant-up" } }],
+      general_settings: { master_key: MASTER_KEY },
+    });
+    try {
+      const usage = {
+        input_tokens: 100,
+        cache_read_input_tokens: 1000,
+        cache_creation_input_tokens: 500,
+        cache_creation: { ephemeral_5m_input_tokens: 200, ephemeral_1h_input_tokens: 300 },
+        output_tokens: 50,
+        server_tool_use: { web_search_requests: 2 },
+      };
+      const message = { id: "msg_cache_search", type: "message", role: "assistant", model: "claude-3-5-sonnet-20241022", content: [{ type: "text", text: "Found it." }], stop_reason: "end_turn", stop_sequence: null, usage };
+      anthropic.fault({ kind: "answer", body: message });
+      const client = new OpenAI({ baseURL: gw.baseURL, apiKey: MASTER_KEY, maxRetries: 0 });
+      const { data, response } = await client.chat.completions.create({ model: "claude", messages: [{ role: "user", content: "Search the web" }], max_tokens: 100 }).withResponse();
+      // The file's prices: 100 in at $3, 1,000 read at $0.30, 200 written for 5 minutes at $3.75 and 300 for an
+      // hour at $6, 50 out at $15 per million, and 2 searches at $0.01.
+      expect(response.headers.get("x-svc-response-cost")).toBe("0.0239");
+      expect(data.usage).toMatchObject({
+        prompt_tokens: 1600,
+        prompt_tokens_details: { cached_tokens: 1000, cache_creation_token_details: { ephemeral_5m_input_tokens: 200, ephemeral_1h_input_tokens: 300 } },
+        cache_creation_input_tokens: 500,
+        server_tool_use: { web_search_requests: 2 },
+      });
+      const calculated = await requestJson<{ cost: number }>(gw, "POST", "/spend/calculate", { body: { completion_response: data, model: "claude" } });
+      expect(calculated.body).toEqual({ cost: 0.0239 });
+      await gw.host!.spendWriter.flush();
+      const [row] = await rows<LogRow>(gw.host!.store.db, sql`select * from spend_logs where request_id = ${data.id}`);
+      expect(row!.spend).toBe("0.023900000000");
+    } finally {
+      await gw.stop();
+      await anthropic.stop();
+    }
+  });
+});
+
 describe("a stream the upstream ends before its answer is whole (pglite)", () => {
   test("an error event instead of [DONE], logged as a failure at cost 0 (OpenAI and Anthropic wire mocks)", async () => {
     const { startMockOpenAI } = await import("../mock-upstream/openai.ts");

@@ -406,15 +406,24 @@ const CalculateBody = T.Object(
 const count0 = (v: unknown): number => (typeof v === "number" && Number.isFinite(v) && v > 0 ? v : 0);
 const record = (v: unknown): Record<string, unknown> => (v !== null && typeof v === "object" ? (v as Record<string, unknown>) : {});
 
-/** An OpenAI-style `usage` object (Anthropic-style cache fields too) → Usage. */
+/**
+ * An OpenAI-style `usage` object → Usage: Anthropic-style cache fields too, the 1-hour part of the
+ * cache writes and the web searches as the gateway's answers carry them (LiteLLM's names:
+ * `prompt_tokens_details.cache_creation_token_details`, `server_tool_use`; Anthropic's
+ * `cache_creation` too), so an answer prices as its call was charged.
+ */
 function usageOf(raw: Record<string, unknown>): Usage {
   const prompt = record(raw.prompt_tokens_details);
   const completion = record(raw.completion_tokens_details);
   const usage: Usage = { promptTokens: count0(raw.prompt_tokens), completionTokens: count0(raw.completion_tokens) };
   const cached = count0(prompt.cached_tokens) || count0(raw.cache_read_input_tokens);
-  const created = count0(raw.cache_creation_input_tokens);
+  const created = count0(raw.cache_creation_input_tokens) || count0(prompt.cache_creation_tokens);
   if (cached) usage.cachedPromptTokens = cached;
   if (created) usage.cacheCreationTokens = created;
+  const hour = count0(record(prompt.cache_creation_token_details).ephemeral_1h_input_tokens) || count0(record(raw.cache_creation).ephemeral_1h_input_tokens);
+  if (hour) usage.cacheCreation1hTokens = hour;
+  const searches = count0(record(raw.server_tool_use).web_search_requests) || count0(prompt.web_search_requests);
+  if (searches) usage.webSearchRequests = searches;
   if (count0(prompt.audio_tokens)) usage.audioPromptTokens = count0(prompt.audio_tokens);
   const cachedAudio = Math.min(cached, count0(prompt.audio_tokens), count0(record(prompt.cached_tokens_details).audio_tokens));
   if (cachedAudio) usage.cachedAudioPromptTokens = cachedAudio;
