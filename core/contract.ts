@@ -599,6 +599,8 @@ export interface SpendHistory {
    * mirror's copy is as old as the row's last change); undefined when the row is gone.
    */
   counter?(table: CounterTable, id: string): Promise<{ spend: string; budgetResetAt: Date | null } | undefined>;
+  /** The spend recorded for the period ending at `periodEnd` of a counter without a row (`key_model:…`, `provider:…`); 0 when none. */
+  periodSpend?(counter: string, periodEnd: number): Promise<bigint>;
 }
 
 export interface Logger {

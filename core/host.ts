@@ -131,7 +131,7 @@ export async function startHost(opts: HostOptions): Promise<Host> {
         record: (call) => {
           // `disable_error_logs` drops failures that cost nothing; one that cost money is always logged.
           if (call.status === "failure" && call.cost === 0n && general()?.disable_error_logs === true) return;
-          spendWriter.enqueue(toSpendEntry(call, identity));
+          spendWriter.enqueue(toSpendEntry(call, identity, live?.current.config.router_settings?.provider_budget_config));
         },
         flush: () => spendWriter.flush(),
       },

@@ -38,7 +38,8 @@ import {
 import { columnToPico, picoToText, picoToUsd, type Pico, usdToPico } from "../core/cost/money.ts";
 import { errorInfo } from "../core/errors.ts";
 import { counterId, counterOwner, NO_LIMIT } from "../core/spend/ledger.ts";
-import { gridPeriod, periodEnd, periodLength } from "../core/spend/period.ts";
+import { type HistoryBudget, keyModelBudget, providerBudget } from "../core/spend/history-budgets.ts";
+import { periodEnd, periodLength } from "../core/spend/period.ts";
 import { budgetOf } from "./shared/budget-object.ts";
 import { keyLabel } from "./shared/labels.ts";
 import { storeErrorCause } from "../core/store/sql.ts";
@@ -134,15 +135,9 @@ function countersFor(intent: CallIntent, identity: IdentityView, history: SpendH
     const temp = key.tempBudgetIncrease !== null && (key.tempBudgetExpiry?.getTime() ?? 0) > at ? columnToPico(key.tempBudgetIncrease) : 0n;
     add(rowCounter("key", key.token, keyLabel(p), key, budget, at, history, temp));
     // The key's own per-model budgets, else its budget object's.
-    const perModel = (key.modelMaxBudget ?? budget?.modelMaxBudget)?.[intent.modelGroup] as { budget_limit?: unknown; max_budget?: unknown; time_period?: unknown; budget_duration?: unknown } | undefined;
-    const limit = perModel?.budget_limit ?? perModel?.max_budget;
-    if (typeof limit === "number" && history) {
-      const period = String(perModel?.time_period ?? perModel?.budget_duration ?? "");
-      add(
-        historyCounter(`key_model:${key.token}:${intent.modelGroup}`, `${keyLabel(p)} for model=${intent.modelGroup}`, limit, period, at, (since) =>
-          history.sum({ apiKey: key.token, modelGroup: intent.modelGroup, since }),
-        ),
-      );
+    const perModel = keyModelBudget(key.token, key.modelMaxBudget ?? budget?.modelMaxBudget, intent.modelGroup, at);
+    if (perModel && history) {
+      add(historyCounter(perModel, `${keyLabel(p)} for model=${intent.modelGroup}`, history, (since) => history.sum({ apiKey: key.token, modelGroup: intent.modelGroup, since })));
     }
   }
   const team = p.teamId ? identity.teams.get(p.teamId) : undefined;
@@ -161,11 +156,9 @@ function countersFor(intent: CallIntent, identity: IdentityView, history: SpendH
   // user's spend (the stored counter counts every call of the user), so the ledger counts it too.
   if (userCounter) add(p.teamId ? { ...userCounter, chargeOnly: true } : userCounter);
   // A cache hit calls no provider: its budget is not the caller's to be refused by.
-  const provider = intent.cacheHit ? undefined : providers[intent.deployment.provider];
-  if (provider && history) {
-    const name = intent.deployment.provider;
-    add(historyCounter(`provider:${name}`, `Provider=${name}`, provider.budget_limit, provider.time_period, at, (since) => history.sum({ provider: name, since })));
-  }
+  const name = intent.deployment.provider;
+  const provider = intent.cacheHit ? undefined : providerBudget(name, providers, at);
+  if (provider && history) add(historyCounter(provider, `Provider=${name}`, history, (since) => history.sum({ provider: name, since })));
   return out;
 }
 
@@ -219,10 +212,19 @@ function stillBudgeted(id: string, identity: IdentityView): boolean {
  */
 const metCounters = new WeakMap<BudgetLedger, Set<string>>();
 
-/** A counter whose spend only the log knows (per-model key budgets, provider budgets), on a grid period (or none). */
-function historyCounter(id: string, label: string, limitUsd: number, duration: string, at: number, sumSince: (since: number) => Promise<bigint>): BudgetCounter {
-  const period = duration ? gridPeriod(duration, at) : null;
-  return { id, label, limit: usdToPico(limitUsd), periodEnd: period?.end ?? null, storedSpend: () => sumSince(period?.start ?? 0) };
+/**
+ * A counter without a row (per-model key budgets, provider budgets), on a grid period (or none).
+ * Its stored spend is the period's own record (budget_period_spend), or the log's sum since the
+ * period began, whichever is more: the log holds nothing with `disable_spend_logs` or past
+ * retention, and the record nothing of calls made before it existed.
+ */
+function historyCounter(budget: HistoryBudget, label: string, history: SpendHistory, sumSince: (since: number) => Promise<bigint>): BudgetCounter {
+  const { id, period } = budget;
+  const storedSpend = async () => {
+    const [recorded, summed] = await Promise.all([period && history.periodSpend ? history.periodSpend(id, period.end) : 0n, sumSince(period?.start ?? 0)]);
+    return recorded > summed ? recorded : summed;
+  };
+  return { id, label, limit: usdToPico(budget.limitUsd), periodEnd: period?.end ?? null, storedSpend };
 }
 
 const usd = (p: Pico) => `$${picoToText(p)}`;

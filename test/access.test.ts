@@ -539,7 +539,7 @@ for (const backend of BACKENDS) {
       });
       // Timer jobs may tick meanwhile (the batched last_active write; the key-rotation check every
       // 10 s; the spend log's batch and the budget-period roller, once a second; the retention
-      // clean-up of call ids and report parts a few seconds after start): a few runs in all, never
+      // clean-up of call ids, report parts and period records a few seconds after start): a few runs in all, never
       // one per request.
       const background = [
         /^update "virtual_keys" set "last_active"/,
@@ -547,7 +547,7 @@ for (const backend of BACKENDS) {
         /^delete from "rotated_keys"/,
         /^\s*with input as \(/,
         /budget_reset_at <= now\(\)/,
-        /^\s*with gone as \(\s*delete from "?(spend_calls|report_parts)"?/,
+        /^\s*with gone as \(\s*delete from "?(spend_calls|report_parts|budget_period_spend)"?/,
       ];
       const other = queries.filter((q) => !background.some((b) => b.test(q)));
       expect(other).toEqual([]);

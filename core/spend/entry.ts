@@ -3,18 +3,20 @@
  * each with the budget period it belongs to. Plain JSON (money as decimal text), so a queue that
  * outgrows memory can spill to disk and come back unchanged.
  */
-import type { CallRecord, CounterTable } from "../contract.ts";
+import type { CallRecord, CounterTable, ProviderBudget } from "../contract.ts";
 import { type PicoJson, picoJson } from "../cost/money.ts";
 import type { IdentityCache } from "../identity/cache.ts";
 import { teamMemberId } from "../identity/records.ts";
 import { parseDuration } from "../identity/duration.ts";
+import { type HistoryBudget, keyModelBudget, providerBudget } from "./history-budgets.ts";
 import { periodEnd, periodLength } from "./period.ts";
 import { storable } from "./row-text.ts";
 
 
 export interface Charge {
-  table: CounterTable;
-  /** Row id; `team_id\tuser_id` for team members. */
+  /** `period`: a counter without a row (history-budgets.ts), charged to budget_period_spend. */
+  table: CounterTable | "period";
+  /** Row id; `team_id\tuser_id` for team members; the counter's id for `period`. */
   id: string;
   /** End (ms) of the budget period the call was charged to; null for a budget that never resets. */
   periodEnd: number | null;
@@ -75,8 +77,11 @@ function chargedPeriod(then: PeriodFields | undefined, thenDuration: string | nu
   return periodEnd(then.budgetResetAt, thenDuration, at);
 }
 
-/** The counters a call charges, with their periods as of the call's start (see chargedPeriod). */
-export function chargesOf(call: CallRecord, identity: IdentityCache | undefined): Charge[] {
+/**
+ * The counters a call charges, with their periods as of the call's start (see chargedPeriod); of
+ * the budgets without a row (history-budgets.ts), those that reset, in their grid period.
+ */
+export function chargesOf(call: CallRecord, identity: IdentityCache | undefined, providerBudgets: Readonly<Record<string, ProviderBudget>> = {}): Charge[] {
   const p = call.principal;
   const at = call.startedAt;
   const charges: Charge[] = [];
@@ -85,7 +90,12 @@ export function chargesOf(call: CallRecord, identity: IdentityCache | undefined)
     const budget = key.budgetId ? identity?.budgets.get(key.budgetId) : undefined;
     const duration = key.budgetDuration ?? budget?.budgetDuration;
     charges.push({ table: "key", id: key.token, periodEnd: periodEnd(key.budgetResetAt, duration, at), periodMs: periodLength(duration) });
+    // As the ledger reads it: the key as it is now, else as the call found it.
+    const now = identity?.keys.get(key.token) ?? key;
+    const nowBudget = now.budgetId ? identity?.budgets.get(now.budgetId) : undefined;
+    periodCharge(charges, keyModelBudget(key.token, now.modelMaxBudget ?? nowBudget?.modelMaxBudget, call.modelGroup, at));
   }
+  if (!call.cacheHit) periodCharge(charges, providerBudget(call.provider, providerBudgets, at));
   if (p.userId) {
     const user = identity?.users.get(p.userId);
     const then = p.user?.userId === p.userId ? p.user : undefined;
@@ -113,6 +123,10 @@ export function chargesOf(call: CallRecord, identity: IdentityCache | undefined)
   return charges;
 }
 
+function periodCharge(charges: Charge[], budget: HistoryBudget | undefined): void {
+  if (budget?.period) charges.push({ table: "period", id: budget.id, periodEnd: budget.period.end, periodMs: budget.period.end - budget.period.start });
+}
+
 /** The longest `request_id` stored: 3 bytes of UTF-8 per unit at most, well within an index entry. */
 const MAX_REQUEST_ID_CHARS = 512;
 
@@ -128,7 +142,7 @@ function requestIdOf(call: CallRecord): string {
   return call.cacheHit && call.responseId !== undefined ? `${id}_cache_hit${call.startedAt}` : id;
 }
 
-export function toSpendEntry(call: CallRecord, identity: IdentityCache | undefined): SpendEntry {
+export function toSpendEntry(call: CallRecord, identity: IdentityCache | undefined, providerBudgets?: Readonly<Record<string, ProviderBudget>>): SpendEntry {
   const p = call.principal;
   const u = call.usage;
   // Only what the row's columns do not say (key_alias and status are added when logs are read).
@@ -169,6 +183,6 @@ export function toSpendEntry(call: CallRecord, identity: IdentityCache | undefin
     cacheHit: call.cacheHit,
     tags: call.tags.map(storable),
     metadata,
-    charges: chargesOf(call, identity),
+    charges: chargesOf(call, identity, providerBudgets),
   };
 }

@@ -9,7 +9,7 @@ import type { Store } from "../store/db.ts";
 import { rows } from "../store/sql.ts";
 import { picoToText } from "../cost/money.ts";
 import type { CounterTable } from "../contract.ts";
-import type { SpendEntry } from "./entry.ts";
+import type { Charge, SpendEntry } from "./entry.ts";
 import { durationMsSql } from "../identity/duration.ts";
 import { wholePeriodsApart } from "./ledger.ts";
 import { copyIds, copyRows, SPEND_LOG_COLUMNS, storableJson } from "./row-text.ts";
@@ -71,6 +71,22 @@ const KEY_DELTA = `(select 'key' as t,
     from delta k where k.t = 'key' group by 2)`;
 
 const COUNTER_TABLES: readonly CounterTable[] = ["key", "team", "org", "user", "team_member"];
+
+type ChargeTable = Charge["table"];
+
+/**
+ * The spend of counters without a row (history-budgets.ts) in their period: added to the
+ * period's record, made by its first call. Inserted in key order, so batches of instances sharing
+ * one database lock the records they share in one order.
+ */
+const periodSpendUpsert = (after?: string) => `
+  period_spend as (
+    insert into budget_period_spend as b (counter, period_end, spend)
+    select d.id, d.period_end, d.amount from delta d
+    where d.t = 'period' and d.period_end is not null${after ? ` and (select count(*) from ${after}_spend) >= 0` : ""}
+    order by d.id, d.period_end
+    on conflict (counter, period_end) do update set spend = b.spend + excluded.spend
+    returning 1)`;
 
 /**
  * The counters in the order a management write locks them (identity/holds.ts holdWrite; a team's
@@ -245,6 +261,7 @@ delta as (
   group by c.t, c.id, l.p
 ),
 ${LOCK_ORDER.map((t, i) => LOCKED_COUNTER_UPDATES[t](LOCK_ORDER[i - 1])).join(",\n")},
+${periodSpendUpsert(LOCK_ORDER.at(-1))},
 entity as (
   select e.type, e.id, e.key, e.model, e.grp, ${metrics("f")}
   from fresh f cross join lateral (values
@@ -333,8 +350,8 @@ export class BatchSums {
  * only). Two ends a write moved apart (not whole periods apart) are one period: summed, under the
  * later end.
  */
-function counterDeltas(groups: RowGroup[]): { t: CounterTable; id: string; p: number | null; ms: number | null; amount: string }[] {
-  const out = new Map<string, { t: CounterTable; id: string; p: number | null; ms: number | null; amount: bigint }>();
+function counterDeltas(groups: RowGroup[]): { t: ChargeTable; id: string; p: number | null; ms: number | null; amount: string }[] {
+  const out = new Map<string, { t: ChargeTable; id: string; p: number | null; ms: number | null; amount: bigint }>();
   for (const g of groups) {
     for (const c of g.sample.charges) {
       const k = `${c.table}\u0000${c.id}`;
@@ -433,15 +450,16 @@ const sumsStatements = new Map<string, string>();
  * bulk loaded: only the counters the batch charges, so a batch without budgets touches none.
  * A statement with fewer parts plans in a fraction of the time; one text per set of tables.
  */
-function sumsStatement(tables: ReadonlySet<CounterTable>): string {
+function sumsStatement(tables: ReadonlySet<ChargeTable>): string {
   const parts = COUNTER_TABLES.filter((t) => tables.has(t));
-  const cacheKey = parts.join(",");
+  const periods = tables.has("period");
+  const cacheKey = `${parts.join(",")}${periods ? "+period" : ""}`;
   let text = sumsStatements.get(cacheKey);
   if (text === undefined) {
     text = `with
 delta as (${deltaInput("$1")}),
 daily_rows as (${dailyInput("$2")}),
-${[...parts.map((t) => COUNTER_UPDATES[t]), DAILY_UPSERT].join(",\n")}
+${[...parts.map((t) => COUNTER_UPDATES[t]), ...(periods ? [periodSpendUpsert()] : []), DAILY_UPSERT].join(",\n")}
 select 1`;
     sumsStatements.set(cacheKey, text);
   }

@@ -42,6 +42,15 @@ export class StoreSpendHistory implements SpendHistory {
     return { spend: row.spend, budgetResetAt: row.reset === null ? null : new Date(row.reset) };
   }
 
+  async periodSpend(counter: string, periodEnd: number): Promise<bigint> {
+    await this.flushPending();
+    const [row] = await rows<{ spend: string }>(
+      this.db,
+      sql`select spend::text as spend from budget_period_spend where counter = ${counter} and period_end = ${new Date(periodEnd).toISOString()}::timestamptz`,
+    );
+    return columnToPico(row?.spend);
+  }
+
   async sum(filter: { apiKey?: string; modelGroup?: string; provider?: string; since: number }): Promise<bigint> {
     await this.flushPending();
     const firstWholeDay = Math.ceil(filter.since / DAY_MS) * DAY_MS;

@@ -73,6 +73,15 @@ export async function deleteReportPartsBefore(db: Db, cutoff: number): Promise<n
   return Number(r?.n ?? 0);
 }
 
+/** Deletes the period records (budget_period_spend) of periods that ended before `cutoff` (ms): only a current period is read. */
+export async function deletePeriodSpendBefore(db: Db, cutoff: number): Promise<number> {
+  const [r] = await rows<{ n: number | string }>(
+    db,
+    sql`with gone as (delete from budget_period_spend where period_end < ${new Date(cutoff).toISOString()}::timestamptz returning 1) select count(*) as n from gone`,
+  );
+  return Number(r?.n ?? 0);
+}
+
 /** Deletes the ids of `spend_calls` made before `cutoff` (ms); returns how many. */
 export function deleteCallIdsBefore(db: Db, cutoff: number, batch = BATCH): Promise<number> {
   return deleteInBatches(db, "spend_calls", sql`call_id < ${uuidV7Floor(cutoff)}`, batch);
@@ -123,6 +132,8 @@ export class SpendLogRetention {
       }
       await deleteCallIdsBefore(this.db, now - CALL_ID_RETENTION_MS);
       await deleteReportPartsBefore(this.db, now - REPORT_PART_RETENTION_MS);
+      // A day after its end: a call that started in the period may still be written then.
+      await deletePeriodSpendBefore(this.db, now - 86_400_000);
     } catch (err) {
       // Tried again at the next check, not after a whole interval.
       this.lastRun = 0;

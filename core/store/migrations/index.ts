@@ -17,6 +17,7 @@ import m6_0006_report_parts from "./0006_report_parts.sql" with { type: "text" }
 import m7_0007_alert_delivery from "./0007_alert_delivery.sql" with { type: "text" };
 import m8_0008_key_rotated_from from "./0008_key_rotated_from.sql" with { type: "text" };
 import m9_0009_key_rotated_from_history from "./0009_key_rotated_from_history.sql" with { type: "text" };
+import m10_0010_budget_period_spend from "./0010_budget_period_spend.sql" with { type: "text" };
 
 const files: Record<string, string> = {
   "0000_init": m0_0000_init,
@@ -29,6 +30,7 @@ const files: Record<string, string> = {
   "0007_alert_delivery": m7_0007_alert_delivery,
   "0008_key_rotated_from": m8_0008_key_rotated_from,
   "0009_key_rotated_from_history": m9_0009_key_rotated_from_history,
+  "0010_budget_period_spend": m10_0010_budget_period_spend,
 };
 
 export const migrations: MigrationMeta[] = journal.entries.map((e) => {

@@ -169,3 +169,20 @@ export const budgetAlerts = pgTable(
 export const spendCalls = pgTable("spend_calls", {
   callId: text("call_id").primaryKey(),
 });
+
+/**
+ * Spend per budget period of the counters that have no row of their own (a key's per-model
+ * budget `key_model:<token>:<group>`, a provider's budget `provider:<name>`), for periods on a grid
+ * (spend/period.ts gridPeriod). Their spend was summed from the log, which holds nothing with
+ * `disable_spend_logs` or past retention: a period shorter than a day then started again at 0 on
+ * every restart. Written by the spend writer with the other counters; old periods are pruned.
+ */
+export const budgetPeriodSpend = pgTable(
+  "budget_period_spend",
+  {
+    counter: text("counter").notNull(),
+    periodEnd: ts("period_end").notNull(),
+    spend: money("spend").notNull().default("0"),
+  },
+  (t) => [primaryKey({ columns: [t.counter, t.periodEnd] }), index("budget_period_spend_end_idx").on(t.periodEnd)],
+);

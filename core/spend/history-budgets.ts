@@ -1,0 +1,31 @@
+/**
+ * Budgets without a row of their own: a key's per-model budget (`model_max_budget`, else its
+ * budget object's) and a provider's (`router_settings.provider_budget_config`). The ledger reserves
+ * on them (plugins/budgets.ts), and the spend writer charges their period (entry.ts), from this
+ * one reading of the settings.
+ */
+import type { ProviderBudget } from "../contract.ts";
+import { gridPeriod } from "./period.ts";
+
+export interface HistoryBudget {
+  /** The counter's id: `key_model:<token>:<group>` or `provider:<name>`. */
+  id: string;
+  limitUsd: number;
+  /** Its grid period at the instant asked (spend/period.ts gridPeriod); null for a budget that never resets. */
+  period: { start: number; end: number } | null;
+}
+
+export function keyModelBudget(token: string, modelMaxBudget: Record<string, unknown> | null | undefined, modelGroup: string, at: number): HistoryBudget | undefined {
+  const perModel = modelMaxBudget?.[modelGroup] as { budget_limit?: unknown; max_budget?: unknown; time_period?: unknown; budget_duration?: unknown } | undefined;
+  const limit = perModel?.budget_limit ?? perModel?.max_budget;
+  if (typeof limit !== "number") return undefined;
+  return { id: `key_model:${token}:${modelGroup}`, limitUsd: limit, period: periodOf(String(perModel?.time_period ?? perModel?.budget_duration ?? ""), at) };
+}
+
+export function providerBudget(name: string, budgets: Readonly<Record<string, ProviderBudget>>, at: number): HistoryBudget | undefined {
+  const budget = budgets[name];
+  if (!budget) return undefined;
+  return { id: `provider:${name}`, limitUsd: budget.budget_limit, period: periodOf(budget.time_period, at) };
+}
+
+const periodOf = (duration: string, at: number) => (duration ? gridPeriod(duration, at) : null);
