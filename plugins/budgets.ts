@@ -222,7 +222,9 @@ function historyCounter(budget: HistoryBudget, label: string, history: SpendHist
   const { id, period } = budget;
   const storedSpend = async () => {
     const [recorded, summed] = await Promise.all([period && history.periodSpend ? history.periodSpend(id, period.end) : 0n, sumSince(period?.start ?? 0)]);
-    return recorded > summed ? recorded : summed;
+    // Bigints: Math.max does not take them.
+    if (recorded > summed) return recorded;
+    return summed;
   };
   return { id, label, limit: usdToPico(budget.limitUsd), periodEnd: period?.end ?? null, storedSpend };
 }
