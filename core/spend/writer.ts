@@ -352,10 +352,27 @@ export class SpendWriter {
     }
   }
 
+  /**
+   * Keeps an entry the store refuses in a file of its own. When the disk refuses that too, the
+   * entry is logged as lost with what it cost: the store will never take it, and throwing held
+   * every later call's entry behind it, retried for as long as the disk stayed full.
+   */
   private setAside(entry: SpendEntry, refusal: object): void {
-    mkdirSync(this.opts.spillDir, { recursive: true });
     const file = join(this.opts.spillDir, `refused-${new Date().toISOString().slice(0, 10)}.jsonl`);
-    appendFileSync(file, `${JSON.stringify(entry)}\n`);
+    try {
+      mkdirSync(this.opts.spillDir, { recursive: true });
+      appendFileSync(file, `${JSON.stringify(entry)}\n`);
+    } catch (err) {
+      this.log.error("the store refused a spend entry and the disk refused to keep it; it is lost", {
+        call: entry.callId,
+        api_key: entry.apiKey,
+        spend_usd: picoToText(BigInt(entry.spendPico)),
+        error: String(refusal),
+        disk_error: String(err),
+        file,
+      });
+      return;
+    }
     this.log.error("the store refused a spend entry; it is set aside, not written", { call: entry.callId, error: String(refusal), file });
   }
 

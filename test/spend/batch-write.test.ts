@@ -12,7 +12,7 @@ import type { SpendEntry } from "../../core/spend/entry.ts";
 import { writeBatch } from "../../core/spend/flush.ts";
 import { SpendWriter } from "../../core/spend/writer.ts";
 import { rows } from "../../core/store/sql.ts";
-import { readdirSync, readFileSync } from "node:fs";
+import { readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { BACKENDS, MASTER_KEY, memoryLogger, requestJson, startBackendGateway, type TestGateway, tempDir } from "../harness/gateway.ts";
 import { randomLetters } from "../harness/random.ts";
@@ -243,6 +243,24 @@ for (const backend of BACKENDS) {
       expect(files).toHaveLength(1);
       expect(readFileSync(join(spillDir, files[0]!), "utf8").trim().split("\n").map((l) => (JSON.parse(l) as { callId: string }).callId)).toEqual([refused.callId]);
       expect(log.lines.filter((l) => l.level === "error" && l.fields?.call === refused.callId)).toHaveLength(1);
+      await writer.stop();
+    });
+
+    test("an entry the store refuses while the disk refuses its file too is logged as lost with its spend; the calls after it are written", async () => {
+      const { token } = await newKey(`refused-no-disk-${backend}`);
+      const log = memoryLogger();
+      // A file where the spill folder should be: nothing can be written under it.
+      const spillDir = join(tempDir(), "not-a-folder");
+      writeFileSync(spillDir, "");
+      const writer = new SpendWriter(store(), log, { spillDir, intervalMs: 60_000 });
+      const refused = entry(token, 3_000_000_000, { promptTokens: 1.5 });
+      const others = Array.from({ length: 3 }, (_, i) => entry(token, 1_000_000_000 + i));
+      for (const e of [others[0]!, refused, ...others.slice(1)]) writer.enqueue(e);
+      await writer.flush();
+      expect((await totals(token)).rows).toBe(3);
+      const lost = log.lines.filter((l) => l.level === "error" && l.fields?.call === refused.callId);
+      expect(lost).toHaveLength(1);
+      expect(lost[0]!.fields).toMatchObject({ spend_usd: "0.003" });
       await writer.stop();
     });
 
