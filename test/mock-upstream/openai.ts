@@ -1246,12 +1246,14 @@ export async function startMockOpenAI(options: MockOpenAIOptions = {}): Promise<
   };
 }
 
-/** A port with nothing listening (bound, then released), for connection-refused tests. */
+/**
+ * A port with nothing listening, for connection-refused tests: port 1, below the range the OS
+ * hands out for port 0. A port bound and released (as before) could be handed to another test's
+ * server during the run, which then answered instead of refusing (a gateway's 401, once in a
+ * full run).
+ */
 export async function closedPort(): Promise<number> {
-  const listener = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
-  const port = listener.port;
-  listener.stop(true);
-  return port;
+  return 1;
 }
 
 // ---------------------------------------------------------------------------------------------
