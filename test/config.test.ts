@@ -266,6 +266,32 @@ describe("errors found when the registry is built", () => {
     }
   });
 
+  test("vertex_credentials that names no readable file is not quoted in the error (base64 of the key, the key's JSON in quotes)", async () => {
+    const key = JSON.stringify({ type: "service_account", client_email: "a@b.iam.gserviceaccount.com", private_key: "PRIVATE-KEY-SECRET-VALUE" });
+    const vertex = (credentials: string) => ({ model_list: [{ model_name: "vx", svc_params: { model: "vertex_ai/gemini-2.5-pro", vertex_project: "p", vertex_credentials: credentials } }] });
+    const base64 = Buffer.from(key).toString("base64");
+    const [fromBase64] = await startErrors(vertex(base64));
+    expect(fromBase64).toStartWith("/model_list/0/svc_params: provider vertex_ai: svc_params.vertex_credentials names a file that cannot be read (ENOENT;");
+    expect(fromBase64).toContain(`a value of ${base64.length} characters: it looks like base64 text`);
+    expect(fromBase64).not.toContain(base64.slice(0, 16));
+    const [quoted] = await startErrors(vertex(`'${key}'`));
+    expect(quoted).toContain("it looks like JSON in quotes");
+    expect(quoted).not.toContain("PRIVATE-KEY-SECRET-VALUE");
+
+    // A reload refused for it logs the same message.
+    const { live, log } = await startOk({ model_list: [] });
+    try {
+      writeFileSync(live.configPath, configText(vertex(`"${key}"`)));
+      const r = await live.reload("test");
+      expect(r.ok).toBe(false);
+      expect(JSON.stringify(r)).not.toContain("PRIVATE-KEY-SECRET-VALUE");
+      expect(JSON.stringify(log.lines)).not.toContain("PRIVATE-KEY-SECRET-VALUE");
+      expect(JSON.stringify(log.lines)).toContain("it looks like JSON in quotes");
+    } finally {
+      await live.close();
+    }
+  });
+
   test("an unknown callback name is rejected with its list index, in every callback list", async () => {
     const errors = await startErrors({
       model_list: [],

@@ -36,9 +36,24 @@ function readKeyFile(path: string, what: string): CredentialsJson | string {
     text = readFileSync(path, "utf8");
   } catch (err) {
     const code = err instanceof Error && "code" in err ? String((err as { code: unknown }).code) : "unreadable";
-    return `${what} names a file that cannot be read (${path}: ${code})`;
+    return `${what} names a file that cannot be read (${code}; ${unquotedValue(path)})`;
   }
   return parse(text, `the key file ${path}`);
+}
+
+/**
+ * What a value that names no readable file looked like, without the value: a key's JSON in base64
+ * or in quotes (as .env files write it) lands here, and so would its private key in a start error,
+ * a reload log line or a /model/new answer.
+ */
+function unquotedValue(value: string): string {
+  const trimmed = value.trim();
+  const kind = /^["']\s*\{/.test(trimmed)
+    ? "it looks like JSON in quotes; give the JSON without them"
+    : trimmed.length >= 100 && /^[A-Za-z0-9+/=_-]+$/.test(trimmed)
+      ? "it looks like base64 text; give the decoded JSON or a file path"
+      : "not shown, as it may hold the key";
+  return `a value of ${value.length} characters: ${kind}`;
 }
 
 /** A service-account key (the usual kind), as opposed to a user login or workload identity configuration. */
