@@ -76,9 +76,33 @@ function credentialsOf(d: Deployment): string[] {
   return found;
 }
 
+/** Tokens a deployment's recent calls were given: a few, as calls under way when a token is renewed still hold the old one. */
+const RECENT_TOKENS_KEPT = 8;
+const sentTokens = new WeakMap<Deployment, string[]>();
+const CREDENTIAL_HEADER = /auth|key|token|secret|signature/i;
+
+/**
+ * Header values a provider's `authorize` put on a call (an Entra ID or Google OAuth token, made
+ * per call and so in no config field): scrubbed from the deployment's error text like its
+ * configured credentials. Of `Bearer <token>` the token is kept, as an upstream may quote it
+ * without its scheme.
+ */
+export function rememberSentCredentials(d: Deployment, built: Record<string, string>, sent: Record<string, string>): void {
+  for (const [name, value] of Object.entries(sent)) {
+    // Not every header a signer adds is secret (SigV4's x-amz-date, which AWS errors quote).
+    if (built[name] === value || !CREDENTIAL_HEADER.test(name)) continue;
+    const credential = /^\S+ (\S+)$/.exec(value)?.[1] ?? value;
+    const recent = sentTokens.get(d) ?? [];
+    if (credential.length < MIN_CREDENTIAL_LENGTH || recent.includes(credential)) continue;
+    recent.push(credential);
+    if (recent.length > RECENT_TOKENS_KEPT) recent.shift();
+    sentTokens.set(d, recent);
+  }
+}
+
 /** Upstream error text without the deployment's credentials in it (an upstream may quote what it was sent). */
 export function withoutCredentials(text: string, d: Deployment): string {
   let out = text;
-  for (const c of credentialsOf(d)) if (out.includes(c)) out = out.replaceAll(c, "[redacted]");
+  for (const c of [...credentialsOf(d), ...(sentTokens.get(d) ?? [])]) if (out.includes(c)) out = out.replaceAll(c, "[redacted]");
   return out;
 }

@@ -1,7 +1,7 @@
 /** The one place the gateway reaches an upstream: fetch with timeout and abort, errors mapped to the spec. */
 import type { Deployment, HttpCall, ProviderAdapter } from "../contract.ts";
 import { CredentialsRefused, type ErrorInAnswer, GatewayError, errorInfo } from "../errors.ts";
-import { withoutCredentials } from "../secrets.ts";
+import { rememberSentCredentials, withoutCredentials } from "../secrets.ts";
 import { pinnedRequest } from "../pinned-fetch.ts";
 import { errorBodyText } from "./answer-body.ts";
 
@@ -145,6 +145,7 @@ function untilDeadline<T>(work: Promise<T>, signal: AbortSignal): Promise<T> {
 export async function send(adapter: ProviderAdapter, d: Deployment, built: HttpCall, deadline: Deadline): Promise<Response> {
   try {
     const call = adapter.authorize ? await untilDeadline(Promise.resolve(adapter.authorize(built, d)), deadline.signal) : built;
+    if (call !== built) rememberSentCredentials(d, built.headers, call.headers);
     if (adapter.transport) return await untilDeadline(adapter.transport(call, deadline.signal), deadline.signal);
     // A client-chosen host: connected to at the address checked, and a redirect is not followed (it
     // would send the call, with the client's key, to an address nobody checked). An adapter that

@@ -1,0 +1,76 @@
+// Tokens a provider gets per call (Azure's Entra ID client credentials, Vertex's service-account
+// OAuth) are credentials like a configured key: an upstream error that quotes the Authorization
+// header it was sent (some gateways in front of Azure do) reaches the client, the spend log and the
+// gateway's log with the token replaced by [redacted] (README, Errors).
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { generateKeyPairSync } from "node:crypto";
+import { MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
+
+const ENTRA_TOKEN = "eyJENTRAaccessTOKENsecret123";
+const GOOGLE_TOKEN = "ya29.GOOGLEaccessTOKENsecret456";
+
+let upstream: ReturnType<typeof Bun.serve>;
+let gw: TestGateway;
+
+beforeAll(async () => {
+  // Both token endpoints, and a data plane that refuses every call quoting its Authorization header.
+  upstream = Bun.serve({
+    port: 0,
+    hostname: "127.0.0.1",
+    fetch(req) {
+      const path = new URL(req.url).pathname;
+      if (path.endsWith("/oauth2/v2.0/token")) return Response.json({ token_type: "Bearer", expires_in: 3600, access_token: ENTRA_TOKEN });
+      if (path === "/google-token") return Response.json({ token_type: "Bearer", expires_in: 3600, access_token: GOOGLE_TOKEN });
+      return Response.json({ error: { code: 401, status: "UNAUTHENTICATED", message: `Access denied: ${req.headers.get("authorization")}` } }, { status: 401 });
+    },
+  });
+  const base = `http://127.0.0.1:${upstream.port}`;
+  const { privateKey } = generateKeyPairSync("rsa", { modulusLength: 2048 });
+  const serviceAccount = {
+    type: "service_account",
+    project_id: "acme",
+    private_key: privateKey.export({ type: "pkcs8", format: "pem" }) as string,
+    client_email: "gateway@acme.iam.gserviceaccount.com",
+    token_uri: `${base}/google-token`,
+  };
+  gw = await startBackendGateway("pglite", {
+    model_list: [
+      {
+        model_name: "az",
+        svc_params: { model: "azure/echo-dep", api_base: base, azure_authority_host: base, tenant_id: "t1", client_id: "c1", client_secret: "CLIENTSECRETazure" },
+      },
+      { model_name: "vx", svc_params: { model: "vertex_ai/gemini-2.5-pro", api_base: base, vertex_credentials: serviceAccount } },
+    ],
+    general_settings: { master_key: MASTER_KEY },
+  });
+});
+
+afterAll(async () => {
+  await gw?.stop();
+  upstream?.stop(true);
+});
+
+describe("an upstream error that quotes the per-call bearer token", () => {
+  for (const [model, token] of [
+    ["az", ENTRA_TOKEN],
+    ["vx", GOOGLE_TOKEN],
+  ] as const) {
+    test(`${model}: the client, the spend log and the log see [redacted] instead of the token`, async () => {
+      const res = await fetch(`${gw.url}/v1/chat/completions`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+        body: JSON.stringify({ model, messages: [{ role: "user", content: "hi" }] }),
+      });
+      const text = await res.text();
+      expect(res.status).toBe(401);
+      expect(JSON.parse(text).error.message).toContain("Access denied: Bearer [redacted]");
+      expect(text).not.toContain(token);
+
+      await gw.host!.spendWriter.flush();
+      const logs = await requestJson<{ metadata: { error_information: { error_message: string } } }[]>(gw, "GET", `/spend/logs?request_id=${res.headers.get("x-svc-call-id")}&summarize=false`);
+      expect(logs.body.map((r) => r.metadata.error_information.error_message)).toEqual([expect.stringContaining("Access denied: Bearer [redacted]")]);
+      expect(logs.text).not.toContain(token);
+      expect(JSON.stringify(gw.log.lines)).not.toContain(token);
+    });
+  }
+});
