@@ -944,15 +944,15 @@ function read(text: string): Reading {
   }
 }
 
-/** `os.environ/NAME` read as the README says: the environment's variable, else the file's `environment_variables`. */
+/** `os.environ/NAME` read as the README says: the environment's variable, else the file's `environment_variables`; an empty one is unset. */
 function envValue(doc: Json, v: unknown): unknown {
   if (typeof v !== "string") return v;
   const m = /^os\.environ\/([A-Za-z_][A-Za-z0-9_]*)$/.exec(v);
   if (!m) return v;
   const own = process.env[m[1]!];
-  if (own !== undefined) return own;
+  if (own) return own;
   const file = doc.environment_variables;
-  return isObj(file) && typeof file[m[1]!] === "string" ? file[m[1]!] : undefined;
+  return isObj(file) && typeof file[m[1]!] === "string" && file[m[1]!] !== "" ? file[m[1]!] : undefined;
 }
 
 /** The master key an accepted file gives (SVC_MASTER_KEY is unset here). */

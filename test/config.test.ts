@@ -411,6 +411,32 @@ describe("os.environ/NAME", () => {
     }
   });
 
+  test("an empty variable counts as unset: an optional field is dropped with a warning, a required one is missing, environment_variables fills it", async () => {
+    process.env[SET] = "";
+    try {
+      const r = parseConfig(stringify({ model_list: [{ model_name: "m", svc_params: { model: "openai/gpt-4o", api_key: `os.environ/${SET}` } }], general_settings: { master_key: `os.environ/${SET}` } }));
+      if (!r.ok) throw new Error(r.errors.join("\n"));
+      expect(r.config.general_settings?.master_key).toBeUndefined();
+      expect(r.warnings).toEqual([`/model_list/0/svc_params/api_key: environment variable ${SET} is empty`, `/general_settings/master_key: environment variable ${SET} is empty`]);
+
+      const required = parseConfig(stringify({ model_list: [{ model_name: "m", svc_params: { model: `os.environ/${SET}` } }] }));
+      if (required.ok) throw new Error("accepted");
+      expect(required.errors).toContain(`/model_list/0/svc_params/model: environment variable ${SET} is empty`);
+      expect(required.errors.some((e) => e.startsWith("/model_list/0/svc_params/model: Expected required property"))).toBe(true);
+
+      const filled = parseConfig(stringify({ environment_variables: { [SET]: "sk-from-file" }, general_settings: { master_key: `os.environ/${SET}` } }));
+      if (!filled.ok) throw new Error(filled.errors.join("\n"));
+      expect(filled.config.general_settings?.master_key).toBe("sk-from-file");
+      expect(filled.env).toEqual({ [SET]: "sk-from-file" });
+      // Set in the process as for a variable the environment lacks (providers read their keys there).
+      const { live } = await startOk({ environment_variables: { [SET]: "sk-from-file" } });
+      await live.close();
+      expect(process.env[SET]).toBe("sk-from-file");
+    } finally {
+      delete process.env[SET];
+    }
+  });
+
   test("an unset variable on a required field: the refusal lists it beside the missing field, so the file's text explains itself", () => {
     delete process.env[UNSET];
     const r = parseConfig(stringify({ model_list: [{ model_name: "m", svc_params: { model: `os.environ/${UNSET}` } }] }));
@@ -448,6 +474,9 @@ describe("os.environ/NAME in pass-through headers", () => {
     const error = `/general_settings/pass_through_endpoints/0/headers/Authorization: environment variable ${NAME} is not set`;
     expect(await startErrors(config(`os.environ/${NAME}`))).toEqual([error]);
     expect(await startErrors(config(`Bearer os.environ/${NAME}`))).toEqual([error]);
+    // An empty one too: it would send `Bearer ` with no token.
+    process.env[NAME] = "";
+    expect(await startErrors(config(`Bearer os.environ/${NAME}`))).toEqual([error.replace("is not set", "is empty")]);
   });
 
   test("a variable that puts a line break inside the value is refused; one at its end is stripped as HTTP does", async () => {

@@ -433,8 +433,11 @@ describe("upstream calls at once", () => {
 
 describe("no master key", () => {
   test("a loud warning at start; management and model calls are refused with 401 saying how to set one", async () => {
-    const gw = await gateway(MOCK_CONFIG, { env: { DATABASE_URL: sharedDbUrl, SVC_MASTER_KEY: "" } });
+    // The example config.yaml's master_key, with the variable empty (Docker Compose's SVC_MASTER_KEY=${SVC_MASTER_KEY}): unset, not a key.
+    const config = { ...MOCK_CONFIG, general_settings: { master_key: "os.environ/SVC_MASTER_KEY" } };
+    const gw = await gateway(config, { env: { DATABASE_URL: sharedDbUrl, SVC_MASTER_KEY: "" } });
     expect(gw.output()).toContain("NO MASTER KEY IS SET");
+    expect(gw.output()).toContain("/general_settings/master_key: environment variable SVC_MASTER_KEY is empty");
     expect(gw.output()).toContain("SVC_MASTER_KEY=");
 
     const expectRefusal = async (res: Response) => {

@@ -38,11 +38,17 @@ const RENAMED: Record<string, string> = {
  */
 export type ConfigEnv = Map<string, string>;
 
-/** `name`'s value in the environment, unless it is the one a config set. */
+/**
+ * `name`'s value in the environment, unless it is the one a config set. An empty variable counts as
+ * unset, as it does for the run interface's variables: Docker Compose's `NAME=${NAME}` gives one.
+ */
 function environmentOwn(name: string, configSet: ReadonlyMap<string, string>): string | undefined {
   const v = process.env[name];
-  return v !== undefined && configSet.get(name) === v ? undefined : v;
+  return v === undefined || v === "" || configSet.get(name) === v ? undefined : v;
 }
+
+/** Why an `os.environ/NAME` reference has no value. */
+export const unsetVariable = (name: string): string => `environment variable ${name} is ${process.env[name] === "" ? "empty" : "not set"}`;
 
 /** Pass-through header values: read where the endpoints are built, `os.environ/NAME` anywhere in the text, an unset one an error. */
 const PASS_THROUGH_HEADER = /^\/general_settings\/pass_through_endpoints\/\d+\/headers\/[^/]+$/;
@@ -53,8 +59,8 @@ function substituteEnv(value: unknown, path: string, warnings: string[], fileEnv
     if (PASS_THROUGH_HEADER.test(path)) return value;
     const ref = ENV_REF.exec(value);
     if (!ref) return value;
-    const resolved = environmentOwn(ref[1]!, configSet) ?? fileEnv[ref[1]!];
-    if (resolved === undefined) warnings.push(`${path}: environment variable ${ref[1]} is not set`);
+    const resolved = environmentOwn(ref[1]!, configSet) ?? (fileEnv[ref[1]!] || undefined);
+    if (resolved === undefined) warnings.push(`${path}: ${unsetVariable(ref[1]!)}`);
     return resolved;
   }
   if (Array.isArray(value)) return value.map((v, i) => substituteEnv(v, `${path}/${i}`, warnings, fileEnv, configSet));
@@ -181,7 +187,8 @@ export function applyConfigEnv(env: Record<string, string>, configSet: ConfigEnv
   }
   for (const [k, v] of Object.entries(env)) {
     const current = process.env[k];
-    if (current !== undefined && previous.get(k) !== current) continue;
+    // An empty variable is one the environment lacks (environmentOwn).
+    if (current !== undefined && current !== "" && previous.get(k) !== current) continue;
     if (current !== v) put(k, v);
     configSet.set(k, v);
   }

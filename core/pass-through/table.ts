@@ -3,6 +3,7 @@
  * routes forwarded as they are to another HTTP API, behind the gateway's keys, limits, budgets and
  * spend log. Built once per snapshot, so a reload adds or removes them like models.
  */
+import { unsetVariable } from "../config/load.ts";
 import { HEADER_VALUE, type PassThroughEndpointConfig } from "../config/schema.ts";
 import { usdToPico } from "../cost/money.ts";
 import { hiddenHeaderValues } from "../secrets.ts";
@@ -122,7 +123,7 @@ export function buildPassThrough(list: readonly PassThroughEndpointConfig[] | un
       const read: string[] = [];
       headers[name] = value.replace(ENV_IN_TEXT, (_, env: string) => {
         const v = process.env[env];
-        if (v === undefined) errors.push(`${where}/headers/${name}: environment variable ${env} is not set`);
+        if (!v) errors.push(`${where}/headers/${name}: ${unsetVariable(env)}`);
         else read.push(env);
         return v ?? "";
       });
