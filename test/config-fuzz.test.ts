@@ -938,7 +938,8 @@ function read(text: string): Reading {
   try {
     const docs = parseAllDocuments(text);
     if (!Array.isArray(docs) || docs.length > 1 || docs.some((d) => d.errors.length > 0)) return { doc: undefined, yamlValid: false };
-    return { doc: parse(text) ?? {}, yamlValid: true };
+    // Merge keys as YAML 1.1 has them, and the README's bound on aliases.
+    return { doc: parse(text, { merge: true, maxAliasCount: 10_000 }) ?? {}, yamlValid: true };
   } catch {
     return { doc: undefined, yamlValid: false };
   }

@@ -229,6 +229,48 @@ describe("schema errors", () => {
   });
 });
 
+describe("YAML anchors, aliases and merge keys", () => {
+  test("a merge key (<<: *base) merges the base under the entry's own keys, as LiteLLM's YAML 1.1 parser does", async () => {
+    const text = [
+      "model_list:",
+      "  - model_name: a",
+      "    svc_params: &base { model: openai/gpt-a, api_base: http://127.0.0.1:9/v1, api_key: sk-from-the-base-0123 }",
+      "  - model_name: b",
+      "    svc_params:",
+      "      <<: *base",
+      "      model: openai/gpt-b",
+      "  - model_name: c",
+      "    svc_params: { <<: [*base, { timeout: 7 }], api_key: sk-c-own-key-4567 }",
+      "",
+    ].join("\n");
+    const { live } = await startOk(text);
+    try {
+      const [b] = live.current.models.resolve("b")!;
+      expect([b?.upstreamModel, b?.apiBase, b?.apiKey]).toEqual(["gpt-b", "http://127.0.0.1:9/v1", "sk-from-the-base-0123"]);
+      expect(b?.options).not.toHaveProperty("<<");
+      const [c] = live.current.models.resolve("c")!;
+      expect([c?.upstreamModel, c?.apiBase, c?.apiKey, c?.timeout]).toEqual(["gpt-a", "http://127.0.0.1:9/v1", "sk-c-own-key-4567", 7]);
+    } finally {
+      await live.close();
+    }
+    expect(parseErrors("a: { <<: 5 }\n")).toEqual(["YAML syntax error: Merge sources must be maps or map aliases"]);
+  });
+
+  test("a long model list sharing one base through aliases is read; an alias bomb is still refused", async () => {
+    const entries = Array.from({ length: 300 }, (_, i) => `  - model_name: m${i}\n    svc_params: ${i === 0 ? "&base { model: mock/m }" : "*base"}`);
+    const text = `model_list:\n${entries.join("\n")}\n`;
+    const r = parseConfig(text);
+    if (!r.ok) throw new Error(r.errors.join("\n"));
+    expect(r.config.model_list).toHaveLength(300);
+
+    const bomb = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol","lol"]'];
+    for (let k = 1; k < 9; k++) bomb.push(`${String.fromCharCode(97 + k)}: &${String.fromCharCode(97 + k)} [${Array(10).fill(`*${String.fromCharCode(96 + k)}`).join(",")}]`);
+    expect(parseErrors(`router_settings:\n  bomb:\n${bomb.map((l) => `    ${l}`).join("\n")}\n`)).toEqual([
+      "YAML syntax error: aliases repeat one anchor more than 10000 times (nested repeats multiplied), which the parser refuses as a file that expands without bound",
+    ]);
+  });
+});
+
 describe("errors found when the registry is built", () => {
   test("unknown provider names the model field and the provider", async () => {
     const errors = await startErrors({ model_list: [{ model_name: "x", svc_params: { model: "foo/bar" } }] });

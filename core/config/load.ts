@@ -97,7 +97,11 @@ export function schemaErrors(schema: TSchema, value: unknown, prefix = ""): stri
 function yamlErrorText(err: unknown): string {
   // Where the parser runs out of stack depends on how deep the stack already is: no position, so a start and a reload say the same.
   if (err instanceof RangeError || (err instanceof YAMLParseError && err.code === "RESOURCE_EXHAUSTION")) return "the file nests too deeply to be read (thousands of levels)";
-  if (!(err instanceof YAMLParseError)) return String(err);
+  if (err instanceof ReferenceError && err.message.startsWith("Excessive alias count")) {
+    return `aliases repeat one anchor more than ${MAX_ALIAS_COUNT} times (nested repeats multiplied), which the parser refuses as a file that expands without bound`;
+  }
+  // A merge key (`<<`) whose value is not a mapping or an alias of one.
+  if (!(err instanceof YAMLParseError)) return err instanceof Error ? err.message : String(err);
   const pos = err.linePos?.[0];
   const where = pos ? ` at line ${pos.line}, column ${pos.col}` : "";
   if (err.code === "MULTIPLE_DOCS") return `the file holds more than one YAML document (a second '---'); config.yaml is one document${where}`;
@@ -105,11 +109,27 @@ function yamlErrorText(err: unknown): string {
   return first.includes(" at line ") ? first : `${first}${where}`;
 }
 
+/**
+ * How often one anchor may be repeated through aliases, nested repeats multiplied (the parser's
+ * guard against a file that expands without bound, "billion laughs"). Its default, 100, refused a
+ * model list of a hundred entries sharing `svc_params: *base`.
+ */
+export const MAX_ALIAS_COUNT = 10_000;
+
+/**
+ * The file's YAML. Merge keys (`<<: *base`) merge as YAML 1.1 has them, as LiteLLM's parser does:
+ * otherwise `<<` was read as a key of its own, and an entry built on a base lost its api_base and
+ * api_key (its calls went to the provider's public API with the environment's key).
+ */
+function parseYaml(text: string): unknown {
+  return parse(text, { merge: true, maxAliasCount: MAX_ALIAS_COUNT });
+}
+
 /** `configSet`: the variables the serving config set (`ConfigEnv`), read as this file sets them, or as unset when it does not. */
 export function parseConfig(text: string, configSet: ReadonlyMap<string, string> = new Map()): ConfigResult {
   let raw: unknown;
   try {
-    raw = parse(text) ?? {};
+    raw = parseYaml(text) ?? {};
   } catch (err) {
     return { ok: false, errors: [`YAML syntax error: ${yamlErrorText(err)}`] };
   }
