@@ -69,7 +69,15 @@ async function main(): Promise<void> {
   warnFewUpstreamConnections();
 
   const app = createApp({ live, log, services: host.services, probes: { store: store.ping, redis: async () => redis?.ping(), version: pkg.version } });
-  const server = Bun.serve({ port: opts.port, hostname: opts.host, ...serveOptions(app), idleTimeout: 255 });
+  let server: ReturnType<typeof Bun.serve>;
+  try {
+    server = Bun.serve({ port: opts.port, hostname: opts.host, ...serveOptions(app), idleTimeout: 255 });
+  } catch (err) {
+    // The store is open by now: closed, so that its folder's lock goes with this process.
+    await host.close();
+    const code = (err as { code?: unknown }).code;
+    fatal(`cannot listen on ${opts.host}:${opts.port}: ${code === "EADDRINUSE" ? "the port is in use (EADDRINUSE)" : err instanceof Error ? err.message : String(err)}`);
+  }
   live.watch();
   process.on("SIGHUP", () => void live.reload("SIGHUP", true));
   let stopping = false;

@@ -293,6 +293,14 @@ function specAt(path: readonly Seg[]): Spec | undefined {
   return SPECS.find(([pattern]) => matches(pattern, path))?.[1];
 }
 
+const SECTION_RULES = new Set<Rule>(["map", "list", "stringList", "hostList", "methods", "headers"]);
+
+/** README: an optional mapping or list field written empty (YAML null, its keys commented out) is absent; not a list item or a mapping's value. */
+function emptySection(path: readonly Seg[], v: unknown): boolean {
+  const found = SPECS.find(([pattern]) => matches(pattern, path));
+  return v === null && found !== undefined && !found[1].required && SECTION_RULES.has(found[1].rule) && !found[0].endsWith("*");
+}
+
 const isObj = (v: unknown): v is Json => typeof v === "object" && v !== null && !Array.isArray(v);
 const isNum = (v: unknown): v is number => typeof v === "number" && Number.isFinite(v);
 /** A header name HTTP can send (RFC 9110 token), and a value fetch sends: Latin-1, without CR, LF or NUL. */
@@ -408,7 +416,7 @@ function violations(doc: unknown): string[] {
     if (!spec) continue;
     let v = env(get(doc, path));
     if (spec.rule === "headers" && isObj(v)) v = Object.fromEntries(Object.entries(v).map(([k, x]) => [k, env(x)]));
-    if (v === undefined) {
+    if (v === undefined || emptySection(path, v)) {
       if (spec.required) out.push(pointer(path));
     } else if (!valid(spec.rule, v)) out.push(pointer(path));
   }
@@ -453,7 +461,7 @@ function violations(doc: unknown): string[] {
     const resolved = Object.fromEntries(
       Object.entries(sp)
         .map(([k, v]) => [k, env(v)])
-        .filter(([, v]) => v !== undefined)
+        .filter(([k, v]) => v !== undefined && !emptySection(["model_list", i, "svc_params", String(k)], v))
         .sort(([a], [b]) => String(a).localeCompare(String(b))),
     );
     const id = typeof explicit === "string" ? `id:${explicit}` : `entry:${JSON.stringify([env(e.model_name), resolved])}`;

@@ -204,6 +204,33 @@ describe("schema errors", () => {
     ]);
   });
 
+  test("a section written empty (its keys commented out) is absent, as LiteLLM reads it; an empty scalar is still refused", async () => {
+    const text = [
+      "model_list:",
+      "  - model_name: a",
+      "    svc_params: { model: mock/a }",
+      "    model_info:",
+      "    #  id: mock-a",
+      "router_settings:",
+      "#  routing_strategy: simple-shuffle",
+      "svc_settings:",
+      "general_settings:",
+      "  pass_through_endpoints:",
+      "environment_variables:",
+      "plugins:",
+      "",
+    ].join("\n");
+    const { live } = await startOk(text);
+    try {
+      expect(live.current.models.resolve("a")).toHaveLength(1);
+    } finally {
+      await live.close();
+    }
+    const noModels = parseConfig("model_list:\n");
+    expect(noModels.ok && noModels.config.model_list).toEqual([]);
+    expect(parseErrors("model_list: []\ngeneral_settings:\n  master_key:\n")).toEqual(["/general_settings/master_key: Expected string (expected a key starting with sk-)"]);
+  });
+
   test("a YAML syntax error names its line and column, not the line's text (which may hold a secret)", () => {
     const text = 'model_list:\n  - model_name: a\n    svc_params: { model: openai/a, api_key: "sk-do-not-print-me-12345 }\n';
     const errors = parseErrors(text);

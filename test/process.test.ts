@@ -335,6 +335,25 @@ describe("embedded store (default)", () => {
   );
 });
 
+describe("a port already in use", () => {
+  test(
+    "exits 1 with a one-line reason, no stack trace, and leaves the data folder unlocked",
+    async () => {
+      const taken = Bun.serve({ port: 0, hostname: "127.0.0.1", fetch: () => new Response("someone else") });
+      servers.push(taken);
+      const dir = newDir();
+      const gw = await gateway(MOCK_CONFIG, { dir, args: ["--port", String(taken.port)], waitForListen: false });
+      expect(await gw.exited).toBe(1);
+      const out = gw.output();
+      expect(out).toContain(`gateway: cannot listen on 127.0.0.1:${taken.port}: the port is in use (EADDRINUSE)`);
+      expect(out).not.toMatch(/^\s+at /m);
+      expect(out).not.toContain("listening on");
+      expect(existsSync(join(dir, "data", "gateway.lock"))).toBe(false);
+    },
+    SLOW,
+  );
+});
+
 describe("the example config.yaml", () => {
   test(
     "serves a chat and an embedding through the SDK on the embedded store, as the README's first command runs it",

@@ -144,8 +144,9 @@ export function parseConfig(text: string, configSet: ReadonlyMap<string, string>
   }
   const warnings: string[] = [];
   const substituted = substituteEnv(raw, "", warnings, env, configSet) as Record<string, unknown>;
-  // Only a missing model_list is empty: one written as a mapping (the entries without their dashes) is an error.
-  if (substituted.model_list === undefined) substituted.model_list = [];
+  withoutEmptySections(ConfigSchema, substituted);
+  // Only a missing (or empty) model_list is empty: one written as a mapping (the entries without their dashes) is an error.
+  if (substituted.model_list === undefined || substituted.model_list === null) substituted.model_list = [];
   const withDefaults = Value.Default(ConfigSchema, substituted);
   const errors = schemaErrors(ConfigSchema, withDefaults);
   // A refused file's unset variables are listed with its errors: a required field they dropped is
@@ -155,6 +156,20 @@ export function parseConfig(text: string, configSet: ReadonlyMap<string, string>
 }
 
 const isMapping = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);
+
+/**
+ * Drops the optional mappings and lists of `value` (an object of `schema`) written empty: a section
+ * whose keys are all commented out (`router_settings:`, an entry's `model_info:`) is YAML null,
+ * which LiteLLM reads as absent. A scalar written empty is left for the schema to refuse.
+ */
+function withoutEmptySections(schema: TObject, value: Record<string, unknown>): void {
+  for (const [key, field] of Object.entries(schema.properties)) {
+    const v = value[key];
+    if (v === null && KindGuard.IsOptional(field) && (KindGuard.IsObject(field) || KindGuard.IsRecord(field) || KindGuard.IsArray(field))) delete value[key];
+    else if (KindGuard.IsObject(field) && isMapping(v)) withoutEmptySections(field, v);
+    else if (KindGuard.IsArray(field) && KindGuard.IsObject(field.items) && Array.isArray(v)) for (const item of v) if (isMapping(item)) withoutEmptySections(field.items, item);
+  }
+}
 
 /**
  * What the schema accepts of `value` (an object of `schema`): each known field that is valid on its
