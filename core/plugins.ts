@@ -27,15 +27,28 @@ function isPluginDef(v: unknown): v is PluginDef {
   return typeof p.name === "string" && typeof p.setup === "function" && typeof p.config === "object";
 }
 
+/**
+ * How long loading a plugin's module, then its setup, may each take. One that never ends would hold
+ * the config being loaded, every reload and stored-model change after it (they run in turn), and
+ * the gateway's stop. A test shortens them on this object.
+ */
+export const pluginTiming = { loadMs: 30_000, setupMs: 30_000 };
+
+class LoadTimeout extends Error {}
+
 export async function importPlugin(path: string, configPath: string): Promise<PluginDef> {
   const abs = isAbsolute(path) ? path : resolve(dirname(configPath), path);
   const file = Bun.file(abs);
   if (!(await file.exists())) throw new Error(`plugin file not found: ${abs}`);
   let mod: { default?: unknown };
+  // The query makes an edited plugin file load anew on reload instead of from the module cache.
+  const loading = import(`${abs}?v=${file.lastModified}`) as Promise<{ default?: unknown }>;
   try {
-    // The query makes an edited plugin file load anew on reload instead of from the module cache.
-    mod = (await import(`${abs}?v=${file.lastModified}`)) as { default?: unknown };
+    // Top-level code that never ends (an await on a backend that never answers) is a load error,
+    // as a setup that never ends is; should the module load later, it is not used.
+    mod = await beforeTimeout(loading, pluginTiming.loadMs, () => new LoadTimeout(`${abs} did not finish loading within ${pluginTiming.loadMs / 1000} s (its top-level code is still running)`));
   } catch (err) {
+    if (err instanceof LoadTimeout) throw err;
     throw new Error(`${abs} cannot be loaded: ${loadFailure(err)}`);
   }
   const exported = typeof mod.default === "function" ? (mod.default as (h: PluginHost) => unknown)({ definePlugin, Type }) : mod.default;
@@ -59,12 +72,6 @@ export interface LoadedPlugin {
   name: string;
   hooks: Hooks;
 }
-
-/**
- * How long a plugin's setup may take. One that never ends would hold the config being loaded, every
- * reload after it (they run in turn), and the gateway's stop. A test shortens it on this object.
- */
-export const pluginTiming = { setupMs: 30_000 };
 
 /** Fills in a plugin's config defaults, validates it against its own schema, then runs its setup (bounded by pluginTiming.setupMs). */
 export async function setupPlugin(plugin: PluginDef, rawConfig: unknown, ctx: PluginContext, where: string): Promise<LoadedPlugin> {

@@ -200,6 +200,40 @@ describe("a plugin whose setup never ends", () => {
   });
 });
 
+describe("a plugin whose module never finishes loading (top-level await)", () => {
+  const HANG = join(FIXTURES, "hang-import.ts");
+  const model = (name: string) => ({ model_name: name, svc_params: { model: `mock/${name}` } });
+  const config = (models: string[], hang: boolean) => ({
+    model_list: models.map(model),
+    ...(hang ? { plugins: [{ path: fromTempConfig(HANG) }] } : {}),
+    general_settings: { master_key: MASTER_KEY },
+  });
+
+  test("a start is refused, naming the plugin's path; a reload is refused, later reloads still apply, and the stop is not held", async () => {
+    const saved = pluginTiming.loadMs;
+    pluginTiming.loadMs = 300;
+    const error = `/plugins/0/path: ${HANG} did not finish loading within 0.3 s (its top-level code is still running)`;
+    const gw = await startTestGateway(config(["before"], false));
+    try {
+      await expect(startTestGateway(config(["never"], true))).rejects.toMatchObject({ errors: [error] });
+
+      gw.writeConfig(config(["before", "never"], true));
+      const refused = await gw.live.reload("test");
+      expect(refused.ok ? [] : refused.errors).toEqual([error]);
+      const listed = async () => ((await (await fetch(`${gw.baseURL}/models`, { headers: { authorization: `Bearer ${MASTER_KEY}` } })).json()) as { data: { id: string }[] }).data.map((m) => m.id);
+      expect(await listed()).toEqual(["before"]);
+      gw.writeConfig(config(["before", "after"], false));
+      expect((await gw.live.reload("test")).ok).toBe(true);
+      expect(await listed()).toEqual(["before", "after"]);
+    } finally {
+      const t0 = Date.now();
+      await gw.stop();
+      expect(Date.now() - t0).toBeLessThan(5_000);
+      pluginTiming.loadMs = saved;
+    }
+  });
+});
+
 describe("plugin load errors", () => {
   const dirs: string[] = [];
   afterAll(() => {
