@@ -30,11 +30,43 @@ export function decrypt(stored: string, key: Buffer): string {
   return Buffer.concat([decipher.update(raw.subarray(28)), decipher.final()]).toString("utf8");
 }
 
-/** Encrypts (or decrypts) every credential field of a svc_params object; other fields unchanged. */
-export function mapSecrets(params: Record<string, unknown>, fn: (v: string) => string): Record<string, unknown> {
+/** A mapping under a credential field (a Vertex key written as a mapping), stored as one string: its JSON, encrypted. */
+const ENCRYPTED_MAPPING = "enc:json:";
+
+const isMapping = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);
+
+/**
+ * A svc_params object with `text` applied to its credentials (credential fields' text, the values of
+ * `headers`, which often carry a key) and `mapping` to a credential field's mapping; other fields unchanged.
+ */
+function mapCredentials(params: Record<string, unknown>, text: (v: string) => unknown, mapping: (v: Record<string, unknown>) => unknown): Record<string, unknown> {
   const out: Record<string, unknown> = {};
-  for (const [k, v] of Object.entries(params)) out[k] = typeof v === "string" && SECRET_PARAM.test(k) ? fn(v) : v;
+  for (const [k, v] of Object.entries(params)) {
+    if (k === "headers" && isMapping(v)) out[k] = Object.fromEntries(Object.entries(v).map(([h, x]) => [h, typeof x === "string" ? text(x) : x]));
+    else if (!SECRET_PARAM.test(k)) out[k] = v;
+    else if (typeof v === "string") out[k] = text(v);
+    else if (isMapping(v)) out[k] = mapping(v);
+    else out[k] = v;
+  }
   return out;
+}
+
+/** A stored model's svc_params as the store keeps them: every credential encrypted. */
+export function encryptSecrets(params: Record<string, unknown>, key: Buffer): Record<string, unknown> {
+  return mapCredentials(
+    params,
+    (v) => encrypt(v, key),
+    (m) => ENCRYPTED_MAPPING + encrypt(JSON.stringify(m), key),
+  );
+}
+
+/** `encryptSecrets` undone; a value stored in clear (rows written before headers and mappings were encrypted) is read as it is. */
+export function decryptSecrets(params: Record<string, unknown>, key: Buffer): Record<string, unknown> {
+  return mapCredentials(
+    params,
+    (v) => (v.startsWith(ENCRYPTED_MAPPING) ? JSON.parse(decrypt(v.slice(ENCRYPTED_MAPPING.length), key)) : decrypt(v, key)),
+    (m) => m,
+  );
 }
 
 /** Configured headers as shown to an admin: their names, never their values (any may carry a credential). */

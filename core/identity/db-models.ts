@@ -1,6 +1,6 @@
 /** Model deployments stored through the admin API, read back for the registry with credentials decrypted. */
 import type { ModelEntry } from "../config/schema.ts";
-import { decrypt, mapSecrets } from "../secrets.ts";
+import { decryptSecrets } from "../secrets.ts";
 import type { Db } from "../store/db.ts";
 import { proxyModels } from "../store/schema.ts";
 
@@ -17,7 +17,7 @@ export async function loadDbModels(db: Db, key: Buffer | undefined): Promise<Sto
     const params = row.svcParams as Record<string, unknown>;
     let svcParams: Record<string, unknown>;
     try {
-      svcParams = key ? mapSecrets(params, (v) => decrypt(v, key)) : params;
+      svcParams = key ? decryptSecrets(params, key) : params;
     } catch {
       out.unreadable.push({ id: row.modelId, name: row.modelName });
       continue;

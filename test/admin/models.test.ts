@@ -4,7 +4,7 @@
 // and never shown (responses, audit trail, logs), config models are read-only, only proxy admins
 // write, and (PostgreSQL + Redis) a second instance picks the change up without a restart.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { createHash } from "node:crypto";
+import { createHash, generateKeyPairSync } from "node:crypto";
 import { eq } from "drizzle-orm";
 import OpenAI, { BadRequestError } from "openai";
 import { decrypt, secretKey } from "../../core/secrets.ts";
@@ -18,6 +18,37 @@ const CONFIG = {
   general_settings: { master_key: MASTER_KEY },
 };
 const SECRET = "sk-upstream-very-secret-0123456789";
+
+const HEADER_SECRET = "hdr-secret-value-0123456789";
+const PRIVATE_KEY_MARK = "PRIVATE KEY";
+
+/** An OpenAI-compatible chat endpoint (recording the X-Api-Key it gets) and Vertex's: a token endpoint and Gemini's generateContent. */
+function credentialsUpstream() {
+  const apiKeyHeaders: (string | null)[] = [];
+  const server = Bun.serve({
+    port: 0,
+    hostname: "127.0.0.1",
+    fetch(req) {
+      const path = new URL(req.url).pathname;
+      if (path === "/google-token") return Response.json({ token_type: "Bearer", expires_in: 3600, access_token: "ya29.test-token" });
+      if (path.endsWith(":generateContent")) {
+        return Response.json({ candidates: [{ content: { role: "model", parts: [{ text: "gemini answer" }] }, finishReason: "STOP" }], usageMetadata: { promptTokenCount: 1, candidatesTokenCount: 2, totalTokenCount: 3 } });
+      }
+      apiKeyHeaders.push(req.headers.get("x-api-key"));
+      return Response.json({ id: "chatcmpl-1", object: "chat.completion", created: 1, model: "gpt-4o", choices: [{ index: 0, message: { role: "assistant", content: "upstream answer" }, finish_reason: "stop" }], usage: { prompt_tokens: 1, completion_tokens: 2, total_tokens: 3 } });
+    },
+  });
+  const url = `http://127.0.0.1:${server.port}`;
+  const { privateKey } = generateKeyPairSync("rsa", { modulusLength: 2048 });
+  const serviceAccount = {
+    type: "service_account",
+    project_id: "acme",
+    private_key: privateKey.export({ type: "pkcs8", format: "pem" }) as string,
+    client_email: "stored-model@acme.iam.gserviceaccount.com",
+    token_uri: `${url}/google-token`,
+  };
+  return { url, serviceAccount, apiKeyHeaders, stop: () => server.stop(true) };
+}
 
 type Json = Record<string, unknown> & { error?: { message: string; type: string; code: string; param: string | null } };
 
@@ -98,6 +129,53 @@ for (const backend of ["pglite", "postgres"] as const) {
       expect(params.aws_secret_access_key).toStartWith("enc:v1:");
       expect(decrypt(params.api_key!, secretKey(process.env.SVC_SALT_KEY, MASTER_KEY)!)).toBe(SECRET);
       expect(row!.createdBy).toBeString();
+    });
+
+    test("header values and a vertex_credentials mapping are encrypted at rest too, never shown, and sent upstream; rows stored in clear before still serve", async () => {
+      const up = credentialsUpstream();
+      try {
+        const openai = { model: "openai/gpt-4o", api_base: `${up.url}/v1`, api_key: SECRET, headers: { "X-Api-Key": HEADER_SECRET } };
+        const vertex = { model: "vertex_ai/gemini-2.5-pro", api_base: up.url, vertex_credentials: up.serviceAccount };
+        for (const [model, svc_params] of [
+          ["hdr", openai],
+          ["vx", vertex],
+        ] as const) {
+          const res = await call("POST", "/model/new", { model_name: name(model), svc_params, model_info: { id: name(`${model}-1`) } });
+          expect(res.status).toBe(200);
+          expect(res.body.svc_params).toEqual({ model: svc_params.model, api_base: svc_params.api_base });
+        }
+        expect(await answer(name("hdr"))).toBe("upstream answer");
+        expect(up.apiKeyHeaders.at(-1)).toBe(HEADER_SECRET);
+        expect(await answer(name("vx"))).toBe("gemini answer");
+
+        const rows = await storedRows();
+        for (const secret of [HEADER_SECRET, PRIVATE_KEY_MARK, up.serviceAccount.client_email]) expect(rows).not.toContain(secret);
+        const info = await call("GET", `/model/info?svc_model_id=${name("vx-1")}`);
+        expect((info.body.data as { svc_params: unknown }[])[0]?.svc_params).toEqual({ model: vertex.model });
+        const hdrInfo = await call("GET", `/model/info?svc_model_id=${name("hdr-1")}`);
+        expect((hdrInfo.body.data as { svc_params: unknown }[])[0]?.svc_params).toEqual({ model: openai.model });
+
+        // A PATCH keeps them (decrypted, merged, encrypted again).
+        expect((await call("PATCH", `/model/${name("vx-1")}/update`, { svc_params: { weight: 2 } })).status).toBe(200);
+        expect(await answer(name("vx"))).toBe("gemini answer");
+        expect(await storedRows()).not.toContain(PRIVATE_KEY_MARK);
+
+        // Written before these were encrypted: in clear, read as they are.
+        await db()
+          .insert(proxyModels)
+          .values([
+            { modelId: name("old-hdr-1"), modelName: name("old-hdr"), svcParams: openai },
+            { modelId: name("old-vx-1"), modelName: name("old-vx"), svcParams: vertex },
+          ]);
+        expect((await gw.live.reload("test", true)).ok).toBe(true);
+        expect(await answer(name("old-hdr"))).toBe("upstream answer");
+        expect(up.apiKeyHeaders.at(-1)).toBe(HEADER_SECRET);
+        expect(await answer(name("old-vx"))).toBe("gemini answer");
+        // Stored in clear, they would fail the other tests' checks of the rows.
+        for (const id of ["old-hdr-1", "old-vx-1"]) expect((await call("POST", "/model/delete", { id: name(id) })).status).toBe(200);
+      } finally {
+        up.stop();
+      }
     });
 
     test("/model/new without an id gets a uuid; 400 for duplicate ids and unknown providers, 422 for bad bodies", async () => {

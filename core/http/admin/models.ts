@@ -13,7 +13,7 @@ import { badRequest, notFound } from "../../authz.ts";
 import { type ModelEntry, ModelEntrySchema } from "../../config/schema.ts";
 import { GatewayError } from "../../errors.ts";
 import { toDeployment } from "../../models.ts";
-import { decrypt, encrypt, mapSecrets, SECRET_PARAM, secretKey } from "../../secrets.ts";
+import { decryptSecrets, encryptSecrets, SECRET_PARAM, secretKey } from "../../secrets.ts";
 import type { Snapshot } from "../../snapshot.ts";
 import { proxyModels } from "../../store/schema.ts";
 import { checker } from "../validate.ts";
@@ -148,7 +148,7 @@ function rowValues(ctx: AdminCtx, entry: ModelEntry) {
   const key = cryptoKey(ctx);
   return {
     modelName: entry.model_name,
-    svcParams: mapSecrets(entry.svc_params, (v) => encrypt(v, key)),
+    svcParams: encryptSecrets(entry.svc_params, key),
     modelInfo: storedInfo(entry.model_info),
     updatedAt: new Date(),
     updatedBy: ctx.caller.changedBy,
@@ -222,7 +222,7 @@ async function patchModel(ctx: AdminCtx, deps: AdminDeps, id: string) {
     if (!before) throw notFound(`Model '${id}' not found: it was deleted meanwhile.`, "id");
     let stored: Record<string, unknown>;
     try {
-      stored = mapSecrets(before.svcParams as Record<string, unknown>, (v) => decrypt(v, key));
+      stored = decryptSecrets(before.svcParams as Record<string, unknown>, key);
     } catch {
       throw GatewayError.of(409, "The stored credentials of this model cannot be decrypted (was SVC_SALT_KEY or the master key changed?). Replace them with /model/update.", "conflict");
     }
