@@ -4,7 +4,7 @@
  * main.ts and by the tests, so both run the same wiring.
  */
 import type { Logger } from "./contract.ts";
-import { readConfig } from "./config/load.ts";
+import { applyConfigEnv, type ConfigEnv, readConfig } from "./config/load.ts";
 import { ChangeBus } from "./identity/bus.ts";
 import { IdentityCache } from "./identity/cache.ts";
 import { loadDbModels } from "./identity/db-models.ts";
@@ -68,14 +68,19 @@ export async function startHost(opts: HostOptions): Promise<Host> {
   const first = await readConfig(opts.configPath);
   if (!first.ok) throw new SnapshotError(await refusalErrors(first, opts.configPath, opts.log));
   const general = first.config.general_settings ?? {};
+  // The file's environment_variables are set before anything opens: a DATABASE_URL or REDIS_URL
+  // (or DATABASE_ANSWER_TIMEOUT_MS) given there chooses the store and Redis as the environment's own would.
+  const configEnv: ConfigEnv = new Map();
+  applyConfigEnv(first.env, configEnv);
+  const fromFile = (name: string) => configEnv.get(name) || undefined;
 
   const store = await openStore({
-    databaseUrl: opts.databaseUrl ?? general.database_url,
+    databaseUrl: opts.databaseUrl ?? fromFile("DATABASE_URL") ?? general.database_url,
     answerTimeoutMs: opts.databaseAnswerTimeoutMs,
     dataDir: opts.dataDir,
     log: { info: (m) => opts.log.info(m), warn: (m) => opts.log.warn(m) },
   });
-  const redisUrl = opts.redisUrl ?? general.redis_url;
+  const redisUrl = opts.redisUrl ?? fromFile("REDIS_URL") ?? general.redis_url;
   const redis = redisUrl ? connectRedis(redisUrl, opts.log) : undefined;
   const scripts = redisUrl ? nativeScriptRunner(redisUrl) : undefined;
   // The first calls should count in Redis, not alone: wait for the connection (bounded by its timeout).
@@ -137,7 +142,7 @@ export async function startHost(opts: HostOptions): Promise<Host> {
       },
       loadDbModels: (s) => loadDbModels(store.db, secretKey(process.env.SVC_SALT_KEY, s.masterKey)),
     };
-    live = await Live.start(opts.configPath, opts.log, services);
+    live = await Live.start(opts.configPath, opts.log, services, configEnv);
     // Started last, so a failed start leaves no timer on a closed store.
     const rotator = new KeyRotator(store.db, bus, opts.log);
     rotator.start();

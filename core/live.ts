@@ -25,6 +25,21 @@ const CLOSE_WAITS_FOR_RELOAD_MS = 5000;
  */
 const FILE_CHECK_MS = 1000;
 
+const ADDRESS_SETTINGS = {
+  store: "the store's address (DATABASE_URL or general_settings.database_url)",
+  Redis: "Redis's address (REDIS_URL or general_settings.redis_url)",
+};
+
+/**
+ * The store's and Redis's addresses as a start would choose them now (the variable, the
+ * environment's own or one environment_variables set, else general_settings): a reload cannot
+ * change them, as they are opened once.
+ */
+function openedAtStart(config: GatewayConfig): { store: string | undefined; Redis: string | undefined } {
+  const general = config.general_settings;
+  return { store: process.env.DATABASE_URL || general?.database_url, Redis: process.env.REDIS_URL || general?.redis_url };
+}
+
 export type ReloadResult = { ok: true; version: number; changed: boolean } | { ok: false; errors: string[] };
 
 export interface Pin {
@@ -105,12 +120,15 @@ export class Live {
     return this.modelsReload;
   }
 
-  /** Loads the first config; throws SnapshotError listing every problem when it is invalid. */
-  static async start(configPath: string, log: Logger, services: HostServices = {}): Promise<Live> {
-    const result = await readConfig(configPath);
-    if (!result.ok) throw new SnapshotError(await refusalErrors(result, configPath, log, services));
+  /**
+   * Loads the first config; throws SnapshotError listing every problem when it is invalid.
+   * `configEnv`: the variables the file's environment_variables already set (the host sets them
+   * before it opens the store).
+   */
+  static async start(configPath: string, log: Logger, services: HostServices = {}, configEnv: ConfigEnv = new Map()): Promise<Live> {
+    const result = await readConfig(configPath, configEnv);
+    if (!result.ok) throw new SnapshotError(await refusalErrors(result, configPath, log, services, configEnv));
     for (const w of result.warnings) log.warn(`config: ${w}`);
-    const configEnv: ConfigEnv = new Map();
     applyConfigEnv(result.env, configEnv);
     const snap = await buildSnapshot(result.config, configPath, 1, log, services);
     return new Live(configPath, log, services, snap, result.text, result.config, configEnv);
@@ -193,7 +211,15 @@ export class Live {
       return { ok: false, errors };
     }
     for (const w of result.warnings) this.log.warn(`config: ${w}`);
-    return this.swap(reason, result.config, result.text, result.env);
+    const opened = openedAtStart(this.config);
+    const swapped = await this.swap(reason, result.config, result.text, result.env);
+    if (swapped.ok) {
+      const now = openedAtStart(this.config);
+      for (const what of ["store", "Redis"] as const) {
+        if (now[what] !== opened[what]) this.log.warn(`config: ${ADDRESS_SETTINGS[what]} changed; it is opened once, at start: restart the gateway to use the new one`);
+      }
+    }
+    return swapped;
   }
 
   /** `env`: the new file's environment_variables; none for a rebuild with the serving config (they stay as they are). */

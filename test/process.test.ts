@@ -400,6 +400,22 @@ describe("PostgreSQL (DATABASE_URL)", () => {
   );
 
   test(
+    "DATABASE_URL and REDIS_URL given in config.yaml's environment_variables choose the store and Redis, as the environment's own would",
+    async () => {
+      const url = await freshDatabase();
+      const gw = await gateway({ ...MOCK_CONFIG, environment_variables: { DATABASE_URL: url, REDIS_URL: TEST_REDIS_URL } });
+      const ready = await readiness(gw);
+      expect(ready.status).toBe(200);
+      expect(ready.body).toMatchObject({ db: "connected", db_detail: serverVersion, redis: "connected" });
+      expect(ready.body.db_detail).not.toContain("PGlite");
+      expect(await appliedMigrations(url)).toEqual(migrations.map((m) => m.hash));
+      expect(gw.output()).toContain(`store: PostgreSQL at ${new URL(url).host}${new URL(url).pathname}`);
+      expect(await gw.stop()).toBe(0);
+    },
+    SLOW,
+  );
+
+  test(
     "two gateways started at once on one fresh database both start and migrate it once",
     async () => {
       const url = await freshDatabase();

@@ -293,6 +293,39 @@ describe("environment_variables a later file no longer sets", () => {
   });
 });
 
+describe("the store's and Redis's addresses", () => {
+  const NAMES = ["DATABASE_URL", "REDIS_URL"] as const;
+  const saved = Object.fromEntries(NAMES.map((n) => [n, process.env[n]]));
+  afterAll(() => {
+    for (const n of NAMES) if (saved[n] === undefined) delete process.env[n];
+    else process.env[n] = saved[n];
+  });
+
+  test("a reload that changes them (general_settings or environment_variables) is applied otherwise, and warns that they need a restart", async () => {
+    for (const n of NAMES) delete process.env[n];
+    const { gw, client } = await gateway(withModels("a"));
+    const warnings = () => gw.log.lines.filter((l) => l.level === "warn" && l.msg.includes("it is opened once")).map((l) => l.msg);
+    gw.writeConfig({ ...withModels("a", "b"), general_settings: { master_key: MASTER_KEY, database_url: "postgres://127.0.0.1:1/other" } });
+    expect((await gw.live.reload("test")).ok).toBe(true);
+    expect(await modelIds(client)).toEqual(["a", "b"]);
+    expect(warnings()).toEqual([
+      "config: the store's address (DATABASE_URL or general_settings.database_url) changed; it is opened once, at start: restart the gateway to use the new one",
+    ]);
+    gw.writeConfig({ ...withModels("a", "b"), environment_variables: { DATABASE_URL: "postgres://127.0.0.1:1/other", REDIS_URL: "redis://127.0.0.1:1" } });
+    expect((await gw.live.reload("test")).ok).toBe(true);
+    expect(warnings()).toHaveLength(2);
+    expect(warnings()[1]).toStartWith("config: Redis's address (REDIS_URL or general_settings.redis_url) changed");
+    // An unrelated change says nothing more; dropping them is a change too.
+    gw.writeConfig({ ...withModels("a"), environment_variables: { DATABASE_URL: "postgres://127.0.0.1:1/other", REDIS_URL: "redis://127.0.0.1:1" } });
+    expect((await gw.live.reload("test")).ok).toBe(true);
+    expect(warnings()).toHaveLength(2);
+    gw.writeConfig(withModels("a"));
+    expect((await gw.live.reload("test")).ok).toBe(true);
+    expect(warnings()).toHaveLength(4);
+    expect(process.env.DATABASE_URL).toBeUndefined();
+  });
+});
+
 describe("SIGHUP", () => {
   const ENV = "GW_RELOAD_TEST_REPLY";
   afterAll(() => {
