@@ -160,8 +160,8 @@ async function micro(configPath: string, dataDir: string, keys: string[]) {
     const masterHeaders = new Headers({ authorization: `Bearer ${MASTER_KEY}` });
     const keyHeaders = keys.map((k) => new Headers({ authorization: `Bearer ${k}` }));
     const snapshot = () => host.live.current;
-    const authMaster = () => authenticate(snapshot(), masterHeaders, path);
-    const authVirtual = (i: number) => authenticate(snapshot(), keyHeaders[i % keyHeaders.length]!, path);
+    const authMaster = () => authenticate(snapshot(), masterHeaders, path, "POST");
+    const authVirtual = (i: number) => authenticate(snapshot(), keyHeaders[i % keyHeaders.length]!, path, "POST");
     const fullMaster = async () => authorizeModel(await authMaster(), MODEL, snapshot().accessGroups, snapshot().groupAliases);
     const fullVirtual = async (i: number) => authorizeModel(await authVirtual(i), MODEL, snapshot().accessGroups, snapshot().groupAliases);
     if (host.services.identity!.keys.size < keys.length) throw new Error(`only ${host.services.identity!.keys.size} keys loaded`);

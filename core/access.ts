@@ -131,10 +131,21 @@ const LLM_API_ROUTE = /^\/(v1\/)?(chat\/completions|completions|embeddings|image
 
 /**
  * LiteLLM's `info_routes`: the management API's reads (info, lists, spend, activity, audit), and
- * the model listings. What a `key_type: read_only` key may call.
+ * the model listings (MODEL_LISTING). What a `key_type: read_only` key may call.
  */
 const INFO_ROUTE =
-  /^\/(key\/(info|list|aliases|health)|v2\/key\/info|team\/(info|list|available|permissions_list)|v2\/team\/list|user\/(info|list)|organization\/(info|list)|budget\/(info|list|settings)|(v1\/|v2\/)?model\/info|(v1\/)?models(\/[^/]+)?|model_group\/info|access_group\/(list|[^/]+\/info)|v1\/access_group\/[^/]+|spend\/(logs|logs\/v2|keys|users|tags)|global\/spend\/(report|tags)|(team|organization|user)\/daily\/activity|provider\/budgets|audit\/logs|health(\/[a-z]+)?)$/;
+  /^\/(key\/(info|list|aliases|health)|v2\/key\/info|team\/(info|list|available|permissions_list)|v2\/team\/list|user\/(info|list)|organization\/(info|list)|budget\/(info|list|settings)|(v1\/|v2\/)?model\/info|model_group\/info|access_group\/(list|[^/]+\/info)|v1\/access_group\/[^/]+|spend\/(logs|logs\/v2|keys|users|tags)|global\/spend\/(report|tags)|(team|organization|user)\/daily\/activity|provider\/budgets|audit\/logs|health(\/[a-z]+)?)$/;
+
+/**
+ * The model listings (`/v1/models`, `/v1/models/{model_id}`, an id may hold `/`), reads only: a
+ * POST under the same paths is a Gemini-style model call (`/v1/models/gpt-4o:generateContent`).
+ */
+const MODEL_LISTING = /^\/(v1\/)?models(\/.+)?$/;
+const READ_METHODS: ReadonlySet<string> = new Set(["GET", "HEAD"]);
+
+function isInfoRoute(path: string, method: string): boolean {
+  return INFO_ROUTE.test(path) || (READ_METHODS.has(method) && MODEL_LISTING.test(path));
+}
 
 /**
  * The routes a key's `key_type` allows when it has no `allowed_routes` of its own (LiteLLM's):
@@ -152,19 +163,19 @@ function forms(path: string): string[] {
   return path.startsWith("/v1/") ? [path, path.slice(3)] : [path, `/v1${path}`];
 }
 
-/** Whether `path` is one `pattern` of an allowed-routes list names (exact, `prefix/*`, or a named group). */
-export function routeMatches(pattern: string, path: string): boolean {
+/** Whether `method` on `path` is one `pattern` of an allowed-routes list names (exact, `prefix/*`, or a named group). */
+export function routeMatches(pattern: string, path: string, method: string): boolean {
   if (pattern === "llm_api_routes") return LLM_API_ROUTE.test(path);
   if (pattern === "management_routes") return !LLM_API_ROUTE.test(path);
-  if (pattern === "info_routes") return INFO_ROUTE.test(path);
+  if (pattern === "info_routes") return isInfoRoute(path, method);
   const prefix = pattern.endsWith("/*") ? pattern.slice(0, -1) : undefined;
   return forms(path).some((p) => (prefix === undefined ? p === pattern : p === prefix.slice(0, -1) || p.startsWith(prefix)));
 }
 
 /** `allowed_routes` on a key: exact paths, `prefix/*`, or a named group; empty allows every route. */
-export function authorizeRoute(principal: Principal, path: string): void {
+export function authorizeRoute(principal: Principal, path: string, method: string): void {
   const routes = principal.access?.allowedRoutes;
-  if (!routes || routes.length === 0 || routes.some((r) => routeMatches(r, path))) return;
+  if (!routes || routes.length === 0 || routes.some((r) => routeMatches(r, path, method))) return;
   throw GatewayError.of(403, `This key may not call ${path}. Allowed routes: ${routes.join(", ")}`, "permission_error");
 }
 
@@ -172,10 +183,10 @@ export function authorizeRoute(principal: Principal, path: string): void {
  * `allowed_passthrough_routes` (the key's, else its team's) for a pass-through route; ignored when
  * the key has `allowed_routes`, which authorizeRoute already applied. Empty allows every one.
  */
-export function authorizePassThrough(principal: Principal, path: string): void {
+export function authorizePassThrough(principal: Principal, path: string, method: string): void {
   const access = principal.access;
   if (!access || access.allowedRoutes.length > 0) return;
   const routes = access.allowedPassthroughRoutes;
-  if (routes.length === 0 || routes.some((r) => routeMatches(r, path))) return;
+  if (routes.length === 0 || routes.some((r) => routeMatches(r, path, method))) return;
   throw GatewayError.of(403, `This key may not call the pass-through route ${path}. Allowed pass-through routes: ${routes.join(", ")}`, "permission_error");
 }

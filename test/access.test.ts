@@ -376,6 +376,28 @@ for (const backend of BACKENDS) {
       expect((await getStatus(gw, "/key/info", both)).status).toBe(403);
     });
 
+    test("read_only and info_routes keys read the model listings (GET) but make no Gemini-style call under /v1/models or /models", async () => {
+      const body = JSON.stringify({ contents: [{ role: "user", parts: [{ text: "hi" }] }] });
+      for (const k of [await f.key({ keyType: "read_only" }), await f.key({ allowedRoutes: ["info_routes"] })]) {
+        expect((await getStatus(gw, "/v1/models/gpt-a", k)).status).toBe(200);
+        // A wildcard route's model id holds a slash.
+        expect((await getStatus(gw, "/models/mock/anything", k)).status).toBe(200);
+        for (const path of [
+          "/v1/models/gpt-a:generateContent",
+          "/models/gpt-a:generateContent",
+          "/v1/models/gpt-a:streamGenerateContent?alt=sse",
+          "/v1/models/gpt-a%3AgenerateContent",
+          "/models/mock/anything:generateContent",
+          "/v1/models/gpt-a:countTokens",
+          "/v1beta/models/gpt-a:generateContent",
+        ]) {
+          const res = await fetch(`${gw.url}${path}`, { method: "POST", headers: { "x-goog-api-key": k, "content-type": "application/json" }, body });
+          const answer = (await res.json()) as { error?: { status?: string } };
+          expect({ path, status: res.status, error: answer.error?.status }).toEqual({ path, status: 403, error: "PERMISSION_DENIED" });
+        }
+      }
+    });
+
     test("blocked key, team or org, expired key and deleted key: 401; unblocking works at once", async () => {
       const blockedKey = await f.key({ blocked: true });
       const e1 = await refusal(gw, blockedKey, "gpt-a");

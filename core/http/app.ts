@@ -53,7 +53,7 @@ export function createApp(deps: AppDeps) {
   async function handleCall(endpoint: Endpoint, request: Request, pathModel: string | null | undefined): Promise<Response> {
     const pin = live.pin();
     try {
-      const principal = await authenticate(pin.snapshot, request.headers, pathOf(request.url));
+      const principal = await authenticate(pin.snapshot, request.headers, pathOf(request.url), request.method);
       if (pathModel === null) throw invalidPathParam("model");
       // An uploaded file comes as a multipart form; there are then no client bytes to forward as they are.
       const limit = pin.snapshot.settings.maxRequestBytes;

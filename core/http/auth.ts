@@ -57,8 +57,11 @@ export async function headersCarryingGatewayKeys(snapshot: Snapshot, headers: He
 export const NO_MASTER_KEY =
   "No master key is configured, so management calls are refused and only existing virtual keys are accepted. Set the environment variable SVC_MASTER_KEY (or general_settings.master_key in config.yaml) to a key starting with sk- and restart or reload.";
 
-/** Resolves the caller; synchronous when every auth hook answers synchronously (the hot path). */
-export function authenticate(snapshot: Snapshot, headers: Headers, path: string): Principal | Promise<Principal> {
+/**
+ * Resolves the caller and checks its route lists against `method` on `path`; synchronous when
+ * every auth hook answers synchronously (the hot path).
+ */
+export function authenticate(snapshot: Snapshot, headers: Headers, path: string, method: string): Principal | Promise<Principal> {
   const credential = credentialOf(headers);
   const noMaster = !snapshot.settings.masterKey;
   if (!credential) {
@@ -68,22 +71,22 @@ export function authenticate(snapshot: Snapshot, headers: Headers, path: string)
   const req = { credential, path, headers };
   for (let i = 0; i < snapshot.auth.length; i++) {
     const result = snapshot.auth[i]!.resolve(req);
-    if (result instanceof Promise) return result.then((r) => (r === null ? resolveFrom(snapshot, req, i + 1) : accept(r, path)));
-    if (result !== null) return accept(result, path);
+    if (result instanceof Promise) return result.then((r) => (r === null ? resolveFrom(snapshot, req, i + 1, method) : accept(r, path, method)));
+    if (result !== null) return accept(result, path, method);
   }
   return refuse(noMaster);
 }
 
-function accept(result: Principal | Denied, path: string): Principal {
+function accept(result: Principal | Denied, path: string, method: string): Principal {
   if ("ok" in result) throw new GatewayError(result.error);
-  authorizeRoute(result, path);
+  authorizeRoute(result, path, method);
   return result;
 }
 
-async function resolveFrom(snapshot: Snapshot, req: AuthRequest, from: number): Promise<Principal> {
+async function resolveFrom(snapshot: Snapshot, req: AuthRequest, from: number, method: string): Promise<Principal> {
   for (let i = from; i < snapshot.auth.length; i++) {
     const result = await snapshot.auth[i]!.resolve(req);
-    if (result !== null) return accept(result, req.path);
+    if (result !== null) return accept(result, req.path, method);
   }
   return refuse(!snapshot.settings.masterKey);
 }

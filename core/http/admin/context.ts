@@ -141,7 +141,7 @@ export function adminRoute<R>(deps: AdminDeps, handler: (ctx: AdminCtx) => Promi
     const snapshot = deps.live.current;
     const url = new URL(request.url);
     requireMasterKeyConfigured(snapshot);
-    const principal = await authenticate(snapshot, request.headers, url.pathname);
+    const principal = await authenticate(snapshot, request.headers, url.pathname, request.method);
     if (!store || !identity || !bus) throw GatewayError.of(503, "The management API needs the store, which is not open.", "api_connection_error");
     checkUrl(url);
     const changedBy = request.headers.get("svc-changed-by") ?? principal.userId ?? (principal.key ? `key:${principal.keyHash.slice(0, 12)}` : "proxy_admin");

@@ -39,7 +39,7 @@ async function teamEndpoints(ctx: AdminCtx) {
  * the endpoint was not listed).
  */
 function grants(grant: string, e: PassThroughEndpoint): boolean {
-  if (routeMatches(grant, e.route)) return true;
+  if (e.methods.some((m) => routeMatches(grant, e.route, m))) return true;
   const path = grant.endsWith("/*") ? grant.slice(0, -2) : grant;
   return e.includeSubpath && path.startsWith(`${e.route}/`);
 }

@@ -58,7 +58,7 @@ function passHeaders(res: Response): Record<string, string> {
 
 export function geminiRoutes({ live, log }: AppDeps) {
   async function generate(request: Request, url: URL, pin: Pin, model: string, stream: boolean): Promise<Response> {
-    const principal = await authenticate(pin.snapshot, withGoogleKey(request, url), url.pathname);
+    const principal = await authenticate(pin.snapshot, withGoogleKey(request, url), url.pathname, request.method);
     const body = await readBody(request, pin.snapshot.settings.maxRequestBytes);
     const req = validate.chat(geminiToChat(body, model, stream)) as ChatRequest;
     // The last record is the answering attempt's: its usage is what was logged and priced.
@@ -83,7 +83,7 @@ export function geminiRoutes({ live, log }: AppDeps) {
   /** Counted by the provider when its adapter can (unless `?call_endpoint=false`), else locally. */
   async function countTokens(request: Request, url: URL, pin: Pin, model: string): Promise<Response> {
     const { snapshot } = pin;
-    const principal = await authenticate(snapshot, withGoogleKey(request, url), url.pathname);
+    const principal = await authenticate(snapshot, withGoogleKey(request, url), url.pathname, request.method);
     const body = await readBody(request, pin.snapshot.settings.maxRequestBytes);
     const inner = isObject(body.generateContentRequest) ? body.generateContentRequest : body;
     const { messages, tools } = geminiMessages(inner);

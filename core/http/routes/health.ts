@@ -97,7 +97,7 @@ export function healthRoutes({ live, probes, log }: AppDeps) {
   };
   const health = async ({ request }: { request: Request }) => {
     const s = live.current;
-    requireAdmin(s, await authenticate(s, request.headers, "/health"));
+    requireAdmin(s, await authenticate(s, request.headers, "/health", request.method));
     const only = new URL(request.url).searchParams.get("model");
     const targets = s.models.entries.map((e) => e.deployment).filter((d) => !d.modelName.includes("*") && (!only || d.modelName === only));
     const results = await Promise.all(targets.map((d) => probe(s, d, log)));

@@ -194,7 +194,7 @@ function seesAll(principal: Principal): boolean {
 export function modelRoutes({ live, services }: AppDeps) {
   const guard = async (request: Request) => {
     const s = live.current;
-    const principal = await authenticate(s, request.headers, new URL(request.url).pathname);
+    const principal = await authenticate(s, request.headers, new URL(request.url).pathname, request.method);
     return { s, principal };
   };
   const list = async ({ request }: { request: Request }) => {

@@ -73,8 +73,8 @@ export function passThroughRoutes(deps: AppDeps, served: ServedRoutes) {
       if (match.endpoint.auth) {
         // A key's route lists judge what the call reaches: the endpoint (`/v1/rerank/` is `/v1/rerank`), and what follows it.
         const route = match.endpoint.route + match.subpath;
-        principal = await authenticate(pin.snapshot, request.headers, route);
-        authorizePassThrough(principal, route);
+        principal = await authenticate(pin.snapshot, request.headers, route, request.method);
+        authorizePassThrough(principal, route, request.method);
       }
       // x-svc-* headers never go to the target; a key header (Authorization, api-key, x-api-key, …)
       // does not when it carries one of the gateway's keys, whichever header authenticated the

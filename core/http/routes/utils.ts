@@ -142,7 +142,7 @@ export function utilsRoutes({ live }: AppDeps) {
   const guard = async (request: Request) => {
     const s = live.current;
     const url = new URL(request.url);
-    const principal = await authenticate(s, request.headers, url.pathname);
+    const principal = await authenticate(s, request.headers, url.pathname, request.method);
     return { s, principal, url };
   };
   return new Elysia()
