@@ -74,6 +74,18 @@ export const GatewayOnlyFields = [
   "cache",
 ] as const;
 
+/**
+ * Gateway fields an adapter may translate and no upstream is sent as they are; unlike
+ * GatewayOnlyFields they change the answer, so they are part of the response cache's key.
+ * `include_thoughts: true` asks a Gemini model for its thoughts at its own thinking budget
+ * (Google's `thinkingConfig.includeThoughts`, which `reasoning_effort` also sets, with a budget);
+ * a provider that has no such switch ignores it.
+ */
+export const GatewayHintFields = ["include_thoughts"] as const;
+
+/** The fields an OpenAI-shaped upstream body leaves out of the client's. */
+export const NotForwardedFields: readonly string[] = [...GatewayOnlyFields, ...GatewayHintFields];
+
 export const ChatRequestSchema = T.Object(
   {
     model: ModelName,

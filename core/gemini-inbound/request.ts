@@ -198,15 +198,25 @@ function responseFormat(config: Json): Json | undefined {
 
 /**
  * Gemini's thinking budget in tokens → OpenAI's reasoning effort (the same steps the gateway uses
- * the other way: 1024 low, 2048 medium, more high). 0 (off) and -1 (dynamic) leave the model's default.
+ * the other way: 0 none, 1024 low, 2048 medium, more high). -1 (dynamic) leaves the model's default.
  */
 function reasoningEffort(thinking: unknown): string | undefined {
   if (!isObject(thinking)) return undefined;
   const level = str(field(thinking, "thinkingLevel"));
   if (level && level !== "THINKING_LEVEL_UNSPECIFIED") return level.toLowerCase();
   const budget = field(thinking, "thinkingBudget");
-  if (typeof budget !== "number" || budget <= 0) return undefined;
-  return budget <= 1024 ? "low" : budget <= 2048 ? "medium" : "high";
+  if (typeof budget !== "number" || budget < 0) return undefined;
+  return budget === 0 ? "none" : budget <= 1024 ? "low" : budget <= 2048 ? "medium" : "high";
+}
+
+/**
+ * thinkingConfig → `reasoning_effort`, and `include_thoughts` when thoughts are asked for without
+ * a level or budget (a reasoning effort asks a Gemini model for its thoughts already).
+ */
+function thinkingFields(thinking: unknown): Json {
+  const effort = reasoningEffort(thinking);
+  if (effort) return { reasoning_effort: effort };
+  return isObject(thinking) && field(thinking, "includeThoughts") === true ? { include_thoughts: true } : {};
 }
 
 /** generationConfig → OpenAI sampling fields; fields without an OpenAI counterpart (topK, safety) are left out. */
@@ -230,8 +240,7 @@ function generationFields(config: unknown): Json {
   if (Array.isArray(stop) && stop.length > 0) out.stop = stop;
   const format = responseFormat(config);
   if (format) out.response_format = format;
-  const effort = reasoningEffort(field(config, "thinkingConfig"));
-  if (effort) out.reasoning_effort = effort;
+  Object.assign(out, thinkingFields(field(config, "thinkingConfig")));
   return out;
 }
 

@@ -4,7 +4,7 @@
  */
 import type { Deployment, Endpoint, WireRequest } from "../contract.ts";
 import { GatewayError } from "../errors.ts";
-import { GatewayOnlyFields } from "../wire.ts";
+import { GatewayHintFields, GatewayOnlyFields } from "../wire.ts";
 
 /** Every field OpenAI's chat completions accept besides `model` and `messages`: the list for adapters that declare none. */
 export const OPENAI_CHAT_PARAMS: readonly string[] = [
@@ -43,9 +43,10 @@ export const OPENAI_CHAT_PARAMS: readonly string[] = [
 
 /**
  * Fields every adapter takes whatever it declares: the input itself, streaming (`stream_options`
- * only shapes the gateway's own usage chunk), and the gateway's own fields, never sent upstream.
+ * only shapes the gateway's own usage chunk), and the gateway's own fields, never sent upstream
+ * (a hint an adapter has no use for is ignored).
  */
-const ALWAYS_ACCEPTED: ReadonlySet<string> = new Set(["model", "messages", "prompt", "input", "stream", "stream_options", ...GatewayOnlyFields]);
+const ALWAYS_ACCEPTED: ReadonlySet<string> = new Set(["model", "messages", "prompt", "input", "stream", "stream_options", ...GatewayOnlyFields, ...GatewayHintFields]);
 
 /** An adapter's list as a set, built once per list (adapters declare theirs once, at load). */
 const supportedSets = new WeakMap<readonly string[], ReadonlySet<string>>();

@@ -211,6 +211,8 @@ function generationConfig(req: ChatRequest): GeminiGenerationConfig | undefined 
   if (typeof effort === "string" && effort in THINKING_BUDGET) {
     const budget = THINKING_BUDGET[effort]!;
     c.thinkingConfig = budget === 0 ? { thinkingBudget: 0 } : { includeThoughts: true, thinkingBudget: budget };
+  } else if ((req as { include_thoughts?: unknown }).include_thoughts === true) {
+    c.thinkingConfig = { includeThoughts: true };
   }
   return Object.keys(c).length > 0 ? c : undefined;
 }

@@ -18,7 +18,7 @@ import { promptSize } from "../../core/cost/estimate.ts";
 import { ErrorInAnswer, errorInfo } from "../../core/errors.ts";
 import { mapUpstreamStatus } from "../../core/pipeline/upstream.ts";
 import { answerTokenBound } from "../../core/cost/worst-case.ts";
-import { GatewayOnlyFields, imagesAsked, speechUsage } from "../../core/wire.ts";
+import { imagesAsked, NotForwardedFields, speechUsage } from "../../core/wire.ts";
 import type { OpenAICompatibleProvider } from "./table.ts";
 import { usageFromImages, usageFromOpenAI } from "./usage.ts";
 import { upstreamErrorKind } from "../shared/error-kind.ts";
@@ -32,7 +32,7 @@ import { openAITranscriptions } from "./transcriptions.ts";
  */
 function forwardedBody(req: WireJson, d: Deployment, raw: string | undefined): string | undefined {
   if (raw === undefined || req.model !== d.upstreamModel) return undefined;
-  for (const k of GatewayOnlyFields) if (k in req) return undefined;
+  for (const k of NotForwardedFields) if (k in req) return undefined;
   if (req.stream !== true) return raw;
   const options = req.stream_options;
   if ((options as WireJson | undefined)?.include_usage === true) return raw;
@@ -48,7 +48,7 @@ const bodyFor = (req: WireJson, d: Deployment, raw: string | undefined): string 
 function upstreamBody(req: object, d: Deployment, extra?: WireJson): string {
   const body: WireJson = { ...req, model: d.upstreamModel, ...extra };
   // Most requests carry none of these; deleting only what is present keeps the object fast.
-  for (const k of GatewayOnlyFields) if (k in body) delete body[k];
+  for (const k of NotForwardedFields) if (k in body) delete body[k];
   return JSON.stringify(body);
 }
 

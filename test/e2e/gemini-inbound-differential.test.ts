@@ -325,13 +325,24 @@ const GENERATION: [string, string][] = [
   ["stopSequences", "stop"],
 ];
 
-/** thinkingLevel as is; a budget in the README's steps (1024 low, 2048 medium, more high); 0 (off) and -1 (dynamic) leave the default. */
+/** thinkingLevel as is; a budget in the README's steps (0 none, 1024 low, 2048 medium, more high); -1 (dynamic) leaves the default. */
 function reasoningEffort(thinking: Json | undefined): string | undefined {
   if (!thinking) return undefined;
   if (typeof thinking.thinkingLevel === "string") return thinking.thinkingLevel.toLowerCase();
   const b = thinking.thinkingBudget;
-  if (typeof b !== "number" || b <= 0) return undefined;
-  return b <= 1024 ? "low" : b <= 2048 ? "medium" : "high";
+  if (typeof b !== "number" || b < 0) return undefined;
+  return b === 0 ? "none" : b <= 1024 ? "low" : b <= 2048 ? "medium" : "high";
+}
+
+/** The README's budgets for a Gemini upstream per reasoning effort. */
+const GEMINI_BUDGET: Record<string, number> = { none: 0, minimal: 128, low: 1024, medium: 2048, high: 4096 };
+
+/** The thinkingConfig a Gemini upstream gets: off at budget 0, else the effort's budget with the thoughts, or the thoughts alone at the model's budget. */
+function geminiThinking(thinking: Json | undefined): Json | undefined {
+  const effort = reasoningEffort(thinking);
+  if (effort === "none") return { thinkingBudget: 0 };
+  if (effort) return { includeThoughts: true, thinkingBudget: GEMINI_BUDGET[effort] };
+  return thinking?.includeThoughts === true ? { includeThoughts: true } : undefined;
 }
 
 /** Client-given tool-call ids stay; the ids the gateway makes are written `#1`, `#2`… in order of appearance. */
@@ -864,6 +875,8 @@ async function runCase(i: number): Promise<void> {
   } else {
     const sent = gemini.requests[0]?.body as Json | undefined;
     check(`${what}: the Gemini request means the client's\n  client: ${JSON.stringify(body)}\n  sent: ${JSON.stringify(sent)}`, sent && meaning(sent), meaning(body));
+    const thinkingSent = ((sent?.generationConfig ?? {}) as Json).thinkingConfig;
+    check(`${what}: the Gemini request's thinkingConfig\n  client: ${JSON.stringify(body)}`, thinkingSent, geminiThinking(((body.generationConfig ?? {}) as Json).thinkingConfig as Json | undefined));
   }
 
   // (b) the answer

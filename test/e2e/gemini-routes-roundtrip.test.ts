@@ -1,7 +1,8 @@
 // Google's SDK (@google/genai) on the gateway's Gemini-style routes, for what a tool-using client
 // and its bill depend on: parallel calls of one function keep their ids on the way to an OpenAI
 // upstream and to a Gemini upstream (gemini/…) and back, and an upstream that reports no usage
-// still gives the client a usageMetadata, the same counts as the spend log row, in a stream too.
+// still gives the client a usageMetadata, the same counts as the spend log row, in a stream too;
+// and the thinking settings (thinking off, thoughts asked for) reach the upstream.
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from "bun:test";
 import { type Content, FinishReason, type GenerateContentResponse, GoogleGenAI, Type } from "@google/genai";
 import { spendLogRow } from "../harness/spend.ts";
@@ -177,5 +178,33 @@ describe("an OpenAI-compatible upstream that reports no usage", () => {
     const last = chunks.at(-1)!;
     expect(last.candidates?.[0]?.finishReason).toBe(FinishReason.STOP);
     await expectLoggedAs(last, true);
+  });
+});
+
+describe("thinking settings", () => {
+  const thinkingSent = () => (gemini.requests[0]!.body as { generationConfig?: { thinkingConfig?: unknown } }).generationConfig?.thinkingConfig;
+
+  test("to a Gemini upstream: thinkingBudget 0 turns thinking off there; includeThoughts alone asks for the thoughts at the model's own budget", async () => {
+    await ai.models.generateContent({ model: "gemini-public", contents: "Say hi.", config: { thinkingConfig: { thinkingBudget: 0 } } });
+    expect(thinkingSent()).toEqual({ thinkingBudget: 0 });
+
+    gemini.reset();
+    const res = await ai.models.generateContent({ model: "gemini-public", contents: "Say hi.", config: { thinkingConfig: { includeThoughts: true } } });
+    expect(thinkingSent()).toEqual({ includeThoughts: true });
+    expect(res.candidates![0]!.content!.parts!.filter((p) => p.thought === true)).toHaveLength(1);
+
+    gemini.reset();
+    await ai.models.generateContent({ model: "gemini-public", contents: "Say hi.", config: { thinkingConfig: { thinkingBudget: -1, includeThoughts: true } } });
+    expect(thinkingSent()).toEqual({ includeThoughts: true });
+  });
+
+  test("to an OpenAI upstream: thinkingBudget 0 is reasoning_effort none; includeThoughts alone sends nothing OpenAI does not take", async () => {
+    await ai.models.generateContent({ model: "gpt-public", contents: "Say hi.", config: { thinkingConfig: { thinkingBudget: 0 } } });
+    expect((openai.requests[0]!.body as { reasoning_effort?: string }).reasoning_effort).toBe("none");
+
+    openai.reset();
+    await ai.models.generateContent({ model: "gpt-public", contents: "Say hi.", config: { thinkingConfig: { includeThoughts: true } } });
+    const sent = openai.requests[0]!.body as Record<string, unknown>;
+    expect(Object.keys(sent).sort()).toEqual(["messages", "model"]);
   });
 });

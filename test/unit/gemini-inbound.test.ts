@@ -194,14 +194,14 @@ describe("Gemini request → OpenAI chat request", () => {
     expect(withJsonSchema.response_format).toEqual({ type: "json_schema", json_schema: { name: "response", schema: jsonSchema } });
   });
 
-  test("thinking: a level is passed as is, budgets map to low/medium/high, 0 and -1 leave the default", () => {
+  test("thinking: a level is passed as is, budgets map to none/low/medium/high, -1 leaves the default", () => {
     const effort = (thinkingConfig: object) => (geminiToChat({ contents: [{ parts: [{ text: "x" }] }], generationConfig: { thinkingConfig } }, "m", false) as { reasoning_effort?: string }).reasoning_effort;
     expect(effort({ thinkingLevel: "HIGH" })).toBe("high");
     expect(effort({ thinkingBudget: 512 })).toBe("low");
     expect(effort({ thinkingBudget: 1024 })).toBe("low");
     expect(effort({ thinkingBudget: 2048 })).toBe("medium");
     expect(effort({ thinkingBudget: 24576 })).toBe("high");
-    expect(effort({ thinkingBudget: 0 })).toBeUndefined();
+    expect(effort({ thinkingBudget: 0 })).toBe("none");
     expect(effort({ thinkingBudget: -1 })).toBeUndefined();
   });
 
