@@ -5,6 +5,9 @@
  */
 export const MAX_TIMER_MS = 2 ** 31 - 1;
 
+/** Resolves after the event loop has had a turn: long work on the request thread lets requests in between its parts. */
+export const nextTurn = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
+
 /** Resolves after `ms` (NaN or negative: at once), or as soon as `signal` aborts. */
 export function delay(ms: number, signal?: AbortSignal): Promise<void> {
   if (!(ms > 0) || signal?.aborted) return Promise.resolve();

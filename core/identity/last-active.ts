@@ -5,6 +5,7 @@ import type { Db } from "../store/db.ts";
 import { virtualKeys } from "../store/schema.ts";
 import type { IdentityCache } from "./cache.ts";
 import { storeErrorCause } from "../store/sql.ts";
+import { nextTurn } from "../timer.ts";
 
 const INTERVAL_MS = 5000;
 /**
@@ -15,8 +16,6 @@ const INTERVAL_MS = 5000;
 const RESOLUTION_MS = 60_000;
 /** Rows per UPDATE; the flush yields between chunks so requests are never held for long. */
 const CHUNK = 250;
-
-const yieldToRequests = () => new Promise<void>((resolve) => setImmediate(resolve));
 
 export class LastActiveWriter {
   private timer: ReturnType<typeof setInterval> | undefined;
@@ -59,7 +58,7 @@ export class LastActiveWriter {
         this.log.warn("last_active write failed; will retry", storeErrorCause(err));
         return;
       }
-      if (i + CHUNK < tokens.length) await yieldToRequests();
+      if (i + CHUNK < tokens.length) await nextTurn();
     }
   }
 

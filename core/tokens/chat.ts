@@ -45,14 +45,14 @@ function dataUrlBytes(url: string): Uint8Array | undefined {
   return m ? Buffer.from(url.slice(m[0].length), "base64") : undefined;
 }
 
-function contentCount(enc: Encoding, content: unknown): PromptCount {
-  if (typeof content === "string") return { total: enc.count(content), image: 0 };
+async function contentCount(enc: Encoding, content: unknown): Promise<PromptCount> {
+  if (typeof content === "string") return { total: await enc.count(content), image: 0 };
   if (!Array.isArray(content)) return { total: 0, image: 0 };
   let total = 0;
   let image = 0;
   for (const part of content) {
     if (!isObject(part)) continue;
-    if (typeof part.text === "string") total += enc.count(part.text);
+    if (typeof part.text === "string") total += await enc.count(part.text);
     else if (part.type === "image_url") {
       const img = isObject(part.image_url) ? part.image_url : { url: part.image_url };
       const bytes = dataUrlBytes(str(img.url));
@@ -64,18 +64,18 @@ function contentCount(enc: Encoding, content: unknown): PromptCount {
   return { total, image };
 }
 
-function toolCallsCount(enc: Encoding, calls: unknown): number {
+async function toolCallsCount(enc: Encoding, calls: unknown): Promise<number> {
   if (!Array.isArray(calls)) return 0;
   let n = 0;
   for (const c of calls) {
     const fn = isObject(c) && isObject(c.function) ? c.function : undefined;
-    if (fn) n += enc.count(str(fn.name)) + enc.count(str(fn.arguments));
+    if (fn) n += (await enc.count(str(fn.name))) + (await enc.count(str(fn.arguments)));
   }
   return n;
 }
 
 /** The OpenAI cookbook's count for function definitions (gpt-4o family constants; the others differ by a few tokens). */
-export function toolsCount(enc: Encoding, tools: unknown): number {
+export async function toolsCount(enc: Encoding, tools: unknown): Promise<number> {
   if (!Array.isArray(tools) || tools.length === 0) return 0;
   const FUNC_INIT = enc.name === "o200k_base" ? 7 : 10;
   const PROP_INIT = 3;
@@ -87,7 +87,7 @@ export function toolsCount(enc: Encoding, tools: unknown): number {
   for (const t of tools) {
     const fn = isObject(t) && isObject(t.function) ? t.function : undefined;
     if (!fn) continue;
-    n += FUNC_INIT + enc.count(`${str(fn.name)}:${str(fn.description).replace(/\.$/, "")}`);
+    n += FUNC_INIT + (await enc.count(`${str(fn.name)}:${str(fn.description).replace(/\.$/, "")}`));
     const props = isObject(fn.parameters) && isObject(fn.parameters.properties) ? fn.parameters.properties : {};
     const keys = Object.keys(props);
     if (keys.length === 0) continue;
@@ -97,27 +97,27 @@ export function toolsCount(enc: Encoding, tools: unknown): number {
       n += PROP_KEY;
       if (Array.isArray(p.enum)) {
         n += ENUM_INIT;
-        for (const item of p.enum) n += ENUM_ITEM + enc.count(String(item));
+        for (const item of p.enum) n += ENUM_ITEM + (await enc.count(String(item)));
       }
-      n += enc.count(`${key}:${str(p.type)}:${str(p.description).replace(/\.$/, "")}`);
+      n += await enc.count(`${key}:${str(p.type)}:${str(p.description).replace(/\.$/, "")}`);
     }
   }
   return n + FUNC_END;
 }
 
 /** Tokens of a chat prompt: messages with their overhead, the reply priming, and tool definitions. */
-export function chatTokens(enc: Encoding, messages: readonly unknown[], tools?: unknown): PromptCount {
+export async function chatTokens(enc: Encoding, messages: readonly unknown[], tools?: unknown): Promise<PromptCount> {
   let total = REPLY_PRIMING;
   let image = 0;
   for (const m of messages) {
     if (!isObject(m)) continue;
-    total += PER_MESSAGE + enc.count(str(m.role));
-    const c = contentCount(enc, m.content);
+    total += PER_MESSAGE + (await enc.count(str(m.role)));
+    const c = await contentCount(enc, m.content);
     total += c.total;
     image += c.image;
-    if (typeof m.name === "string") total += enc.count(m.name) + PER_NAME;
-    total += toolCallsCount(enc, m.tool_calls);
-    if (isObject(m.function_call)) total += enc.count(str(m.function_call.name)) + enc.count(str(m.function_call.arguments));
+    if (typeof m.name === "string") total += (await enc.count(m.name)) + PER_NAME;
+    total += await toolCallsCount(enc, m.tool_calls);
+    if (isObject(m.function_call)) total += (await enc.count(str(m.function_call.name))) + (await enc.count(str(m.function_call.arguments)));
   }
-  return { total: total + toolsCount(enc, tools), image };
+  return { total: total + (await toolsCount(enc, tools)), image };
 }

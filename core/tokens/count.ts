@@ -36,10 +36,10 @@ export function tokenizerModel(d: Deployment): string {
 export async function countLocally(model: string, input: CountInput): Promise<TokenCount> {
   const enc = await getEncoding(encodingFor(model));
   if (input.messages) {
-    const c = chatTokens(enc, input.messages, input.tools);
+    const c = await chatTokens(enc, input.messages, input.tools);
     return { total: c.total, image: c.image, tokenizerType: "openai_tokenizer" };
   }
-  return { total: enc.count(input.prompt ?? ""), image: 0, tokenizerType: "openai_tokenizer" };
+  return { total: await enc.count(input.prompt ?? ""), image: 0, tokenizerType: "openai_tokenizer" };
 }
 
 /** Whether the deployment's provider can count tokens itself. */

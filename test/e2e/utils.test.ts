@@ -7,6 +7,7 @@ import { afterAll, beforeAll, beforeEach, describe, expect, test } from "bun:tes
 import OpenAI, { BadRequestError } from "openai";
 import { redactUrl } from "../../core/http/routes/utils.ts";
 import { MASTER_KEY, requestJson, startTestGateway, type TestGateway } from "../harness/gateway.ts";
+import { Random } from "../harness/random.ts";
 import { failure } from "../harness/util.ts";
 import { type MockAnthropic, startMockAnthropic } from "../mock-upstream/anthropic.ts";
 import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
@@ -95,6 +96,34 @@ describe("/utils/token_counter", () => {
       model_used: "gpt-3.5-turbo",
       tokenizer_type: "openai_tokenizer",
     });
+  });
+
+  test("a count of 800,000 characters holds no other request: /health/liveliness answers within 200 ms all along", async () => {
+    // Random words of letters and punctuation: nothing the vocabulary holds whole, the BPE's slowest text.
+    const rng = new Random(7);
+    const words: string[] = [];
+    for (let chars = 0; chars < 800_000; ) {
+      const word = Array.from({ length: 1 + rng.int(12) }, () => "abcdefghijklmnopqrstuvwxyz.,!?"[rng.int(30)]).join("");
+      words.push(word);
+      chars += word.length + 1;
+    }
+    // The encoding loads on first use (megabytes of JavaScript, once per process): not the count's time.
+    expect((await count({ model: "gpt-4o-model", prompt: "warm up" })).status).toBe(200);
+    let counting = true;
+    const counted = count({ model: "gpt-4o-model", prompt: words.join(" ") }).finally(() => {
+      counting = false;
+    });
+    const waits: number[] = [];
+    while (counting) {
+      const started = performance.now();
+      expect((await fetch(`${gw.url}/health/liveliness`)).status).toBe(200);
+      waits.push(performance.now() - started);
+    }
+    const res = await counted;
+    expect(res.status).toBe(200);
+    expect(res.body.total_tokens).toBeGreaterThan(words.length);
+    expect(waits.length).toBeGreaterThan(0);
+    expect(Math.max(...waits)).toBeLessThan(200);
   });
 
   test("call_endpoint=true: Anthropic's count_tokens answers, with its original response", async () => {

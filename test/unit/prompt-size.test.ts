@@ -23,10 +23,10 @@ for (const encoding of ["o200k_base", "cl100k_base"] as const) {
         { role: "system", content: "You are terse." },
         { role: "user", content: text },
       ];
-      const real = chatTokens(enc, messages).total;
+      const real = (await chatTokens(enc, messages)).total;
       const size = promptSize("chat", { model: "m", messages } as never);
       expect([name, size.bound >= real]).toEqual([name, true]);
-      const completion = enc.count(text);
+      const completion = await enc.count(text);
       expect([name, promptSize("completions", { model: "m", prompt: text } as never).bound >= completion]).toEqual([name, true]);
       expect([name, promptSize("embeddings", { model: "m", input: [text, text] } as never).bound >= 2 * completion]).toEqual([name, true]);
     }
@@ -35,8 +35,8 @@ for (const encoding of ["o200k_base", "cl100k_base"] as const) {
 
 test("the three-characters estimate undercounts such prompts (why budgets do not use it), not prose", async () => {
   const enc = await getEncoding("o200k_base");
-  const under = (text: string) => promptSize("completions", { model: "m", prompt: text } as never).estimate < enc.count(text);
-  expect(under(PROMPTS.emoji!)).toBe(true);
-  expect(under(PROMPTS["digits and symbols"]!)).toBe(true);
-  expect(under(PROMPTS.prose!)).toBe(false);
+  const under = async (text: string) => promptSize("completions", { model: "m", prompt: text } as never).estimate < (await enc.count(text));
+  expect(await under(PROMPTS.emoji!)).toBe(true);
+  expect(await under(PROMPTS["digits and symbols"]!)).toBe(true);
+  expect(await under(PROMPTS.prose!)).toBe(false);
 });

@@ -7,9 +7,10 @@ import { chatTokens, imageTokens, toolsCount } from "../../core/tokens/chat.ts";
 import { countLocally } from "../../core/tokens/count.ts";
 import { type Encoding, encodingFor, getEncoding } from "../../core/tokens/encoding.ts";
 import { imageSize } from "../../core/tokens/image-size.ts";
+import { Random } from "../harness/random.ts";
 
 /** One token per whitespace-separated word: makes the overhead arithmetic visible. */
-const words: Encoding = { name: "o200k_base", count: (t) => t.split(/\s+/).filter(Boolean).length };
+const words: Encoding = { name: "o200k_base", count: async (t) => t.split(/\s+/).filter(Boolean).length };
 
 describe("encoding per model", () => {
   test("o200k_base for GPT-4o, 4.1, 4.5, 5, o-series and gpt-oss; cl100k_base for GPT-4, 3.5, embeddings and unknown models", () => {
@@ -24,11 +25,11 @@ describe("encoding per model", () => {
   test("the real tokenizers: 'hello world' is 2 tokens, a pangram of common words 9, special markers are plain text", async () => {
     for (const name of ["o200k_base", "cl100k_base"] as const) {
       const enc = await getEncoding(name);
-      expect(enc.count("hello world")).toBe(2);
-      expect(enc.count("The quick brown fox jumps over the lazy dog")).toBe(9);
-      expect(enc.count("")).toBe(0);
+      expect(await enc.count("hello world")).toBe(2);
+      expect(await enc.count("The quick brown fox jumps over the lazy dog")).toBe(9);
+      expect(await enc.count("")).toBe(0);
       // Counted as characters, not refused as a special token.
-      expect(enc.count("<|endoftext|>")).toBeGreaterThan(1);
+      expect(await enc.count("<|endoftext|>")).toBeGreaterThan(1);
     }
   });
 });
@@ -38,35 +39,52 @@ describe("text without a break", () => {
     for (const name of ["o200k_base", "cl100k_base"] as const) {
       const enc = await getEncoding(name);
       for (const [run, exact] of [
-        ["x", enc.count("x".repeat(2000)) / 2000],
-        ["!", enc.count("!".repeat(2000)) / 2000],
-        ["é", enc.count("é".repeat(2000)) / 2000],
+        ["x", (await enc.count("x".repeat(2000))) / 2000],
+        ["!", (await enc.count("!".repeat(2000))) / 2000],
+        ["é", (await enc.count("é".repeat(2000))) / 2000],
       ] as const) {
         const started = performance.now();
-        const n = enc.count(`hello ${run.repeat(200_000)} world`);
+        const n = await enc.count(`hello ${run.repeat(200_000)} world`);
         expect(performance.now() - started).toBeLessThan(1000);
         // A cut every 500 characters changes the count by a token at most.
         expect(Math.abs(n - 2 - exact * 200_000)).toBeLessThanOrEqual(200_000 / 500 + 2);
       }
       // A cut never splits a surrogate pair: each emoji counts as it does alone.
-      expect(enc.count("😀".repeat(100_000))).toBe(enc.count("😀".repeat(250)) * 400);
+      expect(await enc.count("😀".repeat(100_000))).toBe((await enc.count("😀".repeat(250))) * 400);
+    }
+  });
+});
+
+describe("large texts, counted in parts", () => {
+  test("prose and code are counted exactly: the parts are cut where no token spans the cut", async () => {
+    const rng = new Random(11);
+    const vocabulary = ["the", "gateway", "counts", "tokens,", "Écoute", "naïve", "42", "3.14", "(x)", "=>", "don't", "\n", "\n\n", "  ", "東京", "🚀", "ÜBER", "a", "I"];
+    const prose = Array.from({ length: 60_000 }, () => vocabulary[rng.int(vocabulary.length)]).join(" ");
+    const code = (await Bun.file(new URL("../../core/router/route.ts", import.meta.url)).text()).repeat(5);
+    for (const name of ["o200k_base", "cl100k_base"] as const) {
+      const enc = await getEncoding(name);
+      const whole = name === "o200k_base" ? await import("gpt-tokenizer/encoding/o200k_base") : await import("gpt-tokenizer/encoding/cl100k_base");
+      for (const text of [prose, code]) {
+        expect(text.length).toBeGreaterThan(100_000);
+        expect(await enc.count(text)).toBe(whole.countTokens(text, { disallowedSpecial: new Set(), allowedSpecial: new Set() }));
+      }
     }
   });
 });
 
 describe("chat overhead", () => {
-  test("3 per message + the role + the content, 1 more for a name, 3 to prime the reply", () => {
-    expect(chatTokens(words, [{ role: "user", content: "hello world" }]).total).toBe(3 + 1 + 2 + 3);
-    expect(chatTokens(words, [{ role: "system", content: "be brief" }, { role: "user", name: "ana", content: "hi" }]).total).toBe(3 + 1 + 2 + (3 + 1 + 1 + 1 + 1) + 3);
+  test("3 per message + the role + the content, 1 more for a name, 3 to prime the reply", async () => {
+    expect((await chatTokens(words, [{ role: "user", content: "hello world" }])).total).toBe(3 + 1 + 2 + 3);
+    expect((await chatTokens(words, [{ role: "system", content: "be brief" }, { role: "user", name: "ana", content: "hi" }])).total).toBe(3 + 1 + 2 + (3 + 1 + 1 + 1 + 1) + 3);
   });
 
-  test("tool calls count their name and arguments; array content counts its text parts", () => {
+  test("tool calls count their name and arguments; array content counts its text parts", async () => {
     const messages = [
       { role: "user", content: [{ type: "text", text: "one two" }, { type: "text", text: "three" }] },
       { role: "assistant", content: null, tool_calls: [{ id: "c", type: "function", function: { name: "lookup", arguments: "{ x }" } }] },
       { role: "tool", tool_call_id: "c", content: "result" },
     ];
-    expect(chatTokens(words, messages).total).toBe(3 + 1 + 3 + (3 + 1 + 1 + 3) + (3 + 1 + 1) + 3);
+    expect((await chatTokens(words, messages)).total).toBe(3 + 1 + 3 + (3 + 1 + 1 + 3) + (3 + 1 + 1) + 3);
   });
 
   test("with the real o200k tokenizer: one user message 'hello world' is 9 prompt tokens", async () => {
@@ -76,7 +94,7 @@ describe("chat overhead", () => {
 });
 
 describe("tool definitions (the OpenAI cookbook's formula)", () => {
-  test("function init, name:description, properties with their type, description and enum items, end", () => {
+  test("function init, name:description, properties with their type, description and enum items, end", async () => {
     const tools = [
       {
         type: "function",
@@ -88,9 +106,9 @@ describe("tool definitions (the OpenAI cookbook's formula)", () => {
       },
     ];
     // "weather:current weather" = 2 words; "city:string:the city" = 2; "unit:string:" = 1; enum: -3 + (3+1) + (3+1).
-    expect(toolsCount(words, tools)).toBe(7 + 2 + 3 + (3 + 2) + (3 - 3 + 4 + 4 + 1) + 12);
-    expect(toolsCount(words, [])).toBe(0);
-    expect(toolsCount({ ...words, name: "cl100k_base" }, tools)).toBe(toolsCount(words, tools) + 3);
+    expect(await toolsCount(words, tools)).toBe(7 + 2 + 3 + (3 + 2) + (3 - 3 + 4 + 4 + 1) + 12);
+    expect(await toolsCount(words, [])).toBe(0);
+    expect(await toolsCount({ ...words, name: "cl100k_base" }, tools)).toBe((await toolsCount(words, tools)) + 3);
   });
 });
 
@@ -124,9 +142,9 @@ describe("images", () => {
     expect(imageTokens(undefined, undefined)).toBe(765);
   });
 
-  test("a data-URL image in a message is counted by its size", () => {
+  test("a data-URL image in a message is counted by its size", async () => {
     const url = `data:image/png;base64,${Buffer.from(pngHeader(2048, 1024)).toString("base64")}`;
-    const c = chatTokens(words, [{ role: "user", content: [{ type: "text", text: "look" }, { type: "image_url", image_url: { url } }] }]);
+    const c = await chatTokens(words, [{ role: "user", content: [{ type: "text", text: "look" }, { type: "image_url", image_url: { url } }] }]);
     expect(c).toEqual({ total: 3 + 1 + 1 + 1105 + 3, image: 1105 });
   });
 });

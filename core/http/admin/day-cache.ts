@@ -15,6 +15,7 @@ import { type SQL, sql } from "drizzle-orm";
 import type { Logger } from "../../contract.ts";
 import type { Db } from "../../store/db.ts";
 import { rowBytes, rows, storeErrorCause } from "../../store/sql.ts";
+import { nextTurn } from "../../timer.ts";
 
 /** UTF-8 bytes of a JSON part. */
 export type Bytes = Uint8Array<ArrayBuffer>;
@@ -83,8 +84,6 @@ export function joinedParts(head: string, parts: Iterable<Bytes>, tail: string):
   pieces.push(tail);
   return new Blob(pieces, { type: "application/json" });
 }
-
-const nextTurn = () => new Promise<void>((resolve) => setImmediate(resolve));
 
 /**
  * `part` of each day, with a turn of the event loop between days: building a report of many
