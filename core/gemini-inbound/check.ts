@@ -31,7 +31,8 @@ const PROTO_TYPES: Record<Scalar, string> = {
 const SCALAR_OK: Record<Scalar, (v: unknown) => boolean> = {
   string: (v) => typeof v === "string",
   number: (v) => typeof v === "number" && Number.isFinite(v),
-  integer: (v) => Number.isInteger(v),
+  // Google's integers are 32-bit: a larger one is refused, not passed on to an upstream that refuses it.
+  integer: (v) => Number.isInteger(v) && (v as number) >= -(2 ** 31) && (v as number) < 2 ** 31,
   boolean: (v) => typeof v === "boolean",
   struct: isObject,
   any: () => true,
@@ -89,6 +90,15 @@ const CONTENT: Message = {
 
 const SCHEMA: FieldType = "struct";
 
+/** A proto enum's value (case aside, as the tool mode is read), or Google's message naming the field. */
+function enumValue(m: Json, name: string, values: readonly string[], enumType: string, at: string): string | undefined {
+  const v = field(m, name);
+  if (v === undefined || v === null || values.includes(String(v).toUpperCase())) return undefined;
+  return `Invalid value at '${at}.${snake(name)}' (type.googleapis.com/google.ai.generativelanguage.v1beta.${enumType}), ${JSON.stringify(v)}`;
+}
+
+const THINKING_LEVELS = ["THINKING_LEVEL_UNSPECIFIED", "MINIMAL", "LOW", "MEDIUM", "HIGH"];
+
 const GENERATION_CONFIG: Message = {
   name: "GenerationConfig",
   fields: {
@@ -104,7 +114,12 @@ const GENERATION_CONFIG: Message = {
     seed: "integer",
     presencePenalty: "number",
     frequencyPenalty: "number",
-    thinkingConfig: { name: "ThinkingConfig", fields: { includeThoughts: "boolean", thinkingBudget: "integer", thinkingLevel: "string" } },
+    thinkingConfig: {
+      name: "ThinkingConfig",
+      fields: { includeThoughts: "boolean", thinkingBudget: "integer", thinkingLevel: "string" },
+      rules: (m, at) => enumValue(m, "thinkingLevel", THINKING_LEVELS, "ThinkingConfig.ThinkingLevel", at),
+    },
+    responseModalities: { list: "string" },
   },
   rules: (m, at) =>
     between(m, "temperature", 0, 2, at) ?? between(m, "topP", 0, 1, at) ?? atLeastOne(m, "candidateCount", at) ?? atLeastOne(m, "maxOutputTokens", at),
@@ -125,11 +140,7 @@ const TOOL_CONFIG: Message = {
     functionCallingConfig: {
       name: "FunctionCallingConfig",
       fields: { mode: "string", allowedFunctionNames: { list: "string" } },
-      rules: (m, at) => {
-        const mode = m.mode;
-        if (mode === undefined || MODES.includes(String(mode).toUpperCase())) return undefined;
-        return `Invalid value at '${at}.mode' (type.googleapis.com/google.ai.generativelanguage.v1beta.FunctionCallingConfig.Mode), ${JSON.stringify(mode)}`;
-      },
+      rules: (m, at) => enumValue(m, "mode", MODES, "FunctionCallingConfig.Mode", at),
     },
   },
 };

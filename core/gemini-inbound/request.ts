@@ -219,9 +219,23 @@ function thinkingFields(thinking: unknown): Json {
   return isObject(thinking) && field(thinking, "includeThoughts") === true ? { include_thoughts: true } : {};
 }
 
+/** Answers the gateway can give on these routes: text (and the calls a model makes). */
+const ANSWER_MODALITIES = ["TEXT", "MODALITY_UNSPECIFIED"];
+
+/** An image or audio answer asked for is refused: left out, the client got text it did not ask for. */
+function refuseOtherModalities(config: Json): void {
+  const asked = field(config, "responseModalities");
+  if (!Array.isArray(asked)) return;
+  const others = asked.filter((m) => !ANSWER_MODALITIES.includes(String(m).toUpperCase()));
+  if (others.length > 0) {
+    throw invalid(`generationConfig.responseModalities: this gateway answers the Gemini routes with text only; ${others.map((m) => JSON.stringify(m)).join(", ")} cannot be served.`, "generationConfig");
+  }
+}
+
 /** generationConfig → OpenAI sampling fields; fields without an OpenAI counterpart (topK, safety) are left out. */
 function generationFields(config: unknown): Json {
   if (!isObject(config)) return {};
+  refuseOtherModalities(config);
   const out: Json = {};
   const copy: [string, string][] = [
     ["temperature", "temperature"],

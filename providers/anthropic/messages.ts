@@ -2,10 +2,12 @@
  * OpenAI chat messages → Anthropic's top-level `system` and its strictly user/assistant `messages`.
  * Anthropic has no system, developer or tool roles: instructions move to `system`, tool results
  * become `tool_result` blocks in a user turn, and consecutive turns of one role are merged into one.
- * Nothing here throws on odd input: what Anthropic would refuse is sent as is, so the client gets
- * Anthropic's own 400 with its explanation.
+ * Odd input is sent as is, so the client gets Anthropic's own 400 with its explanation; but content
+ * Anthropic cannot take at all (audio, a file by id, a document other than a PDF) is the client's
+ * 400 naming it: sent on, it came back as Anthropic's 400 about an unknown tag or an empty URL.
  */
 import type { ChatRequest } from "../../core/contract.ts";
+import { GatewayError } from "../../core/errors.ts";
 import type { AnthropicMessage, CacheControl, ContentBlock, MediaSource, TextBlock, ToolResultBlock, ToolUseBlock } from "./wire.ts";
 
 type ChatMessage = ChatRequest["messages"][number];
@@ -37,11 +39,18 @@ function imageBlock(part: Json): ContentBlock {
   return withCache({ type: "image", source: mediaSource(url) }, cacheControlOf(part));
 }
 
+function refused(message: string): GatewayError {
+  return GatewayError.of(400, `anthropic: ${message}`, "invalid_request_error", "messages");
+}
+
 /** OpenAI's `file` part (a PDF as a data URL, or a URL) → a document block. */
 function documentBlock(part: Json): ContentBlock {
   const file = isObject(part.file) ? part.file : {};
   const data = typeof file.file_data === "string" ? file.file_data : typeof file.url === "string" ? file.url : "";
-  const block: ContentBlock = { type: "document", source: mediaSource(data) };
+  if (data === "") throw refused(`a file part by file_id (${JSON.stringify(file.file_id ?? "")}) cannot be sent to Claude; send the file's content as file_data (a base64 data URL of a PDF).`);
+  const source = mediaSource(data);
+  if (source.type === "base64" && source.media_type !== "application/pdf") throw refused(`Claude takes PDF documents, not ${source.media_type} (a file part).`);
+  const block: ContentBlock = { type: "document", source };
   if (typeof file.filename === "string") block.title = file.filename;
   return withCache(block, cacheControlOf(part));
 }
@@ -58,6 +67,8 @@ function contentBlock(part: Json): ContentBlock | undefined {
       return imageBlock(part);
     case "file":
       return documentBlock(part);
+    case "input_audio":
+      throw refused("Claude takes no audio (an input_audio part); send text, images or PDF documents.");
     case "refusal":
       return typeof part.refusal === "string" && part.refusal !== "" ? { type: "text", text: part.refusal } : undefined;
     default:

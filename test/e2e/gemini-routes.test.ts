@@ -288,6 +288,41 @@ describe("through an Anthropic-format upstream", () => {
     expect(message).toStartWith("anthropic does not support parameters: ['n', 'seed'], for model=claude-sonnet-4-20250514.");
     expect(anthropic.requests).toHaveLength(0);
   });
+
+  test("what Claude cannot take (a video by its Files-API URI, a video's or audio's bytes) is a 400 naming it, nothing sent upstream", async () => {
+    const video = { fileData: { mimeType: "video/mp4", fileUri: "https://generativelanguage.googleapis.com/v1beta/files/abc123" } };
+    const clip = { inlineData: { mimeType: "video/mp4", data: "AAAAIGZ0eXBpc29t" } };
+    const audio = { inlineData: { mimeType: "audio/wav", data: "UklGRiQAAABXQVZF" } };
+    for (const [part, named] of [
+      [video, "a file part by file_id (\"https://generativelanguage.googleapis.com/v1beta/files/abc123\") cannot be sent to Claude"],
+      [clip, "Claude takes PDF documents, not video/mp4"],
+      [audio, "Claude takes no audio"],
+    ] as const) {
+      const res = await post("/v1beta/models/claude-public:generateContent", { contents: [{ parts: [{ text: "what is this?" }, part] }] }, { "x-goog-api-key": key });
+      expect(await expectGoogleError(res, 400, "INVALID_ARGUMENT")).toContain(named);
+    }
+    expect(anthropic.requests).toHaveLength(0);
+  });
+});
+
+describe("settings the gateway cannot serve, or Google would refuse: 400 in Google's shape, nothing sent upstream", () => {
+  test("an image or audio answer (responseModalities), an unknown thinkingLevel, integers beyond 32 bits", async () => {
+    const cases: [object, string][] = [
+      [{ responseModalities: ["TEXT", "IMAGE"] }, 'generationConfig.responseModalities: this gateway answers the Gemini routes with text only; "IMAGE" cannot be served.'],
+      [{ thinkingConfig: { thinkingLevel: "FOO" } }, "Invalid value at 'generation_config.thinking_config.thinking_level' (type.googleapis.com/google.ai.generativelanguage.v1beta.ThinkingConfig.ThinkingLevel), \"FOO\""],
+      [{ maxOutputTokens: 1e20 }, "Invalid value at 'generation_config.max_output_tokens' (TYPE_INT32), 100000000000000000000"],
+      [{ seed: 2 ** 31 }, "Invalid value at 'generation_config.seed' (TYPE_INT32), 2147483648"],
+    ];
+    for (const [generationConfig, message] of cases) {
+      const res = await post("/v1beta/models/gpt-public:generateContent", { contents: [{ parts: [{ text: "hi" }] }], generationConfig }, { "x-goog-api-key": key });
+      expect(await expectGoogleError(res, 400, "INVALID_ARGUMENT")).toBe(message);
+    }
+    expect(openai.requests).toHaveLength(0);
+    // What Google takes still goes through: a level it knows, the largest 32-bit seed, a text answer.
+    const ok = await post("/v1beta/models/gpt-public:generateContent", { contents: [{ parts: [{ text: "hi" }] }], generationConfig: { thinkingConfig: { thinkingLevel: "medium" }, seed: 2 ** 31 - 1, responseModalities: ["TEXT"] } }, { "x-goog-api-key": key });
+    expect(ok.status).toBe(200);
+    expect(openai.requests[0]!.body).toMatchObject({ reasoning_effort: "medium", seed: 2 ** 31 - 1 });
+  });
 });
 
 describe("errors in Google's shape", () => {

@@ -6,6 +6,7 @@ import { describe, expect, test } from "bun:test";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { ChatRequest, Deployment, StreamPart, Usage, WireJson } from "../../core/contract.ts";
+import type { GatewayError } from "../../core/errors.ts";
 import {
   ANTHROPIC_CHAT_PARAMS,
   type AnthropicStreamState,
@@ -103,6 +104,24 @@ describe("request: OpenAI chat → Messages API body", () => {
         ],
       },
     ]);
+  });
+
+  test("what Claude cannot take is the client's 400 naming it: audio, a file by id, a document other than a PDF", () => {
+    const refusal = (part: object) => {
+      try {
+        body({ messages: [{ role: "user", content: [{ type: "text", text: "and this?" }, part] }] });
+      } catch (err) {
+        return err as GatewayError;
+      }
+      throw new Error("not refused");
+    };
+    for (const [part, message] of [
+      [{ type: "input_audio", input_audio: { data: "UklGRg==", format: "wav" } }, "anthropic: Claude takes no audio (an input_audio part); send text, images or PDF documents."],
+      [{ type: "file", file: { file_id: "file-abc" } }, 'anthropic: a file part by file_id ("file-abc") cannot be sent to Claude; send the file\'s content as file_data (a base64 data URL of a PDF).'],
+      [{ type: "file", file: { file_data: "data:video/mp4;base64,AAAA" } }, "anthropic: Claude takes PDF documents, not video/mp4 (a file part)."],
+    ] as const) {
+      expect(refusal(part).info).toMatchObject({ status: 400, type: "invalid_request_error", message });
+    }
   });
 
   test("assistant tool calls → tool_use blocks; tool results → tool_result blocks merged with the next user text into one user turn", () => {

@@ -276,6 +276,10 @@ describe("Gemini request → OpenAI chat request", () => {
     expect(refused({ contents: hi, generationConfig: { temperature: "hot" } }).message).toBe("Invalid value at 'generation_config.temperature' (TYPE_FLOAT), \"hot\"");
     expect(refused({ contents: hi, generation_config: { max_output_tokens: 1.5 } }).message).toBe("Invalid value at 'generation_config.max_output_tokens' (TYPE_INT32), 1.5");
     expect(refused({ contents: hi, generationConfig: { topP: 1.5 } }).message).toBe("* GenerateContentRequest.generation_config.top_p: must be between 0 and 1, got 1.5.");
+    expect(refused({ contents: hi, generationConfig: { seed: 1e20 } }).message).toBe("Invalid value at 'generation_config.seed' (TYPE_INT32), 100000000000000000000");
+    expect(refused({ contents: hi, generationConfig: { thinking_config: { thinking_level: "FOO" } } }).message).toBe(
+      "Invalid value at 'generation_config.thinking_config.thinking_level' (type.googleapis.com/google.ai.generativelanguage.v1beta.ThinkingConfig.ThinkingLevel), \"FOO\"",
+    );
     expect(refused({ contents: hi, tools: [{ functionDeclarations: [{ description: "no name" }] }] }).message).toBe("* GenerateContentRequest.tools[0].function_declarations[0].name: Name cannot be empty.");
     expect(refused({ contents: hi, tools: [{ functionDeclarations: [{ name: "f" }] }], toolConfig: { functionCallingConfig: { mode: "SOMETIMES" } } }).message).toContain("tool_config.function_calling_config.mode");
     expect(refused({ contents: [{ role: "model", parts: [{ functionCall: { name: "f", args: "x" } }] }, ...hi] }).message).toBe("Invalid value at 'contents[0].parts[0].function_call.args' (type.googleapis.com/google.protobuf.Struct), \"x\"");
