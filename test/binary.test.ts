@@ -73,7 +73,7 @@ describe("single binary", () => {
       const { gw } = cold;
       expect(readdirSync(runDir).sort()).toEqual(["config.yaml", "data", "gateway"]);
 
-      const ready = await fetch(`${gw.url}/health/readiness`);
+      const ready = await fetch(`${gw.url}/health/readiness`, { headers: { authorization: `Bearer ${MASTER_KEY}` } });
       expect(ready.status).toBe(200);
       const body = (await ready.json()) as { db: string; db_detail: string };
       expect(body.db).toBe("connected");

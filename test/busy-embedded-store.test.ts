@@ -25,7 +25,7 @@ test("while a long statement holds the embedded store, readiness says connected 
   const hold = db.execute(sql`select pg_sleep(8)`).then(() => undefined);
   await Bun.sleep(200);
   const [ready, created] = await Promise.all([
-    fetch(`${gw.url}/health/readiness`).then(async (r) => ({ status: r.status, body: (await r.json()) as { db: string; db_detail: string } })),
+    fetch(`${gw.url}/health/readiness`, { headers: { authorization: `Bearer ${MASTER_KEY}` } }).then(async (r) => ({ status: r.status, body: (await r.json()) as { db: string; db_detail: string } })),
     requestJson<{ key?: string; error?: unknown }>(gw, "POST", "/key/generate", { body: { key_alias: "made-while-busy" } }),
   ]);
   await hold;

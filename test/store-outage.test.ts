@@ -1,7 +1,8 @@
 // The database goes away under a running gateway (cut at a TCP relay in front of PostgreSQL):
 // model calls keep working from the in-process identity cache, readiness says the store is down,
 // management calls fail with a clear 503 instead of a 500, and everything works again once the
-// database is back.
+// database is back. The public probes tell an orchestrator what it needs, and no more: the
+// database's version and its driver's errors are for admins only.
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import OpenAI from "openai";
 import { freshDatabase, MASTER_KEY, requestJson, startTestGateway, type TestGateway } from "./harness/gateway.ts";
@@ -62,4 +63,29 @@ test("with the database gone, keys keep working, readiness is 503 and management
   const again = await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: {} });
   expect(again.status).toBe(200);
   expect(again.body.key).toStartWith("sk-");
+}, 30_000);
+
+test("liveness is the JSON string LiteLLM answers; readiness shows the database's version and its driver's errors to admins only", async () => {
+  const live = await fetch(`${gw.url}/health/liveliness`);
+  expect(live.headers.get("content-type")).toStartWith("application/json");
+  expect(await live.json()).toBe("I'm alive!");
+
+  const user = (await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: {} })).body.key;
+  const ready = async (key?: string) => {
+    const res = await fetch(`${gw.url}/health/readiness`, { headers: key ? { authorization: `Bearer ${key}` } : {} });
+    return { status: res.status, body: (await res.json()) as { db: string; db_detail?: string } };
+  };
+  for (const key of [undefined, user, "sk-not-a-key"]) {
+    const { status, body } = await ready(key);
+    expect({ status, db: body.db, detail: body.db_detail }).toEqual({ status: 200, db: "connected", detail: undefined });
+  }
+  expect((await ready(MASTER_KEY)).body.db_detail).toMatch(/^PostgreSQL \d+/);
+
+  relay.cut();
+  const down = await ready();
+  expect({ status: down.status, db: down.body.db, detail: down.body.db_detail }).toEqual({ status: 503, db: "disconnected", detail: undefined });
+  expect((await ready(MASTER_KEY)).body.db_detail?.length).toBeGreaterThan(0);
+  relay.restore();
+  for (let i = 0; i < 50 && (await ready()).status !== 200; i++) await Bun.sleep(100);
+  expect((await ready()).status).toBe(200);
 }, 30_000);

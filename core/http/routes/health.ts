@@ -6,7 +6,7 @@ import { redact } from "../../log.ts";
 import { callDeployment, newCallId } from "../../pipeline/call.ts";
 import type { Snapshot } from "../../snapshot.ts";
 import type { AppDeps } from "../app.ts";
-import { authenticate, requireAdmin } from "../auth.ts";
+import { authenticate, credentialOf, requireAdmin } from "../auth.ts";
 
 export interface ProbeResult {
   ok: boolean;
@@ -79,15 +79,30 @@ async function probe(s: Snapshot, d: Deployment, log: AppDeps["log"]) {
   }
 }
 
+/**
+ * Whether the caller of a public route is an admin: the store's version and its driver's errors
+ * are shown to admins only. Any other caller, a wrong key included, just gets the public answer.
+ */
+async function isAdmin(s: Snapshot, request: Request): Promise<boolean> {
+  if (!credentialOf(request.headers) || !s.settings.masterKey) return false;
+  try {
+    const { role } = await authenticate(s, request.headers, new URL(request.url).pathname, request.method);
+    return role === "proxy_admin" || role === "proxy_admin_viewer";
+  } catch {
+    return false;
+  }
+}
+
 export function healthRoutes({ live, probes, log }: AppDeps) {
-  const alive = () => "I'm alive!";
-  const readiness = async () => {
-    const [db, redis] = await Promise.all([probes.store(), probes.redis()]);
+  // LiteLLM's answer: the JSON string, which a probe that parses JSON reads.
+  const alive = () => Response.json("I'm alive!");
+  const readiness = async ({ request }: { request: Request }) => {
+    const [db, redis, admin] = await Promise.all([probes.store(), probes.redis(), isAdmin(live.current, request)]);
     const healthy = db.ok && (redis === undefined || redis.ok);
     const body = {
       status: healthy ? "healthy" : "unhealthy",
       db: db.ok ? "connected" : "disconnected",
-      db_detail: db.detail,
+      ...(admin ? { db_detail: db.detail } : {}),
       cache: redis === undefined ? null : "redis",
       redis: redis === undefined ? "not configured" : redis.ok ? "connected" : "disconnected",
       version: probes.version,
