@@ -1,6 +1,7 @@
 import { createHash, timingSafeEqual } from "node:crypto";
 import { Type } from "@sinclair/typebox";
 import { definePlugin, type Hooks } from "../core/contract.ts";
+import { MASTER_USER_ID } from "../core/identity/master-user.ts";
 
 /** The master key: full proxy-admin rights. Compared in constant time (only its length can leak). */
 export default definePlugin({
@@ -17,7 +18,7 @@ export default definePlugin({
           if (!credential || credential.length !== master.length) return null;
           const given = Buffer.from(credential);
           if (given.length !== masterBytes.length || !timingSafeEqual(given, masterBytes)) return null;
-          return { keyHash: masterHash, role: "proxy_admin", userId: "default_user_id", metadata: {} };
+          return { keyHash: masterHash, role: "proxy_admin", userId: MASTER_USER_ID, metadata: {} };
         },
       },
     };

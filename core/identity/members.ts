@@ -7,6 +7,7 @@ import { randomUUID } from "node:crypto";
 import { and, eq, inArray, sql } from "drizzle-orm";
 import { badRequest } from "../authz.ts";
 import { holdExistingUser, lockEmail } from "./holds.ts";
+import { refuseMasterUserId } from "./master-user.ts";
 import type { Db } from "../store/db.ts";
 import { teamMembers, users } from "../store/schema.ts";
 import type { TeamMemberRow, TeamRow, UserRow } from "./records.ts";
@@ -51,8 +52,12 @@ export async function findUser(db: Exec, ref: MemberRef): Promise<UserRow | unde
  * admitting someone to a team must never mint a more privileged user.
  */
 export async function ensureUser(db: Exec, ref: MemberRef, by: string): Promise<{ user: UserRow; created: boolean }> {
+  const param = ref.user_id ? "user_id" : "user_email";
+  refuseMasterUserId(ref.user_id, param);
   if (ref.user_email) await lockEmail(db, ref.user_email);
   const found = await findUser(db, ref);
+  // A row of that id made before it was reserved, found by its address.
+  refuseMasterUserId(found?.userId, param);
   // Held until the membership is stored: a /user/delete at the same moment (which locks its users
   // first) then either ends the membership with the user or came first, and the user is created
   // again below, as for anyone the team admits who does not exist.

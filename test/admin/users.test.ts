@@ -311,7 +311,7 @@ for (const backend of BACKENDS) {
         expect(missing.body.error.type).toBe("not_found_error");
       });
 
-      test("the master key's own user is default_user_id, which has no row until created", async () => {
+      test("the master key's own user is default_user_id, which no user may be", async () => {
         const r = await get<ErrorBody>("/user/info");
         expect(r.status).toBe(404);
         expect(r.body.error.message).toContain("default_user_id");

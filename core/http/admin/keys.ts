@@ -40,6 +40,7 @@ import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { followedReset, periodFromBudget } from "../../identity/budget-period.ts";
 import { resetAt } from "../../identity/fields.ts";
 import { guaranteedOverflow, type PlannedKey } from "../../limits/capacity.ts";
+import { MASTER_USER_ID, refuseMasterUserId } from "../../identity/master-user.ts";
 import { budgetGone, holdExistingUser, holdMembership, holdUser, holdWrite, orgGone, teamGone } from "../../identity/holds.ts";
 
 const TABLE = "virtual_keys";
@@ -324,6 +325,7 @@ async function checkGuaranteedStored(tx: Exec, ctx: AdminCtx, key: PlannedKey): 
  */
 async function holdKeyWrite(tx: Exec, ctx: AdminCtx, fields: Record<string, unknown>, planned: PlannedKey, row?: KeyRow): Promise<UserRow | undefined> {
   const userId = fields.userId !== row?.userId ? fields.userId : undefined;
+  if (typeof userId === "string") refuseMasterUserId(userId, "user_id");
   // The caller's team rights (a team admin's, a member's routes) are the store's, not the cache's;
   // the user it names held first, in the order every write takes them (holds.ts holdWrite).
   await holdWrite(tx, ctx.caller, { userIds: [typeof userId === "string" ? userId : undefined], refs: namedAnew(fields, row) });
@@ -699,7 +701,8 @@ function visibility(ctx: AdminCtx, teamFilter: string | undefined, userFilter: s
   const own = caller.userId ? eq(virtualKeys.userId, caller.userId) : eq(virtualKeys.token, caller.keyHash);
   const reach: SQL[] = [own];
   if (teams.length > 0) reach.push(inArray(virtualKeys.teamId, teams));
-  if (include.createdKeys && caller.userId) reach.push(eq(virtualKeys.createdBy, caller.userId));
+  // The master key's keys are not a user's to list, whoever holds a key named after its user (made before that id was reserved).
+  if (include.createdKeys && caller.userId && caller.userId !== MASTER_USER_ID) reach.push(eq(virtualKeys.createdBy, caller.userId));
   return or(...reach)!;
 }
 

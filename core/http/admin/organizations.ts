@@ -16,6 +16,7 @@ import { GatewayError } from "../../errors.ts";
 import { Amount, Parallel, Quantity, resetAt } from "../../identity/fields.ts";
 import { holdBudget, holdExistingUser, holdOrg, holdWrite, lockEmail } from "../../identity/holds.ts";
 import { type Exec, findUserByEmail } from "../../identity/members.ts";
+import { refuseMasterUserId } from "../../identity/master-user.ts";
 import { modelsOutsideOrg } from "../../identity/org-rules.ts";
 import type { BudgetRow, OrgMemberRow, OrgRow, UserRow } from "../../identity/records.ts";
 import { fromApi, toApi } from "../../identity/serialize.ts";
@@ -363,6 +364,7 @@ async function addMembers(ctx: AdminCtx) {
   const resolved: (MemberUser & { role: MemberInput["role"] })[] = [];
   for (const m of list) {
     const r = await resolveMemberUser(ctx, m, true);
+    refuseMasterUserId(r.userId, "member");
     if (resolved.some((x) => x.userId === r.userId)) throw badRequest(`User '${r.userId}' is listed twice.`, "member");
     resolved.push({ ...r, role: m.role });
   }

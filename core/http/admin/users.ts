@@ -12,6 +12,7 @@ import { badRequest, forbidden, notFound } from "../../authz.ts";
 import { Amount, clearNulls, containing, LIMIT_COLUMNS, LimitFields, MoneyField, Nullable, resetAt } from "../../identity/fields.ts";
 import { holdReferences, holdTeams, lockEmail, orgGone, teamsGone } from "../../identity/holds.ts";
 import { type Exec, findUserByEmail, membersByTeam, teamApi, userApi } from "../../identity/members.ts";
+import { refuseMasterUserId } from "../../identity/master-user.ts";
 import { choice, list, pageOf, paged } from "../../identity/paging.ts";
 import type { UserRow } from "../../identity/records.ts";
 import { fromApi, toApi } from "../../identity/serialize.ts";
@@ -111,6 +112,7 @@ async function newUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
   ctx.caller.requireAdmin();
   const body = await ctx.body(NewUserBody);
   const raw = body as Record<string, unknown>;
+  refuseMasterUserId(body.user_id, "user_id");
   const userId = body.user_id ?? randomUUID();
   const memberships = normalizeTeams(body.teams);
   // The user's key goes to team_id: the user joins that team too, as LiteLLM does.
