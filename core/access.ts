@@ -180,13 +180,19 @@ export function authorizeRoute(principal: Principal, path: string, method: strin
 }
 
 /**
- * `allowed_passthrough_routes` (the key's, else its team's) for a pass-through route; ignored when
- * the key has `allowed_routes`, which authorizeRoute already applied. Empty allows every one.
+ * A pass-through route must be in both levels' lists (an empty one allows every route): the key's
+ * (its `allowed_routes`, which authorizeRoute already applied, else its `allowed_passthrough_routes`)
+ * and its team's `allowed_passthrough_routes`, whatever the key's lists say: a team's admin sets
+ * those, and must not reach past what a proxy admin let the team call.
  */
 export function authorizePassThrough(principal: Principal, path: string, method: string): void {
   const access = principal.access;
-  if (!access || access.allowedRoutes.length > 0) return;
-  const routes = access.allowedPassthroughRoutes;
+  if (!access) return;
+  if (access.allowedRoutes.length === 0) refuseOutside(access.allowedPassthroughRoutes, path, method, "This key may not call");
+  if (principal.team) refuseOutside(principal.team.allowedPassthroughRoutes, path, method, `The keys of team ${principal.team.teamId} may not call`);
+}
+
+function refuseOutside(routes: readonly string[], path: string, method: string, who: string): void {
   if (routes.length === 0 || routes.some((r) => routeMatches(r, path, method))) return;
-  throw GatewayError.of(403, `This key may not call the pass-through route ${path}. Allowed pass-through routes: ${routes.join(", ")}`, "permission_error");
+  throw GatewayError.of(403, `${who} the pass-through route ${path}. Allowed pass-through routes: ${routes.join(", ")}`, "permission_error");
 }

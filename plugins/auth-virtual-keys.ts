@@ -103,7 +103,8 @@ function principalOf(identity: IdentityView, key: KeyRow, team: TeamRow | undefi
       levels,
       ...aliasesOf(key, team, orgs),
       allowedRoutes: key.allowedRoutes.length > 0 ? key.allowedRoutes : keyTypeRoutes(key.keyType),
-      allowedPassthroughRoutes: key.allowedPassthroughRoutes.length > 0 ? key.allowedPassthroughRoutes : (team?.allowedPassthroughRoutes ?? []),
+      // The key's own; its team's binds it too (authorizePassThrough).
+      allowedPassthroughRoutes: key.allowedPassthroughRoutes,
     },
     key,
     team,

@@ -2,7 +2,7 @@
 // it is to another HTTP API. The target gets the method, the rest of the path (with
 // include_subpath), the client's query after its own, the body and the configured headers (env
 // references resolved), and never the gateway key; the client gets the target's status, headers
-// and bytes, streamed. Keys, allowed_passthrough_routes (key's, else team's), allowed_routes, rate
+// and bytes, streamed. Keys, allowed_passthrough_routes (key's and team's), allowed_routes, rate
 // limits and budgets apply; cost_per_request is charged per answered call and every call is in the
 // spend log. Timeouts, dead targets and departed clients end the call cleanly; reloads add and
 // remove endpoints; admins list them with header values hidden.
@@ -356,6 +356,52 @@ describe("who may call", () => {
   test("allowed_routes, when set, decide alone: llm_api_routes leaves out pass-through routes", async () => {
     const key = await newKey({ allowed_routes: ["llm_api_routes"], allowed_passthrough_routes: ["/bria/*"] });
     expect((await call("/bria/x", { key })).status).toBe(403);
+  });
+
+  describe("a team's allowed_passthrough_routes bind its keys, whatever the team's admin gives them", () => {
+    let team: string;
+    let adminKey: string;
+    const asAdmin = (path: string, body: Record<string, unknown>) => requestJson<{ key: string; error: { param: string; message: string } }>(gw, "POST", path, { key: adminKey, body });
+
+    beforeAll(async () => {
+      const made = await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: { allowed_passthrough_routes: ["/bria/*"], members_with_roles: [{ role: "admin", user_id: "pt-team-admin" }] } });
+      team = made.body.team_id;
+      adminKey = await newKey({ team_id: team, user_id: "pt-team-admin" });
+    });
+
+    test("a key listing routes outside the team's is refused, on generate and on update", async () => {
+      const wider = await asAdmin("/key/generate", { team_id: team, allowed_passthrough_routes: ["/v1/rerank", "/bria/v2/*"] });
+      expect(wider.status).toBe(400);
+      expect(wider.body.error.param).toBe("allowed_passthrough_routes");
+      // Only the entry outside the team's is named.
+      expect(wider.body.error.message).toContain("allowed_passthrough_routes: /v1/rerank. ");
+      const narrow = await asAdmin("/key/generate", { team_id: team, allowed_passthrough_routes: ["/bria/v2/*"] });
+      expect(narrow.status).toBe(200);
+      expect((await asAdmin("/key/update", { key: narrow.body.key, allowed_passthrough_routes: ["/bria/*", "/status"] })).status).toBe(400);
+      expect((await call("/bria/v2/x", { key: narrow.body.key })).status).toBe(200);
+      expect((await call("/bria/x", { key: narrow.body.key })).status).toBe(403);
+    });
+
+    test("a key's allowed_routes reach no pass-through route its team's list leaves out", async () => {
+      const everything = await asAdmin("/key/generate", { team_id: team, allowed_routes: ["/*"] });
+      expect(everything.status).toBe(200);
+      const refused = await call("/v1/rerank", { method: "POST", key: everything.body.key, body: "{}" });
+      expect(refused.status).toBe(403);
+      expect((await refused.json()).error.message).toContain(`team ${team}`);
+      expect((await call("/bria/x", { key: everything.body.key })).status).toBe(200);
+      const plain = await asAdmin("/key/generate", { team_id: team });
+      expect((await asAdmin("/key/update", { key: plain.body.key, allowed_routes: ["/*"] })).status).toBe(200);
+      expect((await call("/v1/rerank", { method: "POST", key: plain.body.key, body: "{}" })).status).toBe(403);
+    });
+
+    test("a key whose list was written before its team's narrowed is held to the team's at call time", async () => {
+      const open = await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: {} });
+      const key = await newKey({ team_id: open.body.team_id, allowed_passthrough_routes: ["/v1/rerank", "/bria/*"] });
+      expect((await call("/v1/rerank", { method: "POST", key, body: "{}" })).status).toBe(200);
+      expect((await requestJson(gw, "POST", "/team/update", { body: { team_id: open.body.team_id, allowed_passthrough_routes: ["/bria/*"] } })).status).toBe(200);
+      expect((await call("/v1/rerank", { method: "POST", key, body: "{}" })).status).toBe(403);
+      expect((await call("/bria/x", { key })).status).toBe(200);
+    });
   });
 });
 

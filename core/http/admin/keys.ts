@@ -41,6 +41,7 @@ import { followedReset, periodFromBudget } from "../../identity/budget-period.ts
 import { resetAt } from "../../identity/fields.ts";
 import { guaranteedOverflow, type PlannedKey } from "../../limits/capacity.ts";
 import { MASTER_USER_ID, refuseMasterUserId } from "../../identity/master-user.ts";
+import { routesOutsideTeam } from "../../identity/team-routes.ts";
 import { budgetGone, holdExistingUser, holdMembership, holdUser, holdWrite, orgGone, teamGone } from "../../identity/holds.ts";
 
 const TABLE = "virtual_keys";
@@ -200,6 +201,16 @@ function checkTeamModels(ctx: AdminCtx, models: readonly string[], team: TeamRow
   const outside = outsideTeamModels(ctx, models, team);
   if (outside.length > 0) {
     throw badRequest(`Model not in team's models: ${outside.join(", ")}. Team ${team.teamId} may only use ${JSON.stringify(team.models)}.`, "models");
+  }
+}
+
+function checkTeamRoutes(routes: readonly string[], team: TeamRow | undefined): void {
+  const outside = team ? routesOutsideTeam(team, routes) : [];
+  if (outside.length > 0) {
+    throw badRequest(
+      `Pass-through routes not in team's allowed_passthrough_routes: ${outside.join(", ")}. Team ${team!.teamId} may only call ${JSON.stringify(team!.allowedPassthroughRoutes)}.`,
+      "allowed_passthrough_routes",
+    );
   }
 }
 
@@ -374,6 +385,7 @@ export async function generateKey(ctx: AdminCtx, body: Record<string, unknown>, 
   const fields = keyFieldsOf(input);
   const models = (fields.models as string[] | null | undefined) ?? [];
   checkTeamModels(ctx, models, team);
+  checkTeamRoutes((fields.allowedPassthroughRoutes as string[] | null | undefined) ?? [], team);
   checkReferences(ctx, fields);
   const plaintext = typeof input.key === "string" ? input.key : newKeyValue();
   const token = typeof input.key === "string" ? await assertNewKeyValue(ctx, input.key, "key") : hashKey(plaintext);
@@ -459,6 +471,7 @@ async function updateFields(ctx: AdminCtx, row: KeyRow, body: KeyBody): Promise<
   }
   const team = teamId ? (teamChanged ? teamOrFail(ctx, teamId) : ctx.identity.teams.get(teamId)) : undefined;
   if (teamChanged || "models" in fields) checkTeamModels(ctx, (fields.models as string[] | undefined) ?? row.models, team);
+  if (teamChanged || "allowedPassthroughRoutes" in fields) checkTeamRoutes((fields.allowedPassthroughRoutes as string[] | null | undefined) ?? row.allowedPassthroughRoutes, team);
   checkReferences(ctx, {
     organizationId: fields.organizationId !== row.organizationId ? fields.organizationId : undefined,
     budgetId: fields.budgetId !== row.budgetId ? fields.budgetId : undefined,
