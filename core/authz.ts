@@ -69,14 +69,39 @@ export class Caller {
   }
 
   /**
-   * The caller's role in a team. A key issued inside a team speaks for that team only, even when
-   * its user also belongs to others: a Team Management Key administers its own team and nothing else.
+   * The team a key issued inside a team speaks for. It acts as its user in that team only, even
+   * when its user also belongs to others or has keys and rights of its own: a Team Management Key
+   * administers its own team and nothing else. Its user's global role (proxy admin, viewer) stays.
    */
+  get teamScope(): string | undefined {
+    return this.principal.key?.teamId ?? undefined;
+  }
+
+  /**
+   * Whether the caller acts as its user on an object of team `teamId` (null: the user's own, such
+   * as a personal key): only inside its key's team, when it has one. Else a team admin that gave a
+   * member a key held that member's rights everywhere (its personal keys, its other teams, its user).
+   */
+  actsAsUserIn(teamId: string | null): boolean {
+    return this.userId !== undefined && (this.teamScope === undefined || this.teamScope === teamId);
+  }
+
+  /** The caller's role in a team (see teamScope). */
   teamRole(teamId: string | null | undefined): TeamRole | undefined {
-    if (!teamId || !this.userId) return undefined;
-    const keyTeam = this.principal.key?.teamId;
-    if (keyTeam && keyTeam !== teamId) return undefined;
+    if (!teamId || !this.userId || !this.actsAsUserIn(teamId)) return undefined;
     return this.identity?.teamMembers.get(teamId)?.get(this.userId);
+  }
+
+  /** The caller's role in an organization: none through a key issued in a team (see teamScope). */
+  orgRole(orgId: string): string | undefined {
+    if (!this.userId || this.teamScope !== undefined) return undefined;
+    return this.identity?.orgMembers.get(orgId)?.get(this.userId);
+  }
+
+  /** Organizations this caller administers (`org_admin`). */
+  adminOrgs(): string[] {
+    if (!this.userId) return [];
+    return [...(this.identity?.userOrgs.get(this.userId)?.keys() ?? [])].filter((o) => this.orgRole(o) === "org_admin");
   }
 
   /** Teams this caller administers. */

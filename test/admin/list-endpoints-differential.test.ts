@@ -88,6 +88,8 @@ async function seedWorld(gw: TestGateway, rng: Random): Promise<World> {
   callers.orgAdmin = (await generate({ user_id: "u-org" })).key;
   callers.userViewer = (await generate({ user_id: "u-iview" })).key;
   callers.lone = (await generate({ key_alias: "lone" })).key;
+  // The team admin's own keys of no team are made with a key of no team: its team key makes none.
+  const adminsPersonal = (await generate({ user_id: "u-adm", key_alias: "u-adm-personal" })).key;
 
   const aliases: string[] = [...AWKWARD, ...AWKWARD.map((a) => `${a}-2`)];
   const created: { token: string; alias: string | null }[] = [];
@@ -108,7 +110,8 @@ async function seedWorld(gw: TestGateway, rng: Random): Promise<World> {
       body.user_id = "u-adm";
       delete body.organization_id;
     }
-    created.push({ token: (await generate(body, byAdmin ? callers.teamAdmin : undefined)).token, alias });
+    const by = byAdmin ? (body.team_id ? callers.teamAdmin : adminsPersonal) : undefined;
+    created.push({ token: (await generate(body, by)).token, alias });
   }
   for (const c of rng.some(created, 4)) await requestOk(gw, "POST", "/key/block", { key: c.token });
   const doomed = rng.some(created, 5);
@@ -306,11 +309,13 @@ function expectedKeys(t: Tables, w: World, who: Who, q: Params): KeyRec[] | "403
     const teams = teamFilter ? [teamFilter] : truthy(q.include_team_keys) ? listTeams : [];
     const userFilter = str("user_id");
     if (userFilter && userFilter !== who.userId && teams.length === 0) return "403";
+    // A key issued in a team speaks for its user in that team only.
+    const inScope = (k: KeyRec) => who.keyTeam === null || k.team_id === who.keyTeam;
     keys = keys.filter(
       (k) =>
-        (who.userId ? k.user_id === who.userId : k.token === who.keyHash) ||
+        (who.userId ? k.user_id === who.userId && inScope(k) : k.token === who.keyHash) ||
         (k.team_id !== null && teams.includes(k.team_id)) ||
-        (truthy(q.include_created_by_keys) && who.userId !== null && k.created_by === who.userId),
+        (truthy(q.include_created_by_keys) && who.userId !== null && k.created_by === who.userId && inScope(k)),
     );
   }
   const [col, kind] = KEY_SORT[String(q.sort_by ?? "created_at")]!;

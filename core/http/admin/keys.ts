@@ -1,7 +1,8 @@
 /**
  * Virtual key management. Who may act on a key: proxy admins on all; a key's own user on it
- * (read, update, delete); a team admin on the team's keys; a team `user` member on the team's
- * keys for the routes `team_member_permissions` grants; viewers read only. A key outside the
+ * (read, update, delete; through a key issued in a team, only on keys of that team); a team admin
+ * on the team's keys; a team `user` member on the team's keys for the routes
+ * `team_member_permissions` grants; viewers read only. A key outside the
  * caller's reach is a 403 whether or not it exists. The plaintext key is returned by
  * generate/regenerate only and is stored nowhere; every other response names keys by hash.
  */
@@ -90,7 +91,7 @@ function mayActOn(caller: Caller, row: KeyRow, route: KeyRoute): boolean {
   const read = route === "/key/info" || route === "/key/list";
   if (read && (caller.canReadAll || caller.keyHash === row.token)) return true;
   if (!read && caller.isViewer) return false;
-  const owner = caller.userId !== undefined && row.userId === caller.userId;
+  const owner = row.userId === caller.userId && caller.actsAsUserIn(row.teamId);
   if (owner && OWNER_ROUTES.has(route) && (read || row.teamId === null)) return true;
   return caller.mayOnTeam(row.teamId, route);
 }
@@ -270,6 +271,10 @@ function authorizeGenerate(ctx: AdminCtx, body: KeyBody, serviceAccount: boolean
   const requested = typeof body.user_id === "string" ? body.user_id : undefined;
   if (caller.isAdmin) return { userId: requested ?? null, team: teamId ? teamOrFail(ctx, teamId) : undefined };
   if (!caller.userId) throw forbidden("This key has no user, so it may only generate keys for a team it administers; it administers none.");
+  // A key without a team would act as its user everywhere: a key issued in a team makes keys in that team only.
+  if (caller.teamScope !== undefined && teamId === undefined) {
+    throw forbidden(`This key was issued in team ${caller.teamScope}: it may generate keys in that team only (team_id ${caller.teamScope}), never personal keys.`);
+  }
   let team: TeamRow | undefined;
   if (teamId) {
     if (!caller.mayOnTeam(teamId, "/key/generate")) throw forbidden(`You may not generate keys for team ${teamId}: you are not its admin and its members are not allowed to.`);
@@ -454,6 +459,10 @@ async function updateFields(ctx: AdminCtx, row: KeyRow, body: KeyBody): Promise<
   if (!caller.isAdmin) {
     // Leaving a team would shed the team's model and budget limits: only its admin may let a key go.
     if (teamChanged && row.teamId !== null && !caller.isTeamAdmin(row.teamId)) throw forbidden(`Only an admin of team ${row.teamId} may move a key out of it.`);
+    // A key of no team acts as its user everywhere: only the key's own user makes one, through a key of no team itself.
+    if (teamChanged && teamId === null && !(row.userId === caller.userId && caller.actsAsUserIn(null))) {
+      throw forbidden("Only a proxy admin may take another user's key out of its team: it would be that user's personal key (a key issued in a team cannot make one).");
+    }
     if (teamChanged && teamId && !caller.isTeamAdmin(teamId)) throw forbidden(`You may not move a key to team ${teamId}: you are not its admin.`);
     if (userChanged) {
       const to = fields.userId as string | null;
@@ -711,11 +720,13 @@ function visibility(ctx: AdminCtx, teamFilter: string | undefined, userFilter: s
   if (teamFilter && !listTeams.includes(teamFilter)) throw forbidden(`You may not list the keys of team ${teamFilter}: you are not its admin.`);
   const teams = teamFilter ? [teamFilter] : include.teamKeys ? listTeams : [];
   if (userFilter && userFilter !== caller.userId && teams.length === 0) throw forbidden("You may only list your own keys (and, as a team admin, your teams' keys).");
-  const own = caller.userId ? eq(virtualKeys.userId, caller.userId) : eq(virtualKeys.token, caller.keyHash);
+  // A key issued in a team speaks for its user in that team only.
+  const scoped = (mine: SQL) => (caller.teamScope === undefined ? mine : and(mine, eq(virtualKeys.teamId, caller.teamScope))!);
+  const own = caller.userId ? scoped(eq(virtualKeys.userId, caller.userId)) : eq(virtualKeys.token, caller.keyHash);
   const reach: SQL[] = [own];
   if (teams.length > 0) reach.push(inArray(virtualKeys.teamId, teams));
   // The master key's keys are not a user's to list, whoever holds a key named after its user (made before that id was reserved).
-  if (include.createdKeys && caller.userId && caller.userId !== MASTER_USER_ID) reach.push(eq(virtualKeys.createdBy, caller.userId));
+  if (include.createdKeys && caller.userId && caller.userId !== MASTER_USER_ID) reach.push(scoped(eq(virtualKeys.createdBy, caller.userId)));
   return or(...reach)!;
 }
 

@@ -93,13 +93,9 @@ function budgetReset(body: { budget_duration?: string | null }): { budgetResetAt
   return at === undefined ? {} : { budgetResetAt: at };
 }
 
-function orgRole(ctx: AdminCtx, orgId: string): string | undefined {
-  return ctx.caller.userId ? ctx.identity.orgMembers.get(orgId)?.get(ctx.caller.userId) : undefined;
-}
-
-/** Readers: admins and viewers everywhere, an org's own `org_admin` members for that org. */
+/** Readers: admins and viewers everywhere, an org's own `org_admin` members for that org (not through a key issued in a team). */
 function requireOrgReader(ctx: AdminCtx, orgId: string): void {
-  if (ctx.caller.canReadAll || orgRole(ctx, orgId) === "org_admin") return;
+  if (ctx.caller.canReadAll || ctx.caller.orgRole(orgId) === "org_admin") return;
   throw forbidden("Only a proxy admin (or the organization's admin) may read this organization.");
 }
 
@@ -319,7 +315,7 @@ function likeEscape(text: string): string {
 async function listOrgs(ctx: AdminCtx) {
   const filters: SQL[] = [];
   if (!ctx.caller.canReadAll) {
-    const own = ctx.caller.userId ? [...(ctx.identity.userOrgs.get(ctx.caller.userId) ?? [])].filter(([, r]) => r === "org_admin").map(([o]) => o) : [];
+    const own = ctx.caller.adminOrgs();
     if (own.length === 0) throw forbidden("Only a proxy admin (or an organization admin) may list organizations.");
     filters.push(inArray(organizations.organizationId, own));
   }

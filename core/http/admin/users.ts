@@ -201,12 +201,14 @@ async function userInfo(ctx: AdminCtx): Promise<Record<string, unknown>> {
   requireSelfOrReadAll(ctx, userId);
   const [user] = await ctx.db.select().from(users).where(eq(users.userId, userId));
   if (!user) throw notFound(`User ${userId} not found.`, "user_id");
+  // A key issued in a team sees its user as that team does: its keys and membership there only.
+  const scope = ctx.caller.canReadAll ? undefined : ctx.caller.teamScope;
   const keys = await ctx.db
     .select()
     .from(virtualKeys)
-    .where(and(eq(virtualKeys.userId, userId), isNull(virtualKeys.deletedAt)))
+    .where(and(eq(virtualKeys.userId, userId), isNull(virtualKeys.deletedAt), scope === undefined ? undefined : eq(virtualKeys.teamId, scope)))
     .orderBy(virtualKeys.createdAt);
-  const teamIds = (await teamIdsOf(ctx.db, [userId])).get(userId) ?? [];
+  const teamIds = ((await teamIdsOf(ctx.db, [userId])).get(userId) ?? []).filter((t) => scope === undefined || t === scope);
   const teamRows = teamIds.length
     ? await ctx.db
         .select()
@@ -230,6 +232,9 @@ async function updateUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
   const body = await ctx.body(UpdateUserBody);
   const raw = body as Record<string, unknown>;
   const caller = ctx.caller;
+  if (!caller.isAdmin && caller.teamScope !== undefined) {
+    throw forbidden(`This key was issued in team ${caller.teamScope}: it acts for its user in that team only, and may not change the user. Use a personal key.`);
+  }
   let target: UserRow | undefined;
   // Without user_id, user_email names the user; with it, user_email is a new address.
   const byEmail = !body.user_id;

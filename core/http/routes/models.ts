@@ -99,10 +99,8 @@ function teamRules(identity: IdentityCache, teamId: string): AccessRules | undef
 }
 
 /** Proxy admins (and viewers), team admins and org admins: who `scope=expand` widens to every model. */
-function mayExpand(caller: Caller, identity: IdentityCache | undefined): boolean {
-  if (caller.canReadAll || caller.adminTeams().length > 0) return true;
-  const orgs = caller.userId ? identity?.userOrgs.get(caller.userId) : undefined;
-  return [...(orgs?.values() ?? [])].some((role) => role === "org_admin");
+function mayExpand(caller: Caller): boolean {
+  return caller.canReadAll || caller.adminTeams().length > 0 || caller.adminOrgs().length > 0;
 }
 
 /** The rules `/models` lists by: the caller's own, a team's (`team_id`), or none (`scope=expand`). */
@@ -121,7 +119,7 @@ function listingRules(principal: Principal, url: URL, identity: IdentityCache | 
     if (!rules) throw notFound(`Team '${teamId}' does not exist.`, "team_id");
     return rules;
   }
-  if (scope === "expand" && mayExpand(caller, identity)) return undefined;
+  if (scope === "expand" && mayExpand(caller)) return undefined;
   return principal.access;
 }
 
