@@ -136,3 +136,11 @@ export function membershipApi(row: TeamMemberRow): Record<string, unknown> {
 export function userApi(row: UserRow, teams: readonly string[]): Record<string, unknown> {
   return { ...toApi(row), teams };
 }
+
+/**
+ * A user as an admin of team `teamId` sees it: its id, its address (the team's members list shows
+ * as much) and its membership of that team; nothing of its other teams, its role or its spend.
+ */
+export function memberUserApi(row: UserRow, teamId: string): Record<string, unknown> {
+  return { user_id: row.userId, user_email: row.userEmail, teams: [teamId] };
+}

@@ -623,6 +623,24 @@ for (const backend of BACKENDS) {
     });
 
     describe("who may do what", () => {
+      test("a team admin adding an existing user sees its membership of the team only, not its other teams, role or spend", async () => {
+        const t = await newTeam();
+        const elsewhere = await newTeam();
+        const admin = await memberKey(t.team_id, "admin");
+        const email = `${uid("known")}@example.com`;
+        const known = await newUser({ user_email: email, user_role: "internal_user_viewer", spend: 12.5, max_budget: 100 });
+        expect((await post("/team/member_add", { team_id: elsewhere.team_id, member: { role: "admin", user_id: known } })).status).toBe(200);
+        const added = await call<MemberAddReply>("POST", "/team/member_add", { key: admin.key, body: { team_id: t.team_id, member: { role: "user", user_id: known } } });
+        expect(added.status).toBe(200);
+        expect(added.body.updated_users as unknown).toEqual([{ user_id: known, user_email: email, teams: [t.team_id] }]);
+        expect(added.body.updated_team_memberships).toMatchObject([{ user_id: known, role: "user" }]);
+        expect(JSON.stringify(added.body)).not.toContain(elsewhere.team_id);
+        // A proxy admin sees the whole user.
+        const third = await newTeam();
+        const whole = await post<MemberAddReply>("/team/member_add", { team_id: third.team_id, member: { role: "user", user_id: known } });
+        expect(whole.body.updated_users[0]).toMatchObject({ user_id: known, user_role: "internal_user_viewer", spend: 12.5, teams: [elsewhere.team_id, t.team_id, third.team_id] });
+      });
+
       test("a Team Management Key runs its own team's members, models and info, and nothing of another team", async () => {
         const t1 = await newTeam({ team_alias: "T1", models: ["chat-a"] });
         const t2 = await newTeam({ team_alias: "T2" });

@@ -364,6 +364,19 @@ for (const backend of BACKENDS) {
         expect(taken.status).toBe(400);
         expect((await post("/user/update", { user_alias: "nobody named" })).status).toBe(400);
       });
+
+      test("an address another user has is refused without naming that user, but to a proxy admin", async () => {
+        const email = `${uid("owner")}@example.com`;
+        const owner = await userWithKey({ user_email: email });
+        const u = await userWithKey();
+        const own = await post<ErrorBody>("/user/update", { user_id: u.userId, user_email: email.toUpperCase() }, u.key);
+        expect(own.status).toBe(400);
+        expect(own.body.error.param).toBe("user_email");
+        expect(JSON.stringify(own.body)).not.toContain(owner.userId);
+        const admin = await post<ErrorBody>("/user/update", { user_id: u.userId, user_email: email });
+        expect(admin.status).toBe(400);
+        expect(admin.body.error.message).toContain(owner.userId);
+      });
     });
 
     describe("/user/delete", () => {

@@ -24,6 +24,7 @@ import {
   membersByTeam,
   membership,
   membershipApi,
+  memberUserApi,
   teamApi,
   userApi,
 } from "../../identity/members.ts";
@@ -626,12 +627,18 @@ async function memberAdd(ctx: AdminCtx): Promise<Record<string, unknown>> {
   ).catch(concurrentMember);
   await ctx.changed(...changesFor(team.teamId, admitted));
   await auditAdmitted(ctx, admitted);
-  const teamIds = await ctx.db.select({ userId: teamMembers.userId, teamId: teamMembers.teamId }).from(teamMembers).where(inArray(teamMembers.userId, admitted.map((a) => a.user.userId)));
   return {
     ...(await withMembers(ctx.db, team)),
-    updated_users: admitted.map((a) => userApi(a.user, teamIds.filter((r) => r.userId === a.user.userId).map((r) => r.teamId))),
+    updated_users: await updatedUsers(ctx, team.teamId, admitted),
     updated_team_memberships: admitted.map((a) => membershipApi(a.membership)),
   };
+}
+
+/** The users `/team/member_add` admitted: whole to a proxy admin; to a team admin, as its team sees them (an existing user's other teams, role and spend are not its to see). */
+async function updatedUsers(ctx: AdminCtx, teamId: string, admitted: readonly Admitted[]): Promise<Record<string, unknown>[]> {
+  if (!ctx.caller.isAdmin) return admitted.map((a) => memberUserApi(a.user, teamId));
+  const teamIds = await ctx.db.select({ userId: teamMembers.userId, teamId: teamMembers.teamId }).from(teamMembers).where(inArray(teamMembers.userId, admitted.map((a) => a.user.userId)));
+  return admitted.map((a) => userApi(a.user, teamIds.filter((r) => r.userId === a.user.userId).map((r) => r.teamId)));
 }
 
 async function memberDelete(ctx: AdminCtx): Promise<Record<string, unknown>> {

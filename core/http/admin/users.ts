@@ -82,10 +82,11 @@ async function teamIdsOf(db: Exec, userIds: readonly string[]): Promise<Map<stri
   return out;
 }
 
-async function requireUniqueEmail(db: Exec, email: string | null | undefined, exceptUserId?: string): Promise<void> {
+/** `nameOwner`: say who has the address (to proxy admins; anyone else would learn other tenants' user ids by their addresses). */
+async function requireUniqueEmail(db: Exec, email: string | null | undefined, nameOwner: boolean, exceptUserId?: string): Promise<void> {
   if (!email) return;
   const other = await findUserByEmail(db, email);
-  if (other && other.userId !== exceptUserId) throw badRequest(`A user with user_email ${email} already exists (user_id ${other.userId}).`, "user_email");
+  if (other && other.userId !== exceptUserId) throw badRequest(`A user with user_email ${email} already exists${nameOwner ? ` (user_id ${other.userId})` : ""}.`, "user_email");
 }
 
 async function requireOrg(db: Exec, orgId: string | null | undefined): Promise<void> {
@@ -121,7 +122,7 @@ async function newUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
 
   const [existing] = await ctx.db.select({ id: users.userId }).from(users).where(eq(users.userId, userId));
   if (existing) throw badRequest(`User ${userId} already exists.`, "user_id");
-  await requireUniqueEmail(ctx.db, body.user_email);
+  await requireUniqueEmail(ctx.db, body.user_email, true);
   await requireOrg(ctx.db, body.organization_id);
   const budgetResetAt = resetAt(body.budget_duration);
   // A team that does not exist is one 400 whether found here or, deleted meanwhile, in the write's
@@ -155,7 +156,7 @@ async function newUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
       // after the teams, as /team/member_add takes a member's address after its team's row.
       if (body.user_email) {
         await lockEmail(tx, body.user_email);
-        await requireUniqueEmail(tx, body.user_email);
+        await requireUniqueEmail(tx, body.user_email, true);
       }
       const [created] = await tx.insert(users).values(row).returning();
       if (memberships.length > 0) await tx.insert(teamMembers).values(memberships.map((m) => ({ ...m, userId })));
@@ -255,7 +256,7 @@ async function updateUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
     const privileged = Object.keys(raw).filter((f) => fields.has(f) && !SELF_COLUMNS.has(f));
     if (privileged.length > 0) throw forbidden(`Only a proxy admin may change ${privileged.join(", ")}.`);
   }
-  if (!byEmail && "user_email" in raw) await requireUniqueEmail(ctx.db, body.user_email, target.userId);
+  if (!byEmail && "user_email" in raw) await requireUniqueEmail(ctx.db, body.user_email, caller.isAdmin, target.userId);
   if ("organization_id" in raw) await requireOrg(ctx.db, body.organization_id);
   const reset = resetAt(body.budget_duration);
   if (reset !== undefined) props.budgetResetAt = reset;
@@ -269,7 +270,7 @@ async function updateUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
     // different users at the same moment would each have found it free above.
     if (newEmail) {
       await lockEmail(tx, newEmail);
-      await requireUniqueEmail(tx, newEmail, target.userId);
+      await requireUniqueEmail(tx, newEmail, caller.isAdmin, target.userId);
     }
     return tx
       .update(users)
