@@ -26,6 +26,12 @@ const SINK = "plugins-test";
  */
 const fromTempConfig = (abs: string) => relative(join(tmpdir(), "gw-test-anything"), abs);
 
+/** The model ids `/v1/models` lists to the master key. */
+async function listedModels(gw: TestGateway): Promise<string[]> {
+  const res = await fetch(`${gw.baseURL}/models`, { headers: { authorization: `Bearer ${MASTER_KEY}` } });
+  return ((await res.json()) as { data: { id: string }[] }).data.map((m) => m.id);
+}
+
 let gw: TestGateway;
 let client: OpenAI;
 
@@ -186,11 +192,10 @@ describe("a plugin whose setup never ends", () => {
       gw.writeConfig(withPlugin(true, ["before", "never"]));
       const refused = await gw.live.reload("test");
       expect(refused.ok ? "" : refused.errors.join("\n")).toContain("plugin hang-setup: its setup did not finish within 0.3 s");
-      const listed = async () => ((await (await fetch(`${gw.baseURL}/models`, { headers: { authorization: `Bearer ${MASTER_KEY}` } })).json()) as { data: { id: string }[] }).data.map((m) => m.id);
-      expect(await listed()).toEqual(["before"]);
+      expect(await listedModels(gw)).toEqual(["before"]);
       gw.writeConfig(withPlugin(false, ["before", "after"]));
       expect((await gw.live.reload("test")).ok).toBe(true);
-      expect(await listed()).toEqual(["before", "after"]);
+      expect(await listedModels(gw)).toEqual(["before", "after"]);
     } finally {
       const t0 = Date.now();
       await gw.stop();
@@ -220,11 +225,10 @@ describe("a plugin whose module never finishes loading (top-level await)", () =>
       gw.writeConfig(config(["before", "never"], true));
       const refused = await gw.live.reload("test");
       expect(refused.ok ? [] : refused.errors).toEqual([error]);
-      const listed = async () => ((await (await fetch(`${gw.baseURL}/models`, { headers: { authorization: `Bearer ${MASTER_KEY}` } })).json()) as { data: { id: string }[] }).data.map((m) => m.id);
-      expect(await listed()).toEqual(["before"]);
+      expect(await listedModels(gw)).toEqual(["before"]);
       gw.writeConfig(config(["before", "after"], false));
       expect((await gw.live.reload("test")).ok).toBe(true);
-      expect(await listed()).toEqual(["before", "after"]);
+      expect(await listedModels(gw)).toEqual(["before", "after"]);
     } finally {
       const t0 = Date.now();
       await gw.stop();

@@ -48,32 +48,35 @@ async function tooLarge(res: Response, limit: number): Promise<AnswerTooLarge> {
   return new AnswerTooLarge(limit);
 }
 
-/** The body as text; AnswerTooLarge past `limit`. */
-export async function answerText(res: Response, limit = MAX_ANSWER_BYTES): Promise<string> {
+/**
+ * The body read by `native` when its announced length is within `limit` (the usual JSON answer
+ * keeps Bun's own read), else read up to the bound and handed to `fromBytes`; AnswerTooLarge past it.
+ */
+async function readWithin<T>(res: Response, limit: number, native: (res: Response) => Promise<T>, fromBytes: (bytes: Uint8Array) => T): Promise<T> {
   const announced = announcedLength(res);
-  // The usual case, a JSON answer of announced length, keeps Bun's native read.
-  if (announced !== undefined && announced <= limit) return res.text();
+  if (announced !== undefined && announced <= limit) return native(res);
   if (announced !== undefined) throw await tooLarge(res, limit);
   const read = await readUpTo(res, limit);
   if (!read.complete) throw new AnswerTooLarge(limit);
-  return Buffer.from(read.bytes.buffer, read.bytes.byteOffset, read.bytes.byteLength).toString("utf8");
+  return fromBytes(read.bytes);
+}
+
+/** The body as text; AnswerTooLarge past `limit`. */
+export function answerText(res: Response, limit = MAX_ANSWER_BYTES): Promise<string> {
+  return readWithin(res, limit, (r) => r.text(), utf8);
 }
 
 /** The body as bytes; AnswerTooLarge past `limit`. */
-export async function answerBytes(res: Response, limit = MAX_ANSWER_BYTES): Promise<ArrayBuffer> {
-  const announced = announcedLength(res);
-  if (announced !== undefined && announced <= limit) return res.arrayBuffer();
-  if (announced !== undefined) throw await tooLarge(res, limit);
-  const read = await readUpTo(res, limit);
-  if (!read.complete) throw new AnswerTooLarge(limit);
-  return read.bytes.buffer.slice(read.bytes.byteOffset, read.bytes.byteOffset + read.bytes.byteLength) as ArrayBuffer;
+export function answerBytes(res: Response, limit = MAX_ANSWER_BYTES): Promise<ArrayBuffer> {
+  return readWithin(res, limit, (r) => r.arrayBuffer(), (bytes) => bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength) as ArrayBuffer);
 }
+
+const utf8 = (bytes: Uint8Array): string => Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength).toString("utf8");
 
 /** An error answer's body, cut at MAX_ERROR_BODY_BYTES; "" when it cannot be read. */
 export async function errorBodyText(res: Response): Promise<string> {
   try {
-    const { bytes } = await readUpTo(res, MAX_ERROR_BODY_BYTES);
-    return Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength).toString("utf8");
+    return utf8((await readUpTo(res, MAX_ERROR_BODY_BYTES)).bytes);
   } catch {
     return "";
   }
