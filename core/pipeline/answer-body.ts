@@ -52,7 +52,7 @@ async function tooLarge(res: Response, limit: number): Promise<AnswerTooLarge> {
  * The body read by `native` when its announced length is within `limit` (the usual JSON answer
  * keeps Bun's own read), else read up to the bound and handed to `fromBytes`; AnswerTooLarge past it.
  */
-async function readWithin<T>(res: Response, limit: number, native: (res: Response) => Promise<T>, fromBytes: (bytes: Uint8Array) => T): Promise<T> {
+async function readBounded<T>(res: Response, limit: number, native: (res: Response) => Promise<T>, fromBytes: (bytes: Uint8Array) => T): Promise<T> {
   const announced = announcedLength(res);
   if (announced !== undefined && announced <= limit) return native(res);
   if (announced !== undefined) throw await tooLarge(res, limit);
@@ -63,12 +63,12 @@ async function readWithin<T>(res: Response, limit: number, native: (res: Respons
 
 /** The body as text; AnswerTooLarge past `limit`. */
 export function answerText(res: Response, limit = MAX_ANSWER_BYTES): Promise<string> {
-  return readWithin(res, limit, (r) => r.text(), utf8);
+  return readBounded(res, limit, (r) => r.text(), utf8);
 }
 
 /** The body as bytes; AnswerTooLarge past `limit`. */
 export function answerBytes(res: Response, limit = MAX_ANSWER_BYTES): Promise<ArrayBuffer> {
-  return readWithin(res, limit, (r) => r.arrayBuffer(), (bytes) => bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength) as ArrayBuffer);
+  return readBounded(res, limit, (r) => r.arrayBuffer(), (bytes) => bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength) as ArrayBuffer);
 }
 
 const utf8 = (bytes: Uint8Array): string => Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength).toString("utf8");
