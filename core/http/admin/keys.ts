@@ -569,6 +569,7 @@ async function regenerateKey(ctx: AdminCtx, keyFromPath: string | undefined): Pr
   if (!named) throw badRequest("key is required: the key to regenerate, plain or hashed.", "key");
   const row = await keyInReach(ctx, named, ["/key/regenerate", "/key/{key_id}/regenerate"]);
   const { key: _k, new_key: _n, new_master_key: _m, grace_period: _g, ...changesOnly } = input;
+  if ("spend" in changesOnly) await ctx.flushSpend();
   const fields = await updateFields(ctx, row, changesOnly);
   // The changes it carries are an update's: checked, and held in the write, as /key/update does.
   const planned = { ...row, ...(fields as Partial<KeyRow>) };

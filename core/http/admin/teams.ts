@@ -439,6 +439,7 @@ async function updateTeam(ctx: AdminCtx): Promise<Record<string, unknown>> {
       rpmLimit: merged.rpmLimit ?? null,
     });
   }
+  if ("spend" in props) await ctx.flushSpend();
   const [team] = await lockedTeam(ctx, before.teamId, async (tx, current) => {
     await holdReferences(tx, { organizationId: props.organizationId, budgetId: props.budgetId });
     if (settingsTouched) props.memberSettings = memberSettings(raw, current.memberSettings);

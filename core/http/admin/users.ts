@@ -262,6 +262,7 @@ async function updateUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
   if (reset !== undefined) props.budgetResetAt = reset;
 
   const newEmail = !byEmail && body.user_email ? body.user_email : undefined;
+  if ("spend" in props) await ctx.flushSpend();
   const [updated] = await ctx.db.transaction(async (tx) => {
     // The organization it is put in, held until the write ends (holds.ts), as /user/new holds it:
     // before the address, the order every write takes them in (holds.ts holdWrite).
