@@ -66,5 +66,32 @@ for (const world of WORLDS) {
       expect(await stored.team(teamId)).toBe(0);
       expect(await stored.user(userId)).toBe(0);
     });
+
+    for (const owner of ["team", "user"] as const) {
+      test(`a ${owner}'s spend lowered by hand makes room at once; raised to its budget, the next call is refused`, async () => {
+        const make = async (max_budget: number) => {
+          if (owner === "team") {
+            const teamId = await newTeam({ max_budget });
+            return { id: teamId, key: (await newKey({ team_id: teamId })).key };
+          }
+          const userId = await newUser({ max_budget });
+          return { id: userId, key: (await newKey({ user_id: userId })).key };
+        };
+        const setSpend = (id: string, spend: number) => post(`/${owner}/update`, { [`${owner}_id`]: id, spend });
+        const lowered = await make(2);
+        expect(await statuses(lowered.key, 3)).toEqual([200, 200, 400]);
+        await setSpend(lowered.id, 0);
+        expect(await statuses(lowered.key, 3)).toEqual([200, 200, 400]);
+        expect(await stored[owner](lowered.id)).toBe(2);
+
+        const raised = await make(3);
+        expect(await statuses(raised.key, 1)).toEqual([200]);
+        await setSpend(raised.id, 3);
+        const refused = await dollarCall(gw, raised.key);
+        expect(refused.status).toBe(400);
+        expect(refused.text).toContain("Budget has been exceeded");
+        expect(await stored[owner](raised.id)).toBe(3);
+      });
+    }
   });
 }

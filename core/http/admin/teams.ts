@@ -35,6 +35,7 @@ import type { IdentityChange, KeyRow, TeamMemberRow, TeamRow, UserRow } from "..
 import { fromApi, toApi } from "../../identity/serialize.ts";
 import { budgets, organizations, teamMembers, teams, users, virtualKeys } from "../../store/schema.ts";
 import { isUniqueViolation } from "../../store/sql.ts";
+import { counterId } from "../../spend/ledger.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { followedReset, periodFromBudget } from "../../identity/budget-period.ts";
 
@@ -450,6 +451,7 @@ async function updateTeam(ctx: AdminCtx): Promise<Record<string, unknown>> {
       .returning();
   });
   await ctx.changed({ kind: "team", teamId: before.teamId });
+  if ("spend" in props) await ctx.forgetBudgets([counterId("team", before.teamId)]);
   const out = await withMembers(ctx.db, team!);
   await ctx.audit({ action: "updated", table: "teams", objectId: before.teamId, before: await withMembers(ctx.db, before), after: out });
   return { team_id: before.teamId, data: out };

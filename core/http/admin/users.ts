@@ -18,6 +18,7 @@ import type { UserRow } from "../../identity/records.ts";
 import { fromApi, toApi } from "../../identity/serialize.ts";
 import { organizations, orgMembers, teamMembers, teams, users, virtualKeys } from "../../store/schema.ts";
 import { isUniqueViolation } from "../../store/sql.ts";
+import { counterId } from "../../spend/ledger.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { generateKey } from "./keys.ts";
 
@@ -282,6 +283,7 @@ async function updateUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
   // Deleted by a concurrent /user/delete since it was read: the answer that call's coming first gives.
   if (!updated) throw notFound(`User ${target.userId} not found.`, "user_id");
   await ctx.changed({ kind: "user", userId: target.userId });
+  if ("spend" in props) await ctx.forgetBudgets([counterId("user", target.userId)]);
   const teamIds = (await teamIdsOf(ctx.db, [target.userId])).get(target.userId) ?? [];
   const out = userApi(updated, teamIds);
   await ctx.audit({ action: "updated", table: "users", objectId: target.userId, before: userApi(target, teamIds), after: out });
