@@ -23,6 +23,7 @@ const team = { teamId: "t1", rpmLimit: 1e9, tpmLimit: null, maxParallelRequests:
 const identity: IdentityView = {
   lookupKey: () => key,
   keys: new Map([[key.token, key]]),
+  keyByCounterToken: () => key,
   teams: new Map([["t1", team]]),
   orgs: new Map(),
   users: new Map(),

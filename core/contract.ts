@@ -10,7 +10,7 @@ import type { BudgetRow, IdentityChange, KeyRow, OrgRow, TeamMemberRow, TeamRow,
 import type { ChatRequest, CompletionRequest, EmbeddingsRequest, ImageRequest, ModerationRequest, SpeechRequest, TranscriptionRequest, WireJson } from "./wire.ts";
 
 export type { BudgetRow, IdentityChange, KeyRow, OrgRow, TeamMemberRow, TeamRow, UserRow } from "./identity/records.ts";
-export { teamMemberId, teamMemberOf } from "./identity/records.ts";
+export { keyCounterToken, teamMemberId, teamMemberOf } from "./identity/records.ts";
 
 export type { ChatRequest, CompletionRequest, EmbeddingsRequest, ImageRequest, ModerationRequest, SpeechRequest, TranscriptionRequest, WireJson } from "./wire.ts";
 
@@ -474,10 +474,15 @@ export interface Hooks {
 
 /** One budget a call is checked against (money in pico-dollars, 1e-12 USD). */
 export interface BudgetCounter {
-  /** Stable id: `key:<token>`, `team:<id>`, `key_model:<token>:<model>`, `provider:<name>`. */
+  /** Stable id: `key:<token>`, `team:<id>`, `key_model:<token>:<model>`, `provider:<name>` (a key's token: `keyCounterToken`). */
   id: string;
   /** Whose budget, for messages: `Key sk-...abcd (alias)`, `Team=t1`, `Provider=openai`. */
   label: string;
+  /**
+   * The owner's id as refusals (`budget.id`) and alerts (`token`) give it, where the id names it
+   * otherwise: a key's counters go by its first token, the key is named by the one it has now.
+   */
+  ownerId?: string;
   /** A call is refused once spend has reached this. */
   limit: bigint;
   /** Alert (without blocking) when spend reaches this. */
@@ -530,7 +535,7 @@ export interface BudgetLedger {
  * 60 s, and requests in flight. Absent limits are not checked (the counter still counts).
  */
 export interface RateCounter {
-  /** Stable id: `key:<token>`, `team:<id>`, `key_model:<token>:<model>`, `deployment:<id>`. */
+  /** Stable id: `key:<token>`, `team:<id>`, `key_model:<token>:<model>`, `deployment:<id>` (a key's token: `keyCounterToken`). */
   id: string;
   /** Whose limit, for messages: `Key sk-...abcd`, `Team=t1`. */
   label: string;
@@ -593,14 +598,15 @@ export type CounterTable = "key" | "team" | "org" | "user" | "team_member";
 
 /** Sums of the stored spend log, for budgets whose spend is not kept on a row. */
 export interface SpendHistory {
-  sum(filter: { apiKey?: string; modelGroup?: string; provider?: string; since: number }): Promise<bigint>;
+  /** `apiKeys`: one key's tokens (its calls are logged under the token each had). */
+  sum(filter: { apiKeys?: readonly string[]; modelGroup?: string; provider?: string; since: number }): Promise<bigint>;
   /**
    * A spend counter's row as stored once every call already ended is written (the identity
    * mirror's copy is as old as the row's last change); undefined when the row is gone.
    */
   counter?(table: CounterTable, id: string): Promise<{ spend: string; budgetResetAt: Date | null } | undefined>;
-  /** The spend recorded for the period ending at `periodEnd` of a counter without a row (`key_model:…`, `provider:…`); 0 when none. */
-  periodSpend?(counter: string, periodEnd: number): Promise<bigint>;
+  /** The spend recorded for the period ending at `periodEnd` (null: a budget that never resets) of a counter without a row (`key_model:…`, `provider:…`); 0 when none. */
+  periodSpend?(counter: string, periodEnd: number | null): Promise<bigint>;
 }
 
 export interface Logger {
@@ -635,6 +641,8 @@ export interface IdentityView {
   lookupKey(token: string, now?: number): KeyRow | undefined;
   /** Every live key by token (for checks across keys, such as guaranteed throughput). */
   readonly keys: ReadonlyMap<string, KeyRow>;
+  /** The live key whose budget and rate-limit counters go by this (`keyCounterToken`), whatever token it has now. */
+  keyByCounterToken(counterToken: string): KeyRow | undefined;
   readonly teams: ReadonlyMap<string, TeamRow>;
   readonly orgs: ReadonlyMap<string, OrgRow>;
   readonly users: ReadonlyMap<string, UserRow>;

@@ -26,6 +26,7 @@ import {
   definePlugin,
   type Hooks,
   type IdentityView,
+  keyCounterToken,
   type Lease,
   type LedgerGrant,
   type LedgerRefusal,
@@ -133,11 +134,17 @@ function countersFor(intent: CallIntent, identity: IdentityView, history: SpendH
   if (key) {
     const budget = budgetOf(key.budgetId, identity);
     const temp = key.tempBudgetIncrease !== null && (key.tempBudgetExpiry?.getTime() ?? 0) > at ? columnToPico(key.tempBudgetIncrease) : 0n;
-    add(rowCounter("key", key.token, keyLabel(p), key, budget, at, history, temp));
+    // Named by what a rotation keeps (keyCounterToken); refusals and alerts name the key by the token it has.
+    const named = keyCounterToken(key);
+    const own = rowCounter("key", named, keyLabel(p), key, budget, at, history, temp);
+    if (own) add({ ...own, ownerId: key.token });
     // The key's own per-model budgets, else its budget object's.
-    const perModel = keyModelBudget(key.token, key.modelMaxBudget ?? budget?.modelMaxBudget, intent.modelGroup, at);
+    const perModel = keyModelBudget(named, key.modelMaxBudget ?? budget?.modelMaxBudget, intent.modelGroup, at);
     if (perModel && history) {
-      add(historyCounter(perModel, `${keyLabel(p)} for model=${intent.modelGroup}`, history, (since) => history.sum({ apiKey: key.token, modelGroup: intent.modelGroup, since })));
+      // Its calls are logged under the token each had: this one, and those before the latest rotations.
+      const apiKeys = [key.token, ...key.rotatedFrom];
+      const sumSince = (since: number) => history.sum({ apiKeys, modelGroup: intent.modelGroup, since });
+      add({ ...historyCounter(perModel, `${keyLabel(p)} for model=${intent.modelGroup}`, history, sumSince), ownerId: key.token });
     }
   }
   const team = p.teamId ? identity.teams.get(p.teamId) : undefined;
@@ -179,7 +186,7 @@ function stillBudgeted(id: string, identity: IdentityView): boolean {
   const rest = id.slice(at + 1);
   switch (id.slice(0, at)) {
     case "key": {
-      const key = identity.keys.get(rest);
+      const key = identity.keyByCounterToken(rest);
       return key !== undefined && budgeted(key, budgetOf(key.budgetId, identity));
     }
     case "team": {
@@ -205,6 +212,16 @@ function stillBudgeted(id: string, identity: IdentityView): boolean {
 }
 
 /**
+ * The counters a change of the key with this token may concern: the one named by the token (the
+ * key's before any rotation, or gone with it) and, for a live key, the one its counters go by.
+ */
+function keyCounters(token: string, identity: IdentityView): string[] {
+  const key = identity.keys.get(token);
+  const named = key ? keyCounterToken(key) : token;
+  return named === token ? [counterId("key", token)] : [counterId("key", token), counterId("key", named)];
+}
+
+/**
  * Row counters the ledger has met, per ledger (kept across the plugin's rebuilds on reload). The
  * ledger reads a counter's stored spend once and then counts its calls; a row whose budget goes
  * away stops being counted (its calls no longer reserve on it), so its entry is dropped then, and
@@ -221,7 +238,7 @@ const metCounters = new WeakMap<BudgetLedger, Set<string>>();
 function historyCounter(budget: HistoryBudget, label: string, history: SpendHistory, sumSince: (since: number) => Promise<bigint>): BudgetCounter {
   const { id, period } = budget;
   const storedSpend = async () => {
-    const [recorded, summed] = await Promise.all([period && history.periodSpend ? history.periodSpend(id, period.end) : 0n, sumSince(period?.start ?? 0)]);
+    const [recorded, summed] = await Promise.all([history.periodSpend ? history.periodSpend(id, period?.end ?? null) : 0n, sumSince(period?.start ?? 0)]);
     // Bigints: Math.max does not take them.
     if (recorded > summed) return recorded;
     return summed;
@@ -255,7 +272,7 @@ function reservedAt(intent: CallIntent): string {
 
 /** The refusing budget in figures (the error envelope's `budget`): a client can tell which one, and what is left, without reading the message. */
 function refusedBudget(c: BudgetCounter, spend: Pico, reserved: Pico, callCost: Pico | undefined): BudgetRefusalDetail {
-  const { entity, id, model } = counterOwner(c.id);
+  const { entity, id, model } = counterOwner(c);
   return {
     entity,
     id,
@@ -295,16 +312,16 @@ export default definePlugin({
     metCounters.set(ledger, seen);
     const unsubscribe = identity.onChange((change) => {
       // A change of one key, team, org or user concerns its own counter; others (memberships, budget objects, all) any.
-      const one =
-        change.kind === "key" ? counterId("key", change.token)
-        : change.kind === "team" ? counterId("team", change.teamId)
-        : change.kind === "org" ? counterId("org", change.orgId)
-        : change.kind === "user" ? counterId("user", change.userId)
+      const own =
+        change.kind === "key" ? keyCounters(change.token, identity)
+        : change.kind === "team" ? [counterId("team", change.teamId)]
+        : change.kind === "org" ? [counterId("org", change.orgId)]
+        : change.kind === "user" ? [counterId("user", change.userId)]
         : undefined;
       const gone: string[] = [];
       // One row's counter is dropped even if this instance never met it: with Redis another instance
       // (or this one before a restart) may have left it there.
-      for (const id of one === undefined ? seen : [one]) {
+      for (const id of own ?? seen) {
         if (stillBudgeted(id, identity)) continue;
         seen.delete(id);
         gone.push(id);

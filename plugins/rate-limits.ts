@@ -24,6 +24,7 @@ import {
   definePlugin,
   type Hooks,
   type IdentityView,
+  keyCounterToken,
   type KeyRow,
   type Lease,
   type RateCounter,
@@ -162,7 +163,8 @@ class Throughput {
     }
     if (shared.rpm !== undefined || shared.tpm !== undefined) out.push(shared);
     if (pools.rpm !== undefined || pools.tpm !== undefined) {
-      out.push({ id: `key_dynamic:${key.token}:${group}`, label: `${label} (dynamic share of model=${group})`, share: { among: `dynamic:${group}`, member: key.token, ...pools } });
+      const named = keyCounterToken(key);
+      out.push({ id: `key_dynamic:${named}:${group}`, label: `${label} (dynamic share of model=${group})`, share: { among: `dynamic:${group}`, member: named, ...pools } });
     }
   }
 }
@@ -175,7 +177,7 @@ function groupCounters(intent: CallIntent, identity: IdentityView | undefined, t
   if (!key) return out;
   const group = intent.modelGroup;
   const label = keyLabel(p);
-  modelCounter(out, `key_model:${key.token}`, label, key, group, budgetOf(key.budgetId, identity));
+  modelCounter(out, `key_model:${keyCounterToken(key)}`, label, key, group, budgetOf(key.budgetId, identity));
   throughput?.counters(intent, key, label, out);
   const user = p.user ?? (p.userId ? identity?.users.get(p.userId) : undefined);
   if (user) modelCounter(out, `user_model:${user.userId}`, `User=${user.userId}`, user, group);
@@ -195,7 +197,8 @@ function requestCounters(intent: CallIntent, identity: IdentityView | undefined)
   const label = keyLabel(p);
   const team = p.team ?? (p.teamId ? identity?.teams.get(p.teamId) : undefined);
   const org = p.org ?? (p.orgId ? identity?.orgs.get(p.orgId) : undefined);
-  rowCounter(out, `key:${key.token}`, label, key, budgetOf(key.budgetId, identity));
+  // Named by what a rotation keeps: the key's windows and its calls in flight carry over to its new token.
+  rowCounter(out, `key:${keyCounterToken(key)}`, label, key, budgetOf(key.budgetId, identity));
   const user = p.user ?? (p.userId ? identity?.users.get(p.userId) : undefined);
   if (user) rowCounter(out, `user:${user.userId}`, `User=${user.userId}`, user, undefined);
   if (team) rowCounter(out, `team:${team.teamId}`, `Team=${team.teamId}`, team, budgetOf(team.budgetId, identity));

@@ -7,10 +7,12 @@ import { and, eq, isNull } from "drizzle-orm";
 import type { IdentityView } from "../contract.ts";
 import type { Db } from "../store/db.ts";
 import { accessGroups, budgets, orgMembers, organizations, rotatedKeys, teamMembers, teams, users, virtualKeys } from "../store/schema.ts";
-import { type AccessGroupRow, type BudgetRow, type IdentityChange, type KeyRow, type OrgRow, type RotatedKeyRow, type TeamMemberRow, type TeamRole, type TeamRow, type UserRow, teamMemberId } from "./records.ts";
+import { type AccessGroupRow, type BudgetRow, type IdentityChange, type KeyRow, keyCounterToken, type OrgRow, type RotatedKeyRow, type TeamMemberRow, type TeamRole, type TeamRow, type UserRow, teamMemberId } from "./records.ts";
 
 export class IdentityCache implements IdentityView {
   readonly keys = new Map<string, KeyRow>();
+  /** Live keys by what their counters are named by (keyCounterToken). */
+  private readonly keysByCounter = new Map<string, KeyRow>();
   readonly rotated = new Map<string, RotatedKeyRow>();
   readonly teams = new Map<string, TeamRow>();
   readonly orgs = new Map<string, OrgRow>();
@@ -53,7 +55,7 @@ export class IdentityCache implements IdentityView {
       this.db.select().from(orgMembers),
     ]);
     this.clear();
-    for (const row of k) this.keys.set(row.token, row);
+    for (const row of k) this.setKey(row);
     for (const row of r) this.rotated.set(row.token, row);
     for (const row of t) this.teams.set(row.teamId, row);
     for (const row of o) this.orgs.set(row.organizationId, row);
@@ -65,7 +67,24 @@ export class IdentityCache implements IdentityView {
   }
 
   private clear(): void {
-    for (const m of [this.keys, this.rotated, this.teams, this.orgs, this.users, this.budgets, this.accessGroups, this.accessGroupNames, this.teamMembers, this.memberRows, this.userTeams, this.orgMembers, this.userOrgs]) m.clear();
+    for (const m of [this.keys, this.keysByCounter, this.rotated, this.teams, this.orgs, this.users, this.budgets, this.accessGroups, this.accessGroupNames, this.teamMembers, this.memberRows, this.userTeams, this.orgMembers, this.userOrgs]) m.clear();
+  }
+
+  private setKey(row: KeyRow): void {
+    this.keys.set(row.token, row);
+    this.keysByCounter.set(keyCounterToken(row), row);
+  }
+
+  private deleteKey(token: string): void {
+    const old = this.keys.get(token);
+    this.keys.delete(token);
+    // A rotated key's row is under its new token already (the new token's change comes first): kept.
+    if (old && this.keysByCounter.get(keyCounterToken(old)) === old) this.keysByCounter.delete(keyCounterToken(old));
+  }
+
+  /** The live key whose budget and rate-limit counters go by this (keyCounterToken), whatever token it has now. */
+  keyByCounterToken(counterToken: string): KeyRow | undefined {
+    return this.keysByCounter.get(counterToken);
   }
 
   private setAccessGroup(row: AccessGroupRow): void {
@@ -138,8 +157,8 @@ export class IdentityCache implements IdentityView {
         break;
       case "key": {
         const [row] = await db.select().from(virtualKeys).where(and(eq(virtualKeys.token, change.token), isNull(virtualKeys.deletedAt)));
-        if (row) this.keys.set(row.token, row);
-        else this.keys.delete(change.token);
+        if (row) this.setKey(row);
+        else this.deleteKey(change.token);
         break;
       }
       case "rotated_key": {

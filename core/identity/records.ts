@@ -24,6 +24,15 @@ export const teamMemberOf = (id: string): { teamId: string; userId: string } => 
   return { teamId: id.slice(0, tab), userId: id.slice(tab + 1) };
 };
 
+/**
+ * What a key's budget and rate-limit counters are named by: the token it had first, which its
+ * rotations keep (`first_token`, set by the first; until then the key still has it). Named by the
+ * current token, a rotated key began new counters: its calls in flight held nothing on them and
+ * settled on the old ones (max_budget, max_parallel_requests and rpm overrun), and its per-model
+ * budgets started again.
+ */
+export const keyCounterToken = (key: Pick<KeyRow, "token" | "firstToken">): string => key.firstToken ?? key.token;
+
 /** What changed, so every instance reloads exactly that from the store. */
 export type IdentityChange =
   | { kind: "key"; token: string }

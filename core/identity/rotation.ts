@@ -46,6 +46,16 @@ export async function releaseEarlierToken(tx: Exec, token: string): Promise<void
     .where(arrayContains(virtualKeys.rotatedFrom, [token]));
 }
 
+/**
+ * The `first_token` of a new key with this token: null (its counters go by its token), unless an
+ * earlier key, rotated since, was created with the same value (revoked, it is free again) and its
+ * counters still go by it: then an id of the new key's own, else the two shared a budget.
+ */
+export async function firstTokenOfNewKey(tx: Exec, token: string): Promise<string | null> {
+  const [earlier] = await tx.select({ token: virtualKeys.token }).from(virtualKeys).where(eq(virtualKeys.firstToken, token)).limit(1);
+  return earlier ? `key-${randomUUID()}` : null;
+}
+
 export interface Rotation {
   /** The old row's token. */
   oldToken: string;
@@ -84,6 +94,8 @@ export async function rotateKey(db: Db, r: Rotation): Promise<{ row: KeyRow; cha
         token: r.newToken,
         // A spend batch that read the old token before this commits finds the row by it (spend/flush.ts).
         rotatedFrom: sql`(array[${r.oldToken}]::text[] || ${virtualKeys.rotatedFrom})[1:${sql.raw(String(EARLIER_TOKENS_KEPT))}]`,
+        // Its budget and rate-limit counters go on under the name they had (records.ts keyCounterToken).
+        firstToken: sql`coalesce(${virtualKeys.firstToken}, ${r.oldToken})`,
         keyName: r.newKeyName,
         rotationCount: sql`${virtualKeys.rotationCount} + 1`,
         lastRotationAt: new Date(now),

@@ -9,7 +9,7 @@ import { writtenNumber } from "./exact-numbers.ts";
 
 const MONEY = new Set(["spend", "max_budget", "soft_budget", "temp_budget_increase", "max_budget_in_team", "max_budget_in_organization"]);
 /** Columns the store keeps for itself, not part of any API object. */
-const INTERNAL = new Set(["rotated_from"]);
+const INTERNAL = new Set(["rotated_from", "first_token"]);
 
 function snake(prop: string): string {
   return prop.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`);

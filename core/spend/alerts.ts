@@ -36,7 +36,7 @@ const text = (event: BudgetEvent, left: number | undefined): string =>
 const DEFAULT_THRESHOLDS: readonly number[] = [0.15, 0.05];
 
 export function alertPayload(counter: BudgetCounter, event: BudgetEvent, spend: bigint, left?: number): Record<string, unknown> {
-  const { kind, entity, id, model } = counterOwner(counter.id);
+  const { kind, entity, id, model } = counterOwner(counter);
   return {
     spend: picoToUsd(spend),
     max_budget: counter.limit === NO_LIMIT ? null : picoToUsd(counter.limit),

@@ -6,7 +6,7 @@
 import type { CallRecord, CounterTable, ProviderBudget } from "../contract.ts";
 import { type PicoJson, picoJson } from "../cost/money.ts";
 import type { IdentityCache } from "../identity/cache.ts";
-import { teamMemberId } from "../identity/records.ts";
+import { keyCounterToken, teamMemberId } from "../identity/records.ts";
 import { parseDuration } from "../identity/duration.ts";
 import { type HistoryBudget, keyModelBudget, providerBudget } from "./history-budgets.ts";
 import { periodEnd, periodLength } from "./period.ts";
@@ -78,8 +78,8 @@ function chargedPeriod(then: PeriodFields | undefined, thenDuration: string | nu
 }
 
 /**
- * The counters a call charges, with their periods as of the call's start (see chargedPeriod); of
- * the budgets without a row (history-budgets.ts), those that reset, in their grid period.
+ * The counters a call charges, with their periods as of the call's start (see chargedPeriod); the
+ * budgets without a row (history-budgets.ts) in their grid period, or for good.
  */
 export function chargesOf(call: CallRecord, identity: IdentityCache | undefined, providerBudgets: Readonly<Record<string, ProviderBudget>> = {}): Charge[] {
   const p = call.principal;
@@ -93,7 +93,7 @@ export function chargesOf(call: CallRecord, identity: IdentityCache | undefined,
     // As the ledger reads it: the key as it is now, else as the call found it.
     const now = identity?.keys.get(key.token) ?? key;
     const nowBudget = now.budgetId ? identity?.budgets.get(now.budgetId) : undefined;
-    periodCharge(charges, keyModelBudget(key.token, now.modelMaxBudget ?? nowBudget?.modelMaxBudget, call.modelGroup, at));
+    periodCharge(charges, keyModelBudget(keyCounterToken(key), now.modelMaxBudget ?? nowBudget?.modelMaxBudget, call.modelGroup, at));
   }
   if (!call.cacheHit) periodCharge(charges, providerBudget(call.provider, providerBudgets, at));
   if (p.userId) {
@@ -124,7 +124,9 @@ export function chargesOf(call: CallRecord, identity: IdentityCache | undefined,
 }
 
 function periodCharge(charges: Charge[], budget: HistoryBudget | undefined): void {
-  if (budget?.period) charges.push({ table: "period", id: budget.id, periodEnd: budget.period.end, periodMs: budget.period.end - budget.period.start });
+  if (!budget) return;
+  const { id, period } = budget;
+  charges.push({ table: "period", id, periodEnd: period?.end ?? null, periodMs: period ? period.end - period.start : null });
 }
 
 /** The longest `request_id` stored: 3 bytes of UTF-8 per unit at most, well within an index entry. */

@@ -75,6 +75,13 @@ const COUNTER_TABLES: readonly CounterTable[] = ["key", "team", "org", "user", "
 type ChargeTable = Charge["table"];
 
 /**
+ * The period end a budget that never resets is recorded under: its record holds all its spend,
+ * which the log sums only by token (a key's per-model budget, named by what a rotation keeps,
+ * would otherwise lose what the tokens of its earlier rotations spent), and is never pruned.
+ */
+export const FLAT_PERIOD_END = "infinity";
+
+/**
  * The spend of counters without a row (history-budgets.ts) in their period: added to the
  * period's record, made by its first call. Inserted in key order, so batches of instances sharing
  * one database lock the records they share in one order.
@@ -82,9 +89,9 @@ type ChargeTable = Charge["table"];
 const periodSpendUpsert = (after?: string) => `
   period_spend as (
     insert into budget_period_spend as b (counter, period_end, spend)
-    select d.id, d.period_end, d.amount from delta d
-    where d.t = 'period' and d.period_end is not null${after ? ` and (select count(*) from ${after}_spend) >= 0` : ""}
-    order by d.id, d.period_end
+    select d.id, coalesce(d.period_end, '${FLAT_PERIOD_END}'::timestamptz), d.amount from delta d
+    where d.t = 'period'${after ? ` and (select count(*) from ${after}_spend) >= 0` : ""}
+    order by d.id, 2
     on conflict (counter, period_end) do update set spend = b.spend + excluded.spend
     returning 1)`;
 

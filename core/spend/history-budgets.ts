@@ -8,18 +8,18 @@ import type { ProviderBudget } from "../contract.ts";
 import { gridPeriod } from "./period.ts";
 
 export interface HistoryBudget {
-  /** The counter's id: `key_model:<token>:<group>` or `provider:<name>`. */
+  /** The counter's id: `key_model:<token>:<group>` (the key's `keyCounterToken`) or `provider:<name>`. */
   id: string;
   limitUsd: number;
   /** Its grid period at the instant asked (spend/period.ts gridPeriod); null for a budget that never resets. */
   period: { start: number; end: number } | null;
 }
 
-export function keyModelBudget(token: string, modelMaxBudget: Record<string, unknown> | null | undefined, modelGroup: string, at: number): HistoryBudget | undefined {
+export function keyModelBudget(counterToken: string, modelMaxBudget: Record<string, unknown> | null | undefined, modelGroup: string, at: number): HistoryBudget | undefined {
   const perModel = modelMaxBudget?.[modelGroup] as { budget_limit?: unknown; max_budget?: unknown; time_period?: unknown; budget_duration?: unknown } | undefined;
   const limit = perModel?.budget_limit ?? perModel?.max_budget;
   if (typeof limit !== "number") return undefined;
-  return { id: `key_model:${token}:${modelGroup}`, limitUsd: limit, period: periodOf(String(perModel?.time_period ?? perModel?.budget_duration ?? ""), at) };
+  return { id: `key_model:${counterToken}:${modelGroup}`, limitUsd: limit, period: periodOf(String(perModel?.time_period ?? perModel?.budget_duration ?? ""), at) };
 }
 
 export function providerBudget(name: string, budgets: Readonly<Record<string, ProviderBudget>>, at: number): HistoryBudget | undefined {

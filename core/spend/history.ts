@@ -8,13 +8,14 @@ import { type CounterTable, type SpendHistory, teamMemberOf } from "../contract.
 import { columnToPico } from "../cost/money.ts";
 import type { Db } from "../store/db.ts";
 import { rows } from "../store/sql.ts";
-import { dayOf } from "./flush.ts";
+import { dayOf, FLAT_PERIOD_END } from "./flush.ts";
 
 const DAY_MS = 86_400_000;
 
 /** A counter row's table and id columns (a team member's id is `team_id\tuser_id`). */
 const COUNTER_ROWS: Record<CounterTable, (id: string) => SQL> = {
-  key: (id) => sql`select spend::text as spend, budget_reset_at as reset from virtual_keys where token = ${id}`,
+  // By what its counters go by (records.ts keyCounterToken: first_token, else token).
+  key: (id) => sql`select spend::text as spend, budget_reset_at as reset from virtual_keys where first_token = ${id} or (first_token is null and token = ${id})`,
   team: (id) => sql`select spend::text as spend, budget_reset_at as reset from teams where team_id = ${id}`,
   org: (id) => sql`select spend::text as spend, budget_reset_at as reset from organizations where organization_id = ${id}`,
   user: (id) => sql`select spend::text as spend, budget_reset_at as reset from users where user_id = ${id}`,
@@ -42,31 +43,30 @@ export class StoreSpendHistory implements SpendHistory {
     return { spend: row.spend, budgetResetAt: row.reset === null ? null : new Date(row.reset) };
   }
 
-  async periodSpend(counter: string, periodEnd: number): Promise<bigint> {
+  async periodSpend(counter: string, periodEnd: number | null): Promise<bigint> {
     await this.flushPending();
-    const [row] = await rows<{ spend: string }>(
-      this.db,
-      sql`select spend::text as spend from budget_period_spend where counter = ${counter} and period_end = ${new Date(periodEnd).toISOString()}::timestamptz`,
-    );
+    const end = periodEnd === null ? sql`${FLAT_PERIOD_END}::timestamptz` : sql`${new Date(periodEnd).toISOString()}::timestamptz`;
+    const [row] = await rows<{ spend: string }>(this.db, sql`select spend::text as spend from budget_period_spend where counter = ${counter} and period_end = ${end}`);
     return columnToPico(row?.spend);
   }
 
-  async sum(filter: { apiKey?: string; modelGroup?: string; provider?: string; since: number }): Promise<bigint> {
+  async sum(filter: { apiKeys?: readonly string[]; modelGroup?: string; provider?: string; since: number }): Promise<bigint> {
     await this.flushPending();
     const firstWholeDay = Math.ceil(filter.since / DAY_MS) * DAY_MS;
+    const apiKeys = filter.apiKeys?.length ? sql.join(filter.apiKeys.map((k) => sql`${k}`), sql`, `) : undefined;
     let total = 0n;
     if (firstWholeDay > filter.since) {
       const logWhere: SQL[] = [sql`start_time >= ${new Date(filter.since).toISOString()}::timestamptz`, sql`start_time < ${new Date(firstWholeDay).toISOString()}::timestamptz`];
-      if (filter.apiKey) logWhere.push(sql`api_key = ${filter.apiKey}`);
+      if (apiKeys) logWhere.push(sql`api_key in (${apiKeys})`);
       if (filter.modelGroup) logWhere.push(sql`model_group = ${filter.modelGroup}`);
       if (filter.provider) logWhere.push(sql`provider = ${filter.provider}`);
       const [row] = await rows<{ total: string | null }>(this.db, sql`select sum(spend)::text as total from spend_logs where ${sql.join(logWhere, sql` and `)}`);
       total += columnToPico(row?.total);
     }
-    const entity = filter.apiKey ? sql`entity_type = 'key' and entity_id = ${filter.apiKey}` : sql`entity_type = 'provider' and entity_id = ${filter.provider ?? ""}`;
+    const entity = apiKeys ? sql`entity_type = 'key' and entity_id in (${apiKeys})` : sql`entity_type = 'provider' and entity_id = ${filter.provider ?? ""}`;
     const where: SQL[] = [entity, sql`date >= ${dayOf(firstWholeDay)}::date`];
     if (filter.modelGroup) where.push(sql`model_group = ${filter.modelGroup}`);
-    if (filter.apiKey && filter.provider) where.push(sql`provider = ${filter.provider}`);
+    if (apiKeys && filter.provider) where.push(sql`provider = ${filter.provider}`);
     const [row] = await rows<{ total: string | null }>(this.db, sql`select sum(spend)::text as total from daily_spend where ${sql.join(where, sql` and `)}`);
     return total + columnToPico(row?.total);
   }

@@ -45,12 +45,14 @@ const OWNER: Record<string, string> = { key: "key", key_model: "key", team: "tea
 
 /**
  * Whose budget a counter is, read from its id (`counterId`, `key_model:<token>:<model>`,
- * `provider:<name>`): its kind, the owner's entity name and id, and the model of a key's per-model budget.
+ * `provider:<name>`): its kind, the owner's entity name and id (its `ownerId` when it has one),
+ * and the model of a key's per-model budget.
  */
-export function counterOwner(counter: string): { kind: string; entity: string; id: string; model?: string } {
-  const [kind = "", ...rest] = counter.split(":");
+export function counterOwner(counter: Pick<BudgetCounter, "id" | "ownerId">): { kind: string; entity: string; id: string; model?: string } {
+  const [kind = "", ...rest] = counter.id.split(":");
   const entity = OWNER[kind] ?? kind;
-  return kind === "key_model" ? { kind, entity, id: rest[0] ?? "", model: rest.slice(1).join(":") } : { kind, entity, id: rest.join(":") };
+  const owner = kind === "key_model" ? { kind, entity, id: rest[0] ?? "", model: rest.slice(1).join(":") } : { kind, entity, id: rest.join(":") };
+  return counter.ownerId === undefined ? owner : { ...owner, id: counter.ownerId };
 }
 
 /** The limit of a counter kept only for its soft budget: never reached (2^62 pico-dollars, about $4.6 million). */

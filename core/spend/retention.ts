@@ -73,7 +73,7 @@ export async function deleteReportPartsBefore(db: Db, cutoff: number): Promise<n
   return Number(r?.n ?? 0);
 }
 
-/** Deletes the period records (budget_period_spend) of periods that ended before `cutoff` (ms): only a current period is read. */
+/** Deletes the period records (budget_period_spend) of periods that ended before `cutoff` (ms): only a current period is read (a budget that never resets has one that never ends). */
 export async function deletePeriodSpendBefore(db: Db, cutoff: number): Promise<number> {
   const [r] = await rows<{ n: number | string }>(
     db,

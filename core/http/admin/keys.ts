@@ -25,13 +25,13 @@ import {
   RegenerateKeySchema,
   UpdateKeySchema,
 } from "../../identity/key-fields.ts";
-import type { IdentityChange, KeyRow, TeamRow, UserRow } from "../../identity/records.ts";
+import { type IdentityChange, type KeyRow, keyCounterToken, type TeamRow, type UserRow } from "../../identity/records.ts";
 import type { Exec } from "../../identity/members.ts";
 import { decimalsOf, toApi } from "../../identity/serialize.ts";
 import { writtenNumber } from "../../identity/exact-numbers.ts";
 import { columnToPico, exactUsdJson, PICO_DIGITS, picoToText, usdToPico } from "../../cost/money.ts";
 import { choice, flag, integer } from "../../identity/paging.ts";
-import { releaseEarlierToken, rotateKey } from "../../identity/rotation.ts";
+import { firstTokenOfNewKey, releaseEarlierToken, rotateKey } from "../../identity/rotation.ts";
 import type { Db } from "../../store/db.ts";
 import { rotatedKeys, users, virtualKeys } from "../../store/schema.ts";
 import { checker } from "../validate.ts";
@@ -421,6 +421,7 @@ export async function generateKey(ctx: AdminCtx, body: Record<string, unknown>, 
         .values({
           ...fields,
           token,
+          firstToken: await firstTokenOfNewKey(tx, token),
           keyName: keyName(plaintext),
           userId,
           teamId: team?.teamId ?? null,
@@ -517,7 +518,7 @@ async function updateKey(ctx: AdminCtx, row: KeyRow, body: KeyBody): Promise<Key
   }
   if (!updated) throw notFound("Key not found: it was deleted meanwhile.", "key");
   await ctx.changed(...(await userWritten(ctx, updated.userId !== row.userId ? updated.userId : undefined, createdUser)), { kind: "key", token: row.token });
-  if ("spend" in fields) await ctx.forgetBudgets([counterId("key", row.token)]);
+  if ("spend" in fields) await ctx.forgetBudgets([counterId("key", keyCounterToken(row))]);
   await ctx.audit({ action: "updated", table: TABLE, objectId: row.token, before: toApi(row), after: toApi(updated) });
   return updated;
 }
@@ -590,6 +591,8 @@ async function regenerateKey(ctx: AdminCtx, keyFromPath: string | undefined): Pr
   }
   if (!done) throw notFound("Key not found: it was deleted or rotated meanwhile.", "key");
   await ctx.changed(...(await userWritten(ctx, done.row.userId !== row.userId ? done.row.userId : undefined, createdUser)), ...done.changes);
+  // The rotated key's counters go on (records.ts keyCounterToken): a spend set with it restarts them.
+  if ("spend" in fields) await ctx.forgetBudgets([counterId("key", keyCounterToken(done.row))]);
   const after = toApi(done.row);
   await ctx.audit({ action: "rotated", table: TABLE, objectId: newToken, before: toApi(row), after: { ...after, previous_token: row.token, grace_period_ms: grace } });
   return { ...after, key: plaintext, token_id: newToken };
@@ -661,7 +664,7 @@ async function resetSpend(ctx: AdminCtx): Promise<Record<string, unknown>> {
   });
   if (!updated) throw notFound("Key not found: it was deleted meanwhile.", "key");
   await ctx.changed({ kind: "key", token: row.token });
-  await ctx.forgetBudgets([counterId("key", row.token)]);
+  await ctx.forgetBudgets([counterId("key", keyCounterToken(row))]);
   await ctx.audit({ action: "spend_reset", table: TABLE, objectId: row.token, before: { spend: exactUsdJson(previous) }, after: { spend: exactUsdJson(to) } });
   const out = toApi(updated);
   return { key_hash: row.token, spend: out.spend, previous_spend: exactUsdJson(previous), max_budget: out.max_budget ?? null, budget_reset_at: out.budget_reset_at ?? null };

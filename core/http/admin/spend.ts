@@ -380,7 +380,9 @@ async function resetAllSpend(ctx: AdminCtx) {
   const everyCounter = await Promise.all(
     RESET_KINDS.map(async (kind) => {
       const { table, ids } = COUNTER_COLUMNS[kind];
-      const found = await rowValues(ctx.db, sql`select ${sql.join([...ids], sql`, `)} from ${table}`);
+      // A key's counters go by its first token (records.ts keyCounterToken).
+      const names = kind === "key" ? [sql`coalesce(${virtualKeys.firstToken}, ${virtualKeys.token})`] : ids;
+      const found = await rowValues(ctx.db, sql`select ${sql.join([...names], sql`, `)} from ${table}`);
       return found.map((v) => counterId(kind, kind === "team_member" ? teamMemberId(String(v[0]), String(v[1])) : String(v[0])));
     }),
   );

@@ -187,6 +187,14 @@ export const virtualKeys = pgTable(
      * once it had moved twice.
      */
     rotatedFrom: textArray("rotated_from"),
+    /**
+     * What the key's budget and rate-limit counters are named by once it has been rotated (the
+     * token it had first; a rotation keeps it), so that its calls in flight, its spend and its
+     * windows carry over to the new token. Null until the first rotation: the counters go by the
+     * token (identity/records.ts keyCounterToken). A random id for a key created with a value that
+     * an earlier key's counters still go by (a revoked value given out again).
+     */
+    firstToken: text("first_token"),
     allowedVectorStoreIndexes: jsonb("allowed_vector_store_indexes").$type<unknown[]>(),
     routerSettings: json("router_settings"),
     accessGroupIds: textArray("access_group_ids"),
@@ -203,6 +211,7 @@ export const virtualKeys = pgTable(
     // The budget-period roller looks for keys whose period has ended.
     index("virtual_keys_reset_idx").on(t.budgetResetAt),
     index("virtual_keys_rotated_from_idx").using("gin", t.rotatedFrom),
+    uniqueIndex("virtual_keys_first_token_idx").on(t.firstToken),
   ],
 );
 

@@ -173,9 +173,11 @@ export const spendCalls = pgTable("spend_calls", {
 /**
  * Spend per budget period of the counters that have no row of their own (a key's per-model
  * budget `key_model:<token>:<group>`, a provider's budget `provider:<name>`), for periods on a grid
- * (spend/period.ts gridPeriod). Their spend was summed from the log, which holds nothing with
- * `disable_spend_logs` or past retention: a period shorter than a day then started again at 0 on
- * every restart. Written by the spend writer with the other counters; old periods are pruned.
+ * (spend/period.ts gridPeriod), and for good (period_end infinity) for a budget that never resets.
+ * Their spend was summed from the log, which holds nothing with `disable_spend_logs` or past
+ * retention (a period shorter than a day then started again at 0 on every restart), and holds a
+ * key's calls under the token each had (a key rotated more often than it keeps earlier tokens
+ * lost the rest). Written by the spend writer with the other counters; old periods are pruned.
  */
 export const budgetPeriodSpend = pgTable(
   "budget_period_spend",
