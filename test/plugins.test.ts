@@ -26,6 +26,28 @@ const SINK = "plugins-test";
  */
 const fromTempConfig = (abs: string) => relative(join(tmpdir(), "gw-test-anything"), abs);
 
+/**
+ * A reload to `bad` is refused with the models `before` still served, and a later reload to `good`
+ * serves `before` and `after`: the errors of the refusal.
+ */
+async function refusedThenApplied(gw: TestGateway, bad: ConfigInput, good: ConfigInput): Promise<string[]> {
+  gw.writeConfig(bad);
+  const refused = await gw.live.reload("test");
+  expect(refused.ok).toBe(false);
+  expect(await listedModels(gw)).toEqual(["before"]);
+  gw.writeConfig(good);
+  expect((await gw.live.reload("test")).ok).toBe(true);
+  expect(await listedModels(gw)).toEqual(["before", "after"]);
+  return refused.ok ? [] : refused.errors;
+}
+
+/** A plugin still hanging does not hold the stop. */
+async function stopsPromptly(gw: TestGateway): Promise<void> {
+  const t0 = Date.now();
+  await gw.stop();
+  expect(Date.now() - t0).toBeLessThan(5_000);
+}
+
 /** The model ids `/v1/models` lists to the master key. */
 async function listedModels(gw: TestGateway): Promise<string[]> {
   const res = await fetch(`${gw.baseURL}/models`, { headers: { authorization: `Bearer ${MASTER_KEY}` } });
@@ -189,17 +211,10 @@ describe("a plugin whose setup never ends", () => {
     pluginTiming.setupMs = 300;
     const gw = await startTestGateway(withPlugin(false, ["before"]));
     try {
-      gw.writeConfig(withPlugin(true, ["before", "never"]));
-      const refused = await gw.live.reload("test");
-      expect(refused.ok ? "" : refused.errors.join("\n")).toContain("plugin hang-setup: its setup did not finish within 0.3 s");
-      expect(await listedModels(gw)).toEqual(["before"]);
-      gw.writeConfig(withPlugin(false, ["before", "after"]));
-      expect((await gw.live.reload("test")).ok).toBe(true);
-      expect(await listedModels(gw)).toEqual(["before", "after"]);
+      const errors = await refusedThenApplied(gw, withPlugin(true, ["before", "never"]), withPlugin(false, ["before", "after"]));
+      expect(errors.join("\n")).toContain("plugin hang-setup: its setup did not finish within 0.3 s");
     } finally {
-      const t0 = Date.now();
-      await gw.stop();
-      expect(Date.now() - t0).toBeLessThan(5_000);
+      await stopsPromptly(gw);
       pluginTiming.setupMs = saved;
     }
   });
@@ -222,17 +237,9 @@ describe("a plugin whose module never finishes loading (top-level await)", () =>
     try {
       await expect(startTestGateway(config(["never"], true))).rejects.toMatchObject({ errors: [error] });
 
-      gw.writeConfig(config(["before", "never"], true));
-      const refused = await gw.live.reload("test");
-      expect(refused.ok ? [] : refused.errors).toEqual([error]);
-      expect(await listedModels(gw)).toEqual(["before"]);
-      gw.writeConfig(config(["before", "after"], false));
-      expect((await gw.live.reload("test")).ok).toBe(true);
-      expect(await listedModels(gw)).toEqual(["before", "after"]);
+      expect(await refusedThenApplied(gw, config(["before", "never"], true), config(["before", "after"], false))).toEqual([error]);
     } finally {
-      const t0 = Date.now();
-      await gw.stop();
-      expect(Date.now() - t0).toBeLessThan(5_000);
+      await stopsPromptly(gw);
       pluginTiming.loadMs = saved;
     }
   });

@@ -4,7 +4,7 @@
 // flight, and an rpm_limit of 2 let 3 calls through in a minute.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { randomUUID } from "node:crypto";
-import { MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
+import { MASTER_KEY, requestOk, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 import { TEST_REDIS_URL } from "../harness/redis.ts";
 import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
 import { chatCall, type LimitReply } from "./chat-call.ts";
@@ -40,11 +40,7 @@ for (const world of WORLDS) {
     }, 60_000);
     afterAll(() => gw?.stop());
 
-    const post = async <T = Record<string, unknown>>(path: string, body: Record<string, unknown>): Promise<T> => {
-      const r = await requestJson<T>(gw, "POST", path, { body });
-      expect(r.status, `${path}: ${r.text}`).toBe(200);
-      return r.body;
-    };
+    const post = <T = Record<string, unknown>>(path: string, body: Record<string, unknown>) => requestOk<T>(gw, "POST", path, body);
     const newKey = async (body: Record<string, unknown>) => (await post<{ key: string }>("/key/generate", body)).key;
     const regenerate = async (key: string) => (await post<{ key: string }>(`/key/${key}/regenerate`, {})).key;
     /** A `slow` call the upstream answers after `holdMs`. */

@@ -3,7 +3,7 @@
 // figure (not on top of it), and the budget's counter starts again from it.
 // The spend writer here writes only when asked, so calls that ended are still queued at the write.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
+import { BACKENDS, MASTER_KEY, requestJson, requestOk, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 import { TEST_REDIS_URL } from "../harness/redis.ts";
 import { DOLLAR_MODEL, dollarCall } from "../harness/traffic.ts";
 
@@ -19,11 +19,7 @@ for (const world of WORLDS) {
     }, 60_000);
     afterAll(() => gw?.stop());
 
-    const post = async <T = Record<string, unknown>>(path: string, body: Record<string, unknown>): Promise<T> => {
-      const r = await requestJson<T>(gw, "POST", path, { body });
-      expect(r.status, `${path}: ${r.text}`).toBe(200);
-      return r.body;
-    };
+    const post = <T = Record<string, unknown>>(path: string, body: Record<string, unknown>) => requestOk<T>(gw, "POST", path, body);
     const newKey = async (body: Record<string, unknown>) => post<{ key: string; token: string }>("/key/generate", body);
     const newTeam = async (body: Record<string, unknown>) => (await post<{ team_id: string }>("/team/new", body)).team_id;
     const newUser = async (body: Record<string, unknown>) => (await post<{ user_id: string }>("/user/new", body)).user_id;

@@ -6,7 +6,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { randomUUID } from "node:crypto";
 import { rotateDueKeys } from "../../core/identity/rotation.ts";
-import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, startTestGateway, type TestGateway } from "../harness/gateway.ts";
+import { BACKENDS, MASTER_KEY, requestJson, requestOk, startBackendGateway, startTestGateway, type TestGateway } from "../harness/gateway.ts";
 import { TEST_REDIS_URL } from "../harness/redis.ts";
 import { jsonPostReceiver } from "../harness/util.ts";
 import { DOLLAR_MODEL, dollarCall } from "../harness/traffic.ts";
@@ -53,11 +53,7 @@ for (const world of WORLDS) {
     }, 60_000);
     afterAll(() => gw?.stop());
 
-    const post = async <T = Record<string, unknown>>(path: string, body: Record<string, unknown>): Promise<T> => {
-      const r = await requestJson<T>(gw, "POST", path, { body });
-      expect(r.status, `${path}: ${r.text}`).toBe(200);
-      return r.body;
-    };
+    const post = <T = Record<string, unknown>>(path: string, body: Record<string, unknown>) => requestOk<T>(gw, "POST", path, body);
     const newKey = (body: Record<string, unknown>) => post<{ key: string; token: string }>("/key/generate", body);
     const regenerate = (key: string, body: Record<string, unknown> = {}) => post<{ key: string; token: string }>(`/key/${key}/regenerate`, body);
     const statuses = async (key: string, n: number) => {
