@@ -162,6 +162,9 @@ return 0
 
 const NOTHING_TO_END = { settle: () => undefined, cancel: () => undefined };
 
+/** Scripts kept for when Redis answers again, at most (past it the oldest go: their requests leave the windows within the ttl). */
+const MAX_PENDING = 100_000;
+
 /** The counter's keys, hash-tagged so one counter's keys share a cluster slot; a share's members are kept per pool. */
 function keysOf(c: RateCounter): string[] {
   const tag = `${PREFIX}{${c.id}}`;
@@ -180,6 +183,13 @@ export class RedisWindows implements RateWindows {
   private seq = 0;
   /** When this instance last counted a request; its liveness key is renewed while that is within the ttl. */
   private lastCounted = 0;
+  /**
+   * Scripts to run once Redis answers again: the CANCEL of a request whose acquire got no answer
+   * (Redis may have counted it, then held it in flight for the whole ttl: a key with
+   * max_parallel_requests 1 refused everywhere for 15 minutes), and a SETTLE or CANCEL that could
+   * not be sent. Both act once however often they run. Oldest dropped past MAX_PENDING.
+   */
+  private pending: { keys: string[]; script: LuaScript; args: (string | number)[] }[] = [];
   private renewal: ReturnType<typeof setInterval> | undefined;
 
   /**
@@ -229,7 +239,10 @@ export class RedisWindows implements RateWindows {
     const keys = counters.flatMap(keysOf);
     const id = `${this.instance}:${++this.seq}`;
     const res = await this.run(counters, tokens, id);
-    if (!res) return this.local.acquire(counters, tokens);
+    if (!res) {
+      this.later(keys, CANCEL, [id]);
+      return this.local.acquire(counters, tokens);
+    }
     const refused = this.refused(counters, res);
     if (refused) return refused;
     this.keepAlive();
@@ -245,8 +258,9 @@ export class RedisWindows implements RateWindows {
         if (ended) return;
         ended = true;
         this.redis.run(script, on, args).catch((err) => {
-          // The window forgets the request on its own within 60 s (in flight: within the ttl).
-          this.log.warn(`rate-limit ${what} failed in redis`, { error: String(err) });
+          this.log.warn(`rate-limit ${what} failed in redis; it is sent again once redis answers`, { error: String(err) });
+          this.later(on, script, args);
+          this.degrade(err);
         });
       };
       return {
@@ -282,5 +296,25 @@ export class RedisWindows implements RateWindows {
     if (!this.degraded) return;
     this.degraded = false;
     this.log.info("redis reachable again: rate limits are shared across instances again");
+    void this.runPending();
+  }
+
+  private later(keys: string[], script: LuaScript, args: (string | number)[]): void {
+    this.pending.push({ keys, script, args });
+    if (this.pending.length > MAX_PENDING) this.pending.shift();
+  }
+
+  private async runPending(): Promise<void> {
+    const pending = this.pending;
+    this.pending = [];
+    for (const [i, p] of pending.entries()) {
+      try {
+        await this.redis.run(p.script, p.keys, p.args);
+      } catch (err) {
+        this.pending.unshift(...pending.slice(i));
+        this.degrade(err);
+        return;
+      }
+    }
   }
 }
