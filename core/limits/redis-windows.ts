@@ -9,6 +9,7 @@
  */
 import type { Logger, RateCounter, RateGrant, RateLimitKind, RateRefusal, RateWindows } from "../contract.ts";
 import { LuaScript, type ScriptRunner } from "../kv/scripts.ts";
+import { AfterOutage } from "../kv/after-outage.ts";
 import { LocalWindows } from "./local-windows.ts";
 import { WINDOW_MS } from "./window.ts";
 
@@ -162,8 +163,6 @@ return 0
 
 const NOTHING_TO_END = { settle: () => undefined, cancel: () => undefined };
 
-/** Scripts kept for when Redis answers again, at most (past it the oldest go: their requests leave the windows within the ttl). */
-const MAX_PENDING = 100_000;
 
 /** The counter's keys, hash-tagged so one counter's keys share a cluster slot; a share's members are kept per pool. */
 function keysOf(c: RateCounter): string[] {
@@ -187,9 +186,9 @@ export class RedisWindows implements RateWindows {
    * Scripts to run once Redis answers again: the CANCEL of a request whose acquire got no answer
    * (Redis may have counted it, then held it in flight for the whole ttl: a key with
    * max_parallel_requests 1 refused everywhere for 15 minutes), and a SETTLE or CANCEL that could
-   * not be sent. Both act once however often they run. Oldest dropped past MAX_PENDING.
+   * not be sent. Both act once however often they run.
    */
-  private pending: { keys: string[]; script: LuaScript; args: (string | number)[] }[] = [];
+  private readonly pending = new AfterOutage<{ keys: string[]; script: LuaScript; args: (string | number)[] }>();
   private renewal: ReturnType<typeof setInterval> | undefined;
 
   /**
@@ -240,7 +239,7 @@ export class RedisWindows implements RateWindows {
     const id = `${this.instance}:${++this.seq}`;
     const res = await this.run(counters, tokens, id);
     if (!res) {
-      this.later(keys, CANCEL, [id]);
+      this.pending.add({ keys, script: CANCEL, args: [id] });
       return this.local.acquire(counters, tokens);
     }
     const refused = this.refused(counters, res);
@@ -259,7 +258,7 @@ export class RedisWindows implements RateWindows {
         ended = true;
         this.redis.run(script, on, args).catch((err) => {
           this.log.warn(`rate-limit ${what} failed in redis; it is sent again once redis answers`, { error: String(err) });
-          this.later(on, script, args);
+          this.pending.add({ keys: on, script, args });
           this.degrade(err);
         });
       };
@@ -299,22 +298,8 @@ export class RedisWindows implements RateWindows {
     void this.runPending();
   }
 
-  private later(keys: string[], script: LuaScript, args: (string | number)[]): void {
-    this.pending.push({ keys, script, args });
-    if (this.pending.length > MAX_PENDING) this.pending.shift();
-  }
-
   private async runPending(): Promise<void> {
-    const pending = this.pending;
-    this.pending = [];
-    for (const [i, p] of pending.entries()) {
-      try {
-        await this.redis.run(p.script, p.keys, p.args);
-      } catch (err) {
-        this.pending.unshift(...pending.slice(i));
-        this.degrade(err);
-        return;
-      }
-    }
+    const failed = await this.pending.replay(({ keys, script, args }) => this.redis.run(script, keys, args));
+    if (failed) this.degrade(failed);
   }
 }

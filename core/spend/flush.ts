@@ -11,7 +11,7 @@ import { picoToText } from "../cost/money.ts";
 import type { CounterTable } from "../contract.ts";
 import type { Charge, SpendEntry } from "./entry.ts";
 import { durationMsSql } from "../identity/duration.ts";
-import { wholePeriodsApart } from "./ledger.ts";
+import { WRITES_PERIOD_ENDS_WITHIN, wholePeriodsApart } from "./ledger.ts";
 import { copyIds, copyRows, SPEND_LOG_COLUMNS, storableJson } from "./row-text.ts";
 
 /** UTC calendar day of an instant. */
@@ -26,16 +26,16 @@ export function dayOf(ms: number): string {
 const MOVED_BY_WRITE = `(d.ms is not null and mod(round(extract(epoch from (d.period_end - t.budget_reset_at)) * 1000), d.ms) <> 0)`;
 
 /**
- * Whether the row is still in the period the write that moved its end made (its end within one
- * and a half of its periods of its last definition: the write set it one period ahead, the roller
- * moves it on by whole periods), as the ledger tells it (ledger.ts laterThanDefinition). The row's
+ * Whether the row is still in the period the write that moved its end made (its end within
+ * WRITES_PERIOD_ENDS_WITHIN of its periods of its last definition: the write set it one period
+ * ahead, the roller moves it on by whole periods), as the ledger tells it (laterThanDefinition). The row's
  * period and definition are read as the ledger reads them (plugins/budgets.ts rowCounter): its own
  * duration, else its budget object's; its last write, or its budget object's.
  */
 const inWritesPeriod = (table: string) => {
   const budget = (column: string) => (table === "users" ? "null" : `(select b.${column} from budgets b where b.budget_id = t.budget_id)`);
   const ms = durationMsSql(`coalesce(t.budget_duration, ${budget("budget_duration")})`);
-  return `extract(epoch from t.budget_reset_at - greatest(t.updated_at, ${budget("updated_at")})) * 1000 < 1.5 * ${ms}`;
+  return `extract(epoch from t.budget_reset_at - greatest(t.updated_at, ${budget("updated_at")})) * 1000 < ${WRITES_PERIOD_ENDS_WITHIN} * ${ms}`;
 };
 
 /**

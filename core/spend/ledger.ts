@@ -29,8 +29,15 @@ export function wholePeriodsApart(a: number, b: number, periodMs: number | null 
  */
 export function laterThanDefinition(c: BudgetCounter): boolean {
   const definedAt = c.definedAt ?? 0;
-  return c.periodEnd !== null && !!c.periodMs && definedAt > 0 && c.periodEnd - c.periodMs >= definedAt + c.periodMs / 2;
+  return c.periodEnd !== null && !!c.periodMs && definedAt > 0 && c.periodEnd - definedAt >= WRITES_PERIOD_ENDS_WITHIN * c.periodMs;
 }
+
+/**
+ * The period a write made ends one period after the write; the next, two: an end under one and a
+ * half periods after the row's last definition is the write's own (flush.ts inWritesPeriod reads
+ * rows the same way).
+ */
+export const WRITES_PERIOD_ENDS_WITHIN = 1.5;
 
 /**
  * The id of the budget counter of a row that keeps its own spend (the ledger, admin resets and

@@ -18,6 +18,7 @@
  */
 import type Redis from "ioredis";
 import type { BudgetCounter, BudgetLedger, LedgerGrant, LedgerRefusal, Logger } from "../contract.ts";
+import { AfterOutage } from "../kv/after-outage.ts";
 import { type CrossingListener, crossings, grantOnce, LocalLedger, laterThanDefinition, NO_LIMIT } from "./ledger.ts";
 
 const PREFIX = "svc:budget:";
@@ -35,8 +36,6 @@ const LIVE_MS = 30_000;
 const HELD_PREFIX = "svc:budget-held:";
 const VOID_PREFIX = "svc:budget-void:";
 const HELD_MS = 24 * 3_600_000;
-/** Settle runs kept for when Redis answers again, at most (an outage of hours under load drops the oldest; the store has every call). */
-const MAX_RETRIES = 100_000;
 
 // ARGV: amount, then per counter: limit, period, initial spend ('' when not known yet), the
 // period's length in ms (0: none), when it was defined (BudgetCounter.periodMs, definedAt) and
@@ -198,11 +197,8 @@ export class RedisLedger implements BudgetLedger {
   private renewal: ReturnType<typeof setInterval> | undefined;
   /** Numbers this instance's reservations (their id: instance and number). */
   private reservations = 0;
-  /**
-   * Settle script runs whose answer did not come (a reservation given up, a settle): run again once
-   * Redis answers; each acts once however often it runs (HELD_PREFIX). Oldest dropped past MAX_RETRIES.
-   */
-  private retries: { keys: string[]; args: string[] }[] = [];
+  /** Settle script runs whose answer did not come (a reservation given up, a settle): each acts once however often it runs (HELD_PREFIX). */
+  private readonly retries = new AfterOutage<{ keys: string[]; args: string[] }>();
 
   constructor(
     redis: Redis,
@@ -220,6 +216,9 @@ export class RedisLedger implements BudgetLedger {
     const keys = counters.map((c) => PREFIX + c.id);
     const known = new Map<number, bigint>();
     const rid = `${this.instance}:${++this.reservations}`;
+    // Sent on a ready connection: Redis may run it even when its answer never comes back (not
+    // ready, ioredis refuses it unsent, with no offline queue).
+    let mayHaveRun = false;
     try {
       for (let attempt = 0; attempt < 3; attempt++) {
         const args: string[] = [amount.toString()];
@@ -227,6 +226,7 @@ export class RedisLedger implements BudgetLedger {
         for (const [i, c] of counters.entries()) {
           args.push((c.chargeOnly ? NO_LIMIT : c.limit).toString(), periodText(c), known.get(i)?.toString() ?? "", String(c.periodMs ?? 0), String(c.definedAt ?? 0), laterThanDefinition(c) ? "1" : "0");
         }
+        mayHaveRun ||= this.redis.status === "ready";
         const res = await this.redis.svcBudgetReserve(keys.length, ...keys, ...args, rid, this.instance);
         this.recovered();
         const head = Number(res[0]);
@@ -240,7 +240,7 @@ export class RedisLedger implements BudgetLedger {
     } catch (err) {
       this.degrade(err);
       // Redis may have taken it with the answer lost: given back once Redis answers (or marked given up, should it run later).
-      this.retry(keys, [amount.toString(), "0", ...counters.flatMap((c) => [periodText(c), ""]), rid, "void", this.instance]);
+      if (mayHaveRun) this.retries.add({ keys, args: [amount.toString(), "0", ...counters.flatMap((c) => [periodText(c), ""]), rid, "void", this.instance] });
       const local = await this.local.reserve(counters, amount);
       if (!local.ok) return local;
       return {
@@ -277,24 +277,9 @@ export class RedisLedger implements BudgetLedger {
     }
   }
 
-  /** Runs `args` of the settle script again once Redis answers. */
-  private retry(keys: string[], args: string[]): void {
-    this.retries.push({ keys, args });
-    if (this.retries.length > MAX_RETRIES) this.retries.shift();
-  }
-
   private async runRetries(): Promise<void> {
-    const pending = this.retries;
-    this.retries = [];
-    for (const { keys, args } of pending) {
-      try {
-        await this.redis.svcBudgetSettle(keys.length, ...keys, ...args);
-      } catch (err) {
-        this.retry(keys, args);
-        this.degrade(err);
-        return;
-      }
-    }
+    const failed = await this.retries.replay(({ keys, args }) => this.redis.svcBudgetSettle(keys.length, ...keys, ...args));
+    if (failed) this.degrade(failed);
   }
 
   private grant(counters: readonly BudgetCounter[], keys: string[], amount: bigint, rid: string): LedgerGrant {
@@ -316,7 +301,7 @@ export class RedisLedger implements BudgetLedger {
         })
         .catch((err) => {
           this.log.warn("budget settle got no answer from redis; it is sent again once redis answers (and counts once)", { error: String(err) });
-          this.retry(keys, args);
+          this.retries.add({ keys, args });
           this.degrade(err);
         });
     });
