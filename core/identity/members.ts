@@ -38,6 +38,11 @@ export async function findUserByEmail(db: Exec, email: string): Promise<UserRow 
   return row;
 }
 
+/** A member named by a new id with an address another user has: one address, one user, so the entry is refused, not given to that user. */
+export function addressTaken(email: string, ownerId: string, namedId: string) {
+  return badRequest(`user_email ${email} belongs to user ${ownerId}, not ${namedId}.`, "user_email");
+}
+
 export async function findUser(db: Exec, ref: MemberRef): Promise<UserRow | undefined> {
   if (ref.user_id) {
     const [row] = await db.select().from(users).where(eq(users.userId, ref.user_id));
@@ -66,7 +71,7 @@ export async function ensureUser(db: Exec, ref: MemberRef, by: string): Promise<
   if (ref.user_id && ref.user_email) {
     // The id is new but the address may already belong to someone else: one address, one user.
     const other = await findUserByEmail(db, ref.user_email);
-    if (other) throw badRequest(`user_email ${ref.user_email} belongs to user ${other.userId}, not ${ref.user_id}.`, "user_email");
+    if (other) throw addressTaken(ref.user_email, other.userId, ref.user_id);
   }
   const [user] = await db
     .insert(users)

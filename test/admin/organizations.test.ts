@@ -258,6 +258,24 @@ for (const backend of BACKENDS) {
       expect((await call("DELETE", "/organization/member_delete", { organization_id: id, user_id: `existing-${backend}` })).status).toBe(404);
     });
 
+    test("member_add with a new user_id and another user's address is a 400, as on a team: the address's owner gets no role", async () => {
+      const org = await call("POST", "/organization/new", { organization_alias: "address-owner" });
+      const id = org.body.organization_id as string;
+      const owner = `addr-owner-${backend}`;
+      await db().insert(users).values({ userId: owner, userRole: "internal_user", userEmail: `owner-${backend}@x.io` });
+      for (const email of [`owner-${backend}@x.io`, `OWNER-${backend}@X.IO`]) {
+        const res = await call("POST", "/organization/member_add", { organization_id: id, member: { role: "org_admin", user_id: `bob-${backend}`, user_email: email } });
+        expect(res.status).toBe(400);
+        expect(res.body.error).toMatchObject({ message: `user_email ${email} belongs to user ${owner}, not bob-${backend}.`, param: "user_email" });
+      }
+      expect(await db().select().from(orgMembers).where(eq(orgMembers.organizationId, id))).toEqual([]);
+      expect(await db().select().from(users).where(eq(users.userId, `bob-${backend}`))).toEqual([]);
+      // Naming the owner by id, or by its address alone, still adds it.
+      const byId = await call("POST", "/organization/member_add", { organization_id: id, member: { role: "internal_user", user_id: owner, user_email: `owner-${backend}@x.io` } });
+      expect(byId.status).toBe(200);
+      expect(byId.body.updated_organization_memberships).toMatchObject([{ user_id: owner, user_role: "internal_user" }]);
+    });
+
     test("blocked: true stops every key of the org at the next request; unblocking restores them", async () => {
       const org = await call("POST", "/organization/new", { organization_alias: "blockable" });
       const id = org.body.organization_id as string;

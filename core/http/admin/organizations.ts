@@ -15,7 +15,7 @@ import { badRequest, forbidden, notFound } from "../../authz.ts";
 import { GatewayError } from "../../errors.ts";
 import { Amount, Parallel, Quantity, resetAt } from "../../identity/fields.ts";
 import { holdBudget, holdExistingUser, holdOrg, holdWrite, lockEmail } from "../../identity/holds.ts";
-import { type Exec, findUserByEmail } from "../../identity/members.ts";
+import { addressTaken, type Exec, findUserByEmail } from "../../identity/members.ts";
 import { refuseMasterUserId } from "../../identity/master-user.ts";
 import { modelsOutsideOrg } from "../../identity/org-rules.ts";
 import type { BudgetRow, OrgMemberRow, OrgRow, UserRow } from "../../identity/records.ts";
@@ -348,6 +348,10 @@ async function resolveMemberUser(ctx: AdminCtx, m: { user_id?: string; user_emai
   const [user] = m.user_id ? await ctx.db.select().from(users).where(eq(users.userId, m.user_id)) : [await findUserByEmail(ctx.db, m.user_email!)];
   if (user) return { user, isNew: false, userId: user.userId, email: m.user_email, namedId: m.user_id };
   if (!create) throw notFound(`User '${m.user_id ?? m.user_email}' not found.`, m.user_id ? "user_id" : "user_email");
+  if (m.user_id && m.user_email) {
+    const owner = await findUserByEmail(ctx.db, m.user_email);
+    if (owner) throw addressTaken(m.user_email, owner.userId, m.user_id);
+  }
   return { user: undefined, isNew: true, userId: m.user_id ?? randomUUID(), email: m.user_email, namedId: m.user_id };
 }
 
@@ -390,7 +394,12 @@ async function addMembers(ctx: AdminCtx) {
           // first one's user instead of creating a second user with that address.
           await lockEmail(tx, r.email);
           const created = await findUserByEmail(tx, r.email);
-          if (created) Object.assign(r, { user: created, isNew: false, userId: created.userId });
+          // The address's owner is this member only when the entry named no other id.
+          if (created && r.namedId && created.userId !== r.namedId) throw addressTaken(r.email, created.userId, r.namedId);
+          if (created) {
+            refuseMasterUserId(created.userId, "member");
+            Object.assign(r, { user: created, isNew: false, userId: created.userId });
+          }
         }
         if (r.isNew) {
           const userRole = r.role === "internal_user_viewer" ? "internal_user_viewer" : "internal_user";
