@@ -145,7 +145,8 @@ export function userApi(row: UserRow, teams: readonly string[]): Record<string, 
 /**
  * A user as an admin of team `teamId` sees it: its id, its address (the team's members list shows
  * as much) and its membership of that team; nothing of its other teams, its role or its spend.
+ * Without a team (another user's personal key the caller created), its id and address alone.
  */
-export function memberUserApi(row: UserRow, teamId: string): Record<string, unknown> {
-  return { user_id: row.userId, user_email: row.userEmail, teams: [teamId] };
+export function memberUserApi(row: UserRow, teamId: string | null): Record<string, unknown> {
+  return { user_id: row.userId, user_email: row.userEmail, teams: teamId ? [teamId] : [] };
 }

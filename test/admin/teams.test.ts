@@ -641,6 +641,22 @@ for (const backend of BACKENDS) {
         expect(whole.body.updated_users[0]).toMatchObject({ user_id: known, user_role: "internal_user_viewer", spend: 12.5, teams: [elsewhere.team_id, t.team_id, third.team_id] });
       });
 
+      test("/key/list?expand=user shows a team admin the team's members as the team sees them, not their whole user rows", async () => {
+        const t = await newTeam();
+        const admin = await memberKey(t.team_id, "admin");
+        const email = `${uid("victim")}@example.com`;
+        const victim = await memberKey(t.team_id, "user", { user_email: email, max_budget: 999, spend: 123.45, metadata: { salary: "private" } });
+        const listed = await get<{ keys: { user_id: string; user: Json | null }[] }>(`/key/list?team_id=${t.team_id}&expand=user`, admin.key);
+        expect(listed.status).toBe(200);
+        const users = Object.fromEntries(listed.body.keys.map((k) => [k.user_id, k.user]));
+        expect(users[victim.userId]).toEqual({ user_id: victim.userId, user_email: email, teams: [t.team_id] });
+        expect(JSON.stringify(listed.body)).not.toContain("private");
+        // Its own user, and every user to a proxy admin, whole.
+        expect(users[admin.userId]).toMatchObject({ user_id: admin.userId, user_role: "internal_user" });
+        const whole = await get<{ keys: { user_id: string; user: Json | null }[] }>(`/key/list?team_id=${t.team_id}&expand=user`);
+        expect(whole.body.keys.find((k) => k.user_id === victim.userId)?.user).toMatchObject({ spend: 123.45, max_budget: 999, metadata: { salary: "private" } });
+      });
+
       test("a Team Management Key runs its own team's members, models and info, and nothing of another team", async () => {
         const t1 = await newTeam({ team_alias: "T1", models: ["chat-a"] });
         const t2 = await newTeam({ team_alias: "T2" });

@@ -26,7 +26,7 @@ import {
   UpdateKeySchema,
 } from "../../identity/key-fields.ts";
 import { type IdentityChange, type KeyRow, keyCounterToken, type TeamRow, type UserRow } from "../../identity/records.ts";
-import type { Exec } from "../../identity/members.ts";
+import { type Exec, memberUserApi } from "../../identity/members.ts";
 import { decimalsOf, toApi } from "../../identity/serialize.ts";
 import { writtenNumber } from "../../identity/exact-numbers.ts";
 import { columnToPico, exactUsdJson, PICO_DIGITS, picoToText, usdToPico } from "../../cost/money.ts";
@@ -771,10 +771,22 @@ async function listKeys(ctx: AdminCtx): Promise<Record<string, unknown>> {
   if (expandUser) {
     const ids = [...new Set(rows.map((r) => r.userId).filter((u): u is string => u !== null))];
     const found = ids.length > 0 ? await ctx.db.select().from(users).where(inArray(users.userId, ids)) : [];
-    const byId = new Map(found.map((u) => [u.userId, toApi(u)]));
-    keys = rows.map((r) => ({ ...toApi(r), user: r.userId ? (byId.get(r.userId) ?? null) : null }));
+    const byId = new Map(found.map((u) => [u.userId, u]));
+    keys = rows.map((r) => {
+      const user = r.userId ? byId.get(r.userId) : undefined;
+      return { ...toApi(r), user: user ? expandedUser(ctx.caller, user, r.teamId) : null };
+    });
   }
   return { keys, total_count: Number(count), current_page: page, total_pages: Math.ceil(Number(count) / size) };
+}
+
+/**
+ * A key's user in `/key/list?expand=user`: whole to callers who read everything and to the user
+ * itself; to a team admin listing its team's keys, as the team sees its members (the user's other
+ * teams, role, spend and metadata are not the team's to see, as /user/info of them is a 403).
+ */
+function expandedUser(caller: Caller, user: UserRow, keyTeamId: string | null): Record<string, unknown> {
+  return caller.canReadAll || user.userId === caller.userId ? toApi(user) : memberUserApi(user, keyTeamId);
 }
 
 /** LIKE metacharacters in a search term match themselves. */
