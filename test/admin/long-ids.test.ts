@@ -39,6 +39,7 @@ for (const backend of BACKENDS) {
           ["/model/new", { model_name: "ok", svc_params: { model: "mock/x" }, model_info: { id: long } }, "model_info.id"],
           ["/team/member_add", { team_id: team, member: { role: "user", user_id: long } }, "member.user_id"],
           ["/team/member_add", { team_id: team, member: [{ role: "user", user_id: long }] }, "member.0.user_id"],
+          ["/team/member_add", { team_id: team, member_email: `${long}@example.com`, role: "user" }, "member_email"],
         ];
         for (const [path, body, field] of cases) {
           const res = await requestJson<{ error: { param: string; message: string } }>(gw, "POST", path, { body });

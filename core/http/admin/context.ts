@@ -72,12 +72,13 @@ const checkers = new WeakMap<TSchema, (v: unknown) => unknown>();
 const UNSTORABLE = /\u0000|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
 
 /**
- * Ids and names the store indexes, wherever they appear in a body (a member's `user_id` too): each
+ * Ids and names the store indexes, wherever they appear in a body (a member's `user_id`, and the
+ * `member_email` of /team/member_add's team-key form, too): each
  * is at most MAX_NAME_CHARS, as a call's model and user are. An index entry holds ~2,700 bytes, and
  * ids also make up the daily aggregates' keys (entity, key, model, group): a 2,700-character
  * `team_id` was stored, and then every call of its keys was refused by the spend log, uncharged.
  */
-const NAME_FIELDS: ReadonlySet<string> = new Set(["team_id", "user_id", "organization_id", "budget_id", "user_email", "key_alias", "access_group", "access_group_id", "model_name"]);
+const NAME_FIELDS: ReadonlySet<string> = new Set(["team_id", "user_id", "organization_id", "budget_id", "user_email", "member_email", "key_alias", "access_group", "access_group_id", "model_name"]);
 /** The same by their place: a stored model's id and its upstream model. */
 const NAME_PATHS: ReadonlySet<string> = new Set(["model_info.id", "svc_params.model"]);
 
