@@ -15,6 +15,7 @@ import { modelRoutes } from "./routes/models.ts";
 import { NO_SUCH_ROUTE, passThroughRoutes } from "./routes/pass-through.ts";
 import { utilsRoutes } from "./routes/utils.ts";
 import { servedRoutes } from "./served-routes.ts";
+import { storeErrorCause } from "../store/sql.ts";
 import { invalidPathParam, readBodyWithText, readForm, validate } from "./validate.ts";
 
 export interface AppDeps {
@@ -44,6 +45,22 @@ function pathOf(url: string): string {
   if (start < 0) return "/";
   const q = url.indexOf("?", start);
   return q < 0 ? url.slice(start) : url.slice(start, q);
+}
+
+/** Longest message, and longest stack, an unhandled error's log line keeps. */
+const LOGGED_CHARS = 2000;
+
+const bounded = (text: string) => (text.length > LOGGED_CHARS ? `${text.slice(0, LOGGED_CHARS)}… (${text.length} characters)` : text);
+
+/**
+ * An unhandled error for the log: its message and its stack's frames, each bounded, and what
+ * failed under it (storeErrorCause). A failed statement's message (drizzle's) holds the statement
+ * and every parameter: a megabyte per request for a list of 70,000 ids, logged whole.
+ */
+export function loggedError(error: unknown): Record<string, unknown> {
+  if (!(error instanceof Error)) return { error: bounded(String(error)) };
+  const frames = (error.stack ?? "").split("\n").filter((line) => /^\s+at /.test(line));
+  return { error: bounded(`${error.name}: ${error.message}`), stack: bounded(frames.join("\n")), ...(error.cause === undefined ? {} : { cause: storeErrorCause(error.cause) }) };
 }
 
 export function createApp(deps: AppDeps) {
@@ -113,7 +130,7 @@ export function createApp(deps: AppDeps) {
       if (code === "PARSE") return errorResponse(errorInfo(400, "Request body could not be parsed.", "invalid_request_error"));
       // The client left mid-call (its upstream request was aborted): nobody reads this answer, and nothing went wrong here.
       if (error instanceof DOMException && error.name === "AbortError") return errorResponse(errorInfo(499, "The client closed the request.", "client_closed_request"));
-      log.error("unhandled error", { error: error instanceof Error ? (error.stack ?? error.message) : String(error) });
+      log.error("unhandled error", loggedError(error));
       return errorResponse(errorInfo(500, "Internal server error. The gateway logged the details.", "internal_server_error"));
     })
     .use(healthRoutes(deps))

@@ -22,11 +22,13 @@ export function checker<S extends TSchema>(schema: S) {
   };
 }
 
-/** A failed nullable union ("Expected union value") is explained by its non-null branch's error, down to the field at fault. */
+/** A failed nullable union ("Expected union value") is explained by its non-null branch's error (of one thing or a list, by the branch of the value's shape), down to the field at fault. */
 function explain(error: ValueError): ValueError {
   const all = error.schema.anyOf as TSchema[] | undefined;
   if (all?.every((b) => b.const !== undefined)) return { ...error, message: `Expected one of ${all.map((b) => JSON.stringify(b.const)).join(", ")}` };
-  const branches = all?.filter((b) => b[Kind] !== "Null");
+  const nonNull = all?.filter((b) => b[Kind] !== "Null");
+  // One thing or a list of them (a member, or members): the branch of the value's shape explains it.
+  const branches = nonNull && nonNull.length > 1 ? nonNull.filter((b) => (b.type === "array") === Array.isArray(error.value)) : nonNull;
   if (branches?.length !== 1) return error;
   const inner = Value.Errors(branches[0]!, error.value).First();
   // The branch may hold nullable unions of its own (metadata.tags): explained the same way.

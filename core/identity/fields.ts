@@ -55,6 +55,16 @@ export const LIMIT_COLUMNS = [
   "model_rpm_limit",
 ] as const;
 
+/**
+ * Most ids (or members) one management call may name. Each goes to the store as a bind parameter
+ * of an `IN` list, and PostgreSQL takes at most 65,535 per statement: past that, a list failed as a
+ * 500 (on the embedded store, as a "connection lost" 503). A 422 naming the field and this bound.
+ */
+export const MAX_IDS_PER_CALL = 1000;
+
+/** A list of ids or members a call acts on, at most MAX_IDS_PER_CALL of them. */
+export const IdList = <S extends TSchema>(item: S, minItems = 0) => T.Array(item, { minItems, maxItems: MAX_IDS_PER_CALL });
+
 export const MoneyField = Money;
 export const CountField = Count;
 export const ParallelField = Nullable(Parallel);

@@ -78,7 +78,9 @@ const CONNECTION_LOST = new Set(["CONNECTION_CLOSED", "CONNECTION_DESTROYED", "C
  * applied is not known, and trying again is the caller's to decide.
  */
 export function isConnectionLost(err: unknown): boolean {
-  return withSqlState(err, (code) => CONNECTION_LOST.has(code) || code.startsWith("08")) !== undefined;
+  // 08P01 (protocol violation) is a message the server refused, the connection kept: a statement
+  // of 65,536 parameters or more, whose count the protocol's 16 bits wrapped, is the embedded store's.
+  return withSqlState(err, (code) => CONNECTION_LOST.has(code) || (code.startsWith("08") && code !== "08P01")) !== undefined;
 }
 
 /** Whether a store error (or one it wraps) is a unique-key violation (SQLSTATE 23505), on either backend. */

@@ -73,6 +73,38 @@ for (const backend of BACKENDS) {
       expect(teamInfo.body.team_info.spend).toBeCloseTo(cost, 12);
     });
 
+    test("a list of more than 1,000 ids or members is a 422 naming the field and the bound, never a 500 or a false 503; 1,000 are taken", async () => {
+      const team = (await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: {} })).body.team_id;
+      const org = (await requestJson<{ organization_id: string }>(gw, "POST", "/organization/new", { body: { organization_alias: "lists" } })).body.organization_id;
+      const ids = (n: number) => Array.from({ length: n }, (_, i) => `id-${i}`);
+      const members = (n: number) => ids(n).map((user_id) => ({ role: "user", user_id }));
+      const cases: [string, string, (n: number) => Record<string, unknown>, string][] = [
+        ["POST", "/budget/info", (n) => ({ budgets: ids(n) }), "budgets"],
+        ["POST", "/user/delete", (n) => ({ user_ids: ids(n) }), "user_ids"],
+        ["POST", "/team/delete", (n) => ({ team_ids: ids(n) }), "team_ids"],
+        ["DELETE", "/organization/delete", (n) => ({ organization_ids: ids(n) }), "organization_ids"],
+        ["POST", "/key/delete", (n) => ({ keys: ids(n) }), "keys"],
+        ["POST", "/key/delete", (n) => ({ key_aliases: ids(n) }), "key_aliases"],
+        ["POST", "/user/new", (n) => ({ teams: ids(n) }), "teams"],
+        ["POST", "/team/new", (n) => ({ members_with_roles: members(n) }), "members_with_roles"],
+        ["POST", "/team/member_add", (n) => ({ team_id: team, member: members(n) }), "member"],
+        ["POST", "/team/bulk_member_add", (n) => ({ team_id: team, members: members(n) }), "members"],
+        ["POST", "/organization/member_add", (n) => ({ organization_id: org, member: members(n).map((m) => ({ ...m, role: "internal_user" })) }), "member"],
+      ];
+      for (const [method, path, body, field] of cases) {
+        for (const n of [1_001, 70_000]) {
+          const res = await requestJson<{ error: { param: string; message: string } }>(gw, method, path, { body: body(n) });
+          expect([path, n, res.status, res.body.error?.param]).toEqual([path, n, 422, field]);
+          expect(res.body.error.message).toBe(`Invalid request: ${field}: Expected array length to be less or equal to 1000`);
+        }
+      }
+      // At the bound the lists are read, whatever the answer about their ids.
+      for (const [method, path, body] of cases.slice(0, 4)) {
+        const res = await requestJson(gw, method, path, { body: body(1_000) });
+        expect([path, res.status < 500 && res.status !== 422]).toEqual([path, true]);
+      }
+    });
+
     test("a number too large to hold (1e400 parses as Infinity) is a 422 naming it, not stored as null; an empty key_alias is no alias", async () => {
       const big = await fetch(`${gw.url}/key/generate`, {
         method: "POST",

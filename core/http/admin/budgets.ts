@@ -15,7 +15,7 @@ import { Elysia } from "elysia";
 import { badRequest, notFound } from "../../authz.ts";
 import { Duration } from "../../config/schema.ts";
 import { GatewayError } from "../../errors.ts";
-import { CountField, MoneyField, Nullable, ParallelField, resetAt, storableTimestamp } from "../../identity/fields.ts";
+import { CountField, IdList, MoneyField, Nullable, ParallelField, resetAt, storableTimestamp } from "../../identity/fields.ts";
 import type { BudgetRow, IdentityChange } from "../../identity/records.ts";
 import type { Exec } from "../../identity/members.ts";
 import { followedReset } from "../../identity/budget-period.ts";
@@ -62,7 +62,7 @@ const ORG_MIRRORED = new Set(["max_budget", "soft_budget", "tpm_limit", "rpm_lim
 
 const NewBudgetBody = T.Object({ ...BudgetFields, budget_id: T.Optional(T.String({ minLength: 1 })) }, { additionalProperties: true });
 const UpdateBudgetBody = T.Object({ ...BudgetFields, budget_id: T.String({ minLength: 1 }) }, { additionalProperties: true });
-const InfoBody = T.Object({ budgets: T.Array(T.String({ minLength: 1 })) }, { additionalProperties: true });
+const InfoBody = T.Object({ budgets: IdList(T.String({ minLength: 1 })) }, { additionalProperties: true });
 const DeleteBody = T.Object({ id: T.String({ minLength: 1 }) }, { additionalProperties: true });
 type BudgetBody = Static<typeof NewBudgetBody>;
 

@@ -39,7 +39,7 @@ import { counterId } from "../../spend/ledger.ts";
 import { isUniqueViolation, storeErrorCause } from "../../store/sql.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { followedReset, periodFromBudget } from "../../identity/budget-period.ts";
-import { resetAt } from "../../identity/fields.ts";
+import { IdList, resetAt } from "../../identity/fields.ts";
 import { guaranteedOverflow, type PlannedKey } from "../../limits/capacity.ts";
 import { MASTER_USER_ID, refuseMasterUserId } from "../../identity/master-user.ts";
 import { routesOutsideTeam } from "../../identity/team-routes.ts";
@@ -50,7 +50,7 @@ const BULK_MAX = 500;
 
 const KeyOnly = T.Object({ key: T.String({ minLength: 1 }) }, { additionalProperties: true });
 const DeleteSchema = T.Object(
-  { keys: T.Optional(T.Array(T.String())), key_aliases: T.Optional(T.Array(T.String())), key: T.Optional(T.String()) },
+  { keys: T.Optional(IdList(T.String())), key_aliases: T.Optional(IdList(T.String())), key: T.Optional(T.String()) },
   { additionalProperties: true },
 );
 const ResetSpendSchema = T.Object({ reset_to: T.Optional(T.Number({ minimum: 0 })) }, { additionalProperties: true });

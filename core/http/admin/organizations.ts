@@ -13,7 +13,7 @@ import { and, eq, ilike, inArray, isNull, type SQL } from "drizzle-orm";
 import { Elysia } from "elysia";
 import { badRequest, forbidden, notFound } from "../../authz.ts";
 import { GatewayError } from "../../errors.ts";
-import { Amount, Parallel, Quantity, resetAt } from "../../identity/fields.ts";
+import { Amount, IdList, Parallel, Quantity, resetAt } from "../../identity/fields.ts";
 import { holdBudget, holdExistingUser, holdOrg, holdWrite, lockEmail } from "../../identity/holds.ts";
 import { addressTaken, type Exec, findUserByEmail } from "../../identity/members.ts";
 import { refuseMasterUserId } from "../../identity/master-user.ts";
@@ -57,14 +57,14 @@ const optionalFields = T.Partial(T.Object(orgFields)).properties;
 
 const NewOrgBody = T.Object({ ...optionalFields, organization_alias: orgFields.organization_alias, organization_id: T.Optional(T.String({ minLength: 1 })) }, { additionalProperties: true });
 const UpdateOrgBody = T.Object({ ...optionalFields, organization_id: T.String({ minLength: 1 }) }, { additionalProperties: true });
-const DeleteOrgBody = T.Object({ organization_ids: T.Array(T.String({ minLength: 1 }), { minItems: 1 }) }, { additionalProperties: true });
+const DeleteOrgBody = T.Object({ organization_ids: IdList(T.String({ minLength: 1 }), 1) }, { additionalProperties: true });
 const InfoBody = T.Object({ organization_id: T.String({ minLength: 1 }) }, { additionalProperties: true });
 
 const OrgRole = T.Union([T.Literal("org_admin"), T.Literal("internal_user"), T.Literal("internal_user_viewer")]);
 const Member = T.Object({ role: OrgRole, user_id: T.Optional(T.String({ minLength: 1 })), user_email: T.Optional(T.String({ minLength: 1 })) }, { additionalProperties: true });
 type MemberInput = Static<typeof Member>;
 const MemberAddBody = T.Object(
-  { organization_id: T.String({ minLength: 1 }), member: T.Union([Member, T.Array(Member, { minItems: 1 })]), max_budget_in_organization: T.Optional(Money) },
+  { organization_id: T.String({ minLength: 1 }), member: T.Union([Member, IdList(Member, 1)]), max_budget_in_organization: T.Optional(Money) },
   { additionalProperties: true },
 );
 const MemberRef = {

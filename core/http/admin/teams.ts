@@ -14,7 +14,7 @@ import { Elysia } from "elysia";
 import { badRequest, type Caller, DEFAULT_TEAM_MEMBER_PERMISSIONS, forbidden, missingQuery, notFound, TEAM_MEMBER_PERMISSION_CHOICES } from "../../authz.ts";
 import { GatewayError } from "../../errors.ts";
 import { DURATION_HINT, parseDuration } from "../../identity/duration.ts";
-import { Amount, clearNulls, CountField, containing, LIMIT_COLUMNS, LimitFields, MoneyField, Nullable, resetAt } from "../../identity/fields.ts";
+import { Amount, clearNulls, CountField, containing, IdList, LIMIT_COLUMNS, LimitFields, MoneyField, Nullable, resetAt } from "../../identity/fields.ts";
 import {
   ensureUser,
   type Exec,
@@ -79,14 +79,14 @@ const TeamFields = {
 const NewTeamBody = T.Object({
   team_id: T.Optional(T.String({ minLength: 1 })),
   ...TeamFields,
-  members_with_roles: T.Optional(Nullable(T.Array(Member))),
+  members_with_roles: T.Optional(Nullable(IdList(Member))),
 });
 const UpdateTeamBody = T.Object({ team_id: T.String({ minLength: 1 }), ...TeamFields });
 const TeamIdBody = T.Object({ team_id: T.String({ minLength: 1 }) });
-const TeamIdsBody = T.Object({ team_ids: T.Array(T.String({ minLength: 1 }), { minItems: 1 }) });
+const TeamIdsBody = T.Object({ team_ids: IdList(T.String({ minLength: 1 }), 1) });
 const MemberAddBody = T.Object({
   team_id: T.String({ minLength: 1 }),
-  member: T.Optional(T.Union([Member, T.Array(Member, { minItems: 1 })])),
+  member: T.Optional(T.Union([Member, IdList(Member, 1)])),
   // The team-key form: one member by e-mail (or id) with a role.
   member_email: T.Optional(T.String({ minLength: 1 })),
   user_id: T.Optional(T.String({ minLength: 1 })),
@@ -110,7 +110,7 @@ const MemberUpdateBody = T.Object({
 });
 const BulkMemberAddBody = T.Object({
   team_id: T.String({ minLength: 1 }),
-  members: T.Optional(T.Array(Member, { maxItems: 1000 })),
+  members: T.Optional(IdList(Member)),
   all_users: T.Optional(T.Boolean()),
   max_budget_in_team: T.Optional(MoneyField),
 });

@@ -9,7 +9,7 @@ import { Type as T } from "@sinclair/typebox";
 import { and, asc, count, desc, eq, ilike, inArray, isNull, type SQL } from "drizzle-orm";
 import { Elysia } from "elysia";
 import { badRequest, forbidden, notFound } from "../../authz.ts";
-import { Amount, clearNulls, containing, LIMIT_COLUMNS, LimitFields, MoneyField, Nullable, resetAt } from "../../identity/fields.ts";
+import { Amount, clearNulls, containing, IdList, LIMIT_COLUMNS, LimitFields, MoneyField, Nullable, resetAt } from "../../identity/fields.ts";
 import { holdReferences, holdTeams, lockEmail, orgGone, teamsGone } from "../../identity/holds.ts";
 import { type Exec, findUserByEmail, membersByTeam, teamApi, userApi } from "../../identity/members.ts";
 import { refuseMasterUserId } from "../../identity/master-user.ts";
@@ -43,7 +43,7 @@ const TeamEntry = T.Union([
 const NewUserBody = T.Object({
   user_id: T.Optional(T.String({ minLength: 1 })),
   ...UserFields,
-  teams: T.Optional(Nullable(T.Array(TeamEntry))),
+  teams: T.Optional(Nullable(IdList(TeamEntry))),
   auto_create_key: T.Optional(T.Boolean()),
   // Fields of the key created with the user.
   key_alias: T.Optional(Nullable(T.String())),
@@ -52,7 +52,7 @@ const NewUserBody = T.Object({
 });
 
 const UpdateUserBody = T.Object({ user_id: T.Optional(T.String({ minLength: 1 })), ...UserFields });
-const DeleteUsersBody = T.Object({ user_ids: T.Array(T.String({ minLength: 1 }), { minItems: 1 }) });
+const DeleteUsersBody = T.Object({ user_ids: IdList(T.String({ minLength: 1 }), 1) });
 
 /** Columns `/user/new` and `/user/update` write from a body. */
 const USER_COLUMNS = new Set([
