@@ -294,7 +294,8 @@ const keyKind: Kind = {
 const MEMBER_SETTINGS = ["team_member_budget", "team_member_budget_duration", "team_member_rpm_limit", "team_member_tpm_limit", "team_member_key_duration"] as const;
 
 function memberSetting(rng: Random, f: (typeof MEMBER_SETTINGS)[number]): unknown {
-  if (rng.chance(0.15)) return null;
+  // A period for members' team budgets is refused (never applied): only clearing it is taken.
+  if (rng.chance(0.15) || f === "team_member_budget_duration") return null;
   if (f === "team_member_budget") return rng.pick(MONEY);
   if (f === "team_member_rpm_limit" || f === "team_member_tpm_limit") return rng.pick(COUNTS);
   return rng.pick(PERIODS);

@@ -228,6 +228,24 @@ for (const backend of BACKENDS) {
         expect((await post<ErrorBody>("/team/new", { members_with_roles: [{ role: "user" }] })).status).toBe(400);
       });
 
+      test("team_member_budget_duration (a period members' team budgets never get) is a 400 naming it, nothing stored; null is taken", async () => {
+        const id = uid("memberperiod");
+        for (const body of [{ team_member_budget_duration: "2s" }, { member_settings: { team_member_budget: 1, team_member_budget_duration: "1d" } }]) {
+          const made = await post<ErrorBody>("/team/new", { team_id: id, team_member_budget: 0.5, ...body });
+          expect(made.status).toBe(400);
+          expect(made.body.error.param).toBe("team_member_budget_duration");
+          expect(made.body.error.message).toContain("not supported");
+        }
+        expect((await info(id)).status).toBe(404);
+        const t = await newTeam({ team_member_budget: 0.5, team_member_budget_duration: null });
+        const update = await post<ErrorBody>("/team/update", { team_id: t.team_id, team_member_budget_duration: "30d" });
+        expect(update.status).toBe(400);
+        expect(update.body.error.param).toBe("team_member_budget_duration");
+        const after = (await info(t.team_id)).body.team_info as Team & Json;
+        expect(after.team_member_budget_duration).toBeNull();
+        expect(after.team_member_budget).toBe(0.5);
+      });
+
       test("inside an organization: it must exist, models within the org's, max_budget at most the org's", async () => {
         const o = await org({ models: ["chat-a", "chat-b"], maxBudget: "100" });
         const missing = await post<ErrorBody>("/team/new", { organization_id: "no-such-org" });

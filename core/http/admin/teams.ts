@@ -261,8 +261,29 @@ async function checkReferences(ctx: AdminCtx, body: { access_group_ids?: string[
   }
 }
 
+/**
+ * A member's budget in the team (`team_member_budget`, `max_budget_in_team`) is never reset by a
+ * period: the membership's spend has no period (spend/entry.ts charges it with none). LiteLLM
+ * resets it every `team_member_budget_duration`; stored and echoed here, the field made the caller
+ * believe its members' budgets would start again, while they stayed spent for good. Refused unless
+ * cleared.
+ */
+function refuseMemberBudgetPeriod(body: Record<string, unknown>): void {
+  const given = body.member_settings;
+  const nested = given && typeof given === "object" ? (given as Record<string, unknown>).team_member_budget_duration : undefined;
+  for (const value of [body.team_member_budget_duration, nested]) {
+    if (value !== undefined && value !== null) {
+      throw badRequest(
+        "team_member_budget_duration is not supported: a member's budget in the team (team_member_budget, max_budget_in_team) is never reset by a period. Leave it out (or null); a budget_duration on the members' keys resets their keys' budgets.",
+        "team_member_budget_duration",
+      );
+    }
+  }
+}
+
 /** Member defaults from the body (top-level `team_member_*` fields win over `member_settings`), merged over `current`. */
 function memberSettings(body: Record<string, unknown>, current: Record<string, unknown>): Record<string, unknown> {
+  refuseMemberBudgetPeriod(body);
   const out: Record<string, unknown> = { ...current };
   const given = body.member_settings;
   if (given === null) for (const k of Object.keys(out)) delete out[k];
