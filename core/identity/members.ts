@@ -11,7 +11,7 @@ import { refuseMasterUserId } from "./master-user.ts";
 import type { Db } from "../store/db.ts";
 import { teamMembers, users } from "../store/schema.ts";
 import type { TeamMemberRow, TeamRow, UserRow } from "./records.ts";
-import { toApi } from "./serialize.ts";
+import { fromApi, toApi } from "./serialize.ts";
 import { shownCallbackSettings } from "./team-callbacks.ts";
 
 /** The database or a transaction on it: every helper here works inside either. */
@@ -98,6 +98,13 @@ export async function membersByTeam(db: Exec, teamIds: readonly string[]): Promi
     .orderBy(teamMembers.createdAt, teamMembers.userId);
   for (const r of rows) out.get(r.teamId)?.push({ user_id: r.userId, user_email: r.userEmail ?? null, role: r.role });
   return out;
+}
+
+const MEMBER_BUDGET = new Set(["max_budget_in_team"]);
+
+/** A body's `max_budget_in_team` as it wrote it (null: cleared), checked as every amount is: a 400 past the column's decimals. */
+export function memberBudgetIn(body: object): string | null | undefined {
+  return fromApi(teamMembers, body as Record<string, unknown>, MEMBER_BUDGET).maxBudgetInTeam as string | null | undefined;
 }
 
 export async function membership(db: Exec, teamId: string, userId: string): Promise<TeamMemberRow | undefined> {

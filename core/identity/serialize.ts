@@ -2,7 +2,7 @@
  * Rows ↔ API objects. The API speaks the spec's snake_case field names, which are the column
  * names; money (exact `numeric` in the store) is a JSON number; times are ISO 8601 strings.
  */
-import { getTableColumns, type Table } from "drizzle-orm";
+import { type Column, getTableColumns, type Table } from "drizzle-orm";
 import { exactColumnJson } from "../cost/money.ts";
 import { GatewayError } from "../errors.ts";
 import { writtenNumber } from "./exact-numbers.ts";
@@ -19,6 +19,23 @@ function snake(prop: string): string {
 export function decimalsOf(v: number | string): number {
   const [mantissa = "", exponent = "0"] = String(v).toLowerCase().split("e");
   return Math.max(0, (mantissa.split(".")[1]?.replace(/0+$/, "").length ?? 0) - Number(exponent));
+}
+
+/** Decimals a numeric column keeps. */
+export function scaleOf(column: Column): number {
+  return (column as { scale?: number }).scale ?? 0;
+}
+
+/**
+ * The number `holder[field]` (read as `value`) as the body wrote it, for a column that keeps
+ * `scale` decimals: a 400 naming the field when it has more, which the column would round away
+ * without a word.
+ */
+export function exactAmount(holder: object, field: string, value: number, scale: number): string {
+  // As the body wrote it: the double it was read as may differ in its last digits.
+  const text = writtenNumber(holder, field) || String(value);
+  if (decimalsOf(text) > scale) throw GatewayError.of(400, `${field} has more than ${scale} decimals (${text}): amounts are kept to ${scale} decimals.`, "invalid_request_error", field);
+  return text;
 }
 
 /** A row (camelCase properties) as the API returns it. */
@@ -46,14 +63,7 @@ export function fromApi(table: Table, body: Record<string, unknown>, fields?: Re
     const value = body[column.name];
     if (value === undefined) continue;
     if (value !== null && column.columnType === "PgNumeric") {
-      // As the body wrote it: the double it was read as may differ in its last digits.
-      const text = (typeof value === "number" && writtenNumber(body, column.name)) || String(value);
-      // The column keeps a fixed number of decimals: more would be rounded away without a word.
-      const scale = (column as { scale?: number }).scale ?? 0;
-      if (typeof value === "number" && decimalsOf(text) > scale) {
-        throw GatewayError.of(400, `${column.name} has more than ${scale} decimals (${text}): amounts are kept to ${scale} decimals.`, "invalid_request_error", column.name);
-      }
-      out[prop] = text;
+      out[prop] = typeof value === "number" ? exactAmount(body, column.name, value, scaleOf(column)) : String(value);
     } else if (value !== null && column.columnType === "PgTimestamp" && typeof value === "string") out[prop] = new Date(value);
     else out[prop] = value;
   }

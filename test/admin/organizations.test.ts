@@ -276,6 +276,19 @@ for (const backend of BACKENDS) {
       expect(byId.body.updated_organization_memberships).toMatchObject([{ user_id: owner, user_role: "internal_user" }]);
     });
 
+    test("max_budget_in_organization with more than 12 decimals is a 400 naming it, as max_budget is; nothing written", async () => {
+      const id = (await call("POST", "/organization/new", { organization_alias: "fine-budgets" })).body.organization_id as string;
+      const add = await call("POST", "/organization/member_add", { organization_id: id, member: { role: "internal_user", user_id: `fine-${backend}` }, max_budget_in_organization: 0.0000000000004 });
+      expect([add.status, add.body.error?.param]).toEqual([400, "max_budget_in_organization"]);
+      expect(add.body.error?.message).toContain("more than 12 decimals");
+      expect(await db().select().from(orgMembers).where(eq(orgMembers.organizationId, id))).toEqual([]);
+      expect((await call("POST", "/organization/member_add", { organization_id: id, member: { role: "internal_user", user_id: `fine-${backend}` }, max_budget_in_organization: 1.5 })).status).toBe(200);
+      const upd = await call("PATCH", "/organization/member_update", { organization_id: id, user_id: `fine-${backend}`, max_budget_in_organization: 2.1234567890123 });
+      expect([upd.status, upd.body.error?.param]).toEqual([400, "max_budget_in_organization"]);
+      const [row] = await db().select().from(orgMembers).where(eq(orgMembers.organizationId, id));
+      expect(Number(row?.maxBudgetInOrganization)).toBe(1.5);
+    });
+
     test("blocked: true stops every key of the org at the next request; unblocking restores them", async () => {
       const org = await call("POST", "/organization/new", { organization_alias: "blockable" });
       const id = org.body.organization_id as string;

@@ -503,6 +503,30 @@ for (const backend of BACKENDS) {
         expect((await post<ErrorBody>("/team/member_add", { team_id: "no-such-team", member: { role: "user", user_id: u } })).status).toBe(404);
       });
 
+      test("a member's budget with more than 12 decimals is a 400 naming it, as max_budget is; 12 are kept exactly", async () => {
+        const t = await newTeam({});
+        const u = await newUser();
+        const tooFine: [string, Json, string][] = [
+          ["/team/member_add", { team_id: t.team_id, member: { role: "user", user_id: u }, max_budget_in_team: 0.0000000000004 }, "max_budget_in_team"],
+          ["/team/member_add", { team_id: t.team_id, member_email: `${uid("fine")}@x.io`, role: "user", max_budget_in_team: 2.1234567890123 }, "max_budget_in_team"],
+          ["/team/bulk_member_add", { team_id: t.team_id, members: [{ role: "user", user_id: u }], max_budget_in_team: 1e-13 }, "max_budget_in_team"],
+          ["/user/new", { user_id: uid("u"), auto_create_key: false, teams: [{ team_id: t.team_id, max_budget_in_team: 2.1234567890123 }] }, "max_budget_in_team"],
+          ["/team/update", { team_id: t.team_id, team_member_budget: 0.0000000000004 }, "team_member_budget"],
+          ["/team/new", { member_settings: { team_member_budget: 2.1234567890123 } }, "team_member_budget"],
+        ];
+        for (const [path, body, field] of tooFine) {
+          const r = await post<ErrorBody>(path, body);
+          expect([path, r.status, r.body.error?.param]).toEqual([path, 400, field]);
+          expect(r.body.error.message).toContain("more than 12 decimals");
+        }
+        expect((await info(t.team_id)).body.team_info.members_with_roles).toEqual([]);
+        expect((await post("/team/member_add", { team_id: t.team_id, member: { role: "user", user_id: u }, max_budget_in_team: 0.000000000001 })).status).toBe(200);
+        const update = await post<ErrorBody>("/team/member_update", { team_id: t.team_id, user_id: u, max_budget_in_team: 2.1234567890123 });
+        expect([update.status, update.body.error?.param]).toEqual([400, "max_budget_in_team"]);
+        const exact = await post<Json>("/team/member_update", { team_id: t.team_id, user_id: u, max_budget_in_team: 2.123456789012 });
+        expect(exact.body.max_budget_in_team).toBe(2.123456789012);
+      });
+
       test("/team/member_update changes role and member limits; the role counts at once", async () => {
         const t = await newTeam({});
         const m = await memberKey(t.team_id, "user", { user_email: `${uid("up")}@example.com` });

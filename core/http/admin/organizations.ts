@@ -374,7 +374,7 @@ async function addMembers(ctx: AdminCtx) {
     .where(and(eq(orgMembers.organizationId, orgId), inArray(orgMembers.userId, resolved.map((r) => r.userId))));
   if (already.length > 0) throw badRequest(`Already a member of organization '${orgId}': ${already.map((a) => a.userId).join(", ")}; use /organization/member_update.`, "member");
   const who = ctx.caller.changedBy;
-  const budget = body.max_budget_in_organization;
+  const budget = orgMemberBudgetIn(body) ?? null;
   const { newUsers, memberships } = await ctx.db
     .transaction(async (tx) => {
       const newUsers: UserRow[] = [];
@@ -418,7 +418,7 @@ async function addMembers(ctx: AdminCtx) {
         }
         const [row] = await tx
           .insert(orgMembers)
-          .values({ organizationId: orgId, userId: r.userId, userRole: r.role, maxBudgetInOrganization: budget === undefined || budget === null ? null : String(budget) })
+          .values({ organizationId: orgId, userId: r.userId, userRole: r.role, maxBudgetInOrganization: budget })
           .returning();
         memberships.push(row!);
       }
@@ -442,6 +442,13 @@ async function addMembers(ctx: AdminCtx) {
   };
 }
 
+const MEMBER_BUDGET = new Set(["max_budget_in_organization"]);
+
+/** A body's `max_budget_in_organization` as it wrote it (null: cleared), checked as every amount is: a 400 past the column's decimals. */
+function orgMemberBudgetIn(body: object): string | null | undefined {
+  return fromApi(orgMembers, body as Record<string, unknown>, MEMBER_BUDGET).maxBudgetInOrganization as string | null | undefined;
+}
+
 async function membership(ctx: AdminCtx, orgId: string, userId: string): Promise<OrgMemberRow> {
   const [row] = await ctx.db
     .select()
@@ -460,7 +467,8 @@ async function updateMember(ctx: AdminCtx) {
   const before = await membership(ctx, orgId, userId);
   const patch: Partial<OrgMemberRow> = { updatedAt: new Date() };
   if (body.role !== undefined) patch.userRole = body.role;
-  if (body.max_budget_in_organization !== undefined) patch.maxBudgetInOrganization = body.max_budget_in_organization === null ? null : String(body.max_budget_in_organization);
+  const budget = orgMemberBudgetIn(body);
+  if (budget !== undefined) patch.maxBudgetInOrganization = budget;
   const [after] = await ctx.db
     .update(orgMembers)
     .set(patch)

@@ -23,6 +23,7 @@ import {
   type MemberRef,
   membersByTeam,
   membership,
+  memberBudgetIn,
   membershipApi,
   memberUserApi,
   teamApi,
@@ -32,7 +33,7 @@ import { budgetGone, holdReferences, holdWrite, orgGone, type WriteHolds } from 
 import { modelsOutsideOrg } from "../../identity/org-rules.ts";
 import { choice, pageOf, paged } from "../../identity/paging.ts";
 import type { IdentityChange, KeyRow, TeamMemberRow, TeamRow, UserRow } from "../../identity/records.ts";
-import { fromApi, toApi } from "../../identity/serialize.ts";
+import { exactAmount, fromApi, scaleOf, toApi } from "../../identity/serialize.ts";
 import { budgets, organizations, teamMembers, teams, users, virtualKeys } from "../../store/schema.ts";
 import { isUniqueViolation } from "../../store/sql.ts";
 import { counterId } from "../../spend/ledger.ts";
@@ -286,6 +287,11 @@ function memberSettings(body: Record<string, unknown>, current: Record<string, u
   refuseMemberBudgetPeriod(body);
   const out: Record<string, unknown> = { ...current };
   const given = body.member_settings;
+  // A new member's max_budget_in_team: as exact as one given to member_add.
+  for (const holder of [body, given]) {
+    const amount = holder && typeof holder === "object" ? (holder as Record<string, unknown>).team_member_budget : undefined;
+    if (typeof amount === "number") exactAmount(holder as object, "team_member_budget", amount, scaleOf(teamMembers.maxBudgetInTeam));
+  }
   if (given === null) for (const k of Object.keys(out)) delete out[k];
   else if (given && typeof given === "object") Object.assign(out, given);
   for (const f of MEMBER_SETTING_FIELDS) if (f in body) out[f] = body[f];
@@ -319,18 +325,18 @@ function alreadyMember(teamId: string, user: UserRow): GatewayError {
 const admitting = (members: readonly MemberValue[]): WriteHolds => ({ userIds: members.map((m) => m.user_id), emails: members.map((m) => m.user_email) });
 
 /** Adds one member (creating its user when missing); an existing member is a 400. */
-async function admit(db: Exec, team: TeamRow, m: MemberValue, maxBudgetInTeam: number | null | undefined, by: string): Promise<Admitted> {
+async function admit(db: Exec, team: TeamRow, m: MemberValue, maxBudgetInTeam: string | null | undefined, by: string): Promise<Admitted> {
   const { user, created } = await ensureUser(db, refOf(m), by);
   if (await membership(db, team.teamId, user.userId)) throw alreadyMember(team.teamId, user);
   const settings = team.memberSettings;
-  const budget = maxBudgetInTeam ?? (typeof settings.team_member_budget === "number" ? settings.team_member_budget : null);
+  const budget = maxBudgetInTeam ?? (typeof settings.team_member_budget === "number" ? String(settings.team_member_budget) : null);
   const [row] = await db
     .insert(teamMembers)
     .values({
       teamId: team.teamId,
       userId: user.userId,
       role: (m.role ?? "user") satisfies Role,
-      maxBudgetInTeam: budget === null ? null : String(budget),
+      maxBudgetInTeam: budget,
       tpmLimit: typeof settings.team_member_tpm_limit === "number" ? settings.team_member_tpm_limit : null,
       rpmLimit: typeof settings.team_member_rpm_limit === "number" ? settings.team_member_rpm_limit : null,
     })
@@ -638,13 +644,14 @@ async function memberAdd(ctx: AdminCtx): Promise<Record<string, unknown>> {
     members = [{ role: body.role ?? "user", user_id: body.user_id ?? null, user_email: body.member_email ?? body.user_email ?? null }];
   } else throw badRequest("Send the member to add: member {role, user_id | user_email} (or a list of them), or member_email with role.", "member");
   const by = ctx.caller.changedBy;
+  const budget = memberBudgetIn(body);
   // Under the team's lock: a /team/delete at the same moment removes its members, and would miss one added after it read them.
   const admitted = await lockedTeam(
     ctx,
     team.teamId,
     async (tx, current) => {
       const out: Admitted[] = [];
-      for (const m of members) out.push(await admit(tx, current, m, body.max_budget_in_team, by));
+      for (const m of members) out.push(await admit(tx, current, m, budget, by));
       return out;
     },
     admitting(members),
@@ -699,7 +706,7 @@ async function memberUpdate(ctx: AdminCtx): Promise<Record<string, unknown>> {
   if (!current) throw badRequest(`User ${user.userId} is not a member of team ${team.teamId}.`, "user_id");
   const set: Partial<typeof teamMembers.$inferInsert> = {};
   if (body.role !== undefined) set.role = body.role;
-  if ("max_budget_in_team" in raw) set.maxBudgetInTeam = body.max_budget_in_team === null || body.max_budget_in_team === undefined ? null : String(body.max_budget_in_team);
+  if ("max_budget_in_team" in raw) set.maxBudgetInTeam = memberBudgetIn(body) ?? null;
   if ("tpm_limit" in raw) set.tpmLimit = body.tpm_limit ?? null;
   if ("rpm_limit" in raw) set.rpmLimit = body.rpm_limit ?? null;
   let updated = current;
@@ -739,12 +746,13 @@ async function bulkMemberAdd(ctx: AdminCtx): Promise<Record<string, unknown>> {
     members = [...members, ...others.map((u) => ({ role: "user" as const, user_id: u.userId }))];
   }
   if (members.length === 0) throw badRequest("Send members (a list of {role, user_id | user_email}) or all_users: true.", "members");
+  const budget = memberBudgetIn(body);
   const results: Record<string, unknown>[] = [];
   const admitted: Admitted[] = [];
   // Each member on its own: one that cannot be added does not stop the others.
   for (const m of members) {
     try {
-      const a = await lockedTeam(ctx, team.teamId, (tx, current) => admit(tx, current, m, body.max_budget_in_team, ctx.caller.changedBy), admitting([m])).catch(concurrentMember);
+      const a = await lockedTeam(ctx, team.teamId, (tx, current) => admit(tx, current, m, budget, ctx.caller.changedBy), admitting([m])).catch(concurrentMember);
       admitted.push(a);
       results.push({ user_id: a.user.userId, user_email: a.user.userEmail, success: true, error: null, updated_user: userApi(a.user, []), updated_team_membership: membershipApi(a.membership) });
     } catch (err) {

@@ -11,7 +11,7 @@ import { Elysia } from "elysia";
 import { badRequest, forbidden, notFound } from "../../authz.ts";
 import { Amount, clearNulls, containing, IdList, LIMIT_COLUMNS, LimitFields, MoneyField, Nullable, resetAt } from "../../identity/fields.ts";
 import { holdReferences, holdTeams, lockEmail, orgGone, teamsGone } from "../../identity/holds.ts";
-import { type Exec, findUserByEmail, membersByTeam, teamApi, userApi } from "../../identity/members.ts";
+import { type Exec, findUserByEmail, memberBudgetIn, membersByTeam, teamApi, userApi } from "../../identity/members.ts";
 import { refuseMasterUserId } from "../../identity/master-user.ts";
 import { choice, list, pageOf, paged } from "../../identity/paging.ts";
 import type { UserRow } from "../../identity/records.ts";
@@ -103,8 +103,7 @@ function normalizeTeams(entries: readonly TeamEntryValue[] | null | undefined): 
   for (const e of entries ?? []) {
     if (typeof e === "string") out.set(e, { teamId: e, role: "user", maxBudgetInTeam: null });
     else {
-      const budget = e.max_budget_in_team;
-      out.set(e.team_id, { teamId: e.team_id, role: e.user_role ?? e.role ?? "user", maxBudgetInTeam: budget === undefined || budget === null ? null : String(budget) });
+      out.set(e.team_id, { teamId: e.team_id, role: e.user_role ?? e.role ?? "user", maxBudgetInTeam: memberBudgetIn(e) ?? null });
     }
   }
   return [...out.values()];
