@@ -262,6 +262,23 @@ for (const backend of BACKENDS) {
         const wild = await org({ models: ["chat-*"] });
         expect((await newTeam({ organization_id: wild, models: ["chat-c"] })).models).toEqual(["chat-c"]);
       });
+      test('organization_id "" and budget_id "" are ids that do not exist (400, as on keys), not stored as dangling references', async () => {
+        const id = uid("empty-refs");
+        for (const [field, body] of [["organization_id", { organization_id: "" }], ["budget_id", { budget_id: "" }]] as const) {
+          const made = await post<ErrorBody>("/team/new", { team_id: id, ...body });
+          expect([made.status, made.body.error?.param]).toEqual([400, field]);
+          expect(made.body.error.message).toContain("does not exist");
+        }
+        expect((await info(id)).status).toBe(404);
+        const t = await newTeam();
+        for (const [field, body] of [["organization_id", { organization_id: "" }], ["budget_id", { budget_id: "" }]] as const) {
+          const updated = await post<ErrorBody>("/team/update", { team_id: t.team_id, ...body });
+          expect([updated.status, updated.body.error?.param]).toEqual([400, field]);
+        }
+        expect((await info(t.team_id)).body.team_info).toMatchObject({ organization_id: null });
+        const listed = await get<Team[]>("/team/list?organization_id=default_organization");
+        expect(listed.body.map((x) => x.team_id)).toContain(t.team_id);
+      });
     });
 
     describe("/team/update", () => {

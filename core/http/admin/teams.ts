@@ -224,7 +224,8 @@ async function teamsApi(db: Exec, rows: readonly TeamRow[], caller?: Caller): Pr
 
 /** A team inside an organization stays inside its limits: models within the org's, budget and rates at most the org's. */
 async function checkOrgLimits(ctx: AdminCtx, team: { organizationId: string | null; models: string[]; maxBudget: string | null; tpmLimit: number | null; rpmLimit: number | null }): Promise<void> {
-  if (!team.organizationId) return;
+  // "" is an id like any other (none exists), as on keys: taken for "no org", it was stored as one.
+  if (team.organizationId === null) return;
   const [org] = await ctx.db.select().from(organizations).where(eq(organizations.organizationId, team.organizationId));
   if (!org) throw orgGone(team.organizationId);
   const outside = modelsOutsideOrg(org, team.models, ctx.snapshot.accessGroups);
@@ -256,7 +257,7 @@ function checkPermissions(perms: readonly string[] | null | undefined): void {
 async function checkReferences(ctx: AdminCtx, body: { access_group_ids?: string[] | null; budget_id?: string | null }): Promise<void> {
   const unknownGroups = (body.access_group_ids ?? []).filter((id) => !ctx.identity.accessGroups.has(id));
   if (unknownGroups.length > 0) throw badRequest(`Access group(s) ${unknownGroups.join(", ")} do not exist.`, "access_group_ids");
-  if (body.budget_id) {
+  if (typeof body.budget_id === "string") {
     const [b] = await ctx.db.select({ id: budgets.budgetId }).from(budgets).where(eq(budgets.budgetId, body.budget_id));
     if (!b) throw budgetGone(body.budget_id);
   }
