@@ -289,6 +289,21 @@ for (const backend of BACKENDS) {
       expect(Number(row?.maxBudgetInOrganization)).toBe(1.5);
     });
 
+    test("member_delete detaches the user from the org its organization_id names (another org it names stays)", async () => {
+      const id = (await call("POST", "/organization/new", { organization_alias: "leaving" })).body.organization_id as string;
+      const other = (await call("POST", "/organization/new", { organization_alias: "staying" })).body.organization_id as string;
+      const leaver = `leaver-${backend}`;
+      const elsewhere = `elsewhere-${backend}`;
+      await db().insert(users).values({ userId: elsewhere, userRole: "internal_user", organizationId: other });
+      const added = await call("POST", "/organization/member_add", { organization_id: id, member: [{ role: "internal_user", user_id: leaver }, { role: "internal_user", user_id: elsewhere }] });
+      expect(added.status).toBe(200);
+      expect((await call("GET", `/user/info?user_id=${leaver}`)).body.user_info).toMatchObject({ organization_id: id });
+      for (const userId of [leaver, elsewhere]) expect((await call("DELETE", "/organization/member_delete", { organization_id: id, user_id: userId })).status).toBe(200);
+      expect((await call("GET", `/user/info?user_id=${leaver}`)).body.user_info).toMatchObject({ organization_id: null });
+      expect(gw.host!.services.identity!.users.get(leaver)?.organizationId).toBeNull();
+      expect((await call("GET", `/user/info?user_id=${elsewhere}`)).body.user_info).toMatchObject({ organization_id: other });
+    });
+
     test("blocked: true stops every key of the org at the next request; unblocking restores them", async () => {
       const org = await call("POST", "/organization/new", { organization_alias: "blockable" });
       const id = org.body.organization_id as string;

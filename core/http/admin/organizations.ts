@@ -488,13 +488,23 @@ async function deleteMember(ctx: AdminCtx) {
   await loadOrg(ctx, orgId);
   const { userId } = await resolveMemberUser(ctx, body, false);
   const before = await membership(ctx, orgId, userId);
-  const removed = await ctx.db
-    .delete(orgMembers)
-    .where(and(eq(orgMembers.organizationId, orgId), eq(orgMembers.userId, userId)))
-    .returning({ userId: orgMembers.userId });
-  // Removed by a concurrent call since it was read: the answer that call's coming first gives.
-  if (removed.length === 0) throw notFound(`User '${userId}' is not a member of organization '${orgId}'.`, "user_id");
+  const detached = await ctx.db.transaction(async (tx) => {
+    const removed = await tx
+      .delete(orgMembers)
+      .where(and(eq(orgMembers.organizationId, orgId), eq(orgMembers.userId, userId)))
+      .returning({ userId: orgMembers.userId });
+    // Removed by a concurrent call since it was read: the answer that call's coming first gives.
+    if (removed.length === 0) throw notFound(`User '${userId}' is not a member of organization '${orgId}'.`, "user_id");
+    // The user no longer belongs to the org it names (as /organization/delete detaches its users); another org it names stays.
+    const left = await tx
+      .update(users)
+      .set({ organizationId: null, updatedAt: new Date(), updatedBy: ctx.caller.changedBy })
+      .where(and(eq(users.userId, userId), eq(users.organizationId, orgId)))
+      .returning({ userId: users.userId });
+    return left.length > 0;
+  });
   await ctx.changed({ kind: "org_members", orgId });
+  if (detached) await ctx.changed({ kind: "user", userId });
   await ctx.audit({ action: "deleted", table: "org_members", objectId: `${orgId}:${userId}`, before });
   return { organization_id: orgId, user_id: userId, deleted: toApi(before) };
 }
