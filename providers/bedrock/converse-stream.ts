@@ -22,6 +22,8 @@ export interface ConverseStreamState {
   /** contentBlockIndex → OpenAI tool call index (or JSON_ANSWER). */
   toolBlocks: Map<number, number>;
   toolCalls: number;
+  /** Tool blocks (contentBlockIndex) with no argument bytes yet: a tool without parameters streams none. */
+  argumentless: Set<number>;
   answeredInJson: boolean;
   /**
    * With a response format, the text written so far, held back: while thinking the JSON tool is not
@@ -90,7 +92,15 @@ function blockStart(s: ConverseStreamState, p: Record<string, unknown>, parts: S
     return;
   }
   const index = toolIndex(s, block);
+  s.argumentless.add(block);
   parts.push(chunk(s, { tool_calls: [{ index, id: String(toolUseId ?? ""), type: "function", function: { name: String(name ?? ""), arguments: "" } }] }));
+}
+
+/** A tool called without arguments still needs parseable ones: the non-stream answer has `{}` too. */
+function blockStop(s: ConverseStreamState, p: Record<string, unknown>, parts: StreamPart[]): void {
+  const block = Number(p.contentBlockIndex ?? 0);
+  if (!s.argumentless.delete(block)) return;
+  parts.push(chunk(s, { tool_calls: [{ index: toolIndex(s, block), function: { arguments: "{}" } }] }));
 }
 
 function blockDelta(s: ConverseStreamState, p: Record<string, unknown>, parts: StreamPart[]): void {
@@ -106,7 +116,9 @@ function blockDelta(s: ConverseStreamState, p: Record<string, unknown>, parts: S
   if (use !== null && typeof use === "object") {
     const input = String((use as Record<string, unknown>).input ?? "");
     s.outputChars += input.length;
-    const index = toolIndex(s, Number(p.contentBlockIndex ?? 0));
+    const block = Number(p.contentBlockIndex ?? 0);
+    if (input !== "") s.argumentless.delete(block);
+    const index = toolIndex(s, block);
     parts.push(index === JSON_ANSWER ? chunk(s, { content: input }) : chunk(s, { tool_calls: [{ index, function: { arguments: input } }] }));
     return;
   }
@@ -138,6 +150,7 @@ export function converseStream(): StreamTransform<"chat", ConverseStreamState> {
       jsonResponse: wantsJsonResponse(req),
       toolBlocks: new Map(),
       toolCalls: 0,
+      argumentless: new Set(),
       answeredInJson: false,
       heldText: "",
       roleSent: false,
@@ -163,6 +176,9 @@ export function converseStream(): StreamTransform<"chat", ConverseStreamState> {
           opening(s, parts);
           blockDelta(s, p, parts);
           break;
+        case "contentBlockStop":
+          blockStop(s, p, parts);
+          break;
         case "messageStop":
           s.stopped = true;
           opening(s, parts);
@@ -179,7 +195,7 @@ export function converseStream(): StreamTransform<"chat", ConverseStreamState> {
           }
           break;
         }
-        // contentBlockStop and events added later carry nothing the client needs.
+        // Events added later carry nothing the client needs.
       }
       return parts;
     },

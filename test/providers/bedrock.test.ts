@@ -586,6 +586,20 @@ describe("ConverseStream → OpenAI chunks", () => {
     expect(parts.find((p) => p.type === "usage")).toEqual({ type: "usage", usage: { promptTokens: 1612, completionTokens: 61, cachedPromptTokens: 1200 } });
   });
 
+  test("a tool called without arguments streams \"{}\" as its arguments, as the non-stream answer has, with or without an empty input delta", () => {
+    const open = [event("messageStart", '{"role":"assistant"}'), event("contentBlockStart", '{"contentBlockIndex":0,"start":{"toolUse":{"name":"get_time","toolUseId":"tooluse_t"}}}')];
+    const close = [event("contentBlockStop", '{"contentBlockIndex":0}'), event("messageStop", '{"stopReason":"tool_use"}')];
+    const emptyDelta = event("contentBlockDelta", '{"contentBlockIndex":0,"delta":{"toolUse":{"input":""}}}');
+    for (const frames of [[...open, ...close], [...open, emptyDelta, ...close]]) {
+      const calls = deltas(runStream(frames, req({ stream: true })).parts).flatMap((d) => (d.tool_calls ?? []) as { function: { arguments: string } }[]);
+      const joined = calls.map((c) => c.function.arguments).join("");
+      expect(JSON.parse(joined)).toEqual({});
+    }
+    // Arguments that did arrive are not followed by another "{}".
+    const args = deltas(runStream(GOLDEN_STREAM, req({ stream: true })).parts).flatMap((d) => (d.tool_calls ?? []) as { function: { arguments: string } }[]);
+    expect(JSON.parse(args.map((c) => c.function.arguments).join(""))).toEqual({ location: "Paris", unit: "celsius" });
+  });
+
   test("without include_usage there is no usage chunk, but usage is still learned", () => {
     const { parts } = runStream(GOLDEN_STREAM, req({ stream: true }));
     expect(chunks(parts).every((c) => (c.choices as unknown[]).length === 1)).toBe(true);
