@@ -1,6 +1,7 @@
 /**
  * Which prices a deployment is charged at. Lookup order (later wins field by field):
- * 1. the price table entry of `model_info.base_model`, else of `<provider>/<model>`, else of `<model>`;
+ * 1. the price table entry of `model_info.base_model`, else of `<provider>/<model>`, else of `<model>`
+ *    (else, for a Bedrock inference profile, of its base model: see priceNames);
  * 2. cost fields in `svc_params` (`input_cost_per_token`, …);
  * 3. cost fields in `model_info`.
  * An operator can so price a model the table lacks, or correct one it has, per deployment; a
@@ -52,6 +53,24 @@ export interface CallCost {
   source: string;
 }
 
+/** Bedrock's API routes named in a model (`bedrock/converse/<id>`): not part of the model's name. */
+const BEDROCK_ROUTE = /^(converse|invoke)\//;
+/** Cross-region inference profiles' geography prefixes (`apac.anthropic.…`, `global.…`). */
+const CROSS_REGION_PREFIX = /^(us|eu|apac|jp|au|ca|global|us-gov)\./;
+
+/**
+ * The names a model is priced under, exact first. A Bedrock inference profile (an ARN, whose
+ * profile id follows its last `/`, or a cross-region id such as `apac.<model>`) costs what its base
+ * model costs, and the price file has entries for only some of them: without one, the base model's
+ * (LiteLLM's BedrockModelInfo.get_base_model prices them so too).
+ */
+function priceNames(provider: string, model: string): string[] {
+  if (provider !== "bedrock") return [model];
+  const id = model.replace(BEDROCK_ROUTE, "");
+  const profile = id.startsWith("arn:") ? id.slice(id.lastIndexOf("/") + 1) : id;
+  return [...new Set([model, id, profile, profile.replace(CROSS_REGION_PREFIX, "")])];
+}
+
 /** Normalizes an image size for price-file keys: `1024x1792` → `1024-x-1792`. */
 function sizeKey(size: string): string {
   return size.replace(/\s*[x×]\s*/, "-x-");
@@ -99,6 +118,14 @@ export class Pricing {
   }
 
   private lookup(provider: string, model: string, variant?: { size?: string; quality?: string }) {
+    for (const name of priceNames(provider, model)) {
+      const found = this.lookupName(provider, name, variant);
+      if (found) return found;
+    }
+    return undefined;
+  }
+
+  private lookupName(provider: string, model: string, variant?: { size?: string; quality?: string }) {
     // Image models are priced per size and quality: `hd/1024-x-1792/dall-e-3`, `1024-x-1024/dall-e-2`.
     if (variant) {
       // OpenAI's default size; an image model's price entries are per size.

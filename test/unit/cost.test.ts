@@ -112,6 +112,27 @@ describe("cost of a call from the bundled price table", () => {
     expect(picoToText(pricing.costOf(deployment("openai/gpt-4o"), chat(1000, 500)).cost)).toBe("0.0075");
   });
 
+  test("a Bedrock inference profile (cross-region id or ARN) without an entry of its own is priced as its base model; one with an entry keeps it", () => {
+    const million = chat(1_000_000, 0);
+    // Claude 3.7 Sonnet on Bedrock: $3 per million in; the file has no apac., jp. or global. entry for it.
+    for (const id of [
+      "apac.anthropic.claude-3-7-sonnet-20250219-v1:0",
+      "jp.anthropic.claude-3-7-sonnet-20250219-v1:0",
+      "global.anthropic.claude-3-7-sonnet-20250219-v1:0",
+      "converse/apac.anthropic.claude-3-7-sonnet-20250219-v1:0",
+      "arn:aws:bedrock:ap-northeast-1:123456789012:inference-profile/apac.anthropic.claude-3-7-sonnet-20250219-v1:0",
+      "arn:aws:bedrock:us-east-1::foundation-model/anthropic.claude-3-7-sonnet-20250219-v1:0",
+    ]) {
+      expect(pricing.costOf(deployment(`bedrock/${id}`), million)).toEqual({ cost: usdToPico("3"), priced: true, source: "anthropic.claude-3-7-sonnet-20250219-v1:0" });
+    }
+    // Nova Pro: $0.80 per million, $1.05 through its EU profile, which has its own entry.
+    expect(picoToText(pricing.costOf(deployment("bedrock/amazon.nova-pro-v1:0"), million).cost)).toBe("0.8");
+    expect(picoToText(pricing.costOf(deployment("bedrock/eu.amazon.nova-pro-v1:0"), million).cost)).toBe("1.05");
+    expect(picoToText(pricing.costOf(deployment("bedrock/arn:aws:bedrock:eu-west-1:123456789012:inference-profile/eu.amazon.nova-pro-v1:0"), million).cost)).toBe("1.05");
+    // Other providers' names are not rewritten.
+    expect(pricing.costOf(deployment("openai/us.gpt-4o"), million).priced).toBe(false);
+  });
+
   test("image generation: dall-e-3 hd 1024x1792 priced per pixel, per image", () => {
     const usage: Usage = { promptTokens: 0, completionTokens: 0, images: { count: 2, size: "1024x1792", quality: "hd" } };
     const got = pricing.costOf(deployment("openai/dall-e-3"), usage);
