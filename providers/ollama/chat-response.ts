@@ -3,6 +3,7 @@
  * whole answer (a message piece each); the `done: true` line carries the counts.
  */
 import type { ChatRequest, StreamPart, StreamTransform, Usage, WireJson } from "../../core/contract.ts";
+import { estimateTokens } from "../openai-compatible/adapter.ts";
 import { ChatChunkWriter } from "../shared/chat-chunks.ts";
 import { type OpenAIFinishReason, type OpenAIToolCall, chatCompletion, chatCompletionId, nowSeconds, toolCallId } from "../shared/chat-completion.ts";
 
@@ -22,9 +23,12 @@ interface OllamaChatLine {
   error?: string;
 }
 
-/** `prompt_eval_count` is absent when the whole prompt came from Ollama's cache. */
-export function ollamaUsage(line: { prompt_eval_count?: number; eval_count?: number }): Usage {
-  return { promptTokens: line.prompt_eval_count ?? 0, completionTokens: line.eval_count ?? 0 };
+/**
+ * `prompt_eval_count` is absent when the whole prompt came from Ollama's cache (a repeated system
+ * prompt): the prompt was still sent and is not free, so it is estimated, as answers without counts are.
+ */
+export function ollamaUsage(line: { prompt_eval_count?: number; eval_count?: number }, promptEstimate: () => number): Usage {
+  return { promptTokens: line.prompt_eval_count ?? promptEstimate(), completionTokens: line.eval_count ?? 0 };
 }
 
 /** Ollama's `created_at` (ISO text) as OpenAI's `created` (seconds); now when absent or unreadable. */
@@ -48,11 +52,11 @@ function toolCall(c: OllamaToolCall): OpenAIToolCall {
   };
 }
 
-export function ollamaChatResponse(body: unknown): { body: WireJson; usage: Usage } {
+export function ollamaChatResponse(body: unknown, req: ChatRequest | undefined): { body: WireJson; usage: Usage } {
   const b = body as OllamaChatLine;
   if (typeof b !== "object" || b === null || typeof b.message !== "object") throw new Error("Ollama answer has no message");
   const toolCalls = (b.message.tool_calls ?? []).map(toolCall);
-  const usage = ollamaUsage(b);
+  const usage = ollamaUsage(b, () => (req ? estimateTokens(req.messages.map((m) => m.content)) : 0));
   const head = { id: chatCompletionId(), created: createdSeconds(b.created_at), model: b.model ?? "" };
   const content = b.message.content ?? "";
   const out = chatCompletion(head, { content: content === "" && toolCalls.length > 0 ? null : content, toolCalls, reasoning: b.message.thinking }, finish(b, toolCalls.length > 0), usage);
@@ -85,7 +89,7 @@ export const ollamaChatStream: StreamTransform<"chat", OllamaStreamState> = {
       parts.push(...s.w.toolCall(s.toolCalls++, call.id, call.function.name, call.function.arguments));
     }
     if (line.done) {
-      parts.push(...s.w.start(), ...s.w.finish(finish(line, s.toolCalls > 0), ollamaUsage(line)));
+      parts.push(...s.w.start(), ...s.w.finish(finish(line, s.toolCalls > 0), ollamaUsage(line, () => s.w.estimate().promptTokens)));
     }
     return parts;
   },

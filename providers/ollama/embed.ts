@@ -1,5 +1,6 @@
 /** OpenAI embeddings ↔ Ollama's `POST /api/embed` (`input` in, `embeddings` and `prompt_eval_count` out). */
 import type { Deployment, EmbeddingsRequest, Usage, WireJson } from "../../core/contract.ts";
+import { estimateTokens } from "../openai-compatible/adapter.ts";
 import { embeddingList, embeddingTexts } from "../shared/embedding-list.ts";
 
 export const OLLAMA_EMBED_PARAMS = ["encoding_format", "dimensions", "user"] as const;
@@ -22,6 +23,7 @@ interface OllamaEmbedResponse {
 export function ollamaEmbedResponse(body: unknown, req: EmbeddingsRequest | undefined): { body: WireJson; usage: Usage } {
   const b = body as OllamaEmbedResponse;
   if (!Array.isArray(b.embeddings)) throw new Error("Ollama answer has no embeddings");
-  const tokens = b.prompt_eval_count ?? 0;
+  // Absent when the input came from Ollama's cache: estimated, as for the other answers without it (chat-response.ts).
+  const tokens = b.prompt_eval_count ?? (req ? estimateTokens(req.input) : 0);
   return { body: embeddingList(b.embeddings, b.model ?? req?.model ?? "", tokens, req?.encoding_format), usage: { promptTokens: tokens, completionTokens: 0 } };
 }

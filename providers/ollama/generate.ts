@@ -46,10 +46,10 @@ interface OllamaGenerateLine {
 
 const finishReason = (line: OllamaGenerateLine) => (line.done_reason === "length" ? "length" : "stop");
 
-export function ollamaGenerateResponse(body: unknown): { body: WireJson; usage: Usage } {
+export function ollamaGenerateResponse(body: unknown, req: CompletionRequest | undefined): { body: WireJson; usage: Usage } {
   const b = body as OllamaGenerateLine;
   if (typeof b !== "object" || b === null || typeof b.response !== "string") throw new Error("Ollama answer has no response text");
-  const usage = ollamaUsage(b);
+  const usage = ollamaUsage(b, () => (req ? estimateTokens(req.prompt) : 0));
   return {
     body: {
       id: textCompletionId(),
@@ -105,7 +105,7 @@ export const ollamaGenerateStream: StreamTransform<"completions", OllamaGenerate
     }
     if (line.done) {
       s.done = true;
-      const usage = ollamaUsage(line);
+      const usage = ollamaUsage(line, () => s.promptEstimate);
       parts.push(chunk(s, "", finishReason(line)), { type: "usage", usage });
       if (s.clientWantsUsage) parts.push({ type: "chunk", chunk: { id: s.id, object: "text_completion", created: s.created, model: s.model, choices: [], usage: openAIUsage(usage) } });
     }

@@ -21,14 +21,14 @@ function post(d: Deployment, path: string, body: WireJson): HttpCall {
 
 const chat: EndpointAdapter<"chat", OllamaStreamState> = {
   request: (req: ChatRequest, d) => post(d, "/api/chat", ollamaChatBody(req, d)),
-  response: (body) => ollamaChatResponse(body),
+  response: (body, req) => ollamaChatResponse(body, req),
   stream: ollamaChatStream,
   supportedParams: OLLAMA_CHAT_PARAMS,
 };
 
 const completions: EndpointAdapter<"completions", OllamaGenerateState> = {
   request: (req: CompletionRequest, d) => post(d, "/api/generate", ollamaGenerateBody(req, d)),
-  response: (body) => ollamaGenerateResponse(body),
+  response: (body, req) => ollamaGenerateResponse(body, req),
   stream: ollamaGenerateStream,
   supportedParams: OLLAMA_GENERATE_PARAMS,
 };

@@ -1,7 +1,7 @@
 // Ollama golden fixtures, both directions: the OpenAI request → the `/api/chat` body Ollama's API
 // documents, and Ollama's answers and NDJSON streams (cut mid-line) → what an OpenAI client receives.
 import { afterEach, describe, expect, test } from "bun:test";
-import type { ChatRequest, Deployment, WireJson } from "../../core/contract.ts";
+import type { ChatRequest, CompletionRequest, Deployment, WireJson } from "../../core/contract.ts";
 import { paramsFor, supportedBody } from "../../core/pipeline/params.ts";
 import { ollamaProvider } from "../../providers/ollama/index.ts";
 import { assemble, chunks, cutEvery, runStream, usageOf } from "./run-stream.ts";
@@ -161,17 +161,47 @@ describe("Ollama answer → chat.completion", () => {
     expect(calls).toEqual([{ id: expect.stringMatching(/^call_/), type: "function", function: { name: "get_current_weather", arguments: '{"format":"celsius","location":"Paris, FR"}' } }]);
   });
 
-  test("done_reason length → length; thinking → reasoning_content; a cached prompt has no prompt count", () => {
-    const answer = { model: "qwen3", created_at: "2025-05-29T09:35:56.012222Z", message: { role: "assistant", content: "The sky", thinking: "Rayleigh." }, done_reason: "length", done: true, eval_count: 2 };
+  test("done_reason length → length; thinking → reasoning_content", () => {
+    const answer = { model: "qwen3", created_at: "2025-05-29T09:35:56.012222Z", message: { role: "assistant", content: "The sky", thinking: "Rayleigh." }, done_reason: "length", done: true, prompt_eval_count: 12, eval_count: 2 };
     const { body, usage } = chat.response(answer, req);
     const choice = (body.choices as WireJson[])[0]!;
     expect(choice.finish_reason).toBe("length");
     expect(choice.message).toEqual({ role: "assistant", content: "The sky", reasoning_content: "Rayleigh." });
-    expect(usage).toEqual({ promptTokens: 0, completionTokens: 2 });
+    expect(usage).toEqual({ promptTokens: 12, completionTokens: 2 });
   });
 });
 
 const line = (o: object) => `${JSON.stringify(o)}\n`;
+
+describe("a prompt Ollama took from its cache (no prompt_eval_count) is estimated, not free", () => {
+  // "why is the sky blue?": 20 characters, 5 tokens at four characters a token.
+  const question = "why is the sky blue?";
+  const cached = { model: "llama3.2", created_at: "2025-05-29T09:35:56Z", done_reason: "stop", done: true, eval_count: 3 };
+
+  test("chat, whole and streamed", () => {
+    const req: ChatRequest = { model: "llama", messages: [{ role: "user", content: question }] };
+    expect(chat.response({ ...cached, message: { role: "assistant", content: "Hi" } }, req).usage).toEqual({ promptTokens: 5, completionTokens: 3 });
+    const stream = line({ ...cached, message: { role: "assistant", content: "Hi" } });
+    const { parts } = runStream(chat.stream!, { ...req, stream: true, stream_options: { include_usage: true } }, [stream]);
+    expect(usageOf(parts)).toEqual({ promptTokens: 5, completionTokens: 3 });
+    expect(assemble(chunks(parts)).usage).toMatchObject({ prompt_tokens: 5, completion_tokens: 3 });
+  });
+
+  test("legacy completions (/api/generate), whole and streamed", () => {
+    const completions = ollamaProvider.endpoints.completions!;
+    const req: CompletionRequest = { model: "llama", prompt: question };
+    expect(completions.response({ ...cached, response: "Hi" }, req).usage).toEqual({ promptTokens: 5, completionTokens: 3 });
+    const stream = completions.stream!;
+    const parts = stream.event(JSON.stringify({ ...cached, response: "Hi" }), stream.init({ ...req, stream: true }));
+    expect(usageOf(parts)).toEqual({ promptTokens: 5, completionTokens: 3 });
+  });
+
+  test("embeddings", () => {
+    const answer = { model: "all-minilm", embeddings: [[0.1, 0.2]] };
+    expect(embeddings.response(answer, { model: "embedder", input: question }).usage).toEqual({ promptTokens: 5, completionTokens: 0 });
+  });
+});
+
 const TEXT_STREAM = [
   line({ model: "llama3.2", created_at: "2023-08-04T08:52:19.385406455-07:00", message: { role: "assistant", content: "The" }, done: false }),
   line({ model: "llama3.2", created_at: "2023-08-04T08:52:19.385406455-07:00", message: { role: "assistant", content: ' sky is "blue"' }, done: false }),
