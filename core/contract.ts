@@ -65,6 +65,11 @@ export interface Usage {
   webSearchRequests?: number;
   /** The search context size they were asked at (`web_search_options.search_context_size`); default medium. */
   searchContextSize?: "low" | "medium" | "high";
+  /**
+   * The model the answer names, where it is the model behind a deployment of any name (Azure's):
+   * the call is priced as that model when the deployment itself has no price.
+   */
+  answerModel?: string;
 }
 
 /** One `model_list` entry after config resolution: what an adapter needs to reach its upstream. */

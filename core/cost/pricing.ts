@@ -4,6 +4,8 @@
  *    (else, for a Bedrock inference profile, of its base model: see priceNames);
  * 2. cost fields in `svc_params` (`input_cost_per_token`, …);
  * 3. cost fields in `model_info`.
+ * A deployment priced by none of these is charged at the entry of the model its answer names
+ * (Usage.answerModel), as LiteLLM's last lookup step: Azure deployments are named by the operator.
  * An operator can so price a model the table lacks, or correct one it has, per deployment; a
  * base price they set replaces the table's prices derived from it (see DERIVED).
  */
@@ -155,9 +157,21 @@ export class Pricing {
     return this.priceOf(d, usage.images);
   }
 
+  /** The price entry of the model an answer names (see answerModel), for a deployment without prices of its own. */
+  private answerPriceOf(provider: string, model: string): ModelPrice | undefined {
+    // Deployment ids never start with NUL: no clash with the variants' keys.
+    const key = `\0${provider}\0${model}`;
+    const hit = this.cache.get(key);
+    if (hit !== undefined) return hit ?? undefined;
+    const found = this.lookup(provider, model);
+    const price = found && toModelPrice(found.raw, found.name);
+    this.cache.set(key, price ?? null);
+    return price;
+  }
+
   /** `callMs`: how long the call took, for a model priced per second of the call. */
   costOf(d: Deployment, usage: Usage, callMs?: number): CallCost {
-    const price = this.pricesFor(d, usage);
+    const price = this.pricesFor(d, usage) ?? (usage.answerModel ? this.answerPriceOf(d.provider, usage.answerModel) : undefined);
     if (!price) return { cost: 0n, priced: false, source: `no price for ${d.provider}/${d.upstreamModel}` };
     return { cost: costOf(price, usage, callMs), priced: true, source: price.source };
   }

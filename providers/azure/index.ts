@@ -8,6 +8,7 @@ import type { Deployment, Endpoint, EndpointAdapter, ProviderAdapter } from "../
 import { openAIChat, openAICompletions, openAIEmbeddings, openAIErrorMessage, openAIImages, openAISpeech } from "../openai-compatible/adapter.ts";
 import { openAITranscriptions } from "../openai-compatible/transcriptions.ts";
 import { upstreamErrorKind } from "../shared/error-kind.ts";
+import { withAnswerModel } from "./answer-model.ts";
 import { azureAuth, findAzureAuth, staticAuthHeaders, withAzureAuth } from "./credentials.ts";
 import { EntraTokenCache } from "./entra-token.ts";
 import { azureStream } from "./stream.ts";
@@ -45,7 +46,10 @@ function onAzure<E extends Endpoint, S>(inner: EndpointAdapter<E, S>, path: stri
       const call = inner.request(req, d, raw);
       return { ...call, url: azureUrl(d, path), headers: { ...call.headers, ...staticAuthHeaders(azureAuth(d)) }, body: withoutStreamOptions(call.body, d) };
     },
-    response: (body, req) => inner.response(body, req),
+    response(body, req) {
+      const answer = inner.response(body, req);
+      return { ...answer, usage: withAnswerModel(answer.usage, body) };
+    },
   };
   if (inner.stream) adapter.stream = azureStream(inner.stream);
   if (inner.textResponse) adapter.textResponse = inner.textResponse;

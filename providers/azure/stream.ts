@@ -4,6 +4,7 @@
  * the asynchronous filter. The prompt results ride on the first real chunk; annotations are dropped.
  */
 import type { Endpoint, StreamPart, StreamTransform, WireJson } from "../../core/contract.ts";
+import { withAnswerModel } from "./answer-model.ts";
 
 export interface AzureStreamState<S> {
   inner: S;
@@ -32,6 +33,9 @@ export function azureStream<E extends Endpoint, S>(inner: StreamTransform<E, S>)
         return [];
       }
       const parts = inner.event(data, s.inner);
+      // The usage chunk names the model too (read again only for that chunk, once a stream).
+      const usage = parts.findIndex((p) => p.type === "usage");
+      if (usage >= 0) parts[usage] = { type: "usage", usage: withAnswerModel((parts[usage] as Extract<StreamPart, { type: "usage" }>).usage, JSON.parse(data)) };
       if (s.promptFilterResults === undefined) return parts;
       for (let i = 0; i < parts.length; i++) {
         const merged = withPromptFilters(parts[i]!, s.promptFilterResults);

@@ -6,6 +6,9 @@
 import { afterAll, afterEach, beforeAll, describe, expect, test } from "bun:test";
 import type { ChatRequest, Deployment, WireJson } from "../../core/contract.ts";
 import { CredentialsRefused } from "../../core/errors.ts";
+import { usdToPico } from "../../core/cost/money.ts";
+import { PriceTable } from "../../core/cost/prices.ts";
+import { Pricing } from "../../core/cost/pricing.ts";
 import { EntraTokenCache } from "../../providers/azure/entra-token.ts";
 import { AZURE_DEFAULT_API_VERSION, azureAdapter, azureProvider } from "../../providers/azure/index.ts";
 import { type MockAzure, startMockAzure } from "../mock-upstream/azure.ts";
@@ -216,7 +219,7 @@ describe("Azure stream → chat.completion.chunk", () => {
       expect(list[0]!.prompt_filter_results).toEqual([{ prompt_index: 0, content_filter_results: JSON.parse(filters) }]);
       expect(list.filter((c) => "prompt_filter_results" in c)).toHaveLength(1);
       expect(assemble(list)).toMatchObject({ role: "assistant", content: "Hello there", finish: "content_filter" });
-      expect(usageOf(parts)).toEqual({ promptTokens: 9, completionTokens: 2 });
+      expect(usageOf(parts)).toEqual({ promptTokens: 9, completionTokens: 2, answerModel: "gpt-4o-2024-08-06" });
       expect(azureProvider.endpoints.chat!.stream!.responseId!(state)).toBe("chatcmpl-A1b2C3");
     }
   });
@@ -233,7 +236,30 @@ describe("Azure stream → chat.completion.chunk", () => {
     };
     const { body, usage } = azureProvider.endpoints.chat!.response(answer, chatReq);
     expect(body).toBe(answer);
-    expect(usage).toEqual({ promptTokens: 8, completionTokens: 1, cachedPromptTokens: 4 });
+    expect(usage).toEqual({ promptTokens: 8, completionTokens: 1, cachedPromptTokens: 4, answerModel: "gpt-4o-2024-08-06" });
+  });
+});
+
+describe("pricing a deployment named by the operator", () => {
+  const pricing = new Pricing(new PriceTable());
+  const chat = azureProvider.endpoints.chat!;
+  const answer = { choices: [{ finish_reason: "stop", index: 0, message: { content: "Hi", role: "assistant" } }], created: 1724000000, id: "chatcmpl-X", model: "gpt-4o-2024-08-06", object: "chat.completion", usage: { completion_tokens: 0, prompt_tokens: 1_000_000, total_tokens: 1_000_000 } };
+
+  test("without a price of its own, the call is priced as the model Azure's answer names (gpt-4o-2024-08-06: $2.50 per million in), whole and streamed", () => {
+    const d = deployment({ apiBase: BASE, apiKey: "k", upstreamModel: "prod-chat" });
+    expect(pricing.costOf(d, chat.response(answer, chatReq).usage)).toMatchObject({ cost: usdToPico("2.5"), priced: true });
+    const { parts } = runStream(chat.stream!, { ...chatReq, stream: true }, [STREAM]);
+    // 9 prompt tokens at $2.50 per million, 2 answer tokens at $10.
+    expect(pricing.costOf(d, usageOf(parts)!).cost).toBe(9n * usdToPico("2.5") / 1_000_000n + 2n * usdToPico("10") / 1_000_000n);
+  });
+
+  test("the deployment's own price (its name, base_model or an operator's) wins over the answer's model", () => {
+    const usage = chat.response(answer, chatReq).usage;
+    expect(pricing.costOf(deployment({ apiBase: BASE, apiKey: "k", upstreamModel: "gpt-4o-mini" }), usage).cost).toBe(usdToPico("0.165"));
+    expect(pricing.costOf(deployment({ apiBase: BASE, apiKey: "k", upstreamModel: "prod-chat", info: { base_model: "azure/gpt-4o-mini" } }), usage).cost).toBe(usdToPico("0.165"));
+    expect(pricing.costOf(deployment({ apiBase: BASE, apiKey: "k", upstreamModel: "prod-chat", info: { input_cost_per_token: 0.000001 } }), usage).cost).toBe(usdToPico("1"));
+    // An answer naming an unknown model leaves the call unpriced, as before.
+    expect(pricing.costOf(deployment({ apiBase: BASE, apiKey: "k", upstreamModel: "prod-chat" }), { ...usage, answerModel: "my-finetune" }).priced).toBe(false);
   });
 });
 
