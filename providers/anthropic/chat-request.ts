@@ -4,7 +4,7 @@
  * or add its own version field before serializing.
  */
 import type { ChatRequest, WireJson } from "../../core/contract.ts";
-import { THINKING_BUDGET } from "../shared/reasoning-effort.ts";
+import { THINKING_BUDGET, reasoningEffort } from "../shared/reasoning-effort.ts";
 import { anthropicMessages } from "./messages.ts";
 import type { AnthropicTool, AnthropicToolChoice } from "./wire.ts";
 
@@ -48,8 +48,9 @@ interface ChatExtensions {
 }
 
 function thinkingOf(req: ChatRequest & ChatExtensions): Json | undefined {
+  const effort = reasoningEffort(req, "anthropic");
   if (isObject(req.thinking)) return req.thinking;
-  const budget = typeof req.reasoning_effort === "string" ? THINKING_BUDGET[req.reasoning_effort] : undefined;
+  const budget = effort === undefined ? undefined : THINKING_BUDGET[effort];
   return budget === undefined ? undefined : { type: "enabled", budget_tokens: budget };
 }
 

@@ -4,6 +4,7 @@
  */
 import type { ChatRequest, Deployment } from "../../core/contract.ts";
 import { argumentsObject, type ChatMessage, type ContentPart, contentText, functionTools, imageUrl, type SamplingNames, samplingSettings, toolCallsOf, toolChoice, toolNamesById } from "../shared/openai-request.ts";
+import { reasoningEffort } from "../shared/reasoning-effort.ts";
 import { audioMime, mediaPart } from "./media.ts";
 import { geminiSchema, isEmptyParameters } from "./schema.ts";
 import { geminiCallId, signatureOf } from "./tool-ids.ts";
@@ -207,8 +208,8 @@ function generationConfig(req: ChatRequest): GeminiGenerationConfig | undefined 
   const topK = (req as { top_k?: unknown }).top_k;
   if (typeof topK === "number") c.topK = topK;
   responseFormat(req.response_format, c);
-  const effort = (req as { reasoning_effort?: unknown }).reasoning_effort;
-  if (typeof effort === "string" && effort in THINKING_BUDGET) {
+  const effort = reasoningEffort(req, "gemini");
+  if (effort !== undefined) {
     const budget = THINKING_BUDGET[effort]!;
     c.thinkingConfig = budget === 0 ? { thinkingBudget: 0 } : { includeThoughts: true, thinkingBudget: budget };
   } else if ((req as { include_thoughts?: unknown }).include_thoughts === true) {

@@ -258,6 +258,11 @@ describe("request: OpenAI chat → Messages API body", () => {
     expect(body({ reasoning_effort: "none" }).thinking).toBeUndefined();
   });
 
+  test("a reasoning_effort OpenAI does not know is the client's 400 naming the levels, not an answer without thinking", () => {
+    expect(() => body({ reasoning_effort: "extreme" })).toThrow(/anthropic: reasoning_effort "extreme" is not one of none, minimal, low, medium, high/);
+    expect(() => body({ reasoning_effort: "extreme", thinking: { type: "enabled", budget_tokens: 3000 } })).toThrow(/reasoning_effort "extreme"/);
+  });
+
   test("response_format json_schema → a forced tool carrying the schema", () => {
     const schema = { type: "object", properties: { city: { type: "string" } }, required: ["city"] };
     const b = body({ response_format: { type: "json_schema", json_schema: { name: "city", schema } } });

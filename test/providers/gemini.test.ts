@@ -342,6 +342,10 @@ describe("request: tools, tool choice, output format, generation settings", () =
     expect((upstreamBody(chatRequest({ reasoning_effort: "none" })).generationConfig as WireJson).thinkingConfig).toEqual({ thinkingBudget: 0 });
   });
 
+  test("a reasoning_effort OpenAI does not know is the client's 400 naming the levels, not an answer without thinking", () => {
+    expect(() => upstreamBody(chatRequest({ reasoning_effort: "extreme" } as never))).toThrow(/gemini: reasoning_effort "extreme" is not one of none, minimal, low, medium, high/);
+  });
+
   test("the parameters it translates are declared; OpenAI-only ones are not", () => {
     expect(chat.supportedParams).toContain("response_format");
     expect(chat.supportedParams).toContain("reasoning_effort");
