@@ -3,6 +3,7 @@ import pkg from "../package.json" with { type: "json" };
 import { parseRunOptions, USAGE } from "./cli.ts";
 import { createApp } from "./http/app.ts";
 import { serveOptions } from "./http/serving.ts";
+import { BoundedMap } from "./bounded-map.ts";
 import { type Host, startHost } from "./host.ts";
 import { createLogger, redact } from "./log.ts";
 import { deliverPending } from "./pipeline/record.ts";
@@ -46,6 +47,32 @@ function warnFewUpstreamConnections(): void {
   );
 }
 
+/** Distinct unhandled errors logged, each once: a fire-and-forget logger failing on every call would flood the log. */
+const UNHANDLED_KINDS_LOGGED = 100;
+
+/**
+ * An error no code awaited (a plugin's fire-and-forget fetch that rejects, a throw inside a timer
+ * its `setup` started) is logged, redacted like every line, once per kind, and the gateway keeps
+ * serving: by default Bun exits the process on either, cutting every call under way and losing
+ * spend not yet written.
+ */
+function keepServingOnUnhandledErrors(): void {
+  const seen = new BoundedMap<string, true>(UNHANDLED_KINDS_LOGGED);
+  const report = (event: string, err: unknown) => {
+    const error = err instanceof Error ? err : new Error(String(err));
+    const kind = `${event}\t${error.name}\t${error.message}`;
+    if (seen.has(kind)) return;
+    seen.set(kind, true);
+    log.error("unhandled error (a plugin's?); the gateway goes on serving, and further errors of this kind are not logged", {
+      event,
+      error: String(error),
+      stack: error.stack,
+    });
+  };
+  process.on("unhandledRejection", (reason) => report("unhandledRejection", reason));
+  process.on("uncaughtException", (err) => report("uncaughtException", err));
+}
+
 async function main(): Promise<void> {
   let opts: ReturnType<typeof parseRunOptions>;
   try {
@@ -54,6 +81,8 @@ async function main(): Promise<void> {
     fatal(`${err instanceof Error ? err.message : String(err)}\n${USAGE}`);
   }
 
+  // Before the plugins' setup runs: a timer it starts may throw at any time after.
+  keepServingOnUnhandledErrors();
   let host: Host;
   try {
     host = await startHost({ configPath: opts.configPath, dataDir: opts.dataDir, databaseUrl: opts.databaseUrl, redisUrl: opts.redisUrl, log });

@@ -110,3 +110,25 @@ test("a logging callback whose flush never ends, or a plugin whose dispose never
   expect(proc.output()).toContain("plugin dispose did not end in time");
   expect(proc.output()).toContain('"stopped"');
 }, 20_000);
+
+test("a logging callback's unhandled rejection, or a throw in its timer, is logged once per kind, redacted, and the gateway keeps serving", async () => {
+  const proc = await spawnGateway({ ...config, svc_settings: { callbacks: ["fire-and-forget"] } });
+  try {
+    for (let i = 0; i < 3; i++) {
+      const res = await fetch(`${proc.baseURL}/chat/completions`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+        body: JSON.stringify({ model: "ok", messages: [{ role: "user", content: "hi" }] }),
+      });
+      expect(res.status).toBe(200);
+      await Bun.sleep(200);
+    }
+    expect(proc.proc.exitCode).toBeNull();
+    const unhandled = proc.output().split("\n").filter((l) => l.includes("unhandled error (a plugin's?)"));
+    expect(unhandled.filter((l) => l.includes("logging backend down"))).toHaveLength(1);
+    expect(unhandled.filter((l) => l.includes("a bug in the logger's timer"))).toHaveLength(1);
+    expect(proc.output()).not.toContain("sk-logging-backend-secret");
+  } finally {
+    expect(await proc.stop()).toBe(0);
+  }
+}, 20_000);
