@@ -21,6 +21,12 @@ export interface TeamCallbackSettings {
   success_callback?: string[];
   failure_callback?: string[];
   webhooks?: TeamWebhook[];
+  /**
+   * Set by `POST /team/{id}/disable_logging`, cleared by the next registration: the team's calls
+   * reach the spend log and the config's logging callbacks with billing metadata only, no prompt
+   * or answer (the spec's "only billing metadata is recorded").
+   */
+  logging_disabled?: boolean;
 }
 
 /**
@@ -86,4 +92,9 @@ export function teamLogs(team: TeamRow | undefined, success: boolean): boolean {
   const s = team?.callbackSettings as TeamCallbackSettings | null | undefined;
   const names = success ? s?.success_callback : s?.failure_callback;
   return Array.isArray(names) && names.includes("webhook");
+}
+
+/** Whether the team turned its logging off (`disable_logging`): its calls are recorded without their content. */
+export function teamLoggingDisabled(team: TeamRow | undefined): boolean {
+  return (team?.callbackSettings as TeamCallbackSettings | null | undefined)?.logging_disabled === true;
 }

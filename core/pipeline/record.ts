@@ -3,6 +3,7 @@
  * are queued and delivered in one batch per event-loop turn (one scheduled task, not one per call).
  */
 import type { CallRecord, Lease, Logger, Usage } from "../contract.ts";
+import { teamLoggingDisabled } from "../identity/team-callbacks.ts";
 import type { Snapshot } from "../snapshot.ts";
 
 const queue: { snapshot: Snapshot; record: CallRecord; log: Logger }[] = [];
@@ -50,9 +51,19 @@ export async function deliverPending(): Promise<void> {
   await Promise.allSettled(drain());
 }
 
+/**
+ * The record as it may be kept and handed on: without its prompt and answer when the caller's
+ * team disabled logging, whatever captured them (only billing metadata is recorded for it).
+ */
+function recordable(record: CallRecord): CallRecord {
+  if (!teamLoggingDisabled(record.principal.team) || (record.prompt === undefined && record.answer === undefined)) return record;
+  const { prompt: _prompt, answer: _answer, ...metadata } = record;
+  return metadata;
+}
+
 export function dispatchRecord(snapshot: Snapshot, record: CallRecord, log: Logger): void {
   if (!snapshot.spendLog && snapshot.spend.length === 0 && snapshot.successCallbacks.length === 0 && snapshot.failureCallbacks.length === 0) return;
-  queue.push({ snapshot, record, log });
+  queue.push({ snapshot, record: recordable(record), log });
   if (!scheduled) {
     scheduled = true;
     setImmediate(() => void drain());

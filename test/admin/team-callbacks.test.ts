@@ -1,15 +1,22 @@
 // A team's logging callbacks: its admin registers webhooks (header values encrypted at rest and
 // hidden on read), every finished call of the team, success or failure, is posted to them with
 // billing metadata only, other teams' calls are not, the team's budget alert goes there too, and
-// disable_logging stops it all. A named logging provider the gateway cannot deliver to is a 400;
+// disable_logging stops it all (and keeps the team's prompts and answers out of the spend log and the
+// config's logging callbacks). A named logging provider the gateway cannot deliver to is a 400;
 // only proxy admins and the team's admins may touch the settings.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { lookup } from "node:dns/promises";
-import { hostname } from "node:os";
+import { hostname, tmpdir } from "node:os";
+import { join, relative, resolve } from "node:path";
 import { sql } from "drizzle-orm";
 import { isPrivateHost } from "../../core/private-host.ts";
 import { rows } from "../../core/store/sql.ts";
+import { sink } from "../fixtures/plugins/echo.ts";
 import { MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
+
+/** A config logging callback (`echo-all`) that keeps every record it gets here; plugin paths are relative to the config's temp folder. */
+const ECHO = relative(join(tmpdir(), "gw-test-anything"), resolve(import.meta.dir, "../fixtures/plugins/echo.ts"));
+const logged = sink("team-callbacks-test");
 
 interface Delivery {
   headers: Record<string, string>;
@@ -64,7 +71,9 @@ beforeAll(async () => {
       { model_name: "chat", svc_params: { model: "mock/chat" }, model_info: { input_cost_per_token: 0.000001, output_cost_per_token: 0.000002 } },
       { model_name: "broken", svc_params: { model: "openai/gpt-4o", api_base: "http://127.0.0.1:9/v1", api_key: "sk-upstream-0123456789" } },
     ],
-    general_settings: { master_key: MASTER_KEY },
+    plugins: [{ path: ECHO, config: { sink: "team-callbacks-test" } }],
+    svc_settings: { callbacks: ["echo-all"] },
+    general_settings: { master_key: MASTER_KEY, store_prompts_in_spend_logs: true },
   });
   for (const user_id of ["cb-admin", "cb-member", "cb-other-admin"]) expect((await requestJson(gw, "POST", "/user/new", { body: { user_id } })).status).toBe(200);
   const team = await requestJson(gw, "POST", "/team/new", {
@@ -254,5 +263,36 @@ describe("team logging callbacks", () => {
     await gw.host!.spendWriter.flush();
     await Bun.sleep(300);
     expect(deliveries.filter((d) => d.body.event === "llm_call")).toEqual([]);
+  });
+
+  test("after disable_logging, the spend log and the config's logging callbacks get the team's calls without prompt or answer", async () => {
+    expect((await requestJson(gw, "POST", "/team/cb-team/disable_logging", { key: keys.admin })).status).toBe(200);
+    logged.length = 0;
+    expect(await chat(keys.member, "chat")).toBe(200);
+    // Another team's call is recorded with its content, as store_prompts_in_spend_logs asks.
+    expect(await chat(keys.otherTeam, "chat")).toBe(200);
+    await until(() => logged.length === 2);
+    const byTeam = (team: string) => logged.find((e) => e.record.principal.teamId === team)!.record;
+    expect(byTeam("cb-team")).toMatchObject({ status: "success", modelGroup: "chat" });
+    expect(byTeam("cb-team").usage.promptTokens).toBeGreaterThan(0);
+    expect(byTeam("cb-team").prompt).toBeUndefined();
+    expect(byTeam("cb-team").answer).toBeUndefined();
+    expect(JSON.stringify(byTeam("cb-other").prompt)).toContain(PROMPT);
+    await gw.host!.spendWriter.flush();
+    const rowOf = async (team: string) => {
+      const found = await requestJson<{ call_id: string; messages: unknown; response: unknown; spend: number }[]>(gw, "GET", `/spend/logs?team_id=${team}&summarize=false`);
+      return found.body.find((r) => r.call_id === byTeam(team).id)!;
+    };
+    const quiet = await rowOf("cb-team");
+    expect(quiet).toMatchObject({ messages: {}, response: {} });
+    expect(quiet.spend).toBeGreaterThan(0);
+    expect(JSON.stringify((await rowOf("cb-other")).messages)).toContain(PROMPT);
+    // Registering webhooks again turns logging back on.
+    const on = await requestJson(gw, "POST", "/team/cb-team/callback", { body: { callbacks: [{ callback_type: "webhook", url: `http://127.0.0.1:${hookServer.port}/hook` }] } });
+    expect(on.status).toBe(200);
+    logged.length = 0;
+    expect(await chat(keys.member, "chat")).toBe(200);
+    await until(() => logged.length === 1);
+    expect(JSON.stringify(logged[0]!.record.prompt)).toContain(PROMPT);
   });
 });

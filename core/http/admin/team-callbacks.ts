@@ -1,7 +1,9 @@
 /**
  * A team's logging callbacks: `POST /team/{team_id}/callback` registers webhooks that get every
  * finished call of the team (and its budget alerts), `GET` shows them (header values hidden),
- * `POST /team/{team_id}/disable_logging` turns them all off. Proxy admins and the team's admins
+ * `POST /team/{team_id}/disable_logging` turns them all off, and keeps the team's prompts and
+ * answers out of the spend log and the config's logging callbacks until webhooks are registered
+ * again. Proxy admins and the team's admins
  * manage them. This gateway delivers team logs to webhooks only: a named logging provider
  * (`langfuse`, `langsmith`, a storage bucket) is refused with a 400 rather than stored and never
  * served. Header values and a webhook's `signing_secret` are encrypted at rest like stored provider
@@ -186,7 +188,7 @@ async function getCallbacks(ctx: AdminCtx) {
 
 async function disableLogging(ctx: AdminCtx) {
   const team = await administeredTeam(ctx, true);
-  const after = await save(ctx, team, { success_callback: [], failure_callback: [], webhooks: [] });
+  const after = await save(ctx, team, { success_callback: [], failure_callback: [], webhooks: [], logging_disabled: true });
   return { status: "success", message: `Logging disabled for team ${team.teamId}`, data: view(after) };
 }
 
