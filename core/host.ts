@@ -110,7 +110,7 @@ export async function startHost(opts: HostOptions): Promise<Host> {
     // A team's own budget alerts also go to the webhooks the team registered.
     const teamAlerts = (teamId: string, payload: Record<string, unknown>) => {
       const key = secretKey(process.env.SVC_SALT_KEY, live?.current.settings.masterKey);
-      for (const t of webhookTargets(identity.teams.get(teamId), key)) teamSender.post(t, payload);
+      for (const t of webhookTargets(identity.teams.get(teamId), key, opts.log)) teamSender.post(t, payload);
     };
     const thresholds = () => general()?.budget_alert_thresholds;
     const alerts = new BudgetAlerts(store.db, opts.log, webhook, teamAlerts, thresholds);

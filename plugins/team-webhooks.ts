@@ -21,11 +21,14 @@ export default definePlugin({
     const targetsOf = (team: TeamRow) => {
       let t = decrypted.get(team);
       if (!t) {
-        t = webhookTargets(team, key);
+        t = webhookTargets(team, key, ctx.log);
         decrypted.set(team, t);
       }
       return t;
     };
+    // Said at start (and at a reload that changes the key), not only at a team's next call: a
+    // quiet team's webhooks would otherwise be found broken only when its events were needed.
+    for (const team of identity.teams.values()) targetsOf(team);
     return {
       spend: {
         record(call) {

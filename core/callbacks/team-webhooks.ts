@@ -11,7 +11,7 @@ import { randomUUID } from "node:crypto";
 import type { CallRecord, Logger } from "../contract.ts";
 import { picoToUsd } from "../cost/money.ts";
 import type { TeamRow } from "../identity/records.ts";
-import { teamWebhooks } from "../identity/team-callbacks.ts";
+import { type TeamWebhook, teamWebhooks } from "../identity/team-callbacks.ts";
 import { checkHost } from "../private-host.ts";
 import { decrypt } from "../secrets.ts";
 import { postNotification } from "./post.ts";
@@ -43,17 +43,38 @@ const MAX_WAITING = 256;
  */
 export const webhookTiming = { timeoutMs: 10_000, retryAfterMs: 1000 };
 
-/** The team's webhooks with their header values readable (none when they cannot be decrypted). */
-export function webhookTargets(team: TeamRow | undefined, key: Buffer | undefined): WebhookTarget[] {
-  if (!key) return [];
+/** Why a stored webhook is not delivered to, for logs and `GET /team/{id}/callback`. */
+export const UNREADABLE_WEBHOOK =
+  "its headers or signing secret cannot be decrypted with the current key (SVC_SALT_KEY, or without it the master key, changed since it was registered): it gets no events until it is registered again with POST /team/{team_id}/callback";
+
+/** One stored webhook with its header values and secret readable; undefined when they were encrypted under another key. */
+export function readableWebhook(w: TeamWebhook, key: Buffer | undefined): WebhookTarget | undefined {
+  if (!key) return undefined;
+  try {
+    const headers = Object.fromEntries(Object.entries(w.headers).map(([h, v]) => [h, decrypt(v, key)]));
+    const secret = typeof w.signing_secret === "string" ? decrypt(w.signing_secret, key) : undefined;
+    return { url: w.url, headers, publicOnly: w.public_only === true, ...(secret === undefined ? {} : { secret }) };
+  } catch {
+    return undefined;
+  }
+}
+
+/** Webhooks already reported unreadable: each stored webhook is logged once (a changed team row holds new ones). */
+const reportedUnreadable = new WeakSet<TeamWebhook>();
+
+/**
+ * The team's webhooks with their header values readable. One that cannot be decrypted is not sent
+ * with wrong headers, and not dropped without a word either: the log names the team and the
+ * webhook (by origin) and says how to mend it.
+ */
+export function webhookTargets(team: TeamRow | undefined, key: Buffer | undefined, log: Logger): WebhookTarget[] {
   const out: WebhookTarget[] = [];
   for (const w of teamWebhooks(team)) {
-    try {
-      const headers = Object.fromEntries(Object.entries(w.headers).map(([h, v]) => [h, decrypt(v, key)]));
-      const secret = typeof w.signing_secret === "string" ? decrypt(w.signing_secret, key) : undefined;
-      out.push({ url: w.url, headers, publicOnly: w.public_only === true, ...(secret === undefined ? {} : { secret }) });
-    } catch {
-      // Encrypted under another key (SVC_SALT_KEY or the master key changed): not sent with wrong headers.
+    const target = readableWebhook(w, key);
+    if (target) out.push(target);
+    else if (!reportedUnreadable.has(w)) {
+      reportedUnreadable.add(w);
+      log.warn(`team webhook not delivered to: ${UNREADABLE_WEBHOOK}`, { team_id: team?.teamId, webhook: where(w.url) });
     }
   }
   return out;

@@ -10,6 +10,7 @@ import { hostname, tmpdir } from "node:os";
 import { join, relative, resolve } from "node:path";
 import { sql } from "drizzle-orm";
 import { isPrivateHost } from "../../core/private-host.ts";
+import { encrypt, secretKey } from "../../core/secrets.ts";
 import { rows } from "../../core/store/sql.ts";
 import { sink } from "../fixtures/plugins/echo.ts";
 import { MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
@@ -250,6 +251,39 @@ describe("team logging callbacks", () => {
     expect(await deliveredWith({ url, headers: {}, public_only: true })).toBe(0);
     // A proxy admin's webhook (no public_only) may be private.
     expect(await deliveredWith({ url, headers: {} })).toBe(1);
+    await gw.host!.store.db.execute(sql`update teams set callback_settings = ${stored!.settings}::json where team_id = 'cb-team'`);
+    await gw.host!.services.identity!.apply({ kind: "team", teamId: "cb-team" });
+  });
+
+  test("a webhook whose headers the current key cannot decrypt (the master key changed) is logged once, naming the team, and shown as broken; the others still get events", async () => {
+    const [stored] = await rows<{ settings: string }>(gw.host!.store.db, sql`select callback_settings::text as settings from teams where team_id = 'cb-team'`);
+    // Registered under the master key the gateway had before.
+    const oldKey = secretKey(undefined, "sk-master-key-before-rotation")!;
+    const base = `http://127.0.0.1:${hookServer.port}`;
+    const webhooks = [
+      { url: `${base}/with-header`, headers: { authorization: encrypt(HOOK_TOKEN, oldKey) } },
+      { url: `${base}/plain`, headers: {} },
+    ];
+    const settings = { success_callback: ["webhook"], failure_callback: ["webhook"], webhooks };
+    await gw.host!.store.db.execute(sql`update teams set callback_settings = ${JSON.stringify(settings)}::json where team_id = 'cb-team'`);
+    await gw.host!.services.identity!.apply({ kind: "team", teamId: "cb-team" });
+    const warnings = () => gw.log.lines.filter((l) => l.level === "warn" && l.msg.includes("cannot be decrypted") && l.fields?.team_id === "cb-team");
+    // Said when the config is (re)loaded, before any call of the team.
+    expect((await gw.live.reload("test", true)).ok).toBe(true);
+    expect(warnings()).toHaveLength(1);
+    expect(warnings()[0]!.fields?.webhook).toBe(base);
+    deliveries.length = 0;
+    expect(await chat(keys.member, "chat")).toBe(200);
+    expect(await chat(keys.member, "chat")).toBe(200);
+    await until(() => deliveries.length >= 2);
+    await Bun.sleep(200);
+    expect(deliveries.map((d) => d.headers.authorization ?? "none")).toEqual(["none", "none"]);
+    expect(warnings()).toHaveLength(1);
+    const shown = await requestJson<{ data: { callback_vars: { webhooks: Record<string, unknown>[] } } }>(gw, "GET", "/team/cb-team/callback", { key: keys.admin });
+    const [broken, plain] = shown.body.data.callback_vars.webhooks;
+    expect(broken).toMatchObject({ url: `${base}/with-header`, headers: { authorization: "[redacted]" }, status: "broken" });
+    expect(broken!.error).toContain("register");
+    expect(plain).toEqual({ url: `${base}/plain`, headers: {} });
     await gw.host!.store.db.execute(sql`update teams set callback_settings = ${stored!.settings}::json where team_id = 'cb-team'`);
     await gw.host!.services.identity!.apply({ kind: "team", teamId: "cb-team" });
   });

@@ -14,10 +14,11 @@ import { and, eq, isNull } from "drizzle-orm";
 import { Elysia } from "elysia";
 import { badRequest, forbidden, notFound } from "../../authz.ts";
 import { holdWrite } from "../../identity/holds.ts";
-import { shownWebhook, type TeamCallbackSettings, teamWebhooks, webhookEndpoint } from "../../identity/team-callbacks.ts";
+import { shownWebhook, type TeamCallbackSettings, type TeamWebhook, teamWebhooks, webhookEndpoint } from "../../identity/team-callbacks.ts";
 import type { TeamRow } from "../../identity/records.ts";
 import { resolvesPrivate } from "../../private-host.ts";
 import { secretProblem } from "../../callbacks/signing.ts";
+import { readableWebhook, UNREADABLE_WEBHOOK } from "../../callbacks/team-webhooks.ts";
 import { encrypt, secretKey } from "../../secrets.ts";
 import { teams } from "../../store/schema.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
@@ -58,15 +59,23 @@ async function administeredTeam(ctx: AdminCtx, write: boolean): Promise<TeamRow>
   return team;
 }
 
-/** What GET answers: the callback names per kind and their variables, header values hidden. */
-function view(team: TeamRow): Record<string, unknown> {
+/** The key webhook headers and secrets are encrypted with (as stored provider credentials are). */
+const webhookKey = (ctx: AdminCtx) => secretKey(process.env.SVC_SALT_KEY, ctx.snapshot.settings.masterKey);
+
+/**
+ * What GET answers: the callback names per kind and their variables, header values hidden. Given
+ * the current key, a webhook it cannot decrypt is shown as broken (it gets no events) rather than
+ * as registered like the others.
+ */
+function view(team: TeamRow, key?: Buffer): Record<string, unknown> {
   const settings = (team.callbackSettings ?? {}) as TeamCallbackSettings;
+  const shown = (w: TeamWebhook) => (key === undefined || readableWebhook(w, key) ? shownWebhook(w) : { ...shownWebhook(w), status: "broken", error: UNREADABLE_WEBHOOK });
   return {
     team_id: team.teamId,
     success_callbacks: settings.success_callback ?? [],
     failure_callbacks: settings.failure_callback ?? [],
     callback_vars: {
-      webhooks: teamWebhooks(team).map(shownWebhook),
+      webhooks: teamWebhooks(team).map(shown),
     },
   };
 }
@@ -164,7 +173,7 @@ async function addCallback(ctx: AdminCtx) {
       }
     }
   }
-  const key = secretKey(process.env.SVC_SALT_KEY, ctx.snapshot.settings.masterKey);
+  const key = webhookKey(ctx);
   if (!key) throw badRequest("A master key (or SVC_SALT_KEY) is needed to keep webhook headers encrypted.", "callbacks");
   const webhooks = body.callbacks.map((c) => ({
     url: c.url,
@@ -183,7 +192,7 @@ async function addCallback(ctx: AdminCtx) {
 }
 
 async function getCallbacks(ctx: AdminCtx) {
-  return { status: "success", data: view(await administeredTeam(ctx, false)) };
+  return { status: "success", data: view(await administeredTeam(ctx, false), webhookKey(ctx)) };
 }
 
 async function disableLogging(ctx: AdminCtx) {
