@@ -10,6 +10,7 @@
  */
 import { randomUUID } from "node:crypto";
 import { and, inArray, isNotNull, isNull, sql } from "drizzle-orm";
+import { BoundedMap } from "../bounded-map.ts";
 import type { BudgetCounter, Logger } from "../contract.ts";
 import { picoToText, picoToUsd } from "../cost/money.ts";
 import type { Db } from "../store/db.ts";
@@ -60,12 +61,34 @@ export { alertTiming } from "./alert-delivery.ts";
 /** How many of the latest alerts `sent` keeps: one per budget and period would otherwise pile up for the life of the process. */
 const SENT_KEPT = 100;
 
+interface AlertKey {
+  counterId: string;
+  event: BudgetEvent;
+  period: string;
+}
+
+/**
+ * The `budget_alerts` row an alert is sent once for: per budget, period and threshold. A budget
+ * without a period is crossed once "for good", so a new threshold (a soft_budget or max_budget
+ * written since) is part of it, else it would cross in silence (LiteLLM #16185: alerts stop after
+ * the first one). A spend reset forgets the counter's alerts (forgetAlerts). Each low-budget
+ * threshold is its own (LiteLLM's 5 % alert was swallowed by its 15 % one the same day).
+ */
+function alertKey(counter: BudgetCounter, event: BudgetEvent, left: number | undefined): AlertKey {
+  const threshold = event === "soft_budget_crossed" ? counter.soft : event === "threshold_crossed" ? `${left}:${picoToText(counter.limit)}` : counter.limit;
+  const level = typeof threshold === "bigint" ? picoToText(threshold) : (threshold ?? "");
+  return { counterId: counter.id, event, period: `${counter.periodEnd === null ? "flat" : String(counter.periodEnd)}@${level}` };
+}
+
 export class BudgetAlerts implements CrossingListener {
   /** The latest alerts sent by this instance, oldest first, at most SENT_KEPT (tests read it). */
   readonly sent: Record<string, unknown>[] = [];
 
   /** Delivery to the alert webhook, owed until it is taken (alert-delivery.ts). */
   readonly delivery: AlertDelivery;
+
+  /** Past levels already asked of the store (crossed's wasPast); bounded, each asked again at worst. */
+  private readonly askedPast = new BoundedMap<string, true>(10_000);
 
   constructor(
     private readonly db: Db,
@@ -84,23 +107,25 @@ export class BudgetAlerts implements CrossingListener {
     return this.configuredThresholds() ?? DEFAULT_THRESHOLDS;
   }
 
-  /** Fire-and-forget: never slows or fails the call that crossed the line. */
-  crossed(counter: BudgetCounter, event: BudgetEvent, spend: bigint, left?: number): void {
-    void this.deliver(counter, event, spend, left).catch((err) => this.log.error("budget alert failed", { ...storeErrorCause(err), budget: counter.label }));
+  /**
+   * Fire-and-forget: never slows or fails the call that crossed the line. A level spend was already
+   * past (told at every call of the budget) is asked of the store once per process; the store's
+   * row says whether it was sent.
+   */
+  crossed(counter: BudgetCounter, event: BudgetEvent, spend: bigint, left?: number, wasPast = false): void {
+    const key = alertKey(counter, event, left);
+    if (wasPast) {
+      const asked = `${key.counterId}\t${key.event}\t${key.period}`;
+      if (this.askedPast.has(asked)) return;
+      this.askedPast.set(asked, true);
+    }
+    void this.deliver(counter, key, spend, left).catch((err) => this.log.error("budget alert failed", { ...storeErrorCause(err), budget: counter.label }));
   }
 
-  private async deliver(counter: BudgetCounter, event: BudgetEvent, spend: bigint, left: number | undefined): Promise<void> {
-    const payload = alertPayload(counter, event, spend, left);
-    // Once per budget, period and threshold: a budget without a period is crossed once "for good",
-    // so a raised threshold (a new soft_budget or max_budget) would cross in silence (LiteLLM
-    // #16185: alerts stop after the first one). A spend reset forgets the counter's alerts (forgetAlerts).
-    // Each low-budget threshold is its own (LiteLLM's 5 % alert was swallowed by its 15 % one the same day).
-    const threshold = event === "soft_budget_crossed" ? counter.soft : event === "threshold_crossed" ? `${left}:${picoToText(counter.limit)}` : counter.limit;
-    const level = typeof threshold === "bigint" ? picoToText(threshold) : (threshold ?? "");
-    const period = `${counter.periodEnd === null ? "flat" : String(counter.periodEnd)}@${level}`;
+  private async deliver(counter: BudgetCounter, key: AlertKey, spend: bigint, left: number | undefined): Promise<void> {
+    const payload = alertPayload(counter, key.event, spend, left);
     // One id for every attempt, by any instance: a receiver that got an attempt whose answer was lost drops the retry.
     const deliveryId = `msg_${randomUUID()}`;
-    const key = { counterId: counter.id, event, period };
     const inserted = await this.db
       .insert(budgetAlerts)
       .values({ ...key, payload, deliveryId, nextAttemptAt: this.delivery.firstDue() })

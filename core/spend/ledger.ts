@@ -74,8 +74,12 @@ export interface CrossingListener {
    * which `threshold_crossed` is told.
    */
   thresholds(): readonly number[];
-  /** `left`: the threshold crossed, for `threshold_crossed`. */
-  crossed(counter: BudgetCounter, event: BudgetEvent, spend: bigint, left?: number): void;
+  /**
+   * `left`: the threshold crossed, for `threshold_crossed`. `wasPast`: spend had reached the level
+   * before this call (a budget set at or below the spend already made): told again at every call,
+   * it is for the listener to send it once.
+   */
+  crossed(counter: BudgetCounter, event: BudgetEvent, spend: bigint, left?: number, wasPast?: boolean): void;
 }
 
 /** A grant whose settle runs once, however often it is called (a call ends once). */
@@ -95,21 +99,36 @@ export function grantOnce(settle: (actual: bigint) => void): LedgerGrant {
 const THRESHOLD_PARTS = 10_000n;
 
 /**
- * What spend settled from `before` to `after` crossed. A low-budget threshold crossed by the same
- * call that reached the limit is not told: the budget is spent, which `budget_crossed` says.
+ * What spend settled from `before` to `after` has reached: each level it is at or past, whether
+ * this call crossed it or it was already past (a soft budget, max_budget or threshold written at or
+ * below the spend already made is as much a new threshold as a raised one: LiteLLM's condition is
+ * `spend >= soft_budget`). A low-budget threshold reached by the same call that reached the limit
+ * is not told: the budget is spent, which `budget_crossed` says.
  */
 export function crossings(counter: BudgetCounter, before: bigint, after: bigint, listener: CrossingListener | undefined): void {
   if (!listener || after <= before) return;
-  if (counter.soft !== undefined && before < counter.soft && after >= counter.soft) listener.crossed(counter, "soft_budget_crossed", after);
-  if (counter.limit === NO_LIMIT || counter.limit <= 0n) return;
+  const reached = (level: bigint, event: BudgetEvent, left?: number) => {
+    if (after >= level) listener.crossed(counter, event, after, left, before >= level);
+  };
+  if (counter.soft !== undefined) reached(counter.soft, "soft_budget_crossed");
+  if (!hasLimit(counter)) return;
   if (after >= counter.limit) {
-    if (before < counter.limit) listener.crossed(counter, "budget_crossed", after);
+    reached(counter.limit, "budget_crossed");
     return;
   }
   for (const left of listener.thresholds()) {
-    const level = counter.limit - (counter.limit * BigInt(Math.round(left * Number(THRESHOLD_PARTS)))) / THRESHOLD_PARTS;
-    if (before < level && after >= level) listener.crossed(counter, "threshold_crossed", after, left);
+    reached(counter.limit - (counter.limit * BigInt(Math.round(left * Number(THRESHOLD_PARTS)))) / THRESHOLD_PARTS, "threshold_crossed", left);
   }
+}
+
+const hasLimit = (counter: BudgetCounter) => counter.limit !== NO_LIMIT && counter.limit > 0n;
+
+/**
+ * A call refused because the counter's spend is at its limit: a max_budget written at or below the
+ * spend already made is reached without any call settling, so it is told here.
+ */
+export function refusedAtLimit(counter: BudgetCounter, spend: bigint, listener: CrossingListener | undefined): void {
+  if (listener && hasLimit(counter) && spend >= counter.limit) listener.crossed(counter, "budget_crossed", spend, undefined, true);
 }
 
 export class LocalLedger implements BudgetLedger {
@@ -182,7 +201,10 @@ export class LocalLedger implements BudgetLedger {
       const c = counters[i]!;
       const e = entries[i]!;
       if (c.chargeOnly) continue;
-      if (e.spend >= c.limit || e.spend + e.reserved + amount > c.limit) return { ok: false, counter: c, spend: e.spend, reserved: e.reserved };
+      if (e.spend >= c.limit || e.spend + e.reserved + amount > c.limit) {
+        refusedAtLimit(c, e.spend, this.onCross);
+        return { ok: false, counter: c, spend: e.spend, reserved: e.reserved };
+      }
     }
     for (const e of entries) e.reserved += amount;
     return grantOnce((actual) => {

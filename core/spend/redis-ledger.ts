@@ -19,7 +19,7 @@
 import type Redis from "ioredis";
 import type { BudgetCounter, BudgetLedger, LedgerGrant, LedgerRefusal, Logger } from "../contract.ts";
 import { AfterOutage } from "../kv/after-outage.ts";
-import { type CrossingListener, crossings, grantOnce, LocalLedger, laterThanDefinition, NO_LIMIT } from "./ledger.ts";
+import { type CrossingListener, crossings, grantOnce, LocalLedger, laterThanDefinition, NO_LIMIT, refusedAtLimit } from "./ledger.ts";
 
 const PREFIX = "svc:budget:";
 /** An instance's liveness key (+ its id): while it is there, the instance's reservations hold. */
@@ -232,7 +232,11 @@ export class RedisLedger implements BudgetLedger {
         const head = Number(res[0]);
         if (head === 0) return this.grant(counters, keys, amount, rid);
         if (head === -2) throw new Error("the reservation was given up");
-        if (head > 0) return { ok: false, counter: counters[head - 1]!, spend: BigInt(String(res[1])), reserved: BigInt(String(res[2])) };
+        if (head > 0) {
+          const refused = { ok: false as const, counter: counters[head - 1]!, spend: BigInt(String(res[1])), reserved: BigInt(String(res[2])) };
+          refusedAtLimit(refused.counter, refused.spend, this.onCross);
+          return refused;
+        }
         // Counters Redis has not seen this period: read their stored spend, then ask again.
         for (const i of res.slice(1).map(Number)) known.set(i - 1, await counters[i - 1]!.storedSpend());
       }

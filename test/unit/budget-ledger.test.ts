@@ -6,7 +6,7 @@ import { afterAll, describe, expect, test } from "bun:test";
 import { randomUUID } from "node:crypto";
 import Redis from "ioredis";
 import type { BudgetCounter, BudgetLedger, LedgerGrant } from "../../core/contract.ts";
-import { LocalLedger } from "../../core/spend/ledger.ts";
+import { type BudgetEvent, crossings, LocalLedger } from "../../core/spend/ledger.ts";
 import { RedisLedger } from "../../core/spend/redis-ledger.ts";
 import { memoryLogger } from "../harness/gateway.ts";
 import { TEST_REDIS_URL } from "../harness/redis.ts";
@@ -101,3 +101,24 @@ for (const [name, make] of LEDGERS) {
     });
   });
 }
+
+test("a level spend was already past (a budget written below it) is told at the next settlement, marked as such; one crossed now is told as crossed", () => {
+  const told: { event: BudgetEvent; left?: number; wasPast?: boolean }[] = [];
+  const listener = { thresholds: () => [0.5], crossed: (_c: BudgetCounter, event: BudgetEvent, _s: bigint, left?: number, wasPast?: boolean) => void told.push({ event, left, wasPast }) };
+  const counter: BudgetCounter = { id: "key:t", label: "Key t", limit: 100n, soft: 10n, periodEnd: null, storedSpend: () => 0n };
+  // Spend 60 (past the soft budget and the 50 % threshold, at 50) goes to 70.
+  crossings(counter, 60n, 70n, listener);
+  expect(told).toEqual([
+    { event: "soft_budget_crossed", left: undefined, wasPast: true },
+    { event: "threshold_crossed", left: 0.5, wasPast: true },
+  ]);
+  told.length = 0;
+  crossings(counter, 90n, 100n, listener);
+  expect(told).toEqual([
+    { event: "soft_budget_crossed", left: undefined, wasPast: true },
+    { event: "budget_crossed", left: undefined, wasPast: false },
+  ]);
+  told.length = 0;
+  crossings(counter, 5n, 20n, listener);
+  expect(told).toEqual([{ event: "soft_budget_crossed", left: undefined, wasPast: false }]);
+});
