@@ -488,6 +488,11 @@ export interface BudgetCounter {
    * otherwise: a key's counters go by its first token, the key is named by the one it has now.
    */
   ownerId?: string;
+  /**
+   * The key whose call this counter was built for: an alert about a budget the key does not own
+   * (a team member's) names it, as LiteLLM's alerts name the key that made the call.
+   */
+  callerKey?: { token: string; alias: string | null };
   /** A call is refused once spend has reached this. */
   limit: bigint;
   /** Alert (without blocking) when spend reaches this. */

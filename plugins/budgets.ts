@@ -127,8 +127,9 @@ function countersFor(intent: CallIntent, identity: IdentityView, history: SpendH
   const p = intent.principal;
   const at = intent.startedAt;
   const out: BudgetCounter[] = [];
+  const callerKey = p.key ? { token: p.key.token, alias: p.keyAlias ?? null } : undefined;
   const add = (c: BudgetCounter | undefined) => {
-    if (c) out.push(c);
+    if (c) out.push(callerKey ? { ...c, callerKey } : c);
   };
   const key = p.key ? (identity.lookupKey(p.key.token, at) ?? p.key) : undefined;
   if (key) {

@@ -11,7 +11,7 @@
 import { randomUUID } from "node:crypto";
 import { and, inArray, isNotNull, isNull, sql } from "drizzle-orm";
 import { BoundedMap } from "../bounded-map.ts";
-import type { BudgetCounter, Logger } from "../contract.ts";
+import { type BudgetCounter, type Logger, teamMemberOf } from "../contract.ts";
 import { picoToText, picoToUsd } from "../cost/money.ts";
 import type { Db } from "../store/db.ts";
 import { budgetAlerts } from "../store/schema.ts";
@@ -26,6 +26,7 @@ const PREFIX: Record<string, string> = {
   team: "Team Budget",
   org: "Organization Budget",
   user: "User Budget",
+  team_member: "Team Member Budget",
   provider: "Provider Budget",
 };
 
@@ -36,15 +37,21 @@ const text = (event: BudgetEvent, left: number | undefined): string =>
 /** Low-budget thresholds when the config sets none: LiteLLM's, 15 % and 5 % of the budget left. */
 const DEFAULT_THRESHOLDS: readonly number[] = [0.15, 0.05];
 
+/**
+ * An alert in LiteLLM's WebhookEvent shape. A team member's names the user, the team (so it also
+ * reaches the team's webhooks) and the key whose call reached the budget.
+ */
 export function alertPayload(counter: BudgetCounter, event: BudgetEvent, spend: bigint, left?: number): Record<string, unknown> {
   const { kind, entity, id, model } = counterOwner(counter);
+  const member = kind === "team_member" ? teamMemberOf(id) : undefined;
   return {
     spend: picoToUsd(spend),
     max_budget: counter.limit === NO_LIMIT ? null : picoToUsd(counter.limit),
     soft_budget: counter.soft === undefined ? null : picoToUsd(counter.soft),
-    token: kind === "key" || kind === "key_model" ? id : null,
-    user_id: kind === "user" ? id : null,
-    team_id: kind === "team" ? id : null,
+    token: kind === "key" || kind === "key_model" ? id : member ? (counter.callerKey?.token ?? null) : null,
+    key_alias: kind === "key" || kind === "key_model" || member ? (counter.callerKey?.alias ?? null) : null,
+    user_id: kind === "user" ? id : (member?.userId ?? null),
+    team_id: kind === "team" ? id : (member?.teamId ?? null),
     organization_id: kind === "org" ? id : null,
     provider: kind === "provider" ? id : null,
     model: model ?? null,

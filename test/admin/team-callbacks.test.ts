@@ -1,6 +1,7 @@
 // A team's logging callbacks: its admin registers webhooks (header values encrypted at rest and
 // hidden on read), every finished call of the team, success or failure, is posted to them with
-// billing metadata only, other teams' calls are not, the team's budget alert goes there too, and
+// billing metadata only, other teams' calls are not, the team's budget alerts (its own and its
+// members') go there too, and
 // disable_logging stops it all (and keeps the team's prompts and answers out of the spend log and the
 // config's logging callbacks). A named logging provider the gateway cannot deliver to is a 400;
 // only proxy admins and the team's admins may touch the settings.
@@ -74,7 +75,7 @@ beforeAll(async () => {
     ],
     plugins: [{ path: ECHO, config: { sink: "team-callbacks-test" } }],
     svc_settings: { callbacks: ["echo-all"] },
-    general_settings: { master_key: MASTER_KEY, store_prompts_in_spend_logs: true },
+    general_settings: { master_key: MASTER_KEY, store_prompts_in_spend_logs: true, budget_alert_thresholds: [0.65] },
   });
   for (const user_id of ["cb-admin", "cb-member", "cb-other-admin"]) expect((await requestJson(gw, "POST", "/user/new", { body: { user_id } })).status).toBe(200);
   const team = await requestJson(gw, "POST", "/team/new", {
@@ -328,5 +329,31 @@ describe("team logging callbacks", () => {
     expect(await chat(keys.member, "chat")).toBe(200);
     await until(() => logged.length === 1);
     expect(JSON.stringify(logged[0]!.record.prompt)).toContain(PROMPT);
+  });
+
+  test("a team member's budget alert names the user, the team and the key, and reaches the team's webhooks", async () => {
+    const made = await requestJson(gw, "POST", "/team/new", { body: { team_id: "cb-members", team_member_budget: 0.0001, members_with_roles: [{ role: "user", user_id: "cb-member" }] } });
+    expect(made.status).toBe(200);
+    const hook = await requestJson(gw, "POST", "/team/cb-members/callback", { body: { callbacks: [{ callback_type: "webhook", url: `http://127.0.0.1:${hookServer.port}/members` }] } });
+    expect(hook.status).toBe(200);
+    const { key, token } = (await requestJson<{ key: string; token: string }>(gw, "POST", "/key/generate", { body: { team_id: "cb-members", user_id: "cb-member", key_alias: "members-key" } })).body;
+    deliveries.length = 0;
+    const res = await fetch(`${gw.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+      body: JSON.stringify({ model: "chat", max_tokens: 14, messages: [{ role: "user", content: PROMPT }] }),
+    });
+    expect(res.status, await res.text()).toBe(200);
+    await gw.host!.spendWriter.flush();
+    await until(() => deliveries.some((d) => d.body.event_group === "team_member"));
+    expect(deliveries.find((d) => d.body.event_group === "team_member")?.body).toMatchObject({
+      event: "threshold_crossed",
+      event_message: "Team Member Budget: 65% Threshold Crossed",
+      budget: "User=cb-member in Team=cb-members",
+      user_id: "cb-member",
+      team_id: "cb-members",
+      token,
+      key_alias: "members-key",
+    });
   });
 });
