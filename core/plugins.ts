@@ -70,17 +70,19 @@ function loadFailure(err: unknown): string {
 
 export interface LoadedPlugin {
   name: string;
+  /** Where it is listed, for errors: `/plugins/<i>` (config.yaml), `/builtin/<name>`. */
+  entry: string;
   hooks: Hooks;
 }
 
 /** Fills in a plugin's config defaults, validates it against its own schema, then runs its setup (bounded by pluginTiming.setupMs). */
-export async function setupPlugin(plugin: PluginDef, rawConfig: unknown, ctx: PluginContext, where: string): Promise<LoadedPlugin> {
+export async function setupPlugin(plugin: PluginDef, rawConfig: unknown, ctx: PluginContext, entry: string): Promise<LoadedPlugin> {
   const cfg = withDefaults(plugin.config, rawConfig ?? {});
-  const errors = schemaErrors(plugin.config, cfg, `${where}`);
+  const errors = schemaErrors(plugin.config, cfg, `${entry}/config`);
   if (errors.length > 0) throw new AggregateError([], errors.map((e) => `plugin ${plugin.name}: ${e}`).join("\n"));
   const setup = Promise.resolve(plugin.setup(cfg, ctx));
   const tooLate = () => new AggregateError([], `plugin ${plugin.name}: its setup did not finish within ${pluginTiming.setupMs / 1000} s`);
   // A setup that finishes after it was given up on serves nothing: its hooks are disposed.
   const hooks = await beforeTimeout(setup, pluginTiming.setupMs, tooLate, (late) => void Promise.resolve(late.dispose?.()).catch(() => undefined));
-  return { name: plugin.name, hooks };
+  return { name: plugin.name, entry, hooks };
 }

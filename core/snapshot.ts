@@ -139,12 +139,34 @@ async function loadPlugins(config: GatewayConfig, configPath: string, settings: 
     if (entry === undefined) continue;
     try {
       const def = await importPlugin(entry.path, configPath);
-      loaded.push(await setupPlugin(def, entry.config, ctx, `/plugins/${i}/config`));
+      loaded.push(await setupPlugin(def, entry.config, ctx, `/plugins/${i}`));
     } catch (err) {
       errors.push(err instanceof AggregateError ? err.message : `/plugins/${i}/path: ${err instanceof Error ? err.message : String(err)}`);
     }
   }
   return { loaded, errors };
+}
+
+/**
+ * The logging callbacks by name. A name two plugin entries provide (one plugin listed twice with two
+ * destinations) is an error naming both: `svc_settings.callbacks` could enable only one of them,
+ * and the other's destination would never get a call.
+ */
+function collectCallbacks(plugins: LoadedPlugin[], errors: string[]): Map<string, LoggingCallback> {
+  const named = new Map<string, LoggingCallback>();
+  const providedBy = new Map<string, LoadedPlugin>();
+  for (const p of plugins) {
+    for (const [name, cb] of Object.entries(p.hooks.callbacks ?? {})) {
+      const first = providedBy.get(name);
+      if (first) {
+        errors.push(`${p.entry}: callback '${name}' is also provided by ${first.entry} (plugin ${first.name}): a callback name must come from one plugin entry`);
+        continue;
+      }
+      named.set(name, cb);
+      providedBy.set(name, p);
+    }
+  }
+  return named;
 }
 
 function collectProviders(plugins: LoadedPlugin[], errors: string[]): Map<string, ProviderAdapter> {
@@ -305,8 +327,7 @@ async function assemble(
   const cache = buildCache(config, services, errors);
   const passThrough = buildPassThrough(config.general_settings?.pass_through_endpoints, errors);
 
-  const named = new Map<string, LoggingCallback>();
-  for (const p of plugins) for (const [name, cb] of Object.entries(p.hooks.callbacks ?? {})) named.set(name, cb);
+  const named = collectCallbacks(plugins, errors);
   const s = config.svc_settings ?? {};
   const both = pickCallbacks(s.callbacks ?? [], "/svc_settings/callbacks", named, errors);
   const success = [...both, ...pickCallbacks(s.success_callback ?? [], "/svc_settings/success_callback", named, errors)];

@@ -332,6 +332,24 @@ describe("plugin load errors", () => {
     expect(errors).toEqual(["plugin dup-openai: provider 'openai' is already registered by plugin builtin-providers"]);
   });
 
+  test("one plugin listed twice (two destinations for one callback name) is a load error naming both entries, not one destination dropped", async () => {
+    const errors = await loadErrors((dir) => {
+      // A logger whose only hook is its callback, as a user writes one (a factory: it imports nothing).
+      writeFileSync(
+        join(dir, "my-logger.ts"),
+        `export default (host) => host.definePlugin({ name: "my-logger", config: host.Type.Object({ url: host.Type.String() }), setup: () => ({ callbacks: { "my-logger": { log() {} } } }) });\n`,
+      );
+      return {
+        plugins: [
+          { path: "./my-logger.ts", config: { url: "https://logs.example/destination-a" } },
+          { path: "./my-logger.ts", config: { url: "https://logs.example/destination-b" } },
+        ],
+        svc_settings: { callbacks: ["my-logger"] },
+      };
+    });
+    expect(errors).toEqual(["/plugins/1: callback 'my-logger' is also provided by /plugins/0 (plugin my-logger): a callback name must come from one plugin entry"]);
+  });
+
   test("a model using a plugin's provider without loading the plugin is an unknown provider", async () => {
     const errors = await loadErrors(() => ({ model_list: [{ model_name: "e", svc_params: { model: "echo/parrot" } }] }));
     expect(errors).toHaveLength(1);
