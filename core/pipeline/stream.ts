@@ -57,6 +57,16 @@ function isWholeEvent(data: string): boolean {
   }
 }
 
+/**
+ * One SSE event of a chunk's JSON. An upstream may spread an event over several `data:` lines,
+ * which the parser joins with "\n"; a line break in JSON can only be whitespace between tokens, so
+ * it goes out as a space: one `data:` line per event, as OpenAI sends, and what clients that read
+ * a line at a time (and the stored answer's assembly) expect.
+ */
+function sseEvent(json: string): string {
+  return `data: ${json.includes("\n") ? json.replaceAll("\n", " ") : json}\n\n`;
+}
+
 /** An error in the stream, ending it: the client gets it as one last SSE event. */
 class StreamFailure {
   constructor(readonly error: ErrorInfo) {}
@@ -90,7 +100,7 @@ export async function streamResponse(a: StreamArgs): Promise<Response> {
     }
     for (const part of parts) {
       if (part.type === "data") {
-        out += `data: ${part.data}\n\n`;
+        out += sseEvent(part.data);
         answered ||= !part.opens;
       } else if (part.type === "chunk") {
         out += `data: ${JSON.stringify(part.chunk)}\n\n`;

@@ -318,6 +318,29 @@ describe("streaming", () => {
       expect(chunk.object).toBe("chat.completion.chunk");
     }
   });
+
+  test("an upstream event spread over several `data:` lines (valid SSE) reaches the client as one event on one line, which the SDK reads", async () => {
+    /** Every event's JSON split after its first member, as servers that pretty-print their chunks send it. */
+    const multiLine = () =>
+      mock.fault({
+        kind: "wire",
+        shape: (bytes) => {
+          const text = new TextDecoder().decode(bytes).replaceAll(',"object":', ',\ndata: "object":');
+          return { bytes: new TextEncoder().encode(text), cuts: [] };
+        },
+      });
+    multiLine();
+    const chunks = await collect(await client.chat.completions.create({ model: "gpt-public", messages: user("many lines"), stream: true }));
+    expect(chunks.map((c) => c.choices[0]?.delta.content ?? "").join("")).toBe("Mock reply to: many lines");
+    multiLine();
+    const res = await post("/v1/chat/completions", { model: "gpt-public", messages: user("many lines"), stream: true });
+    const events = sseEvents(await res.text());
+    expect(events.pop()).toBe("data: [DONE]");
+    for (const event of events) {
+      expect(event.includes("\n"), event).toBe(false);
+      expect((JSON.parse(event.slice("data: ".length)) as ChatCompletionChunk).object).toBe("chat.completion.chunk");
+    }
+  });
 });
 
 describe("legacy completions and embeddings", () => {
