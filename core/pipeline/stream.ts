@@ -21,6 +21,8 @@ const DONE = "data: [DONE]\n\n";
  */
 const WAITING = ": waiting for the model\n\n";
 const WAITING_AFTER_MS = 1000;
+/** The most of an SSE body's text kept before its first event, for a body that is JSON instead (see endOfBody). */
+const MAX_UNFRAMED_CHARS = 64 * 1024;
 /** Settles after any already-settled promise raced against it. */
 const NOT_READY = Symbol("not ready");
 
@@ -137,14 +139,57 @@ export async function streamResponse(a: StreamArgs): Promise<Response> {
     // answer's id (made up by some transforms) is one the client never saw.
     a.finish(status, used, error, firstByteAt, status === "failure" && !chunkSent ? undefined : transform.responseId?.(state));
   };
+  /**
+   * An SSE body's text before the stream's first event that said something (while short): a server
+   * may answer a stream with a JSON body instead, as OpenAI-compatible ones answer an error with a 200.
+   */
+  let unframed: string | undefined = transform.framing === "sse" ? "" : undefined;
   /** Reads one upstream read's bytes. */
   const feed = (bytes: Uint8Array) => {
     try {
       if (binary) binary.push(bytes, onEvent);
-      else parser.push(decoder.decode(bytes, { stream: true }), onEvent);
+      else {
+        const text = decoder.decode(bytes, { stream: true });
+        if (unframed !== undefined) unframed = answered || unframed.length + text.length > MAX_UNFRAMED_CHARS ? undefined : unframed + text;
+        parser.push(text, onEvent);
+      }
     } catch (err) {
       corrupt(err);
     }
+  };
+  /** What ended the stream once the upstream body ended: null when the answer is whole (memoized: read once). */
+  let bodyEnd: ErrorInfo | null | undefined;
+  /** Reads what the parser held at the end of the body; the error that ends the stream, or null. */
+  const endOfBody = (): ErrorInfo | null => {
+    if (bodyEnd !== undefined) return bodyEnd;
+    // A body that is one JSON object and no event (`{"error": …}` with a 200) is read as that one
+    // event: its error fails the call as the upstream said it, not as a cut.
+    const json = answered || failure ? undefined : unframed?.trim();
+    if (json?.startsWith("{") && isWholeEvent(json)) onEvent(json);
+    const failedBefore = failure !== undefined;
+    const wholeBefore = transform.complete?.(state) === true;
+    try {
+      if (binary) binary.end(onEvent);
+      else {
+        parser.push(decoder.decode(), onEvent);
+        // The body ended inside an event (no blank line after it): kept if it is whole, else
+        // it is torn, not an answer to pass on (dropped after a whole answer, the cut otherwise).
+        parser.end((data) => {
+          if (isWholeEvent(data)) onEvent(data);
+          else if (!wholeBefore) failure ??= new StreamFailure(errorInfo(503, `stream from ${d.provider} for model ${d.modelName} ended inside an event`));
+        });
+      }
+    } catch (err) {
+      corrupt(err);
+    }
+    // A torn event after the end of the answer (a body cut mid-way through `data: [DONE]`) loses nothing.
+    if (!failedBefore && wholeBefore) failure = undefined;
+    // A body that ends before the upstream's end of answer was cut short (a half event left
+    // at the end is the same cut, not an unreadable event).
+    if (!failedBefore && transform.complete && !transform.complete(state)) {
+      bodyEnd = errorInfo(503, `stream from ${d.provider} for model ${d.modelName} ended before the answer was complete`);
+    } else bodyEnd = failure?.error ?? null;
+    return bodyEnd;
   };
   let ended = false;
   const stop = (reason?: unknown) => {
@@ -179,6 +224,10 @@ export async function streamResponse(a: StreamArgs): Promise<Response> {
       deadline.clear();
       if (next.done) {
         reading = Promise.resolve(next);
+        // A body that ends before the first event that said something (empty, only the opening
+        // chunk, a JSON error) fails the attempt, as a cut or an error event before it does.
+        const error = endOfBody();
+        if (error && !answered) throw new GatewayError(error);
         break;
       }
       firstByteAt ??= Date.now();
@@ -263,30 +312,8 @@ export async function streamResponse(a: StreamArgs): Promise<Response> {
         }
         if (ended) return;
         if (next.done) {
-          const failedBefore = failure !== undefined;
-          const wholeBefore = transform.complete?.(state) === true;
-          try {
-            if (binary) binary.end(onEvent);
-            else {
-              parser.push(decoder.decode(), onEvent);
-              // The body ended inside an event (no blank line after it): kept if it is whole, else
-              // it is torn, not an answer to pass on (dropped after a whole answer, the cut otherwise).
-              parser.end((data) => {
-                if (isWholeEvent(data)) onEvent(data);
-                else if (!wholeBefore) failure ??= new StreamFailure(errorInfo(503, `stream from ${d.provider} for model ${d.modelName} ended inside an event`));
-              });
-            }
-          } catch (err) {
-            corrupt(err);
-          }
-          // A torn event after the end of the answer (a body cut mid-way through `data: [DONE]`) loses nothing.
-          if (!failedBefore && wholeBefore) failure = undefined;
-          // A body that ends before the upstream's end of answer was cut short (a half event left
-          // at the end is the same cut, not an unreadable event).
-          if (!failedBefore && transform.complete && !transform.complete(state)) {
-            return finishWith(errorInfo(503, `stream from ${d.provider} for model ${d.modelName} ended before the answer was complete`));
-          }
-          if (failure) return finishWith(failure.error);
+          const error = endOfBody();
+          if (error) return finishWith(error);
           // Returning from pull ends a direct stream; Bun finishes the response natively.
           await send(out + DONE);
           ended = true;

@@ -150,6 +150,36 @@ describe("retries and fallbacks", () => {
     expect(r.headers.get("x-svc-attempted-fallbacks")).toBe("1");
   });
 
+  test("a stream whose upstream ends before its first content (an empty body, only the opening chunk, an error answered with a 200) falls back; without a fallback the client gets the error's status and the upstream's message", async () => {
+    /** The mock's stream, ended cleanly after its first `events` events. */
+    const endsAfter = (events: number) => ({
+      kind: "wire" as const,
+      shape: (bytes: Uint8Array) => {
+        const text = new TextDecoder().decode(bytes);
+        let at = 0;
+        for (let i = 0; i < events; i++) at = text.indexOf("\n\n", at) + 2;
+        return { cuts: [], end: { at, how: "close" as const } };
+      },
+    });
+    const overloaded = { kind: "answer" as const, body: { error: { message: "The server is overloaded", type: "server_error", code: 503 } } };
+    for (const fault of [endsAfter(0), endsAfter(1), overloaded]) {
+      a.fault(fault);
+      const res = await fetch(`${gw.url}/v1/chat/completions`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+        body: JSON.stringify({ model: "primary", stream: true, num_retries: 0, messages: [{ role: "user", content: "hi" }] }),
+      });
+      expect(res.status, fault.kind).toBe(200);
+      expect(res.headers.get("x-svc-model-id"), fault.kind).toBe("backup-b");
+      expect(res.headers.get("x-svc-attempted-fallbacks"), fault.kind).toBe("1");
+      expect(await res.text(), fault.kind).toEndWith("data: [DONE]\n\n");
+    }
+    b.fault(overloaded);
+    const r = await post({ model: "backup", stream: true, num_retries: 0 });
+    expect(r.status).toBe(503);
+    expect(r.body.error!.message).toContain("The server is overloaded");
+  });
+
   test("the openai SDK sees one answer; its own retries are not needed", async () => {
     a.fault({ kind: "status", status: 500 });
     const client = new OpenAI({ apiKey: MASTER_KEY, baseURL: gw.baseURL, maxRetries: 0 });

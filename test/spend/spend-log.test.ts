@@ -466,15 +466,16 @@ describe("a stream the upstream ends before its answer is whole (pglite)", () =>
       general_settings: { master_key: MASTER_KEY },
     });
     try {
-      // The body ends cleanly right after the third event: no [DONE] (OpenAI), no message_delta (Anthropic).
-      const afterThirdEvent = (bytes: Uint8Array) => {
+      // The body ends cleanly right after the fourth event (Anthropic's first with text, after
+      // message_start, content_block_start and ping): no [DONE] (OpenAI), no message_delta (Anthropic).
+      const afterFourthEvent = (bytes: Uint8Array) => {
         const text = new TextDecoder().decode(bytes);
         let at = 0;
-        for (let i = 0; i < 3; i++) at = text.indexOf("\n\n", at) + 2;
+        for (let i = 0; i < 4; i++) at = text.indexOf("\n\n", at) + 2;
         return { cuts: [], end: { at: new TextEncoder().encode(text.slice(0, at)).length, how: "close" as const } };
       };
-      openai.fault({ kind: "wire", shape: afterThirdEvent });
-      anthropic.fault({ kind: "wire", shape: afterThirdEvent });
+      openai.fault({ kind: "wire", shape: afterFourthEvent });
+      anthropic.fault({ kind: "wire", shape: afterFourthEvent });
       for (const model of ["gpt-4o", "claude"]) {
         const res = await fetch(`${gw.url}/v1/chat/completions`, {
           method: "POST",
