@@ -10,6 +10,7 @@ import { errorBody, errorInfo, GatewayError } from "../errors.ts";
 import { withoutCredentials } from "../secrets.ts";
 import { AwsEventStreamParser } from "../stream/aws-eventstream.ts";
 import { type EventParser, NdjsonParser, SseParser } from "../stream/framing.ts";
+import { promptSize } from "../cost/estimate.ts";
 import { answerTokenBound } from "../cost/worst-case.ts";
 import { type Deadline, timeoutError } from "./upstream.ts";
 
@@ -124,6 +125,9 @@ export async function streamResponse(a: StreamArgs): Promise<Response> {
    * would charge more than budgets reserved, and spend could pass a budget.
    */
   const estimated = (): Usage => {
+    // Before the model said anything (only an opening chunk, or nothing, came): the prompt alone,
+    // as budgets estimate it, as for a JSON call left before its answer (however long it waited).
+    if (!answered) return { promptTokens: promptSize(a.endpoint, a.request).estimate, completionTokens: 0 };
     const e = transform.estimate(state);
     const bound = answerTokenBound(a.endpoint, a.request);
     if (bound === undefined || e.completionTokens <= bound) return e;

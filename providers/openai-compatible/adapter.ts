@@ -83,6 +83,7 @@ function answerObject(body: unknown): WireJson {
 interface StreamState {
   /** Whether the client asked for the usage chunk; the gateway always asks upstream for it. */
   clientWantsUsage: boolean;
+  /** Chunks that carry answer tokens (an opening role chunk or a finish-only one carries none). */
   chunks: number;
   promptEstimate: number;
   /** The chunks' `id` (the same on every chunk), read from the first one. */
@@ -108,6 +109,8 @@ const PADDED_OBJECT = /^\s*\{[\s\S]*\}\s*$/;
 const NULL_USAGE = /,\s*"usage"\s*:\s*null(?=\s*[,}])|"usage"\s*:\s*null\s*,?/;
 /** A chunk that ends a choice: servers that send neither `[DONE]` nor usage still end with one. */
 const FINISHED = /"finish_reason":\s*"/;
+/** A chunk that carries answer tokens: non-empty text, reasoning or refusal, or a tool call's delta. */
+const CARRIES_TOKENS = /"(?:content|text|refusal|reasoning_content|reasoning)"\s*:\s*"(?!")|"tool_calls"\s*:\s*\[/;
 
 function wantsUsage(req: { stream_options?: Record<string, unknown> | null }): boolean {
   return req.stream_options?.include_usage === true;
@@ -145,7 +148,7 @@ function openAIStream<E extends "chat" | "completions">(
         if (!s.clientWantsUsage) {
           if (Array.isArray(chunk.choices) && chunk.choices.length === 0) return parts;
           delete chunk.usage;
-          s.chunks++;
+          if (CARRIES_TOKENS.test(data)) s.chunks++;
           parts.push({ type: "chunk", chunk });
           return parts;
         }
@@ -153,8 +156,10 @@ function openAIStream<E extends "chat" | "completions">(
         // A cheap guard instead of a full parse per chunk: truncated or non-object events stop the stream.
         throw new Error("stream event is not a JSON object");
       }
-      const opens = s.chunks === 0 && opensOnly(data);
-      s.chunks++;
+      const carriesTokens = CARRIES_TOKENS.test(data);
+      // Before any token: a chunk with none may only open the message (one parse each, a few at most).
+      const opens = s.chunks === 0 && !carriesTokens && opensOnly(data);
+      if (carriesTokens) s.chunks++;
       const out = s.clientWantsUsage ? data : stripNullUsage(data);
       parts.push(opens ? { type: "data", data: out, opens } : { type: "data", data: out });
       return parts;
@@ -190,10 +195,10 @@ function streamError(data: string): StreamPart {
 }
 
 /**
- * Whether a stream's first chunk only opens the message (every choice's delta a role and empty
- * content, no finish): OpenAI's first chunk. Marked (StreamPart `opens`), a cut, stall or error
- * right after it still fails the attempt before the client got anything, so it is retried or falls
- * back. One parse per stream.
+ * Whether a chunk before the answer's first token only opens the message (every choice's delta a
+ * role and empty content, no finish): OpenAI's first chunk (one per choice with `n`). Marked
+ * (StreamPart `opens`), a cut, stall or error right after it still fails the attempt before the
+ * client got anything, so it is retried or falls back. One parse per such chunk.
  */
 function opensOnly(data: string): boolean {
   try {

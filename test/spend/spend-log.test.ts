@@ -5,6 +5,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { sql } from "drizzle-orm";
 import OpenAI, { APIError } from "openai";
+import { promptSize } from "../../core/cost/estimate.ts";
 import { rows } from "../../core/store/sql.ts";
 import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 import type { MockOpenAI } from "../mock-upstream/openai.ts";
@@ -308,6 +309,41 @@ async function withSelfHosted(run: (gw: TestGateway, mock: MockOpenAI) => Promis
   }
 }
 
+describe("a client that leaves a stream before the model's first token (pglite, OpenAI wire mock)", () => {
+  test("is charged its prompt alone, as budgets estimate it, whether it left before the ': waiting' comment or after it", async () => {
+    await withSelfHosted(async (gw, mock) => {
+      const messages = [{ role: "user" as const, content: "a prompt of some forty characters or so." }];
+      for (const leaveAfterMs of [400, 1500]) {
+        // The opening role chunk at once, the first word 3 s later.
+        mock.fault({ kind: "slowStream", chunkDelayMs: 3000, chunks: 2 });
+        const leaving = new AbortController();
+        const timer = setTimeout(() => leaving.abort(), leaveAfterMs);
+        const cancelledBefore = mock.streamsCancelled;
+        try {
+          const res = await fetch(`${gw.url}/v1/chat/completions`, {
+            method: "POST",
+            signal: leaving.signal,
+            headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+            body: JSON.stringify({ model: "self-hosted", stream: true, messages }),
+          });
+          await res.text();
+        } catch {
+          // The client left.
+        }
+        clearTimeout(timer);
+        for (let i = 0; i < 100 && mock.streamsCancelled === cancelledBefore; i++) await Bun.sleep(20);
+      }
+      await gw.host!.spendWriter.flush();
+      const logged = await rows<LogRow>(gw.host!.store.db, sql`select * from spend_logs where model_group = 'self-hosted'`);
+      const prompt = promptSize("chat", { model: "self-hosted", messages }).estimate;
+      expect(logged.map((r) => [r.status, r.prompt_tokens, r.completion_tokens])).toEqual([
+        ["cancelled", prompt, 0],
+        ["cancelled", prompt, 0],
+      ]);
+    });
+  });
+});
+
 describe("an upstream answering with an id too long for the log's index (pglite, OpenAI wire mock)", () => {
   test("the call is logged and charged, its request_id cut to 512 characters", async () => {
     await withSelfHosted(async (gw, mock) => {
@@ -578,5 +614,12 @@ describe("OpenAI-compatible streams whose body ends at the end of the answer, no
     expect(plain.row).toMatchObject({ status: "failure", stream: true });
     expect(groq.row).toMatchObject({ status: "failure", stream: true });
     expect(groq.text).toContain("ended before the answer was complete");
+  });
+
+  test("a stream without usage is charged a token for each chunk that carries one, not for the opening role chunk nor the finish chunk", async () => {
+    const { text, row } = await streamed(withoutUsage);
+    const withTokens = text.split("\n\n").filter((event) => /"content":"[^"]/.test(event)).length;
+    expect(withTokens).toBeGreaterThan(0);
+    expect(row).toMatchObject({ status: "success", completion_tokens: withTokens });
   });
 });
