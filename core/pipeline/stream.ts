@@ -12,6 +12,8 @@ import { AwsEventStreamParser } from "../stream/aws-eventstream.ts";
 import { type EventParser, NdjsonParser, SseParser } from "../stream/framing.ts";
 import { promptSize } from "../cost/estimate.ts";
 import { answerTokenBound } from "../cost/worst-case.ts";
+import { chatCompletionId, nowSeconds } from "../../providers/shared/chat-completion.ts";
+import { openAIUsage } from "../../providers/shared/openai-usage.ts";
 import { type Deadline, timeoutError } from "./upstream.ts";
 
 const DONE = "data: [DONE]\n\n";
@@ -133,6 +135,16 @@ export async function streamResponse(a: StreamArgs): Promise<Response> {
     if (bound === undefined || e.completionTokens <= bound) return e;
     // Its parts (reasoning) stay parts of the total.
     return { ...e, completionTokens: bound, ...(e.reasoningTokens === undefined ? {} : { reasoningTokens: Math.min(e.reasoningTokens, bound) }) };
+  };
+  /**
+   * For a client that asked for usage (`stream_options.include_usage`) when the upstream sent none:
+   * a last chunk with the counts the call is charged, estimated, as LiteLLM sends one.
+   */
+  const estimatedUsageChunk = (): string => {
+    if (usage !== undefined || a.request.stream_options?.include_usage !== true) return "";
+    const id = transform.responseId?.(state) ?? chatCompletionId();
+    const object = a.endpoint === "chat" ? "chat.completion.chunk" : "text_completion";
+    return `data: ${JSON.stringify({ id, object, created: nowSeconds(), model: a.request.model, choices: [], usage: openAIUsage(estimated()) })}\n\n`;
   };
   const end = (status: CallStatus, error?: ErrorInfo) => {
     deadline.clear();
@@ -319,7 +331,7 @@ export async function streamResponse(a: StreamArgs): Promise<Response> {
           const error = endOfBody();
           if (error) return finishWith(error);
           // Returning from pull ends a direct stream; Bun finishes the response natively.
-          await send(out + DONE);
+          await send(out + estimatedUsageChunk() + DONE);
           ended = true;
           end("success");
           // Closing ends the stream for a reader inside the gateway too (the Gemini-style routes

@@ -622,4 +622,15 @@ describe("OpenAI-compatible streams whose body ends at the end of the answer, no
     expect(withTokens).toBeGreaterThan(0);
     expect(row).toMatchObject({ status: "success", completion_tokens: withTokens });
   });
+
+  test("a client that asked for usage gets a usage chunk before [DONE] when the upstream sent none: the counts the call was charged", async () => {
+    const { text, row } = await streamed(withoutUsage);
+    const events = text.trimEnd().split("\n\n");
+    expect(events.at(-1)).toBe("data: [DONE]");
+    const first = JSON.parse(events[0]!.slice("data: ".length)) as { id: string };
+    const last = JSON.parse(events.at(-2)!.slice("data: ".length)) as Record<string, unknown>;
+    const { prompt_tokens, completion_tokens } = row!;
+    expect(last).toMatchObject({ id: first.id, object: "chat.completion.chunk", model: "gpt-4o", choices: [], usage: { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens } });
+    expect(completion_tokens).toBeGreaterThan(0);
+  });
 });
