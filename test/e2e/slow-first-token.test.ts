@@ -1,6 +1,7 @@
 // A model slow to its first token (a reasoning model, a long prompt): the client gets the status
 // and headers (its call id among them) after a second, through an SSE comment, not only when the
-// first event comes; the openai SDK's stream is unchanged by it.
+// first event comes; the openai SDK's stream is unchanged by it. Once that comment is out, a stall
+// before the first event can no longer be retried or fall back (README §Errors).
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import type { Server } from "bun";
 import OpenAI from "openai";
@@ -18,7 +19,12 @@ beforeAll(async () => {
   upstream = Bun.serve({
     hostname: "127.0.0.1",
     port: 0,
-    fetch() {
+    async fetch(req) {
+      // Model "stalls": the opening chunk, then nothing until the gateway gives up.
+      if (((await req.json()) as { model: string }).model === "stalls") {
+        const opening = new TextEncoder().encode(chunk({ role: "assistant", content: "" }, null));
+        return new Response(new ReadableStream({ start: (c) => c.enqueue(opening) }), { headers: { "content-type": "text/event-stream" } });
+      }
       const source: Bun.DirectUnderlyingSource<Uint8Array> = {
         type: "direct",
         async pull(c) {
@@ -34,7 +40,11 @@ beforeAll(async () => {
     },
   });
   gw = await startTestGateway({
-    model_list: [{ model_name: "slow", svc_params: { model: "openai/slow", api_base: `http://127.0.0.1:${upstream.port}/v1`, api_key: "sk-up" } }],
+    model_list: [
+      { model_name: "slow", svc_params: { model: "openai/slow", api_base: `http://127.0.0.1:${upstream.port}/v1`, api_key: "sk-up" } },
+      { model_name: "stalls", svc_params: { model: "openai/stalls", api_base: `http://127.0.0.1:${upstream.port}/v1`, api_key: "sk-up", stream_timeout: 1.5 } },
+    ],
+    router_settings: { num_retries: 0, fallbacks: [{ stalls: ["slow"] }] },
     general_settings: { master_key: MASTER_KEY },
   });
 }, 30_000);
@@ -67,4 +77,19 @@ test("the openai SDK reads the stream as if the comment were not there", async (
   let text = "";
   for await (const c of stream) text += c.choices[0]?.delta.content ?? "";
   expect(text).toBe("late");
+}, 15_000);
+
+test("a stall past a stream_timeout of a second or more, after the comment sent the 200, ends the stream with its error: no fallback", async () => {
+  const res = await fetch(`${gw.url}/v1/chat/completions`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+    body: JSON.stringify({ model: "stalls", stream: true, messages: [{ role: "user", content: "think hard" }] }),
+  });
+  expect(res.status).toBe(200);
+  expect(res.headers.get("x-svc-attempted-fallbacks")).toBe("0");
+  const text = await res.text();
+  expect(text.startsWith(": waiting for the model\n\n")).toBe(true);
+  const last = JSON.parse(text.trimEnd().split("\n\n").at(-1)!.slice("data: ".length)) as { error: { code: string } };
+  expect(last.error.code).toBe("408");
+  expect(text).not.toContain("[DONE]");
 }, 15_000);
