@@ -84,6 +84,8 @@ export function firstGuaranteedExpiry(keys: Iterable<KeyRow>, now: number): numb
 /** A key as it will be stored, for the guaranteed-throughput check at creation and update. */
 export type PlannedKey = Pick<KeyRow, "token" | "models" | "accessGroupIds" | "teamId" | "rpmLimit" | "tpmLimit" | "rpmLimitType" | "tpmLimitType">;
 
+export const isGuaranteed = (key: PlannedKey): boolean => key.rpmLimitType === "guaranteed_throughput" || key.tpmLimitType === "guaranteed_throughput";
+
 /**
  * Why a guaranteed key does not fit, or undefined: the guaranteed limits of every key that may call
  * a group (this one included) must fit in the group's capacity, and in the key's team's limit.
@@ -118,6 +120,28 @@ export function guaranteedOverflow(
         return `guaranteed_throughput: team ${team.teamId} has ${field} ${teamLimit}; its other keys already reserve ${reserved}, so this key's ${field} ${mine} does not fit.`;
       }
     }
+  }
+  return undefined;
+}
+
+/**
+ * Why a write to something other than a key (a team's models or limits, a deployment) would
+ * overbook: the first guaranteed key `affected` by it that no longer fits beside the others once
+ * the `groups` and `teams` are as the write leaves them, worded as its own write would be refused.
+ */
+export function overflowAfter(
+  affected: (key: KeyRow) => boolean,
+  groups: ReadonlyMap<string, readonly Deployment[]>,
+  keys: Iterable<KeyRow>,
+  teams: ReadonlyMap<string, TeamRow>,
+  accessGroups: AccessGroupLookup,
+): string | undefined {
+  const now = Date.now();
+  const all = [...keys].filter((k) => reserves(k, now));
+  for (const key of all) {
+    if (!isGuaranteed(key) || !affected(key)) continue;
+    const problem = guaranteedOverflow(key, groups, all, teams, accessGroups);
+    if (problem) return `Key ${key.keyAlias ?? key.keyName}: ${problem}`;
   }
   return undefined;
 }

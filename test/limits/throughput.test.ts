@@ -34,6 +34,10 @@ beforeAll(async () => {
       { model_name: "k", svc_params: { model: "mock/k", rpm: 6 } },
       { model_name: "u", svc_params: { model: "mock/u", rpm: 10 } },
       { model_name: "x", svc_params: { model: "mock/x", rpm: 4 } },
+      { model_name: "ta", svc_params: { model: "mock/ta", rpm: 10 } },
+      { model_name: "tb", svc_params: { model: "mock/tb" } },
+      { model_name: "tr", svc_params: { model: "mock/tr", rpm: 20 } },
+      { model_name: "tm", svc_params: { model: "mock/tm", rpm: 10 } },
     ],
     general_settings: { master_key: MASTER_KEY },
   });
@@ -137,6 +141,59 @@ describe("guaranteed_throughput: which keys reserve", () => {
     expect(unblock.body.error.message).toContain("model u serves 10 rpm");
     const info = await requestJson<{ info: { blocked: boolean } }>(gw, "GET", `/key/info?key=${first.body.key}`);
     expect(info.body.info.blocked).toBe(true);
+  });
+});
+
+describe("guaranteed_throughput: team and model writes that would overbook are refused as key writes are", () => {
+  type Refusal = { error: { message: string; param: string } };
+  const guaranteed = async (rpm: number, extra: Record<string, unknown>) => {
+    const res = await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: { rpm_limit: rpm, rpm_limit_type: "guaranteed_throughput", ...extra } });
+    expect(res.status).toBe(200);
+    return res.body.key;
+  };
+
+  test("/team/update and /team/model/add widening a team's models onto a group its guaranteed keys do not fit in", async () => {
+    const a = await guaranteed(6, { models: ["ta"] });
+    expect((await requestJson(gw, "POST", "/team/new", { body: { team_id: "gt-models", models: ["tb"] } })).status).toBe(200);
+    await guaranteed(8, { team_id: "gt-models" });
+    for (const [path, body] of [
+      ["/team/update", { team_id: "gt-models", models: ["ta"] }],
+      ["/team/model/add", { team_id: "gt-models", models: ["ta"] }],
+    ] as const) {
+      const widen = await requestJson<Refusal>(gw, "POST", path, { body });
+      expect([path, widen.status]).toEqual([path, 400]);
+      expect(widen.body.error.message).toContain("model ta serves 10 rpm");
+      expect(widen.body.error.param).toBe("models");
+    }
+    // Nothing was written: the guaranteed key of 6 still finds its share free.
+    expect(await successes(a, "ta", 6)).toBe(6);
+  });
+
+  test("/team/update lowering the team's limit below what its guaranteed keys reserve", async () => {
+    expect((await requestJson(gw, "POST", "/team/new", { body: { team_id: "gt-limit", models: ["tr"], rpm_limit: 10 } })).status).toBe(200);
+    await guaranteed(6, { team_id: "gt-limit" });
+    const lower = await requestJson<Refusal>(gw, "POST", "/team/update", { body: { team_id: "gt-limit", rpm_limit: 3 } });
+    expect(lower.status).toBe(400);
+    expect(lower.body.error.message).toContain("team gt-limit has rpm_limit 3");
+    expect(lower.body.error.param).toBe("rpm_limit");
+    expect((await requestJson(gw, "POST", "/team/update", { body: { team_id: "gt-limit", rpm_limit: 6 } })).status).toBe(200);
+  });
+
+  test("/model/delete and /model/update shrinking a group below what guaranteed keys reserve on it", async () => {
+    const extra = { model_name: "tm", svc_params: { model: "mock/tm2", rpm: 5 }, model_info: { id: "tm-extra" } };
+    expect((await requestJson(gw, "POST", "/model/new", { body: extra })).status).toBe(200);
+    await guaranteed(8, { models: ["tm"] });
+    await guaranteed(7, { models: ["tm"] });
+    const removed = await requestJson<Refusal>(gw, "POST", "/model/delete", { body: { id: "tm-extra" } });
+    expect(removed.status).toBe(400);
+    expect(removed.body.error.message).toContain("model tm serves 10 rpm");
+    const shrunk = await requestJson<Refusal>(gw, "POST", "/model/update", { body: { ...extra, svc_params: { model: "mock/tm2", rpm: 4 } } });
+    expect(shrunk.status).toBe(400);
+    expect(shrunk.body.error.message).toContain("model tm serves 14 rpm");
+    const moved = await requestJson<Refusal>(gw, "PATCH", "/model/tm-extra/update", { body: { model_name: "tm-elsewhere" } });
+    expect(moved.status).toBe(400);
+    // A change that keeps the capacity is fine.
+    expect((await requestJson(gw, "PATCH", "/model/tm-extra/update", { body: { model_info: { note: "kept" } } })).status).toBe(200);
   });
 });
 

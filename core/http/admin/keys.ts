@@ -40,7 +40,7 @@ import { isUniqueViolation, storeErrorCause } from "../../store/sql.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { followedReset, periodFromBudget } from "../../identity/budget-period.ts";
 import { IdList, resetAt } from "../../identity/fields.ts";
-import { guaranteedOverflow, type PlannedKey } from "../../limits/capacity.ts";
+import { guaranteedOverflow, isGuaranteed, type PlannedKey } from "../../limits/capacity.ts";
 import { MASTER_USER_ID, refuseMasterUserId } from "../../identity/master-user.ts";
 import { routesOutsideTeam } from "../../identity/team-routes.ts";
 import { budgetGone, holdExistingUser, holdMembership, holdUser, holdWrite, orgGone, teamGone } from "../../identity/holds.ts";
@@ -307,8 +307,6 @@ function throughputOf(fields: Record<string, unknown>): Pick<KeyRow, "rpmLimit" 
   const f = fields as Partial<KeyRow>;
   return { rpmLimit: f.rpmLimit ?? null, tpmLimit: f.tpmLimit ?? null, rpmLimitType: f.rpmLimitType ?? null, tpmLimitType: f.tpmLimitType ?? null };
 }
-
-const isGuaranteed = (key: PlannedKey) => key.rpmLimitType === "guaranteed_throughput" || key.tpmLimitType === "guaranteed_throughput";
 
 /** A guaranteed limit must fit in what the key's models can serve (and its team's limit), or the write is a 400. */
 function checkGuaranteed(ctx: AdminCtx, key: PlannedKey, keys: Iterable<KeyRow> = ctx.identity.keys.values()): void {

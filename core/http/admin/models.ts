@@ -11,7 +11,9 @@ import { eq } from "drizzle-orm";
 import { Elysia } from "elysia";
 import { badRequest, notFound } from "../../authz.ts";
 import { type ModelEntry, ModelEntrySchema } from "../../config/schema.ts";
+import type { Deployment, KeyRow } from "../../contract.ts";
 import { GatewayError } from "../../errors.ts";
+import { keyMayCallGroup, overflowAfter } from "../../limits/capacity.ts";
 import { toDeployment } from "../../models.ts";
 import { decryptSecrets, encryptSecrets, SECRET_PARAM, secretKey } from "../../secrets.ts";
 import type { Snapshot } from "../../snapshot.ts";
@@ -67,6 +69,40 @@ function requireDeployable(snapshot: Snapshot, entry: ModelEntry): void {
   if (typeof resolved === "string") throw badRequest(`svc_params: ${resolved}`, "svc_params");
 }
 
+/** The stored deployment the registry serves as `id` (not a config.yaml model of that id). */
+function servedDeployment(s: Snapshot, id: string): Deployment | undefined {
+  const found = s.models.findById(id);
+  return found && !s.config.model_list.includes(found.entry) ? found.deployment : undefined;
+}
+
+/** The model groups as they are once deployment `id` is replaced by `entry` (removed: no entry). */
+function groupsAfter(snapshot: Snapshot, id: string, entry: ModelEntry | undefined): Map<string, readonly Deployment[]> {
+  const groups = new Map(snapshot.models.groups);
+  const before = servedDeployment(snapshot, id);
+  if (before) {
+    const rest = (groups.get(before.modelName) ?? []).filter((d) => d.id !== id);
+    if (rest.length > 0) groups.set(before.modelName, rest);
+    else groups.delete(before.modelName);
+  }
+  if (entry) {
+    const after = { ...toDeployment(entry), id };
+    groups.set(after.modelName, [...(groups.get(after.modelName) ?? []), after]);
+  }
+  return groups;
+}
+
+/**
+ * A deployment's update or removal must leave room in its group (old and new) for what guaranteed
+ * keys reserve there, as a key write must (the same 400): a guaranteed key always finds its share free.
+ */
+function checkReservations(ctx: AdminCtx, id: string, entry: ModelEntry | undefined, param: string): void {
+  const touched = [servedDeployment(ctx.snapshot, id)?.modelName, entry?.model_name].filter((g) => g !== undefined);
+  const teams = ctx.identity.teams;
+  const mayCall = (k: KeyRow) => touched.some((g) => keyMayCallGroup(k, k.teamId ? teams.get(k.teamId) : undefined, g, ctx.snapshot.accessGroups));
+  const problem = overflowAfter(mayCall, groupsAfter(ctx.snapshot, id, entry), ctx.identity.keys.values(), teams, ctx.snapshot.accessGroups);
+  if (problem) throw badRequest(problem, param);
+}
+
 /** What goes into `model_info`: the id has its own column and `db_model` is derived. */
 function storedInfo(info: Record<string, unknown> | undefined): Record<string, unknown> {
   const { id: _id, db_model: _db, ...rest } = info ?? {};
@@ -112,8 +148,7 @@ interface Expected {
 
 /** The stored model the registry serves as `id` (not a config.yaml model of that id). */
 function servedStored(s: Snapshot, id: string): ModelEntry | undefined {
-  const found = s.models.findById(id);
-  return found && !s.config.model_list.includes(found.entry) ? found.entry : undefined;
+  return servedDeployment(s, id) && s.models.findById(id)?.entry;
 }
 
 const servesAs = (id: string, name: string): Expected => ({
@@ -182,6 +217,7 @@ async function replaceModel(ctx: AdminCtx, deps: AdminDeps) {
   if (!id) throw GatewayError.of(422, "Invalid request: model_info.id: required to name the model to update", "validation_error", "model_info.id");
   const before = await requireStored(ctx, id);
   requireDeployable(ctx.snapshot, entry);
+  checkReservations(ctx, id, entry, "svc_params");
   return writeUpdate(ctx, deps, before, entry);
 }
 
@@ -232,6 +268,7 @@ async function patchModel(ctx: AdminCtx, deps: AdminDeps, id: string) {
       model_info: storedInfo(merge(before.modelInfo as Record<string, unknown>, body.model_info)),
     }) as ModelEntry;
     requireDeployable(ctx.snapshot, merged);
+    checkReservations(ctx, id, merged, "svc_params");
     const [row] = await tx.update(proxyModels).set(rowValues(ctx, merged)).where(eq(proxyModels.modelId, id)).returning();
     return { before, row: row! };
   });
@@ -242,6 +279,7 @@ async function deleteModel(ctx: AdminCtx, deps: AdminDeps) {
   ctx.caller.requireAdmin();
   const { id } = await ctx.body(DeleteBody);
   const before = await requireStored(ctx, id, false);
+  checkReservations(ctx, id, undefined, "id");
   const [deleted] = await ctx.db.delete(proxyModels).where(eq(proxyModels.modelId, id)).returning({ id: proxyModels.modelId });
   // Another call deleted it since it was read: answered as if it had come first.
   if (!deleted) throw notFound(`Model '${id}' not found: it was deleted meanwhile.`, "id");

@@ -31,6 +31,7 @@ import {
 } from "../../identity/members.ts";
 import { budgetGone, holdReferences, holdWrite, orgGone, type WriteHolds } from "../../identity/holds.ts";
 import { modelsOutsideOrg } from "../../identity/org-rules.ts";
+import { overflowAfter } from "../../limits/capacity.ts";
 import { choice, pageOf, paged } from "../../identity/paging.ts";
 import type { IdentityChange, KeyRow, TeamMemberRow, TeamRow, UserRow } from "../../identity/records.ts";
 import { exactAmount, fromApi, scaleOf, toApi } from "../../identity/serialize.ts";
@@ -246,6 +247,16 @@ async function checkOrgLimits(ctx: AdminCtx, team: { organizationId: string | nu
   }
   if (team.tpmLimit !== null && orgTpm !== null && team.tpmLimit > orgTpm) throw badRequest(`Team tpm_limit (${team.tpmLimit}) exceeds organization's tpm_limit (${orgTpm}).`, "tpm_limit");
   if (team.rpmLimit !== null && orgRpm !== null && team.rpmLimit > orgRpm) throw badRequest(`Team rpm_limit (${team.rpmLimit}) exceeds organization's rpm_limit (${orgRpm}).`, "rpm_limit");
+}
+
+/** The team fields that bound what its guaranteed keys reserve: the models they may call, and the team's limits. */
+const RESERVING_FIELDS = ["models", "access_group_ids", "rpm_limit", "tpm_limit"] as const;
+
+/** A team write must leave room for what its guaranteed keys reserve, as a key write must (the same 400). */
+function checkReservations(ctx: AdminCtx, team: TeamRow, param: string): void {
+  const teams = new Map(ctx.identity.teams).set(team.teamId, team);
+  const problem = overflowAfter((k) => k.teamId === team.teamId, ctx.snapshot.models.groups, ctx.identity.keys.values(), teams, ctx.snapshot.accessGroups);
+  if (problem) throw badRequest(problem, param);
 }
 
 function checkPermissions(perms: readonly string[] | null | undefined): void {
@@ -468,6 +479,8 @@ async function updateTeam(ctx: AdminCtx): Promise<Record<string, unknown>> {
       rpmLimit: merged.rpmLimit ?? null,
     });
   }
+  const reserving = RESERVING_FIELDS.find((f) => f in raw);
+  if (reserving) checkReservations(ctx, merged as TeamRow, reserving);
   if ("spend" in props) await ctx.flushSpend();
   const [team] = await lockedTeam(ctx, before.teamId, async (tx, current) => {
     await holdReferences(tx, { organizationId: props.organizationId, budgetId: props.budgetId });
@@ -803,7 +816,11 @@ function changeModels(adding: boolean) {
     const body = await ctx.body(ModelsBody);
     const read = await teamFor(ctx, body.team_id, "team_admin");
     // The models added are within the organization's (the models already there were checked when they came).
-    if (adding) await checkOrgLimits(ctx, { ...read, models: [...new Set([...read.models, ...body.models])] });
+    if (adding) {
+      const widened = { ...read, models: [...new Set([...read.models, ...body.models])] };
+      await checkOrgLimits(ctx, widened);
+      checkReservations(ctx, widened, "models");
+    }
     const { before, models, team } = await lockedTeam(ctx, read.teamId, async (tx, before) => {
       let models: string[];
       if (adding) models = [...new Set([...before.models, ...body.models])];
