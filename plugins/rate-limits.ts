@@ -147,7 +147,8 @@ class Throughput {
     return sum;
   }
 
-  counters(intent: CallIntent, key: KeyRow, label: string, out: RateCounter[]): void {
+  /** `key`: the caller's key row; a caller without one (the master key) is never guaranteed nor dynamic, and shares the pool. */
+  counters(intent: CallIntent, key: KeyRow | undefined, label: string, out: RateCounter[]): void {
     const cap = intent.groupCapacity;
     if (cap.rpm === undefined && cap.tpm === undefined) return;
     const group = intent.modelGroup;
@@ -155,14 +156,14 @@ class Throughput {
     const pools: { rpm?: number; tpm?: number } = {};
     for (const kind of ["rpm", "tpm"] as const) {
       const capacity = cap[kind];
-      if (capacity === undefined || guaranteedLimit(key, kind) !== undefined) continue;
+      if (capacity === undefined || (key && guaranteedLimit(key, kind) !== undefined)) continue;
       const reserved = this.reservedOn(group, kind, intent.accessGroups);
       const pool = Math.max(0, capacity - reserved);
       if (reserved > 0) shared[kind] = pool;
-      if ((kind === "rpm" ? key.rpmLimitType : key.tpmLimitType) === "dynamic") pools[kind] = pool;
+      if ((kind === "rpm" ? key?.rpmLimitType : key?.tpmLimitType) === "dynamic") pools[kind] = pool;
     }
     if (shared.rpm !== undefined || shared.tpm !== undefined) out.push(shared);
-    if (pools.rpm !== undefined || pools.tpm !== undefined) {
+    if (key && (pools.rpm !== undefined || pools.tpm !== undefined)) {
       const named = keyCounterToken(key);
       out.push({ id: `key_dynamic:${named}:${group}`, label: `${label} (dynamic share of model=${group})`, share: { among: `dynamic:${group}`, member: named, ...pools } });
     }
@@ -174,11 +175,12 @@ function groupCounters(intent: CallIntent, identity: IdentityView | undefined, t
   const p = intent.principal;
   const out: RateCounter[] = [];
   const key = p.key;
-  if (!key) return out;
   const group = intent.modelGroup;
   const label = keyLabel(p);
-  modelCounter(out, `key_model:${keyCounterToken(key)}`, label, key, group, budgetOf(key.budgetId, identity));
+  if (key) modelCounter(out, `key_model:${keyCounterToken(key)}`, label, key, group, budgetOf(key.budgetId, identity));
+  // Every caller draws from what the guaranteed keys leave, a key-less one (the master key) too.
   throughput?.counters(intent, key, label, out);
+  if (!key) return out;
   const user = p.user ?? (p.userId ? identity?.users.get(p.userId) : undefined);
   if (user) modelCounter(out, `user_model:${user.userId}`, `User=${user.userId}`, user, group);
   const team = p.team ?? (p.teamId ? identity?.teams.get(p.teamId) : undefined);

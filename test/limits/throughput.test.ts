@@ -38,6 +38,7 @@ beforeAll(async () => {
       { model_name: "tb", svc_params: { model: "mock/tb" } },
       { model_name: "tr", svc_params: { model: "mock/tr", rpm: 20 } },
       { model_name: "tm", svc_params: { model: "mock/tm", rpm: 10 } },
+      { model_name: "mk", svc_params: { model: "mock/mk", rpm: 5 } },
     ],
     general_settings: { master_key: MASTER_KEY },
   });
@@ -97,6 +98,17 @@ describe("guaranteed_throughput", () => {
     expect(refused.message).toContain("capacity left after guaranteed keys");
     expect(await successes(a, "g", 7)).toBe(6);
     expect(await successes(b, "g", 4)).toBe(3);
+  });
+
+  test("the master key, a caller without a key row, shares only what the guaranteed keys leave too", async () => {
+    const reserved = await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: { models: ["mk"], rpm_limit: 3, rpm_limit_type: "guaranteed_throughput" } });
+    expect(reserved.status).toBe(200);
+    // 5 rpm - 3 reserved = 2 for the master key.
+    expect(await successes(MASTER_KEY, "mk", 4)).toBe(2);
+    const refused = await call(MASTER_KEY, "mk");
+    expect(refused.status).toBe(429);
+    expect(refused.message).toContain("capacity left after guaranteed keys");
+    expect(await successes(reserved.body.key, "mk", 3)).toBe(3);
   });
 });
 
