@@ -10,6 +10,10 @@ const MAX_KEPT = 100_000;
 export class AfterOutage<T> {
   private kept: T[] = [];
 
+  get empty(): boolean {
+    return this.kept.length === 0;
+  }
+
   add(item: T): void {
     this.kept.push(item);
     if (this.kept.length > MAX_KEPT) this.kept.shift();

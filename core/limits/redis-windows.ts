@@ -189,6 +189,8 @@ export class RedisWindows implements RateWindows {
    * not be sent. Both act once however often they run.
    */
   private readonly pending = new AfterOutage<{ keys: string[]; script: LuaScript; args: (string | number)[] }>();
+  /** The replay of `pending` under way, which every command that counts waits for. */
+  private replaying: Promise<unknown> | undefined;
   private renewal: ReturnType<typeof setInterval> | undefined;
 
   /**
@@ -207,6 +209,12 @@ export class RedisWindows implements RateWindows {
     const args: (string | number)[] = [this.windowMs, tokens, id, this.inFlightTtlMs];
     for (const c of counters) args.push(limitArg(c.rpm), limitArg(c.tpm), limitArg(c.parallel), c.share?.member ?? "", limitArg(c.share?.rpm), limitArg(c.share?.tpm));
     try {
+      // What ended during the outage ends in Redis first: else the first request after it is
+      // judged with those still in flight (a key with max_parallel_requests 1 refused).
+      if (this.replaying || !this.pending.empty) {
+        const failed = await this.runPending();
+        if (failed) throw failed;
+      }
       const res = (await this.redis.run(ACQUIRE, counters.flatMap(keysOf), args)) as (number | string)[];
       this.recovered();
       return res;
@@ -295,11 +303,13 @@ export class RedisWindows implements RateWindows {
     if (!this.degraded) return;
     this.degraded = false;
     this.log.info("redis reachable again: rate limits are shared across instances again");
-    void this.runPending();
   }
 
-  private async runPending(): Promise<void> {
-    const failed = await this.pending.replay(({ keys, script, args }) => this.redis.run(script, keys, args));
-    if (failed) this.degrade(failed);
+  /** Sends the kept scripts, one replay at a time; the error that stopped it, if one did. */
+  private runPending(): Promise<unknown> {
+    this.replaying ??= this.pending.replay(({ keys, script, args }) => this.redis.run(script, keys, args)).finally(() => {
+      this.replaying = undefined;
+    });
+    return this.replaying;
   }
 }

@@ -30,14 +30,19 @@ const parallelOne = (): RateCounter => ({ id: `key:${randomUUID()}`, label: "Key
 
 const PING = new LuaScript("return 1");
 
-/** Until Redis answers again (the lost answer's timeout replaced the connection), then one request of its own brings `windows` back to it. */
-async function untilBack(windows: RedisWindows): Promise<void> {
+/** Until Redis answers again (the lost answer's timeout replaced the connection). */
+async function untilRedisAnswers(): Promise<void> {
   const until = performance.now() + 10_000;
   for (;;) {
     const ok = await runner.run(PING, [], []).then(() => true, () => false);
     if (ok || performance.now() > until) break;
     await Bun.sleep(100);
   }
+}
+
+/** Until Redis answers again, then one request of its own brings `windows` back to it. */
+async function untilBack(windows: RedisWindows): Promise<void> {
+  await untilRedisAnswers();
   ((await windows.acquire([parallelOne()], 0)) as RateGrant).settle(0);
   await Bun.sleep(200);
 }
@@ -66,6 +71,21 @@ test("a request whose settle could not be sent does not hold a parallel slot onc
   await Bun.sleep(300);
   relay.restore();
   await untilBack(windows);
+  const next = await windows.acquire([counter], 0);
+  expect(next.ok).toBe(true);
+}, 30_000);
+
+test("the first request once Redis is back is not refused for a request whose settle could not be sent", async () => {
+  const windows = new RedisWindows(runner, memoryLogger());
+  await untilBack(windows);
+  const counter = parallelOne();
+  const call = (await windows.acquire([counter], 0)) as RateGrant;
+  relay.cut();
+  call.settle(0);
+  await Bun.sleep(300);
+  relay.restore();
+  await untilRedisAnswers();
+  // No other request comes first: this one is Redis's first since the outage.
   const next = await windows.acquire([counter], 0);
   expect(next.ok).toBe(true);
 }, 30_000);
