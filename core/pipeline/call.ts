@@ -465,6 +465,8 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
           : undefined;
     finish(deadline.clientGone ? "cancelled" : "failure", used ?? ZERO, deadline.clientGone ? undefined : info, undefined, undefined, used !== undefined || deadline.clientGone);
     if (err instanceof GatewayError) {
+      // The call was counted against the caller's limits: a failure says what is left, as a success does.
+      if (attempt.headers) Object.assign(err.headers, attempt.headers);
       err.headers["x-svc-model-id"] = headerText(d.id);
       err.headers["x-svc-call-id"] = ctx.callId;
       err.headers["x-svc-model-group"] = headerText(d.modelName);

@@ -266,4 +266,18 @@ describe("rate limits", () => {
     expect([limited.headers.get("x-ratelimit-limit-requests"), limited.headers.get("x-ratelimit-remaining-requests")]).toEqual(["5", "4"]);
     expect(limited.headers.get("x-ratelimit-limit-tokens")).toBe("30000000");
   });
+
+  test("an error answer of a call that was counted says what is left too", async () => {
+    const key = await newKey({ rpm_limit: 5, tpm_limit: 1000 });
+    const counted = (r: Reply) => ["limit-requests", "remaining-requests", "limit-tokens"].map((h) => r.headers.get(`x-ratelimit-${h}`));
+    expect(counted(await call(key, "slow"))).toEqual(["5", "4", "1000"]);
+    slow.fault({ kind: "status", status: 500 });
+    const failed = await call(key, "slow");
+    expect(failed.status).toBe(500);
+    expect(counted(failed)).toEqual(["5", "3", "1000"]);
+    slow.fault({ kind: "status", status: 400 });
+    const refused = await call(key, "slow");
+    expect(refused.status).toBe(400);
+    expect(counted(refused)).toEqual(["5", "2", "1000"]);
+  });
 });
