@@ -4,7 +4,7 @@
  * `all-proxy-models`). An empty list does not restrict its level (a key with no models inherits its
  * team's, a team with none may use every model); `all-team-models` on a key means the same.
  */
-import type { AccessLevel, AccessLevelName, AccessRules, Principal } from "./contract.ts";
+import type { AccessLevel, AccessLevelName, AccessRules, KeyRow, OrgRow, Principal, TeamRow, UserRow } from "./contract.ts";
 import { GatewayError } from "./errors.ts";
 
 /** Access groups by name (config `model_info.access_groups` and stored groups) and by stored id. */
@@ -35,6 +35,23 @@ export function matchesEntry(entry: string, model: string): boolean {
   const prefix = entry.slice(0, star);
   const suffix = entry.slice(star + 1);
   return model.length >= prefix.length + suffix.length && model.startsWith(prefix) && model.endsWith(suffix);
+}
+
+/**
+ * The levels whose lists bind a key's model calls: its own, its team's (a personal key: its user's),
+ * and its organizations' (the key's own and its team's).
+ */
+export function keyAccessLevels(
+  key: Pick<KeyRow, "models" | "accessGroupIds">,
+  team: Pick<TeamRow, "models" | "accessGroupIds"> | undefined,
+  user: Pick<UserRow, "models"> | undefined,
+  orgs: readonly Pick<OrgRow, "models">[],
+): AccessLevel[] {
+  const levels: AccessLevel[] = [{ level: "key", models: key.models, accessGroupIds: key.accessGroupIds }];
+  if (team) levels.push({ level: "team", models: team.models, accessGroupIds: team.accessGroupIds });
+  else if (user) levels.push({ level: "user", models: user.models, accessGroupIds: [] });
+  for (const org of orgs) levels.push({ level: "org", models: org.models, accessGroupIds: [] });
+  return levels;
 }
 
 /** Whether `level` restricts nothing. */

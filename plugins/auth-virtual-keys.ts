@@ -7,7 +7,6 @@
 import { createHash } from "node:crypto";
 import { Type } from "@sinclair/typebox";
 import {
-  type AccessLevel,
   type AccessLevelName,
   type Denied,
   definePlugin,
@@ -19,7 +18,7 @@ import {
   type Role,
   type TeamRow,
 } from "../core/contract.ts";
-import { keyTypeRoutes } from "../core/access.ts";
+import { keyAccessLevels, keyTypeRoutes } from "../core/access.ts";
 import { errorInfo } from "../core/errors.ts";
 
 /**
@@ -86,11 +85,8 @@ function principalOf(identity: IdentityView, key: KeyRow, team: TeamRow | undefi
   const user = key.userId ? identity.users.get(key.userId) : undefined;
   const role = user && ROLES.has(user.userRole as Role) ? (user.userRole as Role) : "internal_user";
 
-  const levels: AccessLevel[] = [{ level: "key", models: key.models, accessGroupIds: key.accessGroupIds }];
-  if (team) levels.push({ level: "team", models: team.models, accessGroupIds: team.accessGroupIds });
   // A personal key (no team) is bound by its user's models; a team key by its team's.
-  else if (user) levels.push({ level: "user", models: user.models, accessGroupIds: [] });
-  for (const org of orgs) levels.push({ level: "org", models: org.models, accessGroupIds: [] });
+  const levels = keyAccessLevels(key, team, user, orgs);
   return {
     keyHash: key.token,
     role,

@@ -141,7 +141,7 @@ class Throughput {
     const id = `${kind}:${group}`;
     let sum = this.reserved.get(id);
     if (sum === undefined) {
-      sum = reservedOn(this.identity.keys.values(), this.identity.teams, group, kind, accessGroups);
+      sum = reservedOn(this.identity.keys.values(), this.identity, group, kind, accessGroups);
       this.reserved.set(id, sum);
     }
     return sum;

@@ -3,8 +3,8 @@
  * `guaranteed_throughput` reserves a key's limit out of the capacity of every group it may call,
  * and `dynamic` splits a group's capacity among the keys active on it.
  */
-import { type AccessGroupLookup, levelAllows } from "../access.ts";
-import type { Deployment, GroupCapacity, KeyRow, TeamRow } from "../contract.ts";
+import { type AccessGroupLookup, keyAccessLevels, levelAllows } from "../access.ts";
+import type { Deployment, GroupCapacity, KeyRow, OrgRow, TeamRow, UserRow } from "../contract.ts";
 
 const capacities = new WeakMap<readonly Deployment[], GroupCapacity>();
 
@@ -28,14 +28,30 @@ export function groupCapacity(deployments: readonly Deployment[]): GroupCapacity
   return c;
 }
 
+/** The rows besides a key whose model lists bind its calls, by id. */
+export interface KeyOwners {
+  readonly teams: ReadonlyMap<string, TeamRow>;
+  readonly users: ReadonlyMap<string, UserRow>;
+  readonly orgs: ReadonlyMap<string, OrgRow>;
+}
+
+/** A key as it will be stored, for the guaranteed-throughput check at creation and update: its lists, the rows that bind them, its limits. */
+export type PlannedKey = Pick<
+  KeyRow,
+  "token" | "models" | "accessGroupIds" | "teamId" | "userId" | "organizationId" | "rpmLimit" | "tpmLimit" | "rpmLimitType" | "tpmLimitType"
+>;
+
 /**
- * Whether a key may call `group` as a model call would judge it: its own list and its team's both
- * allow it (names, wildcards, access groups, `*` / `all-proxy-models`, `all-team-models`; an empty
- * list restricts nothing).
+ * Whether a key may call `group` as a model call would judge it: its own list, its team's (a
+ * personal key: its user's) and its organizations' all allow it (names, wildcards, access groups,
+ * `*` / `all-proxy-models`, `all-team-models`; an empty list restricts nothing).
  */
-export function keyMayCallGroup(key: Pick<KeyRow, "models" | "accessGroupIds">, team: Pick<TeamRow, "models" | "accessGroupIds"> | undefined, group: string, groups: AccessGroupLookup): boolean {
-  if (!levelAllows({ level: "key", models: key.models, accessGroupIds: key.accessGroupIds }, group, groups)) return false;
-  return !team || levelAllows({ level: "team", models: team.models, accessGroupIds: team.accessGroupIds }, group, groups);
+export function keyMayCallGroup(key: Pick<PlannedKey, "models" | "accessGroupIds" | "teamId" | "userId" | "organizationId">, owners: KeyOwners, group: string, groups: AccessGroupLookup): boolean {
+  const team = key.teamId ? owners.teams.get(key.teamId) : undefined;
+  const user = key.userId ? owners.users.get(key.userId) : undefined;
+  const orgIds = new Set([key.organizationId, team?.organizationId]);
+  const orgs = [...orgIds].flatMap((id) => (id ? (owners.orgs.get(id) ?? []) : []));
+  return keyAccessLevels(key, team, user, orgs).every((level) => levelAllows(level, group, groups));
 }
 
 /** A key that can no longer call (blocked, or expired) reserves nothing. */
@@ -53,7 +69,7 @@ export function guaranteedLimit(key: Pick<KeyRow, "rpmLimit" | "tpmLimit" | "rpm
 /** What the guaranteed keys that may call `group` have reserved out of its capacity. */
 export function reservedOn(
   keys: Iterable<KeyRow>,
-  teams: ReadonlyMap<string, TeamRow>,
+  owners: KeyOwners,
   group: string,
   kind: ThroughputKind,
   groups: AccessGroupLookup,
@@ -65,7 +81,7 @@ export function reservedOn(
     if (k.token === exceptToken || !reserves(k, now)) continue;
     const g = guaranteedLimit(k, kind);
     if (g === undefined) continue;
-    if (keyMayCallGroup(k, k.teamId ? teams.get(k.teamId) : undefined, group, groups)) sum += g;
+    if (keyMayCallGroup(k, owners, group, groups)) sum += g;
   }
   return sum;
 }
@@ -81,9 +97,6 @@ export function firstGuaranteedExpiry(keys: Iterable<KeyRow>, now: number): numb
   return first;
 }
 
-/** A key as it will be stored, for the guaranteed-throughput check at creation and update. */
-export type PlannedKey = Pick<KeyRow, "token" | "models" | "accessGroupIds" | "teamId" | "rpmLimit" | "tpmLimit" | "rpmLimitType" | "tpmLimitType">;
-
 export const isGuaranteed = (key: PlannedKey): boolean => key.rpmLimitType === "guaranteed_throughput" || key.tpmLimitType === "guaranteed_throughput";
 
 /**
@@ -94,10 +107,10 @@ export function guaranteedOverflow(
   key: PlannedKey,
   groups: ReadonlyMap<string, readonly Deployment[]>,
   keys: Iterable<KeyRow>,
-  teams: ReadonlyMap<string, TeamRow>,
+  owners: KeyOwners,
   accessGroups: AccessGroupLookup,
 ): string | undefined {
-  const team = key.teamId ? teams.get(key.teamId) : undefined;
+  const team = key.teamId ? owners.teams.get(key.teamId) : undefined;
   const now = Date.now();
   const all = [...keys].filter((k) => reserves(k, now));
   for (const kind of ["rpm", "tpm"] as const) {
@@ -106,8 +119,8 @@ export function guaranteedOverflow(
     const field = `${kind}_limit`;
     for (const [group, deployments] of groups) {
       const capacity = groupCapacity(deployments)[kind];
-      if (capacity === undefined || !keyMayCallGroup(key, team, group, accessGroups)) continue;
-      const reserved = reservedOn(all, teams, group, kind, accessGroups, key.token, now);
+      if (capacity === undefined || !keyMayCallGroup(key, owners, group, accessGroups)) continue;
+      const reserved = reservedOn(all, owners, group, kind, accessGroups, key.token, now);
       if (reserved + mine > capacity) {
         return `guaranteed_throughput: model ${group} serves ${capacity} ${kind} (the sum of its deployments' ${kind}); other keys already reserve ${reserved}, so this key's ${field} ${mine} does not fit (at most ${Math.max(0, capacity - reserved)}).`;
       }
@@ -133,14 +146,14 @@ export function overflowAfter(
   affected: (key: KeyRow) => boolean,
   groups: ReadonlyMap<string, readonly Deployment[]>,
   keys: Iterable<KeyRow>,
-  teams: ReadonlyMap<string, TeamRow>,
+  owners: KeyOwners,
   accessGroups: AccessGroupLookup,
 ): string | undefined {
   const now = Date.now();
   const all = [...keys].filter((k) => reserves(k, now));
   for (const key of all) {
     if (!isGuaranteed(key) || !affected(key)) continue;
-    const problem = guaranteedOverflow(key, groups, all, teams, accessGroups);
+    const problem = guaranteedOverflow(key, groups, all, owners, accessGroups);
     if (problem) return `Key ${key.keyAlias ?? key.keyName}: ${problem}`;
   }
   return undefined;

@@ -39,6 +39,7 @@ beforeAll(async () => {
       { model_name: "tr", svc_params: { model: "mock/tr", rpm: 20 } },
       { model_name: "tm", svc_params: { model: "mock/tm", rpm: 10 } },
       { model_name: "mk", svc_params: { model: "mock/mk", rpm: 5 } },
+      { model_name: "gz", svc_params: { model: "mock/gz", rpm: 10 } },
     ],
     general_settings: { master_key: MASTER_KEY },
   });
@@ -126,6 +127,27 @@ describe("guaranteed_throughput: which keys reserve", () => {
       expect(over.body.error?.message).toMatch(/model [gh] serves 10 rpm/);
     }
     expect((await guaranteed(2, { models: ["h"] })).status).toBe(200);
+  });
+
+  test("a key whose organization or user may not call the group neither reserves on it nor is checked against it", async () => {
+    expect((await guaranteed(5, { models: ["gz"] })).status).toBe(200);
+    expect((await requestJson(gw, "POST", "/organization/new", { body: { organization_id: "org-no-gz", organization_alias: "org-no-gz", models: ["tb"] } })).status).toBe(200);
+    expect((await requestJson(gw, "POST", "/user/new", { body: { user_id: "user-no-gz", models: ["tb"], auto_create_key: false } })).status).toBe(200);
+    // Neither key may call gz (a model call would be a 401), so neither is refused for gz's capacity ...
+    const inOrg = await guaranteed(6, { organization_id: "org-no-gz" });
+    expect([inOrg.status, inOrg.body.error?.message]).toEqual([200, undefined]);
+    expect((await call(inOrg.body.key, "gz")).status).toBe(401);
+    const ofUser = await guaranteed(6, { user_id: "user-no-gz" });
+    expect([ofUser.status, ofUser.body.error?.message]).toEqual([200, undefined]);
+    // ... nor takes any of it: the other 5 are still free.
+    expect((await guaranteed(5, { models: ["gz"] })).status).toBe(200);
+    // gz is now booked in full: letting the organization or the user call it would overbook it.
+    const widenOrg = await requestJson<{ error: { message: string } }>(gw, "PATCH", "/organization/update", { body: { organization_id: "org-no-gz", models: ["tb", "gz"] } });
+    expect(widenOrg.status).toBe(400);
+    expect(widenOrg.body.error.message).toContain("model gz serves 10 rpm");
+    const widenUser = await requestJson<{ error: { message: string } }>(gw, "POST", "/user/update", { body: { user_id: "user-no-gz", models: ["tb", "gz"] } });
+    expect(widenUser.status).toBe(400);
+    expect(widenUser.body.error.message).toContain("model gz serves 10 rpm");
   });
 
   test("an expired key reserves nothing", async () => {

@@ -311,7 +311,7 @@ function throughputOf(fields: Record<string, unknown>): Pick<KeyRow, "rpmLimit" 
 /** A guaranteed limit must fit in what the key's models can serve (and its team's limit), or the write is a 400. */
 function checkGuaranteed(ctx: AdminCtx, key: PlannedKey, keys: Iterable<KeyRow> = ctx.identity.keys.values()): void {
   if (!isGuaranteed(key)) return;
-  const problem = guaranteedOverflow(key, ctx.snapshot.models.groups, keys, ctx.identity.teams, ctx.snapshot.accessGroups);
+  const problem = guaranteedOverflow(key, ctx.snapshot.models.groups, keys, ctx.identity, ctx.snapshot.accessGroups);
   if (problem) throw badRequest(problem, key.rpmLimitType === "guaranteed_throughput" ? "rpm_limit" : "tpm_limit");
 }
 
@@ -396,7 +396,8 @@ export async function generateKey(ctx: AdminCtx, body: Record<string, unknown>, 
   await assertAliasFree(ctx.db, alias);
 
   const accessGroupIds = (fields.accessGroupIds as string[] | null | undefined) ?? [];
-  const planned: PlannedKey = { token, models, accessGroupIds, teamId: team?.teamId ?? null, ...throughputOf(fields) };
+  const organizationId = (fields.organizationId as string | null | undefined) ?? null;
+  const planned: PlannedKey = { token, models, accessGroupIds, teamId: team?.teamId ?? null, userId, organizationId, ...throughputOf(fields) };
   checkGuaranteed(ctx, planned);
   const merged = { autoRotate: false, rotationInterval: null, ...fields } as Partial<KeyRow>;
   derivedTimes(ctx, fields, merged, input, now);

@@ -13,13 +13,14 @@ import { badRequest, notFound } from "../../authz.ts";
 import { type ModelEntry, ModelEntrySchema } from "../../config/schema.ts";
 import type { Deployment, KeyRow } from "../../contract.ts";
 import { GatewayError } from "../../errors.ts";
-import { keyMayCallGroup, overflowAfter } from "../../limits/capacity.ts";
+import { keyMayCallGroup } from "../../limits/capacity.ts";
 import { toDeployment } from "../../models.ts";
 import { decryptSecrets, encryptSecrets, SECRET_PARAM, secretKey } from "../../secrets.ts";
 import type { Snapshot } from "../../snapshot.ts";
 import { proxyModels } from "../../store/schema.ts";
 import { checker } from "../validate.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
+import { refuseOverbooking } from "./reservations.ts";
 
 type ModelRow = typeof proxyModels.$inferSelect;
 
@@ -97,10 +98,8 @@ function groupsAfter(snapshot: Snapshot, id: string, entry: ModelEntry | undefin
  */
 function checkReservations(ctx: AdminCtx, id: string, entry: ModelEntry | undefined, param: string): void {
   const touched = [servedDeployment(ctx.snapshot, id)?.modelName, entry?.model_name].filter((g) => g !== undefined);
-  const teams = ctx.identity.teams;
-  const mayCall = (k: KeyRow) => touched.some((g) => keyMayCallGroup(k, k.teamId ? teams.get(k.teamId) : undefined, g, ctx.snapshot.accessGroups));
-  const problem = overflowAfter(mayCall, groupsAfter(ctx.snapshot, id, entry), ctx.identity.keys.values(), teams, ctx.snapshot.accessGroups);
-  if (problem) throw badRequest(problem, param);
+  const mayCall = (k: KeyRow) => touched.some((g) => keyMayCallGroup(k, ctx.identity, g, ctx.snapshot.accessGroups));
+  refuseOverbooking(ctx, { affected: mayCall, groups: groupsAfter(ctx.snapshot, id, entry) }, param);
 }
 
 /** What goes into `model_info`: the id has its own column and `db_model` is derived. */

@@ -18,12 +18,13 @@ import { holdBudget, holdExistingUser, holdOrg, holdWrite, lockEmail } from "../
 import { addressTaken, type Exec, findUserByEmail } from "../../identity/members.ts";
 import { refuseMasterUserId } from "../../identity/master-user.ts";
 import { modelsOutsideOrg } from "../../identity/org-rules.ts";
-import type { BudgetRow, OrgMemberRow, OrgRow, UserRow } from "../../identity/records.ts";
+import type { BudgetRow, KeyRow, OrgMemberRow, OrgRow, UserRow } from "../../identity/records.ts";
 import { fromApi, toApi } from "../../identity/serialize.ts";
 import { shownCallbackSettings } from "../../identity/team-callbacks.ts";
 import { budgets, orgMembers, organizations, teams, users, virtualKeys } from "../../store/schema.ts";
 import { isUniqueViolation } from "../../store/sql.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
+import { refuseOverbooking } from "./reservations.ts";
 import { budgetUsers } from "./budgets.ts";
 import { followedReset, periodFromBudget } from "../../identity/budget-period.ts";
 
@@ -209,6 +210,9 @@ async function updateOrg(ctx: AdminCtx) {
   if (Array.isArray(patch.models)) {
     const bad = teamsOutside(ctx, orgId, patch.models as string[]);
     if (bad.length > 0) throw badRequest(`The organization's models would no longer cover its teams' models: ${bad.join("; ")}. Update those teams first.`, "models");
+    const orgs = new Map(ctx.identity.orgs).set(orgId, { ...before, models: patch.models as string[] });
+    const inOrg = (k: KeyRow) => k.organizationId === orgId || (k.teamId !== null && ctx.identity.teams.get(k.teamId)?.organizationId === orgId);
+    refuseOverbooking(ctx, { affected: inOrg, owners: { orgs } }, "models");
   }
   const who = ctx.caller.changedBy;
   const budgetPatch = fromApi(budgets, body, BUDGET_COLUMNS);

@@ -31,7 +31,6 @@ import {
 } from "../../identity/members.ts";
 import { budgetGone, holdReferences, holdWrite, orgGone, type WriteHolds } from "../../identity/holds.ts";
 import { modelsOutsideOrg } from "../../identity/org-rules.ts";
-import { overflowAfter } from "../../limits/capacity.ts";
 import { choice, pageOf, paged } from "../../identity/paging.ts";
 import type { IdentityChange, KeyRow, TeamMemberRow, TeamRow, UserRow } from "../../identity/records.ts";
 import { exactAmount, fromApi, scaleOf, toApi } from "../../identity/serialize.ts";
@@ -39,6 +38,7 @@ import { budgets, organizations, teamMembers, teams, users, virtualKeys } from "
 import { isUniqueViolation } from "../../store/sql.ts";
 import { counterId } from "../../spend/ledger.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
+import { refuseOverbooking } from "./reservations.ts";
 import { followedReset, periodFromBudget } from "../../identity/budget-period.ts";
 
 const TeamRole = T.Union([T.Literal("admin"), T.Literal("user")]);
@@ -254,9 +254,7 @@ const RESERVING_FIELDS = ["models", "access_group_ids", "rpm_limit", "tpm_limit"
 
 /** A team write must leave room for what its guaranteed keys reserve, as a key write must (the same 400). */
 function checkReservations(ctx: AdminCtx, team: TeamRow, param: string): void {
-  const teams = new Map(ctx.identity.teams).set(team.teamId, team);
-  const problem = overflowAfter((k) => k.teamId === team.teamId, ctx.snapshot.models.groups, ctx.identity.keys.values(), teams, ctx.snapshot.accessGroups);
-  if (problem) throw badRequest(problem, param);
+  refuseOverbooking(ctx, { affected: (k) => k.teamId === team.teamId, owners: { teams: new Map(ctx.identity.teams).set(team.teamId, team) } }, param);
 }
 
 function checkPermissions(perms: readonly string[] | null | undefined): void {

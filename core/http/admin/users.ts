@@ -20,6 +20,7 @@ import { organizations, orgMembers, teamMembers, teams, users, virtualKeys } fro
 import { isUniqueViolation } from "../../store/sql.ts";
 import { counterId } from "../../spend/ledger.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
+import { refuseOverbooking } from "./reservations.ts";
 import { generateKey } from "./keys.ts";
 
 const USER_ROLES = ["proxy_admin", "proxy_admin_viewer", "internal_user", "internal_user_viewer"] as const;
@@ -261,6 +262,10 @@ async function updateUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
   const reset = resetAt(body.budget_duration);
   if (reset !== undefined) props.budgetResetAt = reset;
 
+  if ("models" in props) {
+    const users = new Map(ctx.identity.users).set(target.userId, { ...target, models: props.models as string[] });
+    refuseOverbooking(ctx, { affected: (k) => k.userId === target.userId, owners: { users } }, "models");
+  }
   const newEmail = !byEmail && body.user_email ? body.user_email : undefined;
   if ("spend" in props) await ctx.flushSpend();
   const [updated] = await ctx.db.transaction(async (tx) => {
