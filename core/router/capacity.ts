@@ -30,7 +30,9 @@ export const AT_CAPACITY = "every deployment is at its rpm/tpm limit";
 
 /**
  * Ms until one of `candidates` has room for a call of `tokens`, or undefined when one has room now
- * (asked without counting: a slot taken to ask would refuse other calls meanwhile).
+ * (asked without counting: a slot taken to ask would refuse other calls meanwhile), or when none
+ * ever will: a call larger than a deployment's whole `tpm` gains nothing by waiting for it, and
+ * the caller's own refusal (which says how to make the call smaller) stands.
  */
 export async function capacityWaitMs(windows: RateWindows, candidates: readonly Deployment[], tokens: number): Promise<number | undefined> {
   let wait = Number.POSITIVE_INFINITY;
@@ -39,9 +41,10 @@ export async function capacityWaitMs(windows: RateWindows, candidates: readonly 
     if (!counter) return undefined;
     const refused = await windows.refusal([counter], counter.tpm === undefined ? 0 : tokens);
     if (!refused) return undefined;
+    if (refused.kind === "tokens" && tokens > refused.limit) continue;
     wait = Math.min(wait, refused.retryAfterMs);
   }
-  return candidates.length > 0 ? wait : undefined;
+  return Number.isFinite(wait) ? wait : undefined;
 }
 
 /** A call counted by `AwaitingCapacity`: `leave()` (idempotent) once it moved on; disposing leaves too. */

@@ -28,6 +28,7 @@ beforeAll(async () => {
       { model_name: "fast", svc_params: { model: "mock/fast" } },
       { model_name: "other", svc_params: { model: "mock/other" } },
       { model_name: "capped", svc_params: { model: "mock/capped", rpm: 1 } },
+      { model_name: "small-tpm", svc_params: { model: "mock/small-tpm", tpm: 1000 } },
       { model_name: "slow", svc_params: { model: "openai/gpt-4o-mini", api_base: slow.url, api_key: "sk-up" } },
     ],
     general_settings: { master_key: MASTER_KEY },
@@ -246,6 +247,14 @@ describe("rate limits", () => {
     const paid = await call(broke);
     expect(paid.status).toBe(200);
     expect(paid.headers.get("x-ratelimit-remaining-requests")).toBe("0");
+  });
+
+  test("a request larger than the key's tpm_limit and than every deployment's tpm keeps the key's refusal, which says how to make it fit", async () => {
+    const key = await newKey({ tpm_limit: 1000 });
+    const tooLarge = await call(key, "small-tpm", { max_tokens: 5000 });
+    expect(tooLarge.status).toBe(429);
+    expect(tooLarge.body.error!.message).toContain("tokens per minute limit 1000, and this request alone may use");
+    expect(tooLarge.body.error!.message).toContain("lower max_tokens");
   });
 
   test("the master key and keys without limits carry no rate-limit headers of the gateway and are never refused", async () => {
