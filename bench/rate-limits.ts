@@ -39,6 +39,7 @@ const intent = (): CallIntent => ({
   endpoint: "chat",
   scope: "request",
   modelGroup: "m",
+  modelNames: ["m"],
   deployment,
   estimatedPromptTokens: 20,
   promptTokenBound: 60,

@@ -375,6 +375,8 @@ export interface CallIntent {
    */
   scope: "request" | "group" | "both";
   modelGroup: string;
+  /** The names a per-model limit may give the group: its own, then the `model_group_alias` names that call it. */
+  modelNames: readonly string[];
   /** The deployment the call will go to. */
   deployment: Deployment;
   /** A conservative prompt size (an upper estimate, not a tokenizer's exact count): rate limits reserve it. */

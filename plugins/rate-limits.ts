@@ -85,16 +85,27 @@ function rowCounter(out: RateCounter[], id: string, label: string, row: OwnLimit
   if (rpm !== undefined || tpm !== undefined || parallel !== undefined) out.push(l.counter(id, label, { rpm, tpm, parallel }));
 }
 
+/**
+ * A per-model map's entry for the group, under any of its `names` (the group's own first): an admin
+ * may know a group only by its `model_group_alias` name, and a call by either name is one group's.
+ */
+function perModel<T>(byModel: Record<string, T> | null | undefined, names: readonly string[]): T | undefined {
+  for (const name of names) if (byModel?.[name] !== undefined) return byModel[name];
+  return undefined;
+}
+
 /** A budget object's `model_max_budget` entry for a group: `{max_budget, budget_duration, tpm_limit, rpm_limit}`. */
-function modelEntry(b: BudgetRow, group: string): Record<string, unknown> | undefined {
-  const entry = b.modelMaxBudget?.[group];
+function modelEntry(b: BudgetRow, names: readonly string[]): Record<string, unknown> | undefined {
+  const entry = perModel(b.modelMaxBudget, names);
   return entry !== null && typeof entry === "object" ? (entry as Record<string, unknown>) : undefined;
 }
 
-function modelCounter(out: RateCounter[], id: string, label: string, row: ModelLimits, group: string, budget?: BudgetRow): void {
+function modelCounter(out: RateCounter[], id: string, label: string, row: ModelLimits, intent: CallIntent, budget?: BudgetRow): void {
+  const group = intent.modelGroup;
+  const names = intent.modelNames;
   const l = new Limits(budget);
-  const rpm = l.pick("requests", row.modelRpmLimit?.[group], (b) => b.modelRpmLimit?.[group] ?? modelEntry(b, group)?.rpm_limit);
-  const tpm = l.pick("tokens", row.modelTpmLimit?.[group], (b) => b.modelTpmLimit?.[group] ?? modelEntry(b, group)?.tpm_limit);
+  const rpm = l.pick("requests", perModel(row.modelRpmLimit, names), (b) => perModel(b.modelRpmLimit, names) ?? modelEntry(b, names)?.rpm_limit);
+  const tpm = l.pick("tokens", perModel(row.modelTpmLimit, names), (b) => perModel(b.modelTpmLimit, names) ?? modelEntry(b, names)?.tpm_limit);
   if (rpm !== undefined || tpm !== undefined) out.push(l.counter(`${id}:${group}`, `${label} for model=${group}`, { rpm, tpm }));
 }
 
@@ -175,18 +186,17 @@ function groupCounters(intent: CallIntent, identity: IdentityView | undefined, t
   const p = intent.principal;
   const out: RateCounter[] = [];
   const key = p.key;
-  const group = intent.modelGroup;
   const label = keyLabel(p);
-  if (key) modelCounter(out, `key_model:${keyCounterToken(key)}`, label, key, group, budgetOf(key.budgetId, identity));
+  if (key) modelCounter(out, `key_model:${keyCounterToken(key)}`, label, key, intent, budgetOf(key.budgetId, identity));
   // Every caller draws from what the guaranteed keys leave, a key-less one (the master key) too.
   throughput?.counters(intent, key, label, out);
   if (!key) return out;
   const user = p.user ?? (p.userId ? identity?.users.get(p.userId) : undefined);
-  if (user) modelCounter(out, `user_model:${user.userId}`, `User=${user.userId}`, user, group);
+  if (user) modelCounter(out, `user_model:${user.userId}`, `User=${user.userId}`, user, intent);
   const team = p.team ?? (p.teamId ? identity?.teams.get(p.teamId) : undefined);
-  if (team) modelCounter(out, `team_model:${team.teamId}`, `Team=${team.teamId}`, team, group, budgetOf(team.budgetId, identity));
+  if (team) modelCounter(out, `team_model:${team.teamId}`, `Team=${team.teamId}`, team, intent, budgetOf(team.budgetId, identity));
   const org = p.org ?? (p.orgId ? identity?.orgs.get(p.orgId) : undefined);
-  if (org) modelCounter(out, `org_model:${org.organizationId}`, `Organization=${org.organizationId}`, org, group, budgetOf(org.budgetId, identity));
+  if (org) modelCounter(out, `org_model:${org.organizationId}`, `Organization=${org.organizationId}`, org, intent, budgetOf(org.budgetId, identity));
   return out;
 }
 

@@ -71,6 +71,10 @@ class PassThroughIntent implements CallIntent {
   get modelGroup(): string {
     return this.deployment.modelName;
   }
+
+  get modelNames(): readonly string[] {
+    return [this.modelGroup];
+  }
 }
 
 /** The endpoint as the spend log and the budgets name it: provider `pass_through`, model its path. */

@@ -132,6 +132,7 @@ export class Intent implements CallIntent {
   private prompt: PromptSize | undefined;
   private worst: bigint | undefined;
   private capacity: GroupCapacity | undefined;
+  private names: string[] | undefined;
   readonly maxOutputTokens: number | undefined;
   readonly answers: number;
 
@@ -156,6 +157,14 @@ export class Intent implements CallIntent {
 
   get accessGroups(): AccessGroupLookup {
     return this.snapshot.accessGroups;
+  }
+
+  get modelNames(): readonly string[] {
+    if (!this.names) {
+      this.names = [this.modelGroup];
+      for (const [alias, { group }] of this.snapshot.groupAliases) if (group === this.modelGroup) this.names.push(alias);
+    }
+    return this.names;
   }
 
   get estimatedPromptTokens(): number {

@@ -31,6 +31,7 @@ beforeAll(async () => {
       { model_name: "small-tpm", svc_params: { model: "mock/small-tpm", tpm: 1000 } },
       { model_name: "slow", svc_params: { model: "openai/gpt-4o-mini", api_base: slow.url, api_key: "sk-up" } },
     ],
+    router_settings: { model_group_alias: { "fast-alias": "fast" } },
     general_settings: { master_key: MASTER_KEY },
   });
 });
@@ -125,6 +126,18 @@ describe("rate limits", () => {
     const refused = await call(key, "fast");
     expect(refused.status).toBe(429);
     expect(refused.body.error!.message).toContain("for model=fast");
+    expect((await call(key, "other")).status).toBe(200);
+  });
+
+  test("model_rpm_limit named by a model_group_alias limits the group it calls, by either name", async () => {
+    const key = await newKey({ model_rpm_limit: { "fast-alias": 1 } });
+    const first = await call(key, "fast-alias");
+    expect([first.status, first.headers.get("x-ratelimit-limit-requests")]).toEqual([200, "1"]);
+    for (const model of ["fast-alias", "fast"]) {
+      const refused = await call(key, model);
+      expect([model, refused.status]).toEqual([model, 429]);
+      expect(refused.body.error!.message).toContain("for model=fast");
+    }
     expect((await call(key, "other")).status).toBe(200);
   });
 
