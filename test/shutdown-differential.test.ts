@@ -28,7 +28,8 @@
 //   `success` when the client got [DONE], `failure` when it got an error event, `cancelled` when
 //   the client left or the drain deadline cut it; a budget refusal a `failure` at 0 with no
 //   deployment; a call cut by the drain deadline before it answered `cancelled` at 0; a failure's
-//   spend is 0, any other row's its deployment's price of its tokens, to the pico-dollar;
+//   spend is 0 unless it is a stream whose client got part of the answer before the error event,
+//   and any other row's is its deployment's price of its tokens, to the pico-dollar;
 // - after SIGKILL (not graceful, the README promises nothing), calls that ended more than a batch
 //   interval (1 s) plus a write's time (1 s) before the kill (or before the store was cut) are
 //   stored; the rest may be lost, never doubled;
@@ -151,20 +152,22 @@ function plannedEnd(c: Call): number {
   return Number.POSITIVE_INFINITY;
 }
 
-function sseFacts(text: string): { done: boolean; errorEvent: boolean; usage?: { prompt_tokens: number; completion_tokens: number } } {
+function sseFacts(text: string): { done: boolean; errorEvent: boolean; content: boolean; usage?: { prompt_tokens: number; completion_tokens: number } } {
   let usage: { prompt_tokens: number; completion_tokens: number } | undefined;
   let errorEvent = false;
+  let content = false;
   for (const line of text.split("\n")) {
     if (!line.startsWith("data: ") || line === "data: [DONE]") continue;
     try {
-      const chunk = JSON.parse(line.slice(6)) as { usage?: typeof usage; error?: unknown };
+      const chunk = JSON.parse(line.slice(6)) as { usage?: typeof usage; error?: unknown; choices?: { delta?: { content?: string | null } }[] };
       if (chunk.usage) usage = chunk.usage;
       if (chunk.error) errorEvent = true;
+      content ||= chunk.choices?.some((c) => !!c.delta?.content) === true;
     } catch {
       // a torn last event of a cut stream
     }
   }
-  return { done: text.includes("data: [DONE]\n\n"), errorEvent, usage };
+  return { done: text.includes("data: [DONE]\n\n"), errorEvent, content, usage };
 }
 
 async function runCall(url: string, c: Call): Promise<void> {
@@ -647,9 +650,10 @@ describe(`shutdown differential (SHUTDOWN_DIFF_SEED=${SEED})`, () => {
         if (r.total_tokens !== r.prompt_tokens + r.completion_tokens) fail(`row's total_tokens: ${what()}`);
         const dep = depById.get(r.model_id);
         if (r.model_id !== "" && (!dep || dep.group !== c.group)) fail(`row's model_id is no deployment of ${c.group}: ${what()}`);
-        // README: a failure is logged at cost 0; a success, or a cancelled stream, is charged for what it used.
-        const price = r.status === "failure" ? 0n : costOf(dep, r.prompt_tokens, r.completion_tokens);
-        if (pico(r.spend) !== price) fail(`row's spend ${r.spend} is not ${r.status === "failure" ? "0 (a failure)" : "its deployment's price of its tokens"} (${usd(price)}): ${what()}`);
+        // README: a failure is logged at cost 0, but a stream that failed after its answer began; a success, or a cancelled stream, is charged for what it used.
+        const free = r.status === "failure" && facts?.content !== true;
+        const price = free ? 0n : costOf(dep, r.prompt_tokens, r.completion_tokens);
+        if (pico(r.spend) !== price) fail(`row's spend ${r.spend} is not ${free ? "0 (a failure)" : "its deployment's price of its tokens"} (${usd(price)}): ${what()}`);
         if (answered && c.callId && r.call_id !== c.callId) fail(`row's call_id ${r.call_id} ≠ x-svc-call-id ${c.callId}: ${what()}`);
         const expectStatus = (allowed: string[], why: string) => {
           if (!allowed.includes(r.status)) fail(`row's status ${r.status}, want ${allowed.join(" or ")} (${why}): ${what()}`);

@@ -46,7 +46,8 @@ export interface StreamArgs {
   request: WireRequest["chat" | "completions"];
   deadline: Deadline;
   headers: Record<string, string>;
-  finish(status: CallStatus, usage: Usage, error?: ErrorInfo, firstByteAt?: number, responseId?: string): unknown;
+  /** `billed`: whether a failure is charged its usage (see callDeployment's finish). */
+  finish(status: CallStatus, usage: Usage, error?: ErrorInfo, firstByteAt?: number, responseId?: string, billed?: boolean): unknown;
   /** Sees every piece of text sent to the client (the response cache keeps a stream this way). */
   tap?(text: string): void;
 }
@@ -153,7 +154,11 @@ export async function streamResponse(a: StreamArgs): Promise<Response> {
     const used = usage ?? estimated();
     // A stream that failed before any chunk reached the client is logged by its call id: the
     // answer's id (made up by some transforms) is one the client never saw.
-    a.finish(status, used, error, firstByteAt, status === "failure" && !chunkSent ? undefined : transform.responseId?.(state));
+    const responseId = status === "failure" && !chunkSent ? undefined : transform.responseId?.(state);
+    // A stream that failed after its answer began (cut, stalled, an error event) is charged what
+    // it streamed, as one its client left: the upstream bills the tokens it generated, and the
+    // client has them. One that failed before is an attempt's error, not charged.
+    a.finish(status, used, error, firstByteAt, responseId, status !== "failure" || answered);
   };
   /**
    * An SSE body's text before the stream's first event that said something (while short): a server

@@ -24,7 +24,8 @@
 // a stream replayed as the same stream; a stream and a JSON answer are different entries),
 // `x-svc-cache-key` (one per model key, different for different ones), `x-svc-response-cost: 0`
 // on a hit, how many requests reached the upstream, and after the spend writer flushes the
-// spend_logs row: cache_hit, status, spend (0 for a hit and a failure, more for a priced success),
+// spend_logs row: cache_hit, status, spend (0 for a hit and a failure, more for a priced success
+// and a stream cut after its answer began),
 // tokens (a hit repeats the writer's), stream, end user, key hash, team, request_id (the response
 // `id` the client got, else the call id; a hit's response id + `_cache_hit<ms>`), and with store_prompts_in_spend_logs the prompt and the
 // answer kept (a hit keeps the answer it gave, as its writer's row did).
@@ -529,6 +530,8 @@ async function sequence(up: MockOpenAI, run: Run, rng: Random): Promise<void> {
       if (fresh === undefined && age === true) entry.dead = true;
     }
     let ok = res.status === 200;
+    /** A stream cut after its answer began: a failure charged what it streamed (README: Spend log). */
+    let cutMidAnswer = false;
     if (fault === "500") expect(res.status, label).toBe(500);
     else if (fault === "cut" && (!spec.stream || cutAfter === 1)) expect(res.status, label).toBeGreaterThanOrEqual(500);
     else if (fault === "cut") {
@@ -536,13 +539,14 @@ async function sequence(up: MockOpenAI, run: Run, rng: Random): Promise<void> {
       expect(got, label).toContain('data: {"error"');
       expect(got, label).not.toContain("data: [DONE]");
       ok = false;
+      cutMidAnswer = true;
     } else {
       expect(res.status, `${label}: ${got}`).toBe(200);
       if (spec.stream) expect(got.endsWith("data: [DONE]\n\n"), label).toBe(true);
       if (entry && spec.endpoint !== "embeddings") expect(entry.bodies, `${label}: a miss is a new answer`).not.toContain(got);
     }
     expectation.status = ok ? "success" : "failure";
-    expectation.paid = ok;
+    expectation.paid = ok || cutMidAnswer;
     if (ok) expectation.requestId = answerId(got, spec.stream) ?? callId!;
     if (ok && !spec.stream && spec.endpoint !== "embeddings") expectation.answer = JSON.parse(got);
     rowsExpected.push(expectation);

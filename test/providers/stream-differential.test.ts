@@ -21,8 +21,8 @@
 // deployment's timeout at a random byte: the client gets the chunks so far and then one
 // `data: {"error": {message, type, param, code}}` event (code "503", the provider's status, or
 // "408") and no [DONE] (when the upstream had said nothing yet, the call fails before the stream
-// begins: that status, and the envelope as its body), the call is logged as a failure at cost 0,
-// and the gateway keeps serving.
+// begins: that status, and the envelope as its body), the call is logged as a failure, charged for
+// what it streamed when the answer had begun (else at cost 0), and the gateway keeps serving.
 // SSE line ends are rewritten at random to CRLF or CR (NDJSON: CRLF), with comment lines between
 // events and `data:` without its space, all of which the SSE spec allows. A client that
 // leaves at a random point: the upstream request is aborted (the mock sees its client go) and the
@@ -714,6 +714,8 @@ interface Logged {
   /** False for the non-stream twin; its x-svc-response-cost (USD) must match the row. */
   stream?: false;
   costHeader?: string;
+  /** A failure after the answer began: charged for what it streamed, as a cancelled stream is. */
+  charged?: boolean;
 }
 
 /** Call ids of rows already checked (by earlier tests). */
@@ -743,7 +745,7 @@ async function expectLogged(p: Provider, calls: Logged[]) {
     expect({ status: row.status, stream: row.stream, model_group: row.model_group }, what).toEqual({ status: c.status, stream: c.stream ?? true, model_group: p.model });
     if (c.costHeader !== undefined) expect(picoOf(Number(row.spend)), `${what}: the cost header`).toBe(picoOf(Number(c.costHeader)));
     if (c.usage) expect({ prompt: row.prompt_tokens, completion: row.completion_tokens }, what).toEqual(c.usage);
-    const want = c.status === "failure" ? 0n : priced(row.prompt_tokens, row.completion_tokens);
+    const want = c.status === "failure" && !c.charged ? 0n : priced(row.prompt_tokens, row.completion_tokens);
     expect(picoOf(Number(row.spend)), `${what}: spend ${row.spend}`).toBe(want);
     if (c.status === "cancelled") expect(row.prompt_tokens, `${what}: a cancelled stream is charged for its prompt`).toBeGreaterThan(0);
   }
@@ -847,18 +849,18 @@ describe(`streams through every provider, random answers and wire cuts ${seedNot
       if (fault === "reset" || fault === "close") expect(e.code, `${p.model}: ${what}: an upstream that stops mid-answer is a 503 ${seedNote}`).toBe("503");
       // What the client got before the error is a prefix of the upstream's answer.
       const before = p.decode(events.filter((ev) => ev.end <= (wire.faultAt ?? 0)));
+      const said = [...before.choices.values()].some((c) => c.content !== "" || c.tools.length > 0);
       if (got.status !== undefined) {
         // A fault before the upstream said anything (no event, or only those opening the message)
         // fails the call before the stream begins: the error's status, its body the envelope.
         expect(String(got.status), `${p.model}: ${what}: the status is the error's code ${seedNote}`).toBe(String(e.code));
-        const said = [...before.choices.values()].some((c) => c.content !== "" || c.tools.length > 0);
         expect(said, `${p.model}: ${what}: answered ${got.status} though the upstream had answered before the fault ${seedNote}`).toBe(false);
       }
       for (const [index, c] of got.answer.choices) {
         const full = before.choices.get(index)?.content ?? "";
         expect(full.startsWith(c.content) || c.content.startsWith(full), `${p.model}: ${what}: choice ${index} is a prefix of the upstream's ${seedNote}`).toBe(true);
       }
-      logged.push({ callId: got.callId, what, status: "failure" });
+      logged.push({ callId: got.callId, what, status: "failure", charged: said });
 
       // The client leaves at a random point; the upstream stalls after a random byte, so it is still open.
       const leaveWire = shapeNext(rng, p, "leave");

@@ -10,6 +10,8 @@ import { rows } from "../../core/store/sql.ts";
 import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 import type { MockOpenAI } from "../mock-upstream/openai.ts";
 import { randomLetters } from "../harness/random.ts";
+import { waitFor } from "../harness/util.ts";
+import type { WireShaper } from "../mock-upstream/wire-shape.ts";
 
 // $1 per million input tokens, $2 per million output tokens (the mock counts one token per word).
 const PRICED = { model_name: "priced", svc_params: { model: "mock/priced" }, model_info: { input_cost_per_token: 0.000001, output_cost_per_token: 0.000002 } };
@@ -291,6 +293,79 @@ describe("cancelled and cut streams (pglite, OpenAI wire mock)", () => {
   });
 });
 
+/** A shaper that ends a stream's body `how` right after its first `count` events. */
+function endAfterEvents(count: number, how: "close" | "stall"): WireShaper {
+  return (bytes) => {
+    const text = new TextDecoder().decode(bytes);
+    let at = 0;
+    for (let i = 0; i < count; i++) at = text.indexOf("\n\n", at) + 2;
+    return { cuts: [], end: { at: new TextEncoder().encode(text.slice(0, at)).length, how } };
+  };
+}
+
+describe("a stream that fails after its answer began (pglite, OpenAI wire mock)", () => {
+  test("cut or stalled mid-answer: a failure charged for what it streamed, at most max_tokens; cut before its first chunk: retried, the failed attempt at $0", async () => {
+    const { startMockOpenAI } = await import("../mock-upstream/openai.ts");
+    const mock = await startMockOpenAI({ apiKey: "sk-up" });
+    const gw = await startBackendGateway("pglite", {
+      model_list: [{ model_name: "gpt-4o", svc_params: { model: "openai/gpt-4o", api_base: mock.url, api_key: "sk-up", stream_timeout: 0.3 } }],
+      router_settings: { num_retries: 1, retry_initial_delay: 0.01 },
+      general_settings: { master_key: MASTER_KEY },
+    });
+    /** A stream's text and the log rows of its call (its failed attempts first). */
+    const streamed = async (maxTokens: number, attempts = 1) => {
+      const res = await fetch(`${gw.url}/v1/chat/completions`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+        body: JSON.stringify({ model: "gpt-4o", stream: true, max_tokens: maxTokens, messages: [{ role: "user", content: "one two three four five six seven" }] }),
+      });
+      const text = await res.text();
+      // The header names the attempt that answered (`<call id>-<n>` for a retry).
+      const callId = res.headers.get("x-svc-call-id")!.replace(/-\d{1,3}$/, "");
+      const read = async () => {
+        await gw.host!.spendWriter.flush();
+        return rows<LogRow>(gw.host!.store.db, sql`select * from spend_logs where call_id like ${`${callId}%`} order by call_id desc`);
+      };
+      return { text, logged: await waitFor(read, (r) => r.length === attempts, "a log row per attempt") };
+    };
+    /** gpt-4o from the bundled table: $2.50 / $10 per million tokens. */
+    const priced = (row: LogRow) => (row.prompt_tokens * 2.5 + row.completion_tokens * 10) / 1e6;
+    try {
+      mock.fault({ kind: "cutStream", afterChunks: 3 });
+      const cut = await streamed(50);
+      expect(cut.text).toContain('"code":"503"');
+      expect(cut.logged).toHaveLength(1);
+      expect(cut.logged[0]).toMatchObject({ status: "failure", stream: true });
+      expect(cut.logged[0]!.completion_tokens).toBeGreaterThan(0);
+      expect(Number(cut.logged[0]!.spend)).toBeCloseTo(priced(cut.logged[0]!), 12);
+
+      // The estimate of a cut answer stays within what the request allowed (and budgets reserved).
+      mock.reset();
+      mock.fault({ kind: "cutStream", afterChunks: 4 });
+      const bounded = await streamed(1);
+      expect(bounded.logged[0]).toMatchObject({ status: "failure", completion_tokens: 1 });
+      expect(Number(bounded.logged[0]!.spend)).toBeCloseTo(priced(bounded.logged[0]!), 12);
+
+      mock.reset();
+      mock.fault({ kind: "wire", shape: endAfterEvents(3, "stall") });
+      const stalled = await streamed(50);
+      expect(stalled.text).toContain('"code":"408"');
+      expect(stalled.logged[0]).toMatchObject({ status: "failure" });
+      expect(Number(stalled.logged[0]!.spend)).toBeGreaterThan(0);
+
+      mock.reset();
+      mock.fault({ kind: "cutStream", afterChunks: 0 });
+      const retried = await streamed(50, 2);
+      expect(retried.text).toContain("data: [DONE]");
+      expect(retried.logged.map((r) => r.status)).toEqual(["success", "failure"]);
+      expect(Number(retried.logged[1]!.spend)).toBe(0);
+    } finally {
+      await gw.stop();
+      await mock.stop();
+    }
+  });
+});
+
 /** A gateway on the embedded store whose model "self-hosted" is a mock OpenAI-compatible server, priced; both stopped after `run`. */
 async function withSelfHosted(run: (gw: TestGateway, mock: MockOpenAI) => Promise<void>): Promise<void> {
   const { startMockOpenAI } = await import("../mock-upstream/openai.ts");
@@ -489,7 +564,7 @@ describe("an Anthropic answer with 1-hour cache writes and web searches (pglite,
 });
 
 describe("a stream the upstream ends before its answer is whole (pglite)", () => {
-  test("an error event instead of [DONE], logged as a failure at cost 0 (OpenAI and Anthropic wire mocks)", async () => {
+  test("an error event instead of [DONE], logged as a failure charged for what it streamed (OpenAI and Anthropic wire mocks)", async () => {
     const { startMockOpenAI } = await import("../mock-upstream/openai.ts");
     const { startMockAnthropic } = await import("../mock-upstream/anthropic.ts");
     const openai = await startMockOpenAI({ apiKey: "sk-up" });
@@ -502,16 +577,10 @@ describe("a stream the upstream ends before its answer is whole (pglite)", () =>
       general_settings: { master_key: MASTER_KEY },
     });
     try {
-      // The body ends cleanly right after the fourth event (Anthropic's first with text, after
-      // message_start, content_block_start and ping): no [DONE] (OpenAI), no message_delta (Anthropic).
-      const afterFourthEvent = (bytes: Uint8Array) => {
-        const text = new TextDecoder().decode(bytes);
-        let at = 0;
-        for (let i = 0; i < 4; i++) at = text.indexOf("\n\n", at) + 2;
-        return { cuts: [], end: { at: new TextEncoder().encode(text.slice(0, at)).length, how: "close" as const } };
-      };
-      openai.fault({ kind: "wire", shape: afterFourthEvent });
-      anthropic.fault({ kind: "wire", shape: afterFourthEvent });
+      // The body ends cleanly right after the fifth event, two deltas into the answer: no [DONE]
+      // (OpenAI), no message_delta (Anthropic).
+      openai.fault({ kind: "wire", shape: endAfterEvents(5, "close") });
+      anthropic.fault({ kind: "wire", shape: endAfterEvents(5, "close") });
       for (const model of ["gpt-4o", "claude"]) {
         const res = await fetch(`${gw.url}/v1/chat/completions`, {
           method: "POST",
@@ -527,7 +596,9 @@ describe("a stream the upstream ends before its answer is whole (pglite)", () =>
         const callId = res.headers.get("x-svc-call-id");
         const [row] = await rows<LogRow>(gw.host!.store.db, sql`select * from spend_logs where call_id = ${callId}`);
         expect(row, model).toMatchObject({ status: "failure", stream: true });
-        expect(Number(row!.spend), model).toBe(0);
+        // The client got part of the answer, which the upstream bills.
+        expect(row!.completion_tokens, model).toBeGreaterThan(0);
+        expect(Number(row!.spend), model).toBeGreaterThan(0);
       }
     } finally {
       await gw.stop();
