@@ -235,6 +235,11 @@ export interface Attempt {
 export function attemptTimeout(body: WireRequest[Endpoint], d: Deployment, snapshot: Snapshot): number {
   const t = (body as { timeout?: unknown }).timeout;
   if (typeof t === "number" && t > 0) return t;
+  return deploymentTimeout(body, d, snapshot);
+}
+
+/** An attempt's timeout but for the request's own `timeout`: the deployment's (its stream_timeout for a stream), else the gateway's. */
+export function deploymentTimeout(body: WireRequest[Endpoint], d: Deployment, snapshot: Snapshot): number {
   const streamTimeout = d.options.stream_timeout;
   if ((body as { stream?: unknown }).stream === true && typeof streamTimeout === "number" && streamTimeout > 0) return streamTimeout;
   return d.timeout ?? snapshot.settings.requestTimeout;

@@ -19,13 +19,19 @@ function refuse(message: string, param: string): GatewayError {
   return GatewayError.of(400, message, "invalid_request_error", param);
 }
 
+/** Whether the request names credentials of its own (its call then goes out with them, not the deployment's). */
+export function usesClientCredentials(endpoint: Endpoint, body: WireRequest[Endpoint]): boolean {
+  if (endpoint !== "embeddings") return false;
+  const b = body as WireRequest["embeddings"];
+  return (b.api_base ?? b.api_key ?? b.api_version ?? undefined) !== undefined;
+}
+
 export function withClientCredentials(endpoint: Endpoint, body: WireRequest[Endpoint], d: Deployment, s: ClientCredentialSettings): Deployment {
-  if (endpoint !== "embeddings") return d;
+  if (!usesClientCredentials(endpoint, body)) return d;
   const b = body as WireRequest["embeddings"];
   const apiBase = b.api_base ?? undefined;
   const apiKey = b.api_key ?? undefined;
   const apiVersion = b.api_version ?? undefined;
-  if (apiBase === undefined && apiKey === undefined && apiVersion === undefined) return d;
   const param = apiBase !== undefined ? "api_base" : apiKey !== undefined ? "api_key" : "api_version";
   if (!s.allowClientSideCredentials) {
     throw refuse(`${param} in the request body is not allowed on this gateway: the operator has not enabled client-side credentials (svc_settings.allow_client_side_credentials).`, param);

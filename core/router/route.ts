@@ -9,7 +9,7 @@ import { authorizeModel, mayUseModel } from "../access.ts";
 import type { CallRecord, Deployment, Endpoint, Lease, RateGrant, UpstreamErrorKind, Usage, WireRequest } from "../contract.ts";
 import { GatewayError } from "../errors.ts";
 import type { Snapshot } from "../snapshot.ts";
-import { type Attempt, type CallContext, Intent, Refusal, ZERO, acquireLeases, attemptTimeout, callDeployment, callRecord, promptOf, wantsStream } from "../pipeline/call.ts";
+import { type Attempt, type CallContext, Intent, Refusal, ZERO, acquireLeases, attemptTimeout, callDeployment, callRecord, deploymentTimeout, promptOf, wantsStream } from "../pipeline/call.ts";
 import { dispatchRecord } from "../pipeline/record.ts";
 import { HeldLeases, NO_LEASES, tightest } from "../pipeline/held-leases.ts";
 import { AT_CAPACITY, AWAIT_CAPACITY_MS, NOT_AWAITING, awaitingCapacity, capacityCounter, capacityWaitMs, noDeployments } from "./capacity.ts";
@@ -25,7 +25,7 @@ import { tokenEstimate } from "../limits/window.ts";
 import { cacheUse } from "../cache/controls.ts";
 import { cacheKey } from "../cache/key.ts";
 import { answeredBy, cachedAnswer, cachedEntry, requireBudgetsForHit, storeAnswer } from "../cache/answer.ts";
-import { withClientCredentials } from "../pipeline/client-credentials.ts";
+import { usesClientCredentials, withClientCredentials } from "../pipeline/client-credentials.ts";
 
 /** Statuses worth another attempt: the upstream may answer differently next time. */
 const RETRYABLE = new Set([408, 429, 500, 502, 503, 504]);
@@ -72,6 +72,17 @@ function routerHeaders(p: Progress): Record<string, string> {
 /** 400: the model is unknown, or not one the caller may use (the same answer either way). */
 export function invalidModel(model: string): GatewayError {
   return GatewayError.of(400, `Invalid model name passed in model=${model}. Call \`/v1/models\` to view available models for your key.`, "invalid_request_error", "model");
+}
+
+/**
+ * Whether an attempt's failure says something about its deployment. One its caller brought about
+ * says nothing: a timeout the request shortened (its own `timeout`, below the deployment's), or a
+ * refusal by the upstream of credentials the client sent. Counted, it would let one caller cool a
+ * deployment down for every other.
+ */
+function blamesDeployment(endpoint: Endpoint, body: WireRequest[Endpoint], d: Deployment, snapshot: Snapshot, status: number): boolean {
+  if (usesClientCredentials(endpoint, body)) return false;
+  return status !== 408 || attemptTimeout(body, d, snapshot) >= deploymentTimeout(body, d, snapshot);
 }
 
 function kindOf(err: GatewayError): UpstreamErrorKind | undefined {
@@ -391,8 +402,9 @@ async function callGroup<E extends Endpoint>(run: Run<E>, body: WireRequest[E], 
       }
       const status = err.info.status;
       const kind = kindOf(err);
-      if (fromUpstream && status === 408) state.timedOut(attemptTimeout(body, d, snapshot) * 1000);
-      if (fromUpstream && !kind && COOLDOWN_STATUSES.has(status) && deployments.length > 1) {
+      const blamed = fromUpstream && blamesDeployment(endpoint, body, d, snapshot, status);
+      if (blamed && status === 408) state.timedOut(attemptTimeout(body, d, snapshot) * 1000);
+      if (blamed && !kind && COOLDOWN_STATUSES.has(status) && deployments.length > 1) {
         const cooldownMs = state.failed(policy, Date.now(), status === 429, upstreamRetryAfterMs(err));
         if (cooldownMs > 0) {
           ctx.log.warn("deployment cooling down", { deployment: d.id, model: group, status });

@@ -292,6 +292,42 @@ describe("cooldowns, timeouts and capacity", () => {
     }
   });
 
+  test("a caller's own short timeout, or its own credentials refused, cools no deployment down for the others", async () => {
+    const [x, y] = await Promise.all([startMockOpenAI({ apiKey: "sk-up" }), startMockOpenAI({ apiKey: "sk-up" })]);
+    const g = await startTestGateway({
+      model_list: ["x", "y"].flatMap((id, i) => {
+        const api_base = [x, y][i]!.url;
+        return [
+          { model_name: "shared", svc_params: { model: "openai/gpt-4o-mini", api_base, api_key: "sk-up" }, model_info: { id: `shared-${id}` } },
+          { model_name: "emb", svc_params: { model: "openai/text-embedding-3-small", api_base, api_key: "sk-up" }, model_info: { id: `emb-${id}` } },
+        ];
+      }),
+      router_settings: { retry_initial_delay: 0.01, allowed_fails: 1, cooldown_time: 30 },
+      svc_settings: { allow_client_side_credentials: true },
+      general_settings: { master_key: MASTER_KEY },
+    });
+    const call = async (path: string, body: Record<string, unknown>) => {
+      const res = await fetch(`${g.url}${path}`, { method: "POST", headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" }, body: JSON.stringify(body) });
+      await res.text();
+      return res.status;
+    };
+    const chat = (extra: Record<string, unknown> = {}) => call("/v1/chat/completions", { model: "shared", messages: [{ role: "user", content: "hi" }], ...extra });
+    const embed = (extra: Record<string, unknown> = {}) => call("/v1/embeddings", { model: "emb", input: "hello", ...extra });
+    try {
+      // Each upstream answers in 300 ms; this caller will wait 50.
+      for (const m of [x, y]) m.fault(...Array.from({ length: 20 }, () => ({ kind: "delay" as const, ms: 300 })));
+      for (let i = 0; i < 6; i++) expect(await chat({ timeout: 0.05 })).toBe(408);
+      for (const m of [x, y]) m.clearFaults();
+      for (let i = 0; i < 6; i++) expect(await embed({ api_key: "sk-the-callers-own" })).toBe(401);
+      expect(g.log.lines.filter((l) => l.msg === "deployment cooling down")).toEqual([]);
+      expect(await chat()).toBe(200);
+      expect(await embed()).toBe(200);
+    } finally {
+      await g.stop();
+      await Promise.all([x.stop(), y.stop()]);
+    }
+  });
+
   test("deployments at their own rpm are skipped; when all are, 429 with retry-after", async () => {
     const ids: string[] = [];
     const left: Record<string, string[]> = { "cap-1": [], "cap-2": [] };
