@@ -1,6 +1,7 @@
 // A client's own fallbacks (`fallbacks` in the body) cannot reach a model its key may not call
 // (LiteLLM checks them too; its model-access escalations, #8029, came through other doors): the
-// fallback is skipped and the call fails as its own model failed; one the key may call serves.
+// fallback is skipped and the call fails as its own model failed; one the key may call serves. A
+// fallback the key may not use now (its per-model rate limit) is skipped the same way.
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "./harness/gateway.ts";
 
@@ -43,4 +44,15 @@ test("fallbacks the key may not use are one warning per call, however many the b
   expect(r.status).not.toBe(200);
   const warnings = gw.log.lines.slice(before).filter((l) => l.msg.startsWith("fallback"));
   expect(warnings).toEqual([{ level: "warn", msg: "fallbacks skipped: the key may not use them", fields: { models: names.slice(0, 5), count: names.length } }]);
+});
+
+test("a fallback the key's per-model rate limit refuses now is passed over: the next one answers", async () => {
+  const { body } = await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: { models: ["broken", "secret", "open"], model_rpm_limit: { secret: 1 } } });
+  expect((await chat(body.key, ["secret"])).text).toContain("from secret");
+  const passedOver = await chat(body.key, ["secret", "open"]);
+  expect([passedOver.status, passedOver.text.includes("from open"), passedOver.model]).toEqual([200, true, "open"]);
+  // With nothing after it, its refusal is the answer.
+  const refused = await chat(body.key, ["secret"]);
+  expect(refused.status).toBe(429);
+  expect(refused.text).toContain("model=secret");
 });

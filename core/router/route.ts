@@ -211,6 +211,12 @@ async function fallBack<E extends Endpoint>(run: Run<E>, body: WireRequest[E], f
     try {
       return await callGroup(run, { ...body, model: name }, target, list, false);
     } catch (err) {
+      // A fallback the caller may not use now (its limit or budget on that model) is passed over
+      // as one it may not use at all: its refusal is the answer only if no later fallback answers.
+      if (err instanceof Refusal) {
+        last = new GroupFailure(err, undefined);
+        continue;
+      }
       if (!(err instanceof GroupFailure)) throw err;
       const deeper = await fallBack(run, body, target, err, tried);
       if (!(deeper instanceof GroupFailure)) return deeper;
