@@ -1,7 +1,8 @@
 /**
  * Routing strategies: which of a group's available deployments takes the next attempt.
  *
- * - `simple-shuffle`: random, weighted by `weight` (else `rpm`, else `tpm`, else equal);
+ * - `simple-shuffle`: random, weighted by `weight` (else `rpm`, else `tpm`, else equal): one field
+ *   for the whole list, a deployment without it weighing 0;
  * - `least-busy`: fewest calls in flight on this instance;
  * - `latency-based-routing`: lowest moving-average latency (unmeasured deployments first, so each gets measured);
  * - `usage-based-routing(-v2)`: fewest tokens in the last minute;
@@ -13,23 +14,34 @@ import type { Pricing } from "../cost/pricing.ts";
 import { stateOf } from "./deployment-state.ts";
 import type { RoutingStrategy } from "./policy.ts";
 
-function weightOf(d: Deployment): number {
-  for (const name of ["weight", "rpm", "tpm"]) {
-    const v = d.options[name];
-    if (typeof v === "number" && v > 0) return v;
-  }
-  return 1;
+const WEIGHT_FIELDS = ["weight", "rpm", "tpm"] as const;
+
+function optionOf(d: Deployment, name: string): number | undefined {
+  const v = d.options[name];
+  return typeof v === "number" ? v : undefined;
+}
+
+/**
+ * Each deployment's weight: the first of WEIGHT_FIELDS some deployment of the list sets, as
+ * LiteLLM's simple_shuffle chooses one per group. Weighing each by its own field would set one's
+ * weight against another's rpm, and make `weight: 0` (draining it) fall through to its rpm. A
+ * deployment without that field weighs 0; when all weigh 0, all weigh the same.
+ */
+function weightsOf(list: readonly Deployment[]): number[] {
+  const field = WEIGHT_FIELDS.find((name) => list.some((d) => optionOf(d, name) !== undefined));
+  const weights = list.map((d) => (field === undefined ? 0 : Math.max(0, optionOf(d, field) ?? 0)));
+  return weights.some((w) => w > 0) ? weights : weights.map(() => 1);
 }
 
 function weightedPick(list: readonly Deployment[]): Deployment {
-  let total = 0;
-  for (const d of list) total += weightOf(d);
-  let r = Math.random() * total;
-  for (const d of list) {
-    r -= weightOf(d);
+  const weights = weightsOf(list);
+  let r = Math.random() * weights.reduce((sum, w) => sum + w, 0);
+  for (const [i, d] of list.entries()) {
+    r -= weights[i]!;
     if (r < 0) return d;
   }
-  return list[list.length - 1]!;
+  // Math.random() < 1, so only rounding gets here: the last deployment with a weight.
+  return list[weights.findLastIndex((w) => w > 0)]!;
 }
 
 /** The deployment with the lowest score; ties at random. */

@@ -378,6 +378,22 @@ describe("strategies by config", () => {
     return ids;
   };
 
+  test("simple-shuffle weighs a whole group by one field: weight 0 drains a deployment, its rpm notwithstanding", async () => {
+    for (const rpm of [undefined, 1000]) {
+      const g = await start("simple-shuffle", [
+        { model_name: "m", svc_params: { model: "mock/drained", weight: 0, rpm }, model_info: { id: "drained" } },
+        { model_name: "m", svc_params: { model: "mock/serving", weight: 1, rpm }, model_info: { id: "serving" } },
+        // No weight of its own: 0 in a group weighed by weight, though its rpm is set.
+        { model_name: "m", svc_params: { model: "mock/unweighted", rpm: 1000 }, model_info: { id: "unweighted" } },
+      ]);
+      try {
+        expect(new Set(await ask(g, 40)), `rpm ${rpm}`).toEqual(new Set(["serving"]));
+      } finally {
+        await g.stop();
+      }
+    }
+  });
+
   test("cost-based-routing always picks the cheaper deployment", async () => {
     const g = await start("cost-based-routing", [
       { model_name: "m", svc_params: { model: "mock/dear" }, model_info: { id: "dear", input_cost_per_token: 0.00001, output_cost_per_token: 0.00003 } },
