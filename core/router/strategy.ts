@@ -6,7 +6,7 @@
  * - `least-busy`: fewest calls in flight on this instance;
  * - `latency-based-routing`: lowest moving-average latency (unmeasured deployments first, so each gets measured);
  * - `usage-based-routing(-v2)`: fewest tokens in the last minute;
- * - `cost-based-routing`: cheapest price for 1,000 prompt + 1,000 output tokens.
+ * - `cost-based-routing`: cheapest price for 1,000 prompt + 1,000 output tokens (unpriced last).
  * Ties are broken at random, so equal deployments share the load.
  */
 import type { Deployment } from "../contract.ts";
@@ -65,6 +65,16 @@ const SAMPLE_USAGE = { promptTokens: 1000, completionTokens: 1000 };
  */
 const SAMPLE_CALL_MS = 10_000;
 
+/**
+ * What SAMPLE_USAGE's call would cost at `d`. A deployment without a price (a fine-tune or
+ * self-hosted name the price map lacks) costs something unknown, not nothing: it comes last, as
+ * LiteLLM's lowest_cost takes an unknown price to be dear; it wins only when none is priced.
+ */
+function sampleCost(pricing: Pricing, d: Deployment): number {
+  const c = pricing.costOf(d, SAMPLE_USAGE, SAMPLE_CALL_MS);
+  return c.priced ? Number(c.cost) : Number.POSITIVE_INFINITY;
+}
+
 export function pickDeployment(strategy: RoutingStrategy, list: readonly Deployment[], pricing: Pricing, now: number): Deployment {
   if (list.length === 1) return list[0]!;
   switch (strategy) {
@@ -80,7 +90,7 @@ export function pickDeployment(strategy: RoutingStrategy, list: readonly Deploym
         return u.tokenSum;
       });
     case "cost-based-routing":
-      return lowest(list, (d) => Number(pricing.costOf(d, SAMPLE_USAGE, SAMPLE_CALL_MS).cost));
+      return lowest(list, (d) => sampleCost(pricing, d));
     default:
       return weightedPick(list);
   }

@@ -406,6 +406,18 @@ describe("strategies by config", () => {
     }
   });
 
+  test("cost-based-routing takes a deployment without a price for dear, not free", async () => {
+    const g = await start("cost-based-routing", [
+      { model_name: "m", svc_params: { model: "mock/a-fine-tune-no-price-map-knows" }, model_info: { id: "unpriced" } },
+      { model_name: "m", svc_params: { model: "mock/dear" }, model_info: { id: "dear", input_cost_per_token: 0.001, output_cost_per_token: 0.003 } },
+    ]);
+    try {
+      expect(new Set(await ask(g, 20))).toEqual(new Set(["dear"]));
+    } finally {
+      await g.stop();
+    }
+  });
+
   test("cost-based-routing sees the price of a deployment priced per second of the call", async () => {
     // $0.01 a second: a 1,000-in, 1,000-out call of ~10 s costs $0.10, against $0.002 per token-priced call.
     const g = await start("cost-based-routing", [
