@@ -505,14 +505,15 @@ for (const backend of BACKENDS) {
       expect(JSON.stringify(bad.body)).toContain("expand");
     });
 
-    test("/v1/models include_metadata: fallbacks per fallback_type; an unknown type is a 400", async () => {
-      const k = await f.key({ models: ["gpt-a", "gpt-b"] });
+    test("/v1/models include_metadata: fallbacks per fallback_type, those the key may use; an unknown type is a 400", async () => {
+      const k = await f.key({ models: ["gpt-a", "gpt-b", "gpt-c"] });
       const get = async (q: string) => (await getStatus(gw, `/v1/models${q}`, k)).body as { data: { id: string; metadata?: { fallbacks: string[] } }[] };
       const general = await get("?include_metadata=true");
       expect(general.data.find((m) => m.id === "gpt-a")?.metadata).toEqual({ fallbacks: ["gpt-b"] });
       expect(general.data.find((m) => m.id === "gpt-b")?.metadata).toEqual({ fallbacks: [] });
       const ctx = await get("?include_metadata=true&fallback_type=context_window");
-      expect(ctx.data.find((m) => m.id === "gpt-a")?.metadata).toEqual({ fallbacks: ["gpt-c", "gpt-d"] });
+      // gpt-d, which the key may not use, routing would skip: not listed.
+      expect(ctx.data.find((m) => m.id === "gpt-a")?.metadata).toEqual({ fallbacks: ["gpt-c"] });
       // No content-policy list: such a failure goes to the general fallbacks, and metadata says so.
       const policy = await get("?include_metadata=true&fallback_type=content_policy");
       expect(policy.data.find((m) => m.id === "gpt-a")?.metadata).toEqual({ fallbacks: ["gpt-b"] });

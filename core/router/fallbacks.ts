@@ -3,7 +3,8 @@
  * fallbacks when the prompt was too long for the model, content-policy fallbacks when the
  * provider's filter refused it. A specific list wins; without one, the general list applies.
  * Each list is read from the most specific settings that have one for the group: the request,
- * the key's `router_settings`, the team's, the config's.
+ * the key's `router_settings`, the team's, the config's. A group is looked up by the name it was
+ * called by first (an alias, as the client knows it), then by the group that name resolved to.
  */
 import type { GatewayConfig } from "../config/schema.ts";
 import type { Principal } from "../contract.ts";
@@ -23,17 +24,29 @@ export function settingsOf(config: GatewayConfig, principal: Principal | undefin
   return [principal?.key?.routerSettings as Settings, principal?.team?.routerSettings as Settings, config.router_settings as Settings];
 }
 
-/** `<settings>.<type>: [{group: [fallback, …]}, …]` → the fallbacks of `group`, from the first settings that list it. */
-function configuredFallbacks(sources: readonly Settings[], type: FallbackType, group: string): string[] {
+/**
+ * `<settings>.<type>: [{group: [fallback, …]}, …]` → the fallbacks of a group known by `names`,
+ * from the first settings that list one of them (in them, the first name listed).
+ */
+function configuredFallbacks(sources: readonly Settings[], type: FallbackType, names: readonly string[]): string[] {
   for (const settings of sources) {
     const list = settings?.[SETTING[type]];
     if (!Array.isArray(list)) continue;
-    for (const item of list) {
-      const to = item && typeof item === "object" ? (item as Record<string, unknown>)[group] : undefined;
-      if (Array.isArray(to)) return to.filter((x): x is string => typeof x === "string");
+    for (const name of names) {
+      for (const item of list) {
+        const to = item && typeof item === "object" ? (item as Record<string, unknown>)[name] : undefined;
+        if (Array.isArray(to)) return to.filter((x): x is string => typeof x === "string");
+      }
     }
   }
   return [];
+}
+
+/** The value `dict` keeps under the first of `names` it has. */
+function firstListed(dict: unknown, names: readonly string[]): unknown {
+  if (!dict || typeof dict !== "object") return undefined;
+  const found = names.find((name) => Object.hasOwn(dict, name));
+  return found === undefined ? undefined : (dict as Record<string, unknown>)[found];
 }
 
 function stringsOf(v: unknown): string[] {
@@ -47,23 +60,26 @@ function stringsOf(v: unknown): string[] {
   return out;
 }
 
-/** The fallbacks of `group` for a failure of `type` of a call by `principal`: the request's first, then the key's, the team's, the config's. */
-export function fallbacksFor(config: GatewayConfig, body: Record<string, unknown>, group: string, type: FallbackType, principal?: Principal): string[] {
+/**
+ * The fallbacks of a failed group for a failure of `type` of a call by `principal`: the request's
+ * first, then the key's, the team's, the config's. `names`: the name the group was called by,
+ * then the group it resolved to.
+ */
+export function fallbacksFor(config: GatewayConfig, body: Record<string, unknown>, names: readonly string[], type: FallbackType, principal?: Principal): string[] {
   const sources = settingsOf(config, principal);
   if (type === "context_window") {
-    const dict = body.context_window_fallback_dict;
-    const target = dict && typeof dict === "object" ? (dict as Record<string, unknown>)[group] : undefined;
+    const target = firstListed(body.context_window_fallback_dict, names);
     if (typeof target === "string") return [target];
-    const configured = configuredFallbacks(sources, "context_window", group);
+    const configured = configuredFallbacks(sources, "context_window", names);
     if (configured.length > 0) return configured;
   }
   if (type === "content_policy") {
-    const configured = configuredFallbacks(sources, "content_policy", group);
+    const configured = configuredFallbacks(sources, "content_policy", names);
     if (configured.length > 0) return configured;
   }
   const fromRequest = stringsOf(body.fallbacks);
   if (fromRequest.length > 0) return fromRequest;
-  const configured = configuredFallbacks(sources, "general", group);
+  const configured = configuredFallbacks(sources, "general", names);
   if (configured.length > 0) return configured;
   for (const settings of sources) if (Array.isArray(settings?.default_fallbacks)) return stringsOf(settings.default_fallbacks);
   return [];

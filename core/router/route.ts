@@ -172,7 +172,7 @@ async function withFallbacks<E extends Endpoint>(run: Run<E>, body: WireRequest[
     return await callGroup(run, body, group, deployments);
   } catch (first) {
     if (!(first instanceof GroupFailure)) throw first;
-    const answer = await fallBack(run, body, group, first, tried);
+    const answer = await fallBack(run, body, [body.model, group], first, tried);
     if (answer instanceof GroupFailure) throw answer.error;
     return answer;
   }
@@ -181,8 +181,11 @@ async function withFallbacks<E extends Endpoint>(run: Run<E>, body: WireRequest[
 /** Runs `fn` when the scope that holds the result with `using` ends, however it ends. */
 const onExit = (fn: () => void): Disposable => ({ [Symbol.dispose]: fn });
 
-/** The fallbacks of `failed`, each followed by its own: the first answer, else the last failure. */
-async function fallBack<E extends Endpoint>(run: Run<E>, body: WireRequest[E], failed: string, failure: GroupFailure, tried: Set<string>): Promise<Response | GroupFailure> {
+/**
+ * The fallbacks of the failed group, each followed by its own: the first answer, else the last
+ * failure. `failed`: the name the group was called by (the client's, or a fallback list's), then the group.
+ */
+async function fallBack<E extends Endpoint>(run: Run<E>, body: WireRequest[E], failed: readonly [string, string], failure: GroupFailure, tried: Set<string>): Promise<Response | GroupFailure> {
   const { ctx, policy, progress } = run;
   const { snapshot, principal } = ctx;
   let last = failure;
@@ -218,7 +221,7 @@ async function fallBack<E extends Endpoint>(run: Run<E>, body: WireRequest[E], f
         continue;
       }
       if (!(err instanceof GroupFailure)) throw err;
-      const deeper = await fallBack(run, body, target, err, tried);
+      const deeper = await fallBack(run, body, [name, target], err, tried);
       if (!(deeper instanceof GroupFailure)) return deeper;
       last = deeper;
     }

@@ -1,12 +1,14 @@
 // router_settings.model_group_alias: a public name for a model group (LiteLLM's `{"gpt-4": "gpt-4o"}`,
 // or `{model, hidden}`). Calls to the alias reach the group it names, for the master key and for
 // keys whose models allow either name; /v1/models lists the alias unless it is hidden; a malformed
-// map is refused with its path.
+// map is refused with its path. Fallbacks are looked up under the name called (the alias), then
+// its group, in routing and in /v1/models' metadata alike.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import OpenAI, { AuthenticationError } from "openai";
 import { stringify } from "yaml";
 import { parseConfig } from "../../core/config/load.ts";
 import { MASTER_KEY, requestOk, startTestGateway, type TestGateway } from "../harness/gateway.ts";
+import { CONTEXT_ERROR, type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
 
 let gw: TestGateway;
 
@@ -75,5 +77,59 @@ describe("model_group_alias", () => {
     const errors = result.ok ? "" : result.errors.join("\n");
     expect(errors).toContain("/router_settings/model_group_alias/a");
     expect(errors).toContain("/router_settings/model_group_alias/b");
+  });
+});
+
+describe("fallbacks of an alias", () => {
+  let up: MockOpenAI;
+  let g: TestGateway;
+  beforeAll(async () => {
+    up = await startMockOpenAI({ apiKey: "sk-up" });
+    g = await startTestGateway(
+      {
+        model_list: ["gpt-4o", "backup", "backup2", "secret", "big"].map((name) => ({ model_name: name, svc_params: { model: `openai/${name}`, api_base: up.url, api_key: "sk-up" } })),
+        router_settings: {
+          num_retries: 0,
+          model_group_alias: { "gpt-4": "gpt-4o", "gpt-4-turbo": "gpt-4o" },
+          fallbacks: [{ "gpt-4": ["backup"] }, { "gpt-4o": ["backup2", "secret"] }],
+        },
+        general_settings: { master_key: MASTER_KEY },
+      },
+      { store: {} },
+    );
+  }, 30_000);
+  afterAll(async () => {
+    await g?.stop();
+    await up?.stop();
+  });
+
+  /** The group that answered a call to `model` whose first upstream call fails with `fault`. */
+  const answeredBy = async (model: string, fault: { status: number; body?: object }, extra: Record<string, unknown> = {}) => {
+    up.fault({ kind: "status", ...fault });
+    const res = await fetch(`${g.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+      body: JSON.stringify({ model, messages: [{ role: "user", content: "hi" }], ...extra }),
+    });
+    await res.text();
+    return [res.status, res.headers.get("x-svc-model-group")];
+  };
+  const metadata = async (apiKey: string, query: string) => {
+    const res = await fetch(`${g.url}/v1/models?${query}`, { headers: { authorization: `Bearer ${apiKey}` } });
+    const body = (await res.json()) as { data: { id: string; metadata?: { fallbacks: string[] } }[] };
+    return Object.fromEntries(body.data.map((m) => [m.id, m.metadata?.fallbacks]));
+  };
+
+  test("a call to the alias falls back by the alias's list, else its group's; the request's context_window_fallback_dict by the alias too", async () => {
+    expect(await answeredBy("gpt-4", { status: 500 })).toEqual([200, "backup"]);
+    expect(await answeredBy("gpt-4-turbo", { status: 500 })).toEqual([200, "backup2"]);
+    expect(await answeredBy("gpt-4o", { status: 500 })).toEqual([200, "backup2"]);
+    expect(await answeredBy("gpt-4", { status: 400, body: CONTEXT_ERROR }, { context_window_fallback_dict: { "gpt-4": "big" } })).toEqual([200, "big"]);
+  });
+
+  test("/v1/models' metadata names the fallbacks routing would go to, those the caller may use (include_metadata=True too)", async () => {
+    expect(await metadata(MASTER_KEY, "include_metadata=True")).toMatchObject({ "gpt-4": ["backup"], "gpt-4-turbo": ["backup2", "secret"], "gpt-4o": ["backup2", "secret"] });
+    const key = (await requestOk<{ key: string }>(g, "POST", "/key/generate", { models: ["gpt-4o", "backup", "backup2"] })).key;
+    expect(await metadata(key, "include_metadata=true")).toMatchObject({ "gpt-4": ["backup"], "gpt-4o": ["backup2"] });
   });
 });

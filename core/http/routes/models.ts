@@ -47,8 +47,11 @@ function modelInfo(entry: ModelEntry, d: Deployment) {
   };
 }
 
+/** A boolean query parameter's true, in any case (`True` from Python clients), as FastAPI reads it. */
+const TRUE_TEXTS = new Set(["true", "1", "yes", "on", "t", "y"]);
+
 function truthy(v: string | null): boolean {
-  return v === "true" || v === "1";
+  return v !== null && TRUE_TEXTS.has(v.toLowerCase());
 }
 
 const FALLBACK_TYPES: readonly FallbackType[] = ["general", "context_window", "content_policy"];
@@ -139,9 +142,14 @@ function namedModels(s: Snapshot, rules: AccessRules): string[] {
   return [...names];
 }
 
-function ownerOf(s: Snapshot, rules: AccessRules | undefined, name: string): string | undefined {
+/** The model group a call to `name` goes to (through the caller's and the operator's aliases). */
+function groupOf(s: Snapshot, rules: AccessRules | undefined, name: string): string {
   const target = rules?.aliases[name] ?? name;
-  return s.models.resolve(s.groupAliases.get(target)?.group ?? target)?.[0]?.provider;
+  return s.groupAliases.get(target)?.group ?? target;
+}
+
+function ownerOf(s: Snapshot, rules: AccessRules | undefined, name: string): string | undefined {
+  return s.models.resolve(groupOf(s, rules, name))?.[0]?.provider;
 }
 
 function listModels(s: Snapshot, url: URL, rules: AccessRules | undefined, identity: IdentityCache | undefined, principal: Principal) {
@@ -172,7 +180,8 @@ function listModels(s: Snapshot, url: URL, rules: AccessRules | undefined, ident
   for (const [id, owner] of models) {
     const m = modelObject(id, s.loadedAt, owner);
     // The fallbacks a failure of that type would really go to for the caller (absent request overrides; its key's and team's router_settings first): a type with no list of its own uses the general one, then default_fallbacks.
-    data.push(withMetadata ? { ...m, metadata: { fallbacks: fallbacksFor(s.config, {}, id, fallbackType, principal) } } : m);
+    // Looked up as routing does (the name called, then its group), less those the caller may not use, which routing skips.
+    data.push(withMetadata ? { ...m, metadata: { fallbacks: fallbacksFor(s.config, {}, [id, groupOf(s, rules, id)], fallbackType, principal).filter(may) } } : m);
   }
   if (truthy(url.searchParams.get("include_model_access_groups")) || truthy(url.searchParams.get("only_model_access_groups"))) {
     // A held group is listed when the caller may use every model in it (no level above forbids part).
