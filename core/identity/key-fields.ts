@@ -6,7 +6,7 @@
 import { Type as T, type TSchema } from "@sinclair/typebox";
 import { getTableColumns } from "drizzle-orm";
 import { badRequest } from "../authz.ts";
-import { Duration as Period } from "../config/schema.ts";
+import { Duration as Period, RouterSettingsSchema } from "../config/schema.ts";
 import { virtualKeys } from "../store/schema.ts";
 import { DURATION_HINT, endsAt, MAX_DURATION, parseDuration } from "./duration.ts";
 import { Amount, LIMIT_COLUMNS, Parallel, Quantity, storableTimestamp } from "./fields.ts";
@@ -68,7 +68,8 @@ export const KEY_FIELDS = {
   auto_rotate: Opt(T.Boolean()),
   rotation_interval: Opt(T.String()),
   allowed_vector_store_indexes: Opt(T.Array(T.Object({ index_name: T.String(), index_permissions: T.Array(T.Union([T.Literal("read"), T.Literal("write")])) }))),
-  router_settings: Opt(Obj),
+  // Checked as the config's are: a bad value was stored, then ignored at every call.
+  router_settings: Opt(RouterSettingsSchema),
   access_group_ids: Opt(Strings),
   key_type: Opt(T.Union([T.Literal("default"), T.Literal("llm_api"), T.Literal("management"), T.Literal("read_only")])),
   /** No column: kept in `metadata.project_id`. */

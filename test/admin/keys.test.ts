@@ -66,6 +66,7 @@ interface R {
   logging_callbacks: { callbacks: string[]; status: string; details: string };
   audit_logs: { action: string; object_id: string; changed_by: string; before_value: Record<string, unknown> | null; updated_values: Record<string, unknown> | null }[];
   error: { message: string; type: string; param: string | null; code: string };
+  router_settings: Record<string, unknown> | null;
 }
 
 for (const backend of BACKENDS) {
@@ -235,6 +236,26 @@ for (const backend of BACKENDS) {
         expect(outside.body.error.message).toContain("gpt-4");
         // Within the team's list, wildcards included.
         expect((await generate({ team_id: "team-a", models: ["chat-mock", "openai/gpt-4o"] })).team_id).toBe("team-a");
+      });
+
+      test("router_settings is checked as the config's: a bad value is a 422 naming it, on keys and teams alike", async () => {
+        const bad: [Record<string, unknown>, string][] = [
+          [{ num_retries: "x" }, "router_settings.num_retries"],
+          [{ num_retries: -5 }, "router_settings.num_retries"],
+          [{ routing_strategy: "nope" }, "router_settings.routing_strategy"],
+          [{ fallbacks: "fb" }, "router_settings.fallbacks"],
+          [{ retry_policy: { TimeoutErrorRetries: 1.5 } }, "router_settings.retry_policy.TimeoutErrorRetries"],
+        ];
+        for (const [settings, field] of bad) {
+          for (const path of ["/key/generate", "/team/new"]) {
+            const res = await api(path, { body: { router_settings: settings } });
+            expect([res.status, res.body.error?.param], `${path} ${JSON.stringify(settings)}`).toEqual([422, field]);
+          }
+        }
+        const k = await generate();
+        expect((await api("/key/update", { body: { key: k.key, router_settings: { max_fallbacks: "all" } } })).status).toBe(422);
+        const good = { num_retries: 2, routing_strategy: "least-busy", fallbacks: [{ "chat-mock": ["chat-mock"] }] };
+        expect((await generate({ router_settings: good })).router_settings).toEqual(good);
       });
 
       test("auto_rotate with rotation_interval schedules the rotation", async () => {

@@ -13,6 +13,7 @@ import { and, asc, count, desc, eq, ilike, inArray, isNotNull, isNull, notInArra
 import { Elysia } from "elysia";
 import { badRequest, type Caller, DEFAULT_TEAM_MEMBER_PERMISSIONS, forbidden, missingQuery, notFound, TEAM_MEMBER_PERMISSION_CHOICES } from "../../authz.ts";
 import { GatewayError } from "../../errors.ts";
+import { RouterSettingsSchema } from "../../config/schema.ts";
 import { DURATION_HINT, parseDuration } from "../../identity/duration.ts";
 import { Amount, clearNulls, CountField, containing, IdList, LIMIT_COLUMNS, LimitFields, MoneyField, Nullable, resetAt } from "../../identity/fields.ts";
 import {
@@ -68,7 +69,8 @@ const TeamFields = {
   allowed_passthrough_routes: StringList,
   team_member_permissions: StringList,
   object_permission: T.Optional(Nullable(T.Record(T.String(), T.Unknown()))),
-  router_settings: T.Optional(Nullable(T.Record(T.String(), T.Unknown()))),
+  // Checked as the config's are: a bad value was stored, then ignored at every call.
+  router_settings: T.Optional(Nullable(RouterSettingsSchema)),
   allowed_vector_store_indexes: T.Optional(Nullable(T.Array(T.Unknown()))),
   member_settings: T.Optional(Nullable(T.Record(T.String(), T.Unknown()))),
   team_member_budget: T.Optional(MoneyField),
