@@ -180,25 +180,34 @@ function forms(path: string): string[] {
   return path.startsWith("/v1/") ? [path, path.slice(3)] : [path, `/v1${path}`];
 }
 
-/** Whether `method` on `path` is one `pattern` of an allowed-routes list names (exact, `prefix/*`, or a named group). */
-export function routeMatches(pattern: string, path: string, method: string): boolean {
-  if (pattern === "llm_api_routes") return LLM_API_ROUTE.test(path);
-  if (pattern === "management_routes") return !LLM_API_ROUTE.test(path);
-  if (pattern === "info_routes") return isInfoRoute(path, method);
+/**
+ * Whether `method` on `path` is one `pattern` of an allowed-routes list names (exact, `prefix/*`, or
+ * a named group). A pass-through route is a model call to the groups (LiteLLM's `is_llm_api_route`):
+ * it spends the operator's provider key, which is no part of the management API.
+ */
+export function routeMatches(pattern: string, path: string, method: string, passThrough = false): boolean {
+  if (pattern === "llm_api_routes") return passThrough || LLM_API_ROUTE.test(path);
+  if (pattern === "management_routes") return !passThrough && !LLM_API_ROUTE.test(path);
+  if (pattern === "info_routes") return !passThrough && isInfoRoute(path, method);
   const prefix = pattern.endsWith("/*") ? pattern.slice(0, -1) : undefined;
   return forms(path).some((p) => (prefix === undefined ? p === pattern : p === prefix.slice(0, -1) || p.startsWith(prefix)));
 }
 
-/** `allowed_routes` on a key: exact paths, `prefix/*`, or a named group; empty allows every route. */
-export function authorizeRoute(principal: Principal, path: string, method: string): void {
-  const routes = principal.access?.allowedRoutes;
-  if (!routes || routes.length === 0 || routes.some((r) => routeMatches(r, path, method))) return;
+/**
+ * `allowed_routes` on a key (exact paths, `prefix/*`, or a named group), else its `key_type`'s;
+ * none allows every route.
+ */
+export function authorizeRoute(principal: Principal, path: string, method: string, passThrough = false): void {
+  const access = principal.access;
+  const routes = access && access.allowedRoutes.length > 0 ? access.allowedRoutes : access?.keyTypeRoutes;
+  if (!routes || routes.length === 0 || routes.some((r) => routeMatches(r, path, method, passThrough))) return;
   throw GatewayError.of(403, `This key may not call ${path}. Allowed routes: ${routes.join(", ")}`, "permission_error");
 }
 
 /**
  * A pass-through route must be in both levels' lists (an empty one allows every route): the key's
- * (its `allowed_routes`, which authorizeRoute already applied, else its `allowed_passthrough_routes`)
+ * (its own `allowed_routes`, which authorizeRoute already applied, else its `allowed_passthrough_routes`,
+ * within what its `key_type` allows)
  * and its team's `allowed_passthrough_routes`, whatever the key's lists say: a team's admin sets
  * those, and must not reach past what a proxy admin let the team call.
  */
@@ -210,6 +219,6 @@ export function authorizePassThrough(principal: Principal, path: string, method:
 }
 
 function refuseOutside(routes: readonly string[], path: string, method: string, who: string): void {
-  if (routes.length === 0 || routes.some((r) => routeMatches(r, path, method))) return;
+  if (routes.length === 0 || routes.some((r) => routeMatches(r, path, method, true))) return;
   throw GatewayError.of(403, `${who} the pass-through route ${path}. Allowed pass-through routes: ${routes.join(", ")}`, "permission_error");
 }

@@ -316,8 +316,13 @@ export interface AccessRules {
   aliases: Readonly<Record<string, string>>;
   /** Which level set each alias (a level trusts only aliases set at or above it); absent means `key`. */
   aliasSources?: Readonly<Record<string, AccessLevelName>>;
-  /** Exact paths or `prefix/*` patterns; empty means every route. */
+  /** The key's own `allowed_routes`: exact paths, `prefix/*` patterns or named groups; empty means every route. */
   allowedRoutes: readonly string[];
+  /**
+   * The route groups of the key's `key_type`, which bind it when it has no `allowed_routes`: kept
+   * apart so they do not stand for its own list (its `allowed_passthrough_routes` apply within them).
+   */
+  keyTypeRoutes?: readonly string[];
   allowedPassthroughRoutes: readonly string[];
 }
 

@@ -98,7 +98,8 @@ function principalOf(identity: IdentityView, key: KeyRow, team: TeamRow | undefi
     access: {
       levels,
       ...aliasesOf(key, team, orgs),
-      allowedRoutes: key.allowedRoutes.length > 0 ? key.allowedRoutes : keyTypeRoutes(key.keyType),
+      allowedRoutes: key.allowedRoutes,
+      keyTypeRoutes: keyTypeRoutes(key.keyType),
       // The key's own; its team's binds it too (authorizePassThrough).
       allowedPassthroughRoutes: key.allowedPassthroughRoutes,
     },

@@ -353,9 +353,31 @@ describe("who may call", () => {
     expect((await call("/bria/x", { key })).status).toBe(403);
   });
 
-  test("allowed_routes, when set, decide alone: llm_api_routes leaves out pass-through routes", async () => {
-    const key = await newKey({ allowed_routes: ["llm_api_routes"], allowed_passthrough_routes: ["/bria/*"] });
-    expect((await call("/bria/x", { key })).status).toBe(403);
+  test("allowed_routes, when set, decide alone: pass-through routes are llm_api_routes, not management_routes", async () => {
+    const management = await newKey({ allowed_routes: ["management_routes"], allowed_passthrough_routes: ["/bria/*"] });
+    expect((await call("/bria/x", { key: management })).status).toBe(403);
+    const llm = await newKey({ allowed_routes: ["llm_api_routes"], allowed_passthrough_routes: ["/bria/*"] });
+    expect((await call("/v1/rerank", { method: "POST", key: llm, body: "{}" })).status).toBe(200);
+  });
+
+  test("a key's key_type holds it on pass-through routes, and its own allowed_passthrough_routes within that", async () => {
+    const calls = seen.length;
+    for (const body of [{ key_type: "management" }, { key_type: "management", allowed_passthrough_routes: ["/v1/rerank"] }, { key_type: "read_only" }]) {
+      const key = await newKey(body);
+      for (const [path, method] of [["/v1/rerank", "POST"], ["/bria/x", "GET"]] as const) {
+        const refused = await call(path, { method, key, ...(method === "POST" ? { body: "{}" } : {}) });
+        expect(refused.status).toBe(403);
+        expect((await refused.json()).error.type).toBe("permission_error");
+      }
+    }
+    // The operator's provider key never went out for them.
+    expect(seen.length).toBe(calls);
+    expect((await call("/v1/rerank", { method: "POST", key: await newKey({ key_type: "llm_api" }), body: "{}" })).status).toBe(200);
+    const listed = await newKey({ key_type: "llm_api", allowed_passthrough_routes: ["/v1/rerank"] });
+    expect((await call("/v1/rerank", { method: "POST", key: listed, body: "{}" })).status).toBe(200);
+    expect((await call("/bria/x", { key: listed })).status).toBe(403);
+    // A llm_api key still reaches no management route.
+    expect((await requestJson(gw, "GET", "/key/info", { key: listed })).status).toBe(403);
   });
 
   describe("a team's allowed_passthrough_routes bind its keys, whatever the team's admin gives them", () => {

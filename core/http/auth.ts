@@ -58,10 +58,11 @@ export const NO_MASTER_KEY =
   "No master key is configured, so management calls are refused and only existing virtual keys are accepted. Set the environment variable SVC_MASTER_KEY (or general_settings.master_key in config.yaml) to a key starting with sk- and restart or reload.";
 
 /**
- * Resolves the caller and checks its route lists against `method` on `path`; synchronous when
- * every auth hook answers synchronously (the hot path).
+ * Resolves the caller and checks its route lists against `method` on `path` (`passThrough`: a
+ * pass-through endpoint's, a model call to the route groups); synchronous when every auth hook
+ * answers synchronously (the hot path).
  */
-export function authenticate(snapshot: Snapshot, headers: Headers, path: string, method: string): Principal | Promise<Principal> {
+export function authenticate(snapshot: Snapshot, headers: Headers, path: string, method: string, passThrough = false): Principal | Promise<Principal> {
   const credential = credentialOf(headers);
   const noMaster = !snapshot.settings.masterKey;
   if (!credential) {
@@ -71,22 +72,22 @@ export function authenticate(snapshot: Snapshot, headers: Headers, path: string,
   const req = { credential, path, headers };
   for (let i = 0; i < snapshot.auth.length; i++) {
     const result = snapshot.auth[i]!.resolve(req);
-    if (result instanceof Promise) return result.then((r) => (r === null ? resolveFrom(snapshot, req, i + 1, method) : accept(r, path, method)));
-    if (result !== null) return accept(result, path, method);
+    if (result instanceof Promise) return result.then((r) => (r === null ? resolveFrom(snapshot, req, i + 1, method, passThrough) : accept(r, path, method, passThrough)));
+    if (result !== null) return accept(result, path, method, passThrough);
   }
   return refuse(noMaster);
 }
 
-function accept(result: Principal | Denied, path: string, method: string): Principal {
+function accept(result: Principal | Denied, path: string, method: string, passThrough: boolean): Principal {
   if ("ok" in result) throw new GatewayError(result.error);
-  authorizeRoute(result, path, method);
+  authorizeRoute(result, path, method, passThrough);
   return result;
 }
 
-async function resolveFrom(snapshot: Snapshot, req: AuthRequest, from: number, method: string): Promise<Principal> {
+async function resolveFrom(snapshot: Snapshot, req: AuthRequest, from: number, method: string, passThrough: boolean): Promise<Principal> {
   for (let i = from; i < snapshot.auth.length; i++) {
     const result = await snapshot.auth[i]!.resolve(req);
-    if (result !== null) return accept(result, req.path, method);
+    if (result !== null) return accept(result, req.path, method, passThrough);
   }
   return refuse(!snapshot.settings.masterKey);
 }

@@ -73,7 +73,7 @@ export function passThroughRoutes(deps: AppDeps, served: ServedRoutes) {
       if (match.endpoint.auth) {
         // A key's route lists judge what the call reaches: the endpoint (`/v1/rerank/` is `/v1/rerank`), and what follows it.
         const route = match.endpoint.route + match.subpath;
-        principal = await authenticate(pin.snapshot, request.headers, route, request.method);
+        principal = await authenticate(pin.snapshot, request.headers, route, request.method, true);
         authorizePassThrough(principal, route, request.method);
       }
       // x-svc-* headers never go to the target; a key header (Authorization, api-key, x-api-key, …)
