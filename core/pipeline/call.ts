@@ -5,6 +5,7 @@
  */
 import type { AccessGroupLookup, CallIntent, CallRecord, GroupCapacity, HttpCall, CallStatus, Denied, Deployment, Endpoint, EndpointAdapter, ErrorInfo, Lease, Logger, Principal, ProviderAdapter, StreamTransform, Usage, WireJson, WireRequest } from "../contract.ts";
 import { type PromptSize, promptSize } from "../cost/estimate.ts";
+import type { CallCost } from "../cost/pricing.ts";
 import { MAX_COUNT, countableUsage } from "../cost/countable-usage.ts";
 import { answersBilled, maxOutput, worstCaseOf } from "../cost/worst-case.ts";
 import { groupCapacity } from "../limits/capacity.ts";
@@ -349,7 +350,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
    * `billed`: a failure that used something the upstream bills (parts of a split call answered
    * before one failed) is charged that usage; any other failure is not charged.
    */
-  const finish = (status: CallStatus, reported: Usage, error?: ErrorInfo, firstByteAt?: number, responseId?: string, billed = status !== "failure"): bigint => {
+  const finish = (status: CallStatus, reported: Usage, error?: ErrorInfo, firstByteAt?: number, responseId?: string, billed = status !== "failure", charge?: CallCost): bigint => {
     if (finished) return 0n;
     finished = true;
     const { usage, corrected } = countableUsage(reported);
@@ -359,7 +360,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     // for it: see chargedCallMs).
     const endedAt = Date.now();
     const callMs = Math.min(endedAt - startedAt, maxCallMs);
-    const priced = billed ? snapshot.pricing.costOf(d, usage, callMs) : { cost: 0n, priced: true, source: "failed call" };
+    const priced = charge ?? (billed ? snapshot.pricing.costOf(d, usage, callMs) : { cost: 0n, priced: true, source: "failed call" });
     const record = callRecord(ctx, endpoint, body, d, {
       endedAt,
       stream: streams,
@@ -471,13 +472,15 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     // failed. It is charged its prompt once the request was with the upstream (estimated, as
     // budgets reserved it: no usage came back), as the upstream bills it. Either way the parts of
     // a split call answered before it ended are charged.
+    const abandoned = deadline.clientGone && withUpstream;
     const used =
       partsAnswered.length > 0 && ep.join
         ? ep.join(partsAnswered, body).usage
-        : deadline.clientGone && withUpstream
+        : abandoned
           ? { promptTokens: promptSize(endpoint, body).estimate, completionTokens: 0 }
           : undefined;
-    finish(deadline.clientGone ? "cancelled" : "failure", used ?? ZERO, deadline.clientGone ? undefined : info, undefined, undefined, used !== undefined || deadline.clientGone);
+    const charge = abandoned && BILLED_AS_ASKED.has(endpoint) ? reservedCharge(endpoint, body, d, snapshot, maxCallMs) : undefined;
+    finish(deadline.clientGone ? "cancelled" : "failure", used ?? ZERO, deadline.clientGone ? undefined : info, undefined, undefined, used !== undefined || deadline.clientGone, charge);
     if (err instanceof GatewayError) {
       // The call was counted against the caller's limits: a failure says what is left, as a success does.
       if (attempt.headers) Object.assign(err.headers, attempt.headers);
@@ -487,6 +490,22 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     }
     throw err;
   }
+}
+
+/**
+ * Endpoints whose upstream bills what the request asks for, answered or not: the speech's text,
+ * the images, the audio sent. No token estimate prices those.
+ */
+const BILLED_AS_ASKED: ReadonlySet<Endpoint> = new Set(["speech", "images", "transcriptions"]);
+
+/**
+ * What a call on such an endpoint is charged when its client left once the request was with the
+ * upstream: what budgets reserved for it, its worst case for what it asked (no answer says what
+ * was made), so that leaving early makes no call free. A model without a price is charged as usual.
+ */
+function reservedCharge<E extends Endpoint>(endpoint: E, body: WireRequest[E], d: Deployment, snapshot: Snapshot, maxCallMs: number): CallCost | undefined {
+  const cost = worstCaseOf(endpoint, body, d, snapshot.pricing, promptSize(endpoint, body).bound, maxOutput(body), maxCallMs);
+  return cost > 0n ? { cost, priced: true, source: "what was reserved: the client left before the answer" } : undefined;
 }
 
 /**

@@ -17,7 +17,8 @@ import { sql } from "drizzle-orm";
 import OpenAI, { BadRequestError, UnprocessableEntityError, toFile } from "openai";
 import { rows } from "../../core/store/sql.ts";
 import { MASTER_KEY, requestJson, startBackendGateway, startTestGateway, type TestGateway } from "../harness/gateway.ts";
-import { failure } from "../harness/util.ts";
+import { wav } from "../harness/audio.ts";
+import { failure, until, waitFor } from "../harness/util.ts";
 import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
 
 const UPSTREAM_KEY = "sk-upstream-endpoints-0123456789";
@@ -336,6 +337,50 @@ describe("speech", () => {
       expect(err).toBeInstanceOf(UnprocessableEntityError);
       expect((err as UnprocessableEntityError).param).toBe(field);
     }
+  });
+});
+
+describe("a client that leaves once the request is with the upstream", () => {
+  /** Sends `body` to `path`, leaves as soon as the upstream has it, and returns the call's log row (found by its `user`). */
+  async function leftAfterSending(path: string, body: BodyInit, user: string, headers: Record<string, string> = {}): Promise<Record<string, unknown>> {
+    mock.reset();
+    mock.fault({ kind: "delay", ms: 2000 });
+    const ac = new AbortController();
+    const sent = fetch(`${gw.baseURL}${path}`, { method: "POST", headers: { authorization: `Bearer ${MASTER_KEY}`, ...headers }, body, signal: ac.signal }).catch(() => undefined);
+    expect(await until(async () => mock.requests.length === 1)).toBe(true);
+    ac.abort();
+    await sent;
+    const row = await waitFor(
+      async () => {
+        await gw.host!.spendWriter.flush();
+        const [row] = await rows<Record<string, unknown>>(gw.host!.store.db, sql`select call_type, status, spend::text as spend from spend_logs where end_user = ${user}`);
+        return row;
+      },
+      (row) => row !== undefined,
+      `the log row of ${user}`,
+    );
+    return row!;
+  }
+  const json = { "content-type": "application/json" };
+
+  test("is charged what the call was reserved at (the upstream bills speech, images and audio answered or not), not $0", async () => {
+    const speech = await leftAfterSending("/audio/speech", JSON.stringify({ model: "tts", input: "x".repeat(4000), voice: "alloy", user: "left-speech" }), "left-speech", json);
+    expect(speech).toMatchObject({ call_type: "speech", status: "cancelled" });
+    expect(Number(speech.spend)).toBeCloseTo(4000 * TTS1_PER_CHARACTER, 12);
+
+    const images = await leftAfterSending("/images/generations", JSON.stringify({ model: "dalle", prompt: "a fox", n: 2, size: "1024x1024", quality: "hd", user: "left-images" }), "left-images", json);
+    expect(images).toMatchObject({ call_type: "images", status: "cancelled" });
+    expect(Number(images.spend)).toBeGreaterThanOrEqual(2 * HD_1024_USD);
+    expect(Number(images.spend)).toBeCloseTo(2 * HD_1024_USD, 6);
+
+    const form = new FormData();
+    form.append("model", "whisper");
+    form.append("user", "left-transcription");
+    form.append("file", new File([wav({ dataBytes: TEN_SECONDS })], "ten.wav", { type: "audio/wav" }));
+    const transcription = await leftAfterSending("/audio/transcriptions", form, "left-transcription");
+    expect(transcription).toMatchObject({ call_type: "transcriptions", status: "cancelled" });
+    // What budgets reserve for a WAV whose header says 10 s: 2 % and a second more (cost/estimate.ts audioBound).
+    expect(Number(transcription.spend)).toBeCloseTo(12 * WHISPER_PER_SECOND, 12);
   });
 });
 
