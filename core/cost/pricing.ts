@@ -109,10 +109,18 @@ export class Pricing {
     return price;
   }
 
+  /**
+   * Whether the table prices this size and quality of the deployment's image model itself
+   * (`hd/1024-x-1792/dall-e-3`), not only through the model's own entry (gpt-image-1's price per
+   * pixel, which would price any size, `13x7` too).
+   */
+  hasVariantPrice(d: Deployment, variant: { size?: string; quality?: string }): boolean {
+    return this.variantEntry(d.provider, pricedModel(d), variant) !== undefined;
+  }
+
   private resolve(d: Deployment, variant?: { size?: string; quality?: string }): ModelPrice | undefined {
     const overrides = { ...priceFields(d.options), ...priceFields(d.info) };
-    const baseModel = typeof d.info.base_model === "string" ? d.info.base_model : undefined;
-    const found = this.lookup(d.provider, baseModel ?? d.upstreamModel, variant);
+    const found = this.lookup(d.provider, pricedModel(d), variant);
     const customized = hasPrice(overrides);
     if (!found && !customized) return undefined;
     const raw = overridden(found?.raw ?? {}, overrides);
@@ -121,27 +129,25 @@ export class Pricing {
 
   private lookup(provider: string, model: string, variant?: { size?: string; quality?: string }) {
     for (const name of priceNames(provider, model)) {
-      const found = this.lookupName(provider, name, variant);
+      const found = (variant && this.variantEntry(provider, name, variant)) || this.table.find(provider, name);
       if (found) return found;
     }
     return undefined;
   }
 
-  private lookupName(provider: string, model: string, variant?: { size?: string; quality?: string }) {
-    // Image models are priced per size and quality: `hd/1024-x-1792/dall-e-3`, `1024-x-1024/dall-e-2`.
-    if (variant) {
-      // OpenAI's default size; an image model's price entries are per size.
-      const size = sizeKey(variant.size ?? "1024x1024");
-      // A provider-named base model (`azure/dall-e-3`, LiteLLM's convention) has its variants under the provider: `azure/hd/…/dall-e-3`.
-      const bare = model.startsWith(`${provider}/`) ? model.slice(provider.length + 1) : model;
-      // Without a quality, the model's default: `standard` (dall-e-3), `medium` (gpt-image-1).
-      const names = variant.quality ? [`${variant.quality}/${size}/${bare}`, `${size}/${bare}`] : [`standard/${size}/${bare}`, `medium/${size}/${bare}`, `${size}/${bare}`];
-      for (const name of names) {
-        const found = this.table.find(provider, name);
-        if (found) return found;
-      }
+  /** Image models are priced per size and quality: `hd/1024-x-1792/dall-e-3`, `1024-x-1024/dall-e-2`. */
+  private variantEntry(provider: string, model: string, variant: { size?: string; quality?: string }) {
+    // OpenAI's default size; an image model's price entries are per size.
+    const size = sizeKey(variant.size ?? "1024x1024");
+    // A provider-named base model (`azure/dall-e-3`, LiteLLM's convention) has its variants under the provider: `azure/hd/…/dall-e-3`.
+    const bare = model.startsWith(`${provider}/`) ? model.slice(provider.length + 1) : model;
+    // Without a quality, the model's default: `standard` (dall-e-3), `medium` (gpt-image-1).
+    const names = variant.quality ? [`${variant.quality}/${size}/${bare}`, `${size}/${bare}`] : [`standard/${size}/${bare}`, `medium/${size}/${bare}`, `${size}/${bare}`];
+    for (const name of names) {
+      const found = this.table.find(provider, name);
+      if (found) return found;
     }
-    return this.table.find(provider, model);
+    return undefined;
   }
 
   /**
@@ -191,6 +197,11 @@ export class Pricing {
     if (!price) return 0n;
     return worstCaseCost(price, promptTokens, maxOutputTokens ?? this.outputLimit(d), maxCallMs, maxSearches);
   }
+}
+
+/** The model a deployment is priced as: its `model_info.base_model`, else the model it calls. */
+function pricedModel(d: Deployment): string {
+  return typeof d.info.base_model === "string" ? d.info.base_model : d.upstreamModel;
 }
 
 /** Output bound for a priced model whose entry gives no limit and whose request sets no max_tokens. */

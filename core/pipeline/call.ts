@@ -319,9 +319,25 @@ export function callRecord(ctx: CallContext, endpoint: Endpoint, body: WireReque
 function refuseUnpricedImageVariant(snapshot: Snapshot, d: Deployment, req: WireRequest["images"]): void {
   const asked = imagesAsked(req);
   if (asked.size === undefined && asked.quality === undefined) return;
-  if (!snapshot.pricing.priceOf(d, {}) || snapshot.pricing.priceOf(d, asked)) return;
+  const { pricing } = snapshot;
+  // A model priced per size and quality has a price for its default one.
+  if (!pricing.hasVariantPrice(d, {}) || pricing.hasVariantPrice(d, asked)) return;
   const what = [asked.size === undefined ? "" : `size ${asked.size}`, asked.quality === undefined ? "" : `quality ${asked.quality}`].filter(Boolean).join(" and ");
-  throw GatewayError.of(400, `${req.model} has no price for ${what}: use a size and quality it makes (e.g. ${IMAGE_SIZES.slice(0, 3).join(", ")}; ${IMAGE_QUALITIES.join(", ")}).`, "invalid_request_error", asked.size !== undefined && !snapshot.pricing.priceOf(d, { size: asked.size }) ? "size" : "quality");
+  throw GatewayError.of(400, `${req.model} has no price for ${what}: use a size and quality it makes (e.g. ${IMAGE_SIZES.slice(0, 3).join(", ")}; ${IMAGE_QUALITIES.join(", ")}).`, "invalid_request_error", asked.size !== undefined && !pricing.hasVariantPrice(d, { size: asked.size }) ? "size" : "quality");
+}
+
+/**
+ * The images an answer is charged for: at the size and quality it says it made (gpt-image-1's
+ * choice for `auto`) when the model has a price for them, else at those asked, which were checked
+ * before the call: a compatible server reporting one with no price ("13x7", "ultra") does not
+ * make the images free.
+ */
+function pricedImages(snapshot: Snapshot, d: Deployment, usage: Usage, req: WireRequest["images"]): Usage {
+  const made = usage.images;
+  const { pricing } = snapshot;
+  if (!made || !pricing.hasVariantPrice(d, {}) || pricing.hasVariantPrice(d, made)) return usage;
+  const { size, quality } = imagesAsked(req);
+  return { ...usage, images: { count: made.count, size, quality } };
 }
 
 /** Calls one chosen deployment once; the attempt hears how it ended. */
@@ -353,7 +369,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
   const finish = (status: CallStatus, reported: Usage, error?: ErrorInfo, firstByteAt?: number, responseId?: string, billed = status !== "failure", charge?: CallCost): bigint => {
     if (finished) return 0n;
     finished = true;
-    const { usage, corrected } = countableUsage(reported);
+    const { usage, corrected } = countableUsage(endpoint === "images" ? pricedImages(snapshot, d, reported, body as WireRequest["images"]) : reported);
     if (corrected) warnUncountable(d, reported, ctx.log);
     // A cancelled stream is charged for what it used (a model priced per second of the call, for
     // the time from its start to this end, as its log row shows it, at most what budgets reserved

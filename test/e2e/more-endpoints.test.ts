@@ -24,6 +24,8 @@ import { type MockOpenAI, startMockOpenAI } from "../mock-upstream/openai.ts";
 const UPSTREAM_KEY = "sk-upstream-endpoints-0123456789";
 /** dall-e-3, hd, 1024x1024: OpenAI's $0.08 per image, stated per pixel in the price file. */
 const HD_1024_USD = 1024 * 1024 * 7.629e-8;
+/** gpt-image-1, high, 1024x1024: OpenAI's $0.167 per image. */
+const GPT_IMAGE_HIGH_1024_USD = 1024 * 1024 * 1.59263611e-7;
 const TEN_SECONDS = 320_000;
 const WHISPER_PER_SECOND = 0.006 / 60;
 const TTS1_PER_CHARACTER = 15 / 1_000_000;
@@ -42,6 +44,7 @@ beforeAll(async () => {
       { model_name: "chat", svc_params: { model: "mock/chat" } },
       { model_name: "dalle", svc_params: upstream("openai/dall-e-3") },
       { model_name: "mock-dalle", svc_params: { model: "mock/dall-e-3" } },
+      { model_name: "gpt-image", svc_params: upstream("openai/gpt-image-1") },
       { model_name: "claude", svc_params: { model: "anthropic/claude-3-5-sonnet", api_base: "http://127.0.0.1:9", api_key: "sk-ant-x" } },
       { model_name: "whisper", svc_params: upstream("openai/whisper-1") },
       { model_name: "transcribe", svc_params: upstream("openai/gpt-4o-transcribe") },
@@ -94,17 +97,21 @@ describe("image generation", () => {
 
   test("a size or quality the model has no price for is a 400 naming it, and nothing is asked upstream (it was made and logged at $0)", async () => {
     mock.reset();
-    for (const [extra, param] of [
-      [{ size: "13x7" }, "size"],
-      [{ quality: "ultra" }, "quality"],
-    ] as const) {
-      const res = await fetch(`${gw.baseURL}/images/generations`, {
-        method: "POST",
-        headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
-        body: JSON.stringify({ model: "dalle", prompt: "a fox", ...extra }),
-      });
-      expect([param, res.status]).toEqual([param, 400]);
-      expect(((await res.json()) as { error: { param: string } }).error.param).toBe(param);
+    // gpt-image-1's own entry prices any size per pixel: its sizes and qualities are priced one by one all the same.
+    for (const model of ["dalle", "gpt-image"]) {
+      for (const [extra, param] of [
+        [{ size: "13x7" }, "size"],
+        [{ size: "1x1", n: 10 }, "size"],
+        [{ quality: "ultra" }, "quality"],
+      ] as const) {
+        const res = await fetch(`${gw.baseURL}/images/generations`, {
+          method: "POST",
+          headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+          body: JSON.stringify({ model, prompt: "a fox", ...extra }),
+        });
+        expect([model, param, res.status]).toEqual([model, param, 400]);
+        expect(((await res.json()) as { error: { param: string } }).error.param).toBe(param);
+      }
     }
     expect(mock.requests).toHaveLength(0);
     // `auto` leaves them to the model: priced at the model's defaults, as before.
@@ -120,6 +127,23 @@ describe("image generation", () => {
     // A budget that fits the asked image: the reservation is its price, not the dearest.
     const keyed = await budgeted(0.05);
     expect((await keyed.images.generate({ model: "dalle", prompt: "one standard fox", quality: "standard" })).data).toHaveLength(1);
+  });
+
+  test("an answer reporting a size or quality with no price is charged at the asked one; a priced one it made, at that", async () => {
+    const answered = (extra: Record<string, string>) => ({ kind: "answer" as const, body: { created: 1, data: [{ url: "https://images.mock.invalid/x.png" }], ...extra } });
+    for (const [model, asked, made, usd] of [
+      ["dalle", { quality: "hd" }, { quality: "medium" }, HD_1024_USD],
+      ["dalle", { quality: "hd" }, { size: "13x7", quality: "ultra" }, HD_1024_USD],
+      ["gpt-image", { quality: "high" }, { size: "13x7", quality: "ultra" }, GPT_IMAGE_HIGH_1024_USD],
+      ["gpt-image", { quality: "auto" }, { size: "1024x1024", quality: "high" }, GPT_IMAGE_HIGH_1024_USD],
+    ] as const) {
+      mock.reset();
+      mock.fault(answered(made));
+      const { response } = await client.images.generate({ model, prompt: "a fox", size: "1024x1024", ...asked } as never).withResponse();
+      expect([model, made, Number(response.headers.get("x-svc-response-cost"))]).toEqual([model, made, expect.closeTo(usd, 6)]);
+      const row = await logRow(response.headers.get("x-svc-call-id"));
+      expect(Number(row!.spend)).toBeCloseTo(usd, 6);
+    }
   });
 
   test("the built-in mock provider answers with base64 images when asked", async () => {
