@@ -5,6 +5,7 @@
  */
 import type { AccessGroupLookup, CallIntent, CallRecord, GroupCapacity, HttpCall, CallStatus, Denied, Deployment, Endpoint, EndpointAdapter, ErrorInfo, Lease, Logger, Principal, ProviderAdapter, StreamTransform, Usage, WireJson, WireRequest } from "../contract.ts";
 import { type PromptSize, promptSize } from "../cost/estimate.ts";
+import { knownAudioSeconds } from "../cost/audio-length.ts";
 import type { CallCost } from "../cost/pricing.ts";
 import { MAX_COUNT, countableUsage } from "../cost/countable-usage.ts";
 import { answersBilled, maxOutput, worstCaseOf } from "../cost/worst-case.ts";
@@ -326,6 +327,24 @@ function refuseUnpricedImageVariant(snapshot: Snapshot, d: Deployment, req: Wire
   throw GatewayError.of(400, `${req.model} has no price for ${what}: use a size and quality it makes (e.g. ${IMAGE_SIZES.slice(0, 3).join(", ")}; ${IMAGE_QUALITIES.join(", ")}).`, "invalid_request_error", asked.size !== undefined && !pricing.hasVariantPrice(d, { size: asked.size }) ? "size" : "quality");
 }
 
+/** The usage an answer is charged for, where what it reports says too little. */
+function answeredUsage<E extends Endpoint>(snapshot: Snapshot, d: Deployment, endpoint: E, reported: Usage, body: WireRequest[E]): Usage {
+  if (endpoint === "images") return pricedImages(snapshot, d, reported, body as WireRequest["images"]);
+  if (endpoint === "transcriptions") return withAudioLength(reported, body as WireRequest["transcriptions"]);
+  return reported;
+}
+
+/**
+ * A transcription answer telling neither its audio's length nor its tokens (a bare `{text}`, a
+ * text format) is charged for the length the gateway read from the file (a WAV header), as
+ * budgets reserved for it; one whose length it could not read, what was reserved (in `finish`).
+ */
+function withAudioLength(usage: Usage, req: WireRequest["transcriptions"]): Usage {
+  if ((usage.audioSeconds ?? 0) > 0 || usage.promptTokens > 0 || usage.completionTokens > 0) return usage;
+  const seconds = knownAudioSeconds(req.file);
+  return seconds === undefined ? usage : { ...usage, audioSeconds: seconds };
+}
+
 /**
  * The images an answer is charged for: at the size and quality it says it made (gpt-image-1's
  * choice for `auto`) when the model has a price for them, else at those asked, which were checked
@@ -369,14 +388,16 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
   const finish = (status: CallStatus, reported: Usage, error?: ErrorInfo, firstByteAt?: number, responseId?: string, billed = status !== "failure", charge?: CallCost): bigint => {
     if (finished) return 0n;
     finished = true;
-    const { usage, corrected } = countableUsage(endpoint === "images" ? pricedImages(snapshot, d, reported, body as WireRequest["images"]) : reported);
+    const { usage, corrected } = countableUsage(answeredUsage(snapshot, d, endpoint, reported, body));
     if (corrected) warnUncountable(d, reported, ctx.log);
     // A cancelled stream is charged for what it used (a model priced per second of the call, for
     // the time from its start to this end, as its log row shows it, at most what budgets reserved
     // for it: see chargedCallMs).
     const endedAt = Date.now();
     const callMs = Math.min(endedAt - startedAt, maxCallMs);
-    const priced = charge ?? (billed ? snapshot.pricing.costOf(d, usage, callMs) : { cost: 0n, priced: true, source: "failed call" });
+    let priced = charge ?? (billed ? snapshot.pricing.costOf(d, usage, callMs) : { cost: 0n, priced: true, source: "failed call" });
+    // A transcript whose answer told nothing it is priced by, nor the file its length, is no freer.
+    if (endpoint === "transcriptions" && status === "success" && priced.cost === 0n) priced = reservedCharge(endpoint, body, d, snapshot, maxCallMs) ?? priced;
     const record = callRecord(ctx, endpoint, body, d, {
       endedAt,
       stream: streams,

@@ -52,8 +52,18 @@ function rendered(format: "text" | "srt" | "vtt", b: WireJson): TextAnswer {
   return { body: `WEBVTT\n\n${cues.join("\n")}\n`, contentType: "text/vtt; charset=utf-8" };
 }
 
+/** `text` as a JSON object, if it is one. */
+function jsonObject(text: string): WireJson | undefined {
+  try {
+    const v: unknown = JSON.parse(text);
+    return v !== null && typeof v === "object" && !Array.isArray(v) ? (v as WireJson) : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
 export function openAITranscriptions(): EndpointAdapter<"transcriptions"> {
-  return {
+  const adapter: EndpointAdapter<"transcriptions"> = {
     request(req, d) {
       const form = new FormData();
       form.append("model", d.upstreamModel);
@@ -83,7 +93,15 @@ export function openAITranscriptions(): EndpointAdapter<"transcriptions"> {
       }
       return { body: b, usage, text: rendered(asked, b) };
     },
-    // An SRT or VTT answer of a token-priced model: passed on; it reports no usage.
-    textResponse: (text, contentType) => ({ text: { body: text, contentType }, usage: { promptTokens: 0, completionTokens: 0 } }),
+    // The JSON the gateway asked for (verbose_json, json), whatever content type an upstream labels
+    // it with: read for its length and made into the format the client asked for. Else an SRT or
+    // VTT answer of a token-priced model: passed on; it reports no usage.
+    textResponse(text, contentType, req) {
+      const json = jsonObject(text);
+      if (!json) return { text: { body: text, contentType }, usage: { promptTokens: 0, completionTokens: 0 } };
+      const answer = adapter.response(json, req);
+      return { text: answer.text ?? { body: JSON.stringify(answer.body), contentType: "application/json" }, usage: answer.usage };
+    },
   };
+  return adapter;
 }

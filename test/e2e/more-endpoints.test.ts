@@ -269,6 +269,41 @@ describe("gpt-4o-transcribe (priced by tokens)", () => {
   });
 });
 
+describe("a transcription answer that tells no length or usage", () => {
+  const tenSecondWav = () => toFile(wav({ dataBytes: TEN_SECONDS }), "ten.wav", { type: "audio/wav" });
+
+  test("verbose_json the gateway asked for, labelled text/plain, is still read: its length priced, the client's format made from it", async () => {
+    const verbose = { task: "transcribe", duration: 120, text: "hi there", segments: [{ start: 0, end: 120, text: " hi there" }] };
+    const labelledText = () => mock.fault({ kind: "status", status: 200, body: JSON.stringify(verbose), headers: { "content-type": "text/plain; charset=utf-8" } });
+    labelledText();
+    const json = await client.audio.transcriptions.create({ file: await audio(TEN_SECONDS), model: "whisper" }).withResponse();
+    expect(json.response.headers.get("content-type")).toContain("application/json");
+    expect(json.data as unknown).toEqual({ text: "hi there", usage: { type: "duration", seconds: 120 } });
+    expect(Number(json.response.headers.get("x-svc-response-cost"))).toBeCloseTo(120 * WHISPER_PER_SECOND, 12);
+    labelledText();
+    const srt = await client.audio.transcriptions.create({ file: await audio(TEN_SECONDS), model: "whisper", response_format: "srt" });
+    expect(srt as unknown as string).toBe("1\n00:00:00,000 --> 00:02:00,000\nhi there\n\n");
+  });
+
+  test("is charged for the length the gateway read from the WAV header, else what was reserved, not $0", async () => {
+    const bare = () => mock.fault({ kind: "answer", body: { text: "no length" } });
+    bare();
+    const measured = await client.audio.transcriptions.create({ file: await tenSecondWav(), model: "whisper" }).withResponse();
+    expect(Number(measured.response.headers.get("x-svc-response-cost"))).toBeCloseTo(10 * WHISPER_PER_SECOND, 12);
+    const row = await logRow(measured.response.headers.get("x-svc-call-id"));
+    expect(Number(row!.spend)).toBeCloseTo(10 * WHISPER_PER_SECOND, 12);
+    // No header: the most a file of its size can hold (6 kbit/s), as budgets reserved.
+    bare();
+    const unknown = await client.audio.transcriptions.create({ file: await audio(TEN_SECONDS), model: "whisper" }).withResponse();
+    expect(Number(unknown.response.headers.get("x-svc-response-cost"))).toBeCloseTo(Math.ceil(TEN_SECONDS / 750) * WHISPER_PER_SECOND, 12);
+    // A token-priced model without usage: its reservation, 12 s of the WAV at 50 audio tokens a
+    // second, in and out, and the (empty) text prompt's bound of a token.
+    bare();
+    const tokens = await client.audio.transcriptions.create({ file: await tenSecondWav(), model: "transcribe" }).withResponse();
+    expect(Number(tokens.response.headers.get("x-svc-response-cost"))).toBeCloseTo(600 * 6e-6 + 600 * 1e-5 + 2.5e-6, 12);
+  });
+});
+
 describe("requests", () => {
   test("the built-in mock provider transcribes too", async () => {
     const r = await client.audio.transcriptions.create({ file: await audio(64_000, "note.mp3"), model: "mock-whisper" });
