@@ -56,7 +56,8 @@ class PassThroughIntent implements CallIntent {
   readonly scope = "request";
   readonly estimatedPromptTokens = 0;
   readonly promptTokenBound = 0;
-  readonly maxOutputTokens = 0;
+  // No answer-token limit to reserve at (a budget's refusal names the route's price instead).
+  readonly maxOutputTokens = undefined;
   readonly answers = 1;
   readonly groupCapacity: GroupCapacity = {};
   readonly accessGroups = NO_ACCESS_GROUPS;
