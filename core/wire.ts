@@ -205,11 +205,15 @@ export const TranscriptionRequestSchema = T.Object(
 );
 export type TranscriptionRequest = Omit<Static<typeof TranscriptionRequestSchema>, "file"> & { file: Blob };
 
+/** OpenAI's limit on a speech input, in characters: code points (see codePoints), checked after the schema (validate.ts). */
+export const MAX_SPEECH_CHARACTERS = 4096;
+
 /** `POST /v1/audio/speech`: text to speech; the answer is the audio itself. */
 export const SpeechRequestSchema = T.Object(
   {
     model: ModelName,
-    input: T.String({ minLength: 1, maxLength: 4096 }),
+    // The schema's maxLength would count UTF-16 units: 2,500 emoji would be over 4,096.
+    input: T.String({ minLength: 1 }),
     voice: T.Union([T.String({ minLength: 1 }), T.Object({ id: T.String() }, { additionalProperties: true })]),
     response_format: T.Optional(T.Union(["mp3", "opus", "aac", "flac", "wav", "pcm"].map((f) => T.Literal(f)))),
     speed: T.Optional(T.Number({ minimum: 0.25, maximum: 4 })),

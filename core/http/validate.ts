@@ -6,7 +6,7 @@ import { type ValueError, Value } from "@sinclair/typebox/value";
 import { FORMAT_ERRORS, MAX_REQUEST_MB } from "../config/schema.ts";
 import { GatewayError, bodyTooLarge } from "../errors.ts";
 import { parseKeepingNumberText } from "../identity/exact-numbers.ts";
-import { ChatRequestSchema, CompletionRequestSchema, EmbeddingsRequestSchema, ImageRequestSchema, ModerationRequestSchema, SpeechRequestSchema, TranscriptionRequestSchema } from "../wire.ts";
+import { ChatRequestSchema, CompletionRequestSchema, EmbeddingsRequestSchema, ImageRequestSchema, MAX_SPEECH_CHARACTERS, ModerationRequestSchema, SpeechRequestSchema, TranscriptionRequestSchema, codePoints } from "../wire.ts";
 
 export function checker<S extends TSchema>(schema: S) {
   const compiled = TypeCompiler.Compile(schema);
@@ -36,13 +36,18 @@ function explain(error: ValueError): ValueError {
 }
 
 const transcriptionFields = checker(TranscriptionRequestSchema);
+const speechFields = checker(SpeechRequestSchema);
 
 export const validate = {
   chat: checker(ChatRequestSchema),
   completions: checker(CompletionRequestSchema),
   embeddings: checker(EmbeddingsRequestSchema),
   images: checker(ImageRequestSchema),
-  speech: checker(SpeechRequestSchema),
+  speech: (value: unknown) => {
+    const fields = speechFields(value);
+    if (codePoints(fields.input) > MAX_SPEECH_CHARACTERS) throw GatewayError.of(422, `Invalid request: input: Expected at most ${MAX_SPEECH_CHARACTERS} characters`, "validation_error", "input");
+    return fields;
+  },
   moderations: checker(ModerationRequestSchema),
   transcriptions: (value: unknown) => {
     const fields = transcriptionFields(value);

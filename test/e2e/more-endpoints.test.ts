@@ -396,6 +396,14 @@ describe("speech", () => {
       expect(err).toBeInstanceOf(UnprocessableEntityError);
       expect((err as UnprocessableEntityError).param).toBe(field);
     }
+    // Characters as OpenAI counts them (and the gateway prices them): 4,096 emoji are 8,192 UTF-16 units.
+    mock.reset();
+    const emoji = await client.audio.speech.create({ model: "tts", input: "🎉".repeat(4096), voice: "alloy" });
+    expect(emoji.status).toBe(200);
+    expect(Number(emoji.headers.get("x-svc-response-cost"))).toBeCloseTo(4096 * TTS1_PER_CHARACTER, 12);
+    const over = await failure(client.audio.speech.create({ model: "tts", input: "🎉".repeat(4097), voice: "alloy" }));
+    expect((over as UnprocessableEntityError).param).toBe("input");
+    expect(mock.requests).toHaveLength(1);
   });
 });
 
