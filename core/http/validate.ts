@@ -108,7 +108,8 @@ const NUMERIC_FIELDS = ["temperature"];
  */
 export async function readForm(request: Request, limit = MAX_REQUEST_BYTES): Promise<Record<string, unknown>> {
   const contentType = request.headers.get("content-type") ?? "";
-  if (!contentType.startsWith("multipart/form-data")) {
+  // A media type is case-insensitive (RFC 9110 §8.3.1): `Multipart/Form-Data` is one too.
+  if (!contentType.toLowerCase().startsWith("multipart/form-data")) {
     throw GatewayError.of(400, "This endpoint takes multipart/form-data: the audio as `file`, and `model`.", "invalid_request_error");
   }
   const bytes = await requestBytes(request, limit);
@@ -128,7 +129,13 @@ export async function readForm(request: Request, limit = MAX_REQUEST_BYTES): Pro
       const list = Array.isArray(out[key]) ? (out[key] as unknown[]) : [];
       list.push(value);
       out[key] = list;
-    } else out[name] = value;
+    } else {
+      // A second file under one name would go upstream unpriced, or be dropped unseen.
+      if (Object.hasOwn(out, name) && (value instanceof Blob || out[name] instanceof Blob)) {
+        throw GatewayError.of(400, `The form has more than one \`${name}\` part: send one file per request.`, "invalid_request_error", name);
+      }
+      out[name] = value;
+    }
   }
   for (const k of NUMERIC_FIELDS) {
     const v = out[k];

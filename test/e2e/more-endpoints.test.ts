@@ -333,6 +333,21 @@ describe("requests", () => {
     expect(json.status).toBe(400);
     expect((await json.json()).error.message).toContain("multipart/form-data");
   });
+
+  test("a form is one whatever the case of its media type; two file parts are a 400 naming file, not one dropped unseen", async () => {
+    const post = (body: string, contentType: string) =>
+      fetch(`${gw.url}/v1/audio/transcriptions`, { method: "POST", headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": contentType }, body });
+    const part = (name: string, size: number) => `--XyZ\r\nContent-Disposition: form-data; name="file"; filename="${name}"\r\nContent-Type: audio/mpeg\r\n\r\n${"A".repeat(size)}\r\n`;
+    const model = '--XyZ\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper\r\n';
+    mock.reset();
+    const capitalised = await post(`${model}${part("a.mp3", 10)}--XyZ--\r\n`, "Multipart/Form-Data; boundary=XyZ");
+    expect(capitalised.status).toBe(200);
+    expect(((await capitalised.json()) as { text: string }).text).toBe("Transcript of a.mp3 (10 bytes).");
+    const twice = await post(`${model}${part("a.mp3", 6400)}${part("b.mp3", 10)}--XyZ--\r\n`, "multipart/form-data; boundary=XyZ");
+    expect(twice.status).toBe(400);
+    expect(((await twice.json()) as { error: { param: string } }).error.param).toBe("file");
+    expect(mock.requests).toHaveLength(1);
+  });
 });
 
 describe("speech", () => {
