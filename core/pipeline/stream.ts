@@ -12,8 +12,8 @@ import { AwsEventStreamParser } from "../stream/aws-eventstream.ts";
 import { type EventParser, NdjsonParser, SseParser } from "../stream/framing.ts";
 import { promptSize } from "../cost/estimate.ts";
 import { answerTokenBound } from "../cost/worst-case.ts";
-import { chatCompletionId, nowSeconds } from "../../providers/shared/chat-completion.ts";
-import { openAIUsage } from "../../providers/shared/openai-usage.ts";
+import { chatCompletionId, nowSeconds } from "../openai-ids.ts";
+import { openAIUsage } from "../openai-usage.ts";
 import { type Deadline, timeoutError } from "./upstream.ts";
 
 const DONE = "data: [DONE]\n\n";

@@ -3,10 +3,10 @@
  * `reasoning_content` (and `thinking_blocks`, signatures intact, for the client to send back on its
  * next turn), tool_use blocks become `tool_calls` with JSON-string arguments.
  */
-import { nowSeconds } from "../shared/chat-completion.ts";
+import { nowSeconds } from "../../core/openai-ids.ts";
 import type { Usage, WireJson } from "../../core/contract.ts";
 import { JSON_RESPONSE_TOOL } from "../shared/json-response-tool.ts";
-import { openAIUsage } from "../shared/openai-usage.ts";
+import { openAIUsage } from "../../core/openai-usage.ts";
 import { finishReason } from "./finish-reason.ts";
 import { usageFromAnthropic } from "./usage.ts";
 import type { AnthropicResponse, ContentBlock, ToolUseBlock } from "./wire.ts";

@@ -7,10 +7,10 @@
  * into a chunk whose fixed part (`id`, `created`, `model`) was serialized once per stream. Events
  * that do not have the exact expected shape take the general path (JSON.parse).
  */
-import { nowSeconds } from "../shared/chat-completion.ts";
+import { nowSeconds } from "../../core/openai-ids.ts";
 import type { ChatRequest, StreamPart, StreamTransform, Usage } from "../../core/contract.ts";
 import { estimateTokens } from "../openai-compatible/adapter.ts";
-import { openAIUsage } from "../shared/openai-usage.ts";
+import { openAIUsage } from "../../core/openai-usage.ts";
 import { JSON_RESPONSE_TOOL, wantsJsonResponse } from "../shared/json-response-tool.ts";
 import { streamErrorInfo } from "./errors.ts";
 import { finishReason } from "./finish-reason.ts";

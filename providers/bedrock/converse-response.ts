@@ -1,6 +1,7 @@
 /** Bedrock Converse response → OpenAI `chat.completion`; the stop-reason and usage tables the stream shares. */
 import type { ChatRequest, Usage, WireJson } from "../../core/contract.ts";
-import { chatCompletion, chatCompletionId, nowSeconds, type OpenAIFinishReason, type OpenAIToolCall } from "../shared/chat-completion.ts";
+import { chatCompletion, type OpenAIFinishReason, type OpenAIToolCall } from "../shared/chat-completion.ts";
+import { chatCompletionId, nowSeconds } from "../../core/openai-ids.ts";
 import { JSON_RESPONSE_TOOL, wantsJsonResponse } from "../shared/json-response-tool.ts";
 
 const isObject = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);

@@ -5,8 +5,8 @@
  */
 import type { AwsStreamEvent, ChatRequest, ErrorInfo, StreamPart, StreamTransform, Usage, WireJson } from "../../core/contract.ts";
 import { estimateTokens } from "../openai-compatible/adapter.ts";
-import { chatCompletionId, nowSeconds } from "../shared/chat-completion.ts";
-import { openAIUsage } from "../shared/openai-usage.ts";
+import { chatCompletionId, nowSeconds } from "../../core/openai-ids.ts";
+import { openAIUsage } from "../../core/openai-usage.ts";
 import { JSON_RESPONSE_TOOL, wantsJsonResponse } from "../shared/json-response-tool.ts";
 import { asObject, converseUsage, finishReason, thinkingBlock } from "./converse-response.ts";
 

@@ -1,6 +1,7 @@
 /** Cohere's `/v2/chat` answer → OpenAI's `chat.completion`; its finish reasons and usage. */
 import type { Usage, WireJson } from "../../core/contract.ts";
-import { type OpenAIFinishReason, type OpenAIToolCall, chatCompletion, nowSeconds } from "../shared/chat-completion.ts";
+import { type OpenAIFinishReason, type OpenAIToolCall, chatCompletion } from "../shared/chat-completion.ts";
+import { nowSeconds } from "../../core/openai-ids.ts";
 
 const FINISH: Record<string, OpenAIFinishReason> = {
   COMPLETE: "stop",

@@ -1,7 +1,8 @@
 /** Gemini's `GenerateContentResponse` → an OpenAI `chat.completion`. */
 import type { Usage, WireJson } from "../../core/contract.ts";
-import { chatCompletionId, nowSeconds, type OpenAIFinishReason, type OpenAIToolCall } from "../shared/chat-completion.ts";
-import { openAIUsage } from "../shared/openai-usage.ts";
+import type { OpenAIFinishReason, OpenAIToolCall } from "../shared/chat-completion.ts";
+import { chatCompletionId, nowSeconds } from "../../core/openai-ids.ts";
+import { openAIUsage } from "../../core/openai-usage.ts";
 import { toolCallId } from "./tool-ids.ts";
 import { groundingSearches, usageFromGemini } from "./usage.ts";
 import type { GeminiCandidate, GeminiPart, GenerateContentResponse } from "./wire.ts";

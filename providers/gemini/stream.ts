@@ -6,8 +6,8 @@
  */
 import type { ChatRequest, StreamPart, StreamTransform, Usage, WireJson } from "../../core/contract.ts";
 import { estimateTokens } from "../openai-compatible/adapter.ts";
-import { chatCompletionId, nowSeconds } from "../shared/chat-completion.ts";
-import { openAIUsage } from "../shared/openai-usage.ts";
+import { chatCompletionId, nowSeconds } from "../../core/openai-ids.ts";
+import { openAIUsage } from "../../core/openai-usage.ts";
 import { finishReason, promptBlocked, sortParts } from "./response.ts";
 import { groundingSearches, usageFromGemini } from "./usage.ts";
 import type { GeminiCandidate, GenerateContentResponse, GoogleErrorBody } from "./wire.ts";

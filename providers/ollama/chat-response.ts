@@ -5,7 +5,8 @@
 import type { ChatRequest, StreamPart, StreamTransform, Usage, WireJson } from "../../core/contract.ts";
 import { estimateTokens } from "../openai-compatible/adapter.ts";
 import { ChatChunkWriter } from "../shared/chat-chunks.ts";
-import { type OpenAIFinishReason, type OpenAIToolCall, chatCompletion, chatCompletionId, nowSeconds, toolCallId } from "../shared/chat-completion.ts";
+import { type OpenAIFinishReason, type OpenAIToolCall, chatCompletion } from "../shared/chat-completion.ts";
+import { chatCompletionId, nowSeconds, toolCallId } from "../../core/openai-ids.ts";
 
 interface OllamaToolCall {
   id?: string;

@@ -5,8 +5,8 @@
  */
 import type { CompletionRequest, Deployment, StreamPart, StreamTransform, Usage, WireJson } from "../../core/contract.ts";
 import { estimateTokens } from "../openai-compatible/adapter.ts";
-import { nowSeconds, textCompletionId } from "../shared/chat-completion.ts";
-import { openAIUsage } from "../shared/openai-usage.ts";
+import { nowSeconds, textCompletionId } from "../../core/openai-ids.ts";
+import { openAIUsage } from "../../core/openai-usage.ts";
 import { ollamaOptions } from "./chat-request.ts";
 import { createdSeconds, ollamaUsage } from "./chat-response.ts";
 

@@ -4,9 +4,10 @@
  * (`choices: []`) only when the client asked for it with `stream_options.include_usage`.
  */
 import type { ChatRequest, StreamPart, Usage, WireJson } from "../../core/contract.ts";
+import { chatCompletionId, nowSeconds } from "../../core/openai-ids.ts";
+import { openAIUsage } from "../../core/openai-usage.ts";
 import { estimateTokens } from "../openai-compatible/adapter.ts";
-import { type OpenAIFinishReason, type ResponseHead, chatCompletionId, nowSeconds } from "./chat-completion.ts";
-import { openAIUsage } from "./openai-usage.ts";
+import type { OpenAIFinishReason, ResponseHead } from "./chat-completion.ts";
 
 export class ChatChunkWriter implements ResponseHead {
   id = chatCompletionId();

@@ -3,7 +3,7 @@
  * whole `chat.completion`. Native adapters share these so every provider answers the client alike.
  */
 import type { Usage, WireJson } from "../../core/contract.ts";
-import { openAIUsage } from "./openai-usage.ts";
+import { openAIUsage } from "../../core/openai-usage.ts";
 
 export type OpenAIFinishReason = "stop" | "length" | "tool_calls" | "content_filter";
 
@@ -34,22 +34,6 @@ export interface AssistantMessage {
   /** OpenAI's `refusal` field, for adapters that send it (null: no refusal). */
   refusal?: string | null;
 }
-
-/** A response id in OpenAI's style, for providers that give none. */
-export function chatCompletionId(): string {
-  return `chatcmpl-${crypto.randomUUID().replaceAll("-", "")}`;
-}
-
-/** The id of a legacy `text_completion`. */
-export function textCompletionId(): string {
-  return `cmpl-${crypto.randomUUID().replaceAll("-", "")}`;
-}
-
-export function toolCallId(): string {
-  return `call_${crypto.randomUUID().replaceAll("-", "").slice(0, 24)}`;
-}
-
-export const nowSeconds = (): number => Math.floor(Date.now() / 1000);
 
 export function chatCompletion(head: ResponseHead, message: AssistantMessage, finish: OpenAIFinishReason, usage: Usage): WireJson {
   const msg: WireJson = { role: "assistant", content: message.content };

@@ -17,7 +17,7 @@ import { chatCompletionFrom } from "../../providers/gemini/response.ts";
 import { geminiStream } from "../../providers/gemini/stream.ts";
 import { openAIChat, openAIImages } from "../../providers/openai-compatible/adapter.ts";
 import { usageFromOpenAI } from "../../providers/openai-compatible/usage.ts";
-import { openAIUsage } from "../../providers/shared/openai-usage.ts";
+import { openAIUsage } from "../../core/openai-usage.ts";
 import { speechBound, speechUsage } from "../../core/wire.ts";
 import { worstCaseOf } from "../../core/cost/worst-case.ts";
 import { joinEmbeddingLists } from "../../providers/shared/embedding-list.ts";

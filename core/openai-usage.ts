@@ -1,5 +1,5 @@
 /** The gateway's Usage → OpenAI's `usage` object, for adapters whose upstream reports usage in its own shape. */
-import type { Usage, WireJson } from "../../core/contract.ts";
+import type { Usage, WireJson } from "./contract.ts";
 
 /**
  * OpenAI always sends both detail objects. What OpenAI has no field for, and the call is charged
