@@ -441,13 +441,13 @@ async function expectedLogs(db: Db, a: LogsAsk): Promise<unknown> {
   }
   if (given(a.requestId)) where.push(sql`l.request_id = ${a.requestId}`);
   if (a.start) where.push(sql`l.start_time >= ${`${a.start}T00:00:00Z`}::timestamptz`);
-  if (a.end) where.push(sql`l.start_time < ${`${nextDay(a.end)}T00:00:00Z`}::timestamptz`);
+  if (a.end) where.push(sql`${LOG_DAY} <= ${a.end}::date`);
   return logRows(db, where, a.limit ?? 50);
 }
 
-/** A v2 bound: a bare date is the whole day (an end bound then excludes the next midnight); an instant is inclusive. */
+/** A v2 bound: a bare date is the whole day; an instant is inclusive. */
 function bound(text: string, end: boolean): SQL {
-  if (text.length === 10) return end ? sql`l.start_time < ${`${nextDay(text)}T00:00:00Z`}::timestamptz` : sql`l.start_time >= ${`${text}T00:00:00Z`}::timestamptz`;
+  if (text.length === 10) return end ? sql`${LOG_DAY} <= ${text}::date` : sql`l.start_time >= ${`${text}T00:00:00Z`}::timestamptz`;
   const at = `${text.replace(" ", "T").replace(/Z?$/, "Z")}`;
   return end ? sql`l.start_time <= ${at}::timestamptz` : sql`l.start_time >= ${at}::timestamptz`;
 }
@@ -695,6 +695,21 @@ for (const backend of BACKENDS) {
         { kind: "v2", as: "master", start: `${ms}4`, end: `${ms}9`, apiKey: c.token },
       ];
       expect(await failuresOf(gw, db, w, asks, "sub-millisecond bounds")).toEqual([]);
+    });
+
+    test("end_date=9999-12-31, the last day a date can name, is answered by /spend/logs and /spend/logs/v2 with the rows of that day's last millisecond", async () => {
+      const c = w.callers[1]!;
+      // The call ends when it starts: a later end would be in year 10000.
+      const lastMs = Date.parse("9999-12-31T23:59:59.999Z");
+      await writeBatch(gw.host!.store, [randomEntry(rng, lastMs, c, { status: "success", spendPico: 7, endTime: lastMs, completionStartTime: null })]);
+      const last = "9999-12-31";
+      const asks: Ask[] = [
+        { kind: "logs", as: "master", summarize: "false", end: last, apiKey: c.token },
+        { kind: "logs", as: "master", summarize: "false", start: DAYS[0], end: last, apiKey: c.token },
+        { kind: "v2", as: "master", start: DAYS[0]!, end: last, apiKey: c.token },
+        { kind: "v2", as: "master", start: last, end: last },
+      ];
+      expect(await failuresOf(gw, db, w, asks, "end_date 9999-12-31")).toEqual([]);
     });
   });
 }

@@ -8,6 +8,7 @@
  * JSON number once, at the end.
  */
 import { inArray, type SQL, sql } from "drizzle-orm";
+import type { PgColumn } from "drizzle-orm/pg-core";
 import { badRequest, forbidden, missingQuery } from "../../authz.ts";
 import { columnToPico, exactUsdJson, type Pico, picoToText } from "../../cost/money.ts";
 import { GatewayError } from "../../errors.ts";
@@ -26,7 +27,7 @@ export function invalidParam(name: string, message: string): GatewayError {
   return GatewayError.of(422, `Invalid request: ${name}: ${message}`, "validation_error", name);
 }
 
-const DAY_MS = 86_400_000;
+export const DAY_MS = 86_400_000;
 /** Longest range a zero-filled day-by-day answer may cover. */
 export const MAX_FILLED_DAYS = 3660;
 const DATE = /^(\d{4})-(\d{2})-(\d{2})$/;
@@ -81,24 +82,33 @@ export function daysBetween(start: string, end: string): string[] {
 }
 
 /**
- * An instant given as `YYYY-MM-DD` or `YYYY-MM-DD HH:MM:SS` (UTC). A bare date as the end of a
- * range means the whole of that day: the answer is then the first instant after it (exclusive).
+ * `column` is before the end of the UTC day that starts at `day`. The end, the next midnight, is
+ * computed by the store: after 9999-12-31 it is in year 10000, which JS writes as `+010000-…` and
+ * neither store reads.
  */
-export function instantParam(ctx: AdminCtx, name: string, end: boolean): { at: Date; exclusive: boolean } | undefined {
+export function beforeEndOfDay(column: PgColumn, day: Date): SQL {
+  return sql`${column} < ${day.toISOString()}::timestamptz + interval '24 hours'`;
+}
+
+/**
+ * An instant given as `YYYY-MM-DD` or `YYYY-MM-DD HH:MM:SS` (UTC), `wholeDay` when it is a bare
+ * date (`at` is then its midnight). As the end of a range, a bare date means the whole of that day.
+ */
+export function instantParam(ctx: AdminCtx, name: string, end: boolean): { at: Date; wholeDay: boolean } | undefined {
   const v = ctx.query(name);
   if (v === undefined || v === "") return undefined;
   const m = INSTANT.exec(v.trim());
   const day = m ? utcDay(m[1]!, m[2]!, m[3]!) : undefined;
   const [h, min, s] = [Number(m?.[4] ?? 0), Number(m?.[5] ?? 0), Number(m?.[6] ?? 0)];
   if (!m || day === undefined || h > 23 || min > 59 || s > 59) throw invalidParam(name, `Expected YYYY-MM-DD or YYYY-MM-DD HH:MM:SS (UTC), got ${JSON.stringify(v)}`);
-  if (m[4] === undefined) return { at: new Date(end ? day + DAY_MS : day), exclusive: end };
+  if (m[4] === undefined) return { at: new Date(day), wholeDay: true };
   // Times are kept to the millisecond: a finer start is rounded up and a finer end down, so the
   // range never takes in an instant outside the one asked for.
   const digits = (m[7] ?? ".").slice(1).padEnd(6, "0");
   const ms = Number(digits.slice(0, 3));
   const finer = Number(digits.slice(3)) > 0;
   const frac = finer && !end ? ms + 1 : ms;
-  return { at: new Date(day + ((h * 60 + min) * 60 + s) * 1000 + frac), exclusive: false };
+  return { at: new Date(day + ((h * 60 + min) * 60 + s) * 1000 + frac), wholeDay: false };
 }
 
 /** A number parameter (min_spend, max_spend). */

@@ -5,7 +5,7 @@
  * (spend-queries.ts); the log endpoints read `spend_logs` by time.
  */
 import { Type as T } from "@sinclair/typebox";
-import { and, count, desc, eq, gte, inArray, isNull, lt, lte, or, type SQL, sql } from "drizzle-orm";
+import { and, count, desc, eq, gte, inArray, isNull, lte, or, type SQL, sql } from "drizzle-orm";
 import type { PgColumn, PgTable } from "drizzle-orm/pg-core";
 import { Elysia } from "elysia";
 import { badRequest } from "../../authz.ts";
@@ -33,6 +33,8 @@ import {
   dailyActivity,
   dateRange,
   daysBetween,
+  beforeEndOfDay,
+  DAY_MS,
   instantParam,
   keyParam,
   limitParam,
@@ -137,7 +139,7 @@ async function spendLogsV1(ctx: AdminCtx) {
   if (apiKey) where.push(eq(spendLogs.apiKey, apiKey));
   if (userId) where.push(eq(spendLogs.userId, userId));
   if (range.start) where.push(gte(spendLogs.startTime, new Date(`${range.start}T00:00:00Z`)));
-  if (range.end) where.push(lt(spendLogs.startTime, new Date(Date.parse(`${range.end}T00:00:00Z`) + 86_400_000)));
+  if (range.end) where.push(beforeEndOfDay(spendLogs.startTime, new Date(`${range.end}T00:00:00Z`)));
   const found = await ctx.db
     .select()
     .from(spendLogs)
@@ -155,12 +157,13 @@ async function spendLogsV2(ctx: AdminCtx) {
   if (!start || !end) throw badRequest("Start date and end date are required (YYYY-MM-DD or YYYY-MM-DD HH:MM:SS, UTC).", start ? "end_date" : "start_date");
   // As /spend/logs and the reports answer it: a range that ends before it starts is a mistake, not
   // an empty page. (Bounds finer than a millisecond are rounded inward, which may cross them by 1 ms.)
-  if (end.at.getTime() < start.at.getTime() - 1) throw badRequest(`end_date (${ctx.query("end_date")}) is before start_date (${ctx.query("start_date")}).`, "end_date");
+  const endMs = end.wholeDay ? end.at.getTime() + DAY_MS : end.at.getTime();
+  if (endMs < start.at.getTime() - 1) throw badRequest(`end_date (${ctx.query("end_date")}) is before start_date (${ctx.query("start_date")}).`, "end_date");
   const p = pageOf(ctx.query, 50, 100);
   const status = ctx.query("status_filter") ? choice(ctx.query, "status_filter", ["success", "failure"] as const, "success") : undefined;
   const minSpend = numberParam(ctx, "min_spend");
   const maxSpend = numberParam(ctx, "max_spend");
-  const where: SQL[] = [gte(spendLogs.startTime, start.at), end.exclusive ? lt(spendLogs.startTime, end.at) : lte(spendLogs.startTime, end.at)];
+  const where: SQL[] = [gte(spendLogs.startTime, start.at), end.wholeDay ? beforeEndOfDay(spendLogs.startTime, end.at) : lte(spendLogs.startTime, end.at)];
   if (teamIds) where.push(inArray(spendLogs.teamId, teamIds));
   const apiKey = keyParam(ctx);
   if (apiKey) where.push(eq(spendLogs.apiKey, apiKey));
