@@ -172,15 +172,15 @@ const COUNTER_UPDATES: Record<CounterTable, string> = {
 };
 
 /**
- * Adds `daily_rows` (type, id, day, key, model, grp, provider, pt, ct, cr, cc, spend, n, ok, failed)
+ * Adds `daily_rows` (type, id, day, key, model, grp, provider, team, pt, ct, cr, cc, spend, n, ok, failed)
  * to the aggregates, in the conflict key's order: batches of instances sharing one database lock
  * the rows they share (a key's on each model, a model's, a provider's) in one order, never in a ring.
  */
 const DAILY_UPSERT = `daily as (
-  insert into daily_spend as d (entity_type, entity_id, date, api_key, model, model_group, provider, prompt_tokens,
+  insert into daily_spend as d (entity_type, entity_id, date, api_key, model, model_group, provider, team_id, prompt_tokens,
     completion_tokens, cache_read_input_tokens, cache_creation_input_tokens, spend, api_requests, successful_requests, failed_requests)
-  select * from daily_rows order by type, id, day, key, model, grp, provider
-  on conflict (entity_type, entity_id, date, api_key, model, model_group, provider) do update set
+  select * from daily_rows order by type, id, day, key, model, grp, provider, team
+  on conflict (entity_type, entity_id, date, api_key, model, model_group, provider, team_id) do update set
     prompt_tokens = d.prompt_tokens + excluded.prompt_tokens,
     completion_tokens = d.completion_tokens + excluded.completion_tokens,
     cache_read_input_tokens = d.cache_read_input_tokens + excluded.cache_read_input_tokens,
@@ -194,7 +194,7 @@ const DAILY_UPSERT = `daily as (
 )`;
 
 const DELTA_COLUMNS = "x(t text, id text, p bigint, amount numeric, ms bigint)";
-const DAILY_COLUMNS = `y(type text, id text, day text, key text, model text, grp text, provider text,
+const DAILY_COLUMNS = `y(type text, id text, day text, key text, model text, grp text, provider text, team text,
     pt bigint, ct bigint, cr bigint, cc bigint, spend numeric, n bigint, ok bigint, failed bigint)`;
 
 const at = (ms: string) => `to_timestamp(${ms} / 1000.0)`;
@@ -204,7 +204,7 @@ const deltaInput = (param: string) =>
   `select t, id, case when p is null then null else ${at("p")} end as period_end, amount, ms from jsonb_to_recordset(${param}::jsonb) as ${DELTA_COLUMNS}`;
 /** The batch's daily aggregates, summed in memory and passed as JSON in `param`. */
 const dailyInput = (param: string) =>
-  `select type, id, day::date as day, key, model, grp, provider, pt, ct, cr, cc, spend, n, ok, failed from jsonb_to_recordset(${param}::jsonb) as ${DAILY_COLUMNS}`;
+  `select type, id, day::date as day, key, model, grp, provider, team, pt, ct, cr, cc, spend, n, ok, failed from jsonb_to_recordset(${param}::jsonb) as ${DAILY_COLUMNS}`;
 const metrics = (f: string) =>
   `${f}.provider, (${at(`${f}."startTime"`)} at time zone 'UTC')::date as day, ${f}."promptTokens" as pt, ${f}."completionTokens" as ct,
    ${f}."cacheReadTokens" as cr, ${f}."cacheCreationTokens" as cc, ${f}."spendPico" / 1000000000000 as spend, ${f}.status`;
@@ -270,26 +270,26 @@ delta as (
 ${LOCK_ORDER.map((t, i) => LOCKED_COUNTER_UPDATES[t](LOCK_ORDER[i - 1])).join(",\n")},
 ${periodSpendUpsert(LOCK_ORDER.at(-1))},
 entity as (
-  select e.type, e.id, e.key, e.model, e.grp, ${metrics("f")}
+  select e.type, e.id, e.key, e.model, e.grp, ${metrics("f")}, e.team
   from fresh f cross join lateral (values
-    ('key', f."apiKey", f."apiKey", f."upstreamModel", f."modelGroup"),
-    ('team', coalesce(f."teamId", ''), f."apiKey", f."upstreamModel", f."modelGroup"),
-    ('org', f."organizationId", f."apiKey", f."upstreamModel", f."modelGroup"),
-    ('user', f."userId", f."apiKey", f."upstreamModel", f."modelGroup"),
-    ('end_user', f."endUser", f."apiKey", f."upstreamModel", f."modelGroup"),
-    ('model', f."modelGroup", '', f."upstreamModel", f."modelGroup"),
-    ('provider', f.provider, '', '', '')) as e(type, id, key, model, grp)
+    ('key', f."apiKey", f."apiKey", f."upstreamModel", f."modelGroup", coalesce(f."teamId", '')),
+    ('team', coalesce(f."teamId", ''), f."apiKey", f."upstreamModel", f."modelGroup", ''),
+    ('org', f."organizationId", f."apiKey", f."upstreamModel", f."modelGroup", ''),
+    ('user', f."userId", f."apiKey", f."upstreamModel", f."modelGroup", coalesce(f."teamId", '')),
+    ('end_user', f."endUser", f."apiKey", f."upstreamModel", f."modelGroup", coalesce(f."teamId", '')),
+    ('model', f."modelGroup", '', f."upstreamModel", f."modelGroup", ''),
+    ('provider', f.provider, '', '', '', '')) as e(type, id, key, model, grp, team)
   where e.id is not null
   union all
-  select 'tag', tg.tag, f."apiKey", f."upstreamModel", f."modelGroup", ${metrics("f")}
+  select 'tag', tg.tag, f."apiKey", f."upstreamModel", f."modelGroup", ${metrics("f")}, ''
   from fresh f cross join lateral (select distinct unnest(f.tags) as tag) tg
 ),
 daily_rows as (
   ${dailyInput("$4")} where (select ok from fast)
   union all
-  select type, id, day, key, model, grp, provider, sum(pt), sum(ct), sum(cr), sum(cc), sum(spend), count(*),
+  select type, id, day, key, model, grp, provider, team, sum(pt), sum(ct), sum(cr), sum(cc), sum(spend), count(*),
     count(*) filter (where status = 'success'), count(*) filter (where status = 'failure')
-  from entity group by type, id, day, key, model, grp, provider
+  from entity group by type, id, day, key, model, grp, provider, team
 ),
 ${DAILY_UPSERT}
 select (select count(*) from ins)::int as inserted`;
@@ -384,6 +384,7 @@ interface DailyRow {
   model: string;
   grp: string;
   provider: string;
+  team: string;
   pt: number;
   ct: number;
   cr: number;
@@ -396,13 +397,13 @@ interface DailyRow {
 
 function dailyRows(groups: RowGroup[]) {
   const out = new Map<string, DailyRow>();
-  const add = (g: RowGroup, type: string, id: string | null, key: string, model: string, grp: string) => {
+  const add = (g: RowGroup, type: string, id: string | null, key: string, model: string, grp: string, team = "") => {
     if (id === null) return;
     const e = g.sample;
-    const k = `${type}\u0000${id}\u0000${g.day}\u0000${key}\u0000${model}\u0000${grp}\u0000${e.provider}`;
+    const k = `${type}\u0000${id}\u0000${g.day}\u0000${key}\u0000${model}\u0000${grp}\u0000${e.provider}\u0000${team}`;
     const d = out.get(k);
     if (!d) {
-      out.set(k, { type, id, day: g.day, key, model, grp, provider: e.provider, pt: g.pt, ct: g.ct, cr: g.cr, cc: g.cc, spend: g.spend, n: g.n, ok: g.ok, failed: g.failed });
+      out.set(k, { type, id, day: g.day, key, model, grp, provider: e.provider, team, pt: g.pt, ct: g.ct, cr: g.cr, cc: g.cc, spend: g.spend, n: g.n, ok: g.ok, failed: g.failed });
       return;
     }
     d.pt += g.pt;
@@ -416,16 +417,19 @@ function dailyRows(groups: RowGroup[]) {
   };
   for (const g of groups) {
     const e = g.sample;
+    // Key, user and end-user rows carry the team the call was made in: reports filtered by one
+    // of them tell a key's spend in one team from its spend in another.
+    const team = e.teamId ?? "";
     for (const [type, id] of [
       ["key", e.apiKey],
-      // Calls without a team get a team row too (id ''): the team report then reads one entity type.
-      ["team", e.teamId ?? ""],
-      ["org", e.organizationId],
       ["user", e.userId],
       ["end_user", e.endUser],
     ] as const) {
-      add(g, type, id, e.apiKey, e.upstreamModel, e.modelGroup);
+      add(g, type, id, e.apiKey, e.upstreamModel, e.modelGroup, team);
     }
+    // Calls without a team get a team row too (id ''): the team report then reads one entity type.
+    add(g, "team", team, e.apiKey, e.upstreamModel, e.modelGroup);
+    add(g, "org", e.organizationId, e.apiKey, e.upstreamModel, e.modelGroup);
     for (const tag of new Set(e.tags)) add(g, "tag", tag, e.apiKey, e.upstreamModel, e.modelGroup);
     add(g, "model", e.modelGroup, "", e.upstreamModel, e.modelGroup);
     add(g, "provider", e.provider, "", "", "");

@@ -280,8 +280,8 @@ export async function teamDayRows(db: Db, teamIds: string[], range: { start: str
 
 /**
  * Rows for `/global/spend/report` and `/spend/logs?summarize=true`: the amounts of `base` per
- * (day, entity, key, model group), each with the team its key spent for that day (from the team
- * aggregates; null when the key had no team). `userId` keeps only the keys that user spent with.
+ * (day, entity, key, model group, team), the team being the one the calls were made in (null: the
+ * key had none). `teamIds` keeps those teams' calls; `userId` keeps only the keys that user spent with.
  */
 export interface AttributedRow extends SumRow {
   day: string;
@@ -297,27 +297,18 @@ export async function attributedRows(db: Db, base: DailyFilter, opts: { teamIds?
   if (opts.userId && base.entityType !== "user") {
     where.push(sql`exists (select 1 from daily_spend u where u.entity_type = 'user' and u.entity_id = ${opts.userId} and u.date = d.date and u.api_key = d.api_key)`);
   }
-  const teamDays: SQL[] = [sql`t.entity_type = 'team'`, sql`t.entity_id <> ''`];
-  if (base.start) teamDays.push(sql`t.date >= ${base.start}::date`);
-  if (base.end) teamDays.push(sql`t.date <= ${base.end}::date`);
-  const teamFilter = opts.teamIds ? (opts.teamIds.length ? sql`where kt.team_id in (${inList(opts.teamIds)})` : sql`where false`) : sql``;
+  if (opts.teamIds) where.push(opts.teamIds.length ? sql`d.team_id in (${inList(opts.teamIds)})` : sql`false`);
   return rows<AttributedRow>(
     db,
     sql`with base as (
-        select d.date, d.entity_id, d.api_key, d.model_group, ${SUMS}
+        select d.date, d.entity_id, d.api_key, d.model_group, d.team_id, ${SUMS}
         from daily_spend d where ${sql.join(where, sql` and `)}
-        group by d.date, d.entity_id, d.api_key, d.model_group
-      ), key_team as (
-        -- A key that changed teams during a day: the team it spent for last (its row written last).
-        select distinct on (t.date, t.api_key) t.date, t.api_key, t.entity_id as team_id from daily_spend t where ${sql.join(teamDays, sql` and `)}
-        order by t.date, t.api_key, t.updated_at desc, t.entity_id desc
+        group by d.date, d.entity_id, d.api_key, d.model_group, d.team_id
       )
       select b.date::text as day, b.entity_id, b.api_key, b.model_group, b.spend, b.prompt_tokens, b.completion_tokens, b.cache_read, b.cache_creation,
-        b.api_requests, b.successful_requests, b.failed_requests, kt.team_id, tm.team_alias
+        b.api_requests, b.successful_requests, b.failed_requests, nullif(b.team_id, '') as team_id, tm.team_alias
       from base b
-      left join key_team kt on kt.date = b.date and kt.api_key = b.api_key
-      left join teams tm on tm.team_id = kt.team_id
-      ${teamFilter}
+      left join teams tm on tm.team_id = b.team_id
       order by b.date`,
   );
 }

@@ -105,7 +105,7 @@ function whereOf(entityType: string, f: ReportFilter, extra: SQL[]): SQL {
 }
 
 /** The JSON of a day part: bump when it changes, so parts stored by an older version are not served. */
-const PART_FORMAT = 3; // 2: keys as JSON; amounts of 16+ significant digits exact (parts stored by 4315e60–92946c1 wrote the nearest double). 3: the day as "group-by-day" too
+const PART_FORMAT = 4; // 2: keys as JSON; amounts of 16+ significant digits exact (parts stored by 4315e60–92946c1 wrote the nearest double). 3: the day as "group-by-day" too. 4: team_id keeps a key's calls in that team only
 
 /**
  * A report day's opening: the day under the spec's name, `group-by-day`, and under LiteLLM's,
@@ -249,7 +249,7 @@ function entriesOf(found: DailyRow[]): Entry[] {
 async function byDimension(db: Db, log: Logger, f: ReportFilter, dim: "api_key" | "customer", storeOnly: boolean): Promise<Blob> {
   const extra: SQL[] = [];
   if (f.customerId) extra.push(sql`d.entity_id = ${f.customerId}`);
-  if (f.teamId) extra.push(sql`exists (select 1 from daily_spend t where t.entity_type = 'team' and t.entity_id = ${f.teamId} and t.date = d.date and t.api_key = d.api_key)`);
+  if (f.teamId) extra.push(sql`d.team_id = ${f.teamId}`);
   const entityType = dim === "api_key" ? "key" : "end_user";
   const where = whereOf(entityType, f, extra);
   const list = dim === "api_key" ? "api_keys" : "customers";

@@ -222,8 +222,10 @@ function usageOfRows(rs: AttributedRow[]): Map<string, Usage4> {
 function dimensionEntries(rs: AttributedRow[], dim: "api_key" | "customer"): Record<string, unknown>[] {
   const groups = groupBy(rs, (r) => (dim === "api_key" ? r.api_key : r.entity_id));
   const entries = [...groups].map(([id, list]) => ({ id, spend: sumSpend(list), usage: usageOfRows(list) }));
-  return entries.sort(bySpendDesc).map((e) => {
-    const models = [...e.usage].map(([model, u]) => ({ model, total_cost: exactUsdJson(u.cost), total_input_tokens: u.input, total_output_tokens: u.output, requests: u.requests }));
+  // Ties by id, and models by cost, as the report's day parts order them (spend-report.ts).
+  return entries.sort((a, b) => bySpendDesc(a, b) || (a.id < b.id ? -1 : 1)).map((e) => {
+    const ranked = [...e.usage].sort(([ma, a], [mb, b]) => bySpendDesc({ spend: a.cost }, { spend: b.cost }) || (ma < mb ? -1 : 1));
+    const models = ranked.map(([model, u]) => ({ model, total_cost: exactUsdJson(u.cost), total_input_tokens: u.input, total_output_tokens: u.output, requests: u.requests }));
     return {
       [dim]: e.id,
       total_cost: exactUsdJson(e.spend),
@@ -264,7 +266,7 @@ const REPORT_DEFAULT_DAYS = 30;
  * - group_by=team (default): `[{group-by-day, group_by_day, teams: teamEntries}]` (the day under both names); calls of keys without a team are "Unassigned Team".
  * - group_by=api_key: `[{group_by_day, api_keys: [{api_key, total_cost, …, model_details}]}]`.
  * - group_by=customer: `[{group_by_day, customers: [{customer, total_cost, …, model_details}]}]`; only calls that named an end user.
- * A key that changed teams during a day is counted under the team it had last that day.
+ * A key that changed teams during a day is counted under each team for the calls made in it, with any filter.
  */
 async function spendReport(ctx: AdminCtx) {
   ctx.caller.requireReadAll();

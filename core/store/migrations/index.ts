@@ -19,6 +19,7 @@ import m8_0008_key_rotated_from from "./0008_key_rotated_from.sql" with { type: 
 import m9_0009_key_rotated_from_history from "./0009_key_rotated_from_history.sql" with { type: "text" };
 import m10_0010_budget_period_spend from "./0010_budget_period_spend.sql" with { type: "text" };
 import m11_0011_key_first_token from "./0011_key_first_token.sql" with { type: "text" };
+import m12_0012_daily_spend_team from "./0012_daily_spend_team.sql" with { type: "text" };
 
 const files: Record<string, string> = {
   "0000_init": m0_0000_init,
@@ -33,6 +34,7 @@ const files: Record<string, string> = {
   "0009_key_rotated_from_history": m9_0009_key_rotated_from_history,
   "0010_budget_period_spend": m10_0010_budget_period_spend,
   "0011_key_first_token": m11_0011_key_first_token,
+  "0012_daily_spend_team": m12_0012_daily_spend_team,
 };
 
 export const migrations: MigrationMeta[] = journal.entries.map((e) => {

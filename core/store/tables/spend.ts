@@ -74,6 +74,13 @@ export const dailySpend = pgTable(
     model: text("model").notNull().default(""),
     modelGroup: text("model_group").notNull().default(""),
     provider: text("provider").notNull().default(""),
+    /**
+     * For `key`, `user` and `end_user` rows, the team the calls' key was in ('' none): a key moved
+     * to another team during a day has a row for each, so a report filtered by user or end user
+     * counts each call under the team it was made in. Rows written before this column carry the
+     * team the key spent for last that day (migration 0012).
+     */
+    teamId: text("team_id").notNull().default(""),
     promptTokens: count("prompt_tokens"),
     completionTokens: count("completion_tokens"),
     cacheReadTokens: count("cache_read_input_tokens"),
@@ -85,7 +92,7 @@ export const dailySpend = pgTable(
     updatedAt: ts("updated_at").notNull().defaultNow(),
   },
   (t) => [
-    primaryKey({ columns: [t.entityType, t.entityId, t.date, t.apiKey, t.model, t.modelGroup, t.provider] }),
+    primaryKey({ columns: [t.entityType, t.entityId, t.date, t.apiKey, t.model, t.modelGroup, t.provider, t.teamId] }),
     index("daily_spend_date_idx").on(t.entityType, t.date),
   ],
 );
