@@ -545,6 +545,8 @@ export interface BudgetLedger {
   reserve(counters: readonly BudgetCounter[], amount: bigint): LedgerGrant | LedgerRefusal | Promise<LedgerGrant | LedgerRefusal>;
   /** Drops counters (after an admin reset of spend); their next use starts again from the store. */
   forget(ids: readonly string[]): Promise<void>;
+  /** Drops only this instance's copies of counters another instance reset (it dropped the shared ones). */
+  forgetHere(ids: readonly string[]): Promise<void>;
 }
 
 /**

@@ -312,6 +312,12 @@ export default definePlugin({
     const seen = metCounters.get(ledger) ?? new Set<string>();
     metCounters.set(ledger, seen);
     const unsubscribe = identity.onChange((change) => {
+      if (change.kind === "spend_reset") {
+        // Another instance reset these counters' spend: read them again from the store, budgeted or not.
+        const reset = change.counters ?? [...seen];
+        void ledger.forgetHere(reset).catch((err) => ctx.log.warn("budget counters reset on another instance could not be dropped", storeErrorCause(err)));
+        return;
+      }
       // A change of one key, team, org or user concerns its own counter; others (memberships, budget objects, all) any.
       const own =
         change.kind === "key" ? keyCounters(change.token, identity)

@@ -15,7 +15,11 @@ import { TEST_REDIS_URL, testRedisUrlAt } from "./harness/redis.ts";
 
 const REDIS_URL = TEST_REDIS_URL;
 const CONFIG = {
-  model_list: [{ model_name: "gpt-a", svc_params: { model: "mock/gpt-a" } }],
+  model_list: [
+    { model_name: "gpt-a", svc_params: { model: "mock/gpt-a" } },
+    // $1 a call: exactly max_tokens=1000 words at $0.001 per output token (the prompt priced at almost nothing).
+    { model_name: "dollar", svc_params: { model: "mock/dollar", mock_response: "word ".repeat(1200) }, model_info: { input_cost_per_token: 1e-12, output_cost_per_token: 0.001 } },
+  ],
   general_settings: { master_key: MASTER_KEY },
 };
 const POLL_MS = 50;
@@ -310,6 +314,43 @@ describe("two instances, one PostgreSQL, no Redis (LISTEN/NOTIFY)", () => {
 
   test("a management call through B sees what a call through A wrote just before, even while B's cache lags", async () => {
     await readsAfterWrites(a, b);
+  });
+
+  test("a spend reset through B (key reset_spend, key/update, team/update, user/update, global reset) lets A serve the key again within a second", async () => {
+    const dollarCall = async (gw: TestGateway, key: string) => {
+      const res = await fetch(`${gw.baseURL}/chat/completions`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+        body: JSON.stringify({ model: "dollar", messages: [{ role: "user", content: "hi" }], max_tokens: 1000 }),
+      });
+      await res.arrayBuffer();
+      return res.status;
+    };
+    // Room for two calls of $1.
+    const budget = 2.0000001;
+    /** Spends the key's budget through A (A's own counter says it is spent), resets through B, then calls through A. */
+    const resetThroughB = async (key: string, reset: () => Promise<unknown>) => {
+      for (let n = 0; (await dollarCall(a, key)) === 200; n++) expect(n).toBeLessThan(3);
+      await a.host!.services.spendLog?.flush();
+      const t0 = performance.now();
+      await reset();
+      for (;;) {
+        const status = await dollarCall(a, key);
+        if (status === 200) break;
+        expect(performance.now() - t0, `A still answers ${status}`).toBeLessThan(LIMIT_MS);
+        await Bun.sleep(POLL_MS);
+      }
+    };
+    const own = (await admin(a, "/key/generate", { max_budget: budget })) as { key: string };
+    await resetThroughB(own.key, () => admin(b, `/key/${own.key}/reset_spend`, {}));
+    await resetThroughB(own.key, () => admin(b, "/key/update", { key: own.key, spend: 0 }));
+    await resetThroughB(own.key, () => admin(b, "/global/spend/reset", {}));
+    const team = (await admin(a, "/team/new", { max_budget: budget })) as { team_id: string };
+    const teamKey = (await admin(a, "/key/generate", { team_id: team.team_id })) as { key: string };
+    await resetThroughB(teamKey.key, () => admin(b, "/team/update", { team_id: team.team_id, spend: 0 }));
+    const user = (await admin(a, "/user/new", { max_budget: budget, auto_create_key: false })) as { user_id: string };
+    const userKey = (await admin(a, "/key/generate", { user_id: user.user_id })) as { key: string };
+    await resetThroughB(userKey.key, () => admin(b, "/user/update", { user_id: user.user_id, spend: 0 }));
   });
 
   test("a model stored through A is served by B within a second", async () => {

@@ -23,6 +23,14 @@ const CATCH_UP_MS = 1000;
 /** A reload after a reconnection that failed (the store not answering yet) is tried again this much later. */
 const RELOAD_RETRY_MS = 1000;
 
+/**
+ * What a batch too large to send is sent as instead: every row reloaded, and any spend reset
+ * widened to every counter (a reload alone would leave the reset counters counting on).
+ */
+function widened(changes: readonly IdentityChange[]): IdentityChange[] {
+  return changes.some((c) => c.kind === "spend_reset") ? [{ kind: "all" }, { kind: "spend_reset" }] : [{ kind: "all" }];
+}
+
 export class ChangeBus {
   private readonly instanceId = crypto.randomUUID();
   private subscriber: Redis | undefined;
@@ -180,6 +188,11 @@ export class ChangeBus {
     await this.send(changes);
   }
 
+  /** Tells the other instances only, of what this one has done already (a spend reset's counters). */
+  async announce(...changes: IdentityChange[]): Promise<void> {
+    await this.send(changes);
+  }
+
   private async send(changes: IdentityChange[]): Promise<void> {
     if (!this.redis) return this.sendPg(changes);
     try {
@@ -187,7 +200,7 @@ export class ChangeBus {
     } catch (err) {
       // The other instances would otherwise keep serving the old rows until their own reconnect.
       this.pending.push(...changes);
-      if (this.pending.length > MAX_PENDING) this.pending = [{ kind: "all" }];
+      if (this.pending.length > MAX_PENDING) this.pending = widened(this.pending);
       this.log.warn("could not publish identity change to other instances; will send it when Redis is back", { error: String(err) });
     }
   }
@@ -195,7 +208,7 @@ export class ChangeBus {
   private async sendPg(changes: IdentityChange[]): Promise<void> {
     if (!this.pg) return;
     let payload = JSON.stringify({ origin: this.instanceId, changes });
-    if (payload.length > PG_PAYLOAD_MAX) payload = JSON.stringify({ origin: this.instanceId, changes: [{ kind: "all" }] });
+    if (payload.length > PG_PAYLOAD_MAX) payload = JSON.stringify({ origin: this.instanceId, changes: widened(changes) });
     try {
       await this.pg.notify(PG_CHANNEL, payload);
     } catch (err) {

@@ -215,6 +215,7 @@ export class IdentityCache implements IdentityView {
         break;
       }
       case "models":
+      case "spend_reset":
         break;
     }
     for (const l of this.listeners) l(change);

@@ -45,4 +45,9 @@ export type IdentityChange =
   | { kind: "org_members"; orgId: string }
   | { kind: "rotated_key"; token: string }
   | { kind: "models" }
-  | { kind: "all" };
+  | { kind: "all" }
+  /**
+   * Budget counters whose spend an admin call reset (every counter without `counters`): the
+   * instance that made it dropped its own copies and the shared ones; the others drop theirs.
+   */
+  | { kind: "spend_reset"; counters?: string[] };

@@ -234,6 +234,10 @@ export class LocalLedger implements BudgetLedger {
     for (const id of ids) this.entries.delete(id);
   }
 
+  forgetHere(ids: readonly string[]): Promise<void> {
+    return this.forget(ids);
+  }
+
   /** Spend and reservations of a counter (tests, `/provider/budgets`). */
   peek(id: string): { spend: bigint; reserved: bigint; periodEnd: number | null } | undefined {
     const e = this.entries.get(id);

@@ -331,6 +331,10 @@ export class RedisLedger implements BudgetLedger {
     if (ids.length > 0) await this.redis.del(...ids.map((id) => PREFIX + id));
   }
 
+  forgetHere(ids: readonly string[]): Promise<void> {
+    return this.local.forget(ids);
+  }
+
   private degrade(err: unknown): void {
     if (this.degraded) return;
     this.degraded = true;

@@ -175,6 +175,8 @@ export function adminRoute<R>(deps: AdminDeps, handler: (ctx: AdminCtx) => Promi
       forgetBudgets: async (ids) => {
         await deps.services.ledger?.forget(ids);
         await forgetAlerts(store.db, ids);
+        // Without Redis each instance holds its own counters: the others drop theirs too.
+        await bus.announce({ kind: "spend_reset", counters: ids });
       },
       async audit(e) {
         // Written after the change has committed: a failure here must not answer a 500 for a
