@@ -620,5 +620,23 @@ for (const backend of BACKENDS) {
       const byCustomer = await get(`/global/spend/report?start_date=${day}&end_date=${day}&group_by=customer`);
       expect(byCustomer.text).toContain(`{"customer":"cust-exact","total_cost":8847.415857622159,`);
     });
+
+    test("daily activity names a rotated key (key_alias, team_id) for the spend made before each rotation too, under the hashes it had then", async () => {
+      const first = await must<{ key: string; token: string }>(gw, "POST", "/key/generate", { key_alias: "k-rotated", team_id: s.teamA });
+      const tokens = [first.token];
+      let key = first.key;
+      for (let rotation = 0; rotation < 2; rotation++) {
+        expect(await chat(gw, key, "alpha-model", `before rotation ${rotation}`)).toBe(200);
+        const next = await must<{ key: string; token: string }>(gw, "POST", "/key/regenerate", { key });
+        key = next.key;
+        tokens.push(next.token);
+      }
+      expect(await chat(gw, key, "alpha-model", "after the rotations")).toBe(200);
+      await gw.host!.spendWriter.flush();
+      type Activity = { results: { breakdown: { api_keys: Record<string, { metadata: Json }> } }[] };
+      const activity = await get<Activity>(`/team/daily/activity?start_date=${TODAY}&end_date=${TODAY}&team_ids=${s.teamA}`);
+      const keys = activity.body.results.find((r) => tokens.every((t) => t in r.breakdown.api_keys))?.breakdown.api_keys;
+      expect(tokens.map((t) => [t, keys?.[t]?.metadata])).toEqual(tokens.map((t) => [t, { key_alias: "k-rotated", team_id: s.teamA }]));
+    });
   });
 }

@@ -7,7 +7,7 @@
  * Money is summed in SQL as exact `numeric`, carried as bigint pico-dollars, and turned into a
  * JSON number once, at the end.
  */
-import { inArray, type SQL, sql } from "drizzle-orm";
+import { arrayOverlaps, inArray, or, type SQL, sql } from "drizzle-orm";
 import type { PgColumn } from "drizzle-orm/pg-core";
 import { badRequest, forbidden, missingQuery } from "../../authz.ts";
 import { columnToPico, exactUsdJson, type Pico, picoToText } from "../../cost/money.ts";
@@ -579,13 +579,23 @@ export function activityParts(db: Db, log: Logger, kind: "team" | "org", f: Dail
   return reuseDays({ db, log, entityType: kind, span: days, report: partKey, holdsNames: true, build, storeOnly });
 }
 
+/**
+ * Each token's key, as `{key_alias, team_id}`. Spend made before a key was rotated stays under the
+ * token it had then: that token finds the key by the first token or the earlier ones the row keeps
+ * (identity/rotation.ts), a key's current token before any of them.
+ */
 async function keyMetadata(db: Db, tokens: string[]): Promise<Map<string, Record<string, unknown>>> {
   if (tokens.length === 0) return new Map();
   const found = await db
-    .select({ token: virtualKeys.token, keyAlias: virtualKeys.keyAlias, teamId: virtualKeys.teamId })
+    .select({ token: virtualKeys.token, firstToken: virtualKeys.firstToken, rotatedFrom: virtualKeys.rotatedFrom, keyAlias: virtualKeys.keyAlias, teamId: virtualKeys.teamId })
     .from(virtualKeys)
-    .where(inArray(virtualKeys.token, tokens));
-  return new Map(found.map((k) => [k.token, { key_alias: k.keyAlias, team_id: k.teamId }]));
+    .where(or(inArray(virtualKeys.token, tokens), inArray(virtualKeys.firstToken, tokens), arrayOverlaps(virtualKeys.rotatedFrom, tokens)));
+  const out = new Map<string, Record<string, unknown>>();
+  for (const k of found) {
+    for (const earlier of [...(k.rotatedFrom ?? []), k.firstToken]) if (earlier && !out.has(earlier)) out.set(earlier, { key_alias: k.keyAlias, team_id: k.teamId });
+  }
+  for (const k of found) out.set(k.token, { key_alias: k.keyAlias, team_id: k.teamId });
+  return out;
 }
 
 async function entityMetadata(db: Db, kind: "team" | "org", ids: string[]): Promise<Map<string, Record<string, unknown>>> {
