@@ -313,8 +313,9 @@ function dailyFromRows(logs: Row[]): Map<string, string> {
     a.cc += BigInt(r.cache_creation_input_tokens);
     a.spend += pico(r.spend);
     a.n++;
+    // A cancelled call counts as failed: every call is one or the other.
     if (r.status === "success") a.ok++;
-    if (r.status === "failure") a.failed++;
+    else a.failed++;
     out.set(k, a);
   };
   for (const r of logs) {

@@ -288,7 +288,7 @@ daily_rows as (
   ${dailyInput("$4")} where (select ok from fast)
   union all
   select type, id, day, key, model, grp, provider, team, sum(pt), sum(ct), sum(cr), sum(cc), sum(spend), count(*),
-    count(*) filter (where status = 'success'), count(*) filter (where status = 'failure')
+    count(*) filter (where status = 'success'), count(*) filter (where status <> 'success')
   from entity group by type, id, day, key, model, grp, provider, team
 ),
 ${DAILY_UPSERT}
@@ -332,8 +332,9 @@ export class BatchSums {
       this.groups.set(sig, g);
     }
     g.n++;
+    // A cancelled call (the client left) is not a success: every call is one or the other.
     if (e.status === "success") g.ok++;
-    else if (e.status === "failure") g.failed++;
+    else g.failed++;
     g.pt += e.promptTokens;
     g.ct += e.completionTokens;
     g.cr += e.cacheReadTokens;

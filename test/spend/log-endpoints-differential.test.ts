@@ -211,7 +211,7 @@ interface V2Ask {
   keyAlias?: string;
   endUser?: string;
   model?: string;
-  status?: "success" | "failure";
+  status?: "success" | "failure" | "cancelled";
   minSpend?: string;
   maxSpend?: string;
 }
@@ -695,6 +695,17 @@ for (const backend of BACKENDS) {
         { kind: "v2", as: "master", start: `${ms}4`, end: `${ms}9`, apiKey: c.token },
       ];
       expect(await failuresOf(gw, db, w, asks, "sub-millisecond bounds")).toEqual([]);
+    });
+
+    test("status_filter=cancelled lists the calls the client left (it was refused as not success or failure)", async () => {
+      const range = { start: DAYS[0]!, end: DAYS[9]! };
+      const [c] = await rows<{ n: number }>(db, sql`select count(*)::int as n from spend_logs where status = 'cancelled'`);
+      expect(c!.n, `seed ${SEED}`).toBeGreaterThanOrEqual(1);
+      const asks: Ask[] = [
+        { kind: "v2", as: "master", ...range, status: "cancelled" },
+        { kind: "v2", as: "master", ...range, status: "cancelled", pageSize: 1, page: 2 },
+      ];
+      expect(await failuresOf(gw, db, w, asks, "status_filter=cancelled")).toEqual([]);
     });
 
     test("end_date=9999-12-31, the last day a date can name, is answered by /spend/logs and /spend/logs/v2 with the rows of that day's last millisecond", async () => {

@@ -250,7 +250,7 @@ const LOG_DAY = sql`(l.start_time at time zone 'UTC')::date`;
 /** The log's sums over the grouped rows `x`: money as exact text, tokens and counts as integers. */
 const SUMS = sql`coalesce(sum(x.spend), 0)::text as spend, coalesce(sum(x.prompt_tokens), 0)::int as prompt, coalesce(sum(x.completion_tokens), 0)::int as completion,
   coalesce(sum(x.cache_read_input_tokens), 0)::int as cache_read, coalesce(sum(x.cache_creation_input_tokens), 0)::int as cache_creation,
-  count(*)::int as requests, (count(*) filter (where x.status = 'success'))::int as ok, (count(*) filter (where x.status = 'failure'))::int as failed`;
+  count(*)::int as requests, (count(*) filter (where x.status = 'success'))::int as ok, (count(*) filter (where x.status <> 'success'))::int as failed`;
 /** The columns of the log that the sums read. */
 const SUMMED = sql`l.spend, l.prompt_tokens, l.completion_tokens, l.cache_read_input_tokens, l.cache_creation_input_tokens, l.status`;
 

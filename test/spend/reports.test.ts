@@ -441,7 +441,7 @@ for (const backend of BACKENDS) {
         expect(r.status).toBe(200);
         const perDay = await q(sql`select ${utcDay} as d, sum(spend)::text as spend, sum(prompt_tokens)::int as prompt_tokens, sum(completion_tokens)::int as completion_tokens,
           sum(cache_read_input_tokens)::int as cache_read, count(*)::int as api_requests, count(*) filter (where status = 'success')::int as ok,
-          count(*) filter (where status = 'failure')::int as failed from spend_logs where ${c.where} group by 1 order by 1 desc`);
+          count(*) filter (where status <> 'success')::int as failed from spend_logs where ${c.where} group by 1 order by 1 desc`);
         expect(r.body.results.map((d) => d.date)).toEqual(perDay.map((d) => String(d.d)));
         for (const [i, day] of r.body.results.entries()) {
           const e = perDay[i]!;

@@ -160,7 +160,7 @@ async function spendLogsV2(ctx: AdminCtx) {
   const endMs = end.wholeDay ? end.at.getTime() + DAY_MS : end.at.getTime();
   if (endMs < start.at.getTime() - 1) throw badRequest(`end_date (${ctx.query("end_date")}) is before start_date (${ctx.query("start_date")}).`, "end_date");
   const p = pageOf(ctx.query, 50, 100);
-  const status = ctx.query("status_filter") ? choice(ctx.query, "status_filter", ["success", "failure"] as const, "success") : undefined;
+  const status = ctx.query("status_filter") ? choice(ctx.query, "status_filter", ["success", "failure", "cancelled"] as const, "success") : undefined;
   const minSpend = numberParam(ctx, "min_spend");
   const maxSpend = numberParam(ctx, "max_spend");
   const where: SQL[] = [gte(spendLogs.startTime, start.at), end.wholeDay ? beforeEndOfDay(spendLogs.startTime, end.at) : lte(spendLogs.startTime, end.at)];

@@ -20,6 +20,7 @@ import m9_0009_key_rotated_from_history from "./0009_key_rotated_from_history.sq
 import m10_0010_budget_period_spend from "./0010_budget_period_spend.sql" with { type: "text" };
 import m11_0011_key_first_token from "./0011_key_first_token.sql" with { type: "text" };
 import m12_0012_daily_spend_team from "./0012_daily_spend_team.sql" with { type: "text" };
+import m13_0013_cancelled_calls_failed from "./0013_cancelled_calls_failed.sql" with { type: "text" };
 
 const files: Record<string, string> = {
   "0000_init": m0_0000_init,
@@ -35,6 +36,7 @@ const files: Record<string, string> = {
   "0010_budget_period_spend": m10_0010_budget_period_spend,
   "0011_key_first_token": m11_0011_key_first_token,
   "0012_daily_spend_team": m12_0012_daily_spend_team,
+  "0013_cancelled_calls_failed": m13_0013_cancelled_calls_failed,
 };
 
 export const migrations: MigrationMeta[] = journal.entries.map((e) => {
