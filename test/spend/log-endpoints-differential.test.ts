@@ -708,6 +708,25 @@ for (const backend of BACKENDS) {
       expect(await failuresOf(gw, db, w, asks, "status_filter=cancelled")).toEqual([]);
     });
 
+    test("dates before the year 100 (0050-01-01, 0099-12-31) are answered as any date (they were 422 \"not a date\"); the year 0 is a 400 naming the range", async () => {
+      const asks: Ask[] = [
+        { kind: "logs", as: "master", summarize: "false", start: "0050-01-01" },
+        { kind: "logs", as: "master", summarize: "false", start: "0001-01-01", end: "0099-12-31" },
+        { kind: "v2", as: "master", start: "0099-12-31", end: DAYS[9]! },
+        { kind: "global-tags", as: "master", start: "0050-01-01", end: DAYS[9]! },
+      ];
+      expect(await failuresOf(gw, db, w, asks, "dates before the year 100")).toEqual([]);
+      for (const path of ["/global/spend/report?start_date=0050-01-01&end_date=0050-01-03", "/global/spend/report?end_date=0001-01-05", "/team/daily/activity?start_date=0099-12-01&end_date=0099-12-31"]) {
+        const r = await requestJson(gw, "GET", path);
+        expect([path, r.status, r.text.slice(0, 200)]).toEqual([path, 200, r.text.slice(0, 200)]);
+      }
+      for (const path of ["/spend/logs?start_date=0000-06-01&summarize=false", "/spend/logs/v2?start_date=0000-01-01&end_date=0001-01-01", "/global/spend/report?start_date=0000-12-31&end_date=0001-01-01"]) {
+        const r = await requestJson<{ error: { message: string; param: string } }>(gw, "GET", path);
+        expect([path, r.status, r.body.error?.param]).toEqual([path, 400, "start_date"]);
+        expect(r.body.error.message).toContain("from 0001-01-01 to 9999-12-31");
+      }
+    });
+
     test("end_date=9999-12-31, the last day a date can name, is answered by /spend/logs and /spend/logs/v2 with the rows of that day's last millisecond", async () => {
       const c = w.callers[1]!;
       // The call ends when it starts: a later end would be in year 10000.

@@ -33,11 +33,25 @@ export const MAX_FILLED_DAYS = 3660;
 const DATE = /^(\d{4})-(\d{2})-(\d{2})$/;
 const INSTANT = /^(\d{4})-(\d{2})-(\d{2})(?:[ T](\d{2}):(\d{2})(?::(\d{2})(\.\d{1,6})?)?(Z|[+-]00:?00)?)?$/;
 
-/** A calendar date (UTC), or undefined when the text is not one (2024-02-30 is not). */
+/** The first day the stores know: PostgreSQL has no year 0 (JS has, as 1 BC). */
+const FIRST_DAY = "0001-01-01";
+const FIRST_DAY_MS = Date.parse(`${FIRST_DAY}T00:00:00Z`);
+
+/**
+ * A calendar date (UTC), or undefined when the text is not one (2024-02-30 is not). Set with
+ * setUTCFullYear: Date.UTC takes years 0–99 for 1900–1999.
+ */
 function utcDay(y: string, m: string, d: string): number | undefined {
-  const ms = Date.UTC(Number(y), Number(m) - 1, Number(d));
-  const back = new Date(ms);
+  const back = new Date(0);
+  const ms = back.setUTCFullYear(Number(y), Number(m) - 1, Number(d));
   return back.getUTCFullYear() === Number(y) && back.getUTCMonth() === Number(m) - 1 && back.getUTCDate() === Number(d) ? ms : undefined;
+}
+
+/** A date the text names, refused with a 400 before the first day the stores know. */
+function knownDay(name: string, y: string, m: string, d: string): number | undefined {
+  const ms = utcDay(y, m, d);
+  if (ms !== undefined && ms < FIRST_DAY_MS) throw badRequest(`${name} must be from ${FIRST_DAY} to 9999-12-31 (the year 0 is not one).`, name);
+  return ms;
 }
 
 /** A `YYYY-MM-DD` query parameter. */
@@ -45,7 +59,7 @@ export function dateParam(ctx: AdminCtx, name: string): string | undefined {
   const v = ctx.query(name);
   if (v === undefined || v === "") return undefined;
   const m = DATE.exec(v);
-  if (!m || utcDay(m[1]!, m[2]!, m[3]!) === undefined) throw invalidParam(name, `Expected a date as YYYY-MM-DD, got ${JSON.stringify(v)}`);
+  if (!m || knownDay(name, m[1]!, m[2]!, m[3]!) === undefined) throw invalidParam(name, `Expected a date as YYYY-MM-DD, got ${JSON.stringify(v)}`);
   return v;
 }
 
@@ -69,7 +83,7 @@ export function dateRange(ctx: AdminCtx): DateRange {
 export function reportDays(ctx: AdminCtx, days: number): Required<DateRange> {
   const { start, end } = dateRange(ctx);
   const last = end ?? dayOf(Date.now());
-  return { start: start ?? dayOf(Date.parse(`${last}T00:00:00Z`) - (days - 1) * DAY_MS), end: last };
+  return { start: start ?? dayOf(Math.max(Date.parse(`${last}T00:00:00Z`) - (days - 1) * DAY_MS, FIRST_DAY_MS)), end: last };
 }
 
 /** Every day from `start` to `end`, inclusive (400 past MAX_FILLED_DAYS). */
@@ -98,7 +112,7 @@ export function instantParam(ctx: AdminCtx, name: string, end: boolean): { at: D
   const v = ctx.query(name);
   if (v === undefined || v === "") return undefined;
   const m = INSTANT.exec(v.trim());
-  const day = m ? utcDay(m[1]!, m[2]!, m[3]!) : undefined;
+  const day = m ? knownDay(name, m[1]!, m[2]!, m[3]!) : undefined;
   const [h, min, s] = [Number(m?.[4] ?? 0), Number(m?.[5] ?? 0), Number(m?.[6] ?? 0)];
   if (!m || day === undefined || h > 23 || min > 59 || s > 59) throw invalidParam(name, `Expected YYYY-MM-DD or YYYY-MM-DD HH:MM:SS (UTC), got ${JSON.stringify(v)}`);
   if (m[4] === undefined) return { at: new Date(day), wholeDay: true };
