@@ -11,7 +11,7 @@
  * than refused, as a write naming a user who does not exist creates it. A non-admin's team key for
  * a member holds the membership (holdMembership), which /team/member_delete deletes with its keys.
  * Every management write first takes its locks in one order (holdWrite): teams, its organization and
- * budget object, addresses, users by id, memberships, then what it writes.
+ * budget object, addresses, users by id, memberships, then what it writes (a key: holdKey).
  *
  * A row held only so that it stays (a team, organization, budget object or membership the write
  * depends on) is held FOR KEY SHARE: that waits for a deletion, and for every management write
@@ -22,9 +22,9 @@
  */
 import { and, eq, inArray, isNull, sql } from "drizzle-orm";
 import { badRequest, type Caller, forbidden, memberMay } from "../authz.ts";
-import { budgets, organizations, teamMembers, teams, users } from "../store/schema.ts";
+import { budgets, organizations, teamMembers, teams, users, virtualKeys } from "../store/schema.ts";
 import type { Exec } from "./members.ts";
-import type { UserRow } from "./records.ts";
+import type { KeyRow, UserRow } from "./records.ts";
 
 export const teamGone = (teamId: string) => badRequest(`Team ${teamId} does not exist.`, "team_id");
 export const orgGone = (orgId: string) => badRequest(`Organization ${orgId} does not exist.`, "organization_id");
@@ -125,6 +125,21 @@ export async function holdMembership(tx: Exec, teamId: string, userId: string): 
     .where(and(eq(teamMembers.teamId, teamId), eq(teamMembers.userId, userId)))
     .for("key share");
   return rows.length > 0;
+}
+
+/**
+ * Key `token`'s live row, locked (FOR NO KEY UPDATE, as /key/delete and the spend writer lock it)
+ * until `tx` ends, after what holdWrite holds: the row a write changing the key checks, as no other
+ * write can change it before this one commits. Checked against a copy read before the transaction,
+ * two writes at the same moment were each let through against the row the other was changing.
+ */
+export async function holdKey(tx: Exec, token: string): Promise<KeyRow | undefined> {
+  const [row] = await tx
+    .select()
+    .from(virtualKeys)
+    .where(and(eq(virtualKeys.token, token), isNull(virtualKeys.deletedAt)))
+    .for("no key update");
+  return row;
 }
 
 /**

@@ -19,6 +19,7 @@ import type { Db } from "../store/db.ts";
 import { auditLog, rotatedKeys, virtualKeys } from "../store/schema.ts";
 import type { ChangeBus } from "./bus.ts";
 import { parseDuration } from "./duration.ts";
+import { holdKey } from "./holds.ts";
 import { hashKey, keyName, newKeyValue } from "./keys.ts";
 import type { Exec } from "./members.ts";
 import type { IdentityChange, KeyRow } from "./records.ts";
@@ -56,6 +57,8 @@ export async function firstTokenOfNewKey(tx: Exec, token: string): Promise<strin
   return earlier ? `key-${randomUUID()}` : null;
 }
 
+type KeyFields = Partial<typeof virtualKeys.$inferInsert>;
+
 export interface Rotation {
   /** The old row's token. */
   oldToken: string;
@@ -63,8 +66,11 @@ export interface Rotation {
   newKeyName: string;
   /** 0 revokes the old hash at once. */
   graceMs: number;
-  /** Other fields to write with the rotation (a regenerate's updates, `updated_by`). */
-  set?: Partial<typeof virtualKeys.$inferInsert>;
+  /**
+   * Other fields to write with the rotation (`updated_by`), or how to decide them (a regenerate's
+   * updates) on the key's row as it is, held: throws to refuse them.
+   */
+  set?: KeyFields | ((current: KeyRow) => KeyFields);
   /** Run in the rotation's transaction before the key is written: holds what `set` refers to, or throws to refuse it. */
   hold?: (tx: Exec) => Promise<void>;
   now?: number;
@@ -78,19 +84,17 @@ export interface Rotation {
 export async function rotateKey(db: Db, r: Rotation): Promise<{ row: KeyRow; changes: IdentityChange[] } | undefined> {
   const now = r.now ?? Date.now();
   return db.transaction(async (tx) => {
-    const [current] = await tx
-      .select()
-      .from(virtualKeys)
-      .where(and(eq(virtualKeys.token, r.oldToken), isNull(virtualKeys.deletedAt)));
-    if (!current) return undefined;
     await r.hold?.(tx);
-    const merged = { ...current, ...r.set };
+    const current = await holdKey(tx, r.oldToken);
+    if (!current) return undefined;
+    const set = typeof r.set === "function" ? r.set(current) : r.set;
+    const merged = { ...current, ...set };
     const interval = merged.autoRotate && merged.rotationInterval ? parseDuration(merged.rotationInterval) : undefined;
     await releaseEarlierToken(tx, r.newToken);
     const [row] = await tx
       .update(virtualKeys)
       .set({
-        ...r.set,
+        ...set,
         token: r.newToken,
         // A spend batch that read the old token before this commits finds the row by it (spend/flush.ts).
         rotatedFrom: sql`(array[${r.oldToken}]::text[] || ${virtualKeys.rotatedFrom})[1:${sql.raw(String(EARLIER_TOKENS_KEPT))}]`,

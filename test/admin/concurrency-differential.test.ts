@@ -162,6 +162,28 @@ for (const backend of BACKENDS) {
       }
     });
 
+    test("/key/update moving a key into a team racing /key/update, /key/bulk_update or /key/regenerate setting models the team forbids: one is refused, as in any serial order", async () => {
+      for (let round = 0; round < (backend === "postgres" ? 10 : 6); round++) {
+        const team = await requestOk<{ team_id: string }>(gw, "POST", "/team/new", { team_alias: uniq("narrow"), models: ["chat-mock"] });
+        const k = await newKey({ models: ["chat-mock"] });
+        const how = rng.pick(["update", "bulk_update", "regenerate"] as const);
+        const label = where("team move vs models", round, how);
+        const setModels = () =>
+          how === "update"
+            ? post("/key/update", { key: k.key, models: ["other-mock"] })
+            : how === "bulk_update"
+              ? post("/key/bulk_update", { keys: [{ key: k.key, models: ["other-mock"] }] })
+              : post("/key/regenerate", { key: k.key, models: ["other-mock"] });
+        const [moved, modelsSet] = await burst([() => post("/key/update", { key: k.key, team_id: team.team_id }), setModels], label);
+        const modelsWon = modelsSet!.status === 200 && (how !== "bulk_update" || (modelsSet!.body.successful_updates as unknown[]).length === 1);
+        // Moved first, the models are refused (400); models first, the move is refused (400), or
+        // finds the old value regenerated away (404).
+        expect(moved!.status === 200 && modelsWon, `${label}: both succeeded: ${moved!.text} / ${modelsSet!.text}`).toBe(false);
+        const inTeam = await requestOk<{ keys: { models: string[] }[] }>(gw, "GET", `/key/list?team_id=${team.team_id}&return_full_object=true`);
+        for (const key of inTeam.keys) expect(key.models, `${label}: a key of the team has models it forbids`).toEqual(["chat-mock"]);
+      }
+    });
+
     test("a second concurrent delete of a team, user, organization, stored model, access group or membership is refused, not a second deletion", async () => {
       for (let round = 0; round < ROUNDS; round++) {
         const n = 2 + rng.int(2);

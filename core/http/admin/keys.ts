@@ -43,7 +43,7 @@ import { IdList, resetAt } from "../../identity/fields.ts";
 import { guaranteedOverflow, isGuaranteed, type PlannedKey } from "../../limits/capacity.ts";
 import { MASTER_USER_ID, refuseMasterUserId } from "../../identity/master-user.ts";
 import { routesOutsideTeam } from "../../identity/team-routes.ts";
-import { budgetGone, holdExistingUser, holdMembership, holdUser, holdWrite, orgGone, teamGone } from "../../identity/holds.ts";
+import { budgetGone, holdExistingUser, holdKey, holdMembership, holdUser, holdWrite, orgGone, teamGone } from "../../identity/holds.ts";
 
 const TABLE = "virtual_keys";
 const BULK_MAX = 500;
@@ -123,6 +123,39 @@ async function keyInReach(ctx: AdminCtx, keyOrHash: string, route: KeyRoute | Ke
   const seesAll = ctx.caller.isAdmin || (routes[0] === "/key/info" && ctx.caller.canReadAll);
   if (!row && seesAll) throw notFound("Key not found: no live key has this value or hash.", "key");
   throw forbidden(`You may not call ${routes[0]} on this key: it is neither yours nor a key of a team you administer.`);
+}
+
+/**
+ * What a write on key `row` making it `planned` was let through and held on: its reach (mayActOn:
+ * the key's team and user), its holds (holdKeyWrite: the team, organization, budget object and user
+ * it names anew) and, for a guaranteed limit, the capacity it reserves (checkGuaranteedStored).
+ */
+function decidedOn(row: KeyRow, planned: PlannedKey = row): string {
+  const capacity = isGuaranteed(planned) ? [planned.models, planned.accessGroupIds, planned.rpmLimit, planned.tpmLimit, planned.rpmLimitType, planned.tpmLimitType] : [];
+  return JSON.stringify([row.teamId, row.userId, row.organizationId, row.budgetId, ...capacity]);
+}
+
+/** Thrown in a key write's transaction (rolling it back) when a concurrent write changed what it was decided on: the write starts over. */
+class KeyChanged extends Error {}
+
+/** Attempts of a key write that concurrent writes keep changing the key under, before the 409. */
+const KEY_WRITE_ATTEMPTS = 5;
+
+/**
+ * `write` on the key a caller names, if in reach for `route` (keyInReach); read again and written
+ * again when a concurrent write changed the key in what this one was decided on (KeyChanged), so
+ * its checks run on the row it writes, as one after the other.
+ */
+async function writeKeyInReach<R>(ctx: AdminCtx, keyOrHash: string, route: KeyRoute | KeyRoute[], write: (row: KeyRow) => Promise<R>): Promise<R> {
+  for (let attempt = 1; ; attempt++) {
+    const row = await keyInReach(ctx, keyOrHash, route);
+    try {
+      return await write(row);
+    } catch (err) {
+      if (!(err instanceof KeyChanged)) throw err;
+      if (attempt === KEY_WRITE_ATTEMPTS) throw GatewayError.of(409, "The key was changed by other requests while this one ran, every time it was tried; nothing was changed. Try again.", "conflict", "key");
+    }
+  }
 }
 
 /** The identifier of a key for responses: hashes and aliases as passed, plaintext replaced by its hash. */
@@ -450,6 +483,27 @@ export async function generateKey(ctx: AdminCtx, body: Record<string, unknown>, 
  * could unblock it through /key/update).
  */
 async function updateFields(ctx: AdminCtx, row: KeyRow, body: KeyBody): Promise<Record<string, unknown>> {
+  const fields = fieldsToUpdate(ctx, row, body);
+  if ("keyAlias" in fields) await assertAliasFree(ctx.db, fields.keyAlias as string | null, row.token);
+  return fields;
+}
+
+/**
+ * The fields an update (`body`, whose fields on key `row` were `fields`) sets, checked again on the
+ * key as it is now, held (`current`): another write may have changed what the checks read.
+ * KeyChanged when it changed what the update was let through and held on.
+ */
+function fieldsAgain(ctx: AdminCtx, row: KeyRow, fields: Record<string, unknown>, current: KeyRow, body: KeyBody): Record<string, unknown> {
+  const again = fieldsToUpdate(ctx, current, body);
+  if (decidedOn(current, { ...current, ...(again as Partial<KeyRow>) }) !== decidedOn(row, { ...row, ...(fields as Partial<KeyRow>) })) throw new KeyChanged();
+  return again;
+}
+
+/**
+ * updateFields but the alias check (a read outside the write's transaction; the unique index
+ * refuses an alias taken meanwhile): run again in the transaction, on the key row it holds.
+ */
+function fieldsToUpdate(ctx: AdminCtx, row: KeyRow, body: KeyBody): Record<string, unknown> {
   const caller = ctx.caller;
   const now = Date.now();
   const fields = keyFieldsOf(body);
@@ -487,7 +541,6 @@ async function updateFields(ctx: AdminCtx, row: KeyRow, body: KeyBody): Promise<
     // Ids the key already had may name groups deleted since (they grant nothing): only new ones must exist.
     accessGroupIds: Array.isArray(fields.accessGroupIds) ? (fields.accessGroupIds as string[]).filter((id) => !row.accessGroupIds.includes(id)) : undefined,
   });
-  if ("keyAlias" in fields) await assertAliasFree(ctx.db, fields.keyAlias as string | null, row.token);
   derivedTimes(ctx, fields, { ...row, ...fields } as Partial<KeyRow>, body, now);
   withProjectId(fields, body, true);
   const expires = expiresOf(body, now);
@@ -503,13 +556,16 @@ async function updateKey(ctx: AdminCtx, row: KeyRow, body: KeyBody): Promise<Key
   const fields = await updateFields(ctx, row, body);
   const planned = { ...row, ...(fields as Partial<KeyRow>) };
   checkGuaranteed(ctx, planned);
+  let before = row;
   let updated: KeyRow | undefined;
   let createdUser: UserRow | undefined;
   try {
-    [updated, createdUser] = await ctx.db.transaction(async (tx) => {
+    [before, updated, createdUser] = await ctx.db.transaction(async (tx) => {
       const createdUser = await holdKeyWrite(tx, ctx, fields, planned, row);
-      const [updated] = await tx.update(virtualKeys).set(fields).where(live(row.token)).returning();
-      return [updated, createdUser] as const;
+      const current = await holdKey(tx, row.token);
+      if (!current) return [row, undefined, createdUser] as const;
+      const [updated] = await tx.update(virtualKeys).set(fieldsAgain(ctx, row, fields, current, body)).where(live(row.token)).returning();
+      return [current, updated, createdUser] as const;
     });
   } catch (err) {
     if (isUniqueViolation(err)) throw aliasTaken(String(fields.keyAlias));
@@ -518,7 +574,7 @@ async function updateKey(ctx: AdminCtx, row: KeyRow, body: KeyBody): Promise<Key
   if (!updated) throw notFound("Key not found: it was deleted meanwhile.", "key");
   await ctx.changed(...(await userWritten(ctx, updated.userId !== row.userId ? updated.userId : undefined, createdUser)), { kind: "key", token: row.token });
   if ("spend" in fields) await ctx.forgetBudgets([counterId("key", keyCounterToken(row))]);
-  await ctx.audit({ action: "updated", table: TABLE, objectId: row.token, before: toApi(row), after: toApi(updated) });
+  await ctx.audit({ action: "updated", table: TABLE, objectId: row.token, before: toApi(before), after: toApi(updated) });
   return updated;
 }
 
@@ -567,7 +623,10 @@ async function regenerateKey(ctx: AdminCtx, keyFromPath: string | undefined): Pr
   }
   const named = keyFromPath ?? (typeof input.key === "string" ? input.key : undefined);
   if (!named) throw badRequest("key is required: the key to regenerate, plain or hashed.", "key");
-  const row = await keyInReach(ctx, named, ["/key/regenerate", "/key/{key_id}/regenerate"]);
+  return writeKeyInReach(ctx, named, ["/key/regenerate", "/key/{key_id}/regenerate"], (row) => regenerate(ctx, row, input));
+}
+
+async function regenerate(ctx: AdminCtx, row: KeyRow, input: KeyBody): Promise<Record<string, unknown>> {
   const { key: _k, new_key: _n, new_master_key: _m, grace_period: _g, ...changesOnly } = input;
   if ("spend" in changesOnly) await ctx.flushSpend();
   const fields = await updateFields(ctx, row, changesOnly);
@@ -583,7 +642,8 @@ async function regenerateKey(ctx: AdminCtx, keyFromPath: string | undefined): Pr
     createdUser = await holdKeyWrite(tx, ctx, fields, planned, row);
   };
   try {
-    done = await rotateKey(ctx.db, { oldToken: row.token, newToken, newKeyName: keyName(plaintext), graceMs: grace, set: fields, hold });
+    const set = (current: KeyRow) => fieldsAgain(ctx, row, fields, current, changesOnly);
+    done = await rotateKey(ctx.db, { oldToken: row.token, newToken, newKeyName: keyName(plaintext), graceMs: grace, set, hold });
   } catch (err) {
     if (isUniqueViolation(err)) throw badRequest("The key alias or new key value is already in use.", "new_key");
     throw err;
@@ -678,8 +738,7 @@ async function bulkUpdate(ctx: AdminCtx): Promise<Record<string, unknown>> {
   const failed: { key_info: Record<string, unknown>; failed_reason: string }[] = [];
   for (const item of keys) {
     try {
-      const row = await keyInReach(ctx, item.key, "/key/update");
-      successful.push(toApi(await updateKey(ctx, row, item as KeyBody)));
+      successful.push(toApi(await writeKeyInReach(ctx, item.key, "/key/update", (row) => updateKey(ctx, row, item as KeyBody))));
     } catch (err) {
       const reason = err instanceof GatewayError ? err.message : "internal error (logged)";
       if (!(err instanceof GatewayError)) ctx.log.error("bulk key update item failed", storeErrorCause(err));
@@ -853,8 +912,7 @@ export function keyRoutes(deps: AdminDeps) {
       route(async (ctx) => {
         const body = (await ctx.body(UpdateKeySchema)) as KeyBody & { key: string };
         ctx.caller.requireWriter();
-        const row = await keyInReach(ctx, body.key, "/key/update");
-        const updated = await updateKey(ctx, row, body);
+        const updated = await writeKeyInReach(ctx, body.key, "/key/update", (row) => updateKey(ctx, row, body));
         return { ...toApi(updated), key: updated.token };
       }),
       raw,
