@@ -184,6 +184,24 @@ for (const backend of BACKENDS) {
       }
     });
 
+    test("concurrent /key/{key}/reset_spend to 0 and to 1.5 of a key that spent 2: each checked against the spend the other left, as in a serial order", async () => {
+      for (let round = 0; round < (backend === "postgres" ? 10 : 6); round++) {
+        const k = await newKey({ spend: 2 });
+        const label = where("reset_spend race", round);
+        const [toZero, toPart] = await burst([() => post(`/key/${k.key}/reset_spend`, { reset_to: 0 }), () => post(`/key/${k.key}/reset_spend`, { reset_to: 1.5 })], label);
+        expect(toZero!.status, `${label}: ${toZero!.text}`).toBe(200);
+        // To 0 first: to 1.5 is above the spend left (400). To 1.5 first: to 0 resets from 1.5.
+        if (toPart!.status === 200) {
+          expect(toPart!.body.previous_spend, `${label}: ${toPart!.text}`).toBe(2);
+          expect(toZero!.body.previous_spend, `${label}: ${toZero!.text}`).toBe(1.5);
+        } else {
+          expect(toPart!.status, `${label}: ${toPart!.text}`).toBe(400);
+          expect(toZero!.body.previous_spend, `${label}: ${toZero!.text}`).toBe(2);
+        }
+        expect((await keyInfo(k.key)).spend, label).toBe(0);
+      }
+    });
+
     test("a second concurrent delete of a team, user, organization, stored model, access group or membership is refused, not a second deletion", async () => {
       for (let round = 0; round < ROUNDS; round++) {
         const n = 2 + rng.int(2);

@@ -29,7 +29,7 @@ import { type IdentityChange, type KeyRow, keyCounterToken, type TeamRow, type U
 import { type Exec, memberUserApi } from "../../identity/members.ts";
 import { decimalsOf, toApi } from "../../identity/serialize.ts";
 import { writtenNumber } from "../../identity/exact-numbers.ts";
-import { columnToPico, exactUsdJson, PICO_DIGITS, picoToText, usdToPico } from "../../cost/money.ts";
+import { columnToPico, exactUsdJson, PICO_DIGITS, type Pico, picoToText, usdToPico } from "../../cost/money.ts";
 import { choice, flag, integer } from "../../identity/paging.ts";
 import { firstTokenOfNewKey, releaseEarlierToken, rotateKey } from "../../identity/rotation.ts";
 import type { Db } from "../../store/db.ts";
@@ -140,6 +140,13 @@ class KeyChanged extends Error {}
 
 /** Attempts of a key write that concurrent writes keep changing the key under, before the 409. */
 const KEY_WRITE_ATTEMPTS = 5;
+
+/** Key `row` held by the write's transaction (holds.ts holdKey), after what holdWrite holds; undefined when deleted or rotated meanwhile. */
+async function heldKey(tx: Exec, row: KeyRow): Promise<KeyRow | undefined> {
+  const current = await holdKey(tx, row.token);
+  if (current && decidedOn(current) !== decidedOn(row)) throw new KeyChanged();
+  return current;
+}
 
 /**
  * `write` on the key a caller names, if in reach for `route` (keyInReach); read again and written
@@ -710,16 +717,25 @@ async function resetSpend(ctx: AdminCtx): Promise<Record<string, unknown>> {
   const input = await optionalBody(ctx, ResetSpendSchema);
   ctx.caller.requireWriter();
   await ctx.flushSpend();
-  const row = await keyInReach(ctx, pathKey(ctx), "/key/{key_id}/reset_spend");
   const asked = writtenNumber(input, "reset_to") ?? input.reset_to ?? 0;
   if (decimalsOf(asked) > PICO_DIGITS) throw badRequest(`reset_to has more than ${PICO_DIGITS} decimals (${asked}): amounts are kept to ${PICO_DIGITS} decimals.`, "reset_to");
-  // Compared exactly: as doubles, amounts from $8,192 up that differ in their last decimals compare equal.
-  const previous = columnToPico(row.spend);
   const to = usdToPico(asked);
-  if (to > previous) throw badRequest(`reset_to (${picoToText(to)}) must be between 0 and the current spend (${picoToText(previous)}).`, "reset_to");
-  const [updated] = await ctx.db.transaction(async (tx) => {
+  return writeKeyInReach(ctx, pathKey(ctx), "/key/{key_id}/reset_spend", (row) => resetKeySpend(ctx, row, to));
+}
+
+/** Key `row`'s spend set to `to`, which must not exceed the spend it has when the write holds it. */
+async function resetKeySpend(ctx: AdminCtx, row: KeyRow, to: Pico): Promise<Record<string, unknown>> {
+  const [previous, updated] = await ctx.db.transaction(async (tx) => {
     await holdWrite(tx, ctx.caller);
-    return tx.update(virtualKeys).set({ spend: picoToText(to), updatedBy: ctx.caller.changedBy, updatedAt: new Date() }).where(live(row.token)).returning();
+    const current = await heldKey(tx, row);
+    if (!current) return [0n, undefined] as const;
+    // The spend as it is now, held: read before the transaction, two resets at once were each
+    // checked against the spend the other was resetting. Compared exactly: as doubles, amounts
+    // from $8,192 up that differ in their last decimals compare equal.
+    const previous = columnToPico(current.spend);
+    if (to > previous) throw badRequest(`reset_to (${picoToText(to)}) must be between 0 and the current spend (${picoToText(previous)}).`, "reset_to");
+    const [updated] = await tx.update(virtualKeys).set({ spend: picoToText(to), updatedBy: ctx.caller.changedBy, updatedAt: new Date() }).where(live(row.token)).returning();
+    return [previous, updated] as const;
   });
   if (!updated) throw notFound("Key not found: it was deleted meanwhile.", "key");
   await ctx.changed({ kind: "key", token: row.token });
