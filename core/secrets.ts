@@ -10,6 +10,11 @@ const PREFIX = "enc:v1:";
 /** svc_params fields holding credentials: encrypted in the store, never returned by the API. */
 export const SECRET_PARAM = /(^|_)(api_key|key|secret|token|password|credentials?)$|^aws_|_credentials$/i;
 
+/** A credential holds text (or a structure); a number or flag under such a name (`input_cost_per_token`) is a price or setting. */
+export function isCredentialParam(key: string, value: unknown): boolean {
+  return SECRET_PARAM.test(key) && typeof value !== "number" && typeof value !== "boolean";
+}
+
 export function secretKey(saltKey: string | undefined, masterKey: string | undefined): Buffer | undefined {
   const source = saltKey || masterKey;
   return source ? createHash("sha256").update(`svc-gateway:${source}`).digest() : undefined;

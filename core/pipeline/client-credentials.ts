@@ -9,6 +9,7 @@
 import type { Deployment, Endpoint, WireRequest } from "../contract.ts";
 import { GatewayError } from "../errors.ts";
 import { checkHost, isPrivateHost } from "../private-host.ts";
+import { isCredentialParam } from "../secrets.ts";
 
 export interface ClientCredentialSettings {
   allowClientSideCredentials: boolean;
@@ -50,7 +51,16 @@ export function withClientCredentials(endpoint: Endpoint, body: WireRequest[Endp
       throw refuse(`api_base host ${url.hostname} is not allowed${hosts ? ` (allowed: ${hosts.join(", ")})` : ": loopback and private addresses are refused"}.`, "api_base");
     }
   }
-  return { ...d, apiBase: apiBase?.replace(/\/+$/, "") ?? d.apiBase, apiKey: apiKey ?? d.apiKey, apiVersion: apiVersion ?? d.apiVersion };
+  // The operator's credentials go only to the operator's address: a call to a client's address
+  // carries the client's key or none (else any key holder could collect the provider key).
+  const base = apiBase !== undefined ? withoutOperatorCredentials(d) : d;
+  return { ...base, apiBase: apiBase?.replace(/\/+$/, "") ?? d.apiBase, apiKey: apiKey ?? base.apiKey, apiVersion: apiVersion ?? d.apiVersion };
+}
+
+/** `d` without its api key, configured headers (any may carry a credential) and credential fields (its prices stay). */
+function withoutOperatorCredentials(d: Deployment): Deployment {
+  const options = Object.fromEntries(Object.entries(d.options).filter(([k, v]) => !isCredentialParam(k, v)));
+  return { ...d, apiKey: undefined, headers: undefined, options };
 }
 
 /**

@@ -72,6 +72,28 @@ describe("client-side credentials", () => {
     }
   });
 
+  test("a client's api_base without an api_key gets none of the operator's credentials: no key, no configured headers", async () => {
+    const withHeaders = config({ allow_client_side_credentials: true, client_side_api_base_hosts: ["127.0.0.1"] });
+    const entry = withHeaders.model_list[0]!;
+    const gw = await startTestGateway({ ...withHeaders, model_list: [{ ...entry, svc_params: { ...entry.svc_params, headers: { "X-Operator-Auth": "operator-header-secret" } } }] });
+    try {
+      const before = clients.requests.length;
+      await embed(gw, { api_base: clients.url });
+      const sent = clients.requests.at(-1)!;
+      expect(clients.requests.length).toBe(before + 1);
+      expect(JSON.stringify(sent.headers)).not.toContain("sk-operator");
+      expect(JSON.stringify(sent.headers)).not.toContain("operator-header-secret");
+      // With its own key the client's address gets that key; the operator's address still gets the operator's.
+      expect((await embed(gw, { api_base: clients.url, api_key: "sk-client" })).status).toBe(200);
+      expect(clients.requests.at(-1)!.headers.authorization).toBe("Bearer sk-client");
+      expect((await embed(gw, {})).status).toBe(200);
+      expect(configured.requests.at(-1)!.headers.authorization).toBe("Bearer sk-operator");
+      expect(configured.requests.at(-1)!.headers["x-operator-auth"]).toBe("operator-header-secret");
+    } finally {
+      await gw.stop();
+    }
+  });
+
   test("allowed without a list: plain http and private addresses are refused", async () => {
     const gw = await startTestGateway(config({ allow_client_side_credentials: true }));
     try {
