@@ -229,11 +229,23 @@ describe("/utils/transform_request", () => {
     expect(anthropic.requests).toHaveLength(0);
   });
 
-  test("credential headers set on the deployment are redacted too; others are shown", async () => {
+  test("headers configured on the deployment are redacted whatever their name (any may carry a credential)", async () => {
     const res = await transform({ request_body: { model: "with-headers", messages: user("hi") } });
-    expect(res.body.raw_request_headers).toEqual({ "content-type": "application/json", "x-goog-api-key": "REDACTED", "api-key": "REDACTED", "x-trace": "keep-me", authorization: "REDACTED" });
+    expect(res.body.raw_request_headers).toEqual({ "content-type": "application/json", "x-goog-api-key": "REDACTED", "api-key": "REDACTED", "x-trace": "REDACTED", authorization: "REDACTED" });
     expect(res.text).not.toContain("g-secret-1");
     expect(res.text).not.toContain("a-secret-2");
+    expect(res.text).not.toContain("keep-me");
+  });
+
+  test("a stored model's header values are not shown to a key allowed the model, as /model/info hides them", async () => {
+    const svc_params = { model: "openai/gpt-4o-mini", api_base: openai.url, api_key: "sk-stored-upstream", headers: { "X-Custom-Auth": "STORED-HEADER-SECRET" } };
+    expect((await requestJson(gw, "POST", "/model/new", { body: { model_name: "stored-with-headers", svc_params } })).status).toBe(200);
+    const created = await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: { models: ["stored-with-headers", "with-headers"] } });
+    for (const model of ["stored-with-headers", "with-headers"]) {
+      const res = await transform({ request_body: { model, messages: user("hi") } }, created.body.key);
+      expect(res.status).toBe(200);
+      for (const secret of ["STORED-HEADER-SECRET", "sk-stored-upstream", "keep-me", "g-secret-1"]) expect(res.text).not.toContain(secret);
+    }
   });
 
   test("the unsupported-parameter check applies: refused, or dropped with drop_params", async () => {

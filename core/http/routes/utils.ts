@@ -2,17 +2,19 @@
  * `/utils/*`: what a call would do, without making it. `token_counter` counts a prompt (locally
  * with OpenAI's tokenizer, or by the provider's own endpoint with `call_endpoint=true`),
  * `supported_openai_params` lists the request fields a model's adapter translates, and
- * `transform_request` shows the upstream request the adapter would build, credentials redacted.
+ * `transform_request` shows the upstream request the adapter would build, credentials (and every
+ * configured header value) redacted.
  * Any key may call them, for the models it may use.
  */
 import { Elysia } from "elysia";
-import type { ChatRequest, Endpoint, EndpointAdapter, HttpCall, Principal, WireRequest } from "../../contract.ts";
+import type { ChatRequest, Deployment, Endpoint, EndpointAdapter, HttpCall, Principal, WireRequest } from "../../contract.ts";
 import { missingQuery } from "../../authz.ts";
 import { GatewayError } from "../../errors.ts";
 import { geminiMessages } from "../../gemini-inbound/request.ts";
 import { buildCall, splitCall } from "../../pipeline/call.ts";
 import { OPENAI_CHAT_PARAMS, OPENAI_EMBEDDING_PARAMS, paramsFor, supportedBody } from "../../pipeline/params.ts";
 import { invalidModel } from "../../router/route.ts";
+import { withoutCredentials } from "../../secrets.ts";
 import type { Snapshot } from "../../snapshot.ts";
 import { canCountUpstream, countLocally, countUpstream, type TokenCount, tokenizerModel } from "../../tokens/count.ts";
 import { deploymentFor } from "../../tokens/target.ts";
@@ -92,9 +94,17 @@ const CALL_TYPES: Record<string, Endpoint> = {
 const SECRET_NAME = /^(authorization|proxy-authorization|cookie)$|key|token|secret|password|signature|credential|^sig$/i;
 const REDACTED = "REDACTED";
 
-export function redactHeaders(headers: Record<string, string>): Record<string, string> {
+/**
+ * A call's headers as shown: the adapter's own credential headers by name, and by value every
+ * header the deployment configures (any may carry a credential, whatever its name: `X-Custom-Auth`,
+ * `Helicone-Auth`) and any holding one of its credentials.
+ */
+export function redactHeaders(headers: Record<string, string>, d: Deployment): Record<string, string> {
+  const configured = new Set(Object.keys(d.headers ?? {}).map((h) => h.toLowerCase()));
   const out: Record<string, string> = {};
-  for (const [k, v] of Object.entries(headers)) out[k] = SECRET_NAME.test(k) ? REDACTED : v;
+  for (const [k, v] of Object.entries(headers)) {
+    out[k] = SECRET_NAME.test(k) || configured.has(k.toLowerCase()) || withoutCredentials(v, d) !== v ? REDACTED : v;
+  }
   return out;
 }
 
@@ -135,7 +145,8 @@ function transformRequest(s: Snapshot, principal: Principal, body: Record<string
   const sent = supported ? supportedBody(req, supported, d, s.settings.dropParams) : req;
   // A request the provider takes in parts (one call per input): the first part's call.
   const call = buildCall(ep, splitCall(ep, sent, d)?.[0] ?? sent, d, undefined);
-  return { raw_request_api_base: redactUrl(call.url), raw_request_body: parsedBody(call), raw_request_headers: redactHeaders(call.headers) };
+  const shown = call.body === undefined ? call : { ...call, body: withoutCredentials(call.body, d) };
+  return { raw_request_api_base: withoutCredentials(redactUrl(call.url), d), raw_request_body: parsedBody(shown), raw_request_headers: redactHeaders(call.headers, d) };
 }
 
 export function utilsRoutes({ live }: AppDeps) {
