@@ -1,14 +1,84 @@
 /**
- * Whether a host names this machine or a private network by name or address literal: loopback,
- * private, link-local (cloud metadata), unspecified, IPv4-mapped. A DNS name that resolves there is
- * not caught here (`checkHost` catches it). The SSRF guard wherever a caller chooses an
- * address the gateway will fetch.
+ * Whether a host names this machine or a network that is not the public internet, by name or
+ * address literal: every block of IANA's special-purpose address registries (IPv4 and IPv6) that is
+ * not globally reachable (loopback, private, shared/CGNAT, link-local with cloud metadata,
+ * benchmarking, documentation, unspecified, IPv4-mapped, unique-local, …), multicast and reserved
+ * space, and a NAT64 or 6to4 address around such an IPv4 address. A DNS name that resolves there
+ * is not caught here (`checkHost` catches it). The SSRF guard wherever a caller chooses an address
+ * the gateway will fetch.
  */
 import { lookup } from "node:dns/promises";
-import { isIP } from "node:net";
+import { BlockList, isIP } from "node:net";
 import { BoundedMap } from "./bounded-map.ts";
 
-const PRIVATE_V4 = [/^127\./, /^10\./, /^172\.(1[6-9]|2\d|3[01])\./, /^192\.168\./, /^169\.254\./, /^0\./];
+/** https://www.iana.org/assignments/iana-ipv4-special-registry (Globally Reachable: False), and 224/4 multicast, 240/4 reserved, broadcast. */
+const INSIDE_V4: readonly [string, number][] = [
+  ["0.0.0.0", 8],
+  ["10.0.0.0", 8],
+  // Shared address space: carrier-grade NAT, and cloud-internal services (Alibaba Cloud's metadata at 100.100.100.200).
+  ["100.64.0.0", 10],
+  ["127.0.0.0", 8],
+  ["169.254.0.0", 16],
+  ["172.16.0.0", 12],
+  ["192.0.0.0", 24],
+  ["192.0.2.0", 24],
+  ["192.88.99.0", 24],
+  ["192.168.0.0", 16],
+  ["198.18.0.0", 15],
+  ["198.51.100.0", 24],
+  ["203.0.113.0", 24],
+  ["224.0.0.0", 3],
+];
+
+/**
+ * https://www.iana.org/assignments/iana-ipv6-special-registry (Globally Reachable: False), and
+ * site-local and multicast. `::/96` holds `::`, `::1` and the deprecated IPv4-compatible `::a.b.c.d`.
+ * 2001::/23 is refused whole: its few globally reachable assignments are no provider's address.
+ * IPv4-mapped `::ffff:0:0/96` is not listed (a BlockList matches every IPv4 address against it): see isMapped.
+ */
+const INSIDE_V6: readonly [string, number][] = [
+  ["::", 96],
+  ["64:ff9b:1::", 48],
+  ["100::", 64],
+  ["100:0:0:1::", 64],
+  ["2001::", 23],
+  ["2001:db8::", 32],
+  ["3fff::", 20],
+  ["5f00::", 16],
+  ["fc00::", 7],
+  ["fe80::", 10],
+  ["fec0::", 10],
+  ["ff00::", 8],
+];
+
+const inside = new BlockList();
+for (const [net, prefix] of INSIDE_V4) inside.addSubnet(net, prefix, "ipv4");
+for (const [net, prefix] of INSIDE_V6) inside.addSubnet(net, prefix, "ipv6");
+
+/** An IPv6 address's eight 16-bit groups (an embedded dotted IPv4 tail as its two). */
+function ipv6Groups(address: string): number[] {
+  const tail = /(\d+)\.(\d+)\.(\d+)\.(\d+)$/.exec(address);
+  const group = (high: string | undefined, low: string | undefined) => (Number(high) * 256 + Number(low)).toString(16);
+  const hex = tail ? `${address.slice(0, tail.index)}${group(tail[1], tail[2])}:${group(tail[3], tail[4])}` : address;
+  const [head = "", rest] = hex.split("::");
+  const parse = (part: string) => (part === "" ? [] : part.split(":").map((g) => Number.parseInt(g, 16)));
+  const front = parse(head);
+  const back = rest === undefined ? [] : parse(rest);
+  return [...front, ...Array<number>(8 - front.length - back.length).fill(0), ...back];
+}
+
+/** `::ffff:a.b.c.d`: refused whatever the IPv4 address (no provider is addressed so; a way round an IPv4 check). */
+const isMapped = (g: number[]): boolean => g.slice(0, 5).every((x) => x === 0) && g[5] === 0xffff;
+
+const v4Of = (high: number, low: number): string => [high >> 8, high & 255, low >> 8, low & 255].join(".");
+
+/** The IPv4 address a NAT64 (64:ff9b::/96) or 6to4 (2002::/16) address leads to, if it is one. */
+function embeddedV4(address: string): string | undefined {
+  const g = ipv6Groups(address);
+  if (g[0] === 0x64 && g[1] === 0xff9b && g.slice(2, 6).every((x) => x === 0)) return v4Of(g[6]!, g[7]!);
+  if (g[0] === 0x2002) return v4Of(g[1]!, g[2]!);
+  return undefined;
+}
 
 /**
  * A host as names compare: without IPv6 brackets, lower case, and without the trailing dot of a
@@ -21,9 +91,11 @@ export function isPrivateHost(hostname: string): boolean {
   const host = bare(hostname);
   if (host === "localhost" || host.endsWith(".localhost")) return true;
   const v = isIP(host);
-  if (v === 4) return PRIVATE_V4.some((r) => r.test(host));
-  if (v === 6) return host === "::" || host === "::1" || /^f[cd]/.test(host) || /^fe[89ab]/.test(host) || /^::ffff:/.test(host);
-  return false;
+  if (v === 4) return inside.check(host, "ipv4");
+  if (v !== 6) return false;
+  if (inside.check(host, "ipv6") || isMapped(ipv6Groups(host))) return true;
+  const v4 = embeddedV4(host);
+  return v4 !== undefined && inside.check(v4, "ipv4");
 }
 
 /** What a caller-chosen host resolved to: its first loopback or private address, else the address to connect to. */

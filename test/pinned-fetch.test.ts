@@ -91,8 +91,8 @@ const inwardName = await lookup(hostname(), { all: true }).then(
 test.skipIf(!inwardName)("a team admin's webhook whose name was checked as public is delivered to that address, not to where the name points by then", async () => {
   let gw: TestGateway | undefined;
   const realLookup = hostResolver.lookup;
-  // The record as the check sees it: a public address (TEST-NET-3, unreachable here). The fetch's own resolution would give this machine.
-  hostResolver.lookup = async (host) => (host === inwardName ? [{ address: "203.0.113.9", family: 4 }] : realLookup(host));
+  // The record as the check sees it: a public address (AS112's, a DNS sink: nothing answers on this port). The fetch's own resolution would give this machine.
+  hostResolver.lookup = async (host) => (host === inwardName ? [{ address: "192.31.196.1", family: 4 }] : realLookup(host));
   forgetLookups();
   const timing = { ...webhookTiming };
   Object.assign(webhookTiming, { timeoutMs: 500, retryAfterMs: 50 });

@@ -104,6 +104,15 @@ describe("client-side credentials", () => {
         expect([base, r.status]).toEqual([base, 400]);
         expect(r.body.error!.message).toContain("private addresses");
       }
+      // IANA's other special-purpose blocks are no public endpoint either: shared/CGNAT (Alibaba Cloud's
+      // metadata service), benchmarking, IETF protocol assignments, multicast, and IPv6 around an inside IPv4 address.
+      const before = clients.requests.length + configured.requests.length;
+      const special = ["100.100.100.200", "198.18.0.1", "192.0.0.192", "224.0.0.1", "[64:ff9b::a9fe:a9fe]", "[2002:a00:1::]", "[::a00:1]", "[64:ff9b:1::1]", "[2001:db8::1]"];
+      for (const host of special) {
+        const r = await embed(gw, { api_base: `https://${host}/v1` });
+        expect([host, r.status, r.body.error?.message]).toEqual([host, 400, expect.stringContaining("private addresses")]);
+      }
+      expect(clients.requests.length + configured.requests.length).toBe(before);
       // A name that does not resolve here is refused too: the fetch's own resolver might find one the check never saw.
       const unresolved = await embed(gw, { api_base: "https://no-such-host.invalid/v1" });
       expect(unresolved.status).toBe(400);
