@@ -229,7 +229,7 @@ export class Live {
     // those the old file set and the new one does not are unset, and all is taken back if it fails.
     const undoEnv = env ? applyConfigEnv(env, this.configEnv) : () => undefined;
     try {
-      next = await buildSnapshot(config, this.configPath, this.snap.version + 1, this.log, this.services);
+      next = await buildSnapshot(config, this.configPath, this.snap.version + 1, this.log, this.services, this.snap);
     } catch (err) {
       undoEnv();
       const errors = err instanceof SnapshotError ? err.errors : [String(err)];

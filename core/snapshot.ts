@@ -283,11 +283,18 @@ function buildPricing(config: GatewayConfig, configPath: string, errors: string[
   }
 }
 
-export async function buildSnapshot(config: GatewayConfig, configPath: string, version: number, log: Logger, services: HostServices = {}): Promise<Snapshot> {
+/** The stored model `s` serves as `id`, if it does (not a config.yaml model of that id). */
+export function servedStoredDeployment(s: Snapshot, id: string): Deployment | undefined {
+  const found = s.models.findById(id);
+  return found && !s.config.model_list.includes(found.entry) ? found.deployment : undefined;
+}
+
+/** `serving`: the snapshot this one replaces (none at start). */
+export async function buildSnapshot(config: GatewayConfig, configPath: string, version: number, log: Logger, services: HostServices = {}, serving?: Snapshot): Promise<Snapshot> {
   const settings = resolveSettings(config);
   const { loaded: plugins, errors: pluginErrors } = await loadPlugins(config, configPath, settings, log, services);
   try {
-    return await assemble(config, configPath, version, log, services, settings, plugins, pluginErrors);
+    return await assemble(config, configPath, version, log, services, settings, plugins, pluginErrors, serving);
   } catch (err) {
     // Refused or failed (the store unreachable, a stored model the new master key cannot read):
     // the plugins set up for it never serve, and must not stay subscribed to identity changes.
@@ -309,6 +316,7 @@ async function assemble(
   settings: Settings,
   plugins: LoadedPlugin[],
   pluginErrors: string[],
+  serving: Snapshot | undefined,
 ): Promise<Snapshot> {
   const errors: string[] = [...pluginErrors];
   const providers = collectProviders(plugins, errors);
@@ -319,8 +327,10 @@ async function assemble(
     const fix = "Set SVC_SALT_KEY to the key it was stored with, or store its credentials again with /model/update.";
     // At start the gateway serves the rest (it refused to start, saying only that a decryption
     // failed); a reload that would drop the model is refused, and the config serving it stays.
-    if (version <= 1) log.error(`stored model not served: ${why}. ${fix}`, { model_id: m.id, model_name: m.name });
-    else errors.push(`stored model '${m.id}' (${m.name}): ${why}. ${fix}`);
+    // One the serving snapshot does not serve either (unreadable since start, or stored by an
+    // instance with another key) is not dropped: refusing would freeze every later change.
+    if (serving && servedStoredDeployment(serving, m.id)) errors.push(`stored model '${m.id}' (${m.name}): ${why}. ${fix}`);
+    else log.error(`stored model not served: ${why}. ${fix}`, { model_id: m.id, model_name: m.name });
   }
   const models = buildModels(config.model_list, providers, errors, dbModels, log);
   const pricing = buildPricing(config, configPath, errors);

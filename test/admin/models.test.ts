@@ -471,7 +471,7 @@ describe("a stored model and a config.yaml model with the same id", () => {
 // gateway started with another master key cannot read them: it starts anyway, logs which model it
 // does not serve and why, and the model is served again once its credentials are stored anew.
 describe("stored models whose credentials the key cannot decrypt (postgres)", () => {
-  test("a reload is refused saying which and why; the gateway starts without them, says so; storing the credentials again brings the model back", async () => {
+  test("a reload that would drop one is refused saying which and why; the gateway starts without them, says so, and takes other changes; storing the credentials again brings the model back", async () => {
     const saltKey = process.env.SVC_SALT_KEY;
     delete process.env.SVC_SALT_KEY;
     const db = await freshDatabase("gw_models_key");
@@ -498,9 +498,17 @@ describe("stored models whose credentials the key cannot decrypt (postgres)", ()
         const said = second.log.lines.find((l) => l.level === "error" && l.msg.startsWith("stored model not served"));
         expect(said?.fields).toEqual({ model_id: "stored-secret-1", model_name: "stored-secret" });
         expect(said?.msg).toContain("SVC_SALT_KEY");
+        // Not served, so no rebuild drops it: an unrelated model is stored and served, a config edit goes through.
+        const fresh = { model_name: "fresh", svc_params: { model: "mock/fresh", mock_response: "fresh answer" }, model_info: { id: "fresh-1" } };
+        const stored = await fetch(`${second.url}/model/new`, { method: "POST", headers: { authorization: `Bearer ${rotated}`, "content-type": "application/json" }, body: JSON.stringify(fresh) });
+        expect(stored.status).toBe(200);
+        expect((await models()).sort()).toEqual(["chat-mock", "fresh"]);
+        second.writeConfig({ ...withKey(rotated), model_list: [...CONFIG.model_list, { model_name: "config-added", svc_params: { model: "mock/added" } }] });
+        expect((await second.live.reload("test", true)).ok).toBe(true);
+        expect((await models()).sort()).toEqual(["chat-mock", "config-added", "fresh"]);
         const again = await fetch(`${second.url}/model/update`, { method: "POST", headers: { authorization: `Bearer ${rotated}`, "content-type": "application/json" }, body: JSON.stringify(body) });
         expect(again.status).toBe(200);
-        expect((await models()).sort()).toEqual(["chat-mock", "stored-secret"]);
+        expect((await models()).sort()).toEqual(["chat-mock", "config-added", "fresh", "stored-secret"]);
       } finally {
         await second.stop();
       }

@@ -16,7 +16,7 @@ import { GatewayError } from "../../errors.ts";
 import { keyMayCallGroup } from "../../limits/capacity.ts";
 import { toDeployment } from "../../models.ts";
 import { decryptSecrets, encryptSecrets, SECRET_PARAM, secretKey } from "../../secrets.ts";
-import type { Snapshot } from "../../snapshot.ts";
+import { type Snapshot, servedStoredDeployment } from "../../snapshot.ts";
 import { proxyModels } from "../../store/schema.ts";
 import { checker } from "../validate.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
@@ -70,16 +70,10 @@ function requireDeployable(snapshot: Snapshot, entry: ModelEntry): void {
   if (typeof resolved === "string") throw badRequest(`svc_params: ${resolved}`, "svc_params");
 }
 
-/** The stored deployment the registry serves as `id` (not a config.yaml model of that id). */
-function servedDeployment(s: Snapshot, id: string): Deployment | undefined {
-  const found = s.models.findById(id);
-  return found && !s.config.model_list.includes(found.entry) ? found.deployment : undefined;
-}
-
 /** The model groups as they are once deployment `id` is replaced by `entry` (removed: no entry). */
 function groupsAfter(snapshot: Snapshot, id: string, entry: ModelEntry | undefined): Map<string, readonly Deployment[]> {
   const groups = new Map(snapshot.models.groups);
-  const before = servedDeployment(snapshot, id);
+  const before = servedStoredDeployment(snapshot, id);
   if (before) {
     const rest = (groups.get(before.modelName) ?? []).filter((d) => d.id !== id);
     if (rest.length > 0) groups.set(before.modelName, rest);
@@ -97,7 +91,7 @@ function groupsAfter(snapshot: Snapshot, id: string, entry: ModelEntry | undefin
  * keys reserve there, as a key write must (the same 400): a guaranteed key always finds its share free.
  */
 function checkReservations(ctx: AdminCtx, id: string, entry: ModelEntry | undefined, param: string): void {
-  const touched = [servedDeployment(ctx.snapshot, id)?.modelName, entry?.model_name].filter((g) => g !== undefined);
+  const touched = [servedStoredDeployment(ctx.snapshot, id)?.modelName, entry?.model_name].filter((g) => g !== undefined);
   const mayCall = (k: KeyRow) => touched.some((g) => keyMayCallGroup(k, ctx.identity, g, ctx.snapshot.accessGroups));
   refuseOverbooking(ctx, { affected: mayCall, groups: groupsAfter(ctx.snapshot, id, entry) }, param);
 }
@@ -147,7 +141,7 @@ interface Expected {
 
 /** The stored model the registry serves as `id` (not a config.yaml model of that id). */
 function servedStored(s: Snapshot, id: string): ModelEntry | undefined {
-  return servedDeployment(s, id) && s.models.findById(id)?.entry;
+  return servedStoredDeployment(s, id) && s.models.findById(id)?.entry;
 }
 
 const servesAs = (id: string, name: string): Expected => ({
