@@ -40,7 +40,11 @@ const CONFIG = {
       model_info: { id: "dep-guarded" },
     },
   ],
-  router_settings: { fallbacks: [{ "gpt-a": ["gpt-b"] }], context_window_fallbacks: [{ "gpt-a": ["gpt-c", "gpt-d"] }] },
+  router_settings: {
+    fallbacks: [{ "gpt-a": ["gpt-b"] }],
+    context_window_fallbacks: [{ "gpt-a": ["gpt-c", "gpt-d"] }],
+    model_group_alias: { "quick-hidden": { model: "gpt-d", hidden: true } },
+  },
   // No spend-report prebuild: its queries (2 s after start) are not the request path the last test watches.
   general_settings: { master_key: MASTER_KEY, spend_report_prebuild_days: 0 },
 };
@@ -550,6 +554,22 @@ for (const backend of BACKENDS) {
       expect((await getStatus(gw, "/model/info?svc_model_id=dep-guarded", k)).status).toBe(404);
       const one = await getStatus(gw, "/model/info?svc_model_id=dep-guarded", MASTER_KEY);
       expect(JSON.stringify(one.body)).not.toContain(UPSTREAM_SECRET);
+    });
+
+    test("/model/info?svc_model_id= of the deployment a call used: also one reached through a wildcard entry, a key alias or model_group_alias", async () => {
+      const k = await f.key({ models: ["mock/x", "nick", "quick-hidden"], aliases: { nick: "gpt-c" } });
+      for (const [model, id] of [["mock/x", "dep-wild"], ["nick", "dep-c"], ["quick-hidden", "dep-d"]] as const) {
+        const res = await fetch(`${gw.url}/v1/chat/completions`, {
+          method: "POST",
+          headers: { authorization: `Bearer ${k}`, "content-type": "application/json" },
+          body: JSON.stringify({ model, messages: [{ role: "user", content: "hi" }], max_tokens: 2 }),
+        });
+        expect([model, res.status, res.headers.get("x-svc-model-id")]).toEqual([model, 200, id]);
+        expect([model, (await getStatus(gw, `/model/info?svc_model_id=${id}`, k)).status]).toEqual([model, 200]);
+      }
+      const mine = await getStatus(gw, "/model/info", k);
+      expect((mine.body.data as { model_info: { id: string } }[]).map((m) => m.model_info.id).sort()).toEqual(["dep-c", "dep-d", "dep-wild"]);
+      for (const id of ["dep-a", "dep-b", "dep-guarded"]) expect((await getStatus(gw, `/model/info?svc_model_id=${id}`, k)).status).toBe(404);
     });
 
     test("the request path runs no database query: 100 virtual-key calls, only the batched last_active write", async () => {

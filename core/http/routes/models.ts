@@ -148,6 +148,21 @@ function groupOf(s: Snapshot, rules: AccessRules | undefined, name: string): str
   return s.groupAliases.get(target)?.group ?? target;
 }
 
+/**
+ * Ids of the deployments the caller's calls may reach, as a call is checked: by any name it may use
+ * that routes there (a group, the caller's or the operator's alias, or a name its rules grant that a
+ * wildcard entry such as `mock-*` serves), not only by the entry's own `model_name`.
+ */
+function reachableDeployments(s: Snapshot, rules: AccessRules): Set<string> {
+  const ids = new Set<string>();
+  const names = new Set([...s.models.groups.keys(), ...s.groupAliases.keys(), ...namedModels(s, rules), ...Object.keys(rules.aliases)]);
+  for (const name of names) {
+    if (!mayUseModel(rules, name, s.accessGroups, s.groupAliases)) continue;
+    for (const d of s.models.resolve(groupOf(s, rules, name)) ?? []) ids.add(d.id);
+  }
+  return ids;
+}
+
 function ownerOf(s: Snapshot, rules: AccessRules | undefined, name: string): string | undefined {
   return s.models.resolve(groupOf(s, rules, name))?.[0]?.provider;
 }
@@ -220,7 +235,10 @@ export function modelRoutes({ live, services }: AppDeps) {
   };
   const info = async ({ request }: { request: Request }) => {
     const { s, principal } = await guard(request);
-    const visible = (e: { entry: ModelEntry }) => seesAll(principal) || mayUseModel(principal.access, e.entry.model_name, s.accessGroups, s.groupAliases);
+    const rules = principal.access;
+    const reachable = seesAll(principal) || !rules ? undefined : reachableDeployments(s, rules);
+    const visible = (e: { entry: ModelEntry; deployment: Deployment }) =>
+      !reachable || reachable.has(e.deployment.id) || mayUseModel(rules, e.entry.model_name, s.accessGroups, s.groupAliases);
     const id = new URL(request.url).searchParams.get("svc_model_id");
     if (id) {
       const found = s.models.findById(id);
