@@ -5,7 +5,7 @@
 // write, and (PostgreSQL + Redis) a second instance picks the change up without a restart.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { createHash, generateKeyPairSync } from "node:crypto";
-import { eq } from "drizzle-orm";
+import { and, eq } from "drizzle-orm";
 import OpenAI, { BadRequestError } from "openai";
 import { decrypt, secretKey } from "../../core/secrets.ts";
 import { auditLog, proxyModels, users, virtualKeys } from "../../core/store/schema.ts";
@@ -307,6 +307,20 @@ for (const backend of ["pglite", "postgres"] as const) {
       }
       expect((await call("POST", "/model/delete", { id: name("db-1") }, "sk-wrong")).status).toBe(401);
       expect(await answer(name("db-mock"))).toBe("first answer");
+    });
+
+    test("svc_params prices are shown in admin responses and the audit trail (they are no credential); the key is not", async () => {
+      const prices = { input_cost_per_token: 0.000002, output_cost_per_token: 0.000004, output_cost_per_reasoning_token: 0.000003 };
+      const created = await call("POST", "/model/new", { model_name: name("priced"), svc_params: { model: "mock/chat", api_key: SECRET, ...prices }, model_info: { id: name("priced-1") } });
+      expect(created.status).toBe(200);
+      expect(created.body.svc_params).toEqual({ model: "mock/chat", ...prices });
+      const patched = await call("PATCH", `/model/${name("priced-1")}/update`, { svc_params: { input_cost_per_token: 0.5 } });
+      expect(patched.body.svc_params).toEqual({ model: "mock/chat", ...prices, input_cost_per_token: 0.5 });
+      expect(patched.text).not.toContain(SECRET);
+      const [updated] = await db().select().from(auditLog).where(and(eq(auditLog.objectId, name("priced-1")), eq(auditLog.action, "updated")));
+      const params = (v: unknown) => (v as { svc_params: Record<string, unknown> }).svc_params;
+      expect([params(updated!.beforeValue).input_cost_per_token, params(updated!.updatedValues).input_cost_per_token]).toEqual([0.000002, 0.5]);
+      expect(JSON.stringify(updated)).not.toContain(SECRET);
     });
 
     test("every model write is audited with credentials redacted; no secret in the logs", async () => {

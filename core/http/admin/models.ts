@@ -15,7 +15,7 @@ import type { Deployment, KeyRow } from "../../contract.ts";
 import { GatewayError } from "../../errors.ts";
 import { keyMayCallGroup } from "../../limits/capacity.ts";
 import { toDeployment } from "../../models.ts";
-import { decryptSecrets, encryptSecrets, SECRET_PARAM, secretKey } from "../../secrets.ts";
+import { decryptSecrets, encryptSecrets, isCredentialParam, secretKey } from "../../secrets.ts";
 import { type Snapshot, servedStoredDeployment } from "../../snapshot.ts";
 import { proxyModels } from "../../store/schema.ts";
 import { checker } from "../validate.ts";
@@ -35,9 +35,9 @@ const PatchBody = T.Object(
 );
 const checkEntry = checker(ModelEntrySchema);
 
-/** Fields never returned: credentials, and headers (which often carry them). */
+/** Fields never returned: credentials, and headers (which often carry them). Prices are shown, though named like tokens. */
 function publicParams(params: Record<string, unknown>): Record<string, unknown> {
-  return Object.fromEntries(Object.entries(params).filter(([k]) => !SECRET_PARAM.test(k) && k !== "headers"));
+  return Object.fromEntries(Object.entries(params).filter(([k, v]) => !isCredentialParam(k, v) && k !== "headers"));
 }
 
 function modelObject(row: ModelRow): Record<string, unknown> {

@@ -10,20 +10,19 @@ import type { AccessLevel, AccessLevelName, AccessRules, Deployment, Principal }
 import type { ModelEntry } from "../../config/schema.ts";
 import { GatewayError } from "../../errors.ts";
 import type { IdentityCache } from "../../identity/cache.ts";
-import { SECRET_PARAM } from "../../secrets.ts";
+import { isCredentialParam } from "../../secrets.ts";
 import type { Snapshot } from "../../snapshot.ts";
 import type { AppDeps } from "../app.ts";
 import { authenticate } from "../auth.ts";
 import { decodePathParam } from "../validate.ts";
 import { type FallbackType, fallbacksFor } from "../../router/fallbacks.ts";
 
-/** svc_params fields that say where the upstream is (credentials are `SECRET_PARAM`). */
+/** svc_params fields that say where the upstream is (credentials are `isCredentialParam`). */
 const ADDRESS_PARAM = /^(api_base|base_url|headers|extra_headers)$|(^|_)(url|endpoint)$/i;
 
-/** A credential holds text (or a structure); a numeric field such as `input_cost_per_token` is not one. */
+/** Credentials and the upstream's address; a numeric field such as `input_cost_per_token` is shown. */
 function hidden(key: string, value: unknown): boolean {
-  if (ADDRESS_PARAM.test(key)) return true;
-  return SECRET_PARAM.test(key) && typeof value !== "number" && typeof value !== "boolean";
+  return ADDRESS_PARAM.test(key) || isCredentialParam(key, value);
 }
 
 function publicParams(params: Record<string, unknown>): Record<string, unknown> {
