@@ -110,8 +110,13 @@ export async function rotateKey(db: Db, r: Rotation): Promise<{ row: KeyRow; cha
       .returning();
     if (!row) return undefined;
     const changes: IdentityChange[] = [{ kind: "key", token: r.newToken }];
-    // Older hashes still in their grace period now lead to the new token.
-    const moved = await tx.update(rotatedKeys).set({ activeToken: r.newToken }).where(eq(rotatedKeys.activeToken, r.oldToken)).returning({ token: rotatedKeys.token });
+    // Older hashes still in their grace period now lead to the new token, and end no later than
+    // the old one: a rotation asking for revocation at once (a leaked key) leaves no earlier value working.
+    const moved = await tx
+      .update(rotatedKeys)
+      .set({ activeToken: r.newToken, revokeAt: sql`least(${rotatedKeys.revokeAt}, ${new Date(now + r.graceMs).toISOString()}::timestamptz)` })
+      .where(eq(rotatedKeys.activeToken, r.oldToken))
+      .returning({ token: rotatedKeys.token });
     for (const m of moved) changes.push({ kind: "rotated_key", token: m.token });
     // Kept without a grace period too (revoked at once: a lookup follows it only before
     // revoke_at): calls that were under way, or whose spend was still queued, charge the old

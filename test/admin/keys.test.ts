@@ -509,11 +509,20 @@ for (const backend of BACKENDS) {
           const viaEnv = await api("/key/regenerate", { body: { key: env.token } });
           issued.push(viaEnv.body.key);
           expect((await api("/key/info", { key: env.key })).body.info?.token).toBe(viaEnv.body.token);
-          const zero = await api("/key/regenerate", { body: { key: viaEnv.body.token, grace_period: "0s" } });
-          issued.push(zero.body.key);
-          expect((await api("/key/info", { key: viaEnv.body.key })).status).toBe(401);
+          const next = await api("/key/regenerate", { body: { key: viaEnv.body.token, grace_period: "1h" } });
+          issued.push(next.body.key);
           // Older values still in their grace follow the key to its newest token.
-          expect((await api("/key/info", { key: env.key })).body.info?.token).toBe(zero.body.token);
+          expect((await api("/key/info", { key: env.key })).body.info?.token).toBe(next.body.token);
+          expect((await api("/key/info", { key: viaEnv.body.key })).body.info?.token).toBe(next.body.token);
+          // Revoking at once (a leaked key) ends every earlier value, not only the last one:
+          // none may call the gateway or regenerate the key again.
+          const zero = await api("/key/regenerate", { body: { key: next.body.token, grace_period: "0s" } });
+          issued.push(zero.body.key);
+          for (const earlier of [env.key, viaEnv.body.key, next.body.key]) {
+            expect((await api("/key/info", { key: earlier })).status).toBe(401);
+            expect((await api(`/key/${earlier}/regenerate`, { body: {} })).status).toBe(404);
+          }
+          expect((await api("/key/info", { key: zero.body.key })).status).toBe(200);
         } finally {
           delete process.env.SVC_KEY_ROTATION_GRACE_PERIOD;
         }
