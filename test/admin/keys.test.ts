@@ -675,6 +675,34 @@ for (const backend of BACKENDS) {
         expect((await api("/key/delete", { body: { keys: [mine.body.token] }, key: as.internal })).status).toBe(200);
       });
 
+      test("internal user regenerates its own personal key (also an auto-rotated one, with its old value); a 403 says why", async () => {
+        const mine = await generate({ user_id: "u-internal", key_alias: uid("regen-mine") });
+        const regen = await api("/key/regenerate", { body: { key: mine.key }, key: as.internal });
+        expect(regen.status).toBe(200);
+        issued.push(regen.body.key);
+        const byPath = await api(`/key/${regen.body.token}/regenerate`, { body: {}, key: regen.body.key });
+        expect(byPath.status).toBe(200);
+        issued.push(byPath.body.key);
+        expect((await api("/key/health", { body: {}, key: byPath.body.key })).status).toBe(200);
+        // Nobody has an auto-rotated key's new value: its owner regenerates it with the old one during its grace.
+        const auto = await generate({ user_id: "u-internal", auto_rotate: true, rotation_interval: "1s" });
+        await Bun.sleep(1100);
+        expect(await rotateDueKeys(db(), gw.host!.services.bus!, gw.log, Date.now(), 60_000)).toBeGreaterThanOrEqual(1);
+        const recovered = await api(`/key/${auto.key}/regenerate`, { body: {}, key: auto.key });
+        expect(recovered.status).toBe(200);
+        issued.push(recovered.body.key);
+        expect((await api("/key/health", { body: {}, key: recovered.body.key })).status).toBe(200);
+        // The refusal names the real reason: block is not an owner's right, and another user's key is not theirs.
+        const block = await api("/key/block", { body: { key: byPath.body.token }, key: as.internal });
+        expect(block.status).toBe(403);
+        expect(block.body.error.message).toContain("only a proxy admin");
+        expect(block.body.error.message).not.toContain("neither yours");
+        const theirs = await generate({ user_id: "u-other" });
+        const notMine = await api(`/key/${theirs.token}/regenerate`, { body: {}, key: as.internal });
+        expect(notMine.status).toBe(403);
+        expect(notMine.body.error.message).toContain("neither yours");
+      });
+
       test("team admin: manages its team's keys; another team's keys are a 403", async () => {
         const inTeam = await api("/key/generate", { body: { team_id: "team-a", user_id: "u-member", models: ["chat-mock"] }, key: as.tadmin });
         issued.push(inTeam.body.key);

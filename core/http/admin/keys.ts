@@ -1,6 +1,6 @@
 /**
  * Virtual key management. Who may act on a key: proxy admins on all; a key's own user on it
- * (read, update, delete; through a key issued in a team, only on keys of that team); a team admin
+ * (read; update, delete and regenerate a personal key; through a key issued in a team, only on keys of that team); a team admin
  * on the team's keys; a team `user` member on the team's keys for the routes
  * `team_member_permissions` grants; viewers read only. A key outside the
  * caller's reach is a 403 whether or not it exists. The plaintext key is returned by
@@ -78,8 +78,12 @@ type KeyRoute =
   | "/key/{key_id}/regenerate"
   | "/key/{key_id}/reset_spend";
 
-/** What a key's own user may do with a personal key (one of no team). */
-const OWNER_ROUTES = new Set<KeyRoute>(["/key/info", "/key/list", "/key/update", "/key/delete"]);
+/**
+ * What a key's own user may do with a personal key (one of no team). Regenerate is among them (the
+ * spec lists it for admins): an `auto_rotate` key's new value is kept by nobody, so its owner gets a
+ * usable key only by regenerating it with the old value during its grace period.
+ */
+const OWNER_ROUTES = new Set<KeyRoute>(["/key/info", "/key/list", "/key/update", "/key/delete", "/key/regenerate", "/key/{key_id}/regenerate"]);
 
 /**
  * A team key is governed by its team, even for the member it belongs to: a `user` member changes
@@ -122,7 +126,19 @@ async function keyInReach(ctx: AdminCtx, keyOrHash: string, route: KeyRoute | Ke
   if (row && routes.some((r) => mayActOn(ctx.caller, row, r))) return row;
   const seesAll = ctx.caller.isAdmin || (routes[0] === "/key/info" && ctx.caller.canReadAll);
   if (!row && seesAll) throw notFound("Key not found: no live key has this value or hash.", "key");
-  throw forbidden(`You may not call ${routes[0]} on this key: it is neither yours nor a key of a team you administer.`);
+  throw forbidden(`You may not call ${routes[0]} on this key: ${whyRefused(ctx.caller, row, routes[0]!)}.`);
+}
+
+/**
+ * Why `mayActOn` refused. Tells only what the caller knows already (its role, its own key, its
+ * team's key), so a key it may not see is refused in the same words whether or not it exists.
+ */
+function whyRefused(caller: Caller, row: KeyRow | undefined, route: KeyRoute): string {
+  if (caller.isViewer && route !== "/key/info" && route !== "/key/list") return "your role may only read";
+  const own = row !== undefined && row.userId === caller.userId && caller.actsAsUserIn(row.teamId);
+  if (own && row.teamId === null) return "on a personal key only a proxy admin may (its owner may read, update, delete and regenerate it)";
+  if (row?.teamId && caller.teamRole(row.teamId) === "user") return `it is a key of team ${row.teamId}, whose members may call only the routes its team_member_permissions grant`;
+  return "it is neither yours nor a key of a team you administer";
 }
 
 /**
