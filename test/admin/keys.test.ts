@@ -198,6 +198,22 @@ for (const backend of BACKENDS) {
         expect((await api("/key/generate", { body: { key: MASTER_KEY } })).status).toBe(400);
       });
 
+      test("a custom key or new_key no HTTP client can send (non-ASCII, control characters) is a 400 naming it", async () => {
+        const k = await generate();
+        for (const odd of ["sk-emoji\u{1F600}", "sk-caf\u00e9", "sk-ctl\u0001", "sk-del\u007f"]) {
+          const value = `${odd}-${randomUUID()}`;
+          const made = await api("/key/generate", { body: { key: value } });
+          expect([odd, made.status, made.body.error?.param]).toEqual([odd, 400, "key"]);
+          expect(made.body.error.message).toContain("printable ASCII");
+          const rotated = await api(`/key/${k.token}/regenerate`, { body: { new_key: value } });
+          expect([odd, rotated.status, rotated.body.error?.param]).toEqual([odd, 400, "new_key"]);
+        }
+        // Every printable ASCII character is still accepted.
+        const printable = `sk-${randomUUID()}!"#$%&'()*+,-./:;<=>?@[\\]^_\`{|}~`;
+        const ok = await generate({ key: printable });
+        expect((await api("/key/health", { body: {}, key: ok.key })).status).toBe(200);
+      });
+
       test("duplicate alias 400; a deleted key's alias may be reused", async () => {
         const alias = uid("dup");
         const k = await generate({ key_alias: alias });

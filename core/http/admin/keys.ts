@@ -198,8 +198,11 @@ async function assertAliasFree(db: Db, alias: string | null | undefined, exceptT
 /** A caller-chosen key value: `sk-…`, not the master key, and not used before (live, deleted or rotated). */
 async function assertNewKeyValue(ctx: AdminCtx, value: string, field: string): Promise<string> {
   if (!value.startsWith(KEY_PREFIX) || value.length <= KEY_PREFIX.length) throw badRequest(`${field} must start with "${KEY_PREFIX}".`, field);
-  // Clients send keys trimmed, so a value with spaces could never authenticate.
+  // Clients send keys trimmed, so a value with spaces could never authenticate; nor one with other
+  // characters than printable ASCII: an HTTP header carries them as Latin-1 or UTF-8 bytes (curl) or
+  // not at all (fetch, the openai SDK throw), so no client could send it as it was hashed.
   if (/\s/.test(value)) throw badRequest(`${field} must not contain whitespace.`, field);
+  if (!/^[\x21-\x7e]+$/.test(value)) throw badRequest(`${field} may hold only printable ASCII characters (no spaces, control or non-ASCII characters).`, field);
   const token = hashKey(value);
   const [existing] = await ctx.db.select({ token: virtualKeys.token }).from(virtualKeys).where(eq(virtualKeys.token, token));
   // A rotated-away value is taken while it still works (its grace period); revoked, it is free again.
