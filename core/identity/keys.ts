@@ -11,6 +11,13 @@ export function newKeyValue(): string {
   return KEY_PREFIX + randomBytes(24).toString("base64url");
 }
 
+/**
+ * The fewest characters a caller-chosen key has after `sk-`: `key_name` shows the last 4 in every
+ * later response (to viewers and team members too), so a shorter key would be given away whole or
+ * nearly; 20 leaves 16 unseen, and is under the 22 of LiteLLM's own keys (LiteLLM sets no bound).
+ */
+export const MIN_CUSTOM_KEY_CHARS = 20;
+
 /** sha256 hex of the whole key, `sk-` included (what LiteLLM and its tests compute). */
 export function hashKey(key: string): string {
   return createHash("sha256").update(key).digest("hex");

@@ -198,6 +198,20 @@ for (const backend of BACKENDS) {
         expect((await api("/key/generate", { body: { key: MASTER_KEY } })).status).toBe(400);
       });
 
+      test("a custom key or new_key shorter than 20 characters after sk- is a 400 (key_name would show most of it)", async () => {
+        const k = await generate();
+        for (const short of ["sk-a", "sk-1151", `sk-${"x".repeat(19)}`]) {
+          const made = await api("/key/generate", { body: { key: short } });
+          expect([short, made.status, made.body.error?.param]).toEqual([short, 400, "key"]);
+          expect(made.body.error.message).toContain("at least 20 characters");
+          const rotated = await api(`/key/${k.token}/regenerate`, { body: { new_key: short } });
+          expect([short, rotated.status, rotated.body.error?.param]).toEqual([short, 400, "new_key"]);
+        }
+        const shortest = `sk-${randomUUID().replaceAll("-", "").slice(0, 20)}`;
+        const ok = await generate({ key: shortest });
+        expect(ok.key_name).toBe(`sk-...${shortest.slice(-4)}`);
+      });
+
       test("a custom key or new_key no HTTP client can send (non-ASCII, control characters) is a 400 naming it", async () => {
         const k = await generate();
         for (const odd of ["sk-emoji\u{1F600}", "sk-caf\u00e9", "sk-ctl\u0001", "sk-del\u007f"]) {

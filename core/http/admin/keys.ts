@@ -14,7 +14,7 @@ import { EVERYTHING, INHERIT, matchesEntry } from "../../access.ts";
 import { badRequest, type Caller, forbidden, notFound } from "../../authz.ts";
 import type { Role } from "../../contract.ts";
 import { GatewayError } from "../../errors.ts";
-import { hashKey, isPlainKey, KEY_PREFIX, keyName, newKeyValue, tokenOf } from "../../identity/keys.ts";
+import { hashKey, isPlainKey, KEY_PREFIX, keyName, MIN_CUSTOM_KEY_CHARS, newKeyValue, tokenOf } from "../../identity/keys.ts";
 import {
   BulkUpdateSchema,
   expiresOf,
@@ -198,6 +198,9 @@ async function assertAliasFree(db: Db, alias: string | null | undefined, exceptT
 /** A caller-chosen key value: `sk-…`, not the master key, and not used before (live, deleted or rotated). */
 async function assertNewKeyValue(ctx: AdminCtx, value: string, field: string): Promise<string> {
   if (!value.startsWith(KEY_PREFIX) || value.length <= KEY_PREFIX.length) throw badRequest(`${field} must start with "${KEY_PREFIX}".`, field);
+  if (value.length < KEY_PREFIX.length + MIN_CUSTOM_KEY_CHARS) {
+    throw badRequest(`${field} must have at least ${MIN_CUSTOM_KEY_CHARS} characters after "${KEY_PREFIX}": key_name shows its last 4 to everyone who may read the key.`, field);
+  }
   // Clients send keys trimmed, so a value with spaces could never authenticate; nor one with other
   // characters than printable ASCII: an HTTP header carries them as Latin-1 or UTF-8 bytes (curl) or
   // not at all (fetch, the openai SDK throw), so no client could send it as it was hashed.
