@@ -25,7 +25,8 @@ const Duration = T.Union([T.String(), T.Literal(-1)]);
 /** Every settable field; `null` clears (on update) or means "not set" (on generate). */
 export const KEY_FIELDS = {
   key_alias: Opt(T.String()),
-  user_id: Opt(T.String()),
+  // As /user/new's: a key of the user "" belonged to a user that can never exist.
+  user_id: Opt(T.String({ minLength: 1 })),
   team_id: Opt(T.String()),
   organization_id: Opt(T.String()),
   agent_id: Opt(T.String()),

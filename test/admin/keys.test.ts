@@ -198,6 +198,21 @@ for (const backend of BACKENDS) {
         expect((await api("/key/generate", { body: { key: MASTER_KEY } })).status).toBe(400);
       });
 
+      test('user_id "" is refused as /user/new refuses it (no key of a user that can never exist), on generate, update and regenerate', async () => {
+        const asUserNew = await api("/user/new", { body: { user_id: "" } });
+        expect(asUserNew.status).toBe(422);
+        const k = await generate();
+        for (const [path, body] of [
+          ["/key/generate", { user_id: "" }],
+          ["/key/update", { key: k.token, user_id: "" }],
+          [`/key/${k.token}/regenerate`, { user_id: "" }],
+        ] as const) {
+          const res = await api(path, { body });
+          expect([path, res.status, res.body.error?.param, res.body.error?.message]).toEqual([path, 422, asUserNew.body.error.param, asUserNew.body.error.message]);
+        }
+        expect((await api(`/key/info?key=${k.token}`)).body.info.user_id).toBeNull();
+      });
+
       test("a custom key or new_key shorter than 20 characters after sk- is a 400 (key_name would show most of it)", async () => {
         const k = await generate();
         for (const short of ["sk-a", "sk-1151", `sk-${"x".repeat(19)}`]) {

@@ -414,7 +414,7 @@ async function holdKeyWrite(tx: Exec, ctx: AdminCtx, fields: Record<string, unkn
   if (!ctx.caller.isAdmin && typeof teamId === "string" && typeof member === "string" && !(await holdMembership(tx, teamId, member))) {
     throw forbidden(`User ${member} is not a member of team ${teamId} (removed meanwhile): only a proxy admin may put a key of someone else in it.`);
   }
-  const createdUser = typeof userId === "string" && userId !== "" ? await holdUser(tx, userId, ctx.caller.changedBy) : undefined;
+  const createdUser = typeof userId === "string" ? await holdUser(tx, userId, ctx.caller.changedBy) : undefined;
   if (!ctx.caller.isAdmin && typeof userId === "string" && !createdUser) await refuseElevatedUser(tx, userId);
   await checkGuaranteedStored(tx, ctx, planned);
   return createdUser;
@@ -436,7 +436,7 @@ async function refuseElevatedUser(tx: Exec, userId: string): Promise<void> {
 /** After a key write naming `userId`: the user created (audited), and the user change to publish when the cache lacks it. */
 async function userWritten(ctx: AdminCtx, userId: unknown, created: UserRow | undefined): Promise<IdentityChange[]> {
   if (created) await ctx.audit({ action: "created", table: "users", objectId: created.userId, after: toApi(created) });
-  return typeof userId === "string" && userId !== "" && (created || !ctx.identity.users.has(userId)) ? [{ kind: "user", userId }] : [];
+  return typeof userId === "string" && (created || !ctx.identity.users.has(userId)) ? [{ kind: "user", userId }] : [];
 }
 
 export async function generateKey(ctx: AdminCtx, body: Record<string, unknown>, opts: { serviceAccount?: boolean } = {}): Promise<Record<string, unknown>> {
