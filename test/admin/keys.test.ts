@@ -748,6 +748,28 @@ for (const backend of BACKENDS) {
         expect(notMine.body.error.message).toContain("neither yours");
       });
 
+      test("internal user: models outside its own are refused by /key/update and /key/regenerate as by /key/generate", async () => {
+        const userId = uid("u-limited");
+        await db().insert(users).values({ userId, models: ["chat-mock"] });
+        await gw.host!.services.bus!.publish({ kind: "user", userId });
+        const own = await generate({ user_id: userId, models: ["chat-mock"] });
+        const generated = await api("/key/generate", { body: { models: ["other-model"] }, key: own.key });
+        expect(generated.status).toBe(400);
+        for (const [path, body] of [
+          ["/key/update", { key: own.token, models: ["other-model"] }],
+          ["/key/update", { key: own.token, models: ["chat-mock", "other-model"] }],
+          [`/key/${own.token}/regenerate`, { models: ["other-model"] }],
+        ] as const) {
+          const res = await api(path, { body, key: own.key });
+          expect([path, res.status, res.body.error?.param]).toEqual([path, 400, "models"]);
+          expect(res.body.error.message).toStartWith("Model not in your allowed models: other-model");
+        }
+        expect((await api(`/key/info?key=${own.token}`)).body.info.models).toEqual(["chat-mock"]);
+        expect((await api("/key/update", { body: { key: own.token, models: [] }, key: own.key })).status).toBe(200);
+        // A proxy admin may still give the key any model.
+        expect((await api("/key/update", { body: { key: own.token, models: ["other-model"] } })).status).toBe(200);
+      });
+
       test("team admin: manages its team's keys; another team's keys are a 403", async () => {
         const inTeam = await api("/key/generate", { body: { team_id: "team-a", user_id: "u-member", models: ["chat-mock"] }, key: as.tadmin });
         issued.push(inTeam.body.key);

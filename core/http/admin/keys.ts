@@ -350,14 +350,15 @@ function authorizeGenerate(ctx: AdminCtx, body: KeyBody, serviceAccount: boolean
   if (typeof body.organization_id === "string" && body.organization_id !== team?.organizationId) {
     throw forbidden("Only a proxy admin may attach a key to an organization other than its team's.");
   }
-  if (!team) {
-    const user = ctx.identity.users.get(userId);
-    const models = Array.isArray(body.models) ? (body.models as string[]) : [];
-    const userModels = user?.models ?? [];
-    const outside = userModels.length === 0 || userModels.some((m) => EVERYTHING.has(m)) ? [] : models.filter((m) => !userModels.includes(m));
-    if (outside.length > 0) throw badRequest(`Model not in your allowed models: ${outside.join(", ")}.`, "models");
-  }
+  if (!team) checkUserModels(ctx, userId, Array.isArray(body.models) ? (body.models as string[]) : []);
   return { userId, team };
+}
+
+/** A non-admin's personal key lists only models its user may use (`models` of the user; none: any). */
+function checkUserModels(ctx: AdminCtx, userId: string | null, models: readonly string[]): void {
+  const userModels = (userId !== null ? ctx.identity.users.get(userId)?.models : undefined) ?? [];
+  const outside = userModels.length === 0 || userModels.some((m) => EVERYTHING.has(m)) ? [] : models.filter((m) => !userModels.includes(m));
+  if (outside.length > 0) throw badRequest(`Model not in your allowed models: ${outside.join(", ")}.`, "models");
 }
 
 /**
@@ -563,6 +564,8 @@ function fieldsToUpdate(ctx: AdminCtx, row: KeyRow, body: KeyBody): Record<strin
   }
   const team = teamId ? (teamChanged ? teamOrFail(ctx, teamId) : ctx.identity.teams.get(teamId)) : undefined;
   if (teamChanged || "models" in fields) checkTeamModels(ctx, (fields.models as string[] | undefined) ?? row.models, team);
+  // As /key/generate refuses them (authorizeGenerate): a personal key's models are its user's.
+  if (!caller.isAdmin && teamId === null && (teamChanged || "models" in fields)) checkUserModels(ctx, row.userId, (fields.models as string[] | undefined) ?? row.models);
   if (teamChanged || "allowedPassthroughRoutes" in fields) checkTeamRoutes((fields.allowedPassthroughRoutes as string[] | null | undefined) ?? row.allowedPassthroughRoutes, team);
   checkReferences(ctx, {
     organizationId: fields.organizationId !== row.organizationId ? fields.organizationId : undefined,
