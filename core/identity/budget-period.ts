@@ -4,10 +4,16 @@
  * the period roller moves both forward on one grid (see spend/period.ts).
  */
 import type { BudgetRow } from "../contract.ts";
+import { periodEnd } from "../spend/period.ts";
 
-/** The `budget_reset_at` such a row takes: the budget's when it has a duration, else none (a flat budget). */
-export function followedReset(budget: Pick<BudgetRow, "budgetDuration" | "budgetResetAt"> | undefined): Date | null {
-  return budget?.budgetDuration ? (budget.budgetResetAt ?? null) : null;
+/**
+ * The `budget_reset_at` such a row takes: the end of the budget's current period when it has a
+ * duration, else none (a flat budget). The budget's stored end may lag behind the roller, and a
+ * past end copied onto the row would make its spend so far look like a finished period.
+ */
+export function followedReset(budget: Pick<BudgetRow, "budgetDuration" | "budgetResetAt"> | undefined, now = Date.now()): Date | null {
+  const end = budget?.budgetDuration ? periodEnd(budget.budgetResetAt, budget.budgetDuration, now) : null;
+  return end === null ? null : new Date(end);
 }
 
 /**

@@ -50,6 +50,13 @@ const TABLES = [
     due: sql`select user_id as id, budget_reset_at as reset_at, budget_duration as duration from users where budget_reset_at <= now()`,
     change: (id: string): IdentityChange => ({ kind: "user", userId: id }),
   },
+  {
+    // A budget object's own period: the end its followers take when they join it (budget-period.ts).
+    name: "budgets",
+    id: "budget_id",
+    due: sql`select budget_id as id, budget_reset_at as reset_at, budget_duration as duration from budgets where budget_reset_at <= now()`,
+    change: (id: string): IdentityChange => ({ kind: "budget", budgetId: id }),
+  },
 ] as const;
 
 export async function rollDuePeriods(db: Db, now = Date.now()): Promise<IdentityChange[]> {

@@ -148,6 +148,44 @@ for (const backend of BACKENDS) {
       expect((await chat()).status).toBe(200);
     });
 
+    test("a key or team joining a periodic budget mid-period keeps its spend; the budget shows its current period's end", async () => {
+      // Stored end 50 minutes ago on a 1h grid: the budget's current period ends in 10 minutes.
+      const currentEnd = Date.now() - 50 * 60_000 + HOUR;
+      const budget = await call("POST", "/budget/new", {
+        budget_id: "b-rolled",
+        max_budget: 0.2,
+        budget_duration: "1h",
+        budget_reset_at: new Date(currentEnd - HOUR).toISOString(),
+      });
+      expect(budget.status).toBe(200);
+      const key = await call<{ key: string }>("POST", "/key/generate", {});
+      const team = await call<{ team_id: string }>("POST", "/team/new", { team_alias: "joins-rolled" });
+      expect((await call("POST", "/key/update", { key: key.body.key, spend: 0.25 })).status).toBe(200);
+      expect((await call("POST", "/team/update", { team_id: team.body.team_id, spend: 0.5 })).status).toBe(200);
+      const joinedKey = await call<Json>("POST", "/key/update", { key: key.body.key, budget_id: "b-rolled" });
+      expect(joinedKey.status).toBe(200);
+      expect(Date.parse(String(joinedKey.body.budget_reset_at))).toBe(currentEnd);
+      const joinedTeam = await call<{ data: Json }>("POST", "/team/update", { team_id: team.body.team_id, budget_id: "b-rolled" });
+      expect(joinedTeam.status).toBe(200);
+      expect(Date.parse(String(joinedTeam.body.data.budget_reset_at))).toBe(currentEnd);
+      // The period roller would have zeroed a row given a past end; wait past its next tick.
+      await Bun.sleep(2_500);
+      const keyInfo = await call<{ info: Json }>("GET", `/key/info?key=${key.body.key}`);
+      expect(keyInfo.body.info.spend).toBe(0.25);
+      expect(Date.parse(String(keyInfo.body.info.budget_reset_at))).toBe(currentEnd);
+      const teamInfo = await call<{ team_info: Json }>("GET", `/team/info?team_id=${team.body.team_id}`);
+      expect(teamInfo.body.team_info.spend).toBe(0.5);
+      const info = await call<Json[]>("POST", "/budget/info", { budgets: ["b-rolled"] });
+      expect(Date.parse(String(info.body[0]!.budget_reset_at))).toBe(currentEnd);
+      // And enforcement still counts it: $0.25 spent of the budget's $0.2.
+      const refused = await fetch(`${gw.url}/v1/chat/completions`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${key.body.key}`, "content-type": "application/json" },
+        body: JSON.stringify({ model: "priced", messages: [{ role: "user", content: "hi" }], max_tokens: 5 }),
+      });
+      expect(refused.status).toBe(400);
+    });
+
     test("/budget/delete returns the row, and refuses a budget still in use", async () => {
       const inUse = await call("POST", "/budget/delete", { id: "b-zero" });
       expect(inUse.status).toBe(400);

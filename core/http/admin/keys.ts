@@ -283,7 +283,7 @@ function derivedTimes(ctx: AdminCtx, fields: Record<string, unknown>, merged: Pa
     fields.budgetResetAt = resetAt(touched.budget_duration as string | null, "budget_duration", now) ?? null;
   }
   if (periodFromBudget(touched, merged.budgetDuration)) {
-    fields.budgetResetAt = followedReset(merged.budgetId ? ctx.identity.budgets.get(merged.budgetId) : undefined);
+    fields.budgetResetAt = followedReset(merged.budgetId ? ctx.identity.budgets.get(merged.budgetId) : undefined, now);
   }
   if ("auto_rotate" in touched || "rotation_interval" in touched) {
     if (merged.autoRotate) {
