@@ -1,7 +1,7 @@
 // Budgets without a row of their own (a provider's, a key's per model) on a period shorter than a
 // day, with `disable_spend_logs`: their stored spend was summed from the log, which holds nothing
 // then, so each restart handed the period's budget back ($4.1 spent in one hour against $3). Their
-// spend per period is now recorded with the other counters.
+// spend per period is now recorded with the other counters, and `/provider/budgets` reads it there.
 import { afterAll, describe, expect, test } from "bun:test";
 import { gridPeriod } from "../../core/spend/period.ts";
 import { BACKENDS, freshDatabase, MASTER_KEY, requestJson, type SpawnedGateway, spawnGateway, tempDir } from "../harness/gateway.ts";
@@ -21,6 +21,13 @@ async function callsUntilRefused(gw: SpawnedGateway, key: string, most: number):
     expect(r.status).toBe(200);
   }
   return most;
+}
+
+/** The provider budget's spend this period, as `/provider/budgets` shows it. */
+async function providerSpend(gw: SpawnedGateway): Promise<number> {
+  const r = await requestJson<{ providers: Record<string, { spend: number }> }>(gw, "GET", "/provider/budgets");
+  expect(r.status).toBe(200);
+  return r.body.providers.mock!.spend;
 }
 
 for (const backend of BACKENDS) {
@@ -45,11 +52,14 @@ for (const backend of BACKENDS) {
       // The key's per-model budget stops it at $2; the master key then reaches the provider's $3.
       expect(await callsUntilRefused(gw, key, 3)).toBe(2);
       expect(await callsUntilRefused(gw, MASTER_KEY, 3)).toBe(1);
+      expect(await providerSpend(gw)).toBe(3);
       expect(await gw.stop()).toBe(0);
 
       gw = await start();
       try {
         expect(await callsUntilRefused(gw, MASTER_KEY, 1)).toBe(0);
+        // What /provider/budgets shows is the spend that refused the call.
+        expect(await providerSpend(gw)).toBe(3);
         const refused = await dollarCall(gw, key);
         expect(refused.status).toBe(400);
         // Refused by its own per-model budget ($2 spent of $2), not only by the provider's.

@@ -18,9 +18,9 @@ import { teamMemberId } from "../../identity/records.ts";
 import { toApi } from "../../identity/serialize.ts";
 import type { Snapshot } from "../../snapshot.ts";
 import { StoreSpendHistory } from "../../spend/history.ts";
+import { providerBudget } from "../../spend/history-budgets.ts";
 import { LOCK_ORDER } from "../../spend/flush.ts";
 import { counterId } from "../../spend/ledger.ts";
-import { gridPeriod } from "../../spend/period.ts";
 import { organizations, spendLogs, teamMembers, teams, users, virtualKeys } from "../../store/schema.ts";
 import { rows, rowValues } from "../../store/sql.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
@@ -471,8 +471,9 @@ async function providerBudgets(ctx: AdminCtx) {
   const now = Date.now();
   const providers: Record<string, unknown> = {};
   for (const [provider, b] of Object.entries(config)) {
-    const period = gridPeriod(b.time_period, now);
-    const spend = await history.sum({ provider, since: period?.start ?? 0 });
+    // The period's spend the ledger enforces on, kept whether or not spend logs are (or still are) stored.
+    const { id, period } = providerBudget(provider, config, now)!;
+    const spend = await history.periodSpend(id, period?.end ?? null);
     providers[provider] = { budget_limit: b.budget_limit, time_period: b.time_period, spend: exactUsdJson(spend), budget_reset_at: period ? new Date(period.end).toISOString() : null };
   }
   return { providers };
