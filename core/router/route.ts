@@ -284,15 +284,18 @@ async function callGroup<E extends Endpoint>(run: Run<E>, body: WireRequest[E], 
   if (scope === "both") progress.request = new HeldLeases(granted.flatMap((l) => (l.parts ? [l.parts.request] : [])));
   const limits = new HeldLeases(scope === "both" ? granted.map((l) => l.parts?.group ?? l) : granted);
   let budgets = NO_LEASES;
-  if (snapshot.budgetGates.length > 0) {
-    try {
-      budgets = new HeldLeases(await acquireLeases(snapshot.budgetGates, intent));
-    } catch (err) {
-      limits.giveUp(false);
-      throw err;
-    }
-  }
-  const leaseHeaders = tightest(tightest(progress.request?.headers ?? {}, limits.headers), budgets.headers);
+  /** Deployments whose provider budget could not take this call, and the last such refusal. */
+  const overBudget = new Set<string>();
+  let budgetRefusal: Refusal | undefined;
+  const withinBudget = (list: readonly Deployment[]) => list.filter((x) => !overBudget.has(x.id));
+  const passedOver = (err: unknown, refusing: Deployment): boolean => {
+    if (!(err instanceof Refusal) || err.info.budget?.entity !== "provider") return false;
+    overBudget.add(refusing.id);
+    budgetRefusal = err;
+    return true;
+  };
+  let capacityRetryMs = Number.POSITIVE_INFINITY;
+  const atCapacity = new Set<string>();
   /** Whether an attempt reached the upstream: until one has, giving up takes every lease back (a refused call consumes nothing). */
   let wentOut = false;
   const settle = (usage: Usage, cost: bigint) => {
@@ -304,27 +307,51 @@ async function callGroup<E extends Endpoint>(run: Run<E>, body: WireRequest[E], 
     budgets.giveUp(wentOut);
   };
   /**
-   * Moving to another deployment of the group: the budgets must hold its worst case too (it may
-   * cost more, or spend another provider's budget). Refused: the call ends with that refusal.
+   * Moving to a deployment of `pool`: the budgets must hold its worst case too (it may cost more,
+   * or spend another provider's budget). One whose provider budget cannot take the call is passed
+   * over for another, as LiteLLM filters such deployments out; when none is left, or another
+   * budget refuses, the call ends with that refusal.
    */
-  const switchTo = async (next: Deployment): Promise<Deployment> => {
-    if (snapshot.budgetGates.length === 0 || next === intent.deployment) return next;
-    const nextIntent = new Intent(ctx.principal, endpoint, group, next, startedAt, body, snapshot, "group");
-    if (next.provider === intent.deployment.provider && nextIntent.worstCaseCost <= intent.worstCaseCost) return next;
-    budgets.giveUp(false);
-    budgets = NO_LEASES;
-    try {
-      budgets = new HeldLeases(await acquireLeases(snapshot.budgetGates, nextIntent));
-    } catch (err) {
-      giveUp();
-      throw err;
+  const switchTo = async (pool: readonly Deployment[]): Promise<Deployment> => {
+    for (;;) {
+      const open = withinBudget(pool);
+      if (budgetRefusal && open.length === 0) {
+        giveUp();
+        throw budgetRefusal;
+      }
+      const next = pickDeployment(policy.strategy, open, snapshot.pricing, Date.now());
+      const holding = budgets !== NO_LEASES;
+      if (snapshot.budgetGates.length === 0 || (holding && next === intent.deployment)) return next;
+      const nextIntent = new Intent(ctx.principal, endpoint, group, next, startedAt, body, snapshot, "group");
+      if (holding && next.provider === intent.deployment.provider && nextIntent.worstCaseCost <= intent.worstCaseCost) return next;
+      budgets.giveUp(false);
+      budgets = NO_LEASES;
+      try {
+        budgets = new HeldLeases(await acquireLeases(snapshot.budgetGates, nextIntent));
+      } catch (err) {
+        if (!passedOver(err, next)) {
+          giveUp();
+          throw err;
+        }
+        continue;
+      }
+      intent = nextIntent;
+      return next;
     }
-    intent = nextIntent;
-    return next;
   };
+  if (snapshot.budgetGates.length > 0) {
+    try {
+      budgets = new HeldLeases(await acquireLeases(snapshot.budgetGates, intent));
+    } catch (err) {
+      if (!passedOver(err, d)) {
+        limits.giveUp(false);
+        throw err;
+      }
+      d = await switchTo(candidates);
+    }
+  }
+  const leaseHeaders = tightest(tightest(progress.request?.headers ?? {}, limits.headers), budgets.headers);
 
-  let capacityRetryMs = Number.POSITIVE_INFINITY;
-  const atCapacity = new Set<string>();
   for (;;) {
     // A deployment at its own rpm/tpm is skipped, not failed: another one may have room.
     const counter = capacityCounter(d);
@@ -335,12 +362,12 @@ async function callGroup<E extends Endpoint>(run: Run<E>, body: WireRequest[E], 
       if (!got.ok) {
         atCapacity.add(d.id);
         capacityRetryMs = Math.min(capacityRetryMs, got.retryAfterMs);
-        const rest = available(Date.now()).filter((x) => !atCapacity.has(x.id));
+        const rest = withinBudget(available(Date.now())).filter((x) => !atCapacity.has(x.id));
         if (rest.length === 0) {
           giveUp();
           throw new GroupFailure(noDeployments(group, AT_CAPACITY, capacityRetryMs), undefined);
         }
-        d = await switchTo(pickDeployment(policy.strategy, rest, snapshot.pricing, Date.now()));
+        d = await switchTo(rest);
         continue;
       }
       capacity = got;
@@ -452,7 +479,7 @@ async function callGroup<E extends Endpoint>(run: Run<E>, body: WireRequest[E], 
       // Counted once it is made: a retry left without a deployment is none.
       progress.retries++;
       retriesHere++;
-      d = await switchTo(pickDeployment(policy.strategy, candidates, snapshot.pricing, Date.now()));
+      d = await switchTo(candidates);
     }
   }
 }

@@ -350,6 +350,31 @@ describe("provider budgets (pglite)", () => {
       await gw.stop();
     }
   });
+
+  test("a deployment whose provider budget cannot take the call is passed over for another of its group; refused only when none can", async () => {
+    // Never reached: its provider's budget holds less than a call's $1 worst case.
+    const overBudget = { svc_params: { model: "openai/dollar", api_base: "http://127.0.0.1:9/v1", api_key: "sk-x" }, model_info: DOLLAR.model_info };
+    const gw = await startBackendGateway("pglite", {
+      model_list: [
+        { ...overBudget, model_name: "mixed" },
+        { ...DOLLAR, model_name: "mixed" },
+        { ...overBudget, model_name: "openai-only" },
+      ],
+      router_settings: { provider_budget_config: { openai: { budget_limit: 0.5, time_period: "1d" } } },
+      general_settings: { master_key: MASTER_KEY },
+    });
+    try {
+      const { key } = await newKey(gw, {});
+      const calls = await Promise.all(Array.from({ length: 10 }, () => call(gw, key, "mixed")));
+      expect(calls.map((c) => c.status)).toEqual(Array(10).fill(200));
+      const refused = await call(gw, key, "openai-only");
+      expect(refused.status).toBe(400);
+      expect(refused.body.error.type).toBe("budget_exceeded");
+      expect(refused.body.error.message).toContain("Provider=openai");
+    } finally {
+      await gw.stop();
+    }
+  });
 });
 
 describe("a deployment priced per second of the call (pglite)", () => {
