@@ -127,6 +127,8 @@ export interface BudgetRefusalDetail {
   id: string;
   /** For a key's budget on one model (`model_max_budget`). */
   model?: string;
+  /** The budget object `max_budget` comes from, when the owner has none of its own. */
+  budget_id?: string;
   max_budget: number;
   spend: number;
   /** Held by calls in flight. */
@@ -519,6 +521,8 @@ export interface BudgetCounter {
   periodMs?: number | null;
   /** When the period was last defined (the last write of its row, or of the budget object it follows; ms): of two definitions, the later holds. */
   definedAt?: number;
+  /** The budget object (`budget_id`) the limit comes from, when the owner sets none of its own: refusals name it. */
+  fromBudget?: string;
   /** Spend already in the store for this period; asked only when the ledger first meets the counter. */
   storedSpend(): bigint | Promise<bigint>;
 }

@@ -119,6 +119,7 @@ function rowCounter(
     periodEnd: end,
     periodMs: periodLength(l.duration),
     definedAt: Math.max(row.updatedAt?.getTime() ?? 0, budget?.updatedAt.getTime() ?? 0),
+    ...(budget && row.maxBudget === null && budget.maxBudget !== null ? { fromBudget: budget.budgetId } : {}),
     storedSpend,
   };
 }
@@ -145,7 +146,8 @@ function countersFor(intent: CallIntent, identity: IdentityView, history: SpendH
       // Its calls are logged under the token each had: this one, and those before the latest rotations.
       const apiKeys = [key.token, ...key.rotatedFrom];
       const sumSince = (since: number) => history.sum({ apiKeys, modelGroup: intent.modelGroup, since });
-      add({ ...historyCounter(perModel, `${keyLabel(p)} for model=${intent.modelGroup}`, history, sumSince), ownerId: key.token });
+      const fromBudget = budget && !key.modelMaxBudget ? { fromBudget: budget.budgetId } : {};
+      add({ ...historyCounter(perModel, `${keyLabel(p)} for model=${intent.modelGroup}`, history, sumSince), ownerId: key.token, ...fromBudget });
     }
   }
   const team = p.teamId ? identity.teams.get(p.teamId) : undefined;
@@ -278,6 +280,7 @@ function refusedBudget(c: BudgetCounter, spend: Pico, reserved: Pico, callCost: 
     entity,
     id,
     ...(model === undefined ? {} : { model }),
+    ...(c.fromBudget === undefined ? {} : { budget_id: c.fromBudget }),
     max_budget: picoToUsd(c.limit),
     spend: picoToUsd(spend),
     reserved: picoToUsd(reserved),
@@ -289,12 +292,14 @@ function refusedBudget(c: BudgetCounter, spend: Pico, reserved: Pico, callCost: 
 function refusal(r: LedgerRefusal, intent: CallIntent): Denied {
   const { counter: c, spend, reserved } = r;
   const resets = c.periodEnd === null ? "" : ` It resets at ${new Date(c.periodEnd).toISOString()}.`;
+  // Named as rate-limit refusals name a limit taken from a budget object.
+  const max = `max budget ${usd(c.limit)}${c.fromBudget === undefined ? "" : ` (from Budget=${c.fromBudget})`}`;
   let message: string;
-  if (spend >= c.limit) message = `Budget has been exceeded! ${c.label}: spend ${usd(spend)}, max budget ${usd(c.limit)}.${resets}`;
+  if (spend >= c.limit) message = `Budget has been exceeded! ${c.label}: spend ${usd(spend)}, ${max}.${resets}`;
   else {
     const left = c.limit - spend - reserved;
     message =
-      `Budget would be exceeded: ${c.label} has ${usd(left > 0n ? left : 0n)} left of its max budget ${usd(c.limit)} ` +
+      `Budget would be exceeded: ${c.label} has ${usd(left > 0n ? left : 0n)} left of its ${max} ` +
       `(spend ${usd(spend)}, ${usd(reserved)} held by calls in flight), and this call may cost up to ${usd(intent.worstCaseCost)} at ${reservedAt(intent)}.${resets}`;
   }
   const budget = refusedBudget(c, spend, reserved, spend >= c.limit ? undefined : intent.worstCaseCost);

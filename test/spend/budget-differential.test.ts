@@ -372,23 +372,30 @@ interface Refusal {
   worst?: bigint;
   /** The amounts as the message writes them, as JSON numbers: what the error's `budget` must say. */
   usd: { max_budget: number; spend: number; reserved?: number; call_cost?: number };
+  /** The budget object the message says the limit comes from (`(from Budget=b1)`). */
+  fromBudget?: string;
 }
 
 function parseRefusal(message: string, label: string): Refusal {
-  const reached = /^Budget has been exceeded! (.+): spend \$([\d.]+), max budget \$([\d.]+)\.$/.exec(message);
-  if (reached) return { label: reached[1]!, reached: true, spend: pico(reached[2]!), limit: pico(reached[3]!), usd: { max_budget: Number(reached[3]), spend: Number(reached[2]) } };
-  const would = /^Budget would be exceeded: (.+) has \$([\d.]+) left of its max budget \$([\d.]+) \(spend \$([\d.]+), \$([\d.]+) held by calls in flight\), and this call may cost up to \$([\d.]+) at max_tokens=\d+\.$/.exec(
-    message,
-  );
+  const reached = /^Budget has been exceeded! (.+): spend \$([\d.]+), max budget \$([\d.]+)(?: \(from Budget=([^)]+)\))?\.$/.exec(message);
+  if (reached) {
+    const usd = { max_budget: Number(reached[3]), spend: Number(reached[2]) };
+    return { label: reached[1]!, reached: true, spend: pico(reached[2]!), limit: pico(reached[3]!), usd, fromBudget: reached[4] };
+  }
+  const would =
+    /^Budget would be exceeded: (.+) has \$([\d.]+) left of its max budget \$([\d.]+)(?: \(from Budget=([^)]+)\))? \(spend \$([\d.]+), \$([\d.]+) held by calls in flight\), and this call may cost up to \$([\d.]+) at max_tokens=\d+\.$/.exec(
+      message,
+    );
   if (!would) throw new Error(`${label}: not a budget refusal's message: ${message}`);
   return {
     label: would[1]!,
     reached: false,
     limit: pico(would[3]!),
-    spend: pico(would[4]!),
-    held: pico(would[5]!),
-    worst: pico(would[6]!),
-    usd: { max_budget: Number(would[3]), spend: Number(would[4]), reserved: Number(would[5]), call_cost: Number(would[6]) },
+    spend: pico(would[5]!),
+    held: pico(would[6]!),
+    worst: pico(would[7]!),
+    usd: { max_budget: Number(would[3]), spend: Number(would[5]), reserved: Number(would[6]), call_cost: Number(would[7]) },
+    fromBudget: would[4],
   };
 }
 
@@ -399,10 +406,15 @@ function namedBudget(w: World, o: Outcome, r: Refusal, label: string): Counter {
   const found = budgetsOf(w, o.ask.key).filter((c) => (c.kind === "key" ? r.label.endsWith(c.label) : r.label === c.label));
   expect(found.length, `${label}: "${r.label}" is not a budget that applies to the call`).toBe(1);
   const c = found[0]!;
+  // A key's limit taken from its budget object names that budget, in the message and in figures.
+  const k = o.ask.key;
+  const fromBudget = c === k.counter && k.own === null ? k.budgetId : undefined;
+  expect(r.fromBudget, `${label}: the budget object named`).toBe(fromBudget);
   const { spend, max_budget, reserved, call_cost } = r.usd;
   expect(o.error?.budget, `${label}: the error's budget`).toEqual({
     entity: ENTITY[c.kind],
     id: c.id,
+    ...(fromBudget === undefined ? {} : { budget_id: fromBudget }),
     max_budget,
     spend,
     reserved: reserved ?? expect.any(Number),

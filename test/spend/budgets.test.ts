@@ -216,6 +216,10 @@ for (const backend of BACKENDS) {
       expect(budget.status).toBe(200);
       const { key } = await newKey(gw, { budget_id: budget.body.budget_id });
       expect(await burst(gw, [key], 10)).toEqual({ ok: 1, refused: 9, other: [] });
+      // The refusal says where the key's limit comes from, as rate-limit refusals do.
+      const refused = (await call(gw, key)).body.error as ErrorBody["error"] & { budget: Record<string, unknown> };
+      expect(refused.message).toContain(`(from Budget=${budget.body.budget_id})`);
+      expect(refused.budget).toMatchObject({ entity: "key", budget_id: budget.body.budget_id });
     });
 
     test("a budget object's model_max_budget limits that model for the keys on it", async () => {
@@ -225,7 +229,9 @@ for (const backend of BACKENDS) {
       expect(budget.status).toBe(200);
       const { key } = await newKey(gw, { budget_id: budget.body.budget_id });
       expect(await burst(gw, [key], 5)).toEqual({ ok: 1, refused: 4, other: [] });
-      expect((await call(gw, key)).body.error.message).toContain("for model=dollar");
+      const refused = (await call(gw, key)).body.error.message;
+      expect(refused).toContain("for model=dollar");
+      expect(refused).toContain(`(from Budget=${budget.body.budget_id})`);
       expect((await call(gw, key, "cheap")).status).toBe(200);
     });
   });
