@@ -9,7 +9,7 @@ import { writtenNumber } from "./exact-numbers.ts";
 
 const MONEY = new Set(["spend", "max_budget", "soft_budget", "temp_budget_increase", "max_budget_in_team", "max_budget_in_organization"]);
 /** Columns the store keeps for itself, not part of any API object. */
-const INTERNAL = new Set(["rotated_from", "first_token"]);
+const INTERNAL = new Set(["rotated_from", "first_token", "spend_set_at"]);
 
 function snake(prop: string): string {
   return prop.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`);
@@ -59,7 +59,7 @@ export function toApi(row: Record<string, unknown>): Record<string, unknown> {
 export function fromApi(table: Table, body: Record<string, unknown>, fields?: ReadonlySet<string>): Record<string, unknown> {
   const out: Record<string, unknown> = {};
   for (const [prop, column] of Object.entries(getTableColumns(table))) {
-    if (!(column.name in body) || (fields && !fields.has(column.name))) continue;
+    if (!(column.name in body) || INTERNAL.has(column.name) || (fields && !fields.has(column.name))) continue;
     const value = body[column.name];
     if (value === undefined) continue;
     if (value !== null && column.columnType === "PgNumeric") {

@@ -45,17 +45,43 @@ const inWritesPeriod = (table: string) => {
  * period the write made, and counts while the row is still in it; once the roller has moved the
  * row past it, that period is closed. (Before, a row rolled on counted it in its next period.)
  */
-const counterSet = (table: string) => `
+const counterSet = (table: string, amount = "d.amount") => `
       spend = case
-        when d.period_end is null or t.budget_reset_at is null or t.budget_reset_at = d.period_end then t.spend + d.amount
-        when ${MOVED_BY_WRITE} then case when coalesce(${inWritesPeriod(table)}, t.budget_reset_at > now()) then t.spend + d.amount else t.spend end
-        when t.budget_reset_at < d.period_end then d.amount
+        when d.period_end is null or t.budget_reset_at is null or t.budget_reset_at = d.period_end then t.spend + ${amount}
+        when ${MOVED_BY_WRITE} then case when coalesce(${inWritesPeriod(table)}, t.budget_reset_at > now()) then t.spend + ${amount} else t.spend end
+        when t.budget_reset_at < d.period_end then ${amount}
         else t.spend end,
       budget_reset_at = case when d.period_end is not null and t.budget_reset_at < d.period_end and not ${MOVED_BY_WRITE} then d.period_end else t.budget_reset_at end`;
 
-const counterUpdate = (table: string, id: string, kind: string, source = "delta") => `
+/**
+ * The counters whose spend may be set by hand (their rows' `spend_set_at`, tables/identity.ts).
+ * Their deltas carry each call's end and cost (`f`, the earliest end; `s`, [end ms, amount] per call).
+ */
+const HAND_SET: ReadonlySet<ChargeTable> = new Set(["key", "team", "user", "team_member"]);
+
+/**
+ * What delta `d` adds to row `row`: the calls that ended after its spend was last set by hand.
+ * Those that ended before are in the hand-set figure already (the instance that set it wrote its
+ * own first; another instance's queue is written later, and is left out here); their log rows are
+ * written all the same. Ends are the ending instance's clock, the set time the setting instance's:
+ * a call that ended within their clocks' skew of the write may count on the wrong side of it.
+ */
+const amountAfterSet = (row: string, d: string) => `case
+        when ${row}.spend_set_at is null or ${d}.f > extract(epoch from ${row}.spend_set_at) * 1000 then ${d}.amount
+        else (select coalesce(sum((c->>1)::numeric), 0) from jsonb_array_elements(${d}.s) c
+          where (c->>0)::bigint > extract(epoch from ${row}.spend_set_at) * 1000) end`;
+
+/**
+ * What a write that sets a row's spend by hand (`fields` naming `spend`) sets with it, in the
+ * same write: when, by this instance's clock, as the calls' ends are (amountAfterSet).
+ */
+export function handSetSpend(fields: object): { spendSetAt?: Date } {
+  return "spend" in fields ? { spendSetAt: new Date() } : {};
+}
+
+const counterUpdate = (table: string, id: string, kind: string, source = "delta", handSet = true) => `
   ${kind}_spend as (
-    update ${table} as t set${counterSet(table)}
+    update ${table} as t set${counterSet(table, handSet ? amountAfterSet("t", "d") : "d.amount")}
     from ${source} d where d.t = '${kind}' and t.${id} = d.id
     returning 1)`;
 
@@ -67,7 +93,8 @@ const counterUpdate = (table: string, id: string, kind: string, source = "delta"
  */
 const KEY_DELTA = `(select 'key' as t,
       coalesce((select r.active_token from rotated_keys r where r.token = k.id and not exists (select from virtual_keys v where v.token = k.id)), k.id) as id,
-      max(k.period_end) as period_end, sum(k.amount) as amount, max(k.ms) as ms
+      max(k.period_end) as period_end, sum(k.amount) as amount, max(k.ms) as ms,
+      min(k.f) as f, jsonb_path_query_array(jsonb_agg(k.s), '$[*][*]') as s
     from delta k where k.t = 'key' group by 2)`;
 
 const COUNTER_TABLES: readonly CounterTable[] = ["key", "team", "org", "user", "team_member"];
@@ -119,11 +146,12 @@ const lockedCounterUpdate = (
   after?: string,
   source = "delta",
   target: (t: string, d: string) => string = (t, d) => ids.map((id, i) => `${t}.${id} = ${d}.id${i}`).join(" and "),
+  handSet = true,
 ) => `
   ${kind}_spend as (
     update ${table} as t set${counterSet(table)}
     from (
-      select d.id as delta_id, d.period_end, d.amount, d.ms, ${ids.map((id, i) => `x.${id} as id${i}`).join(", ")}
+      select d.id as delta_id, d.period_end, ${handSet ? amountAfterSet("x", "d") : "d.amount"} as amount, d.ms, ${ids.map((id, i) => `x.${id} as id${i}`).join(", ")}
       from ${source} d join ${table} x on ${match("d", "x")}
       where d.t = '${kind}'${after ? ` and (select count(*) from ${after}_spend) >= 0` : ""}
       order by ${ids.map((id) => `x.${id}`).join(", ")}
@@ -144,13 +172,13 @@ const LOCKED_COUNTER_UPDATES: Record<CounterTable, (after?: string) => string> =
   key: (after) =>
     lockedCounterUpdate("virtual_keys", ["token"], "key", (d, x) => keyByToken(x, `${d}.id`), after, KEY_DELTA, (t, d) => keyByToken(t, `${d}.delta_id`)),
   team: (after) => lockedCounterUpdate("teams", ["team_id"], "team", (d, x) => `${x}.team_id = ${d}.id`, after),
-  org: (after) => lockedCounterUpdate("organizations", ["organization_id"], "org", (d, x) => `${x}.organization_id = ${d}.id`, after),
+  org: (after) => lockedCounterUpdate("organizations", ["organization_id"], "org", (d, x) => `${x}.organization_id = ${d}.id`, after, undefined, undefined, false),
   user: (after) => lockedCounterUpdate("users", ["user_id"], "user", (d, x) => `${x}.user_id = ${d}.id`, after),
   team_member: (after) => `
   team_member_spend as (
     update team_members as t set spend = t.spend + d.amount
     from (
-      select d.amount, x.team_id, x.user_id
+      select ${amountAfterSet("x", "d")} as amount, x.team_id, x.user_id
       from delta d join team_members x on x.team_id = split_part(d.id, E'\\t', 1) and x.user_id = split_part(d.id, E'\\t', 2)
       where d.t = 'team_member'${after ? ` and (select count(*) from ${after}_spend) >= 0` : ""}
       order by x.team_id, x.user_id
@@ -162,11 +190,11 @@ const LOCKED_COUNTER_UPDATES: Record<CounterTable, (after?: string) => string> =
 const COUNTER_UPDATES: Record<CounterTable, string> = {
   key: counterUpdate("virtual_keys", "token", "key", KEY_DELTA),
   team: counterUpdate("teams", "team_id", "team"),
-  org: counterUpdate("organizations", "organization_id", "org"),
+  org: counterUpdate("organizations", "organization_id", "org", "delta", false),
   user: counterUpdate("users", "user_id", "user"),
   team_member: `
   team_member_spend as (
-    update team_members as t set spend = t.spend + d.amount
+    update team_members as t set spend = t.spend + ${amountAfterSet("t", "d")}
     from delta d where d.t = 'team_member' and t.team_id = split_part(d.id, E'\\t', 1) and t.user_id = split_part(d.id, E'\\t', 2)
     returning 1)`,
 };
@@ -193,7 +221,7 @@ const DAILY_UPSERT = `daily as (
   returning 1
 )`;
 
-const DELTA_COLUMNS = "x(t text, id text, p bigint, amount numeric, ms bigint)";
+const DELTA_COLUMNS = "x(t text, id text, p bigint, amount numeric, ms bigint, f bigint, s jsonb)";
 const DAILY_COLUMNS = `y(type text, id text, day text, key text, model text, grp text, provider text, team text,
     pt bigint, ct bigint, cr bigint, cc bigint, spend numeric, n bigint, ok bigint, failed bigint)`;
 
@@ -201,7 +229,7 @@ const at = (ms: string) => `to_timestamp(${ms} / 1000.0)`;
 
 /** The batch's counter deltas, summed in memory and passed as JSON in `param`. */
 const deltaInput = (param: string) =>
-  `select t, id, case when p is null then null else ${at("p")} end as period_end, amount, ms from jsonb_to_recordset(${param}::jsonb) as ${DELTA_COLUMNS}`;
+  `select t, id, case when p is null then null else ${at("p")} end as period_end, amount, ms, f, s from jsonb_to_recordset(${param}::jsonb) as ${DELTA_COLUMNS}`;
 /** The batch's daily aggregates, summed in memory and passed as JSON in `param`. */
 const dailyInput = (param: string) =>
   `select type, id, day::date as day, key, model, grp, provider, team, pt, ct, cr, cc, spend, n, ok, failed from jsonb_to_recordset(${param}::jsonb) as ${DAILY_COLUMNS}`;
@@ -256,14 +284,15 @@ ${INSERT},
 fast as (select count(*) = $2::int as ok from ins),
 fresh as (select i.* from input i join ins on ins.call_id = i."callId" where not (select ok from fast)),
 charge as (
-  select c->>0 as t, c->>1 as id, coalesce((c->>2)::bigint, -1) as p, f."spendPico" as pico
+  select c->>0 as t, c->>1 as id, coalesce((c->>2)::bigint, -1) as p, f."spendPico" as pico, f."endTime" as ended
   from fresh f cross join lateral jsonb_array_elements(f.charges) as c
 ),
 latest as (select t, id, max(p) as p from charge group by t, id),
 delta as (
   ${deltaInput("$3")} where (select ok from fast)
   union all
-  select c.t, c.id, case when l.p = -1 then null else ${at("l.p")} end, sum(c.pico) / 1000000000000, null::bigint
+  select c.t, c.id, case when l.p = -1 then null else ${at("l.p")} end, sum(c.pico) / 1000000000000, null::bigint,
+    min(c.ended), jsonb_agg(jsonb_build_array(c.ended, c.pico / 1000000000000))
   from charge c join latest l on l.t = c.t and l.id = c.id and c.p = l.p
   group by c.t, c.id, l.p
 ),
@@ -306,6 +335,8 @@ interface RowGroup {
   cr: number;
   cc: number;
   spend: bigint;
+  /** Each call's end (ms) and cost, for counters set by hand since some of them ended (HAND_SET). */
+  calls: [number, bigint][];
 }
 
 const DAY_MS = 86_400_000;
@@ -328,7 +359,7 @@ export class BatchSums {
     for (const c of e.charges) sig += `\u0000${c.periodEnd}`;
     let g = this.groups.get(sig);
     if (!g) {
-      g = { sample: e, day: dayOf(e.startTime), n: 0, ok: 0, failed: 0, pt: 0, ct: 0, cr: 0, cc: 0, spend: 0n };
+      g = { sample: e, day: dayOf(e.startTime), n: 0, ok: 0, failed: 0, pt: 0, ct: 0, cr: 0, cc: 0, spend: 0n, calls: [] };
       this.groups.set(sig, g);
     }
     g.n++;
@@ -340,6 +371,7 @@ export class BatchSums {
     g.cr += e.cacheReadTokens;
     g.cc += e.cacheCreationTokens;
     g.spend += BigInt(e.spendPico);
+    g.calls.push([e.endTime, BigInt(e.spendPico)]);
   }
 
   get rowGroups(): RowGroup[] {
@@ -358,23 +390,55 @@ export class BatchSums {
  * only). Two ends a write moved apart (not whole periods apart) are one period: summed, under the
  * later end.
  */
-function counterDeltas(groups: RowGroup[]): { t: ChargeTable; id: string; p: number | null; ms: number | null; amount: string }[] {
-  const out = new Map<string, { t: ChargeTable; id: string; p: number | null; ms: number | null; amount: bigint }>();
+function counterDeltas(groups: RowGroup[]): CounterDelta[] {
+  const out = new Map<string, SummedDelta>();
   for (const g of groups) {
     for (const c of g.sample.charges) {
       const k = `${c.table}\u0000${c.id}`;
       const cur = out.get(k);
       const p = c.periodEnd ?? -1;
       const ms = c.periodMs ?? null;
-      if (!cur) out.set(k, { t: c.table, id: c.id, p: c.periodEnd, ms, amount: g.spend });
-      else if (p === (cur.p ?? -1)) cur.amount += g.spend;
+      const fresh = (): SummedDelta => ({ t: c.table, id: c.id, p: c.periodEnd, ms, amount: g.spend, groups: [g] });
+      if (!cur) out.set(k, fresh());
+      else if (p === (cur.p ?? -1)) addGroup(cur, g);
       else if (cur.p !== null && c.periodEnd !== null && !wholePeriodsApart(c.periodEnd, cur.p, ms ?? cur.ms)) {
-        cur.amount += g.spend;
+        addGroup(cur, g);
         if (c.periodEnd > cur.p) Object.assign(cur, { p: c.periodEnd, ms });
-      } else if (p > (cur.p ?? -1)) out.set(k, { t: c.table, id: c.id, p: c.periodEnd, ms, amount: g.spend });
+      } else if (p > (cur.p ?? -1)) out.set(k, fresh());
     }
   }
-  return [...out.values()].map((d) => ({ ...d, amount: picoToText(d.amount) }));
+  return [...out.values()].map(({ groups: summed, ...d }) => ({ ...d, amount: picoToText(d.amount), ...(HAND_SET.has(d.t) ? callsOf(summed) : {}) }));
+}
+
+interface CounterDelta {
+  t: ChargeTable;
+  id: string;
+  p: number | null;
+  ms: number | null;
+  amount: string;
+  /** HAND_SET only: the earliest end of the calls summed, and each call's [end ms, amount]. */
+  f?: number;
+  s?: [number, string][];
+}
+
+type SummedDelta = Omit<CounterDelta, "amount" | "f" | "s"> & { amount: bigint; groups: RowGroup[] };
+
+function addGroup(d: SummedDelta, g: RowGroup): void {
+  d.amount += g.spend;
+  d.groups.push(g);
+}
+
+/** The calls of `groups`, as amountAfterSet reads them. */
+function callsOf(groups: RowGroup[]): { f: number; s: [number, string][] } {
+  const s: [number, string][] = [];
+  let f = Number.POSITIVE_INFINITY;
+  for (const g of groups) {
+    for (const [end, pico] of g.calls) {
+      s.push([end, picoToText(pico)]);
+      if (end < f) f = end;
+    }
+  }
+  return { f, s };
 }
 
 interface DailyRow {

@@ -2,8 +2,10 @@
 // keeps and what budgets count from: calls that had already ended are written before the new
 // figure (not on top of it), and the budget's counter starts again from it.
 // The spend writer here writes only when asked, so calls that ended are still queued at the write.
+// With two instances on one database, calls that ended on B and are still in B's queue when the
+// spend is set through A are not added on top of it either.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { BACKENDS, MASTER_KEY, requestJson, requestOk, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
+import { BACKENDS, freshDatabase, MASTER_KEY, requestJson, requestOk, startBackendGateway, startTestGateway, type TestGateway } from "../harness/gateway.ts";
 import { TEST_REDIS_URL } from "../harness/redis.ts";
 import { DOLLAR_MODEL, dollarCall } from "../harness/traffic.ts";
 
@@ -87,6 +89,108 @@ for (const world of WORLDS) {
         expect(refused.status).toBe(400);
         expect(refused.text).toContain("Budget has been exceeded");
         expect(await stored[owner](raised.id)).toBe(3);
+      });
+    }
+  });
+}
+
+for (const world of WORLDS.filter((w) => w.backend === "postgres")) {
+  describe(`spend set by hand through one instance, calls ended on another (${world.name})`, () => {
+    let a: TestGateway;
+    let b: TestGateway;
+    let drop: (() => Promise<void>) | undefined;
+
+    beforeAll(async () => {
+      const db = await freshDatabase("gw_handset");
+      drop = db.drop;
+      const store = { databaseUrl: db.url, spend: { intervalMs: 60_000 }, ...(world.redis ? { redisUrl: TEST_REDIS_URL } : {}) };
+      a = await startTestGateway(CONFIG, { store });
+      b = await startTestGateway(CONFIG, { store });
+      await Promise.all([a.host!.services.bus!.subscribed(), b.host!.services.bus!.subscribed()]);
+    }, 60_000);
+    afterAll(async () => {
+      await a?.stop();
+      await b?.stop();
+      await drop?.();
+    });
+
+    const post = <T = Record<string, unknown>>(path: string, body: Record<string, unknown>) => requestOk<T>(a, "POST", path, body);
+    const keyInfo = async (token: string) => (await requestJson<{ info: { spend: number } }>(a, "GET", `/key/info?key=${token}`)).body.info.spend;
+    /** What the key's logged calls cost. */
+    const logged = async (token: string) => (await requestJson<{ spend: number }[]>(a, "GET", `/spend/logs?api_key=${token}`)).body.reduce((sum, r) => sum + r.spend, 0);
+    /** B's calls until one is refused (at most `n`), after it has heard of the reset (within a second). */
+    const callsOnB = async (key: string, n: number) => {
+      const t0 = performance.now();
+      while ((await dollarCall(b, key)).status !== 200) {
+        expect(performance.now() - t0, "B never admitted a call after the reset").toBeLessThan(1000);
+        await Bun.sleep(50);
+      }
+      const out = [200];
+      while (out.length < n) out.push((await dollarCall(b, key)).status);
+      return out;
+    };
+
+    /**
+     * Two $1 calls through B spend `owner`'s $2 budget; its spend set to 0 through A; B's queue
+     * written after that. The stored spend stays 0, the calls are logged, and B admits two calls
+     * again (its budget counter, and Redis's, agree with the stored 0).
+     */
+    const setThroughA = async (made: { key: string; token: string }, set: () => Promise<unknown>, spend: () => Promise<number>) => {
+      expect([(await dollarCall(b, made.key)).status, (await dollarCall(b, made.key)).status, (await dollarCall(b, made.key)).status]).toEqual([200, 200, 400]);
+      await set();
+      await b.host!.spendWriter.flush();
+      expect(await spend()).toBe(0);
+      expect(await logged(made.token)).toBe(2);
+    };
+
+    test("/key/{key}/reset_spend, /key/update {spend: 0} and /global/spend/reset through A: B's queued calls are not added", async () => {
+      for (const [route, reset] of [
+        ["reset_spend", (key: string) => post(`/key/${key}/reset_spend`, { reset_to: 0 })],
+        ["key/update", (key: string) => post("/key/update", { key, spend: 0 })],
+        ["global reset", () => post("/global/spend/reset", {})],
+      ] as const) {
+        const made = await post<{ key: string; token: string }>("/key/generate", { max_budget: 2 });
+        await setThroughA(made, () => reset(made.key), () => keyInfo(made.token));
+        expect(await callsOnB(made.key, 3), route).toEqual([200, 200, 400]);
+        await b.host!.spendWriter.flush();
+        expect(await keyInfo(made.token), route).toBe(2);
+      }
+    });
+
+    test("a call that ends on B after the reset through A is added, though B writes it with the calls before it", async () => {
+      const made = await post<{ key: string; token: string }>("/key/generate", {});
+      expect([(await dollarCall(b, made.key)).status, (await dollarCall(b, made.key)).status]).toEqual([200, 200]);
+      await post(`/key/${made.key}/reset_spend`, { reset_to: 0 });
+      expect((await dollarCall(b, made.key)).status).toBe(200);
+      await b.host!.spendWriter.flush();
+      expect(await keyInfo(made.token)).toBe(1);
+      expect(await logged(made.token)).toBe(3);
+    });
+
+    test("/key/regenerate {spend: 0} through A: B's queued calls are not added to the rotated key", async () => {
+      const made = await post<{ key: string; token: string }>("/key/generate", { max_budget: 2 });
+      let rotated = { key: "", token: "" };
+      await setThroughA(
+        made,
+        async () => {
+          rotated = await post<{ key: string; token: string }>("/key/regenerate", { key: made.key, spend: 0 });
+        },
+        () => keyInfo(rotated.token),
+      );
+    });
+
+    for (const owner of ["team", "user"] as const) {
+      test(`/${owner}/update {spend: 0} through A: B's queued calls are not added`, async () => {
+        const id = owner === "team" ? (await post<{ team_id: string }>("/team/new", { max_budget: 2 })).team_id : (await post<{ user_id: string }>("/user/new", { max_budget: 2 })).user_id;
+        const made = await post<{ key: string; token: string }>("/key/generate", { [`${owner}_id`]: id });
+        const info = async () => {
+          const res = await requestJson<{ team_info?: { spend: number }; user_info?: { spend: number } }>(a, "GET", `/${owner}/info?${owner}_id=${id}`);
+          return (res.body.team_info ?? res.body.user_info)!.spend;
+        };
+        await setThroughA(made, () => post(`/${owner}/update`, { [`${owner}_id`]: id, spend: 0 }), info);
+        expect(await callsOnB(made.key, 3)).toEqual([200, 200, 400]);
+        await b.host!.spendWriter.flush();
+        expect(await info()).toBe(2);
       });
     }
   });

@@ -35,6 +35,7 @@ import { firstTokenOfNewKey, releaseEarlierToken, rotateKey } from "../../identi
 import type { Db } from "../../store/db.ts";
 import { rotatedKeys, users, virtualKeys } from "../../store/schema.ts";
 import { checker } from "../validate.ts";
+import { handSetSpend } from "../../spend/flush.ts";
 import { counterId } from "../../spend/ledger.ts";
 import { isUniqueViolation, storeErrorCause } from "../../store/sql.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
@@ -577,6 +578,7 @@ function fieldsToUpdate(ctx: AdminCtx, row: KeyRow, body: KeyBody): Record<strin
   withProjectId(fields, body, true);
   const expires = expiresOf(body, now);
   if (expires !== undefined) fields.expires = expires;
+  Object.assign(fields, handSetSpend(fields));
   fields.updatedBy = caller.changedBy;
   fields.updatedAt = new Date(now);
   // A user it names anew is held, or created, by the write itself (holdKeyWrite).
@@ -759,7 +761,8 @@ async function resetKeySpend(ctx: AdminCtx, row: KeyRow, to: Pico): Promise<Reco
     // from $8,192 up that differ in their last decimals compare equal.
     const previous = columnToPico(current.spend);
     if (to > previous) throw badRequest(`reset_to (${picoToText(to)}) must be between 0 and the current spend (${picoToText(previous)}).`, "reset_to");
-    const [updated] = await tx.update(virtualKeys).set({ spend: picoToText(to), updatedBy: ctx.caller.changedBy, updatedAt: new Date() }).where(live(row.token)).returning();
+    const spend = { spend: picoToText(to) };
+    const [updated] = await tx.update(virtualKeys).set({ ...spend, ...handSetSpend(spend), updatedBy: ctx.caller.changedBy, updatedAt: new Date() }).where(live(row.token)).returning();
     return [previous, updated] as const;
   });
   if (!updated) throw notFound("Key not found: it was deleted meanwhile.", "key");

@@ -369,6 +369,8 @@ async function resetAllSpend(ctx: AdminCtx) {
   ctx.caller.requireAdmin();
   await ctx.flushSpend();
   const counted: Record<string, number> = {};
+  // When the spend was set by hand (handSetSpend: this instance's clock).
+  const setAt = new Date().toISOString();
   await ctx.db.transaction(async (tx) => {
     // In the spend writer's order (spend/flush.ts LOCK_ORDER; each table's rows by id): in another
     // order a batch adding calls' cost and this reset each held a row the other waited for, and
@@ -376,9 +378,14 @@ async function resetAllSpend(ctx: AdminCtx) {
     for (const kind of RESET_KINDS) {
       const { table, ids, spend } = COUNTER_COLUMNS[kind];
       const byId = sql.join([...ids], sql`, `);
-      await tx.execute(sql`select 1 from ${table} where ${spend} <> 0 order by ${byId} for no key update`);
-      const reset = await rows(tx, sql`update ${table} set ${sql.identifier(spend.name)} = 0 where ${spend} <> 0 returning 1`);
-      counted[RESET_COUNTED[kind]!] = reset.length;
+      // Every row, spent or not: another instance may still have calls that ended before now
+      // queued for a row whose stored spend is 0; spend_set_at keeps them off it (spend/flush.ts).
+      const [spent] = await rows<{ n: number }>(
+        tx,
+        sql`select count(*)::int as n from (select ${spend} as spend from ${table} order by ${byId} for no key update) x where x.spend <> 0`,
+      );
+      await tx.execute(sql`update ${table} set ${sql.identifier(spend.name)} = 0, spend_set_at = ${setAt}::timestamptz`);
+      counted[RESET_COUNTED[kind]!] = spent?.n ?? 0;
     }
   });
   // Their counters start again from the stored 0, here and on every instance.

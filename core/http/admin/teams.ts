@@ -37,6 +37,7 @@ import type { IdentityChange, KeyRow, TeamMemberRow, TeamRow, UserRow } from "..
 import { exactAmount, fromApi, scaleOf, toApi } from "../../identity/serialize.ts";
 import { budgets, organizations, teamMembers, teams, users, virtualKeys } from "../../store/schema.ts";
 import { isUniqueViolation } from "../../store/sql.ts";
+import { handSetSpend } from "../../spend/flush.ts";
 import { counterId } from "../../spend/ledger.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { refuseOverbooking } from "./reservations.ts";
@@ -487,7 +488,7 @@ async function updateTeam(ctx: AdminCtx): Promise<Record<string, unknown>> {
     if (settingsTouched) props.memberSettings = memberSettings(raw, current.memberSettings);
     return tx
       .update(teams)
-      .set({ ...props, updatedAt: new Date(), updatedBy: ctx.caller.changedBy })
+      .set({ ...props, ...handSetSpend(props), updatedAt: new Date(), updatedBy: ctx.caller.changedBy })
       .where(eq(teams.teamId, before.teamId))
       .returning();
   });

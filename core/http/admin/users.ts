@@ -18,6 +18,7 @@ import type { UserRow } from "../../identity/records.ts";
 import { fromApi, toApi } from "../../identity/serialize.ts";
 import { organizations, orgMembers, teamMembers, teams, users, virtualKeys } from "../../store/schema.ts";
 import { isUniqueViolation } from "../../store/sql.ts";
+import { handSetSpend } from "../../spend/flush.ts";
 import { counterId } from "../../spend/ledger.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { refuseOverbooking } from "./reservations.ts";
@@ -280,7 +281,7 @@ async function updateUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
     }
     return tx
       .update(users)
-      .set({ ...props, updatedAt: new Date(), updatedBy: caller.changedBy })
+      .set({ ...props, ...handSetSpend(props), updatedAt: new Date(), updatedBy: caller.changedBy })
       .where(eq(users.userId, target.userId))
       .returning();
   });

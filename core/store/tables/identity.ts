@@ -26,6 +26,14 @@ const limits = () => ({
   modelRpmLimit: jsonb("model_rpm_limit").$type<Record<string, number>>(),
 });
 
+/**
+ * When the row's spend was last set by hand (/key/update, /key/{key}/reset_spend, /team/update,
+ * /user/update, /global/spend/reset). The spend writer adds to it only calls that ended after
+ * then (spend/flush.ts): another instance's entries of calls that ended before it are already in
+ * the hand-set figure, though they are written after it.
+ */
+const spendSetAt = () => ({ spendSetAt: ts("spend_set_at") });
+
 const audit = () => ({
   createdAt: ts("created_at").notNull().defaultNow(),
   createdBy: text("created_by"),
@@ -63,6 +71,7 @@ export const users = pgTable(
     organizationId: text("organization_id"),
     models: textArray("models"),
     ...limits(),
+    ...spendSetAt(),
     metadata: json("metadata").notNull().default({}),
     ...audit(),
   },
@@ -78,6 +87,7 @@ export const teams = pgTable(
     budgetId: text("budget_id"),
     models: textArray("models"),
     ...limits(),
+    ...spendSetAt(),
     blocked: boolean("blocked").notNull().default(false),
     metadata: json("metadata").notNull().default({}),
     tags: textArray("tags"),
@@ -110,6 +120,7 @@ export const teamMembers = pgTable(
     userId: text("user_id").notNull(),
     role: text("role").notNull().default("user"),
     spend: money("spend").notNull().default("0"),
+    ...spendSetAt(),
     maxBudgetInTeam: money("max_budget_in_team"),
     tpmLimit: bigint("tpm_limit", { mode: "number" }),
     rpmLimit: bigint("rpm_limit", { mode: "number" }),
@@ -153,6 +164,7 @@ export const virtualKeys = pgTable(
     prompts: textArray("prompts"),
     enforcedParams: textArray("enforced_params"),
     ...limits(),
+    ...spendSetAt(),
     tpmLimitType: text("tpm_limit_type"),
     rpmLimitType: text("rpm_limit_type"),
     metadata: json("metadata").notNull().default({}),
