@@ -5,8 +5,10 @@
 // database's version and its driver's errors are for admins only.
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import OpenAI from "openai";
+import postgres from "postgres";
 import { freshDatabase, MASTER_KEY, requestJson, startTestGateway, type TestGateway } from "./harness/gateway.ts";
 import { TcpRelay } from "./harness/relay.ts";
+import { waitFor } from "./harness/util.ts";
 
 const CONFIG = {
   model_list: [{ model_name: "gpt-a", svc_params: { model: "mock/gpt-a" } }],
@@ -16,10 +18,13 @@ const CONFIG = {
 let gw: TestGateway;
 let relay: TcpRelay;
 let drop: () => Promise<void>;
+/** Straight to the database, past the relay. */
+let direct: postgres.Sql;
 
 beforeAll(async () => {
   const db = await freshDatabase("gw_outage");
   drop = db.drop;
+  direct = postgres(db.url, { max: 1, onnotice: () => {} });
   relay = await TcpRelay.start({ host: "127.0.0.1", port: 5432 });
   const url = new URL(db.url);
   url.port = String(relay.port);
@@ -27,6 +32,7 @@ beforeAll(async () => {
 });
 
 afterAll(async () => {
+  await direct?.end();
   await gw?.stop();
   await relay?.close();
   await drop?.();
@@ -89,3 +95,28 @@ test("liveness is the JSON string LiteLLM answers; readiness shows the database'
   for (let i = 0; i < 50 && (await ready()).status !== 200; i++) await Bun.sleep(100);
   expect((await ready()).status).toBe(200);
 }, 30_000);
+
+test("the database refuses connections for a while (restarting, host down): once it listens again, management calls work and the spend of calls made meanwhile is written", async () => {
+  const created = await requestJson<{ key: string; token: string }>(gw, "POST", "/key/generate", { body: {} });
+  const client = new OpenAI({ baseURL: gw.baseURL, apiKey: created.body.key, maxRetries: 0 });
+  await client.chat.completions.create({ model: "gpt-a", messages: [{ role: "user", content: "before" }] });
+  await gw.host!.spendWriter.flush();
+
+  await relay.refuse();
+  // More failed connects than the pool has connections (10): each used to be lost for good.
+  const refused = await Promise.all(Array.from({ length: 12 }, () => requestJson(gw, "POST", "/key/generate", { body: {} })));
+  expect(refused.map((r) => r.status)).toEqual(Array(12).fill(503));
+  for (let i = 0; i < 3; i++) {
+    const reply = await client.chat.completions.create({ model: "gpt-a", messages: [{ role: "user", content: `during ${i}` }] });
+    expect(reply.choices[0]?.message.content).toContain(`during ${i}`);
+  }
+  expect(await readiness()).toEqual({ status: 503, db: "disconnected" });
+
+  await relay.listenAgain();
+  expect(await waitFor(readiness, (r) => r.status === 200, "readiness once the database listens again", 10_000)).toEqual({ status: 200, db: "connected" });
+  const again = await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: {} });
+  expect(again.status).toBe(200);
+  // The writer retries on its own, backing off up to 5 s.
+  const written = async () => (await direct<{ n: number }[]>`select count(*)::int as n from spend_logs where api_key = ${created.body.token}`)[0]!.n;
+  expect(await waitFor(written, (n) => n === 4, "the spend rows", 10_000)).toBe(4);
+}, 40_000);

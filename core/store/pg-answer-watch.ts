@@ -94,37 +94,37 @@ export class AnswerWatch {
 
   constructor(
     private readonly answerMs: number,
-    private readonly connectMs: number,
     private readonly onDrop: (detail: { waited_ms: number; host: string }) => void,
   ) {}
 
-  /** postgres.js's `socket` option: a connected socket, to the hosts in turn (or the Unix socket path). */
-  readonly connect = async (target: PgSocketTarget): Promise<Socket> => {
+  /**
+   * postgres.js's `socket` option: a socket to the hosts in turn (or the Unix socket path), returned
+   * before it connects, as postgres.js makes its own (it holds what it writes until then). A connect
+   * that fails reaches postgres.js as the socket's error and close, which fail the waiting queries and
+   * let it connect again later; its `connect_timeout` runs from now. A function that threw or
+   * rejected instead left the connection "connecting" for good (postgres.js 3.4.9): each failed
+   * connect while PostgreSQL refused them cost the pool one of its connections, and it never
+   * connected again once all were gone.
+   */
+  readonly connect = (target: PgSocketTarget): Socket => {
     const i = this.nextHost++ % Math.max(1, target.host.length);
     const host = target.host[i] ?? "localhost";
     const port = target.port[i] ?? target.port[0] ?? 5432;
     const socket = target.path ? connect(target.path) : connect(port, host);
-    await new Promise<void>((resolve, reject) => {
-      // postgres.js starts its connect_timeout only once it has the socket.
-      const timer = setTimeout(() => {
-        socket.destroy();
-        reject(new Error(`could not connect to PostgreSQL at ${target.path || `${host}:${port}`} within ${this.connectMs} ms`));
-      }, this.connectMs);
-      socket.once("connect", () => {
-        clearTimeout(timer);
-        socket.removeListener("error", reject);
-        resolve();
-      });
-      socket.once("error", (err) => {
-        clearTimeout(timer);
-        reject(err);
-      });
+    // As postgres.js labels its own: its connection errors (CONNECT_TIMEOUT) name them.
+    Object.assign(socket, { host, port });
+    const entry = this.counted(socket, target.path || `${host}:${port}`);
+    // Silence is counted from the connect: waiting for one is the connect timeout's business.
+    socket.once("connect", () => {
+      entry.readAt = performance.now();
+      if (entry.owingSince !== 0) entry.owingSince = entry.readAt;
+      this.watched.add(entry);
     });
-    this.watch(socket, target.path || `${host}:${port}`);
     return socket;
   };
 
-  private watch(socket: Socket, target: string): void {
+  /** Counts what `socket` is sent and answers, from its first byte (the start-up is written before it connects). */
+  private counted(socket: Socket, target: string): Watched {
     const entry: Watched = {
       socket,
       target,
@@ -133,7 +133,6 @@ export class AnswerWatch {
       readAt: performance.now(),
       owingSince: 0,
     };
-    this.watched.add(entry);
     const write = socket.write;
     socket.write = function (this: Socket, chunk: unknown, ...rest: unknown[]) {
       if (chunk instanceof Uint8Array) {
@@ -147,6 +146,7 @@ export class AnswerWatch {
       entry.received.feed(chunk);
     });
     socket.once("close", () => this.watched.delete(entry));
+    return entry;
   }
 
   arm(): void {

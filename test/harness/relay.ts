@@ -1,6 +1,8 @@
 /**
  * A TCP relay in front of a local server (PostgreSQL, Redis) that a test can cut — open
- * connections dropped, new ones refused — and restore, so "the database/Redis went away" is exact
+ * connections dropped, new ones accepted and closed at once — and restore, or stop listening
+ * (`refuse`: connects refused, as by a restarting server or a host that is down) and listen again
+ * on the same port (`listenAgain`), so "the database/Redis went away" is exact
  * rather than a race with the real server's restart. `delayMs` (for connections made after it is
  * set) holds what clients send for that long before passing it on, in order: a server farther away.
  */
@@ -19,7 +21,11 @@ export class TcpRelay {
   private readonly clients = new WeakSet<Socket>();
   /** How long what clients of connections made from now on send waits before it goes on to the server. */
   delayMs = 0;
-  private constructor(private readonly server: Server) {}
+  private constructor(
+    private readonly server: Server,
+    /** Kept: the server has no address while it is not listening. */
+    readonly port: number,
+  ) {}
 
   static async start(target: { host: string; port: number }): Promise<TcpRelay> {
     let relay: TcpRelay | undefined;
@@ -48,7 +54,9 @@ export class TcpRelay {
       upstream.on("end", () => client.end());
     });
     await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-    relay = new TcpRelay(server);
+    const addr = server.address();
+    if (!addr || typeof addr === "string") throw new Error("relay not listening");
+    relay = new TcpRelay(server, addr.port);
     return relay;
   }
 
@@ -86,12 +94,6 @@ export class TcpRelay {
     for (const { to, chunk } of this.held.splice(0)) if (!to.destroyed) to.write(chunk);
   }
 
-  get port(): number {
-    const addr = this.server.address();
-    if (!addr || typeof addr === "string") throw new Error("relay not listening");
-    return addr.port;
-  }
-
   cut(): void {
     this.down = true;
     for (const s of this.sockets) s.destroy();
@@ -101,8 +103,20 @@ export class TcpRelay {
     this.down = false;
   }
 
-  async close(): Promise<void> {
+  /** Open connections dropped and the port closed: connects are refused until `listenAgain`. */
+  async refuse(): Promise<void> {
     this.cut();
     await new Promise<void>((resolve) => this.server.close(() => resolve()));
+  }
+
+  /** Listens again on the same port, after `refuse`. */
+  async listenAgain(): Promise<void> {
+    await new Promise<void>((resolve) => this.server.listen(this.port, "127.0.0.1", resolve));
+    this.restore();
+  }
+
+  async close(): Promise<void> {
+    if (this.server.listening) await this.refuse();
+    else this.cut();
   }
 }
