@@ -8,7 +8,7 @@
  * could not be written; what neither takes is counted in one error, never thrown.
  * Rows are idempotent (keyed by call id), so a replay never counts a call twice.
  */
-import { appendFileSync, mkdirSync, readdirSync, readFileSync, unlinkSync } from "node:fs";
+import { appendFileSync, closeSync, fstatSync, ftruncateSync, mkdirSync, openSync, readdirSync, readFileSync, unlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import type { Logger } from "../contract.ts";
 import { picoToText } from "../cost/money.ts";
@@ -195,18 +195,28 @@ export class SpendWriter {
       over = true;
       clearTimeout(timer);
     }
-    if (this.queued > 0) {
-      const left = this.batches.splice(0).flatMap((b) => b.entries);
-      this.queued = 0;
+    if (this.queued > 0) this.spillAtStop();
+    this.reportDropped("spend entries lost at shutdown: neither the store nor the spill folder took them");
+  }
+
+  /**
+   * Spills what is still queued, a batch at a time: a disk that fills up part way takes the first
+   * ones, and only the batches it refused are counted lost (each is in the file whole or not at all).
+   */
+  private spillAtStop(): void {
+    const left = this.batches.splice(0).filter((b) => b.entries.length > 0);
+    this.queued = 0;
+    let saved = 0;
+    for (const batch of left) {
       try {
-        this.spill(left);
-        this.log.warn("unwritten spend entries saved to disk; they are written at the next start", { dir: this.opts.spillDir });
+        this.spill(batch.entries);
+        saved += batch.entries.length;
       } catch (err) {
         this.spillError = err;
-        this.drop(left);
+        this.drop(batch.entries);
       }
     }
-    this.reportDropped("spend entries lost at shutdown: neither the store nor the spill folder took them");
+    if (saved > 0) this.log.warn("unwritten spend entries saved to disk; they are written at the next start", { dir: this.opts.spillDir, entries: saved });
   }
 
   private schedule(ms: number): void {
@@ -255,10 +265,8 @@ export class SpendWriter {
       mkdirSync(this.opts.spillDir, { recursive: true });
       this.spillFile = join(this.opts.spillDir, `spend-${Date.now()}-${process.pid}-${Math.random().toString(36).slice(2, 8)}.jsonl`);
     }
-    // Set first: a write cut short by a full disk may leave whole lines in the file (replaying
-    // them is harmless: rows are keyed by call id).
     this.mayHaveSpill = true;
-    appendFileSync(this.spillFile, `${entries.map((e) => JSON.stringify(e)).join("\n")}\n`);
+    appendWhole(this.spillFile, `${entries.map((e) => JSON.stringify(e)).join("\n")}\n`);
     this.spilledCount += entries.length;
   }
 
@@ -416,6 +424,26 @@ export class SpendWriter {
  * store restarting), which a later write can get past; undefined when `err` is not one.
  */
 const refusedData = (err: unknown): object | undefined => withSqlState(err, (code) => code.startsWith("22") || code.startsWith("54"));
+
+/**
+ * Appends `text` to `file` whole or not at all: a write cut short (a disk that filled up) is cut
+ * back off before the error is thrown, so what the caller counts as not spilled is not in the file.
+ * Before, its first lines stayed and were replayed, while a stop counted them lost.
+ */
+function appendWhole(file: string, text: string): void {
+  const fd = openSync(file, "a");
+  try {
+    const size = fstatSync(fd).size;
+    try {
+      writeFileSync(fd, text);
+    } catch (err) {
+      ftruncateSync(fd, size);
+      throw err;
+    }
+  } finally {
+    closeSync(fd);
+  }
+}
 
 /**
  * Calls that already ended hand their records over in a setImmediate batch (pipeline/record.ts):

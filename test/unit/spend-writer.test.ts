@@ -236,6 +236,24 @@ test("stop with the store away and the spill refused does not throw; one error n
   writer = undefined;
 });
 
+test("stop with the disk filling up mid-spill: the error counts exactly the entries the spill file did not take", async () => {
+  const spillDir = tempDir("spill-");
+  // Files of 8 KiB at most: a batch of 10 entries fits (about 5 KiB), not two, nor the 200 entries.
+  const proc = Bun.spawn(["bash", "-c", 'trap "" XFSZ; ulimit -f 8; exec bun "$@"', "bash", join(import.meta.dir, "../fixtures/spill-at-shutdown.ts"), spillDir, "200"], {
+    stdout: "pipe",
+    stderr: "pipe",
+    cwd: join(import.meta.dir, "../.."),
+  });
+  const [out, err] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text()]);
+  expect(await proc.exited, err).toBe(0);
+  const { lost, spilled, lines } = JSON.parse(out) as { lost: number; spilled: number; lines: number };
+  expect(spilled).toBeGreaterThan(0);
+  expect(lost).toBeGreaterThan(0);
+  // Before, every entry of the cut-short append was counted lost, though its first lines were in the file.
+  expect(lost + spilled).toBe(200);
+  expect(lines).toBe(spilled);
+});
+
 test("the warning while the store fails names the cause in a short line, not the batch's statement and parameters", async () => {
   // A port nothing listens on: every write fails as with PostgreSQL down.
   const probe = createServer();
