@@ -110,10 +110,19 @@ export class SpendWriter {
     this.queued++;
     // A full batch is written at once; the timer writes the rest. Writing only full batches here
     // keeps batches large under load: each write has a fixed cost, whatever its size.
-    if (open.entries.length === this.batchSize && !this.running && !this.stopped) {
-      clearTimeout(this.timer);
-      this.timer = setTimeout(() => void this.tick(true), 0);
-    }
+    if (open.entries.length === this.batchSize && !this.running) this.writeFullBatchesSoon();
+  }
+
+  /**
+   * Writes the full batches at once rather than at the next tick; not while writes fail. Such a
+   * write tried nothing when the batch that failed (not full) was at the front, and then passed
+   * for a success: "spend writes resumed" was logged with the store still away, and the back-off
+   * started over (or its retry was put off for as long as batches kept filling up).
+   */
+  private writeFullBatchesSoon(): void {
+    if (this.stopped || this.failures > 0) return;
+    clearTimeout(this.timer);
+    this.timer = setTimeout(() => void this.tick(true), 0);
   }
 
   /** Opens the batch new calls go to. */
@@ -153,10 +162,7 @@ export class SpendWriter {
       this.running = undefined;
       // Each drain writes the batches there were when it started, so that a flush waiting for it
       // gets its turn under steady traffic; a batch that filled meanwhile is written next.
-      if ((this.batches[0]?.entries.length ?? 0) >= this.batchSize && !this.stopped) {
-        clearTimeout(this.timer);
-        this.timer = setTimeout(() => void this.tick(true), 0);
-      }
+      if ((this.batches[0]?.entries.length ?? 0) >= this.batchSize) this.writeFullBatchesSoon();
     }
   }
 

@@ -178,12 +178,13 @@ test("a flush gets its turn while full batches keep coming", async () => {
   expect(writer.written).toBe(n);
 });
 
-/** A store that fails every write while `down.now` is true. */
+/** A store that fails every write while `down.now` is true; `down.attempts` counts the writes tried. */
 function storeThatCanBeDown() {
-  const down = { now: true };
+  const down = { now: true, attempts: 0 };
   const store: SpendStore = {
     db: undefined as unknown as Db,
     copyIn: async () => {
+      down.attempts++;
       if (down.now) throw new Error("store unreachable");
     },
   };
@@ -234,6 +235,28 @@ test("stop with the store away and the spill refused does not throw; one error n
   expect(lost.map((l) => [l.fields?.entries, l.fields?.spend_usd])).toEqual([[15, "0.000000000015"]]);
   expect(String(lost[0]!.fields?.error)).toContain("ENOTDIR");
   writer = undefined;
+});
+
+test("while writes fail, batches filling up neither log that writes resumed nor cut the retry back-off short", async () => {
+  const { store, down } = storeThatCanBeDown();
+  const log = memoryLogger();
+  writer = new SpendWriter(store, log, { spillDir: tempDir("spill-"), intervalMs: 50, batchSize: 10 });
+  await writer.start();
+  for (let i = 0; i < 5; i++) writer.enqueue(entry(i));
+  await until(() => log.lines.some((l) => l.msg.startsWith("spend writes failing")));
+  const tried = down.attempts;
+  // A batch fills every 50 ms behind the one that failed: retries still wait 100, 200, 400 ms.
+  for (let n = 5; n < 65; n += 10) {
+    for (let i = n; i < n + 10; i++) writer.enqueue(entry(i));
+    await Bun.sleep(50);
+  }
+  expect(log.lines.filter((l) => l.msg.startsWith("spend writes resumed"))).toEqual([]);
+  expect(down.attempts - tried).toBeLessThanOrEqual(3);
+
+  down.now = false;
+  await until(() => writer!.written === 65);
+  expect(writer.written).toBe(65);
+  expect(log.lines.filter((l) => l.msg.startsWith("spend writes resumed"))).toHaveLength(1);
 });
 
 test("stop with the disk filling up mid-spill: the error counts exactly the entries the spill file did not take", async () => {
