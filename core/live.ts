@@ -4,14 +4,14 @@
  */
 import { stat } from "node:fs/promises";
 import { type FSWatcher, watch } from "chokidar";
-import type { Logger } from "./contract.ts";
 import { applyConfigEnv, type ConfigEnv, type ConfigResult, readConfig } from "./config/load.ts";
 import type { GatewayConfig } from "./config/schema.ts";
-import type { HostServices } from "./services.ts";
-import { buildSnapshot, type Snapshot, SnapshotError } from "./snapshot.ts";
-import { within } from "./timer.ts";
-import { forgetDeploymentStates } from "./router/deployment-state.ts";
+import type { Logger } from "./contract.ts";
 import { deliverPending } from "./pipeline/record.ts";
+import { forgetDeploymentStates } from "./router/deployment-state.ts";
+import type { HostServices } from "./services.ts";
+import { buildSnapshot, type Snapshot, SnapshotError, servedStoredIds } from "./snapshot.ts";
+import { within } from "./timer.ts";
 
 /** How long a plugin's dispose may take before the gateway goes on without it (a stop, a reload). */
 const PLUGIN_DISPOSE_MS = 2000;
@@ -229,7 +229,7 @@ export class Live {
     // those the old file set and the new one does not are unset, and all is taken back if it fails.
     const undoEnv = env ? applyConfigEnv(env, this.configEnv) : () => undefined;
     try {
-      next = await buildSnapshot(config, this.configPath, this.snap.version + 1, this.log, this.services, this.snap);
+      next = await buildSnapshot(config, this.configPath, this.snap.version + 1, this.log, this.services, servedStoredIds(this.snap));
     } catch (err) {
       undoEnv();
       const errors = err instanceof SnapshotError ? err.errors : [String(err)];

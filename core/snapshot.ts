@@ -3,6 +3,10 @@
  * snapshot it started on; a reload builds a new one and swaps a single reference.
  */
 import { dirname, isAbsolute, resolve } from "node:path";
+import type { AccessGroupLookup, GroupAliases } from "./access.ts";
+import type { CacheSettings } from "./cache/controls.ts";
+import { type CacheStore, MemoryCache } from "./cache/store.ts";
+import { type GatewayConfig, MAX_REQUEST_MB, type ModelEntry } from "./config/schema.ts";
 import type {
   AuthResolver,
   BudgetChecker,
@@ -10,27 +14,23 @@ import type {
   Denied,
   Deployment,
   Lease,
-  LoggingCallback,
   Logger,
+  LoggingCallback,
   PluginContext,
   ProviderAdapter,
   RateLimiter,
   RateWindows,
   SpendRecorder,
 } from "./contract.ts";
-import type { AccessGroupLookup, GroupAliases } from "./access.ts";
-import { type GatewayConfig, MAX_REQUEST_MB, type ModelEntry } from "./config/schema.ts";
-import type { IdentityCache } from "./identity/cache.ts";
-import { ModelTable, toDeployment } from "./models.ts";
 import { PriceTable } from "./cost/prices.ts";
-import { LocalWindows } from "./limits/local-windows.ts";
-import type { ClientCredentialSettings } from "./pipeline/client-credentials.ts";
-import type { CacheSettings } from "./cache/controls.ts";
-import { type CacheStore, MemoryCache } from "./cache/store.ts";
 import { Pricing } from "./cost/pricing.ts";
-import { BUILTIN_PLUGINS, type LoadedPlugin, importPlugin, setupPlugin } from "./plugins.ts";
-import type { CooldownShare } from "./router/cooldown-bus.ts";
+import type { IdentityCache } from "./identity/cache.ts";
+import { LocalWindows } from "./limits/local-windows.ts";
+import { ModelTable, toDeployment } from "./models.ts";
 import { buildPassThrough, type PassThroughTable } from "./pass-through/table.ts";
+import type { ClientCredentialSettings } from "./pipeline/client-credentials.ts";
+import { BUILTIN_PLUGINS, importPlugin, type LoadedPlugin, setupPlugin } from "./plugins.ts";
+import type { CooldownShare } from "./router/cooldown-bus.ts";
 import type { HostServices, SpendLog } from "./services.ts";
 
 export interface Settings extends ClientCredentialSettings {
@@ -289,12 +289,27 @@ export function servedStoredDeployment(s: Snapshot, id: string): Deployment | un
   return found && !s.config.model_list.includes(found.entry) ? found.deployment : undefined;
 }
 
-/** `serving`: the snapshot this one replaces (none at start). */
-export async function buildSnapshot(config: GatewayConfig, configPath: string, version: number, log: Logger, services: HostServices = {}, serving?: Snapshot): Promise<Snapshot> {
+/** The ids of the stored models `s` serves (not config.yaml models of those ids). */
+export function servedStoredIds(s: Snapshot): ReadonlySet<string> {
+  return new Set(s.models.entries.filter((e) => !s.config.model_list.includes(e.entry)).map((e) => e.deployment.id));
+}
+
+/**
+ * `servedStored`: the stored models the snapshot this one replaces serves (none at start). Ids, not
+ * that snapshot: what the new one's closures keep would otherwise keep every snapshot before it.
+ */
+export async function buildSnapshot(
+  config: GatewayConfig,
+  configPath: string,
+  version: number,
+  log: Logger,
+  services: HostServices = {},
+  servedStored: ReadonlySet<string> = new Set(),
+): Promise<Snapshot> {
   const settings = resolveSettings(config);
   const { loaded: plugins, errors: pluginErrors } = await loadPlugins(config, configPath, settings, log, services);
   try {
-    return await assemble(config, configPath, version, log, services, settings, plugins, pluginErrors, serving);
+    return await assemble(config, configPath, version, log, services, settings, plugins, pluginErrors, servedStored);
   } catch (err) {
     // Refused or failed (the store unreachable, a stored model the new master key cannot read):
     // the plugins set up for it never serve, and must not stay subscribed to identity changes.
@@ -316,7 +331,7 @@ async function assemble(
   settings: Settings,
   plugins: LoadedPlugin[],
   pluginErrors: string[],
-  serving: Snapshot | undefined,
+  servedStored: ReadonlySet<string>,
 ): Promise<Snapshot> {
   const errors: string[] = [...pluginErrors];
   const providers = collectProviders(plugins, errors);
@@ -329,7 +344,7 @@ async function assemble(
     // failed); a reload that would drop the model is refused, and the config serving it stays.
     // One the serving snapshot does not serve either (unreadable since start, or stored by an
     // instance with another key) is not dropped: refusing would freeze every later change.
-    if (serving && servedStoredDeployment(serving, m.id)) errors.push(`stored model '${m.id}' (${m.name}): ${why}. ${fix}`);
+    if (servedStored.has(m.id)) errors.push(`stored model '${m.id}' (${m.name}): ${why}. ${fix}`);
     else log.error(`stored model not served: ${why}. ${fix}`, { model_id: m.id, model_name: m.name });
   }
   const models = buildModels(config.model_list, providers, errors, dbModels, log);
