@@ -16,10 +16,12 @@ test("postgres: a /key/update whose connection is terminated mid-write answers 5
       .begin(async (tx) => {
         // The key's row held, so the update waits inside its transaction; then its backend is terminated.
         await tx`select 1 from virtual_keys where token = ${token} for update`;
+        const [{ holder }] = (await tx`select pg_backend_pid() as holder`) as unknown as [{ holder: number }];
         answer = requestJson(gw, "POST", "/key/update", { body: { key, key_alias: "cut-mid-write" } });
         let pid: number | undefined;
         for (const end = Date.now() + 5000; pid === undefined && Date.now() < end; await Bun.sleep(20)) {
-          const [w] = await side`select pid from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock' and query ilike '%virtual_keys%'`;
+          // The backend waiting on the held row (not found by its query text: pg_stat_activity keeps its first 1 KiB only).
+          const [w] = await side`select pid from pg_stat_activity where ${holder} = any(pg_blocking_pids(pid))`;
           pid = w?.pid as number | undefined;
         }
         expect(pid).toBeDefined();
