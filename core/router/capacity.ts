@@ -29,6 +29,16 @@ export function noDeployments(group: string, why: string, retryMs: number): Gate
 export const AT_CAPACITY = "every deployment is at its rpm/tpm limit";
 
 /**
+ * 429 for a call larger than every deployment's whole `tpm`: no wait makes it fit, so no
+ * `retry-after` (a client would retry it for ever), and how to make it smaller.
+ */
+export function tooLargeForDeployments(group: string, tokens: number, largestTpm: number, smaller: string): GatewayError {
+  return new GatewayError(
+    errorInfo(429, `No deployments available for model ${group}: this request alone may use ${tokens} tokens, more than any of its deployments serves per minute (largest tpm ${largestTpm}); ${smaller}.`, "rate_limit_error"),
+  );
+}
+
+/**
  * Ms until one of `candidates` has room for a call of `tokens`, or undefined when one has room now
  * (asked without counting: a slot taken to ask would refuse other calls meanwhile), or when none
  * ever will: a call larger than a deployment's whole `tpm` gains nothing by waiting for it, and

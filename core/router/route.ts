@@ -12,7 +12,7 @@ import type { Snapshot } from "../snapshot.ts";
 import { type Attempt, type CallContext, Intent, Refusal, ZERO, acquireLeases, attemptTimeout, callDeployment, callRecord, deploymentTimeout, promptOf, wantsStream } from "../pipeline/call.ts";
 import { dispatchRecord } from "../pipeline/record.ts";
 import { HeldLeases, NO_LEASES, tightest } from "../pipeline/held-leases.ts";
-import { AT_CAPACITY, AWAIT_CAPACITY_MS, NOT_AWAITING, awaitingCapacity, capacityCounter, capacityWaitMs, noDeployments } from "./capacity.ts";
+import { AT_CAPACITY, AWAIT_CAPACITY_MS, NOT_AWAITING, awaitingCapacity, capacityCounter, capacityWaitMs, noDeployments, tooLargeForDeployments } from "./capacity.ts";
 import { stateOf } from "./deployment-state.ts";
 import { type FallbackType, fallbacksFor } from "./fallbacks.ts";
 import { type RoutePolicy, backoffMs, retriesFor, routePolicy } from "./policy.ts";
@@ -296,6 +296,8 @@ async function callGroup<E extends Endpoint>(run: Run<E>, body: WireRequest[E], 
   };
   let capacityRetryMs = Number.POSITIVE_INFINITY;
   const atCapacity = new Set<string>();
+  /** The largest `tpm` of the deployments that refused a call larger than their whole `tpm`; -1 once one refused for want of room now. */
+  let tooLargeFor = 0;
   /** Whether an attempt reached the upstream: until one has, giving up takes every lease back (a refused call consumes nothing). */
   let wentOut = false;
   const settle = (usage: Usage, cost: bigint) => {
@@ -362,10 +364,12 @@ async function callGroup<E extends Endpoint>(run: Run<E>, body: WireRequest[E], 
       if (!got.ok) {
         atCapacity.add(d.id);
         capacityRetryMs = Math.min(capacityRetryMs, got.retryAfterMs);
+        if (tooLargeFor >= 0) tooLargeFor = got.kind === "tokens" && tokens > got.limit ? Math.max(tooLargeFor, got.limit) : -1;
         const rest = withinBudget(available(Date.now())).filter((x) => !atCapacity.has(x.id));
         if (rest.length === 0) {
           giveUp();
-          throw new GroupFailure(noDeployments(group, AT_CAPACITY, capacityRetryMs), undefined);
+          const smaller = endpoint === "chat" || endpoint === "completions" ? "lower max_tokens" : "send less input";
+          throw new GroupFailure(tooLargeFor > 0 ? tooLargeForDeployments(group, tokens, tooLargeFor, smaller) : noDeployments(group, AT_CAPACITY, capacityRetryMs), undefined);
         }
         d = await switchTo(rest);
         continue;

@@ -270,6 +270,17 @@ describe("rate limits", () => {
     expect(tooLarge.body.error!.message).toContain("lower max_tokens");
   });
 
+  test("a request larger than every deployment's whole tpm, from a caller without a tpm limit, is told it never fits: no retry-after, how to make it smaller", async () => {
+    const tooLarge = await call(MASTER_KEY, "small-tpm", { max_tokens: 5000 });
+    expect(tooLarge.status).toBe(429);
+    expect(tooLarge.body.error!.message).toContain("this request alone may use");
+    expect(tooLarge.body.error!.message).toContain("largest tpm 1000); lower max_tokens");
+    expect(tooLarge.body.error!.message).not.toContain("Try again");
+    expect(tooLarge.headers.get("retry-after")).toBeNull();
+    // One that fits is served.
+    expect((await call(MASTER_KEY, "small-tpm", { max_tokens: 10 })).status).toBe(200);
+  });
+
   test("the master key and keys without limits carry no rate-limit headers of the gateway and are never refused", async () => {
     const r = await call(MASTER_KEY);
     expect(r.status).toBe(200);
