@@ -11,6 +11,7 @@ import { deliverPending } from "./pipeline/record.ts";
 import { forgetDeploymentStates } from "./router/deployment-state.ts";
 import type { HostServices } from "./services.ts";
 import { buildSnapshot, type Snapshot, SnapshotError, servedStoredIds } from "./snapshot.ts";
+import { overflowAfter } from "./limits/capacity.ts";
 import { within } from "./timer.ts";
 
 /** How long a plugin's dispose may take before the gateway goes on without it (a stop, a reload). */
@@ -243,7 +244,21 @@ export class Live {
     this.retired.add(old);
     if (!this.pins.has(old)) void this.dispose(old);
     this.log.info("config reloaded", { reason, version: next.version, models: next.models.entries.length });
+    this.warnOverbooked(next);
     return { ok: true, version: next.version, changed: true };
+  }
+
+  /**
+   * A reload that leaves a group serving less than its guaranteed keys reserve (its deployments'
+   * rpm/tpm lowered, one removed) is taken, as the capacity is what the operator says it is, but
+   * said: those keys then get less than they reserve, and best-effort keys nothing of that group.
+   */
+  private warnOverbooked(s: Snapshot): void {
+    const identity = this.services.identity;
+    if (!identity) return;
+    const owners = { teams: identity.teams, users: identity.users, orgs: identity.orgs };
+    const problem = overflowAfter(() => true, s.models.groups, identity.keys.values(), owners, s.accessGroups);
+    if (problem) this.log.warn("config reloaded with guaranteed_throughput keys reserving more than their model groups now serve; lower their limits or raise the groups' rpm/tpm", { problem });
   }
 
   private async dispose(s: Snapshot): Promise<void> {

@@ -23,26 +23,27 @@ async function successes(key: string, model: string, n: number): Promise<number>
   return ok;
 }
 
+const MODELS = [
+  { model_name: "g", svc_params: { model: "mock/g1", rpm: 5 } },
+  { model_name: "g", svc_params: { model: "mock/g2", rpm: 5 } },
+  { model_name: "d", svc_params: { model: "mock/d", rpm: 6 } },
+  { model_name: "e", svc_params: { model: "mock/e", rpm: 5 } },
+  { model_name: "h", svc_params: { model: "mock/h", rpm: 10 } },
+  { model_name: "k", svc_params: { model: "mock/k", rpm: 6 } },
+  { model_name: "u", svc_params: { model: "mock/u", rpm: 10 } },
+  { model_name: "x", svc_params: { model: "mock/x", rpm: 4 } },
+  { model_name: "ta", svc_params: { model: "mock/ta", rpm: 10 } },
+  { model_name: "tb", svc_params: { model: "mock/tb" } },
+  { model_name: "tr", svc_params: { model: "mock/tr", rpm: 20 } },
+  { model_name: "tm", svc_params: { model: "mock/tm", rpm: 10 } },
+  { model_name: "mk", svc_params: { model: "mock/mk", rpm: 5 } },
+  { model_name: "gz", svc_params: { model: "mock/gz", rpm: 10 } },
+  { model_name: "rz", svc_params: { model: "mock/rz", rpm: 10 } },
+];
+const config = (models = MODELS) => ({ model_list: models, general_settings: { master_key: MASTER_KEY } });
+
 beforeAll(async () => {
-  gw = await startBackendGateway("pglite", {
-    model_list: [
-      { model_name: "g", svc_params: { model: "mock/g1", rpm: 5 } },
-      { model_name: "g", svc_params: { model: "mock/g2", rpm: 5 } },
-      { model_name: "d", svc_params: { model: "mock/d", rpm: 6 } },
-      { model_name: "e", svc_params: { model: "mock/e", rpm: 5 } },
-      { model_name: "h", svc_params: { model: "mock/h", rpm: 10 } },
-      { model_name: "k", svc_params: { model: "mock/k", rpm: 6 } },
-      { model_name: "u", svc_params: { model: "mock/u", rpm: 10 } },
-      { model_name: "x", svc_params: { model: "mock/x", rpm: 4 } },
-      { model_name: "ta", svc_params: { model: "mock/ta", rpm: 10 } },
-      { model_name: "tb", svc_params: { model: "mock/tb" } },
-      { model_name: "tr", svc_params: { model: "mock/tr", rpm: 20 } },
-      { model_name: "tm", svc_params: { model: "mock/tm", rpm: 10 } },
-      { model_name: "mk", svc_params: { model: "mock/mk", rpm: 5 } },
-      { model_name: "gz", svc_params: { model: "mock/gz", rpm: 10 } },
-    ],
-    general_settings: { master_key: MASTER_KEY },
-  });
+  gw = await startBackendGateway("pglite", config());
 });
 afterAll(async () => gw?.stop());
 
@@ -243,5 +244,19 @@ describe("dynamic", () => {
     const refused = await call(d1, "d");
     expect(refused.status).toBe(429);
     expect(refused.message).toContain("dynamic share of model=d");
+  });
+});
+
+describe("a config reload", () => {
+  test("that leaves a group serving less than its guaranteed keys reserve is taken, and says so", async () => {
+    expect((await requestJson(gw, "POST", "/key/generate", { body: { key_alias: "rz-guaranteed", models: ["rz"], rpm_limit: 8, rpm_limit_type: "guaranteed_throughput" } })).status).toBe(200);
+    const warned = () => gw.log.lines.filter((l) => l.msg.startsWith("config reloaded with guaranteed_throughput keys reserving more"));
+    gw.writeConfig(config(MODELS.map((m) => (m.model_name === "rz" ? { model_name: "rz", svc_params: { model: "mock/rz", rpm: 4 } } : m))));
+    expect((await gw.live.reload("test")).ok).toBe(true);
+    expect(warned().map((l) => String(l.fields?.problem))).toEqual([expect.stringContaining("Key rz-guaranteed: guaranteed_throughput: model rz serves 4 rpm")]);
+    // Back to a capacity that holds it: taken without a word.
+    gw.writeConfig(config());
+    expect((await gw.live.reload("test")).ok).toBe(true);
+    expect(warned().length).toBe(1);
   });
 });
