@@ -256,8 +256,7 @@ export class Live {
   private warnOverbooked(s: Snapshot): void {
     const identity = this.services.identity;
     if (!identity) return;
-    const owners = { teams: identity.teams, users: identity.users, orgs: identity.orgs };
-    const problem = overflowAfter(() => true, s.models.groups, identity.keys.values(), owners, s.accessGroups);
+    const problem = overflowAfter(() => true, s.models.groups, identity.keys.values(), identity, s.accessGroups);
     if (problem) this.log.warn("config reloaded with guaranteed_throughput keys reserving more than their model groups now serve; lower their limits or raise the groups' rpm/tpm", { problem });
   }
 

@@ -286,12 +286,14 @@ function buildPricing(config: GatewayConfig, configPath: string, errors: string[
 /** The stored model `s` serves as `id`, if it does (not a config.yaml model of that id). */
 export function servedStoredDeployment(s: Snapshot, id: string): Deployment | undefined {
   const found = s.models.findById(id);
-  return found && !s.config.model_list.includes(found.entry) ? found.deployment : undefined;
+  return found && isStored(s, found.entry) ? found.deployment : undefined;
 }
+
+const isStored = (s: Snapshot, entry: ModelEntry): boolean => !s.config.model_list.includes(entry);
 
 /** The ids of the stored models `s` serves (not config.yaml models of those ids). */
 export function servedStoredIds(s: Snapshot): ReadonlySet<string> {
-  return new Set(s.models.entries.filter((e) => !s.config.model_list.includes(e.entry)).map((e) => e.deployment.id));
+  return new Set(s.models.entries.filter((e) => isStored(s, e.entry)).map((e) => e.deployment.id));
 }
 
 /**

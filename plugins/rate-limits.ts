@@ -37,7 +37,7 @@ import {
 import { errorInfo } from "../core/errors.ts";
 import { firstGuaranteedExpiry, guaranteedLimit, reservedOn, type ThroughputKind } from "../core/limits/capacity.ts";
 import { rateHeaders } from "../core/limits/headers.ts";
-import { retryAfterSeconds, tokenEstimate } from "../core/limits/window.ts";
+import { howToShrink, retryAfterSeconds, tokenEstimate } from "../core/limits/window.ts";
 import { budgetOf } from "./shared/budget-object.ts";
 import { keyLabel } from "./shared/labels.ts";
 import { BoundedMap } from "../core/bounded-map.ts";
@@ -223,8 +223,6 @@ function requestCounters(intent: CallIntent, identity: IdentityView | undefined)
 
 const KIND_TEXT = { requests: "requests per minute", tokens: "tokens per minute", parallel_requests: "parallel requests" } as const;
 
-/** How a request too large for a tpm limit can be made smaller: only chat and completions take max_tokens. */
-const SMALLER: Partial<Record<CallIntent["endpoint"], string>> = { chat: "lower max_tokens", completions: "lower max_tokens" };
 
 export function rateRefusal(r: RateRefusal, tokens: number, endpoint: CallIntent["endpoint"] = "chat"): Denied {
   const c = r.counter;
@@ -232,7 +230,7 @@ export function rateRefusal(r: RateRefusal, tokens: number, endpoint: CallIntent
   const from = c.sources?.[r.kind];
   let message = `Rate limit exceeded for ${c.label}: ${KIND_TEXT[r.kind]} limit ${r.limit}${from ? ` (from ${from})` : ""}`;
   if (r.kind === "parallel_requests") message += `, ${r.current} requests in flight.`;
-  else if (r.kind === "tokens" && tokens > r.limit) message += `, and this request alone may use ${tokens} tokens (${SMALLER[endpoint] ?? "send less input"}).`;
+  else if (r.kind === "tokens" && tokens > r.limit) message += `, and this request alone may use ${tokens} tokens (${howToShrink(endpoint)}).`;
   else message += `, ${r.current} used in the last 60 s. Try again in ${retry} s.`;
   const headers: Record<string, string> = {};
   if (r.kind === "requests") Object.assign(headers, { "x-ratelimit-limit-requests": String(r.limit), "x-ratelimit-remaining-requests": "0" });

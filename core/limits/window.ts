@@ -16,6 +16,11 @@ export function tokenEstimate(intent: Pick<CallIntent, "estimatedPromptTokens" |
   return intent.estimatedPromptTokens + (intent.maxOutputTokens === undefined ? 0 : answerTokens(intent.maxOutputTokens, intent.answers));
 }
 
+/** How a request too large for a tpm limit can be made smaller: only chat and completions take max_tokens. */
+export function howToShrink(endpoint: CallIntent["endpoint"]): string {
+  return endpoint === "chat" || endpoint === "completions" ? "lower max_tokens" : "send less input";
+}
+
 /** A share counter as applied: its rpm/tpm are the pool's part for `members` active members. */
 export function applyShare(c: RateCounter, members: number): RateCounter {
   const s = c.share;

@@ -21,7 +21,7 @@ import { requiredWaitMs, upstreamRetryAfterMs } from "./waits.ts";
 import { delay } from "../timer.ts";
 import { headerText } from "../header-text.ts";
 import { rateHeaders } from "../limits/headers.ts";
-import { tokenEstimate } from "../limits/window.ts";
+import { howToShrink, tokenEstimate } from "../limits/window.ts";
 import { cacheUse } from "../cache/controls.ts";
 import { cacheKey } from "../cache/key.ts";
 import { answeredBy, cachedAnswer, cachedEntry, requireBudgetsForHit, storeAnswer } from "../cache/answer.ts";
@@ -287,7 +287,8 @@ async function callGroup<E extends Endpoint>(run: Run<E>, body: WireRequest[E], 
   /** Deployments whose provider budget could not take this call, and the last such refusal. */
   const overBudget = new Set<string>();
   let budgetRefusal: Refusal | undefined;
-  const withinBudget = (list: readonly Deployment[]) => list.filter((x) => !overBudget.has(x.id));
+  // Nearly every call: no provider budget refused, the list as it is (no copy per pick).
+  const withinBudget = (list: readonly Deployment[]) => (overBudget.size === 0 ? list : list.filter((x) => !overBudget.has(x.id)));
   const passedOver = (err: unknown, refusing: Deployment): boolean => {
     if (!(err instanceof Refusal) || err.info.budget?.entity !== "provider") return false;
     overBudget.add(refusing.id);
@@ -368,8 +369,7 @@ async function callGroup<E extends Endpoint>(run: Run<E>, body: WireRequest[E], 
         const rest = withinBudget(available(Date.now())).filter((x) => !atCapacity.has(x.id));
         if (rest.length === 0) {
           giveUp();
-          const smaller = endpoint === "chat" || endpoint === "completions" ? "lower max_tokens" : "send less input";
-          throw new GroupFailure(tooLargeFor > 0 ? tooLargeForDeployments(group, tokens, tooLargeFor, smaller) : noDeployments(group, AT_CAPACITY, capacityRetryMs), undefined);
+          throw new GroupFailure(tooLargeFor > 0 ? tooLargeForDeployments(group, tokens, tooLargeFor, howToShrink(endpoint)) : noDeployments(group, AT_CAPACITY, capacityRetryMs), undefined);
         }
         d = await switchTo(rest);
         continue;

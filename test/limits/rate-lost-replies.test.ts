@@ -47,6 +47,14 @@ async function untilBack(windows: RedisWindows): Promise<void> {
   await Bun.sleep(200);
 }
 
+/** Sends `call`'s settle while Redis is cut off, then lets Redis be reached again. */
+async function settleDuringOutage(call: RateGrant): Promise<void> {
+  relay.cut();
+  call.settle(0);
+  await Bun.sleep(300);
+  relay.restore();
+}
+
 test("a request whose acquire answer was lost does not hold a parallel slot once Redis answers again", async () => {
   const windows = new RedisWindows(runner, memoryLogger());
   const counter = parallelOne();
@@ -66,10 +74,7 @@ test("a request whose settle could not be sent does not hold a parallel slot onc
   const counter = parallelOne();
   const call = (await windows.acquire([counter], 0)) as RateGrant;
   expect(call.ok).toBe(true);
-  relay.cut();
-  call.settle(0);
-  await Bun.sleep(300);
-  relay.restore();
+  await settleDuringOutage(call);
   await untilBack(windows);
   const next = await windows.acquire([counter], 0);
   expect(next.ok).toBe(true);
@@ -80,10 +85,7 @@ test("the first request once Redis is back is not refused for a request whose se
   await untilBack(windows);
   const counter = parallelOne();
   const call = (await windows.acquire([counter], 0)) as RateGrant;
-  relay.cut();
-  call.settle(0);
-  await Bun.sleep(300);
-  relay.restore();
+  await settleDuringOutage(call);
   await untilRedisAnswers();
   // No other request comes first: this one is Redis's first since the outage.
   const next = await windows.acquire([counter], 0);
