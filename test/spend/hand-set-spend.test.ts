@@ -115,6 +115,12 @@ for (const world of WORLDS.filter((w) => w.backend === "postgres")) {
     });
 
     const post = <T = Record<string, unknown>>(path: string, body: Record<string, unknown>) => requestOk<T>(a, "POST", path, body);
+    /** A key made through A, once B knows it: it reaches B's cache over the change channel, milliseconds later. */
+    const keyKnownOnB = async (body: Record<string, unknown>) => {
+      const made = await post<{ key: string; token: string }>("/key/generate", body);
+      for (const end = performance.now() + 2000; !b.host!.services.identity!.keys.has(made.token) && performance.now() < end; ) await Bun.sleep(10);
+      return made;
+    };
     const keyInfo = async (token: string) => (await requestJson<{ info: { spend: number } }>(a, "GET", `/key/info?key=${token}`)).body.info.spend;
     /** What the key's logged calls cost. */
     const logged = async (token: string) => (await requestJson<{ spend: number }[]>(a, "GET", `/spend/logs?api_key=${token}`)).body.reduce((sum, r) => sum + r.spend, 0);
@@ -149,7 +155,7 @@ for (const world of WORLDS.filter((w) => w.backend === "postgres")) {
         ["key/update", (key: string) => post("/key/update", { key, spend: 0 })],
         ["global reset", () => post("/global/spend/reset", {})],
       ] as const) {
-        const made = await post<{ key: string; token: string }>("/key/generate", { max_budget: 2 });
+        const made = await keyKnownOnB({ max_budget: 2 });
         await setThroughA(made, () => reset(made.key), () => keyInfo(made.token));
         expect(await callsOnB(made.key, 3), route).toEqual([200, 200, 400]);
         await b.host!.spendWriter.flush();
@@ -158,7 +164,7 @@ for (const world of WORLDS.filter((w) => w.backend === "postgres")) {
     });
 
     test("a call that ends on B after the reset through A is added, though B writes it with the calls before it", async () => {
-      const made = await post<{ key: string; token: string }>("/key/generate", {});
+      const made = await keyKnownOnB({});
       expect([(await dollarCall(b, made.key)).status, (await dollarCall(b, made.key)).status]).toEqual([200, 200]);
       await post(`/key/${made.key}/reset_spend`, { reset_to: 0 });
       expect((await dollarCall(b, made.key)).status).toBe(200);
@@ -168,7 +174,7 @@ for (const world of WORLDS.filter((w) => w.backend === "postgres")) {
     });
 
     test("/key/regenerate {spend: 0} through A: B's queued calls are not added to the rotated key", async () => {
-      const made = await post<{ key: string; token: string }>("/key/generate", { max_budget: 2 });
+      const made = await keyKnownOnB({ max_budget: 2 });
       let rotated = { key: "", token: "" };
       await setThroughA(
         made,
@@ -182,7 +188,7 @@ for (const world of WORLDS.filter((w) => w.backend === "postgres")) {
     for (const owner of ["team", "user"] as const) {
       test(`/${owner}/update {spend: 0} through A: B's queued calls are not added`, async () => {
         const id = owner === "team" ? (await post<{ team_id: string }>("/team/new", { max_budget: 2 })).team_id : (await post<{ user_id: string }>("/user/new", { max_budget: 2 })).user_id;
-        const made = await post<{ key: string; token: string }>("/key/generate", { [`${owner}_id`]: id });
+        const made = await keyKnownOnB({ [`${owner}_id`]: id });
         const info = async () => {
           const res = await requestJson<{ team_info?: { spend: number }; user_info?: { spend: number } }>(a, "GET", `/${owner}/info?${owner}_id=${id}`);
           return (res.body.team_info ?? res.body.user_info)!.spend;
