@@ -20,7 +20,7 @@ import { mapUpstreamStatus } from "../../core/pipeline/upstream.ts";
 import { answerTokenBound } from "../../core/cost/worst-case.ts";
 import { imagesAsked, NotForwardedFields, speechUsage } from "../../core/wire.ts";
 import type { OpenAICompatibleProvider } from "./table.ts";
-import { usageFromImages, usageFromOpenAI } from "./usage.ts";
+import { countsTokens, usageFromImages, usageFromOpenAI } from "./usage.ts";
 import { upstreamErrorKind } from "../shared/error-kind.ts";
 import { openAITranscriptions } from "./transcriptions.ts";
 
@@ -144,8 +144,11 @@ function openAIStream<E extends "chat" | "completions">(
       const chunk = usageChunk(data);
       if (chunk !== undefined) {
         s.ended = true;
-        parts.push({ type: "usage", usage: usageFromOpenAI(chunk.usage) });
-        if (!s.clientWantsUsage) {
+        // A usage that counts nothing (`{}`) is none: the stream's end charges the estimate and
+        // sends it as the usage chunk to a client that asked, in place of this one.
+        const counted = countsTokens(chunk.usage);
+        if (counted) parts.push({ type: "usage", usage: usageFromOpenAI(chunk.usage, () => s.promptEstimate) });
+        if (!s.clientWantsUsage || !counted) {
           if (Array.isArray(chunk.choices) && chunk.choices.length === 0) return parts;
           delete chunk.usage;
           if (CARRIES_TOKENS.test(data)) s.chunks++;
@@ -249,16 +252,20 @@ function answerText(b: WireJson): string[] {
 }
 
 /**
- * An answer's usage. Some OpenAI-compatible servers (self-hosted ones) send none: such a call is
- * not free, its tokens are estimated as a cut stream's are (the prompt as budgets estimate it, the
- * answer at four characters a token, never more than the request's max_tokens allowed: budgets
- * reserve that much, and an estimate above it could take spend past a budget).
+ * An answer's usage. Some OpenAI-compatible servers (self-hosted ones) send none, or one that
+ * counts nothing (`{}`): such a call is not free, its tokens are estimated as a cut stream's are
+ * (the prompt as budgets estimate it, the answer at four characters a token, never more than the
+ * request's max_tokens allowed: budgets reserve that much, and an estimate above it could take
+ * spend past a budget).
  */
 function answerUsage<E extends "chat" | "completions" | "embeddings">(endpoint: E, b: WireJson, req: WireRequest[E] | undefined): Usage {
-  if ((b.usage !== undefined && b.usage !== null) || !req) return usageFromOpenAI(b.usage);
+  if (!req) return usageFromOpenAI(b.usage);
+  const promptEstimate = () => promptSize(endpoint, req).estimate;
+  // An embedding's tokens are all prompt: a total alone is the prompt's.
+  if (countsTokens(b.usage)) return usageFromOpenAI(b.usage, endpoint === "embeddings" ? undefined : promptEstimate);
   const estimated = estimateTokens(answerText(b));
   const bound = answerTokenBound(endpoint, req);
-  return { promptTokens: promptSize(endpoint, req).estimate, completionTokens: bound === undefined ? estimated : Math.min(estimated, bound) };
+  return { promptTokens: promptEstimate(), completionTokens: bound === undefined ? estimated : Math.min(estimated, bound) };
 }
 
 /** The search context size a request asked a search model for (`web_search_options.search_context_size`). */

@@ -1,19 +1,59 @@
 import type { Usage } from "../../core/contract.ts";
 
-/** A finite number, else 0. */
+const WHOLE_NUMBER = /^\s*-?\d+\s*$/;
+
+/**
+ * A count as reported: a finite number, or a whole number written as text (some compatible servers
+ * quote their counts; LiteLLM's Usage reads "100" as 100). Anything else is no count.
+ */
+function reportedCount(v: unknown): number | undefined {
+  if (typeof v === "number") return Number.isFinite(v) ? v : undefined;
+  return typeof v === "string" && WHOLE_NUMBER.test(v) ? Number(v) : undefined;
+}
+
+/** A count as reported, else 0. */
 export function num(v: unknown): number {
-  return typeof v === "number" && Number.isFinite(v) ? v : 0;
+  return reportedCount(v) ?? 0;
 }
 
 function record(v: unknown): Record<string, unknown> | undefined {
   return v !== null && typeof v === "object" ? (v as Record<string, unknown>) : undefined;
 }
 
-/** OpenAI `usage` object → the gateway's Usage (0 when absent). */
-export function usageFromOpenAI(raw: unknown): Usage {
+/**
+ * Whether an OpenAI `usage` counts the call's tokens (a prompt, completion or total count). One
+ * that does not (`{}`, nulls, only a vendor's own fields) is no usage: the call is estimated as an
+ * answer without one is, where reading it made the call free.
+ */
+export function countsTokens(raw: unknown): boolean {
+  const u = record(raw);
+  return u !== undefined && [u.prompt_tokens, u.completion_tokens, u.total_tokens].some((v) => reportedCount(v) !== undefined);
+}
+
+/**
+ * The prompt and completion counts. Where one is left out beside a total, it is the total less
+ * the other; a total alone is split into the prompt as estimated (no more than the total) and the
+ * answer, the rest. Without an estimate, a total alone is the prompt's (an embedding's).
+ */
+function tokenCounts(u: Record<string, unknown>, promptEstimate?: () => number): Pick<Usage, "promptTokens" | "completionTokens"> {
+  let prompt = reportedCount(u.prompt_tokens);
+  let completion = reportedCount(u.completion_tokens);
+  const total = reportedCount(u.total_tokens);
+  if (total !== undefined && (prompt === undefined || completion === undefined)) {
+    prompt ??= Math.max(0, completion === undefined ? Math.min(promptEstimate?.() ?? total, total) : total - completion);
+    completion ??= Math.max(0, total - prompt);
+  }
+  return { promptTokens: prompt ?? 0, completionTokens: completion ?? 0 };
+}
+
+/**
+ * OpenAI `usage` object → the gateway's Usage (0 when absent). `promptEstimate`: the prompt's
+ * tokens as estimated, for a usage that reports only its total.
+ */
+export function usageFromOpenAI(raw: unknown, promptEstimate?: () => number): Usage {
   const u = record(raw);
   if (!u) return { promptTokens: 0, completionTokens: 0 };
-  const usage: Usage = { promptTokens: num(u.prompt_tokens), completionTokens: num(u.completion_tokens) };
+  const usage: Usage = tokenCounts(u, promptEstimate);
   const promptDetails = record(u.prompt_tokens_details);
   const completionDetails = record(u.completion_tokens_details);
   // DeepSeek reports its cache hits as prompt_cache_hit_tokens (part of prompt_tokens), as LiteLLM's Usage maps them.

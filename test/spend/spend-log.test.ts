@@ -487,6 +487,44 @@ describe("an answer without usage to a request with max_tokens (pglite, OpenAI w
   });
 });
 
+describe("an answer whose usage counts nothing, counts as text, or only a total (pglite, OpenAI wire mock)", () => {
+  test("is not free: no count is no usage (estimated as a missing one), text counts are counts, a total alone is the prompt as estimated and the rest", async () => {
+    await withSelfHosted(async (gw, mock) => {
+      const messages = [{ role: "user" as const, content: "a prompt of some forty characters or so." }];
+      const prompt = promptSize("chat", { model: "self-hosted", messages }).estimate;
+      // 40 characters of answer: 10 tokens at four characters a token.
+      const content = "0123456789".repeat(4);
+      const cases: { usage?: Record<string, unknown>; logged: [number, number] }[] = [
+        { logged: [prompt, 10] },
+        { usage: {}, logged: [prompt, 10] },
+        { usage: { prompt_tokens: null, completion_tokens: null, total_tokens: null }, logged: [prompt, 10] },
+        { usage: { prompt_tokens: "100", completion_tokens: "10", total_tokens: "110" }, logged: [100, 10] },
+        { usage: { total_tokens: 110 }, logged: [prompt, 110 - prompt] },
+        { usage: { prompt_tokens: 100, total_tokens: 110 }, logged: [100, 10] },
+      ];
+      const costs: number[] = [];
+      for (const [i, c] of cases.entries()) {
+        const answer = { id: `chatcmpl-uncounted-${i}`, object: "chat.completion", created: 1, model: "llama", choices: [{ index: 0, message: { role: "assistant", content }, finish_reason: "stop" }] };
+        mock.fault({ kind: "answer", body: c.usage ? { ...answer, usage: c.usage } : answer });
+        const res = await fetch(`${gw.url}/v1/chat/completions`, {
+          method: "POST",
+          headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+          body: JSON.stringify({ model: "self-hosted", messages }),
+        });
+        expect(res.status).toBe(200);
+        costs.push(Number(res.headers.get("x-svc-response-cost")));
+      }
+      await gw.host!.spendWriter.flush();
+      for (const [i, c] of cases.entries()) {
+        const [row] = await rows<LogRow>(gw.host!.store.db, sql`select * from spend_logs where request_id = ${`chatcmpl-uncounted-${i}`}`);
+        expect([row!.prompt_tokens, row!.completion_tokens], JSON.stringify(c.usage)).toEqual(c.logged);
+        expect(Number(row!.spend)).toBeCloseTo(usd(...c.logged), 12);
+        expect(costs[i]).toBeCloseTo(usd(...c.logged), 12);
+      }
+    });
+  });
+});
+
 describe("usage a server reports that cannot be counted as given (pglite, OpenAI wire mock)", () => {
   test("fractions, negatives, billions and a part over its total are rounded and bounded: priced as logged, and the log goes on", async () => {
     await withSelfHosted(async (gw, mock) => {
@@ -685,6 +723,30 @@ describe("OpenAI-compatible streams whose body ends at the end of the answer, no
     expect(plain.row).toMatchObject({ status: "failure", stream: true });
     expect(groq.row).toMatchObject({ status: "failure", stream: true });
     expect(groq.text).toContain("ended before the answer was complete");
+  });
+
+  /** The mock's usage chunk with `usage` in place of its own. */
+  const usageAs = (usage: object) => (t: string) =>
+    t.replace(/data: (\{[^\n]*"choices":\[\],"usage":\{[^\n]*)\n\n/, (_, chunk: string) => `data: ${JSON.stringify({ ...JSON.parse(chunk), usage })}\n\n`);
+
+  test("a usage chunk that counts nothing is none: charged the estimate, and a client that asked for usage gets one usage chunk, the counts charged", async () => {
+    const plain = await streamed(withoutUsage);
+    for (const usage of [{}, { prompt_tokens: null, completion_tokens: null }]) {
+      const { text, row } = await streamed(usageAs(usage));
+      expect(row, JSON.stringify(usage)).toMatchObject({ status: "success", prompt_tokens: plain.row!.prompt_tokens, completion_tokens: plain.row!.completion_tokens, spend: plain.row!.spend });
+      const usages = text.split("\n\n").filter((event) => event.includes('"usage":{'));
+      expect(usages).toHaveLength(1);
+      expect(JSON.parse(usages[0]!.slice("data: ".length)).usage).toMatchObject({ prompt_tokens: row!.prompt_tokens, completion_tokens: row!.completion_tokens });
+    }
+    expect(Number(plain.row!.spend)).toBeGreaterThan(0);
+  });
+
+  test("a usage chunk with counts as text is charged them; one with only a total, the prompt as estimated and the rest", async () => {
+    const text = await streamed(usageAs({ prompt_tokens: "100", completion_tokens: "10", total_tokens: "110" }));
+    expect(text.row).toMatchObject({ status: "success", prompt_tokens: 100, completion_tokens: 10 });
+    const plain = await streamed(withoutUsage);
+    const total = await streamed(usageAs({ total_tokens: 110 }));
+    expect(total.row).toMatchObject({ status: "success", prompt_tokens: plain.row!.prompt_tokens, completion_tokens: 110 - plain.row!.prompt_tokens });
   });
 
   test("a stream without usage is charged a token for each chunk that carries one, not for the opening role chunk nor the finish chunk", async () => {

@@ -16,7 +16,7 @@ import { usageFromGemini } from "../../providers/gemini/usage.ts";
 import { chatCompletionFrom } from "../../providers/gemini/response.ts";
 import { geminiStream } from "../../providers/gemini/stream.ts";
 import { openAIChat, openAIImages } from "../../providers/openai-compatible/adapter.ts";
-import { usageFromOpenAI } from "../../providers/openai-compatible/usage.ts";
+import { countsTokens, usageFromOpenAI } from "../../providers/openai-compatible/usage.ts";
 import { openAIUsage } from "../../core/openai-usage.ts";
 import { speechBound, speechUsage } from "../../core/wire.ts";
 import { worstCaseOf } from "../../core/cost/worst-case.ts";
@@ -350,6 +350,22 @@ describe("parts of usage priced at their own rates, read from the provider's usa
     // A call that used nothing (refused, or left before its answer) pays no fee.
     expect(pricing.costOf(d, chat(0, 0)).cost).toBe(0n);
     expect(pricing.worstCase(d, 1000, 200)).toBe(200n * perM("0.28") + usdToPico("0.005"));
+  });
+
+  test("OpenAI-shaped usage: counts as whole-number text are counts; a count left out beside a total is the total less the other; a total alone is split at the prompt's estimate", () => {
+    expect(usageFromOpenAI({ prompt_tokens: "100", completion_tokens: " 10 " })).toEqual({ promptTokens: 100, completionTokens: 10 });
+    // Other text is no count.
+    expect(usageFromOpenAI({ prompt_tokens: "1e3", completion_tokens: "ten" })).toEqual({ promptTokens: 0, completionTokens: 0 });
+    expect(usageFromOpenAI({ prompt_tokens: 100, total_tokens: 110 })).toEqual({ promptTokens: 100, completionTokens: 10 });
+    expect(usageFromOpenAI({ completion_tokens: 10, total_tokens: "110" })).toEqual({ promptTokens: 100, completionTokens: 10 });
+    expect(usageFromOpenAI({ total_tokens: 110 }, () => 30)).toEqual({ promptTokens: 30, completionTokens: 80 });
+    // An estimate above the total: the total is all prompt, no count is negative.
+    expect(usageFromOpenAI({ total_tokens: 110 }, () => 500)).toEqual({ promptTokens: 110, completionTokens: 0 });
+    expect(usageFromOpenAI({ prompt_tokens: 200, total_tokens: 110 })).toEqual({ promptTokens: 200, completionTokens: 0 });
+    // Without an estimate (an embedding's usage), a total alone is the prompt's.
+    expect(usageFromOpenAI({ total_tokens: 8 })).toEqual({ promptTokens: 8, completionTokens: 0 });
+    expect([{}, { prompt_tokens: null }, { total_tokens: "many" }, null].map(countsTokens)).toEqual([false, false, false, false]);
+    expect([{ prompt_tokens: 0 }, { completion_tokens: "3" }, { total_tokens: 8 }].map(countsTokens)).toEqual([true, true, true]);
   });
 
   test("Perplexity's Sonar: a request fee at the search context size its usage reports; Deep Research: a fee per search query", () => {
