@@ -19,21 +19,41 @@ import { ErrorInAnswer, errorInfo } from "../../core/errors.ts";
 import { mapUpstreamStatus } from "../../core/pipeline/upstream.ts";
 import { answerTokenBound } from "../../core/cost/worst-case.ts";
 import { imagesAsked, NotForwardedFields, speechUsage } from "../../core/wire.ts";
-import type { OpenAICompatibleProvider } from "./table.ts";
+import type { Dialect, OpenAICompatibleProvider } from "./table.ts";
 import { countsTokens, usageFromImages, usageFromOpenAI } from "./usage.ts";
 import { upstreamErrorKind } from "../shared/error-kind.ts";
 import { openAITranscriptions } from "./transcriptions.ts";
 
+/** Whether the client's body holds a field the provider's dialect renames or leaves out. */
+function inOpenAINames(req: WireJson, dialect: Dialect | undefined): boolean {
+  if (dialect === undefined) return false;
+  if (dialect.usageUnasked && "stream_options" in req) return true;
+  for (const k in dialect.renamed) if (k in req) return true;
+  return false;
+}
+
+/** The body rewritten into the provider's dialect, in place. */
+function toDialect(body: WireJson, dialect: Dialect): void {
+  if (dialect.usageUnasked) delete body.stream_options;
+  for (const [from, to] of Object.entries(dialect.renamed ?? {})) {
+    if (!(from in body)) continue;
+    // A null leaves the native field as the client set it (`max_completion_tokens: null` beside `max_tokens`).
+    if (body[from] !== null) body[to] = body[from];
+    delete body[from];
+  }
+}
+
 /**
  * The client's own bytes, when the upstream body would be the same: same model name, no
- * gateway-only fields. A stream must ask upstream for its usage: when the client sent no
- * `stream_options`, `include_usage` is spliced in front (no parse and serialize of the body).
+ * gateway-only fields, nothing the provider's dialect rewrites. A stream must ask upstream for its
+ * usage (unless the provider sends it unasked): when the client sent no `stream_options`,
+ * `include_usage` is spliced in front (no parse and serialize of the body).
  * Undefined: the body has to be rebuilt.
  */
-function forwardedBody(req: WireJson, d: Deployment, raw: string | undefined): string | undefined {
-  if (raw === undefined || req.model !== d.upstreamModel) return undefined;
+function forwardedBody(req: WireJson, d: Deployment, raw: string | undefined, dialect?: Dialect): string | undefined {
+  if (raw === undefined || req.model !== d.upstreamModel || inOpenAINames(req, dialect)) return undefined;
   for (const k of NotForwardedFields) if (k in req) return undefined;
-  if (req.stream !== true) return raw;
+  if (req.stream !== true || dialect?.usageUnasked) return raw;
   const options = req.stream_options;
   if ((options as WireJson | undefined)?.include_usage === true) return raw;
   if (options !== undefined) return undefined;
@@ -42,13 +62,16 @@ function forwardedBody(req: WireJson, d: Deployment, raw: string | undefined): s
 }
 
 /** The upstream body: the client's bytes where they do, else rebuilt. */
-const bodyFor = (req: WireJson, d: Deployment, raw: string | undefined): string =>
-  forwardedBody(req, d, raw) ?? upstreamBody(req, d, req.stream ? { stream_options: { ...(req.stream_options as WireJson | undefined), include_usage: true } } : undefined);
+function bodyFor(req: WireJson, d: Deployment, raw: string | undefined, dialect?: Dialect): string {
+  const askUsage = req.stream === true && !dialect?.usageUnasked;
+  return forwardedBody(req, d, raw, dialect) ?? upstreamBody(req, d, askUsage ? { stream_options: { ...(req.stream_options as WireJson | undefined), include_usage: true } } : undefined, dialect);
+}
 
-function upstreamBody(req: object, d: Deployment, extra?: WireJson): string {
+function upstreamBody(req: object, d: Deployment, extra?: WireJson, dialect?: Dialect): string {
   const body: WireJson = { ...req, model: d.upstreamModel, ...extra };
   // Most requests carry none of these; deleting only what is present keeps the object fast.
   for (const k of NotForwardedFields) if (k in body) delete body[k];
+  if (dialect) toDialect(body, dialect);
   return JSON.stringify(body);
 }
 
@@ -81,14 +104,14 @@ function answerObject(body: unknown): WireJson {
 }
 
 interface StreamState {
-  /** Whether the client asked for the usage chunk; the gateway always asks upstream for it. */
+  /** Whether the client asked for the usage chunk; the gateway asks upstream for it (or the provider sends it unasked). */
   clientWantsUsage: boolean;
   /** Chunks that carry answer tokens (an opening role chunk or a finish-only one carries none). */
   chunks: number;
   promptEstimate: number;
   /** The chunks' `id` (the same on every chunk), read from the first one. */
   id?: string;
-  /** `[DONE]`, the usage chunk (the gateway always asks for one) or a finish reason came: the answer is whole. */
+  /** `[DONE]`, the usage chunk (asked for, or sent unasked) or a finish reason came: the answer is whole. */
   ended: boolean;
   /** Chat: the request, and whether the answer cited the web (a search model's search, priced per call). */
   req?: ChatRequest;
@@ -118,7 +141,8 @@ function wantsUsage(req: { stream_options?: Record<string, unknown> | null }): b
 
 /**
  * Streaming for chat and legacy completions: same framing, same usage chunk. Chunks pass through as
- * the upstream wrote them; only the usage the gateway asked for on the client's behalf is removed.
+ * the upstream wrote them; only usage the client did not ask for (asked on its behalf, or sent
+ * unasked) is removed.
  * Text surgery is safe here: inside JSON strings quotes are escaped, so `"usage":` can only be a key.
  */
 function openAIStream<E extends "chat" | "completions">(
@@ -295,11 +319,12 @@ function citesWeb(b: WireJson): boolean {
   return false;
 }
 
-export function openAIChat(): EndpointAdapter<"chat", StreamState> {
+/** `dialectOf`: how a deployment's provider departs from OpenAI's request body (table rows' `dialect`). */
+export function openAIChat(dialectOf?: (d: Deployment) => Dialect | undefined): EndpointAdapter<"chat", StreamState> {
   const stream = openAIStream<"chat">((req) => estimateTokens(req.messages.map((m) => m.content)));
   return {
     request: (req, d, raw) =>
-      call(d, "/chat/completions", bodyFor(req, d, raw)),
+      call(d, "/chat/completions", bodyFor(req, d, raw, dialectOf?.(d))),
     response: (body, req) => {
       const b = answerObject(body);
       const usage = answerUsage("chat", b, req);
@@ -377,6 +402,22 @@ export function openAIModerations(): EndpointAdapter<"moderations"> {
   };
 }
 
+/**
+ * A request validation failure's `detail` list (FastAPI's, which Mistral sends as its `message` or
+ * alone) → one line per problem, `body.seed: Extra inputs are not permitted`; else undefined.
+ */
+function validationDetail(v: unknown): string | undefined {
+  const detail = v !== null && typeof v === "object" ? (v as { detail?: unknown }).detail : undefined;
+  if (!Array.isArray(detail) || detail.length === 0) return undefined;
+  return detail
+    .map((d: { loc?: unknown; msg?: unknown } | null) => {
+      const at = Array.isArray(d?.loc) ? d.loc.join(".") : "";
+      const msg = typeof d?.msg === "string" ? d.msg : "invalid";
+      return at ? `${at}: ${msg}` : msg;
+    })
+    .join("; ");
+}
+
 /** OpenAI's error body `{error: {message}}` → its message. */
 export function openAIErrorMessage(_status: number, body: string): string {
   try {
@@ -384,6 +425,8 @@ export function openAIErrorMessage(_status: number, body: string): string {
     if (typeof parsed.error === "string") return parsed.error;
     if (typeof parsed.error?.message === "string") return parsed.error.message;
     if (typeof parsed.message === "string") return parsed.message;
+    const detail = validationDetail(parsed.message) ?? validationDetail(parsed);
+    if (detail !== undefined) return detail;
   } catch {
     // not JSON: fall through to the raw text
   }
@@ -395,7 +438,15 @@ export function openAICompatibleAdapter(rows: readonly OpenAICompatibleProvider[
   const byId = new Map(rows.map((r) => [r.id, r]));
   return {
     ids: rows.map((r) => r.id),
-    endpoints: { chat: openAIChat(), completions: openAICompletions(), embeddings: openAIEmbeddings(), images: openAIImages(), transcriptions: openAITranscriptions(), speech: openAISpeech(), moderations: openAIModerations() },
+    endpoints: {
+      chat: openAIChat((d) => byId.get(d.provider)?.dialect),
+      completions: openAICompletions(),
+      embeddings: openAIEmbeddings(),
+      images: openAIImages(),
+      transcriptions: openAITranscriptions(),
+      speech: openAISpeech(),
+      moderations: openAIModerations(),
+    },
     errorMessage: openAIErrorMessage,
     errorKind: upstreamErrorKind,
     resolve(d) {

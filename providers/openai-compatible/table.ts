@@ -1,4 +1,15 @@
 /**
+ * Where a provider's request body departs from OpenAI's. Such a provider refuses what it does not
+ * know (Mistral: a 422 `extra_forbidden`), so the body is rewritten rather than passed through.
+ */
+export interface Dialect {
+  /** It refuses `stream_options` and sends a stream's usage on its last chunk unasked: the option is never sent. */
+  usageUnasked?: boolean;
+  /** OpenAI request fields it names otherwise (`seed` → `random_seed`); the OpenAI field wins over one already in the native name. */
+  renamed?: Readonly<Record<string, string>>;
+}
+
+/**
  * Every provider that speaks OpenAI's wire format, as data: default base URL, the environment
  * variable that holds its key, and the header the key goes in when it is not
  * `Authorization: Bearer`. `apiBase: undefined` means the operator must set `api_base`.
@@ -9,16 +20,20 @@ export interface OpenAICompatibleProvider {
   apiKeyEnv: string | undefined;
   /** A header that takes the bare key (`api-key`); absent means `Authorization: Bearer <key>`. */
   authHeader?: string;
+  dialect?: Dialect;
 }
 
 const p = (id: string, apiBase: string | undefined, apiKeyEnv: string | undefined, authHeader?: string): OpenAICompatibleProvider =>
   authHeader === undefined ? { id, apiBase, apiKeyEnv } : { id, apiBase, apiKeyEnv, authHeader };
 
+/** Mistral's chat API (also Codestral's): its own names for the token limit and the seed, as LiteLLM's MistralConfig maps them. */
+const MISTRAL: Dialect = { usageUnasked: true, renamed: { max_completion_tokens: "max_tokens", seed: "random_seed" } };
+
 export const OPENAI_COMPATIBLE_PROVIDERS: readonly OpenAICompatibleProvider[] = [
   p("openai", "https://api.openai.com/v1", "OPENAI_API_KEY"),
   p("groq", "https://api.groq.com/openai/v1", "GROQ_API_KEY"),
-  p("mistral", "https://api.mistral.ai/v1", "MISTRAL_API_KEY"),
-  p("codestral", "https://codestral.mistral.ai/v1", "CODESTRAL_API_KEY"),
+  { ...p("mistral", "https://api.mistral.ai/v1", "MISTRAL_API_KEY"), dialect: MISTRAL },
+  { ...p("codestral", "https://codestral.mistral.ai/v1", "CODESTRAL_API_KEY"), dialect: MISTRAL },
   p("deepseek", "https://api.deepseek.com/v1", "DEEPSEEK_API_KEY"),
   p("together_ai", "https://api.together.xyz/v1", "TOGETHERAI_API_KEY"),
   p("fireworks_ai", "https://api.fireworks.ai/inference/v1", "FIREWORKS_AI_API_KEY"),
