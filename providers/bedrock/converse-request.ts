@@ -170,22 +170,32 @@ function responseFormatTool(format: ChatRequest["response_format"]): Block | und
 const hasToolBlocks = (messages: ConverseMessage[]) => messages.some((m) => m.content.some((b) => "toolUse" in b || "toolResult" in b));
 
 /**
- * Converse needs `toolConfig` whenever the conversation holds tool blocks; `tool_choice: "none"`
- * (which Converse lacks) therefore drops the tools only from conversations without any.
+ * Converse refuses a conversation holding tool calls or results without `toolConfig`, though the
+ * turn may offer no tool (a closing "summarize" turn, `tool_choice: "none"`): then this one is
+ * offered, as LiteLLM offers its dummy tool, so the client's tools stay uncallable.
  */
+const NO_TOOLS_PLACEHOLDER: Block = {
+  toolSpec: {
+    name: "no_tools_available",
+    description: "Not a real tool: never call it. The tools used earlier in this conversation are not available now.",
+    inputSchema: { json: { type: "object", properties: {} } },
+  },
+};
+
+/** `tool_choice: "none"`, which Converse lacks, is the client's tools left out. */
 function toolConfig(req: ChatRequest, messages: ConverseMessage[], thinking: boolean): WireJson | undefined {
-  const dropTools = req.tool_choice === "none" && !hasToolBlocks(messages);
-  const tools = dropTools ? [] : (req.tools ?? []).map(toolSpec);
+  const tools = req.tool_choice === "none" ? [] : (req.tools ?? []).map(toolSpec);
   let choice = tools.length > 0 ? toolChoice(req.tool_choice) : undefined;
   const formatTool = responseFormatTool(req.response_format);
   if (formatTool) {
     // The answer is that tool's input, so a tool call is required: the JSON tool, or one of the
     // client's own where the client lets the model call them (auto or unset, required, a named one).
     // Claude refuses a forced tool while thinking: then the JSON tool is only offered.
-    const own = tools.length > 0 && req.tool_choice !== "none";
+    const own = tools.length > 0;
     if (!thinking) choice = !own ? { tool: { name: JSON_RESPONSE_TOOL } } : choice && !("auto" in choice) ? choice : { any: {} };
     tools.push(formatTool);
   }
+  if (tools.length === 0 && hasToolBlocks(messages)) tools.push(NO_TOOLS_PLACEHOLDER);
   if (tools.length === 0) return undefined;
   return choice ? { tools, toolChoice: choice } : { tools };
 }

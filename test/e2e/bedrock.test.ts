@@ -117,6 +117,22 @@ describe("chat", () => {
     expect(sent.messages[2]!.content).toEqual([{ toolResult: { toolUseId: call.id, content: [{ text: "21 degrees and sunny" }] } }]);
   });
 
+  test("a turn after a tool round that offers no tools (none given, or tool_choice none) is answered; Converse gets a placeholder tool, not the client's", async () => {
+    const history = [
+      ...user("What is the weather in Paris?"),
+      { role: "assistant" as const, content: null, tool_calls: [{ id: "tooluse_1", type: "function" as const, function: { name: "get_weather", arguments: '{"location":"Paris"}' } }] },
+      { role: "tool" as const, tool_call_id: "tooluse_1", content: "21 degrees and sunny" },
+      ...user("Summarize."),
+    ];
+    const toolNames = () => ((mock.requests.at(-1)!.body as { toolConfig: { tools: { toolSpec: { name: string } }[] } }).toolConfig.tools ?? []).map((t) => t.toolSpec.name);
+    for (const extra of [{}, { tools: [weatherTool], tool_choice: "none" as const }]) {
+      const res = await client.chat.completions.create({ model: "claude", messages: history, ...extra });
+      expect(res.choices[0]!.message.content).toBe("Mock reply to: 21 degrees and sunny Summarize.");
+      expect(toolNames()).toEqual(["no_tools_available"]);
+      expect(mock.requests.at(-1)!.body).not.toHaveProperty("toolConfig.toolChoice");
+    }
+  });
+
   test("a Bedrock API key is sent as a bearer token", async () => {
     const res = await client.chat.completions.create({ model: "claude-api-key", messages: user("hi") });
     expect(res.choices[0]!.message.content).toBe("Mock reply to: hi");

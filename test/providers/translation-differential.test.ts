@@ -420,6 +420,8 @@ const OPENAI: Family = {
 // Anthropic's Messages API (api.anthropic.com and Claude on Vertex AI)
 
 const JSON_TOOL = "json_tool_call";
+/** The tool Bedrock is offered in a turn that offers none while the conversation holds tool calls. */
+const NO_TOOLS = "no_tools_available";
 const CLAUDE_DEFAULT_MAX_TOKENS = 4096;
 /** reasoning_effort → Claude's thinking budget (Anthropic's least is 1024 tokens). */
 const CLAUDE_THINKING: Record<string, number> = { minimal: 1024, low: 1024, medium: 2048, high: 4096 };
@@ -733,11 +735,11 @@ const BEDROCK: Family = {
     if (budget !== undefined) body.additionalModelRequestFields = { thinking: { type: "enabled", budget_tokens: budget } };
     const inference = defined({}, { maxTokens: maxTokens(req) ?? (budget === undefined ? undefined : budget + 4096), temperature: req.temperature, topP: req.top_p, stopSequences: stopList(req) });
     if (Object.keys(inference).length > 0) body.inferenceConfig = inference;
-    // Converse has no "none": the tools are left out, unless the conversation holds tool blocks (then Converse needs them).
+    // Converse has no "none": the client's tools are left out.
     const choice = choiceOf(req);
-    const hasToolBlocks = messages.some((m) => m.role === "tool");
+    const hasToolBlocks = messages.some((m) => m.role === "tool" || (m.role === "assistant" && list(m.tool_calls).length > 0));
     const tools: Json[] =
-      choice.kind === "none" && !hasToolBlocks
+      choice.kind === "none"
         ? []
         : clientTools(req).map((fn) => ({ toolSpec: defined({ name: fn.name }, { description: fn.description, inputSchema: { json: fn.parameters ?? { type: "object", properties: {} } } }) }));
     let toolChoice: Json | undefined = tools.length === 0 ? undefined : { auto: { auto: {} }, required: { any: {} }, function: { tool: { name: choice.name } }, none: undefined, absent: undefined }[choice.kind];
@@ -747,6 +749,8 @@ const BEDROCK: Family = {
       if (budget === undefined) toolChoice = tools.length === 0 || choice.kind === "none" ? { tool: { name: JSON_TOOL } } : choice.kind === "auto" || choice.kind === "absent" ? { any: {} } : toolChoice;
       tools.push({ toolSpec: { name: JSON_TOOL, inputSchema: { json: formatSchema(req) ?? { type: "object" } } } });
     }
+    // A conversation holding tool blocks needs a tool list all the same (README): the placeholder tool is one.
+    if (tools.length === 0 && hasToolBlocks) tools.push({ toolSpec: { name: NO_TOOLS, inputSchema: { json: { type: "object", properties: {} } } } });
     if (tools.length > 0) body.toolConfig = defined({ tools }, { toolChoice });
     return body;
   },
@@ -755,7 +759,7 @@ const BEDROCK: Family = {
     if (!isObject(config)) return body;
     const tools = list(config.tools).map((t) => {
       const spec = obj(t.toolSpec);
-      if (spec.name !== JSON_TOOL) return t;
+      if (spec.name !== JSON_TOOL && spec.name !== NO_TOOLS) return t;
       const { description: _d, ...rest } = spec;
       return { toolSpec: rest };
     });
