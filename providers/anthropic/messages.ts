@@ -8,6 +8,7 @@
  */
 import type { ChatRequest } from "../../core/contract.ts";
 import { GatewayError } from "../../core/errors.ts";
+import { imageFormat } from "../shared/image-formats.ts";
 import type { AnthropicMessage, CacheControl, ContentBlock, MediaSource, TextBlock, ToolResultBlock, ToolUseBlock } from "./wire.ts";
 
 type ChatMessage = ChatRequest["messages"][number];
@@ -36,7 +37,13 @@ export function mediaSource(url: string): MediaSource {
 function imageBlock(part: Json): ContentBlock {
   const image = part.image_url;
   const url = typeof image === "string" ? image : isObject(image) && typeof image.url === "string" ? image.url : "";
-  return withCache({ type: "image", source: mediaSource(url) }, cacheControlOf(part));
+  const source = mediaSource(url);
+  if (source.type === "base64") {
+    // `image/jpg` (or `IMAGE/PNG`) as Anthropic names it; a type it does not take goes as it is, for its own 400.
+    const format = imageFormat(source.media_type);
+    if (format) source.media_type = `image/${format}`;
+  }
+  return withCache({ type: "image", source }, cacheControlOf(part));
 }
 
 function refused(message: string): GatewayError {

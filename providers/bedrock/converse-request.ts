@@ -7,6 +7,7 @@ import type { ChatRequest, Deployment, WireJson } from "../../core/contract.ts";
 import { GatewayError } from "../../core/errors.ts";
 import { type SamplingNames, samplingSettings } from "../shared/openai-request.ts";
 import { THINKING_BUDGET } from "../shared/reasoning-effort.ts";
+import { imageFormat } from "../shared/image-formats.ts";
 
 type Block = WireJson;
 interface ConverseMessage {
@@ -40,7 +41,6 @@ export const CONVERSE_PARAMS = [
 /** Room for the answer itself when the client set no max_tokens but asked for thinking. */
 const ANSWER_TOKENS_AFTER_THINKING = 4096;
 
-const IMAGE_FORMATS: Record<string, string> = { "image/png": "png", "image/jpeg": "jpeg", "image/jpg": "jpeg", "image/gif": "gif", "image/webp": "webp" };
 
 const isObject = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);
 
@@ -54,7 +54,7 @@ function imageBlock(part: Part): Block {
   const url = typeof ref === "string" ? ref : isObject(ref) && typeof ref.url === "string" ? ref.url : "";
   const m = /^data:([^;,]+);base64,(.*)$/s.exec(url);
   if (!m) throw invalid("images must be sent inline as data: URLs (base64); Bedrock cannot fetch image links", "messages");
-  const format = IMAGE_FORMATS[m[1]!.toLowerCase()];
+  const format = imageFormat(m[1]!);
   if (!format) throw invalid(`image type ${m[1]} is not supported (png, jpeg, gif, webp)`, "messages");
   return { image: { format, source: { bytes: m[2] } } };
 }

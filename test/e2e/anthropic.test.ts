@@ -160,6 +160,17 @@ describe("chat", () => {
     expect((lastUpstreamBody().messages as { content: unknown[] }[])[0]!.content[1]).toEqual({ type: "image", source: { type: "base64", media_type: "image/png", data: "iVBORw0KGgoAAAANSUhEUg==" } });
   });
 
+  test("an image/jpg data URL (as clients name a .jpg) is answered, sent to Anthropic as image/jpeg", async () => {
+    for (const type of ["image/jpg", "IMAGE/JPG"]) {
+      const res = await client.chat.completions.create({
+        model: "claude",
+        messages: [{ role: "user", content: [{ type: "text", text: "Describe" }, { type: "image_url", image_url: { url: `data:${type};base64,/9j/4AAQSkZJRg==` } }] }],
+      });
+      expect(res.choices[0]!.message.content).toStartWith("Mock reply to:");
+      expect((lastUpstreamBody().messages as { content: unknown[] }[])[0]!.content[1]).toEqual({ type: "image", source: { type: "base64", media_type: "image/jpeg", data: "/9j/4AAQSkZJRg==" } });
+    }
+  });
+
   test("parameters Anthropic has no equivalent for are refused with a 400 naming them, or dropped on request", async () => {
     const err = await failure(client.chat.completions.create({ model: "claude", messages: [{ role: "user", content: "hi" }], n: 2, seed: 7 }));
     expect(err).toBeInstanceOf(BadRequestError);

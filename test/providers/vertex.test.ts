@@ -191,6 +191,12 @@ describe("Claude on Vertex", () => {
     expect(JSON.parse(streamCall.body!).stream).toBe(true);
   });
 
+  test("an image/jpg data URL goes to Claude as image/jpeg, the type Anthropic's API takes", () => {
+    const image = { type: "image_url", image_url: { url: "data:image/jpg;base64,/9j/4AAQ" } };
+    const body = JSON.parse(chat.request(chatRequest({ messages: [{ role: "user", content: [image] }] }), claude()).body!);
+    expect(body.messages[0].content[0].source).toEqual({ type: "base64", media_type: "image/jpeg", data: "/9j/4AAQ" });
+  });
+
   test("each model is held to its own API's parameters: seed and n for Gemini, top_k for both", () => {
     const gemini = deployment();
     expect(chat.supportedParamsFor!(gemini)).toContain("seed");
