@@ -59,15 +59,30 @@ function imageBlock(part: Part): Block {
   return { image: { format, source: { bytes: m[2] } } };
 }
 
+/**
+ * Converse refuses a blank text block ("The text field in the ContentBlock object is blank"), which
+ * OpenAI takes: blank text says nothing, so it is left out (as the Anthropic translation does).
+ */
+const textBlock = (text: string): Block | undefined => (text.trim() === "" ? undefined : { text });
+
+function partBlock(part: Part): Block | undefined {
+  if (part.type === "text") return textBlock(String(part.text ?? ""));
+  if (part.type === "image_url") return imageBlock(part);
+  throw invalid(`content part type ${part.type} is not supported`, "messages");
+}
+
 /** Content (a string or parts) → blocks; a part marked with `cache_control` is followed by a cache point. */
 function contentBlocks(content: ChatMessage["content"]): Block[] {
   if (content === undefined || content === null) return [];
-  if (typeof content === "string") return content === "" ? [] : [{ text: content }];
+  if (typeof content === "string") {
+    const block = textBlock(content);
+    return block ? [block] : [];
+  }
   const blocks: Block[] = [];
   for (const part of content as Part[]) {
-    if (part.type === "text") blocks.push({ text: String(part.text ?? "") });
-    else if (part.type === "image_url") blocks.push(imageBlock(part));
-    else throw invalid(`content part type ${part.type} is not supported`, "messages");
+    const block = partBlock(part);
+    if (block === undefined) continue;
+    blocks.push(block);
     if (part.cache_control !== undefined) blocks.push({ cachePoint: { type: "default" } });
   }
   return blocks;
@@ -85,9 +100,12 @@ function toolUseBlock(call: Record<string, unknown>): Block {
   return { toolUse: { toolUseId: String(call.id ?? ""), name: String(fn.name ?? ""), input } };
 }
 
+/** What an empty tool result says: Converse refuses a blank text block in a result as elsewhere. */
+const EMPTY_TOOL_RESULT: Block = { text: "(empty)" };
+
 function toolResultBlock(m: ChatMessage): Block {
-  const content = typeof m.content === "string" ? [{ text: m.content }] : contentBlocks(m.content).filter((b) => !("cachePoint" in b));
-  return { toolResult: { toolUseId: m.tool_call_id ?? "", content } };
+  const content = contentBlocks(m.content).filter((b) => !("cachePoint" in b));
+  return { toolResult: { toolUseId: m.tool_call_id ?? "", content: content.length > 0 ? content : [EMPTY_TOOL_RESULT] } };
 }
 
 /**
@@ -135,6 +153,8 @@ function conversation(messages: ChatRequest["messages"]): { system: Block[]; mes
       continue;
     }
     const converted = converseMessage(m)!;
+    // Converse refuses a message without content ("content: ''" or null, no tool calls); it says nothing.
+    if (converted.content.length === 0) continue;
     const last = out[out.length - 1];
     if (last?.role === converted.role) last.content.push(...converted.content);
     else out.push(converted);

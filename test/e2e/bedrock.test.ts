@@ -133,6 +133,38 @@ describe("chat", () => {
     }
   });
 
+  test("empty text parts, empty assistant turns and an empty tool result (all of which OpenAI takes) are answered; Converse gets no blank block or empty turn", async () => {
+    const image = { type: "image_url" as const, image_url: { url: "data:image/png;base64,iVBORw0KGgo=" } };
+    const call = { id: "tooluse_1", type: "function" as const, function: { name: "get_weather", arguments: "{}" } };
+    const conversations: { messages: OpenAI.ChatCompletionMessageParam[]; sent: unknown[] }[] = [
+      {
+        messages: [{ role: "user", content: [{ type: "text", text: "" }, image, { type: "text", text: " \n" }, { type: "text", text: "What is this?" }] }],
+        sent: [{ role: "user", content: [{ image: { format: "png", source: { bytes: "iVBORw0KGgo=" } } }, { text: "What is this?" }] }],
+      },
+      {
+        messages: [...user("hi"), { role: "assistant", content: "" }, ...user("again")],
+        sent: [{ role: "user", content: [{ text: "hi" }, { text: "again" }] }],
+      },
+      {
+        messages: [...user("hi"), { role: "assistant", content: null }, { role: "assistant", content: [{ type: "text", text: "" }] }, ...user("again")],
+        sent: [{ role: "user", content: [{ text: "hi" }, { text: "again" }] }],
+      },
+      {
+        messages: [...user("hi"), { role: "assistant", content: null, tool_calls: [call] }, { role: "tool", tool_call_id: "tooluse_1", content: "" }],
+        sent: [
+          { role: "user", content: [{ text: "hi" }] },
+          { role: "assistant", content: [{ toolUse: { toolUseId: "tooluse_1", name: "get_weather", input: {} } }] },
+          { role: "user", content: [{ toolResult: { toolUseId: "tooluse_1", content: [{ text: "(empty)" }] } }] },
+        ],
+      },
+    ];
+    for (const { messages, sent } of conversations) {
+      const res = await client.chat.completions.create({ model: "claude", messages, tools: [weatherTool] });
+      expect(res.choices[0]!.message.content).toStartWith("Mock reply to:");
+      expect((mock.requests.at(-1)!.body as { messages: unknown[] }).messages).toEqual(sent);
+    }
+  });
+
   test("a Bedrock API key is sent as a bearer token", async () => {
     const res = await client.chat.completions.create({ model: "claude-api-key", messages: user("hi") });
     expect(res.choices[0]!.message.content).toBe("Mock reply to: hi");

@@ -258,7 +258,9 @@ function validateConverse(body: JsonObject): Response | undefined {
     }
     const content = contentOf(m);
     if (content.length === 0) return bedrockError(400, "ValidationException", `The content field in the Message object at messages.${i}.content is empty. Add a ContentBlock object to the content field and try again.`);
-    for (const b of content) {
+    // A tool result's text blocks are held to the same rule as the message's own.
+    const toolResultContent = content.flatMap((b) => (isObject(b) && isObject(b.toolResult) && Array.isArray(b.toolResult.content) ? b.toolResult.content : []));
+    for (const b of [...content, ...toolResultContent]) {
       if (isObject(b) && typeof b.text === "string" && b.text.trim() === "") {
         return bedrockError(400, "ValidationException", "The text field in the ContentBlock object is blank. Add text to the text field, and try again.");
       }
