@@ -210,5 +210,7 @@ export function anthropicMessages(input: readonly ChatMessage[]): TranslatedMess
   }
   let systemOut: TranslatedMessages["system"];
   if (system.length > 0) systemOut = systemIsPlain ? system.map((b) => b.text).join("\n\n") : system;
+  // Anthropic needs a turn: a request of instructions alone sends them as the user's turn, as for Gemini.
+  if (turns.length === 0 && systemOut !== undefined) return { system: undefined, messages: [{ role: "user", content: systemOut }] };
   return { system: systemOut, messages: turns };
 }

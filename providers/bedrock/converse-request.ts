@@ -159,6 +159,8 @@ function conversation(messages: ChatRequest["messages"]): { system: Block[]; mes
     if (last?.role === converted.role) last.content.push(...converted.content);
     else out.push(converted);
   }
+  // Converse needs a message: a request of instructions alone sends them as the user's turn, as for Gemini.
+  if (out.length === 0 && system.length > 0) return { system: [], messages: [{ role: "user", content: system }] };
   return { system, messages: out };
 }
 

@@ -160,6 +160,14 @@ describe("chat", () => {
     expect((lastUpstreamBody().messages as { content: unknown[] }[])[0]!.content[1]).toEqual({ type: "image", source: { type: "base64", media_type: "image/png", data: "iVBORw0KGgoAAAANSUhEUg==" } });
   });
 
+  test("a request of system messages only is answered: their text is the user's turn, as for Gemini", async () => {
+    const res = await client.chat.completions.create({ model: "claude", messages: [{ role: "system", content: "Say hello." }, { role: "developer", content: "Briefly." }] });
+    expect(res.choices[0]!.message.content).toBe("Mock reply to: Say hello. Briefly.");
+    const sent = lastUpstreamBody();
+    expect(sent.messages).toEqual([{ role: "user", content: "Say hello.\n\nBriefly." }]);
+    expect(sent).not.toHaveProperty("system");
+  });
+
   test("an image/jpg data URL (as clients name a .jpg) is answered, sent to Anthropic as image/jpeg", async () => {
     for (const type of ["image/jpg", "IMAGE/JPG"]) {
       const res = await client.chat.completions.create({

@@ -165,6 +165,12 @@ describe("chat", () => {
     }
   });
 
+  test("a request of system messages only is answered: their text is the user's turn, as for Gemini", async () => {
+    const res = await client.chat.completions.create({ model: "claude", messages: [{ role: "system", content: "Say hello." }, { role: "developer", content: "Briefly." }] });
+    expect(res.choices[0]!.message.content).toBe("Mock reply to: Say hello. Briefly.");
+    expect(mock.requests.at(-1)!.body).toEqual({ messages: [{ role: "user", content: [{ text: "Say hello." }, { text: "Briefly." }] }] });
+  });
+
   test("a Bedrock API key is sent as a bearer token", async () => {
     const res = await client.chat.completions.create({ model: "claude-api-key", messages: user("hi") });
     expect(res.choices[0]!.message.content).toBe("Mock reply to: hi");
