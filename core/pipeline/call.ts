@@ -14,6 +14,7 @@ import { IMAGE_QUALITIES, IMAGE_SIZES, imagesAsked } from "../wire.ts";
 import { picoToText } from "../cost/money.ts";
 import { ErrorInAnswer, GatewayError, errorInfo } from "../errors.ts";
 import { headerText } from "../header-text.ts";
+import { openAIUsage } from "../openai-usage.ts";
 import { beforeTimeout } from "../timer.ts";
 import type { Gate, Snapshot } from "../snapshot.ts";
 import { assembleStream } from "../stream/assemble.ts";
@@ -498,10 +499,11 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     const { text, json } = await readJson(res, d, deadline);
     deadline.clear();
     const mapped = mapAnswer(adapter, ep, json, body, res.headers, d);
-    if (keepPrompt && keepsAnswer(endpoint)) answer = mapped.text ? mapped.text.body : mapped.body;
+    const out = withChargedUsage(endpoint, mapped.body, mapped.usage);
+    if (keepPrompt && keepsAnswer(endpoint)) answer = mapped.text ? mapped.text.body : out;
     if (mapped.text) return reply(mapped.text.body, mapped.text.contentType, mapped.usage, undefined, res.headers);
     // An adapter that hands the upstream body back unchanged lets the original bytes through.
-    return reply(mapped.body === json ? text : JSON.stringify(mapped.body), "application/json", mapped.usage, (mapped.body as { id?: unknown }).id, res.headers);
+    return reply(out === json ? text : JSON.stringify(out), "application/json", mapped.usage, (out as { id?: unknown }).id, res.headers);
   } catch (err) {
     deadline.clear();
     const info = err instanceof GatewayError ? err.info : errorInfo(500, err instanceof Error ? err.message : String(err));
@@ -543,6 +545,21 @@ const BILLED_AS_ASKED: ReadonlySet<Endpoint> = new Set(["speech", "images", "tra
 function reservedCharge<E extends Endpoint>(endpoint: E, body: WireRequest[E], d: Deployment, snapshot: Snapshot, maxCallMs: number): CallCost | undefined {
   const cost = worstCaseOf(endpoint, body, d, snapshot.pricing, promptSize(endpoint, body).bound, maxOutput(body), maxCallMs);
   return cost > 0n ? { cost, priced: true, source: "what was reserved: the client left before the answer" } : undefined;
+}
+
+/** Endpoints whose OpenAI answer carries the call's token counts as `usage`. */
+const ANSWERS_WITH_USAGE: ReadonlySet<Endpoint> = new Set(["chat", "completions", "embeddings"]);
+
+/**
+ * An answer that came without `usage` (some self-hosted OpenAI-compatible servers send none, or
+ * null), with the counts it is charged, estimated, as a stream's usage chunk and the Gemini-style
+ * routes give them: the client reads there what it is billed (the SDKs' types declare it). The
+ * body itself when it has a usage.
+ */
+function withChargedUsage(endpoint: Endpoint, body: WireJson, usage: Usage): WireJson {
+  if (!ANSWERS_WITH_USAGE.has(endpoint) || (body.usage !== undefined && body.usage !== null)) return body;
+  // OpenAI's embeddings usage has no completion tokens.
+  return { ...body, usage: endpoint === "embeddings" ? { prompt_tokens: usage.promptTokens, total_tokens: usage.promptTokens } : openAIUsage(usage) };
 }
 
 /**

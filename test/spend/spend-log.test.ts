@@ -463,6 +463,47 @@ describe("an answer without usage (pglite, OpenAI wire mock)", () => {
       expect(Number(row!.spend)).toBeCloseTo(cost, 12);
     });
   });
+
+  test("chat, completions and embeddings answer the counts they are charged as usage, as OpenAI's answers carry it", async () => {
+    await withSelfHosted(async (gw, mock) => {
+      const content = "0123456789".repeat(4);
+      const asked = [
+        {
+          path: "/v1/completions",
+          request: { prompt: "a prompt of some forty characters or so." },
+          answer: { id: "cmpl-nousage", object: "text_completion", created: 1, model: "llama", choices: [{ index: 0, text: content, finish_reason: "stop", logprobs: null }] },
+        },
+        {
+          path: "/v1/embeddings",
+          request: { input: "a prompt of some forty characters or so.", encoding_format: "float" },
+          answer: { object: "list", data: [{ object: "embedding", index: 0, embedding: [0.5, 0.25] }], model: "llama" },
+        },
+        {
+          path: "/v1/chat/completions",
+          request: { messages: [{ role: "user", content: "a prompt of some forty characters or so." }] },
+          // `usage: null`, as some servers write it, is no usage either.
+          answer: { id: "chatcmpl-nulled", object: "chat.completion", created: 1, model: "llama", choices: [{ index: 0, message: { role: "assistant", content }, finish_reason: "stop" }], usage: null },
+        },
+      ];
+      for (const { path, request, answer } of asked) {
+        mock.fault({ kind: "answer", body: answer });
+        const res = await fetch(`${gw.url}${path}`, {
+          method: "POST",
+          headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+          body: JSON.stringify({ model: "self-hosted", ...request }),
+        });
+        expect(res.status).toBe(200);
+        const usage = ((await res.json()) as { usage?: { prompt_tokens: number; completion_tokens?: number; total_tokens: number } }).usage;
+        await gw.host!.spendWriter.flush();
+        const [row] = await rows<LogRow>(gw.host!.store.db, sql`select * from spend_logs where call_id = ${res.headers.get("x-svc-call-id")}`);
+        expect(row!.prompt_tokens).toBeGreaterThan(0);
+        expect(usage, path).toMatchObject({ prompt_tokens: row!.prompt_tokens, total_tokens: row!.prompt_tokens + row!.completion_tokens });
+        // OpenAI's embeddings usage has no completion tokens.
+        if (path === "/v1/embeddings") expect(usage).toEqual({ prompt_tokens: row!.prompt_tokens, total_tokens: row!.prompt_tokens });
+        else expect(usage!.completion_tokens).toBe(10);
+      }
+    });
+  });
 });
 
 describe("an answer without usage to a request with max_tokens (pglite, OpenAI wire mock)", () => {
