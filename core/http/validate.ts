@@ -58,6 +58,16 @@ export const validate = {
   },
 };
 
+/** A boolean query parameter's texts, in any case, as FastAPI reads them (`True` from Python clients). */
+const TRUE_TEXTS = new Set(["true", "1", "yes", "on", "t", "y"]);
+const FALSE_TEXTS = new Set(["false", "0", "no", "off", "f", "n"]);
+
+/** A boolean query parameter; `fallback` when it is absent or neither true nor false. */
+export function queryFlag(v: string | null, fallback: boolean): boolean {
+  const text = v?.toLowerCase() ?? "";
+  return TRUE_TEXTS.has(text) ? true : FALSE_TEXTS.has(text) ? false : fallback;
+}
+
 /**
  * A path parameter the router left percent-encoded (a `*` tail), decoded; an encoding that does not
  * decode (`%ZZ`, a cut-off UTF-8 sequence) is the client's mistake, answered with a 400 naming it.

@@ -282,6 +282,16 @@ describe("through an Anthropic-format upstream", () => {
     expect(res.totalTokens).toBe(input_tokens);
   });
 
+  test("countTokens with call_endpoint=False (or 0, no, off: a boolean as FastAPI reads one) counts locally, nothing sent upstream", async () => {
+    for (const flag of ["False", "0", "no", "off", "false"]) {
+      const res = await post(`/v1beta/models/claude-public:countTokens?call_endpoint=${flag}`, { contents: [{ role: "user", parts: [{ text: "hello world" }] }] }, { "x-goog-api-key": key });
+      expect(res.status).toBe(200);
+      // o200k: 'hello world' in one user turn is 9 (see the local count above).
+      expect(((await res.json()) as { totalTokens: number }).totalTokens, flag).toBe(9);
+    }
+    expect(anthropic.requests).toHaveLength(0);
+  });
+
   test("an unsupported parameter is refused in Google's shape, naming it", async () => {
     const res = await post("/v1beta/models/claude-public:generateContent", { contents: [{ parts: [{ text: "x" }] }], generationConfig: { seed: 7, candidateCount: 2 } }, { "x-goog-api-key": key });
     const message = await expectGoogleError(res, 400, "INVALID_ARGUMENT");

@@ -144,6 +144,19 @@ describe("/utils/token_counter", () => {
     expect(viaBody.body.total_tokens).toBe(body.total_tokens);
   });
 
+  test("call_endpoint is read as a boolean, as FastAPI reads one: True (Python's requests sends that), 1, yes, on ask the provider; False, 0, no, off count locally over the body's true", async () => {
+    for (const flag of ["True", "1", "yes", "on", "TRUE"]) {
+      const res = await count({ model: "claude", messages: user("hello world") }, `?call_endpoint=${flag}`);
+      expect(res.body.tokenizer_type, flag).toBe("anthropic_api");
+    }
+    expect(anthropic.requests).toHaveLength(5);
+    for (const flag of ["False", "0", "no", "off"]) {
+      const res = await count({ model: "claude", messages: user("hello world"), call_endpoint: true }, `?call_endpoint=${flag}`);
+      expect(res.body.tokenizer_type, flag).toBe("openai_tokenizer");
+    }
+    expect(anthropic.requests).toHaveLength(5);
+  });
+
   test("without call_endpoint (or for a provider without a counter) the count is local", async () => {
     expect((await count({ model: "claude", messages: user("hello world") })).body).toEqual({ total_tokens: 9, request_model: "claude", model_used: CLAUDE, tokenizer_type: "openai_tokenizer" });
     expect((await count({ model: "gpt-4o-model", messages: user("hello world") }, "?call_endpoint=true")).body.tokenizer_type).toBe("openai_tokenizer");

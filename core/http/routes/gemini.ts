@@ -21,7 +21,7 @@ import { canCountUpstream, countLocally, countUpstream, tokenizerModel } from ".
 import { deploymentFor } from "../../tokens/target.ts";
 import type { AppDeps } from "../app.ts";
 import { authenticate, credentialOf } from "../auth.ts";
-import { decodePathParam, readBody, validate } from "../validate.ts";
+import { decodePathParam, queryFlag, readBody, validate } from "../validate.ts";
 
 type Action = "generateContent" | "streamGenerateContent" | "countTokens";
 const ACTIONS: ReadonlySet<string> = new Set<Action>(["generateContent", "streamGenerateContent", "countTokens"]);
@@ -80,7 +80,7 @@ export function geminiRoutes({ live, log }: AppDeps) {
     return new Response(JSON.stringify(out), { headers: { ...passHeaders(res), "content-type": "application/json; charset=UTF-8" } });
   }
 
-  /** Counted by the provider when its adapter can (unless `?call_endpoint=false`), else locally. */
+  /** Counted by the provider when its adapter can (unless `?call_endpoint` is false: `false`, `0`, `no`, `off`), else locally. */
   async function countTokens(request: Request, url: URL, pin: Pin, model: string): Promise<Response> {
     const { snapshot } = pin;
     const principal = await authenticate(snapshot, withGoogleKey(request, url), url.pathname, request.method);
@@ -92,7 +92,7 @@ export function geminiRoutes({ live, log }: AppDeps) {
     const count =
       messages.length === 0
         ? { total: 0, image: 0, tokenizerType: "none" }
-        : url.searchParams.get("call_endpoint") !== "false" && canCountUpstream(snapshot, d)
+        : queryFlag(url.searchParams.get("call_endpoint"), true) && canCountUpstream(snapshot, d)
           ? await countUpstream(snapshot, d, { model, messages, ...(tools ? { tools } : {}) }, request.signal)
           : await countLocally(tokenizerModel(d), { messages, tools });
     return Response.json(countTokensResponse(count, messages));

@@ -14,7 +14,7 @@ import { isCredentialParam } from "../../secrets.ts";
 import type { Snapshot } from "../../snapshot.ts";
 import type { AppDeps } from "../app.ts";
 import { authenticate } from "../auth.ts";
-import { decodePathParam } from "../validate.ts";
+import { decodePathParam, queryFlag } from "../validate.ts";
 import { type FallbackType, fallbacksFor } from "../../router/fallbacks.ts";
 
 /** svc_params fields that say where the upstream is (credentials are `isCredentialParam`). */
@@ -44,13 +44,6 @@ function modelInfo(entry: ModelEntry, d: Deployment) {
     svc_params: publicParams(entry.svc_params),
     model_info: { ...entry.model_info, id: d.id, db_model: (entry.model_info as Record<string, unknown> | undefined)?.db_model === true },
   };
-}
-
-/** A boolean query parameter's true, in any case (`True` from Python clients), as FastAPI reads it. */
-const TRUE_TEXTS = new Set(["true", "1", "yes", "on", "t", "y"]);
-
-function truthy(v: string | null): boolean {
-  return v !== null && TRUE_TEXTS.has(v.toLowerCase());
 }
 
 const FALLBACK_TYPES: readonly FallbackType[] = ["general", "context_window", "content_policy"];
@@ -177,10 +170,10 @@ function listModels(s: Snapshot, url: URL, rules: AccessRules | undefined, ident
     const owner = ownerOf(s, rules, name);
     if (owner && !models.has(name) && may(name)) models.set(name, owner);
   };
-  if (!truthy(url.searchParams.get("only_model_access_groups"))) {
+  if (!queryFlag(url.searchParams.get("only_model_access_groups"), false)) {
     for (const name of s.models.groups.keys()) add(name);
     for (const [alias, { hidden }] of s.groupAliases) if (!hidden) add(alias);
-    if (truthy(url.searchParams.get("return_wildcard_routes"))) {
+    if (queryFlag(url.searchParams.get("return_wildcard_routes"), false)) {
       for (const w of s.models.wildcards) if (may(w.pattern)) models.set(w.pattern, w.deployments[0]!.provider);
     }
     if (rules) {
@@ -189,7 +182,7 @@ function listModels(s: Snapshot, url: URL, rules: AccessRules | undefined, ident
     }
   }
   const data: ({ id: string; object: string; created: number; owned_by: string } & { metadata?: { fallbacks: string[] } })[] = [];
-  const withMetadata = truthy(url.searchParams.get("include_metadata"));
+  const withMetadata = queryFlag(url.searchParams.get("include_metadata"), false);
   const fallbackType = (fallbackParam ?? "general") as FallbackType;
   for (const [id, owner] of models) {
     const m = modelObject(id, s.loadedAt, owner);
@@ -197,7 +190,7 @@ function listModels(s: Snapshot, url: URL, rules: AccessRules | undefined, ident
     // Looked up as routing does (the name called, then its group), less those the caller may not use, which routing skips.
     data.push(withMetadata ? { ...m, metadata: { fallbacks: fallbacksFor(s.config, {}, [id, groupOf(s, rules, id)], fallbackType, principal).filter(may) } } : m);
   }
-  if (truthy(url.searchParams.get("include_model_access_groups")) || truthy(url.searchParams.get("only_model_access_groups"))) {
+  if (queryFlag(url.searchParams.get("include_model_access_groups"), false) || queryFlag(url.searchParams.get("only_model_access_groups"), false)) {
     // A held group is listed when the caller may use every model in it (no level above forbids part).
     for (const group of heldAccessGroups(s, rules, identity)) {
       const members = s.accessGroups.byName(group) ?? [];

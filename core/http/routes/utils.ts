@@ -20,7 +20,7 @@ import { canCountUpstream, countLocally, countUpstream, type TokenCount, tokeniz
 import { deploymentFor } from "../../tokens/target.ts";
 import type { AppDeps } from "../app.ts";
 import { authenticate } from "../auth.ts";
-import { readBody, validate } from "../validate.ts";
+import { queryFlag, readBody, validate } from "../validate.ts";
 
 const badRequest = (message: string, param?: string) => GatewayError.of(400, message, "invalid_request_error", param ?? null);
 
@@ -162,8 +162,7 @@ export function utilsRoutes({ live }: AppDeps) {
       async ({ request }) => {
         const { s, principal, url } = await guard(request);
         const body = await readBody(request, s.settings.maxRequestBytes);
-        const flag = url.searchParams.get("call_endpoint");
-        const callEndpoint = flag !== null ? flag === "true" : body.call_endpoint === true;
+        const callEndpoint = queryFlag(url.searchParams.get("call_endpoint"), body.call_endpoint === true);
         return Response.json(await tokenCounter(s, principal, body, callEndpoint, request.signal));
       },
       { parse: "none" },
