@@ -100,7 +100,8 @@ export class ModelTable {
     const hit = this.wildcardHits.get(name);
     if (hit) return hit;
     for (const w of this.wildcards) {
-      if (name.length < w.prefix.length + w.suffix.length || !name.startsWith(w.prefix) || !name.endsWith(w.suffix)) continue;
+      // `*` stands for at least one character: `openai/` names no model (it would go upstream as "").
+      if (name.length <= w.prefix.length + w.suffix.length || !name.startsWith(w.prefix) || !name.endsWith(w.suffix)) continue;
       const matched = name.slice(w.prefix.length, name.length - w.suffix.length);
       const list = w.deployments.map((d) => ({ ...d, modelName: name, upstreamModel: d.upstreamModel.replace("*", matched) }));
       if (this.wildcardHits.size < WILDCARD_CACHE_LIMIT) this.wildcardHits.set(name, list);

@@ -444,6 +444,13 @@ describe("models", () => {
     expect(sentModel(0)).toBe("gpt-x");
   });
 
+  test("a wildcard names at least one character: `openai/` is no model (404 on retrieve, 400 on a call, nothing sent upstream)", async () => {
+    expectSdkError(await failure(client.models.retrieve("openai/")), NotFoundError, 404);
+    const e = expectSdkError(await failure(client.chat.completions.create({ model: "openai/", messages: user("hi") })), BadRequestError, 400);
+    expect(e.message).toContain("model=openai/.");
+    expect(mock.requests).toHaveLength(0);
+  });
+
   test("a wildcard call for a model name a header cannot carry (openai/模型) is answered, the group percent-encoded in x-svc-model-group", async () => {
     const { response } = await client.chat.completions.create({ model: "openai/模型", messages: user("hi") }).withResponse();
     expect(response.status).toBe(200);

@@ -54,6 +54,13 @@ describe("resolve", () => {
     expect(models.resolve("gpt-y")).toBe(models.resolve("gpt-y")!);
   });
 
+  test("a wildcard's `*` stands for at least one character", () => {
+    const t = table([entry("openai/*", "openai/*"), entry("claude-*-latest", "anthropic/claude-*-latest")]);
+    expect(t.resolve("openai/")).toBeUndefined();
+    expect(t.resolve("claude--latest")).toBeUndefined();
+    expect(t.resolve("openai/x")?.[0]?.upstreamModel).toBe("x");
+  });
+
   test("nothing matches without a catch-all", () => {
     const t = table([entry("openai/*", "openai/*"), entry("a", "openai/a")]);
     expect(t.resolve("gpt-x")).toBeUndefined();
