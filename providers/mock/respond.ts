@@ -46,56 +46,70 @@ function usage(prompt: number, completion: number): WireJson {
   return { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion };
 }
 
+/** The most choices (`n`) OpenAI answers in one call. */
+const MAX_CHOICES = 128;
+
+/** The choices asked for (`n`), each the same reply; past OpenAI's most, refused as OpenAI refuses it. */
+function choiceIndexes(body: WireJson): number[] | Response {
+  const n = typeof body.n === "number" ? body.n : 1;
+  if (n > MAX_CHOICES) return invalid(`Invalid 'n': integer above maximum value. Expected a value <= ${MAX_CHOICES}, but got ${n} instead.`, "n");
+  return Array.from({ length: n }, (_, i) => i);
+}
+
 let counter = 0;
 const nextId = (prefix: string) => `${prefix}-mock${(++counter).toString(36).padStart(8, "0")}`;
 const now = () => Math.floor(Date.now() / 1000);
 
 function chat(body: WireJson, fixed: string | undefined): Response {
+  const indexes = choiceIndexes(body);
+  if (indexes instanceof Response) return indexes;
   const promptTokens = estimateTokens((body.messages as WireJson[]).map((m) => m.content)) + 3 * (body.messages as unknown[]).length;
   const { words, truncated } = replyWords(body, lastUserText(body.messages), fixed);
   const finish = truncated ? "length" : "stop";
   const id = nextId("chatcmpl");
   const created = now();
+  // Every choice is the reply: the prompt is billed once, the answer tokens for each.
+  const used = usage(promptTokens, words.length * indexes.length);
   if (!body.stream) {
     return json({
       id,
       object: "chat.completion",
       created,
       model: body.model,
-      choices: [{ index: 0, message: { role: "assistant", content: words.join("") }, logprobs: null, finish_reason: finish }],
-      usage: usage(promptTokens, words.length),
+      choices: indexes.map((index) => ({ index, message: { role: "assistant", content: words.join("") }, logprobs: null, finish_reason: finish })),
+      usage: used,
     });
   }
   const base = { id, object: "chat.completion.chunk", created, model: body.model };
-  const chunk = (delta: WireJson, finish_reason: string | null): WireJson => ({
-    ...base,
-    choices: [{ index: 0, delta, logprobs: null, finish_reason }],
-  });
-  const events = [chunk({ role: "assistant", content: "" }, null), ...words.map((w) => chunk({ content: w }, null)), chunk({}, finish)];
+  // One chunk per choice at each step, as OpenAI interleaves them.
+  const step = (delta: WireJson, finish_reason: string | null): WireJson[] => indexes.map((index) => ({ ...base, choices: [{ index, delta, logprobs: null, finish_reason }] }));
+  const events = [...step({ role: "assistant", content: "" }, null), ...words.flatMap((w) => step({ content: w }, null)), ...step({}, finish)];
   const opts = body.stream_options as WireJson | undefined;
-  if (opts?.include_usage) events.push({ ...base, choices: [], usage: usage(promptTokens, words.length) });
+  if (opts?.include_usage) events.push({ ...base, choices: [], usage: used });
   return sse(events);
 }
 
 function completion(body: WireJson, fixed: string | undefined): Response {
+  const indexes = choiceIndexes(body);
+  if (indexes instanceof Response) return indexes;
   const prompt = Array.isArray(body.prompt) ? body.prompt.join(" ") : String(body.prompt ?? "");
   const promptTokens = estimateTokens(prompt);
   const { words, truncated } = replyWords(body, prompt, fixed);
   const finish = truncated ? "length" : "stop";
   const base = { id: nextId("cmpl"), object: "text_completion", created: now(), model: body.model };
+  const used = usage(promptTokens, words.length * indexes.length);
   if (!body.stream) {
     return json({
       ...base,
-      choices: [{ text: words.join(""), index: 0, logprobs: null, finish_reason: finish }],
-      usage: usage(promptTokens, words.length),
+      choices: indexes.map((index) => ({ text: words.join(""), index, logprobs: null, finish_reason: finish })),
+      usage: used,
     });
   }
-  const events: WireJson[] = words.map((w, i) => ({
-    ...base,
-    choices: [{ text: w, index: 0, logprobs: null, finish_reason: i === words.length - 1 ? finish : null }],
-  }));
+  const events: WireJson[] = words.flatMap((w, i) =>
+    indexes.map((index) => ({ ...base, choices: [{ text: w, index, logprobs: null, finish_reason: i === words.length - 1 ? finish : null }] })),
+  );
   const opts = body.stream_options as WireJson | undefined;
-  if (opts?.include_usage) events.push({ ...base, choices: [], usage: usage(promptTokens, words.length) });
+  if (opts?.include_usage) events.push({ ...base, choices: [], usage: used });
   return sse(events);
 }
 

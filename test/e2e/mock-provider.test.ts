@@ -57,6 +57,33 @@ describe("built-in mock provider (works with no network)", () => {
     expect(usage?.completion_tokens).toBe(8);
   });
 
+  test("n asks for n choices (indexes 0..n-1, each the reply), their answer tokens counted for each; streamed too; past OpenAI's 128 a 400", async () => {
+    const messages = [{ role: "user" as const, content: "ping pong" }];
+    const reply = "This is a mock response to: ping pong";
+    const one = await client.chat.completions.create({ model: "chat-mock", messages });
+    const three = await client.chat.completions.create({ model: "chat-mock", n: 3, messages });
+    expect(three.choices.map((c) => [c.index, c.message.content, c.finish_reason])).toEqual([0, 1, 2].map((i) => [i, reply, "stop"]));
+    expect(three.usage).toMatchObject({ prompt_tokens: one.usage!.prompt_tokens, completion_tokens: 3 * 8, total_tokens: one.usage!.prompt_tokens + 3 * 8 });
+
+    const stream = await client.chat.completions.create({ model: "chat-mock", n: 2, stream: true, stream_options: { include_usage: true }, messages });
+    const texts = ["", ""];
+    let usage: OpenAI.CompletionUsage | null | undefined;
+    for await (const chunk of stream) {
+      for (const c of chunk.choices) texts[c.index] += c.delta.content ?? "";
+      if (chunk.usage) usage = chunk.usage;
+    }
+    expect(texts).toEqual([reply, reply]);
+    expect(usage?.completion_tokens).toBe(2 * 8);
+
+    const completions = await client.completions.create({ model: "chat-mock", n: 2, prompt: "ping pong" });
+    expect(completions.choices.map((c) => [c.index, c.text])).toEqual([0, 1].map((i) => [i, reply]));
+    expect(completions.usage?.completion_tokens).toBe(2 * 8);
+
+    const tooMany = await fetch(`${gw.baseURL}/chat/completions`, { method: "POST", headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" }, body: JSON.stringify({ model: "chat-mock", n: 129, messages }) });
+    expect(tooMany.status).toBe(400);
+    expect(((await tooMany.json()) as { error: { message: string } }).error.message).toContain("'n'");
+  });
+
   test("embeddings are deterministic and decoded by the SDK", async () => {
     const a = await client.embeddings.create({ model: "embed-mock", input: ["same", "other"] });
     const b = await client.embeddings.create({ model: "embed-mock", input: "same" });
