@@ -26,3 +26,25 @@ export function openAIUsage(u: Usage): WireJson {
   if (u.webSearchRequests) usage.server_tool_use = { web_search_requests: u.webSearchRequests };
   return usage;
 }
+
+const WHOLE_NUMBER = /^\s*-?\d+\s*$/;
+
+/**
+ * A count as reported: a finite number, or a whole number written as text (some compatible servers
+ * quote their counts; LiteLLM's Usage reads "100" as 100). Anything else is no count.
+ */
+export function reportedCount(v: unknown): number | undefined {
+  if (typeof v === "number") return Number.isFinite(v) ? v : undefined;
+  return typeof v === "string" && WHOLE_NUMBER.test(v) ? Number(v) : undefined;
+}
+
+/**
+ * Whether an OpenAI `usage` counts the call's tokens (a prompt, completion or total count). One
+ * that does not (`{}`, nulls, only a vendor's own fields) is no usage: the call is estimated as an
+ * answer without one is, where reading it made the call free.
+ */
+export function countsTokens(raw: unknown): boolean {
+  if (raw === null || typeof raw !== "object") return false;
+  const u = raw as Record<string, unknown>;
+  return [u.prompt_tokens, u.completion_tokens, u.total_tokens].some((v) => reportedCount(v) !== undefined);
+}

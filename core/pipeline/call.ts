@@ -14,7 +14,7 @@ import { IMAGE_QUALITIES, IMAGE_SIZES, imagesAsked } from "../wire.ts";
 import { picoToText } from "../cost/money.ts";
 import { ErrorInAnswer, GatewayError, errorInfo } from "../errors.ts";
 import { headerText } from "../header-text.ts";
-import { openAIUsage } from "../openai-usage.ts";
+import { countsTokens, openAIUsage } from "../openai-usage.ts";
 import { beforeTimeout } from "../timer.ts";
 import type { Gate, Snapshot } from "../snapshot.ts";
 import { assembleStream } from "../stream/assemble.ts";
@@ -557,7 +557,8 @@ const ANSWERS_WITH_USAGE: ReadonlySet<Endpoint> = new Set(["chat", "completions"
  * body itself when it has a usage.
  */
 function withChargedUsage(endpoint: Endpoint, body: WireJson, usage: Usage): WireJson {
-  if (!ANSWERS_WITH_USAGE.has(endpoint) || (body.usage !== undefined && body.usage !== null)) return body;
+  // A usage that counts nothing (`{}`) was charged as an estimate too: the answer says which.
+  if (!ANSWERS_WITH_USAGE.has(endpoint) || countsTokens(body.usage)) return body;
   // OpenAI's embeddings usage has no completion tokens.
   return { ...body, usage: endpoint === "embeddings" ? { prompt_tokens: usage.promptTokens, total_tokens: usage.promptTokens } : openAIUsage(usage) };
 }

@@ -20,7 +20,8 @@ import { mapUpstreamStatus } from "../../core/pipeline/upstream.ts";
 import { answerTokenBound } from "../../core/cost/worst-case.ts";
 import { imagesAsked, NotForwardedFields, speechUsage } from "../../core/wire.ts";
 import type { Dialect, OpenAICompatibleProvider } from "./table.ts";
-import { countsTokens, usageFromImages, usageFromOpenAI } from "./usage.ts";
+import { usageFromImages, usageFromOpenAI } from "./usage.ts";
+import { countsTokens } from "../../core/openai-usage.ts";
 import { upstreamErrorKind } from "../shared/error-kind.ts";
 import { openAITranscriptions } from "./transcriptions.ts";
 

@@ -1,15 +1,5 @@
 import type { Usage } from "../../core/contract.ts";
-
-const WHOLE_NUMBER = /^\s*-?\d+\s*$/;
-
-/**
- * A count as reported: a finite number, or a whole number written as text (some compatible servers
- * quote their counts; LiteLLM's Usage reads "100" as 100). Anything else is no count.
- */
-function reportedCount(v: unknown): number | undefined {
-  if (typeof v === "number") return Number.isFinite(v) ? v : undefined;
-  return typeof v === "string" && WHOLE_NUMBER.test(v) ? Number(v) : undefined;
-}
+import { reportedCount } from "../../core/openai-usage.ts";
 
 /** A count as reported, else 0. */
 export function num(v: unknown): number {
@@ -18,16 +8,6 @@ export function num(v: unknown): number {
 
 function record(v: unknown): Record<string, unknown> | undefined {
   return v !== null && typeof v === "object" ? (v as Record<string, unknown>) : undefined;
-}
-
-/**
- * Whether an OpenAI `usage` counts the call's tokens (a prompt, completion or total count). One
- * that does not (`{}`, nulls, only a vendor's own fields) is no usage: the call is estimated as an
- * answer without one is, where reading it made the call free.
- */
-export function countsTokens(raw: unknown): boolean {
-  const u = record(raw);
-  return u !== undefined && [u.prompt_tokens, u.completion_tokens, u.total_tokens].some((v) => reportedCount(v) !== undefined);
 }
 
 /**

@@ -544,6 +544,7 @@ describe("an answer whose usage counts nothing, counts as text, or only a total 
         { usage: { prompt_tokens: 100, total_tokens: 110 }, logged: [100, 10] },
       ];
       const costs: number[] = [];
+      const answered: Record<string, unknown>[] = [];
       for (const [i, c] of cases.entries()) {
         const answer = { id: `chatcmpl-uncounted-${i}`, object: "chat.completion", created: 1, model: "llama", choices: [{ index: 0, message: { role: "assistant", content }, finish_reason: "stop" }] };
         mock.fault({ kind: "answer", body: c.usage ? { ...answer, usage: c.usage } : answer });
@@ -554,6 +555,7 @@ describe("an answer whose usage counts nothing, counts as text, or only a total 
         });
         expect(res.status).toBe(200);
         costs.push(Number(res.headers.get("x-svc-response-cost")));
+        answered.push(((await res.json()) as { usage: Record<string, unknown> }).usage);
       }
       await gw.host!.spendWriter.flush();
       for (const [i, c] of cases.entries()) {
@@ -561,6 +563,9 @@ describe("an answer whose usage counts nothing, counts as text, or only a total 
         expect([row!.prompt_tokens, row!.completion_tokens], JSON.stringify(c.usage)).toEqual(c.logged);
         expect(Number(row!.spend)).toBeCloseTo(usd(...c.logged), 12);
         expect(costs[i]).toBeCloseTo(usd(...c.logged), 12);
+        // An answer that counted nothing tells the client the counts it was charged; one that counted something is passed on as sent.
+        if (!c.usage || Object.values(c.usage).every((v) => v === null)) expect(answered[i]).toMatchObject({ prompt_tokens: c.logged[0], completion_tokens: c.logged[1], total_tokens: c.logged[0] + c.logged[1] });
+        else expect(answered[i]).toEqual(c.usage);
       }
     });
   });
