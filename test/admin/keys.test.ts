@@ -709,8 +709,9 @@ for (const backend of BACKENDS) {
         expect(listed.body.keys).not.toContain(theirs.token);
         expect((await api("/key/list?user_id=u-other", { key: as.internal })).status).toBe(403);
         expect((await api("/key/list?team_id=team-a", { key: as.internal })).status).toBe(403);
-        // Own key: read, update, delete; but not move to another user, unblock itself or reset its spend.
-        expect((await api("/key/update", { body: { key: mine.body.token, max_budget: 3 }, key: as.internal })).status).toBe(200);
+        // Own key: read, update, delete; but not move to another user, change its caps, unblock itself or reset its spend.
+        expect((await api("/key/update", { body: { key: mine.body.token, key_alias: uid("renamed") }, key: as.internal })).status).toBe(200);
+        expect((await api("/key/update", { body: { key: mine.body.token, max_budget: 3 }, key: as.internal })).status).toBe(403);
         expect((await api("/key/update", { body: { key: mine.body.token, user_id: "u-other" }, key: as.internal })).status).toBe(403);
         expect((await api("/key/update", { body: { key: mine.body.token, team_id: "team-a" }, key: as.internal })).status).toBe(403);
         expect((await api("/key/update", { body: { key: mine.body.token, spend: 5 }, key: as.internal })).status).toBe(403);
@@ -718,6 +719,56 @@ for (const backend of BACKENDS) {
         expect((await api("/key/update", { body: { key: mine.body.token, blocked: false }, key: as.internal })).status).toBe(403);
         expect((await api("/key/block", { body: { key: mine.body.token }, key: as.internal })).status).toBe(403);
         expect((await api("/key/delete", { body: { keys: [mine.body.token] }, key: as.internal })).status).toBe(200);
+      });
+
+      test("a key's owner (or a member the team lets update keys) may not change the caps an admin set on it, by /key/update or /key/regenerate; team and proxy admins may", async () => {
+        const capped = { max_budget: 0.5, rpm_limit: 1, tpm_limit: 1000, max_parallel_requests: 1, model_rpm_limit: { "chat-mock": 1 }, duration: "1h" };
+        const own = await generate({ user_id: "u-internal", ...capped });
+        const before = (await api(`/key/info?key=${own.token}`)).body.info;
+        for (const lift of [
+          { max_budget: 1000 },
+          { rpm_limit: null },
+          { tpm_limit: 1_000_000 },
+          { max_parallel_requests: 100 },
+          { model_rpm_limit: { "chat-mock": 1000 } },
+          { duration: "-1" },
+          { budget_duration: "1s" },
+          { temp_budget_increase: 1000, temp_budget_expiry: "2099-01-01T00:00:00Z" },
+          { soft_budget: 100 },
+          { model_max_budget: {} },
+          { rpm_limit_type: "guaranteed_throughput" },
+          { key_type: "management" },
+          { allowed_routes: ["/chat/completions"] },
+          { allowed_passthrough_routes: ["/anything/*"] },
+          // Tightening is an admin's too: who set a cap is not recorded.
+          { max_budget: 0.1 },
+        ]) {
+          const field = Object.keys(lift)[0]!;
+          for (const [path, body] of [
+            ["/key/update", { key: own.token, ...lift }],
+            [`/key/${own.token}/regenerate`, lift],
+          ] as const) {
+            const res = await api(path, { body, key: own.key });
+            expect([path, field, res.status]).toEqual([path, field, 403]);
+            expect(res.body.error.message).toContain(`may change ${field}`);
+          }
+        }
+        const after = (await api(`/key/info?key=${own.token}`, { key: own.key })).body.info;
+        expect([after.token, after.max_budget, after.rpm_limit, after.expires, after.budget_duration]).toEqual([before.token, 0.5, 1, before.expires, null]);
+        // Sending the caps back as they are, with a change of its own fields, is the owner's right.
+        const echoed = await api("/key/update", { body: { ...before, key: own.token, key_alias: uid("own-capped"), duration: undefined }, key: own.key });
+        expect(echoed.status).toBe(200);
+        expect([echoed.body.max_budget, echoed.body.rpm_limit, echoed.body.expires]).toEqual([0.5, 1, before.expires]);
+        expect((await api("/key/update", { body: { key: own.token, rpm_limit: 5 } })).status).toBe(200);
+
+        // A team admin sets the caps of its team's keys; its `user` members, even with /key/update, do not.
+        const teamKey = await generate({ team_id: "team-p", user_id: "u-pmember", max_budget: 1, rpm_limit: 1 });
+        const lifted = await api("/key/update", { body: { key: teamKey.token, max_budget: 1000 }, key: as.pmember });
+        expect(lifted.status).toBe(403);
+        expect((await api(`/key/info?key=${teamKey.token}`)).body.info.max_budget).toBe(1);
+        const aKey = await generate({ team_id: "team-a", user_id: "u-member", max_budget: 1, rpm_limit: 1 });
+        const byAdmin = await api("/key/update", { body: { key: aKey.token, max_budget: 5, rpm_limit: null, duration: "2h", budget_duration: "1d" }, key: as.tadmin });
+        expect([byAdmin.status, byAdmin.body.max_budget, byAdmin.body.rpm_limit, byAdmin.body.budget_duration]).toEqual([200, 5, null, "1d"]);
       });
 
       test("internal user regenerates its own personal key (also an auto-rotated one, with its old value); a 403 says why", async () => {
@@ -829,7 +880,9 @@ for (const backend of BACKENDS) {
         // A member's own team key stays in the team: leaving it would shed the team's limits.
         expect((await api("/key/update", { body: { key: made.body.token, team_id: null }, key: as.pmember })).status).toBe(403);
         const pKey = await generate({ team_id: "team-p", user_id: "u-other" });
-        expect((await api("/key/update", { body: { key: pKey.token, max_budget: 2 }, key: as.pmember })).status).toBe(200);
+        expect((await api("/key/update", { body: { key: pKey.token, key_alias: uid("p-renamed") }, key: as.pmember })).status).toBe(200);
+        // The permission to update keys is not the team admin's right to change their caps.
+        expect((await api("/key/update", { body: { key: pKey.token, max_budget: 2 }, key: as.pmember })).status).toBe(403);
         expect((await api("/key/update", { body: { key: pKey.token, spend: 5 }, key: as.pmember })).status).toBe(403);
         expect((await api("/key/block", { body: { key: pKey.token }, key: as.pmember })).status).toBe(403);
         expect((await api("/key/delete", { body: { keys: [pKey.token] }, key: as.pmember })).status).toBe(403);

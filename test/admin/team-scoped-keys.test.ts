@@ -132,7 +132,7 @@ for (const backend of BACKENDS) {
       const info = await call<{ keys: KeyReply[] }>("GET", "/user/info", mine);
       expect(info.body.keys.map((k) => k.token)).toContain(victimsOwnTeamKey.token);
       expect((await call("GET", `/key/info?key=${victimsOwnTeamKey.token}`, mine)).status).toBe(200);
-      expect((await call("POST", "/key/update", mine, { key: fresh.body.token, max_budget: 3 })).status).toBe(200);
+      expect((await call("POST", "/key/update", mine, { key: fresh.body.token, key_alias: `renamed-${victim}` })).status).toBe(200);
       // As its team's admin, it lets its own team key go.
       const released = await call<KeyReply>("POST", "/key/update", mine, { key: victimsOwnTeamKey.token, team_id: null });
       expect([released.status, released.body.team_id]).toEqual([200, null]);

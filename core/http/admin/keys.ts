@@ -2,8 +2,8 @@
  * Virtual key management. Who may act on a key: proxy admins on all; a key's own user on it
  * (read; update, delete and regenerate a personal key; through a key issued in a team, only on keys of that team); a team admin
  * on the team's keys; a team `user` member on the team's keys for the routes
- * `team_member_permissions` grants; viewers read only. A key outside the
- * caller's reach is a 403 whether or not it exists. The plaintext key is returned by
+ * `team_member_permissions` grants; viewers read only. A key's caps (ADMIN_SET_FIELDS) only proxy
+ * and team admins change. A key outside the caller's reach is a 403 whether or not it exists. The plaintext key is returned by
  * generate/regenerate only and is stored nowhere; every other response names keys by hash.
  */
 import { randomUUID } from "node:crypto";
@@ -508,10 +508,62 @@ export async function generateKey(ctx: AdminCtx, body: Record<string, unknown>, 
 }
 
 /**
+ * Key fields that cap what a key may spend, how fast, how long it lives and which routes it may
+ * call, with its spend and blocked state: an admin's to set. A key's owner (or a team `user` member
+ * the team lets update keys) changing them lifts what a proxy or team admin set: a blocked key
+ * unblocked, a `budget_duration` of 1s that gives spend back every second, a `temp_budget_increase`
+ * that doubles as a new budget (LiteLLM PR #23781 for max_budget, issue #37052 and PR #39993 for
+ * the rest). A change that tightens one is refused too: who set a cap is not recorded.
+ */
+const ADMIN_SET_FIELDS = [
+  "spend",
+  "blocked",
+  "max_budget",
+  "soft_budget",
+  "temp_budget_increase",
+  "temp_budget_expiry",
+  "budget_duration",
+  "budget_id",
+  "model_max_budget",
+  "tpm_limit",
+  "rpm_limit",
+  "max_parallel_requests",
+  "model_tpm_limit",
+  "model_rpm_limit",
+  "tpm_limit_type",
+  "rpm_limit_type",
+  "duration",
+  "key_type",
+  "allowed_routes",
+  "allowed_passthrough_routes",
+] as const;
+
+/** Money columns of a key, compared as amounts: the store gives back `1.000000000000` for a body's 1. */
+const KEY_MONEY = new Set(["spend", "maxBudget", "softBudget", "tempBudgetIncrease"]);
+
+const rowProp = (field: string) => field.replace(/_([a-z])/g, (_, c: string) => c.toUpperCase());
+
+/**
+ * The ADMIN_SET_FIELDS an update (`fields`: its row values; `expires`: what its `duration` gives)
+ * changes on key `row`. A value equal to the stored one changes nothing, so a client that sends the
+ * key back as it read it is not refused; a `duration` always changes the expiry (it counts from now).
+ */
+function adminSetChanges(row: KeyRow, fields: Record<string, unknown>, expires: Date | null | undefined): string[] {
+  const stored = row as Record<string, unknown>;
+  return ADMIN_SET_FIELDS.filter((field) => {
+    if (field === "duration") return expires !== undefined && expires?.getTime() !== row.expires?.getTime();
+    const prop = rowProp(field);
+    if (!(prop in fields)) return false;
+    const [asked, was] = [fields[prop], stored[prop]];
+    if (KEY_MONEY.has(prop) && asked != null && was != null) return usdToPico(String(asked)) !== columnToPico(was as string);
+    return !Bun.deepEquals(asked, was);
+  });
+}
+
+/**
  * The row values an update sets, after the ownership rules: only proxy admins reassign users or
  * organizations; a team admin may move a key between teams they administer and give it to a
- * member; spend and the blocked flag belong to proxy and team admins (else a blocked key's owner
- * could unblock it through /key/update).
+ * member; the key's caps (ADMIN_SET_FIELDS) belong to proxy admins and the admins of its team.
  */
 async function updateFields(ctx: AdminCtx, row: KeyRow, body: KeyBody): Promise<Record<string, unknown>> {
   const fields = fieldsToUpdate(ctx, row, body);
@@ -557,10 +609,11 @@ function fieldsToUpdate(ctx: AdminCtx, row: KeyRow, body: KeyBody): Record<strin
       }
     }
     if ("organizationId" in fields && fields.organizationId !== row.organizationId) throw forbidden("Only a proxy admin may change a key's organization.");
-    const spendChanged = "spend" in fields && (fields.spend === null || usdToPico(String(fields.spend)) !== columnToPico(row.spend));
-    const blockChanged = "blocked" in fields && fields.blocked !== row.blocked;
-    if ((spendChanged || blockChanged) && !caller.isTeamAdmin(row.teamId)) {
-      throw forbidden("Only a proxy admin or an admin of the key's team may change its spend or blocked state.");
+    const capsChanged = adminSetChanges(row, fields, expiresOf(body, now));
+    if (capsChanged.length > 0 && !caller.isTeamAdmin(row.teamId)) {
+      throw forbidden(
+        `Only a proxy admin or an admin of the key's team may change ${capsChanged.join(", ")}: these cap what the key may spend, how fast, for how long and where (its owner may change its other fields).`,
+      );
     }
   }
   const team = teamId ? (teamChanged ? teamOrFail(ctx, teamId) : ctx.identity.teams.get(teamId)) : undefined;
