@@ -15,7 +15,10 @@ import { BACKENDS, MASTER_KEY, startBackendGateway, type TestGateway } from "../
 import { sha256 } from "../harness/util.ts";
 
 const CONFIG = {
-  model_list: [{ model_name: "chat-mock", svc_params: { model: "mock/chat" } }],
+  model_list: [
+    { model_name: "chat-mock", svc_params: { model: "mock/chat" } },
+    { model_name: "grouped-mock", svc_params: { model: "mock/grouped" }, model_info: { access_groups: ["beta"] } },
+  ],
   general_settings: { master_key: MASTER_KEY },
 };
 
@@ -819,6 +822,25 @@ for (const backend of BACKENDS) {
         expect((await api("/key/update", { body: { key: own.token, models: [] }, key: own.key })).status).toBe(200);
         // A proxy admin may still give the key any model.
         expect((await api("/key/update", { body: { key: own.token, models: ["other-model"] } })).status).toBe(200);
+      });
+
+      test("internal user: models its own allow through a wildcard or an access group are its to list on a personal key, as on its calls", async () => {
+        for (const allowed of [["chat-*"], ["beta"], ["grouped-*", "beta"]]) {
+          const userId = uid("u-wide");
+          await db().insert(users).values({ userId, models: allowed });
+          await gw.host!.services.bus!.publish({ kind: "user", userId });
+          const own = await generate({ user_id: userId });
+          const model = allowed[0] === "chat-*" ? "chat-mock" : "grouped-mock";
+          const generated = await api("/key/generate", { body: { models: [model] }, key: own.key });
+          issued.push(generated.body.key);
+          expect([allowed, generated.status, generated.body.models]).toEqual([allowed, 200, [model]]);
+          const updated = await api("/key/update", { body: { key: own.token, models: [model] }, key: own.key });
+          expect([allowed, updated.status, updated.body.models]).toEqual([allowed, 200, [model]]);
+          // What they do not allow stays refused.
+          const other = model === "chat-mock" ? "grouped-mock" : "chat-mock";
+          const refused = await api("/key/update", { body: { key: own.token, models: [other] }, key: own.key });
+          expect([allowed, refused.status, refused.body.error?.message]).toEqual([allowed, 400, `Model not in your allowed models: ${other}.`]);
+        }
       });
 
       test("team admin: manages its team's keys; another team's keys are a 403", async () => {

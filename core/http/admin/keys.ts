@@ -10,9 +10,9 @@ import { randomUUID } from "node:crypto";
 import { Type as T, type TSchema } from "@sinclair/typebox";
 import { and, asc, desc, eq, gt, ilike, inArray, isNotNull, isNull, or, type SQL, sql } from "drizzle-orm";
 import { Elysia } from "elysia";
-import { EVERYTHING, INHERIT, matchesEntry } from "../../access.ts";
+import { INHERIT, levelAllows } from "../../access.ts";
 import { badRequest, type Caller, forbidden, notFound } from "../../authz.ts";
-import type { Role } from "../../contract.ts";
+import type { AccessLevel, Role } from "../../contract.ts";
 import { GatewayError } from "../../errors.ts";
 import { hashKey, isPlainKey, KEY_PREFIX, keyName, MIN_CUSTOM_KEY_CHARS, newKeyValue, tokenOf } from "../../identity/keys.ts";
 import {
@@ -221,17 +221,12 @@ async function assertNewKeyValue(ctx: AdminCtx, value: string, field: string): P
 }
 
 /**
- * Team-level model names the key may list: the team's models, wildcards and access groups (those
- * declared on deployments as well as stored ones, as the gateway path reads them).
+ * The entries of a key's `models` that a team's (or, for a personal key, its user's) list does not
+ * allow, read as the gateway path reads it (levelAllows): names, wildcards, access groups (those
+ * declared on deployments as well as stored ones), catch-alls; an empty list allows everything.
  */
-function outsideTeamModels(ctx: AdminCtx, models: readonly string[], team: TeamRow): string[] {
-  if (team.models.length === 0 && team.accessGroupIds.length === 0) return [];
-  if (team.models.some((m) => EVERYTHING.has(m))) return [];
-  const groups = ctx.snapshot.accessGroups;
-  const allowed = [...team.models];
-  for (const name of team.models) allowed.push(...(groups.byName(name) ?? []));
-  for (const id of team.accessGroupIds) allowed.push(...(groups.byId(id) ?? []));
-  return models.filter((m) => !INHERIT.has(m) && !allowed.some((a) => matchesEntry(a, m)));
+function modelsOutside(ctx: AdminCtx, models: readonly string[], level: AccessLevel): string[] {
+  return models.filter((m) => !INHERIT.has(m) && !levelAllows(level, m, ctx.snapshot.accessGroups));
 }
 
 function teamOrFail(ctx: AdminCtx, teamId: string): TeamRow {
@@ -262,7 +257,7 @@ function checkReferences(ctx: AdminCtx, fields: Record<string, unknown>): void {
 
 function checkTeamModels(ctx: AdminCtx, models: readonly string[], team: TeamRow | undefined): void {
   if (!team) return;
-  const outside = outsideTeamModels(ctx, models, team);
+  const outside = modelsOutside(ctx, models, { level: "team", models: team.models, accessGroupIds: team.accessGroupIds });
   if (outside.length > 0) {
     throw badRequest(`Model not in team's models: ${outside.join(", ")}. Team ${team.teamId} may only use ${JSON.stringify(team.models)}.`, "models");
   }
@@ -358,7 +353,7 @@ function authorizeGenerate(ctx: AdminCtx, body: KeyBody, serviceAccount: boolean
 /** A non-admin's personal key lists only models its user may use (`models` of the user; none: any). */
 function checkUserModels(ctx: AdminCtx, userId: string | null, models: readonly string[]): void {
   const userModels = (userId !== null ? ctx.identity.users.get(userId)?.models : undefined) ?? [];
-  const outside = userModels.length === 0 || userModels.some((m) => EVERYTHING.has(m)) ? [] : models.filter((m) => !userModels.includes(m));
+  const outside = modelsOutside(ctx, models, { level: "user", models: userModels, accessGroupIds: [] });
   if (outside.length > 0) throw badRequest(`Model not in your allowed models: ${outside.join(", ")}.`, "models");
 }
 
