@@ -953,6 +953,8 @@ for (const backend of BACKENDS) {
         const rotated = second.body.audit_logs.find((l) => l.action === "rotated")!;
         expect(rotated.before_value?.token).toBe(k.token);
         expect(rotated.updated_values?.token).toBe(regen.body.token);
+        // The value it replaced is named by its hash, which is no secret.
+        expect(rotated.updated_values?.previous_token_hash).toBe(k.token);
 
         const rows = await db().execute(sql`select * from audit_log`);
         const text = JSON.stringify(rows);

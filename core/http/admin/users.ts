@@ -11,7 +11,7 @@ import { Elysia } from "elysia";
 import { badRequest, forbidden, notFound } from "../../authz.ts";
 import { Amount, clearNulls, containing, IdList, LIMIT_COLUMNS, LimitFields, MoneyField, Nullable, resetAt } from "../../identity/fields.ts";
 import { holdReferences, holdTeams, lockEmail, orgGone, teamsGone } from "../../identity/holds.ts";
-import { type Exec, findUserByEmail, memberBudgetIn, membersByTeam, teamApi, userApi } from "../../identity/members.ts";
+import { type Exec, findUserByEmail, memberBudgetIn, membersByTeam, membershipApi, teamApi, userApi } from "../../identity/members.ts";
 import { refuseMasterUserId } from "../../identity/master-user.ts";
 import { choice, list, pageOf, paged } from "../../identity/paging.ts";
 import type { UserRow } from "../../identity/records.ts";
@@ -147,7 +147,7 @@ async function newUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
     createdBy: by,
     updatedBy: by,
   } as typeof users.$inferInsert;
-  const user = await ctx.db
+  const { user, memberRows } = await ctx.db
     .transaction(async (tx) => {
       // Its organization and teams held until the user is stored (holds.ts): a concurrent
       // /organization/delete or /team/delete either sees the user (detaches it, ends its
@@ -161,8 +161,8 @@ async function newUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
         await requireUniqueEmail(tx, body.user_email, true);
       }
       const [created] = await tx.insert(users).values(row).returning();
-      if (memberships.length > 0) await tx.insert(teamMembers).values(memberships.map((m) => ({ ...m, userId })));
-      return created!;
+      const memberRows = memberships.length > 0 ? await tx.insert(teamMembers).values(memberships.map((m) => ({ ...m, userId }))).returning() : [];
+      return { user: created!, memberRows };
     })
     .catch((err) => {
       // Another request created the same user at the same moment (the check above found nothing yet).
@@ -188,7 +188,7 @@ async function newUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
     }
   }
   const out = userApi(user, memberships.map((m) => m.teamId));
-  await ctx.audit({ action: "created", table: "users", objectId: userId, after: { ...out, team_memberships: memberships } });
+  await ctx.audit({ action: "created", table: "users", objectId: userId, after: { ...out, team_memberships: memberRows.map(membershipApi) } });
   return { ...keyFields, ...out };
 }
 
