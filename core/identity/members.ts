@@ -86,17 +86,24 @@ export async function ensureUser(db: Exec, ref: MemberRef, by: string): Promise<
   return { user: again, created: false };
 }
 
-/** Members of each team with their role and e-mail, in the order they joined. */
-export async function membersByTeam(db: Exec, teamIds: readonly string[]): Promise<Map<string, MemberWithRole[]>> {
-  const out = new Map<string, MemberWithRole[]>(teamIds.map((id) => [id, []]));
-  if (teamIds.length === 0) return out;
+/**
+ * Members of each team with their role and e-mail, in the order they joined: of the teams named, or
+ * of every team (`"all"`, without a parameter per team: a statement takes at most 65,535).
+ */
+export async function membersByTeam(db: Exec, teamIds: readonly string[] | "all"): Promise<Map<string, MemberWithRole[]>> {
+  const every = teamIds === "all";
+  const out = new Map<string, MemberWithRole[]>(every ? [] : teamIds.map((id) => [id, []]));
+  if (!every && teamIds.length === 0) return out;
   const rows = await db
     .select({ teamId: teamMembers.teamId, userId: teamMembers.userId, role: teamMembers.role, userEmail: users.userEmail })
     .from(teamMembers)
     .leftJoin(users, eq(users.userId, teamMembers.userId))
-    .where(inArray(teamMembers.teamId, [...teamIds]))
+    .where(every ? undefined : inArray(teamMembers.teamId, [...teamIds]))
     .orderBy(teamMembers.createdAt, teamMembers.userId);
-  for (const r of rows) out.get(r.teamId)?.push({ user_id: r.userId, user_email: r.userEmail ?? null, role: r.role });
+  for (const r of rows) {
+    if (every && !out.has(r.teamId)) out.set(r.teamId, []);
+    out.get(r.teamId)?.push({ user_id: r.userId, user_email: r.userEmail ?? null, role: r.role });
+  }
   return out;
 }
 

@@ -311,10 +311,24 @@ for (const backend of BACKENDS) {
         expect(missing.body.error.type).toBe("not_found_error");
       });
 
-      test("the master key's own user is default_user_id, which no user may be", async () => {
-        const r = await get<ErrorBody>("/user/info");
-        expect(r.status).toBe(404);
-        expect(r.body.error.message).toContain("default_user_id");
+      test("the master key without user_id gets every key and team, as LiteLLM answers a proxy admin (its default_user_id is no user)", async () => {
+        const t = await team({ team_alias: "everything-team" });
+        const u = await userWithKey({ teams: [t] });
+        const r = await get<{ user_id: null; user_info: null; keys: Json[]; teams: UserInfo["teams"] }>("/user/info");
+        expect([r.status, r.body.user_id, r.body.user_info]).toEqual([200, null, null]);
+        expect(r.body.keys.map((k) => k.token)).toContain(sha256(u.key));
+        expect(JSON.stringify(r.body)).not.toContain(u.key);
+        expect(r.body.teams.find((x) => x.team_id === t)?.members_with_roles).toEqual([expect.objectContaining({ user_id: u.userId, role: "user" })]);
+        // Named, it is still no user.
+        expect((await get("/user/info?user_id=default_user_id")).status).toBe(404);
+      });
+
+      test("user_id given empty is a 422 naming it, not a key without a user", async () => {
+        const u = await userWithKey();
+        for (const key of [u.key, MASTER_KEY]) {
+          const r = await get<ErrorBody>("/user/info?user_id=", key);
+          expect([r.status, r.body.error.param, r.body.error.message]).toEqual([422, "user_id", "Invalid request: user_id is empty: name a user, or leave user_id out to read your own."]);
+        }
       });
     });
 

@@ -9,6 +9,7 @@ import { Type as T } from "@sinclair/typebox";
 import { and, asc, count, desc, eq, ilike, inArray, isNull, type SQL } from "drizzle-orm";
 import { Elysia } from "elysia";
 import { badRequest, forbidden, notFound } from "../../authz.ts";
+import { GatewayError } from "../../errors.ts";
 import { Amount, clearNulls, containing, IdList, LIMIT_COLUMNS, LimitFields, MoneyField, Nullable, resetAt } from "../../identity/fields.ts";
 import { holdReferences, holdTeams, lockEmail, orgGone, teamsGone } from "../../identity/holds.ts";
 import { type Exec, findUserByEmail, memberBudgetIn, membersByTeam, membershipApi, teamApi, userApi } from "../../identity/members.ts";
@@ -198,8 +199,25 @@ function requireSelfOrReadAll(ctx: AdminCtx, userId: string): void {
   throw forbidden("You may only view your own user. Viewing other users needs a proxy admin (or admin viewer) key.");
 }
 
+/**
+ * `/user/info` of the master key without `user_id`, as LiteLLM answers a proxy admin (its reference:
+ * "all info", deprecated there): no user, every live key and team. The master key's identity,
+ * default_user_id, names no user, so its own user was a 404 about a user no one created.
+ */
+async function everyKeyAndTeam(ctx: AdminCtx): Promise<Record<string, unknown>> {
+  const [keys, teamRows, members] = await Promise.all([
+    ctx.db.select().from(virtualKeys).where(isNull(virtualKeys.deletedAt)).orderBy(virtualKeys.createdAt),
+    ctx.db.select().from(teams).where(isNull(teams.deletedAt)).orderBy(teams.createdAt),
+    membersByTeam(ctx.db, "all"),
+  ]);
+  return { user_id: null, user_info: null, keys: keys.map((k) => toApi(k)), teams: teamRows.map((t) => teamApi(t, members.get(t.teamId) ?? [])) };
+}
+
 async function userInfo(ctx: AdminCtx): Promise<Record<string, unknown>> {
-  const userId = ctx.query("user_id") ?? ctx.caller.userId;
+  const asked = ctx.query("user_id");
+  if (asked === "") throw GatewayError.of(422, "Invalid request: user_id is empty: name a user, or leave user_id out to read your own.", "validation_error", "user_id");
+  if (asked === undefined && ctx.caller.isMaster) return everyKeyAndTeam(ctx);
+  const userId = asked ?? ctx.caller.userId;
   if (!userId) throw badRequest("user_id is required: this key has no user of its own.", "user_id");
   requireSelfOrReadAll(ctx, userId);
   const [user] = await ctx.db.select().from(users).where(eq(users.userId, userId));
