@@ -117,9 +117,11 @@ export function authorizeModel(principal: Principal, requested: string, groups: 
   const routed = groupAliases.get(target)?.group;
   for (const level of rules.levels) {
     if (passesRouted(level, requested, target, routed, from, groups)) continue;
+    // The model refused is the alias's target: naming the alias alone said a model the level lists was refused.
+    const tried = target === requested ? requested : `${target} (alias ${requested})`;
     throw GatewayError.of(
       401,
-      `${level.level} not allowed to access model. This ${level.level} can only access models=${JSON.stringify(allowedNames(level, groups))}. Tried to access ${requested}`,
+      `${level.level} not allowed to access model. This ${level.level} can only access models=${JSON.stringify(allowedNames(level, groups))}. Tried to access ${tried}`,
       DENIAL_TYPE[level.level],
       "model",
     );
