@@ -5,7 +5,8 @@
  * - the key's `max_budget` (or its budget object's), plus `temp_budget_increase` until
  *   `temp_budget_expiry`;
  * - the key's `model_max_budget` entry for the model group called;
- * - the team's, and the organization's (`max_budget`, or their budget object's);
+ * - the team's, and the organization's (`max_budget`, or their budget object's), and the
+ *   organization's `model_max_budget` entry for the model group called;
  * - the user's budget inside the team (`max_budget_in_team`, or the membership's budget object's),
  *   for a key of a user in a team;
  * - the user's own `max_budget`, for keys without a team (a team key is governed by its team, but
@@ -39,7 +40,7 @@ import {
 import { columnToPico, picoToText, picoToUsd, type Pico, usdToPico } from "../core/cost/money.ts";
 import { errorInfo } from "../core/errors.ts";
 import { counterId, counterOwner, NO_LIMIT } from "../core/spend/ledger.ts";
-import { type HistoryBudget, keyModelBudget, providerBudget } from "../core/spend/history-budgets.ts";
+import { type HistoryBudget, keyModelBudget, orgModelBudget, providerBudget } from "../core/spend/history-budgets.ts";
 import { periodEnd, periodLength } from "../core/spend/period.ts";
 import { budgetOf } from "./shared/budget-object.ts";
 import { keyLabel } from "./shared/labels.ts";
@@ -159,7 +160,16 @@ function countersFor(intent: CallIntent, identity: IdentityView, history: SpendH
     add(rowCounter("team_member", teamMemberId(member.teamId, member.userId), `User=${member.userId} in Team=${member.teamId}`, limits, undefined, at, history));
   }
   const org = p.orgId ? identity.orgs.get(p.orgId) : undefined;
-  if (org) add(rowCounter("org", org.organizationId, `Organization=${org.organizationId}`, org, budgetOf(org.budgetId, identity), at, history));
+  if (org) {
+    const budget = budgetOf(org.budgetId, identity);
+    add(rowCounter("org", org.organizationId, `Organization=${org.organizationId}`, org, budget, at, history));
+    // The organization's per-model budgets (its row mirrors its budget object's), over every call of its keys.
+    const perModel = orgModelBudget(org.organizationId, org.modelMaxBudget ?? budget?.modelMaxBudget, intent.modelGroup, at);
+    if (perModel && history) {
+      const sumSince = (since: number) => history.sum({ orgId: org.organizationId, modelGroup: intent.modelGroup, since });
+      add({ ...historyCounter(perModel, `Organization=${org.organizationId} for model=${intent.modelGroup}`, history, sumSince), ownerId: org.organizationId });
+    }
+  }
   const user = p.userId ? identity.users.get(p.userId) : undefined;
   const userCounter = user ? rowCounter("user", user.userId, `User=${user.userId}`, user, undefined, at, history) : undefined;
   // A team key is governed by its team, not by its user's own budget; but what it spends is the

@@ -5,6 +5,7 @@
  */
 import { type TSchema, Type as T } from "@sinclair/typebox";
 import { badRequest } from "../authz.ts";
+import { Duration } from "../config/schema.ts";
 import { DURATION_HINT, endsAt, parseDuration } from "./duration.ts";
 
 export const Nullable = <S extends TSchema>(s: S) => T.Union([s, T.Null()]);
@@ -26,12 +27,33 @@ export const Parallel = T.Integer({ minimum: 0, maximum: 2_147_483_647 });
 const Money = Nullable(Amount);
 const Count = Nullable(Quantity);
 
+/**
+ * Per-model budgets as a budget object (and an organization, whose row mirrors its budget's) keeps
+ * them: `{<model>: {max_budget, budget_duration, tpm_limit, rpm_limit}}`, the spec's Budget shape,
+ * or with a key's names `budget_limit` and `time_period`, which the ledger reads alike.
+ */
+export const ModelMaxBudget = T.Record(
+  T.String(),
+  T.Object(
+    {
+      max_budget: T.Optional(Money),
+      budget_limit: T.Optional(Money),
+      budget_duration: T.Optional(Nullable(Duration)),
+      time_period: T.Optional(Nullable(Duration)),
+      tpm_limit: T.Optional(Count),
+      rpm_limit: T.Optional(Count),
+    },
+    { additionalProperties: true },
+  ),
+);
+
 /** Limit fields of users and teams (the spec's virtual key table names them the same way). */
 export const LimitFields = {
   max_budget: T.Optional(Money),
   soft_budget: T.Optional(Money),
   budget_duration: T.Optional(Nullable(T.String())),
-  model_max_budget: T.Optional(Nullable(T.Record(T.String(), T.Unknown()))),
+  // Any value but null is refused, whatever its shape (refuseModelMaxBudget).
+  model_max_budget: T.Optional(T.Unknown()),
   tpm_limit: T.Optional(Count),
   rpm_limit: T.Optional(Count),
   max_parallel_requests: T.Optional(Nullable(Parallel)),
@@ -40,6 +62,19 @@ export const LimitFields = {
   metadata: T.Optional(Nullable(T.Record(T.String(), T.Unknown()))),
   models: T.Optional(Nullable(T.Array(T.String()))),
 };
+
+/**
+ * `model_max_budget` on a user or team is a 400 (null, clearing it, is taken): the spec lists
+ * per-model budgets for keys, organizations and budget objects only, and no call is checked
+ * against a user's or team's, so the value was stored, shown back, and never refused a call.
+ */
+export function refuseModelMaxBudget(body: { model_max_budget?: unknown }, owner: "user" | "team"): void {
+  if (body.model_max_budget == null) return;
+  throw badRequest(
+    `model_max_budget is not enforced on a ${owner}: per-model budgets are kept on keys and organizations (and budget objects), which the spec lists them for. Set it on the ${owner}'s keys, or on its organization.`,
+    "model_max_budget",
+  );
+}
 
 /** The budget and rate-limit columns keys, users and teams share (their names are the API's). */
 export const LIMIT_COLUMNS = [

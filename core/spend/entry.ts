@@ -8,7 +8,7 @@ import { type PicoJson, picoJson } from "../cost/money.ts";
 import type { IdentityCache } from "../identity/cache.ts";
 import { keyCounterToken, teamMemberId } from "../identity/records.ts";
 import { parseDuration } from "../identity/duration.ts";
-import { type HistoryBudget, keyModelBudget, providerBudget } from "./history-budgets.ts";
+import { type HistoryBudget, keyModelBudget, orgModelBudget, providerBudget } from "./history-budgets.ts";
 import { periodEnd, periodLength } from "./period.ts";
 import { storable } from "./row-text.ts";
 
@@ -119,6 +119,8 @@ export function chargesOf(call: CallRecord, identity: IdentityCache | undefined,
       periodEnd: org ? chargedPeriod(then, then?.budgetDuration ?? thenBudget?.budgetDuration, org, duration, at) : null,
       periodMs: periodLength(duration),
     });
+    // As the ledger reads it: the organization as it is now.
+    periodCharge(charges, orgModelBudget(p.orgId, org?.modelMaxBudget ?? budget?.modelMaxBudget, call.modelGroup, at));
   }
   return charges;
 }

@@ -1,25 +1,36 @@
 /**
- * Budgets without a row of their own: a key's per-model budget (`model_max_budget`, else its
- * budget object's) and a provider's (`router_settings.provider_budget_config`). The ledger reserves
- * on them (plugins/budgets.ts), and the spend writer charges their period (entry.ts), from this
- * one reading of the settings.
+ * Budgets without a row of their own: a key's and an organization's per-model budget
+ * (`model_max_budget`, else their budget object's) and a provider's
+ * (`router_settings.provider_budget_config`). The ledger reserves on them (plugins/budgets.ts),
+ * and the spend writer charges their period (entry.ts), from this one reading of the settings.
  */
 import type { ProviderBudget } from "../contract.ts";
 import { gridPeriod } from "./period.ts";
 
 export interface HistoryBudget {
-  /** The counter's id: `key_model:<token>:<group>` (the key's `keyCounterToken`) or `provider:<name>`. */
+  /** The counter's id: `key_model:<token>:<group>` (the key's `keyCounterToken`), `org_model:<org id>:<group>` or `provider:<name>`. */
   id: string;
   limitUsd: number;
   /** Its grid period at the instant asked (spend/period.ts gridPeriod); null for a budget that never resets. */
   period: { start: number; end: number } | null;
 }
 
-export function keyModelBudget(counterToken: string, modelMaxBudget: Record<string, unknown> | null | undefined, modelGroup: string, at: number): HistoryBudget | undefined {
+type ModelMaxBudget = Record<string, unknown> | null | undefined;
+
+/** The `model_max_budget` entry for the group (a key's `budget_limit`/`time_period`, or a budget object's `max_budget`/`budget_duration`), counted as `<owner>:<group>`. */
+function modelBudget(owner: string, modelMaxBudget: ModelMaxBudget, modelGroup: string, at: number): HistoryBudget | undefined {
   const perModel = modelMaxBudget?.[modelGroup] as { budget_limit?: unknown; max_budget?: unknown; time_period?: unknown; budget_duration?: unknown } | undefined;
   const limit = perModel?.budget_limit ?? perModel?.max_budget;
   if (typeof limit !== "number") return undefined;
-  return { id: `key_model:${counterToken}:${modelGroup}`, limitUsd: limit, period: periodOf(String(perModel?.time_period ?? perModel?.budget_duration ?? ""), at) };
+  return { id: `${owner}:${modelGroup}`, limitUsd: limit, period: periodOf(String(perModel?.time_period ?? perModel?.budget_duration ?? ""), at) };
+}
+
+export function keyModelBudget(counterToken: string, modelMaxBudget: ModelMaxBudget, modelGroup: string, at: number): HistoryBudget | undefined {
+  return modelBudget(`key_model:${counterToken}`, modelMaxBudget, modelGroup, at);
+}
+
+export function orgModelBudget(orgId: string, modelMaxBudget: ModelMaxBudget, modelGroup: string, at: number): HistoryBudget | undefined {
+  return modelBudget(`org_model:${orgId}`, modelMaxBudget, modelGroup, at);
 }
 
 export function providerBudget(name: string, budgets: Readonly<Record<string, ProviderBudget>>, at: number): HistoryBudget | undefined {

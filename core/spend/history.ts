@@ -1,6 +1,6 @@
 /**
  * Stored spend of a counter row (keys, teams, orgs, users, team members), and stored spend since
- * an instant, for budgets kept on no row (per-model key budgets, provider budgets). Whole UTC days come from the daily aggregates; a period starting inside a day reads
+ * an instant, for budgets kept on no row (per-model key and organization budgets, provider budgets). Whole UTC days come from the daily aggregates; a period starting inside a day reads
  * that day's log rows (indexed by time), so the cost stays small whatever the period.
  */
 import { type SQL, sql } from "drizzle-orm";
@@ -50,7 +50,7 @@ export class StoreSpendHistory implements SpendHistory {
     return columnToPico(row?.spend);
   }
 
-  async sum(filter: { apiKeys?: readonly string[]; modelGroup?: string; provider?: string; since: number }): Promise<bigint> {
+  async sum(filter: { apiKeys?: readonly string[]; orgId?: string; modelGroup?: string; provider?: string; since: number }): Promise<bigint> {
     await this.flushPending();
     const firstWholeDay = Math.ceil(filter.since / DAY_MS) * DAY_MS;
     const apiKeys = filter.apiKeys?.length ? sql.join(filter.apiKeys.map((k) => sql`${k}`), sql`, `) : undefined;
@@ -58,15 +58,20 @@ export class StoreSpendHistory implements SpendHistory {
     if (firstWholeDay > filter.since) {
       const logWhere: SQL[] = [sql`start_time >= ${new Date(filter.since).toISOString()}::timestamptz`, sql`start_time < ${new Date(firstWholeDay).toISOString()}::timestamptz`];
       if (apiKeys) logWhere.push(sql`api_key in (${apiKeys})`);
+      if (filter.orgId !== undefined) logWhere.push(sql`organization_id = ${filter.orgId}`);
       if (filter.modelGroup) logWhere.push(sql`model_group = ${filter.modelGroup}`);
       if (filter.provider) logWhere.push(sql`provider = ${filter.provider}`);
       const [row] = await rows<{ total: string | null }>(this.db, sql`select sum(spend)::text as total from spend_logs where ${sql.join(logWhere, sql` and `)}`);
       total += columnToPico(row?.total);
     }
-    const entity = apiKeys ? sql`entity_type = 'key' and entity_id in (${apiKeys})` : sql`entity_type = 'provider' and entity_id = ${filter.provider ?? ""}`;
+    const entity = apiKeys
+      ? sql`entity_type = 'key' and entity_id in (${apiKeys})`
+      : filter.orgId !== undefined
+        ? sql`entity_type = 'org' and entity_id = ${filter.orgId}`
+        : sql`entity_type = 'provider' and entity_id = ${filter.provider ?? ""}`;
     const where: SQL[] = [entity, sql`date >= ${dayOf(firstWholeDay)}::date`];
     if (filter.modelGroup) where.push(sql`model_group = ${filter.modelGroup}`);
-    if (apiKeys && filter.provider) where.push(sql`provider = ${filter.provider}`);
+    if ((apiKeys || filter.orgId !== undefined) && filter.provider) where.push(sql`provider = ${filter.provider}`);
     const [row] = await rows<{ total: string | null }>(this.db, sql`select sum(spend)::text as total from daily_spend where ${sql.join(where, sql` and `)}`);
     return total + columnToPico(row?.total);
   }

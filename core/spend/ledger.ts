@@ -48,17 +48,31 @@ export function counterId(kind: "key" | "team" | "org" | "user" | "team_member",
 }
 
 /** Who owns each kind of counter, as refusals (`budget.entity`) and alerts (`event_group`) name it. */
-const OWNER: Record<string, string> = { key: "key", key_model: "key", team: "team", team_member: "team_member", org: "organization", user: "user", provider: "provider" };
+const OWNER: Record<string, string> = {
+  key: "key",
+  key_model: "key",
+  team: "team",
+  team_member: "team_member",
+  org: "organization",
+  org_model: "organization",
+  user: "user",
+  provider: "provider",
+};
 
 /**
  * Whose budget a counter is, read from its id (`counterId`, `key_model:<token>:<model>`,
- * `provider:<name>`): its kind, the owner's entity name and id (its `ownerId` when it has one),
- * and the model of a key's per-model budget.
+ * `org_model:<org id>:<model>`, `provider:<name>`): its kind, the owner's entity name and id (its
+ * `ownerId` when it has one), and the model of a per-model budget.
  */
 export function counterOwner(counter: Pick<BudgetCounter, "id" | "ownerId">): { kind: string; entity: string; id: string; model?: string } {
   const [kind = "", ...rest] = counter.id.split(":");
   const entity = OWNER[kind] ?? kind;
-  const owner = kind === "key_model" ? { kind, entity, id: rest[0] ?? "", model: rest.slice(1).join(":") } : { kind, entity, id: rest.join(":") };
+  let owner: { kind: string; entity: string; id: string; model?: string } = { kind, entity, id: rest.join(":") };
+  if (kind === "key_model" || kind === "org_model") {
+    // A key's token holds no colon; an organization's id may, so its ownerId says where it ends (a model group may hold one too).
+    const id = kind === "org_model" && counter.ownerId !== undefined ? counter.ownerId : (rest[0] ?? "");
+    owner = { kind, entity, id, model: counter.id.slice(kind.length + id.length + 2) };
+  }
   return counter.ownerId === undefined ? owner : { ...owner, id: counter.ownerId };
 }
 

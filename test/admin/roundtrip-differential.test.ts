@@ -133,13 +133,13 @@ const money = (name: string, nullable = true) => field(name, (rng) => rng.pick(M
 const count = (name: string) => field(name, (rng) => rng.pick(COUNTS), NULL);
 const list = (name: string, pool?: readonly string[]) => field(name, (rng) => words(rng, pool), []);
 
-/** The limit fields keys, teams, users and orgs share (fields.ts `LimitFields`). */
-function limitGroups(modelBudget: (rng: Random) => unknown): Group[] {
+/** The limit fields keys, teams, users and orgs share (fields.ts `LimitFields`); `model_max_budget` with `modelBudget` only (a user's or team's is refused). */
+function limitGroups(modelBudget?: (rng: Random) => unknown): Group[] {
   return [
     money("max_budget"),
     money("soft_budget"),
     budgetDuration,
-    field("model_max_budget", (rng) => Object.fromEntries(rng.some(MODELS, 2).map((m) => [m, modelBudget(rng)])), NULL),
+    ...(modelBudget ? [field("model_max_budget", (rng) => Object.fromEntries(rng.some(MODELS, 2).map((m) => [m, modelBudget(rng)])), NULL)] : []),
     count("tpm_limit"),
     count("rpm_limit"),
     field("max_parallel_requests", (rng) => rng.pick(PARALLEL), NULL),
@@ -309,7 +309,7 @@ const teamKind: Kind = {
     field("organization_id", (rng, w) => rng.pick(w.orgs), NULL),
     field("budget_id", (rng, w) => rng.pick(w.budgets), NULL, { moves: ["budget_reset_at"] }),
     money("spend", false),
-    ...limitGroups((rng) => ({ budget_limit: rng.pick(MONEY), time_period: rng.pick(PERIODS), note: rng.pick(TEXTS) })),
+    ...limitGroups(),
     metadata,
     list("models", MODELS),
     field("blocked", (rng) => rng.chance(0.5)),
@@ -367,7 +367,7 @@ const userKind: Kind = {
     field("user_role", (rng) => rng.pick(["proxy_admin", "proxy_admin_viewer", "internal_user", "internal_user_viewer"])),
     field("organization_id", (rng, w) => rng.pick(w.orgs), NULL),
     money("spend", false),
-    ...limitGroups((rng) => ({ budget_limit: rng.pick(MONEY), time_period: rng.pick(PERIODS) })),
+    ...limitGroups(),
     metadata,
     list("models", MODELS),
   ],

@@ -246,6 +246,21 @@ for (const backend of BACKENDS) {
         expect(after.team_member_budget).toBe(0.5);
       });
 
+      test("model_max_budget (which no call is checked against on a team) is a 400 naming it, by /team/new and /team/update, nothing stored; null is taken", async () => {
+        const id = uid("permodel");
+        for (const value of [{ "chat-a": { budget_limit: 1e-7, time_period: "1d" } }, { "chat-a": { max_budget: "lots", budget_duration: "forever" } }, "x"]) {
+          const made = await post<ErrorBody>("/team/new", { team_id: id, model_max_budget: value });
+          expect([made.status, made.body.error.param]).toEqual([400, "model_max_budget"]);
+          expect(made.body.error.message).toContain("model_max_budget is not enforced on a team");
+        }
+        expect((await info(id)).status).toBe(404);
+        const t = await newTeam({ model_max_budget: null });
+        const update = await post<ErrorBody>("/team/update", { team_id: t.team_id, model_max_budget: { "chat-a": { budget_limit: 1 } } });
+        expect([update.status, update.body.error.param]).toEqual([400, "model_max_budget"]);
+        expect(((await info(t.team_id)).body.team_info as Team & Json).model_max_budget).toBeNull();
+        expect((await post("/team/update", { team_id: t.team_id, model_max_budget: null })).status).toBe(200);
+      });
+
       test("inside an organization: it must exist, models within the org's, max_budget at most the org's", async () => {
         const o = await org({ models: ["chat-a", "chat-b"], maxBudget: "100" });
         const missing = await post<ErrorBody>("/team/new", { organization_id: "no-such-org" });

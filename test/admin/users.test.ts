@@ -332,6 +332,20 @@ for (const backend of BACKENDS) {
       });
     });
 
+    test("model_max_budget (which no call is checked against on a user) is a 400 naming it, by /user/new and /user/update, nothing stored; null is taken", async () => {
+      const id = uid("permodel");
+      for (const value of [{ "chat-a": { budget_limit: 1e-7, time_period: "1d" } }, { "chat-a": "x" }]) {
+        const made = await post<ErrorBody>("/user/new", { user_id: id, model_max_budget: value });
+        expect([made.status, made.body.error.param]).toEqual([400, "model_max_budget"]);
+        expect(made.body.error.message).toContain("model_max_budget is not enforced on a user");
+      }
+      expect((await get(`/user/info?user_id=${id}`)).status).toBe(404);
+      const u = await userWithKey({ model_max_budget: null });
+      const update = await post<ErrorBody>("/user/update", { user_id: u.userId, model_max_budget: { "chat-a": { budget_limit: 1 } } });
+      expect([update.status, update.body.error.param]).toEqual([400, "model_max_budget"]);
+      expect((await get<UserInfo>(`/user/info?user_id=${u.userId}`)).body.user_info).toMatchObject({ model_max_budget: null });
+    });
+
     describe("/user/update", () => {
       test("admins change fields; explicit null clears; user_email can name the user", async () => {
         const email = `${uid("upd")}@example.com`;

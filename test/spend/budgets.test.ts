@@ -202,6 +202,27 @@ for (const backend of BACKENDS) {
       expect((await call(gw, key, "cheap")).status).toBe(200);
     });
 
+    test("an organization's model_max_budget limits that model across its keys (its teams' too) and leaves the others", async () => {
+      const org = await requestJson<{ organization_id: string }>(gw, "POST", "/organization/new", {
+        body: { organization_alias: `per-model-${backend}`, model_max_budget: { dollar: { max_budget: budgetFor(2), budget_duration: "1d" } } },
+      });
+      expect(org.status).toBe(200);
+      const orgId = org.body.organization_id;
+      const team = await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: { organization_id: orgId } });
+      const a = await newKey(gw, { organization_id: orgId });
+      const b = await newKey(gw, { team_id: team.body.team_id });
+      expect(await burst(gw, [a.key, b.key], 20)).toEqual({ ok: 2, refused: 18, other: [] });
+      const refused = (await call(gw, b.key)).body.error as ErrorBody["error"] & { budget: Record<string, unknown> };
+      expect(refused.message).toContain(`Organization=${orgId} for model=dollar`);
+      expect(refused.budget).toMatchObject({ entity: "organization", id: orgId, model: "dollar" });
+      expect((await call(gw, a.key, "cheap")).status).toBe(200);
+      // A value the ledger could not read is refused, as on a key or a budget object.
+      const bad = await requestJson<ErrorBody>(gw, "PATCH", "/organization/update", {
+        body: { organization_id: orgId, model_max_budget: { dollar: { max_budget: "lots", budget_duration: "forever" } } },
+      });
+      expect([bad.status, bad.body.error.param]).toEqual([422, "model_max_budget.dollar.max_budget"]);
+    });
+
     test("a per-model budget whose period is no period (or 0, or past 100y) is a 422 naming it, on a key and on a budget object", async () => {
       for (const period of ["zz", "0d", "3000000d"]) {
         const key = await requestJson<{ error: { param: string } }>(gw, "POST", "/key/generate", { body: { model_max_budget: { dollar: { budget_limit: 1, time_period: period } } } });

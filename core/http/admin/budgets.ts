@@ -13,9 +13,8 @@ import { type Static, Type as T } from "@sinclair/typebox";
 import { and, asc, eq, inArray, isNotNull, isNull } from "drizzle-orm";
 import { Elysia } from "elysia";
 import { badRequest, notFound } from "../../authz.ts";
-import { Duration } from "../../config/schema.ts";
 import { GatewayError } from "../../errors.ts";
-import { CountField, IdList, MoneyField, Nullable, ParallelField, resetAt, storableTimestamp } from "../../identity/fields.ts";
+import { CountField, IdList, ModelMaxBudget, MoneyField, Nullable, ParallelField, resetAt, storableTimestamp } from "../../identity/fields.ts";
 import type { BudgetRow, IdentityChange } from "../../identity/records.ts";
 import type { Exec } from "../../identity/members.ts";
 import { followedReset } from "../../identity/budget-period.ts";
@@ -26,18 +25,6 @@ import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 
 const TABLE = "budgets";
 
-const ModelBudget = T.Object(
-  {
-    max_budget: T.Optional(MoneyField),
-    budget_limit: T.Optional(MoneyField),
-    budget_duration: T.Optional(Nullable(Duration)),
-    time_period: T.Optional(Nullable(Duration)),
-    tpm_limit: T.Optional(CountField),
-    rpm_limit: T.Optional(CountField),
-  },
-  { additionalProperties: true },
-);
-
 /** The spec's budget fields, all optional. */
 const BudgetFields = {
   max_budget: T.Optional(MoneyField),
@@ -47,7 +34,7 @@ const BudgetFields = {
   max_parallel_requests: T.Optional(ParallelField),
   tpm_limit: T.Optional(CountField),
   rpm_limit: T.Optional(CountField),
-  model_max_budget: T.Optional(Nullable(T.Record(T.String(), ModelBudget))),
+  model_max_budget: T.Optional(Nullable(ModelMaxBudget)),
   model_tpm_limit: T.Optional(Nullable(T.Record(T.String(), T.Integer({ minimum: 0 })))),
   model_rpm_limit: T.Optional(Nullable(T.Record(T.String(), T.Integer({ minimum: 0 })))),
 };

@@ -13,7 +13,7 @@ import { and, eq, ilike, inArray, isNull, type SQL } from "drizzle-orm";
 import { Elysia } from "elysia";
 import { badRequest, forbidden, notFound } from "../../authz.ts";
 import { GatewayError } from "../../errors.ts";
-import { Amount, IdList, Parallel, Quantity, resetAt } from "../../identity/fields.ts";
+import { Amount, IdList, ModelMaxBudget, Parallel, Quantity, resetAt } from "../../identity/fields.ts";
 import { holdBudget, holdExistingUser, holdOrg, holdWrite, lockEmail } from "../../identity/holds.ts";
 import { addressTaken, type Exec, findUserByEmail } from "../../identity/members.ts";
 import { refuseMasterUserId } from "../../identity/master-user.ts";
@@ -45,7 +45,8 @@ const orgFields = {
   rpm_limit: Count,
   max_parallel_requests: nullable(Parallel),
   budget_duration: nullable(T.String()),
-  model_max_budget: nullable(Json),
+  // Enforced per model group (plugins/budgets.ts) and mirrored into the org's budget: checked as a budget object's.
+  model_max_budget: nullable(ModelMaxBudget),
   model_rpm_limit: IntMap,
   model_tpm_limit: IntMap,
   metadata: nullable(Json),

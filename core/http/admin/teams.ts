@@ -15,7 +15,7 @@ import { badRequest, type Caller, DEFAULT_TEAM_MEMBER_PERMISSIONS, forbidden, mi
 import { GatewayError } from "../../errors.ts";
 import { RouterSettingsSchema } from "../../config/schema.ts";
 import { DURATION_HINT, parseDuration } from "../../identity/duration.ts";
-import { Amount, clearNulls, CountField, containing, IdList, LIMIT_COLUMNS, LimitFields, MoneyField, Nullable, resetAt } from "../../identity/fields.ts";
+import { Amount, clearNulls, CountField, containing, IdList, LIMIT_COLUMNS, LimitFields, MoneyField, Nullable, refuseModelMaxBudget, resetAt } from "../../identity/fields.ts";
 import {
   ensureUser,
   type Exec,
@@ -408,6 +408,7 @@ async function auditDeletedKeys(ctx: AdminCtx, keys: readonly KeyRow[]): Promise
 async function newTeam(ctx: AdminCtx): Promise<Record<string, unknown>> {
   ctx.caller.requireAdmin();
   const body = await ctx.body(NewTeamBody);
+  refuseModelMaxBudget(body, "team");
   const raw = body as Record<string, unknown>;
   const teamId = body.team_id ?? randomUUID();
   const by = ctx.caller.changedBy;
@@ -459,6 +460,7 @@ async function updateTeam(ctx: AdminCtx): Promise<Record<string, unknown>> {
   const body = await ctx.body(UpdateTeamBody);
   const raw = body as Record<string, unknown>;
   const before = await teamFor(ctx, body.team_id, "global");
+  refuseModelMaxBudget(body, "team");
   if ("team_member_permissions" in raw) checkPermissions(body.team_member_permissions);
   await checkReferences(ctx, body);
   const props = clearNulls(fromApi(teams, raw, TEAM_COLUMNS), EMPTY) as Partial<typeof teams.$inferInsert>;

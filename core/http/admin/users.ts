@@ -10,7 +10,7 @@ import { and, asc, count, desc, eq, ilike, inArray, isNull, type SQL } from "dri
 import { Elysia } from "elysia";
 import { badRequest, forbidden, notFound } from "../../authz.ts";
 import { GatewayError } from "../../errors.ts";
-import { Amount, clearNulls, containing, IdList, LIMIT_COLUMNS, LimitFields, MoneyField, Nullable, resetAt } from "../../identity/fields.ts";
+import { Amount, clearNulls, containing, IdList, LIMIT_COLUMNS, LimitFields, MoneyField, Nullable, refuseModelMaxBudget, resetAt } from "../../identity/fields.ts";
 import { holdReferences, holdTeams, lockEmail, orgGone, teamsGone } from "../../identity/holds.ts";
 import { type Exec, findUserByEmail, memberBudgetIn, membersByTeam, membershipApi, teamApi, userApi } from "../../identity/members.ts";
 import { refuseMasterUserId } from "../../identity/master-user.ts";
@@ -115,6 +115,7 @@ function normalizeTeams(entries: readonly TeamEntryValue[] | null | undefined): 
 async function newUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
   ctx.caller.requireAdmin();
   const body = await ctx.body(NewUserBody);
+  refuseModelMaxBudget(body, "user");
   const raw = body as Record<string, unknown>;
   refuseMasterUserId(body.user_id, "user_id");
   const userId = body.user_id ?? randomUUID();
@@ -276,6 +277,7 @@ async function updateUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
     const privileged = Object.keys(raw).filter((f) => fields.has(f) && !SELF_COLUMNS.has(f));
     if (privileged.length > 0) throw forbidden(`Only a proxy admin may change ${privileged.join(", ")}.`);
   }
+  refuseModelMaxBudget(body, "user");
   if (!byEmail && "user_email" in raw) await requireUniqueEmail(ctx.db, body.user_email, caller.isAdmin, target.userId);
   if ("organization_id" in raw) await requireOrg(ctx.db, body.organization_id);
   const reset = resetAt(body.budget_duration);
