@@ -544,8 +544,8 @@ function randomSize(rng: Random): number {
 const SEGMENTS = ["x", "v1", "items", "%20", "caf%C3%A9", "日本", "😀", "%41", "%25", "a;b", "~u", "!$&'()*+,;=", "@:", "..", "%2e%2e", ".", "%2E", "", "q%3Fx", "%23frag"];
 const RARE_SEGMENTS = ["%2F", "%2f", "%5C", "%5c", "a%2Fb", "..%2f..", "\\", "x\\y"];
 const TOKEN = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.";
-/** Host headers that are no valid host (RFC 9112 §3.2: a 400). */
-const BAD_HOSTS = ["evil/../x", "evil?x=1", "u@evil", "evil#x", "", "a b"];
+/** Host headers that are no valid host (RFC 9112 §3.2: a 400). An empty one means the gateway's own name (§3.3). */
+const BAD_HOSTS = ["evil/../x", "evil?x=1", "u@evil", "evil#x", "a b"];
 
 function word(rng: Random, n = 6): string {
   return Array.from({ length: 1 + rng.int(n) }, () => TOKEN[rng.int(TOKEN.length)]).join("");
@@ -674,7 +674,7 @@ describe(`pass-through endpoints against a model (${SEED_NOTE})`, () => {
         }
         // Mostly callers that get through; each of the others now and then.
         const caller = rng.pick([...callers, callers[0]!, callers[0]!, callers[1]!, callers[1]!, callers[2]!]);
-        const headers: [string, string][] = [["Host", rng.chance(0.03) ? rng.pick(BAD_HOSTS) : rng.pick(["gateway.example", `127.0.0.1:${gwPort}`, "evil.example:8443"])]];
+        const headers: [string, string][] = [["Host", rng.chance(0.03) ? rng.pick(BAD_HOSTS) : rng.pick(["gateway.example", `127.0.0.1:${gwPort}`, "evil.example:8443", "llm", ""])]];
         let placement = "none";
         if (caller.key) {
           placement = rng.pick(["auth", "auth-lower", "svc", "svc-bearer", "both", "svc+own", "svc+master"]);

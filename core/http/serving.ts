@@ -1,5 +1,41 @@
 /** How Bun.serve serves the app: in core/main.ts, and in the tests' in-process gateway alike. */
+import { errorInfo, errorResponse } from "../errors.ts";
+
 type Fetch = (request: Request) => Response | Promise<Response>;
+
+/**
+ * Where Elysia looks for the path: from the first `/` at this index on (`http://` and a host of
+ * 4 characters at least). A shorter host, as in `http://llm/key/list` (a Compose or Kubernetes
+ * service called `llm`), would be routed as `/list`.
+ */
+const ELYSIA_PATH_FROM = 11;
+/** The first index a URL's path can start at: past `http://` and a host of one character. */
+const SHORTEST_PATH_FROM = 8;
+/** The origin given to a request Elysia could not route under its own. No route reads it; the Host header is kept as sent. */
+const ROUTABLE_ORIGIN = "http://localhost";
+const SLASH = 47;
+
+/**
+ * The app taking any Host header: a request whose URL Elysia would misread gets one it reads, and
+ * every other (every usual Host header) goes through as it is, at the cost of two lookups.
+ * Bun leaves the URL without its scheme and host when the Host header is empty (or absent, in
+ * HTTP/1.0): the server's own name is meant (RFC 9112 §3.3), so it is routed too. It does the same
+ * when the Host header is not a valid host, which is a 400 (RFC 9112 §3.2); the connection is
+ * closed, as a body may follow that nobody reads.
+ */
+export function routingAnyHost(fetch: Fetch): Fetch {
+  return (request) => {
+    const url = request.url;
+    if (url.charCodeAt(0) !== SLASH) {
+      const pathStart = url.indexOf("/", SHORTEST_PATH_FROM);
+      return fetch(pathStart >= ELYSIA_PATH_FROM ? request : new Request(ROUTABLE_ORIGIN + url.slice(pathStart), request));
+    }
+    if (request.headers.get("host")) {
+      return errorResponse(errorInfo(400, "Bad request: the Host header is not a valid host.", "invalid_request_error"), { connection: "close" });
+    }
+    return fetch(new Request(ROUTABLE_ORIGIN + url, request));
+  };
+}
 
 /**
  * A response to a request whose body was never read (refused first: no valid key, say) closes
@@ -19,7 +55,8 @@ export function closingUnreadBodies(fetch: Fetch): (request: Request) => Promise
  * Bun.serve's options for the app. Bun would refuse a body over its own limit with a bare 413 (no
  * error envelope) before the app sees it; its limit is lifted, as the app bounds every body it
  * reads or forwards (settings.maxRequestBytes) and answers in the envelope.
+ * A request given a new URL (routingAnyHost) is the one whose body the app reads, so closingUnreadBodies looks at that one.
  */
-export function serveOptions(app: { fetch: Fetch }): { fetch: (request: Request) => Promise<Response>; maxRequestBodySize: number } {
-  return { fetch: closingUnreadBodies(app.fetch), maxRequestBodySize: Number.MAX_SAFE_INTEGER };
+export function serveOptions(app: { fetch: Fetch }): { fetch: Fetch; maxRequestBodySize: number } {
+  return { fetch: routingAnyHost(closingUnreadBodies(app.fetch)), maxRequestBodySize: Number.MAX_SAFE_INTEGER };
 }

@@ -1,9 +1,9 @@
 // general_settings.max_request_size_mb: a body over it is a 413 in the error envelope (announced
 // or chunked, model calls and management alike), one under it is served, and a reload applies it.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { connect } from "node:net";
 import { readConfig } from "../../core/config/load.ts";
 import { configText, MASTER_KEY, spawnGateway, startTestGateway, type TestGateway, tempDir } from "../harness/gateway.ts";
+import { rawRequest } from "../harness/util.ts";
 
 const model = { model_name: "chat-mock", svc_params: { model: "mock/chat" } };
 /** A pass-through target that keeps the size of every body it read whole. */
@@ -21,19 +21,6 @@ const config = (mb: number) => ({
   general_settings: { master_key: MASTER_KEY, max_request_size_mb: mb, pass_through_endpoints: [{ path: "/upload", target: `http://127.0.0.1:${target.port}/in` }] },
 });
 
-/** The status line, headers and body a raw HTTP/1.1 request gets (the connection is read to its end). */
-function rawRequest(url: string, head: string): Promise<string> {
-  const { hostname, port } = new URL(url);
-  return new Promise((resolve, reject) => {
-    const socket = connect(Number(port), hostname, () => socket.write(head));
-    let text = "";
-    socket.on("data", (d) => {
-      text += d.toString();
-    });
-    socket.on("end", () => resolve(text));
-    socket.on("error", reject);
-  });
-}
 const MIB = 1024 * 1024;
 
 /** A chat body of about `bytes` bytes (one long user message). */

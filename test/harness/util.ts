@@ -1,5 +1,6 @@
 /** Small helpers the suites share. */
 import { createHash } from "node:crypto";
+import { connect } from "node:net";
 import Redis from "ioredis";
 
 /**
@@ -65,6 +66,23 @@ export async function accepts(port: number): Promise<boolean> {
   } catch {
     return false;
   }
+}
+
+/**
+ * The status line, headers and body a raw HTTP/1.1 request gets (the connection is read to its end):
+ * for what `fetch` cannot send, such as a Host header of one's own.
+ */
+export function rawRequest(url: string, head: string): Promise<string> {
+  const { hostname, port } = new URL(url);
+  return new Promise((resolve, reject) => {
+    const socket = connect(Number(port), hostname, () => socket.write(head));
+    let text = "";
+    socket.on("data", (d) => {
+      text += d.toString();
+    });
+    socket.on("end", () => resolve(text));
+    socket.on("error", reject);
+  });
 }
 
 /** A webhook receiver on 127.0.0.1: every JSON body posted to it, in order. */
