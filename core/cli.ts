@@ -41,7 +41,10 @@ export function parseRunOptions(argv: string[], env: NodeJS.ProcessEnv): RunOpti
   const rawPort = values.port ?? (env.PORT || "4000");
   const port = Number(rawPort);
   if (!/^\d{1,5}$/.test(rawPort) || port > 65535) throw new Error(`invalid port "${rawPort}": expected an integer from 0 to 65535`);
-  const drain = Number(env.SVC_DRAIN_TIMEOUT || 30);
+  // Seconds, whole or decimal. Anything else ("5s", "-1") is refused, not replaced by the default:
+  // a drain longer than the grace period the operator fitted it to is cut by SIGKILL.
+  const rawDrain = env.SVC_DRAIN_TIMEOUT || "30";
+  if (!/^\d+(\.\d+)?$/.test(rawDrain)) throw new Error(`invalid SVC_DRAIN_TIMEOUT "${rawDrain}": expected a number of seconds, 0 or more (e.g. 30 or 2.5)`);
   return {
     configPath: values.config ?? "./config.yaml",
     port,
@@ -49,6 +52,6 @@ export function parseRunOptions(argv: string[], env: NodeJS.ProcessEnv): RunOpti
     dataDir: values["data-dir"] ?? "./.data",
     databaseUrl: env.DATABASE_URL || undefined,
     redisUrl: env.REDIS_URL || undefined,
-    drainSeconds: Number.isFinite(drain) && drain >= 0 ? drain : 30,
+    drainSeconds: Number(rawDrain),
   };
 }

@@ -249,6 +249,10 @@ describe("run interface", () => {
       [["--port", ""], {}, /invalid port ""/],
       [["--port", "1e3"], {}, /invalid port "1e3"/],
       [[], { PORT: "abc" }, /invalid port "abc"/],
+      [[], { SVC_DRAIN_TIMEOUT: "5s" }, /invalid SVC_DRAIN_TIMEOUT "5s": expected a number of seconds/],
+      [[], { SVC_DRAIN_TIMEOUT: "abc" }, /invalid SVC_DRAIN_TIMEOUT "abc"/],
+      [[], { SVC_DRAIN_TIMEOUT: "-1" }, /invalid SVC_DRAIN_TIMEOUT "-1"/],
+      [[], { SVC_DRAIN_TIMEOUT: "1e3" }, /invalid SVC_DRAIN_TIMEOUT "1e3"/],
       [["--bogus"], {}, /Unknown option '--bogus'/],
       [["--port"], {}, /argument missing/],
     ];
