@@ -2,7 +2,7 @@
 import pkg from "../package.json" with { type: "json" };
 import { parseRunOptions, USAGE } from "./cli.ts";
 import { createApp } from "./http/app.ts";
-import { serveOptions } from "./http/serving.ts";
+import { serveOptions, whyNotListening } from "./http/serving.ts";
 import { BoundedMap } from "./bounded-map.ts";
 import { type Host, startHost } from "./host.ts";
 import { createLogger, redact } from "./log.ts";
@@ -104,8 +104,7 @@ async function main(): Promise<void> {
   } catch (err) {
     // The store is open by now: closed, so that its folder's lock goes with this process.
     await host.close();
-    const code = (err as { code?: unknown }).code;
-    fatal(`cannot listen on ${opts.host}:${opts.port}: ${code === "EADDRINUSE" ? "the port is in use (EADDRINUSE)" : err instanceof Error ? err.message : String(err)}`);
+    fatal(`cannot listen on ${opts.host}:${opts.port}: ${await whyNotListening(opts.host, err)}`);
   }
   live.watch();
   process.on("SIGHUP", () => void live.reload("SIGHUP", true));

@@ -4,6 +4,7 @@
 // servers (TEST_DATABASE_URL picks the PostgreSQL server, default postgres://postgres@127.0.0.1:5432).
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { networkInterfaces } from "node:os";
 import { join } from "node:path";
 import type { Server, Subprocess } from "bun";
 import OpenAI from "openai";
@@ -354,6 +355,30 @@ describe("a port already in use", () => {
       expect(out).not.toMatch(/^\s+at /m);
       expect(out).not.toContain("listening on");
       expect(existsSync(join(dir, "data", "gateway.lock"))).toBe(false);
+    },
+    SLOW,
+  );
+});
+
+describe("an address that cannot be listened on", () => {
+  test(
+    "exits 1 saying why: not an address of this machine, or a name that does not resolve",
+    async () => {
+      const own = new Set(Object.values(networkInterfaces()).flatMap((list) => (list ?? []).map((i) => i.address)));
+      const foreign = ["192.0.2.1", "198.51.100.1", "203.0.113.1"].find((a) => !own.has(a))!;
+      const cases: [string, string][] = [
+        [foreign, `address not available (${foreign} is not an address of this machine)`],
+        ["nothost.invalid", "host not found (nothost.invalid does not resolve)"],
+        ["999.1.1.1", "host not found (999.1.1.1 does not resolve)"],
+      ];
+      await Promise.all(
+        cases.map(async ([host, reason]) => {
+          const gw = await gateway(MOCK_CONFIG, { env: { DATABASE_URL: sharedDbUrl }, args: ["--host", host], waitForListen: false });
+          const code = await gw.exited;
+          const line = (await outputWith(gw, "cannot listen")).split("\n").find((l) => l.includes("cannot listen"));
+          expect({ host, code, line }).toEqual({ host, code: 1, line: `gateway: cannot listen on ${host}:0: ${reason}` });
+        }),
+      );
     },
     SLOW,
   );

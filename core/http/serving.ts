@@ -1,4 +1,6 @@
 /** How Bun.serve serves the app: in core/main.ts, and in the tests' in-process gateway alike. */
+import { lookup } from "node:dns/promises";
+import { isIP } from "node:net";
 import { errorInfo, errorResponse } from "../errors.ts";
 
 type Fetch = (request: Request) => Response | Promise<Response>;
@@ -59,4 +61,28 @@ export function closingUnreadBodies(fetch: Fetch): (request: Request) => Promise
  */
 export function serveOptions(app: { fetch: Fetch }): { fetch: Fetch; maxRequestBodySize: number } {
   return { fetch: routingAnyHost(closingUnreadBodies(app.fetch)), maxRequestBodySize: Number.MAX_SAFE_INTEGER };
+}
+
+/**
+ * Why Bun.serve could not listen on `host`, for the line the start stops with. Bun's error says so
+ * for a port in use, but for an address of another machine or a name that does not resolve it
+ * reports whatever errno was left over (EINVAL, EEXIST, ENOTTY…). So the name is resolved here,
+ * then any port of the address tried.
+ */
+export async function whyNotListening(host: string, err: unknown): Promise<string> {
+  if ((err as { code?: unknown }).code === "EADDRINUSE") return "the port is in use (EADDRINUSE)";
+  const address = host.replace(/^\[(.*)\]$/, "$1");
+  if (!isIP(address)) {
+    try {
+      await lookup(address);
+    } catch {
+      return `host not found (${host} does not resolve)`;
+    }
+  }
+  try {
+    Bun.listen({ hostname: address, port: 0, socket: { data() {} } }).stop(true);
+  } catch {
+    return `address not available (${host} is not an address of this machine)`;
+  }
+  return err instanceof Error ? err.message : String(err);
 }
