@@ -5,14 +5,16 @@
  * runtime, every module, the PGlite worker with PGlite's wasm and data files (imported as files in
  * core/store/pglite-worker.ts) and the migrations
  * (core/store/migrations/index.ts) end up in one executable that runs from an empty folder.
- * The source map is embedded in the binary, so the sidecar `.map` the bundler also writes is removed.
+ * The source maps are embedded in the binary, so the sidecar `.map` files the bundler also writes
+ * beside it (the binary's and the worker's) are removed.
  */
 import { rmSync, statSync } from "node:fs";
-import { resolve } from "node:path";
+import { basename, dirname, join, resolve } from "node:path";
 import { parseArgs } from "node:util";
 
 export const ROOT = resolve(import.meta.dir, "..");
 export const DEFAULT_OUTFILE = resolve(ROOT, "dist/gateway");
+const WORKER_ENTRYPOINT = "core/store/pglite-worker.ts";
 
 export interface BuildResult {
   outfile: string;
@@ -27,7 +29,7 @@ export async function buildBinary(outfile: string = DEFAULT_OUTFILE): Promise<Bu
   // The PGlite worker is a second entrypoint: Bun embeds a Worker's module only when it is listed.
   // Inside the binary it is `./store/pglite-worker.ts` (relative to core/, the entrypoints' common
   // folder); core/store/pglite-bridge.ts relies on that layout.
-  const proc = Bun.spawn([process.execPath, "build", "--compile", "--minify", "--sourcemap", "core/main.ts", "core/store/pglite-worker.ts", "--outfile", out], {
+  const proc = Bun.spawn([process.execPath, "build", "--compile", "--minify", "--sourcemap", "core/main.ts", WORKER_ENTRYPOINT, "--outfile", out], {
     cwd: ROOT,
     stdout: "pipe",
     stderr: "pipe",
@@ -35,6 +37,7 @@ export async function buildBinary(outfile: string = DEFAULT_OUTFILE): Promise<Bu
   const [stdout, stderr, code] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited]);
   if (code !== 0) throw new Error(`bun build --compile failed (exit ${code}):\n${stdout}${stderr}`);
   rmSync(`${out}.map`, { force: true });
+  rmSync(join(dirname(out), `${basename(WORKER_ENTRYPOINT, ".ts")}.js.map`), { force: true });
   return { outfile: out, bytes: statSync(out).size, ms: Math.round(performance.now() - started) };
 }
 

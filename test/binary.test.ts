@@ -20,6 +20,7 @@ const CONFIG = {
 const dirs: string[] = [];
 const gateways: SpawnedGateway[] = [];
 let binary: string;
+let buildDir: string;
 let runDir: string;
 
 function tmp(prefix: string): string {
@@ -36,7 +37,8 @@ async function start(): Promise<{ gw: SpawnedGateway; ms: number }> {
 }
 
 beforeAll(async () => {
-  const build = await buildBinary(join(tmp("gw-bin-build-"), "gateway"));
+  buildDir = tmp("gw-bin-build-");
+  const build = await buildBinary(join(buildDir, "gateway"));
   console.log(`binary: ${(build.bytes / 1024 / 1024).toFixed(1)} MB, built in ${build.ms} ms`);
   runDir = tmp("gw-bin-run-");
   binary = join(runDir, "gateway");
@@ -51,6 +53,10 @@ afterAll(async () => {
 });
 
 describe("single binary", () => {
+  test("the build leaves only the binary in its folder: the source maps are embedded in it", () => {
+    expect(readdirSync(buildDir)).toEqual(["gateway"]);
+  });
+
   test("the run folder holds only the binary, with no node_modules above it", () => {
     expect(readdirSync(runDir)).toEqual(["gateway"]);
     for (let d = runDir; ; d = dirname(d)) {
