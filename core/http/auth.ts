@@ -12,16 +12,23 @@ import type { Snapshot } from "../snapshot.ts";
  */
 export const KEY_HEADERS = ["authorization", "api-key", "x-api-key", "x-goog-api-key", "ocp-apim-subscription-key"] as const;
 
+const BEARER = /^bearer /i;
+
+/** A value without its `Bearer ` scheme (in any case, as RFC 9110 §11.1 has schemes), trimmed. */
+function withoutBearer(value: string): string {
+  return (BEARER.test(value) ? value.slice(7) : value).trim();
+}
+
 /** A key header's credential: Authorization only as `Bearer …` (another scheme is not a key), the others as they are. */
 function keyIn(name: (typeof KEY_HEADERS)[number], value: string): string | undefined {
   if (name !== "authorization") return value.trim() || undefined;
-  return /^bearer /i.test(value) ? value.slice(7).trim() || undefined : undefined;
+  return BEARER.test(value) ? withoutBearer(value) || undefined : undefined;
 }
 
 /** `x-svc-api-key` (bare or `Bearer …`), else the first of KEY_HEADERS that holds one. */
 export function credentialOf(headers: Headers): string | undefined {
   const svc = headers.get("x-svc-api-key");
-  if (svc) return svc.startsWith("Bearer ") || svc.startsWith("bearer ") ? svc.slice(7).trim() : svc.trim();
+  if (svc) return withoutBearer(svc);
   for (const name of KEY_HEADERS) {
     const value = headers.get(name);
     const key = value === null ? undefined : keyIn(name, value);

@@ -489,10 +489,12 @@ describe("gateway errors are typed SDK errors", () => {
     expect(mock.requests).toHaveLength(0);
   });
 
-  test("the key may come in x-svc-api-key instead of Authorization, bare or as Bearer", async () => {
-    for (const value of [MASTER_KEY, `Bearer ${MASTER_KEY}`]) {
+  test("the key may come in x-svc-api-key instead of Authorization, bare or as Bearer (the scheme in any case, as in Authorization)", async () => {
+    for (const value of [MASTER_KEY, `Bearer ${MASTER_KEY}`, `bearer ${MASTER_KEY}`, `BEARER ${MASTER_KEY}`]) {
       const res = await post("/v1/chat/completions", { model: "gpt-public", messages: user("header") }, { "x-svc-api-key": value });
       expect([value, res.status]).toEqual([value, 200]);
+      const auth = await post("/v1/chat/completions", { model: "gpt-public", messages: user("header") }, { authorization: value });
+      expect([value, auth.status]).toEqual([value, value === MASTER_KEY ? 401 : 200]);
     }
     const wrong = await post("/v1/chat/completions", { model: "gpt-public", messages: user("header") }, { "x-svc-api-key": "sk-wrong-key" });
     expect((await expectErrorResponse(wrong, 401)).type).toBe("authentication_error");
