@@ -309,6 +309,28 @@ describe("who may call", () => {
     }
   });
 
+  test("a gateway key never reaches a forward_headers target in a key header sent twice, or in any key header as Bearer", async () => {
+    const key = await newKey({});
+    const withKey = (name: string, ...values: string[]) => {
+      const headers = new Headers({ "x-svc-api-key": key });
+      for (const value of values) headers.append(name, value);
+      return headers;
+    };
+    for (const headers of [
+      withKey("authorization", `Bearer ${key}`, `Bearer ${key}`),
+      withKey("authorization", "Bearer provider-own-key", `Bearer ${key}`),
+      withKey("x-api-key", key, key),
+      withKey("api-key", "provider-own-key", key),
+      withKey("api-key", `Bearer ${key}`),
+      withKey("x-goog-api-key", `BEARER ${MASTER_KEY}`),
+    ]) {
+      const res = await fetch(`${gw.url}/bria/dup`, { headers });
+      expect(res.status).toBe(200);
+      const sent = JSON.stringify(last().headers);
+      expect([[...headers].join(" "), sent.includes(key) || sent.includes(MASTER_KEY)]).toEqual([[...headers].join(" "), false]);
+    }
+  });
+
   test("an Azure, Anthropic or Google SDK's key header authenticates a pass-through call; with a gateway key it never reaches the target, with the client's own key it does", async () => {
     const key = await newKey({});
     for (const header of ["api-key", "x-api-key", "x-goog-api-key", "ocp-apim-subscription-key"]) {

@@ -16,7 +16,8 @@ const BEARER = /^bearer /i;
 
 /** A value without its `Bearer ` scheme (in any case, as RFC 9110 §11.1 has schemes), trimmed. */
 function withoutBearer(value: string): string {
-  return (BEARER.test(value) ? value.slice(7) : value).trim();
+  const trimmed = value.trim();
+  return (BEARER.test(trimmed) ? trimmed.slice(7) : trimmed).trim();
 }
 
 /** A key header's credential: Authorization only as `Bearer …` (another scheme is not a key), the others as they are. */
@@ -38,9 +39,23 @@ export function credentialOf(headers: Headers): string | undefined {
 }
 
 /**
+ * The credentials a key header's value may hold, to keep gateway keys from a pass-through target:
+ * each comma-separated part (a header sent twice arrives joined by `, `), bare or as `Bearer …`
+ * in any header (a target may take `api-key: Bearer <key>`, which the gateway does not).
+ */
+function credentialsIn(value: string): Set<string> {
+  const credentials = new Set<string>();
+  for (const part of value.split(",")) {
+    const credential = withoutBearer(part);
+    if (credential) credentials.add(credential);
+  }
+  return credentials;
+}
+
+/**
  * The key headers of the request that carry one of the gateway's keys (usable or refused: a
- * blocked key is still one of its keys; Authorization as `Bearer <key>` or bare). One may do so
- * even when another header authenticated the call (a client that sets several), so a
+ * blocked key is still one of its keys; bare, as `Bearer <key>` or among repeated values). One
+ * may do so even when another header authenticated the call (a client that sets several), so a
  * pass-through target is never handed one.
  */
 export async function headersCarryingGatewayKeys(snapshot: Snapshot, headers: Headers, path: string): Promise<ReadonlySet<string>> {
@@ -48,17 +63,21 @@ export async function headersCarryingGatewayKeys(snapshot: Snapshot, headers: He
   for (const name of KEY_HEADERS) {
     const value = headers.get(name);
     if (value === null) continue;
-    const credential = (name === "authorization" && /^bearer /i.test(value) ? value.slice(7) : value).trim();
-    if (!credential) continue;
-    const req = { credential, path, headers };
-    for (const resolver of snapshot.auth) {
-      if ((await resolver.resolve(req)) !== null) {
+    for (const credential of credentialsIn(value)) {
+      if (await isGatewayKey(snapshot, { credential, path, headers })) {
         carrying.add(name);
         break;
       }
     }
   }
   return carrying;
+}
+
+async function isGatewayKey(snapshot: Snapshot, req: AuthRequest): Promise<boolean> {
+  for (const resolver of snapshot.auth) {
+    if ((await resolver.resolve(req)) !== null) return true;
+  }
+  return false;
 }
 
 export const NO_MASTER_KEY =
