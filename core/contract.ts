@@ -88,6 +88,13 @@ export interface Deployment {
   /** Seconds. */
   timeout?: number;
   headers?: Record<string, string>;
+  /**
+   * What the provider's `resolve` made of the deployment's credentials (its `svc_params`' or the
+   * environment's), in the form its transforms and `authorize` read them: an Azure key or Entra ID
+   * client, a Google credential's id. Opaque to the core, which drops it (with `apiKey`,
+   * `headers` and credential fields) when a client's own credentials take the deployment's place.
+   */
+  credentials?: unknown;
   /** Every other `svc_params` field, for adapters with provider-specific options. */
   options: Record<string, unknown>;
   /** The entry's `model_info` (prices, `base_model`, `mode`, …); `{}` when absent. */

@@ -52,15 +52,21 @@ export function withClientCredentials(endpoint: Endpoint, body: WireRequest[Endp
     }
   }
   // The operator's credentials go only to the operator's address: a call to a client's address
-  // carries the client's key or none (else any key holder could collect the provider key).
-  const base = apiBase !== undefined ? withoutOperatorCredentials(d) : d;
+  // carries the client's key or none (else any key holder could collect the provider key or a
+  // token made from it). A client's key takes the place of what the provider made of the
+  // operator's credentials (an Azure `api-key`), not a place beside it.
+  const base = apiBase !== undefined ? withoutOperatorCredentials(d) : apiKey !== undefined ? { ...d, credentials: undefined } : d;
   return { ...base, apiBase: apiBase?.replace(/\/+$/, "") ?? d.apiBase, apiKey: apiKey ?? base.apiKey, apiVersion: apiVersion ?? d.apiVersion };
 }
 
-/** `d` without its api key, configured headers (any may carry a credential) and credential fields (its prices stay). */
+/**
+ * `d` without its api key, configured headers (any may carry a credential), what its provider
+ * made of its credentials (whatever the provider calls it: see Deployment.credentials) and
+ * credential fields (its prices stay).
+ */
 function withoutOperatorCredentials(d: Deployment): Deployment {
   const options = Object.fromEntries(Object.entries(d.options).filter(([k, v]) => !isCredentialParam(k, v)));
-  return { ...d, apiKey: undefined, headers: undefined, options };
+  return { ...d, apiKey: undefined, headers: undefined, credentials: undefined, options };
 }
 
 /**

@@ -8,9 +8,6 @@ import { COGNITIVE_SERVICES_SCOPE, type ClientCredentials, ENTRA_AUTHORITY } fro
 
 export type AzureAuth = { kind: "api-key"; key: string } | { kind: "bearer"; token: string } | ({ kind: "client-credentials" } & ClientCredentials);
 
-/** Where `resolve` leaves the deployment's credentials for the transforms and `authorize`. */
-const AUTH_OPTION = "azure_auth";
-
 const text = (v: unknown): string | undefined => (typeof v === "string" && v !== "" ? v : undefined);
 
 type Source = (name: string) => string | undefined;
@@ -41,11 +38,16 @@ export function findAzureAuth(d: Deployment): AzureAuth | undefined {
 
 /** A resolved deployment with its credentials attached (the key moves off `apiKey`, which means bearer elsewhere). */
 export function withAzureAuth(d: Deployment, auth: AzureAuth): Deployment {
-  return { ...d, apiKey: undefined, options: { ...d.options, [AUTH_OPTION]: auth } };
+  return { ...d, apiKey: undefined, credentials: auth };
 }
 
+/**
+ * The credentials a call is made with: those `resolve` attached, else a key put on the resolved
+ * deployment in their place (a client's own `api_key`), which Azure reads from `api-key` too.
+ */
 export function azureAuth(d: Deployment): AzureAuth | undefined {
-  return d.options[AUTH_OPTION] as AzureAuth | undefined;
+  if (d.credentials !== undefined) return d.credentials as AzureAuth;
+  return d.apiKey ? { kind: "api-key", key: d.apiKey } : undefined;
 }
 
 /** Headers the transforms can set; client credentials get theirs in `authorize`. */

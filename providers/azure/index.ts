@@ -43,7 +43,8 @@ function withoutStreamOptions(body: string | undefined, d: Deployment): string |
 function onAzure<E extends Endpoint, S>(inner: EndpointAdapter<E, S>, path: string): EndpointAdapter<E, unknown> {
   const adapter: EndpointAdapter<E, unknown> = {
     request(req, d, raw) {
-      const call = inner.request(req, d, raw);
+      // A key goes in `api-key` (azureAuth), not as OpenAI's bearer token.
+      const call = inner.request(req, d.apiKey === undefined ? d : { ...d, apiKey: undefined }, raw);
       return { ...call, url: azureUrl(d, path), headers: { ...call.headers, ...staticAuthHeaders(azureAuth(d)) }, body: withoutStreamOptions(call.body, d) };
     },
     response(body, req) {

@@ -61,11 +61,15 @@ export const vertexProvider: ProviderAdapter = {
     return {
       ...d,
       apiBase: (d.apiBase ?? vertexHost(location)).replace(/\/+$/, ""),
-      options: { ...d.options, vertex_project: project, vertex_location: location, vertex_credentials_id: registerCredentials(creds) },
+      options: { ...d.options, vertex_project: project, vertex_location: location },
+      credentials: registerCredentials(creds),
     };
   },
   async authorize(call, d) {
-    const token = await accessToken(str(d.options.vertex_credentials_id), () => credentialsOf(d));
-    return { ...call, headers: { ...call.headers, authorization: `Bearer ${token}` } };
+    // Without the deployment's credentials (a client's own in their place), a client's key is its
+    // Google access token, and no key is none: never a token of the gateway's Application Default Credentials.
+    const id = str(d.credentials);
+    const token = id === undefined ? d.apiKey : await accessToken(id, () => credentialsOf(d));
+    return token ? { ...call, headers: { ...call.headers, authorization: `Bearer ${token}` } } : call;
   },
 };

@@ -2,6 +2,7 @@
 // operator allows them (a client-chosen address is an SSRF hole); when allowed, only listed hosts
 // (or public https ones without a list) are reached, with the client's key.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { generateKeyPairSync } from "node:crypto";
 import { lookup } from "node:dns/promises";
 import { hostname } from "node:os";
 import { isPrivateHost } from "../../core/private-host.ts";
@@ -91,6 +92,61 @@ describe("client-side credentials", () => {
       expect(configured.requests.at(-1)!.headers["x-operator-auth"]).toBe("operator-header-secret");
     } finally {
       await gw.stop();
+    }
+  });
+
+  test("Azure (api-key, AD token, Entra ID client) and Vertex: a client's api_base gets neither the operator's credentials nor a token made from them; a client's key goes where the provider reads one", async () => {
+    // One server stands for the operator's address, the client's and both token endpoints.
+    const seen: { path: string; headers: Record<string, string> }[] = [];
+    const echo = Bun.serve({
+      port: 0,
+      hostname: "127.0.0.1",
+      fetch(req) {
+        const path = new URL(req.url).pathname;
+        if (path.endsWith("/oauth2/v2.0/token")) return Response.json({ token_type: "Bearer", expires_in: 3600, access_token: "ENTRA-operator-token" });
+        if (path === "/google-token") return Response.json({ token_type: "Bearer", expires_in: 3600, access_token: "ya29.GOOGLE-operator-token" });
+        seen.push({ path, headers: Object.fromEntries(req.headers) });
+        return Response.json({ error: { message: "refused" } }, { status: 401 });
+      },
+    });
+    const base = `http://127.0.0.1:${echo.port}`;
+    const { privateKey } = generateKeyPairSync("rsa", { modulusLength: 2048 });
+    const serviceAccount = { type: "service_account", project_id: "acme", private_key: privateKey.export({ type: "pkcs8", format: "pem" }), client_email: "gw@acme.iam.gserviceaccount.com", token_uri: `${base}/google-token` };
+    const operator = ["AZ-operator-key", "AZ-operator-ad-token", "ENTRA-operator-secret", "ENTRA-operator-token", "ya29.GOOGLE-operator-token"];
+    const gw = await startTestGateway({
+      model_list: [
+        { model_name: "az", svc_params: { model: "azure/emb", api_base: base, api_key: operator[0] } },
+        { model_name: "az-ad", svc_params: { model: "azure/emb", api_base: base, azure_ad_token: operator[1] } },
+        { model_name: "az-entra", svc_params: { model: "azure/emb", api_base: base, tenant_id: "t", client_id: "c", client_secret: operator[2], azure_authority_host: base } },
+        { model_name: "vtx", svc_params: { model: "vertex_ai/text-embedding-004", api_base: base, vertex_credentials: serviceAccount } },
+      ],
+      svc_settings: { allow_client_side_credentials: true, client_side_api_base_hosts: ["127.0.0.1"] },
+      general_settings: { master_key: MASTER_KEY },
+    });
+    const sent = (path: string) => seen.filter((s) => s.path.startsWith(path));
+    try {
+      for (const model of ["az", "az-ad", "az-entra", "vtx"]) {
+        // The operator's own address gets the operator's credentials (the Entra and Google tokens are made then).
+        await embed(gw, { model });
+        for (const [body, who] of [
+          [{ api_base: `${base}/client-${model}` }, "no key"],
+          [{ api_base: `${base}/client-${model}`, api_key: "client-own-key" }, "the client's key"],
+        ] as const) {
+          await embed(gw, { model, ...body });
+          const got = sent(`/client-${model}`).at(-1);
+          const headers = JSON.stringify(got?.headers);
+          expect([model, who, operator.filter((c) => headers.includes(c))]).toEqual([model, who, []]);
+          const keyHeader = model === "vtx" ? ["authorization", "Bearer client-own-key"] : ["api-key", "client-own-key"];
+          expect([model, who, got?.headers[keyHeader[0]!]]).toEqual([model, who, "api_key" in body ? keyHeader[1] : undefined]);
+        }
+      }
+      // A client's key without api_base, on Azure: in api-key instead of the operator's, not as a bearer token beside it.
+      await embed(gw, { model: "az", api_key: "client-own-key" });
+      const own = sent("/openai/deployments/emb").at(-1)!.headers;
+      expect([own["api-key"], own.authorization]).toEqual(["client-own-key", undefined]);
+    } finally {
+      await gw.stop();
+      echo.stop(true);
     }
   });
 
