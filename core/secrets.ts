@@ -98,15 +98,42 @@ export function redactSecrets(value: unknown, field = ""): unknown {
   return value;
 }
 
+/** Query parameters that carry a credential (`?key=`, `?api-key=`, `?access_token=`, `?sig=`). */
+export const SECRET_QUERY_PARAM = /key|token|secret|password|signature|credential|^sig$/i;
+
+const decoded = (text: string): string => {
+  try {
+    return decodeURIComponent(text.replaceAll("+", " "));
+  } catch {
+    return text;
+  }
+};
+
+/**
+ * The credentials a URL carries: its password and the values of its credential-named query
+ * parameters, as written and decoded (an upstream may quote either).
+ */
+export function urlCredentials(raw: string | undefined): string[] {
+  const url = raw === undefined ? null : URL.parse(raw);
+  if (!url) return [];
+  const found = [url.password, decoded(url.password)];
+  for (const pair of url.search.slice(1).split("&")) {
+    const eq = pair.indexOf("=");
+    if (eq > 0 && SECRET_QUERY_PARAM.test(decoded(pair.slice(0, eq)))) found.push(pair.slice(eq + 1), decoded(pair.slice(eq + 1)));
+  }
+  return found;
+}
+
 /** Shorter values are not worth replacing (and could be ordinary words). */
 const MIN_CREDENTIAL_LENGTH = 6;
 const credentialCache = new WeakMap<Deployment, string[]>();
 
-/** A deployment's credentials as an upstream could echo them: its api key, header values and credential fields. */
+/** A deployment's credentials as an upstream could echo them: its api key, header values, credential fields and those in its api_base. */
 function credentialsOf(d: Deployment): string[] {
   let found = credentialCache.get(d);
   if (!found) {
-    const values = [d.apiKey, ...Object.values(d.headers ?? {}), ...Object.entries(d.options).map(([k, v]) => (SECRET_PARAM.test(k) ? v : undefined))];
+    const fields = Object.entries(d.options).map(([k, v]) => (SECRET_PARAM.test(k) ? v : undefined));
+    const values = [d.apiKey, ...Object.values(d.headers ?? {}), ...fields, ...urlCredentials(d.apiBase)];
     found = values.filter((v): v is string => typeof v === "string" && v.length >= MIN_CREDENTIAL_LENGTH);
     credentialCache.set(d, found);
   }

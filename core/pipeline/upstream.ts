@@ -178,8 +178,25 @@ function untilDeadline<T>(work: Promise<T>, signal: AbortSignal): Promise<T> {
   return Promise.race([work, aborted]).finally(() => signal.removeEventListener("abort", onAbort!));
 }
 
-export async function send(adapter: ProviderAdapter, d: Deployment, built: HttpCall, deadline: Deadline): Promise<Response> {
+/**
+ * A call to an api_base with a query (`https://host/v1?key=…`, as a gateway in front of a provider
+ * may take its key): the adapters append their path to api_base, which put it inside the query
+ * (`…/v1?key=…/chat/completions`). The path goes before the query, the base's parameters after
+ * the call's own (Azure's `api-version`).
+ */
+export function withPathBeforeBaseQuery(call: HttpCall, apiBase: string | undefined): HttpCall {
+  const q = apiBase?.indexOf("?") ?? -1;
+  if (q < 0 || !call.url.startsWith(apiBase!)) return call;
+  const rest = call.url.slice(apiBase!.length);
+  const restQuery = rest.indexOf("?");
+  const path = restQuery < 0 ? rest : rest.slice(0, restQuery);
+  const query = [restQuery < 0 ? "" : rest.slice(restQuery + 1), apiBase!.slice(q + 1)].filter((p) => p !== "").join("&");
+  return { ...call, url: `${apiBase!.slice(0, q).replace(/\/+$/, "")}${path}${query ? `?${query}` : ""}` };
+}
+
+export async function send(adapter: ProviderAdapter, d: Deployment, made: HttpCall, deadline: Deadline): Promise<Response> {
   try {
+    const built = withPathBeforeBaseQuery(made, d.apiBase);
     const call = adapter.authorize ? await untilDeadline(Promise.resolve(adapter.authorize(built, d)), deadline.signal) : built;
     if (call !== built) rememberSentCredentials(d, built.headers, call.headers);
     if (adapter.transport) return await untilDeadline(adapter.transport(call, deadline.signal), deadline.signal);

@@ -8,6 +8,9 @@ import { MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "
 
 const ENTRA_TOKEN = "eyJENTRAaccessTOKENsecret123";
 const GOOGLE_TOKEN = "ya29.GOOGLEaccessTOKENsecret456";
+const QUERY_KEY = "QUERYkey+secret/789";
+
+const urls: string[] = [];
 
 let upstream: ReturnType<typeof Bun.serve>;
 let gw: TestGateway;
@@ -21,7 +24,8 @@ beforeAll(async () => {
       const path = new URL(req.url).pathname;
       if (path.endsWith("/oauth2/v2.0/token")) return Response.json({ token_type: "Bearer", expires_in: 3600, access_token: ENTRA_TOKEN });
       if (path === "/google-token") return Response.json({ token_type: "Bearer", expires_in: 3600, access_token: GOOGLE_TOKEN });
-      return Response.json({ error: { code: 401, status: "UNAUTHENTICATED", message: `Access denied: ${req.headers.get("authorization")}` } }, { status: 401 });
+      urls.push(req.url);
+      return Response.json({ error: { code: 401, status: "UNAUTHENTICATED", message: `Access denied: ${req.headers.get("authorization")} at ${req.url}` } }, { status: 401 });
     },
   });
   const base = `http://127.0.0.1:${upstream.port}`;
@@ -40,6 +44,7 @@ beforeAll(async () => {
         svc_params: { model: "azure/echo-dep", api_base: base, azure_authority_host: base, tenant_id: "t1", client_id: "c1", client_secret: "CLIENTSECRETazure" },
       },
       { model_name: "vx", svc_params: { model: "vertex_ai/gemini-2.5-pro", api_base: base, vertex_credentials: serviceAccount } },
+      { model_name: "oq", svc_params: { model: "openai/gpt-4o-mini", api_base: `${base}/v1?tier=2&key=${encodeURIComponent(QUERY_KEY)}`, api_key: "sk-operator-key" } },
     ],
     general_settings: { master_key: MASTER_KEY },
   });
@@ -73,4 +78,26 @@ describe("an upstream error that quotes the per-call bearer token", () => {
       expect(JSON.stringify(gw.log.lines)).not.toContain(token);
     });
   }
+});
+
+describe("an upstream error that quotes the URL it was sent", () => {
+  test("a key in api_base's query is [redacted] for the client, the spend log and the log; the path goes before the query", async () => {
+    const res = await fetch(`${gw.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+      body: JSON.stringify({ model: "oq", messages: [{ role: "user", content: "hi" }] }),
+    });
+    const text = await res.text();
+    expect(res.status).toBe(401);
+    // Sent as written in api_base (percent-encoded), after the call's path.
+    expect(urls.at(-1)).toEndWith(`/v1/chat/completions?tier=2&key=${encodeURIComponent(QUERY_KEY)}`);
+    expect(JSON.parse(text).error.message).toContain("/v1/chat/completions?tier=2&key=[redacted]");
+    await gw.host!.spendWriter.flush();
+    const logs = await requestJson(gw, "GET", `/spend/logs?request_id=${res.headers.get("x-svc-call-id")}&summarize=false`);
+    expect(logs.text).toContain("key=[redacted]");
+    for (const shown of [text, logs.text, JSON.stringify(gw.log.lines)]) {
+      expect(shown).not.toContain(encodeURIComponent(QUERY_KEY));
+      expect(shown).not.toContain(QUERY_KEY);
+    }
+  });
 });
