@@ -10,9 +10,47 @@ const PREFIX = "enc:v1:";
 /** svc_params fields holding credentials: encrypted in the store, never returned by the API. */
 export const SECRET_PARAM = /(^|_)(api_key|key|secret|token|password|credentials?)$|^aws_|_credentials$/i;
 
-/** A credential holds text (or a structure); a number or flag under such a name (`input_cost_per_token`) is a price or setting. */
+/** Query parameters that carry a credential (`?key=`, `?api-key=`, `?access_token=`, `?sig=`). */
+const SECRET_QUERY_PARAM = /key|token|secret|password|signature|credential|^sig$/i;
+
+const decoded = (text: string): string => {
+  try {
+    return decodeURIComponent(text.replaceAll("+", " "));
+  } catch {
+    return text;
+  }
+};
+
+/**
+ * The credentials a URL carries: its password and the values of its credential-named query
+ * parameters, as written and decoded (an upstream may quote either).
+ */
+export function urlCredentials(raw: string | undefined): string[] {
+  const url = raw === undefined ? null : URL.parse(raw);
+  if (!url) return [];
+  const found = [url.password, decoded(url.password)];
+  for (const pair of url.search.slice(1).split("&")) {
+    const eq = pair.indexOf("=");
+    if (eq > 0 && SECRET_QUERY_PARAM.test(decoded(pair.slice(0, eq)))) found.push(pair.slice(eq + 1), decoded(pair.slice(eq + 1)));
+  }
+  return found;
+}
+
+/**
+ * A URL carrying a credential (`https://user:pass@host`, `…?key=…`, as an api_base may): a
+ * credential as a whole, whatever its field's name; so is a value stored encrypted.
+ */
+function isCredentialText(value: unknown): boolean {
+  return typeof value === "string" && (value.startsWith(PREFIX) || urlCredentials(value).some((c) => c !== ""));
+}
+
+/**
+ * A credential holds text (or a structure) under a credential's name, or is a URL carrying one;
+ * a number or flag under such a name (`input_cost_per_token`) is a price or setting.
+ */
 export function isCredentialParam(key: string, value: unknown): boolean {
-  return SECRET_PARAM.test(key) && typeof value !== "number" && typeof value !== "boolean";
+  if (typeof value === "number" || typeof value === "boolean") return false;
+  return SECRET_PARAM.test(key) || isCredentialText(value);
 }
 
 export function secretKey(saltKey: string | undefined, masterKey: string | undefined): Buffer | undefined {
@@ -48,7 +86,7 @@ function mapCredentials(params: Record<string, unknown>, text: (v: string) => un
   const out: Record<string, unknown> = {};
   for (const [k, v] of Object.entries(params)) {
     if (k === "headers" && isMapping(v)) out[k] = Object.fromEntries(Object.entries(v).map(([h, x]) => [h, typeof x === "string" ? text(x) : x]));
-    else if (!SECRET_PARAM.test(k)) out[k] = v;
+    else if (!isCredentialParam(k, v)) out[k] = v;
     else if (typeof v === "string") out[k] = text(v);
     else if (isMapping(v)) out[k] = mapping(v);
     else out[k] = v;
@@ -86,7 +124,7 @@ const isRawJson = (JSON as JSON & { isRawJSON(v: unknown): boolean }).isRawJSON;
 export function redactSecrets(value: unknown, field = ""): unknown {
   if (typeof value === "string") {
     if (value.startsWith("sk-") && value.length > 12) return `${value.slice(0, 5)}…[redacted]`;
-    return SECRET_PARAM.test(field) && field !== "token" ? "[redacted]" : value;
+    return (SECRET_PARAM.test(field) && field !== "token") || isCredentialText(value) ? "[redacted]" : value;
   }
   if (Array.isArray(value)) return value.map((v) => redactSecrets(v, field));
   if (value instanceof Date) return value.toISOString();
@@ -96,32 +134,6 @@ export function redactSecrets(value: unknown, field = ""): unknown {
     return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, redactSecrets(v, k)]));
   }
   return value;
-}
-
-/** Query parameters that carry a credential (`?key=`, `?api-key=`, `?access_token=`, `?sig=`). */
-export const SECRET_QUERY_PARAM = /key|token|secret|password|signature|credential|^sig$/i;
-
-const decoded = (text: string): string => {
-  try {
-    return decodeURIComponent(text.replaceAll("+", " "));
-  } catch {
-    return text;
-  }
-};
-
-/**
- * The credentials a URL carries: its password and the values of its credential-named query
- * parameters, as written and decoded (an upstream may quote either).
- */
-export function urlCredentials(raw: string | undefined): string[] {
-  const url = raw === undefined ? null : URL.parse(raw);
-  if (!url) return [];
-  const found = [url.password, decoded(url.password)];
-  for (const pair of url.search.slice(1).split("&")) {
-    const eq = pair.indexOf("=");
-    if (eq > 0 && SECRET_QUERY_PARAM.test(decoded(pair.slice(0, eq)))) found.push(pair.slice(eq + 1), decoded(pair.slice(eq + 1)));
-  }
-  return found;
 }
 
 /** Shorter values are not worth replacing (and could be ordinary words). */

@@ -178,6 +178,41 @@ for (const backend of ["pglite", "postgres"] as const) {
       }
     });
 
+    test("an api_base carrying a password or a ?key= is encrypted at rest and never shown (answers, audit trail), and serves; one stored in clear before still serves", async () => {
+      const up = credentialsUpstream();
+      const apiBase = (n: number) => `http://user:url-pass-secret-${n}@${up.url.slice("http://".length)}/v1?key=url-key-secret-${n}`;
+      const secrets = (n: number) => [`url-pass-secret-${n}`, `url-key-secret-${n}`];
+      try {
+        const id = name("urlcred-1");
+        const created = await call("POST", "/model/new", { model_name: name("urlcred"), svc_params: { model: "openai/gpt-4o", api_base: apiBase(1), api_key: SECRET }, model_info: { id } });
+        expect(created.status).toBe(200);
+        expect(created.body.svc_params).toEqual({ model: "openai/gpt-4o" });
+        expect(await answer(name("urlcred"))).toBe("upstream answer");
+        const replaced = await call("POST", "/model/update", { model_name: name("urlcred"), svc_params: { model: "openai/gpt-4o", api_base: apiBase(2), api_key: SECRET }, model_info: { id } });
+        expect(replaced.status).toBe(200);
+        const patched = await call("PATCH", `/model/${id}/update`, { svc_params: { weight: 2 } });
+        expect(patched.status).toBe(200);
+        expect(await answer(name("urlcred"))).toBe("upstream answer");
+        const [row] = await db().select().from(proxyModels).where(eq(proxyModels.modelId, id));
+        expect((row!.svcParams as Record<string, string>).api_base).toStartWith("enc:v1:");
+        const trail = JSON.stringify(await db().select().from(auditLog).where(eq(auditLog.objectId, id)));
+        const audit = await call("GET", "/audit/logs");
+        for (const shown of [created.text, replaced.text, patched.text, trail, audit.text, await storedRows()]) {
+          for (const secret of [...secrets(1), ...secrets(2)]) expect(shown).not.toContain(secret);
+        }
+
+        // Written before api_base was encrypted: in clear, read as it is.
+        await db()
+          .insert(proxyModels)
+          .values({ modelId: name("old-urlcred-1"), modelName: name("old-urlcred"), svcParams: { model: "openai/gpt-4o", api_base: apiBase(3), api_key: SECRET } });
+        expect((await gw.live.reload("test", true)).ok).toBe(true);
+        expect(await answer(name("old-urlcred"))).toBe("upstream answer");
+        for (const old of ["urlcred-1", "old-urlcred-1"]) expect((await call("POST", "/model/delete", { id: name(old) })).status).toBe(200);
+      } finally {
+        up.stop();
+      }
+    });
+
     test("/model/new without an id gets a uuid; 400 for duplicate ids and unknown providers, 422 for bad bodies", async () => {
       const res = await call("POST", "/model/new", { model_name: name("no-id"), svc_params: { model: "mock/chat" } });
       expect(res.status).toBe(200);
