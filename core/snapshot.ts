@@ -245,19 +245,38 @@ function groupAliasesOf(config: GatewayConfig): GroupAliases {
   return out;
 }
 
-/** Config groups (`model_info.access_groups` on deployments) first, then stored groups. */
-function accessGroupLookup(models: ModelTable, identity: IdentityCache | undefined): AccessGroupLookup {
-  const fromConfig = new Map<string, string[]>();
+/** Access groups declared on deployments (`model_info.access_groups`, config and stored models): name → model names. */
+export function declaredAccessGroups(models: ModelTable): Map<string, string[]> {
+  const out = new Map<string, string[]>();
   for (const { entry } of models.entries) {
     for (const group of entry.model_info?.access_groups ?? []) {
-      const list = fromConfig.get(group) ?? [];
+      const list = out.get(group) ?? [];
       if (!list.includes(entry.model_name)) list.push(entry.model_name);
-      fromConfig.set(group, list);
+      out.set(group, list);
     }
   }
+  return out;
+}
+
+/** A stored group's models and those of the deployments that declare its name (either may be missing). */
+export function groupModels(stored: readonly string[] | undefined, declared: readonly string[] | undefined): readonly string[] | undefined {
+  if (!stored || !declared) return stored ?? declared;
+  return [...new Set([...stored, ...declared])];
+}
+
+/**
+ * Access groups by name and by stored id. A deployment that declares a stored group's name joins
+ * that group (LiteLLM keeps groups on deployments): the group grants its stored models and the
+ * declaring deployments' together, looked up by name or by id alike.
+ */
+function accessGroupLookup(models: ModelTable, identity: IdentityCache | undefined): AccessGroupLookup {
+  const declared = declaredAccessGroups(models);
   return {
-    byName: (name) => fromConfig.get(name) ?? identity?.accessGroupByName(name)?.modelNames,
-    byId: (id) => identity?.accessGroups.get(id)?.modelNames,
+    byName: (name) => groupModels(identity?.accessGroupByName(name)?.modelNames, declared.get(name)),
+    byId: (id) => {
+      const row = identity?.accessGroups.get(id);
+      return row && groupModels(row.modelNames, declared.get(row.accessGroupName));
+    },
   };
 }
 

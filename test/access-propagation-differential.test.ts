@@ -18,7 +18,8 @@
 // The model follows README "Model access on the gateway", "Who may do what" and "Hot path", and
 // the spec: key `models` (empty = the team's; `all-team-models` too), team `models` (empty = all),
 // a personal key's user `models`, the org's (the key's own and its team's), entries that are names,
-// `openai/*`-style wildcards, access-group names (declared on deployments or stored) and `*`;
+// `openai/*`-style wildcards, access-group names (a stored group with the deployments declaring its
+// name, or either alone) and `*`;
 // `access_group_ids` (a deleted group grants nothing); aliases key over team over org, an alias
 // trusted only by the level that set it and those below; a refusal is a 401 whose type names the
 // first level that refuses (key, team or user, org); a model nobody serves is a 400 (a 404 by id);
@@ -213,16 +214,27 @@ function declaredGroup(w: World, name: string): string[] | undefined {
   return members.length > 0 ? [...new Set(members)] : undefined;
 }
 
-/** An access group by name: one declared on deployments first, else a stored one. */
+/** A stored group's models and those of the deployments that declare its name, together (either may be missing). */
+function joined(stored: string[] | undefined, declared: string[] | undefined): string[] | undefined {
+  return stored && declared ? [...new Set([...stored, ...declared])] : (stored ?? declared);
+}
+
+/** An access group by name: a stored one's models with those of the deployments declaring it. */
 function groupByName(w: World, name: string): string[] | undefined {
-  return declaredGroup(w, name) ?? [...w.groups.values()].find((g) => g.name === name)?.models;
+  return joined([...w.groups.values()].find((g) => g.name === name)?.models, declaredGroup(w, name));
+}
+
+/** A stored access group by id, with the deployments declaring its name. */
+function groupById(w: World, id: string): string[] | undefined {
+  const g = w.groups.get(id);
+  return g && joined(g.models, declaredGroup(w, g.name));
 }
 
 /** A level's list (and access group ids) allows `model`; an empty one (or `all-team-models`) restricts nothing. */
 function allows(w: World, models: string[], ids: string[], model: string): boolean {
   if (models.includes(INHERIT) || (models.length === 0 && ids.length === 0)) return true;
   const inGroup = (members: string[] | undefined) => members?.some((m) => covers(m, model)) ?? false;
-  return models.some((e) => covers(e, model) || inGroup(groupByName(w, e))) || ids.some((id) => inGroup(w.groups.get(id)?.models));
+  return models.some((e) => covers(e, model) || inGroup(groupByName(w, e))) || ids.some((id) => inGroup(groupById(w, id)));
 }
 
 /** The model group that serves `target` (a wildcard route serves the name asked for), if any. */
@@ -282,7 +294,7 @@ function listing(w: World, k: KeyM): string[] {
   const named = new Set<string>(servedNames(w));
   for (const l of levelsOf(w, k)) {
     for (const e of l.models) for (const m of [e, ...(groupByName(w, e) ?? [])]) named.add(m);
-    for (const id of l.ids) for (const m of w.groups.get(id)?.models ?? []) named.add(m);
+    for (const id of l.ids) for (const m of groupById(w, id) ?? []) named.add(m);
   }
   const candidates = new Set([...named].filter((n) => !n.includes("*") && served(w, n)));
   for (const name of aliases.keys()) candidates.add(name);
@@ -369,7 +381,7 @@ function same(a: Outcome, b: Outcome): boolean {
 function outsideTeam(w: World, models: string[], teamId: string | null): boolean {
   const team = teamId ? w.teams.get(teamId) : undefined;
   if (!team || (team.models.length === 0 && team.groupIds.length === 0) || team.models.some((m) => EVERYTHING.has(m))) return false;
-  const allowed = [...team.models, ...team.models.flatMap((m) => groupByName(w, m) ?? []), ...team.groupIds.flatMap((id) => w.groups.get(id)?.models ?? [])];
+  const allowed = [...team.models, ...team.models.flatMap((m) => groupByName(w, m) ?? []), ...team.groupIds.flatMap((id) => groupById(w, id) ?? [])];
   return models.some((m) => m !== INHERIT && !allowed.some((a) => covers(a, m)));
 }
 

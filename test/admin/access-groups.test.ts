@@ -173,6 +173,50 @@ for (const backend of BACKENDS) {
       expect(outside.body.error?.param).toBe("models");
     });
 
+    test("a stored model declaring a stored group's name joins the group: by name and by id alike, and info, list and update say so", async () => {
+      const made = await call("POST", "/access_group/new", { access_group: "joined", model_names: ["chat-mock"] });
+      expect(made.status).toBe(200);
+      const id = made.body.access_group_id as string;
+      const byName = await makeKey({ models: ["joined"] });
+      const byId = await makeKey({ accessGroupIds: [id] });
+      const declared = await call("POST", "/model/new", {
+        model_name: "joiner-mock",
+        svc_params: { model: "mock/joiner", mock_response: "Joined." },
+        model_info: { id: `joiner-${backend}`, access_groups: ["joined"] },
+      });
+      expect(declared.status).toBe(200);
+      // Before, the declaration shadowed the stored group for keys naming it: chat-mock was a 401 by name.
+      for (const key of [byName, byId]) {
+        expect((await chat(key, "chat-mock")).choices).toHaveLength(1);
+        expect((await chat(key, "joiner-mock")).choices[0]?.message.content).toBe("Joined.");
+        await denied(key, "other-mock");
+      }
+      const info = await call("GET", "/access_group/joined/info");
+      expect(info.body).toMatchObject({ access_group_id: id, model_names: ["chat-mock", "joiner-mock"], declared_by_deployments: ["joiner-mock"], deployment_count: 3, source: "db" });
+      expect((await call("GET", `/v1/access_group/${id}`)).body).toEqual(info.body);
+      const listed = ((await call("GET", "/access_group/list")).body.access_groups as Group[]).filter((g) => g.access_group === "joined");
+      expect(listed).toEqual([info.body as unknown as Group]);
+
+      // An update changes the stored models; the declaring deployment stays in the group.
+      const upd = await call("PUT", "/access_group/joined/update", { model_names: ["other-mock"] });
+      expect(upd.status).toBe(200);
+      expect(upd.body.model_names).toEqual(["other-mock", "joiner-mock"]);
+      for (const key of [byName, byId]) {
+        expect((await chat(key, "other-mock")).choices).toHaveLength(1);
+        expect((await chat(key, "joiner-mock")).choices).toHaveLength(1);
+        await denied(key, "chat-mock");
+      }
+      // Deleted, the stored part is gone; the name keeps what the deployment declares.
+      const del = await call("DELETE", "/access_group/joined/delete");
+      expect(del.status).toBe(200);
+      expect(del.body.message).toContain("joiner-mock");
+      await denied(byName, "other-mock");
+      expect((await chat(byName, "joiner-mock")).choices).toHaveLength(1);
+      await denied(byId, "joiner-mock");
+      expect((await call("GET", "/access_group/joined/info")).body).toMatchObject({ access_group_id: null, model_names: ["joiner-mock"], source: "deployments" });
+      expect((await call("POST", "/model/delete", { id: `joiner-${backend}` })).status).toBe(200);
+    });
+
     test("a key naming an access group id that does not exist is a 400, as a team's is", async () => {
       const made = await call("POST", "/access_group/new", { access_group: "known-for-keys", model_names: ["chat-mock"] });
       const id = made.body.access_group_id as string;

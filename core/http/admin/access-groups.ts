@@ -2,7 +2,10 @@
  * Access groups (`/access_group/*`, `/v1/access_group/{id}`): named sets of model groups that keys
  * and teams reference by name (in `models`) or by id (`access_group_ids`). Stored groups live in
  * `access_groups`; groups declared on deployments (`model_info.access_groups`, usually in
- * config.yaml) are listed and readable too, but only changing those deployments changes them.
+ * config.yaml) are listed and readable too, but only changing those deployments changes them. A
+ * deployment that declares a stored group's name joins it: the group grants (and shows) the
+ * stored models and the declaring deployments' models together; an update or delete here changes
+ * the stored part only.
  * The gateway reads groups through the identity cache, so a write takes effect on the next
  * request without rebuilding the registry. Deleting a group leaves the references to it in place:
  * they then grant nothing (access fails closed). Reads: admins and viewers; writes: proxy admins.
@@ -14,7 +17,7 @@ import { Elysia } from "elysia";
 import { badRequest, notFound } from "../../authz.ts";
 import { GatewayError } from "../../errors.ts";
 import type { AccessGroupRow } from "../../identity/records.ts";
-import type { Snapshot } from "../../snapshot.ts";
+import { declaredAccessGroups, groupModels, type Snapshot } from "../../snapshot.ts";
 import { accessGroups } from "../../store/schema.ts";
 import { isUniqueViolation, storeErrorCause } from "../../store/sql.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
@@ -24,29 +27,26 @@ const NewBody = T.Object({ access_group: T.String({ minLength: 1 }), model_names
 const UpdateBody = T.Object({ model_names: ModelNames, description: T.Optional(T.String()) }, { additionalProperties: true });
 
 /** Groups declared on deployments (`model_info.access_groups`, mostly in config.yaml), name → model names. */
-function deploymentGroups(s: Snapshot): Map<string, string[]> {
-  const out = new Map<string, string[]>();
-  for (const { entry } of s.models.entries) {
-    for (const group of entry.model_info?.access_groups ?? []) {
-      const list = out.get(group) ?? [];
-      if (!list.includes(entry.model_name)) list.push(entry.model_name);
-      out.set(group, list);
-    }
-  }
-  return out;
-}
+const deploymentGroups = (s: Snapshot) => declaredAccessGroups(s.models);
 
 function deploymentCount(s: Snapshot, names: readonly string[]): number {
   const wanted = new Set(names);
   return s.models.entries.filter((e) => wanted.has(e.entry.model_name)).length;
 }
 
+/**
+ * A stored group as calls see it: `model_names` are its stored models and those of deployments
+ * declaring its name (`declared_by_deployments`, which its update and delete leave as they are).
+ */
 function groupObject(s: Snapshot, row: AccessGroupRow): Record<string, unknown> {
+  const declared = deploymentGroups(s).get(row.accessGroupName) ?? [];
+  const models = groupModels(row.modelNames, declared) ?? [];
   return {
     access_group: row.accessGroupName,
     access_group_id: row.accessGroupId,
-    model_names: row.modelNames,
-    deployment_count: deploymentCount(s, row.modelNames),
+    model_names: models,
+    declared_by_deployments: declared,
+    deployment_count: deploymentCount(s, models),
     description: row.description,
     source: "db",
     created_at: row.createdAt.toISOString(),
@@ -57,7 +57,7 @@ function groupObject(s: Snapshot, row: AccessGroupRow): Record<string, unknown> 
 }
 
 function deploymentGroupObject(s: Snapshot, name: string, models: string[]): Record<string, unknown> {
-  return { access_group: name, access_group_id: null, model_names: models, deployment_count: deploymentCount(s, models), source: "deployments" };
+  return { access_group: name, access_group_id: null, model_names: models, declared_by_deployments: models, deployment_count: deploymentCount(s, models), source: "deployments" };
 }
 
 /** Every name must be a model group served now (config or stored; wildcard routes by pattern). */
@@ -108,7 +108,8 @@ function listGroups(ctx: AdminCtx) {
   ctx.caller.requireReadAll();
   const s = ctx.snapshot;
   const stored = [...ctx.identity.accessGroups.values()].sort((a, b) => a.accessGroupName.localeCompare(b.accessGroupName));
-  const declared = [...deploymentGroups(s)].sort(([a], [b]) => a.localeCompare(b));
+  // A declared name that is a stored group's is listed once, with the stored group (groupObject).
+  const declared = [...deploymentGroups(s)].filter(([name]) => !ctx.identity.accessGroupByName(name)).sort(([a], [b]) => a.localeCompare(b));
   return {
     access_groups: [...declared.map(([name, models]) => deploymentGroupObject(s, name, models)), ...stored.map((row) => groupObject(s, row))],
   };
@@ -168,11 +169,14 @@ async function deleteGroup(ctx: AdminCtx, at: Lookup) {
   if (deleted.length === 0) throw missing(at);
   await ctx.changed({ kind: "access_group", accessGroupId: before.accessGroupId });
   await ctx.audit({ action: "deleted", table: "access_groups", objectId: before.accessGroupId, before });
+  const declared = deploymentGroups(ctx.snapshot).get(before.accessGroupName);
+  // The name still grants what deployments declare under it, to lists naming it (not to ids).
+  const kept = declared ? `; the deployments that declare it in model_info.access_groups keep it by name: ${declared.join(", ")}` : "";
   return {
     access_group: before.accessGroupName,
     access_group_id: before.accessGroupId,
     models_updated: deploymentCount(ctx.snapshot, before.modelNames),
-    message: `Access group '${before.accessGroupName}' deleted successfully`,
+    message: `Access group '${before.accessGroupName}' deleted successfully${kept}`,
   };
 }
 
