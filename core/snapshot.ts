@@ -280,6 +280,35 @@ function accessGroupLookup(models: ModelTable, identity: IdentityCache | undefin
   };
 }
 
+/**
+ * What answers to `name` as a model, for messages (`the model group 'gpt-4o'`): a model group, a
+ * wildcard route's pattern, or a `model_group_alias`; undefined when nothing does. A `models` list
+ * naming it means that model, so an access group of the same name would widen every such list.
+ */
+export function modelNamed(models: ModelTable, aliases: GroupAliases, name: string): string | undefined {
+  if (models.groups.has(name)) return `the model group '${name}'`;
+  if (models.wildcards.some((w) => w.pattern === name)) return `the wildcard route '${name}'`;
+  const alias = aliases.get(name);
+  return alias ? `the model_group_alias '${name}' (of ${alias.group})` : undefined;
+}
+
+/**
+ * Access groups named like a model, which the management API refuses but config.yaml may bring (a
+ * deployment's `model_info.access_groups`, or a model named like a stored group): taken, since the
+ * file is the operator's and a stored group must not stop it from loading, and said, as a list
+ * naming the name then gets the model and the group's models.
+ */
+function warnGroupsNamedLikeModels(models: ModelTable, aliases: GroupAliases, identity: IdentityCache | undefined, log: Logger): void {
+  const names = new Set([...declaredAccessGroups(models).keys(), ...[...(identity?.accessGroups.values() ?? [])].map((g) => g.accessGroupName)]);
+  for (const name of names) {
+    const model = modelNamed(models, aliases, name);
+    if (!model) continue;
+    log.warn(`access group '${name}' has the name of ${model}: a key, team or organization listing '${name}' gets that model and the group's models. Rename the group (model_info.access_groups, or a stored group) or the model.`, {
+      access_group: name,
+    });
+  }
+}
+
 function pickCallbacks(names: string[], where: string, named: Map<string, LoggingCallback>, errors: string[]): LoggingCallback[] {
   const out: LoggingCallback[] = [];
   for (const [i, name] of names.entries()) {
@@ -369,6 +398,7 @@ async function assemble(
     else log.error(`stored model not served: ${why}. ${fix}`, { model_id: m.id, model_name: m.name });
   }
   const models = buildModels(config.model_list, providers, errors, dbModels, log);
+  const groupAliases = groupAliasesOf(config);
   const pricing = buildPricing(config, configPath, errors);
   const cache = buildCache(config, services, errors);
   const passThrough = buildPassThrough(config.general_settings?.pass_through_endpoints, errors);
@@ -380,6 +410,7 @@ async function assemble(
   const failure = [...both, ...pickCallbacks(s.failure_callback ?? [], "/svc_settings/failure_callback", named, errors)];
 
   if (errors.length > 0) throw new SnapshotError(errors);
+  warnGroupsNamedLikeModels(models, groupAliases, services.identity, log);
   const hooks = plugins.map((p) => p.hooks);
   const rateLimiters = hooks.flatMap((h) => (h.rateLimiter ? [h.rateLimiter] : []));
   const budgets = hooks.flatMap((h) => (h.budget ? [h.budget] : []));
@@ -391,7 +422,7 @@ async function assemble(
     models,
     pricing,
     accessGroups: accessGroupLookup(models, services.identity),
-    groupAliases: groupAliasesOf(config),
+    groupAliases,
     providers,
     auth: hooks.flatMap((h) => (h.auth ? [h.auth] : [])),
     rateLimiters,

@@ -15,7 +15,9 @@ const CONFIG = {
     { model_name: "chat-mock", svc_params: { model: "mock/chat" }, model_info: { id: "chat-b" } },
     { model_name: "fixed-mock", svc_params: { model: "mock/fixed", mock_response: "Fixed." }, model_info: { id: "fixed-a", access_groups: ["cfg-group"] } },
     { model_name: "other-mock", svc_params: { model: "mock/other", mock_response: "Other." }, model_info: { id: "other-a" } },
+    { model_name: "wild/*", svc_params: { model: "mock/*" }, model_info: { id: "wild-a" } },
   ],
+  router_settings: { model_group_alias: { "chat-alias": "chat-mock" } },
   general_settings: { master_key: MASTER_KEY },
 };
 
@@ -215,6 +217,63 @@ for (const backend of BACKENDS) {
       await denied(byId, "joiner-mock");
       expect((await call("GET", "/access_group/joined/info")).body).toMatchObject({ access_group_id: null, model_names: ["joiner-mock"], source: "deployments" });
       expect((await call("POST", "/model/delete", { id: `joiner-${backend}` })).status).toBe(200);
+    });
+
+    test("a name is a model or an access group, never both: group and model writes refuse a clash with a 400 naming it; config.yaml's is a warning", async () => {
+      const clashes: [string, string][] = [
+        ["chat-mock", "the model group 'chat-mock'"],
+        ["chat-alias", "the model_group_alias 'chat-alias'"],
+        ["wild/*", "the wildcard route 'wild/*'"],
+      ];
+      for (const [name, what] of clashes) {
+        const res = await call("POST", "/access_group/new", { access_group: name, model_names: ["other-mock"] });
+        expect(res.status).toBe(400);
+        expect(res.body.error?.param).toBe("access_group");
+        expect(res.body.error?.message).toContain(what);
+      }
+      // Before, the group was made, and a key listing the model reached the group's models too.
+      await denied(await makeKey({ models: ["chat-mock"] }), "other-mock");
+
+      expect((await call("POST", "/access_group/new", { access_group: "named-group", model_names: ["other-mock"] })).status).toBe(200);
+      for (const [name, what] of [["named-group", "a stored access group"], ["cfg-group", "an access group declared by deployments"]]) {
+        const res = await call("POST", "/model/new", { model_name: name, svc_params: { model: "mock/clash" }, model_info: { id: `clash-${backend}` } });
+        expect(res.status).toBe(400);
+        expect(res.body.error?.param).toBe("model_name");
+        expect(res.body.error?.message).toContain(what);
+      }
+      const declaring = await call("POST", "/model/new", { model_name: "declaring", svc_params: { model: "mock/d" }, model_info: { id: `clash-${backend}`, access_groups: ["chat-alias"] } });
+      expect(declaring.status).toBe(400);
+      expect(declaring.body.error?.param).toBe("model_info.access_groups");
+      expect(declaring.body.error?.message).toContain("the model_group_alias 'chat-alias'");
+
+      // A stored model may not take a group's name, nor declare a model's; joining a group is fine.
+      const id = `renamed-${backend}`;
+      expect((await call("POST", "/model/new", { model_name: "renamed-mock", svc_params: { model: "mock/r" }, model_info: { id } })).status).toBe(200);
+      expect((await call("PATCH", `/model/${id}/update`, { model_name: "named-group" })).status).toBe(400);
+      expect((await call("POST", "/model/update", { model_name: "named-group", svc_params: { model: "mock/r" }, model_info: { id } })).status).toBe(400);
+      expect((await call("PATCH", `/model/${id}/update`, { model_info: { access_groups: ["chat-mock"] } })).status).toBe(400);
+      expect((await call("PATCH", `/model/${id}/update`, { model_info: { access_groups: ["named-group"] } })).status).toBe(200);
+      expect((await call("PATCH", `/model/${id}/update`, { svc_params: { mock_response: "Renamed." } })).status).toBe(200);
+      expect((await call("POST", "/model/delete", { id })).status).toBe(200);
+
+      // config.yaml is the operator's: a clash there (with the stored group, or a model's name
+      // declared as a group) loads, with a warning naming it.
+      const before = gw.log.lines.length;
+      const clashing = [
+        { model_name: "named-group", svc_params: { model: "mock/named" }, model_info: { id: "named-a" } },
+        { model_name: "declares-mock", svc_params: { model: "mock/dm" }, model_info: { id: "declares-a", access_groups: ["other-mock"] } },
+      ];
+      gw.writeConfig({ ...CONFIG, model_list: [...CONFIG.model_list, ...clashing] });
+      try {
+        expect((await gw.live.reload("test")).ok).toBe(true);
+        const warned = gw.log.lines.slice(before).filter((l) => l.level === "warn" && l.msg.startsWith("access group")).map((l) => l.msg);
+        expect(warned.some((m) => m.includes("'named-group' has the name of the model group 'named-group'"))).toBe(true);
+        expect(warned.some((m) => m.includes("'other-mock' has the name of the model group 'other-mock'"))).toBe(true);
+      } finally {
+        gw.writeConfig(CONFIG);
+        expect((await gw.live.reload("test")).ok).toBe(true);
+      }
+      expect((await call("DELETE", "/access_group/named-group/delete")).status).toBe(200);
     });
 
     test("a key naming an access group id that does not exist is a 400, as a team's is", async () => {

@@ -8,16 +8,19 @@
  * the stored part only.
  * The gateway reads groups through the identity cache, so a write takes effect on the next
  * request without rebuilding the registry. Deleting a group leaves the references to it in place:
- * they then grant nothing (access fails closed). Reads: admins and viewers; writes: proxy admins.
+ * they then grant nothing (access fails closed). A group is never named like a model (lists naming
+ * the name would get both): refuseModelName, refuseGroupNameClash. Reads: admins and viewers;
+ * writes: proxy admins.
  */
 import { randomUUID } from "node:crypto";
 import { Type as T } from "@sinclair/typebox";
 import { eq } from "drizzle-orm";
 import { Elysia } from "elysia";
 import { badRequest, notFound } from "../../authz.ts";
+import type { ModelEntry } from "../../config/schema.ts";
 import { GatewayError } from "../../errors.ts";
 import type { AccessGroupRow } from "../../identity/records.ts";
-import { declaredAccessGroups, groupModels, type Snapshot } from "../../snapshot.ts";
+import { declaredAccessGroups, groupModels, modelNamed, type Snapshot } from "../../snapshot.ts";
 import { accessGroups } from "../../store/schema.ts";
 import { isUniqueViolation, storeErrorCause } from "../../store/sql.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
@@ -80,12 +83,56 @@ async function storeWrite<R>(ctx: AdminCtx, what: string, write: () => Promise<R
 
 const duplicate = (name: string) => badRequest(`Access group '${name}' already exists.`, "access_group");
 
+/** A group named like a model would widen every list naming that model: the name would mean both. */
+function refuseModelName(s: Snapshot, name: string): void {
+  const model = modelNamed(s.models, s.groupAliases, name);
+  if (model) throw badRequest(`Access group name '${name}' is already ${model}: every key, team and organization listing '${name}' would get the group's models too. Choose another name.`, "access_group");
+}
+
+/** The access groups a stored model's `model_info` declares. */
+function declaredBy(info: unknown): readonly string[] {
+  const groups = info && typeof info === "object" ? (info as { access_groups?: unknown }).access_groups : undefined;
+  return Array.isArray(groups) ? groups.filter((g): g is string => typeof g === "string") : [];
+}
+
+/**
+ * A model write must not make one name both a model and an access group (lists naming it would get
+ * both): its `model_name` is no group's, its `model_info.access_groups` no model's. Only names the
+ * write brings are checked (`before`: the stored model it changes), so a clash config.yaml made (a
+ * warning at load) does not stop other changes of the model.
+ */
+export function refuseGroupNameClash(ctx: AdminCtx, entry: ModelEntry, before?: { modelName: string; modelInfo: unknown }): void {
+  const s = ctx.snapshot;
+  const name = entry.model_name;
+  const groups = entry.model_info?.access_groups ?? [];
+  if (name !== before?.modelName) {
+    const stored = ctx.identity.accessGroupByName(name) !== undefined;
+    if (stored || deploymentGroups(s).has(name) || groups.includes(name)) {
+      throw badRequest(
+        `model_name '${name}' is already the name of ${stored ? "a stored access group" : "an access group declared by deployments"}: every key, team and organization listing the group would get this model too. Choose another model_name.`,
+        "model_name",
+      );
+    }
+  }
+  const had = declaredBy(before?.modelInfo);
+  for (const group of groups.filter((g) => !had.includes(g))) {
+    const model = modelNamed(s.models, s.groupAliases, group);
+    if (model) {
+      throw badRequest(
+        `model_info.access_groups names '${group}', which is already ${model}: every key, team and organization listing '${group}' would get the group's models too. Choose another group name.`,
+        "model_info.access_groups",
+      );
+    }
+  }
+}
+
 async function createGroup(ctx: AdminCtx) {
   ctx.caller.requireAdmin();
   const body = await ctx.body(NewBody);
   const name = body.access_group;
   requireModels(ctx.snapshot, body.model_names);
   if (deploymentGroups(ctx.snapshot).has(name) || ctx.identity.accessGroupByName(name)) throw duplicate(name);
+  refuseModelName(ctx.snapshot, name);
   const who = ctx.caller.changedBy;
   const id = randomUUID();
   const [row] = await storeWrite(

@@ -19,6 +19,7 @@ import { decryptSecrets, encryptSecrets, isCredentialParam, secretKey } from "..
 import { type Snapshot, servedStoredDeployment } from "../../snapshot.ts";
 import { proxyModels } from "../../store/schema.ts";
 import { checker } from "../validate.ts";
+import { refuseGroupNameClash } from "./access-groups.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { refuseOverbooking } from "./reservations.ts";
 
@@ -187,6 +188,7 @@ async function createModel(ctx: AdminCtx, deps: AdminDeps) {
   ctx.caller.requireAdmin();
   const entry = await ctx.body(ModelEntrySchema);
   requireDeployable(ctx.snapshot, entry);
+  refuseGroupNameClash(ctx, entry);
   const id = entry.model_info?.id ?? randomUUID();
   const config = configModel(ctx.snapshot, id);
   // Stored under a config model's id, it would never serve: config.yaml's wins when they are merged.
@@ -210,6 +212,7 @@ async function replaceModel(ctx: AdminCtx, deps: AdminDeps) {
   if (!id) throw GatewayError.of(422, "Invalid request: model_info.id: required to name the model to update", "validation_error", "model_info.id");
   const before = await requireStored(ctx, id);
   requireDeployable(ctx.snapshot, entry);
+  refuseGroupNameClash(ctx, entry, before);
   checkReservations(ctx, id, entry, "svc_params");
   return writeUpdate(ctx, deps, before, entry);
 }
@@ -261,6 +264,7 @@ async function patchModel(ctx: AdminCtx, deps: AdminDeps, id: string) {
       model_info: storedInfo(merge(before.modelInfo as Record<string, unknown>, body.model_info)),
     }) as ModelEntry;
     requireDeployable(ctx.snapshot, merged);
+    refuseGroupNameClash(ctx, merged, before);
     checkReservations(ctx, id, merged, "svc_params");
     const [row] = await tx.update(proxyModels).set(rowValues(ctx, merged)).where(eq(proxyModels.modelId, id)).returning();
     return { before, row: row! };
