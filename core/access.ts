@@ -142,6 +142,58 @@ export function mayUseModel(rules: AccessRules | undefined, model: string, group
   return rules.levels.every((l) => passesRouted(l, model, target, routed, from, groups));
 }
 
+/** A list as written on a key or a team: its model entries and its access group ids. */
+export type ListedAccess = Pick<AccessLevel, "models" | "accessGroupIds">;
+
+/** The levels above a list (a key's team, a team's organization) and the aliases its calls read. */
+export type LevelsAbove = Pick<AccessRules, "levels" | "aliases" | "aliasSources">;
+
+/**
+ * The entries of a list that the levels above it would never let a call use, judged as calls are
+ * (mayUseModel: names, wildcards, access groups, aliases): an access group, named or by id, fits
+ * when each of its models does (one deleted since grants nothing, so nothing of it is outside),
+ * `*` only where no level above restricts, `all-team-models` always. So what may be written into
+ * a key's or a team's list is what its calls may use.
+ */
+export function listedOutside(above: LevelsAbove, list: ListedAccess, groups: AccessGroupLookup, groupAliases: GroupAliases): { models: string[]; accessGroupIds: string[] } {
+  const rules: AccessRules = { ...above, allowedRoutes: [], allowedPassthroughRoutes: [] };
+  const may = (model: string) => mayUseModel(rules, model, groups, groupAliases);
+  const fits = (entry: string): boolean => {
+    if (INHERIT.has(entry)) return true;
+    if (EVERYTHING.has(entry)) return above.levels.every((l) => unrestricted(l) || l.models.some((m) => EVERYTHING.has(m)));
+    const members = groups.byName(entry);
+    return members !== undefined && members.length > 0 ? members.every(may) : may(entry);
+  };
+  return { models: list.models.filter((e) => !fits(e)), accessGroupIds: list.accessGroupIds.filter((id) => !(groups.byId(id) ?? []).every(may)) };
+}
+
+/** String values of a stored alias map (anything else is ignored, as a call ignores it). */
+function stringMap(v: unknown): Record<string, string> {
+  const out: Record<string, string> = {};
+  if (v && typeof v === "object") for (const [k, x] of Object.entries(v)) if (typeof x === "string") out[k] = x;
+  return out;
+}
+
+/** Aliases of a key (or, without one, a team), its team and its orgs, the most specific winning, with where each came from. */
+export function accessAliases(
+  key: Pick<KeyRow, "aliases"> | undefined,
+  team: Pick<TeamRow, "modelAliases"> | undefined,
+  orgs: readonly Pick<OrgRow, "modelAliases">[],
+): Pick<AccessRules, "aliases" | "aliasSources"> {
+  const aliases: Record<string, string> = {};
+  const aliasSources: Record<string, AccessLevelName> = {};
+  const add = (from: AccessLevelName, map: unknown) => {
+    for (const [name, target] of Object.entries(stringMap(map))) {
+      aliases[name] = target;
+      aliasSources[name] = from;
+    }
+  };
+  for (const org of orgs) add("org", org.modelAliases);
+  add("team", team?.modelAliases);
+  add("key", key?.aliases);
+  return { aliases, aliasSources };
+}
+
 /**
  * Named route groups usable in `allowed_routes` (LiteLLM's names): model calls, everything else
  * (management), and the management API's reads (`info_routes`, below).

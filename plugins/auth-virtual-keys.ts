@@ -7,7 +7,6 @@
 import { createHash } from "node:crypto";
 import { Type } from "@sinclair/typebox";
 import {
-  type AccessLevelName,
   type Denied,
   definePlugin,
   type Hooks,
@@ -18,7 +17,7 @@ import {
   type Role,
   type TeamRow,
 } from "../core/contract.ts";
-import { keyAccessLevels, keyTypeRoutes } from "../core/access.ts";
+import { accessAliases, keyAccessLevels, keyTypeRoutes } from "../core/access.ts";
 import { errorInfo } from "../core/errors.ts";
 
 /**
@@ -32,28 +31,6 @@ const ROLES = new Set<Role>(["proxy_admin", "proxy_admin_viewer", "internal_user
 
 function deny(message: string, type = "authentication_error"): Denied {
   return { ok: false, error: errorInfo(401, message, type) };
-}
-
-function stringMap(v: unknown): Record<string, string> {
-  const out: Record<string, string> = {};
-  if (v && typeof v === "object") for (const [k, x] of Object.entries(v)) if (typeof x === "string") out[k] = x;
-  return out;
-}
-
-/** Aliases of the key, its team and its org, the most specific winning, with where each came from. */
-function aliasesOf(key: KeyRow, team: TeamRow | undefined, orgs: readonly OrgRow[]) {
-  const aliases: Record<string, string> = {};
-  const aliasSources: Record<string, AccessLevelName> = {};
-  const add = (from: AccessLevelName, map: unknown) => {
-    for (const [name, target] of Object.entries(stringMap(map))) {
-      aliases[name] = target;
-      aliasSources[name] = from;
-    }
-  };
-  for (const org of orgs) add("org", org.modelAliases);
-  add("team", team?.modelAliases);
-  add("key", key.aliases);
-  return { aliases, aliasSources };
 }
 
 /** A cached answer for one key and the records it was built from (what invalidates it). */
@@ -97,7 +74,7 @@ function principalOf(identity: IdentityView, key: KeyRow, team: TeamRow | undefi
     metadata: key.metadata,
     access: {
       levels,
-      ...aliasesOf(key, team, orgs),
+      ...accessAliases(key, team, orgs),
       allowedRoutes: key.allowedRoutes,
       keyTypeRoutes: keyTypeRoutes(key.keyType),
       // The key's own; its team's binds it too (authorizePassThrough).

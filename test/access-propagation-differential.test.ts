@@ -242,14 +242,20 @@ function served(w: World, target: string): string | undefined {
   return servedNames(w).includes(target) || (covers(WILDCARD, target) && target !== WILDCARD) ? target : undefined;
 }
 
-function orgsOf(w: World, k: KeyM): OrgM[] {
+function orgsOf(w: World, k: Pick<KeyM, "team" | "org">): OrgM[] {
   const team = k.team ? w.teams.get(k.team) : undefined;
   const ids = [...new Set([k.org, team?.org].filter((id): id is string => !!id))];
   return ids.map((id) => w.orgs.get(id)).filter((o): o is OrgM => o !== undefined);
 }
 
-function levelsOf(w: World, k: KeyM): { level: Level; models: string[]; ids: string[] }[] {
-  const out: { level: Level; models: string[]; ids: string[] }[] = [{ level: "key", models: k.models, ids: k.groupIds }];
+interface LevelM {
+  level: Level;
+  models: string[];
+  ids: string[];
+}
+
+function levelsOf(w: World, k: KeyM): LevelM[] {
+  const out: LevelM[] = [{ level: "key", models: k.models, ids: k.groupIds }];
   const team = k.team ? w.teams.get(k.team) : undefined;
   const user = k.user ? w.users.get(k.user) : undefined;
   // A team key is bound by its team; a personal key by its user.
@@ -263,29 +269,35 @@ type AliasFrom = "key" | "team" | "org";
 /** The levels an alias speaks for: the one that set it and those below it (a key alias cannot lift its team's list). */
 const ALIAS_SPEAKS_FOR: Record<AliasFrom, Level[]> = { key: ["key"], team: ["key", "team", "user"], org: ["key", "team", "user", "org"] };
 
-/** Aliases, key over team over org. */
-function aliasesOf(w: World, k: KeyM): Map<string, { target: string; from: AliasFrom }> {
-  const out = new Map<string, { target: string; from: AliasFrom }>();
-  const team = k.team ? w.teams.get(k.team) : undefined;
-  const add = (from: AliasFrom, map: Record<string, string> | undefined) => {
-    for (const [name, target] of Object.entries(map ?? {})) out.set(name, { target, from });
-  };
-  for (const org of orgsOf(w, k)) add("org", org.aliases);
-  add("team", team?.aliases);
-  add("key", k.aliases);
+type Aliases = Map<string, { target: string; from: AliasFrom }>;
+
+/** Alias maps of several levels, the later (more specific) winning. */
+function levelAliases(sets: [AliasFrom, Record<string, string> | undefined][]): Aliases {
+  const out: Aliases = new Map();
+  for (const [from, map] of sets) for (const [name, target] of Object.entries(map ?? {})) out.set(name, { target, from });
   return out;
 }
 
-/** The first level that refuses `requested` (after aliases), and the name it goes to. */
-function access(w: World, k: KeyM, requested: string): { denied?: Level; target: string } {
-  const alias = aliasesOf(w, k).get(requested);
+/** Aliases, key over team over org. */
+function aliasesOf(w: World, k: Pick<KeyM, "team" | "org" | "aliases">): Aliases {
+  const team = k.team ? w.teams.get(k.team) : undefined;
+  return levelAliases([...orgsOf(w, k).map((o): [AliasFrom, Record<string, string>] => ["org", o.aliases]), ["team", team?.aliases], ["key", k.aliases]]);
+}
+
+/** The first of `levels` that refuses `requested` (after `aliases`), and the name it goes to. */
+function refusal(w: World, levels: LevelM[], aliases: Aliases, requested: string): { denied?: Level; target: string } {
+  const alias = aliases.get(requested);
   const target = alias?.target ?? requested;
-  for (const l of levelsOf(w, k)) {
+  for (const l of levels) {
     if (allows(w, l.models, l.ids, target)) continue;
     if (alias && target !== requested && ALIAS_SPEAKS_FOR[alias.from].includes(l.level) && allows(w, l.models, l.ids, requested)) continue;
     return { denied: l.level, target };
   }
   return { target };
+}
+
+function access(w: World, k: KeyM, requested: string): { denied?: Level; target: string } {
+  return refusal(w, levelsOf(w, k), aliasesOf(w, k), requested);
 }
 
 /** What /v1/models lists: served names, names its levels (and their groups) name, and aliases, that the key may call. */
@@ -377,26 +389,32 @@ function same(a: Outcome, b: Outcome): boolean {
 
 // ---- the write rules the model predicts (README "Model access", "Who may do what"; the spec's 400s and 404s)
 
-/** A key's models must stay within its team's (names, wildcards, the team's access groups expanded). */
-function outsideTeam(w: World, models: string[], teamId: string | null): boolean {
-  const team = teamId ? w.teams.get(teamId) : undefined;
-  if (!team || (team.models.length === 0 && team.groupIds.length === 0) || team.models.some((m) => EVERYTHING.has(m))) return false;
-  const allowed = [...team.models, ...team.models.flatMap((m) => groupByName(w, m) ?? []), ...team.groupIds.flatMap((id) => groupById(w, id) ?? [])];
-  return models.some((m) => m !== INHERIT && !allowed.some((a) => covers(a, m)));
+/**
+ * A list (`models`, access group ids) names only what a call through the levels above it may use:
+ * each entry's models (every model of an access group, named or by id; `*` only where no level
+ * above restricts; `all-team-models` always), judged as a call is, aliases included.
+ */
+function listOutside(w: World, above: LevelM[], aliases: Aliases, models: string[], ids: string[]): boolean {
+  const may = (m: string) => !refusal(w, above, aliases, m).denied;
+  const open = above.every((l) => l.models.includes(INHERIT) || (l.models.length === 0 && l.ids.length === 0) || l.models.some((m) => EVERYTHING.has(m)));
+  const fits = (e: string) => {
+    if (e === INHERIT) return true;
+    if (EVERYTHING.has(e)) return open;
+    const members = groupByName(w, e);
+    return members && members.length > 0 ? members.every(may) : may(e);
+  };
+  return models.some((e) => !fits(e)) || ids.some((id) => !(groupById(w, id) ?? []).every(may));
 }
 
-/** A team's models must stay within its org's: an org entry (or an org group's member) covers each, or each member of a group it names. */
-function outsideOrg(w: World, models: string[], orgModels: string[]): boolean {
-  const own = orgModels.filter((m) => m !== INHERIT);
-  if (own.length === 0 || own.some((m) => EVERYTHING.has(m))) return false;
-  const orgCovers = (m: string) => own.some((e) => covers(e, m) || (groupByName(w, e)?.some((g) => covers(g, m)) ?? false));
-  return models.some((m) => {
-    if (m === INHERIT) return false;
-    if (EVERYTHING.has(m)) return true;
-    if (orgCovers(m)) return false;
-    const members = groupByName(w, m);
-    return !(members && members.length > 0 && members.every(orgCovers));
-  });
+/** A key's list within its team's (with the aliases of the key, its team and its orgs). */
+function outsideTeam(w: World, k: Pick<KeyM, "models" | "groupIds" | "team" | "org" | "aliases">): boolean {
+  const team = k.team ? w.teams.get(k.team) : undefined;
+  return team !== undefined && listOutside(w, [{ level: "team", models: team.models, ids: team.groupIds }], aliasesOf(w, k), k.models, k.groupIds);
+}
+
+/** A team's list within its org's (with the org's and the team's aliases). */
+function outsideOrg(w: World, t: Pick<TeamM, "models" | "groupIds" | "aliases">, org: Pick<OrgM, "models" | "aliases">): boolean {
+  return listOutside(w, [{ level: "org", models: org.models, ids: [] }], levelAliases([["org", org.aliases], ["team", t.aliases]]), t.models, t.groupIds);
 }
 
 // ---- writes: generator, predicted status, what a 200 changes
@@ -472,7 +490,8 @@ const WRITES: { name: string; weight: (w: World) => number; make: (w: World, rng
       const team = (body.team_id as string | undefined) ?? null;
       const models = (body.models as string[] | undefined) ?? [];
       const unknownGroup = ((body.access_group_ids as string[] | undefined) ?? []).some((g) => !w.groups.has(g));
-      const refused = (team && !w.teams.has(team)) || (body.organization_id && !w.orgs.has(body.organization_id as string)) || outsideTeam(w, models, team) || unknownGroup;
+      const listed = { models, groupIds: (body.access_group_ids as string[] | undefined) ?? [], team, org: (body.organization_id as string | undefined) ?? null, aliases: (body.aliases as Record<string, string> | undefined) ?? {} };
+      const refused = (team && !w.teams.has(team)) || (body.organization_id && !w.orgs.has(body.organization_id as string)) || outsideTeam(w, listed) || unknownGroup;
       return {
         what: `key/generate ${JSON.stringify(body)}`,
         method: "POST",
@@ -525,7 +544,17 @@ const WRITES: { name: string; weight: (w: World) => number; make: (w: World, rng
       if (k.dead) expect = 404;
       else if (teamChanged && team && !w.teams.has(team)) expect = 400;
       else if (org && org !== k.org && !w.orgs.has(org)) expect = 400;
-      else if ((teamChanged || "models" in body) && outsideTeam(w, models, team)) expect = 400;
+      else if (
+        (teamChanged || "models" in body || "access_group_ids" in body) &&
+        outsideTeam(w, {
+          models,
+          groupIds: (body.access_group_ids as string[] | undefined) ?? k.groupIds,
+          team,
+          org: "organization_id" in body ? (org ?? null) : k.org,
+          aliases: (body.aliases as Record<string, string> | undefined) ?? k.aliases,
+        })
+      )
+        expect = 400;
       // Ids the key already has may name groups deleted since; a new one must exist.
       else if (((body.access_group_ids as string[] | undefined) ?? []).some((g) => !k.groupIds.includes(g) && !w.groups.has(g))) expect = 400;
       return {
@@ -601,7 +630,8 @@ const WRITES: { name: string; weight: (w: World) => number; make: (w: World, rng
       const models = (body.models as string[] | undefined) ?? [];
       const groupIds = (body.access_group_ids as string[] | undefined) ?? [];
       const org = (body.organization_id as string | undefined) ?? null;
-      const refused = w.teamIds.has(id) || groupIds.some((g) => !w.groups.has(g)) || (org !== null && (!w.orgs.has(org) || outsideOrg(w, models, w.orgs.get(org)!.models)));
+      const aliases = (body.model_aliases as Record<string, string> | undefined) ?? {};
+      const refused = w.teamIds.has(id) || groupIds.some((g) => !w.groups.has(g)) || (org !== null && (!w.orgs.has(org) || outsideOrg(w, { models, groupIds, aliases }, w.orgs.get(org)!)));
       return {
         what: `team/new ${JSON.stringify(body)}`,
         method: "POST",
@@ -611,7 +641,7 @@ const WRITES: { name: string; weight: (w: World) => number; make: (w: World, rng
         apply: () => {
           w.teamIds.add(id);
           w.created.team = id;
-          w.teams.set(id, { id, models, groupIds, org, aliases: (body.model_aliases as Record<string, string> | undefined) ?? {}, blocked: body.blocked === true });
+          w.teams.set(id, { id, models, groupIds, org, aliases, blocked: body.blocked === true });
         },
       };
     },
@@ -637,7 +667,12 @@ const WRITES: { name: string; weight: (w: World) => number; make: (w: World, rng
       let expect = 200;
       if (!t) expect = 404;
       else if (((body.access_group_ids as string[] | undefined) ?? []).some((g) => !w.groups.has(g))) expect = 400;
-      else if (("organization_id" in body || "models" in body) && org !== null && (!w.orgs.has(org) || outsideOrg(w, models, w.orgs.get(org)!.models))) expect = 400;
+      else if (
+        ("organization_id" in body || "models" in body || "access_group_ids" in body) &&
+        org !== null &&
+        (!w.orgs.has(org) || outsideOrg(w, { models, groupIds, aliases: (body.model_aliases as Record<string, string> | undefined) ?? t.aliases }, w.orgs.get(org)!))
+      )
+        expect = 400;
       return {
         what: `team/update ${JSON.stringify(body)}`,
         method: "POST",
@@ -682,7 +717,7 @@ const WRITES: { name: string; weight: (w: World) => number; make: (w: World, rng
       const after = action === "add" ? [...new Set([...(t?.models ?? []), ...models])] : (t?.models ?? []).filter((m) => !models.includes(m));
       let expect = 200;
       if (!t) expect = 404;
-      else if (action === "add" && t.org && outsideOrg(w, after, w.orgs.get(t.org)!.models)) expect = 400;
+      else if (action === "add" && t.org && outsideOrg(w, { ...t, models: after }, w.orgs.get(t.org)!)) expect = 400;
       // Nothing to remove, or removing the last model (an empty list would allow everything): refused.
       else if (action === "delete" && (!models.some((m) => t.models.includes(m)) || after.length === 0)) expect = 400;
       return {
@@ -754,7 +789,10 @@ const WRITES: { name: string; weight: (w: World) => number; make: (w: World, rng
       let expect = 200;
       if (!o) expect = 404;
       // The org's models must keep covering its teams' models.
-      else if (body.models && [...w.teams.values()].some((t) => t.org === id && outsideOrg(w, t.models, body.models as string[]))) expect = 400;
+      else if (body.models) {
+        const after = { models: body.models as string[], aliases: (body.model_aliases as Record<string, string> | undefined) ?? o.aliases };
+        if ([...w.teams.values()].some((t) => t.org === id && outsideOrg(w, t, after))) expect = 400;
+      }
       return {
         what: `organization/update ${JSON.stringify(body)}`,
         method: "PATCH",

@@ -175,6 +175,47 @@ for (const backend of BACKENDS) {
       expect(outside.body.error?.param).toBe("models");
     });
 
+    test("what a key may list in its team, and a team in its org, is what its calls may use: group names and aliases that fit are taken, access_group_ids that do not are a 400", async () => {
+      const outsideGroup = (await call("POST", "/access_group/new", { access_group: "other-only", model_names: ["other-mock"] })).body.access_group_id as string;
+      const chatGroup = (await call("POST", "/access_group/new", { access_group: "chat-only", model_names: ["chat-mock"] })).body.access_group_id as string;
+      const team = await call("POST", "/team/new", { models: ["chat-mock", "fixed-mock"], model_aliases: { "team-fast": "chat-mock" } });
+      const team_id = team.body.team_id as string;
+      // An access group whose every model the team allows, the config's alias of a team model, the team's own alias.
+      for (const [models, model] of [[["cfg-group"], "fixed-mock"], [["chat-alias"], "chat-alias"], [["team-fast"], "team-fast"]] as const) {
+        const made = await call("POST", "/key/generate", { team_id, models });
+        expect(made.status).toBe(200);
+        expect((await chat(made.body.key as string, model)).choices).toHaveLength(1);
+      }
+      // A group holding a model the team does not allow: refused by name, and now by id too (its key could call none of it).
+      const byName = await call("POST", "/key/generate", { team_id, models: ["other-only"] });
+      expect(byName.status).toBe(400);
+      expect(byName.body.error?.param).toBe("models");
+      const byId = await call("POST", "/key/generate", { team_id, access_group_ids: [outsideGroup] });
+      expect(byId.status).toBe(400);
+      expect(byId.body.error?.param).toBe("access_group_ids");
+      expect(byId.body.error?.message).toContain("other-only");
+      const fits = await call("POST", "/key/generate", { team_id, access_group_ids: [chatGroup] });
+      expect(fits.status).toBe(200);
+      expect((await call("POST", "/key/update", { key: fits.body.key, access_group_ids: [outsideGroup] })).body.error?.param).toBe("access_group_ids");
+
+      const org = await call("POST", "/organization/new", { organization_alias: `org-${backend}`, models: ["chat-mock"] });
+      const organization_id = org.body.organization_id as string;
+      const aliased = await call("POST", "/team/new", { organization_id, models: ["chat-alias"] });
+      expect(aliased.status).toBe(200);
+      const teamKey = await call("POST", "/key/generate", { team_id: aliased.body.team_id });
+      expect((await chat(teamKey.body.key as string, "chat-alias")).choices).toHaveLength(1);
+      const outsideOrg = await call("POST", "/team/new", { organization_id, access_group_ids: [outsideGroup] });
+      expect(outsideOrg.status).toBe(400);
+      expect(outsideOrg.body.error?.param).toBe("access_group_ids");
+      const grouped = await call("POST", "/team/new", { organization_id, access_group_ids: [chatGroup] });
+      expect(grouped.status).toBe(200);
+      expect((await call("POST", "/team/update", { team_id: grouped.body.team_id, access_group_ids: [outsideGroup] })).body.error?.param).toBe("access_group_ids");
+      // The org may not narrow past what its teams' groups hold.
+      const narrowed = await call("PATCH", "/organization/update", { organization_id, models: ["fixed-mock"] });
+      expect(narrowed.status).toBe(400);
+      expect(narrowed.body.error?.message).toContain(`access_group_ids ${chatGroup}`);
+    });
+
     test("a stored model declaring a stored group's name joins the group: by name and by id alike, and info, list and update say so", async () => {
       const made = await call("POST", "/access_group/new", { access_group: "joined", model_names: ["chat-mock"] });
       expect(made.status).toBe(200);

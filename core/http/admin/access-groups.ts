@@ -81,6 +81,16 @@ async function storeWrite<R>(ctx: AdminCtx, what: string, write: () => Promise<R
   }
 }
 
+/** Access group ids for a message, each with its name when it has one (`id (name)`). */
+export function groupLabels(ctx: AdminCtx, ids: readonly string[]): string {
+  return ids
+    .map((id) => {
+      const name = ctx.identity.accessGroups.get(id)?.accessGroupName;
+      return name === undefined ? id : `${id} (${name})`;
+    })
+    .join(", ");
+}
+
 const duplicate = (name: string) => badRequest(`Access group '${name}' already exists.`, "access_group");
 
 /** A group named like a model would widen every list naming that model: the name would mean both. */

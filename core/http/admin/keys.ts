@@ -10,7 +10,7 @@ import { randomUUID } from "node:crypto";
 import { Type as T, type TSchema } from "@sinclair/typebox";
 import { and, asc, desc, eq, gt, ilike, inArray, isNotNull, isNull, or, type SQL, sql } from "drizzle-orm";
 import { Elysia } from "elysia";
-import { INHERIT, levelAllows } from "../../access.ts";
+import { accessAliases, EVERYTHING, INHERIT, levelAllows, listedOutside } from "../../access.ts";
 import { badRequest, type Caller, forbidden, notFound } from "../../authz.ts";
 import type { AccessLevel, Role } from "../../contract.ts";
 import { GatewayError } from "../../errors.ts";
@@ -38,6 +38,7 @@ import { checker } from "../validate.ts";
 import { handSetSpend } from "../../spend/flush.ts";
 import { counterId } from "../../spend/ledger.ts";
 import { isUniqueViolation, storeErrorCause } from "../../store/sql.ts";
+import { groupLabels } from "./access-groups.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { followedReset, periodFromBudget } from "../../identity/budget-period.ts";
 import { IdList, resetAt } from "../../identity/fields.ts";
@@ -220,13 +221,28 @@ async function assertNewKeyValue(ctx: AdminCtx, value: string, field: string): P
   return token;
 }
 
+/** What of a key decides the calls it may make in its team: its list, its aliases and its org (whose aliases its calls read). */
+type KeyList = Pick<KeyRow, "models" | "accessGroupIds" | "aliases" | "organizationId">;
+
 /**
- * The entries of a key's `models` that a team's (or, for a personal key, its user's) list does not
- * allow, read as the gateway path reads it (levelAllows): names, wildcards, access groups (those
- * declared on deployments as well as stored ones), catch-alls; an empty list allows everything.
+ * The entries of a personal key's `models` that its user's list does not allow, read as the
+ * gateway path reads it (levelAllows): names, wildcards, access groups (those declared on
+ * deployments as well as stored ones), catch-alls; an empty list allows everything.
  */
 function modelsOutside(ctx: AdminCtx, models: readonly string[], level: AccessLevel): string[] {
   return models.filter((m) => !INHERIT.has(m) && !levelAllows(level, m, ctx.snapshot.accessGroups));
+}
+
+/**
+ * The entries of the key's list its team would never let a call use, judged as calls are
+ * (access.ts listedOutside: access-group names, aliases of the key, team and orgs, the config's
+ * model_group_alias), so a key lists what its calls through the team may use.
+ */
+function outsideTeam(ctx: AdminCtx, key: KeyList, team: TeamRow): { models: string[]; accessGroupIds: string[] } {
+  const orgIds = [...new Set([key.organizationId, team.organizationId])].filter((id): id is string => !!id);
+  const orgs = orgIds.flatMap((id) => ctx.identity.orgs.get(id) ?? []);
+  const above = { levels: [{ level: "team" as const, models: team.models, accessGroupIds: team.accessGroupIds }], ...accessAliases(key, team, orgs) };
+  return listedOutside(above, key, ctx.snapshot.accessGroups, ctx.snapshot.groupAliases);
 }
 
 function teamOrFail(ctx: AdminCtx, teamId: string): TeamRow {
@@ -255,11 +271,15 @@ function checkReferences(ctx: AdminCtx, fields: Record<string, unknown>): void {
   if (unknownGroups.length > 0) throw badRequest(`Access group(s) ${unknownGroups.join(", ")} do not exist.`, "access_group_ids");
 }
 
-function checkTeamModels(ctx: AdminCtx, models: readonly string[], team: TeamRow | undefined): void {
+function checkTeamModels(ctx: AdminCtx, key: KeyList, team: TeamRow | undefined): void {
   if (!team) return;
-  const outside = modelsOutside(ctx, models, { level: "team", models: team.models, accessGroupIds: team.accessGroupIds });
-  if (outside.length > 0) {
-    throw badRequest(`Model not in team's models: ${outside.join(", ")}. Team ${team.teamId} may only use ${JSON.stringify(team.models)}.`, "models");
+  const outside = outsideTeam(ctx, key, team);
+  const teamGroups = team.accessGroupIds.length > 0 ? ` and access groups ${groupLabels(ctx, team.accessGroupIds)}` : "";
+  if (outside.models.length > 0) {
+    throw badRequest(`Model not in team's models: ${outside.models.join(", ")}. Team ${team.teamId} may only use ${JSON.stringify(team.models)}${teamGroups}.`, "models");
+  }
+  if (outside.accessGroupIds.length > 0) {
+    throw badRequest(`Access group(s) ${groupLabels(ctx, outside.accessGroupIds)} hold models outside team ${team.teamId}'s models ${JSON.stringify(team.models)}${teamGroups}.`, "access_group_ids");
   }
 }
 
@@ -446,7 +466,7 @@ export async function generateKey(ctx: AdminCtx, body: Record<string, unknown>, 
   const now = Date.now();
   const fields = keyFieldsOf(input);
   const models = (fields.models as string[] | null | undefined) ?? [];
-  checkTeamModels(ctx, models, team);
+  checkTeamModels(ctx, { models, accessGroupIds: [], aliases: {}, organizationId: null, ...fields }, team);
   checkTeamRoutes((fields.allowedPassthroughRoutes as string[] | null | undefined) ?? [], team);
   checkReferences(ctx, fields);
   const plaintext = typeof input.key === "string" ? input.key : newKeyValue();
@@ -612,7 +632,7 @@ function fieldsToUpdate(ctx: AdminCtx, row: KeyRow, body: KeyBody): Record<strin
     }
   }
   const team = teamId ? (teamChanged ? teamOrFail(ctx, teamId) : ctx.identity.teams.get(teamId)) : undefined;
-  if (teamChanged || "models" in fields) checkTeamModels(ctx, (fields.models as string[] | undefined) ?? row.models, team);
+  if (teamChanged || "models" in fields || "accessGroupIds" in fields) checkTeamModels(ctx, { ...row, ...fields }, team);
   // As /key/generate refuses them (authorizeGenerate): a personal key's models are its user's.
   if (!caller.isAdmin && teamId === null && (teamChanged || "models" in fields)) checkUserModels(ctx, row.userId, (fields.models as string[] | undefined) ?? row.models);
   if (teamChanged || "allowedPassthroughRoutes" in fields) checkTeamRoutes((fields.allowedPassthroughRoutes as string[] | null | undefined) ?? row.allowedPassthroughRoutes, team);

@@ -17,7 +17,7 @@ import { Amount, IdList, ModelMaxBudget, Parallel, Quantity, resetAt } from "../
 import { holdBudget, holdExistingUser, holdOrg, holdWrite, lockEmail } from "../../identity/holds.ts";
 import { addressTaken, type Exec, findUserByEmail } from "../../identity/members.ts";
 import { refuseMasterUserId } from "../../identity/master-user.ts";
-import { modelsOutsideOrg } from "../../identity/org-rules.ts";
+import { teamOutsideOrg } from "../../identity/org-rules.ts";
 import type { BudgetRow, KeyRow, OrgMemberRow, OrgRow, UserRow } from "../../identity/records.ts";
 import { fromApi, toApi } from "../../identity/serialize.ts";
 import { shownCallbackSettings } from "../../identity/team-callbacks.ts";
@@ -189,13 +189,14 @@ async function createOrg(ctx: AdminCtx) {
   return orgObject(org, budget ?? (await loadBudget(ctx, budgetId)));
 }
 
-/** Teams of the org whose models the org would no longer allow with `models`. */
-function teamsOutside(ctx: AdminCtx, orgId: string, models: string[]): string[] {
+/** Teams of the org whose lists the org, as `org` would make it, would no longer allow (their models, and access_group_ids). */
+function teamsOutside(ctx: AdminCtx, orgId: string, org: Pick<OrgRow, "models" | "modelAliases">): string[] {
   const bad: string[] = [];
   for (const team of ctx.identity.teams.values()) {
     if (team.organizationId !== orgId) continue;
-    const outside = modelsOutsideOrg({ models }, team.models, ctx.snapshot.accessGroups);
-    if (outside.length > 0) bad.push(`${team.teamId} (${outside.join(", ")})`);
+    const outside = teamOutsideOrg(org, team, ctx.snapshot.accessGroups, ctx.snapshot.groupAliases);
+    const named = [...outside.models, ...outside.accessGroupIds.map((id) => `access_group_ids ${id}`)];
+    if (named.length > 0) bad.push(`${team.teamId} (${named.join(", ")})`);
   }
   return bad;
 }
@@ -209,7 +210,8 @@ async function updateOrg(ctx: AdminCtx) {
   if (body.budget_id) await requireBudget(ctx, body.budget_id);
   const patch = withEmptyDefaults(fromApi(organizations, body, ORG_COLUMNS));
   if (Array.isArray(patch.models)) {
-    const bad = teamsOutside(ctx, orgId, patch.models as string[]);
+    const modelAliases = ("modelAliases" in patch ? patch.modelAliases : before.modelAliases) as OrgRow["modelAliases"];
+    const bad = teamsOutside(ctx, orgId, { models: patch.models as string[], modelAliases });
     if (bad.length > 0) throw badRequest(`The organization's models would no longer cover its teams' models: ${bad.join("; ")}. Update those teams first.`, "models");
     const orgs = new Map(ctx.identity.orgs).set(orgId, { ...before, models: patch.models as string[] });
     const inOrg = (k: KeyRow) => k.organizationId === orgId || (k.teamId !== null && ctx.identity.teams.get(k.teamId)?.organizationId === orgId);

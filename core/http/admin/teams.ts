@@ -31,7 +31,7 @@ import {
   userApi,
 } from "../../identity/members.ts";
 import { budgetGone, holdReferences, holdWrite, orgGone, type WriteHolds } from "../../identity/holds.ts";
-import { modelsOutsideOrg } from "../../identity/org-rules.ts";
+import { teamOutsideOrg } from "../../identity/org-rules.ts";
 import { choice, pageOf, paged } from "../../identity/paging.ts";
 import type { IdentityChange, KeyRow, TeamMemberRow, TeamRow, UserRow } from "../../identity/records.ts";
 import { exactAmount, fromApi, scaleOf, toApi } from "../../identity/serialize.ts";
@@ -39,6 +39,7 @@ import { budgets, organizations, teamMembers, teams, users, virtualKeys } from "
 import { isUniqueViolation } from "../../store/sql.ts";
 import { handSetSpend } from "../../spend/flush.ts";
 import { counterId } from "../../spend/ledger.ts";
+import { groupLabels } from "./access-groups.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { refuseOverbooking } from "./reservations.ts";
 import { followedReset, periodFromBudget } from "../../identity/budget-period.ts";
@@ -226,15 +227,28 @@ async function teamsApi(db: Exec, rows: readonly TeamRow[], caller?: Caller): Pr
 // ---------------------------------------------------------------------------------------------
 // Rules on team fields
 
-/** A team inside an organization stays inside its limits: models within the org's, budget and rates at most the org's. */
-async function checkOrgLimits(ctx: AdminCtx, team: { organizationId: string | null; models: string[]; maxBudget: string | null; tpmLimit: number | null; rpmLimit: number | null }): Promise<void> {
+/** What checkOrgLimits reads of a team: its list, its aliases and its limits. */
+type OrgBound = Pick<TeamRow, "organizationId" | "models" | "accessGroupIds" | "modelAliases" | "maxBudget" | "tpmLimit" | "rpmLimit">;
+
+/**
+ * A team inside an organization stays inside its limits: its list names only what a call through
+ * the org may use (org-rules.ts, the call path's judgement: access groups and aliases included),
+ * budget and rates at most the org's.
+ */
+async function checkOrgLimits(ctx: AdminCtx, team: OrgBound): Promise<void> {
   // "" is an id like any other (none exists), as on keys: taken for "no org", it was stored as one.
   if (team.organizationId === null) return;
   const [org] = await ctx.db.select().from(organizations).where(eq(organizations.organizationId, team.organizationId));
   if (!org) throw orgGone(team.organizationId);
-  const outside = modelsOutsideOrg(org, team.models, ctx.snapshot.accessGroups);
-  if (outside.length > 0) {
-    throw badRequest(`Team models ${JSON.stringify(outside)} are not within organization ${org.organizationId}'s models ${JSON.stringify(org.models)}.`, "models");
+  const outside = teamOutsideOrg(org, team, ctx.snapshot.accessGroups, ctx.snapshot.groupAliases);
+  if (outside.models.length > 0) {
+    throw badRequest(`Team models ${JSON.stringify(outside.models)} are not within organization ${org.organizationId}'s models ${JSON.stringify(org.models)}.`, "models");
+  }
+  if (outside.accessGroupIds.length > 0) {
+    throw badRequest(
+      `Team access groups ${groupLabels(ctx, outside.accessGroupIds)} hold models outside organization ${org.organizationId}'s models ${JSON.stringify(org.models)}.`,
+      "access_group_ids",
+    );
   }
   let orgBudget = org.maxBudget;
   let orgTpm = org.tpmLimit;
@@ -429,6 +443,8 @@ async function newTeam(ctx: AdminCtx): Promise<Record<string, unknown>> {
   await checkOrgLimits(ctx, {
     organizationId: row.organizationId ?? null,
     models: row.models ?? [],
+    accessGroupIds: row.accessGroupIds ?? [],
+    modelAliases: row.modelAliases ?? {},
     maxBudget: row.maxBudget ?? null,
     tpmLimit: row.tpmLimit ?? null,
     rpmLimit: row.rpmLimit ?? null,
@@ -473,10 +489,12 @@ async function updateTeam(ctx: AdminCtx): Promise<Record<string, unknown>> {
   if (periodFromBudget(raw, merged.budgetDuration)) {
     props.budgetResetAt = merged.budgetResetAt = followedReset(merged.budgetId ? ctx.identity.budgets.get(merged.budgetId) : undefined);
   }
-  if (["organization_id", "models", "max_budget", "tpm_limit", "rpm_limit"].some((f) => f in raw)) {
+  if (["organization_id", "models", "access_group_ids", "max_budget", "tpm_limit", "rpm_limit"].some((f) => f in raw)) {
     await checkOrgLimits(ctx, {
       organizationId: merged.organizationId ?? null,
       models: merged.models ?? [],
+      accessGroupIds: merged.accessGroupIds ?? [],
+      modelAliases: merged.modelAliases ?? {},
       maxBudget: merged.maxBudget ?? null,
       tpmLimit: merged.tpmLimit ?? null,
       rpmLimit: merged.rpmLimit ?? null,
