@@ -718,8 +718,8 @@ const WRITES: { name: string; weight: (w: World) => number; make: (w: World, rng
       let expect = 200;
       if (!t) expect = 404;
       else if (action === "add" && t.org && outsideOrg(w, { ...t, models: after }, w.orgs.get(t.org)!)) expect = 400;
-      // Nothing to remove, or removing the last model (an empty list would allow everything): refused.
-      else if (action === "delete" && (!models.some((m) => t.models.includes(m)) || after.length === 0)) expect = 400;
+      // Nothing to remove, or removing the last model of a team no access_group_ids restrict (an empty list would allow everything): refused.
+      else if (action === "delete" && (!models.some((m) => t.models.includes(m)) || (after.length === 0 && t.groupIds.length === 0))) expect = 400;
       return {
         what: `team/model/${action} ${id} ${JSON.stringify(models)}`,
         method: "POST",

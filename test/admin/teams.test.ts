@@ -694,6 +694,19 @@ for (const backend of BACKENDS) {
         expect(outside.status).toBe(400);
         expect(outside.body.error.message).toContain("chat-c");
       });
+
+      test("/team/model/delete of the last named model of a team that access_group_ids restrict is taken: the team keeps its groups' models only", async () => {
+        const group = await post<{ access_group_id: string }>("/access_group/new", { access_group: uid("grp"), model_names: ["chat-b"] });
+        const t = await newTeam({ models: ["chat-a"], access_group_ids: [group.body.access_group_id] });
+        const admin = await memberKey(t.team_id, "admin");
+        // A team admin's own call: before, a 400 saying the team would get every model.
+        const removed = await post<Team>("/team/model/delete", { team_id: t.team_id, models: ["chat-a"] }, admin.key);
+        expect(removed.status).toBe(200);
+        expect(removed.body.models).toEqual([]);
+        expect((await modelCall(admin.key, "chat-b")).status).toBe(200);
+        expect(await modelCall(admin.key, "chat-a")).toMatchObject({ status: 401, type: "team_model_access_denied" });
+        expect(await modelCall(admin.key, "chat-c")).toMatchObject({ status: 401, type: "team_model_access_denied" });
+      });
     });
 
     describe("who may do what", () => {

@@ -849,9 +849,13 @@ function changeModels(adding: boolean) {
         const present = body.models.filter((m) => before.models.includes(m));
         if (present.length === 0) throw badRequest(`None of ${JSON.stringify(body.models)} is in team ${before.teamId}'s models ${JSON.stringify(before.models)}.`, "models");
         models = before.models.filter((m) => !body.models.includes(m));
-        // An empty list means "every model": removing the last one must not widen the team's access.
-        if (models.length === 0) {
-          throw badRequest("Removing every model would give the team access to all models (an empty list means no restriction). Keep at least one, or have a proxy admin set models: [] with /team/update.", "models");
+        // An empty list means "every model" unless access_group_ids restrict the team: removing the
+        // last name must not widen the team's access, but leaves a team with groups held to them.
+        if (models.length === 0 && before.accessGroupIds.length === 0) {
+          throw badRequest(
+            "Removing every model would give the team access to all models (a team without models or access_group_ids has no restriction). Keep at least one, or have a proxy admin set models: [] with /team/update.",
+            "models",
+          );
         }
       }
       const [team] = await tx.update(teams).set({ models, updatedAt: new Date(), updatedBy: ctx.caller.changedBy }).where(eq(teams.teamId, before.teamId)).returning();
