@@ -10,7 +10,7 @@ import { randomUUID } from "node:crypto";
 import { Type as T, type TSchema } from "@sinclair/typebox";
 import { and, asc, desc, eq, gt, ilike, inArray, isNotNull, isNull, or, type SQL, sql } from "drizzle-orm";
 import { Elysia } from "elysia";
-import { accessAliases, EVERYTHING, INHERIT, levelAllows, listedOutside } from "../../access.ts";
+import { accessAliases, INHERIT, levelAllows, listedOutside } from "../../access.ts";
 import { badRequest, type Caller, forbidden, notFound } from "../../authz.ts";
 import type { AccessLevel, Role } from "../../contract.ts";
 import { GatewayError } from "../../errors.ts";
