@@ -89,23 +89,49 @@ function defaultAnswerTimeout(): number {
 
 /** A readiness probe must answer quickly even while a lost database is being reconnected. */
 const PING_TIMEOUT_MS = 2000;
+/** How often a probe's patience is counted (see `patience`). */
+const PATIENCE_TICK_MS = 100;
 
 type PingResult = { ok: boolean; detail: string; timedOut?: boolean };
 
-function pinger(db: Db): () => Promise<PingResult> {
+/**
+ * Resolves once `ms` have passed in which this process was free to read an answer. A stretch in
+ * which its event loop was held counts as one tick, not as its length: a gateway parsing and
+ * serializing megabytes for other calls held it for 6 s, the probe's answer waited unread, and a
+ * timer counting wall time gave up on it.
+ */
+function patience(ms: number): { over: Promise<void>; cancel(): void } {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const over = new Promise<void>((resolve) => {
+    let counted = 0;
+    let last = performance.now();
+    const tick = () => {
+      const now = performance.now();
+      counted += Math.min(now - last, PATIENCE_TICK_MS);
+      last = now;
+      if (counted >= ms) resolve();
+      else timer = setTimeout(tick, PATIENCE_TICK_MS);
+    };
+    timer = setTimeout(tick, PATIENCE_TICK_MS);
+  });
+  return { over, cancel: () => clearTimeout(timer) };
+}
+
+/**
+ * A probe: `version` answers the database's version, or fails. It is given up after
+ * PING_TIMEOUT_MS of this process's free time; `version` is told so by `abandoned`.
+ */
+function pinger(version: (abandoned: Promise<void>) => Promise<string>): () => Promise<PingResult> {
   return async () => {
-    let timer: ReturnType<typeof setTimeout> | undefined;
-    const timeout = new Promise<"timeout">((resolve) => {
-      timer = setTimeout(() => resolve("timeout"), PING_TIMEOUT_MS);
-    });
+    const wait = patience(PING_TIMEOUT_MS);
     try {
-      const answer = await Promise.race([rows<{ version: string }>(db, sql`select version() as version`), timeout]);
-      if (answer === "timeout") return { ok: false, detail: `no answer within ${PING_TIMEOUT_MS} ms`, timedOut: true };
-      return { ok: true, detail: answer[0]?.version ?? "unknown version" };
+      const answer = await Promise.race([version(wait.over), wait.over.then(() => undefined)]);
+      if (answer === undefined) return { ok: false, detail: `no answer within ${PING_TIMEOUT_MS} ms`, timedOut: true };
+      return { ok: true, detail: answer };
     } catch (e) {
       return { ok: false, detail: e instanceof Error ? e.message : String(e) };
     } finally {
-      clearTimeout(timer);
+      wait.cancel();
     }
   };
 }
@@ -116,12 +142,48 @@ function pinger(db: Db): () => Promise<PingResult> {
  * Only a failed or closed worker, or an error from the query itself, is down.
  */
 function pglitePinger(db: Db, bridge: PgliteBridge): Store["ping"] {
-  const ping = pinger(db);
+  const ping = pinger(async () => (await rows<{ version: string }>(db, sql`select version() as version`))[0]?.version ?? "unknown version");
   return async () => {
     if (bridge.failed) return { ok: false, detail: bridge.failed };
     const r = await ping();
     if (r.ok || !r.timedOut || bridge.failed) return { ok: r.ok, detail: bridge.failed ?? r.detail };
     return { ok: true, detail: `embedded PGlite, busy (the probe had ${r.detail})` };
+  };
+}
+
+/**
+ * PostgreSQL is probed on a connection of its own. Through the pool, the probe waited behind every
+ * query of a busy gateway (its 10 connections each reading a megabyte team list), timed out, and a
+ * busy store was reported unreachable: readiness said disconnected, and management calls were
+ * answered 503. A probe that failed leaves nothing behind (a connection that stopped answering
+ * would hold every later probe): the next one connects anew.
+ */
+function postgresPinger(url: string, socket: AnswerWatch["connect"]): { ping: Store["ping"]; close(): Promise<void> } {
+  let client: postgres.Sql | undefined;
+  let closed = false;
+  const drop = (failed: postgres.Sql) => {
+    if (client === failed) client = undefined;
+    return failed.end({ timeout: 0 }).catch(() => {});
+  };
+  const version = async (abandoned: Promise<void>) => {
+    if (closed) throw new Error("the store is closed");
+    client ??= postgres(url, { max: 1, onnotice: () => {}, connect_timeout: CONNECT_TIMEOUT_S, ...({ socket } as object) });
+    const probing = client;
+    abandoned.then(() => drop(probing));
+    try {
+      const [row] = await probing<{ version: string }[]>`select version() as version`;
+      return row?.version ?? "unknown version";
+    } catch (e) {
+      void drop(probing);
+      throw e;
+    }
+  };
+  return {
+    ping: pinger(version),
+    close: async () => {
+      closed = true;
+      if (client) await drop(client);
+    },
   };
 }
 
@@ -210,18 +272,19 @@ async function openPostgres(url: string, answerMs: number, log?: StoreLog): Prom
       reserved.release();
     }
     watch.arm();
+    const probe = postgresPinger(url, watch.connect);
     log?.info(`store: PostgreSQL at ${redact(url)}`);
     return {
       db,
       kind: "postgres",
-      ping: pinger(db),
+      ping: probe.ping,
       // Everything that writes has stopped by now. The bound matters: postgres.js 3.4.9 never ends
       // a connection whose query was cut by the server (a restart, pg_terminate_backend), so end()
       // always waited out its whole timeout then (porsager/postgres#1097).
-      close: once(() => {
+      close: once(async () => {
         watch.stop();
         clearInterval(listenerCheck);
-        return client.end({ timeout: 1 });
+        await Promise.all([client.end({ timeout: 1 }), probe.close()]);
       }),
       notifications: {
         // postgres.js keeps one dedicated listening connection and re-listens after a reconnect.

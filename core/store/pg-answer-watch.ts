@@ -29,6 +29,8 @@ const SYNC = 0x53; // 'S'
 const READY_FOR_QUERY = 0x5a; // 'Z'
 /** The code of an SSLRequest, the start-up's first message when the connection asks for TLS. */
 const SSL_REQUEST_CODE = 80877103;
+/** The code of a StartupMessage (protocol 3.0), the first message of a session without TLS. */
+const STARTUP_CODE = 196608;
 
 /**
  * Reads the framing of a stream of protocol messages (a type byte, then an int32 length that
@@ -36,8 +38,8 @@ const SSL_REQUEST_CODE = 80877103;
  */
 class MessageCounter {
   count = 0;
-  /** Set when the untyped first message is an SSLRequest. */
-  asksTls = false;
+  /** The code of the untyped first message (an SSLRequest, a StartupMessage, a CancelRequest). */
+  firstCode: number | undefined;
   private readonly header = new Uint8Array(5);
   private filled = 0;
   private skip = 0;
@@ -67,12 +69,23 @@ class MessageCounter {
       const length = view.getInt32(size - 4);
       if (this.untypedFirst) {
         this.untypedFirst = false;
-        // The SSLRequest is the length and the code alone.
-        if (length === 8 && chunk.length - i >= 4 && new DataView(chunk.buffer, chunk.byteOffset + i, 4).getInt32(0) === SSL_REQUEST_CODE) this.asksTls = true;
+        // postgres.js writes it whole, in one chunk.
+        if (chunk.length - i >= 4) this.firstCode = new DataView(chunk.buffer, chunk.byteOffset + i, 4).getInt32(0);
       } else if (this.counted.has(this.header[0]!)) this.count++;
       this.skip = Math.max(0, length - 4);
     }
   }
+}
+
+/**
+ * A session closed by the server before it was ready, without an error: a proxy or load balancer
+ * whose database is down accepts the connection, then closes it. postgres.js took that for a
+ * retry: it connected again at once, and again, holding the query the connection was opened for,
+ * which waited for good (a management write with it, then applied once the database was back).
+ * Reported to postgres.js as the socket's error, it fails that query as any failed connect does.
+ */
+function closedBeforeReady(target: string): Error {
+  return Object.assign(new Error(`${target} closed the connection before the session was ready`), { code: "CONNECTION_CLOSED" });
 }
 
 interface Watched {
@@ -145,7 +158,14 @@ export class AnswerWatch {
       entry.readAt = performance.now();
       entry.received.feed(chunk);
     });
-    socket.once("close", () => this.watched.delete(entry));
+    let failed = false;
+    socket.once("error", () => {
+      failed = true;
+    });
+    socket.once("close", () => {
+      this.watched.delete(entry);
+      if (!failed && entry.sent.firstCode === STARTUP_CODE && entry.received.count === 0) socket.emit("error", closedBeforeReady(target));
+    });
     return entry;
   }
 
@@ -159,7 +179,7 @@ export class AnswerWatch {
     const now = performance.now();
     let silentSince: number | undefined;
     for (const w of this.watched) {
-      if (w.sent.asksTls) {
+      if (w.sent.firstCode === SSL_REQUEST_CODE) {
         this.watched.delete(w);
         continue;
       }

@@ -128,8 +128,11 @@ function checkUrl(url: URL): void {
   for (const [name, value] of url.searchParams) if (UNSTORABLE.test(name) || UNSTORABLE.test(value)) throw unstorable(name);
 }
 
-/** How long a management call may run before the store is checked for an outage. */
+/** How long a management read may run before the store is checked for an outage. */
 const SLOW_CALL_MS = 5000;
+
+/** A call that changes nothing: answering it before it ends loses nothing. */
+const isRead = (request: Request) => request.method === "GET" || request.method === "HEAD";
 
 export function adminRoute<R>(deps: AdminDeps, handler: (ctx: AdminCtx) => Promise<R>) {
   return async ({ request }: { request: Request }): Promise<R> => {
@@ -199,25 +202,32 @@ export function adminRoute<R>(deps: AdminDeps, handler: (ctx: AdminCtx) => Promi
       },
     };
     const storeDown = async (err?: unknown): Promise<GatewayError | undefined> => {
-      // The connection lost under the call (the database restarted, failed over): the store may be
+      const reachable = await store.ping();
+      if (!reachable.ok) {
+        deps.log.warn("management call failed: store unreachable", { path: url.pathname, error: reachable.detail });
+        return GatewayError.of(
+          503,
+          "The store is unreachable, so this management call failed (it may not have been applied). Retry when the database is back.",
+          "api_connection_error",
+        );
+      }
+      // The connection lost under the call (the database restarted, failed over): the store is
       // back already, but this call's write may or may not have been applied.
       if (isConnectionLost(err)) {
         deps.log.warn("management call failed: store connection lost", { path: url.pathname, ...storeErrorCause(err) });
         return GatewayError.of(503, "The connection to the store was lost during this management call, so it may not have been applied. Check, then retry.", "api_connection_error");
       }
-      const reachable = await store.ping();
-      if (reachable.ok) return undefined;
-      deps.log.warn("management call failed: store unreachable", { path: url.pathname, error: reachable.detail });
-      return GatewayError.of(
-        503,
-        "The store is unreachable, so this management call failed (it may not have been applied). Retry when the database is back.",
-        "api_connection_error",
-      );
+      return undefined;
     };
     const work = handler(ctx);
     try {
-      // A lost database can leave a query waiting on reconnects for a long time: after a while,
-      // check the store and answer 503 rather than hold the caller indefinitely.
+      // A write is answered with its outcome, however long the store takes to give it: answered
+      // 503 while it still ran, it was applied afterwards (a key stored whose plaintext nobody
+      // got). Its queries fail on their own while the store is gone: a refused connect at once,
+      // an unanswered one after 5 s, a connection that stopped answering after
+      // DATABASE_ANSWER_TIMEOUT_MS (store/pg-answer-watch.ts).
+      if (!isRead(request)) return await work;
+      // A read need not wait that long: after a while, check the store and answer 503.
       let timer: ReturnType<typeof setTimeout> | undefined;
       const slow = new Promise<"slow">((resolve) => {
         timer = setTimeout(() => resolve("slow"), SLOW_CALL_MS);
