@@ -1,12 +1,13 @@
 /**
  * Builds the single binary: `bun scripts/build.ts [--outfile PATH]` (default dist/gateway).
  *
- * It is `bun build --compile --minify --sourcemap core/main.ts core/store/pglite-worker.ts`: the Bun
- * runtime, every module, the PGlite worker with PGlite's wasm and data files (imported as files in
- * core/store/pglite-worker.ts) and the migrations
+ * It is `bun build --compile --minify --sourcemap core/main.ts core/store/pglite-worker.ts
+ * core/config/parse-worker.ts`: the Bun runtime, every module, the PGlite worker with PGlite's wasm
+ * and data files (imported as files in core/store/pglite-worker.ts), the config reader's worker and
+ * the migrations
  * (core/store/migrations/index.ts) end up in one executable that runs from an empty folder.
  * The source maps are embedded in the binary, so the sidecar `.map` files the bundler also writes
- * beside it (the binary's and the worker's) are removed.
+ * beside it (the binary's and the workers') are removed.
  */
 import { rmSync, statSync } from "node:fs";
 import { basename, dirname, join, resolve } from "node:path";
@@ -14,7 +15,7 @@ import { parseArgs } from "node:util";
 
 export const ROOT = resolve(import.meta.dir, "..");
 export const DEFAULT_OUTFILE = resolve(ROOT, "dist/gateway");
-const WORKER_ENTRYPOINT = "core/store/pglite-worker.ts";
+const WORKER_ENTRYPOINTS = ["core/store/pglite-worker.ts", "core/config/parse-worker.ts"];
 
 export interface BuildResult {
   outfile: string;
@@ -26,10 +27,12 @@ export interface BuildResult {
 export async function buildBinary(outfile: string = DEFAULT_OUTFILE): Promise<BuildResult> {
   const out = resolve(outfile);
   const started = performance.now();
-  // The PGlite worker is a second entrypoint: Bun embeds a Worker's module only when it is listed.
-  // Inside the binary it is `./store/pglite-worker.ts` (relative to core/, the entrypoints' common
-  // folder); core/store/pglite-bridge.ts relies on that layout.
-  const proc = Bun.spawn([process.execPath, "build", "--compile", "--minify", "--sourcemap", "core/main.ts", WORKER_ENTRYPOINT, "--outfile", out], {
+  // The workers are entrypoints too: Bun embeds a Worker's module only when it is listed. Inside
+  // the binary they are `./store/pglite-worker.ts` and `./config/parse-worker.ts` (relative to core/,
+  // the entrypoints' common folder); core/store/pglite-bridge.ts and core/config/parse-thread.ts rely
+  // on that layout.
+  const entrypoints = ["core/main.ts", ...WORKER_ENTRYPOINTS];
+  const proc = Bun.spawn([process.execPath, "build", "--compile", "--minify", "--sourcemap", ...entrypoints, "--outfile", out], {
     cwd: ROOT,
     stdout: "pipe",
     stderr: "pipe",
@@ -37,7 +40,7 @@ export async function buildBinary(outfile: string = DEFAULT_OUTFILE): Promise<Bu
   const [stdout, stderr, code] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited]);
   if (code !== 0) throw new Error(`bun build --compile failed (exit ${code}):\n${stdout}${stderr}`);
   rmSync(`${out}.map`, { force: true });
-  rmSync(join(dirname(out), `${basename(WORKER_ENTRYPOINT, ".ts")}.js.map`), { force: true });
+  for (const worker of WORKER_ENTRYPOINTS) rmSync(join(dirname(out), `${basename(worker, ".ts")}.js.map`), { force: true });
   return { outfile: out, bytes: statSync(out).size, ms: Math.round(performance.now() - started) };
 }
 

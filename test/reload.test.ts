@@ -162,6 +162,32 @@ describe("a stream in flight across a reload", () => {
   });
 });
 
+describe("a large file", () => {
+  test("is read off the serving thread: timers (and so calls and streams) go on while it is parsed", async () => {
+    const { gw, client } = await gateway(withModels("alpha"));
+    // 4,000 models, 600 KB: seconds of parsing on a busy machine.
+    gw.writeConfig(withModels(...Array.from({ length: 4000 }, (_, i) => `m${i}`)));
+    let longestPause = 0;
+    let last = performance.now();
+    const tick = () => {
+      const now = performance.now();
+      longestPause = Math.max(longestPause, now - last);
+      last = now;
+    };
+    const ticker = setInterval(tick, 5);
+    const started = performance.now();
+    const reloaded = await gw.live.reload("test");
+    const took = performance.now() - started;
+    clearInterval(ticker);
+    tick();
+    expect(reloaded.ok).toBe(true);
+    expect((await modelIds(client)).length).toBe(4000);
+    // A ratio, not a bound, so that a slow machine does not fail it: parsed on this thread, the
+    // pause was nearly the whole reload (the registry build is a small part of it).
+    expect(longestPause).toBeLessThan(took / 2);
+  }, 60_000);
+});
+
 describe("a bad file written over a good one", () => {
   const rejections = (gw: TestGateway) =>
     gw.log.lines.filter((l) => l.level === "error" && l.msg.startsWith("config reload rejected")).map((l) => ((l.fields?.errors as string[] | undefined) ?? []).join("\n"));

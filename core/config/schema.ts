@@ -302,6 +302,7 @@ export const GeneralSettingsSchema = T.Object(
   { additionalProperties: true },
 );
 
+/** Declares no `default`: the loader fills in none (parseConfig), the code that reads a setting knows it. */
 export const ConfigSchema = T.Object(
   {
     /** Required by the type; a file without one gets [] (set by the loader, not a schema default: TypeBox's would turn a mapping written here into []). */
