@@ -1,13 +1,12 @@
 /** Entry point: flags and environment → config → store → Redis → HTTP server; SIGHUP reloads, SIGTERM drains. */
+// Only light modules here: the gateway's own (host, app, …) are imported in main(), once SIGHUP is
+// handled (see reloadOnSighup). Loading them takes seconds on a busy machine.
 import pkg from "../package.json" with { type: "json" };
 import { parseRunOptions, USAGE } from "./cli.ts";
-import { createApp } from "./http/app.ts";
-import { serveOptions, whyNotListening } from "./http/serving.ts";
 import { BoundedMap } from "./bounded-map.ts";
-import { type Host, startHost } from "./host.ts";
+import type { Host } from "./host.ts";
+import type { Live } from "./live.ts";
 import { createLogger, redact } from "./log.ts";
-import { deliverPending } from "./pipeline/record.ts";
-import { SnapshotError } from "./snapshot.ts";
 import { delay, within } from "./timer.ts";
 
 const log = createLogger("gateway");
@@ -73,7 +72,30 @@ function keepServingOnUnhandledErrors(): void {
   process.on("uncaughtException", (err) => report("uncaughtException", err));
 }
 
+/**
+ * SIGHUP handled from the start of main(): its default action kills the process, and a start (the
+ * gateway's modules loading, the store opening and migrating, plugins setting up) can take many
+ * seconds, during which a config reloader may well signal. A reload asked before the registry is up is run once it is: the file it
+ * was read from may have changed since. Returns what hands the handler the registry.
+ */
+function reloadOnSighup(): (live: Live) => void {
+  let live: Live | undefined;
+  let asked = false;
+  process.on("SIGHUP", () => {
+    if (live) void live.reload("SIGHUP", true);
+    else if (!asked) {
+      asked = true;
+      log.info("SIGHUP while starting: the config is read again once the gateway has started");
+    }
+  });
+  return (started) => {
+    live = started;
+    if (asked) void started.reload("SIGHUP", true);
+  };
+}
+
 async function main(): Promise<void> {
+  const sighupReloads = reloadOnSighup();
   let opts: ReturnType<typeof parseRunOptions>;
   try {
     opts = parseRunOptions(process.argv.slice(2), process.env);
@@ -83,6 +105,13 @@ async function main(): Promise<void> {
 
   // Before the plugins' setup runs: a timer it starts may throw at any time after.
   keepServingOnUnhandledErrors();
+  const [{ startHost }, { createApp }, { serveOptions, whyNotListening }, { SnapshotError }, { deliverPending }] = await Promise.all([
+    import("./host.ts"),
+    import("./http/app.ts"),
+    import("./http/serving.ts"),
+    import("./snapshot.ts"),
+    import("./pipeline/record.ts"),
+  ]);
   let host: Host;
   try {
     host = await startHost({ configPath: opts.configPath, dataDir: opts.dataDir, databaseUrl: opts.databaseUrl, redisUrl: opts.redisUrl, log });
@@ -107,7 +136,7 @@ async function main(): Promise<void> {
     fatal(`cannot listen on ${opts.host}:${opts.port}: ${await whyNotListening(opts.host, err)}`);
   }
   live.watch();
-  process.on("SIGHUP", () => void live.reload("SIGHUP", true));
+  sighupReloads(live);
   let stopping = false;
   const shutdown = async (signal: string) => {
     if (stopping) return;

@@ -15,6 +15,7 @@ import { waitFor } from "./harness/util.ts";
 setDefaultTimeout(20_000);
 
 const SLOW_PLUGIN = resolve(import.meta.dir, "fixtures/plugins/slow-provider.ts");
+const SLOW_SETUP_PLUGIN = resolve(import.meta.dir, "fixtures/plugins/slow-setup.ts");
 
 const running: { stop(): Promise<unknown> }[] = [];
 afterEach(async () => {
@@ -36,6 +37,21 @@ async function modelIds(client: OpenAI): Promise<string[]> {
 
 const mockModel = (name: string, reply = `reply from ${name}`) => ({ model_name: name, svc_params: { model: `mock/${name}`, mock_response: reply } });
 const withModels = (...names: string[]) => ({ model_list: names.map((n) => mockModel(n)), general_settings: { master_key: MASTER_KEY } });
+
+/** The gateway process's `config reloaded` log lines of reloads SIGHUP asked for. */
+function sighupReloads(gw: SpawnedGateway): Record<string, unknown>[] {
+  return gw
+    .output()
+    .split("\n")
+    .flatMap((line) => {
+      try {
+        return [JSON.parse(line) as Record<string, unknown>];
+      } catch {
+        return [];
+      }
+    })
+    .filter((l) => l.msg === "config reloaded" && l.reason === "SIGHUP");
+}
 
 async function ask(client: OpenAI, model: string): Promise<string | null | undefined> {
   const res = await client.chat.completions.create({ model, messages: [{ role: "user", content: "hi" }] });
@@ -394,24 +410,23 @@ describe("SIGHUP", () => {
     expect(await ask(client, "omega")).toBe("reply from omega");
 
     // The watcher may have reloaded too, but the SIGHUP itself must have caused a reload.
-    const logged = await waitFor(
-      () =>
-        gw
-          .output()
-          .split("\n")
-          .flatMap((line) => {
-            try {
-              return [JSON.parse(line) as Record<string, unknown>];
-            } catch {
-              return [];
-            }
-          })
-          .filter((l) => l.msg === "config reloaded" && l.reason === "SIGHUP"),
-      (l) => l.length > 0,
-      "a 'config reloaded' log line with reason SIGHUP",
-    );
+    const logged = await waitFor(() => sighupReloads(gw), (l) => l.length > 0, "a 'config reloaded' log line with reason SIGHUP");
     expect(logged[0]?.models).toBe(2);
     expect(gw.proc.exitCode).toBeNull();
     expect(await gw.stop()).toBe(0);
   }, 75_000); // a process opens its embedded store first: ~5 s alone, far more on a busy 2-CPU machine
+
+  test("a SIGHUP while the gateway is still starting does not kill it: the file is read again once it has started", async () => {
+    const gw = await spawnGateway({ ...withModels("alpha"), plugins: [{ path: SLOW_SETUP_PLUGIN, config: { ms: 1500 } }] }, { waitForListen: false });
+    running.push(gw);
+    // Its store is open; its registry is being built.
+    await waitFor(() => gw.output(), (out) => out.includes("slow-setup: setting up"), "the plugin's setup to begin", 60_000);
+    writeFileSync(gw.configPath, configText({ ...withModels("alpha", "omega"), plugins: [{ path: SLOW_SETUP_PLUGIN, config: { ms: 0 } }] }));
+    gw.proc.kill("SIGHUP");
+    const logged = await waitFor(() => sighupReloads(gw), (l) => l.length > 0, "a 'config reloaded' log line with reason SIGHUP", 30_000);
+    expect(logged[0]?.models).toBe(2);
+    expect(gw.output()).toContain("listening on");
+    expect(gw.proc.exitCode).toBeNull();
+    expect(await gw.stop()).toBe(0);
+  }, 75_000);
 });
