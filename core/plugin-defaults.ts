@@ -8,7 +8,8 @@ const isMapping = (v: unknown): v is Record<string, unknown> => v !== null && ty
  * Value.Default, plus the two places it leaves out that a plugin author expects defaults in: a
  * required object the file leaves out whose fields all have defaults (Value.Default builds only
  * objects that carry a `default` themselves), and the values of a Record (it fills only a value
- * schema that has its own `default`, never the fields inside one).
+ * schema that has its own `default`, never the fields inside one); both wherever they sit, in the
+ * items of a list too.
  */
 export function withDefaults(schema: TSchema, raw: unknown): unknown {
   return fill(schema, Value.Clone(raw));
@@ -17,6 +18,7 @@ export function withDefaults(schema: TSchema, raw: unknown): unknown {
 /** Value.Default writes into the value it is given (the caller's copy). */
 function fill(schema: TSchema, raw: unknown): unknown {
   const value = Value.Default(schema, raw);
+  if (KindGuard.IsArray(schema) && Array.isArray(value)) return value.map((item) => fill(schema.items, item));
   if (!isMapping(value)) return value;
   if (KindGuard.IsObject(schema)) {
     const required = new Set(schema.required ?? []);

@@ -75,13 +75,20 @@ export interface LoadedPlugin {
   hooks: Hooks;
 }
 
+/** Why a plugin entry cannot serve: one line per problem, as the config's errors are listed (each its own entry). */
+export class PluginError extends Error {
+  constructor(readonly problems: string[]) {
+    super(problems.join("\n"));
+  }
+}
+
 /** Fills in a plugin's config defaults, validates it against its own schema, then runs its setup (bounded by pluginTiming.setupMs). */
 export async function setupPlugin(plugin: PluginDef, rawConfig: unknown, ctx: PluginContext, entry: string): Promise<LoadedPlugin> {
   const cfg = withDefaults(plugin.config, rawConfig ?? {});
   const errors = schemaErrors(plugin.config, cfg, `${entry}/config`);
-  if (errors.length > 0) throw new AggregateError([], errors.map((e) => `plugin ${plugin.name}: ${e}`).join("\n"));
+  if (errors.length > 0) throw new PluginError(errors.map((e) => `${e} (plugin ${plugin.name})`));
   const setup = Promise.resolve(plugin.setup(cfg, ctx));
-  const tooLate = () => new AggregateError([], `plugin ${plugin.name}: its setup did not finish within ${pluginTiming.setupMs / 1000} s`);
+  const tooLate = () => new PluginError([`plugin ${plugin.name}: its setup did not finish within ${pluginTiming.setupMs / 1000} s`]);
   // A setup that finishes after it was given up on serves nothing: its hooks are disposed.
   const hooks = await beforeTimeout(setup, pluginTiming.setupMs, tooLate, (late) => void Promise.resolve(late.dispose?.()).catch(() => undefined));
   return { name: plugin.name, entry, hooks };

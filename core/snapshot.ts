@@ -29,7 +29,7 @@ import { LocalWindows } from "./limits/local-windows.ts";
 import { ModelTable, toDeployment } from "./models.ts";
 import { buildPassThrough, type PassThroughTable } from "./pass-through/table.ts";
 import type { ClientCredentialSettings } from "./pipeline/client-credentials.ts";
-import { BUILTIN_PLUGINS, importPlugin, type LoadedPlugin, setupPlugin } from "./plugins.ts";
+import { BUILTIN_PLUGINS, importPlugin, type LoadedPlugin, PluginError, setupPlugin } from "./plugins.ts";
 import type { CooldownShare } from "./router/cooldown-bus.ts";
 import type { HostServices, SpendLog } from "./services.ts";
 
@@ -141,7 +141,8 @@ async function loadPlugins(config: GatewayConfig, configPath: string, settings: 
       const def = await importPlugin(entry.path, configPath);
       loaded.push(await setupPlugin(def, entry.config, ctx, `/plugins/${i}`));
     } catch (err) {
-      errors.push(err instanceof AggregateError ? err.message : `/plugins/${i}/path: ${err instanceof Error ? err.message : String(err)}`);
+      if (err instanceof PluginError) errors.push(...err.problems);
+      else errors.push(`/plugins/${i}/path: ${err instanceof Error ? err.message : String(err)}`);
     }
   }
   return { loaded, errors };

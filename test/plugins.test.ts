@@ -190,7 +190,37 @@ describe("a plugin's config gets the defaults its schema declares", () => {
       // A field without a default is still required where defaults fill the rest.
       probe.writeConfig(configWith({ tiers: { bronze: {} } }));
       const refused = await probe.live.reload("test");
-      expect(refused.ok ? "" : refused.errors.join("\n")).toContain("plugin defaults-probe: /plugins/0/config/tiers/bronze/label: Expected required property");
+      expect(refused.ok ? [] : refused.errors).toContain("/plugins/0/config/tiers/bronze/label: Expected required property (plugin defaults-probe)");
+    } finally {
+      await probe.stop();
+    }
+  });
+
+  test("inside a list's items too: a left-out object and Record values are filled in each item", async () => {
+    const sinks = [{ url: "http://a", headers: { "x-a": { value: "1" } } }, { url: "http://b", retry: { max: 0 } }];
+    const probe = await startTestGateway(configWith({ sinks }));
+    try {
+      expect(await received(probe)).toMatchObject({
+        sinks: [
+          { url: "http://a", retry: { max: 3 }, headers: { "x-a": { value: "1", sensitive: false } } },
+          { url: "http://b", retry: { max: 0 } },
+        ],
+      });
+    } finally {
+      await probe.stop();
+    }
+  });
+
+  test("each error of a plugin's config is an entry of its own, starting with its path", async () => {
+    const probe = await startTestGateway(configWith({}));
+    try {
+      probe.writeConfig(configWith({ retries: "many", sinks: [{ retry: {} }] }));
+      const refused = await probe.live.reload("test");
+      expect(refused.ok ? [] : refused.errors.filter((e) => e.startsWith("/plugins/"))).toEqual([
+        "/plugins/0/config/retries: Expected number (plugin defaults-probe)",
+        "/plugins/0/config/sinks/0/url: Expected required property (plugin defaults-probe)",
+        "/plugins/0/config/sinks/0/url: Expected string (plugin defaults-probe)",
+      ]);
     } finally {
       await probe.stop();
     }
