@@ -87,9 +87,15 @@ export async function setupPlugin(plugin: PluginDef, rawConfig: unknown, ctx: Pl
   const cfg = withDefaults(plugin.config, rawConfig ?? {});
   const errors = schemaErrors(plugin.config, cfg, `${entry}/config`);
   if (errors.length > 0) throw new PluginError(errors.map((e) => `${e} (plugin ${plugin.name})`));
-  const setup = Promise.resolve(plugin.setup(cfg, ctx));
-  const tooLate = () => new PluginError([`plugin ${plugin.name}: its setup did not finish within ${pluginTiming.setupMs / 1000} s`]);
-  // A setup that finishes after it was given up on serves nothing: its hooks are disposed.
-  const hooks = await beforeTimeout(setup, pluginTiming.setupMs, tooLate, (late) => void Promise.resolve(late.dispose?.()).catch(() => undefined));
-  return { name: plugin.name, entry, hooks };
+  // A setup that throws at once fails as one that rejects: the plugin's entry is named, not its path.
+  const setup = Promise.resolve().then(() => plugin.setup(cfg, ctx));
+  const tooLate = () => new PluginError([`${entry}: plugin ${plugin.name}: its setup did not finish within ${pluginTiming.setupMs / 1000} s`]);
+  try {
+    // A setup that finishes after it was given up on serves nothing: its hooks are disposed.
+    const hooks = await beforeTimeout(setup, pluginTiming.setupMs, tooLate, (late) => void Promise.resolve(late.dispose?.()).catch(() => undefined));
+    return { name: plugin.name, entry, hooks };
+  } catch (err) {
+    if (err instanceof PluginError) throw err;
+    throw new PluginError([`${entry}: plugin ${plugin.name}: setup failed: ${err instanceof Error ? err.message : String(err)}`]);
+  }
 }

@@ -185,16 +185,17 @@ function collectProviders(plugins: LoadedPlugin[], errors: string[]): Map<string
   return providers;
 }
 
-/** A config entry → its resolved deployment, or the reason it cannot serve. */
-function resolveEntry(entry: ModelEntry, providers: Map<string, ProviderAdapter>): Deployment | { field: string; message: string } {
+/** A config entry → its resolved deployment, or the reason it cannot serve (`unknown`: no plugin provides its provider). */
+function resolveEntry(entry: ModelEntry, providers: Map<string, ProviderAdapter>): Deployment | { field: string; message: string; unknown?: true } {
   const base = toDeployment(entry);
   const adapter = providers.get(base.provider);
-  if (!adapter) return { field: "svc_params/model", message: `unknown provider '${base.provider}' (known: ${[...providers.keys()].sort().join(", ")})` };
+  if (!adapter) return { field: "svc_params/model", message: `unknown provider '${base.provider}' (known: ${[...providers.keys()].sort().join(", ")})`, unknown: true };
   const resolved = adapter.resolve ? adapter.resolve(base) : base;
   return typeof resolved === "string" ? { field: "svc_params", message: resolved } : resolved;
 }
 
-function buildModels(list: ModelEntry[], providers: Map<string, ProviderAdapter>, errors: string[], dbModels: ModelEntry[], log: Logger): ModelTable {
+/** `unknownNames`: where a model whose provider no plugin provides is reported (see assemble). */
+function buildModels(list: ModelEntry[], providers: Map<string, ProviderAdapter>, errors: string[], unknownNames: string[], dbModels: ModelEntry[], log: Logger): ModelTable {
   const seen = new Map<string, string>();
   const entries: { entry: ModelEntry; deployment: Deployment }[] = [];
   for (const [i, entry] of list.entries()) {
@@ -202,7 +203,7 @@ function buildModels(list: ModelEntry[], providers: Map<string, ProviderAdapter>
     if (entry === undefined) continue;
     const d = resolveEntry(entry, providers);
     if ("message" in d) {
-      errors.push(`/model_list/${i}/${d.field}: ${d.message}`);
+      (d.unknown ? unknownNames : errors).push(`/model_list/${i}/${d.field}: ${d.message}`);
       continue;
     }
     const dup = seen.get(d.id);
@@ -385,6 +386,10 @@ async function assemble(
   servedStored: ReadonlySet<string>,
 ): Promise<Snapshot> {
   const errors: string[] = [...pluginErrors];
+  // A plugin entry that failed (not found, not loaded, its config or setup refused) may be the one
+  // that provides a provider or callback the file names: those names go unchecked until it loads,
+  // rather than be reported unknown on top of its own error.
+  const unknownNames = pluginErrors.length > 0 ? [] : errors;
   const providers = collectProviders(plugins, errors);
   const stored = (await services.loadDbModels?.(settings)) ?? { entries: [], unreadable: [] };
   const dbModels = stored.entries;
@@ -398,7 +403,7 @@ async function assemble(
     if (servedStored.has(m.id)) errors.push(`stored model '${m.id}' (${m.name}): ${why}. ${fix}`);
     else log.error(`stored model not served: ${why}. ${fix}`, { model_id: m.id, model_name: m.name });
   }
-  const models = buildModels(config.model_list, providers, errors, dbModels, log);
+  const models = buildModels(config.model_list, providers, errors, unknownNames, dbModels, log);
   const groupAliases = groupAliasesOf(config);
   const pricing = buildPricing(config, configPath, errors);
   const cache = buildCache(config, services, errors);
@@ -406,9 +411,9 @@ async function assemble(
 
   const named = collectCallbacks(plugins, errors);
   const s = config.svc_settings ?? {};
-  const both = pickCallbacks(s.callbacks ?? [], "/svc_settings/callbacks", named, errors);
-  const success = [...both, ...pickCallbacks(s.success_callback ?? [], "/svc_settings/success_callback", named, errors)];
-  const failure = [...both, ...pickCallbacks(s.failure_callback ?? [], "/svc_settings/failure_callback", named, errors)];
+  const both = pickCallbacks(s.callbacks ?? [], "/svc_settings/callbacks", named, unknownNames);
+  const success = [...both, ...pickCallbacks(s.success_callback ?? [], "/svc_settings/success_callback", named, unknownNames)];
+  const failure = [...both, ...pickCallbacks(s.failure_callback ?? [], "/svc_settings/failure_callback", named, unknownNames)];
 
   if (errors.length > 0) throw new SnapshotError(errors);
   warnGroupsNamedLikeModels(models, groupAliases, services.identity, log);
