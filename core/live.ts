@@ -31,12 +31,14 @@ const ADDRESS_SETTINGS = {
   Redis: "Redis's address (REDIS_URL or general_settings.redis_url)",
 };
 
+type Addresses = { store: string | undefined; Redis: string | undefined };
+
 /**
  * The store's and Redis's addresses as a start would choose them now (the variable, the
  * environment's own or one environment_variables set, else general_settings): a reload cannot
  * change them, as they are opened once.
  */
-function openedAtStart(config: GatewayConfig): { store: string | undefined; Redis: string | undefined } {
+function openedAtStart(config: GatewayConfig): Addresses {
   const general = config.general_settings;
   return { store: process.env.DATABASE_URL || general?.database_url, Redis: process.env.REDIS_URL || general?.redis_url };
 }
@@ -103,6 +105,8 @@ export class Live {
     config: GatewayConfig,
     /** The `environment_variables` the serving config set: a reload changes or drops them. */
     private readonly configEnv: ConfigEnv,
+    /** The store's and Redis's addresses the process opened (at start), which a reload cannot change. */
+    private readonly opened: Addresses,
   ) {
     this.snap = first;
     this.text = text;
@@ -132,7 +136,7 @@ export class Live {
     for (const w of result.warnings) log.warn(`config: ${w}`);
     applyConfigEnv(result.env, configEnv);
     const snap = await buildSnapshot(result.config, configPath, 1, log, services);
-    return new Live(configPath, log, services, snap, result.text, result.config, configEnv);
+    return new Live(configPath, log, services, snap, result.text, result.config, configEnv, openedAtStart(result.config));
   }
 
   get current(): Snapshot {
@@ -212,12 +216,15 @@ export class Live {
       return { ok: false, errors };
     }
     for (const w of result.warnings) this.log.warn(`config: ${w}`);
-    const opened = openedAtStart(this.config);
+    const before = openedAtStart(this.config);
     const swapped = await this.swap(reason, result.config, result.text, result.env);
     if (swapped.ok) {
       const now = openedAtStart(this.config);
+      // Said once per change, and not for a change back to what the process opened.
       for (const what of ["store", "Redis"] as const) {
-        if (now[what] !== opened[what]) this.log.warn(`config: ${ADDRESS_SETTINGS[what]} changed; it is opened once, at start: restart the gateway to use the new one`);
+        if (now[what] !== before[what] && now[what] !== this.opened[what]) {
+          this.log.warn(`config: ${ADDRESS_SETTINGS[what]} changed; it is opened once, at start: restart the gateway to use the new one`);
+        }
       }
     }
     return swapped;

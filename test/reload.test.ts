@@ -343,7 +343,7 @@ describe("the store's and Redis's addresses", () => {
     else process.env[n] = saved[n];
   });
 
-  test("a reload that changes them (general_settings or environment_variables) is applied otherwise, and warns that they need a restart", async () => {
+  test("a reload that changes them (general_settings or environment_variables) is applied otherwise, and warns that they need a restart, unless back to what the process opened", async () => {
     for (const n of NAMES) delete process.env[n];
     const { gw, client } = await gateway(withModels("a"));
     const warnings = () => gw.log.lines.filter((l) => l.level === "warn" && l.msg.includes("it is opened once")).map((l) => l.msg);
@@ -357,14 +357,20 @@ describe("the store's and Redis's addresses", () => {
     expect((await gw.live.reload("test")).ok).toBe(true);
     expect(warnings()).toHaveLength(2);
     expect(warnings()[1]).toStartWith("config: Redis's address (REDIS_URL or general_settings.redis_url) changed");
-    // An unrelated change says nothing more; dropping them is a change too.
+    // An unrelated change says nothing more; nor does dropping them: back to what the process opened.
     gw.writeConfig({ ...withModels("a"), environment_variables: { DATABASE_URL: "postgres://127.0.0.1:1/other", REDIS_URL: "redis://127.0.0.1:1" } });
     expect((await gw.live.reload("test")).ok).toBe(true);
     expect(warnings()).toHaveLength(2);
     gw.writeConfig(withModels("a"));
     expect((await gw.live.reload("test")).ok).toBe(true);
-    expect(warnings()).toHaveLength(4);
+    expect(warnings()).toHaveLength(2);
     expect(process.env.DATABASE_URL).toBeUndefined();
+    // Added again, then removed again: one warning, for the change away from it.
+    gw.writeConfig({ ...withModels("a"), general_settings: { master_key: MASTER_KEY, redis_url: "redis://127.0.0.1:1" } });
+    expect((await gw.live.reload("test")).ok).toBe(true);
+    gw.writeConfig(withModels("a"));
+    expect((await gw.live.reload("test")).ok).toBe(true);
+    expect(warnings()).toHaveLength(3);
   });
 });
 
