@@ -36,10 +36,25 @@ export const pluginTiming = { loadMs: 30_000, setupMs: 30_000 };
 
 class LoadTimeout extends Error {}
 
+/**
+ * The plugin file at `abs`, if it is there. A path longer than the system takes (ENAMETOOLONG)
+ * names no file either: its error's message cut the path at the system's limit, so where it was cut
+ * depended on the folder of config.yaml, and a start and a reload said it differently.
+ */
+async function pluginFile(abs: string): Promise<Bun.BunFile | undefined> {
+  try {
+    const file = Bun.file(abs);
+    return (await file.exists()) ? file : undefined;
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === "ENAMETOOLONG") return undefined;
+    throw err;
+  }
+}
+
 export async function importPlugin(path: string, configPath: string): Promise<PluginDef> {
   const abs = isAbsolute(path) ? path : resolve(dirname(configPath), path);
-  const file = Bun.file(abs);
-  if (!(await file.exists())) throw new Error(`plugin file not found: ${abs}`);
+  const file = await pluginFile(abs);
+  if (!file) throw new Error(`plugin file not found: ${abs}`);
   let mod: { default?: unknown };
   // The query makes an edited plugin file load anew on reload instead of from the module cache.
   const loading = import(`${abs}?v=${file.lastModified}`) as Promise<{ default?: unknown }>;

@@ -1059,7 +1059,9 @@ function checkRefusal(reading: Reading, expected: string[], errors: string[], wh
     const segs = unpointer(p);
     let known = 0;
     while (known < segs.length && has(reading.doc, segs.slice(0, known + 1))) known++;
-    if (known < segs.length && !isObj(get(reading.doc, segs.slice(0, known)))) {
+    // A mapping written empty (YAML null) is absent to the gateway: a required field under it is missing.
+    const deepest = get(reading.doc, segs.slice(0, known));
+    if (known < segs.length && !isObj(deepest) && !emptySection(segs.slice(0, known), deepest)) {
       return `${where}: an error names a path that is not in the file: ${e.slice(0, 300)}`;
     }
   }
