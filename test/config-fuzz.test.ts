@@ -160,6 +160,7 @@ type Rule =
   | "perToken"
   | "perCall"
   | "bool"
+  | "envText"
   | "duration"
   | "stringList"
   | "hostList"
@@ -281,7 +282,7 @@ const SPECS: [string, Spec][] = [
   ["plugins/*/path", { rule: "nonEmptyString", required: true }],
   ["plugins/*/config", { rule: "map" }],
   ["environment_variables", { rule: "map" }],
-  ["environment_variables/*", { rule: "string" }],
+  ["environment_variables/*", { rule: "envText" }],
 ];
 
 const matches = (pattern: string, path: readonly Seg[]) => {
@@ -362,6 +363,8 @@ function valid(rule: Rule, v: unknown): boolean {
       return isNum(v) && v >= 0 && v <= 1_000_000;
     case "bool":
       return typeof v === "boolean";
+    case "envText":
+      return envText(v) !== undefined;
     case "duration":
       return durationOk(v);
     case "stringList":
@@ -953,6 +956,13 @@ function read(text: string): Reading {
   }
 }
 
+/** An `environment_variables` value as the README says it is set: text as it is, a number as its digits, true/false as True/False (LiteLLM's `str(value)`). */
+function envText(v: unknown): string | undefined {
+  if (typeof v === "string") return v;
+  if (typeof v === "boolean") return v ? "True" : "False";
+  return typeof v === "number" && Number.isFinite(v) ? String(v) : undefined;
+}
+
 /** `os.environ/NAME` read as the README says: the environment's variable, else the file's `environment_variables`; an empty one is unset. */
 function envValue(doc: Json, v: unknown): unknown {
   if (typeof v !== "string") return v;
@@ -961,7 +971,7 @@ function envValue(doc: Json, v: unknown): unknown {
   const own = process.env[m[1]!];
   if (own) return own;
   const file = doc.environment_variables;
-  return isObj(file) && typeof file[m[1]!] === "string" && file[m[1]!] !== "" ? file[m[1]!] : undefined;
+  return (isObj(file) && envText(file[m[1]!])) || undefined;
 }
 
 /** The master key an accepted file gives (SVC_MASTER_KEY is unset here). */

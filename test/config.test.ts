@@ -514,6 +514,22 @@ describe("os.environ/NAME", () => {
     expect(r.errors.some((e) => e.startsWith("/model_list/0/svc_params/model: Expected required property"))).toBe(true);
   });
 
+  test("environment_variables may be numbers and true/false, set as their text as LiteLLM sets them; a list or mapping is refused", async () => {
+    const names = ["GW_CONFIG_TEST_NUM", "GW_CONFIG_TEST_FLOAT", "GW_CONFIG_TEST_FLAG", "GW_CONFIG_TEST_OFF"];
+    for (const n of names) delete process.env[n];
+    try {
+      const { live } = await startOk("environment_variables: { GW_CONFIG_TEST_NUM: 4, GW_CONFIG_TEST_FLOAT: 1.5, GW_CONFIG_TEST_FLAG: true, GW_CONFIG_TEST_OFF: false }\nmodel_list: []\n");
+      await live.close();
+      expect(names.map((n) => process.env[n])).toEqual(["4", "1.5", "True", "False"]);
+    } finally {
+      for (const n of names) delete process.env[n];
+    }
+    expect(parseErrors("environment_variables: { A: [1], B: { c: 1 } }\n")).toEqual([
+      "/environment_variables/A: Expected union value (expected text, a number or true/false)",
+      "/environment_variables/B: Expected union value (expected text, a number or true/false)",
+    ]);
+  });
+
   test("environment_variables in the file provide values for os.environ/ references", () => {
     delete process.env[UNSET];
     try {

@@ -52,6 +52,17 @@ function environmentOwn(name: string, configSet: ReadonlyMap<string, string>): s
 /** Why an `os.environ/NAME` reference has no value. */
 export const unsetVariable = (name: string): string => `environment variable ${name} is ${process.env[name] === "" ? "empty" : "not set"}`;
 
+/**
+ * An `environment_variables` value as the variable's text: a number or true/false is set as LiteLLM
+ * sets it (Python's `str(value)`: `4` is "4", `true` is "True"), so a LiteLLM config with unquoted
+ * numbers loads; anything else is left to the schema to refuse.
+ */
+function envText(v: unknown): string | undefined {
+  if (typeof v === "string") return v;
+  if (typeof v === "boolean") return v ? "True" : "False";
+  return typeof v === "number" && Number.isFinite(v) ? String(v) : undefined;
+}
+
 /** Pass-through header values: read where the endpoints are built, `os.environ/NAME` anywhere in the text, an unset one an error. */
 const PASS_THROUGH_HEADER = /^\/general_settings\/pass_through_endpoints\/\d+\/headers\/[^/]+$/;
 
@@ -152,7 +163,10 @@ export function parseConfig(text: string, configSet: ReadonlyMap<string, string>
   const env: Record<string, string> = {};
   const envVars = (raw as Record<string, unknown>).environment_variables;
   if (envVars && typeof envVars === "object") {
-    for (const [k, v] of Object.entries(envVars)) if (typeof v === "string" && environmentOwn(k, configSet) === undefined) env[k] = v;
+    for (const [k, v] of Object.entries(envVars)) {
+      const text = envText(v);
+      if (text !== undefined && environmentOwn(k, configSet) === undefined) env[k] = text;
+    }
   }
   const warnings: string[] = [];
   const substituted = substituteEnv(raw, "", warnings, env, configSet) as Record<string, unknown>;

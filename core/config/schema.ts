@@ -311,7 +311,8 @@ export const ConfigSchema = T.Object(
     svc_settings: T.Optional(SvcSettingsSchema),
     general_settings: T.Optional(GeneralSettingsSchema),
     plugins: T.Optional(T.Array(PluginEntrySchema)),
-    environment_variables: T.Optional(T.Record(T.String(), T.String())),
+    /** A number or true/false is set as its text, as LiteLLM does (`str(value)`): see load.ts envText. */
+    environment_variables: T.Optional(T.Record(T.String(), T.Union([T.String(), T.Number(), T.Boolean()], { description: "text, a number or true/false" }))),
   },
   { additionalProperties: false },
 );
