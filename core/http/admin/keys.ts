@@ -41,7 +41,7 @@ import { isUniqueViolation, storeErrorCause } from "../../store/sql.ts";
 import { groupLabels } from "./access-groups.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { followedReset, periodFromBudget } from "../../identity/budget-period.ts";
-import { IdList, resetAt } from "../../identity/fields.ts";
+import { IdList, LIMIT_COLUMNS, resetAt } from "../../identity/fields.ts";
 import { guaranteedOverflow, isGuaranteed, type PlannedKey } from "../../limits/capacity.ts";
 import { MASTER_USER_ID, refuseMasterUserId } from "../../identity/master-user.ts";
 import { routesOutsideTeam } from "../../identity/team-routes.ts";
@@ -531,20 +531,11 @@ export async function generateKey(ctx: AdminCtx, body: Record<string, unknown>, 
  * the rest). A change that tightens one is refused too: who set a cap is not recorded.
  */
 const ADMIN_SET_FIELDS = [
-  "spend",
+  ...LIMIT_COLUMNS,
   "blocked",
-  "max_budget",
-  "soft_budget",
   "temp_budget_increase",
   "temp_budget_expiry",
-  "budget_duration",
   "budget_id",
-  "model_max_budget",
-  "tpm_limit",
-  "rpm_limit",
-  "max_parallel_requests",
-  "model_tpm_limit",
-  "model_rpm_limit",
   "tpm_limit_type",
   "rpm_limit_type",
   "duration",
