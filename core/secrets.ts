@@ -11,7 +11,7 @@ const PREFIX = "enc:v1:";
 export const SECRET_PARAM = /(^|_)(api_key|key|secret|token|password|credentials?)$|^aws_|_credentials$/i;
 
 /** Query parameters that carry a credential (`?key=`, `?api-key=`, `?access_token=`, `?sig=`). */
-const SECRET_QUERY_PARAM = /key|token|secret|password|signature|credential|^sig$/i;
+export const SECRET_QUERY_PARAM = /key|token|secret|password|signature|credential|^sig$/i;
 
 const decoded = (text: string): string => {
   try {

@@ -6,9 +6,10 @@
 // or cut.
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { sql } from "drizzle-orm";
-import postgres from "postgres";
-import { freshDatabase, MASTER_KEY, requestJson, startTestGateway, type TestGateway } from "./harness/gateway.ts";
-import { TcpRelay } from "./harness/relay.ts";
+import type postgres from "postgres";
+import { MASTER_KEY, requestJson, type TestGateway } from "./harness/gateway.ts";
+import type { TcpRelay } from "./harness/relay.ts";
+import { gatewayBehindRelay, readiness as readinessOf } from "./harness/relayed-store.ts";
 
 const CONFIG = {
   model_list: [{ model_name: "gpt-a", svc_params: { model: "mock/gpt-a" } }],
@@ -17,31 +18,19 @@ const CONFIG = {
 
 let gw: TestGateway;
 let relay: TcpRelay;
-let drop: () => Promise<void>;
 /** Straight to the database, past the relay. */
 let direct: postgres.Sql;
+let stop: () => Promise<void>;
 
 beforeAll(async () => {
-  const db = await freshDatabase("gw_busy");
-  drop = db.drop;
-  direct = postgres(db.url, { max: 1, onnotice: () => {} });
-  relay = await TcpRelay.start({ host: "127.0.0.1", port: 5432 });
-  const url = new URL(db.url);
-  url.port = String(relay.port);
-  gw = await startTestGateway(CONFIG, { store: { databaseUrl: url.toString() } });
+  ({ gw, relay, direct, stop } = await gatewayBehindRelay("gw_busy", CONFIG));
 });
 
 afterAll(async () => {
-  await direct?.end();
-  await gw?.stop();
-  await relay?.close();
-  await drop?.();
+  await stop?.();
 });
 
-async function readiness(): Promise<{ status: number; db: string }> {
-  const res = await fetch(`${gw.url}/health/readiness`);
-  return { status: res.status, db: ((await res.json()) as { db: string }).db };
-}
+const readiness = () => readinessOf(gw);
 
 const keysWithAlias = async (alias: string) => (await direct<{ n: number }[]>`select count(*)::int as n from virtual_keys where key_alias = ${alias}`)[0]!.n;
 

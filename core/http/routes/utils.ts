@@ -14,7 +14,7 @@ import { geminiMessages } from "../../gemini-inbound/request.ts";
 import { buildCall, splitCall } from "../../pipeline/call.ts";
 import { OPENAI_CHAT_PARAMS, OPENAI_EMBEDDING_PARAMS, paramsFor, supportedBody } from "../../pipeline/params.ts";
 import { invalidModel } from "../../router/route.ts";
-import { withoutCredentials } from "../../secrets.ts";
+import { SECRET_QUERY_PARAM, withoutCredentials } from "../../secrets.ts";
 import type { Snapshot } from "../../snapshot.ts";
 import { canCountUpstream, countLocally, countUpstream, type TokenCount, tokenizerModel } from "../../tokens/count.ts";
 import { deploymentFor } from "../../tokens/target.ts";
@@ -90,8 +90,9 @@ const CALL_TYPES: Record<string, Endpoint> = {
   aimage_generation: "images",
 };
 
-/** Header and query names that carry credentials. */
-const SECRET_NAME = /^(authorization|proxy-authorization|cookie)$|key|token|secret|password|signature|credential|^sig$/i;
+const CREDENTIAL_HEADER_NAME = /^(authorization|proxy-authorization|cookie)$/i;
+/** Header and query names that carry credentials: those of a query (secrets.ts) and the auth headers. */
+const isSecretName = (name: string): boolean => CREDENTIAL_HEADER_NAME.test(name) || SECRET_QUERY_PARAM.test(name);
 const REDACTED = "REDACTED";
 
 /**
@@ -103,7 +104,7 @@ export function redactHeaders(headers: Record<string, string>, d: Deployment): R
   const configured = new Set(Object.keys(d.headers ?? {}).map((h) => h.toLowerCase()));
   const out: Record<string, string> = {};
   for (const [k, v] of Object.entries(headers)) {
-    out[k] = SECRET_NAME.test(k) || configured.has(k.toLowerCase()) || withoutCredentials(v, d) !== v ? REDACTED : v;
+    out[k] = isSecretName(k) || configured.has(k.toLowerCase()) || withoutCredentials(v, d) !== v ? REDACTED : v;
   }
   return out;
 }
@@ -116,7 +117,7 @@ export function redactUrl(raw: string): string {
     return raw;
   }
   if (url.password) url.password = REDACTED;
-  for (const name of [...url.searchParams.keys()]) if (SECRET_NAME.test(name)) url.searchParams.set(name, REDACTED);
+  for (const name of [...url.searchParams.keys()]) if (isSecretName(name)) url.searchParams.set(name, REDACTED);
   return url.toString();
 }
 
