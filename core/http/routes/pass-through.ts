@@ -57,9 +57,8 @@ const NONE_WITHHELD: ReadonlySet<string> = new Set();
 export function passThroughRoutes(deps: AppDeps, served: ServedRoutes) {
   const { live, log } = deps;
   const handle = async ({ request }: { request: Request }): Promise<Response> => {
-    // Bun leaves the URL without its scheme and host when the Host header is not a valid host (RFC 9112 §3.2: a 400).
-    const url = URL.parse(request.url);
-    if (!url) throw GatewayError.of(400, "Bad request: the Host header is not a valid host.", "invalid_request_error");
+    // Always absolute: a request whose Host is not a valid host was answered 400 before the app (serving.ts routingAnyHost).
+    const url = new URL(request.url);
     // An encoded slash or backslash would let a path step out of its endpoint (or its allowed prefix) at a target that decodes it.
     if (ENCODED_SEPARATOR.test(url.pathname)) throw GatewayError.of(400, "Encoded slashes and backslashes (%2F, %5C) are not allowed in this path.", "invalid_request_error");
     const pin = live.pin();
