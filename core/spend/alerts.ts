@@ -122,12 +122,16 @@ export class BudgetAlerts implements CrossingListener {
    */
   crossed(counter: BudgetCounter, event: BudgetEvent, spend: bigint, left?: number, wasPast = false): void {
     const key = alertKey(counter, event, left);
-    if (wasPast) {
-      const asked = `${key.counterId}\t${key.event}\t${key.period}`;
-      if (this.askedPast.has(asked)) return;
-      this.askedPast.set(asked, true);
-    }
-    void this.deliver(counter, key, spend, left).catch((err) => this.log.error("budget alert failed", { ...storeErrorCause(err), budget: counter.label }));
+    const asked = `${key.counterId}\t${key.event}\t${key.period}`;
+    if (wasPast && this.askedPast.has(asked)) return;
+    // The call that crossed marks it too: the next call's "already past" could otherwise reach the
+    // store first and send the alert with its later spend.
+    this.askedPast.set(asked, true);
+    void this.deliver(counter, key, spend, left).catch((err) => {
+      // Asked again at the next call, which may find the store back.
+      this.askedPast.delete(asked);
+      this.log.error("budget alert failed", { ...storeErrorCause(err), budget: counter.label });
+    });
   }
 
   private async deliver(counter: BudgetCounter, key: AlertKey, spend: bigint, left: number | undefined): Promise<void> {
