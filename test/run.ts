@@ -14,10 +14,15 @@ rmSync(report, { force: true });
 // The files run in two worker processes by default (bun test --parallel --no-isolate, which keeps a
 // worker's modules and the compiled PGlite across its files, as one process does): most files spend
 // much of their time waiting on gateways they started, so on a 2-core machine the suite takes 6.5
-// minutes instead of 11.5 in one process (TEST_WORKERS=1), 11 instead of 16 on a slower one.
+// minutes instead of 11.5 in one process (TEST_WORKERS=1), 11 instead of 16 on a slower one
+// (9.3 minutes on a fresh 2-core machine on 2026-11-28, 1,116 s of test time).
 const workers = Number(process.env.TEST_WORKERS ?? 2);
 if (!Number.isInteger(workers) || workers < 1) throw new Error(`TEST_WORKERS must be a whole number of at least 1, not ${process.env.TEST_WORKERS}`);
-const parallel = workers > 1 ? [`--parallel=${workers}`, "--no-isolate"] : [];
+// Each file's duration from a recent run (test/timings.json): the workers start the slowest files
+// first, so a long one (admin/bad-input, about a tenth of the suite) never runs alone at the end.
+// `npm test -- --update-timings` rewrites it from the run.
+const timings = join(root, "test", "timings.json");
+const parallel = workers > 1 ? [`--parallel=${workers}`, "--no-isolate", ...(existsSync(timings) ? [`--timings=${timings}`] : [])] : [];
 const proc = Bun.spawn([process.execPath, "test", "--timeout=30000", ...parallel, "--reporter=junit", `--reporter-outfile=${report}`, ...process.argv.slice(2)], {
   cwd: root,
   stdout: "inherit",
