@@ -136,6 +136,17 @@ export function redactSecrets(value: unknown, field = ""): unknown {
   return value;
 }
 
+const RESOLVED_SECRET_FIELD = /key|token|secret|password/i;
+
+/**
+ * Secrets a provider's `resolve` attached (Azure's key read from AZURE_API_KEY, its client
+ * secret): named by their field (`key`, `token`, `clientSecret`), not its other fields (`kind`).
+ */
+function resolvedCredentials(credentials: unknown): unknown[] {
+  if (!isMapping(credentials)) return [];
+  return Object.entries(credentials).map(([k, v]) => (RESOLVED_SECRET_FIELD.test(k) ? v : undefined));
+}
+
 /** Shorter values are not worth replacing (and could be ordinary words). */
 const MIN_CREDENTIAL_LENGTH = 6;
 const credentialCache = new WeakMap<Deployment, string[]>();
@@ -145,7 +156,7 @@ function credentialsOf(d: Deployment): string[] {
   let found = credentialCache.get(d);
   if (!found) {
     const fields = Object.entries(d.options).map(([k, v]) => (SECRET_PARAM.test(k) ? v : undefined));
-    const values = [d.apiKey, ...Object.values(d.headers ?? {}), ...fields, ...urlCredentials(d.apiBase)];
+    const values = [d.apiKey, ...Object.values(d.headers ?? {}), ...fields, ...urlCredentials(d.apiBase), ...resolvedCredentials(d.credentials)];
     found = values.filter((v): v is string => typeof v === "string" && v.length >= MIN_CREDENTIAL_LENGTH);
     credentialCache.set(d, found);
   }

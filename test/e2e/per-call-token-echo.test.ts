@@ -9,6 +9,9 @@ import { MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "
 const ENTRA_TOKEN = "eyJENTRAaccessTOKENsecret123";
 const GOOGLE_TOKEN = "ya29.GOOGLEaccessTOKENsecret456";
 const QUERY_KEY = "QUERYkey+secret/789";
+const AZURE_CONFIG_KEY = "azureCONFIGkey0123456789";
+const AZURE_ENV_KEY = "azureENVIRONMENTkey9876543210";
+let savedAzureKey: string | undefined;
 
 const urls: string[] = [];
 
@@ -25,10 +28,12 @@ beforeAll(async () => {
       if (path.endsWith("/oauth2/v2.0/token")) return Response.json({ token_type: "Bearer", expires_in: 3600, access_token: ENTRA_TOKEN });
       if (path === "/google-token") return Response.json({ token_type: "Bearer", expires_in: 3600, access_token: GOOGLE_TOKEN });
       urls.push(req.url);
-      return Response.json({ error: { code: 401, status: "UNAUTHENTICATED", message: `Access denied: ${req.headers.get("authorization")} at ${req.url}` } }, { status: 401 });
+      return Response.json({ error: { code: 401, status: "UNAUTHENTICATED", message: `Access denied: ${req.headers.get("authorization") ?? `api-key ${req.headers.get("api-key")}`} at ${req.url}` } }, { status: 401 });
     },
   });
   const base = `http://127.0.0.1:${upstream.port}`;
+  savedAzureKey = process.env.AZURE_API_KEY;
+  process.env.AZURE_API_KEY = AZURE_ENV_KEY;
   const { privateKey } = generateKeyPairSync("rsa", { modulusLength: 2048 });
   const serviceAccount = {
     type: "service_account",
@@ -43,6 +48,8 @@ beforeAll(async () => {
         model_name: "az",
         svc_params: { model: "azure/echo-dep", api_base: base, azure_authority_host: base, tenant_id: "t1", client_id: "c1", client_secret: "CLIENTSECRETazure" },
       },
+      { model_name: "az-key", svc_params: { model: "azure/echo-dep", api_base: base, api_key: AZURE_CONFIG_KEY } },
+      { model_name: "az-env", svc_params: { model: "azure/echo-dep", api_base: base } },
       { model_name: "vx", svc_params: { model: "vertex_ai/gemini-2.5-pro", api_base: base, vertex_credentials: serviceAccount } },
       { model_name: "oq", svc_params: { model: "openai/gpt-4o-mini", api_base: `${base}/v1?tier=2&key=${encodeURIComponent(QUERY_KEY)}`, api_key: "sk-operator-key" } },
     ],
@@ -51,6 +58,8 @@ beforeAll(async () => {
 });
 
 afterAll(async () => {
+  if (savedAzureKey === undefined) delete process.env.AZURE_API_KEY;
+  else process.env.AZURE_API_KEY = savedAzureKey;
   await gw?.stop();
   upstream?.stop(true);
 });
@@ -59,6 +68,9 @@ describe("an upstream error that quotes the per-call bearer token", () => {
   for (const [model, token] of [
     ["az", ENTRA_TOKEN],
     ["vx", GOOGLE_TOKEN],
+    // Azure's api-key, from svc_params or from AZURE_API_KEY.
+    ["az-key", AZURE_CONFIG_KEY],
+    ["az-env", AZURE_ENV_KEY],
   ] as const) {
     test(`${model}: the client, the spend log and the log see [redacted] instead of the token`, async () => {
       const res = await fetch(`${gw.url}/v1/chat/completions`, {
@@ -68,12 +80,13 @@ describe("an upstream error that quotes the per-call bearer token", () => {
       });
       const text = await res.text();
       expect(res.status).toBe(401);
-      expect(JSON.parse(text).error.message).toContain("Access denied: Bearer [redacted]");
+      expect(JSON.parse(text).error.message).toContain(model.startsWith("az-") ? "Access denied: api-key [redacted]" : "Access denied: Bearer [redacted]");
       expect(text).not.toContain(token);
 
       await gw.host!.spendWriter.flush();
       const logs = await requestJson<{ metadata: { error_information: { error_message: string } } }[]>(gw, "GET", `/spend/logs?request_id=${res.headers.get("x-svc-call-id")}&summarize=false`);
-      expect(logs.body.map((r) => r.metadata.error_information.error_message)).toEqual([expect.stringContaining("Access denied: Bearer [redacted]")]);
+      expect(logs.body.map((r) => r.metadata.error_information.error_message)).toEqual([expect.stringContaining("Access denied: ")]);
+      expect(logs.text).toContain("[redacted]");
       expect(logs.text).not.toContain(token);
       expect(JSON.stringify(gw.log.lines)).not.toContain(token);
     });
