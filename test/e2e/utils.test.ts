@@ -37,6 +37,7 @@ beforeAll(async () => {
           model_name: "with-headers",
           svc_params: viaOpenAI("openai/gpt-4o-mini", { headers: { "x-goog-api-key": "g-secret-1", "api-key": "a-secret-2", "x-trace": "keep-me" } }),
         },
+        { model_name: "query-base", svc_params: viaOpenAI("openai/gpt-4o-mini", { api_base: `${openai.url}/v2?tier=2&key=QUERYsecret42` }) },
         { model_name: "claude", svc_params: viaAnthropic() },
         { model_name: "claude-slow", svc_params: viaAnthropic({ timeout: 0.5 }) },
         // Never called: transform_request only builds the upstream request.
@@ -283,6 +284,13 @@ describe("/utils/transform_request", () => {
     expect(r.status).toBe(400);
     expect(r.text).toContain("ollama cannot take this request");
     expect(r.text).toContain("one prompt per request");
+  });
+
+  test("an api_base with a query: the call's path before that query, as the call is sent, its key redacted", async () => {
+    const res = await transform({ request_body: { model: "query-base", messages: user("hi") } });
+    expect(res.status).toBe(200);
+    expect(res.body.raw_request_api_base).toBe(`${openai.url}/v2/chat/completions?tier=2&key=REDACTED`);
+    expect(res.text).not.toContain("QUERYsecret42");
   });
 
   test("credentials in a URL (password, key-like query parameters) are redacted", () => {

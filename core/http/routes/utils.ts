@@ -12,6 +12,7 @@ import { missingQuery } from "../../authz.ts";
 import { GatewayError } from "../../errors.ts";
 import { geminiMessages } from "../../gemini-inbound/request.ts";
 import { buildCall, splitCall } from "../../pipeline/call.ts";
+import { withPathBeforeBaseQuery } from "../../pipeline/upstream.ts";
 import { OPENAI_CHAT_PARAMS, OPENAI_EMBEDDING_PARAMS, paramsFor, supportedBody } from "../../pipeline/params.ts";
 import { invalidModel } from "../../router/route.ts";
 import { SECRET_QUERY_PARAM, withoutCredentials } from "../../secrets.ts";
@@ -147,7 +148,7 @@ function transformRequest(s: Snapshot, principal: Principal, body: Record<string
   // A request the provider takes in parts (one call per input): the first part's call.
   const call = buildCall(ep, splitCall(ep, sent, d)?.[0] ?? sent, d, undefined);
   const shown = call.body === undefined ? call : { ...call, body: withoutCredentials(call.body, d) };
-  return { raw_request_api_base: withoutCredentials(redactUrl(call.url), d), raw_request_body: parsedBody(shown), raw_request_headers: redactHeaders(call.headers, d) };
+  return { raw_request_api_base: withoutCredentials(redactUrl(withPathBeforeBaseQuery(call, d.apiBase).url), d), raw_request_body: parsedBody(shown), raw_request_headers: redactHeaders(call.headers, d) };
 }
 
 export function utilsRoutes({ live }: AppDeps) {
