@@ -233,9 +233,9 @@ export interface EndpointAdapter<E extends Endpoint, S = unknown> {
   /**
    * The fields translated for one deployment, where that depends on it (one provider id serving
    * two APIs, as `vertex_ai` serves Gemini and Claude); `supportedParams` then lists them all, for
-   * callers without a deployment at hand.
+   * callers without a deployment at hand. Undefined: `supportedParams`.
    */
-  supportedParamsFor?(deployment: Deployment): readonly string[];
+  supportedParamsFor?(deployment: Deployment): readonly string[] | undefined;
 }
 
 /** An answer sent as text rather than JSON (`response_format: text`, `srt`, `vtt`). */

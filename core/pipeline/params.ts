@@ -74,7 +74,7 @@ export function unsupportedParams(body: object, supported: readonly string[]): s
 }
 
 /** The fields `ep` translates for `d` (undefined: everything OpenAI accepts). */
-export function paramsFor(ep: { supportedParams?: readonly string[]; supportedParamsFor?(d: Deployment): readonly string[] }, d: Deployment): readonly string[] | undefined {
+export function paramsFor(ep: { supportedParams?: readonly string[]; supportedParamsFor?(d: Deployment): readonly string[] | undefined }, d: Deployment): readonly string[] | undefined {
   return ep.supportedParamsFor?.(d) ?? ep.supportedParams;
 }
 

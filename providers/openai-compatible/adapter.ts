@@ -30,12 +30,14 @@ function inOpenAINames(req: WireJson, dialect: Dialect | undefined): boolean {
   if (dialect === undefined) return false;
   if (dialect.usageUnasked && "stream_options" in req) return true;
   for (const k in dialect.renamed) if (k in req) return true;
+  for (const k of dialect.unused ?? []) if (k in req) return true;
   return false;
 }
 
 /** The body rewritten into the provider's dialect, in place. */
 function toDialect(body: WireJson, dialect: Dialect): void {
   if (dialect.usageUnasked) delete body.stream_options;
+  for (const k of dialect.unused ?? []) delete body[k];
   for (const [from, to] of Object.entries(dialect.renamed ?? {})) {
     if (!(from in body)) continue;
     // A null leaves the native field as the client set it (`max_completion_tokens: null` beside `max_tokens`).
@@ -324,6 +326,7 @@ function citesWeb(b: WireJson): boolean {
 export function openAIChat(dialectOf?: (d: Deployment) => Dialect | undefined): EndpointAdapter<"chat", StreamState> {
   const stream = openAIStream<"chat">((req) => estimateTokens(req.messages.map((m) => m.content)));
   return {
+    supportedParamsFor: (d) => dialectOf?.(d)?.accepted,
     request: (req, d, raw) =>
       call(d, "/chat/completions", bodyFor(req, d, raw, dialectOf?.(d))),
     response: (body, req) => {

@@ -7,6 +7,13 @@ export interface Dialect {
   usageUnasked?: boolean;
   /** OpenAI request fields it names otherwise (`seed` → `random_seed`); the OpenAI field wins over one already in the native name. */
   renamed?: Readonly<Record<string, string>>;
+  /**
+   * OpenAI fields it refuses that only describe the caller (`user`, which the gateway records as
+   * the end user): left out of the body rather than refused.
+   */
+  unused?: readonly string[];
+  /** Every field it takes besides `model` and `messages`, by OpenAI's names where it renames them: others are the client's 400 (or dropped with `drop_params`), not its 422. */
+  accepted?: readonly string[];
 }
 
 /**
@@ -27,7 +34,16 @@ const p = (id: string, apiBase: string | undefined, apiKeyEnv: string | undefine
   authHeader === undefined ? { id, apiBase, apiKeyEnv } : { id, apiBase, apiKeyEnv, authHeader };
 
 /** Mistral's chat API (also Codestral's): its own names for the token limit and the seed, as LiteLLM's MistralConfig maps them. */
-const MISTRAL: Dialect = { usageUnasked: true, renamed: { max_completion_tokens: "max_tokens", seed: "random_seed" } };
+const MISTRAL: Dialect = {
+  usageUnasked: true,
+  renamed: { max_completion_tokens: "max_tokens", seed: "random_seed" },
+  unused: ["user"],
+  // Mistral's chat completion request (its OpenAPI), `random_seed`, `safe_prompt` and `prompt_mode` being its own.
+  accepted: [
+    ...["frequency_penalty", "max_completion_tokens", "max_tokens", "n", "parallel_tool_calls", "prediction", "presence_penalty", "response_format"],
+    ...["seed", "stop", "temperature", "tool_choice", "tools", "top_p", "user", "random_seed", "safe_prompt", "prompt_mode"],
+  ],
+};
 
 export const OPENAI_COMPATIBLE_PROVIDERS: readonly OpenAICompatibleProvider[] = [
   p("openai", "https://api.openai.com/v1", "OPENAI_API_KEY"),

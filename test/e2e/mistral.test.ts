@@ -91,9 +91,28 @@ test("a request in Mistral's own names passes as it is", async () => {
   expect(upstreamBody()).toEqual({ ...body, model: "mistral-large-latest" });
 });
 
-test("a field Mistral refuses is named in the client's error, not pasted as Mistral's JSON", async () => {
-  const err = (await failure(client.chat.completions.create({ model: "mistral", messages: user("hi"), user: "end-user-7" }))) as APIError;
+test("`user` (the end user, which the gateway records) is not sent to Mistral, which refuses it", async () => {
+  const data = await client.chat.completions.create({ model: "mistral", messages: user("hi"), user: "end-user-7" });
+  expect(data.choices[0]!.message.content).toBe("Mock reply to: hi");
+  expect(upstreamBody()).not.toHaveProperty("user");
+  await gw.host!.spendWriter.flush();
+  const logs = await requestJson<{ end_user: string }[]>(gw, "GET", `/spend/logs?request_id=${data.id}&summarize=false`);
+  expect(logs.body.map((r) => r.end_user)).toEqual(["end-user-7"]);
+});
+
+test("an OpenAI field Mistral does not take is the client's 400 naming it, nothing sent; dropped with drop_params", async () => {
+  const err = (await failure(client.chat.completions.create({ model: "mistral", messages: user("hi"), logit_bias: { "50256": -100 }, service_tier: "auto" }))) as APIError;
+  expect(err.status).toBe(400);
+  expect(err.message).toContain("mistral does not support parameters: ['logit_bias', 'service_tier']");
+  expect(mock.requests).toEqual([]);
+  const dropped = await requestJson(gw, "POST", "/v1/chat/completions", { body: { model: "mistral", messages: user("hi"), logit_bias: { "1": 1 }, drop_params: true } });
+  expect(dropped.status).toBe(200);
+  expect(upstreamBody()).not.toHaveProperty("logit_bias");
+});
+
+test("a field Mistral refuses inside a message is named in the client's error, not pasted as Mistral's JSON", async () => {
+  const err = (await failure(client.chat.completions.create({ model: "mistral", messages: [{ role: "user", content: "hi", name: "bob" }] }))) as APIError;
   expect(err).toBeInstanceOf(APIError);
   expect(err.status).toBe(422);
-  expect(err.message).toBe("422 mistral returned 422 for model mistral: body.user: Extra inputs are not permitted");
+  expect(err.message).toBe("422 mistral returned 422 for model mistral: body.messages.0.user.name: Extra inputs are not permitted");
 });
