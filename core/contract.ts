@@ -495,7 +495,7 @@ export interface Hooks {
 
 /** One budget a call is checked against (money in pico-dollars, 1e-12 USD). */
 export interface BudgetCounter {
-  /** Stable id: `key:<token>`, `team:<id>`, `key_model:<token>:<model>`, `org_model:<org id>:<model>`, `provider:<name>` (a key's token: `keyCounterToken`). */
+  /** Stable id: `key:<token>`, `team:<id>`, `key_model:<token>:<model>`, `team_model:<team id>:<model>`, `org_model:<org id>:<model>`, `provider:<name>` (a key's token: `keyCounterToken`). */
   id: string;
   /** Whose budget, for messages: `Key sk-...abcd (alias)`, `Team=t1`, `Provider=openai`. */
   label: string;
@@ -629,7 +629,7 @@ export type CounterTable = "key" | "team" | "org" | "user" | "team_member";
 /** Sums of the stored spend log, for budgets whose spend is not kept on a row. */
 export interface SpendHistory {
   /** `apiKeys`: one key's tokens (its calls are logged under the token each had); `orgId`: an organization's calls. */
-  sum(filter: { apiKeys?: readonly string[]; orgId?: string; modelGroup?: string; provider?: string; since: number }): Promise<bigint>;
+  sum(filter: { apiKeys?: readonly string[]; teamId?: string; orgId?: string; modelGroup?: string; provider?: string; since: number }): Promise<bigint>;
   /**
    * A spend counter's row as stored once every call already ended is written (the identity
    * mirror's copy is as old as the row's last change); undefined when the row is gone.

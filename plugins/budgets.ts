@@ -40,7 +40,7 @@ import {
 import { columnToPico, picoToText, picoToUsd, type Pico, usdToPico } from "../core/cost/money.ts";
 import { errorInfo } from "../core/errors.ts";
 import { counterId, counterOwner, NO_LIMIT } from "../core/spend/ledger.ts";
-import { type HistoryBudget, keyModelBudget, orgModelBudget, providerBudget } from "../core/spend/history-budgets.ts";
+import { type HistoryBudget, keyModelBudget, orgModelBudget, providerBudget, teamModelBudget } from "../core/spend/history-budgets.ts";
 import { periodEnd, periodLength } from "../core/spend/period.ts";
 import { budgetOf } from "./shared/budget-object.ts";
 import { keyLabel } from "./shared/labels.ts";
@@ -152,7 +152,16 @@ function countersFor(intent: CallIntent, identity: IdentityView, history: SpendH
     }
   }
   const team = p.teamId ? identity.teams.get(p.teamId) : undefined;
-  if (team) add(rowCounter("team", team.teamId, `Team=${team.teamId}`, team, budgetOf(team.budgetId, identity), at, history));
+  if (team) {
+    const budget = budgetOf(team.budgetId, identity);
+    add(rowCounter("team", team.teamId, `Team=${team.teamId}`, team, budget, at, history));
+    // Its budget object's per-model budgets, over every call of the team's keys.
+    const perModel = teamModelBudget(team.teamId, budget?.modelMaxBudget, intent.modelGroup, at);
+    if (perModel && history) {
+      const sumSince = (since: number) => history.sum({ teamId: team.teamId, modelGroup: intent.modelGroup, since });
+      add({ ...historyCounter(perModel, `Team=${team.teamId} for model=${intent.modelGroup}`, history, sumSince), ownerId: team.teamId, fromBudget: budget!.budgetId });
+    }
+  }
   const member = p.teamId && p.userId ? identity.teamMember(p.teamId, p.userId) : undefined;
   if (member) {
     // A membership's spend is never reset by a period (the team's period governs the team's budget).

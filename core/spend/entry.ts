@@ -8,7 +8,7 @@ import { type PicoJson, picoJson } from "../cost/money.ts";
 import type { IdentityCache } from "../identity/cache.ts";
 import { keyCounterToken, teamMemberId } from "../identity/records.ts";
 import { parseDuration } from "../identity/duration.ts";
-import { type HistoryBudget, keyModelBudget, orgModelBudget, providerBudget } from "./history-budgets.ts";
+import { type HistoryBudget, keyModelBudget, orgModelBudget, providerBudget, teamModelBudget } from "./history-budgets.ts";
 import { periodEnd, periodLength } from "./period.ts";
 import { storable } from "./row-text.ts";
 
@@ -106,6 +106,8 @@ export function chargesOf(call: CallRecord, identity: IdentityCache | undefined,
     const then = p.team?.teamId === p.teamId ? p.team : undefined;
     charges.push({ table: "team", id: p.teamId, periodEnd: team ? chargedPeriod(then, then?.budgetDuration, team, team.budgetDuration, at) : null, periodMs: periodLength(team?.budgetDuration) });
     if (p.userId) charges.push({ table: "team_member", id: teamMemberId(p.teamId, p.userId), periodEnd: null });
+    const budget = team?.budgetId ? identity?.budgets.get(team.budgetId) : undefined;
+    periodCharge(charges, teamModelBudget(p.teamId, budget?.modelMaxBudget, call.modelGroup, at));
   }
   if (p.orgId) {
     const org = identity?.orgs.get(p.orgId);

@@ -1,6 +1,6 @@
 /**
- * Budgets without a row of their own: a key's and an organization's per-model budget
- * (`model_max_budget`, else their budget object's) and a provider's
+ * Budgets without a row of their own: a key's, a team's and an organization's per-model budget
+ * (`model_max_budget`, else their budget object's; a team's from its budget object only) and a provider's
  * (`router_settings.provider_budget_config`). The ledger reserves on them (plugins/budgets.ts),
  * and the spend writer charges their period (entry.ts), from this one reading of the settings.
  */
@@ -8,7 +8,7 @@ import type { ProviderBudget } from "../contract.ts";
 import { gridPeriod } from "./period.ts";
 
 export interface HistoryBudget {
-  /** The counter's id: `key_model:<token>:<group>` (the key's `keyCounterToken`), `org_model:<org id>:<group>` or `provider:<name>`. */
+  /** The counter's id: `key_model:<token>:<group>` (the key's `keyCounterToken`), `team_model:<team id>:<group>`, `org_model:<org id>:<group>` or `provider:<name>`. */
   id: string;
   limitUsd: number;
   /** Its grid period at the instant asked (spend/period.ts gridPeriod); null for a budget that never resets. */
@@ -27,6 +27,11 @@ function modelBudget(owner: string, modelMaxBudget: ModelMaxBudget, modelGroup: 
 
 export function keyModelBudget(counterToken: string, modelMaxBudget: ModelMaxBudget, modelGroup: string, at: number): HistoryBudget | undefined {
   return modelBudget(`key_model:${counterToken}`, modelMaxBudget, modelGroup, at);
+}
+
+/** A team's per-model budgets: only its budget object's (`model_max_budget` on the team itself is refused). */
+export function teamModelBudget(teamId: string, modelMaxBudget: ModelMaxBudget, modelGroup: string, at: number): HistoryBudget | undefined {
+  return modelBudget(`team_model:${teamId}`, modelMaxBudget, modelGroup, at);
 }
 
 export function orgModelBudget(orgId: string, modelMaxBudget: ModelMaxBudget, modelGroup: string, at: number): HistoryBudget | undefined {

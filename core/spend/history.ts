@@ -50,7 +50,7 @@ export class StoreSpendHistory implements SpendHistory {
     return columnToPico(row?.spend);
   }
 
-  async sum(filter: { apiKeys?: readonly string[]; orgId?: string; modelGroup?: string; provider?: string; since: number }): Promise<bigint> {
+  async sum(filter: { apiKeys?: readonly string[]; teamId?: string; orgId?: string; modelGroup?: string; provider?: string; since: number }): Promise<bigint> {
     await this.flushPending();
     const firstWholeDay = Math.ceil(filter.since / DAY_MS) * DAY_MS;
     const apiKeys = filter.apiKeys?.length ? sql.join(filter.apiKeys.map((k) => sql`${k}`), sql`, `) : undefined;
@@ -58,6 +58,7 @@ export class StoreSpendHistory implements SpendHistory {
     if (firstWholeDay > filter.since) {
       const logWhere: SQL[] = [sql`start_time >= ${new Date(filter.since).toISOString()}::timestamptz`, sql`start_time < ${new Date(firstWholeDay).toISOString()}::timestamptz`];
       if (apiKeys) logWhere.push(sql`api_key in (${apiKeys})`);
+      if (filter.teamId !== undefined) logWhere.push(sql`team_id = ${filter.teamId}`);
       if (filter.orgId !== undefined) logWhere.push(sql`organization_id = ${filter.orgId}`);
       if (filter.modelGroup) logWhere.push(sql`model_group = ${filter.modelGroup}`);
       if (filter.provider) logWhere.push(sql`provider = ${filter.provider}`);
@@ -66,12 +67,14 @@ export class StoreSpendHistory implements SpendHistory {
     }
     const entity = apiKeys
       ? sql`entity_type = 'key' and entity_id in (${apiKeys})`
-      : filter.orgId !== undefined
+      : filter.teamId !== undefined
+        ? sql`entity_type = 'team' and entity_id = ${filter.teamId}`
+        : filter.orgId !== undefined
         ? sql`entity_type = 'org' and entity_id = ${filter.orgId}`
         : sql`entity_type = 'provider' and entity_id = ${filter.provider ?? ""}`;
     const where: SQL[] = [entity, sql`date >= ${dayOf(firstWholeDay)}::date`];
     if (filter.modelGroup) where.push(sql`model_group = ${filter.modelGroup}`);
-    if ((apiKeys || filter.orgId !== undefined) && filter.provider) where.push(sql`provider = ${filter.provider}`);
+    if ((apiKeys || filter.teamId !== undefined || filter.orgId !== undefined) && filter.provider) where.push(sql`provider = ${filter.provider}`);
     const [row] = await rows<{ total: string | null }>(this.db, sql`select sum(spend)::text as total from daily_spend where ${sql.join(where, sql` and `)}`);
     return total + columnToPico(row?.total);
   }

@@ -52,6 +52,7 @@ const OWNER: Record<string, string> = {
   key: "key",
   key_model: "key",
   team: "team",
+  team_model: "team",
   team_member: "team_member",
   org: "organization",
   org_model: "organization",
@@ -61,16 +62,16 @@ const OWNER: Record<string, string> = {
 
 /**
  * Whose budget a counter is, read from its id (`counterId`, `key_model:<token>:<model>`,
- * `org_model:<org id>:<model>`, `provider:<name>`): its kind, the owner's entity name and id (its
+ * `team_model:<team id>:<model>`, `org_model:<org id>:<model>`, `provider:<name>`): its kind, the owner's entity name and id (its
  * `ownerId` when it has one), and the model of a per-model budget.
  */
 export function counterOwner(counter: Pick<BudgetCounter, "id" | "ownerId">): { kind: string; entity: string; id: string; model?: string } {
   const [kind = "", ...rest] = counter.id.split(":");
   const entity = OWNER[kind] ?? kind;
   let owner: { kind: string; entity: string; id: string; model?: string } = { kind, entity, id: rest.join(":") };
-  if (kind === "key_model" || kind === "org_model") {
-    // A key's token holds no colon; an organization's id may, so its ownerId says where it ends (a model group may hold one too).
-    const id = kind === "org_model" && counter.ownerId !== undefined ? counter.ownerId : (rest[0] ?? "");
+  if (kind === "key_model" || kind === "team_model" || kind === "org_model") {
+    // A key's token holds no colon; a team's or an organization's id may, so its ownerId says where it ends (a model group may hold one too).
+    const id = kind !== "key_model" && counter.ownerId !== undefined ? counter.ownerId : (rest[0] ?? "");
     owner = { kind, entity, id, model: counter.id.slice(kind.length + id.length + 2) };
   }
   return counter.ownerId === undefined ? owner : { ...owner, id: counter.ownerId };

@@ -223,6 +223,26 @@ for (const backend of BACKENDS) {
       expect([bad.status, bad.body.error.param]).toEqual([422, "model_max_budget.dollar.max_budget"]);
     });
 
+    test("a team's budget object's model_max_budget limits that model across the team's keys and leaves the others", async () => {
+      const budget = await requestJson<{ budget_id: string }>(gw, "POST", "/budget/new", {
+        body: { model_max_budget: { dollar: { max_budget: budgetFor(2), budget_duration: "1d" } } },
+      });
+      const team = await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: { budget_id: budget.body.budget_id } });
+      expect(team.status).toBe(200);
+      const teamId = team.body.team_id;
+      const a = await newKey(gw, { team_id: teamId });
+      const b = await newKey(gw, { team_id: teamId });
+      expect(await burst(gw, [a.key, b.key], 20)).toEqual({ ok: 2, refused: 18, other: [] });
+      const refused = (await call(gw, b.key)).body.error as ErrorBody["error"] & { budget: Record<string, unknown> };
+      expect(refused.message).toContain(`Team=${teamId} for model=dollar`);
+      expect(refused.message).toContain(`(from Budget=${budget.body.budget_id})`);
+      expect(refused.budget).toMatchObject({ entity: "team", id: teamId, model: "dollar" });
+      expect((await call(gw, a.key, "cheap")).status).toBe(200);
+      // A key outside the team is not limited by it.
+      const outside = await newKey(gw, {});
+      expect((await call(gw, outside.key)).status).toBe(200);
+    });
+
     test("a per-model budget whose period is no period (or 0, or past 100y) is a 422 naming it, on a key and on a budget object", async () => {
       for (const period of ["zz", "0d", "3000000d"]) {
         const key = await requestJson<{ error: { param: string } }>(gw, "POST", "/key/generate", { body: { model_max_budget: { dollar: { budget_limit: 1, time_period: period } } } });
