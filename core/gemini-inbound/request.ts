@@ -188,6 +188,11 @@ function toolChoice(config: unknown, tools: Json[]): { choice?: ChatRequest["too
 
 function responseFormat(config: Json): Json | undefined {
   const mime = str(field(config, "responseMimeType"));
+  // The bare enum value as text: no OpenAI answer mode gives it (JSON mode would quote it, and an
+  // object-only structured output refuses a string schema), so it is refused rather than changed.
+  if (mime === "text/x.enum") {
+    throw invalid('generationConfig.responseMimeType: "text/x.enum" (the bare enum value as text) cannot be served by this gateway; ask for "application/json" with the schema instead.', "generationConfig");
+  }
   const jsonSchema = field(config, "responseJsonSchema");
   const schema = field(config, "responseSchema");
   if (isObject(jsonSchema)) return { type: "json_schema", json_schema: { name: "response", schema: jsonSchema } };

@@ -316,12 +316,17 @@ describe("through an Anthropic-format upstream", () => {
 });
 
 describe("settings the gateway cannot serve, or Google would refuse: 400 in Google's shape, nothing sent upstream", () => {
-  test("an image or audio answer (responseModalities), an unknown thinkingLevel, integers beyond 32 bits", async () => {
+  test("an image or audio answer (responseModalities), an unknown thinkingLevel, integers beyond 32 bits, an enum answer", async () => {
     const cases: [object, string][] = [
       [{ responseModalities: ["TEXT", "IMAGE"] }, 'generationConfig.responseModalities: this gateway answers the Gemini routes with text only; "IMAGE" cannot be served.'],
       [{ thinkingConfig: { thinkingLevel: "FOO" } }, "Invalid value at 'generation_config.thinking_config.thinking_level' (type.googleapis.com/google.ai.generativelanguage.v1beta.ThinkingConfig.ThinkingLevel), \"FOO\""],
       [{ maxOutputTokens: 1e20 }, "Invalid value at 'generation_config.max_output_tokens' (TYPE_INT32), 100000000000000000000"],
       [{ seed: 2 ** 31 }, "Invalid value at 'generation_config.seed' (TYPE_INT32), 2147483648"],
+      // Google's enum answer (the bare value as text): JSON mode would answer it quoted.
+      [
+        { responseMimeType: "text/x.enum", responseSchema: { type: "STRING", enum: ["red", "blue"] } },
+        'generationConfig.responseMimeType: "text/x.enum" (the bare enum value as text) cannot be served by this gateway; ask for "application/json" with the schema instead.',
+      ],
     ];
     for (const [generationConfig, message] of cases) {
       const res = await post("/v1beta/models/gpt-public:generateContent", { contents: [{ parts: [{ text: "hi" }] }], generationConfig }, { "x-goog-api-key": key });
