@@ -99,10 +99,7 @@ function readControls(raw: unknown): Controls {
 /** How this request uses the cache, or undefined when it does not. */
 export function cacheUse(settings: CacheSettings, endpoint: Endpoint, body: Record<string, unknown>, principal: Principal): CacheUse | undefined {
   const controls = readControls(body.cache);
-  if (!CACHEABLE.has(endpoint)) return undefined;
-  const asked = body.caching === true;
-  if (!asked && !(settings.enabled && settings.defaultOn)) return undefined;
-  if (body.caching === false) return undefined;
+  // Like the format check, whether or not this call uses the cache: the same body gets the same answer.
   const allowed = principal.key?.allowedCacheControls ?? [];
   if (allowed.length > 0) {
     for (const name of controls.names) {
@@ -111,6 +108,10 @@ export function cacheUse(settings: CacheSettings, endpoint: Endpoint, body: Reco
       }
     }
   }
+  if (!CACHEABLE.has(endpoint)) return undefined;
+  const asked = body.caching === true;
+  if (!asked && !(settings.enabled && settings.defaultOn)) return undefined;
+  if (body.caching === false) return undefined;
   return {
     read: !controls.noCache,
     write: !controls.noStore,

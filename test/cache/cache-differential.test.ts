@@ -334,9 +334,9 @@ async function sequence(up: MockOpenAI, run: Run, rng: Random): Promise<void> {
     if (rng.chance(0.2)) controls.namespace = rng.pick(["ns-a", "ns-b", ""]);
     if (Object.keys(controls).length > 0 || rng.chance(0.05)) extra.cache = controls;
 
-    // Controls are checked only on a request that uses the cache.
+    // Controls are checked whether or not the request uses the cache (as their format is).
     const cached = caching !== false && (caching === true || (run.config.enabled && run.config.defaultOn));
-    const refused = cached && caller.allowed.length > 0 && Object.keys(controls).some((c) => !caller.allowed.includes(c));
+    const refused = caller.allowed.length > 0 && Object.keys(controls).some((c) => !caller.allowed.includes(c));
     const use = cached && !refused;
     const read = use && controls["no-cache"] !== true;
     const write = use && controls["no-store"] !== true;

@@ -159,6 +159,10 @@ describe("response cache (config on, in memory)", () => {
     expect(denied.status).toBe(403);
     expect(JSON.parse(denied.text).error.message).toContain("allowed_cache_controls");
     expect((await chat(gw, { messages, cache: { "max-age": 5 } })).status).toBe(400);
+    // The same forbidden control whether or not this call uses the cache, and on any route.
+    expect((await chat(gw, { messages, cache: { ttl: 5 }, caching: false }, key)).status).toBe(403);
+    const image = await requestJson(gw, "POST", "/v1/images/generations", { body: { model: "gpt", prompt: "x", cache: { "no-store": true } }, key });
+    expect(image.status).toBe(403);
   });
 });
 
