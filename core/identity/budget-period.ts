@@ -17,6 +17,17 @@ export function followedReset(budget: Pick<BudgetRow, "budgetDuration" | "budget
 }
 
 /**
+ * The body of an update without a `budget_duration` equal to the one stored: a value sent as it is
+ * stored is no change, so the period goes on. (A client that sends the whole row at every edit,
+ * say to rename it, pushed the reset out each time, and the spend was not given back when promised.)
+ */
+export function withoutUnchangedDuration<T extends { budget_duration?: string | null }>(body: T, stored: string | null): T {
+  if (body.budget_duration === undefined || body.budget_duration !== stored) return body;
+  const { budget_duration: _unchanged, ...rest } = body;
+  return rest as T;
+}
+
+/**
  * Whether a write decides the row's period by its budget object: it has no duration of its own
  * and the write names a budget or clears its own duration.
  */

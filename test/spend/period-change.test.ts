@@ -61,6 +61,32 @@ for (const world of WORLDS) {
       expect((await requestJson<{ team_info: { spend: number } }>(gw, "GET", `/team/info?team_id=${team}`)).body.team_info.spend).toBe(5);
     });
 
+    test("the same duration sent again (a client that sends the whole row at each edit) leaves the period's end where it was", async () => {
+      const resetOf = async (path: string, pick: (b: Record<string, unknown>) => unknown) => {
+        const r = await requestJson<Record<string, unknown>>(gw, "GET", path);
+        expect(r.status).toBe(200);
+        return pick(r.body);
+      };
+      const key = await newKey({ max_budget: 5, budget_duration: "1h" });
+      const team = (await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: { max_budget: 5, budget_duration: "1h" } })).body.team_id;
+      const org = (await requestJson<{ organization_id: string }>(gw, "POST", "/organization/new", { body: { organization_alias: `same-${world.name}`, max_budget: 5, budget_duration: "1h" } })).body.organization_id;
+      const budget = (await requestJson<{ budget_id: string }>(gw, "POST", "/budget/new", { body: { max_budget: 5, budget_duration: "1h" } })).body.budget_id;
+      const reads = {
+        key: () => resetOf(`/key/info?key=${key}`, (b) => (b.info as Record<string, unknown>).budget_reset_at),
+        team: () => resetOf(`/team/info?team_id=${team}`, (b) => (b.team_info as Record<string, unknown>).budget_reset_at),
+        org: () => resetOf(`/organization/info?organization_id=${org}`, (b) => b.budget_reset_at),
+        budget: () => requestJson<Record<string, unknown>[]>(gw, "POST", "/budget/info", { body: { budgets: [budget] } }).then((r) => r.body[0]!.budget_reset_at),
+      };
+      const before = { key: await reads.key(), team: await reads.team(), org: await reads.org(), budget: await reads.budget() };
+      for (const v of Object.values(before)) expect(typeof v).toBe("string");
+      await Bun.sleep(50);
+      expect((await requestJson(gw, "POST", "/key/update", { body: { key, budget_duration: "1h", key_alias: `renamed-${world.name}` } })).status).toBe(200);
+      expect((await requestJson(gw, "POST", "/team/update", { body: { team_id: team, budget_duration: "1h", team_alias: "renamed" } })).status).toBe(200);
+      expect((await requestJson(gw, "PATCH", "/organization/update", { body: { organization_id: org, budget_duration: "1h", organization_alias: `renamed-${world.name}` } })).status).toBe(200);
+      expect((await requestJson(gw, "POST", "/budget/update", { body: { budget_id: budget, budget_duration: "1h", max_budget: 6 } })).status).toBe(200);
+      expect({ key: await reads.key(), team: await reads.team(), org: await reads.org(), budget: await reads.budget() }).toEqual(before);
+    });
+
     test("made shorter: the spend so far stays, and the period ends at its new end", async () => {
       const key = await newKey({ max_budget: 3, budget_duration: "1h" });
       expect(await callsUntilRefused(key, 4)).toBe(3);

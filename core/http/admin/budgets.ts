@@ -17,7 +17,7 @@ import { GatewayError } from "../../errors.ts";
 import { CountField, IdList, ModelMaxBudget, MoneyField, Nullable, ParallelField, resetAt, storableTimestamp } from "../../identity/fields.ts";
 import type { BudgetRow, IdentityChange } from "../../identity/records.ts";
 import type { Exec } from "../../identity/members.ts";
-import { followedReset } from "../../identity/budget-period.ts";
+import { followedReset, withoutUnchangedDuration } from "../../identity/budget-period.ts";
 import { fromApi, toApi } from "../../identity/serialize.ts";
 import { budgets, organizations, orgMembers, teamMembers, teams, virtualKeys } from "../../store/schema.ts";
 import { isUniqueViolation } from "../../store/sql.ts";
@@ -105,8 +105,9 @@ async function createBudget(ctx: AdminCtx) {
 
 async function updateBudget(ctx: AdminCtx) {
   ctx.caller.requireAdmin();
-  const body = await ctx.body(UpdateBudgetBody);
-  const before = await loadBudget(ctx, body.budget_id);
+  const sent = await ctx.body(UpdateBudgetBody);
+  const before = await loadBudget(ctx, sent.budget_id);
+  const body = withoutUnchangedDuration(sent, before.budgetDuration);
   const props = budgetProps(body);
   const at = new Date();
   const who = ctx.caller.changedBy;

@@ -40,7 +40,7 @@ import { counterId } from "../../spend/ledger.ts";
 import { isUniqueViolation, storeErrorCause } from "../../store/sql.ts";
 import { groupLabels } from "./access-groups.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
-import { followedReset, periodFromBudget } from "../../identity/budget-period.ts";
+import { followedReset, periodFromBudget, withoutUnchangedDuration } from "../../identity/budget-period.ts";
 import { IdList, LIMIT_COLUMNS, resetAt } from "../../identity/fields.ts";
 import { guaranteedOverflow, isGuaranteed, type PlannedKey } from "../../limits/capacity.ts";
 import { MASTER_USER_ID, refuseMasterUserId } from "../../identity/master-user.ts";
@@ -633,7 +633,7 @@ function fieldsToUpdate(ctx: AdminCtx, row: KeyRow, body: KeyBody): Record<strin
     // Ids the key already had may name groups deleted since (they grant nothing): only new ones must exist.
     accessGroupIds: Array.isArray(fields.accessGroupIds) ? (fields.accessGroupIds as string[]).filter((id) => !row.accessGroupIds.includes(id)) : undefined,
   });
-  derivedTimes(ctx, fields, { ...row, ...fields } as Partial<KeyRow>, body, now);
+  derivedTimes(ctx, fields, { ...row, ...fields } as Partial<KeyRow>, withoutUnchangedDuration(body, row.budgetDuration), now);
   withProjectId(fields, body, true);
   const expires = expiresOf(body, now);
   if (expires !== undefined) fields.expires = expires;

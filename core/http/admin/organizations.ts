@@ -26,7 +26,7 @@ import { isUniqueViolation } from "../../store/sql.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { refuseOverbooking } from "./reservations.ts";
 import { budgetUsers } from "./budgets.ts";
-import { followedReset, periodFromBudget } from "../../identity/budget-period.ts";
+import { followedReset, periodFromBudget, withoutUnchangedDuration } from "../../identity/budget-period.ts";
 
 const nullable = <S extends TSchema>(s: S) => T.Union([s, T.Null()]);
 const Money = nullable(Amount);
@@ -203,9 +203,10 @@ function teamsOutside(ctx: AdminCtx, orgId: string, org: Pick<OrgRow, "models" |
 
 async function updateOrg(ctx: AdminCtx) {
   ctx.caller.requireAdmin();
-  const body = await ctx.body(UpdateOrgBody);
-  const orgId = body.organization_id;
+  const sent = await ctx.body(UpdateOrgBody);
+  const orgId = sent.organization_id;
   const before = await loadOrg(ctx, orgId);
+  const body = withoutUnchangedDuration(sent, before.budgetDuration);
   const reset = budgetReset(body);
   if (body.budget_id) await requireBudget(ctx, body.budget_id);
   const patch = withEmptyDefaults(fromApi(organizations, body, ORG_COLUMNS));

@@ -42,7 +42,7 @@ import { counterId } from "../../spend/ledger.ts";
 import { groupLabels } from "./access-groups.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { refuseOverbooking } from "./reservations.ts";
-import { followedReset, periodFromBudget } from "../../identity/budget-period.ts";
+import { followedReset, periodFromBudget, withoutUnchangedDuration } from "../../identity/budget-period.ts";
 
 const TeamRole = T.Union([T.Literal("admin"), T.Literal("user")]);
 type Role = "admin" | "user";
@@ -473,9 +473,10 @@ async function newTeam(ctx: AdminCtx): Promise<Record<string, unknown>> {
 }
 
 async function updateTeam(ctx: AdminCtx): Promise<Record<string, unknown>> {
-  const body = await ctx.body(UpdateTeamBody);
+  const sent = await ctx.body(UpdateTeamBody);
+  const before = await teamFor(ctx, sent.team_id, "global");
+  const body = withoutUnchangedDuration(sent, before.budgetDuration);
   const raw = body as Record<string, unknown>;
-  const before = await teamFor(ctx, body.team_id, "global");
   refuseModelMaxBudget(body, "team");
   if ("team_member_permissions" in raw) checkPermissions(body.team_member_permissions);
   await checkReferences(ctx, body);
