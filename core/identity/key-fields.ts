@@ -39,7 +39,7 @@ export const KEY_FIELDS = {
   spend: Opt(NonNeg),
   max_budget: Opt(NonNeg),
   soft_budget: Opt(NonNeg),
-  model_max_budget: Opt(T.Record(T.String(), T.Object({ budget_limit: T.Number(), time_period: T.Optional(Period), budget_duration: T.Optional(Period) }, { additionalProperties: true }))),
+  model_max_budget: Opt(T.Record(T.String(), T.Object({ budget_limit: Amount, time_period: T.Optional(Period), budget_duration: T.Optional(Period) }, { additionalProperties: true }))),
   budget_duration: Opt(T.String()),
   max_parallel_requests: Opt(Parallel),
   metadata: Opt(Obj),

@@ -56,6 +56,31 @@ for (const backend of BACKENDS) {
       });
     }
 
+    for (const target of ["boss", "auditor"]) {
+      test(`a team admin may not regenerate ${target}'s key in its team (the new plaintext would act as ${target})`, async () => {
+        const theirs = await requestJson<{ key: string; token: string }>(gw, "POST", "/key/generate", { body: { team_id: team, user_id: target } });
+        expect(theirs.status).toBe(200);
+        for (const [path, body] of [
+          [`/key/${theirs.body.token}/regenerate`, {}],
+          ["/key/regenerate", { key: theirs.body.token }],
+        ] as const) {
+          const r = await requestJson<{ key?: string; error?: { message: string } }>(gw, "POST", path, { key: teamAdminKey, body });
+          expect(r.status).toBe(403);
+          expect(r.body.error!.message).toContain(`regenerate a key of user ${target}`);
+          expect(r.body.key).toBeUndefined();
+        }
+        // Not rotated: the key still answers as it was.
+        expect((await requestJson(gw, "GET", `/key/info?key=${theirs.body.key}`)).status).toBe(200);
+        // A proxy admin may.
+        expect((await requestJson(gw, "POST", `/key/${theirs.body.token}/regenerate`, { body: {} })).status).toBe(200);
+      });
+    }
+
+    test("a team admin still regenerates its ordinary members' keys", async () => {
+      const devKey = await requestJson<{ token: string }>(gw, "POST", "/key/generate", { key: teamAdminKey, body: { team_id: team, user_id: "dev" } });
+      expect((await requestJson(gw, "POST", `/key/${devKey.body.token}/regenerate`, { key: teamAdminKey, body: {} })).status).toBe(200);
+    });
+
     test("a team admin still gives keys to its ordinary members; a proxy admin gives one to anyone", async () => {
       expect((await requestJson(gw, "POST", "/key/generate", { key: teamAdminKey, body: { team_id: team, user_id: "dev" } })).status).toBe(200);
       const forBoss = await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: { team_id: team, user_id: "boss" } });

@@ -263,6 +263,11 @@ for (const backend of BACKENDS) {
         expect(bad.body.error.param).toBe("max_budget");
         expect((await api("/key/generate", { body: { models: "chat-mock" } })).body.error.param).toBe("models");
         expect((await api("/key/generate", { body: { tpm_limit: 1.5 } })).status).toBe(422);
+        // A per-model budget is an amount like max_budget: never below 0 (the key could then never call the model).
+        for (const budget_limit of [-5, 1e308]) {
+          const perModel = await api("/key/generate", { body: { model_max_budget: { "chat-mock": { budget_limit, time_period: "1d" } } } });
+          expect([perModel.status, perModel.body.error?.param]).toEqual([422, "model_max_budget.chat-mock.budget_limit"]);
+        }
         expect((await api("/key/generate", { body: { duration: "forever" } })).status).toBe(400);
         expect((await api("/key/generate", { body: { budget_duration: "often" } })).status).toBe(400);
         // As for teams, users and orgs: "-1" is a budget that never resets; a period of no length is refused (keys refused "-1").

@@ -510,6 +510,9 @@ for (const backend of BACKENDS) {
         const expires = Date.parse(k.body.expires!);
         expect(expires).toBeGreaterThanOrEqual(before + 3600_000 - 1000);
         expect(expires).toBeLessThanOrEqual(Date.now() + 3600_000 + 1000);
+        // An explicit null is "not set" (clients that send every field): the team's duration still applies.
+        const sentNull = await post<{ expires: string | null }>("/key/generate", { team_id: t.team_id, duration: null });
+        expect(Date.parse(sentNull.body.expires!)).toBeGreaterThanOrEqual(before + 3600_000 - 1000);
         const own = await post<{ expires: string | null }>("/key/generate", { team_id: t.team_id, duration: "-1" });
         expect(own.body.expires).toBeNull();
         const elsewhere = await post<{ expires: string | null }>("/key/generate", {});

@@ -445,9 +445,9 @@ const ELEVATED_ROLES: ReadonlySet<string> = new Set<Role>(["proxy_admin", "proxy
  * it had added to its team, say) would hold a proxy admin's key: 403. The user is held by now, so
  * a role given at the same moment comes before this read or after the key.
  */
-async function refuseElevatedUser(tx: Exec, userId: string): Promise<void> {
+async function refuseElevatedUser(tx: Exec, userId: string, what = "give a key to"): Promise<void> {
   const role = (await holdExistingUser(tx, userId))?.userRole;
-  if (role && ELEVATED_ROLES.has(role)) throw forbidden(`Only a proxy admin may give a key to user ${userId}: the key would act with its role ${role}.`);
+  if (role && ELEVATED_ROLES.has(role)) throw forbidden(`Only a proxy admin may ${what} user ${userId}: the key would act with its role ${role}.`);
 }
 
 /** After a key write naming `userId`: the user created (audited), and the user change to publish when the cache lacks it. */
@@ -461,7 +461,8 @@ export async function generateKey(ctx: AdminCtx, body: Record<string, unknown>, 
   const serviceAccount = opts.serviceAccount === true;
   const { userId, team } = authorizeGenerate(ctx, asked, serviceAccount);
   // A member's key in a team with `team_member_key_duration` lasts that long unless the body says otherwise.
-  const memberDuration = team && !serviceAccount && asked.duration === undefined ? team.memberSettings.team_member_key_duration : undefined;
+  // An explicit null is "not set", as for every field on generate (clients that send every field).
+  const memberDuration = team && !serviceAccount && asked.duration == null ? team.memberSettings.team_member_key_duration : undefined;
   const input: KeyBody = typeof memberDuration === "string" ? { ...asked, duration: memberDuration } : asked;
   const now = Date.now();
   const fields = keyFieldsOf(input);
@@ -733,6 +734,9 @@ async function regenerate(ctx: AdminCtx, row: KeyRow, input: KeyBody): Promise<R
   let createdUser: UserRow | undefined;
   const hold = async (tx: Exec) => {
     createdUser = await holdKeyWrite(tx, ctx, fields, planned, row);
+    // The new plaintext acts with its user's role, as a new key would: a team admin rotating a
+    // proxy admin's team key would hold a proxy admin's key (a new owner is checked above).
+    if (!ctx.caller.isAdmin && typeof row.userId === "string" && planned.userId === row.userId) await refuseElevatedUser(tx, row.userId, "regenerate a key of");
   };
   try {
     const set = (current: KeyRow) => fieldsAgain(ctx, row, fields, current, changesOnly);
