@@ -3,8 +3,8 @@
  * each with the budget period it belongs to. Plain JSON (money as decimal text), so a queue that
  * outgrows memory can spill to disk and come back unchanged.
  */
-import type { CallRecord, CounterTable, ProviderBudget } from "../contract.ts";
-import { type PicoJson, picoJson } from "../cost/money.ts";
+import type { CallRecord, CounterTable, ProviderBudget, Usage } from "../contract.ts";
+import { PICO_DIGITS, type PicoJson, picoJson, scaled } from "../cost/money.ts";
 import type { IdentityCache } from "../identity/cache.ts";
 import { keyCounterToken, teamMemberId } from "../identity/records.ts";
 import { parseDuration } from "../identity/duration.ts";
@@ -46,6 +46,11 @@ export interface SpendEntry {
   cacheReadTokens: number;
   cacheCreationTokens: number;
   reasoningTokens: number;
+  /**
+   * The seconds of audio the call was priced with, in integer picoseconds (the log's scale), as
+   * `spendPico` is written; null when its usage has none. Absent in entries queued before it existed.
+   */
+  audioPicoseconds?: PicoJson | null;
   startTime: number;
   endTime: number;
   completionStartTime: number | null;
@@ -148,6 +153,12 @@ function requestIdOf(call: CallRecord): string {
   return call.cacheHit && call.responseId !== undefined ? `${id}_cache_hit${call.startedAt}` : id;
 }
 
+/** See SpendEntry.audioPicoseconds. */
+function audioPicoseconds(u: Usage): PicoJson | null {
+  const s = u.audioSeconds;
+  return s !== undefined && Number.isFinite(s) && s >= 0 ? picoJson(scaled(s, PICO_DIGITS)) : null;
+}
+
 export function toSpendEntry(call: CallRecord, identity: IdentityCache | undefined, providerBudgets?: Readonly<Record<string, ProviderBudget>>): SpendEntry {
   const p = call.principal;
   const u = call.usage;
@@ -181,6 +192,7 @@ export function toSpendEntry(call: CallRecord, identity: IdentityCache | undefin
     cacheReadTokens: u.cachedPromptTokens ?? 0,
     cacheCreationTokens: u.cacheCreationTokens ?? 0,
     reasoningTokens: u.reasoningTokens ?? 0,
+    audioPicoseconds: audioPicoseconds(u),
     startTime: call.startedAt,
     endTime: call.endedAt,
     completionStartTime: call.firstByteAt ?? null,

@@ -200,13 +200,14 @@ const COUNTER_UPDATES: Record<CounterTable, string> = {
 };
 
 /**
- * Adds `daily_rows` (type, id, day, key, model, grp, provider, team, pt, ct, cr, cc, spend, n, ok, failed)
+ * Adds `daily_rows` (type, id, day, key, model, grp, provider, team, pt, ct, cr, cc, spend, n, ok, failed, sec)
  * to the aggregates, in the conflict key's order: batches of instances sharing one database lock
  * the rows they share (a key's on each model, a model's, a provider's) in one order, never in a ring.
  */
 const DAILY_UPSERT = `daily as (
   insert into daily_spend as d (entity_type, entity_id, date, api_key, model, model_group, provider, team_id, prompt_tokens,
-    completion_tokens, cache_read_input_tokens, cache_creation_input_tokens, spend, api_requests, successful_requests, failed_requests)
+    completion_tokens, cache_read_input_tokens, cache_creation_input_tokens, spend, api_requests, successful_requests, failed_requests,
+    audio_seconds)
   select * from daily_rows order by type, id, day, key, model, grp, provider, team
   on conflict (entity_type, entity_id, date, api_key, model, model_group, provider, team_id) do update set
     prompt_tokens = d.prompt_tokens + excluded.prompt_tokens,
@@ -217,13 +218,15 @@ const DAILY_UPSERT = `daily as (
     api_requests = d.api_requests + excluded.api_requests,
     successful_requests = d.successful_requests + excluded.successful_requests,
     failed_requests = d.failed_requests + excluded.failed_requests,
+    -- Null stays null only while no call had audio seconds (see tables/spend.ts).
+    audio_seconds = coalesce(d.audio_seconds + excluded.audio_seconds, d.audio_seconds, excluded.audio_seconds),
     updated_at = now()
   returning 1
 )`;
 
 const DELTA_COLUMNS = "x(t text, id text, p bigint, amount numeric, ms bigint, f bigint, s jsonb)";
 const DAILY_COLUMNS = `y(type text, id text, day text, key text, model text, grp text, provider text, team text,
-    pt bigint, ct bigint, cr bigint, cc bigint, spend numeric, n bigint, ok bigint, failed bigint)`;
+    pt bigint, ct bigint, cr bigint, cc bigint, spend numeric, n bigint, ok bigint, failed bigint, sec numeric)`;
 
 const at = (ms: string) => `to_timestamp(${ms} / 1000.0)`;
 
@@ -232,22 +235,23 @@ const deltaInput = (param: string) =>
   `select t, id, case when p is null then null else ${at("p")} end as period_end, amount, ms, f, s from jsonb_to_recordset(${param}::jsonb) as ${DELTA_COLUMNS}`;
 /** The batch's daily aggregates, summed in memory and passed as JSON in `param`. */
 const dailyInput = (param: string) =>
-  `select type, id, day::date as day, key, model, grp, provider, team, pt, ct, cr, cc, spend, n, ok, failed from jsonb_to_recordset(${param}::jsonb) as ${DAILY_COLUMNS}`;
+  `select type, id, day::date as day, key, model, grp, provider, team, pt, ct, cr, cc, spend, n, ok, failed, sec from jsonb_to_recordset(${param}::jsonb) as ${DAILY_COLUMNS}`;
 const metrics = (f: string) =>
   `${f}.provider, (${at(`${f}."startTime"`)} at time zone 'UTC')::date as day, ${f}."promptTokens" as pt, ${f}."completionTokens" as ct,
-   ${f}."cacheReadTokens" as cr, ${f}."cacheCreationTokens" as cc, ${f}."spendPico" / 1000000000000 as spend, ${f}.status`;
+   ${f}."cacheReadTokens" as cr, ${f}."cacheCreationTokens" as cc, ${f}."spendPico" / 1000000000000 as spend, ${f}.status,
+   ${f}."audioSeconds" as sec`;
 
 /** The rows go into the log, keyed by call id. */
 const INSERT_LOG_ROWS = `ins as (
   insert into spend_logs (call_id, request_id, call_type, api_key, key_alias, user_id, team_id, organization_id, end_user,
     model, model_group, provider, model_id, upstream_model, spend, prompt_tokens, completion_tokens, total_tokens,
     cache_read_input_tokens, cache_creation_input_tokens, reasoning_tokens, start_time, end_time, completion_start_time,
-    status, stream, cache_hit, request_tags, metadata)
+    status, stream, cache_hit, request_tags, metadata, audio_seconds)
   select "callId", "requestId", "callType", "apiKey", "keyAlias", "userId", "teamId", "organizationId", "endUser",
     model, "modelGroup", provider, "modelId", "upstreamModel", "spendPico" / 1000000000000, "promptTokens", "completionTokens",
     "promptTokens" + "completionTokens", "cacheReadTokens", "cacheCreationTokens", "reasoningTokens",
     ${at('"startTime"')}, ${at('"endTime"')}, ${at('"completionStartTime"')}, status, stream, "cacheHit",
-    tags, coalesce(metadata, '{}')
+    tags, coalesce(metadata, '{}'), "audioSeconds"
   from input
   on conflict (call_id) do nothing
   returning call_id
@@ -277,7 +281,8 @@ with input as (
     (r->>16)::int as "completionTokens", (r->>17)::int as "cacheReadTokens", (r->>18)::int as "cacheCreationTokens",
     (r->>19)::int as "reasoningTokens", (r->>20)::bigint as "startTime", (r->>21)::bigint as "endTime",
     (r->>22)::bigint as "completionStartTime", r->>23 as status, (r->>24)::boolean as stream, (r->>25)::boolean as "cacheHit",
-    array(select jsonb_array_elements_text(r->26)) as tags, nullif(r->27, 'null'::jsonb) as metadata, r->28 as charges
+    array(select jsonb_array_elements_text(r->26)) as tags, nullif(r->27, 'null'::jsonb) as metadata, r->28 as charges,
+    (r->>29)::numeric / 1000000000000 as "audioSeconds"
   from jsonb_array_elements($1::jsonb) as r
 ),
 ${INSERT},
@@ -317,7 +322,7 @@ daily_rows as (
   ${dailyInput("$4")} where (select ok from fast)
   union all
   select type, id, day, key, model, grp, provider, team, sum(pt), sum(ct), sum(cr), sum(cc), sum(spend), count(*),
-    count(*) filter (where status = 'success'), count(*) filter (where status <> 'success')
+    count(*) filter (where status = 'success'), count(*) filter (where status <> 'success'), sum(sec)
   from entity group by type, id, day, key, model, grp, provider, team
 ),
 ${DAILY_UPSERT}
@@ -335,11 +340,16 @@ interface RowGroup {
   cr: number;
   cc: number;
   spend: bigint;
+  /** Picoseconds of audio; null while no call had any (SpendEntry.audioPicoseconds). */
+  sec: bigint | null;
   /** Each call's end (ms) and cost, for counters set by hand since some of them ended (HAND_SET). */
   calls: [number, bigint][];
 }
 
 const DAY_MS = 86_400_000;
+
+/** Audio seconds summed as the store sums them: null only while neither side has any. */
+const addSeconds = (a: bigint | null, b: bigint | null): bigint | null => (a === null ? b : b === null ? a : a + b);
 
 /** A nullable value in a group's signature: null, and any text (prefixed), never look alike. */
 const orNull = (v: string | null): string => (v === null ? "\u0001" : `\u0002${v}`);
@@ -359,7 +369,7 @@ export class BatchSums {
     for (const c of e.charges) sig += `\u0000${c.periodEnd}`;
     let g = this.groups.get(sig);
     if (!g) {
-      g = { sample: e, day: dayOf(e.startTime), n: 0, ok: 0, failed: 0, pt: 0, ct: 0, cr: 0, cc: 0, spend: 0n, calls: [] };
+      g = { sample: e, day: dayOf(e.startTime), n: 0, ok: 0, failed: 0, pt: 0, ct: 0, cr: 0, cc: 0, spend: 0n, sec: null, calls: [] };
       this.groups.set(sig, g);
     }
     g.n++;
@@ -371,6 +381,7 @@ export class BatchSums {
     g.cr += e.cacheReadTokens;
     g.cc += e.cacheCreationTokens;
     g.spend += BigInt(e.spendPico);
+    g.sec = addSeconds(g.sec, e.audioPicoseconds == null ? null : BigInt(e.audioPicoseconds));
     g.calls.push([e.endTime, BigInt(e.spendPico)]);
   }
 
@@ -458,6 +469,7 @@ interface DailyRow {
   n: number;
   ok: number;
   failed: number;
+  sec: bigint | null;
 }
 
 function dailyRows(groups: RowGroup[]) {
@@ -468,7 +480,7 @@ function dailyRows(groups: RowGroup[]) {
     const k = `${type}\u0000${id}\u0000${g.day}\u0000${key}\u0000${model}\u0000${grp}\u0000${e.provider}\u0000${team}`;
     const d = out.get(k);
     if (!d) {
-      out.set(k, { type, id, day: g.day, key, model, grp, provider: e.provider, team, pt: g.pt, ct: g.ct, cr: g.cr, cc: g.cc, spend: g.spend, n: g.n, ok: g.ok, failed: g.failed });
+      out.set(k, { type, id, day: g.day, key, model, grp, provider: e.provider, team, pt: g.pt, ct: g.ct, cr: g.cr, cc: g.cc, spend: g.spend, n: g.n, ok: g.ok, failed: g.failed, sec: g.sec });
       return;
     }
     d.pt += g.pt;
@@ -479,6 +491,7 @@ function dailyRows(groups: RowGroup[]) {
     d.n += g.n;
     d.ok += g.ok;
     d.failed += g.failed;
+    d.sec = addSeconds(d.sec, g.sec);
   };
   for (const g of groups) {
     const e = g.sample;
@@ -499,7 +512,8 @@ function dailyRows(groups: RowGroup[]) {
     add(g, "model", e.modelGroup, "", e.upstreamModel, e.modelGroup);
     add(g, "provider", e.provider, "", "", "");
   }
-  return [...out.values()].map((d) => ({ ...d, spend: picoToText(d.spend) }));
+  // Picoseconds are written as seconds the way pico-dollars are written as dollars.
+  return [...out.values()].map((d) => ({ ...d, spend: picoToText(d.spend), sec: d.sec === null ? null : picoToText(d.sec) }));
 }
 
 type StatementParts = [string, string, string, string, string];
@@ -515,7 +529,7 @@ function rowArray(e: SpendEntry): unknown[] {
     e.callId, e.requestId, e.callType, e.apiKey, e.keyAlias, e.userId, e.teamId, e.organizationId, e.endUser, e.model, e.modelGroup,
     e.provider, e.modelId, e.upstreamModel, e.spendPico, e.promptTokens, e.completionTokens, e.cacheReadTokens, e.cacheCreationTokens,
     e.reasoningTokens, e.startTime, e.endTime, e.completionStartTime, e.status, e.stream, e.cacheHit, e.tags,
-    Object.keys(e.metadata).length > 0 ? e.metadata : null, e.charges.map((c) => [c.table, c.id, c.periodEnd]),
+    Object.keys(e.metadata).length > 0 ? e.metadata : null, e.charges.map((c) => [c.table, c.id, c.periodEnd]), e.audioPicoseconds ?? null,
   ];
 }
 

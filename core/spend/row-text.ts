@@ -4,7 +4,7 @@
  * client-chosen values (`user`, tags, an upstream's error message) may carry either, and one such
  * row must not stop the whole spend log, so both become U+FFFD.
  */
-import { picoToText, safePicoToText } from "../cost/money.ts";
+import { type PicoJson, picoToText, safePicoToText } from "../cost/money.ts";
 import type { SpendEntry } from "./entry.ts";
 
 /** A string the store accepts: NUL and unpaired surrogates replaced. */
@@ -26,7 +26,7 @@ export const SPEND_LOG_COLUMNS = [
   "call_id", "request_id", "call_type", "api_key", "key_alias", "user_id", "team_id", "organization_id", "end_user",
   "model", "model_group", "provider", "model_id", "upstream_model", "spend", "prompt_tokens", "completion_tokens",
   "total_tokens", "cache_read_input_tokens", "cache_creation_input_tokens", "reasoning_tokens", "start_time",
-  "end_time", "completion_start_time", "status", "stream", "cache_hit", "request_tags", "metadata",
+  "end_time", "completion_start_time", "status", "stream", "cache_hit", "request_tags", "metadata", "audio_seconds",
 ] as const;
 
 const COPY_ESCAPES: Record<string, string> = { "\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r" };
@@ -64,9 +64,12 @@ function timestamp(ms: number | null): string {
   return `${lastPrefix}.${frac < 10 ? "00" : frac < 100 ? "0" : ""}${frac}Z`;
 }
 
+/** Integer pico-units (`spendPico`, `audioPicoseconds`) as decimal text of whole units. */
+const picoText = (p: PicoJson): string => (typeof p === "number" && Number.isSafeInteger(p) && p >= 0 ? safePicoToText(p) : picoToText(BigInt(p)));
+
 /** One spend-log row in COPY text format (with its newline), columns as in `SPEND_LOG_COLUMNS`. */
 export function copyRow(e: SpendEntry): string {
-  const spend = typeof e.spendPico === "number" && Number.isSafeInteger(e.spendPico) && e.spendPico >= 0 ? safePicoToText(e.spendPico) : picoToText(BigInt(e.spendPico));
+  const spend = picoText(e.spendPico);
   return (
     `${field(e.callId)}\t${field(e.requestId)}\t${field(e.callType)}\t${field(e.apiKey)}\t${field(e.keyAlias)}\t` +
     `${field(e.userId)}\t${field(e.teamId)}\t${field(e.organizationId)}\t${field(e.endUser)}\t${field(e.model)}\t` +
@@ -74,7 +77,8 @@ export function copyRow(e: SpendEntry): string {
     `${e.promptTokens}\t${e.completionTokens}\t${e.promptTokens + e.completionTokens}\t${e.cacheReadTokens}\t` +
     `${e.cacheCreationTokens}\t${e.reasoningTokens}\t${timestamp(e.startTime)}\t${timestamp(e.endTime)}\t` +
     `${timestamp(e.completionStartTime)}\t${field(e.status)}\t${e.stream ? "t" : "f"}\t${e.cacheHit ? "t" : "f"}\t` +
-    `${field(arrayLiteral(e.tags))}\t${Object.keys(e.metadata).length > 0 ? field(storableJson(e.metadata)) : "{}"}\n`
+    `${field(arrayLiteral(e.tags))}\t${Object.keys(e.metadata).length > 0 ? field(storableJson(e.metadata)) : "{}"}\t` +
+    `${e.audioPicoseconds == null ? "\\N" : picoText(e.audioPicoseconds)}\n`
   );
 }
 

@@ -372,6 +372,7 @@ interface LogRow {
   cache_read_input_tokens: number;
   cache_creation_input_tokens: number;
   reasoning_tokens: number;
+  audio_seconds: string | null;
   start_ms: string;
   end_ms: string;
   completion_ms: string | null;
@@ -388,17 +389,18 @@ async function logRows(db: Db, where: SQL[], limit: number, offset = 0): Promise
     db,
     sql`select l.call_id, l.request_id, l.call_type, l.api_key, l.key_alias, l.user_id, l.team_id, l.organization_id, l.end_user, l.model,
         l.model_group, l.provider, l.model_id, l.upstream_model, l.spend::text as spend, l.prompt_tokens, l.completion_tokens, l.total_tokens,
-        l.cache_read_input_tokens, l.cache_creation_input_tokens, l.reasoning_tokens, ${epochMs(sql`l.start_time`)} as start_ms,
+        l.cache_read_input_tokens, l.cache_creation_input_tokens, l.reasoning_tokens, l.audio_seconds::text as audio_seconds, ${epochMs(sql`l.start_time`)} as start_ms,
         ${epochMs(sql`l.end_time`)} as end_ms, ${epochMs(sql`l.completion_start_time`)} as completion_ms, l.status, l.stream::text as stream,
         l.cache_hit::text as cache_hit, to_json(l.request_tags)::text as tags, l.metadata::text as metadata
       from spend_logs l where ${and(where)} order by l.start_time desc, l.call_id desc limit ${limit} offset ${offset}`,
   );
-  return found.map(({ start_ms, end_ms, completion_ms, tags, metadata, spend, stream, cache_hit, ...r }) => {
+  return found.map(({ start_ms, end_ms, completion_ms, tags, metadata, spend, stream, cache_hit, audio_seconds, ...r }) => {
     // Stored prompts ride in the metadata column and are shown as `messages` and `response` ({} when not stored).
     const { messages = {}, response = {}, ...stored } = JSON.parse(metadata) as Json;
     return {
       ...r,
       spend: Number(spend),
+      audio_seconds: audio_seconds === null ? null : Number(audio_seconds),
       start_time: iso(start_ms),
       end_time: iso(end_ms),
       completion_start_time: iso(completion_ms),

@@ -298,6 +298,8 @@ export async function teamDayRows(db: Db, teamIds: string[], range: { start: str
  * key had none). `teamIds` keeps those teams' calls; `userId` keeps only the keys that user spent with.
  */
 export interface AttributedRow extends SumRow {
+  /** Seconds of audio (exact text); null while none of the calls had any. */
+  audio_seconds: string | null;
   day: string;
   entity_id: string;
   api_key: string;
@@ -315,12 +317,12 @@ export async function attributedRows(db: Db, base: DailyFilter, opts: { teamIds?
   return rows<AttributedRow>(
     db,
     sql`with base as (
-        select d.date, d.entity_id, d.api_key, d.model_group, d.team_id, ${SUMS}
+        select d.date, d.entity_id, d.api_key, d.model_group, d.team_id, ${SUMS}, sum(d.audio_seconds)::text as audio_seconds
         from daily_spend d where ${sql.join(where, sql` and `)}
         group by d.date, d.entity_id, d.api_key, d.model_group, d.team_id
       )
       select b.date::text as day, b.entity_id, b.api_key, b.model_group, b.spend, b.prompt_tokens, b.completion_tokens, b.cache_read, b.cache_creation,
-        b.api_requests, b.successful_requests, b.failed_requests, nullif(b.team_id, '') as team_id, tm.team_alias
+        b.api_requests, b.successful_requests, b.failed_requests, b.audio_seconds, nullif(b.team_id, '') as team_id, tm.team_alias
       from base b
       left join teams tm on tm.team_id = b.team_id
       order by b.date`,

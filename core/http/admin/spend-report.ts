@@ -6,7 +6,7 @@
  */
 import { type SQL, sql } from "drizzle-orm";
 import type { Logger } from "../../contract.ts";
-import { PICO_PER_USD, safePicoToText } from "../../cost/money.ts";
+import { PICO_PER_USD, picoToText, safePicoToText } from "../../cost/money.ts";
 import type { Db } from "../../store/db.ts";
 import { teams } from "../../store/schema.ts";
 import { rowValues } from "../../store/sql.ts";
@@ -22,7 +22,7 @@ export interface ReportFilter {
 }
 
 /** A day's `daily_spend` row as the select's columns, in order (arrays: no object per row of thousands). */
-type DailyRow = [entityId: string, apiKey: string, modelGroup: string, spendPico: string, input: string | number, output: string | number, requests: string | number];
+type DailyRow = [entityId: string, apiKey: string, modelGroup: string, spendPico: string, input: string | number, output: string | number, requests: string | number, picoseconds: string | null];
 
 /**
  * Spend is summed as a plain number of pico-dollars: exact while below 2^53 (about $9,000 per
@@ -33,6 +33,8 @@ interface Usage {
   i: number;
   o: number;
   n: number;
+  /** Picoseconds of audio (exact at any size); null while no call had any: not an audio model. */
+  s: bigint | null;
 }
 
 class Overflow extends Error {}
@@ -51,16 +53,20 @@ interface Node<C> {
   children: Map<string, C>;
 }
 
-const usage = (): Usage => ({ spend: 0, i: 0, o: 0, n: 0 });
+const usage = (): Usage => ({ spend: 0, i: 0, o: 0, n: 0, s: null });
 const node = <C>(): Node<C> => ({ total: usage(), children: new Map() });
 
-function add(u: Usage, spend: number, i: number, o: number, n: number): void {
+function add(u: Usage, spend: number, i: number, o: number, n: number, s: bigint | null): void {
   u.spend += spend;
   if (u.spend > Number.MAX_SAFE_INTEGER) throw new Overflow();
   u.i += i;
   u.o += o;
   u.n += n;
+  if (s !== null) u.s = (u.s ?? 0n) + s;
 }
+
+/** A row's audio picoseconds: few rows have any, so only those pay for a bigint. */
+const picoseconds = (text: string | null): bigint | null => (text === null ? null : BigInt(text));
 
 function child<C>(map: Map<string, C>, id: string, make: () => C): C {
   let c = map.get(id);
@@ -105,7 +111,7 @@ function whereOf(entityType: string, f: ReportFilter, extra: SQL[]): SQL {
 }
 
 /** The JSON of a day part: bump when it changes, so parts stored by an older version are not served. */
-const PART_FORMAT = 4; // 2: keys as JSON; amounts of 16+ significant digits exact (parts stored by 4315e60–92946c1 wrote the nearest double). 3: the day as "group-by-day" too. 4: team_id keeps a key's calls in that team only
+const PART_FORMAT = 5; // 2: keys as JSON; amounts of 16+ significant digits exact (parts stored by 4315e60–92946c1 wrote the nearest double). 3: the day as "group-by-day" too. 4: team_id keeps a key's calls in that team only. 5: an audio model's usage is {cost, seconds, requests}
 
 /**
  * A report day's opening: the day under the spec's name, `group-by-day`, and under LiteLLM's,
@@ -147,7 +153,8 @@ async function report(r: Report): Promise<Blob> {
       const rowsOf = async (day: string) =>
         (await rowValues(
           r.db,
-          sql`select d.entity_id, d.api_key, d.model_group, (d.spend * 1000000000000)::numeric(30, 0)::text as spend, d.prompt_tokens as i, d.completion_tokens as o, d.api_requests as n
+          sql`select d.entity_id, d.api_key, d.model_group, (d.spend * 1000000000000)::numeric(30, 0)::text as spend, d.prompt_tokens as i, d.completion_tokens as o, d.api_requests as n,
+              (d.audio_seconds * 1000000000000)::numeric(30, 0)::text as s
             from daily_spend d where ${r.where} and d.date = ${day}::date`,
         )) as DailyRow[];
       const out = new Map<string, Bytes>();
@@ -174,21 +181,31 @@ async function report(r: Report): Promise<Blob> {
 function tree(found: DailyRow[], keyOf: (r: DailyRow) => string): Map<string, Node<Node<Usage>>> {
   const entities = new Map<string, Node<Node<Usage>>>();
   for (const r of found) {
-    const [entityId, , modelGroup, spendText, input, output, requests] = r;
+    const [entityId, , modelGroup, spendText, input, output, requests, secondsText] = r;
     const spend = picoNumber(spendText);
     const i = Number(input);
     const o = Number(output);
     const n = Number(requests);
+    const s = picoseconds(secondsText);
     const entity = child(entities, entityId, node<Node<Usage>>);
-    add(entity.total, spend, i, o, n);
+    add(entity.total, spend, i, o, n, s);
     const sub = child(entity.children, keyOf(r), node<Usage>);
-    add(sub.total, spend, i, o, n);
-    add(child(sub.children, modelGroup, usage), spend, i, o, n);
+    add(sub.total, spend, i, o, n, s);
+    add(child(sub.children, modelGroup, usage), spend, i, o, n, s);
   }
   return entities;
 }
 
-/** `[{group-by-day, group_by_day, teams: [{team_name, team_id, spend, keys: [{key, spend, usage: {<model>: {cost, input_tokens, output_tokens, requests}}}]}]}]`. */
+/**
+ * A model's entry in a key's `usage`: `{cost, seconds, requests}` for an audio model (its calls
+ * were priced by their audio's length), else `{cost, input_tokens, output_tokens, requests}`.
+ */
+function modelUsageText(u: Usage): string {
+  if (u.s !== null) return `{"cost":${money(u.spend)},"seconds":${picoToText(u.s)},"requests":${u.n}}`;
+  return `{"cost":${money(u.spend)},"input_tokens":${u.i},"output_tokens":${u.o},"requests":${u.n}}`;
+}
+
+/** `[{group-by-day, group_by_day, teams: [{team_name, team_id, spend, keys: [{key, spend, usage: {<model>: modelUsageText}}]}]}]`. */
 async function byTeam(db: Db, log: Logger, f: ReportFilter, storeOnly: boolean): Promise<Blob> {
   // Calls of keys without a team are aggregated under team id '' (see spend/flush.ts).
   const where = whereOf("team", f, f.teamId ? [sql`d.entity_id = ${f.teamId}`] : []);
@@ -202,7 +219,7 @@ async function byTeam(db: Db, log: Logger, f: ReportFilter, storeOnly: boolean):
     for (const [teamId, t] of bySpend(tree(found, (r) => r[1]))) {
       const keyParts: string[] = [];
       for (const [key, k] of bySpend(t.children)) {
-        const models = [...k.children].map(([m, u]) => `${quote(m)}:{"cost":${money(u.spend)},"input_tokens":${u.i},"output_tokens":${u.o},"requests":${u.n}}`);
+        const models = [...k.children].map(([m, u]) => `${quote(m)}:${modelUsageText(u)}`);
         keyParts.push(`{"key":${quote(key)},"spend":${money(k.total.spend)},"usage":{${models.join(",")}}}`);
       }
       const name = aliases.get(teamId) ?? (teamId === "" ? "Unassigned Team" : teamId);
@@ -231,15 +248,16 @@ function entriesOf(found: DailyRow[]): Entry[] {
     const o = Number(output);
     const n = Number(requests);
     const e = entries.get(entityId);
+    // These reports' model_details have no seconds (the spec shows them for the team report only).
     if (!e) {
-      entries.set(entityId, { id: entityId, spend, i, o, n, model: modelGroup, first: { spend, i, o, n }, more: undefined });
+      entries.set(entityId, { id: entityId, spend, i, o, n, s: null, model: modelGroup, first: { spend, i, o, n, s: null }, more: undefined });
       continue;
     }
-    add(e, spend, i, o, n);
-    if (modelGroup === e.model) add(e.first, spend, i, o, n);
+    add(e, spend, i, o, n, null);
+    if (modelGroup === e.model) add(e.first, spend, i, o, n, null);
     else {
       e.more ??= new Map();
-      add(child(e.more, modelGroup, usage), spend, i, o, n);
+      add(child(e.more, modelGroup, usage), spend, i, o, n, null);
     }
   }
   return [...entries.values()].sort(bySpendThenId);

@@ -12,7 +12,7 @@ import { badRequest } from "../../authz.ts";
 import type { CounterTable, Deployment, Usage } from "../../contract.ts";
 import { countableUsage } from "../../cost/countable-usage.ts";
 import { estimatePromptTokens } from "../../cost/estimate.ts";
-import { exactUsdJson, type Pico } from "../../cost/money.ts";
+import { exactColumnJson, exactUsdJson, type Pico } from "../../cost/money.ts";
 import { choice, list, pageOf } from "../../identity/paging.ts";
 import { teamMemberId } from "../../identity/records.ts";
 import { toApi } from "../../identity/serialize.ts";
@@ -73,12 +73,14 @@ const bySpendDesc = <R extends { spend: Pico }>(a: R, b: R) => (a.spend === b.sp
 
 /** A spend-log row as the API returns it: its column names, spend a number, times ISO. */
 function logApi(row: typeof spendLogs.$inferSelect): Record<string, unknown> {
-  const { cacheReadTokens, cacheCreationTokens, ...rest } = row;
+  const { cacheReadTokens, cacheCreationTokens, audioSeconds, ...rest } = row;
   // The spec's metadata carries key_alias; the row keeps it (and status) in columns only. Stored
   // prompts are kept in the metadata column and shown as LiteLLM's `messages` and `response` ({} when not stored).
   const { messages = {}, response = {}, ...stored } = row.metadata ?? {};
   const metadata = { key_alias: row.keyAlias, status: row.status, ...stored };
-  return { ...toApi(rest), metadata, messages, response, cache_read_input_tokens: cacheReadTokens, cache_creation_input_tokens: cacheCreationTokens };
+  // Audio seconds are kept at the scale of money: written exactly, as spend is.
+  const audio_seconds = audioSeconds === null ? null : exactColumnJson(audioSeconds);
+  return { ...toApi(rest), metadata, messages, response, cache_read_input_tokens: cacheReadTokens, cache_creation_input_tokens: cacheCreationTokens, audio_seconds };
 }
 
 /** One day of `/spend/logs` summarized: its spend, and per model group and key, from `amounts`; per user, `people`. */
@@ -199,19 +201,28 @@ interface Usage4 {
   input: number;
   output: number;
   requests: number;
+  /** Audio seconds in picoseconds (the columns' scale, read as money is); null: not an audio model. */
+  seconds: bigint | null;
 }
 
 function usageOfRows(rs: AttributedRow[]): Map<string, Usage4> {
   const out = new Map<string, Usage4>();
   for (const r of rs) {
-    const u = out.get(r.model_group) ?? { cost: 0n, input: 0, output: 0, requests: 0 };
+    const u = out.get(r.model_group) ?? { cost: 0n, input: 0, output: 0, requests: 0, seconds: null };
     u.cost += pico(r.spend);
     u.input += num(r.prompt_tokens);
     u.output += num(r.completion_tokens);
     u.requests += num(r.api_requests);
+    if (r.audio_seconds !== null) u.seconds = (u.seconds ?? 0n) + pico(r.audio_seconds);
     out.set(r.model_group, u);
   }
   return out;
+}
+
+/** A model's entry in a key's `usage`, as the report's day parts write it (spend-report.ts modelUsageText). */
+function modelUsage(u: Usage4): Record<string, unknown> {
+  if (u.seconds !== null) return { cost: exactUsdJson(u.cost), seconds: exactUsdJson(u.seconds), requests: u.requests };
+  return { cost: exactUsdJson(u.cost), input_tokens: u.input, output_tokens: u.output, requests: u.requests };
 }
 
 /**
@@ -237,7 +248,7 @@ function dimensionEntries(rs: AttributedRow[], dim: "api_key" | "customer"): Rec
   });
 }
 
-/** `[{team_name, team_id, spend, keys: [{key, spend, usage: {<model group>: {cost, input_tokens, output_tokens, requests}}}]}]` */
+/** `[{team_name, team_id, spend, keys: [{key, spend, usage: {<model group>: modelUsage}}]}]` */
 function teamEntries(rs: AttributedRow[]): Record<string, unknown>[] {
   const groups = groupBy(rs, (r) => r.team_id ?? "");
   const entries = [...groups].map(([teamId, list]) => ({ teamId, alias: list[0]!.team_alias, spend: sumSpend(list), list }));
@@ -250,9 +261,7 @@ function teamEntries(rs: AttributedRow[]): Record<string, unknown>[] {
       keys: keys.map((k) => ({
         key: k.key,
         spend: exactUsdJson(k.spend),
-        usage: Object.fromEntries(
-          [...k.usage].map(([m, u]) => [m, { cost: exactUsdJson(u.cost), input_tokens: u.input, output_tokens: u.output, requests: u.requests }]),
-        ),
+        usage: Object.fromEntries([...k.usage].map(([m, u]) => [m, modelUsage(u)])),
       })),
     };
   });

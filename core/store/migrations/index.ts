@@ -22,6 +22,7 @@ import m11_0011_key_first_token from "./0011_key_first_token.sql" with { type: "
 import m12_0012_daily_spend_team from "./0012_daily_spend_team.sql" with { type: "text" };
 import m13_0013_cancelled_calls_failed from "./0013_cancelled_calls_failed.sql" with { type: "text" };
 import m14_0014_spend_set_at from "./0014_spend_set_at.sql" with { type: "text" };
+import m15_0015_audio_seconds from "./0015_audio_seconds.sql" with { type: "text" };
 
 const files: Record<string, string> = {
   "0000_init": m0_0000_init,
@@ -39,6 +40,7 @@ const files: Record<string, string> = {
   "0012_daily_spend_team": m12_0012_daily_spend_team,
   "0013_cancelled_calls_failed": m13_0013_cancelled_calls_failed,
   "0014_spend_set_at": m14_0014_spend_set_at,
+  "0015_audio_seconds": m15_0015_audio_seconds,
 };
 
 export const migrations: MigrationMeta[] = journal.entries.map((e) => {

@@ -7,6 +7,8 @@ import { sql } from "drizzle-orm";
 import { bigint, boolean, date, index, integer, jsonb, numeric, pgTable, primaryKey, text, timestamp } from "drizzle-orm/pg-core";
 
 const money = (name: string) => numeric(name, { precision: 30, scale: 12 });
+/** Seconds of audio, at the scale of money (picoseconds): a sum in memory and in SQL agree exactly. */
+const seconds = (name: string) => numeric(name, { precision: 30, scale: 12 });
 const ts = (name: string) => timestamp(name, { withTimezone: true, mode: "date" });
 const count = (name: string) => bigint(name, { mode: "number" }).notNull().default(0);
 
@@ -39,6 +41,11 @@ export const spendLogs = pgTable(
     cacheReadTokens: integer("cache_read_input_tokens").notNull().default(0),
     cacheCreationTokens: integer("cache_creation_input_tokens").notNull().default(0),
     reasoningTokens: integer("reasoning_tokens").notNull().default(0),
+    /**
+     * Seconds of audio the call was priced with (a transcription's length, a speech answer's);
+     * null for a call whose usage has none (chat, a transcription priced by tokens). Migration 0015.
+     */
+    audioSeconds: seconds("audio_seconds"),
     startTime: ts("start_time").notNull(),
     endTime: ts("end_time").notNull(),
     completionStartTime: ts("completion_start_time"),
@@ -89,6 +96,11 @@ export const dailySpend = pgTable(
     apiRequests: count("api_requests"),
     successfulRequests: count("successful_requests"),
     failedRequests: count("failed_requests"),
+    /**
+     * The rows' calls' `spend_logs.audio_seconds` summed; null while none of them had any, which is
+     * what tells an audio model's usage in `/global/spend/report` from a model priced by tokens.
+     */
+    audioSeconds: seconds("audio_seconds"),
     updatedAt: ts("updated_at").notNull().defaultNow(),
   },
   (t) => [
