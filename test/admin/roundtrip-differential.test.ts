@@ -88,7 +88,8 @@ interface Group {
   view?(body: Json, before: Json): Json;
   /** Derived fields this write moves (checked by `derived` when it can tell). */
   moves?: readonly string[];
-  derived?(body: Json, after: Json, at: TimeWindow, label: string): void;
+  /** `before`: the object as it was, for an update. */
+  derived?(body: Json, after: Json, at: TimeWindow, label: string, before?: Json): void;
 }
 
 /** One field: a value from `gen`, or (with chance 0.2) `null`, which info answers as `cleared`. */
@@ -119,11 +120,18 @@ function expectWithin(value: unknown, period: string, at: TimeWindow, label: str
   expect(t, label).toBeLessThanOrEqual(at.t1 + ms + 1);
 }
 
-/** `budget_duration`: kept as sent; a period sets `budget_reset_at` to now + period (unless the body gives it). */
+/**
+ * `budget_duration`: kept as sent; a new period sets `budget_reset_at` to now + period (unless the
+ * body gives it); the one already stored, sent again, is no change.
+ */
 const budgetDuration = field("budget_duration", (rng) => rng.pick([...PERIODS, "-1"]), NULL, {
   moves: ["budget_reset_at"],
-  derived(body, after, at, label) {
+  derived(body, after, at, label, before) {
     if (typeof body.budget_duration !== "string" || "budget_reset_at" in body) return;
+    if (before && before.budget_duration === body.budget_duration) {
+      expect(after.budget_reset_at, `${label} budget_reset_at (the same duration sent again)`).toEqual(before.budget_reset_at);
+      return;
+    }
     if (body.budget_duration === "-1") expect(after.budget_reset_at, `${label} budget_reset_at`).toBeNull();
     else expectWithin(after.budget_reset_at, body.budget_duration, at, `${label} budget_reset_at`);
   },
@@ -523,7 +531,7 @@ async function roundTrip(gw: TestGateway, db: Db, kind: Kind, rng: Random, w: Wo
     w.answers.push(JSON.stringify(after));
     const want = expectedOf(touched, patch, info);
     for (const d of differences(after, want)) failures.push(`${ulabel}: ${d}`);
-    for (const [g] of touched) g.derived?.(patch, after, atu, ulabel);
+    for (const [g] of touched) g.derived?.(patch, after, atu, ulabel, info);
     // Everything else stays as it was.
     const free = new Set([...Object.keys(want), ...kind.always, ...touched.flatMap(([g]) => g.moves ?? [])]);
     const kept = Object.fromEntries(Object.entries(info).filter(([f]) => !free.has(f)));

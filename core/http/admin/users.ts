@@ -11,6 +11,7 @@ import { Elysia } from "elysia";
 import { badRequest, forbidden, notFound } from "../../authz.ts";
 import { GatewayError } from "../../errors.ts";
 import { Amount, clearNulls, containing, IdList, LIMIT_COLUMNS, LimitFields, MoneyField, Nullable, refuseModelMaxBudget, resetAt } from "../../identity/fields.ts";
+import { withoutUnchangedDuration } from "../../identity/budget-period.ts";
 import { holdReferences, holdTeams, lockEmail, orgGone, teamsGone } from "../../identity/holds.ts";
 import { type Exec, findUserByEmail, memberBudgetIn, membersByTeam, membershipApi, teamApi, userApi } from "../../identity/members.ts";
 import { refuseMasterUserId } from "../../identity/master-user.ts";
@@ -280,7 +281,7 @@ async function updateUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
   refuseModelMaxBudget(body, "user");
   if (!byEmail && "user_email" in raw) await requireUniqueEmail(ctx.db, body.user_email, caller.isAdmin, target.userId);
   if ("organization_id" in raw) await requireOrg(ctx.db, body.organization_id);
-  const reset = resetAt(body.budget_duration);
+  const reset = resetAt(withoutUnchangedDuration(body, target.budgetDuration).budget_duration);
   if (reset !== undefined) props.budgetResetAt = reset;
 
   if ("models" in props) {
