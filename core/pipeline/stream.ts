@@ -130,8 +130,9 @@ export async function streamResponse(a: StreamArgs): Promise<Response> {
   const estimated = (): Usage => {
     // Before the model said anything (only an opening chunk, or nothing, came): the prompt alone,
     // as budgets estimate it, as for a JSON call left before its answer (however long it waited).
-    if (!answered) return { promptTokens: promptSize(a.endpoint, a.request).estimate, completionTokens: 0 };
+    // The model an opening chunk named stays: a deployment priced only by it (Azure's) is not free.
     const e = transform.estimate(state);
+    if (!answered) return { promptTokens: promptSize(a.endpoint, a.request).estimate, completionTokens: 0, ...(e.answerModel === undefined ? {} : { answerModel: e.answerModel }) };
     const bound = answerTokenBound(a.endpoint, a.request);
     if (bound === undefined || e.completionTokens <= bound) return e;
     // Its parts (reasoning) stay parts of the total.

@@ -5,8 +5,13 @@
  */
 import type { Usage } from "../../core/contract.ts";
 
-/** `usage` with the model `answer` names, when it names one. */
-export function withAnswerModel(usage: Usage, answer: unknown): Usage {
+/** The model an answer (or a stream's chunk) names, when it names one. */
+export function answerModelOf(answer: unknown): string | undefined {
   const model = answer !== null && typeof answer === "object" ? (answer as { model?: unknown }).model : undefined;
-  return typeof model === "string" && model !== "" ? { ...usage, answerModel: model } : usage;
+  return typeof model === "string" && model !== "" ? model : undefined;
+}
+
+/** `usage` with the model the answer names, when it names one. */
+export function withAnswerModel(usage: Usage, model: string | undefined): Usage {
+  return model === undefined ? usage : { ...usage, answerModel: model };
 }

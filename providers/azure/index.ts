@@ -8,7 +8,7 @@ import type { Deployment, Endpoint, EndpointAdapter, ProviderAdapter } from "../
 import { openAIChat, openAICompletions, openAIEmbeddings, openAIErrorMessage, openAIImages, openAISpeech } from "../openai-compatible/adapter.ts";
 import { openAITranscriptions } from "../openai-compatible/transcriptions.ts";
 import { upstreamErrorKind } from "../shared/error-kind.ts";
-import { withAnswerModel } from "./answer-model.ts";
+import { answerModelOf, withAnswerModel } from "./answer-model.ts";
 import { azureAuth, findAzureAuth, staticAuthHeaders, withAzureAuth } from "./credentials.ts";
 import { EntraTokenCache } from "./entra-token.ts";
 import { azureStream } from "./stream.ts";
@@ -49,7 +49,7 @@ function onAzure<E extends Endpoint, S>(inner: EndpointAdapter<E, S>, path: stri
     },
     response(body, req) {
       const answer = inner.response(body, req);
-      return { ...answer, usage: withAnswerModel(answer.usage, body) };
+      return { ...answer, usage: withAnswerModel(answer.usage, answerModelOf(body)) };
     },
   };
   if (inner.stream) adapter.stream = azureStream(inner.stream);

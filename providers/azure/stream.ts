@@ -2,13 +2,20 @@
  * Azure's stream is OpenAI's plus chunks of its own content filter, which are not OpenAI chunks
  * (`"object": ""`, no id): the prompt's filter results before the first choice, and annotations of
  * the asynchronous filter. The prompt results ride on the first real chunk; annotations are dropped.
+ * Every chunk names the model behind the deployment: the usage, Azure's or estimated, carries it.
  */
 import type { Endpoint, StreamPart, StreamTransform, WireJson } from "../../core/contract.ts";
-import { withAnswerModel } from "./answer-model.ts";
+import { answerModelOf, withAnswerModel } from "./answer-model.ts";
 
 export interface AzureStreamState<S> {
   inner: S;
   promptFilterResults?: unknown;
+  /**
+   * The model the first answer chunk names (null: it named none). Without it, a stream whose usage
+   * is estimated (no usage chunk on an api-version before stream_options, a cut, a client that
+   * left) could not be priced: the deployment's own name has no price.
+   */
+  answerModel?: string | null;
 }
 
 function withPromptFilters(part: StreamPart, results: unknown): StreamPart | undefined {
@@ -33,9 +40,10 @@ export function azureStream<E extends Endpoint, S>(inner: StreamTransform<E, S>)
         return [];
       }
       const parts = inner.event(data, s.inner);
-      // The usage chunk names the model too (read again only for that chunk, once a stream).
+      // Read from the first chunk only: one parse a stream, not one a chunk.
+      if (s.answerModel === undefined && data !== "[DONE]") s.answerModel = answerModelOf(JSON.parse(data)) ?? null;
       const usage = parts.findIndex((p) => p.type === "usage");
-      if (usage >= 0) parts[usage] = { type: "usage", usage: withAnswerModel((parts[usage] as Extract<StreamPart, { type: "usage" }>).usage, JSON.parse(data)) };
+      if (usage >= 0) parts[usage] = { type: "usage", usage: withAnswerModel((parts[usage] as Extract<StreamPart, { type: "usage" }>).usage, s.answerModel ?? undefined) };
       if (s.promptFilterResults === undefined) return parts;
       for (let i = 0; i < parts.length; i++) {
         const merged = withPromptFilters(parts[i]!, s.promptFilterResults);
@@ -46,7 +54,7 @@ export function azureStream<E extends Endpoint, S>(inner: StreamTransform<E, S>)
       }
       return parts;
     },
-    estimate: (s) => inner.estimate(s.inner),
+    estimate: (s) => withAnswerModel(inner.estimate(s.inner), s.answerModel ?? undefined),
     responseId: (s) => inner.responseId?.(s.inner),
     complete: inner.complete ? (s) => inner.complete!(s.inner) : undefined,
   };
