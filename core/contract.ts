@@ -273,7 +273,10 @@ export interface ProviderAdapter {
   rateLimitHeaders?(upstream: Headers): Record<string, string>;
   /** Maps an upstream error body to the message shown to the client. */
   errorMessage?(status: number, body: string): string;
-  /** Recognises context-window and content-policy failures in an upstream error answer. */
+  /**
+   * Recognises context-window and content-policy failures in an upstream error answer, or in an
+   * error event of its stream (then `body` is the message the stream transform made of it).
+   */
   errorKind?(status: number, body: string): UpstreamErrorKind | undefined;
   /**
    * Asynchronous credentials applied to a built call just before it is sent (AWS SigV4 signing,

@@ -481,7 +481,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
           }
         : capture;
       // Awaited here: a stream that fails before its first event fails this attempt (caught below).
-      return await streamResponse({ res, deployment: d, transform, endpoint: endpoint as "chat" | "completions", request: body as WireRequest["chat" | "completions"], deadline, headers, finish, tap });
+      return await streamResponse({ res, adapter, deployment: d, transform, endpoint: endpoint as "chat" | "completions", request: body as WireRequest["chat" | "completions"], deadline, headers, finish, tap });
     }
     const upstreamType = res.headers.get("content-type") ?? "";
     if (ep.binaryUsage) {

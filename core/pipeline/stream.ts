@@ -5,7 +5,7 @@
  * recorded. Framing is parsed synchronously in the pull (no stream-per-stage chain), and every
  * event of one upstream read goes out in one write.
  */
-import type { CallStatus, Deployment, ErrorInfo, StreamTransform, Usage, WireRequest } from "../contract.ts";
+import type { CallStatus, Deployment, ErrorInfo, ProviderAdapter, StreamTransform, Usage, WireRequest } from "../contract.ts";
 import { errorBody, errorInfo, GatewayError } from "../errors.ts";
 import { withoutCredentials } from "../secrets.ts";
 import { AwsEventStreamParser } from "../stream/aws-eventstream.ts";
@@ -14,7 +14,7 @@ import { promptSize } from "../cost/estimate.ts";
 import { answerTokenBound } from "../cost/worst-case.ts";
 import { chatCompletionId, nowSeconds } from "../openai-ids.ts";
 import { openAIUsage } from "../openai-usage.ts";
-import { type Deadline, timeoutError } from "./upstream.ts";
+import { type Deadline, streamErrorOf, timeoutError } from "./upstream.ts";
 
 const DONE = "data: [DONE]\n\n";
 /**
@@ -40,6 +40,8 @@ async function settled(p: Promise<unknown>): Promise<boolean> {
 
 export interface StreamArgs {
   res: Response;
+  /** Reads the stream's error events as it reads error answers (streamErrorOf). */
+  adapter: ProviderAdapter;
   deployment: Deployment;
   transform: StreamTransform<"chat" | "completions", unknown>;
   endpoint: "chat" | "completions";
@@ -113,7 +115,8 @@ export async function streamResponse(a: StreamArgs): Promise<Response> {
         answered ||= !part.opens;
       } else if (part.type === "usage") usage = part.usage;
       else {
-        failure = new StreamFailure({ ...part.error, message: withoutCredentials(part.error.message, d) });
+        const error = streamErrorOf(a.adapter, part.error);
+        failure = new StreamFailure({ ...error, message: withoutCredentials(error.message, d) });
         return;
       }
     }

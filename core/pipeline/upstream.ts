@@ -1,5 +1,5 @@
 /** The one place the gateway reaches an upstream: fetch with timeout and abort, errors mapped to the spec. */
-import type { Deployment, HttpCall, ProviderAdapter } from "../contract.ts";
+import type { Deployment, ErrorInfo, HttpCall, ProviderAdapter } from "../contract.ts";
 import { CredentialsRefused, type ErrorInAnswer, GatewayError, errorInfo } from "../errors.ts";
 import { rememberSentCredentials, withoutCredentials } from "../secrets.ts";
 import { pinnedRequest } from "../pinned-fetch.ts";
@@ -237,6 +237,17 @@ interface UpstreamFailure {
   headers: Headers;
   /** What the upstream did, for the message ("returned 429"). */
   said: string;
+}
+
+/**
+ * An error the upstream sent inside its stream, as the adapter mapped it → the error an HTTP answer
+ * saying the same would be: the provider's context-window and content-policy failures (Bedrock's
+ * validationException "Input is too long…", Anthropic's `error` event "prompt is too long…") are a
+ * 400 of that type, which the router's fallbacks act on, however the provider chose to send them.
+ */
+export function streamErrorOf(adapter: ProviderAdapter, error: ErrorInfo): ErrorInfo {
+  const kind = adapter.errorKind?.(error.status, error.message);
+  return kind ? { ...error, status: 400, type: kind } : error;
 }
 
 function upstreamErrorOf(adapter: ProviderAdapter, d: Deployment, f: UpstreamFailure): GatewayError {
