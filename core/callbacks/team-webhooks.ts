@@ -2,10 +2,12 @@
  * Delivery to a team's webhooks: each finished call of the team (billing metadata only: who,
  * which model, tokens, cost, status; never the prompt or the answer) and the team's budget
  * alerts, POSTed as JSON with the headers given at registration. Off the response path, two
- * attempts each, in order per webhook, a few at a time (PER_WEBHOOK), and at most MAX_ACTIVE for all
- * webhooks together. Past MAX_WAITING deliveries waiting for one webhook, its new ones are dropped
- * (and that is logged): a webhook that hangs costs only itself events, never another webhook (of
- * its team or another one) nor the gateway's own upstream calls, which share Bun's fetch.
+ * attempts each, in order per webhook, a few at a time (PER_WEBHOOK), at most MAX_ACTIVE for all
+ * webhooks together, of which each webhook has RESERVED of its own unless 16 others hold theirs;
+ * a free slot goes to the waiting webhook with the fewest under way. Past MAX_WAITING deliveries
+ * waiting for one webhook, its new ones are dropped (and that is logged): a webhook that hangs
+ * costs only itself events, never another webhook (of its team or another one) nor the gateway's
+ * own upstream calls, which share Bun's fetch.
  */
 import { randomUUID } from "node:crypto";
 import type { CallRecord, Logger } from "../contract.ts";
@@ -34,14 +36,24 @@ const PER_WEBHOOK = 16;
  * hang must never hold them all.
  */
 const MAX_ACTIVE = 128;
+/**
+ * A webhook's first RESERVED deliveries under way draw on MAX_ACTIVE alone; the ones past that
+ * draw on SHARED, which all webhooks together may not exceed. So webhooks that hang hold at most
+ * RESERVED each plus SHARED between them, and MAX_ACTIVE is full only when 16 webhooks hold
+ * RESERVED each: more than one team may register (10). Before, 8 hanging webhooks (one team's)
+ * held all 128 and another team's webhook got nothing for 21 s, then dropped events.
+ */
+const RESERVED = 4;
+const SHARED = MAX_ACTIVE / 2;
 /** Deliveries one webhook may have under way or waiting; past that its new events are dropped. */
 const MAX_WAITING = 256;
 
 /**
- * How long one attempt may take, and the pause before the second one. These are the defaults;
- * a test shortens them on this object (read at every attempt) to exercise webhooks that hang.
+ * How long one attempt may take, the pause before the second one, and how often drops to one
+ * webhook are logged while they go on (DropLog). These are the defaults; a test shortens them on
+ * this object (read at every attempt) to exercise webhooks that hang.
  */
-export const webhookTiming = { timeoutMs: 10_000, retryAfterMs: 1000 };
+export const webhookTiming = { timeoutMs: 10_000, retryAfterMs: 1000, dropLogEveryMs: 60_000 };
 
 /** Why a stored webhook is not delivered to, for logs and `GET /team/{id}/callback`. */
 export const UNREADABLE_WEBHOOK =
@@ -117,9 +129,21 @@ export function callPayload(call: CallRecord): Record<string, unknown> {
   };
 }
 
+interface Delivery {
+  target: WebhookTarget;
+  body: string;
+  /** The event's, the same on every attempt (signing.ts). */
+  id: string;
+}
+
 interface Queue {
-  /** Deliveries of this webhook waiting for a turn, in order; `id` is the event's, the same on every attempt (signing.ts). */
-  waiting: { target: WebhookTarget; body: string; id: string }[];
+  readonly url: string;
+  /** Deliveries of this webhook waiting for a turn, in order. */
+  readonly waiting: Delivery[];
+  /** Delivers one with its attempts (the sender counts it done after). */
+  readonly send: (d: Delivery) => Promise<void>;
+  /** Its last waiting delivery has started: its sender forgets it. */
+  readonly drained: () => void;
 }
 
 /**
@@ -127,70 +151,138 @@ interface Queue {
  * is per process, and a reload makes a new sender while the retired one still delivers (each
  * counting its own, two senders with hung webhooks held every fetch slot, model calls queued).
  */
-const underWay = { all: 0, byUrl: new Map<string, number>() };
-/** Senders with deliveries waiting: a turn that ends anywhere may start one of theirs. */
-const waitingSenders = new Set<WebhookSender>();
+const underWay = { all: 0, shared: 0, byUrl: new Map<string, number>() };
 
-function pumpAll(): void {
-  for (const sender of waitingSenders) {
-    if (underWay.all >= MAX_ACTIVE) return;
-    sender.pump();
+/**
+ * Queues with deliveries waiting, every sender's, in the order of their last turn (a queue that
+ * starts one goes to the back).
+ */
+const turns = new Set<Queue>();
+
+function mayStart(active: number): boolean {
+  return active < PER_WEBHOOK && (active < RESERVED || underWay.shared < SHARED);
+}
+
+/**
+ * Starts what may start: each slot to the waiting webhook with the fewest under way, the one
+ * whose turn is oldest among equals. Before, a freed slot went to the first queue in the map, so
+ * webhooks that hang, queued first, won back every slot they freed.
+ */
+function pump(): void {
+  while (underWay.all < MAX_ACTIVE) {
+    let best: Queue | undefined;
+    let fewest = PER_WEBHOOK;
+    for (const q of turns) {
+      const active = underWay.byUrl.get(q.url) ?? 0;
+      if (active < fewest && mayStart(active)) {
+        best = q;
+        fewest = active;
+      }
+    }
+    if (!best) return;
+    turns.delete(best);
+    const next = best.waiting.shift();
+    if (!next) continue;
+    if (best.waiting.length > 0) turns.add(best);
+    else best.drained();
+    start(best, next);
+  }
+}
+
+function start(q: Queue, d: Delivery): void {
+  const active = underWay.byUrl.get(q.url) ?? 0;
+  const shared = active >= RESERVED;
+  underWay.byUrl.set(q.url, active + 1);
+  underWay.all++;
+  if (shared) underWay.shared++;
+  void q.send(d).finally(() => {
+    const left = (underWay.byUrl.get(q.url) ?? 1) - 1;
+    if (left > 0) underWay.byUrl.set(q.url, left);
+    else underWay.byUrl.delete(q.url);
+    underWay.all--;
+    // The one past RESERVED is the one given back, whichever of them ended.
+    if (left >= RESERVED) underWay.shared--;
+    pump();
+  });
+}
+
+/**
+ * Drops logged per webhook and incident: the first at once, then while they go on one line per
+ * `dropLogEveryMs` with how many since; a quiet spell that long ends the incident, so the next one
+ * is logged at once too. Before, a sender logged its 1st, 1001st, … drop: a second incident in the
+ * same process logged nothing.
+ */
+class DropLog {
+  private readonly incidents = new Map<string, { since: number }>();
+
+  constructor(private readonly log: Logger) {}
+
+  dropped(url: string): void {
+    const incident = this.incidents.get(url);
+    if (incident) {
+      incident.since++;
+      return;
+    }
+    this.log.warn("team webhook deliveries dropped: too many waiting", { webhook: where(url), dropped: 1 });
+    this.watch(url, { since: 0 });
+  }
+
+  private watch(url: string, incident: { since: number }): void {
+    this.incidents.set(url, incident);
+    const timer = setTimeout(() => {
+      if (incident.since === 0) {
+        this.incidents.delete(url);
+        return;
+      }
+      this.log.warn("team webhook deliveries dropped: too many waiting", { webhook: where(url), dropped: incident.since, within_ms: webhookTiming.dropLogEveryMs });
+      this.watch(url, { since: 0 });
+    }, webhookTiming.dropLogEveryMs);
+    timer.unref?.();
   }
 }
 
 export class WebhookSender {
-  /** One queue per webhook URL (removed when empty). */
+  /** One queue per webhook URL with deliveries waiting. */
   private readonly queues = new Map<string, Queue>();
   /** This sender's deliveries under way or waiting. */
   private pending = 0;
-  private dropped = 0;
+  private readonly drops: DropLog;
   private idleWaiters: (() => void)[] = [];
 
-  constructor(private readonly log: Logger) {}
+  constructor(private readonly log: Logger) {
+    this.drops = new DropLog(log);
+  }
 
   /** Fire-and-forget. */
   post(target: WebhookTarget, payload: Record<string, unknown>): void {
-    let q = this.queues.get(target.url);
-    if (!q) {
-      q = { waiting: [] };
-      this.queues.set(target.url, q);
-    }
-    if ((underWay.byUrl.get(target.url) ?? 0) + q.waiting.length >= MAX_WAITING) {
-      if (this.dropped++ % 1000 === 0) this.log.warn("team webhook deliveries dropped: too many waiting", { webhook: where(target.url), dropped: this.dropped });
+    const url = target.url;
+    let q = this.queues.get(url);
+    if ((underWay.byUrl.get(url) ?? 0) + (q?.waiting.length ?? 0) >= MAX_WAITING) {
+      this.drops.dropped(url);
       return;
+    }
+    if (!q) {
+      const queue: Queue = {
+        url,
+        waiting: [],
+        send: (d) => this.deliver(d).finally(() => this.done()),
+        drained: () => {
+          if (this.queues.get(url) === queue) this.queues.delete(url);
+        },
+      };
+      this.queues.set(url, queue);
+      q = queue;
     }
     // A call's event is known by the call's id; an alert gets one of its own.
     q.waiting.push({ target, body: JSON.stringify(payload), id: typeof payload.id === "string" ? payload.id : `msg_${randomUUID()}` });
     this.pending++;
-    waitingSenders.add(this);
-    this.pump();
+    turns.add(q);
+    pump();
   }
 
-  /** Starts what may start: a turn for each webhook in order, while it and all webhooks of the process together are under their bounds. */
-  pump(): void {
-    for (let started = true; started && underWay.all < MAX_ACTIVE; ) {
-      started = false;
-      for (const [url, q] of this.queues) {
-        if (underWay.all >= MAX_ACTIVE) return;
-        const active = underWay.byUrl.get(url) ?? 0;
-        const next = active < PER_WEBHOOK ? q.waiting.shift() : undefined;
-        if (!next) continue;
-        started = true;
-        underWay.byUrl.set(url, active + 1);
-        underWay.all++;
-        void this.deliver(next.target, next.body, next.id).finally(() => {
-          const left = (underWay.byUrl.get(url) ?? 1) - 1;
-          if (left > 0) underWay.byUrl.set(url, left);
-          else underWay.byUrl.delete(url);
-          underWay.all--;
-          this.pending--;
-          if (q.waiting.length === 0 && this.queues.get(url) === q) this.queues.delete(url);
-          if (this.queues.size === 0) waitingSenders.delete(this);
-          if (this.pending === 0) for (const w of this.idleWaiters.splice(0)) w();
-          pumpAll();
-        });
-      }
-    }
+  private done(): void {
+    this.pending--;
+    if (this.pending === 0) for (const w of this.idleWaiters.splice(0)) w();
   }
 
   /** Resolves once nothing is being delivered or waiting (or after `ms`). */
@@ -205,7 +297,7 @@ export class WebhookSender {
     });
   }
 
-  private async deliver(target: WebhookTarget, body: string, id: string): Promise<void> {
+  private async deliver({ target, body, id }: Delivery): Promise<void> {
     // Checked at every delivery, not only at registration: the name's record may point inward since
     // (SSRF); and the delivery connects to the address checked, not to a new answer (DNS rebinding).
     const check = target.publicOnly && URL.canParse(target.url) ? await checkHost(new URL(target.url).hostname) : undefined;

@@ -37,6 +37,9 @@ const PROMPT = "a prompt that must not leave the gateway";
 let gw: TestGateway;
 let hookServer: ReturnType<typeof Bun.serve>;
 const deliveries: Delivery[] = [];
+/** `/hang/…` webhooks hold every request until `hangs` is off (and these are let go). */
+let hangs = true;
+const hung: (() => void)[] = [];
 const keys: Record<"admin" | "member" | "otherAdmin" | "otherTeam", string> = { admin: "", member: "", otherAdmin: "", otherTeam: "" };
 
 async function newKey(body: Record<string, unknown>): Promise<string> {
@@ -64,6 +67,7 @@ beforeAll(async () => {
   hookServer = Bun.serve({
     port: 0,
     async fetch(req) {
+      if (new URL(req.url).pathname.startsWith("/hang/") && hangs) return new Promise<Response>((resolve) => hung.push(() => resolve(new Response("ok"))));
       deliveries.push({ headers: Object.fromEntries(req.headers), body: (await req.json()) as Record<string, unknown> });
       return new Response("ok");
     },
@@ -90,6 +94,8 @@ beforeAll(async () => {
   keys.otherTeam = await newKey({ team_id: "cb-other" });
 });
 afterAll(async () => {
+  hangs = false;
+  for (const let_go of hung.splice(0)) let_go();
   await gw?.stop();
   hookServer?.stop(true);
 });
@@ -355,5 +361,28 @@ describe("team logging callbacks", () => {
       token,
       key_alias: "members-key",
     });
+  });
+
+  test("one team's webhooks that hang cost another team's webhook no events", async () => {
+    // A team registers ten webhooks (the most it may) that never answer within the 10 s timeout.
+    expect((await requestJson(gw, "POST", "/team/new", { body: { team_id: "cb-hang" } })).status).toBe(200);
+    const hangKey = await newKey({ team_id: "cb-hang" });
+    const base = `http://127.0.0.1:${hookServer.port}`;
+    const tenHung = { callbacks: Array.from({ length: 10 }, (_, i) => ({ callback_type: "webhook", url: `${base}/hang/${i}` })) };
+    expect((await requestJson(gw, "POST", "/team/cb-hang/callback", { body: tenHung })).status).toBe(200);
+    expect((await requestJson(gw, "POST", "/team/cb-other/callback", { body: { callbacks: [{ callback_type: "webhook", url: `${base}/other` }] } })).status).toBe(200);
+    deliveries.length = 0;
+    const calls = async (key: string, n: number) => {
+      for (let i = 0; i < n; i += 4) expect(await Promise.all([0, 1, 2, 3].map(() => chat(key, "chat")))).toEqual([200, 200, 200, 200]);
+    };
+    // 16 calls of that team: 160 deliveries, more than the 128 under way for every webhook together.
+    await calls(hangKey, 16);
+    // Another team's webhook answers at once: it gets each of its team's calls within moments.
+    await calls(keys.otherTeam, 60);
+    const others = () => deliveries.filter((d) => d.body.event === "llm_call" && d.body.team_id === "cb-other").length;
+    await until(() => others() >= 60, 3000);
+    expect(others()).toBe(60);
+    hangs = false;
+    for (const let_go of hung.splice(0)) let_go();
   });
 });
