@@ -21,6 +21,7 @@ import type {
   RateLimiter,
   RateWindows,
   SpendRecorder,
+  TeamRow,
 } from "./contract.ts";
 import { PriceTable } from "./cost/prices.ts";
 import { Pricing } from "./cost/pricing.ts";
@@ -72,6 +73,8 @@ export interface Snapshot {
   readonly cooldowns?: CooldownShare;
   /** The store's spend log (absent without a store). */
   readonly spendLog?: SpendLog;
+  /** The identity mirror's teams as they are now (absent without a store), not as a call's principal captured them. */
+  readonly teams?: ReadonlyMap<string, TeamRow>;
   readonly successCallbacks: readonly LoggingCallback[];
   readonly failureCallbacks: readonly LoggingCallback[];
   readonly plugins: readonly LoadedPlugin[];
@@ -440,6 +443,7 @@ async function assemble(
     cooldowns: services.cooldowns,
     cache,
     spendLog: services.spendLog,
+    teams: services.identity?.teams,
     successCallbacks: [...new Set(success)],
     failureCallbacks: [...new Set(failure)],
     plugins,

@@ -53,17 +53,24 @@ export async function deliverPending(): Promise<void> {
 
 /**
  * The record as it may be kept and handed on: without its prompt and answer when the caller's
- * team disabled logging, whatever captured them (only billing metadata is recorded for it).
+ * team has logging disabled as the call ends, whatever captured them (only billing metadata is
+ * recorded for it). The team is read live, as the team's webhooks read it: the row the principal
+ * captured at authentication let a call that outlived `disable_logging` (or, on another instance,
+ * any call authenticated before the change arrived) be kept with its content.
  */
-function recordable(record: CallRecord): CallRecord {
-  if (!teamLoggingDisabled(record.principal.team) || (record.prompt === undefined && record.answer === undefined)) return record;
+function recordable(snapshot: Snapshot, record: CallRecord): CallRecord {
+  if (record.prompt === undefined && record.answer === undefined) return record;
+  const { teamId, team: captured } = record.principal;
+  // A team deleted meanwhile is judged by the row the call started with.
+  const team = (teamId === undefined ? undefined : snapshot.teams?.get(teamId)) ?? captured;
+  if (!teamLoggingDisabled(team)) return record;
   const { prompt: _prompt, answer: _answer, ...metadata } = record;
   return metadata;
 }
 
 export function dispatchRecord(snapshot: Snapshot, record: CallRecord, log: Logger): void {
   if (!snapshot.spendLog && snapshot.spend.length === 0 && snapshot.successCallbacks.length === 0 && snapshot.failureCallbacks.length === 0) return;
-  queue.push({ snapshot, record: recordable(record), log });
+  queue.push({ snapshot, record: recordable(snapshot, record), log });
   if (!scheduled) {
     scheduled = true;
     setImmediate(() => void drain());

@@ -19,6 +19,9 @@ import { MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "
 /** A config logging callback (`echo-all`) that keeps every record it gets here; plugin paths are relative to the config's temp folder. */
 const ECHO = relative(join(tmpdir(), "gw-test-anything"), resolve(import.meta.dir, "../fixtures/plugins/echo.ts"));
 const logged = sink("team-callbacks-test");
+/** A provider `slow/…` whose streams take about a second (20 chunks, 50 ms apart). */
+const SLOW = relative(join(tmpdir(), "gw-test-anything"), resolve(import.meta.dir, "../fixtures/plugins/slow-provider.ts"));
+const SLOW_REPLY = "an-answer-that-must-not-be-kept";
 
 interface Delivery {
   headers: Record<string, string>;
@@ -76,8 +79,12 @@ beforeAll(async () => {
     model_list: [
       { model_name: "chat", svc_params: { model: "mock/chat" }, model_info: { input_cost_per_token: 0.000001, output_cost_per_token: 0.000002 } },
       { model_name: "broken", svc_params: { model: "openai/gpt-4o", api_base: "http://127.0.0.1:9/v1", api_key: "sk-upstream-0123456789" } },
+      { model_name: "slow", svc_params: { model: "slow/chat" } },
     ],
-    plugins: [{ path: ECHO, config: { sink: "team-callbacks-test" } }],
+    plugins: [
+      { path: ECHO, config: { sink: "team-callbacks-test" } },
+      { path: SLOW, config: { reply: SLOW_REPLY, chunks: 20, delayMs: 50 } },
+    ],
     svc_settings: { callbacks: ["echo-all"] },
     general_settings: { master_key: MASTER_KEY, store_prompts_in_spend_logs: true, budget_alert_thresholds: [0.65] },
   });
@@ -384,5 +391,39 @@ describe("team logging callbacks", () => {
     expect(others()).toBe(60);
     hangs = false;
     for (const let_go of hung.splice(0)) let_go();
+  });
+
+  test("a call still running when its team's logging is disabled is recorded without its prompt or answer", async () => {
+    expect((await requestJson(gw, "POST", "/team/new", { body: { team_id: "cb-inflight" } })).status).toBe(200);
+    const key = await newKey({ team_id: "cb-inflight" });
+    logged.length = 0;
+    const res = await fetch(`${gw.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+      body: JSON.stringify({ model: "slow", stream: true, messages: [{ role: "user", content: PROMPT }] }),
+    });
+    expect(res.status).toBe(200);
+    const id = res.headers.get("x-svc-call-id");
+    const reader = res.body!.getReader();
+    await reader.read();
+    const started = Date.now();
+    // disable_logging returns while the stream still runs (about a second at the provider).
+    expect((await requestJson(gw, "POST", "/team/cb-inflight/disable_logging")).status).toBe(200);
+    expect(Date.now() - started).toBeLessThan(700);
+    let text = "";
+    for (let r = await reader.read(); !r.done; r = await reader.read()) text += new TextDecoder().decode(r.value);
+    expect(text).toContain(SLOW_REPLY);
+    // Recorded as the team is when the call ends: billing metadata only.
+    await until(() => logged.some((e) => e.record.id === id));
+    const record = logged.find((e) => e.record.id === id)!.record;
+    expect(record).toMatchObject({ status: "success", modelGroup: "slow", stream: true });
+    expect(record.prompt).toBeUndefined();
+    expect(record.answer).toBeUndefined();
+    await gw.host!.spendWriter.flush();
+    const found = await requestJson<{ call_id: string; messages: unknown; response: unknown }[]>(gw, "GET", "/spend/logs?team_id=cb-inflight&summarize=false");
+    const row = found.body.find((r) => r.call_id === id);
+    expect(row).toMatchObject({ messages: {}, response: {} });
+    expect(JSON.stringify(row)).not.toContain(PROMPT);
+    expect(JSON.stringify(row)).not.toContain(SLOW_REPLY);
   });
 });
