@@ -7,7 +7,7 @@
  *   bun bench/rate-limits.ts [--calls 100000] [--redis redis://127.0.0.1:6379]
  */
 import { parseArgs } from "node:util";
-import { NO_ACCESS_GROUPS } from "../core/access.ts";
+import { NO_MODEL_REACH } from "../core/limits/capacity.ts";
 import type { CallIntent, Hooks, IdentityView, KeyRow, Lease, PluginContext, Principal, RateWindows, TeamRow } from "../core/contract.ts";
 import { nativeScriptRunner } from "../core/kv/scripts.ts";
 import { LocalWindows } from "../core/limits/local-windows.ts";
@@ -48,7 +48,7 @@ const intent = (): CallIntent => ({
   worstCaseCost: 0n,
   startedAt: Date.now(),
   groupCapacity: {},
-  accessGroups: NO_ACCESS_GROUPS,
+  modelReach: NO_MODEL_REACH,
 });
 
 async function limiter(windows: RateWindows): Promise<NonNullable<Hooks["rateLimiter"]>> {

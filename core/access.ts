@@ -71,6 +71,9 @@ export function levelAllows(level: AccessLevel, model: string, groups: AccessGro
   return false;
 }
 
+/** The levels and aliases that judge a model call (an AccessRules without its routes). */
+export type ModelRules = Pick<AccessRules, "levels" | "aliases" | "aliasSources">;
+
 /** How far up an alias is trusted: an alias set on a level speaks for that level and those below it. */
 const RANK: Record<AccessLevelName, number> = { key: 0, user: 1, team: 1, org: 2 };
 
@@ -85,7 +88,7 @@ function passes(level: AccessLevel, requested: string, target: string, aliasFrom
   return RANK[aliasFrom] >= RANK[level.level] && levelAllows(level, requested, groups);
 }
 
-function aliasOf(rules: AccessRules, requested: string): { target: string; from: AccessLevelName | undefined } {
+function aliasOf(rules: ModelRules, requested: string): { target: string; from: AccessLevelName | undefined } {
   const target = rules.aliases[requested];
   if (target === undefined) return { target: requested, from: undefined };
   // Without a recorded source the alias is trusted only by the key level (the safe default).
@@ -107,12 +110,21 @@ function allowedNames(level: AccessLevel, groups: AccessGroupLookup): string[] {
 }
 
 /**
+ * The model name a call for `requested` goes to, once allowed: the caller's alias of it, then the
+ * config's `model_group_alias` of that.
+ */
+export function modelTarget(rules: ModelRules | undefined, requested: string, groupAliases: GroupAliases): string {
+  const target = rules?.aliases[requested] ?? requested;
+  return groupAliases.get(target)?.group ?? target;
+}
+
+/**
  * The model group to call for `requested` (after the caller's aliases, then the config's
  * `model_group_alias`), or a 401 naming the level that denied it.
  */
 export function authorizeModel(principal: Principal, requested: string, groups: AccessGroupLookup, groupAliases: GroupAliases): string {
   const rules = principal.access;
-  if (!rules) return groupAliases.get(requested)?.group ?? requested;
+  if (!rules) return modelTarget(undefined, requested, groupAliases);
   const { target, from } = aliasOf(rules, requested);
   const routed = groupAliases.get(target)?.group;
   for (const level of rules.levels) {
@@ -135,7 +147,7 @@ function passesRouted(level: AccessLevel, requested: string, target: string, rou
 }
 
 /** Whether the principal may use `model` (for listing models). */
-export function mayUseModel(rules: AccessRules | undefined, model: string, groups: AccessGroupLookup, groupAliases: GroupAliases): boolean {
+export function mayUseModel(rules: ModelRules | undefined, model: string, groups: AccessGroupLookup, groupAliases: GroupAliases): boolean {
   if (!rules) return true;
   const { target, from } = aliasOf(rules, model);
   const routed = groupAliases.get(target)?.group;
@@ -146,7 +158,7 @@ export function mayUseModel(rules: AccessRules | undefined, model: string, group
 export type ListedAccess = Pick<AccessLevel, "models" | "accessGroupIds">;
 
 /** The levels above a list (a key's team, a team's organization) and the aliases its calls read. */
-export type LevelsAbove = Pick<AccessRules, "levels" | "aliases" | "aliasSources">;
+export type LevelsAbove = ModelRules;
 
 /**
  * The entries of a list that the levels above it would never let a call use, judged as calls are
@@ -156,8 +168,7 @@ export type LevelsAbove = Pick<AccessRules, "levels" | "aliases" | "aliasSources
  * a key's or a team's list is what its calls may use.
  */
 export function listedOutside(above: LevelsAbove, list: ListedAccess, groups: AccessGroupLookup, groupAliases: GroupAliases): { models: string[]; accessGroupIds: string[] } {
-  const rules: AccessRules = { ...above, allowedRoutes: [], allowedPassthroughRoutes: [] };
-  const may = (model: string) => mayUseModel(rules, model, groups, groupAliases);
+  const may = (model: string) => mayUseModel(above, model, groups, groupAliases);
   const fits = (entry: string): boolean => {
     if (INHERIT.has(entry)) return true;
     if (EVERYTHING.has(entry)) return above.levels.every((l) => unrestricted(l) || l.models.some((m) => EVERYTHING.has(m)));

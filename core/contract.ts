@@ -4,6 +4,7 @@
  */
 import type { Static, TSchema } from "@sinclair/typebox";
 import type { AccessGroupLookup } from "./access.ts";
+import type { ModelReach } from "./limits/capacity.ts";
 
 export type { AccessGroupLookup };
 import type { BudgetRow, IdentityChange, KeyRow, OrgRow, TeamMemberRow, TeamRow, UserRow } from "./identity/records.ts";
@@ -418,8 +419,8 @@ export interface CallIntent {
   cacheHit?: boolean;
   /** The model group's capacity: the sum of its deployments' `rpm` / `tpm` (absent when any deployment has none). */
   groupCapacity: GroupCapacity;
-  /** How the call's config resolves access-group names and ids: which keys may call a group, as a model call judges it. */
-  accessGroups: AccessGroupLookup;
+  /** The call's model table, access groups and `model_group_alias`: which keys may call a group, as a model call judges it. */
+  modelReach: ModelReach;
 }
 
 export interface GroupCapacity {

@@ -263,7 +263,7 @@ export class Live {
   private warnOverbooked(s: Snapshot): void {
     const identity = this.services.identity;
     if (!identity) return;
-    const problem = overflowAfter(() => true, s.models.groups, identity.keys.values(), identity, s.accessGroups);
+    const problem = overflowAfter(() => true, s, identity.keys.values(), identity);
     if (problem) this.log.warn("config reloaded with guaranteed_throughput keys reserving more than their model groups now serve; lower their limits or raise the groups' rpm/tpm", { problem });
   }
 

@@ -17,7 +17,6 @@
  */
 import { Type } from "@sinclair/typebox";
 import {
-  type AccessGroupLookup,
   type BudgetRow,
   type CallIntent,
   type Denied,
@@ -35,7 +34,7 @@ import {
   teamMemberId,
 } from "../core/contract.ts";
 import { errorInfo } from "../core/errors.ts";
-import { firstGuaranteedExpiry, guaranteedLimit, reservedOn, type ThroughputKind } from "../core/limits/capacity.ts";
+import { firstGuaranteedExpiry, guaranteedLimit, type ModelReach, reservedOn, type ThroughputKind } from "../core/limits/capacity.ts";
 import { rateHeaders } from "../core/limits/headers.ts";
 import { howToShrink, retryAfterSeconds, tokenEstimate } from "../core/limits/window.ts";
 import { budgetOf } from "./shared/budget-object.ts";
@@ -143,7 +142,7 @@ class Throughput {
     });
   }
 
-  reservedOn(group: string, kind: ThroughputKind, accessGroups: AccessGroupLookup): number {
+  reservedOn(group: string, kind: ThroughputKind, reach: ModelReach): number {
     const now = Date.now();
     if (now >= this.validUntil) {
       this.reserved.clear();
@@ -152,7 +151,7 @@ class Throughput {
     const id = `${kind}:${group}`;
     let sum = this.reserved.get(id);
     if (sum === undefined) {
-      sum = reservedOn(this.identity.keys.values(), this.identity, group, kind, accessGroups);
+      sum = reservedOn(this.identity.keys.values(), this.identity, group, kind, reach);
       this.reserved.set(id, sum);
     }
     return sum;
@@ -168,7 +167,7 @@ class Throughput {
     for (const kind of ["rpm", "tpm"] as const) {
       const capacity = cap[kind];
       if (capacity === undefined || (key && guaranteedLimit(key, kind) !== undefined)) continue;
-      const reserved = this.reservedOn(group, kind, intent.accessGroups);
+      const reserved = this.reservedOn(group, kind, intent.modelReach);
       const pool = Math.max(0, capacity - reserved);
       if (reserved > 0) shared[kind] = pool;
       if ((kind === "rpm" ? key?.rpmLimitType : key?.tpmLimitType) === "dynamic") pools[kind] = pool;

@@ -3,8 +3,23 @@
  * `guaranteed_throughput` reserves a key's limit out of the capacity of every group it may call,
  * and `dynamic` splits a group's capacity among the keys active on it.
  */
-import { type AccessGroupLookup, keyAccessLevels, levelAllows } from "../access.ts";
+import { type AccessGroupLookup, accessAliases, type GroupAliases, keyAccessLevels, type ModelRules, mayUseModel, modelTarget, NO_ACCESS_GROUPS } from "../access.ts";
 import type { Deployment, GroupCapacity, KeyRow, OrgRow, TeamRow, UserRow } from "../contract.ts";
+import { ModelTable } from "../models.ts";
+
+/**
+ * What decides which model group a call reaches, and whether a key may make it: the model table,
+ * the access groups and the config's `model_group_alias`. A snapshot is one; a model write is
+ * judged on the table as it would leave it.
+ */
+export interface ModelReach {
+  readonly models: ModelTable;
+  readonly accessGroups: AccessGroupLookup;
+  readonly groupAliases: GroupAliases;
+}
+
+/** For a call that draws on no model group's capacity (a pass-through route). */
+export const NO_MODEL_REACH: ModelReach = { models: new ModelTable([]), accessGroups: NO_ACCESS_GROUPS, groupAliases: new Map() };
 
 const capacities = new WeakMap<readonly Deployment[], GroupCapacity>();
 
@@ -38,20 +53,43 @@ export interface KeyOwners {
 /** A key as it will be stored, for the guaranteed-throughput check at creation and update: its lists, the rows that bind them, its limits. */
 export type PlannedKey = Pick<
   KeyRow,
-  "token" | "models" | "accessGroupIds" | "teamId" | "userId" | "organizationId" | "rpmLimit" | "tpmLimit" | "rpmLimitType" | "tpmLimitType"
+  "token" | "models" | "accessGroupIds" | "aliases" | "teamId" | "userId" | "organizationId" | "rpmLimit" | "tpmLimit" | "rpmLimitType" | "tpmLimitType"
 >;
 
-/**
- * Whether a key may call `group` as a model call would judge it: its own list, its team's (a
- * personal key: its user's) and its organizations' all allow it (names, wildcards, access groups,
- * `*` / `all-proxy-models`, `all-team-models`; an empty list restricts nothing).
- */
-export function keyMayCallGroup(key: Pick<PlannedKey, "models" | "accessGroupIds" | "teamId" | "userId" | "organizationId">, owners: KeyOwners, group: string, groups: AccessGroupLookup): boolean {
+/** The levels and aliases a model call of the key is judged by, as auth-virtual-keys builds them. */
+function keyRules(key: Pick<PlannedKey, "models" | "accessGroupIds" | "aliases" | "teamId" | "userId" | "organizationId">, owners: KeyOwners): ModelRules {
   const team = key.teamId ? owners.teams.get(key.teamId) : undefined;
   const user = key.userId ? owners.users.get(key.userId) : undefined;
   const orgIds = new Set([key.organizationId, team?.organizationId]);
   const orgs = [...orgIds].flatMap((id) => (id ? (owners.orgs.get(id) ?? []) : []));
-  return keyAccessLevels(key, team, user, orgs).every((level) => levelAllows(level, group, groups));
+  return { levels: keyAccessLevels(key, team, user, orgs), ...accessAliases(key, team, orgs) };
+}
+
+/**
+ * The names a call may ask for to reach `group`: the group's own, and every alias (the key's, its
+ * team's and organizations', the config's `model_group_alias`), which may lead to it.
+ */
+function namesReaching(group: string, rules: ModelRules, reach: ModelReach): Iterable<string> {
+  return new Set([group, ...Object.keys(rules.aliases), ...reach.groupAliases.keys()]);
+}
+
+/**
+ * Whether a key may call `group` as a model call would judge it: some name it may ask for (the
+ * group's, or an alias that leads there) goes to the group, and its own list, its team's (a
+ * personal key: its user's) and its organizations' all allow that call (names, wildcards, access
+ * groups, `*` / `all-proxy-models`, `all-team-models`, aliases; an empty list restricts nothing).
+ */
+export function keyMayCallGroup(
+  key: Pick<PlannedKey, "models" | "accessGroupIds" | "aliases" | "teamId" | "userId" | "organizationId">,
+  owners: KeyOwners,
+  group: string,
+  reach: ModelReach,
+): boolean {
+  const rules = keyRules(key, owners);
+  for (const name of namesReaching(group, rules, reach)) {
+    if (modelTarget(rules, name, reach.groupAliases) === group && mayUseModel(rules, name, reach.accessGroups, reach.groupAliases)) return true;
+  }
+  return false;
 }
 
 /** A key that can no longer call (blocked, or expired) reserves nothing. */
@@ -72,7 +110,7 @@ export function reservedOn(
   owners: KeyOwners,
   group: string,
   kind: ThroughputKind,
-  groups: AccessGroupLookup,
+  reach: ModelReach,
   exceptToken?: string,
   now = Date.now(),
 ): number {
@@ -81,7 +119,7 @@ export function reservedOn(
     if (k.token === exceptToken || !reserves(k, now)) continue;
     const g = guaranteedLimit(k, kind);
     if (g === undefined) continue;
-    if (keyMayCallGroup(k, owners, group, groups)) sum += g;
+    if (keyMayCallGroup(k, owners, group, reach)) sum += g;
   }
   return sum;
 }
@@ -103,13 +141,7 @@ export const isGuaranteed = (key: PlannedKey): boolean => key.rpmLimitType === "
  * Why a guaranteed key does not fit, or undefined: the guaranteed limits of every key that may call
  * a group (this one included) must fit in the group's capacity, and in the key's team's limit.
  */
-export function guaranteedOverflow(
-  key: PlannedKey,
-  groups: ReadonlyMap<string, readonly Deployment[]>,
-  keys: Iterable<KeyRow>,
-  owners: KeyOwners,
-  accessGroups: AccessGroupLookup,
-): string | undefined {
+export function guaranteedOverflow(key: PlannedKey, reach: ModelReach, keys: Iterable<KeyRow>, owners: KeyOwners): string | undefined {
   const team = key.teamId ? owners.teams.get(key.teamId) : undefined;
   const now = Date.now();
   const all = [...keys].filter((k) => reserves(k, now));
@@ -117,10 +149,10 @@ export function guaranteedOverflow(
     const mine = guaranteedLimit(key, kind);
     if (mine === undefined) continue;
     const field = `${kind}_limit`;
-    for (const [group, deployments] of groups) {
+    for (const [group, deployments] of reach.models.groups) {
       const capacity = groupCapacity(deployments)[kind];
-      if (capacity === undefined || !keyMayCallGroup(key, owners, group, accessGroups)) continue;
-      const reserved = reservedOn(all, owners, group, kind, accessGroups, key.token, now);
+      if (capacity === undefined || !keyMayCallGroup(key, owners, group, reach)) continue;
+      const reserved = reservedOn(all, owners, group, kind, reach, key.token, now);
       if (reserved + mine > capacity) {
         return `guaranteed_throughput: model ${group} serves ${capacity} ${kind} (the sum of its deployments' ${kind}); other keys already reserve ${reserved}, so this key's ${field} ${mine} does not fit (at most ${Math.max(0, capacity - reserved)}).`;
       }
@@ -140,20 +172,15 @@ export function guaranteedOverflow(
 /**
  * Why a write to something other than a key (a team's models or limits, a deployment) would
  * overbook: the first guaranteed key `affected` by it that no longer fits beside the others once
- * the `groups` and `teams` are as the write leaves them, worded as its own write would be refused.
+ * the model table (`reach`) and the `owners` are as the write leaves them, worded as its own write
+ * would be refused.
  */
-export function overflowAfter(
-  affected: (key: KeyRow) => boolean,
-  groups: ReadonlyMap<string, readonly Deployment[]>,
-  keys: Iterable<KeyRow>,
-  owners: KeyOwners,
-  accessGroups: AccessGroupLookup,
-): string | undefined {
+export function overflowAfter(affected: (key: KeyRow) => boolean, reach: ModelReach, keys: Iterable<KeyRow>, owners: KeyOwners): string | undefined {
   const now = Date.now();
   const all = [...keys].filter((k) => reserves(k, now));
   for (const key of all) {
     if (!isGuaranteed(key) || !affected(key)) continue;
-    const problem = guaranteedOverflow(key, groups, all, owners, accessGroups);
+    const problem = guaranteedOverflow(key, reach, all, owners);
     if (problem) return `Key ${key.keyAlias ?? key.keyName}: ${problem}`;
   }
   return undefined;

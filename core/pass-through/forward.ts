@@ -6,8 +6,8 @@
  * reach the client.
  */
 import type { CallIntent, CallRecord, CallStatus, Deployment, ErrorInfo, GroupCapacity, Lease, Logger, Principal } from "../contract.ts";
-import { NO_ACCESS_GROUPS } from "../access.ts";
 import { GatewayError, bodyTooLarge, errorInfo } from "../errors.ts";
+import { NO_MODEL_REACH } from "../limits/capacity.ts";
 import { ZERO, acquireLeases } from "../pipeline/call.ts";
 import { HeldLeases } from "../pipeline/held-leases.ts";
 import { cancelAll, dispatchRecord } from "../pipeline/record.ts";
@@ -60,7 +60,7 @@ class PassThroughIntent implements CallIntent {
   readonly maxOutputTokens = undefined;
   readonly answers = 1;
   readonly groupCapacity: GroupCapacity = {};
-  readonly accessGroups = NO_ACCESS_GROUPS;
+  readonly modelReach = NO_MODEL_REACH;
 
   constructor(
     readonly principal: Principal,

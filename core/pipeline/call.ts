@@ -3,13 +3,13 @@
  * map the response or stream back → price and record the call. The router (core/router/route.ts)
  * decides which deployment, and holds the limits and budgets.
  */
-import type { AccessGroupLookup, CallIntent, CallRecord, GroupCapacity, HttpCall, CallStatus, Denied, Deployment, Endpoint, EndpointAdapter, ErrorInfo, Lease, Logger, Principal, ProviderAdapter, StreamTransform, Usage, WireJson, WireRequest } from "../contract.ts";
+import type { CallIntent, CallRecord, GroupCapacity, HttpCall, CallStatus, Denied, Deployment, Endpoint, EndpointAdapter, ErrorInfo, Lease, Logger, Principal, ProviderAdapter, StreamTransform, Usage, WireJson, WireRequest } from "../contract.ts";
 import { type PromptSize, promptSize } from "../cost/estimate.ts";
 import { knownAudioSeconds } from "../cost/audio-length.ts";
 import type { CallCost } from "../cost/pricing.ts";
 import { MAX_COUNT, countableUsage } from "../cost/countable-usage.ts";
 import { answersBilled, maxOutput, worstCaseOf } from "../cost/worst-case.ts";
-import { groupCapacity } from "../limits/capacity.ts";
+import { groupCapacity, type ModelReach } from "../limits/capacity.ts";
 import { IMAGE_QUALITIES, IMAGE_SIZES, imagesAsked } from "../wire.ts";
 import { picoToText } from "../cost/money.ts";
 import { ErrorInAnswer, GatewayError, errorInfo } from "../errors.ts";
@@ -158,8 +158,8 @@ export class Intent implements CallIntent {
     return this.capacity;
   }
 
-  get accessGroups(): AccessGroupLookup {
-    return this.snapshot.accessGroups;
+  get modelReach(): ModelReach {
+    return this.snapshot;
   }
 
   get modelNames(): readonly string[] {

@@ -39,8 +39,14 @@ const MODELS = [
   { model_name: "mk", svc_params: { model: "mock/mk", rpm: 5 } },
   { model_name: "gz", svc_params: { model: "mock/gz", rpm: 10 } },
   { model_name: "rz", svc_params: { model: "mock/rz", rpm: 10 } },
+  { model_name: "al", svc_params: { model: "mock/al", rpm: 10 } },
+  { model_name: "al2", svc_params: { model: "mock/al2", rpm: 10 } },
 ];
-const config = (models = MODELS) => ({ model_list: models, general_settings: { master_key: MASTER_KEY } });
+const config = (models = MODELS) => ({
+  model_list: models,
+  router_settings: { model_group_alias: { "al-alias": "al", "al2-alias": "al2" } },
+  general_settings: { master_key: MASTER_KEY },
+});
 
 beforeAll(async () => {
   gw = await startBackendGateway("pglite", config());
@@ -128,6 +134,41 @@ describe("guaranteed_throughput: which keys reserve", () => {
       expect(over.body.error?.message).toMatch(/model [gh] serves 10 rpm/);
     }
     expect((await guaranteed(2, { models: ["h"] })).status).toBe(200);
+  });
+
+  test("a key that reaches the group through an alias (model_group_alias, its own, its team's or its organization's aliases) reserves on it", async () => {
+    const first = await guaranteed(6, { models: ["al"] });
+    expect(first.status).toBe(200);
+    expect((await requestJson(gw, "POST", "/team/new", { body: { team_id: "al-team", models: ["t-al"], model_aliases: { "t-al": "al" } } })).status).toBe(200);
+    expect((await requestJson(gw, "POST", "/organization/new", { body: { organization_id: "al-org", organization_alias: "al-org", models: ["o-al"], model_aliases: { "o-al": "al" } } })).status).toBe(200);
+    // 6 of al's 10 are reserved: each of these may call al (a model call of theirs reaches it), and 5 does not fit.
+    for (const extra of [{ models: ["al-alias"] }, { models: ["mine"], aliases: { mine: "al" } }, { team_id: "al-team" }, { organization_id: "al-org" }]) {
+      const over = await guaranteed(5, extra);
+      expect([extra, over.status, over.body.error?.message]).toEqual([extra, 400, expect.stringMatching(/^guaranteed_throughput: model al serves 10 rpm .*other keys already reserve 6, .*\(at most 4\)/)]);
+    }
+    // Through an alias a key claims its share as by the group's name: the 4 left.
+    const byAlias = await guaranteed(4, { models: ["al-alias"] });
+    expect(byAlias.status).toBe(200);
+    // At run time too: al is fully reserved, so nothing is left for anyone else ...
+    const refused = await call(MASTER_KEY, "al");
+    expect([refused.status, refused.message]).toEqual([429, expect.stringContaining("capacity left after guaranteed keys")]);
+    // ... and each guaranteed key finds its share free, the one that calls through the alias too.
+    expect(await successes(byAlias.body.key, "al-alias", 4)).toBe(4);
+    expect(await successes(first.body.key, "al", 6)).toBe(6);
+  });
+
+  test("a team or organization write that gives its keys an alias onto a full group is refused as a key write is", async () => {
+    expect((await guaranteed(8, { models: ["al2"] })).status).toBe(200);
+    expect((await requestJson(gw, "POST", "/team/new", { body: { team_id: "al2-team", models: ["t-al2"] } })).status).toBe(200);
+    expect((await guaranteed(5, { team_id: "al2-team" })).status).toBe(200);
+    const team = await requestJson<{ error: { message: string; param: string } }>(gw, "POST", "/team/update", { body: { team_id: "al2-team", model_aliases: { "t-al2": "al2" } } });
+    expect([team.status, team.body.error?.param]).toEqual([400, "model_aliases"]);
+    expect(team.body.error.message).toContain("model al2 serves 10 rpm");
+    expect((await requestJson(gw, "POST", "/organization/new", { body: { organization_id: "al2-org", organization_alias: "al2-org", models: ["o-al2"] } })).status).toBe(200);
+    expect((await guaranteed(5, { organization_id: "al2-org" })).status).toBe(200);
+    const org = await requestJson<{ error: { message: string; param: string } }>(gw, "PATCH", "/organization/update", { body: { organization_id: "al2-org", model_aliases: { "o-al2": "al2" } } });
+    expect([org.status, org.body.error?.param]).toEqual([400, "model_aliases"]);
+    expect(org.body.error.message).toContain("model al2 serves 10 rpm");
   });
 
   test("a key whose organization or user may not call the group neither reserves on it nor is checked against it", async () => {

@@ -149,7 +149,7 @@ function whyRefused(caller: Caller, row: KeyRow | undefined, route: KeyRoute): s
  * it names anew) and, for a guaranteed limit, the capacity it reserves (checkGuaranteedStored).
  */
 function decidedOn(row: KeyRow, planned: PlannedKey = row): string {
-  const capacity = isGuaranteed(planned) ? [planned.models, planned.accessGroupIds, planned.rpmLimit, planned.tpmLimit, planned.rpmLimitType, planned.tpmLimitType] : [];
+  const capacity = isGuaranteed(planned) ? [planned.models, planned.accessGroupIds, planned.aliases, planned.rpmLimit, planned.tpmLimit, planned.rpmLimitType, planned.tpmLimitType] : [];
   return JSON.stringify([row.teamId, row.userId, row.organizationId, row.budgetId, ...capacity]);
 }
 
@@ -390,7 +390,7 @@ function throughputOf(fields: Record<string, unknown>): Pick<KeyRow, "rpmLimit" 
 /** A guaranteed limit must fit in what the key's models can serve (and its team's limit), or the write is a 400. */
 function checkGuaranteed(ctx: AdminCtx, key: PlannedKey, keys: Iterable<KeyRow> = ctx.identity.keys.values()): void {
   if (!isGuaranteed(key)) return;
-  const problem = guaranteedOverflow(key, ctx.snapshot.models.groups, keys, ctx.identity, ctx.snapshot.accessGroups);
+  const problem = guaranteedOverflow(key, ctx.snapshot, keys, ctx.identity);
   if (problem) throw badRequest(problem, key.rpmLimitType === "guaranteed_throughput" ? "rpm_limit" : "tpm_limit");
 }
 
@@ -477,7 +477,8 @@ export async function generateKey(ctx: AdminCtx, body: Record<string, unknown>, 
 
   const accessGroupIds = (fields.accessGroupIds as string[] | null | undefined) ?? [];
   const organizationId = (fields.organizationId as string | null | undefined) ?? null;
-  const planned: PlannedKey = { token, models, accessGroupIds, teamId: team?.teamId ?? null, userId, organizationId, ...throughputOf(fields) };
+  const aliases = (fields.aliases as KeyRow["aliases"] | null | undefined) ?? {};
+  const planned: PlannedKey = { token, models, accessGroupIds, aliases, teamId: team?.teamId ?? null, userId, organizationId, ...throughputOf(fields) };
   checkGuaranteed(ctx, planned);
   const merged = { autoRotate: false, rotationInterval: null, ...fields } as Partial<KeyRow>;
   derivedTimes(ctx, fields, merged, input, now);

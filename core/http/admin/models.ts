@@ -11,10 +11,10 @@ import { eq } from "drizzle-orm";
 import { Elysia } from "elysia";
 import { badRequest, notFound } from "../../authz.ts";
 import { type ModelEntry, ModelEntrySchema } from "../../config/schema.ts";
-import type { Deployment, KeyRow } from "../../contract.ts";
+import type { KeyRow } from "../../contract.ts";
 import { GatewayError } from "../../errors.ts";
 import { keyMayCallGroup } from "../../limits/capacity.ts";
-import { toDeployment } from "../../models.ts";
+import { ModelTable, toDeployment } from "../../models.ts";
 import { decryptSecrets, encryptSecrets, isCredentialParam, secretKey } from "../../secrets.ts";
 import { type Snapshot, servedStoredDeployment } from "../../snapshot.ts";
 import { proxyModels } from "../../store/schema.ts";
@@ -71,20 +71,12 @@ function requireDeployable(snapshot: Snapshot, entry: ModelEntry): void {
   if (typeof resolved === "string") throw badRequest(`svc_params: ${resolved}`, "svc_params");
 }
 
-/** The model groups as they are once deployment `id` is replaced by `entry` (removed: no entry). */
-function groupsAfter(snapshot: Snapshot, id: string, entry: ModelEntry | undefined): Map<string, readonly Deployment[]> {
-  const groups = new Map(snapshot.models.groups);
+/** The model table as it is once deployment `id` is replaced by `entry` (removed: no entry). */
+function tableAfter(snapshot: Snapshot, id: string, entry: ModelEntry | undefined): ModelTable {
   const before = servedStoredDeployment(snapshot, id);
-  if (before) {
-    const rest = (groups.get(before.modelName) ?? []).filter((d) => d.id !== id);
-    if (rest.length > 0) groups.set(before.modelName, rest);
-    else groups.delete(before.modelName);
-  }
-  if (entry) {
-    const after = { ...toDeployment(entry), id };
-    groups.set(after.modelName, [...(groups.get(after.modelName) ?? []), after]);
-  }
-  return groups;
+  const entries = snapshot.models.entries.filter((e) => e.deployment !== before);
+  if (entry) entries.push({ entry, deployment: { ...toDeployment(entry), id } });
+  return new ModelTable(entries);
 }
 
 /**
@@ -92,9 +84,11 @@ function groupsAfter(snapshot: Snapshot, id: string, entry: ModelEntry | undefin
  * keys reserve there, as a key write must (the same 400): a guaranteed key always finds its share free.
  */
 function checkReservations(ctx: AdminCtx, id: string, entry: ModelEntry | undefined, param: string): void {
+  const models = tableAfter(ctx.snapshot, id, entry);
+  const reach = { models, accessGroups: ctx.snapshot.accessGroups, groupAliases: ctx.snapshot.groupAliases };
   const touched = [servedStoredDeployment(ctx.snapshot, id)?.modelName, entry?.model_name].filter((g) => g !== undefined);
-  const mayCall = (k: KeyRow) => touched.some((g) => keyMayCallGroup(k, ctx.identity, g, ctx.snapshot.accessGroups));
-  refuseOverbooking(ctx, { affected: mayCall, groups: groupsAfter(ctx.snapshot, id, entry) }, param);
+  const mayCall = (k: KeyRow) => touched.some((g) => keyMayCallGroup(k, ctx.identity, g, reach));
+  refuseOverbooking(ctx, { affected: mayCall, models }, param);
 }
 
 /** What goes into `model_info`: the id has its own column and `db_model` is derived. */

@@ -214,9 +214,12 @@ async function updateOrg(ctx: AdminCtx) {
     const modelAliases = ("modelAliases" in patch ? patch.modelAliases : before.modelAliases) as OrgRow["modelAliases"];
     const bad = teamsOutside(ctx, orgId, { models: patch.models as string[], modelAliases });
     if (bad.length > 0) throw badRequest(`The organization's models would no longer cover its teams' models: ${bad.join("; ")}. Update those teams first.`, "models");
-    const orgs = new Map(ctx.identity.orgs).set(orgId, { ...before, models: patch.models as string[] });
+  }
+  // Its models and its aliases decide which groups its guaranteed keys reserve on.
+  if (Array.isArray(patch.models) || "modelAliases" in patch) {
+    const orgs = new Map(ctx.identity.orgs).set(orgId, { ...before, ...patch } as OrgRow);
     const inOrg = (k: KeyRow) => k.organizationId === orgId || (k.teamId !== null && ctx.identity.teams.get(k.teamId)?.organizationId === orgId);
-    refuseOverbooking(ctx, { affected: inOrg, owners: { orgs } }, "models");
+    refuseOverbooking(ctx, { affected: inOrg, owners: { orgs } }, Array.isArray(patch.models) ? "models" : "model_aliases");
   }
   const who = ctx.caller.changedBy;
   const budgetPatch = fromApi(budgets, body, BUDGET_COLUMNS);

@@ -4,21 +4,23 @@
  * each group. A write to one of those must leave room for every reservation, as a key write must.
  */
 import { badRequest } from "../../authz.ts";
-import type { Deployment, KeyRow } from "../../contract.ts";
+import type { KeyRow } from "../../contract.ts";
 import { type KeyOwners, overflowAfter } from "../../limits/capacity.ts";
+import type { ModelTable } from "../../models.ts";
 import type { AdminCtx } from "./context.ts";
 
-/** How a write leaves things: the keys it may affect, and the rows or groups it replaces. */
+/** How a write leaves things: the keys it may affect, and the rows or model table it replaces. */
 export interface ReservingChange {
   affected(key: KeyRow): boolean;
   owners?: Partial<KeyOwners>;
-  groups?: ReadonlyMap<string, readonly Deployment[]>;
+  models?: ModelTable;
 }
 
 /** 400 (the key write's, naming the key that would no longer fit) when `change` would overbook a group or a team. */
 export function refuseOverbooking(ctx: AdminCtx, change: ReservingChange, param: string): void {
   const { identity, snapshot } = ctx;
   const owners: KeyOwners = { teams: identity.teams, users: identity.users, orgs: identity.orgs, ...change.owners };
-  const problem = overflowAfter(change.affected, change.groups ?? snapshot.models.groups, identity.keys.values(), owners, snapshot.accessGroups);
+  const reach = { models: change.models ?? snapshot.models, accessGroups: snapshot.accessGroups, groupAliases: snapshot.groupAliases };
+  const problem = overflowAfter(change.affected, reach, identity.keys.values(), owners);
   if (problem) throw badRequest(problem, param);
 }

@@ -266,8 +266,8 @@ async function checkOrgLimits(ctx: AdminCtx, team: OrgBound): Promise<void> {
   if (team.rpmLimit !== null && orgRpm !== null && team.rpmLimit > orgRpm) throw badRequest(`Team rpm_limit (${team.rpmLimit}) exceeds organization's rpm_limit (${orgRpm}).`, "rpm_limit");
 }
 
-/** The team fields that bound what its guaranteed keys reserve: the models they may call, and the team's limits. */
-const RESERVING_FIELDS = ["models", "access_group_ids", "rpm_limit", "tpm_limit"] as const;
+/** The team fields that bound what its guaranteed keys reserve: the models they may call (aliases too), and the team's limits. */
+const RESERVING_FIELDS = ["models", "access_group_ids", "model_aliases", "rpm_limit", "tpm_limit"] as const;
 
 /** A team write must leave room for what its guaranteed keys reserve, as a key write must (the same 400). */
 function checkReservations(ctx: AdminCtx, team: TeamRow, param: string): void {
