@@ -47,6 +47,7 @@ const intent = (): CallIntent => ({
   answers: 1,
   worstCaseCost: 0n,
   startedAt: Date.now(),
+  capacityGroup: "m",
   groupCapacity: {},
   modelReach: NO_MODEL_REACH,
 });

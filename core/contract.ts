@@ -417,7 +417,12 @@ export interface CallIntent {
    * provider, so a budget refuses it only when already spent, and provider budgets do not apply.
    */
   cacheHit?: boolean;
-  /** The model group's capacity: the sum of its deployments' `rpm` / `tpm` (absent when any deployment has none). */
+  /**
+   * What the call draws capacity from: `modelGroup`, or the wildcard route (`openai/*`) serving it,
+   * whose deployments every name it serves shares.
+   */
+  capacityGroup: string;
+  /** The capacity group's capacity: the sum of its deployments' `rpm` / `tpm` (absent when any deployment has none). */
   groupCapacity: GroupCapacity;
   /** The call's model table, access groups and `model_group_alias`: which keys may call a group, as a model call judges it. */
   modelReach: ModelReach;

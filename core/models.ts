@@ -48,6 +48,7 @@ export class ModelTable {
   private readonly wildcardHits = new Map<string, readonly Deployment[]>();
   /** `defaultGroup`'s answers: the table never changes, so each kind is looked up once. */
   private readonly defaults = new Map<keyof typeof MODEL_NAMED, string | undefined>();
+  private readonly routes: ReadonlyMap<string, WildcardRoute>;
 
   constructor(entries: { entry: ModelEntry; deployment: Deployment }[]) {
     this.entries = entries;
@@ -71,6 +72,7 @@ export class ModelTable {
       wildcards.set(d.modelName, route);
     }
     this.groups = groups;
+    this.routes = wildcards;
     // Most specific pattern first: `openai/*` wins over `*`.
     this.wildcards = [...wildcards.values()].sort((a, b) => b.prefix.length + b.suffix.length - (a.prefix.length + a.suffix.length));
   }
@@ -99,15 +101,37 @@ export class ModelTable {
     if (group) return group;
     const hit = this.wildcardHits.get(name);
     if (hit) return hit;
-    for (const w of this.wildcards) {
-      // `*` stands for at least one character: `openai/` names no model (it would go upstream as "").
-      if (name.length <= w.prefix.length + w.suffix.length || !name.startsWith(w.prefix) || !name.endsWith(w.suffix)) continue;
-      const matched = name.slice(w.prefix.length, name.length - w.suffix.length);
-      const list = w.deployments.map((d) => ({ ...d, modelName: name, upstreamModel: d.upstreamModel.replace("*", matched) }));
-      if (this.wildcardHits.size < WILDCARD_CACHE_LIMIT) this.wildcardHits.set(name, list);
-      return list;
-    }
-    return undefined;
+    const w = this.wildcardFor(name);
+    if (!w) return undefined;
+    const matched = name.slice(w.prefix.length, name.length - w.suffix.length);
+    const list = w.deployments.map((d) => ({ ...d, modelName: name, upstreamModel: d.upstreamModel.replace("*", matched) }));
+    if (this.wildcardHits.size < WILDCARD_CACHE_LIMIT) this.wildcardHits.set(name, list);
+    return list;
+  }
+
+  /** The most specific wildcard route serving `name` (not looking at the groups). */
+  private wildcardFor(name: string): WildcardRoute | undefined {
+    // `*` stands for at least one character: `openai/` names no model (it would go upstream as "").
+    return this.wildcards.find((w) => name.length > w.prefix.length + w.suffix.length && name.startsWith(w.prefix) && name.endsWith(w.suffix));
+  }
+
+  /**
+   * The `model_name` whose deployments serve a requested name: the group of that name, else the
+   * wildcard route's pattern (`openai/*`), whose deployments every name it serves shares.
+   */
+  servingName(name: string): string | undefined {
+    return this.groups.has(name) ? name : this.wildcardFor(name)?.pattern;
+  }
+
+  /** Every group and wildcard route by its `model_name` (a pattern for a route), with its own deployments. */
+  *serving(): Iterable<[string, readonly Deployment[]]> {
+    yield* this.groups;
+    for (const w of this.wildcards) yield [w.pattern, w.deployments];
+  }
+
+  /** The deployments of a group or wildcard route, by its `model_name`. */
+  servingDeployments(modelName: string): readonly Deployment[] | undefined {
+    return this.groups.get(modelName) ?? this.routes.get(modelName)?.deployments;
   }
 
   findById(id: string): { entry: ModelEntry; deployment: Deployment } | undefined {

@@ -109,7 +109,8 @@ function modelCounter(out: RateCounter[], id: string, label: string, row: ModelL
 }
 
 /**
- * The throughput types on a model group whose capacity is known (every deployment sets `rpm`/`tpm`):
+ * The throughput types on a model group whose capacity is known (every deployment sets `rpm`/`tpm`),
+ * a wildcard route being one group for all the names it serves (CallIntent.capacityGroup):
  *
  * - `guaranteed_throughput`: the key's limit is reserved out of the capacity (checked when the key
  *   is written); traffic of keys that are not guaranteed shares only what is left, so the reserved
@@ -161,7 +162,8 @@ class Throughput {
   counters(intent: CallIntent, key: KeyRow | undefined, label: string, out: RateCounter[]): void {
     const cap = intent.groupCapacity;
     if (cap.rpm === undefined && cap.tpm === undefined) return;
-    const group = intent.modelGroup;
+    // A wildcard route's names share its deployments: one pool, and one reservation per key, for all of them.
+    const group = intent.capacityGroup;
     const shared: RateCounter = { id: `${SHARED_POOL}${group}`, label: `Model ${group} (capacity left after guaranteed keys)` };
     const pools: { rpm?: number; tpm?: number } = {};
     for (const kind of ["rpm", "tpm"] as const) {

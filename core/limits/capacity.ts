@@ -65,19 +65,63 @@ function keyRules(key: Pick<PlannedKey, "models" | "accessGroupIds" | "aliases" 
   return { levels: keyAccessLevels(key, team, user, orgs), ...accessAliases(key, team, orgs) };
 }
 
+/** Every entry of the key's levels' lists, with the models of the access groups they name. */
+function* listedEntries(rules: ModelRules, groups: AccessGroupLookup): Iterable<string> {
+  for (const level of rules.levels) {
+    for (const entry of level.models) {
+      yield entry;
+      yield* groups.byName(entry) ?? [];
+    }
+    for (const id of level.accessGroupIds) yield* groups.byId(id) ?? [];
+  }
+}
+
+/** A character no model name has: between a prefix and a suffix it makes a name that no group or alias has. */
+const NO_NAME = "\u0000";
+
 /**
- * The names a call may ask for to reach `group`: the group's own, and every alias (the key's, its
- * team's and organizations', the config's `model_group_alias`), which may lead to it.
+ * Names that stand for all those a key's lists may allow under the wildcard route `pattern`: each
+ * name they list, and the route's prefix and suffix, each widened by those of a pattern they list,
+ * around a character no name has. A name of the route that every level allows matches an entry of
+ * each; the longest prefix and suffix among those, around that character, match them all too.
  */
-function namesReaching(group: string, rules: ModelRules, reach: ModelReach): Iterable<string> {
-  return new Set([group, ...Object.keys(rules.aliases), ...reach.groupAliases.keys()]);
+function routeNames(pattern: string, rules: ModelRules, groups: AccessGroupLookup): string[] {
+  const star = pattern.indexOf("*");
+  const prefix = pattern.slice(0, star);
+  const suffix = pattern.slice(star + 1);
+  const prefixes = new Set([prefix]);
+  const suffixes = new Set([suffix]);
+  const names: string[] = [];
+  for (const entry of listedEntries(rules, groups)) {
+    const at = entry.indexOf("*");
+    if (at < 0) {
+      names.push(entry);
+      continue;
+    }
+    // A pattern whose prefix the route's extends adds nothing; one that neither extends matches no name of the route.
+    if (entry.slice(0, at).startsWith(prefix)) prefixes.add(entry.slice(0, at));
+    if (entry.slice(at + 1).endsWith(suffix)) suffixes.add(entry.slice(at + 1));
+  }
+  for (const p of prefixes) for (const s of suffixes) names.push(p + NO_NAME + s);
+  return names;
 }
 
 /**
- * Whether a key may call `group` as a model call would judge it: some name it may ask for (the
- * group's, or an alias that leads there) goes to the group, and its own list, its team's (a
- * personal key: its user's) and its organizations' all allow that call (names, wildcards, access
- * groups, `*` / `all-proxy-models`, `all-team-models`, aliases; an empty list restricts nothing).
+ * The names a call may ask for to reach `group`: the group's own (for a wildcard route, names
+ * that stand for those its lists allow there), and every alias (the key's, its team's and
+ * organizations', the config's `model_group_alias`), which may lead to it.
+ */
+function namesReaching(group: string, rules: ModelRules, reach: ModelReach): Iterable<string> {
+  const own = group.includes("*") ? routeNames(group, rules, reach.accessGroups) : [group];
+  return new Set([...own, ...Object.keys(rules.aliases), ...reach.groupAliases.keys()]);
+}
+
+/**
+ * Whether a key may call `group` (a model group, or a wildcard route by its pattern, `openai/*`) as
+ * a model call would judge it: some name it may ask for (the group's, one the route serves, or an
+ * alias that leads there) is served by the group, and its own list, its team's (a personal key:
+ * its user's) and its organizations' all allow that call (names, wildcards, access groups, `*` /
+ * `all-proxy-models`, `all-team-models`, aliases; an empty list restricts nothing).
  */
 export function keyMayCallGroup(
   key: Pick<PlannedKey, "models" | "accessGroupIds" | "aliases" | "teamId" | "userId" | "organizationId">,
@@ -87,7 +131,7 @@ export function keyMayCallGroup(
 ): boolean {
   const rules = keyRules(key, owners);
   for (const name of namesReaching(group, rules, reach)) {
-    if (modelTarget(rules, name, reach.groupAliases) === group && mayUseModel(rules, name, reach.accessGroups, reach.groupAliases)) return true;
+    if (reach.models.servingName(modelTarget(rules, name, reach.groupAliases)) === group && mayUseModel(rules, name, reach.accessGroups, reach.groupAliases)) return true;
   }
   return false;
 }
@@ -149,7 +193,7 @@ export function guaranteedOverflow(key: PlannedKey, reach: ModelReach, keys: Ite
     const mine = guaranteedLimit(key, kind);
     if (mine === undefined) continue;
     const field = `${kind}_limit`;
-    for (const [group, deployments] of reach.models.groups) {
+    for (const [group, deployments] of reach.models.serving()) {
       const capacity = groupCapacity(deployments)[kind];
       if (capacity === undefined || !keyMayCallGroup(key, owners, group, reach)) continue;
       const reserved = reservedOn(all, owners, group, kind, reach, key.token, now);

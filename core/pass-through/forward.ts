@@ -76,6 +76,10 @@ class PassThroughIntent implements CallIntent {
   get modelNames(): readonly string[] {
     return [this.modelGroup];
   }
+
+  get capacityGroup(): string {
+    return this.modelGroup;
+  }
 }
 
 /** The endpoint as the spend log and the budgets name it: provider `pass_through`, model its path. */

@@ -153,8 +153,12 @@ export class Intent implements CallIntent {
     this.answers = answersBilled(endpoint, body);
   }
 
+  get capacityGroup(): string {
+    return this.snapshot.models.servingName(this.modelGroup) ?? this.modelGroup;
+  }
+
   get groupCapacity(): GroupCapacity {
-    this.capacity ??= groupCapacity(this.snapshot.models.resolve(this.modelGroup) ?? [this.deployment]);
+    this.capacity ??= groupCapacity(this.snapshot.models.servingDeployments(this.capacityGroup) ?? [this.deployment]);
     return this.capacity;
   }
 

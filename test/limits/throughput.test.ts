@@ -41,6 +41,8 @@ const MODELS = [
   { model_name: "rz", svc_params: { model: "mock/rz", rpm: 10 } },
   { model_name: "al", svc_params: { model: "mock/al", rpm: 10 } },
   { model_name: "al2", svc_params: { model: "mock/al2", rpm: 10 } },
+  { model_name: "wild/*", svc_params: { model: "mock/*", rpm: 10 } },
+  { model_name: "wild/own", svc_params: { model: "mock/own", rpm: 3 } },
 ];
 const config = (models = MODELS) => ({
   model_list: models,
@@ -217,6 +219,32 @@ describe("guaranteed_throughput: which keys reserve", () => {
     expect(unblock.body.error.message).toContain("model u serves 10 rpm");
     const info = await requestJson<{ info: { blocked: boolean } }>(gw, "GET", `/key/info?key=${first.body.key}`);
     expect(info.body.info.blocked).toBe(true);
+  });
+});
+
+describe("guaranteed_throughput: a wildcard route is one group, whose deployments every name it serves shares", () => {
+  const guaranteed = (rpm: number, models: string[]) => requestJson<{ key: string; error?: { message: string } }>(gw, "POST", "/key/generate", { body: { rpm_limit: rpm, rpm_limit_type: "guaranteed_throughput", models } });
+
+  test("a key that may call a name it serves reserves on the route, checked when written as a group is", async () => {
+    const first = await guaranteed(6, ["wild/x"]);
+    expect(first.status).toBe(200);
+    // Whichever names they may call under wild/*, they draw on its deployments' 10 rpm, of which 6 are reserved
+    // (the catch-alls may call groups whose reservations are checked first).
+    for (const models of [["wild/x"], ["wild/y"], ["wild/*"], ["*"], ["wild/y*"]]) {
+      const over = await guaranteed(5, models);
+      expect([models, over.status, over.body.error?.message]).toEqual([models, 400, expect.stringMatching(/model (wild\/\*|wild\/own|g|h) serves/)]);
+    }
+    expect((await guaranteed(5, ["wild/y"])).body.error?.message).toMatch(/^guaranteed_throughput: model wild\/\* serves 10 rpm .*other keys already reserve 6, .*\(at most 4\)/);
+    // A name with a group of its own is that group's, not the route's.
+    expect((await guaranteed(3, ["wild/own"])).status).toBe(200);
+    const second = await guaranteed(4, ["wild/y"]);
+    expect(second.status).toBe(200);
+    // At run time the route's capacity is taken by its guaranteed keys, whatever name is called ...
+    const refused = await call(MASTER_KEY, "wild/z");
+    expect([refused.status, refused.message]).toEqual([429, expect.stringContaining("Model wild/* (capacity left after guaranteed keys)")]);
+    // ... and each guaranteed key finds its share free.
+    expect(await successes(first.body.key, "wild/x", 6)).toBe(6);
+    expect(await successes(second.body.key, "wild/y", 4)).toBe(4);
   });
 });
 

@@ -86,7 +86,9 @@ function tableAfter(snapshot: Snapshot, id: string, entry: ModelEntry | undefine
 function checkReservations(ctx: AdminCtx, id: string, entry: ModelEntry | undefined, param: string): void {
   const models = tableAfter(ctx.snapshot, id, entry);
   const reach = { models, accessGroups: ctx.snapshot.accessGroups, groupAliases: ctx.snapshot.groupAliases };
-  const touched = [servedStoredDeployment(ctx.snapshot, id)?.modelName, entry?.model_name].filter((g) => g !== undefined);
+  // A name the write leaves to another group or wildcard route (a group of its own removed) draws on that one.
+  const named = [servedStoredDeployment(ctx.snapshot, id)?.modelName, entry?.model_name].filter((g) => g !== undefined);
+  const touched = named.flatMap((g) => [g, models.servingName(g) ?? g]);
   const mayCall = (k: KeyRow) => touched.some((g) => keyMayCallGroup(k, ctx.identity, g, reach));
   refuseOverbooking(ctx, { affected: mayCall, models }, param);
 }
