@@ -299,6 +299,23 @@ describe("guaranteed_throughput: team and model writes that would overbook are r
     // A change that keeps the capacity is fine.
     expect((await requestJson(gw, "PATCH", "/model/tm-extra/update", { body: { model_info: { note: "kept" } } })).status).toBe(200);
   });
+
+  test("/model/new of a group (or a wildcard route) that guaranteed keys already reserve more of than it serves", async () => {
+    const reserved = await guaranteed(8, { models: ["nm", "nw/a"] });
+    for (const [model_name, model] of [
+      ["nm", "mock/nm"],
+      ["nw/*", "mock/*"],
+    ] as const) {
+      const created = await requestJson<Refusal>(gw, "POST", "/model/new", { body: { model_name, svc_params: { model, rpm: 5 } } });
+      expect([model_name, created.status, created.body.error?.param]).toEqual([model_name, 400, "svc_params"]);
+      expect(created.body.error.message).toMatch(new RegExp(`^Key sk-.*: guaranteed_throughput: model ${model_name.replace("*", "\\*")} serves 5 rpm .*other keys already reserve 0, so this key's rpm_limit 8 does not fit`));
+    }
+    // Nothing was created: the names are served by no group, and the other keys are not left a pool of 0.
+    expect((await call(MASTER_KEY, "nm")).status).toBe(400);
+    // One that holds the reservation is taken, and the guaranteed key finds its share free.
+    expect((await requestJson(gw, "POST", "/model/new", { body: { model_name: "nm", svc_params: { model: "mock/nm", rpm: 9 } } })).status).toBe(200);
+    expect(await successes(reserved, "nm", 8)).toBe(8);
+  });
 });
 
 describe("dynamic", () => {

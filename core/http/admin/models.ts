@@ -80,8 +80,9 @@ function tableAfter(snapshot: Snapshot, id: string, entry: ModelEntry | undefine
 }
 
 /**
- * A deployment's update or removal must leave room in its group (old and new) for what guaranteed
- * keys reserve there, as a key write must (the same 400): a guaranteed key always finds its share free.
+ * A deployment's creation, update or removal must leave room in its group (old and new) for what
+ * guaranteed keys reserve there, as a key write must (the same 400): a guaranteed key always finds
+ * its share free.
  */
 function checkReservations(ctx: AdminCtx, id: string, entry: ModelEntry | undefined, param: string): void {
   const models = tableAfter(ctx.snapshot, id, entry);
@@ -190,6 +191,8 @@ async function createModel(ctx: AdminCtx, deps: AdminDeps) {
   // Stored under a config model's id, it would never serve: config.yaml's wins when they are merged.
   if (config) throw badRequest(`A model with id '${id}' already exists in config.yaml: ${config}. Give this model another model_info.id.`, "model_info.id");
   if (ctx.snapshot.models.findById(id) || (await findRow(ctx, id))) throw badRequest(`A model with id '${id}' already exists.`, "model_info.id");
+  // A new group (or a name it takes from another, from a wildcard route) may be one guaranteed keys already reserve more of than it serves.
+  checkReservations(ctx, id, entry, "svc_params");
   const [row] = await ctx.db
     .insert(proxyModels)
     .values({ ...rowValues(ctx, entry), modelId: id, createdBy: ctx.caller.changedBy })
