@@ -68,6 +68,10 @@ for i = 1, n do
     -- (a Lua -0 would reach Redis as '-0', which HINCRBY refuses)
     if freed > 0 then redis.call('HINCRBY', h, 'sum', 0 - freed) end
   end
+  -- A request larger than the whole tpm is said before any other limit: no wait makes it fit.
+  if tpm ~= '' and tokens > tonumber(tpm) then
+    return {i, 'tokens', tonumber(redis.call('HGET', h, 'sum') or '0'), win, tpm}
+  end
   local count = redis.call('ZCARD', z)
   if rpm ~= '' and count + 1 > tonumber(rpm) then
     local r = tonumber(rpm)
@@ -84,15 +88,13 @@ for i = 1, n do
     if sum + tokens > tonumber(tpm) then
       local lim = tonumber(tpm)
       local retry = win
-      if tokens <= lim then
-        local entries = redis.call('ZRANGE', z, 0, -1, 'WITHSCORES')
-        local freed = 0
-        for j = 1, #entries, 2 do
-          freed = freed + tonumber(redis.call('HGET', h, entries[j]) or '0')
-          if sum - freed + tokens <= lim then
-            retry = tonumber(entries[j + 1]) + win - now
-            break
-          end
+      local entries = redis.call('ZRANGE', z, 0, -1, 'WITHSCORES')
+      local freed = 0
+      for j = 1, #entries, 2 do
+        freed = freed + tonumber(redis.call('HGET', h, entries[j]) or '0')
+        if sum - freed + tokens <= lim then
+          retry = tonumber(entries[j + 1]) + win - now
+          break
         end
       end
       return {i, 'tokens', sum, retry, tpm}

@@ -73,6 +73,9 @@ export class SlidingWindow {
 
   /** The first limit a new request of `tokens` would break, with when it would fit; undefined when it fits. */
   check(c: RateCounter, tokens: number, now: number): WindowCheck | undefined {
+    // Said before any other limit: no wait makes it fit (a caller told to wait for the rpm would
+    // wait, then be told this), and the router does not wait for a deployment it can never fit.
+    if (c.tpm !== undefined && tokens > c.tpm) return { kind: "tokens", limit: c.tpm, current: this.tokenSum, retryAfterMs: WINDOW_MS };
     const count = this.requests;
     if (c.rpm !== undefined && count + 1 > c.rpm) {
       // The request fits once enough of the oldest requests leave the window.
@@ -81,14 +84,12 @@ export class SlidingWindow {
     }
     if (c.tpm !== undefined && this.tokenSum + tokens > c.tpm) {
       let retryAfterMs = WINDOW_MS;
-      if (tokens <= c.tpm) {
-        let freed = 0;
-        for (let i = this.head; i < this.times.length; i++) {
-          freed += this.tokens[i]!;
-          if (this.tokenSum - freed + tokens <= c.tpm) {
-            retryAfterMs = this.times[i]! + WINDOW_MS - now;
-            break;
-          }
+      let freed = 0;
+      for (let i = this.head; i < this.times.length; i++) {
+        freed += this.tokens[i]!;
+        if (this.tokenSum - freed + tokens <= c.tpm) {
+          retryAfterMs = this.times[i]! + WINDOW_MS - now;
+          break;
         }
       }
       return { kind: "tokens", limit: c.tpm, current: this.tokenSum, retryAfterMs };

@@ -13,11 +13,11 @@ import { TEST_REDIS_URL, testRedisUrlAt } from "../harness/redis.ts";
 // Redis is shared by every run on this machine: names of this run's own.
 const run = Math.random().toString(36).slice(2, 8);
 
-async function call(gw: TestGateway, key: string, model: string): Promise<{ status: number; headers: Headers; message?: string }> {
+async function call(gw: TestGateway, key: string, model: string, extra: Record<string, unknown> = {}): Promise<{ status: number; headers: Headers; message?: string }> {
   const res = await fetch(`${gw.url}/v1/chat/completions`, {
     method: "POST",
     headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
-    body: JSON.stringify({ model, messages: [{ role: "user", content: "hi" }] }),
+    body: JSON.stringify({ model, messages: [{ role: "user", content: "hi" }], ...extra }),
   });
   const body = (await res.json()) as { error?: { message: string } };
   return { status: res.status, headers: res.headers, message: body.error?.message };
@@ -46,6 +46,7 @@ for (const redisDelayMs of [0, 15]) {
               { model_name: `capped-${g}`, svc_params: { model: "mock/c2", rpm: 1 }, model_info: { id: id(`${g}-c2`) } },
             ]),
             { model_name: "open", svc_params: { model: "mock/open" }, model_info: { id: id("open") } },
+            { model_name: "small-both", svc_params: { model: "mock/small", rpm: 1, tpm: 1000 }, model_info: { id: id("small-both") } },
           ],
           general_settings: { master_key: MASTER_KEY },
         },
@@ -73,6 +74,14 @@ for (const redisDelayMs of [0, 15]) {
       const next = await call(gw, key, "open");
       expect(next.status).toBe(200);
       expect(next.headers.get("x-ratelimit-remaining-requests")).toBe("3");
+    });
+
+    test("a request larger than every deployment's whole tpm is told it never fits also while their rpm is used up", async () => {
+      expect((await call(gw, MASTER_KEY, "small-both")).status).toBe(200);
+      const tooLarge = await call(gw, MASTER_KEY, "small-both", { max_tokens: 5000 });
+      expect([tooLarge.status, tooLarge.message]).toEqual([429, expect.stringContaining("this request alone may use")]);
+      expect(tooLarge.message).toContain("largest tpm 1000); lower max_tokens");
+      expect(tooLarge.headers.get("retry-after")).toBeNull();
     });
   });
 }

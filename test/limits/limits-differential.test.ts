@@ -236,23 +236,23 @@ const used = (c: Counter) => c.entries.reduce((s, e) => s + e.tokens, 0);
 const inFlight = (c: Counter) => c.entries.filter((e) => e.inFlight).length;
 
 function violations(c: Counter, tokens: number): Violation[] {
+  const sum = used(c);
+  // README: a request larger than the whole tpm is refused for that, whatever else is used up.
+  if (c.tpm !== undefined && tokens > c.tpm) return [{ counter: c, kind: "tokens", limit: c.tpm, current: sum, tooLarge: true, tokens }];
   const out: Violation[] = [];
   const count = c.entries.length;
   if (c.rpm !== undefined && count + 1 > c.rpm) out.push({ counter: c, kind: "requests", limit: c.rpm, current: count, waitFor: c.rpm === 0 ? undefined : c.entries[count - c.rpm], tokens });
-  const sum = used(c);
   if (c.tpm !== undefined && sum + tokens > c.tpm) {
     let waitFor: Entry | undefined;
-    if (tokens <= c.tpm) {
-      let freed = 0;
-      for (const e of c.entries) {
-        freed += e.tokens;
-        if (sum - freed + tokens <= c.tpm) {
-          waitFor = e;
-          break;
-        }
+    let freed = 0;
+    for (const e of c.entries) {
+      freed += e.tokens;
+      if (sum - freed + tokens <= c.tpm) {
+        waitFor = e;
+        break;
       }
     }
-    out.push({ counter: c, kind: "tokens", limit: c.tpm, current: sum, waitFor, tooLarge: tokens > c.tpm, tokens });
+    out.push({ counter: c, kind: "tokens", limit: c.tpm, current: sum, waitFor, tokens });
   }
   if (c.parallel !== undefined && inFlight(c) + 1 > c.parallel) out.push({ counter: c, kind: "parallel_requests", limit: c.parallel, current: inFlight(c), tokens });
   return out;
@@ -406,9 +406,25 @@ function deploymentCounters(ctx: Ctx, group: string): { spec: DeploymentSpec; co
 type Prediction = (
   | { kind: "ok"; counters: Counter[]; room: { spec: DeploymentSpec; counter?: Counter }[] }
   | { kind: "limit"; refusing: Violation[] }
-  /** `caller`: the caller's limits refused too; retry-after is the later of the two. */
-  | { kind: "deployments"; group: string; waits: Violation[]; caller?: Violation[] }
+  /**
+   * `caller`: the caller's limits refused too; retry-after is the later of the two. `tooLarge`: the
+   * request alone is larger than every deployment's whole tpm (the largest): no retry-after.
+   */
+  | { kind: "deployments"; group: string; waits: Violation[]; caller?: Violation[]; tooLarge?: number }
 ) & { /** Decided in the fallback group. */ fellBack?: boolean };
+
+/**
+ * README (Deployment rpm/tpm): no deployment of `group` has room. When the request alone is larger
+ * than each one's whole tpm, the caller's own refusal stands, else a 429 saying so; otherwise "every
+ * deployment is at its rpm/tpm limit", with the later retry-after of theirs and the caller's.
+ */
+function noRoom(group: string, deps: { counter?: Counter }[], refusing: Violation[], tokens: number, fellBack?: boolean): Prediction {
+  const waits = deps.map((d) => violations(d.counter!, tokens)[0]!);
+  if (waits.every((v) => v.tooLarge)) {
+    return refusing.length > 0 ? { kind: "limit", refusing, fellBack } : { kind: "deployments", group, waits, tooLarge: Math.max(...waits.map((v) => v.limit)), fellBack };
+  }
+  return { kind: "deployments", group, waits, caller: refusing.length > 0 ? refusing : undefined, fellBack };
+}
 
 function predict(ctx: Ctx, r: Req): Prediction {
   const tokens = estimate(r);
@@ -422,8 +438,8 @@ function predict(ctx: Ctx, r: Req): Prediction {
     const room = deps.filter((d) => !d.counter || violations(d.counter, tokens).length === 0);
     if (room.length > 0) return refusing.length > 0 ? { kind: "limit", refusing, fellBack } : { kind: "ok", counters: [...own, ...theirs], room, fellBack };
     // README: every deployment at its limit answers for the group, the caller's refusal included; then the fallback.
-    const failed: Prediction = { kind: "deployments", group, waits: deps.map((d) => violations(d.counter!, tokens)[0]!), caller: refusing.length > 0 ? refusing : undefined, fellBack };
-    if (fellBack || !fallback) return failed;
+    const failed = noRoom(group, deps, refusing, tokens, fellBack);
+    if (failed.kind === "limit" || fellBack || !fallback) return failed;
     if (refusing.length > 0) return inGroup(fallback, false, true);
     // The fallback is tried with its own per-model counters, while the request's own stay counted.
     const entry: Entry = { sent: 0, answered: 0, tokens, inFlight: true };
@@ -487,6 +503,11 @@ function checkRefusal(ctx: Ctx, p: Exclude<Prediction, { kind: "ok" }>, a: Answe
   check(ctx, a.status === 429, `expected 429 (${explain(p)}), got ${a.status} ${JSON.stringify(a.body)?.slice(0, 300)}`);
   const err = a.body?.error;
   check(ctx, err !== undefined && err.type === "rate_limit_error" && err.code === "429" && "param" in err, `error envelope: ${JSON.stringify(a.body)}`);
+  if (p.kind === "deployments" && p.tooLarge !== undefined) {
+    const want = `No deployments available for model ${p.group}: this request alone may use ${p.waits[0]!.tokens} tokens, more than any of its deployments serves per minute (largest tpm ${p.tooLarge}); lower max_tokens.`;
+    check(ctx, err!.message === want && a.headers.get("retry-after") === null, `message "${err!.message}" (retry-after ${a.headers.get("retry-after")}), expected "${want}" without retry-after`);
+    return;
+  }
   const retry = Number(a.headers.get("retry-after"));
   check(ctx, Number.isInteger(retry) && retry > 0 && retry <= 60, `retry-after ${a.headers.get("retry-after")}`);
   const message = err!.message;
@@ -520,7 +541,7 @@ function checkRefusal(ctx: Ctx, p: Exclude<Prediction, { kind: "ok" }>, a: Answe
 
 function explain(p: Prediction): string {
   if (p.kind === "ok") return `allowed${p.fellBack ? " after falling back" : ""} (deployments with room: ${p.room.map((d) => d.spec.id)})`;
-  if (p.kind === "deployments") return `no deployment of ${p.group} has room${p.fellBack ? " (after falling back)" : ""}`;
+  if (p.kind === "deployments") return `no deployment of ${p.group} has room${p.tooLarge !== undefined ? ` (the request is larger than their tpm, ${p.tooLarge} at most)` : ""}${p.fellBack ? " (after falling back)" : ""}`;
   return p.refusing.map((v) => `${v.counter.label} ${v.kind} ${v.current}/${v.limit}${v.counter.sources[v.kind] ? ` (from ${v.counter.sources[v.kind]})` : ""}`).join("; ");
 }
 
@@ -612,7 +633,7 @@ async function failingCall(ctx: Ctx, r: Req): Promise<void> {
   const deps = deploymentCounters(ctx, fallback);
   const room = deps.filter((d) => !d.counter || violations(d.counter, tokens).length === 0);
   let then: Prediction;
-  if (room.length === 0) then = { kind: "deployments", group: fallback, waits: deps.map((d) => violations(d.counter!, tokens)[0]!), caller: refusing.length > 0 ? refusing : undefined, fellBack: true };
+  if (room.length === 0) then = noRoom(fallback, deps, refusing, tokens, true);
   else if (refusing.length > 0) then = { kind: "limit", refusing, fellBack: true };
   else then = { kind: "ok", counters: [...own, ...theirs], room, fellBack: true };
   ctx.log.push(`    then ${explain(then)}`);
@@ -1019,18 +1040,19 @@ describe(`in-memory windows against the model, with a clock the test moves, LIMI
             const { rpm, tpm, parallel } = c.spec;
             const count = c.entries.length;
             const sum = c.entries.reduce((x, e) => x + e.tokens, 0);
-            if (rpm !== undefined && count + 1 > rpm) {
+            if (tpm !== undefined && tokens > tpm) {
+              // Larger than the whole tpm: refused for that before any other limit (no wait makes it fit).
+              refusal = { c, kind: "tokens", limit: tpm, current: sum, retry: WINDOW_MS };
+            } else if (rpm !== undefined && count + 1 > rpm) {
               refusal = { c, kind: "requests", limit: rpm, current: count, retry: rpm === 0 ? WINDOW_MS : c.entries[count - rpm]!.t + WINDOW_MS - now };
             } else if (tpm !== undefined && sum + tokens > tpm) {
               let retry = WINDOW_MS;
-              if (tokens <= tpm) {
-                let freed = 0;
-                for (const e of c.entries) {
-                  freed += e.tokens;
-                  if (sum - freed + tokens <= tpm) {
-                    retry = e.t + WINDOW_MS - now;
-                    break;
-                  }
+              let freed = 0;
+              for (const e of c.entries) {
+                freed += e.tokens;
+                if (sum - freed + tokens <= tpm) {
+                  retry = e.t + WINDOW_MS - now;
+                  break;
                 }
               }
               refusal = { c, kind: "tokens", limit: tpm, current: sum, retry };

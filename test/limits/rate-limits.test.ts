@@ -29,6 +29,7 @@ beforeAll(async () => {
       { model_name: "other", svc_params: { model: "mock/other" } },
       { model_name: "capped", svc_params: { model: "mock/capped", rpm: 1 } },
       { model_name: "small-tpm", svc_params: { model: "mock/small-tpm", tpm: 1000 } },
+      { model_name: "small-both", svc_params: { model: "mock/small-both", rpm: 1, tpm: 1000 } },
       { model_name: "slow", svc_params: { model: "openai/gpt-4o-mini", api_base: slow.url, api_key: "sk-up" } },
     ],
     router_settings: { model_group_alias: { "fast-alias": "fast" } },
@@ -279,6 +280,19 @@ describe("rate limits", () => {
     expect(tooLarge.headers.get("retry-after")).toBeNull();
     // One that fits is served.
     expect((await call(MASTER_KEY, "small-tpm", { max_tokens: 10 })).status).toBe(200);
+  });
+
+  test("a request larger than every deployment's whole tpm is told it never fits also while their rpm is used up", async () => {
+    expect((await call(MASTER_KEY, "small-both", { max_tokens: 10 })).status).toBe(200);
+    const tooLarge = await call(MASTER_KEY, "small-both", { max_tokens: 5000 });
+    expect([tooLarge.status, tooLarge.body.error?.message]).toEqual([429, expect.stringContaining("this request alone may use")]);
+    expect(tooLarge.body.error!.message).toContain("largest tpm 1000); lower max_tokens");
+    expect(tooLarge.headers.get("retry-after")).toBeNull();
+    // A caller's own limits likewise: its rpm used up, a request larger than its tpm_limit is told so.
+    const key = await newKey({ rpm_limit: 1, tpm_limit: 1000 });
+    expect((await call(key, "fast", { max_tokens: 10 })).status).toBe(200);
+    const own = await call(key, "fast", { max_tokens: 5000 });
+    expect([own.status, own.body.error?.message]).toEqual([429, expect.stringContaining("tokens per minute limit 1000, and this request alone may use")]);
   });
 
   test("the master key and keys without limits carry no rate-limit headers of the gateway and are never refused", async () => {

@@ -64,6 +64,15 @@ describe("in-memory sliding window", () => {
     expect(refused(w.acquire([c], 1001)).retryAfterMs).toBe(60_000);
   });
 
+  test("a request larger than the whole tpm is refused for that, not for a used-up rpm: no wait makes it fit", () => {
+    const c: RateCounter = { id: `k:${uid()}`, label: "Key g", rpm: 1, tpm: 1000 };
+    granted(w.acquire([c], 10));
+    expect(refused(w.acquire([c], 5000))).toMatchObject({ kind: "tokens", limit: 1000, retryAfterMs: 60_000 });
+    // One that fits the tpm is refused for the rpm, and told when it fits.
+    now += 1_000;
+    expect(refused(w.acquire([c], 10))).toMatchObject({ kind: "requests", limit: 1, retryAfterMs: 59_000 });
+  });
+
   test("parallel: a slot frees when a call ends, not when the window slides", () => {
     const c: RateCounter = { id: `k:${uid()}`, label: "Key c", parallel: 2 };
     const a = granted(w.acquire([c], 0));
@@ -159,6 +168,15 @@ describe("redis sliding window", () => {
     await Bun.sleep(50);
     const b = granted(await windows.acquire([c], 50));
     expect(b.remaining[0]!.tokens).toBe(10);
+  });
+
+  test("a request larger than the whole tpm is refused for that, not for a used-up rpm", async () => {
+    const c: RateCounter = { id: `k:${uid()}`, label: "Key x", rpm: 1, tpm: 1000 };
+    granted(await windows.acquire([c], 10));
+    // Told to wait the whole window, as in memory: it never fits.
+    expect(refused(await windows.acquire([c], 5000))).toMatchObject({ kind: "tokens", limit: 1000, current: 10, retryAfterMs: 1500 });
+    expect(await windows.refusal([c], 5000)).toMatchObject({ kind: "tokens", limit: 1000 });
+    expect(refused(await windows.acquire([c], 10))).toMatchObject({ kind: "requests", limit: 1 });
   });
 
   test("all or nothing across counters", async () => {
