@@ -7,6 +7,7 @@
  */
 import type { CallIntent, CallRecord, CallStatus, Deployment, ErrorInfo, GroupCapacity, Lease, Logger, Principal } from "../contract.ts";
 import { GatewayError, bodyTooLarge, errorInfo } from "../errors.ts";
+import { boundBy } from "../fetch-bound.ts";
 import { NO_MODEL_REACH } from "../limits/capacity.ts";
 import { ZERO, acquireLeases } from "../pipeline/call.ts";
 import { HeldLeases } from "../pipeline/held-leases.ts";
@@ -223,7 +224,7 @@ export async function forwardPassThrough(e: PassThroughEndpoint, subpath: string
       method: request.method,
       headers: upstreamHeaders(e, request.headers, ctx.withheld),
       body,
-      signal: deadline.signal,
+      ...boundBy(deadline.signal),
       redirect: "manual",
       decompress: false,
     };

@@ -2,6 +2,7 @@
 import type { Deployment, ErrorInfo, HttpCall, ProviderAdapter } from "../contract.ts";
 import { CredentialsRefused, type ErrorInAnswer, GatewayError, errorInfo } from "../errors.ts";
 import { rememberSentCredentials, withoutCredentials } from "../secrets.ts";
+import { boundBy } from "../fetch-bound.ts";
 import { pinnedRequest } from "../pinned-fetch.ts";
 import { errorBodyText } from "./answer-body.ts";
 
@@ -203,12 +204,12 @@ export async function send(adapter: ProviderAdapter, d: Deployment, made: HttpCa
     // A client-chosen host: connected to at the address checked, and a redirect is not followed (it
     // would send the call, with the client's key, to an address nobody checked). An adapter that
     // does not call api_base (its provider's own endpoint) is not pinned.
+    const init = { method: call.method ?? "POST", body: call.form ?? call.body, ...boundBy(deadline.signal) };
     if (d.connectTo && new URL(call.url).hostname === d.connectTo.host) {
       const to = pinnedRequest(call.url, call.headers, d.connectTo.address);
-      const init = { method: call.method ?? "POST", headers: to.headers, body: call.form ?? call.body, signal: deadline.signal, redirect: "manual" as const };
-      return await fetch(to.url, to.tls ? { ...init, tls: to.tls } : init);
+      return await fetch(to.url, { ...init, headers: to.headers, redirect: "manual", ...(to.tls ? { tls: to.tls } : {}) });
     }
-    return await fetch(call.url, { method: call.method ?? "POST", headers: call.headers, body: call.form ?? call.body, signal: deadline.signal });
+    return await fetch(call.url, { ...init, headers: call.headers });
   } catch (err) {
     if (deadline.timedOut) throw timeoutError(d, deadline.seconds);
     if (deadline.clientGone) throw err;
