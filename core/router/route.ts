@@ -16,7 +16,7 @@ import { AT_CAPACITY, AWAIT_CAPACITY_MS, NOT_AWAITING, awaitingCapacity, capacit
 import { stateOf } from "./deployment-state.ts";
 import { type FallbackType, fallbacksFor } from "./fallbacks.ts";
 import { type RoutePolicy, backoffMs, retriesFor, routePolicy } from "./policy.ts";
-import { pickDeployment } from "./strategy.ts";
+import { Rotation } from "./strategy.ts";
 import { requiredWaitMs, upstreamRetryAfterMs } from "./waits.ts";
 import { delay } from "../timer.ts";
 import { headerText } from "../header-text.ts";
@@ -257,9 +257,13 @@ async function limitLeases(snapshot: Snapshot, intent: Intent, group: string, ca
 }
 
 /** Calls within one model group, with retries; throws GroupFailure when the group gives up. */
-async function callGroup<E extends Endpoint>(run: Run<E>, body: WireRequest[E], group: string, deployments: readonly Deployment[], useRawBody = true): Promise<Response> {
+async function callGroup<E extends Endpoint>(run: Run<E>, body: WireRequest[E], group: string, whole: readonly Deployment[], useRawBody = true): Promise<Response> {
   const { endpoint, ctx, policy, progress } = run;
   const { snapshot } = ctx;
+  // Drained deployments are not the group's for this call: never picked, nor counted (a group's only
+  // deployment in rotation never cools down; "all N are cooling down" counts those in rotation).
+  const rotation = new Rotation(policy.strategy, whole);
+  const deployments = rotation.deployments;
   const startedAt = Date.now();
   const failedHere = new Set<string>();
   let retriesHere = 0;
@@ -273,7 +277,7 @@ async function callGroup<E extends Endpoint>(run: Run<E>, body: WireRequest[E], 
   };
   let candidates = available(startedAt);
   if (candidates.length === 0) throw new GroupFailure(allCoolingDown(group, deployments, startedAt), undefined);
-  let d = pickDeployment(policy.strategy, candidates, snapshot.pricing, startedAt);
+  let d = rotation.pick(candidates, snapshot.pricing, startedAt);
 
   // The first group counts the request's own limits too, in the same step; later groups only their own.
   const scope = progress.request ? "group" : "both";
@@ -322,7 +326,7 @@ async function callGroup<E extends Endpoint>(run: Run<E>, body: WireRequest[E], 
         giveUp();
         throw budgetRefusal;
       }
-      const next = pickDeployment(policy.strategy, open, snapshot.pricing, Date.now());
+      const next = rotation.pick(open, snapshot.pricing, Date.now());
       const holding = budgets !== NO_LEASES;
       if (snapshot.budgetGates.length === 0 || (holding && next === intent.deployment)) return next;
       const nextIntent = new Intent(ctx.principal, endpoint, group, next, startedAt, body, snapshot, "group");

@@ -2,18 +2,20 @@
  * Routing strategies: which of a group's available deployments takes the next attempt.
  *
  * - `simple-shuffle`: random, weighted by `weight` (else `rpm`, else `tpm`, else equal): one field
- *   for the whole list, a deployment without it weighing 0;
+ *   for the whole group, a deployment without it weighing 0;
  * - `least-busy`: fewest calls in flight on this instance;
  * - `latency-based-routing`: lowest moving-average latency (unmeasured deployments first, so each gets measured);
  * - `usage-based-routing(-v2)`: fewest tokens in the last minute;
  * - `cost-based-routing`: cheapest price for 1,000 prompt + 1,000 output tokens (unpriced last).
- * Ties are broken at random, so equal deployments share the load.
+ * Ties are broken at random, so equal deployments share the load. Whatever the strategy, a drained
+ * deployment (Rotation) gets no call.
  */
 import type { Deployment } from "../contract.ts";
 import type { Pricing } from "../cost/pricing.ts";
 import { stateOf } from "./deployment-state.ts";
 import type { RoutingStrategy } from "./policy.ts";
 
+/** What simple-shuffle weighs a group by: the first of these some deployment of the group sets. */
 const WEIGHT_FIELDS = ["weight", "rpm", "tpm"] as const;
 
 function optionOf(d: Deployment, name: string): number | undefined {
@@ -22,26 +24,27 @@ function optionOf(d: Deployment, name: string): number | undefined {
 }
 
 /**
- * Each deployment's weight: the first of WEIGHT_FIELDS some deployment of the list sets, as
+ * Each deployment's weight: the first of WEIGHT_FIELDS some deployment of the group sets, as
  * LiteLLM's simple_shuffle chooses one per group. Weighing each by its own field would set one's
  * weight against another's rpm, and make `weight: 0` (draining it) fall through to its rpm. A
- * deployment without that field weighs 0; when all weigh 0, all weigh the same.
+ * deployment without that field weighs 0; undefined when all weigh 0 (all weigh the same then).
  */
-function weightsOf(list: readonly Deployment[]): number[] {
-  const field = WEIGHT_FIELDS.find((name) => list.some((d) => optionOf(d, name) !== undefined));
-  const weights = list.map((d) => (field === undefined ? 0 : Math.max(0, optionOf(d, field) ?? 0)));
-  return weights.some((w) => w > 0) ? weights : weights.map(() => 1);
+function weightsOf(group: readonly Deployment[]): number[] | undefined {
+  const field = WEIGHT_FIELDS.find((name) => group.some((d) => optionOf(d, name) !== undefined));
+  if (field === undefined) return undefined;
+  const weights = group.map((d) => Math.max(0, optionOf(d, field) ?? 0));
+  return weights.some((w) => w > 0) ? weights : undefined;
 }
 
-function weightedPick(list: readonly Deployment[]): Deployment {
-  const weights = weightsOf(list);
-  let r = Math.random() * weights.reduce((sum, w) => sum + w, 0);
-  for (const [i, d] of list.entries()) {
-    r -= weights[i]!;
+function weightedPick(list: readonly Deployment[], weights: ReadonlyMap<Deployment, number>): Deployment {
+  const of = (d: Deployment) => weights.get(d) ?? 0;
+  let r = Math.random() * list.reduce((sum, d) => sum + of(d), 0);
+  for (const d of list) {
+    r -= of(d);
     if (r < 0) return d;
   }
   // Math.random() < 1, so only rounding gets here: the last deployment with a weight.
-  return list[weights.findLastIndex((w) => w > 0)]!;
+  return list.findLast((d) => of(d) > 0) ?? list[0]!;
 }
 
 /** The deployment with the lowest score; ties at random. */
@@ -75,23 +78,58 @@ function sampleCost(pricing: Pricing, d: Deployment): number {
   return c.priced ? Number(c.cost) : Number.POSITIVE_INFINITY;
 }
 
-export function pickDeployment(strategy: RoutingStrategy, list: readonly Deployment[], pricing: Pricing, now: number): Deployment {
-  if (list.length === 1) return list[0]!;
-  switch (strategy) {
-    case "least-busy":
-      return lowest(list, (d) => stateOf(d.id).inFlight);
-    case "latency-based-routing":
-      return lowest(list, (d) => stateOf(d.id).latencyMs ?? -1);
-    case "usage-based-routing":
-    case "usage-based-routing-v2":
-      return lowest(list, (d) => {
-        const u = stateOf(d.id).usage;
-        u.prune(now);
-        return u.tokenSum;
-      });
-    case "cost-based-routing":
-      return lowest(list, (d) => sampleCost(pricing, d));
-    default:
-      return weightedPick(list);
+/** The deployments of `group` a call may go to (Rotation.deployments). */
+function inRotation(group: readonly Deployment[], shuffle: boolean, weights: readonly number[] | undefined): readonly Deployment[] {
+  if (weights) return group.filter((_, i) => weights[i]! > 0);
+  if (shuffle) return group;
+  // The other strategies weigh nothing: a deployment is drained there by its own `weight: 0` (rpm
+  // and tpm are only its limits), unless all of them are, as under simple-shuffle.
+  const kept = group.filter((d) => (optionOf(d, "weight") ?? 1) > 0);
+  return kept.length > 0 ? kept : group;
+}
+
+/**
+ * A model group as routing sees it, decided on the whole group once per call: the deployments it
+ * may go to, and how simple-shuffle weighs them. Decided on the deployments a pick is offered
+ * instead (those not cooling down, not yet failed by this call, with room), a drained deployment
+ * was "all weigh 0, so all weigh the same" whenever the weighted ones were out: every retry after
+ * a failure, every call during a cooldown, went to the deployment the operator took out.
+ */
+export class Rotation {
+  /** The group without its drained deployments: under simple-shuffle those weighing 0 while another weighs more, else those that say `weight: 0`. */
+  readonly deployments: readonly Deployment[];
+  /** simple-shuffle's weight of each deployment in rotation; undefined: all the same. */
+  private readonly weights: ReadonlyMap<Deployment, number> | undefined;
+
+  constructor(
+    private readonly strategy: RoutingStrategy,
+    group: readonly Deployment[],
+  ) {
+    const shuffle = strategy === "simple-shuffle";
+    const weights = shuffle && group.length > 1 ? weightsOf(group) : undefined;
+    this.weights = weights && new Map(group.map((d, i) => [d, weights[i]!]));
+    this.deployments = inRotation(group, shuffle, weights);
+  }
+
+  /** Which of `list` (deployments in rotation) takes the next attempt. */
+  pick(list: readonly Deployment[], pricing: Pricing, now: number): Deployment {
+    if (list.length === 1) return list[0]!;
+    switch (this.strategy) {
+      case "least-busy":
+        return lowest(list, (d) => stateOf(d.id).inFlight);
+      case "latency-based-routing":
+        return lowest(list, (d) => stateOf(d.id).latencyMs ?? -1);
+      case "usage-based-routing":
+      case "usage-based-routing-v2":
+        return lowest(list, (d) => {
+          const u = stateOf(d.id).usage;
+          u.prune(now);
+          return u.tokenSum;
+        });
+      case "cost-based-routing":
+        return lowest(list, (d) => sampleCost(pricing, d));
+      default:
+        return this.weights ? weightedPick(list, this.weights) : list[Math.floor(Math.random() * list.length)]!;
+    }
   }
 }

@@ -40,6 +40,9 @@ beforeAll(async () => {
         { model_name: "query-base", svc_params: viaOpenAI("openai/gpt-4o-mini", { api_base: `${openai.url}/v2?tier=2&key=QUERYsecret42` }) },
         { model_name: "claude", svc_params: viaAnthropic() },
         { model_name: "claude-slow", svc_params: viaAnthropic({ timeout: 0.5 }) },
+        // Drained, listed first: nothing listens there.
+        { model_name: "claude-pair", svc_params: viaAnthropic({ api_base: "http://127.0.0.1:1", weight: 0 }) },
+        { model_name: "claude-pair", svc_params: viaAnthropic({ weight: 1 }) },
         // Never called: transform_request only builds the upstream request.
         { model_name: "local", svc_params: { model: "ollama/llama3.2", api_base: "http://127.0.0.1:9" } },
       ],
@@ -143,6 +146,13 @@ describe("/utils/token_counter", () => {
     // The flag may also come in the body; a prompt is sent as one user message.
     const viaBody = await count({ model: "claude", prompt: "How many tokens does Claude see here?", call_endpoint: true });
     expect(viaBody.body.total_tokens).toBe(body.total_tokens);
+  });
+
+  test("call_endpoint=true asks a deployment a call would reach: not a drained one (weight 0) listed first", async () => {
+    const res = await count({ model: "claude-pair", messages: user("hello world") }, "?call_endpoint=true");
+    expect(res.status).toBe(200);
+    expect(res.body).toMatchObject({ request_model: "claude-pair", model_used: CLAUDE, tokenizer_type: "anthropic_api" });
+    expect(anthropic.requests.map((r) => r.path)).toEqual(["/v1/messages/count_tokens"]);
   });
 
   test("call_endpoint is read as a boolean, as FastAPI reads one: True (Python's requests sends that), 1, yes, on ask the provider; False, 0, no, off count locally over the body's true", async () => {

@@ -18,7 +18,7 @@
 // does not predict is which deployment a strategy picks among the candidates (a shuffle is random):
 // it takes each attempt's deployment from the spend log (one row per attempt, `<call id>-<n>`) and
 // checks that it was one the router could pick at that point (of the group being tried, not
-// cooling down, one this call has not failed on yet when there is one). Everything else is
+// drained, not cooling down, one this call has not failed on yet when there is one). Everything else is
 // predicted and compared: the answer's status, error type, message and envelope
 // ({"error": {"message", "type", "param", "code"}}, code the status as text), `retry-after`,
 // `x-svc-model-id`, `x-svc-call-id`, `x-svc-attempted-retries`, `x-svc-attempted-fallbacks`, the
@@ -388,9 +388,20 @@ class Model {
     }
   }
 
-  /** README: more than allowed_fails failures, or one upstream 429, cool a deployment down; never a group's only one. */
-  private failed(g: GroupSpec, d: DeploymentSpec, e: ExpectedError): void {
-    if (e.kind || !COUNTS_FOR_COOLDOWN(e.status) || g.deployments.length === 1 || this.sc.router.disable_cooldowns === true) return;
+  /**
+   * README: a deployment weighing 0 while another of its group weighs more is drained (no call goes
+   * to it): under simple-shuffle, weighed by `weight` (the only field the scenarios set), one
+   * without it weighs 0; the other strategies drain only a `weight: 0`, which no scenario sets.
+   */
+  private inRotation(req: RequestSpec, g: GroupSpec): DeploymentSpec[] {
+    const strategy = this.settings(req).map((s) => s.routing_strategy).find((v) => v !== undefined) ?? "simple-shuffle";
+    if (strategy !== "simple-shuffle" || g.deployments.every((d) => d.weight === undefined)) return g.deployments;
+    return g.deployments.filter((d) => d.weight !== undefined);
+  }
+
+  /** README: more than allowed_fails failures, or one upstream 429, cool a deployment down; never a group's only one (drained ones do not count). */
+  private failed(serving: readonly DeploymentSpec[], d: DeploymentSpec, e: ExpectedError): void {
+    if (e.kind || !COUNTS_FOR_COOLDOWN(e.status) || serving.length === 1 || this.sc.router.disable_cooldowns === true) return;
     const n = (this.failures.get(d.id) ?? 0) + 1;
     const allowed = this.num(this.sc.router.allowed_fails) ?? 3;
     if (e.status === 429 || n > allowed) {
@@ -410,16 +421,17 @@ class Model {
       cause: "cooling",
       status: 429,
       type: "rate_limit_error",
-      message: `No deployments available for model ${g.name}: all ${g.deployments.length} are cooling down`,
+      message: `No deployments available for model ${g.name}: all ${this.inRotation(req, g).length} are cooling down`,
       retryAfter: "cooldown",
     });
     type GroupResult = { ok: string } | { final: ExpectedError } | { failed: ExpectedError };
     const callGroup = (g: GroupSpec): GroupResult => {
       const failedHere = new Set<string>();
       let retriesHere = 0;
+      const serving = this.inRotation(req, g);
       const candidates = (): DeploymentSpec[] => {
-        if (g.deployments.length === 1) return g.deployments;
-        const live = g.deployments.filter((d) => !this.cooling.has(d.id));
+        if (serving.length === 1) return serving;
+        const live = serving.filter((d) => !this.cooling.has(d.id));
         const fresh = live.filter((d) => !failedHere.has(d.id));
         return fresh.length > 0 ? fresh : live;
       };
@@ -436,7 +448,7 @@ class Model {
         const e = this.answer(req, d);
         if (!e) return { ok: d.id };
         if (e.status === 408) out.minMs += this.timeoutOf(req, d) * 1000;
-        this.failed(g, d, e);
+        this.failed(serving, d, e);
         failedHere.add(d.id);
         const policy = this.retries(req, g.name, e.cause === "504" ? 504 : e.status, e.kind);
         const retryable = e.kind ? policy.forced : RETRYABLE.has(e.status) || policy.forced;

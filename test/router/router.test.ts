@@ -349,6 +349,73 @@ describe("cooldowns, timeouts and capacity", () => {
   });
 });
 
+describe("drained deployments (weight 0)", () => {
+  // Their own gateway: c, drained in both groups, must never be asked.
+  let g: TestGateway;
+  const upstream = (m: MockOpenAI, weight: number) => ({ model: "openai/gpt-4o-mini", api_base: m.url, api_key: "sk-up", weight });
+  beforeAll(async () => {
+    g = await startTestGateway({
+      model_list: [
+        { model_name: "drain1", svc_params: upstream(a, 1), model_info: { id: "drain1-a" } },
+        { model_name: "drain1", svc_params: upstream(c, 0), model_info: { id: "drain1-c" } },
+        { model_name: "drain2", svc_params: upstream(a, 1), model_info: { id: "drain2-a" } },
+        { model_name: "drain2", svc_params: upstream(b, 1), model_info: { id: "drain2-b" } },
+        { model_name: "drain2", svc_params: upstream(c, 0), model_info: { id: "drain2-c" } },
+      ],
+      router_settings: { retry_initial_delay: 0.01, allowed_fails: 1, cooldown_time: 30 },
+      general_settings: { master_key: MASTER_KEY },
+    });
+  });
+  afterAll(async () => {
+    await g?.stop();
+  });
+  const call = async (body: Record<string, unknown>) => {
+    const res = await fetch(`${g.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+      body: JSON.stringify({ messages: [{ role: "user", content: "hi" }], ...body }),
+    });
+    return { status: res.status, headers: res.headers, body: (await res.json()) as { error?: { message: string } } };
+  };
+
+  test("a retry after the weighted deployment failed goes back to it, not to the drained one", async () => {
+    a.fault({ kind: "status", status: 500 });
+    const r = await call({ model: "drain1", num_retries: 1 });
+    expect(r.status).toBe(200);
+    expect(r.headers.get("x-svc-model-id")).toBe("drain1-a");
+    expect(r.headers.get("x-svc-attempted-retries")).toBe("1");
+    expect(a.requests.length).toBe(2);
+    expect(c.requests.length).toBe(0);
+  });
+
+  test("the one deployment in rotation is as a group's only one: its 429 answers the call, and the next calls still go to it", async () => {
+    a.fault({ kind: "status", status: 429, headers: { "retry-after": "10" } });
+    const limited = await call({ model: "drain1", num_retries: 0 });
+    expect(limited.status).toBe(429);
+    expect(limited.headers.get("retry-after")).toBe("10");
+    for (let i = 0; i < 5; i++) {
+      const r = await call({ model: "drain1" });
+      expect(r.status).toBe(200);
+      expect(r.headers.get("x-svc-model-id")).toBe("drain1-a");
+    }
+    expect(c.requests.length).toBe(0);
+  });
+
+  test("when every weighted deployment is cooling down the answer is the 429 that says so, not the drained one", async () => {
+    a.fault({ kind: "status", status: 429 });
+    b.fault({ kind: "status", status: 429 });
+    // Each cools down on its 429; the retry goes to the other weighted one.
+    const first = await call({ model: "drain2", num_retries: 1 });
+    expect(first.status).toBe(429);
+    expect([a.requests.length, b.requests.length]).toEqual([1, 1]);
+    const next = await call({ model: "drain2" });
+    expect(next.status).toBe(429);
+    expect(next.body.error!.message).toContain("all 2 are cooling down");
+    expect(Number(next.headers.get("retry-after"))).toBeGreaterThan(25);
+    expect(c.requests.length).toBe(0);
+  });
+});
+
 describe("strategies", () => {
   test("simple-shuffle splits 2,000 calls within 5% of the weights (1:3)", async () => {
     const counts: Record<string, number> = { w1: 0, w3: 0 };
@@ -388,6 +455,23 @@ describe("strategies by config", () => {
       ]);
       try {
         expect(new Set(await ask(g, 40)), `rpm ${rpm}`).toEqual(new Set(["serving"]));
+      } finally {
+        await g.stop();
+      }
+    }
+  });
+
+  test("weight 0 drains a deployment under every strategy, though it would win there; rpm is only a limit there", async () => {
+    for (const strategy of ["least-busy", "latency-based-routing", "usage-based-routing-v2", "cost-based-routing"]) {
+      const g = await start(strategy, [
+        // The cheaper one, never measured, without usage: what each of them would pick first.
+        { model_name: "m", svc_params: { model: "mock/drained", weight: 0 }, model_info: { id: "drained", input_cost_per_token: 0.000001, output_cost_per_token: 0.000002 } },
+        // No weight, an rpm: in rotation all the same.
+        { model_name: "m", svc_params: { model: "mock/serving", rpm: 1000 }, model_info: { id: "serving", input_cost_per_token: 0.00001, output_cost_per_token: 0.00003 } },
+        { model_name: "m", svc_params: { model: "mock/serving-too" }, model_info: { id: "serving-too", input_cost_per_token: 0.00001, output_cost_per_token: 0.00003 } },
+      ]);
+      try {
+        for (const id of await ask(g, 20)) expect(["serving", "serving-too"], strategy).toContain(id);
       } finally {
         await g.stop();
       }
