@@ -38,7 +38,11 @@ function weightsOf(group: readonly Deployment[]): number[] | undefined {
 
 function weightedPick(list: readonly Deployment[], weights: ReadonlyMap<Deployment, number>): Deployment {
   const of = (d: Deployment) => weights.get(d) ?? 0;
-  let r = Math.random() * list.reduce((sum, d) => sum + of(d), 0);
+  const total = list.reduce((sum, d) => sum + of(d), 0);
+  // Only deployments without the weighing field are offered (the weighted ones cooling down or
+  // at their limits): they are in rotation, so they take the call, all alike.
+  if (total === 0) return list[Math.floor(Math.random() * list.length)]!;
+  let r = Math.random() * total;
   for (const d of list) {
     r -= of(d);
     if (r < 0) return d;
@@ -78,12 +82,14 @@ function sampleCost(pricing: Pricing, d: Deployment): number {
   return c.priced ? Number(c.cost) : Number.POSITIVE_INFINITY;
 }
 
-/** The deployments of `group` a call may go to (Rotation.deployments). */
-function inRotation(group: readonly Deployment[], shuffle: boolean, weights: readonly number[] | undefined): readonly Deployment[] {
-  if (weights) return group.filter((_, i) => weights[i]! > 0);
-  if (shuffle) return group;
-  // The other strategies weigh nothing: a deployment is drained there by its own `weight: 0` (rpm
-  // and tpm are only its limits), unless all of them are, as under simple-shuffle.
+/**
+ * The deployments of `group` a call may go to (Rotation.deployments): all but those the operator
+ * drained with their own `weight: 0`, unless all of them are. One merely without the field that
+ * weighs the group (an rpm-weighted group's deployment without rpm, which has no limit at all)
+ * weighs 0 in simple-shuffle's draw but is not drained: it takes calls when the weighted ones
+ * cannot.
+ */
+function inRotation(group: readonly Deployment[]): readonly Deployment[] {
   const kept = group.filter((d) => (optionOf(d, "weight") ?? 1) > 0);
   return kept.length > 0 ? kept : group;
 }
@@ -96,7 +102,7 @@ function inRotation(group: readonly Deployment[], shuffle: boolean, weights: rea
  * a failure, every call during a cooldown, went to the deployment the operator took out.
  */
 export class Rotation {
-  /** The group without its drained deployments: under simple-shuffle those weighing 0 while another weighs more, else those that say `weight: 0`. */
+  /** The group without its drained deployments: those that say `weight: 0`, unless all do. */
   readonly deployments: readonly Deployment[];
   /** simple-shuffle's weight of each deployment in rotation; undefined: all the same. */
   private readonly weights: ReadonlyMap<Deployment, number> | undefined;
@@ -108,7 +114,7 @@ export class Rotation {
     const shuffle = strategy === "simple-shuffle";
     const weights = shuffle && group.length > 1 ? weightsOf(group) : undefined;
     this.weights = weights && new Map(group.map((d, i) => [d, weights[i]!]));
-    this.deployments = inRotation(group, shuffle, weights);
+    this.deployments = inRotation(group);
   }
 
   /** Which of `list` (deployments in rotation) takes the next attempt. */

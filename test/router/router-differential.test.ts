@@ -18,7 +18,8 @@
 // does not predict is which deployment a strategy picks among the candidates (a shuffle is random):
 // it takes each attempt's deployment from the spend log (one row per attempt, `<call id>-<n>`) and
 // checks that it was one the router could pick at that point (of the group being tried, not
-// drained, not cooling down, one this call has not failed on yet when there is one). Everything else is
+// drained, not cooling down, one this call has not failed on yet when there is one, a weighted one
+// under simple-shuffle when one is offered). Everything else is
 // predicted and compared: the answer's status, error type, message and envelope
 // ({"error": {"message", "type", "param", "code"}}, code the status as text), `retry-after`,
 // `x-svc-model-id`, `x-svc-call-id`, `x-svc-attempted-retries`, `x-svc-attempted-fallbacks`, the
@@ -388,15 +389,20 @@ class Model {
     }
   }
 
+  /** README: a deployment that says `weight: 0` is drained (no call goes to it), unless all do. */
+  private inRotation(_req: RequestSpec, g: GroupSpec): DeploymentSpec[] {
+    const kept = g.deployments.filter((d) => d.weight !== 0);
+    return kept.length > 0 ? kept : g.deployments;
+  }
+
   /**
-   * README: a deployment weighing 0 while another of its group weighs more is drained (no call goes
-   * to it): under simple-shuffle, weighed by `weight` (the only field the scenarios set), one
-   * without it weighs 0; the other strategies drain only a `weight: 0`, which no scenario sets.
+   * README: simple-shuffle draws by `weight` (the only field the scenarios set), one without it
+   * weighing 0: such a one takes a call only when no weighted one is offered.
    */
-  private inRotation(req: RequestSpec, g: GroupSpec): DeploymentSpec[] {
+  private pickable(req: RequestSpec, list: readonly DeploymentSpec[]): readonly DeploymentSpec[] {
     const strategy = this.settings(req).map((s) => s.routing_strategy).find((v) => v !== undefined) ?? "simple-shuffle";
-    if (strategy !== "simple-shuffle" || g.deployments.every((d) => d.weight === undefined)) return g.deployments;
-    return g.deployments.filter((d) => d.weight !== undefined);
+    const weighted = list.filter((d) => (d.weight ?? 0) > 0);
+    return strategy === "simple-shuffle" && weighted.length > 0 ? weighted : list;
   }
 
   /** README: more than allowed_fails failures, or one upstream 429, cool a deployment down; never a group's only one (drained ones do not count). */
@@ -439,9 +445,9 @@ class Model {
       if (list.length === 0) return { failed: coolingDown(g) };
       for (;;) {
         const id = observed[next];
-        const allowed = list.map((d) => d.id).join(", ");
+        const allowed = this.pickable(req, list).map((d) => d.id).join(", ");
         if (id === undefined) throw new Mismatch(`attempt ${next}: the model expects another attempt in ${g.name} (at one of ${allowed}); the spend log has no more`);
-        const d = list.find((x) => x.id === id);
+        const d = this.pickable(req, list).find((x) => x.id === id);
         if (!d) throw new Mismatch(`attempt ${next} went to ${id}; the router could pick only ${allowed} (group ${g.name}, cooling down: ${[...this.cooling].join(", ") || "none"})`);
         next++;
         out.attempts.set(d.id, (out.attempts.get(d.id) ?? 0) + 1);
