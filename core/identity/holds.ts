@@ -24,7 +24,7 @@ import { and, eq, inArray, isNull, sql } from "drizzle-orm";
 import { badRequest, type Caller, forbidden, memberMay } from "../authz.ts";
 import { budgets, organizations, teamMembers, teams, users, virtualKeys } from "../store/schema.ts";
 import type { Exec } from "./members.ts";
-import type { KeyRow, UserRow } from "./records.ts";
+import type { KeyRow, TeamRow, UserRow } from "./records.ts";
 
 export const teamGone = (teamId: string) => badRequest(`Team ${teamId} does not exist.`, "team_id");
 export const orgGone = (orgId: string) => badRequest(`Organization ${orgId} does not exist.`, "organization_id");
@@ -72,18 +72,20 @@ export function teamsGone(missing: readonly string[], param: (teamId: string) =>
 /**
  * Teams `teamIds` (a user's memberships), each held until `tx` ends, in one order (a /team/delete
  * of several teams locks them in that order too, so the two cannot deadlock): the 400 naming
- * those that do not exist, or were deleted meanwhile (teamsGone, `param` as there).
+ * those that do not exist, or were deleted meanwhile (teamsGone, `param` as there). Returns them
+ * with their member defaults as they are now (a /team/update of them waits for this hold).
  */
-export async function holdTeams(tx: Exec, teamIds: readonly string[], param?: (teamId: string) => string): Promise<void> {
-  if (teamIds.length === 0) return;
+export async function holdTeams(tx: Exec, teamIds: readonly string[], param?: (teamId: string) => string): Promise<Pick<TeamRow, "teamId" | "memberSettings">[]> {
+  if (teamIds.length === 0) return [];
   const rows = await tx
-    .select({ id: teams.teamId })
+    .select({ teamId: teams.teamId, memberSettings: teams.memberSettings })
     .from(teams)
     .where(and(inArray(teams.teamId, [...teamIds]), isNull(teams.deletedAt)))
     .orderBy(teams.teamId)
     .for("key share");
-  const gone = teamIds.filter((id) => !rows.some((r) => r.id === id));
+  const gone = teamIds.filter((id) => !rows.some((r) => r.teamId === id));
   if (gone.length > 0) throw teamsGone(gone, param);
+  return rows;
 }
 
 /** Whether budget object `budgetId` exists, held until `tx` ends. */

@@ -114,6 +114,29 @@ export function memberBudgetIn(body: object): string | null | undefined {
   return fromApi(teamMembers, body as Record<string, unknown>, MEMBER_BUDGET).maxBudgetInTeam as string | null | undefined;
 }
 
+/**
+ * The membership row a team admits `userId` with: the `max_budget_in_team` the call gives, else the
+ * team's member defaults (`member_settings`: budget, rpm and tpm). Every route that admits a member
+ * builds it here: /user/new built its own without them, so creating a user with `teams` sidestepped
+ * the team's per-member caps.
+ */
+export function newMembership(
+  team: Pick<TeamRow, "teamId" | "memberSettings">,
+  userId: string,
+  role: "admin" | "user",
+  maxBudgetInTeam: string | null | undefined,
+): typeof teamMembers.$inferInsert {
+  const settings = team.memberSettings;
+  return {
+    teamId: team.teamId,
+    userId,
+    role,
+    maxBudgetInTeam: maxBudgetInTeam ?? (typeof settings.team_member_budget === "number" ? String(settings.team_member_budget) : null),
+    tpmLimit: typeof settings.team_member_tpm_limit === "number" ? settings.team_member_tpm_limit : null,
+    rpmLimit: typeof settings.team_member_rpm_limit === "number" ? settings.team_member_rpm_limit : null,
+  };
+}
+
 export async function membership(db: Exec, teamId: string, userId: string): Promise<TeamMemberRow | undefined> {
   const [row] = await db
     .select()

@@ -237,6 +237,26 @@ for (const backend of BACKENDS) {
         expect(roles).toEqual({ [t1]: "user", [t2]: "admin" });
       });
 
+      test("teams and team_id admit the user as /team/member_add does: the team's member budget and rate limits apply, and its keys are held to them", async () => {
+        const broke = await team({ team_member_budget: 0, team_member_tpm_limit: 5000 });
+        const slow = await team({ team_member_budget: 3, team_member_rpm_limit: 1 });
+        const id = uid("defaults");
+        const r = await post<NewUserReply>("/user/new", { user_id: id, teams: [{ team_id: slow, max_budget_in_team: 1.5 }], team_id: broke });
+        expect(r.status).toBe(200);
+        const membership = async (teamId: string) =>
+          (await get<{ team_memberships: { user_id: string; max_budget_in_team: number | null; rpm_limit: number | null; tpm_limit: number | null }[] }>(`/team/info?team_id=${teamId}`)).body.team_memberships.find(
+            (m) => m.user_id === id,
+          );
+        expect(await membership(broke)).toMatchObject({ max_budget_in_team: 0, rpm_limit: null, tpm_limit: 5000 });
+        // A max_budget_in_team given in the entry wins over the team's member budget, as on /team/member_add.
+        expect(await membership(slow)).toMatchObject({ max_budget_in_team: 1.5, rpm_limit: 1, tpm_limit: null });
+        // The key made with the user is in team `broke`: a member budget of 0 refuses its first call.
+        expect(await callStatus(r.body.key!)).toMatchObject({ status: 400, type: "budget_exceeded" });
+        const slowKey = await post<{ key: string }>("/key/generate", { user_id: id, team_id: slow });
+        expect((await callStatus(slowKey.body.key)).status).toBe(200);
+        expect((await callStatus(slowKey.body.key)).status).toBe(429);
+      });
+
       test("duplicate user_email (any case) and duplicate user_id are 400; nothing is created", async () => {
         const email = `${uid("dup")}@example.com`;
         const first = await post<NewUserReply>("/user/new", { user_email: email, auto_create_key: false });

@@ -27,6 +27,7 @@ import {
   memberBudgetIn,
   membershipApi,
   memberUserApi,
+  newMembership,
   teamApi,
   userApi,
 } from "../../identity/members.ts";
@@ -355,18 +356,9 @@ const admitting = (members: readonly MemberValue[]): WriteHolds => ({ userIds: m
 async function admit(db: Exec, team: TeamRow, m: MemberValue, maxBudgetInTeam: string | null | undefined, by: string): Promise<Admitted> {
   const { user, created } = await ensureUser(db, refOf(m), by);
   if (await membership(db, team.teamId, user.userId)) throw alreadyMember(team.teamId, user);
-  const settings = team.memberSettings;
-  const budget = maxBudgetInTeam ?? (typeof settings.team_member_budget === "number" ? String(settings.team_member_budget) : null);
   const [row] = await db
     .insert(teamMembers)
-    .values({
-      teamId: team.teamId,
-      userId: user.userId,
-      role: (m.role ?? "user") satisfies Role,
-      maxBudgetInTeam: budget,
-      tpmLimit: typeof settings.team_member_tpm_limit === "number" ? settings.team_member_tpm_limit : null,
-      rpmLimit: typeof settings.team_member_rpm_limit === "number" ? settings.team_member_rpm_limit : null,
-    })
+    .values(newMembership(team, user.userId, (m.role ?? "user") satisfies Role, maxBudgetInTeam))
     .returning();
   return { user, createdUser: created, membership: row! };
 }

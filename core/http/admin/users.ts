@@ -13,7 +13,7 @@ import { GatewayError } from "../../errors.ts";
 import { Amount, clearNulls, containing, IdList, LIMIT_COLUMNS, LimitFields, MoneyField, Nullable, refuseModelMaxBudget, resetAt } from "../../identity/fields.ts";
 import { withoutUnchangedDuration } from "../../identity/budget-period.ts";
 import { holdReferences, holdTeams, lockEmail, orgGone, teamsGone } from "../../identity/holds.ts";
-import { type Exec, findUserByEmail, memberBudgetIn, membersByTeam, membershipApi, teamApi, userApi } from "../../identity/members.ts";
+import { type Exec, findUserByEmail, memberBudgetIn, membersByTeam, membershipApi, newMembership, teamApi, userApi } from "../../identity/members.ts";
 import { refuseMasterUserId } from "../../identity/master-user.ts";
 import { choice, list, pageOf, paged } from "../../identity/paging.ts";
 import type { UserRow } from "../../identity/records.ts";
@@ -155,7 +155,7 @@ async function newUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
       // Its organization and teams held until the user is stored (holds.ts): a concurrent
       // /organization/delete or /team/delete either sees the user (detaches it, ends its
       // memberships) or comes first, and this is the 400 for an organization or team that does not exist.
-      await holdTeams(tx, memberships.map((m) => m.teamId), namedBy);
+      const held = await holdTeams(tx, memberships.map((m) => m.teamId), namedBy);
       await holdReferences(tx, { organizationId: body.organization_id });
       // Checked again under the address's lock: a concurrent request may have taken it since. Taken
       // after the teams, as /team/member_add takes a member's address after its team's row.
@@ -164,7 +164,8 @@ async function newUser(ctx: AdminCtx): Promise<Record<string, unknown>> {
         await requireUniqueEmail(tx, body.user_email, true);
       }
       const [created] = await tx.insert(users).values(row).returning();
-      const memberRows = memberships.length > 0 ? await tx.insert(teamMembers).values(memberships.map((m) => ({ ...m, userId }))).returning() : [];
+      const admitted = memberships.map((m) => newMembership(held.find((t) => t.teamId === m.teamId)!, userId, m.role, m.maxBudgetInTeam));
+      const memberRows = admitted.length > 0 ? await tx.insert(teamMembers).values(admitted).returning() : [];
       return { user: created!, memberRows };
     })
     .catch((err) => {
