@@ -64,6 +64,20 @@ export const LimitFields = {
 };
 
 /**
+ * A team's member defaults, top-level or in `member_settings`, with the wire types of the
+ * membership columns they fill. Checked only at the top level, a fractional rpm in
+ * `member_settings` was stored and made every later member add a 500 (an integer column), and
+ * negative budgets and limits (or strings) were applied to new members.
+ */
+export const MemberSettingFields = {
+  team_member_budget: T.Optional(Money),
+  team_member_budget_duration: T.Optional(Nullable(T.String())),
+  team_member_rpm_limit: T.Optional(Count),
+  team_member_tpm_limit: T.Optional(Count),
+  team_member_key_duration: T.Optional(Nullable(T.String())),
+};
+
+/**
  * `model_max_budget` on a user or team is a 400 (null, clearing it, is taken): the spec lists
  * per-model budgets for keys, organizations and budget objects only, and no call is checked
  * against a user's or team's, so the value was stored, shown back, and never refused a call.

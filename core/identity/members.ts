@@ -4,8 +4,10 @@
  * roles, and the API shapes of team and user rows.
  */
 import { randomUUID } from "node:crypto";
+import { Value } from "@sinclair/typebox/value";
 import { and, eq, inArray, sql } from "drizzle-orm";
 import { badRequest } from "../authz.ts";
+import { Amount, Quantity } from "./fields.ts";
 import { holdExistingUser, lockEmail } from "./holds.ts";
 import { refuseMasterUserId } from "./master-user.ts";
 import type { Db } from "../store/db.ts";
@@ -127,13 +129,17 @@ export function newMembership(
   maxBudgetInTeam: string | null | undefined,
 ): typeof teamMembers.$inferInsert {
   const settings = team.memberSettings;
+  // A default stored before member_settings was checked (a fraction, a negative, a string) is not
+  // applied: written to the membership's columns it failed every admission as a 500.
+  const given = (value: unknown, schema: typeof Amount | typeof Quantity) => (Value.Check(schema, value) ? (value as number) : null);
+  const budget = given(settings.team_member_budget, Amount);
   return {
     teamId: team.teamId,
     userId,
     role,
-    maxBudgetInTeam: maxBudgetInTeam ?? (typeof settings.team_member_budget === "number" ? String(settings.team_member_budget) : null),
-    tpmLimit: typeof settings.team_member_tpm_limit === "number" ? settings.team_member_tpm_limit : null,
-    rpmLimit: typeof settings.team_member_rpm_limit === "number" ? settings.team_member_rpm_limit : null,
+    maxBudgetInTeam: maxBudgetInTeam ?? (budget === null ? null : String(budget)),
+    tpmLimit: given(settings.team_member_tpm_limit, Quantity),
+    rpmLimit: given(settings.team_member_rpm_limit, Quantity),
   };
 }
 

@@ -9,7 +9,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { randomUUID } from "node:crypto";
 import OpenAI, { APIError } from "openai";
 import { and, eq } from "drizzle-orm";
-import { organizations, teamMembers, users } from "../../core/store/schema.ts";
+import { organizations, teamMembers, teams, users } from "../../core/store/schema.ts";
 import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "../harness/gateway.ts";
 import { sha256 } from "../harness/util.ts";
 
@@ -244,6 +244,44 @@ for (const backend of BACKENDS) {
         const after = (await info(t.team_id)).body.team_info as Team & Json;
         expect(after.team_member_budget_duration).toBeNull();
         expect(after.team_member_budget).toBe(0.5);
+      });
+
+      test("member defaults nested in member_settings are checked as the top-level fields are: a 422 naming the field, nothing stored, and members can still be added", async () => {
+        const id = uid("badsettings");
+        const bad: [Json, string, string][] = [
+          [{ team_member_rpm_limit: 1.5 }, "member_settings.team_member_rpm_limit", "Expected integer"],
+          [{ team_member_tpm_limit: -3 }, "member_settings.team_member_tpm_limit", "greater or equal to 0"],
+          [{ team_member_budget: -5 }, "member_settings.team_member_budget", "greater or equal to 0"],
+          [{ team_member_rpm_limit: "abc" }, "member_settings.team_member_rpm_limit", ""],
+          [{ team_member_budget: "5" }, "member_settings.team_member_budget", ""],
+          [{ team_member_key_duration: 3600 }, "member_settings.team_member_key_duration", ""],
+        ];
+        for (const [settings, field, text] of bad) {
+          const made = await post<ErrorBody>("/team/new", { team_id: id, member_settings: settings });
+          expect([made.status, made.body.error?.param]).toEqual([422, field]);
+          expect(made.body.error.message).toContain(text);
+        }
+        expect((await info(id)).status).toBe(404);
+        const top = await post<ErrorBody>("/team/new", { team_id: id, team_member_tpm_limit: 2.5 });
+        expect([top.status, top.body.error?.param]).toEqual([422, "team_member_tpm_limit"]);
+        const t = await newTeam({ member_settings: { team_member_rpm_limit: 2, team_member_budget: 4 } });
+        for (const [settings, field] of bad) {
+          const updated = await post<ErrorBody>("/team/update", { team_id: t.team_id, member_settings: settings });
+          expect([updated.status, updated.body.error?.param]).toEqual([422, field]);
+        }
+        expect((await info(t.team_id)).body.team_info).toMatchObject({ team_member_rpm_limit: 2, team_member_budget: 4, team_member_tpm_limit: null });
+        // Every way of adding a member still works, with the defaults as stored.
+        const one = await post<MemberAddReply>("/team/member_add", { team_id: t.team_id, member: { role: "user", user_id: uid("m") } });
+        expect(one.status).toBe(200);
+        expect(one.body.updated_team_memberships).toMatchObject([{ rpm_limit: 2, max_budget_in_team: 4, tpm_limit: null }]);
+        expect((await post("/team/member_add", { team_id: t.team_id, member_email: `${uid("m")}@example.com`, role: "user" })).status).toBe(200);
+        expect((await post<{ successful_additions: number }>("/team/bulk_member_add", { team_id: t.team_id, members: [{ role: "user", user_id: uid("m") }] })).body.successful_additions).toBe(1);
+        // A default stored before these checks is not applied, rather than failing every admission.
+        await gw.host!.store.db.update(teams).set({ memberSettings: { team_member_rpm_limit: 1.5, team_member_budget: -5 } }).where(eq(teams.teamId, t.team_id));
+        await gw.host!.services.bus!.publish({ kind: "team", teamId: t.team_id });
+        const old = await post<MemberAddReply>("/team/member_add", { team_id: t.team_id, member: { role: "user", user_id: uid("m") } });
+        expect(old.status).toBe(200);
+        expect(old.body.updated_team_memberships).toMatchObject([{ rpm_limit: null, max_budget_in_team: null }]);
       });
 
       test("model_max_budget (which no call is checked against on a team) is a 400 naming it, by /team/new and /team/update, nothing stored; null is taken", async () => {

@@ -15,7 +15,7 @@ import { badRequest, type Caller, DEFAULT_TEAM_MEMBER_PERMISSIONS, forbidden, mi
 import { GatewayError } from "../../errors.ts";
 import { RouterSettingsSchema } from "../../config/schema.ts";
 import { DURATION_HINT, parseDuration } from "../../identity/duration.ts";
-import { Amount, clearNulls, CountField, containing, IdList, LIMIT_COLUMNS, LimitFields, MoneyField, Nullable, refuseModelMaxBudget, resetAt } from "../../identity/fields.ts";
+import { Amount, clearNulls, CountField, containing, IdList, LIMIT_COLUMNS, LimitFields, MemberSettingFields, MoneyField, Nullable, refuseModelMaxBudget, resetAt } from "../../identity/fields.ts";
 import {
   ensureUser,
   type Exec,
@@ -75,12 +75,8 @@ const TeamFields = {
   // Checked as the config's are: a bad value was stored, then ignored at every call.
   router_settings: T.Optional(Nullable(RouterSettingsSchema)),
   allowed_vector_store_indexes: T.Optional(Nullable(T.Array(T.Unknown()))),
-  member_settings: T.Optional(Nullable(T.Record(T.String(), T.Unknown()))),
-  team_member_budget: T.Optional(MoneyField),
-  team_member_budget_duration: T.Optional(Nullable(T.String())),
-  team_member_rpm_limit: T.Optional(CountField),
-  team_member_tpm_limit: T.Optional(CountField),
-  team_member_key_duration: T.Optional(Nullable(T.String())),
+  member_settings: T.Optional(Nullable(T.Object(MemberSettingFields, { additionalProperties: true }))),
+  ...MemberSettingFields,
 };
 
 const NewTeamBody = T.Object({
