@@ -222,13 +222,12 @@ for (const backend of BACKENDS) {
           { role: "org_admin", user_id: `existing-${backend}` },
           { role: "internal_user_viewer", user_email: `new-${backend}@example.com` },
         ],
-        max_budget_in_organization: 20,
       });
       expect(add.status).toBe(200);
       expect(add.body.organization_id).toBe(id);
       const memberships = add.body.updated_organization_memberships as Record<string, unknown>[];
       expect(memberships).toHaveLength(2);
-      expect(memberships[0]).toMatchObject({ user_id: `existing-${backend}`, user_role: "org_admin", max_budget_in_organization: 20 });
+      expect(memberships[0]).toMatchObject({ user_id: `existing-${backend}`, user_role: "org_admin", max_budget_in_organization: null });
       const created = (add.body.updated_users as Record<string, unknown>[]).find((u) => u.user_email === `new-${backend}@example.com`);
       expect(created).toMatchObject({ user_role: "internal_user_viewer", organization_id: id });
       const [userRow] = await db().select().from(users).where(eq(users.userEmail, `new-${backend}@example.com`));
@@ -245,9 +244,9 @@ for (const backend of BACKENDS) {
       expect((await call("POST", "/organization/member_add", { organization_id: id, member: { role: "internal_user" } })).status).toBe(400);
       expect((await call("POST", "/organization/member_add", { organization_id: "org-nope", member: { role: "internal_user", user_id: "x" } })).status).toBe(404);
 
-      const upd = await call("PATCH", "/organization/member_update", { organization_id: id, user_email: `new-${backend}@example.com`, role: "internal_user", max_budget_in_organization: 5 });
+      const upd = await call("PATCH", "/organization/member_update", { organization_id: id, user_email: `new-${backend}@example.com`, role: "internal_user" });
       expect(upd.status).toBe(200);
-      expect(upd.body).toMatchObject({ user_role: "internal_user", max_budget_in_organization: 5 });
+      expect(upd.body).toMatchObject({ user_role: "internal_user", max_budget_in_organization: null });
       expect(gw.host!.services.identity!.orgMembers.get(id)?.get(created?.user_id as string)).toBe("internal_user");
       expect((await call("PATCH", "/organization/member_update", { organization_id: id, user_id: "not-a-user", role: "internal_user" })).status).toBe(404);
 
@@ -276,17 +275,27 @@ for (const backend of BACKENDS) {
       expect(byId.body.updated_organization_memberships).toMatchObject([{ user_id: owner, user_role: "internal_user" }]);
     });
 
-    test("max_budget_in_organization with more than 12 decimals is a 400 naming it, as max_budget is; nothing written", async () => {
-      const id = (await call("POST", "/organization/new", { organization_alias: "fine-budgets" })).body.organization_id as string;
-      const add = await call("POST", "/organization/member_add", { organization_id: id, member: { role: "internal_user", user_id: `fine-${backend}` }, max_budget_in_organization: 0.0000000000004 });
-      expect([add.status, add.body.error?.param]).toEqual([400, "max_budget_in_organization"]);
-      expect(add.body.error?.message).toContain("more than 12 decimals");
+    test("max_budget_in_organization (which no call is counted against) is a 400 naming it, by member_add and member_update, nothing written; null is taken", async () => {
+      const id = (await call("POST", "/organization/new", { organization_alias: "member-budgets" })).body.organization_id as string;
+      const member = `budgeted-${backend}`;
+      for (const value of [0, 20, 0.0000000000004, "lots"]) {
+        const add = await call("POST", "/organization/member_add", { organization_id: id, member: { role: "internal_user", user_id: member }, max_budget_in_organization: value });
+        expect([add.status, add.body.error?.param]).toEqual([400, "max_budget_in_organization"]);
+        expect(add.body.error?.message).toContain("max_budget_in_organization is not enforced");
+      }
       expect(await db().select().from(orgMembers).where(eq(orgMembers.organizationId, id))).toEqual([]);
-      expect((await call("POST", "/organization/member_add", { organization_id: id, member: { role: "internal_user", user_id: `fine-${backend}` }, max_budget_in_organization: 1.5 })).status).toBe(200);
-      const upd = await call("PATCH", "/organization/member_update", { organization_id: id, user_id: `fine-${backend}`, max_budget_in_organization: 2.1234567890123 });
+      expect(await db().select().from(users).where(eq(users.userId, member))).toEqual([]);
+      const added = await call("POST", "/organization/member_add", { organization_id: id, member: { role: "internal_user", user_id: member }, max_budget_in_organization: null });
+      expect(added.status).toBe(200);
+      const upd = await call("PATCH", "/organization/member_update", { organization_id: id, user_id: member, role: "org_admin", max_budget_in_organization: 5 });
       expect([upd.status, upd.body.error?.param]).toEqual([400, "max_budget_in_organization"]);
       const [row] = await db().select().from(orgMembers).where(eq(orgMembers.organizationId, id));
-      expect(Number(row?.maxBudgetInOrganization)).toBe(1.5);
+      expect(row).toMatchObject({ userRole: "internal_user", maxBudgetInOrganization: null });
+      // A value stored before the refusal is cleared by a null.
+      await db().update(orgMembers).set({ maxBudgetInOrganization: "3" }).where(eq(orgMembers.organizationId, id));
+      const cleared = await call("PATCH", "/organization/member_update", { organization_id: id, user_id: member, max_budget_in_organization: null });
+      expect(cleared.status).toBe(200);
+      expect(cleared.body).toMatchObject({ max_budget_in_organization: null });
     });
 
     test("member_delete detaches the user from the org its organization_id names (another org it names stays)", async () => {

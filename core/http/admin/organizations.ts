@@ -66,7 +66,8 @@ const OrgRole = T.Union([T.Literal("org_admin"), T.Literal("internal_user"), T.L
 const Member = T.Object({ role: OrgRole, user_id: T.Optional(T.String({ minLength: 1 })), user_email: T.Optional(T.String({ minLength: 1 })) }, { additionalProperties: true });
 type MemberInput = Static<typeof Member>;
 const MemberAddBody = T.Object(
-  { organization_id: T.String({ minLength: 1 }), member: T.Union([Member, IdList(Member, 1)]), max_budget_in_organization: T.Optional(Money) },
+  // Any value but null is refused, whatever its shape (refuseOrgMemberBudget).
+  { organization_id: T.String({ minLength: 1 }), member: T.Union([Member, IdList(Member, 1)]), max_budget_in_organization: T.Optional(T.Unknown()) },
   { additionalProperties: true },
 );
 const MemberRef = {
@@ -74,7 +75,7 @@ const MemberRef = {
   user_id: T.Optional(T.String({ minLength: 1 })),
   user_email: T.Optional(T.String({ minLength: 1 })),
 };
-const MemberUpdateBody = T.Object({ ...MemberRef, role: T.Optional(OrgRole), max_budget_in_organization: T.Optional(Money) }, { additionalProperties: true });
+const MemberUpdateBody = T.Object({ ...MemberRef, role: T.Optional(OrgRole), max_budget_in_organization: T.Optional(T.Unknown()) }, { additionalProperties: true });
 const MemberDeleteBody = T.Object(MemberRef, { additionalProperties: true });
 
 /** Org columns the API may write (spend, reset times and audit columns are the gateway's). */
@@ -369,6 +370,7 @@ async function resolveMemberUser(ctx: AdminCtx, m: { user_id?: string; user_emai
 async function addMembers(ctx: AdminCtx) {
   ctx.caller.requireAdmin();
   const body = await ctx.body(MemberAddBody);
+  refuseOrgMemberBudget(body);
   const orgId = body.organization_id;
   await loadOrg(ctx, orgId);
   const list: MemberInput[] = Array.isArray(body.member) ? body.member : [body.member];
@@ -385,7 +387,6 @@ async function addMembers(ctx: AdminCtx) {
     .where(and(eq(orgMembers.organizationId, orgId), inArray(orgMembers.userId, resolved.map((r) => r.userId))));
   if (already.length > 0) throw badRequest(`Already a member of organization '${orgId}': ${already.map((a) => a.userId).join(", ")}; use /organization/member_update.`, "member");
   const who = ctx.caller.changedBy;
-  const budget = orgMemberBudgetIn(body) ?? null;
   const { newUsers, memberships } = await ctx.db
     .transaction(async (tx) => {
       const newUsers: UserRow[] = [];
@@ -429,7 +430,7 @@ async function addMembers(ctx: AdminCtx) {
         }
         const [row] = await tx
           .insert(orgMembers)
-          .values({ organizationId: orgId, userId: r.userId, userRole: r.role, maxBudgetInOrganization: budget })
+          .values({ organizationId: orgId, userId: r.userId, userRole: r.role })
           .returning();
         memberships.push(row!);
       }
@@ -453,11 +454,18 @@ async function addMembers(ctx: AdminCtx) {
   };
 }
 
-const MEMBER_BUDGET = new Set(["max_budget_in_organization"]);
-
-/** A body's `max_budget_in_organization` as it wrote it (null: cleared), checked as every amount is: a 400 past the column's decimals. */
-function orgMemberBudgetIn(body: object): string | null | undefined {
-  return fromApi(orgMembers, body as Record<string, unknown>, MEMBER_BUDGET).maxBudgetInOrganization as string | null | undefined;
+/**
+ * `max_budget_in_organization` is a 400 (null, clearing it, is taken): no call is counted against a
+ * member's budget in an organization (the spend writer keeps no spend per org membership, and no
+ * budget check reads it), so the value was stored, shown back, and never refused a call: a member
+ * with a budget of 0 kept calling.
+ */
+function refuseOrgMemberBudget(body: { max_budget_in_organization?: unknown }): void {
+  if (body.max_budget_in_organization == null) return;
+  throw badRequest(
+    "max_budget_in_organization is not enforced: no call is counted against a member's budget in an organization. Set max_budget on the member's keys or user, or on the organization (or its teams).",
+    "max_budget_in_organization",
+  );
 }
 
 async function membership(ctx: AdminCtx, orgId: string, userId: string): Promise<OrgMemberRow> {
@@ -472,14 +480,15 @@ async function membership(ctx: AdminCtx, orgId: string, userId: string): Promise
 async function updateMember(ctx: AdminCtx) {
   ctx.caller.requireAdmin();
   const body = await ctx.body(MemberUpdateBody);
+  refuseOrgMemberBudget(body);
   const orgId = body.organization_id;
   await loadOrg(ctx, orgId);
   const { userId } = await resolveMemberUser(ctx, body, false);
   const before = await membership(ctx, orgId, userId);
   const patch: Partial<OrgMemberRow> = { updatedAt: new Date() };
   if (body.role !== undefined) patch.userRole = body.role;
-  const budget = orgMemberBudgetIn(body);
-  if (budget !== undefined) patch.maxBudgetInOrganization = budget;
+  // Only null gets here: it clears a value stored before the field was refused.
+  if (body.max_budget_in_organization === null) patch.maxBudgetInOrganization = null;
   const [after] = await ctx.db
     .update(orgMembers)
     .set(patch)
