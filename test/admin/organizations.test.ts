@@ -169,6 +169,24 @@ for (const backend of BACKENDS) {
       expect(ok.body.models).toEqual(["fixed-mock"]);
     });
 
+    test("an org's model_aliases alone must keep covering its teams' models too: a 400 naming the team, and its calls keep working", async () => {
+      const org = await call("POST", "/organization/new", { organization_alias: "aliased", models: ["fixed-mock"], model_aliases: { cheap: "fixed-mock" } });
+      const id = org.body.organization_id as string;
+      const teamId = `team-aliased-${backend}`;
+      await makeTeam(teamId, id, ["cheap"]);
+      const key = await makeKey({ teamId });
+      expect((await chat(key, "cheap")).choices[0]?.message.content).toBe("Fixed.");
+      const res = await call("PATCH", "/organization/update", { organization_id: id, model_aliases: { cheap: "chat-mock" } });
+      expect([res.status, res.body.error?.param]).toEqual([400, "model_aliases"]);
+      expect(res.body.error?.message).toContain(teamId);
+      expect(res.body.error?.message).toContain("cheap");
+      expect((await call("GET", `/organization/info?organization_id=${id}`)).body.model_aliases).toEqual({ cheap: "fixed-mock" });
+      expect((await chat(key, "cheap")).choices[0]?.message.content).toBe("Fixed.");
+      // Aliases that leave the team's models covered are taken.
+      const ok = await call("PATCH", "/organization/update", { organization_id: id, model_aliases: { cheap: "fixed-mock", other: "chat-mock" } });
+      expect(ok.status).toBe(200);
+    });
+
     test("/organization/info (GET and deprecated POST) returns the org with budget, members and teams", async () => {
       const org = await call("POST", "/organization/new", { organization_alias: "info-org", max_budget: 3 });
       const id = org.body.organization_id as string;

@@ -352,6 +352,22 @@ for (const backend of BACKENDS) {
         expect((await post<ErrorBody>("/team/update", { team_alias: "x" })).status).toBe(422);
       });
 
+      test("model_aliases alone are checked against the team's organization, as on /team/new: a 400, and the team's keys keep their model", async () => {
+        const o = await org({ models: ["chat-a"] });
+        const refusedNew = await post<ErrorBody>("/team/new", { organization_id: o, models: ["chat-a"], model_aliases: { "chat-a": "chat-b" } });
+        expect(refusedNew.status).toBe(400);
+        const t = await newTeam({ organization_id: o, models: ["chat-a"] });
+        const key = await keyFor(await newUser(), t.team_id);
+        const r = await post<ErrorBody>("/team/update", { team_id: t.team_id, model_aliases: { "chat-a": "chat-b" } });
+        expect([r.status, r.body.error?.param]).toEqual([400, "model_aliases"]);
+        expect(r.body.error.message).toContain(`organization ${o}`);
+        expect((await info(t.team_id)).body.team_info.model_aliases).toEqual({});
+        expect((await modelCall(key, "chat-a")).status).toBe(200);
+        // Aliases to what the org allows are taken.
+        expect((await post("/team/update", { team_id: t.team_id, model_aliases: { fast: "chat-a" } })).status).toBe(200);
+        expect((await post("/team/update", { team_id: t.team_id, models: ["chat-a"] })).status).toBe(200);
+      });
+
       test("a team's new model list applies to its keys on the next request", async () => {
         const t = await newTeam({ models: ["chat-a"] });
         const key = await keyFor(await newUser(), t.team_id);

@@ -211,10 +211,12 @@ async function updateOrg(ctx: AdminCtx) {
   const reset = budgetReset(body);
   if (body.budget_id) await requireBudget(ctx, body.budget_id);
   const patch = withEmptyDefaults(fromApi(organizations, body, ORG_COLUMNS));
-  if (Array.isArray(patch.models)) {
-    const modelAliases = ("modelAliases" in patch ? patch.modelAliases : before.modelAliases) as OrgRow["modelAliases"];
-    const bad = teamsOutside(ctx, orgId, { models: patch.models as string[], modelAliases });
-    if (bad.length > 0) throw badRequest(`The organization's models would no longer cover its teams' models: ${bad.join("; ")}. Update those teams first.`, "models");
+  // Its aliases as well as its models decide what its teams' names call (org-rules.ts).
+  if (Array.isArray(patch.models) || "modelAliases" in patch) {
+    const after = { models: (Array.isArray(patch.models) ? patch.models : before.models) as string[], modelAliases: ("modelAliases" in patch ? patch.modelAliases : before.modelAliases) as OrgRow["modelAliases"] };
+    const bad = teamsOutside(ctx, orgId, after);
+    const param = Array.isArray(patch.models) ? "models" : "model_aliases";
+    if (bad.length > 0) throw badRequest(`The organization's ${param} would no longer cover its teams' models: ${bad.join("; ")}. Update those teams first.`, param);
   }
   // Its models and its aliases decide which groups its guaranteed keys reserve on.
   if (Array.isArray(patch.models) || "modelAliases" in patch) {

@@ -232,14 +232,14 @@ type OrgBound = Pick<TeamRow, "organizationId" | "models" | "accessGroupIds" | "
  * the org may use (org-rules.ts, the call path's judgement: access groups and aliases included),
  * budget and rates at most the org's.
  */
-async function checkOrgLimits(ctx: AdminCtx, team: OrgBound): Promise<void> {
+async function checkOrgLimits(ctx: AdminCtx, team: OrgBound, modelsParam: "models" | "model_aliases" = "models"): Promise<void> {
   // "" is an id like any other (none exists), as on keys: taken for "no org", it was stored as one.
   if (team.organizationId === null) return;
   const [org] = await ctx.db.select().from(organizations).where(eq(organizations.organizationId, team.organizationId));
   if (!org) throw orgGone(team.organizationId);
   const outside = teamOutsideOrg(org, team, ctx.snapshot.accessGroups, ctx.snapshot.groupAliases);
   if (outside.models.length > 0) {
-    throw badRequest(`Team models ${JSON.stringify(outside.models)} are not within organization ${org.organizationId}'s models ${JSON.stringify(org.models)}.`, "models");
+    throw badRequest(`Team models ${JSON.stringify(outside.models)} are not within organization ${org.organizationId}'s models ${JSON.stringify(org.models)}.`, modelsParam);
   }
   if (outside.accessGroupIds.length > 0) {
     throw badRequest(
@@ -478,7 +478,9 @@ async function updateTeam(ctx: AdminCtx): Promise<Record<string, unknown>> {
   if (periodFromBudget(raw, merged.budgetDuration)) {
     props.budgetResetAt = merged.budgetResetAt = followedReset(merged.budgetId ? ctx.identity.budgets.get(merged.budgetId) : undefined);
   }
-  if (["organization_id", "models", "access_group_ids", "max_budget", "tpm_limit", "rpm_limit"].some((f) => f in raw)) {
+  // model_aliases too: what a team's names call is judged through its aliases (org-rules.ts), so
+  // aliases alone could take a team outside its organization, which /team/new refuses.
+  if (["organization_id", "models", "access_group_ids", "model_aliases", "max_budget", "tpm_limit", "rpm_limit"].some((f) => f in raw)) {
     await checkOrgLimits(ctx, {
       organizationId: merged.organizationId ?? null,
       models: merged.models ?? [],
@@ -487,7 +489,7 @@ async function updateTeam(ctx: AdminCtx): Promise<Record<string, unknown>> {
       maxBudget: merged.maxBudget ?? null,
       tpmLimit: merged.tpmLimit ?? null,
       rpmLimit: merged.rpmLimit ?? null,
-    });
+    }, "model_aliases" in raw && !("models" in raw) ? "model_aliases" : "models");
   }
   const reserving = RESERVING_FIELDS.find((f) => f in raw);
   if (reserving) checkReservations(ctx, merged as TeamRow, reserving);
