@@ -275,6 +275,31 @@ for (const backend of BACKENDS) {
       expect((await call("DELETE", "/organization/member_delete", { organization_id: id, user_id: `existing-${backend}` })).status).toBe(404);
     });
 
+    test("member_add audits the users it creates, as /team/member_add does (by id and by e-mail), and only those", async () => {
+      const id = (await call("POST", "/organization/new", { organization_alias: "audited-users" })).body.organization_id as string;
+      const existing = `audit-existing-${backend}`;
+      await makeUser(existing);
+      const email = `audit-new-${backend}@example.com`;
+      const add = await call("POST", "/organization/member_add", {
+        organization_id: id,
+        member: [
+          { role: "internal_user", user_id: `audit-new-${backend}` },
+          { role: "internal_user_viewer", user_email: email },
+          { role: "org_admin", user_id: existing },
+        ],
+      });
+      expect(add.status).toBe(200);
+      const byEmail = (add.body.updated_users as Record<string, unknown>[]).find((u) => u.user_email === email)!.user_id as string;
+      const created = async (userId: string) => {
+        const r = await call("GET", `/audit/logs?table_name=users&object_id=${encodeURIComponent(userId)}`);
+        return (r.body.audit_logs as { action: string; changed_by: string; updated_values: Record<string, unknown> }[]).filter((a) => a.action === "created");
+      };
+      const [byId] = await created(`audit-new-${backend}`);
+      expect(byId?.updated_values).toMatchObject({ user_id: `audit-new-${backend}`, user_role: "internal_user", organization_id: id, teams: [] });
+      expect((await created(byEmail))[0]?.updated_values).toMatchObject({ user_email: email, user_role: "internal_user_viewer", organization_id: id });
+      expect(await created(existing)).toEqual([]);
+    });
+
     test("member_add with a new user_id and another user's address is a 400, as on a team: the address's owner gets no role", async () => {
       const org = await call("POST", "/organization/new", { organization_alias: "address-owner" });
       const id = org.body.organization_id as string;

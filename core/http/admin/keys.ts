@@ -40,6 +40,7 @@ import { counterId } from "../../spend/ledger.ts";
 import { isUniqueViolation, storeErrorCause } from "../../store/sql.ts";
 import { groupLabels } from "./access-groups.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
+import { auditCreatedUser } from "./user-audit.ts";
 import { followedReset, periodFromBudget, withoutUnchangedDuration } from "../../identity/budget-period.ts";
 import { IdList, LIMIT_COLUMNS, resetAt } from "../../identity/fields.ts";
 import { guaranteedOverflow, isGuaranteed, type PlannedKey } from "../../limits/capacity.ts";
@@ -452,7 +453,7 @@ async function refuseElevatedUser(tx: Exec, userId: string, what = "give a key t
 
 /** After a key write naming `userId`: the user created (audited), and the user change to publish when the cache lacks it. */
 async function userWritten(ctx: AdminCtx, userId: unknown, created: UserRow | undefined): Promise<IdentityChange[]> {
-  if (created) await ctx.audit({ action: "created", table: "users", objectId: created.userId, after: toApi(created) });
+  if (created) await auditCreatedUser(ctx, created);
   return typeof userId === "string" && (created || !ctx.identity.users.has(userId)) ? [{ kind: "user", userId }] : [];
 }
 

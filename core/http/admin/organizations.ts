@@ -25,6 +25,7 @@ import { budgets, orgMembers, organizations, teams, users, virtualKeys } from ".
 import { isUniqueViolation } from "../../store/sql.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { refuseOverbooking } from "./reservations.ts";
+import { auditCreatedUser } from "./user-audit.ts";
 import { budgetUsers } from "./budgets.ts";
 import { followedReset, periodFromBudget, withoutUnchangedDuration } from "../../identity/budget-period.ts";
 
@@ -447,6 +448,7 @@ async function addMembers(ctx: AdminCtx) {
     });
   for (const u of newUsers) await ctx.changed({ kind: "user", userId: u.userId });
   await ctx.changed({ kind: "org_members", orgId });
+  for (const u of newUsers) await auditCreatedUser(ctx, u);
   for (const m of memberships) await ctx.audit({ action: "created", table: "org_members", objectId: `${orgId}:${m.userId}`, after: m });
   const updatedUsers = [...newUsers, ...resolved.flatMap((r) => (r.user ? [r.user] : []))];
   return {

@@ -43,6 +43,7 @@ import { counterId } from "../../spend/ledger.ts";
 import { groupLabels } from "./access-groups.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
 import { refuseOverbooking } from "./reservations.ts";
+import { auditCreatedUser } from "./user-audit.ts";
 import { followedReset, periodFromBudget, withoutUnchangedDuration } from "../../identity/budget-period.ts";
 
 const TeamRole = T.Union([T.Literal("admin"), T.Literal("user")]);
@@ -373,7 +374,7 @@ function concurrentMember(err: unknown): never {
 
 async function auditAdmitted(ctx: AdminCtx, admitted: readonly Admitted[]): Promise<void> {
   for (const a of admitted) {
-    if (a.createdUser) await ctx.audit({ action: "created", table: "users", objectId: a.user.userId, after: userApi(a.user, [a.membership.teamId]) });
+    if (a.createdUser) await auditCreatedUser(ctx, a.user, [a.membership.teamId]);
     await ctx.audit({ action: "created", table: "team_members", objectId: `${a.membership.teamId}:${a.user.userId}`, after: membershipApi(a.membership) });
   }
 }
