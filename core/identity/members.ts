@@ -151,6 +151,19 @@ export async function membership(db: Exec, teamId: string, userId: string): Prom
   return row;
 }
 
+/** The teams each user belongs to, in the order it joined them. */
+export async function teamIdsOf(db: Exec, userIds: readonly string[]): Promise<Map<string, string[]>> {
+  const out = new Map<string, string[]>(userIds.map((id) => [id, []]));
+  if (userIds.length === 0) return out;
+  const rows = await db
+    .select({ userId: teamMembers.userId, teamId: teamMembers.teamId })
+    .from(teamMembers)
+    .where(inArray(teamMembers.userId, [...userIds]))
+    .orderBy(teamMembers.createdAt, teamMembers.teamId);
+  for (const r of rows) out.get(r.userId)?.push(r.teamId);
+  return out;
+}
+
 /** Member defaults a team keeps in `member_settings`, also shown at the top level as LiteLLM does. */
 export const MEMBER_SETTING_FIELDS = [
   "team_member_budget",

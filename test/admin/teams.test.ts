@@ -679,6 +679,25 @@ for (const backend of BACKENDS) {
         expect(all.body.updated_team.members_with_roles).toHaveLength(users.body.total);
         expect((await post("/team/bulk_member_add", { team_id: t.team_id })).status).toBe(400);
       });
+
+      test("/team/bulk_member_add shows each added user as it now is, with its teams (this one included)", async () => {
+        const first = await newTeam({});
+        const u = await newUser();
+        expect((await post("/team/member_add", { team_id: first.team_id, member: { role: "user", user_id: u } })).status).toBe(200);
+        const t = await newTeam({});
+        const fresh = uid("fresh");
+        const r = await post<{ results: { user_id: string; success: boolean; updated_user: { user_id: string; teams: string[] } | null }[] }>("/team/bulk_member_add", {
+          team_id: t.team_id,
+          members: [{ role: "user", user_id: u }, { role: "user", user_id: fresh }, { role: "user", user_id: u }],
+        });
+        expect(r.status).toBe(200);
+        expect(r.body.results.map((x) => x.success)).toEqual([true, true, false]);
+        expect(r.body.results[0]!.updated_user!.teams.sort()).toEqual([first.team_id, t.team_id].sort());
+        expect(r.body.results[1]!.updated_user).toMatchObject({ user_id: fresh, teams: [t.team_id] });
+        expect(r.body.results[2]!.updated_user).toBeNull();
+        const shown = await get<{ user_info: { teams: string[] } }>(`/user/info?user_id=${u}`);
+        expect(r.body.results[0]!.updated_user!.teams.sort()).toEqual(shown.body.user_info.teams.sort());
+      });
     });
 
     describe("permissions and models", () => {

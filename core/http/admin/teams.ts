@@ -29,6 +29,7 @@ import {
   memberUserApi,
   newMembership,
   teamApi,
+  teamIdsOf,
   userApi,
 } from "../../identity/members.ts";
 import { budgetGone, holdReferences, holdWrite, orgGone, type WriteHolds } from "../../identity/holds.ts";
@@ -695,8 +696,8 @@ async function memberAdd(ctx: AdminCtx): Promise<Record<string, unknown>> {
 /** The users `/team/member_add` admitted: whole to a proxy admin; to a team admin, as its team sees them (an existing user's other teams, role and spend are not its to see). */
 async function updatedUsers(ctx: AdminCtx, teamId: string, admitted: readonly Admitted[]): Promise<Record<string, unknown>[]> {
   if (!ctx.caller.isAdmin) return admitted.map((a) => memberUserApi(a.user, teamId));
-  const teamIds = await ctx.db.select({ userId: teamMembers.userId, teamId: teamMembers.teamId }).from(teamMembers).where(inArray(teamMembers.userId, admitted.map((a) => a.user.userId)));
-  return admitted.map((a) => userApi(a.user, teamIds.filter((r) => r.userId === a.user.userId).map((r) => r.teamId)));
+  const teamIds = await teamIdsOf(ctx.db, admitted.map((a) => a.user.userId));
+  return admitted.map((a) => userApi(a.user, teamIds.get(a.user.userId) ?? []));
 }
 
 async function memberDelete(ctx: AdminCtx): Promise<Record<string, unknown>> {
@@ -774,21 +775,28 @@ async function bulkMemberAdd(ctx: AdminCtx): Promise<Record<string, unknown>> {
   }
   if (members.length === 0) throw badRequest("Send members (a list of {role, user_id | user_email}) or all_users: true.", "members");
   const budget = memberBudgetIn(body);
-  const results: Record<string, unknown>[] = [];
+  const outcomes: (Admitted | { member: MemberValue; error: string })[] = [];
   const admitted: Admitted[] = [];
   // Each member on its own: one that cannot be added does not stop the others.
   for (const m of members) {
     try {
       const a = await lockedTeam(ctx, team.teamId, (tx, current) => admit(tx, current, m, budget, ctx.caller.changedBy), admitting([m])).catch(concurrentMember);
       admitted.push(a);
-      results.push({ user_id: a.user.userId, user_email: a.user.userEmail, success: true, error: null, updated_user: userApi(a.user, []), updated_team_membership: membershipApi(a.membership) });
+      outcomes.push(a);
     } catch (err) {
       if (!(err instanceof GatewayError)) throw err;
-      results.push({ user_id: m.user_id ?? null, user_email: m.user_email ?? null, success: false, error: err.message, updated_user: null, updated_team_membership: null });
+      outcomes.push({ member: m, error: err.message });
     }
   }
   if (admitted.length > 0) await ctx.changed(...changesFor(team.teamId, admitted));
   await auditAdmitted(ctx, admitted);
+  // The users as they now are, with their teams, as /team/member_add shows them (an empty list said the user was in no team, not even this one).
+  const shown = await updatedUsers(ctx, team.teamId, admitted);
+  const results = outcomes.map((o) =>
+    "membership" in o
+      ? { user_id: o.user.userId, user_email: o.user.userEmail, success: true, error: null, updated_user: shown[admitted.indexOf(o)], updated_team_membership: membershipApi(o.membership) }
+      : { user_id: o.member.user_id ?? null, user_email: o.member.user_email ?? null, success: false, error: o.error, updated_user: null, updated_team_membership: null },
+  );
   return {
     team_id: team.teamId,
     results,

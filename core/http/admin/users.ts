@@ -13,7 +13,7 @@ import { GatewayError } from "../../errors.ts";
 import { Amount, clearNulls, containing, IdList, LIMIT_COLUMNS, LimitFields, MoneyField, Nullable, refuseModelMaxBudget, resetAt } from "../../identity/fields.ts";
 import { withoutUnchangedDuration } from "../../identity/budget-period.ts";
 import { holdReferences, holdTeams, lockEmail, orgGone, teamsGone } from "../../identity/holds.ts";
-import { type Exec, findUserByEmail, memberBudgetIn, membersByTeam, membershipApi, newMembership, teamApi, userApi } from "../../identity/members.ts";
+import { type Exec, findUserByEmail, memberBudgetIn, membersByTeam, membershipApi, newMembership, teamApi, teamIdsOf, userApi } from "../../identity/members.ts";
 import { refuseMasterUserId } from "../../identity/master-user.ts";
 import { choice, list, pageOf, paged } from "../../identity/paging.ts";
 import type { UserRow } from "../../identity/records.ts";
@@ -74,18 +74,6 @@ const SELF_COLUMNS = new Set(["user_email", "user_alias"]);
 const EMPTY = { models: [], metadata: {} };
 
 const USER_SORT = { user_id: users.userId, user_email: users.userEmail, created_at: users.createdAt, spend: users.spend } as const;
-
-async function teamIdsOf(db: Exec, userIds: readonly string[]): Promise<Map<string, string[]>> {
-  const out = new Map<string, string[]>(userIds.map((id) => [id, []]));
-  if (userIds.length === 0) return out;
-  const rows = await db
-    .select({ userId: teamMembers.userId, teamId: teamMembers.teamId })
-    .from(teamMembers)
-    .where(inArray(teamMembers.userId, [...userIds]))
-    .orderBy(teamMembers.createdAt);
-  for (const r of rows) out.get(r.userId)?.push(r.teamId);
-  return out;
-}
 
 /** `nameOwner`: say who has the address (to proxy admins; anyone else would learn other tenants' user ids by their addresses). */
 async function requireUniqueEmail(db: Exec, email: string | null | undefined, nameOwner: boolean, exceptUserId?: string): Promise<void> {
