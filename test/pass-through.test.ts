@@ -7,6 +7,7 @@
 // spend log. Timeouts, dead targets and departed clients end the call cleanly; reloads add and
 // remove endpoints; admins list them with header values hidden.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { connect } from "node:net";
 import { sql } from "drizzle-orm";
 import { rows } from "../core/store/sql.ts";
 import { MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "./harness/gateway.ts";
@@ -109,6 +110,18 @@ beforeAll(async () => {
         });
         return new Response(body, { headers: { "content-type": "text/plain" } });
       }
+      if (url.pathname.endsWith("/big")) {
+        // All of it at once: the target never keeps the gateway waiting.
+        const mib = new Uint8Array(1 << 20).fill(97);
+        let left = Number(url.searchParams.get("mib"));
+        const body = new ReadableStream<Uint8Array>({
+          pull(c) {
+            if (left-- > 0) c.enqueue(mib);
+            else c.close();
+          },
+        });
+        return new Response(body, { headers: { "content-type": "application/octet-stream" } });
+      }
       if (url.pathname.endsWith("/conn")) return new Response("ok", { headers: { connection: "x-gone", "x-gone": "1", "keep-alive": "timeout=9", "x-stays": "1" } });
       if (url.pathname.endsWith("/encoded")) {
         const encoding = url.searchParams.get("encoding")!;
@@ -129,6 +142,72 @@ afterAll(async () => {
 });
 
 const last = (): Seen => seen[seen.length - 1]!;
+
+/** Serves `extra` endpoints besides the usual ones while `run` runs. */
+async function withEndpoints(extra: Record<string, unknown>[], run: () => Promise<void>): Promise<void> {
+  gw.writeConfig(config(extra));
+  expect((await gw.live.reload("test")).ok).toBe(true);
+  try {
+    await run();
+  } finally {
+    gw.writeConfig(config());
+    expect((await gw.live.reload("test")).ok).toBe(true);
+  }
+}
+
+interface RawReply {
+  status: number;
+  headers: Headers;
+  body: Buffer;
+  /** The answer ended as its framing says, not with the connection cut first. */
+  complete: boolean;
+}
+
+/** An HTTP/1.1 answer as it came over the wire, unchunked. */
+function parseRaw(raw: Buffer): RawReply {
+  const end = raw.indexOf("\r\n\r\n");
+  if (end < 0) return { status: 0, headers: new Headers(), body: Buffer.alloc(0), complete: false };
+  const [statusLine, ...lines] = raw.subarray(0, end).toString("latin1").split("\r\n");
+  const headers = new Headers(lines.map((l): [string, string] => [l.slice(0, l.indexOf(":")), l.slice(l.indexOf(":") + 1).trim()]));
+  const rest = raw.subarray(end + 4);
+  const status = Number(statusLine!.split(" ")[1]);
+  if (!/chunked/i.test(headers.get("transfer-encoding") ?? "")) {
+    const length = Number(headers.get("content-length") ?? 0);
+    return { status, headers, body: rest.subarray(0, length), complete: rest.length >= length };
+  }
+  const parts: Buffer[] = [];
+  for (let at = 0; ; ) {
+    const lineEnd = rest.indexOf("\r\n", at);
+    const size = lineEnd < 0 ? Number.NaN : Number.parseInt(rest.subarray(at, lineEnd).toString("latin1"), 16);
+    if (Number.isNaN(size) || rest.length < lineEnd + 2 + size + 2) return { status, headers, body: Buffer.concat(parts), complete: false };
+    if (size === 0) return { status, headers, body: Buffer.concat(parts), complete: true };
+    parts.push(rest.subarray(lineEnd + 2, lineEnd + 2 + size));
+    at = lineEnd + 2 + size + 2;
+  }
+}
+
+/**
+ * One request over a connection of its own, from a client as slow as asked: the answer not read
+ * for `readAfterMs` (the socket paused, so the gateway's writes back up as over a slow link), or
+ * the client gone by `leaveAfterMs`.
+ */
+function slowClient(head: string, opts: { readAfterMs?: number; leaveAfterMs?: number }): Promise<RawReply> {
+  return new Promise((resolve) => {
+    const chunks: Buffer[] = [];
+    const socket = connect(Number(new URL(gw.url).port), "127.0.0.1", () => {
+      socket.pause();
+      if (opts.readAfterMs !== undefined) setTimeout(() => socket.resume(), opts.readAfterMs);
+      if (opts.leaveAfterMs !== undefined) setTimeout(() => socket.destroy(), opts.leaveAfterMs);
+      socket.write(head);
+    });
+    socket.on("data", (d: Buffer) => chunks.push(d));
+    // A cut connection: what came before it is the answer.
+    socket.on("error", () => {});
+    socket.on("close", () => resolve(parseRaw(Buffer.concat(chunks))));
+  });
+}
+
+const getHead = (path: string) => `GET ${path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${MASTER_KEY}\r\nConnection: close\r\n\r\n`;
 
 describe("forwarding", () => {
   test("method, path, the client's query after the target's, body and configured headers reach the target; the gateway key does not", async () => {
@@ -516,6 +595,39 @@ describe("when things go wrong", () => {
     let row = await logRow(callId);
     while (!row && Date.now() < end) row = await logRow(callId);
     expect(row).toMatchObject({ call_type: "pass_through", status: "cancelled" });
+  });
+});
+
+describe("a slow client is not a slow target", () => {
+  const slowLink = () => ({ path: "/slow-link", target: `http://127.0.0.1:${target.port}/echo/slow-link`, include_subpath: true, timeout: 0.5 });
+  // More than the sockets between client and gateway hold, so the gateway waits on the client.
+  const MIB = 48;
+  const slowLinkCalls = async () => {
+    await gw.host!.spendWriter.flush();
+    return rows<{ status: string }>(gw.host!.store.db, sql`select status from spend_logs where model = '/slow-link' order by start_time, call_id`);
+  };
+
+  test("an answer the client takes longer than the endpoint's timeout to read reaches it whole; the call is a success", async () => {
+    await withEndpoints([slowLink()], async () => {
+      const logged = gw.log.lines.length;
+      const reply = await slowClient(getHead(`/slow-link/big?mib=${MIB}`), { readAfterMs: 1500 });
+      expect(reply.status).toBe(200);
+      expect(reply.complete).toBe(true);
+      expect(reply.body.length).toBe(MIB << 20);
+      expect(await logRow(reply.headers.get("x-svc-call-id")!)).toMatchObject({ call_type: "pass_through", status: "success" });
+      expect(JSON.stringify(gw.log.lines.slice(logged))).not.toContain("mid-answer");
+    });
+  });
+
+  test("a client that leaves while the gateway waits on it: the call is logged as cancelled, not as a target that stalled", async () => {
+    await withEndpoints([slowLink()], async () => {
+      const before = await slowLinkCalls();
+      await slowClient(getHead(`/slow-link/big?mib=${MIB}`), { leaveAfterMs: 1200 });
+      // Paused, the client may not even have read the answer's head: its call is the one new row.
+      let after = await slowLinkCalls();
+      for (const end = Date.now() + 3000; after.length === before.length && Date.now() < end; ) after = await slowLinkCalls();
+      expect(after.slice(before.length)).toEqual([{ status: "cancelled" }]);
+    });
   });
 });
 

@@ -255,19 +255,23 @@ export async function forwardPassThrough(e: PassThroughEndpoint, subpath: string
     finish(accepted ? "success" : "failure", charged, refusal);
     return new Response(null, { status: upstream.status, statusText: upstream.statusText, headers });
   }
-  deadline.arm();
+  // The timeout runs only while the answer's next part is awaited from the target: with
+  // highWaterMark 0 the next pull waits for the client to take the last part, and a client slow to
+  // take it (a download over a slow link) is no stalled target.
+  deadline.clear();
   const body = new ReadableStream<Uint8Array>(
     {
       async pull(controller) {
         try {
+          deadline.arm();
           const { done, value } = await reader.read();
+          deadline.clear();
           if (done) {
             controller.close();
             finish(accepted ? "success" : "failure", charged, refusal);
             return;
           }
           firstByteAt ??= Date.now();
-          deadline.arm();
           controller.enqueue(value);
         } catch {
           if (deadline.clientGone) finish("cancelled", charged);
