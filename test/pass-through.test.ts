@@ -187,18 +187,22 @@ function parseRaw(raw: Buffer): RawReply {
 }
 
 /**
- * One request over a connection of its own, from a client as slow as asked: the answer not read
- * for `readAfterMs` (the socket paused, so the gateway's writes back up as over a slow link), or
- * the client gone by `leaveAfterMs`.
+ * One request over a connection of its own, from a client as slow as asked: its body sent in
+ * `parts`, `gapMs` apart; the answer not read for `readAfterMs` (the socket paused, so the
+ * gateway's writes back up as over a slow link); or the client gone by `leaveAfterMs`.
  */
-function slowClient(head: string, opts: { readAfterMs?: number; leaveAfterMs?: number }): Promise<RawReply> {
+function slowClient(head: string, opts: { parts?: string[]; gapMs?: number; readAfterMs?: number; leaveAfterMs?: number }): Promise<RawReply> {
   return new Promise((resolve) => {
     const chunks: Buffer[] = [];
-    const socket = connect(Number(new URL(gw.url).port), "127.0.0.1", () => {
-      socket.pause();
+    const socket = connect(Number(new URL(gw.url).port), "127.0.0.1", async () => {
+      if (opts.readAfterMs !== undefined || opts.leaveAfterMs !== undefined) socket.pause();
       if (opts.readAfterMs !== undefined) setTimeout(() => socket.resume(), opts.readAfterMs);
       if (opts.leaveAfterMs !== undefined) setTimeout(() => socket.destroy(), opts.leaveAfterMs);
       socket.write(head);
+      for (const [i, part] of (opts.parts ?? []).entries()) {
+        if (i > 0) await Bun.sleep(opts.gapMs ?? 0);
+        socket.write(part);
+      }
     });
     socket.on("data", (d: Buffer) => chunks.push(d));
     // A cut connection: what came before it is the answer.
@@ -617,6 +621,38 @@ describe("a slow client is not a slow target", () => {
       expect(await logRow(reply.headers.get("x-svc-call-id")!)).toMatchObject({ call_type: "pass_through", status: "success" });
       expect(JSON.stringify(gw.log.lines.slice(logged))).not.toContain("mid-answer");
     });
+  });
+
+  test("an upload slower than the endpoint's timeout reaches the target whole, with a length or chunked; the target's timeout starts once it has the body", async () => {
+    const head = (framing: string) => `POST /slow-link/upload HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${MASTER_KEY}\r\nContent-Type: text/plain\r\n${framing}Connection: close\r\n\r\n`;
+    await withEndpoints([slowLink()], async () => {
+      const parts = ["first part, ", "second part, ", "last part"];
+      const withLength = await slowClient(head(`Content-Length: ${parts.join("").length}\r\n`), { parts, gapMs: 500 });
+      expect(withLength.status).toBe(200);
+      expect(last()).toMatchObject({ method: "POST", path: "/echo/slow-link/upload", body: parts.join("") });
+      const chunk = (text: string) => `${text.length.toString(16)}\r\n${text}\r\n`;
+      const chunked = await slowClient(head("Transfer-Encoding: chunked\r\n"), { parts: [...parts.map(chunk), "0\r\n\r\n"], gapMs: 400 });
+      expect(chunked.status).toBe(200);
+      expect(last()).toMatchObject({ method: "POST", path: "/echo/slow-link/upload", body: parts.join("") });
+      for (const reply of [withLength, chunked]) expect(await logRow(reply.headers.get("x-svc-call-id")!)).toMatchObject({ status: "success" });
+    });
+    // A client that leaves mid-upload: the call is cancelled, not a timeout (with a length, the target is never asked).
+    for (const framing of [`Content-Length: 100\r\n`, "Transfer-Encoding: chunked\r\n"]) {
+      await withEndpoints([slowLink()], async () => {
+        const before = await slowLinkCalls();
+        const asked = seen.length;
+        await slowClient(head(framing), { parts: [framing.startsWith("Content") ? "a few bytes" : "3\r\nabc\r\n"], leaveAfterMs: 1000 });
+        let after = await slowLinkCalls();
+        for (const end = Date.now() + 3000; after.length === before.length && Date.now() < end; ) after = await slowLinkCalls();
+        expect(after.slice(before.length)).toEqual([{ status: "cancelled" }]);
+        if (framing.startsWith("Content")) expect(seen.length).toBe(asked);
+      });
+    }
+    // Once the target has the body, its timeout runs as before.
+    const started = Date.now();
+    const hung = await slowClient(`POST /hang HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${MASTER_KEY}\r\nContent-Length: 4\r\nConnection: close\r\n\r\n`, { parts: ["ab", "cd"], gapMs: 500 });
+    expect(hung.status).toBe(408);
+    expect(Date.now() - started).toBeGreaterThan(750);
   });
 
   test("a client that leaves while the gateway waits on it: the call is logged as cancelled, not as a target that stalled", async () => {

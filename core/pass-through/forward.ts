@@ -15,6 +15,7 @@ import { cancelAll, dispatchRecord } from "../pipeline/record.ts";
 import { Deadline } from "../pipeline/upstream.ts";
 import type { Snapshot } from "../snapshot.ts";
 import type { PassThroughEndpoint } from "./table.ts";
+import { type UploadClock, streamedUpload, wholeUpload } from "./upload.ts";
 
 export interface PassThroughContext {
   snapshot: Snapshot;
@@ -215,11 +216,21 @@ export async function forwardPassThrough(e: PassThroughEndpoint, subpath: string
   const { origin } = e;
 
   const tooLarge = { hit: false };
+  let answered = false;
+  // Once the target answers, the answer's reads time it: an upload still under way no longer does.
+  const clock: UploadClock = {
+    waitingOnClient() {
+      if (!answered) deadline.clear();
+    },
+    waitingOnTarget() {
+      if (!answered) deadline.arm();
+    },
+  };
   let upstream: Response;
   try {
     const hasBody = request.method !== "GET" && request.body !== null;
-    // A body of declared length goes whole, with its length (some targets refuse a chunked upload with 411); others stream.
-    const body = !hasBody ? undefined : request.headers.has("content-length") ? await request.arrayBuffer() : bounded(request.body!, snapshot.settings.maxRequestBytes, tooLarge);
+    const limit = snapshot.settings.maxRequestBytes;
+    const body = !hasBody ? undefined : request.headers.has("content-length") ? await wholeUpload(request, clock) : streamedUpload(request.body!, limit, tooLarge, clock);
     const init: ProxyFetchInit = {
       method: request.method,
       headers: upstreamHeaders(e, request.headers, ctx.withheld),
@@ -229,6 +240,7 @@ export async function forwardPassThrough(e: PassThroughEndpoint, subpath: string
       decompress: false,
     };
     upstream = await fetch(targetUrl(e.target, subpath, request.url), init);
+    answered = true;
   } catch (err) {
     let error: GatewayError;
     if (tooLarge.hit) error = bodyTooLarge(snapshot.settings.maxRequestBytes);
@@ -294,25 +306,4 @@ export async function forwardPassThrough(e: PassThroughEndpoint, subpath: string
     { highWaterMark: 0 },
   );
   return new Response(body, { status: upstream.status, statusText: upstream.statusText, headers });
-}
-
-/**
- * A chunked body passed on as it comes, cut off past `limit` (it has no length to check first):
- * the target's call then fails, and `over.hit` says why.
- */
-function bounded(body: ReadableStream<Uint8Array>, limit: number, over: { hit: boolean }): ReadableStream<Uint8Array> {
-  let size = 0;
-  return body.pipeThrough(
-    new TransformStream<Uint8Array, Uint8Array>({
-      transform(chunk, controller) {
-        size += chunk.byteLength;
-        if (size > limit) {
-          over.hit = true;
-          controller.error(bodyTooLarge(limit));
-          return;
-        }
-        controller.enqueue(chunk);
-      },
-    }),
-  );
 }
