@@ -521,6 +521,28 @@ describe("who may call", () => {
       expect((await call("/v1/rerank", { method: "POST", key: plain.body.key, body: "{}" })).status).toBe(403);
     });
 
+    test("a route group in the team's list is read as at call time by key writes and the team's listing: llm_api_routes is every pass-through route, management_routes none", async () => {
+      const endpointsOf = async (teamId: string) =>
+        (await requestJson<{ endpoints: { id: string }[] }>(gw, "GET", `/config/pass_through_endpoint/team/${teamId}`)).body.endpoints.map((e) => e.id);
+      const every = ["/v1/rerank", "/bria", "public-status", "/events", "/hang", "/dead", "/stall"];
+      for (const [group, callable] of [
+        ["llm_api_routes", true],
+        ["management_routes", false],
+      ] as const) {
+        const made = await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: { allowed_passthrough_routes: [group] } });
+        const teamId = made.body.team_id;
+        const teamKey = await newKey({ team_id: teamId });
+        expect((await call("/bria/x", { key: teamKey })).status).toBe(callable ? 200 : 403);
+        expect(await endpointsOf(teamId)).toEqual(callable ? every : []);
+        const narrower = await requestJson<{ key: string }>(gw, "POST", "/key/generate", { body: { team_id: teamId, allowed_passthrough_routes: ["/bria/*"] } });
+        expect(narrower.status).toBe(callable ? 200 : 400);
+        if (callable) expect((await call("/bria/x", { key: narrower.body.key })).status).toBe(200);
+        // A key listing the group itself lies within a team that lists it, and within no narrower team.
+        expect((await requestJson(gw, "POST", "/key/generate", { body: { team_id: teamId, allowed_passthrough_routes: ["llm_api_routes"] } })).status).toBe(callable ? 200 : 400);
+      }
+      expect((await requestJson(gw, "POST", "/key/generate", { body: { team_id: team, allowed_passthrough_routes: ["llm_api_routes"] } })).status).toBe(400);
+    });
+
     test("a key whose list was written before its team's narrowed is held to the team's at call time", async () => {
       const open = await requestJson<{ team_id: string }>(gw, "POST", "/team/new", { body: {} });
       const key = await newKey({ team_id: open.body.team_id, allowed_passthrough_routes: ["/v1/rerank", "/bria/*"] });

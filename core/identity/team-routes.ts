@@ -1,6 +1,7 @@
 /**
  * What a team's `allowed_passthrough_routes` lets its keys list in theirs: every entry within the
- * team's (an exact path the team's list matches, or a `prefix/*` below a `prefix/*` of the team's).
+ * team's (an exact path the team's list matches, a `prefix/*` below a `prefix/*` of the team's, or
+ * a route group naming no more pass-through routes than the team's list).
  * The gateway path holds a key to both lists anyway (access.ts authorizePassThrough); a key that
  * lists more is refused when written, as one naming models outside its team's is.
  */
@@ -14,8 +15,15 @@ export function routesOutsideTeam(team: Pick<TeamRow, "allowedPassthroughRoutes"
   return routes.filter((entry) => !granted.some((grant) => covers(grant, entry)));
 }
 
-/** Method-blind: of the named groups only `info_routes` reads the method, and it is read-only routes, which a written list is not about. */
+/**
+ * Whether the team's grant covers every pass-through route the key's entry names, both read as a
+ * call reads them (access.ts authorizePassThrough): of the route groups, `llm_api_routes` names
+ * every pass-through route and the others none. Method-blind: of the groups only `info_routes`
+ * reads the method, and it names no pass-through route.
+ */
 function covers(grant: string, entry: string): boolean {
-  if (!entry.endsWith("/*")) return routeMatches(grant, entry, "POST");
-  return grant.endsWith("/*") && routeMatches(grant, entry.slice(0, -2), "POST");
+  if (entry === "llm_api_routes") return grant === "llm_api_routes" || grant === "/*";
+  if (entry === "management_routes" || entry === "info_routes") return true;
+  if (!entry.endsWith("/*")) return routeMatches(grant, entry, "POST", true);
+  return (grant === "llm_api_routes" || grant.endsWith("/*")) && routeMatches(grant, entry.slice(0, -2), "POST", true);
 }

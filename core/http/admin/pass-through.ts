@@ -34,12 +34,13 @@ async function teamEndpoints(ctx: AdminCtx) {
 }
 
 /**
- * Whether a team's grant lets its keys call the endpoint: its own path, or, for an endpoint that
- * serves its subpaths, a path below it (`/echo/a/*` for `/echo`: the keys call `/echo/a/…`, and
- * the endpoint was not listed).
+ * Whether a team's grant lets its keys call the endpoint, read as a call reads it (a route group
+ * as access.ts authorizePassThrough does): its own path, or, for an endpoint that serves its
+ * subpaths, a path below it (`/echo/a/*` for `/echo`: the keys call `/echo/a/…`, and the endpoint
+ * was not listed).
  */
 function grants(grant: string, e: PassThroughEndpoint): boolean {
-  if (e.methods.some((m) => routeMatches(grant, e.route, m))) return true;
+  if (e.methods.some((m) => routeMatches(grant, e.route, m, true))) return true;
   const path = grant.endsWith("/*") ? grant.slice(0, -2) : grant;
   return e.includeSubpath && path.startsWith(`${e.route}/`);
 }
