@@ -122,6 +122,7 @@ beforeAll(async () => {
         });
         return new Response(body, { headers: { "content-type": "application/octet-stream" } });
       }
+      if (url.pathname.endsWith("/not-modified")) return new Response(null, { status: 304, headers: { etag: '"v1"', "content-length": "256" } });
       if (url.pathname.endsWith("/conn")) return new Response("ok", { headers: { connection: "x-gone", "x-gone": "1", "keep-alive": "timeout=9", "x-stays": "1" } });
       if (url.pathname.endsWith("/encoded")) {
         const encoding = url.searchParams.get("encoding")!;
@@ -296,6 +297,18 @@ describe("forwarding", () => {
     expect(last().headers["accept-encoding"]).toBeUndefined();
     await (await call("/v1/rerank", { method: "POST", body: "{}", headers: { "accept-encoding": "gzip" } })).arrayBuffer();
     expect(last().headers["accept-encoding"]).toBe("identity");
+  });
+
+  test("the target's Content-Length reaches the client: it is no hop-by-hop header", async () => {
+    // A 304 has no body: its length is the one a GET would have.
+    const res = await call("/bria/not-modified", { headers: { "if-none-match": '"v1"' } });
+    expect(res.status).toBe(304);
+    expect(res.headers.get("etag")).toBe('"v1"');
+    expect(res.headers.get("content-length")).toBe("256");
+    // A body's length, where the client gets one, is that of the bytes it gets, also when they are compressed.
+    const encoded = await call("/bria/encoded?encoding=gzip", { decompress: false } as RequestInit);
+    const bytes = await encoded.arrayBuffer();
+    expect(encoded.headers.get("content-length") ?? String(bytes.byteLength)).toBe(String(bytes.byteLength));
   });
 
   test("hop-by-hop headers, and those a Connection header names, are not passed on either way", async () => {

@@ -29,7 +29,7 @@ export interface PassThroughContext {
 }
 
 /** Never forwarded either way: they describe one connection, not the message. */
-const HOP_BY_HOP = new Set(["connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length"]);
+const HOP_BY_HOP = new Set(["connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade", "host"]);
 /** The hop-by-hop headers of one message: the standard ones, and those its Connection header names (RFC 9110 §7.6.1). */
 function hopByHopOf(headers: Headers): ReadonlySet<string> {
   const connection = headers.get("connection");
@@ -119,7 +119,8 @@ function upstreamHeaders(e: PassThroughEndpoint, incoming: Headers, withheld: Re
   if (e.forwardHeaders) {
     const hop = hopByHopOf(incoming);
     for (const [name, value] of incoming) {
-      if (hop.has(name) || GATEWAY_HEADER.test(name) || withheld.has(name)) continue;
+      // fetch frames the body it sends itself (the length of the bytes it holds, else chunks).
+      if (hop.has(name) || name === "content-length" || GATEWAY_HEADER.test(name) || withheld.has(name)) continue;
       out.set(name, value);
     }
   } else {
@@ -134,11 +135,19 @@ function upstreamHeaders(e: PassThroughEndpoint, incoming: Headers, withheld: Re
   return out;
 }
 
+/**
+ * The target's headers as the client gets them. Its Content-Length still counts the bytes passed
+ * on, which are the target's own (`decompress: false`; a decoding fetch keeps the encoded length),
+ * unless Transfer-Encoding framed the answer, which a length sent beside it does not describe
+ * (RFC 9112 §6.3). Bun's server frames a streamed body itself (chunked, whatever length it is
+ * given: oven-sh/bun#10507), so the length reaches the client on an answer without a body.
+ */
 function clientHeaders(upstream: Headers, extra: Record<string, string>): Headers {
   const out = new Headers();
   const hop = hopByHopOf(upstream);
+  const chunked = upstream.has("transfer-encoding");
   for (const [name, value] of upstream) {
-    if (hop.has(name)) continue;
+    if (hop.has(name) || (chunked && name === "content-length")) continue;
     out.append(name, value);
   }
   for (const [name, value] of Object.entries(extra)) out.set(name, value);
