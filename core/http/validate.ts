@@ -6,6 +6,7 @@ import { type ValueError, Value } from "@sinclair/typebox/value";
 import { FORMAT_ERRORS, MAX_REQUEST_MB } from "../config/schema.ts";
 import { GatewayError, bodyTooLarge } from "../errors.ts";
 import { parseKeepingNumberText } from "../identity/exact-numbers.ts";
+import { booleanParam } from "../identity/paging.ts";
 import { ChatRequestSchema, CompletionRequestSchema, EmbeddingsRequestSchema, ImageRequestSchema, MAX_SPEECH_CHARACTERS, ModerationRequestSchema, SpeechRequestSchema, TranscriptionRequestSchema, codePoints } from "../wire.ts";
 
 export function checker<S extends TSchema>(schema: S) {
@@ -58,14 +59,9 @@ export const validate = {
   },
 };
 
-/** A boolean query parameter's texts, in any case, as FastAPI reads them (`True` from Python clients). */
-const TRUE_TEXTS = new Set(["true", "1", "yes", "on", "t", "y"]);
-const FALSE_TEXTS = new Set(["false", "0", "no", "off", "f", "n"]);
-
-/** A boolean query parameter; `fallback` when it is absent or neither true nor false. */
-export function queryFlag(v: string | null, fallback: boolean): boolean {
-  const text = v?.toLowerCase() ?? "";
-  return TRUE_TEXTS.has(text) ? true : FALSE_TEXTS.has(text) ? false : fallback;
+/** A boolean query parameter of `url`: `fallback` when absent or empty, else a 422 naming a text that is neither true nor false. */
+export function queryFlag(url: URL, name: string, fallback: boolean): boolean {
+  return booleanParam(url.searchParams.get(name), name, fallback);
 }
 
 /**

@@ -29,12 +29,22 @@ export function paged<T>(items: T[], total: number, p: Page): { items: T[]; tota
   return { items, total, page: p.page, page_size: p.pageSize, total_pages: Math.ceil(total / p.pageSize) };
 }
 
-/** A boolean parameter: true or 1, false or 0 (absent: false), else a 422. */
-export function flag(query: (name: string) => string | undefined, name: string): boolean {
-  const v = query(name)?.toLowerCase();
-  if (v === undefined || v === "" || v === "false" || v === "0") return false;
-  if (v === "true" || v === "1") return true;
+/** A boolean query parameter's texts, in any case, as FastAPI reads them (`True` from Python clients). */
+const TRUE_TEXTS: ReadonlySet<string> = new Set(["true", "1", "yes", "on", "t", "y"]);
+const FALSE_TEXTS: ReadonlySet<string> = new Set(["false", "0", "no", "off", "f", "n"]);
+
+/** A boolean query parameter: `fallback` when absent or empty, else one of FastAPI's texts, else a 422 naming it. */
+export function booleanParam(value: string | null | undefined, name: string, fallback: boolean): boolean {
+  const text = value?.toLowerCase();
+  if (text === undefined || text === "") return fallback;
+  if (TRUE_TEXTS.has(text)) return true;
+  if (FALSE_TEXTS.has(text)) return false;
   throw invalid(name, "Expected true or false");
+}
+
+/** A boolean parameter, false when absent. */
+export function flag(query: (name: string) => string | undefined, name: string): boolean {
+  return booleanParam(query(name), name, false);
 }
 
 /** One of `choices` (or the default when absent), else a 422. */

@@ -661,7 +661,8 @@ describe("bad input to the model-call routes: a 4xx in the error envelope, never
     }
     for (const q of ["alt=sse", "alt=%ZZ", "alt=json&alt=sse", `alt=${"x".repeat(3000)}`, "call_endpoint=maybe", "key=%E0%A4%A"]) {
       reqs.push({ path: `/v1beta/models/chat:streamGenerateContent?${q}`, body: JSON.stringify(body), input: `?${snippet(q, 30)}`, refuse: false, google: true });
-      reqs.push({ path: `/v1beta/models/chat:countTokens?${q}`, body: JSON.stringify(body), input: `?${snippet(q, 30)}`, refuse: false, google: true });
+      // countTokens reads call_endpoint: a text that is neither true nor false is a 422 naming it.
+      reqs.push({ path: `/v1beta/models/chat:countTokens?${q}`, body: JSON.stringify(body), input: `?${snippet(q, 30)}`, refuse: q === "call_endpoint=maybe", google: true });
     }
     await expectRefusedWell(reqs);
   }, 60_000);
@@ -673,7 +674,12 @@ describe("bad input to the model-call routes: a 4xx in the error envelope, never
       reqs.push(...fieldCases(counter, undefined, { model: "chat", prompt: "hi" }, { path: f.split(".") }));
       if (f.startsWith("messages") || f.startsWith("contents")) reqs.push(...fieldCases(counter, undefined, { model: "chat", [f.split(".")[0]!]: f.startsWith("messages") ? [{ role: "user", content: "hi" }] : [{ parts: [{ text: "hi" }] }] }, { path: f.split(".") }));
     }
-    for (const q of ["call_endpoint=true", "call_endpoint=%ZZ", "call_endpoint=1e309"]) reqs.push({ path: `/utils/token_counter?${q}`, body: '{"model":"chat","prompt":"hi"}', input: `?${q}`, refuse: false });
+    for (const q of ["call_endpoint=true", "call_endpoint=%ZZ", "call_endpoint=1e309", "call_endpoint=maybe"]) {
+      reqs.push({ path: `/utils/token_counter?${q}`, body: '{"model":"chat","prompt":"hi"}', input: `?${q}`, refuse: q !== "call_endpoint=true" });
+    }
+    for (const q of ["include_metadata=2", "return_wildcard_routes=maybe", "include_model_access_groups=x", "only_model_access_groups=%ZZ"]) {
+      reqs.push({ method: "GET", path: `/v1/models?${q}`, input: `?${q}`, refuse: true });
+    }
     for (const b of NOT_OBJECTS) {
       reqs.push({ ...counter, body: b.body, headers: b.headers, input: b.label, refuse: !b.object });
       reqs.push({ path: "/utils/transform_request", body: b.body, headers: b.headers, input: b.label, refuse: true });

@@ -13,7 +13,7 @@ import { badRequest, forbidden, missingQuery } from "../../authz.ts";
 import { columnToPico, exactUsdJson, type Pico, picoToText } from "../../cost/money.ts";
 import { GatewayError } from "../../errors.ts";
 import { tokenOf } from "../../identity/keys.ts";
-import { list, pageOf } from "../../identity/paging.ts";
+import { booleanParam, list, pageOf } from "../../identity/paging.ts";
 import type { Logger } from "../../contract.ts";
 import type { Db } from "../../store/db.ts";
 import { organizations, teams, virtualKeys } from "../../store/schema.ts";
@@ -144,11 +144,7 @@ export function limitParam(ctx: AdminCtx, name: string, fallback: number | undef
 }
 
 export function boolParam(ctx: AdminCtx, name: string, fallback: boolean): boolean {
-  const v = ctx.query(name)?.toLowerCase();
-  if (v === undefined || v === "") return fallback;
-  if (v === "true" || v === "1") return true;
-  if (v === "false" || v === "0") return false;
-  throw invalidParam(name, "Expected true or false");
+  return booleanParam(ctx.query(name), name, fallback);
 }
 
 /** The `api_key` parameter as a hash: a plain `sk-…` key is hashed, anything else is the hash. */

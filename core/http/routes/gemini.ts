@@ -92,7 +92,7 @@ export function geminiRoutes({ live, log }: AppDeps) {
     const count =
       messages.length === 0
         ? { total: 0, image: 0, tokenizerType: "none" }
-        : queryFlag(url.searchParams.get("call_endpoint"), true) && canCountUpstream(snapshot, d)
+        : queryFlag(url, "call_endpoint", true) && canCountUpstream(snapshot, d)
           ? await countUpstream(snapshot, d, { model, messages, ...(tools ? { tools } : {}) }, request.signal)
           : await countLocally(tokenizerModel(d), { messages, tools });
     return Response.json(countTokensResponse(count, messages));

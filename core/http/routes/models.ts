@@ -170,10 +170,10 @@ function listModels(s: Snapshot, url: URL, rules: AccessRules | undefined, ident
     const owner = ownerOf(s, rules, name);
     if (owner && !models.has(name) && may(name)) models.set(name, owner);
   };
-  if (!queryFlag(url.searchParams.get("only_model_access_groups"), false)) {
+  if (!queryFlag(url, "only_model_access_groups", false)) {
     for (const name of s.models.groups.keys()) add(name);
     for (const [alias, { hidden }] of s.groupAliases) if (!hidden) add(alias);
-    if (queryFlag(url.searchParams.get("return_wildcard_routes"), false)) {
+    if (queryFlag(url, "return_wildcard_routes", false)) {
       for (const w of s.models.wildcards) if (may(w.pattern)) models.set(w.pattern, w.deployments[0]!.provider);
     }
     if (rules) {
@@ -182,7 +182,7 @@ function listModels(s: Snapshot, url: URL, rules: AccessRules | undefined, ident
     }
   }
   const data: ({ id: string; object: string; created: number; owned_by: string } & { metadata?: { fallbacks: string[] } })[] = [];
-  const withMetadata = queryFlag(url.searchParams.get("include_metadata"), false);
+  const withMetadata = queryFlag(url, "include_metadata", false);
   const fallbackType = (fallbackParam ?? "general") as FallbackType;
   for (const [id, owner] of models) {
     const m = modelObject(id, s.loadedAt, owner);
@@ -190,7 +190,7 @@ function listModels(s: Snapshot, url: URL, rules: AccessRules | undefined, ident
     // Looked up as routing does (the name called, then its group), less those the caller may not use, which routing skips.
     data.push(withMetadata ? { ...m, metadata: { fallbacks: fallbacksFor(s.config, {}, [id, groupOf(s, rules, id)], fallbackType, principal).filter(may) } } : m);
   }
-  if (queryFlag(url.searchParams.get("include_model_access_groups"), false) || queryFlag(url.searchParams.get("only_model_access_groups"), false)) {
+  if (queryFlag(url, "include_model_access_groups", false) || queryFlag(url, "only_model_access_groups", false)) {
     // A held group is listed when the caller may use every model in it (no level above forbids part).
     for (const group of heldAccessGroups(s, rules, identity)) {
       const members = s.accessGroups.byName(group) ?? [];

@@ -164,7 +164,7 @@ export function utilsRoutes({ live }: AppDeps) {
       async ({ request }) => {
         const { s, principal, url } = await guard(request);
         const body = await readBody(request, s.settings.maxRequestBytes);
-        const callEndpoint = queryFlag(url.searchParams.get("call_endpoint"), body.call_endpoint === true);
+        const callEndpoint = queryFlag(url, "call_endpoint", body.call_endpoint === true);
         return Response.json(await tokenCounter(s, principal, body, callEndpoint, request.signal));
       },
       { parse: "none" },
