@@ -5,7 +5,7 @@
 // Users, teams and memberships are written straight to the store and announced on the change bus
 // (as their own endpoints do), so these tests depend on nothing but the key endpoints.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { randomUUID } from "node:crypto";
+import { createHash, randomUUID } from "node:crypto";
 import { sql } from "drizzle-orm";
 import { rotateDueKeys } from "../../core/identity/rotation.ts";
 import type { Db } from "../../core/store/db.ts";
@@ -214,6 +214,19 @@ for (const backend of BACKENDS) {
           expect([path, res.status, res.body.error?.param, res.body.error?.message]).toEqual([path, 422, asUserNew.body.error.param, asUserNew.body.error.message]);
         }
         expect((await api(`/key/info?key=${k.token}`)).body.info.user_id).toBeNull();
+      });
+
+      test("new_master_key is for the master key only: beside another key it is ignored; the master key itself is not rotated here", async () => {
+        const k = await generate();
+        const value = `sk-${randomUUID().replaceAll("-", "")}`;
+        const rotated = await api(`/key/${k.token}/regenerate`, { body: { new_key: value, new_master_key: "sk-ignored-000000000000000000000" } });
+        expect(rotated.status).toBe(200);
+        expect(rotated.body.key).toBe(value);
+        for (const named of [MASTER_KEY, createHash("sha256").update(MASTER_KEY).digest("hex")]) {
+          const master = await api("/key/regenerate", { body: { key: named, new_master_key: "sk-newmaster-0000000000000000000" } });
+          expect([master.status, master.body.error?.param]).toEqual([400, "new_master_key"]);
+          expect(master.body.error.message).toContain("set SVC_MASTER_KEY");
+        }
       });
 
       test("a custom key or new_key shorter than 20 characters after sk- is a 400 (key_name would show most of it)", async () => {

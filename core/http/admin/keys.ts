@@ -714,11 +714,16 @@ function graceMs(input: string | null | undefined): number {
 async function regenerateKey(ctx: AdminCtx, keyFromPath: string | undefined): Promise<Record<string, unknown>> {
   const input = (await optionalBody(ctx, RegenerateKeySchema)) as KeyBody;
   ctx.caller.requireWriter();
-  if (typeof input.new_master_key === "string") {
-    throw badRequest("The master key is not rotated through this endpoint: set SVC_MASTER_KEY to the new value and restart or reload.", "new_master_key");
-  }
   const named = keyFromPath ?? (typeof input.key === "string" ? input.key : undefined);
   if (!named) throw badRequest("key is required: the key to regenerate, plain or hashed.", "key");
+  // The master key lives in the environment or config.yaml, where only its operator can change it
+  // (stored credentials are encrypted with a key derived from it). new_master_key is for the
+  // master key only: beside any other key it is ignored, as the spec scopes it.
+  const master = ctx.snapshot.settings.masterKey;
+  if (master && tokenOf(named) === hashKey(master)) {
+    throw badRequest("The master key is not rotated through this endpoint: set SVC_MASTER_KEY to the new value and restart or reload.", typeof input.new_master_key === "string" ? "new_master_key" : "key");
+  }
+  delete input.new_master_key;
   return writeKeyInReach(ctx, named, ["/key/regenerate", "/key/{key_id}/regenerate"], (row) => regenerate(ctx, row, input));
 }
 
