@@ -117,7 +117,8 @@ export const ChatRequestSchema = T.Object(
     caching: T.Optional(Nullable(T.Boolean())),
     num_retries: T.Optional(Nullable(T.Integer({ minimum: 0 }))),
     context_window_fallback_dict: T.Optional(Nullable(T.Record(T.String(), T.String()))),
-    fallbacks: T.Optional(Nullable(T.Array(T.Unknown()))),
+    // Group names, or the config's form {group: [fallback, …]}; anything else would be dropped unseen.
+    fallbacks: T.Optional(Nullable(T.Array(T.Union([T.String(), T.Record(T.String(), T.Array(T.String()))])))),
     mock_response: T.Optional(Nullable(T.String())),
   },
   { additionalProperties: true },

@@ -78,6 +78,17 @@ describe("retries and fallbacks", () => {
     expect(r.headers.get("x-svc-attempted-fallbacks")).toBe("1");
   });
 
+  test("a request's fallbacks are group names or the config's {group: [fallbacks]} form; anything else is a 422 naming the entry, nothing sent", async () => {
+    for (const fallbacks of [[1], [{ model: "backup" }], [null], [{ primary: "backup" }]]) {
+      const r = await post({ model: "primary", fallbacks });
+      expect([JSON.stringify(fallbacks), r.status, (r.body.error as { param?: string } | undefined)?.param]).toEqual([JSON.stringify(fallbacks), 422, "fallbacks.0"]);
+    }
+    expect(a.requests.length).toBe(0);
+    a.fault({ kind: "status", status: 500 });
+    const named = await post({ model: "primary", num_retries: 0, fallbacks: [{ primary: ["backup"] }] });
+    expect([named.status, named.headers.get("x-svc-model-id")]).toEqual([200, "backup-b"]);
+  });
+
   test("a retry that succeeds needs no fallback", async () => {
     a.fault({ kind: "status", status: 503 });
     const r = await post({ model: "primary", num_retries: 1 });
