@@ -158,7 +158,14 @@ export type StreamPart =
   /** A chunk already serialized as JSON text, sent as is (no re-serialization on the hot path). */
   | { type: "data"; data: string; opens?: true }
   | { type: "usage"; usage: Usage }
-  | { type: "error"; error: ErrorInfo };
+  | { type: "error"; error: ErrorInfo }
+  /**
+   * The provider's terminal event, one its wire format sends nothing after (OpenAI's `[DONE]`,
+   * Anthropic's `message_stop`): the stream ends there as at the end of the body, without waiting
+   * for it (an upstream may hold the connection open), and nothing after it is read. Not a finish
+   * reason: OpenAI's usage chunk and Bedrock's metadata come after theirs.
+   */
+  | { type: "end" };
 
 /** How an upstream stream is framed: SSE `data:` events, one JSON object per line, or AWS's binary event stream. */
 export type StreamFraming = "sse" | "ndjson" | "aws-eventstream";

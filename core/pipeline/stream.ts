@@ -96,9 +96,11 @@ export async function streamResponse(a: StreamArgs): Promise<Response> {
   let answered = false;
   /** Whether a chunk was written to the client (the ': waiting' comment is none). */
   let chunkSent = false;
+  /** The provider's terminal event came (StreamPart `end`): nothing after it is read. */
+  let terminal = false;
 
   const onEvent = (data: string) => {
-    if (failure) return;
+    if (failure || terminal) return;
     let parts: ReturnType<typeof transform.event>;
     try {
       parts = transform.event(data, state);
@@ -114,6 +116,7 @@ export async function streamResponse(a: StreamArgs): Promise<Response> {
         out += `data: ${JSON.stringify(part.chunk)}\n\n`;
         answered ||= !part.opens;
       } else if (part.type === "usage") usage = part.usage;
+      else if (part.type === "end") terminal = true;
       else {
         const error = streamErrorOf(a.adapter, part.error);
         failure = new StreamFailure({ ...error, message: withoutCredentials(error.message, d) });
@@ -235,7 +238,7 @@ export async function streamResponse(a: StreamArgs): Promise<Response> {
    * status, not a 200 and an error event.
    */
   const firstEvent = async (): Promise<void> => {
-    while (!answered && !failure) {
+    while (!answered && !failure && !terminal) {
       deadline.arm();
       let next: Awaited<typeof reading>;
       try {
@@ -300,6 +303,20 @@ export async function streamResponse(a: StreamArgs): Promise<Response> {
         end("failure", error);
         c.close();
       };
+      /** The end of the upstream body, or its terminal event: the answer ends as the upstream ended it. */
+      const finishBody = async () => {
+        const error = endOfBody();
+        if (error) return finishWith(error);
+        // After a terminal event the upstream may still hold the body open: nothing more is read.
+        if (terminal) void reader.cancel().catch(() => undefined);
+        // Returning from pull ends a direct stream; Bun finishes the response natively.
+        await send(out + estimatedUsageChunk() + DONE);
+        ended = true;
+        end("success");
+        // Closing ends the stream for a reader inside the gateway too (the Gemini-style routes
+        // read this response); Bun.serve would end it on return alone.
+        c.close();
+      };
       if (quietAtFirst) {
         c.write(WAITING);
         c.flush();
@@ -312,6 +329,7 @@ export async function streamResponse(a: StreamArgs): Promise<Response> {
       }
       const failedEarly: StreamFailure | undefined = failure;
       if (failedEarly) return finishWith(failedEarly.error);
+      if (terminal) return finishBody();
       // What came up to the first event that said something goes out now, unless more has come
       // already (then with it, in one write, as below).
       if (out && !(await settled(reading))) {
@@ -336,21 +354,11 @@ export async function streamResponse(a: StreamArgs): Promise<Response> {
           return finishWith(errorInfo(deadline.timedOut ? 408 : 503, msg));
         }
         if (ended) return;
-        if (next.done) {
-          const error = endOfBody();
-          if (error) return finishWith(error);
-          // Returning from pull ends a direct stream; Bun finishes the response natively.
-          await send(out + estimatedUsageChunk() + DONE);
-          ended = true;
-          end("success");
-          // Closing ends the stream for a reader inside the gateway too (the Gemini-style routes
-          // read this response); Bun.serve would end it on return alone.
-          c.close();
-          return;
-        }
+        if (next.done) return finishBody();
         firstByteAt ??= Date.now();
         feed(next.value);
         if (failure) return finishWith(failure.error);
+        if (terminal) return finishBody();
         reading = reader.read();
         // When more upstream data is already buffered, keep collecting: one write for what
         // arrived together. Otherwise send now, so the client sees each event as it comes.

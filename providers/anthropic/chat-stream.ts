@@ -294,9 +294,9 @@ function parsedEvent(data: string, s: AnthropicStreamState): StreamPart[] {
       return [{ type: "error", error: streamErrorInfo(e.error?.type, e.error?.message) }];
     case "message_stop":
       s.stopped = true;
-      return NONE;
+      return [{ type: "end" }];
     default:
-      // message_stop, ping, and event types added after this was written.
+      // ping, and event types added after this was written.
       return NONE;
   }
 }

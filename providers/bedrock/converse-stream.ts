@@ -193,6 +193,8 @@ export function converseStream(): StreamTransform<"chat", ConverseStreamState> {
           if (s.clientWantsUsage) {
             parts.push({ type: "chunk", chunk: { id: s.id, object: "chat.completion.chunk", created: s.created, model: s.model, choices: [], usage: openAIUsage(usage) } });
           }
+          // ConverseStream's last event (after messageStop, which is not).
+          parts.push({ type: "end" });
           break;
         }
         // Events added later carry nothing the client needs.

@@ -62,7 +62,7 @@ export const cohereChatStream: StreamTransform<"chat", CohereStreamState> = {
       case "message-end": {
         const d = ev.delta ?? {};
         if (d.error) return [{ type: "error", error: { status: 500, type: "api_error", message: `Cohere stream failed: ${d.error}` } }];
-        return s.w.finish(cohereFinish(d.finish_reason), d.usage === undefined ? undefined : cohereUsage(d.usage));
+        return [...s.w.finish(cohereFinish(d.finish_reason), d.usage === undefined ? undefined : cohereUsage(d.usage)), { type: "end" }];
       }
       default:
         // content-end, tool-call-end, citation-start/end, debug: nothing for an OpenAI client.

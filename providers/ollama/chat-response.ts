@@ -90,7 +90,7 @@ export const ollamaChatStream: StreamTransform<"chat", OllamaStreamState> = {
       parts.push(...s.w.toolCall(s.toolCalls++, call.id, call.function.name, call.function.arguments));
     }
     if (line.done) {
-      parts.push(...s.w.start(), ...s.w.finish(finish(line, s.toolCalls > 0), ollamaUsage(line, () => s.w.estimate().promptTokens)));
+      parts.push(...s.w.start(), ...s.w.finish(finish(line, s.toolCalls > 0), ollamaUsage(line, () => s.w.estimate().promptTokens)), { type: "end" });
     }
     return parts;
   },

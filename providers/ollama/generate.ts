@@ -108,6 +108,7 @@ export const ollamaGenerateStream: StreamTransform<"completions", OllamaGenerate
       const usage = ollamaUsage(line, () => s.promptEstimate);
       parts.push(chunk(s, "", finishReason(line)), { type: "usage", usage });
       if (s.clientWantsUsage) parts.push({ type: "chunk", chunk: { id: s.id, object: "text_completion", created: s.created, model: s.model, choices: [], usage: openAIUsage(usage) } });
+      parts.push({ type: "end" });
     }
     return parts;
   },

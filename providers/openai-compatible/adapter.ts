@@ -162,7 +162,7 @@ function openAIStream<E extends "chat" | "completions">(
     event(data: string, s: StreamState): StreamPart[] {
       if (data === "[DONE]") {
         s.ended = true;
-        return [];
+        return [{ type: "end" }];
       }
       s.id ??= CHUNK_ID.exec(data)?.[1] ?? "";
       if (!s.ended && FINISHED.test(data)) s.ended = true;

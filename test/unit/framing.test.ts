@@ -233,7 +233,7 @@ describe("OpenAI-compatible stream transform", () => {
       { type: "chunk", chunk: { id: "c1", object: "chat.completion.chunk", choices: [{ index: 0, delta: { content: "hi" } }] } },
     ]);
     expect(chat.event(usageChunk, s)).toEqual([{ type: "usage", usage: { promptTokens: 3, completionTokens: 5, reasoningTokens: 2 } }]);
-    expect(chat.event("[DONE]", s)).toEqual([]);
+    expect(chat.event("[DONE]", s)).toEqual([{ type: "end" }]);
   });
 
   test("client asked for usage: the usage chunk is kept as a chunk and also reported", () => {
