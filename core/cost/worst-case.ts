@@ -72,6 +72,12 @@ export function answersBilled(endpoint: CallType, body: WireRequest[Endpoint]): 
   return Math.max(n, b.best_of ?? 1) * completionPrompts(b.prompt);
 }
 
+/** How many choices an answer holds: `n`, for each prompt of a completions batch (`best_of`'s other candidates are not returned). */
+export function choicesAnswered(endpoint: "chat" | "completions", body: WireRequest["chat" | "completions"]): number {
+  const n = Math.max(1, body.n ?? 1);
+  return endpoint === "chat" ? n : n * completionPrompts((body as WireRequest["completions"]).prompt);
+}
+
 /** Past 2^53 a count is not exact (nor a BigInt of an infinite one possible); no budget or limit holds that many tokens. */
 const MAX_ANSWER_TOKENS = Number.MAX_SAFE_INTEGER;
 

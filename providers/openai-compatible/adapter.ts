@@ -17,7 +17,7 @@ import type {
 import { promptSize } from "../../core/cost/estimate.ts";
 import { ErrorInAnswer, errorInfo } from "../../core/errors.ts";
 import { mapUpstreamStatus } from "../../core/pipeline/upstream.ts";
-import { answerTokenBound } from "../../core/cost/worst-case.ts";
+import { answerTokenBound, choicesAnswered } from "../../core/cost/worst-case.ts";
 import { imagesAsked, NotForwardedFields, speechUsage } from "../../core/wire.ts";
 import type { Dialect, OpenAICompatibleProvider } from "./table.ts";
 import { usageFromImages, usageFromOpenAI } from "./usage.ts";
@@ -114,8 +114,12 @@ interface StreamState {
   promptEstimate: number;
   /** The chunks' `id` (the same on every chunk), read from the first one. */
   id?: string;
-  /** `[DONE]`, the usage chunk (asked for, or sent unasked) or a finish reason came: the answer is whole. */
+  /** `[DONE]`, the usage chunk (asked for, or sent unasked) or a finish reason on every choice came: the answer is whole. */
   ended: boolean;
+  /** The choices the answer holds (`n`): one choice's finish is not the end of an answer of several. */
+  choices: number;
+  /** With several choices: the indexes of those that finished. */
+  finished?: Set<number>;
   /** Chat: the request, and whether the answer cited the web (a search model's search, priced per call). */
   req?: ChatRequest;
   searched?: boolean;
@@ -149,6 +153,7 @@ function wantsUsage(req: { stream_options?: Record<string, unknown> | null }): b
  * Text surgery is safe here: inside JSON strings quotes are escaped, so `"usage":` can only be a key.
  */
 function openAIStream<E extends "chat" | "completions">(
+  endpoint: E,
   promptEstimate: (req: E extends "chat" ? ChatRequest : CompletionRequest) => number,
 ) {
   return {
@@ -158,6 +163,7 @@ function openAIStream<E extends "chat" | "completions">(
       chunks: 0,
       promptEstimate: promptEstimate(req),
       ended: false,
+      choices: choicesAnswered(endpoint, req),
     }),
     event(data: string, s: StreamState): StreamPart[] {
       if (data === "[DONE]") {
@@ -165,7 +171,7 @@ function openAIStream<E extends "chat" | "completions">(
         return [{ type: "end" }];
       }
       s.id ??= CHUNK_ID.exec(data)?.[1] ?? "";
-      if (!s.ended && FINISHED.test(data)) s.ended = true;
+      if (!s.ended && FINISHED.test(data)) s.ended = s.choices === 1 || allChoicesFinished(data, s);
       if (ERROR_EVENT.test(data)) return [streamError(data)];
       const parts: StreamPart[] = [];
       const chunk = usageChunk(data);
@@ -199,6 +205,18 @@ function openAIStream<E extends "chat" | "completions">(
     responseId: (s: StreamState) => s.id || undefined,
     complete: (s: StreamState) => s.ended,
   };
+}
+
+/** Records the choices a finish chunk ends (parsed: a few chunks a stream); whether every choice has ended. */
+function allChoicesFinished(data: string, s: StreamState): boolean {
+  const choices = asObject(JSON.parse(data)).choices;
+  s.finished ??= new Set();
+  if (Array.isArray(choices)) {
+    for (const c of choices as { index?: unknown; finish_reason?: unknown }[]) {
+      if (typeof c?.finish_reason === "string") s.finished.add(typeof c.index === "number" ? c.index : 0);
+    }
+  }
+  return s.finished.size >= s.choices;
 }
 
 /**
@@ -324,7 +342,7 @@ function citesWeb(b: WireJson): boolean {
 
 /** `dialectOf`: how a deployment's provider departs from OpenAI's request body (table rows' `dialect`). */
 export function openAIChat(dialectOf?: (d: Deployment) => Dialect | undefined): EndpointAdapter<"chat", StreamState> {
-  const stream = openAIStream<"chat">((req) => estimateTokens(req.messages.map((m) => m.content)));
+  const stream = openAIStream("chat", (req: ChatRequest) => estimateTokens(req.messages.map((m) => m.content)));
   return {
     supportedParamsFor: (d) => dialectOf?.(d)?.accepted,
     request: (req, d, raw) =>
@@ -357,7 +375,7 @@ export function openAICompletions(): EndpointAdapter<"completions", StreamState>
       const b = answerObject(body);
       return { body: b, usage: answerUsage("completions", b, req) };
     },
-    stream: openAIStream<"completions">((req) => estimateTokens(req.prompt)),
+    stream: openAIStream("completions", (req: CompletionRequest) => estimateTokens(req.prompt)),
   };
 }
 

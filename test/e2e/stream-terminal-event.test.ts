@@ -2,7 +2,8 @@
 // stream, not the end of the upstream's body: an upstream that holds its connection open after it
 // still gives the client its `[DONE]` at once (a success, not a stall or a client that gave up), and
 // whatever an upstream sends after it is neither passed on nor charged. Seen through the openai SDK
-// against the OpenAI and Anthropic wire mocks, the spend log read from PostgreSQL.
+// against the OpenAI and Anthropic wire mocks, the spend log read from PostgreSQL. With `n` choices,
+// one choice's finish is not the end of the answer: a body that ends before each has one is cut.
 import { afterAll, beforeAll, beforeEach, expect, test } from "bun:test";
 import { sql } from "drizzle-orm";
 import OpenAI from "openai";
@@ -131,4 +132,50 @@ test("anthropic: events after message_stop are not passed on nor charged", async
   expect(r.usages).toHaveLength(1);
   expect(r.usages[0]!.completion_tokens).toBeLessThan(100);
   expect(r.row).toMatchObject({ status: "success", completion_tokens: r.usages[0]!.completion_tokens });
+});
+
+/** The bytes of an n=2 answer whose second choice never finishes, then a clean end. */
+function n2CutAfterFirstFinish(): void {
+  const body =
+    openAIChunk({ choices: [0, 1].map((index) => ({ index, delta: { role: "assistant", content: "" }, finish_reason: null })) }) +
+    openAIChunk({ choices: [{ index: 0, delta: { content: "A one" }, finish_reason: null }] }) +
+    openAIChunk({ choices: [{ index: 1, delta: { content: "B one" }, finish_reason: null }] }) +
+    openAIChunk({ choices: [{ index: 0, delta: {}, finish_reason: "stop" }] }) +
+    openAIChunk({ choices: [{ index: 1, delta: { content: " B two" }, finish_reason: null }] });
+  const bytes = new TextEncoder().encode(body);
+  openai.fault({ kind: "wire", shape: () => ({ bytes, cuts: [], end: { at: bytes.length, how: "close" } }) });
+}
+
+test("n=2: a body that ends after only the first choice finished is cut: a 503 error event, a failure charged what it streamed", async () => {
+  n2CutAfterFirstFinish();
+  const res = await fetch(`${gw.url}/v1/chat/completions`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" },
+    body: JSON.stringify({ model: "gpt", stream: true, n: 2, messages: [{ role: "user", content: "one two three" }] }),
+  });
+  const text = await res.text();
+  expect(text).toContain('"content":" B two"');
+  expect(text).not.toContain("[DONE]");
+  expect(text).toContain("ended before the answer was complete");
+  expect(text).toContain(`"code":"503"`);
+  const read = async () => {
+    await gw.host!.spendWriter.flush();
+    return rows<LogRow>(gw.host!.store.db, sql`select * from spend_logs where call_id = ${res.headers.get("x-svc-call-id")}`);
+  };
+  const [row] = await waitFor(read, (r) => r.length === 1, "the call's log row");
+  expect(row!.status).toBe("failure");
+  expect(row!.completion_tokens).toBeGreaterThan(0);
+});
+
+test("n=2 through the SDK: an answer whose choices both finish (no usage, no [DONE]) is whole", async () => {
+  const body =
+    openAIChunk({ choices: [0, 1].map((index) => ({ index, delta: { role: "assistant", content: "" }, finish_reason: null })) }) +
+    openAIChunk({ choices: [{ index: 0, delta: { content: "A" }, finish_reason: "stop" }] }) +
+    openAIChunk({ choices: [{ index: 1, delta: { content: "B" }, finish_reason: "length" }] });
+  const bytes = new TextEncoder().encode(body);
+  openai.fault({ kind: "wire", shape: () => ({ bytes, cuts: [], end: { at: bytes.length, how: "close" } }) });
+  const stream = await client.chat.completions.create({ model: "gpt", stream: true, n: 2, messages: [{ role: "user", content: "one two three" }] });
+  const finishes: (string | null)[] = [];
+  for await (const c of stream) for (const choice of c.choices) if (choice.finish_reason) finishes[choice.index] = choice.finish_reason;
+  expect(finishes).toEqual(["stop", "length"]);
 });
