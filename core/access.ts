@@ -213,20 +213,21 @@ const LLM_API_ROUTE = /^\/(v1\/)?(chat\/completions|completions|embeddings|image
 
 /**
  * LiteLLM's `info_routes`: the management API's reads (info, lists, spend, activity, audit), and
- * the model listings (MODEL_LISTING). What a `key_type: read_only` key may call.
+ * the reads of READ_ONLY_INFO. What a `key_type: read_only` key may call.
  */
 const INFO_ROUTE =
-  /^\/(key\/(info|list|aliases|health)|v2\/key\/info|team\/(info|list|available|permissions_list)|v2\/team\/list|user\/(info|list)|organization\/(info|list)|budget\/(info|list|settings)|(v1\/|v2\/)?model\/info|model_group\/info|access_group\/(list|[^/]+\/info)|v1\/access_group\/[^/]+|spend\/(logs|logs\/v2|keys|users|tags)|global\/spend\/(report|tags)|(team|organization|user)\/daily\/activity|provider\/budgets|audit\/logs|health(\/[a-z]+)?)$/;
+  /^\/(key\/(info|list|aliases|health)|v2\/key\/info|team\/(info|list|available|permissions_list)|v2\/team\/list|user\/(info|list)|organization\/(info|list)|budget\/(info|list|settings)|(v1\/|v2\/)?model\/info|model_group\/info|access_group\/(list|[^/]+\/info)|spend\/(logs|logs\/v2|keys|users|tags)|global\/spend\/(report|tags)|(team|organization|user)\/daily\/activity|provider\/budgets|audit\/logs|health(\/[a-z]+)?)$/;
 
 /**
- * The model listings (`/v1/models`, `/v1/models/{model_id}`, an id may hold `/`), reads only: a
- * POST under the same paths is a Gemini-style model call (`/v1/models/gpt-4o:generateContent`).
+ * Paths that are info routes for reads only: the model listings (`/v1/models`,
+ * `/v1/models/{model_id}`, an id may hold `/`; a POST under them is a Gemini-style model call,
+ * `/v1/models/gpt-4o:generateContent`) and `/v1/access_group/{id}` (its PUT and DELETE write).
  */
-const MODEL_LISTING = /^\/(v1\/)?models(\/.+)?$/;
+const READ_ONLY_INFO = /^\/(v1\/)?models(\/.+)?$|^\/v1\/access_group\/[^/]+$/;
 const READ_METHODS: ReadonlySet<string> = new Set(["GET", "HEAD"]);
 
 function isInfoRoute(path: string, method: string): boolean {
-  return INFO_ROUTE.test(path) || (READ_METHODS.has(method) && MODEL_LISTING.test(path));
+  return INFO_ROUTE.test(path) || (READ_METHODS.has(method) && READ_ONLY_INFO.test(path));
 }
 
 /**
@@ -250,7 +251,10 @@ function forms(path: string): string[] {
  * a named group). A pass-through route is a model call to the groups (LiteLLM's `is_llm_api_route`):
  * it spends the operator's provider key, which is no part of the management API.
  */
-export function routeMatches(pattern: string, path: string, method: string, passThrough = false): boolean {
+export function routeMatches(pattern: string, requested: string, method: string, passThrough = false): boolean {
+  // The app serves `/v1/chat/completions/` as `/v1/chat/completions`: it is judged as that route
+  // (else a management key made model calls through the slash, and an llm_api key was refused).
+  const path = requested.length > 1 && requested.endsWith("/") ? requested.replace(/\/+$/, "") || "/" : requested;
   if (pattern === "llm_api_routes") return passThrough || LLM_API_ROUTE.test(path);
   if (pattern === "management_routes") return !passThrough && !LLM_API_ROUTE.test(path);
   if (pattern === "info_routes") return !passThrough && isInfoRoute(path, method);

@@ -11,7 +11,7 @@ import OpenAI, { APIError, AuthenticationError, PermissionDeniedError } from "op
 import type { IdentityChange } from "../core/identity/records.ts";
 import type { Db } from "../core/store/db.ts";
 import { accessGroups, organizations, orgMembers, teamMembers, teams, users, virtualKeys } from "../core/store/schema.ts";
-import { BACKENDS, MASTER_KEY, startBackendGateway, type TestGateway } from "./harness/gateway.ts";
+import { BACKENDS, MASTER_KEY, requestJson, startBackendGateway, type TestGateway } from "./harness/gateway.ts";
 import { sha256 } from "./harness/util.ts";
 
 const UPSTREAM_SECRET = "sk-upstream-very-secret-42";
@@ -402,6 +402,38 @@ for (const backend of BACKENDS) {
           expect({ path, status: res.status, error: answer.error?.status }).toEqual({ path, status: 403, error: "PERMISSION_DENIED" });
         }
       }
+    });
+
+    test("a trailing slash is the same route: a management key makes no model call through it, an llm_api key is not refused", async () => {
+      const post = (path: string, key: string) =>
+        fetch(`${gw.url}${path}`, { method: "POST", headers: { authorization: `Bearer ${key}`, "content-type": "application/json" }, body: JSON.stringify({ model: "gpt-a", messages: [{ role: "user", content: "hi" }] }) });
+      const management = await f.key({ keyType: "management" });
+      expect((await post("/v1/chat/completions/", management)).status).toBe(403);
+      const llm = await f.key({ keyType: "llm_api" });
+      expect((await post("/v1/chat/completions/", llm)).status).toBe(200);
+      const exact = await f.key({ allowedRoutes: ["/v1/chat/completions"] });
+      expect((await post("/v1/chat/completions/", exact)).status).toBe(200);
+      const readOnly = await f.key({ keyType: "read_only" });
+      expect((await getStatus(gw, "/key/info/", readOnly)).status).not.toBe(403);
+    });
+
+    test("read_only and info_routes keys read an access group by /v1/access_group/{id} but neither update nor delete it", async () => {
+      const group = await requestJson<{ access_group_id: string }>(gw, "POST", "/access_group/new", { body: { access_group: `ro-${backend}`, model_names: ["gpt-a"] } });
+      expect(group.status).toBe(200);
+      const id = group.body.access_group_id;
+      // Keys of a proxy admin: only the route check stands between them and a write.
+      const admin = `ro-admin-${backend}`;
+      await f.db.insert(users).values({ userId: admin, userRole: "proxy_admin" });
+      await f.publish({ kind: "user", userId: admin });
+      for (const k of [await f.key({ keyType: "read_only", userId: admin }), await f.key({ allowedRoutes: ["info_routes"], userId: admin })]) {
+        expect((await getStatus(gw, `/v1/access_group/${id}`, k)).status).toBe(200);
+        for (const method of ["PUT", "DELETE"]) {
+          const res = await fetch(`${gw.url}/v1/access_group/${id}`, { method, headers: { authorization: `Bearer ${k}`, "content-type": "application/json" }, body: method === "PUT" ? JSON.stringify({ model_names: ["gpt-a"], description: "written" }) : undefined });
+          expect([method, res.status]).toEqual([method, 403]);
+          expect(JSON.stringify(await res.json())).toContain("info_routes");
+        }
+      }
+      expect((await requestJson(gw, "GET", `/v1/access_group/${id}`)).status).toBe(200);
     });
 
     test("blocked key, team or org, expired key and deleted key: 401; unblocking works at once", async () => {
