@@ -300,6 +300,22 @@ describe("guaranteed_throughput: team and model writes that would overbook are r
     expect((await requestJson(gw, "PATCH", "/model/tm-extra/update", { body: { model_info: { note: "kept" } } })).status).toBe(200);
   });
 
+  test("an access group given a group its guaranteed keys would overbook is refused (/access_group/{g}/update), naming the key", async () => {
+    expect((await requestJson(gw, "POST", "/model/new", { body: { model_name: "agw", svc_params: { model: "mock/agw", rpm: 10 } } })).status).toBe(200);
+    expect((await requestJson(gw, "POST", "/model/new", { body: { model_name: "agx", svc_params: { model: "mock/agx", rpm: 10 } } })).status).toBe(200);
+    const group = await requestJson<{ access_group_id: string }>(gw, "POST", "/access_group/new", { body: { access_group: "ag-widen", model_names: ["agw"] } });
+    expect(group.status).toBe(200);
+    await guaranteed(8, { models: ["ag-widen"] });
+    await guaranteed(8, { models: ["agx"] });
+    // Giving ag-widen agx would promise agx 16 rpm of its 10.
+    const widened = await requestJson<{ error: { message: string; param: string } }>(gw, "PUT", `/v1/access_group/${group.body.access_group_id}`, { body: { model_names: ["agw", "agx"] } });
+    expect([widened.status, widened.body.error?.param]).toEqual([400, "model_names"]);
+    expect(widened.body.error.message).toMatch(/^Key sk-.*: guaranteed_throughput: model agx serves 10 rpm/);
+    expect((await requestJson(gw, "GET", `/v1/access_group/${group.body.access_group_id}`)).body).toMatchObject({ model_names: ["agw"] });
+    // One that fits is taken.
+    expect((await requestJson(gw, "PUT", `/v1/access_group/${group.body.access_group_id}`, { body: { model_names: ["agw"], description: "same" } })).status).toBe(200);
+  });
+
   test("/model/new of a group (or a wildcard route) that guaranteed keys already reserve more of than it serves", async () => {
     const reserved = await guaranteed(8, { models: ["nm", "nw/a"] });
     for (const [model_name, model] of [

@@ -24,6 +24,7 @@ import { declaredAccessGroups, groupModels, modelNamed, type Snapshot } from "..
 import { accessGroups } from "../../store/schema.ts";
 import { isUniqueViolation, storeErrorCause } from "../../store/sql.ts";
 import { type AdminCtx, type AdminDeps, adminRoute } from "./context.ts";
+import { refuseOverbooking } from "./reservations.ts";
 
 const ModelNames = T.Array(T.String({ minLength: 1 }));
 const NewBody = T.Object({ access_group: T.String({ minLength: 1 }), model_names: ModelNames, description: T.Optional(T.String()) }, { additionalProperties: true });
@@ -202,11 +203,28 @@ async function groupInfo(ctx: AdminCtx, at: Lookup) {
   throw missing(at);
 }
 
+/**
+ * Keys that name the group (by name in `models`, or by id) reach what it grants: a guaranteed key
+ * among them must still fit every group it would reach, as after a key or model write (the 400
+ * names the key). The group's deployments that declare it keep granting; its stored models change.
+ */
+function refuseWidening(ctx: AdminCtx, id: string | undefined, name: string, storedBefore: readonly string[], stored: readonly string[]): void {
+  const current = (id === undefined ? undefined : ctx.snapshot.accessGroups.byId(id)) ?? ctx.snapshot.accessGroups.byName(name) ?? [];
+  const granted = [...new Set([...current.filter((m) => !storedBefore.includes(m)), ...stored])];
+  const groups = ctx.snapshot.accessGroups;
+  const lookup = {
+    byName: (n: string) => (n === name ? granted : groups.byName(n)),
+    byId: (i: string) => (i === id ? granted : groups.byId(i)),
+  };
+  refuseOverbooking(ctx, { affected: () => true, accessGroups: lookup }, "model_names");
+}
+
 async function updateGroup(ctx: AdminCtx, at: Lookup) {
   ctx.caller.requireAdmin();
   const body = await ctx.body(UpdateBody);
   const before = await requireWritable(ctx, at);
   requireModels(ctx.snapshot, body.model_names);
+  refuseWidening(ctx, before.accessGroupId, before.accessGroupName, before.modelNames, body.model_names);
   const patch = { modelNames: [...new Set(body.model_names)], updatedAt: new Date(), updatedBy: ctx.caller.changedBy, ...(body.description === undefined ? {} : { description: body.description }) };
   const [row] = await storeWrite(ctx, "update the access group", () => ctx.db.update(accessGroups).set(patch).where(eq(accessGroups.accessGroupId, before.accessGroupId)).returning());
   if (!row) throw missing(at);

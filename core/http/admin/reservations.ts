@@ -4,6 +4,7 @@
  * each group. A write to one of those must leave room for every reservation, as a key write must.
  */
 import { badRequest } from "../../authz.ts";
+import type { AccessGroupLookup } from "../../access.ts";
 import type { KeyRow } from "../../contract.ts";
 import { type KeyOwners, overflowAfter } from "../../limits/capacity.ts";
 import type { ModelTable } from "../../models.ts";
@@ -14,13 +15,14 @@ export interface ReservingChange {
   affected(key: KeyRow): boolean;
   owners?: Partial<KeyOwners>;
   models?: ModelTable;
+  accessGroups?: AccessGroupLookup;
 }
 
 /** 400 (the key write's, naming the key that would no longer fit) when `change` would overbook a group or a team. */
 export function refuseOverbooking(ctx: AdminCtx, change: ReservingChange, param: string): void {
   const { identity, snapshot } = ctx;
   const owners: KeyOwners = { teams: identity.teams, users: identity.users, orgs: identity.orgs, ...change.owners };
-  const reach = { models: change.models ?? snapshot.models, accessGroups: snapshot.accessGroups, groupAliases: snapshot.groupAliases };
+  const reach = { models: change.models ?? snapshot.models, accessGroups: change.accessGroups ?? snapshot.accessGroups, groupAliases: snapshot.groupAliases };
   const problem = overflowAfter(change.affected, reach, identity.keys.values(), owners);
   if (problem) throw badRequest(problem, param);
 }
