@@ -36,15 +36,17 @@ function worstImages(pricing: Pricing, d: Deployment, promptTokens: number, req:
 /**
  * Priced per second or per token, whichever the model uses; a transcript is shorter than its
  * audio's tokens. An answer without its audio's length is charged for the call's time instead
- * (a model priced per second of the call), so the dearer of the two.
+ * (a model priced per second of the call), so the dearer of the two. `audioSeconds`: the length
+ * it was priced with, where a price per second made the cost (a call charged this logs it).
  */
-function worstTranscription(pricing: Pricing, d: Deployment, promptTokens: number, req: WireRequest["transcriptions"], maxCallMs: number): Pico {
+export function transcriptionBound(pricing: Pricing, d: Deployment, promptTokens: number, req: WireRequest["transcriptions"], maxCallMs: number): { cost: Pico; audioSeconds?: number } {
   const audio = audioBound(req.file.size, knownAudioSeconds(req.file));
   const usage = { promptTokens: promptTokens + audio.tokens, audioPromptTokens: audio.tokens, completionTokens: audio.tokens };
   const bySeconds = pricing.costOf(d, { ...usage, audioSeconds: audio.seconds }).cost;
   const byCallTime = pricing.costOf(d, usage, maxCallMs).cost;
-  if (byCallTime > bySeconds) return byCallTime;
-  return bySeconds;
+  if (byCallTime > bySeconds) return { cost: byCallTime };
+  // A model priced by tokens alone was not priced with the length.
+  return bySeconds > pricing.costOf(d, usage).cost ? { cost: bySeconds, audioSeconds: audio.seconds } : { cost: bySeconds };
 }
 
 /** The answer-token limit a request sets, if any. */
@@ -124,7 +126,7 @@ export function worstCaseOf<E extends Endpoint>(endpoint: E, body: WireRequest[E
     case "speech":
       return pricing.costOf(d, speechBound(body as WireRequest["speech"]), maxCallMs).cost;
     case "transcriptions":
-      return worstTranscription(pricing, d, promptTokens, body as WireRequest["transcriptions"], maxCallMs);
+      return transcriptionBound(pricing, d, promptTokens, body as WireRequest["transcriptions"], maxCallMs).cost;
     default: {
       // Chat and completions: without max_tokens every answer may run to the model's output limit.
       const output = answerTokens(maxOutputTokens ?? pricing.outputLimit(d), answersBilled(endpoint, body));

@@ -8,7 +8,7 @@ import { type PromptSize, promptSize } from "../cost/estimate.ts";
 import { knownAudioSeconds } from "../cost/audio-length.ts";
 import type { CallCost } from "../cost/pricing.ts";
 import { MAX_COUNT, countableUsage } from "../cost/countable-usage.ts";
-import { answersBilled, maxOutput, worstCaseOf } from "../cost/worst-case.ts";
+import { answersBilled, maxOutput, transcriptionBound, worstCaseOf } from "../cost/worst-case.ts";
 import { groupCapacity, type ModelReach } from "../limits/capacity.ts";
 import { IMAGE_QUALITIES, IMAGE_SIZES, imagesAsked } from "../wire.ts";
 import { picoToText } from "../cost/money.ts";
@@ -390,7 +390,7 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
    * `billed`: a failure that used something the upstream bills (parts of a split call answered
    * before one failed) is charged that usage; any other failure is not charged.
    */
-  const finish = (status: CallStatus, reported: Usage, error?: ErrorInfo, firstByteAt?: number, responseId?: string, billed = status !== "failure", charge?: CallCost): bigint => {
+  const finish = (status: CallStatus, reported: Usage, error?: ErrorInfo, firstByteAt?: number, responseId?: string, billed = status !== "failure", charge?: Reserved): bigint => {
     if (finished) return 0n;
     finished = true;
     const { usage, corrected } = countableUsage(answeredUsage(snapshot, d, endpoint, reported, body));
@@ -400,14 +400,15 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
     // for it: see chargedCallMs).
     const endedAt = Date.now();
     const callMs = Math.min(endedAt - startedAt, maxCallMs);
-    let priced = charge ?? (billed ? snapshot.pricing.costOf(d, usage, callMs) : { cost: 0n, priced: true, source: "failed call" });
+    let priced: Reserved = charge ?? (billed ? snapshot.pricing.costOf(d, usage, callMs) : { cost: 0n, priced: true, source: "failed call" });
     // A transcript whose answer told nothing it is priced by, nor the file its length, is no freer.
     if (endpoint === "transcriptions" && status === "success" && priced.cost === 0n) priced = reservedCharge(endpoint, body, d, snapshot, maxCallMs) ?? priced;
     const record = callRecord(ctx, endpoint, body, d, {
       endedAt,
       stream: streams,
       status,
-      usage,
+      // Charged what was reserved: the log's audio_seconds is the length that charge was priced with.
+      usage: priced.audioSeconds === undefined ? usage : { ...usage, audioSeconds: priced.audioSeconds },
       cost: priced.cost,
       priced: priced.priced,
       costSource: priced.source,
@@ -541,14 +542,21 @@ export async function callDeployment<E extends Endpoint>(endpoint: E, body: Wire
  */
 const BILLED_AS_ASKED: ReadonlySet<Endpoint> = new Set(["speech", "images", "transcriptions"]);
 
+/** A call's charge; `audioSeconds`: the audio length it was priced with, when that is not what the answer's usage says. */
+type Reserved = CallCost & { audioSeconds?: number };
+
 /**
  * What a call on such an endpoint is charged when its client left once the request was with the
  * upstream: what budgets reserved for it, its worst case for what it asked (no answer says what
  * was made), so that leaving early makes no call free. A model without a price is charged as usual.
  */
-function reservedCharge<E extends Endpoint>(endpoint: E, body: WireRequest[E], d: Deployment, snapshot: Snapshot, maxCallMs: number): CallCost | undefined {
-  const cost = worstCaseOf(endpoint, body, d, snapshot.pricing, promptSize(endpoint, body).bound, maxOutput(body), maxCallMs);
-  return cost > 0n ? { cost, priced: true, source: "what was reserved: the client left before the answer" } : undefined;
+function reservedCharge<E extends Endpoint>(endpoint: E, body: WireRequest[E], d: Deployment, snapshot: Snapshot, maxCallMs: number): Reserved | undefined {
+  const promptTokens = promptSize(endpoint, body).bound;
+  const { cost, audioSeconds } =
+    endpoint === "transcriptions"
+      ? transcriptionBound(snapshot.pricing, d, promptTokens, body as WireRequest["transcriptions"], maxCallMs)
+      : { cost: worstCaseOf(endpoint, body, d, snapshot.pricing, promptTokens, maxOutput(body), maxCallMs), audioSeconds: undefined };
+  return cost > 0n ? { cost, priced: true, source: "what was reserved: the client left before the answer", audioSeconds } : undefined;
 }
 
 /** Endpoints whose OpenAI answer carries the call's token counts as `usage`. */

@@ -131,6 +131,32 @@ for (const backend of BACKENDS) {
       expect(logs.body.data.map((r) => [r.model_group, r.audio_seconds]).sort()).toEqual([["chat", null], ["transcribe", null], ["tts", 2], ["whisper", 0.75], ["whisper", 1.5]]);
     });
 
+    test("a transcription charged what budgets reserved logs the seconds it was charged for", async () => {
+      const key = await requestJson<{ key: string; token: string }>(gw, "POST", "/key/generate", { body: { team_id: teamId } });
+      const reserved = new OpenAI({ apiKey: key.body.key, baseURL: gw.baseURL, maxRetries: 0 });
+      // The client leaves a 3 s WAV: charged the reservation, ceil(3 × 1.02) + 1 = 5 s.
+      mock.fault({ kind: "hang", path: "/v1/audio/transcriptions" });
+      const left = new AbortController();
+      const call = reserved.audio.transcriptions.create({ file: await speechFile(3), model: "whisper" }, { signal: left.signal });
+      await Bun.sleep(500);
+      left.abort();
+      await call.catch(() => undefined);
+      // A file whose length the gateway cannot read, answered without one: 64,000 bytes at 750 a second, 86 s.
+      mock.fault({ kind: "status", status: 200, body: { text: "hi" }, path: "/v1/audio/transcriptions" });
+      const mp3 = await reserved.audio.transcriptions.create({ file: await toFile(new Uint8Array(64_000), "speech.mp3", { type: "audio/mpeg" }), model: "whisper" }).withResponse();
+      expect(mp3.response.headers.get("x-svc-response-cost")).toBe("0.0086");
+      let logged: { spend: string; audio_seconds: string | null }[] = [];
+      for (let i = 0; i < 100 && logged.length < 2; i++) {
+        await gw.host!.spendWriter.flush();
+        logged = await rows(gw.host!.store.db, sql`select spend::text as spend, audio_seconds::text as audio_seconds from spend_logs where api_key = ${key.body.token} order by start_time`);
+        if (logged.length < 2) await Bun.sleep(50);
+      }
+      expect(logged).toEqual([
+        { spend: "0.000500000000", audio_seconds: "5.000000000000" },
+        { spend: "0.008600000000", audio_seconds: "86.000000000000" },
+      ]);
+    });
+
     test("seconds add up on both of the writer's paths (a batch of new rows, and one holding a row written before), and in a finished day's stored part", async () => {
       const at = Date.now() - 2 * DAY;
       const entry = (audioPicoseconds: number | null, spendPico: number): SpendEntry =>
