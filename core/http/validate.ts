@@ -7,6 +7,7 @@ import { FORMAT_ERRORS, MAX_REQUEST_MB } from "../config/schema.ts";
 import { GatewayError, bodyTooLarge } from "../errors.ts";
 import { parseKeepingNumberText } from "../identity/exact-numbers.ts";
 import { booleanParam } from "../identity/paging.ts";
+import { withDeclaredType } from "./multipart.ts";
 import { ChatRequestSchema, CompletionRequestSchema, EmbeddingsRequestSchema, ImageRequestSchema, MAX_SPEECH_CHARACTERS, ModerationRequestSchema, SpeechRequestSchema, TranscriptionRequestSchema, codePoints } from "../wire.ts";
 
 export function checker<S extends TSchema>(schema: S) {
@@ -163,13 +164,14 @@ interface DeclaredPart {
  * Content-Type: the client's type (audio/webm for `rec.webm`, audio/ogg for a `blob`) is put back,
  * and a part that declares none goes on as a file of unknown type (application/octet-stream, as
  * RFC 7578 reads it), not as Bun's guess. Bun also keeps the backslash of a quote escaped in the
- * `filename` (curl writes `a\"b.mp3`); the name goes on as the client meant it.
+ * `filename` (curl writes `a\"b.mp3`); the name goes on as the client meant it. A type Bun would
+ * change (`Audio/WAV`, `text/plain`) is kept beside the file (http/multipart.ts).
  */
 function asDeclared(parsed: Blob, declared: DeclaredPart): Blob {
   const type = declared.type ?? "";
   const name = parsed instanceof File ? (declared.filename ?? parsed.name) : undefined;
   if (type === parsed.type && (name === undefined || name === (parsed as File).name)) return parsed;
-  return name === undefined ? new Blob([parsed], { type }) : new File([parsed], name, { type });
+  return withDeclaredType(name === undefined ? new Blob([parsed], { type }) : new File([parsed], name, { type }), type);
 }
 
 /** What each part of a multipart body declares, in order; empty when the body's boundary cannot be found. */

@@ -3,6 +3,7 @@ import type { Deployment, ErrorInfo, HttpCall, ProviderAdapter } from "../contra
 import { CredentialsRefused, type ErrorInAnswer, GatewayError, errorInfo } from "../errors.ts";
 import { rememberSentCredentials, withoutCredentials } from "../secrets.ts";
 import { boundBy } from "../fetch-bound.ts";
+import { formBody } from "../http/multipart.ts";
 import { pinnedRequest } from "../pinned-fetch.ts";
 import { errorBodyText } from "./answer-body.ts";
 
@@ -204,12 +205,14 @@ export async function send(adapter: ProviderAdapter, d: Deployment, made: HttpCa
     // A client-chosen host: connected to at the address checked, and a redirect is not followed (it
     // would send the call, with the client's key, to an address nobody checked). An adapter that
     // does not call api_base (its provider's own endpoint) is not pinned.
-    const init = { method: call.method ?? "POST", body: call.form ?? call.body, ...boundBy(deadline.signal) };
+    const form = call.form && formBody(call.form);
+    const headers = form?.contentType ? { ...call.headers, "content-type": form.contentType } : call.headers;
+    const init = { method: call.method ?? "POST", body: form ? form.body : call.body, ...boundBy(deadline.signal) };
     if (d.connectTo && new URL(call.url).hostname === d.connectTo.host) {
-      const to = pinnedRequest(call.url, call.headers, d.connectTo.address);
+      const to = pinnedRequest(call.url, headers, d.connectTo.address);
       return await fetch(to.url, { ...init, headers: to.headers, redirect: "manual", ...(to.tls ? { tls: to.tls } : {}) });
     }
-    return await fetch(call.url, { ...init, headers: call.headers });
+    return await fetch(call.url, { ...init, headers });
   } catch (err) {
     if (deadline.timedOut) throw timeoutError(d, deadline.seconds);
     if (deadline.clientGone) throw err;

@@ -6,6 +6,7 @@
  * from it; other models are asked for `json` where the client wants `json` or `text`.
  */
 import type { Deployment, EndpointAdapter, TextAnswer, TranscriptionRequest, WireJson } from "../../core/contract.ts";
+import { appendFile } from "../../core/http/multipart.ts";
 import { GatewayOnlyFields } from "../../core/wire.ts";
 import { num, usageFromTranscription } from "./usage.ts";
 
@@ -72,10 +73,10 @@ export function openAITranscriptions(): EndpointAdapter<"transcriptions"> {
         if (NOT_FORWARDED.has(k) || v === undefined || v === null) continue;
         if (Array.isArray(v)) for (const x of v) form.append(`${k}[]`, String(x));
         // Another file the client sent (a field this gateway does not know) goes on as a file, not as "{}".
-        else if (v instanceof Blob) form.append(k, v, v instanceof File ? v.name : k);
+        else if (v instanceof Blob) appendFile(form, k, v, v instanceof File ? v.name : k);
         else form.append(k, typeof v === "object" ? JSON.stringify(v) : String(v));
       }
-      form.append("file", req.file, req.file instanceof File ? req.file.name : "audio");
+      appendFile(form, "file", req.file, req.file instanceof File ? req.file.name : "audio");
       const headers: Record<string, string> = { ...d.headers };
       if (d.apiKey) headers.authorization = `Bearer ${d.apiKey}`;
       return { url: `${d.apiBase}/audio/transcriptions`, method: "POST", headers, form };

@@ -426,13 +426,13 @@ describe(`media endpoints differential (seed ${SEED}, MEDIA_DIFF_SEED)`, () => {
       const got = lastRequest(model);
       expectUpstreamCall(model, got, "audio/transcriptions", MASTER_KEY);
       const upstream = byName(got!.parts!);
-      // A part without a type goes on as a file of unknown type (not as a type guessed from its
-      // name's extension); its name as the client meant it (an escaped quote unescaped, then written
-      // as a browser writes a quote), and its bytes as sent.
+      // Its type as the client wrote it (not lowercased); a part without a type goes on as a file of
+      // unknown type (not as a type guessed from its name's extension); its name as the client meant
+      // it (an escaped quote unescaped, then written as a browser writes a quote), and its bytes as sent.
       const [fileName, fileType, fileHex] = upstream.file![0] as string[];
       expect(fileName).toBe((clientParts.file![0] as string[])[0]!.replaceAll('\\"', '"').replaceAll('"', "%22"));
       expect(fileHex).toBe(Buffer.from(file).toString("hex"));
-      expect(fileType).toBe(type ? type.toLowerCase() : "application/octet-stream");
+      expect(fileType).toBe(type ?? "application/octet-stream");
       expect(upstream.hint_file).toEqual(clientParts.hint_file!);
       expect(upstream.chunking_strategy).toEqual(['{"type":"server_vad"}']);
       expect(upstream["include[]"]).toEqual(["logprobs"]);

@@ -348,6 +348,24 @@ describe("requests", () => {
     expect(((await twice.json()) as { error: { param: string } }).error.param).toBe("file");
     expect(mock.requests).toHaveLength(1);
   });
+
+  test("a file part goes upstream with the Content-Type the client gave it, byte for byte (none given: application/octet-stream)", async () => {
+    const form = (type: string | undefined) =>
+      `--XyZ\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper\r\n--XyZ\r\nContent-Disposition: form-data; name="file"; filename="a \\"b\\".wav"\r\n${type === undefined ? "" : `Content-Type: ${type}\r\n`}\r\nRIFF-bytes\r\n--XyZ--\r\n`;
+    const cases = [["text/plain", "text/plain"], ["application/json", "application/json"], ["Audio/WAV", "Audio/WAV"], ["audio/wav; codecs=1", "audio/wav; codecs=1"], ["audio/mpeg", "audio/mpeg"], [undefined, "application/octet-stream"]] as const;
+    for (const [type, upstream] of cases) {
+      mock.reset();
+      const res = await fetch(`${gw.url}/v1/audio/transcriptions`, { method: "POST", headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "multipart/form-data; boundary=XyZ" }, body: form(type) });
+      expect(res.status).toBe(200);
+      const parts = mock.requests[0]!.parts!;
+      expect(parts.map((p) => [p.name, p.filename, p.contentType])).toEqual([
+        ["model", undefined, undefined],
+        ["response_format", undefined, undefined],
+        ["file", "a %22b%22.wav", upstream],
+      ]);
+      expect(Buffer.from(parts[2]!.bytes).toString()).toBe("RIFF-bytes");
+    }
+  });
 });
 
 describe("speech", () => {
