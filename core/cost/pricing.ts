@@ -73,6 +73,11 @@ function priceNames(provider: string, model: string): string[] {
   return [...new Set([model, id, profile, profile.replace(CROSS_REGION_PREFIX, "")])];
 }
 
+/** A provider-named base model (`azure/dall-e-3`, LiteLLM's convention) has its variants under the provider: `azure/hd/…/dall-e-3`. */
+function bareModel(provider: string, model: string): string {
+  return model.startsWith(`${provider}/`) ? model.slice(provider.length + 1) : model;
+}
+
 /** Normalizes an image size for price-file keys: `1024x1792` → `1024-x-1792`. */
 function sizeKey(size: string): string {
   return size.replace(/\s*[x×]\s*/, "-x-");
@@ -118,6 +123,19 @@ export class Pricing {
     return this.variantEntry(d.provider, pricedModel(d), variant) !== undefined;
   }
 
+  /**
+   * Of `sizes` and `qualities`, those the table prices the deployment's image model at (what a
+   * refusal of an unpriced one suggests): a quality with entries of its own, as a model priced per
+   * size alone (dall-e-2) takes any quality at its size's price.
+   */
+  imageVariants(d: Deployment, sizes: readonly string[], qualities: readonly string[]): { sizes: string[]; qualities: string[] } {
+    const model = pricedModel(d);
+    const priced = sizes.filter((size) => this.variantEntry(d.provider, model, { size }) !== undefined);
+    const bare = bareModel(d.provider, model);
+    const own = qualities.filter((quality) => priced.some((size) => this.table.find(d.provider, `${quality}/${sizeKey(size)}/${bare}`) !== undefined));
+    return { sizes: priced, qualities: own };
+  }
+
   private resolve(d: Deployment, variant?: { size?: string; quality?: string }): ModelPrice | undefined {
     const overrides = { ...priceFields(d.options), ...priceFields(d.info) };
     const found = this.lookup(d.provider, pricedModel(d), variant);
@@ -139,8 +157,7 @@ export class Pricing {
   private variantEntry(provider: string, model: string, variant: { size?: string; quality?: string }) {
     // OpenAI's default size; an image model's price entries are per size.
     const size = sizeKey(variant.size ?? "1024x1024");
-    // A provider-named base model (`azure/dall-e-3`, LiteLLM's convention) has its variants under the provider: `azure/hd/…/dall-e-3`.
-    const bare = model.startsWith(`${provider}/`) ? model.slice(provider.length + 1) : model;
+    const bare = bareModel(provider, model);
     // Without a quality, the model's default: `standard` (dall-e-3), `medium` (gpt-image-1).
     const names = variant.quality ? [`${variant.quality}/${size}/${bare}`, `${size}/${bare}`] : [`standard/${size}/${bare}`, `medium/${size}/${bare}`, `${size}/${bare}`];
     for (const name of names) {

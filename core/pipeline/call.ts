@@ -329,7 +329,9 @@ function refuseUnpricedImageVariant(snapshot: Snapshot, d: Deployment, req: Wire
   // A model priced per size and quality has a price for its default one.
   if (!pricing.hasVariantPrice(d, {}) || pricing.hasVariantPrice(d, asked)) return;
   const what = [asked.size === undefined ? "" : `size ${asked.size}`, asked.quality === undefined ? "" : `quality ${asked.quality}`].filter(Boolean).join(" and ");
-  throw GatewayError.of(400, `${req.model} has no price for ${what}: use a size and quality it makes (e.g. ${IMAGE_SIZES.slice(0, 3).join(", ")}; ${IMAGE_QUALITIES.join(", ")}).`, "invalid_request_error", asked.size !== undefined && !pricing.hasVariantPrice(d, { size: asked.size }) ? "size" : "quality");
+  const made = pricing.imageVariants(d, IMAGE_SIZES, IMAGE_QUALITIES);
+  const suggested = [`sizes ${made.sizes.join(", ")}`, made.qualities.length > 0 ? `qualities ${made.qualities.join(", ")}` : ""].filter(Boolean).join("; ");
+  throw GatewayError.of(400, `${req.model} has no price for ${what}: use a size and quality it makes (${suggested}).`, "invalid_request_error", asked.size !== undefined && !pricing.hasVariantPrice(d, { size: asked.size }) ? "size" : "quality");
 }
 
 /** The usage an answer is charged for, where what it reports says too little. */

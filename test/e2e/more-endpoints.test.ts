@@ -43,6 +43,7 @@ beforeAll(async () => {
     model_list: [
       { model_name: "chat", svc_params: { model: "mock/chat" } },
       { model_name: "dalle", svc_params: upstream("openai/dall-e-3") },
+      { model_name: "dalle2", svc_params: upstream("openai/dall-e-2") },
       { model_name: "mock-dalle", svc_params: { model: "mock/dall-e-3" } },
       { model_name: "gpt-image", svc_params: upstream("openai/gpt-image-1") },
       { model_name: "claude", svc_params: { model: "anthropic/claude-3-5-sonnet", api_base: "http://127.0.0.1:9", api_key: "sk-ant-x" } },
@@ -117,6 +118,25 @@ describe("image generation", () => {
     // `auto` leaves them to the model: priced at the model's defaults, as before.
     const auto = await client.images.generate({ model: "dalle", prompt: "an auto fox", size: "auto", quality: "auto" }).withResponse();
     expect(Number(auto.response.headers.get("x-svc-response-cost"))).toBeGreaterThan(0);
+  });
+
+  test("the 400 for a size or quality with no price suggests those the model is priced at, and following it is answered", async () => {
+    const generate = (body: Record<string, unknown>) =>
+      fetch(`${gw.baseURL}/images/generations`, { method: "POST", headers: { authorization: `Bearer ${MASTER_KEY}`, "content-type": "application/json" }, body: JSON.stringify({ prompt: "a fox", ...body }) });
+    const cases = [
+      ["dalle2", { size: "13x7" }, "dalle2 has no price for size 13x7: use a size and quality it makes (sizes 1024x1024, 512x512, 256x256)."],
+      ["dalle", { size: "1024x1536" }, "dalle has no price for size 1024x1536: use a size and quality it makes (sizes 1024x1024, 1024x1792, 1792x1024; qualities standard, hd)."],
+      ["dalle", { quality: "ultra" }, "dalle has no price for size 1024x1024 and quality ultra: use a size and quality it makes (sizes 1024x1024, 1024x1792, 1792x1024; qualities standard, hd)."],
+      ["gpt-image", { quality: "ultra" }, "gpt-image has no price for size 1024x1024 and quality ultra: use a size and quality it makes (sizes 1024x1024, 1024x1536, 1536x1024; qualities low, medium, high)."],
+    ] as const;
+    for (const [model, extra, message] of cases) {
+      const res = await generate({ model, ...extra });
+      expect(res.status).toBe(400);
+      expect(((await res.json()) as { error: { message: string } }).error.message).toBe(message);
+      const [sizes, qualities = ""] = message.slice(message.indexOf("(") + 1, -2).split("; ");
+      for (const size of sizes!.slice("sizes ".length).split(", ")) expect([model, size, (await generate({ model, size })).status]).toEqual([model, size, 200]);
+      for (const quality of qualities.slice("qualities ".length).split(", ").filter(Boolean)) expect([model, quality, (await generate({ model, quality })).status]).toEqual([model, quality, 200]);
+    }
   });
 
   test("left to their defaults, size and quality are OpenAI's (1024x1024, standard); quality in any case", async () => {
