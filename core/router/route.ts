@@ -262,7 +262,7 @@ async function callGroup<E extends Endpoint>(run: Run<E>, body: WireRequest[E], 
   const { snapshot } = ctx;
   // Drained deployments are not the group's for this call: never picked, nor counted (a group's only
   // deployment in rotation never cools down; "all N are cooling down" counts those in rotation).
-  const rotation = new Rotation(policy.strategy, whole);
+  const rotation = Rotation.of(policy.strategy, whole);
   const deployments = rotation.deployments;
   const startedAt = Date.now();
   const failedHere = new Set<string>();

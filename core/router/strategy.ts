@@ -94,8 +94,11 @@ function inRotation(group: readonly Deployment[]): readonly Deployment[] {
   return kept.length > 0 ? kept : group;
 }
 
+/** Rotation.of's: by group (a snapshot's array, dropped with it) and strategy. */
+const rotations = new WeakMap<readonly Deployment[], Map<RoutingStrategy, Rotation>>();
+
 /**
- * A model group as routing sees it, decided on the whole group once per call: the deployments it
+ * A model group as routing sees it, decided on the whole group (once per group and strategy): the deployments it
  * may go to, and how simple-shuffle weighs them. Decided on the deployments a pick is offered
  * instead (those not cooling down, not yet failed by this call, with room), a drained deployment
  * was "all weigh 0, so all weigh the same" whenever the weighted ones were out: every retry after
@@ -107,7 +110,25 @@ export class Rotation {
   /** simple-shuffle's weight of each deployment in rotation; undefined: all the same. */
   private readonly weights: ReadonlyMap<Deployment, number> | undefined;
 
-  constructor(
+  /**
+   * The group's rotation under `strategy`: it depends on nothing else, so it is made once per group
+   * of a snapshot (the model table's arrays) and strategy, not at every call.
+   */
+  static of(strategy: RoutingStrategy, group: readonly Deployment[]): Rotation {
+    let byStrategy = rotations.get(group);
+    if (!byStrategy) {
+      byStrategy = new Map();
+      rotations.set(group, byStrategy);
+    }
+    let rotation = byStrategy.get(strategy);
+    if (!rotation) {
+      rotation = new Rotation(strategy, group);
+      byStrategy.set(strategy, rotation);
+    }
+    return rotation;
+  }
+
+  private constructor(
     private readonly strategy: RoutingStrategy,
     group: readonly Deployment[],
   ) {

@@ -13,5 +13,5 @@ import type { Snapshot } from "../snapshot.ts";
 export function deploymentFor(snapshot: Snapshot, principal: Principal, model: string): Deployment | undefined {
   const group = authorizeModel(principal, model, snapshot.accessGroups, snapshot.groupAliases);
   const deployments = snapshot.models.resolve(group);
-  return deployments && new Rotation(routePolicy(snapshot.config, principal, undefined).strategy, deployments).deployments[0];
+  return deployments && Rotation.of(routePolicy(snapshot.config, principal, undefined).strategy, deployments).deployments[0];
 }
