@@ -206,11 +206,10 @@ async function groupInfo(ctx: AdminCtx, at: Lookup) {
 /**
  * Keys that name the group (by name in `models`, or by id) reach what it grants: a guaranteed key
  * among them must still fit every group it would reach, as after a key or model write (the 400
- * names the key). The group's deployments that declare it keep granting; its stored models change.
+ * names the key). The deployments that declare the group keep granting; its stored models change.
  */
-function refuseWidening(ctx: AdminCtx, id: string | undefined, name: string, storedBefore: readonly string[], stored: readonly string[]): void {
-  const current = (id === undefined ? undefined : ctx.snapshot.accessGroups.byId(id)) ?? ctx.snapshot.accessGroups.byName(name) ?? [];
-  const granted = [...new Set([...current.filter((m) => !storedBefore.includes(m)), ...stored])];
+function refuseWidening(ctx: AdminCtx, id: string, name: string, stored: readonly string[]): void {
+  const granted = groupModels(stored, declaredAccessGroups(ctx.snapshot.models).get(name));
   const groups = ctx.snapshot.accessGroups;
   const lookup = {
     byName: (n: string) => (n === name ? granted : groups.byName(n)),
@@ -224,7 +223,7 @@ async function updateGroup(ctx: AdminCtx, at: Lookup) {
   const body = await ctx.body(UpdateBody);
   const before = await requireWritable(ctx, at);
   requireModels(ctx.snapshot, body.model_names);
-  refuseWidening(ctx, before.accessGroupId, before.accessGroupName, before.modelNames, body.model_names);
+  refuseWidening(ctx, before.accessGroupId, before.accessGroupName, body.model_names);
   const patch = { modelNames: [...new Set(body.model_names)], updatedAt: new Date(), updatedBy: ctx.caller.changedBy, ...(body.description === undefined ? {} : { description: body.description }) };
   const [row] = await storeWrite(ctx, "update the access group", () => ctx.db.update(accessGroups).set(patch).where(eq(accessGroups.accessGroupId, before.accessGroupId)).returning());
   if (!row) throw missing(at);
